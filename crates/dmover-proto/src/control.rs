@@ -1,0 +1,301 @@
+//! Control messages and their framing.
+//!
+//! A control frame is a `u32` big-endian body length followed by the body: one
+//! [`Control`] message encoded with postcard (varint integers, enum tags in declaration
+//! order; the golden tests pin the bytes, so variants are only ever appended).
+//!
+//! # Message flow
+//! ```text
+//! client                                   server
+//! Hello                              ->                  (1)
+//!                                    <-    Welcome       (2)
+//! Auth                               ->                  (3)
+//!                                    <-    AuthOk        (4) or Error, then close
+//! Open                               ->                  (5)
+//!                                    <-    Session       (6) or Error
+//! -- push: client is the source ---------------------------------------------
+//! Manifest* ManifestEnd              ->                  (7)
+//!                                    <-    Go            (8) or Error
+//! (client opens data streams, sends chunks, END on each stream)
+//!                                    <-    Done          (9) or Error
+//! -- pull: server is the source ---------------------------------------------
+//!                                    <-    Manifest* ManifestEnd  (7) or Error
+//! Go                                 ->                  (8) or Error
+//! (client opens data streams, server sends chunks, END on each stream)
+//! Done                               ->                  (9) or Error
+//! ```
+//! Either side may send [`Control::Error`] at any point after the preamble and then
+//! close; the other side aborts the session. Data streams may be opened as soon as
+//! `Session` has arrived; the source starts sending on them after `Go`.
+
+use bytes::BufMut;
+use serde::{Deserialize, Serialize};
+
+use crate::manifest::{Entry, Totals};
+use crate::{Error, Result};
+
+/// The largest control frame body this side accepts by default (4 MiB).
+pub const MAX_FRAME: usize = 4 << 20;
+/// Size of the length prefix.
+pub const LEN_PREFIX: usize = 4;
+
+/// A control-channel message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Control {
+    /// (1) Client greeting.
+    Hello(Hello),
+    /// (2) Server greeting.
+    Welcome(Welcome),
+    /// (3) Client's proof of a credential.
+    Auth(Auth),
+    /// (4) Server accepts the client, proving it knows the credential too.
+    AuthOk(AuthOk),
+    /// (5) What the client wants to do.
+    Open(Open),
+    /// (6) The session the server opened for it.
+    Session(SessionInfo),
+    /// (7) Part of the source's manifest.
+    Manifest(ManifestPart),
+    /// (7) The manifest is complete.
+    ManifestEnd(ManifestEnd),
+    /// (8) The destination is prepared: start sending data.
+    Go,
+    /// (9) The destination has every file, verified and under its final name.
+    Done(Summary),
+    /// Something went wrong; the sender closes the session after this.
+    Error(ErrorMsg),
+}
+
+impl Control {
+    /// A short name of the message kind, for errors and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Control::Hello(_) => "Hello",
+            Control::Welcome(_) => "Welcome",
+            Control::Auth(_) => "Auth",
+            Control::AuthOk(_) => "AuthOk",
+            Control::Open(_) => "Open",
+            Control::Session(_) => "Session",
+            Control::Manifest(_) => "Manifest",
+            Control::ManifestEnd(_) => "ManifestEnd",
+            Control::Go => "Go",
+            Control::Done(_) => "Done",
+            Control::Error(_) => "Error",
+        }
+    }
+
+    /// Encodes the message as one frame (length prefix and body) onto `out`.
+    pub fn encode(&self, out: &mut impl BufMut) -> Result<()> {
+        let body = postcard::to_stdvec(self).map_err(|e| Error::Malformed(e.to_string()))?;
+        if body.len() > MAX_FRAME {
+            return Err(Error::TooLarge {
+                what: "control frame",
+                value: body.len() as u64,
+                limit: MAX_FRAME as u64,
+            });
+        }
+        out.put_u32(body.len() as u32);
+        out.put_slice(&body);
+        Ok(())
+    }
+
+    /// Encodes the message as one frame into a new vector.
+    pub fn to_frame(&self) -> Result<Vec<u8>> {
+        let mut v = Vec::new();
+        self.encode(&mut v)?;
+        Ok(v)
+    }
+
+    /// Reads a frame's body length from its prefix, rejecting bodies above `max`.
+    pub fn body_len(prefix: [u8; LEN_PREFIX], max: usize) -> Result<usize> {
+        let n = u32::from_be_bytes(prefix) as usize;
+        if n > max {
+            return Err(Error::TooLarge {
+                what: "control frame",
+                value: n as u64,
+                limit: max as u64,
+            });
+        }
+        Ok(n)
+    }
+
+    /// Decodes a frame body. Trailing bytes after the message are an error.
+    pub fn decode_body(body: &[u8]) -> Result<Self> {
+        let (msg, rest) =
+            postcard::take_from_bytes(body).map_err(|e| Error::Malformed(e.to_string()))?;
+        if !rest.is_empty() {
+            return Err(Error::Malformed(format!(
+                "{} trailing bytes after the message",
+                rest.len()
+            )));
+        }
+        Ok(msg)
+    }
+
+    /// Decodes one whole frame from the front of `buf` if it holds one, returning the
+    /// message and the number of bytes it took. `Ok(None)`: more bytes are needed.
+    pub fn decode(buf: &[u8], max: usize) -> Result<Option<(Self, usize)>> {
+        let Some(prefix) = buf.first_chunk::<LEN_PREFIX>() else {
+            return Ok(None);
+        };
+        let n = Self::body_len(*prefix, max)?;
+        let Some(body) = buf.get(LEN_PREFIX..LEN_PREFIX + n) else {
+            return Ok(None);
+        };
+        Ok(Some((Self::decode_body(body)?, LEN_PREFIX + n)))
+    }
+}
+
+/// (1) The client's greeting.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Software name and version, for logs (e.g. `dmover 0.1.0`).
+    pub software: String,
+    /// A fresh random nonce for the authentication exchange.
+    pub nonce: [u8; 32],
+}
+
+/// How a server wants clients to authenticate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AuthMethod {
+    /// No credential needed (the server listens on loopback only).
+    None,
+    /// A shared token, proven with [`crate::auth::client_proof`].
+    Token,
+}
+
+/// (2) The server's greeting.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Welcome {
+    /// Software name and version.
+    pub software: String,
+    /// A fresh random nonce for the authentication exchange.
+    pub nonce: [u8; 32],
+    /// What the client must prove.
+    pub auth: AuthMethod,
+}
+
+/// (3) The client's credential proof; `None` when it has no credential.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Auth {
+    /// MAC over both nonces keyed by the shared token.
+    pub proof: Option<[u8; 32]>,
+}
+
+/// (4) Authentication succeeded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthOk {
+    /// The server's MAC over both nonces (mutual authentication), when a token is used.
+    pub proof: Option<[u8; 32]>,
+}
+
+/// What a session does, seen from the client.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    /// Client → server. `dest` is a path relative to the server's root (empty: the
+    /// root itself).
+    Push {
+        /// Destination path on the server.
+        dest: Vec<u8>,
+    },
+    /// Server → client. Each source is a path relative to the server's root.
+    Pull {
+        /// Source paths on the server.
+        sources: Vec<Vec<u8>>,
+    },
+}
+
+/// (5) Open a transfer session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Open {
+    /// Push or pull, with paths.
+    pub op: Op,
+    /// Number of parallel data streams the client wants.
+    pub streams: u16,
+    /// Chunk size in bytes (a multiple of 4096 between the layout's bounds).
+    pub chunk_size: u32,
+    /// Whether chunks carry CRC32C and files get end-to-end digests.
+    pub checksum: bool,
+    /// Whether the server should use direct I/O for large files.
+    pub direct_io: bool,
+}
+
+/// (6) The session the server opened.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionInfo {
+    /// Session identifier, named by every data stream.
+    pub id: u64,
+    /// Secret that data streams present to join the session.
+    pub secret: [u8; 32],
+    /// Number of data streams the client must open (the server may lower the request).
+    pub streams: u16,
+    /// Chunk size in bytes both sides use.
+    pub chunk_size: u32,
+}
+
+/// (7) A batch of manifest entries, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestPart {
+    /// The next entries of the manifest.
+    pub entries: Vec<Entry>,
+}
+
+/// (7) End of the manifest, with totals to cross-check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestEnd {
+    /// Totals over all entries sent.
+    pub totals: Totals,
+}
+
+/// (9) What the destination side did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Summary {
+    /// Bytes of regular file data written.
+    pub bytes: u64,
+    /// Regular files finalised.
+    pub files: u64,
+    /// Directories created or updated.
+    pub dirs: u64,
+    /// Symlinks created.
+    pub symlinks: u64,
+    /// Chunks received.
+    pub chunks: u64,
+    /// Whether every file's digest was compared and matched.
+    pub verified: bool,
+}
+
+/// Broad classes of failure, so a client can choose an exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorCode {
+    /// The peer broke the protocol.
+    Protocol,
+    /// Authentication failed or is required.
+    Auth,
+    /// A named path does not exist.
+    NotFound,
+    /// The operating system refused access.
+    PermissionDenied,
+    /// A path would leave the server's root.
+    PathEscape,
+    /// The server is read-only.
+    ReadOnly,
+    /// A read or write failed.
+    Io,
+    /// A checksum or digest did not match.
+    Checksum,
+    /// The server is at a limit (sessions, memory); try later.
+    Busy,
+    /// The peer gave up (interrupted, or another stream failed).
+    Aborted,
+    /// A feature this side does not support.
+    Unsupported,
+}
+
+/// An error report. The sender closes the session after it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorMsg {
+    /// Class of failure.
+    pub code: ErrorCode,
+    /// Human-readable detail naming the file, path or limit involved.
+    pub message: String,
+}

@@ -1,0 +1,256 @@
+//! Data connections: the join handshake and chunk frames.
+//!
+//! # Join
+//! After its [`crate::preamble::Preamble`] (kind data) the client sends a
+//! [`DataHello`] (48 bytes); the server answers one [`JoinStatus`] byte and closes the
+//! connection unless it is [`JoinStatus::Accepted`].
+//!
+//! # Frames
+//! The source side then writes frames, each a fixed 24-byte [`FrameHeader`] followed
+//! by `n_digests` 12-byte [`DigestEntry`]s and `payload_len` payload bytes:
+//! ```text
+//! offset size field
+//! 0      1    kind         1 = CHUNK, 2 = END
+//! 1      1    flags        bit 0: crc32c is set; other bits 0
+//! 2      2    reserved     0
+//! 4      4    n_digests    digest entries after the header (u32 BE)
+//! 8      8    chunk        CHUNK: chunk index; END: chunks sent on this stream (u64 BE)
+//! 16     4    payload_len  payload bytes (u32 BE); 0 for END
+//! 20     4    crc32c       CRC32C of the payload (u32 BE); 0 without the flag
+//! ```
+//! A digest entry carries the end-to-end digest of a file the source finished reading
+//! while it filled this chunk: `file` (u32 BE, index in the layout) then `digest`
+//! (u64 BE). Every file with data gets exactly one, in some chunk holding one of its
+//! pieces. The payload is the chunk's pieces in order (see [`crate::layout`]).
+
+use crate::{Error, Result};
+
+/// Size of an encoded [`DataHello`].
+pub const HELLO_LEN: usize = 48;
+/// Size of an encoded [`FrameHeader`].
+pub const HEADER_LEN: usize = 24;
+/// Size of an encoded [`DigestEntry`].
+pub const DIGEST_LEN: usize = 12;
+
+/// The first message on a data connection.
+///
+/// ```text
+/// offset size field
+/// 0      8    session id (u64 BE)
+/// 8      2    stream index (u16 BE)
+/// 10     6    reserved, 0
+/// 16     32   session secret
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataHello {
+    /// The session this stream joins.
+    pub session: u64,
+    /// The stream's index, below the session's stream count.
+    pub stream: u16,
+    /// The secret from [`crate::control::SessionInfo`].
+    pub secret: [u8; 32],
+}
+
+impl DataHello {
+    /// Encodes the hello.
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[..8].copy_from_slice(&self.session.to_be_bytes());
+        b[8..10].copy_from_slice(&self.stream.to_be_bytes());
+        b[16..].copy_from_slice(&self.secret);
+        b
+    }
+
+    /// Decodes a hello, rejecting non-zero reserved bytes.
+    pub fn decode(b: &[u8]) -> Result<Self> {
+        let b: &[u8; HELLO_LEN] = b.first_chunk().ok_or(Error::UnexpectedEnd)?;
+        if b[10..16].iter().any(|&x| x != 0) {
+            return Err(Error::Reserved("data hello bytes 10..16"));
+        }
+        Ok(DataHello {
+            session: u64::from_be_bytes(b[..8].try_into().unwrap()),
+            stream: u16::from_be_bytes([b[8], b[9]]),
+            secret: b[16..].try_into().unwrap(),
+        })
+    }
+}
+
+/// The server's one-byte answer to a [`DataHello`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum JoinStatus {
+    /// The stream joined the session.
+    Accepted = 0,
+    /// No such session (never opened, or already over).
+    UnknownSession = 1,
+    /// The secret did not match.
+    BadSecret = 2,
+    /// The stream index is out of range or already taken.
+    BadStream = 3,
+}
+
+impl JoinStatus {
+    /// Decodes a status byte.
+    pub fn decode(b: u8) -> Result<Self> {
+        Ok(match b {
+            0 => JoinStatus::Accepted,
+            1 => JoinStatus::UnknownSession,
+            2 => JoinStatus::BadSecret,
+            3 => JoinStatus::BadStream,
+            v => {
+                return Err(Error::Unknown {
+                    what: "join status",
+                    value: v.into(),
+                });
+            }
+        })
+    }
+}
+
+/// Frame kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameKind {
+    /// A chunk of data.
+    Chunk = 1,
+    /// No more frames on this stream.
+    End = 2,
+}
+
+/// Flag bit: the header's `crc32c` field is set.
+pub const FLAG_CRC: u8 = 1;
+
+/// Limits a receiver applies while decoding frame headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameLimits {
+    /// Largest payload accepted (the session's chunk size).
+    pub max_payload: u32,
+    /// Largest digest count accepted.
+    pub max_digests: u32,
+}
+
+/// The fixed header of a data frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// Chunk or end.
+    pub kind: FrameKind,
+    /// Chunk index (`Chunk`) or number of chunks sent on the stream (`End`).
+    pub chunk: u64,
+    /// Number of digest entries following the header.
+    pub n_digests: u32,
+    /// Payload length in bytes.
+    pub payload_len: u32,
+    /// CRC32C of the payload, when checksums are on.
+    pub crc: Option<u32>,
+}
+
+impl FrameHeader {
+    /// The `END` frame of a stream that sent `chunks` chunks.
+    pub fn end(chunks: u64) -> Self {
+        FrameHeader {
+            kind: FrameKind::End,
+            chunk: chunks,
+            n_digests: 0,
+            payload_len: 0,
+            crc: None,
+        }
+    }
+
+    /// Encodes the header.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0] = self.kind as u8;
+        b[1] = if self.crc.is_some() { FLAG_CRC } else { 0 };
+        b[4..8].copy_from_slice(&self.n_digests.to_be_bytes());
+        b[8..16].copy_from_slice(&self.chunk.to_be_bytes());
+        b[16..20].copy_from_slice(&self.payload_len.to_be_bytes());
+        b[20..24].copy_from_slice(&self.crc.unwrap_or(0).to_be_bytes());
+        b
+    }
+
+    /// Decodes a header and checks it against `limits`.
+    pub fn decode(b: &[u8], limits: &FrameLimits) -> Result<Self> {
+        let b: &[u8; HEADER_LEN] = b.first_chunk().ok_or(Error::UnexpectedEnd)?;
+        let kind = match b[0] {
+            1 => FrameKind::Chunk,
+            2 => FrameKind::End,
+            k => {
+                return Err(Error::Unknown {
+                    what: "frame kind",
+                    value: k.into(),
+                });
+            }
+        };
+        if b[1] & !FLAG_CRC != 0 {
+            return Err(Error::Reserved("frame flags"));
+        }
+        if b[2] != 0 || b[3] != 0 {
+            return Err(Error::Reserved("frame bytes 2..4"));
+        }
+        let n_digests = u32::from_be_bytes(b[4..8].try_into().unwrap());
+        let chunk = u64::from_be_bytes(b[8..16].try_into().unwrap());
+        let payload_len = u32::from_be_bytes(b[16..20].try_into().unwrap());
+        let crc_field = u32::from_be_bytes(b[20..24].try_into().unwrap());
+        let crc = if b[1] & FLAG_CRC != 0 {
+            Some(crc_field)
+        } else if crc_field != 0 {
+            return Err(Error::Reserved("crc32c without its flag"));
+        } else {
+            None
+        };
+        if payload_len > limits.max_payload {
+            return Err(Error::TooLarge {
+                what: "frame payload",
+                value: payload_len.into(),
+                limit: limits.max_payload.into(),
+            });
+        }
+        if n_digests > limits.max_digests {
+            return Err(Error::TooLarge {
+                what: "frame digest count",
+                value: n_digests.into(),
+                limit: limits.max_digests.into(),
+            });
+        }
+        if kind == FrameKind::End && (payload_len != 0 || n_digests != 0 || crc.is_some()) {
+            return Err(Error::Violation("END frame with a payload".into()));
+        }
+        if kind == FrameKind::Chunk && payload_len == 0 {
+            return Err(Error::Violation("empty CHUNK frame".into()));
+        }
+        Ok(FrameHeader {
+            kind,
+            chunk,
+            n_digests,
+            payload_len,
+            crc,
+        })
+    }
+}
+
+/// A file's end-to-end digest, carried in a frame's trailer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DigestEntry {
+    /// Index of the file in the layout.
+    pub file: u32,
+    /// The file's digest (see [`crate::digest::file_digest`]).
+    pub digest: u64,
+}
+
+impl DigestEntry {
+    /// Appends the encoded entry to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.file.to_be_bytes());
+        out.extend_from_slice(&self.digest.to_be_bytes());
+    }
+
+    /// Decodes all entries of a trailer (its length must be a multiple of 12).
+    pub fn decode_all(b: &[u8]) -> Result<impl Iterator<Item = DigestEntry> + '_> {
+        if b.len() % DIGEST_LEN != 0 {
+            return Err(Error::UnexpectedEnd);
+        }
+        Ok(b.chunks_exact(DIGEST_LEN).map(|c| DigestEntry {
+            file: u32::from_be_bytes(c[..4].try_into().unwrap()),
+            digest: u64::from_be_bytes(c[4..].try_into().unwrap()),
+        }))
+    }
+}

@@ -1,0 +1,347 @@
+//! The dataset layout: all regular files as one virtual byte space, cut into chunks.
+//!
+//! Both ends compute the same [`Layout`] from the manifest and the negotiated chunk
+//! size, so a data frame only needs to name its chunk: which bytes of which files it
+//! carries follows from the layout.
+//!
+//! # Rules
+//! 1. Regular files of non-zero size are laid out in manifest order.
+//! 2. A file of at least [`ALIGN_MIN_SIZE`] bytes is *aligned*: it starts at a multiple
+//!    of [`ALIGN`] and the next file starts no earlier than its end rounded up to
+//!    [`ALIGN`]. Smaller files are packed end to end, with no gap.
+//! 3. The virtual space ends at the last byte of the last file; chunk `k` covers
+//!    `[k * chunk, min((k + 1) * chunk, total))`.
+//! 4. A *piece* is the intersection of one file with one chunk. A chunk's wire payload
+//!    is its pieces in order, without the padding between them; the receiver places
+//!    each piece at its offset within the chunk.
+//!
+//! Rule 2 lets either end use direct I/O on big files: every piece of an aligned file
+//! starts at an aligned file offset and an aligned offset within the chunk buffer, and
+//! rounding its length up to [`ALIGN`] never touches another file's bytes. The padding
+//! costs under 3 % for files just above the threshold and nothing on the wire.
+
+use crate::manifest::Entry;
+use crate::{Error, Result};
+
+/// Alignment of aligned files, in bytes (the largest logical block size in common use).
+pub const ALIGN: u64 = 4096;
+/// Files of this size or larger are aligned (and may use direct I/O).
+pub const ALIGN_MIN_SIZE: u64 = 128 * 1024;
+/// Smallest chunk size.
+pub const MIN_CHUNK: u32 = 64 * 1024;
+/// Largest chunk size.
+pub const MAX_CHUNK: u32 = 64 << 20;
+/// Default chunk size.
+pub const DEFAULT_CHUNK: u32 = 4 << 20;
+
+/// Rounds `x` up to a multiple of [`ALIGN`].
+#[inline]
+pub const fn align_up(x: u64) -> u64 {
+    (x + ALIGN - 1) & !(ALIGN - 1)
+}
+
+/// Checks a chunk size: a multiple of [`ALIGN`] within [`MIN_CHUNK`]..=[`MAX_CHUNK`].
+pub fn validate_chunk_size(chunk: u32) -> Result<()> {
+    if !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk) || u64::from(chunk) % ALIGN != 0 {
+        return Err(Error::Violation(format!(
+            "chunk size {chunk} is not a multiple of {ALIGN} between {MIN_CHUNK} and {MAX_CHUNK}"
+        )));
+    }
+    Ok(())
+}
+
+/// Where one regular file sits in the virtual byte space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileSlot {
+    /// Index of the file's entry in the manifest.
+    pub entry: u32,
+    /// Virtual offset of the file's first byte.
+    pub start: u64,
+    /// File size in bytes (never 0: empty files have no slot).
+    pub size: u64,
+}
+
+impl FileSlot {
+    /// Virtual offset one past the file's last byte.
+    #[inline]
+    pub fn end(&self) -> u64 {
+        self.start + self.size
+    }
+
+    /// Whether the file is aligned (rule 2) and so eligible for direct I/O.
+    #[inline]
+    pub fn aligned(&self) -> bool {
+        self.size >= ALIGN_MIN_SIZE
+    }
+}
+
+/// One file's bytes within one chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    /// Index of the file in [`Layout::files`].
+    pub file: u32,
+    /// Index of this piece among the file's pieces (0-based, in file order).
+    pub index: u64,
+    /// Offset of the piece within the file.
+    pub file_offset: u64,
+    /// Offset of the piece within the chunk buffer.
+    pub buf_offset: usize,
+    /// Length in bytes.
+    pub len: usize,
+    /// Whether this is the file's last piece.
+    pub last: bool,
+    /// Whether the file is aligned (see [`FileSlot::aligned`]).
+    pub aligned: bool,
+}
+
+impl Piece {
+    /// The piece's length rounded up for direct I/O; only meaningful when `aligned`.
+    #[inline]
+    pub fn direct_len(&self) -> usize {
+        align_up(self.len as u64) as usize
+    }
+}
+
+/// The virtual layout of a dataset for one chunk size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    chunk: u64,
+    files: Vec<FileSlot>,
+    total: u64,
+}
+
+impl Layout {
+    /// Lays out the regular files of a (validated) manifest.
+    pub fn new(entries: &[Entry], chunk_size: u32) -> Result<Self> {
+        validate_chunk_size(chunk_size)?;
+        let mut files = Vec::new();
+        let mut cursor: u64 = 0;
+        let mut total: u64 = 0;
+        for (i, e) in entries.iter().enumerate() {
+            let size = e.file_size();
+            if size == 0 {
+                continue;
+            }
+            let slot = FileSlot {
+                entry: i as u32,
+                start: 0,
+                size,
+            };
+            let start = if slot.aligned() {
+                align_up(cursor)
+            } else {
+                cursor
+            };
+            let end = start
+                .checked_add(size)
+                .filter(|&e| e < u64::MAX - ALIGN)
+                .ok_or_else(|| Error::Violation("dataset layout overflows 64 bits".into()))?;
+            cursor = if slot.aligned() { align_up(end) } else { end };
+            total = end;
+            files.push(FileSlot { start, ..slot });
+        }
+        Ok(Layout {
+            chunk: chunk_size.into(),
+            files,
+            total,
+        })
+    }
+
+    /// Chunk size in bytes.
+    #[inline]
+    pub fn chunk_size(&self) -> u64 {
+        self.chunk
+    }
+
+    /// The regular files with data, in layout order.
+    #[inline]
+    pub fn files(&self) -> &[FileSlot] {
+        &self.files
+    }
+
+    /// Size of the virtual byte space (data plus alignment padding).
+    #[inline]
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Number of chunks.
+    #[inline]
+    pub fn n_chunks(&self) -> u64 {
+        self.total.div_ceil(self.chunk)
+    }
+
+    /// Virtual range `[lo, hi)` of chunk `k`.
+    #[inline]
+    pub fn chunk_bounds(&self, k: u64) -> (u64, u64) {
+        let lo = k * self.chunk;
+        (lo, (lo + self.chunk).min(self.total))
+    }
+
+    /// Number of pieces file `f` is cut into.
+    pub fn n_pieces(&self, f: u32) -> u64 {
+        let s = &self.files[f as usize];
+        (s.end() - 1) / self.chunk - s.start / self.chunk + 1
+    }
+
+    /// The pieces of chunk `k`, in order. Empty when `k` is out of range.
+    pub fn pieces(&self, k: u64) -> Pieces<'_> {
+        let (lo, hi) = if k < self.n_chunks() {
+            self.chunk_bounds(k)
+        } else {
+            (0, 0)
+        };
+        let next = self.files.partition_point(|f| f.end() <= lo);
+        Pieces {
+            layout: self,
+            lo,
+            hi,
+            next,
+        }
+    }
+
+    /// Number of payload bytes chunk `k` carries on the wire.
+    pub fn wire_len(&self, k: u64) -> u64 {
+        self.pieces(k).map(|p| p.len as u64).sum()
+    }
+
+    /// The contiguous runs of chunk `k`'s buffer that travel on the wire, as
+    /// `(buf_offset, len)`, merged where pieces touch. Clears `out` first.
+    pub fn segments(&self, k: u64, out: &mut Vec<(usize, usize)>) {
+        out.clear();
+        for p in self.pieces(k) {
+            match out.last_mut() {
+                Some((off, len)) if *off + *len == p.buf_offset => *len += p.len,
+                _ => out.push((p.buf_offset, p.len)),
+            }
+        }
+    }
+}
+
+/// Iterator over the pieces of one chunk; see [`Layout::pieces`].
+#[derive(Debug, Clone)]
+pub struct Pieces<'a> {
+    layout: &'a Layout,
+    lo: u64,
+    hi: u64,
+    next: usize,
+}
+
+impl Iterator for Pieces<'_> {
+    type Item = Piece;
+
+    fn next(&mut self) -> Option<Piece> {
+        let f = self.layout.files.get(self.next)?;
+        if f.start >= self.hi {
+            return None;
+        }
+        let file = self.next as u32;
+        self.next += 1;
+        let from = f.start.max(self.lo);
+        let to = f.end().min(self.hi);
+        let chunk = self.layout.chunk;
+        Some(Piece {
+            file,
+            index: from / chunk - f.start / chunk,
+            file_offset: from - f.start,
+            buf_offset: (from - self.lo) as usize,
+            len: (to - from) as usize,
+            last: to == f.end(),
+            aligned: f.aligned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::{EntryKind, Mtime, NO_PARENT};
+
+    fn files(sizes: &[u64]) -> Vec<Entry> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &size)| Entry {
+                parent: NO_PARENT,
+                name: format!("f{i}").into_bytes(),
+                kind: EntryKind::File { size },
+                mode: 0o644,
+                mtime: Mtime::default(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn small_files_pack_and_big_files_align() {
+        let l = Layout::new(&files(&[100, 0, 200_000, 10, 70_000]), 64 * 1024).unwrap();
+        let f = l.files();
+        assert_eq!(f.len(), 4, "the empty file has no slot");
+        assert_eq!((f[0].start, f[0].entry), (0, 0));
+        assert_eq!(
+            (f[1].start, f[1].entry),
+            (4096, 2),
+            "aligned file rounded up"
+        );
+        assert_eq!(
+            f[2].start,
+            align_up(4096 + 200_000),
+            "next file after aligned extent"
+        );
+        assert_eq!(f[3].start, f[2].start + 10, "small files packed");
+        assert_eq!(l.total(), f[3].end());
+    }
+
+    #[test]
+    fn pieces_cover_every_byte_once() {
+        let sizes = [1, 5000, 300_000, 7, 0, 65_536, 131_072, 131_071, 1 << 20, 3];
+        for chunk in [64 * 1024, 128 * 1024, 1 << 20] {
+            let l = Layout::new(&files(&sizes), chunk).unwrap();
+            let mut covered = vec![0u64; l.files().len()];
+            let mut next_index = vec![0u64; l.files().len()];
+            for k in 0..l.n_chunks() {
+                let (lo, hi) = l.chunk_bounds(k);
+                let mut wire = 0;
+                for p in l.pieces(k) {
+                    let slot = l.files()[p.file as usize];
+                    assert_eq!(p.file_offset, covered[p.file as usize], "in order, no gap");
+                    assert_eq!(p.index, next_index[p.file as usize]);
+                    assert_eq!(slot.start + p.file_offset, lo + p.buf_offset as u64);
+                    assert!(lo + (p.buf_offset + p.len) as u64 <= hi);
+                    if p.aligned {
+                        assert_eq!(p.file_offset % ALIGN, 0);
+                        assert_eq!(p.buf_offset as u64 % ALIGN, 0);
+                        assert!((p.buf_offset + p.direct_len()) as u64 <= l.chunk_size());
+                    }
+                    covered[p.file as usize] += p.len as u64;
+                    next_index[p.file as usize] += 1;
+                    assert_eq!(p.last, covered[p.file as usize] == slot.size);
+                    wire += p.len as u64;
+                }
+                assert!(wire > 0, "no chunk is all padding");
+                assert_eq!(wire, l.wire_len(k));
+            }
+            for (i, s) in l.files().iter().enumerate() {
+                assert_eq!(covered[i], s.size);
+                assert_eq!(next_index[i], l.n_pieces(i as u32));
+            }
+        }
+    }
+
+    #[test]
+    fn segments_merge_touching_pieces() {
+        let l = Layout::new(&files(&[10, 20, 200_000]), 1 << 20).unwrap();
+        let mut segs = Vec::new();
+        l.segments(0, &mut segs);
+        assert_eq!(segs, vec![(0, 30), (4096, 200_000)]);
+    }
+
+    #[test]
+    fn empty_and_bad_chunk_sizes() {
+        let l = Layout::new(&files(&[0, 0]), DEFAULT_CHUNK).unwrap();
+        assert_eq!(l.n_chunks(), 0);
+        assert_eq!(l.pieces(0).count(), 0);
+        assert!(Layout::new(&[], 1000).is_err());
+        assert!(Layout::new(&[], MAX_CHUNK + 4096).is_err());
+        assert!(Layout::new(&[], MIN_CHUNK + 1).is_err());
+    }
+}

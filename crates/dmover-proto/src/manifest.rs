@@ -1,0 +1,207 @@
+//! The manifest: what the source side found, as a flat list of entries.
+//!
+//! Entries come in walk order: a directory always precedes its children, and each
+//! entry names its parent by index, so paths are never repeated on the wire. Entries
+//! whose parent is [`NO_PARENT`] are the roots: one per source the user named.
+//! Names are raw bytes (Unix file names need not be UTF-8).
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// Parent index of a root entry.
+pub const NO_PARENT: u32 = u32::MAX;
+/// Longest file name accepted (bytes), as on Linux.
+pub const MAX_NAME: usize = 255;
+/// Longest symlink target accepted (bytes), as on Linux.
+pub const MAX_LINK_TARGET: usize = 4095;
+
+/// What kind of file an entry is, with the data that kind needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EntryKind {
+    /// A regular file of `size` bytes.
+    File {
+        /// Length in bytes.
+        size: u64,
+    },
+    /// A directory; its children follow it in the manifest.
+    Dir,
+    /// A symbolic link, copied as a link and never followed.
+    Symlink {
+        /// The link's target, verbatim.
+        target: Vec<u8>,
+    },
+}
+
+/// A modification time: seconds and nanoseconds since the Unix epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Mtime {
+    /// Whole seconds (may be negative).
+    pub sec: i64,
+    /// Nanoseconds, below 1e9.
+    pub nsec: u32,
+}
+
+/// One file, directory or symlink of the dataset.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// Index of the parent directory entry, or [`NO_PARENT`] for a root.
+    pub parent: u32,
+    /// The entry's name within its parent (one path component).
+    pub name: Vec<u8>,
+    /// Kind and kind-specific data.
+    pub kind: EntryKind,
+    /// Permission bits (`0o7777` at most).
+    pub mode: u32,
+    /// Modification time.
+    pub mtime: Mtime,
+}
+
+impl Entry {
+    /// The size of a regular file, 0 for anything else.
+    pub fn file_size(&self) -> u64 {
+        match self.kind {
+            EntryKind::File { size } => size,
+            _ => 0,
+        }
+    }
+}
+
+/// Totals of a manifest, sent in [`crate::control::ManifestEnd`] as a cross-check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Totals {
+    /// Number of entries.
+    pub entries: u64,
+    /// Number of regular files.
+    pub files: u64,
+    /// Number of directories.
+    pub dirs: u64,
+    /// Number of symlinks.
+    pub symlinks: u64,
+    /// Sum of regular file sizes.
+    pub bytes: u64,
+}
+
+impl Totals {
+    /// Counts a list of entries.
+    pub fn of(entries: &[Entry]) -> Self {
+        let mut t = Totals {
+            entries: entries.len() as u64,
+            ..Totals::default()
+        };
+        for e in entries {
+            match e.kind {
+                EntryKind::File { size } => {
+                    t.files += 1;
+                    t.bytes = t.bytes.saturating_add(size);
+                }
+                EntryKind::Dir => t.dirs += 1,
+                EntryKind::Symlink { .. } => t.symlinks += 1,
+            }
+        }
+        t
+    }
+}
+
+/// Checks that a name is one safe path component: not empty, not `.` or `..`, no `/`
+/// and no NUL, at most [`MAX_NAME`] bytes.
+pub fn validate_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name == b"." || name == b".." {
+        return Err(Error::Violation(format!(
+            "invalid file name {:?}",
+            String::from_utf8_lossy(name)
+        )));
+    }
+    if name.len() > MAX_NAME {
+        return Err(Error::TooLarge {
+            what: "file name length",
+            value: name.len() as u64,
+            limit: MAX_NAME as u64,
+        });
+    }
+    if name.iter().any(|&b| b == b'/' || b == 0) {
+        return Err(Error::Violation(format!(
+            "file name {:?} contains '/' or NUL",
+            String::from_utf8_lossy(name)
+        )));
+    }
+    Ok(())
+}
+
+/// Validates a whole manifest as received from a peer: every name is a single safe
+/// component, every parent is an earlier directory entry, no two entries share a
+/// parent and a name, modes, times and link targets are in range, and sizes add up
+/// without overflow. A receiver must call this before acting on any entry.
+pub fn validate(entries: &[Entry], max_entries: u64) -> Result<Totals> {
+    if entries.len() as u64 > max_entries {
+        return Err(Error::TooLarge {
+            what: "manifest entries",
+            value: entries.len() as u64,
+            limit: max_entries,
+        });
+    }
+    if entries.len() >= NO_PARENT as usize {
+        return Err(Error::TooLarge {
+            what: "manifest entries",
+            value: entries.len() as u64,
+            limit: u64::from(NO_PARENT) - 1,
+        });
+    }
+    let mut total: u64 = 0;
+    let mut seen = std::collections::HashSet::with_capacity(entries.len());
+    for (i, e) in entries.iter().enumerate() {
+        validate_name(&e.name)?;
+        if !seen.insert((e.parent, e.name.as_slice())) {
+            return Err(Error::Violation(format!(
+                "entry {i} ({:?}) appears twice in the same directory",
+                String::from_utf8_lossy(&e.name)
+            )));
+        }
+        if e.parent != NO_PARENT {
+            let p = e.parent as usize;
+            if p >= i {
+                return Err(Error::Violation(format!(
+                    "entry {i} names parent {p}, which does not precede it"
+                )));
+            }
+            if entries[p].kind != EntryKind::Dir {
+                return Err(Error::Violation(format!(
+                    "entry {i} names parent {p}, which is not a directory"
+                )));
+            }
+        }
+        if e.mode > 0o7777 {
+            return Err(Error::Violation(format!("entry {i} has mode {:o}", e.mode)));
+        }
+        if e.mtime.nsec >= 1_000_000_000 {
+            return Err(Error::Violation(format!(
+                "entry {i} has {} nanoseconds",
+                e.mtime.nsec
+            )));
+        }
+        match &e.kind {
+            EntryKind::File { size } => {
+                total = total.checked_add(*size).ok_or_else(|| {
+                    Error::Violation("total dataset size overflows 64 bits".into())
+                })?;
+            }
+            EntryKind::Symlink { target } => {
+                if target.is_empty() || target.len() > MAX_LINK_TARGET || target.contains(&0) {
+                    return Err(Error::Violation(format!(
+                        "entry {i} has an invalid symlink target"
+                    )));
+                }
+            }
+            EntryKind::Dir => {}
+        }
+    }
+    // Sizes below 2^62 leave room for alignment padding in the layout.
+    if total > 1 << 62 {
+        return Err(Error::TooLarge {
+            what: "dataset size",
+            value: total,
+            limit: 1 << 62,
+        });
+    }
+    Ok(Totals::of(entries))
+}
