@@ -1,0 +1,406 @@
+//! The client: connects to a server, authenticates, and pushes or pulls a dataset.
+
+use std::sync::Arc;
+
+use dmover_net::NetError;
+use dmover_net::control::{ControlChannel, read_preamble, write_preamble};
+use dmover_net::tcp;
+use dmover_proto::control::{
+    Auth, AuthMethod, Control, ErrorCode, Hello, Op, Open, SessionInfo, Summary,
+};
+use dmover_proto::data::{DataHello, JoinStatus};
+use dmover_proto::manifest::{Entry, NO_PARENT, Totals};
+use dmover_proto::preamble::{ConnKind, Preamble};
+use dmover_proto::{PROTOCOL_VERSION, auth, control};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::diskpool::DiskPool;
+use crate::engine::{self, DataStream, Run};
+use crate::error::{Error, Result};
+use crate::paths::{self, Base};
+use crate::pool::Pool;
+use crate::session::{self, HANDSHAKE_TIMEOUT, TransferOptions, unexpected};
+use crate::sink::{Sink, SinkOptions};
+use crate::source::{Source, SourceOptions};
+use crate::tree::Tree;
+use crate::walk;
+
+/// The software name sent in greetings.
+pub const SOFTWARE: &str = concat!("dmover ", env!("CARGO_PKG_VERSION"));
+
+/// What a finished transfer reports.
+#[derive(Debug, Clone, Copy)]
+pub struct Report {
+    /// What the destination did.
+    pub summary: Summary,
+    /// What the source's manifest held.
+    pub totals: Totals,
+    /// Data streams used.
+    pub streams: u16,
+    /// Chunk size used.
+    pub chunk_size: u32,
+    /// Entries the source walk skipped (special files, vanished files).
+    pub skipped: u64,
+}
+
+/// A client with its own disk threads.
+#[derive(Debug)]
+pub struct Client {
+    disk: Arc<DiskPool>,
+    opts: TransferOptions,
+}
+
+struct Connected {
+    ch: ControlChannel<TcpStream>,
+    session: SessionInfo,
+}
+
+impl Client {
+    /// A client with `io_threads` disk threads.
+    pub fn new(opts: TransferOptions, io_threads: usize) -> Self {
+        Client {
+            disk: Arc::new(DiskPool::new(io_threads, "dmover-disk")),
+            opts,
+        }
+    }
+
+    fn buffers(&self, streams: u16) -> usize {
+        self.opts
+            .buffers
+            .unwrap_or_else(|| session::default_buffers(streams, self.disk.threads()))
+    }
+
+    /// Connects, authenticates and opens a session for `op`.
+    async fn open(&self, server: &str, op: Op) -> Result<Connected> {
+        let mut stream = tcp::connect(
+            server,
+            &tcp::SocketOptions::default(),
+            self.opts.connect_timeout,
+        )
+        .await?;
+        write_preamble(
+            &mut stream,
+            Preamble {
+                kind: ConnKind::Control,
+                version: PROTOCOL_VERSION,
+            },
+            server,
+        )
+        .await?;
+        let answer = tokio::time::timeout(HANDSHAKE_TIMEOUT, read_preamble(&mut stream, server))
+            .await
+            .map_err(|_| NetError::Timeout {
+                peer: server.into(),
+                what: "greeting",
+                secs: HANDSHAKE_TIMEOUT.as_secs(),
+            })??;
+        if answer.version == 0 {
+            return Err(Error::refused(
+                ErrorCode::Unsupported,
+                format!(
+                    "{server} speaks no protocol version this client knows (we speak up to {PROTOCOL_VERSION})"
+                ),
+            ));
+        }
+        let mut ch = ControlChannel::new(stream, server, control::MAX_FRAME);
+        let nonce: [u8; 32] = rand::random();
+        ch.send(&Control::Hello(Hello {
+            software: SOFTWARE.into(),
+            nonce,
+        }))
+        .await?;
+        let welcome = match ch.recv_timeout(HANDSHAKE_TIMEOUT, "welcome").await? {
+            Control::Welcome(w) => w,
+            other => return Err(unexpected(server, other, "Welcome")),
+        };
+        let key = self.opts.token.as_deref().map(auth::token_key);
+        let proof = match (welcome.auth, &key) {
+            (AuthMethod::None, _) => None,
+            (AuthMethod::Token, Some(k)) => Some(auth::client_proof(k, &nonce, &welcome.nonce)),
+            (AuthMethod::Token, None) => {
+                return Err(Error::refused(
+                    ErrorCode::Auth,
+                    format!(
+                        "{server} requires a token: pass --token-file FILE or set DMOVER_TOKEN"
+                    ),
+                ));
+            }
+        };
+        ch.send(&Control::Auth(Auth { proof })).await?;
+        match ch.recv_timeout(HANDSHAKE_TIMEOUT, "authentication").await? {
+            Control::AuthOk(ok) => {
+                if let (AuthMethod::Token, Some(k)) = (welcome.auth, &key) {
+                    let want = auth::server_proof(k, &nonce, &welcome.nonce);
+                    if !ok.proof.is_some_and(|p| auth::proofs_equal(&p, &want)) {
+                        return Err(Error::refused(
+                            ErrorCode::Auth,
+                            format!(
+                                "{server} could not prove it knows the token; refusing to talk to it"
+                            ),
+                        ));
+                    }
+                }
+            }
+            other => return Err(unexpected(server, other, "AuthOk")),
+        }
+        ch.send(&Control::Open(Open {
+            op,
+            streams: self.opts.streams,
+            chunk_size: self.opts.chunk_size,
+            checksum: self.opts.checksum,
+            direct_io: self.opts.direct_io,
+        }))
+        .await?;
+        let session = match ch.recv_timeout(HANDSHAKE_TIMEOUT, "session").await? {
+            Control::Session(s) => s,
+            other => return Err(unexpected(server, other, "Session")),
+        };
+        if session.streams == 0 {
+            return Err(Error::protocol(server, "session with zero streams"));
+        }
+        dmover_proto::layout::validate_chunk_size(session.chunk_size)
+            .map_err(|e| Error::Net(NetError::proto(server, e)))?;
+        Ok(Connected { ch, session })
+    }
+
+    /// Opens the session's data streams, all at once.
+    async fn open_streams(
+        &self,
+        server: &str,
+        s: &SessionInfo,
+    ) -> Result<Vec<DataStream<TcpStream>>> {
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..s.streams {
+            let (server, socket, timeout) = (
+                server.to_string(),
+                self.opts.socket.clone(),
+                self.opts.connect_timeout,
+            );
+            let hello = DataHello {
+                session: s.id,
+                stream: i,
+                secret: s.secret,
+            };
+            set.spawn(async move {
+                let mut io = tcp::connect(&server, &socket, timeout).await?;
+                let pre = Preamble {
+                    kind: ConnKind::Data,
+                    version: PROTOCOL_VERSION,
+                };
+                let mut first = Vec::with_capacity(64);
+                first.extend_from_slice(&pre.encode());
+                first.extend_from_slice(&hello.encode());
+                io.write_all(&first)
+                    .await
+                    .map_err(|e| NetError::io("writing to", &server, e))?;
+                let status = tokio::time::timeout(HANDSHAKE_TIMEOUT, io.read_u8())
+                    .await
+                    .map_err(|_| NetError::Timeout {
+                        peer: server.clone(),
+                        what: "data stream join",
+                        secs: HANDSHAKE_TIMEOUT.as_secs(),
+                    })?
+                    .map_err(|e| NetError::io("reading from", &server, e))?;
+                match JoinStatus::decode(status).map_err(|e| NetError::proto(&server, e))? {
+                    JoinStatus::Accepted => Ok::<_, Error>((i, DataStream { io, peer: server })),
+                    refused => Err(Error::protocol(
+                        &server,
+                        format!("data stream {i} refused: {refused:?}"),
+                    )),
+                }
+            });
+        }
+        let mut streams = Vec::with_capacity(s.streams as usize);
+        while let Some(r) = set.join_next().await {
+            let r = r.map_err(|e| {
+                Error::refused(ErrorCode::Aborted, format!("stream setup failed: {e}"))
+            })?;
+            streams.push(r?);
+        }
+        streams.sort_by_key(|(i, _)| *i);
+        Ok(streams.into_iter().map(|(_, s)| s).collect())
+    }
+
+    /// Copies local `sources` into `dest` on `server` (`host:port`).
+    pub async fn push(
+        &self,
+        sources: &[Vec<u8>],
+        server: &str,
+        dest: &[u8],
+        run: Arc<Run>,
+    ) -> Result<Report> {
+        let roots = sources
+            .iter()
+            .map(|p| paths::source_root(&Base::Local, p, b""))
+            .collect::<Result<Vec<_>>>()?;
+        let walked = self
+            .disk
+            .run(move || walk::walk(roots))
+            .await
+            .ok_or(Error::Aborted)??;
+        let skipped = walked.skipped;
+        let mut conn = self
+            .open(
+                server,
+                Op::Push {
+                    dest: dest.to_vec(),
+                },
+            )
+            .await?;
+        let s = conn.session.clone();
+        let source = Arc::new(Source::new(
+            walked.tree,
+            s.chunk_size,
+            SourceOptions {
+                checksum: self.opts.checksum,
+                direct_io: self.opts.direct_io,
+                chunk_delay: None,
+            },
+        )?);
+        let totals = Totals::of(source.tree().entries());
+        run.progress
+            .total
+            .store(totals.bytes, std::sync::atomic::Ordering::Relaxed);
+        // Streams connect while the manifest goes out.
+        let (streams, sent) = tokio::join!(
+            self.open_streams(server, &s),
+            session::send_manifest(&mut conn.ch, source.tree().entries())
+        );
+        sent?;
+        let streams = streams?;
+        match conn.ch.recv().await? {
+            Control::Go => {}
+            other => return Err(unexpected(server, other, "Go")),
+        }
+        let pool = Pool::new(self.buffers(s.streams), s.chunk_size as usize);
+        let disk = self.disk.clone();
+        let sent = session::watch_control(
+            &mut conn.ch,
+            &run,
+            engine::send(&disk, source, pool, streams, run.clone()),
+        )
+        .await;
+        let early = match sent {
+            Ok((_, early)) => early,
+            Err(e) => {
+                if !matches!(e, Error::Remote { .. }) {
+                    let _ = conn.ch.send(&Control::Error(e.to_msg())).await;
+                }
+                return Err(e);
+            }
+        };
+        let done = match early {
+            Some(m) => m,
+            None => conn.ch.recv().await?,
+        };
+        let summary = match done {
+            Control::Done(summary) => summary,
+            other => return Err(unexpected(server, other, "Done")),
+        };
+        Ok(Report {
+            summary,
+            totals,
+            streams: s.streams,
+            chunk_size: s.chunk_size,
+            skipped,
+        })
+    }
+
+    /// Copies `sources` on `server` into the local `dest`.
+    pub async fn pull(
+        &self,
+        server: &str,
+        sources: &[Vec<u8>],
+        dest: &[u8],
+        run: Arc<Run>,
+    ) -> Result<Report> {
+        let mut conn = self
+            .open(
+                server,
+                Op::Pull {
+                    sources: sources.to_vec(),
+                },
+            )
+            .await?;
+        let s = conn.session.clone();
+        let (streams, entries) = tokio::join!(
+            self.open_streams(server, &s),
+            session::recv_manifest(&mut conn.ch, session::MAX_ENTRIES)
+        );
+        let entries = match entries {
+            Ok(e) => e,
+            Err(e) => return Err(e),
+        };
+        let streams = streams?;
+        let totals = Totals::of(&entries);
+        run.progress
+            .total
+            .store(totals.bytes, std::sync::atomic::Ordering::Relaxed);
+        let dest = dest.to_vec();
+        let opts = SinkOptions {
+            checksum: self.opts.checksum,
+            direct_io: self.opts.direct_io,
+            fsync: self.opts.fsync,
+            chunk_delay: None,
+        };
+        let prepared = self
+            .disk
+            .run(move || prepare_sink(&Base::Local, &dest, entries, s.chunk_size, s.id, opts))
+            .await
+            .ok_or(Error::Aborted)?;
+        let sink = match prepared {
+            Ok(sink) => Arc::new(sink),
+            Err(e) => {
+                let _ = conn.ch.send(&Control::Error(e.to_msg())).await;
+                return Err(e);
+            }
+        };
+        conn.ch.send(&Control::Go).await?;
+        let pool = Pool::new(self.buffers(s.streams), s.chunk_size as usize);
+        let disk = self.disk.clone();
+        let result = session::watch_control(
+            &mut conn.ch,
+            &run,
+            engine::receive(&disk, sink, pool, streams, run.clone()),
+        )
+        .await;
+        match result {
+            Ok((summary, _)) => {
+                conn.ch.send(&Control::Done(summary)).await?;
+                Ok(Report {
+                    summary,
+                    totals,
+                    streams: s.streams,
+                    chunk_size: s.chunk_size,
+                    skipped: 0,
+                })
+            }
+            Err(e) => {
+                let _ = conn.ch.send(&Control::Error(e.to_msg())).await;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Binds an incoming manifest to its destination and creates its directories.
+pub(crate) fn prepare_sink(
+    base: &Base,
+    dest: &[u8],
+    entries: Vec<Entry>,
+    chunk_size: u32,
+    session: u64,
+    opts: SinkOptions,
+) -> Result<Sink> {
+    let roots: Vec<(u32, &Entry)> = entries
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.parent == NO_PARENT)
+        .map(|(i, e)| (i as u32, e))
+        .collect();
+    let bound = paths::resolve_dest(base, dest, &roots)?;
+    let sink = Sink::new(Tree::new(entries, bound), chunk_size, session, opts)?;
+    sink.prepare()?;
+    Ok(sink)
+}

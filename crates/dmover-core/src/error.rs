@@ -1,0 +1,128 @@
+//! The engine's error type: every variant says which file, peer or chunk it concerns.
+
+use std::io;
+
+use dmover_net::NetError;
+use dmover_proto::control::{ErrorCode, ErrorMsg};
+
+/// An engine error.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file system call failed on a named path.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done ("reading", "creating", ...).
+        op: &'static str,
+        /// The path, as the user would name it.
+        path: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// A connection failed or the peer broke the protocol.
+    #[error(transparent)]
+    Net(#[from] NetError),
+    /// The peer reported an error and closed the session.
+    #[error("{peer}: {message}")]
+    Remote {
+        /// Who reported it.
+        peer: String,
+        /// Class of failure.
+        code: ErrorCode,
+        /// The peer's explanation.
+        message: String,
+    },
+    /// Data arrived corrupted or a file's digest did not match.
+    #[error("checksum mismatch: {0}")]
+    Checksum(String),
+    /// A source file changed while it was being sent.
+    #[error("{path} changed during the transfer ({what})")]
+    Changed {
+        /// The file.
+        path: String,
+        /// What changed.
+        what: String,
+    },
+    /// A request this side refuses (path escape, read-only, bad destination, ...).
+    #[error("{message}")]
+    Refused {
+        /// Class of refusal, sent to the peer.
+        code: ErrorCode,
+        /// Explanation naming the path or limit.
+        message: String,
+    },
+    /// The session was cancelled because of an error elsewhere (another stream,
+    /// the peer, or the user).
+    #[error("transfer aborted")]
+    Aborted,
+}
+
+impl Error {
+    /// An I/O error on a path.
+    pub fn io(op: &'static str, path: impl Into<String>, source: impl Into<io::Error>) -> Self {
+        Error::Io {
+            op,
+            path: path.into(),
+            source: source.into(),
+        }
+    }
+
+    /// A refusal.
+    pub fn refused(code: ErrorCode, message: impl Into<String>) -> Self {
+        Error::Refused {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// A protocol violation by `peer`.
+    pub fn protocol(peer: impl std::fmt::Display, what: impl Into<String>) -> Self {
+        Error::Net(NetError::proto(
+            peer,
+            dmover_proto::Error::Violation(what.into()),
+        ))
+    }
+
+    /// The error's class, as sent to the peer.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Error::Io { source, .. } => match source.kind() {
+                io::ErrorKind::NotFound => ErrorCode::NotFound,
+                io::ErrorKind::PermissionDenied => ErrorCode::PermissionDenied,
+                _ => ErrorCode::Io,
+            },
+            Error::Net(NetError::Proto { .. }) => ErrorCode::Protocol,
+            Error::Net(_) => ErrorCode::Aborted,
+            Error::Remote { code, .. } => *code,
+            Error::Checksum(_) => ErrorCode::Checksum,
+            Error::Changed { .. } => ErrorCode::Io,
+            Error::Refused { code, .. } => *code,
+            Error::Aborted => ErrorCode::Aborted,
+        }
+    }
+
+    /// The message to send to the peer.
+    pub fn to_msg(&self) -> ErrorMsg {
+        ErrorMsg {
+            code: self.code(),
+            message: self.to_string(),
+        }
+    }
+
+    /// How telling an error is when several streams fail at once: the root cause
+    /// (a local file error, a checksum, a refusal) beats the peer's report, which
+    /// beats a dropped connection, which beats the aborts it caused.
+    pub fn rank(&self) -> u8 {
+        match self {
+            Error::Aborted => 0,
+            Error::Net(NetError::Closed { .. } | NetError::Io { .. }) => 1,
+            Error::Net(_) => 2,
+            Error::Remote { code, .. } if *code == ErrorCode::Aborted => 2,
+            Error::Remote { .. } => 3,
+            _ => 4,
+        }
+    }
+}
+
+/// Result alias for the engine.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,287 @@
+//! Turning the paths a user or a peer names into safe directory handles.
+//!
+//! A [`Base`] is where paths start: the local file system (a client's own paths, which
+//! may go anywhere the user can) or a server's export root, below which every path a
+//! peer sends must stay: absolute paths and `..` are refused outright, and symlinks are
+//! resolved by the kernel with `RESOLVE_BENEATH`, so one pointing outside is refused
+//! too, without a race between checking and opening.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+
+use dmover_proto::control::ErrorCode;
+use dmover_proto::manifest::{Entry, EntryKind, validate_name};
+use rustix::fs::OFlags;
+use rustix::io::Errno;
+
+use crate::error::{Error, Result};
+use crate::sys;
+use crate::tree::RootRef;
+
+/// Where paths are resolved from.
+#[derive(Debug, Clone)]
+pub enum Base {
+    /// The local file system: absolute paths or paths relative to the working directory.
+    Local,
+    /// A server's export: paths are relative to this directory and may not leave it.
+    Export(Arc<OwnedFd>),
+}
+
+const DIR_HANDLE: OFlags = OFlags::PATH.union(OFlags::DIRECTORY);
+
+/// Splits a path a peer sent into its components, refusing absolute paths and `..`;
+/// empty and `.` components are dropped, so `""`, `"."` and `"a//./b/"` are fine.
+pub fn checked_components(path: &[u8]) -> Result<Vec<&[u8]>> {
+    if path.first() == Some(&b'/') {
+        return Err(Error::refused(
+            ErrorCode::PathEscape,
+            format!(
+                "absolute path {:?} refused: paths are relative to the server's root",
+                lossy(path)
+            ),
+        ));
+    }
+    let mut out = Vec::new();
+    for c in path.split(|&b| b == b'/') {
+        match c {
+            b"" | b"." => {}
+            b".." => {
+                return Err(Error::refused(
+                    ErrorCode::PathEscape,
+                    format!(
+                        "path {:?} refused: '..' may not leave the server's root",
+                        lossy(path)
+                    ),
+                ));
+            }
+            c if c.contains(&0) => {
+                return Err(Error::refused(ErrorCode::PathEscape, "path contains NUL"));
+            }
+            c => out.push(c),
+        }
+    }
+    Ok(out)
+}
+
+fn lossy(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Maps an error opening `path` to a clear engine error.
+fn open_error(base: &Base, path: &[u8], e: io::Error) -> Error {
+    let shown = lossy(path);
+    match (base, Errno::from_io_error(&e)) {
+        (_, Some(Errno::NOENT)) => Error::refused(
+            ErrorCode::NotFound,
+            format!("{shown}: no such file or directory"),
+        ),
+        (Base::Export(_), Some(Errno::XDEV)) => Error::refused(
+            ErrorCode::PathEscape,
+            format!("path {shown:?} refused: it leads outside the server's root"),
+        ),
+        (_, Some(Errno::ACCESS)) => Error::refused(
+            ErrorCode::PermissionDenied,
+            format!("{shown}: permission denied"),
+        ),
+        _ => Error::io("opening", shown, e),
+    }
+}
+
+impl Base {
+    /// Opens a directory handle on `path` (`""` is the base itself).
+    pub fn open_dir(&self, path: &[u8]) -> io::Result<OwnedFd> {
+        match self {
+            Base::Local => sys::open_local(path, DIR_HANDLE),
+            Base::Export(root) => sys::open_beneath(&**root, path, DIR_HANDLE),
+        }
+    }
+
+    /// Splits `path` into its containing directory and its last component, checking
+    /// peer paths. Returns `None` for the base itself (an export's root).
+    fn split<'p>(&self, path: &'p [u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        match self {
+            Base::Export(_) => {
+                let comps = checked_components(path)?;
+                Ok(comps
+                    .split_last()
+                    .map(|(last, rest)| (rest.join(&b'/'), last.to_vec())))
+            }
+            Base::Local => {
+                let mut p: &'p [u8] = path;
+                while p.len() > 1 && p.ends_with(b"/") {
+                    p = &p[..p.len() - 1];
+                }
+                let (parent, last) = match p.iter().rposition(|&b| b == b'/') {
+                    Some(0) => (&b"/"[..], &p[1..]),
+                    Some(i) => (&p[..i], &p[i + 1..]),
+                    None => (&b"."[..], p),
+                };
+                if last.is_empty() || last == b"." || last == b".." {
+                    // "/", ".", "foo/..": name the directory by its real path.
+                    let real = std::fs::canonicalize(std::ffi::OsStr::from_bytes(p))
+                        .map_err(|e| open_error(self, p, e))?;
+                    let real = real.as_os_str().as_bytes();
+                    if real == b"/" {
+                        return Ok(None);
+                    }
+                    return self.split(real);
+                }
+                Ok(Some((parent.to_vec(), last.to_vec())))
+            }
+        }
+    }
+}
+
+/// One source the user named, opened.
+#[derive(Debug)]
+pub struct SourceRoot {
+    /// Where it is.
+    pub root: RootRef,
+    /// Its name in the manifest (what it is called at the destination).
+    pub name: Vec<u8>,
+    /// How messages name it.
+    pub label: String,
+}
+
+/// Opens a source path. `base_name` names the base itself should a peer ask for it
+/// (an export's whole root).
+pub fn source_root(base: &Base, path: &[u8], base_name: &[u8]) -> Result<SourceRoot> {
+    let label = lossy(path);
+    match base.split(path)? {
+        None => match base {
+            Base::Export(root) => Ok(SourceRoot {
+                root: RootRef::Dir(root.clone()),
+                name: base_name.to_vec(),
+                label: if label.is_empty() { "/".into() } else { label },
+            }),
+            Base::Local => Err(Error::refused(
+                ErrorCode::Unsupported,
+                "refusing to copy the whole file system (/)",
+            )),
+        },
+        Some((parent, name)) => {
+            let parent = base
+                .open_dir(&parent)
+                .map_err(|e| open_error(base, &parent, e))?;
+            Ok(SourceRoot {
+                root: RootRef::At {
+                    parent: Arc::new(parent),
+                    name: name.clone(),
+                },
+                name,
+                label,
+            })
+        }
+    }
+}
+
+/// Decides where each root of an incoming manifest goes, with `cp -r` semantics:
+/// into `dest` when it is an existing directory; as `dest` itself when it does not
+/// exist (one root only) or is a file being replaced by a file.
+pub fn resolve_dest(
+    base: &Base,
+    dest: &[u8],
+    roots: &[(u32, &Entry)],
+) -> Result<HashMap<u32, (RootRef, String)>> {
+    let label = lossy(dest);
+    let shown = if label.is_empty() {
+        ".".to_string()
+    } else {
+        label.clone()
+    };
+    let mut out = HashMap::new();
+    if let Base::Export(_) = base {
+        checked_components(dest)?;
+    }
+    match base.open_dir(dest) {
+        Ok(dir) => {
+            let dir = Arc::new(dir);
+            for (idx, e) in roots {
+                let name_label = format!("{}/{}", shown.trim_end_matches('/'), lossy(&e.name));
+                out.insert(
+                    *idx,
+                    (
+                        RootRef::At {
+                            parent: dir.clone(),
+                            name: e.name.clone(),
+                        },
+                        name_label,
+                    ),
+                );
+            }
+            return Ok(out);
+        }
+        Err(e) => match Errno::from_io_error(&e) {
+            Some(Errno::NOENT) | Some(Errno::NOTDIR) => {}
+            _ => return Err(open_error(base, dest, e)),
+        },
+    }
+    // `dest` is not an existing directory: it names the single root itself.
+    let [(idx, root)] = roots else {
+        if roots.is_empty() {
+            return Ok(out);
+        }
+        return Err(Error::refused(
+            ErrorCode::NotFound,
+            format!("destination {shown} is not a directory (copying several sources needs one)"),
+        ));
+    };
+    let Some((parent, name)) = base.split(dest)? else {
+        return Err(Error::refused(
+            ErrorCode::Protocol,
+            "destination is the root itself",
+        ));
+    };
+    validate_name(&name)
+        .map_err(|e| Error::refused(ErrorCode::NotFound, format!("destination {shown}: {e}")))?;
+    let parent_fd = base
+        .open_dir(&parent)
+        .map_err(|e| open_error(base, &parent, e))?;
+    if root.kind == EntryKind::Dir {
+        match rustix::fs::statat(
+            &parent_fd,
+            name.as_slice(),
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        ) {
+            Ok(_) => {
+                return Err(Error::refused(
+                    ErrorCode::Io,
+                    format!("cannot overwrite non-directory {shown} with a directory"),
+                ));
+            }
+            Err(Errno::NOENT) => {}
+            Err(e) => return Err(Error::io("checking", shown, e)),
+        }
+    }
+    out.insert(
+        *idx,
+        (
+            RootRef::At {
+                parent: Arc::new(parent_fd),
+                name,
+            },
+            shown,
+        ),
+    );
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_paths_are_confined() {
+        assert!(checked_components(b"/etc/passwd").is_err());
+        assert!(checked_components(b"a/../../b").is_err());
+        assert!(checked_components(b"..").is_err());
+        assert_eq!(checked_components(b"").unwrap(), Vec::<&[u8]>::new());
+        assert_eq!(
+            checked_components(b"./a//b/").unwrap(),
+            vec![&b"a"[..], b"b"]
+        );
+    }
+}

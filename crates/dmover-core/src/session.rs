@@ -1,0 +1,187 @@
+//! What client and server sessions share: options, manifest exchange over the control
+//! channel, and watching the control channel while data flows.
+
+use std::time::Duration;
+
+use dmover_net::control::ControlChannel;
+use dmover_net::tcp::SocketOptions;
+use dmover_proto::control::{Control, ManifestEnd, ManifestPart};
+use dmover_proto::layout::DEFAULT_CHUNK;
+use dmover_proto::manifest::{self, Entry, EntryKind, Totals};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::engine::Run;
+use crate::error::{Error, Result};
+
+/// How long a peer may take to answer a handshake step.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most data streams a session may use.
+pub const MAX_STREAMS: u16 = 128;
+/// Most manifest entries accepted by default (about 100 bytes of memory each).
+pub const MAX_ENTRIES: u64 = 50_000_000;
+/// Manifest parts are cut at about this many encoded bytes.
+const PART_BYTES: usize = 1 << 20;
+
+/// Options of a transfer, as the user sets them.
+#[derive(Debug, Clone)]
+pub struct TransferOptions {
+    /// Parallel TCP data streams.
+    pub streams: u16,
+    /// Chunk size in bytes.
+    pub chunk_size: u32,
+    /// Per-chunk CRC32C and per-file digests.
+    pub checksum: bool,
+    /// Direct I/O for large files, on both ends.
+    pub direct_io: bool,
+    /// `fsync` each file before it gets its final name (destination side).
+    pub fsync: bool,
+    /// Chunk buffers per session (`None`: sized from streams and disk threads).
+    pub buffers: Option<usize>,
+    /// Socket settings for the data streams.
+    pub socket: SocketOptions,
+    /// Shared token, if the server requires one.
+    pub token: Option<Vec<u8>>,
+    /// Limit for connecting and for each handshake step.
+    pub connect_timeout: Duration,
+}
+
+impl Default for TransferOptions {
+    fn default() -> Self {
+        TransferOptions {
+            streams: 4,
+            chunk_size: DEFAULT_CHUNK,
+            checksum: true,
+            direct_io: false,
+            fsync: false,
+            buffers: None,
+            socket: SocketOptions::default(),
+            token: None,
+            connect_timeout: Duration::from_secs(15),
+        }
+    }
+}
+
+/// Buffers a session needs to keep `streams` streams and `io_threads` disk threads busy:
+/// one in flight per stream and per disk thread, plus one queued per stream.
+pub fn default_buffers(streams: u16, io_threads: usize) -> usize {
+    (2 * streams as usize + io_threads).max(4)
+}
+
+/// Sends a manifest in parts of about a megabyte, then its totals.
+pub async fn send_manifest<S: AsyncRead + AsyncWrite + Unpin>(
+    ch: &mut ControlChannel<S>,
+    entries: &[Entry],
+) -> Result<()> {
+    let mut start = 0;
+    let mut bytes = 0;
+    for (i, e) in entries.iter().enumerate() {
+        let target = match &e.kind {
+            EntryKind::Symlink { target } => target.len(),
+            _ => 0,
+        };
+        bytes += e.name.len() + target + 32;
+        if bytes >= PART_BYTES {
+            ch.send(&Control::Manifest(ManifestPart {
+                entries: entries[start..=i].to_vec(),
+            }))
+            .await?;
+            start = i + 1;
+            bytes = 0;
+        }
+    }
+    if start < entries.len() {
+        ch.send(&Control::Manifest(ManifestPart {
+            entries: entries[start..].to_vec(),
+        }))
+        .await?;
+    }
+    ch.send(&Control::ManifestEnd(ManifestEnd {
+        totals: Totals::of(entries),
+    }))
+    .await?;
+    Ok(())
+}
+
+/// Turns a message that should not have arrived into an error (a peer's `Error` into
+/// [`Error::Remote`]).
+pub fn unexpected(peer: &str, msg: Control, wanted: &str) -> Error {
+    match msg {
+        Control::Error(e) => Error::Remote {
+            peer: peer.to_string(),
+            code: e.code,
+            message: e.message,
+        },
+        other => Error::protocol(peer, format!("expected {wanted}, got {}", other.name())),
+    }
+}
+
+/// Receives a manifest, checking it as it grows and as a whole.
+pub async fn recv_manifest<S: AsyncRead + AsyncWrite + Unpin>(
+    ch: &mut ControlChannel<S>,
+    max_entries: u64,
+) -> Result<Vec<Entry>> {
+    let mut entries: Vec<Entry> = Vec::new();
+    loop {
+        match ch.recv_timeout(HANDSHAKE_TIMEOUT, "manifest").await? {
+            Control::Manifest(part) => {
+                if (entries.len() + part.entries.len()) as u64 > max_entries {
+                    return Err(Error::refused(
+                        dmover_proto::control::ErrorCode::Busy,
+                        format!("manifest exceeds {max_entries} entries"),
+                    ));
+                }
+                entries.extend(part.entries);
+            }
+            Control::ManifestEnd(end) => {
+                let totals = manifest::validate(&entries, max_entries)
+                    .map_err(|e| Error::Net(dmover_net::NetError::proto(ch.peer(), e)))?;
+                if totals != end.totals {
+                    return Err(Error::protocol(
+                        ch.peer(),
+                        format!(
+                            "manifest totals {:?} do not match its entries {totals:?}",
+                            end.totals
+                        ),
+                    ));
+                }
+                return Ok(entries);
+            }
+            other => return Err(unexpected(ch.peer(), other, "manifest")),
+        }
+    }
+}
+
+/// Runs `transfer` while listening on the control channel. A peer's `Error`, or the
+/// control connection dropping, cancels the run. Any other message (such as the
+/// peer's `Done`, which can race the end of our own sending) is handed back.
+pub async fn watch_control<S, F, T>(
+    ch: &mut ControlChannel<S>,
+    run: &Run,
+    transfer: F,
+) -> Result<(T, Option<Control>)>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    F: std::future::Future<Output = Result<T>>,
+{
+    tokio::pin!(transfer);
+    let mut early = None;
+    let mut listening = true;
+    loop {
+        tokio::select! {
+            biased;
+            r = &mut transfer => return r.map(|t| (t, early)),
+            m = ch.recv(), if listening => {
+                listening = false;
+                match m {
+                    Ok(Control::Error(e)) => run.fail(Error::Remote {
+                        peer: ch.peer().to_string(),
+                        code: e.code,
+                        message: e.message,
+                    }),
+                    Ok(msg) => early = Some(msg),
+                    Err(e) => run.fail(Error::Net(e)),
+                }
+            }
+        }
+    }
+}

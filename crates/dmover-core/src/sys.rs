@@ -1,0 +1,151 @@
+//! Platform calls in one place: opening relative to directory handles without following
+//! symlinks, confinement beneath a root, direct I/O with fallback, preallocation,
+//! timestamps and descriptor limits (Linux).
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+
+use rustix::fs::{
+    AtFlags, FallocateFlags, Mode, OFlags, ResolveFlags, Timespec, Timestamps, UTIME_OMIT,
+};
+use rustix::io::Errno;
+
+pub use rustix::fs::CWD;
+
+/// Flags for a directory handle used only as the base of `*at` calls.
+pub const DIR_PATH: OFlags = OFlags::PATH
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
+
+/// Opens `name` in `dir` without following a symlink in its last component (the name
+/// must be a single component, so no other component exists to follow).
+pub fn open_in(dir: impl AsFd, name: &[u8], flags: OFlags, mode: u32) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat(
+        dir,
+        name,
+        flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(mode),
+    )?)
+}
+
+/// Opens a multi-component relative `path` below `root`, refusing any resolution that
+/// would leave `root` (`..`, absolute symlinks, symlinks pointing outside): the kernel
+/// checks every step (`openat2` with `RESOLVE_BENEATH`), so there is no race between
+/// checking and using the path. `EXDEV` means the path tried to escape.
+pub fn open_beneath(root: impl AsFd, path: &[u8], flags: OFlags) -> io::Result<OwnedFd> {
+    let path: &[u8] = if path.is_empty() { b"." } else { path };
+    Ok(rustix::fs::openat2(
+        root,
+        path,
+        flags | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+    )?)
+}
+
+/// Opens a local path (absolute or relative to the working directory), following
+/// symlinks as the user's shell would.
+pub fn open_local(path: &[u8], flags: OFlags) -> io::Result<OwnedFd> {
+    let path: &[u8] = if path.is_empty() { b"." } else { path };
+    Ok(rustix::fs::openat(
+        CWD,
+        path,
+        flags | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// Whether an error means "this file system does not do direct I/O".
+pub fn is_direct_unsupported(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(Errno::INVAL.raw_os_error())
+}
+
+/// Reads exactly `buf.len()` bytes at `offset` unless the file ends first; returns the
+/// number of bytes read.
+pub fn pread_full(fd: impl AsFd, buf: &mut [u8], mut offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match rustix::io::pread(&fd, &mut buf[done..], offset) {
+            Ok(0) => break,
+            Ok(n) => {
+                done += n;
+                offset += n as u64;
+            }
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(done)
+}
+
+/// Writes all of `buf` at `offset`.
+pub fn pwrite_all(fd: impl AsFd, buf: &[u8], mut offset: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match rustix::io::pwrite(&fd, &buf[done..], offset) {
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+            Ok(n) => {
+                done += n;
+                offset += n as u64;
+            }
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Reserves `len` bytes for a file about to be written, so it is laid out contiguously
+/// and a full disk shows up now rather than halfway. Unsupported file systems are
+/// fine: the writes will allocate.
+pub fn preallocate(fd: impl AsFd, len: u64) -> io::Result<()> {
+    match rustix::fs::fallocate(fd, FallocateFlags::empty(), 0, len) {
+        Ok(()) | Err(Errno::OPNOTSUPP) | Err(Errno::NOSYS) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Sets the modification time of `name` in `dir` (not following a symlink), leaving
+/// the access time alone.
+pub fn set_mtime(dir: impl AsFd, name: &[u8], sec: i64, nsec: u32) -> io::Result<()> {
+    let times = Timestamps {
+        last_access: Timespec {
+            tv_sec: 0,
+            tv_nsec: UTIME_OMIT,
+        },
+        last_modification: Timespec {
+            tv_sec: sec,
+            tv_nsec: nsec.into(),
+        },
+    };
+    Ok(rustix::fs::utimensat(
+        dir,
+        name,
+        &times,
+        AtFlags::SYMLINK_NOFOLLOW,
+    )?)
+}
+
+/// Sets permission bits of `name` in `dir`.
+pub fn set_mode(dir: impl AsFd, name: &[u8], mode: u32) -> io::Result<()> {
+    Ok(rustix::fs::chmodat(
+        dir,
+        name,
+        Mode::from_raw_mode(mode),
+        AtFlags::empty(),
+    )?)
+}
+
+/// Raises the soft limit on open descriptors to the hard limit (a server holds a
+/// directory handle per active directory and several sockets per session).
+pub fn raise_fd_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut lim = getrlimit(Resource::Nofile);
+    if lim.current != lim.maximum {
+        lim.current = lim.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, lim) {
+            tracing::debug!("cannot raise RLIMIT_NOFILE: {e}");
+        }
+    }
+}

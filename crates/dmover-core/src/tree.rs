@@ -1,0 +1,130 @@
+//! A manifest bound to directory handles on this machine.
+//!
+//! Every file operation of a session goes through a [`Tree`]: it finds the directory
+//! handle of an entry's parent and the entry's name in it. Directories are opened one
+//! component at a time with `O_NOFOLLOW`, starting from handles the session resolved
+//! once and safely (beneath the server's root), so nothing a peer names, and nothing
+//! swapped in during the transfer, can lead outside the tree.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use dmover_proto::manifest::{Entry, EntryKind, NO_PARENT};
+use parking_lot::Mutex;
+
+use crate::sys::{self, DIR_PATH};
+
+/// Where a root entry of the manifest lives on this machine.
+#[derive(Debug, Clone)]
+pub enum RootRef {
+    /// The root is `name` inside the directory `parent`.
+    At {
+        /// Handle of the containing directory.
+        parent: Arc<OwnedFd>,
+        /// The root's name on disk (may differ from its manifest name).
+        name: Vec<u8>,
+    },
+    /// The root is this directory itself (e.g. a server's whole export).
+    Dir(Arc<OwnedFd>),
+}
+
+/// Open directory handles kept at most; past this the cache starts over (directories
+/// are visited roughly in order, so an occasional reopen costs little).
+const DIR_CACHE_MAX: usize = 4096;
+
+/// A manifest plus the handles to reach each entry.
+#[derive(Debug)]
+pub struct Tree {
+    entries: Vec<Entry>,
+    roots: HashMap<u32, (RootRef, String)>,
+    dirs: Mutex<HashMap<u32, Arc<OwnedFd>>>,
+}
+
+impl Tree {
+    /// Binds `entries` to this machine: `roots` maps each root entry's index to its
+    /// location and to the label used for it in messages (a path the user knows).
+    pub fn new(entries: Vec<Entry>, roots: HashMap<u32, (RootRef, String)>) -> Self {
+        Tree {
+            entries,
+            roots,
+            dirs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The manifest entries.
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// The directory holding entry `idx`, and the entry's name in it.
+    pub fn locate(&self, idx: u32) -> io::Result<(Arc<OwnedFd>, &[u8])> {
+        let e = &self.entries[idx as usize];
+        if e.parent == NO_PARENT {
+            match self.roots.get(&idx) {
+                Some((RootRef::At { parent, name }, _)) => Ok((parent.clone(), name)),
+                _ => Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "this root has no parent directory",
+                )),
+            }
+        } else {
+            Ok((self.dir(e.parent)?, &e.name))
+        }
+    }
+
+    /// A handle (`O_PATH`) on directory entry `idx`, for `*at` calls.
+    pub fn dir(&self, idx: u32) -> io::Result<Arc<OwnedFd>> {
+        if let Some(fd) = self.dirs.lock().get(&idx) {
+            return Ok(fd.clone());
+        }
+        let e = &self.entries[idx as usize];
+        debug_assert_eq!(e.kind, EntryKind::Dir);
+        let fd = if e.parent == NO_PARENT {
+            match self.roots.get(&idx) {
+                Some((RootRef::Dir(fd), _)) => return Ok(fd.clone()),
+                Some((RootRef::At { parent, name }, _)) => {
+                    sys::open_in(&**parent, name, DIR_PATH, 0)?
+                }
+                None => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "root entry without a location",
+                    ));
+                }
+            }
+        } else {
+            let parent = self.dir(e.parent)?;
+            sys::open_in(&*parent, &e.name, DIR_PATH, 0)?
+        };
+        let fd = Arc::new(fd);
+        let mut dirs = self.dirs.lock();
+        if dirs.len() >= DIR_CACHE_MAX {
+            dirs.clear();
+        }
+        dirs.insert(idx, fd.clone());
+        Ok(fd)
+    }
+
+    /// The entry's path for messages: its root's label, then the names below it.
+    pub fn display(&self, idx: u32) -> String {
+        let mut names = Vec::new();
+        let mut i = idx;
+        loop {
+            let e = &self.entries[i as usize];
+            if e.parent == NO_PARENT {
+                let label = match self.roots.get(&i) {
+                    Some((_, label)) => label.clone(),
+                    None => String::from_utf8_lossy(&e.name).into_owned(),
+                };
+                names.push(label);
+                break;
+            }
+            names.push(String::from_utf8_lossy(&e.name).into_owned());
+            i = e.parent;
+        }
+        names.reverse();
+        names.join("/")
+    }
+}

@@ -1,0 +1,112 @@
+//! The control channel: preamble exchange and length-prefixed control frames.
+
+use std::time::Duration;
+
+use dmover_proto::control::{Control, LEN_PREFIX};
+use dmover_proto::preamble::{self, Preamble};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::NetError;
+
+/// Reads and writes control frames on one connection.
+#[derive(Debug)]
+pub struct ControlChannel<S> {
+    stream: S,
+    peer: String,
+    max_frame: usize,
+    buf: Vec<u8>,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> ControlChannel<S> {
+    /// Wraps a connected stream whose preambles have been exchanged.
+    pub fn new(stream: S, peer: impl Into<String>, max_frame: usize) -> Self {
+        ControlChannel {
+            stream,
+            peer: peer.into(),
+            max_frame,
+            buf: Vec::new(),
+        }
+    }
+
+    /// The peer's name, for messages.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// Sends one message.
+    pub async fn send(&mut self, msg: &Control) -> Result<(), NetError> {
+        self.buf.clear();
+        msg.encode(&mut self.buf)
+            .map_err(|e| NetError::proto(&self.peer, e))?;
+        self.stream
+            .write_all(&self.buf)
+            .await
+            .map_err(|e| NetError::io("writing to", &self.peer, e))?;
+        self.stream
+            .flush()
+            .await
+            .map_err(|e| NetError::io("writing to", &self.peer, e))
+    }
+
+    /// Receives one message. The body size is checked against the limit before any
+    /// buffer is sized for it.
+    pub async fn recv(&mut self) -> Result<Control, NetError> {
+        let mut prefix = [0u8; LEN_PREFIX];
+        self.stream
+            .read_exact(&mut prefix)
+            .await
+            .map_err(|e| NetError::io("reading from", &self.peer, e))?;
+        let n = Control::body_len(prefix, self.max_frame)
+            .map_err(|e| NetError::proto(&self.peer, e))?;
+        self.buf.resize(n, 0);
+        self.stream
+            .read_exact(&mut self.buf)
+            .await
+            .map_err(|e| NetError::io("reading from", &self.peer, e))?;
+        Control::decode_body(&self.buf).map_err(|e| NetError::proto(&self.peer, e))
+    }
+
+    /// Receives one message within `limit`.
+    pub async fn recv_timeout(
+        &mut self,
+        limit: Duration,
+        what: &'static str,
+    ) -> Result<Control, NetError> {
+        match tokio::time::timeout(limit, self.recv()).await {
+            Ok(r) => r,
+            Err(_) => Err(NetError::Timeout {
+                peer: self.peer.clone(),
+                what,
+                secs: limit.as_secs(),
+            }),
+        }
+    }
+
+    /// Gives the stream back.
+    pub fn into_inner(self) -> S {
+        self.stream
+    }
+}
+
+/// Writes a preamble.
+pub async fn write_preamble<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    p: Preamble,
+    peer: &str,
+) -> Result<(), NetError> {
+    s.write_all(&p.encode())
+        .await
+        .map_err(|e| NetError::io("writing to", peer, e))
+}
+
+/// Reads a preamble.
+pub async fn read_preamble<S: AsyncRead + Unpin>(
+    s: &mut S,
+    peer: &str,
+) -> Result<Preamble, NetError> {
+    let mut b = [0u8; preamble::LEN];
+    s.read_exact(&mut b)
+        .await
+        .map_err(|e| NetError::io("reading from", peer, e))?;
+    Preamble::decode(&b).map_err(|e| NetError::proto(peer, e))
+}

@@ -1,0 +1,39 @@
+//! `dmover bench`: measurement tools.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use dmover_bench::mkdata::{self, Spec};
+
+use crate::args::{BenchArgs, BenchCommand, MkdataArgs};
+
+pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
+    match a.command {
+        BenchCommand::Mkdata(m) => mkdata_cmd(m),
+    }
+}
+
+fn mkdata_cmd(a: MkdataArgs) -> anyhow::Result<ExitCode> {
+    let spec = Spec::new(a.profile).scale(a.scale).seed(a.seed);
+    let stats = mkdata::generate(&a.dir, &spec, None)
+        .with_context(|| format!("generating {} in {}", a.profile, a.dir.display()))?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "dir": a.dir,
+                "profile": a.profile.to_string(),
+                "scale": a.scale,
+                "seed": a.seed,
+                "files": stats.files,
+                "dirs": stats.dirs,
+                "symlinks": stats.symlinks,
+                "bytes": stats.bytes,
+                "seconds": stats.seconds,
+            })
+        );
+    } else {
+        eprintln!("{}: {stats}", a.dir.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,144 @@
+//! `dmover cp`: push local sources to a server or pull a server's sources here.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use dmover_core::client::Client;
+use dmover_core::engine::Run;
+use dmover_core::session::TransferOptions;
+use dmover_net::tcp::SocketOptions;
+
+use crate::args::{CpArgs, TransferArgs};
+use crate::endpoint::{self, Endpoint};
+use crate::output::{self, Direction, ProgressBar};
+
+/// Builds transfer options from the command line and environment.
+pub fn transfer_options(a: &TransferArgs) -> anyhow::Result<TransferOptions> {
+    let token = match &a.token_file {
+        Some(f) => {
+            Some(std::fs::read(f).with_context(|| format!("reading token file {}", f.display()))?)
+        }
+        None => std::env::var_os("DMOVER_TOKEN")
+            .map(|t| std::os::unix::ffi::OsStrExt::as_bytes(t.as_os_str()).to_vec()),
+    };
+    if token.as_ref().is_some_and(|t| t.trim_ascii().is_empty()) {
+        bail!("the token is empty");
+    }
+    Ok(TransferOptions {
+        streams: a.streams,
+        chunk_size: a.chunk,
+        checksum: !a.no_checksum,
+        direct_io: a.direct_io,
+        fsync: a.fsync,
+        buffers: a.buffers.map(|b| b as usize),
+        socket: SocketOptions {
+            send_buffer: a.tcp_buffer.map(|b| b as usize),
+            recv_buffer: a.tcp_buffer.map(|b| b as usize),
+            congestion: a.congestion.clone(),
+        },
+        token,
+        ..TransferOptions::default()
+    })
+}
+
+/// A tokio runtime for a client: network work only (disk work has its own threads).
+pub fn runtime(streams: u16) -> anyhow::Result<tokio::runtime::Runtime> {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads((streams as usize).clamp(1, cores))
+        .thread_name("dmover-net")
+        .enable_all()
+        .build()
+        .context("starting the network runtime")
+}
+
+/// Cancels `run` on Ctrl-C, so the transfer stops cleanly (staging files removed).
+pub fn cancel_on_interrupt(rt: &tokio::runtime::Runtime, run: &Arc<Run>) {
+    let run = run.clone();
+    rt.spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            run.fail(dmover_core::Error::refused(
+                dmover_proto::control::ErrorCode::Aborted,
+                "interrupted",
+            ));
+        }
+    });
+}
+
+pub fn run(a: CpArgs) -> anyhow::Result<ExitCode> {
+    let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
+    let dst = endpoint::parse(dst).map_err(|e| anyhow::anyhow!("destination: {e}"))?;
+    let srcs = srcs
+        .iter()
+        .map(|s| {
+            endpoint::parse(s).map_err(|e| anyhow::anyhow!("source {}: {e}", s.to_string_lossy()))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let opts = transfer_options(&a.transfer)?;
+    let (direction, server, sources, dest) = match dst {
+        Endpoint::Remote { server, path } => {
+            let mut local = Vec::new();
+            for s in srcs {
+                match s {
+                    Endpoint::Local(p) => local.push(p),
+                    Endpoint::Remote { .. } => {
+                        bail!(
+                            "copying from one server to another (third-party transfer) is not supported yet"
+                        )
+                    }
+                }
+            }
+            (Direction::Push, server, local, path)
+        }
+        Endpoint::Local(dest) => {
+            let mut server = None;
+            let mut paths = Vec::new();
+            for s in srcs {
+                match s {
+                    Endpoint::Remote { server: h, path } => {
+                        if server.as_ref().is_some_and(|s: &String| *s != h) {
+                            bail!("all sources must be on the same server");
+                        }
+                        server = Some(h);
+                        paths.push(path);
+                    }
+                    Endpoint::Local(p) => bail!(
+                        "{} and the destination are both local: name a server as HOST:PATH on one side",
+                        String::from_utf8_lossy(&p)
+                    ),
+                }
+            }
+            (
+                Direction::Pull,
+                server.expect("at least one source"),
+                paths,
+                dest,
+            )
+        }
+    };
+
+    let rt = runtime(opts.streams)?;
+    let client = Client::new(opts.clone(), a.transfer.io_threads as usize);
+    let run = Run::new();
+    cancel_on_interrupt(&rt, &run);
+    let bar = (!a.quiet && !a.json && std::io::stderr().is_terminal())
+        .then(|| ProgressBar::start(&rt, run.clone()));
+    let started = Instant::now();
+    let result = rt.block_on(async {
+        match direction {
+            Direction::Push => client.push(&sources, &server, &dest, run.clone()).await,
+            Direction::Pull => client.pull(&server, &sources, &dest, run.clone()).await,
+        }
+    });
+    let secs = started.elapsed().as_secs_f64();
+    if let Some(bar) = bar {
+        bar.finish();
+    }
+    // Join the disk threads: an aborted transfer's staging files are gone after this.
+    drop(client);
+    drop(rt);
+    Ok(output::report(result, direction, secs, a.json, a.quiet))
+}
