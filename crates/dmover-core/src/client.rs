@@ -268,7 +268,10 @@ impl Client {
             session::send_manifest(&mut conn.ch, source.tree().entries())
         );
         sent?;
-        let streams = streams?;
+        let streams = match streams {
+            Ok(s) => s,
+            Err(e) => return Err(explain(&mut conn.ch, e).await),
+        };
         match conn.ch.recv().await? {
             Control::Go => {}
             other => return Err(unexpected(server, other, "Go")),
@@ -328,11 +331,11 @@ impl Client {
             self.open_streams(server, &s),
             session::recv_manifest(&mut conn.ch, session::MAX_ENTRIES)
         );
-        let entries = match entries {
-            Ok(e) => e,
-            Err(e) => return Err(e),
+        let entries = entries?;
+        let streams = match streams {
+            Ok(s) => s,
+            Err(e) => return Err(explain(&mut conn.ch, e).await),
         };
-        let streams = streams?;
         let totals = Totals::of(&entries);
         run.progress
             .total
@@ -381,6 +384,19 @@ impl Client {
                 Err(e)
             }
         }
+    }
+}
+
+/// A data stream failed to join: if the server said why on the control channel (it
+/// refuses a session by closing it, so its streams are then unknown), report that.
+async fn explain(ch: &mut ControlChannel<TcpStream>, e: Error) -> Error {
+    match tokio::time::timeout(std::time::Duration::from_secs(2), ch.recv()).await {
+        Ok(Ok(Control::Error(m))) => Error::Remote {
+            peer: ch.peer().to_string(),
+            code: m.code,
+            message: m.message,
+        },
+        _ => e,
     }
 }
 

@@ -1,0 +1,249 @@
+//! Shared helpers for the end-to-end tests: the real binary, real servers on loopback,
+//! real trees on disk.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, SystemTime};
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_dmover")
+}
+
+/// A `dmover serve` process; killed when dropped.
+pub struct Server {
+    pub child: Child,
+    pub addr: String,
+    pub root: PathBuf,
+}
+
+impl Server {
+    pub fn start(root: &Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(bin())
+            .args(["serve", "--root"])
+            .arg(root)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting dmover serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .expect("reading the listen line");
+        let addr = line
+            .trim()
+            .strip_prefix("dmover: listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        Server {
+            child,
+            addr,
+            root: root.to_path_buf(),
+        }
+    }
+
+    /// `dmover://ADDR/path`
+    pub fn url(&self, path: &str) -> String {
+        format!("dmover://{}/{}", self.addr, path)
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn cp(args: &[&str]) -> Output {
+    cp_env(args, &[])
+}
+
+pub fn cp_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(bin());
+    c.arg("cp").args(args).env_remove("DMOVER_TOKEN");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("running dmover cp")
+}
+
+/// Asserts a command succeeded, showing its stderr otherwise.
+pub fn ok(o: &Output) {
+    assert!(
+        o.status.success(),
+        "dmover failed with {:?}:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Deterministic incompressible bytes.
+pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+pub fn write_file(p: &Path, seed: u64, len: usize, mode: u32, mtime_secs: u64) {
+    if let Some(parent) = p.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    let mut f = std::fs::File::create(p).unwrap();
+    f.write_all(&bytes(seed, len)).unwrap();
+    f.set_modified(SystemTime::UNIX_EPOCH + Duration::new(mtime_secs, 123_456_789))
+        .unwrap();
+    drop(f);
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+pub fn set_dir_meta(p: &Path, mode: u32, mtime_secs: u64) {
+    std::fs::File::open(p)
+        .unwrap()
+        .set_modified(SystemTime::UNIX_EPOCH + Duration::new(mtime_secs, 5))
+        .unwrap();
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A tree with every kind of entry the copy must preserve: regular files around the
+/// alignment and chunk boundaries (empty, tiny, 128 KiB ± 1, multi-chunk), nested and
+/// empty directories, symlinks (relative, absolute, dangling), odd modes and mtimes.
+pub fn make_tree(root: &Path) {
+    std::fs::create_dir_all(root).unwrap();
+    let sizes: &[(&str, usize)] = &[
+        ("empty", 0),
+        ("one", 1),
+        ("page-1", 4095),
+        ("page", 4096),
+        ("below-align", 128 * 1024 - 1),
+        ("align", 128 * 1024),
+        ("meg-plus", (1 << 20) + 3),
+        ("multi-chunk", 9 * (1 << 20) + 4097),
+        ("sub/deeper/small", 333),
+        ("sub/deeper/big", 3 * (1 << 20) + 1),
+        ("sub/name with spaces & ünïcödé", 1000),
+        ("sub/.hidden", 10),
+    ];
+    for (i, (name, len)) in sizes.iter().enumerate() {
+        let mode = match i % 3 {
+            0 => 0o644,
+            1 => 0o600,
+            _ => 0o755,
+        };
+        write_file(
+            &root.join(name),
+            i as u64 + 1,
+            *len,
+            mode,
+            1_600_000_000 + i as u64,
+        );
+    }
+    std::fs::set_permissions(root.join("page"), std::fs::Permissions::from_mode(0o444)).unwrap();
+    std::fs::create_dir_all(root.join("empty-dir")).unwrap();
+    symlink("sub/deeper/small", root.join("link-rel")).unwrap();
+    symlink("/etc/hostname", root.join("link-abs")).unwrap();
+    symlink("does/not/exist", root.join("sub/link-dangling")).unwrap();
+    symlink("deeper", root.join("sub/link-dir")).unwrap();
+    set_dir_meta(&root.join("empty-dir"), 0o750, 1_500_000_000);
+    set_dir_meta(&root.join("sub/deeper"), 0o700, 1_500_000_001);
+    set_dir_meta(&root.join("sub"), 0o755, 1_500_000_002);
+    set_dir_meta(root, 0o755, 1_500_000_003);
+}
+
+/// Many small files in several directories.
+pub fn make_small_files(root: &Path, n: usize, dirs: usize) {
+    for i in 0..n {
+        let p = root.join(format!("d{:03}/f{i:05}", i % dirs));
+        write_file(
+            &p,
+            i as u64,
+            (i * 37) % 9000 + 1,
+            0o644,
+            1_650_000_000 + i as u64,
+        );
+    }
+}
+
+pub fn same(a: &Path, b: &Path) {
+    if let Err(e) = dmover_core::verify::compare_trees(a, b) {
+        panic!("trees differ: {e}");
+    }
+}
+
+/// Every file under its final name in `dest` is byte-identical to its counterpart in
+/// `src`; staging files (`.dmv.*`) are the only other files allowed. Returns the
+/// number of complete files found.
+pub fn no_partial_files(src: &Path, dest: &Path) -> usize {
+    let mut complete = 0;
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(dest.join(&rel)) else {
+            continue;
+        };
+        for e in rd {
+            let e = e.unwrap();
+            let name = e.file_name();
+            let r = rel.join(&name);
+            let ft = e.file_type().unwrap();
+            if ft.is_dir() {
+                stack.push(r);
+            } else if ft.is_file() {
+                if name.to_string_lossy().starts_with(".dmv.") {
+                    continue;
+                }
+                let got = std::fs::read(dest.join(&r)).unwrap();
+                let want = std::fs::read(src.join(&r))
+                    .unwrap_or_else(|_| panic!("{} has no source", r.display()));
+                assert!(
+                    got == want,
+                    "{} is visible under its final name but incomplete",
+                    r.display()
+                );
+                complete += 1;
+            }
+        }
+    }
+    complete
+}
+
+pub fn staging_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else if e.file_name().to_string_lossy().starts_with(".dmv.") {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+pub fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&o.stdout)))
+}

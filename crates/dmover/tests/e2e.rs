@@ -1,0 +1,490 @@
+//! End to end: the real `dmover` binary against real `dmover serve` processes on
+//! loopback, over real trees in fresh temporary directories.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("dmover-e2e-")
+        .tempdir()
+        .unwrap()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn push_preserves_every_kind_of_entry() {
+    let t = tmp();
+    let src = t.path().join("tree");
+    make_tree(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = Server::start(&root, &[]);
+    // Small chunks: files span chunks, chunks hold several files.
+    let o = cp(&["--chunk", "64K", "--json", s(&src), &srv.url("")]);
+    ok(&o);
+    same(&src, &root.join("tree"));
+    let j = json(&o);
+    assert_eq!(j["ok"], true);
+    assert_eq!(j["direction"], "push");
+    assert_eq!(j["files"], 12);
+    assert_eq!(j["symlinks"], 4);
+    assert_eq!(j["dirs"], 4);
+    assert_eq!(j["verified"], true);
+    assert_eq!(j["errors"], 0);
+    assert_eq!(j["streams"], 4);
+    assert_eq!(j["chunk"], 65536);
+    let expected_bytes: u64 = walk_bytes(&src);
+    assert_eq!(j["bytes"], expected_bytes);
+    assert!(j["seconds"].as_f64().unwrap() > 0.0);
+    assert!(j["gbit_per_s"].as_f64().unwrap() > 0.0);
+    assert!(staging_files(&root).is_empty());
+}
+
+fn walk_bytes(p: &Path) -> u64 {
+    let m = std::fs::symlink_metadata(p).unwrap();
+    if m.is_dir() {
+        std::fs::read_dir(p)
+            .unwrap()
+            .map(|e| walk_bytes(&e.unwrap().path()))
+            .sum()
+    } else if m.is_file() {
+        m.len()
+    } else {
+        0
+    }
+}
+
+#[test]
+fn pull_preserves_every_kind_of_entry() {
+    let t = tmp();
+    let root = t.path().join("root");
+    make_tree(&root.join("data/tree"));
+    let srv = Server::start(&root, &[]);
+    let dest = t.path().join("local");
+    std::fs::create_dir(&dest).unwrap();
+    for (direct, chunk) in [(false, "64K"), (true, "1M")] {
+        let out = dest.join(format!("copy-{direct}"));
+        let mut args = vec!["--chunk", chunk, "-P", "3"];
+        if direct {
+            args.push("--direct-io");
+        }
+        let url = srv.url("data/tree");
+        args.extend([url.as_str(), s(&out)]);
+        ok(&cp(&args));
+        same(&root.join("data/tree"), &out);
+    }
+    assert!(staging_files(&dest).is_empty());
+}
+
+#[test]
+fn many_small_files_and_no_checksum_mode() {
+    let t = tmp();
+    let src = t.path().join("small");
+    make_small_files(&src, 3000, 30);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = Server::start(&root, &[]);
+    let o = cp(&["--json", s(&src), &srv.url("")]);
+    ok(&o);
+    same(&src, &root.join("small"));
+    assert_eq!(json(&o)["files"], 3000);
+    let back = t.path().join("back");
+    let o = cp(&["--no-checksum", "--json", &srv.url("small"), s(&back)]);
+    ok(&o);
+    same(&src, &back);
+    assert_eq!(json(&o)["verified"], false);
+}
+
+#[test]
+fn a_file_larger_than_the_buffer_pool() {
+    let t = tmp();
+    let src = t.path().join("big.bin");
+    // Pool: 2 buffers × 64 KiB = 128 KiB; the file is 160 times that.
+    write_file(&src, 99, 20 << 20, 0o640, 1_700_000_000);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = Server::start(&root, &[]);
+    let flags = ["--chunk", "64K", "--buffers", "2", "-P", "2"];
+    let mut args = flags.to_vec();
+    let url = srv.url("big.bin");
+    args.extend([s(&src), url.as_str()]);
+    ok(&cp(&args));
+    same(&src, &root.join("big.bin"));
+    let back = t.path().join("back.bin");
+    let mut args = flags.to_vec();
+    args.extend([url.as_str(), s(&back)]);
+    ok(&cp(&args));
+    same(&src, &back);
+}
+
+#[test]
+fn empty_tree() {
+    let t = tmp();
+    let src = t.path().join("nothing");
+    std::fs::create_dir(&src).unwrap();
+    set_dir_meta(&src, 0o711, 1_234_567_890);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = Server::start(&root, &[]);
+    let o = cp(&["--json", s(&src), &srv.url("")]);
+    ok(&o);
+    same(&src, &root.join("nothing"));
+    assert_eq!(json(&o)["bytes"], 0);
+    let back = t.path().join("back");
+    ok(&cp(&[&srv.url("nothing"), s(&back)]));
+    same(&src, &back);
+}
+
+#[test]
+fn cp_destination_semantics() {
+    let t = tmp();
+    let root = t.path().join("root");
+    std::fs::create_dir_all(root.join("existing-dir")).unwrap();
+    let srv = Server::start(&root, &[]);
+    let a = t.path().join("a.txt");
+    let b = t.path().join("b.txt");
+    write_file(&a, 1, 5000, 0o644, 1_600_000_000);
+    write_file(&b, 2, 7000, 0o600, 1_600_000_001);
+    // To a name that does not exist: the file takes that name.
+    ok(&cp(&[s(&a), &srv.url("renamed.txt")]));
+    same(&a, &root.join("renamed.txt"));
+    // Onto an existing file: replaced.
+    ok(&cp(&[s(&b), &srv.url("renamed.txt")]));
+    same(&b, &root.join("renamed.txt"));
+    // Into an existing directory, several sources.
+    ok(&cp(&[s(&a), s(&b), &srv.url("existing-dir")]));
+    same(&a, &root.join("existing-dir/a.txt"));
+    same(&b, &root.join("existing-dir/b.txt"));
+    // Several sources to a path that is not a directory: refused, nothing created.
+    let o = cp(&[s(&a), s(&b), &srv.url("nope")]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("not a directory"), "{}", stderr(&o));
+    assert!(!root.join("nope").exists());
+    // A directory over an existing file: refused.
+    let d = t.path().join("dir");
+    make_small_files(&d, 3, 1);
+    let o = cp(&[s(&d), &srv.url("renamed.txt")]);
+    assert!(!o.status.success());
+    same(&b, &root.join("renamed.txt"));
+    // The destination's parent must exist.
+    let o = cp(&[s(&a), &srv.url("missing/parent/x")]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("no such file"), "{}", stderr(&o));
+    // Pull into a local directory that exists, and to a new local name.
+    let here = t.path().join("here");
+    std::fs::create_dir(&here).unwrap();
+    ok(&cp(&[&srv.url("existing-dir/a.txt"), s(&here)]));
+    same(&a, &here.join("a.txt"));
+    ok(&cp(&[&srv.url("existing-dir"), s(&here.join("copy"))]));
+    same(&root.join("existing-dir"), &here.join("copy"));
+}
+
+#[test]
+fn concurrent_clients() {
+    let t = tmp();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = Server::start(&root, &["--io-threads", "2"]);
+    let trees: Vec<_> = (0..6)
+        .map(|i| {
+            let p = t.path().join(format!("src{i}"));
+            make_small_files(&p, 200, 4);
+            write_file(&p.join("big"), 1000 + i, 3 << 20, 0o644, 1_700_000_000);
+            p
+        })
+        .collect();
+    let children: Vec<_> = trees
+        .iter()
+        .map(|p| {
+            std::process::Command::new(bin())
+                .args(["cp", "--quiet", "--chunk", "256K", s(p), &srv.url("")])
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for c in children {
+        ok(&c.wait_with_output().unwrap());
+    }
+    for p in &trees {
+        same(p, &root.join(p.file_name().unwrap()));
+    }
+}
+
+#[test]
+fn token_authentication() {
+    let t = tmp();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let token = t.path().join("token");
+    std::fs::write(&token, "correct horse battery staple\n").unwrap();
+    let wrong = t.path().join("wrong");
+    std::fs::write(&wrong, "incorrect").unwrap();
+    let srv = Server::start(&root, &["--token-file", s(&token)]);
+    let f = t.path().join("f");
+    write_file(&f, 3, 100, 0o644, 1_600_000_000);
+
+    let o = cp(&[s(&f), &srv.url("f")]);
+    assert_eq!(o.status.code(), Some(3), "no token: {}", stderr(&o));
+    assert!(stderr(&o).contains("requires a token"), "{}", stderr(&o));
+    let o = cp(&["--token-file", s(&wrong), s(&f), &srv.url("f")]);
+    assert_eq!(o.status.code(), Some(3), "wrong token: {}", stderr(&o));
+    assert!(
+        stderr(&o).contains("authentication failed"),
+        "{}",
+        stderr(&o)
+    );
+    let o = cp_env(&[s(&f), &srv.url("f")], &[("DMOVER_TOKEN", "nope")]);
+    assert_eq!(o.status.code(), Some(3));
+    assert!(!root.join("f").exists());
+
+    ok(&cp(&["--token-file", s(&token), s(&f), &srv.url("f")]));
+    same(&f, &root.join("f"));
+    ok(&cp_env(
+        &[&srv.url("f"), s(&t.path().join("g"))],
+        &[("DMOVER_TOKEN", "correct horse battery staple")],
+    ));
+    same(&f, &t.path().join("g"));
+}
+
+#[test]
+fn server_without_token_refuses_non_loopback_listen() {
+    let t = tmp();
+    let o = std::process::Command::new(bin())
+        .args(["serve", "--root", s(t.path()), "--listen", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("without authentication"));
+}
+
+#[test]
+fn paths_escaping_the_root_are_refused() {
+    let t = tmp();
+    let root = t.path().join("root");
+    let outside = t.path().join("outside");
+    std::fs::create_dir_all(root.join("inside")).unwrap();
+    write_file(&outside.join("secret"), 7, 100, 0o600, 1_600_000_000);
+    std::os::unix::fs::symlink(&outside, root.join("escape")).unwrap();
+    std::os::unix::fs::symlink("../../outside", root.join("inside/rel-escape")).unwrap();
+    let srv = Server::start(&root, &[]);
+    let f = t.path().join("payload");
+    write_file(&f, 8, 100, 0o644, 1_600_000_000);
+    let local = t.path().join("got");
+    let cases_push = [
+        "../outside/x",
+        "inside/../../outside/x",
+        "/etc/evil",
+        "escape/x",
+        "inside/rel-escape/x",
+    ];
+    for dest in cases_push {
+        let o = cp(&[s(&f), &format!("dmover://{}/{dest}", srv.addr)]);
+        assert_eq!(o.status.code(), Some(1), "push to {dest}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(
+            e.contains("refused") || e.contains("outside"),
+            "push to {dest}: {e}"
+        );
+    }
+    let cases_pull = [
+        "../outside/secret",
+        "/etc/hostname",
+        "escape/secret",
+        "inside/rel-escape/secret",
+        "escape",
+    ];
+    for src in cases_pull {
+        let o = cp(&[&format!("dmover://{}/{src}", srv.addr), s(&local)]);
+        if src == "escape" {
+            // The link itself is inside the root: it is copied as a link, never followed.
+            ok(&o);
+            assert!(
+                std::fs::symlink_metadata(&local)
+                    .unwrap()
+                    .file_type()
+                    .is_symlink()
+            );
+            std::fs::remove_file(&local).unwrap();
+            continue;
+        }
+        assert_eq!(o.status.code(), Some(1), "pull of {src}: {}", stderr(&o));
+    }
+    // Nothing was written outside, and the secret never left.
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 1);
+    assert!(!local.exists());
+}
+
+#[test]
+fn read_only_server_refuses_pushes() {
+    let t = tmp();
+    let root = t.path().join("root");
+    make_small_files(&root.join("d"), 5, 1);
+    let srv = Server::start(&root, &["--read-only"]);
+    let f = t.path().join("f");
+    write_file(&f, 3, 100, 0o644, 1_600_000_000);
+    let o = cp(&[s(&f), &srv.url("f")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("read-only"), "{}", stderr(&o));
+    assert!(!root.join("f").exists());
+    ok(&cp(&[&srv.url("d"), s(&t.path().join("d"))]));
+    same(&root.join("d"), &t.path().join("d"));
+}
+
+#[test]
+fn usage_errors() {
+    let t = tmp();
+    let o = cp(&[s(t.path()), s(&t.path().join("x"))]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("both local"), "{}", stderr(&o));
+    let o = cp(&["a:x", "b:y"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("third-party"), "{}", stderr(&o));
+    let o = cp(&["--chunk", "1000", "a", "b:"]);
+    assert_eq!(o.status.code(), Some(2));
+    // Nobody listens on this port: a network error, exit code 4.
+    let o = cp(&[s(t.path()), "127.0.0.1:1"]);
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
+    // A source that does not exist.
+    let srv = Server::start(t.path(), &[]);
+    let o = cp(&[&srv.url("no/such/file"), s(&t.path().join("x"))]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("no such file"), "{}", stderr(&o));
+    let o = cp(&[s(&t.path().join("missing")), &srv.url("")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("no such file"), "{}", stderr(&o));
+}
+
+/// Waits until `cond` holds, up to `limit`.
+fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+fn kill_test_tree(p: &Path) {
+    make_small_files(p, 300, 3);
+    for i in 0..3 {
+        write_file(
+            &p.join(format!("big{i}")),
+            50 + i,
+            6 << 20,
+            0o644,
+            1_700_000_000,
+        );
+    }
+}
+
+#[test]
+fn server_killed_mid_push_leaves_no_partial_file() {
+    let t = tmp();
+    let src = t.path().join("src");
+    kill_test_tree(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let mut srv = Server::start(&root, &["--debug-chunk-delay-ms", "30"]);
+    let client = std::process::Command::new(bin())
+        .args(["cp", "--quiet", "--chunk", "64K", s(&src), &srv.url("")])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kill the server once data has started landing.
+    assert!(
+        wait_for(Duration::from_secs(20), || !staging_files(&root).is_empty()),
+        "no data arrived"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    srv.kill();
+    let o = client.wait_with_output().unwrap();
+    assert!(
+        !o.status.success(),
+        "the client must fail when the server dies"
+    );
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
+    let complete = no_partial_files(&src, &root.join("src"));
+    let total = 303;
+    assert!(
+        complete < total,
+        "the transfer was not interrupted ({complete} files)"
+    );
+}
+
+#[test]
+fn server_killed_mid_pull_leaves_no_partial_file() {
+    let t = tmp();
+    let root = t.path().join("root");
+    let src = root.join("src");
+    kill_test_tree(&src);
+    let mut srv = Server::start(&root, &["--debug-chunk-delay-ms", "30"]);
+    let dest = t.path().join("dest");
+    let client = std::process::Command::new(bin())
+        .args(["cp", "--quiet", "--chunk", "64K", &srv.url("src"), s(&dest)])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(20), || !staging_files(&dest).is_empty()),
+        "no data arrived"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    srv.kill();
+    let o = client.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
+    let complete = no_partial_files(&src, &dest);
+    assert!(complete < 303, "the transfer was not interrupted");
+    // The client cleaned up its own staging files.
+    assert_eq!(staging_files(&dest), Vec::<std::path::PathBuf>::new());
+}
+
+#[test]
+fn client_killed_mid_push_server_cleans_up_and_keeps_serving() {
+    let t = tmp();
+    let src = t.path().join("src");
+    kill_test_tree(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = Server::start(&root, &["--debug-chunk-delay-ms", "30"]);
+    let mut client = std::process::Command::new(bin())
+        .args(["cp", "--quiet", "--chunk", "64K", s(&src), &srv.url("")])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(20), || !staging_files(&root).is_empty()));
+    client.kill().unwrap();
+    client.wait().unwrap();
+    no_partial_files(&src, &root.join("src"));
+    assert!(
+        wait_for(Duration::from_secs(20), || staging_files(&root).is_empty()),
+        "the server removes the aborted session's staging files"
+    );
+    // The server still serves.
+    let f = t.path().join("after");
+    write_file(&f, 1, 1000, 0o644, 1_600_000_000);
+    ok(&cp(&[s(&f), &srv.url("after")]));
+    same(&f, &root.join("after"));
+}
+
+#[test]
+fn demo_runs() {
+    let o = std::process::Command::new(bin())
+        .args(["demo", "--scale", "0.05"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("identical:"), "{e}");
+    assert!(e.contains("checksums verified"), "{e}");
+}
