@@ -48,6 +48,13 @@ pub struct SinkOptions {
     pub chunk_delay: Option<std::time::Duration>,
 }
 
+/// A staging file just written.
+struct Staged {
+    fd: std::os::fd::OwnedFd,
+    /// Created with its final mode already.
+    mode_set: bool,
+}
+
 /// The destination side of a session.
 #[derive(Debug)]
 pub struct Sink {
@@ -152,23 +159,24 @@ impl Sink {
                 )));
             }
         }
-        for p in self.layout.pieces(k) {
-            let file = p.file;
-            self.tracker.begin(file);
-            let data = &buf[p.buf_offset..p.buf_offset + p.len];
-            let hash = self.opts.checksum.then(|| piece_hash(data));
-            self.write_piece(&p, buf)?;
-            let n = self.layout.n_pieces(file);
-            match self.tracker.written(file, p.index, n, hash) {
-                Ok(Some(done)) => self.finalize(file, done)?,
-                Ok(None) => {}
-                Err(e) => return Err(self.track_error(file, e)),
-            }
-        }
+        // Digests first: a file held whole by this chunk then completes as its data is
+        // written, and is finalised through the descriptor already open.
         let digests = DigestEntry::decode_all(trailer)
             .map_err(|e| Error::protocol("the source", format!("chunk {k} digest trailer: {e}")))?;
+        let mut pieces = self.layout.pieces(k).peekable();
+        let mut previous = None;
         for d in digests {
-            if !self.layout.pieces(k).any(|p| p.file == d.file) {
+            // Entries come in file order, each naming a file this chunk holds a piece of:
+            // one merge pass checks both.
+            if previous.is_some_and(|f| d.file <= f) {
+                return Err(Error::protocol(
+                    "the source",
+                    format!("chunk {k}: digest entries out of order"),
+                ));
+            }
+            previous = Some(d.file);
+            while pieces.next_if(|p| p.file < d.file).is_some() {}
+            if pieces.peek().map(|p| p.file) != Some(d.file) {
                 return Err(Error::protocol(
                     "the source",
                     format!(
@@ -181,9 +189,22 @@ impl Sink {
                 .tracker
                 .expect(d.file, self.layout.n_pieces(d.file), d.digest)
             {
-                Ok(Some(done)) => self.finalize(d.file, done)?,
+                Ok(Some(done)) => self.finalize(d.file, done, None)?,
                 Ok(None) => {}
                 Err(e) => return Err(self.track_error(d.file, e)),
+            }
+        }
+        for p in self.layout.pieces(k) {
+            let file = p.file;
+            self.tracker.begin(file);
+            let data = &buf[p.buf_offset..p.buf_offset + p.len];
+            let hash = self.opts.checksum.then(|| piece_hash(data));
+            let n = self.layout.n_pieces(file);
+            let staged = self.write_piece(&p, n, buf)?;
+            match self.tracker.written(file, p.index, n, hash) {
+                Ok(Some(done)) => self.finalize(file, done, Some(staged))?,
+                Ok(None) => {}
+                Err(e) => return Err(self.track_error(file, e)),
             }
         }
         self.chunks_done.fetch_add(1, Ordering::Relaxed);
@@ -195,7 +216,9 @@ impl Sink {
         Error::protocol("the source", format!("{path}: {e:?}"))
     }
 
-    fn write_piece(&self, p: &Piece, buf: &[u8]) -> Result<()> {
+    /// Writes one piece into its file's staging file, creating it if needed; returns the
+    /// open descriptor, for finalising the file if this piece completes it.
+    fn write_piece(&self, p: &Piece, n_pieces: u64, buf: &[u8]) -> Result<Staged> {
         let slot = self.layout.files()[p.file as usize];
         let path = || self.tree.display(slot.entry);
         let (dir, name) = self
@@ -205,12 +228,18 @@ impl Sink {
         let staging = self.staging_name(slot.entry, name);
         let mut direct =
             self.opts.direct_io && p.aligned && !self.direct_failed.load(Ordering::Relaxed);
+        // A file held whole by one piece is created with its final mode when the umask
+        // lets it through (saving a chmod); others stay owner-writable until finalised,
+        // since later pieces reopen them for writing.
+        let mode = self.tree.entries()[slot.entry as usize].mode;
+        let final_mode = n_pieces == 1 && mode & !sys::umask() == mode;
+        let create_mode = if final_mode { mode } else { 0o600 };
         let fd = loop {
             let mut flags = OFlags::WRONLY | OFlags::CREATE;
             if direct {
                 flags |= OFlags::DIRECT;
             }
-            match sys::open_in(&*dir, &staging, flags, 0o600) {
+            match sys::open_in(&*dir, &staging, flags, create_mode) {
                 Ok(fd) => break fd,
                 Err(e) if direct && sys::is_direct_unsupported(&e) => {
                     self.note_direct_failed(&path());
@@ -244,7 +273,10 @@ impl Sink {
         };
         r.map_err(|e| Error::io("writing", path(), e))?;
         self.bytes_done.fetch_add(p.len as u64, Ordering::Relaxed);
-        Ok(())
+        Ok(Staged {
+            fd,
+            mode_set: final_mode,
+        })
     }
 
     fn note_direct_failed(&self, path: &str) {
@@ -253,8 +285,9 @@ impl Sink {
         }
     }
 
-    /// Gives a complete file its final name, if its digest matches.
-    fn finalize(&self, file: u32, done: Complete) -> Result<()> {
+    /// Gives a complete file its final name, if its digest matches. `staged` is the
+    /// descriptor of the write that completed it, if that is how it completed.
+    fn finalize(&self, file: u32, done: Complete, staged: Option<Staged>) -> Result<()> {
         let slot = self.layout.files()[file as usize];
         let entry = &self.tree.entries()[slot.entry as usize];
         let path = || self.tree.display(slot.entry);
@@ -264,6 +297,7 @@ impl Sink {
             .map_err(|e| Error::io("opening the directory of", path(), e))?;
         let staging = self.staging_name(slot.entry, name);
         if done.computed != done.expected {
+            drop(staged);
             let _ = rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
             return Err(Error::Checksum(format!(
                 "{}: received data has digest {:016x}, the source's is {:016x}",
@@ -272,19 +306,31 @@ impl Sink {
                 done.expected.unwrap_or(0)
             )));
         }
-        let rounded = self.opts.direct_io && slot.aligned();
-        if rounded || self.opts.fsync {
-            let fd = sys::open_in(&*dir, &staging, OFlags::WRONLY, 0)
-                .map_err(|e| Error::io("opening", path(), e))?;
-            if rounded {
-                rustix::fs::ftruncate(&fd, slot.size)
-                    .map_err(|e| Error::io("truncating", path(), e))?;
+        let Staged { fd, mode_set } = match staged {
+            Some(s) => s,
+            None => Staged {
+                fd: sys::open_in(&*dir, &staging, OFlags::WRONLY, 0)
+                    .map_err(|e| Error::io("opening", path(), e))?,
+                mode_set: false,
+            },
+        };
+        let meta = || -> std::io::Result<()> {
+            if self.opts.direct_io && slot.aligned() {
+                // Cut what rounded direct writes put past the end.
+                rustix::fs::ftruncate(&fd, slot.size)?;
             }
+            if !mode_set {
+                rustix::fs::fchmod(&fd, Mode::from_raw_mode(entry.mode))?;
+            }
+            sys::set_mtime_fd(&fd, entry.mtime.sec, entry.mtime.nsec)?;
             if self.opts.fsync {
-                rustix::fs::fsync(&fd).map_err(|e| Error::io("syncing", path(), e))?;
+                rustix::fs::fsync(&fd)?;
             }
-        }
-        self.install(&dir, &staging, name, entry.mode, entry.mtime, true)
+            Ok(())
+        };
+        meta().map_err(|e| Error::io("finalising", path(), e))?;
+        drop(fd);
+        rustix::fs::renameat(&*dir, staging.as_slice(), &*dir, name)
             .map_err(|e| Error::io("finalising", path(), e))?;
         self.files_done.fetch_add(1, Ordering::Relaxed);
         Ok(())

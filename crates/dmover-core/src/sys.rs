@@ -127,6 +127,38 @@ pub fn set_mtime(dir: impl AsFd, name: &[u8], sec: i64, nsec: u32) -> io::Result
     )?)
 }
 
+/// Sets the modification time of an open file, leaving the access time alone.
+pub fn set_mtime_fd(fd: impl AsFd, sec: i64, nsec: u32) -> io::Result<()> {
+    let times = Timestamps {
+        last_access: Timespec {
+            tv_sec: 0,
+            tv_nsec: UTIME_OMIT,
+        },
+        last_modification: Timespec {
+            tv_sec: sec,
+            tv_nsec: nsec.into(),
+        },
+    };
+    Ok(rustix::fs::futimens(fd, &times)?)
+}
+
+/// The process's file mode creation mask, read once from `/proc/self/status` (reading
+/// it with `umask(2)` would briefly change it under other threads).
+pub fn umask() -> u32 {
+    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Umask:"))
+                    .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+            })
+            // Unknown: assume the strictest common mask, so files get an explicit chmod.
+            .unwrap_or(0o077)
+    })
+}
+
 /// Sets permission bits of `name` in `dir`.
 pub fn set_mode(dir: impl AsFd, name: &[u8], mode: u32) -> io::Result<()> {
     Ok(rustix::fs::chmodat(

@@ -21,7 +21,8 @@
 //! A digest entry carries the end-to-end digest of a file the source finished reading
 //! while it filled this chunk: `file` (u32 BE, index in the layout) then `digest`
 //! (u64 BE). Every file with data gets exactly one, in some chunk holding one of its
-//! pieces. The payload is the chunk's pieces in order (see [`crate::layout`]).
+//! pieces; within a frame, entries are in increasing file order. The payload is the
+//! chunk's pieces in order (see [`crate::layout`]).
 
 use crate::{Error, Result};
 
