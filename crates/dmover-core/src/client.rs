@@ -72,7 +72,7 @@ impl Client {
     }
 
     /// Connects, authenticates and opens a session for `op`.
-    async fn open(&self, server: &str, op: Op) -> Result<Connected> {
+    async fn open(&self, server: &str, op: Op, chunk_size: u32) -> Result<Connected> {
         let mut stream = tcp::connect(
             server,
             &tcp::SocketOptions::default(),
@@ -147,7 +147,7 @@ impl Client {
         ch.send(&Control::Open(Open {
             op,
             streams: self.opts.streams,
-            chunk_size: self.opts.chunk_size,
+            chunk_size,
             checksum: self.opts.checksum,
             direct_io: self.opts.direct_io,
         }))
@@ -240,12 +240,17 @@ impl Client {
             .await
             .ok_or(Error::Aborted)??;
         let skipped = walked.skipped;
+        let chunk = match self.opts.chunk_size {
+            0 => session::auto_chunk(walked.tree.entries()),
+            c => c,
+        };
         let mut conn = self
             .open(
                 server,
                 Op::Push {
                     dest: dest.to_vec(),
                 },
+                chunk,
             )
             .await?;
         let s = conn.session.clone();
@@ -324,6 +329,7 @@ impl Client {
                 Op::Pull {
                     sources: sources.to_vec(),
                 },
+                self.opts.chunk_size,
             )
             .await?;
         let s = conn.session.clone();

@@ -29,3 +29,5 @@ pub mod verify;
 pub mod walk;
 
 pub use error::{Error, Result};
+
+pub use dmover_proto::control::DirectIo;

@@ -323,8 +323,6 @@ impl Server {
         open: Open,
         peer: &str,
     ) -> Result<()> {
-        dmover_proto::layout::validate_chunk_size(open.chunk_size)
-            .map_err(|e| Error::refused(ErrorCode::Protocol, e.to_string()))?;
         if open.streams == 0 {
             return Err(Error::refused(
                 ErrorCode::Protocol,
@@ -338,7 +336,36 @@ impl Server {
             ));
         }
         let streams = open.streams.min(MAX_STREAMS);
-        let chunk = open.chunk_size;
+        // A pull's source is here: walk it first, so an automatic chunk size can fit
+        // the dataset and a bad path is refused before any session exists.
+        let walked = match &open.op {
+            Op::Pull { sources } => {
+                let (base, root_name, sources) = (
+                    Base::Export(self.root.clone()),
+                    self.root_name.clone(),
+                    sources.clone(),
+                );
+                let walked = self
+                    .disk
+                    .run(move || {
+                        let roots = sources
+                            .iter()
+                            .map(|p| paths::source_root(&base, p, &root_name))
+                            .collect::<Result<Vec<_>>>()?;
+                        walk::walk(roots)
+                    })
+                    .await
+                    .ok_or(Error::Aborted)??;
+                Some(walked)
+            }
+            Op::Push { .. } => None,
+        };
+        let chunk = match (open.chunk_size, &walked) {
+            (0, Some(w)) => session::auto_chunk(w.tree.entries()),
+            (c, _) => c,
+        };
+        dmover_proto::layout::validate_chunk_size(chunk)
+            .map_err(|e| Error::refused(ErrorCode::Protocol, e.to_string()))?;
         if self.active.fetch_add(1, Ordering::AcqRel) >= self.cfg.max_sessions {
             self.active.fetch_sub(1, Ordering::AcqRel);
             return Err(Error::refused(
@@ -423,19 +450,7 @@ impl Server {
             }
             Op::Pull { sources } => {
                 what = format!("pull of {} path(s)", sources.len());
-                let base = Base::Export(self.root.clone());
-                let root_name = self.root_name.clone();
-                let walked = self
-                    .disk
-                    .run(move || {
-                        let roots = sources
-                            .iter()
-                            .map(|p| paths::source_root(&base, p, &root_name))
-                            .collect::<Result<Vec<_>>>()?;
-                        walk::walk(roots)
-                    })
-                    .await
-                    .ok_or(Error::Aborted)??;
+                let walked = walked.expect("walked above");
                 let source = Arc::new(Source::new(
                     walked.tree,
                     chunk,

@@ -27,12 +27,12 @@ const PART_BYTES: usize = 1 << 20;
 pub struct TransferOptions {
     /// Parallel TCP data streams.
     pub streams: u16,
-    /// Chunk size in bytes.
+    /// Chunk size in bytes; 0 lets the source side choose ([`auto_chunk`]).
     pub chunk_size: u32,
     /// Per-chunk CRC32C and per-file digests.
     pub checksum: bool,
     /// Direct I/O for large files, on both ends.
-    pub direct_io: bool,
+    pub direct_io: crate::DirectIo,
     /// `fsync` each file before it gets its final name (destination side).
     pub fsync: bool,
     /// Chunk buffers per session (`None`: sized from streams and disk threads).
@@ -49,15 +49,31 @@ impl Default for TransferOptions {
     fn default() -> Self {
         TransferOptions {
             streams: 4,
-            chunk_size: DEFAULT_CHUNK,
+            chunk_size: 0,
             checksum: true,
-            direct_io: false,
+            direct_io: crate::DirectIo::Auto,
             fsync: false,
             buffers: None,
             socket: SocketOptions::default(),
             token: None,
             connect_timeout: Duration::from_secs(15),
         }
+    }
+}
+
+/// Chunk size for a dataset when the user leaves it to us: 16 MiB when files average
+/// 16 MiB or more (fewer, larger disk I/Os; measured ~1.3× faster for 256 MiB files
+/// with direct I/O on a virtio disk), otherwise 4 MiB (more chunks to spread over
+/// disk threads and streams, which small files need).
+pub fn auto_chunk(entries: &[Entry]) -> u32 {
+    let (files, bytes) = entries
+        .iter()
+        .filter(|e| e.file_size() > 0)
+        .fold((0u64, 0u64), |(n, b), e| (n + 1, b + e.file_size()));
+    if files > 0 && bytes / files >= 16 << 20 {
+        16 << 20
+    } else {
+        DEFAULT_CHUNK
     }
 }
 

@@ -27,6 +27,7 @@ use dmover_proto::manifest::{EntryKind, MAX_NAME};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
+use crate::DirectIo;
 use crate::error::{Error, Result};
 use crate::sys;
 use crate::track::{Complete, RecvTracker, TrackError};
@@ -40,8 +41,9 @@ const PREALLOC_MIN: u64 = 1 << 20;
 pub struct SinkOptions {
     /// Verify chunk CRCs and file digests.
     pub checksum: bool,
-    /// Write aligned files with `O_DIRECT` (falls back if the file system refuses).
-    pub direct_io: bool,
+    /// When to write aligned files with `O_DIRECT` (falls back if the file system
+    /// refuses). `Auto` writes direct: received data is not read again soon.
+    pub direct_io: DirectIo,
     /// `fsync` each file before renaming it into place.
     pub fsync: bool,
     /// Test hook: sleep this long before writing each chunk.
@@ -226,8 +228,9 @@ impl Sink {
             .locate(slot.entry)
             .map_err(|e| Error::io("opening the directory of", path(), e))?;
         let staging = self.staging_name(slot.entry, name);
-        let mut direct =
-            self.opts.direct_io && p.aligned && !self.direct_failed.load(Ordering::Relaxed);
+        let mut direct = self.opts.direct_io != DirectIo::Never
+            && p.aligned
+            && !self.direct_failed.load(Ordering::Relaxed);
         // A file held whole by one piece is created with its final mode when the umask
         // lets it through (saving a chmod); others stay owner-writable until finalised,
         // since later pieces reopen them for writing.
@@ -248,7 +251,10 @@ impl Sink {
                 Err(e) => return Err(Error::io("creating", path(), e)),
             }
         };
-        if p.index == 0 && slot.size >= PREALLOC_MIN {
+        if p.index == 0
+            && slot.size >= PREALLOC_MIN
+            && std::env::var_os("HACK_NOPREALLOC").is_none()
+        {
             sys::preallocate(&fd, slot.size)
                 .map_err(|e| Error::io("allocating space for", path(), e))?;
         }
@@ -315,7 +321,7 @@ impl Sink {
             },
         };
         let meta = || -> std::io::Result<()> {
-            if self.opts.direct_io && slot.aligned() {
+            if self.opts.direct_io != DirectIo::Never && slot.aligned() {
                 // Cut what rounded direct writes put past the end.
                 rustix::fs::ftruncate(&fd, slot.size)?;
             }

@@ -8,6 +8,7 @@ use dmover_proto::digest::{crc32c_append, piece_hash};
 use dmover_proto::layout::{Layout, Piece};
 use rustix::fs::OFlags;
 
+use crate::DirectIo;
 use crate::error::{Error, Result};
 use crate::sys;
 use crate::track::SendTracker;
@@ -27,8 +28,9 @@ pub struct ChunkRead {
 pub struct SourceOptions {
     /// Compute chunk CRCs and file digests.
     pub checksum: bool,
-    /// Read aligned files with `O_DIRECT` (falls back if the file system refuses).
-    pub direct_io: bool,
+    /// When to read aligned files with `O_DIRECT` (falls back if the file system
+    /// refuses).
+    pub direct_io: DirectIo,
     /// Test hook: sleep this long before reading each chunk.
     pub chunk_delay: Option<std::time::Duration>,
 }
@@ -113,23 +115,23 @@ impl Source {
             .tree
             .locate(slot.entry)
             .map_err(|e| Error::io("opening", path(), e))?;
-        let mut direct =
-            self.opts.direct_io && p.aligned && !self.direct_failed.load(Ordering::Relaxed);
-        let fd = loop {
-            let flags = if direct {
-                OFlags::RDONLY | OFlags::DIRECT
-            } else {
-                OFlags::RDONLY
+        let fd = sys::open_in(&*dir, name, OFlags::RDONLY, 0)
+            .map_err(|e| Error::io("opening", path(), e))?;
+        let mut direct = p.aligned
+            && !self.direct_failed.load(Ordering::Relaxed)
+            && match self.opts.direct_io {
+                DirectIo::Never => false,
+                DirectIo::Always => true,
+                // Cold data: straight from the device, no page cache churn. Data
+                // already cached (just written, or read before) is cheaper to copy.
+                DirectIo::Auto => !sys::is_cached(&fd, p.file_offset),
             };
-            match sys::open_in(&*dir, name, flags, 0) {
-                Ok(fd) => break fd,
-                Err(e) if direct && sys::is_direct_unsupported(&e) => {
-                    self.note_direct_failed(&path());
-                    direct = false;
-                }
-                Err(e) => return Err(Error::io("opening", path(), e)),
+        if direct {
+            if let Err(e) = rustix::fs::fcntl_setfl(&fd, OFlags::RDONLY | OFlags::DIRECT) {
+                self.note_direct_failed(&path(), &e.into());
+                direct = false;
             }
-        };
+        }
         let want = if direct { p.direct_len() } else { p.len };
         let got = match sys::pread_full(
             &fd,
@@ -137,7 +139,8 @@ impl Source {
             p.file_offset,
         ) {
             Err(e) if direct && sys::is_direct_unsupported(&e) => {
-                self.note_direct_failed(&path());
+                self.note_direct_failed(&path(), &e);
+                let _ = rustix::fs::fcntl_setfl(&fd, OFlags::RDONLY);
                 sys::pread_full(
                     &fd,
                     &mut buf[p.buf_offset..p.buf_offset + p.len],
@@ -168,9 +171,9 @@ impl Source {
         Ok(())
     }
 
-    fn note_direct_failed(&self, path: &str) {
+    fn note_direct_failed(&self, path: &str, e: &std::io::Error) {
         if !self.direct_failed.swap(true, Ordering::Relaxed) {
-            tracing::warn!("direct I/O is not supported for {path}; using buffered reads");
+            tracing::warn!("direct I/O is not supported for {path} ({e}); using buffered reads");
         }
     }
 }

@@ -61,6 +61,21 @@ pub fn is_direct_unsupported(e: &io::Error) -> bool {
     e.raw_os_error() == Some(Errno::INVAL.raw_os_error())
 }
 
+/// Whether the page at `offset` of an open file is in the page cache: a one-byte
+/// `RWF_NOWAIT` read succeeds only if it is. Unknown (old kernel) counts as not cached.
+pub fn is_cached(fd: impl AsFd, offset: u64) -> bool {
+    let mut b = [0u8; 1];
+    matches!(
+        rustix::io::preadv2(
+            fd,
+            &mut [io::IoSliceMut::new(&mut b)],
+            offset,
+            rustix::io::ReadWriteFlags::NOWAIT,
+        ),
+        Ok(1)
+    )
+}
+
 /// Reads exactly `buf.len()` bytes at `offset` unless the file ends first; returns the
 /// number of bytes read.
 pub fn pread_full(fd: impl AsFd, buf: &mut [u8], mut offset: u64) -> io::Result<usize> {

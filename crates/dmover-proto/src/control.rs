@@ -212,12 +212,28 @@ pub struct Open {
     pub op: Op,
     /// Number of parallel data streams the client wants.
     pub streams: u16,
-    /// Chunk size in bytes (a multiple of 4096 between the layout's bounds).
+    /// Chunk size in bytes (a multiple of 4096 between the layout's bounds), or 0 to
+    /// let the source side choose (only meaningful for a pull: a pushing client is the
+    /// source and sends its choice).
     pub chunk_size: u32,
     /// Whether chunks carry CRC32C and files get end-to-end digests.
     pub checksum: bool,
-    /// Whether the server should use direct I/O for large files.
-    pub direct_io: bool,
+    /// When the server should bypass its page cache for large files.
+    pub direct_io: DirectIo,
+}
+
+/// When to bypass the page cache (`O_DIRECT`) for files of at least
+/// [`crate::layout::ALIGN_MIN_SIZE`] bytes, the ones the layout aligns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum DirectIo {
+    /// Always through the page cache.
+    Never,
+    /// Writes direct (received data is rarely read again soon); reads direct unless
+    /// the data is already in the page cache.
+    #[default]
+    Auto,
+    /// Always direct.
+    Always,
 }
 
 /// (6) The session the server opened.

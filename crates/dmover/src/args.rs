@@ -42,15 +42,20 @@ pub struct TransferArgs {
     /// Parallel TCP data streams.
     #[arg(short = 'P', long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=128))]
     pub streams: u16,
-    /// Chunk size: the unit of I/O, sending and checksumming (64K..64M, a multiple of 4K).
-    #[arg(long, default_value = "4M", value_parser = parse_chunk)]
+    /// Chunk size: the unit of I/O, sending and checksumming (64K..64M, a multiple of
+    /// 4K), or auto: 16M when files average 16 MiB or more, else 4M.
+    #[arg(long, default_value = "auto", value_parser = parse_chunk)]
     pub chunk: u32,
     /// Do not compute chunk CRCs or end-to-end file digests.
     #[arg(long)]
     pub no_checksum: bool,
-    /// Use direct I/O (O_DIRECT) for files of 128 KiB and more, on both ends.
-    #[arg(long)]
+    /// Always use direct I/O (O_DIRECT) for files of 128 KiB and more, on both ends.
+    /// [default: writes direct, reads direct unless the data is already cached]
+    #[arg(long, conflicts_with = "buffered_io")]
     pub direct_io: bool,
+    /// Never use direct I/O: everything through the page cache.
+    #[arg(long)]
+    pub buffered_io: bool,
     /// fsync each received file before giving it its final name.
     #[arg(long)]
     pub fsync: bool,
@@ -192,7 +197,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(v as u64)
 }
 
+/// Parses a chunk size; `auto` is 0.
 fn parse_chunk(s: &str) -> Result<u32, String> {
+    if s == "auto" {
+        return Ok(0);
+    }
     let v = parse_size(s)?;
     let v = u32::try_from(v).map_err(|_| format!("chunk size {s} is too large"))?;
     dmover_proto::layout::validate_chunk_size(v).map_err(|e| e.to_string())?;
@@ -212,6 +221,7 @@ mod tests {
         assert!(parse_size("4X").is_err());
         assert!(parse_size("").is_err());
         assert_eq!(parse_chunk("1M"), Ok(1 << 20));
+        assert_eq!(parse_chunk("auto"), Ok(0));
         assert!(parse_chunk("1000").is_err());
         assert!(parse_chunk("128M").is_err());
     }

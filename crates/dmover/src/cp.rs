@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
+use dmover_core::DirectIo;
 use dmover_core::client::Client;
 use dmover_core::engine::Run;
 use dmover_core::session::TransferOptions;
@@ -31,7 +32,11 @@ pub fn transfer_options(a: &TransferArgs) -> anyhow::Result<TransferOptions> {
         streams: a.streams,
         chunk_size: a.chunk,
         checksum: !a.no_checksum,
-        direct_io: a.direct_io,
+        direct_io: match (a.direct_io, a.buffered_io) {
+            (true, _) => DirectIo::Always,
+            (_, true) => DirectIo::Never,
+            _ => DirectIo::Auto,
+        },
         fsync: a.fsync,
         buffers: a.buffers.map(|b| b as usize),
         socket: SocketOptions {

@@ -70,11 +70,18 @@ fn pull_preserves_every_kind_of_entry() {
     let srv = Server::start(&root, &[]);
     let dest = t.path().join("local");
     std::fs::create_dir(&dest).unwrap();
-    for (direct, chunk) in [(false, "64K"), (true, "1M")] {
-        let out = dest.join(format!("copy-{direct}"));
+    for (i, (mode, chunk)) in [
+        ("", "64K"),
+        ("--direct-io", "1M"),
+        ("--buffered-io", "256K"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let out = dest.join(format!("copy-{i}"));
         let mut args = vec!["--chunk", chunk, "-P", "3"];
-        if direct {
-            args.push("--direct-io");
+        if !mode.is_empty() {
+            args.push(mode);
         }
         let url = srv.url("data/tree");
         args.extend([url.as_str(), s(&out)]);
