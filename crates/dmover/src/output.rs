@@ -32,7 +32,11 @@ pub struct ProgressBar {
 impl ProgressBar {
     /// Starts updating a bar five times a second.
     pub fn start(rt: &tokio::runtime::Runtime, run: Arc<Run>) -> Self {
-        let bar = indicatif::ProgressBar::new(0);
+        // Hidden until the walk or the manifest tells how much there is to move.
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(0),
+            indicatif::ProgressDrawTarget::hidden(),
+        );
         bar.set_style(
             indicatif::ProgressStyle::with_template(
                 "{spinner} {bytes:>10}/{total_bytes:<10} [{wide_bar}] {binary_bytes_per_sec:>12} ETA {eta}",
@@ -46,7 +50,11 @@ impl ProgressBar {
             loop {
                 tick.tick().await;
                 let p = &run.progress;
-                b.set_length(p.total.load(Ordering::Relaxed));
+                let total = p.total.load(Ordering::Relaxed);
+                if total > 0 && b.is_hidden() {
+                    b.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+                }
+                b.set_length(total);
                 b.set_position(p.bytes.load(Ordering::Relaxed));
             }
         });
