@@ -171,11 +171,12 @@ impl Layout {
         self.total.div_ceil(self.chunk)
     }
 
-    /// Virtual range `[lo, hi)` of chunk `k`.
+    /// Virtual range `[lo, hi)` of chunk `k`; empty (`(total, total)`) when `k` is out
+    /// of range, so a chunk index read from the wire can never overflow it.
     #[inline]
     pub fn chunk_bounds(&self, k: u64) -> (u64, u64) {
-        let lo = k * self.chunk;
-        (lo, (lo + self.chunk).min(self.total))
+        let lo = k.saturating_mul(self.chunk).min(self.total);
+        (lo, lo.saturating_add(self.chunk).min(self.total))
     }
 
     /// Number of pieces file `f` is cut into.

@@ -1,0 +1,889 @@
+//! Golden wire tests: the exact bytes of every fixed header and of each control
+//! message, written out as commented hexdumps.
+//!
+//! These pin the wire format. Each test encodes a value and compares it with the
+//! expected bytes, then decodes the expected bytes and compares with the value. If a
+//! field moves, an integer changes width or encoding, or an enum variant is reordered
+//! or inserted anywhere but at the end, a test here fails: that is a protocol change
+//! and needs a new protocol version, not a new hexdump.
+//!
+//! Control bodies are postcard: unsigned integers wider than a byte are LEB128
+//! varints (7 bits a byte, least significant group first, high bit = "more"), signed
+//! ones are zigzag-encoded first, `u8` and `bool` are one byte, byte strings and
+//! vectors are a varint length then the elements, fixed arrays are their bytes with no
+//! length, `Option` is a `00`/`01` byte then the value, and an enum is its varint
+//! variant index (declaration order) then the variant's fields.
+
+use dmover_proto::control::{
+    Auth, AuthMethod, AuthOk, Control, DirectIo, ErrorCode, ErrorMsg, Hello, MAX_FRAME,
+    ManifestEnd, ManifestPart, Op, Open, SessionInfo, Summary, Welcome,
+};
+use dmover_proto::data::{DataHello, DigestEntry, FrameHeader, FrameKind, FrameLimits, JoinStatus};
+use dmover_proto::digest::{FileDigest, crc32c_append, file_digest, piece_hash};
+use dmover_proto::layout::{Layout, Piece};
+use dmover_proto::manifest::{self, Entry, EntryKind, Mtime, NO_PARENT, Totals};
+use dmover_proto::preamble::{ConnKind, Preamble};
+
+/// Parses a commented hexdump: on each line, everything from `#` on is a comment and
+/// the rest is whitespace-separated two-digit hex bytes.
+fn hexdump(s: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    for line in s.lines() {
+        let data = line.split('#').next().unwrap();
+        for tok in data.split_whitespace() {
+            assert_eq!(tok.len(), 2, "hexdump token {tok:?} is not one byte");
+            out.push(u8::from_str_radix(tok, 16).expect("hex byte"));
+        }
+    }
+    out
+}
+
+/// Renders bytes as spaced hex, so a failing comparison shows where bytes differ.
+fn hex(b: &[u8]) -> String {
+    b.iter()
+        .map(|x| format!("{x:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `start, start + 1, ...`: recognisable nonces and secrets, which also show that
+/// fixed arrays go on the wire in order and without a length.
+fn seq32(start: u8) -> [u8; 32] {
+    std::array::from_fn(|i| start + i as u8)
+}
+
+const LIMITS: FrameLimits = FrameLimits {
+    max_payload: 64 << 20,
+    max_digests: 1 << 16,
+};
+
+/// Checks that `msg` encodes to exactly the frame in `dump` and that the frame decodes
+/// back to `msg`, consuming all of it.
+fn golden_control(msg: Control, dump: &str) {
+    let expected = hexdump(dump);
+    let frame = msg.to_frame().unwrap();
+    assert_eq!(hex(&frame), hex(&expected), "encoding of {}", msg.name());
+    let decoded = Control::decode(&expected, MAX_FRAME).unwrap();
+    assert_eq!(decoded, Some((msg, expected.len())));
+}
+
+// ---------------------------------------------------------------------------------
+// Fixed-layout items
+
+#[test]
+fn preamble_control() {
+    let p = Preamble {
+        kind: ConnKind::Control,
+        version: 1,
+    };
+    let expected = hexdump(
+        "
+        44 4d 4f 56   # magic \"DMOV\"
+        01            # connection kind: 1 = control
+        00            # reserved, 0
+        00 01         # version 1 (u16 BE)
+        ",
+    );
+    assert_eq!(hex(&p.encode()), hex(&expected));
+    assert_eq!(Preamble::decode(&expected), Ok(p));
+}
+
+#[test]
+fn preamble_data() {
+    let p = Preamble {
+        kind: ConnKind::Data,
+        version: 0x0102,
+    };
+    let expected = hexdump(
+        "
+        44 4d 4f 56   # magic \"DMOV\"
+        02            # connection kind: 2 = data
+        00            # reserved, 0
+        01 02         # version 0x0102 (u16 BE: high byte first)
+        ",
+    );
+    assert_eq!(hex(&p.encode()), hex(&expected));
+    assert_eq!(Preamble::decode(&expected), Ok(p));
+}
+
+#[test]
+fn preamble_no_common_version() {
+    // The server's answer when the versions do not overlap.
+    let p = Preamble {
+        kind: ConnKind::Control,
+        version: 0,
+    };
+    let expected = hexdump(
+        "
+        44 4d 4f 56   # magic \"DMOV\"
+        01            # connection kind: 1 = control
+        00            # reserved, 0
+        00 00         # version 0: no common version, the server closes
+        ",
+    );
+    assert_eq!(hex(&p.encode()), hex(&expected));
+    assert_eq!(Preamble::decode(&expected), Ok(p));
+}
+
+#[test]
+fn data_hello() {
+    let h = DataHello {
+        session: 0x0102_0304_0506_0708,
+        stream: 0x090a,
+        secret: seq32(0xa0),
+    };
+    let expected = hexdump(
+        "
+        01 02 03 04 05 06 07 08                          # session id (u64 BE)
+        09 0a                                            # stream index (u16 BE)
+        00 00 00 00 00 00                                # reserved, 0
+        a0 a1 a2 a3 a4 a5 a6 a7 a8 a9 aa ab ac ad ae af  # session secret, bytes 0..16
+        b0 b1 b2 b3 b4 b5 b6 b7 b8 b9 ba bb bc bd be bf  # session secret, bytes 16..32
+        ",
+    );
+    assert_eq!(expected.len(), dmover_proto::data::HELLO_LEN);
+    assert_eq!(hex(&h.encode()), hex(&expected));
+    assert_eq!(DataHello::decode(&expected), Ok(h));
+}
+
+#[test]
+fn join_status_bytes() {
+    for (byte, status) in [
+        (0x00, JoinStatus::Accepted),       // 0: joined
+        (0x01, JoinStatus::UnknownSession), // 1: no such session
+        (0x02, JoinStatus::BadSecret),      // 2: wrong secret
+        (0x03, JoinStatus::BadStream),      // 3: stream index out of range or taken
+    ] {
+        assert_eq!(status as u8, byte);
+        assert_eq!(JoinStatus::decode(byte), Ok(status));
+    }
+}
+
+#[test]
+fn frame_header_chunk_with_crc() {
+    let h = FrameHeader {
+        kind: FrameKind::Chunk,
+        chunk: 0x0000_0001_0000_0002,
+        n_digests: 2,
+        payload_len: 1 << 20,
+        crc: Some(0xdead_beef),
+    };
+    let expected = hexdump(
+        "
+        01                        # kind: 1 = CHUNK
+        01                        # flags: bit 0 = crc32c is set
+        00 00                     # reserved, 0
+        00 00 00 02               # n_digests: 2 digest entries follow (u32 BE)
+        00 00 00 01 00 00 00 02   # chunk index 2^32 + 2 (u64 BE)
+        00 10 00 00               # payload_len: 1 MiB (u32 BE)
+        de ad be ef               # crc32c 0xdeadbeef (u32 BE)
+        ",
+    );
+    assert_eq!(expected.len(), dmover_proto::data::HEADER_LEN);
+    assert_eq!(hex(&h.encode()), hex(&expected));
+    assert_eq!(FrameHeader::decode(&expected, &LIMITS), Ok(h));
+}
+
+#[test]
+fn frame_header_chunk_without_crc() {
+    let h = FrameHeader {
+        kind: FrameKind::Chunk,
+        chunk: 7,
+        n_digests: 0,
+        payload_len: 4096,
+        crc: None,
+    };
+    let expected = hexdump(
+        "
+        01                        # kind: 1 = CHUNK
+        00                        # flags: none (checksums off)
+        00 00                     # reserved, 0
+        00 00 00 00               # n_digests: 0
+        00 00 00 00 00 00 00 07   # chunk index 7 (u64 BE)
+        00 00 10 00               # payload_len: 4096 (u32 BE)
+        00 00 00 00               # crc32c: 0, as the flag is clear
+        ",
+    );
+    assert_eq!(hex(&h.encode()), hex(&expected));
+    assert_eq!(FrameHeader::decode(&expected, &LIMITS), Ok(h));
+}
+
+#[test]
+fn frame_header_end() {
+    let h = FrameHeader::end(42);
+    let expected = hexdump(
+        "
+        02                        # kind: 2 = END
+        00                        # flags: none
+        00 00                     # reserved, 0
+        00 00 00 00               # n_digests: 0
+        00 00 00 00 00 00 00 2a   # chunks sent on this stream: 42 (u64 BE)
+        00 00 00 00               # payload_len: 0
+        00 00 00 00               # crc32c: 0
+        ",
+    );
+    assert_eq!(hex(&h.encode()), hex(&expected));
+    assert_eq!(FrameHeader::decode(&expected, &LIMITS), Ok(h));
+}
+
+#[test]
+fn digest_entries() {
+    let entries = [
+        DigestEntry {
+            file: 3,
+            digest: 0x0123_4567_89ab_cdef,
+        },
+        DigestEntry {
+            file: 0x0102_0304,
+            digest: u64::MAX,
+        },
+    ];
+    let expected = hexdump(
+        "
+        00 00 00 03               # entry 0: file index 3 (u32 BE)
+        01 23 45 67 89 ab cd ef   # entry 0: digest (u64 BE)
+        01 02 03 04               # entry 1: file index 0x01020304 (u32 BE)
+        ff ff ff ff ff ff ff ff   # entry 1: digest u64::MAX (u64 BE)
+        ",
+    );
+    assert_eq!(expected.len(), 2 * dmover_proto::data::DIGEST_LEN);
+    let mut out = Vec::new();
+    for e in &entries {
+        e.encode_into(&mut out);
+    }
+    assert_eq!(hex(&out), hex(&expected));
+    let decoded: Vec<_> = DigestEntry::decode_all(&expected).unwrap().collect();
+    assert_eq!(decoded, entries);
+}
+
+// ---------------------------------------------------------------------------------
+// Control messages
+
+#[test]
+fn control_hello() {
+    golden_control(
+        Control::Hello(Hello {
+            software: "dmover 0.1.0".into(),
+            nonce: seq32(0x00),
+        }),
+        "
+        00 00 00 2e                                      # frame length: 46 (u32 BE)
+        00                                               # Control::Hello (variant 0)
+        0c                                               # software: 12 bytes
+        64 6d 6f 76 65 72 20 30 2e 31 2e 30              #   \"dmover 0.1.0\"
+        00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f  # nonce, bytes 0..16
+        10 11 12 13 14 15 16 17 18 19 1a 1b 1c 1d 1e 1f  # nonce, bytes 16..32
+        ",
+    );
+}
+
+#[test]
+fn control_welcome() {
+    golden_control(
+        Control::Welcome(Welcome {
+            software: "dmover".into(),
+            nonce: seq32(0x20),
+            auth: AuthMethod::Token,
+        }),
+        "
+        00 00 00 29                                      # frame length: 41
+        01                                               # Control::Welcome (variant 1)
+        06                                               # software: 6 bytes
+        64 6d 6f 76 65 72                                #   \"dmover\"
+        20 21 22 23 24 25 26 27 28 29 2a 2b 2c 2d 2e 2f  # nonce, bytes 0..16
+        30 31 32 33 34 35 36 37 38 39 3a 3b 3c 3d 3e 3f  # nonce, bytes 16..32
+        01                                               # auth: AuthMethod::Token (variant 1)
+        ",
+    );
+}
+
+#[test]
+fn control_welcome_no_auth() {
+    golden_control(
+        Control::Welcome(Welcome {
+            software: String::new(),
+            nonce: [0; 32],
+            auth: AuthMethod::None,
+        }),
+        "
+        00 00 00 23                                      # frame length: 35
+        01                                               # Control::Welcome (variant 1)
+        00                                               # software: 0 bytes
+        00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00  # nonce, bytes 0..16
+        00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00  # nonce, bytes 16..32
+        00                                               # auth: AuthMethod::None (variant 0)
+        ",
+    );
+}
+
+#[test]
+fn control_auth_without_proof() {
+    golden_control(
+        Control::Auth(Auth { proof: None }),
+        "
+        00 00 00 02   # frame length: 2
+        02            # Control::Auth (variant 2)
+        00            # proof: None
+        ",
+    );
+}
+
+#[test]
+fn control_auth_with_proof() {
+    golden_control(
+        Control::Auth(Auth {
+            proof: Some(seq32(0x40)),
+        }),
+        "
+        00 00 00 22                                      # frame length: 34
+        02                                               # Control::Auth (variant 2)
+        01                                               # proof: Some
+        40 41 42 43 44 45 46 47 48 49 4a 4b 4c 4d 4e 4f  #   proof, bytes 0..16
+        50 51 52 53 54 55 56 57 58 59 5a 5b 5c 5d 5e 5f  #   proof, bytes 16..32
+        ",
+    );
+}
+
+#[test]
+fn control_auth_ok() {
+    golden_control(
+        Control::AuthOk(AuthOk { proof: None }),
+        "
+        00 00 00 02   # frame length: 2
+        03            # Control::AuthOk (variant 3)
+        00            # proof: None
+        ",
+    );
+    golden_control(
+        Control::AuthOk(AuthOk {
+            proof: Some(seq32(0xe0)),
+        }),
+        "
+        00 00 00 22                                      # frame length: 34
+        03                                               # Control::AuthOk (variant 3)
+        01                                               # proof: Some
+        e0 e1 e2 e3 e4 e5 e6 e7 e8 e9 ea eb ec ed ee ef  #   proof, bytes 0..16
+        f0 f1 f2 f3 f4 f5 f6 f7 f8 f9 fa fb fc fd fe ff  #   proof, bytes 16..32
+        ",
+    );
+}
+
+#[test]
+fn control_open_push() {
+    golden_control(
+        Control::Open(Open {
+            op: Op::Push {
+                dest: b"data/in".to_vec(),
+            },
+            streams: 8,
+            chunk_size: 4 << 20,
+            checksum: true,
+            direct_io: DirectIo::Never,
+        }),
+        "
+        00 00 00 11            # frame length: 17
+        04                     # Control::Open (variant 4)
+        00                     # op: Op::Push (variant 0)
+        07                     #   dest: 7 bytes
+        64 61 74 61 2f 69 6e   #     \"data/in\"
+        08                     # streams: 8 (varint)
+        80 80 80 02            # chunk_size: 4 MiB = 2 << 21 (varint, 4 groups of 7 bits)
+        01                     # checksum: true
+        00                     # direct_io: DirectIo::Never (variant 0)
+        ",
+    );
+}
+
+#[test]
+fn control_open_pull() {
+    golden_control(
+        Control::Open(Open {
+            op: Op::Pull {
+                sources: vec![b"a".to_vec(), b"b/c".to_vec()],
+            },
+            streams: 300,
+            chunk_size: 64 << 10,
+            checksum: false,
+            direct_io: DirectIo::Always,
+        }),
+        "
+        00 00 00 10   # frame length: 16
+        04            # Control::Open (variant 4)
+        01            # op: Op::Pull (variant 1)
+        02            #   sources: 2 paths
+        01            #     source 0: 1 byte
+        61            #       \"a\"
+        03            #     source 1: 3 bytes
+        62 2f 63      #       \"b/c\"
+        ac 02         # streams: 300 = 0x2c | 2 << 7 (varint, u16 too is a varint)
+        80 80 04      # chunk_size: 64 KiB = 4 << 14 (varint)
+        00            # checksum: false
+        02            # direct_io: DirectIo::Always (variant 2)
+        ",
+    );
+}
+
+#[test]
+fn direct_io_tags() {
+    // Every DirectIo's variant index, in an otherwise fixed Open.
+    for (direct_io, tag) in [
+        (DirectIo::Never, 0x00),
+        (DirectIo::Auto, 0x01),
+        (DirectIo::Always, 0x02),
+    ] {
+        golden_control(
+            Control::Open(Open {
+                op: Op::Push { dest: Vec::new() },
+                streams: 1,
+                chunk_size: 1,
+                checksum: false,
+                direct_io,
+            }),
+            &format!(
+                "
+                00 00 00 07   # frame length: 7
+                04            # Control::Open (variant 4)
+                00 00         # op: Op::Push, dest empty
+                01            # streams: 1
+                01            # chunk_size: 1
+                00            # checksum: false
+                {tag:02x}            # direct_io
+                "
+            ),
+        );
+    }
+    assert_eq!(DirectIo::default(), DirectIo::Auto);
+}
+
+#[test]
+fn control_session() {
+    golden_control(
+        Control::Session(SessionInfo {
+            id: 1 << 32,
+            secret: seq32(0x60),
+            streams: 8,
+            chunk_size: 4 << 20,
+        }),
+        "
+        00 00 00 2b                                      # frame length: 43
+        05                                               # Control::Session (variant 5)
+        80 80 80 80 10                                   # id: 2^32 (varint)
+        60 61 62 63 64 65 66 67 68 69 6a 6b 6c 6d 6e 6f  # secret, bytes 0..16
+        70 71 72 73 74 75 76 77 78 79 7a 7b 7c 7d 7e 7f  # secret, bytes 16..32
+        08                                               # streams: 8
+        80 80 80 02                                      # chunk_size: 4 MiB (varint)
+        ",
+    );
+}
+
+/// A directory `d` holding a 200,000-byte file `f` and a symlink `l -> f`.
+fn small_tree() -> Vec<Entry> {
+    vec![
+        Entry {
+            parent: NO_PARENT,
+            name: b"d".to_vec(),
+            kind: EntryKind::Dir,
+            mode: 0o755,
+            mtime: Mtime {
+                sec: 1_700_000_000,
+                nsec: 5,
+            },
+        },
+        Entry {
+            parent: 0,
+            name: b"f".to_vec(),
+            kind: EntryKind::File { size: 200_000 },
+            mode: 0o644,
+            mtime: Mtime {
+                sec: -1,
+                nsec: 999_999_999,
+            },
+        },
+        Entry {
+            parent: 0,
+            name: b"l".to_vec(),
+            kind: EntryKind::Symlink {
+                target: b"f".to_vec(),
+            },
+            mode: 0o777,
+            mtime: Mtime { sec: 0, nsec: 0 },
+        },
+    ]
+}
+
+#[test]
+fn control_manifest_part() {
+    let entries = small_tree();
+    assert!(manifest::validate(&entries, 10).is_ok());
+    golden_control(
+        Control::Manifest(ManifestPart { entries }),
+        "
+        00 00 00 2b        # frame length: 43
+        06                 # Control::Manifest (variant 6)
+        03                 # entries: 3
+                           # -- entry 0: directory d
+        ff ff ff ff 0f     #   parent: NO_PARENT = u32::MAX (varint)
+        01 64              #   name: 1 byte, \"d\"
+        01                 #   kind: EntryKind::Dir (variant 1)
+        ed 03              #   mode: 0o755 = 493 (varint)
+        80 c4 9f d5 0c     #   mtime.sec: 1,700,000,000 (zigzag: 3,400,000,000, varint)
+        05                 #   mtime.nsec: 5
+                           # -- entry 1: file d/f
+        00                 #   parent: entry 0
+        01 66              #   name: 1 byte, \"f\"
+        00                 #   kind: EntryKind::File (variant 0)
+        c0 9a 0c           #     size: 200,000 (varint)
+        a4 03              #   mode: 0o644 = 420 (varint)
+        01                 #   mtime.sec: -1 (zigzag: 1)
+        ff 93 eb dc 03     #   mtime.nsec: 999,999,999 (varint)
+                           # -- entry 2: symlink d/l -> f
+        00                 #   parent: entry 0
+        01 6c              #   name: 1 byte, \"l\"
+        02                 #   kind: EntryKind::Symlink (variant 2)
+        01 66              #     target: 1 byte, \"f\"
+        ff 03              #   mode: 0o777 = 511 (varint)
+        00                 #   mtime.sec: 0
+        00                 #   mtime.nsec: 0
+        ",
+    );
+}
+
+#[test]
+fn control_manifest_end() {
+    let totals = Totals::of(&small_tree());
+    assert_eq!(
+        totals,
+        Totals {
+            entries: 3,
+            files: 1,
+            dirs: 1,
+            symlinks: 1,
+            bytes: 200_000
+        }
+    );
+    golden_control(
+        Control::ManifestEnd(ManifestEnd { totals }),
+        "
+        00 00 00 08   # frame length: 8
+        07            # Control::ManifestEnd (variant 7)
+        03            # totals.entries: 3
+        01            # totals.files: 1
+        01            # totals.dirs: 1
+        01            # totals.symlinks: 1
+        c0 9a 0c      # totals.bytes: 200,000 (varint)
+        ",
+    );
+}
+
+#[test]
+fn control_go() {
+    golden_control(
+        Control::Go,
+        "
+        00 00 00 01   # frame length: 1
+        08            # Control::Go (variant 8, no fields)
+        ",
+    );
+}
+
+#[test]
+fn control_done() {
+    golden_control(
+        Control::Done(Summary {
+            bytes: 200_000,
+            files: 1,
+            dirs: 1,
+            symlinks: 1,
+            chunks: 300,
+            verified: true,
+        }),
+        "
+        00 00 00 0a   # frame length: 10
+        09            # Control::Done (variant 9)
+        c0 9a 0c      # bytes: 200,000 (varint)
+        01            # files: 1
+        01            # dirs: 1
+        01            # symlinks: 1
+        ac 02         # chunks: 300 (varint)
+        01            # verified: true
+        ",
+    );
+}
+
+#[test]
+fn control_error() {
+    golden_control(
+        Control::Error(ErrorMsg {
+            code: ErrorCode::NotFound,
+            message: "no such file: x".into(),
+        }),
+        "
+        00 00 00 12                                    # frame length: 18
+        0a                                             # Control::Error (variant 10)
+        02                                             # code: ErrorCode::NotFound (variant 2)
+        0f                                             # message: 15 bytes
+        6e 6f 20 73 75 63 68 20 66 69 6c 65 3a 20 78   #   \"no such file: x\"
+        ",
+    );
+}
+
+#[test]
+fn error_code_tags() {
+    // Every ErrorCode's variant index; a client maps these to exit codes.
+    let codes = [
+        (ErrorCode::Protocol, 0x00),
+        (ErrorCode::Auth, 0x01),
+        (ErrorCode::NotFound, 0x02),
+        (ErrorCode::PermissionDenied, 0x03),
+        (ErrorCode::PathEscape, 0x04),
+        (ErrorCode::ReadOnly, 0x05),
+        (ErrorCode::Io, 0x06),
+        (ErrorCode::Checksum, 0x07),
+        (ErrorCode::Busy, 0x08),
+        (ErrorCode::Aborted, 0x09),
+        (ErrorCode::Unsupported, 0x0a),
+    ];
+    for (code, tag) in codes {
+        golden_control(
+            Control::Error(ErrorMsg {
+                code,
+                message: String::new(),
+            }),
+            &format!(
+                "
+                00 00 00 03   # frame length: 3
+                0a            # Control::Error (variant 10)
+                {tag:02x}            # code
+                00            # message: empty
+                "
+            ),
+        );
+    }
+}
+
+#[test]
+fn control_frames_concatenate() {
+    // A stream of frames decodes one at a time, each reporting its length.
+    let mut buf = Control::Go.to_frame().unwrap();
+    buf.extend(Control::Auth(Auth { proof: None }).to_frame().unwrap());
+    assert_eq!(
+        hex(&buf),
+        hex(&hexdump(
+            "
+            00 00 00 01   # frame 1 length: 1
+            08            # Control::Go
+            00 00 00 02   # frame 2 length: 2
+            02 00         # Control::Auth, proof None
+            "
+        ))
+    );
+    assert_eq!(Control::decode(&buf, MAX_FRAME), Ok(Some((Control::Go, 5))));
+    assert_eq!(
+        Control::decode(&buf[5..], MAX_FRAME),
+        Ok(Some((Control::Auth(Auth { proof: None }), 6)))
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// Layout and digests
+
+fn entry(name: &str, kind: EntryKind) -> Entry {
+    Entry {
+        parent: NO_PARENT,
+        name: name.as_bytes().to_vec(),
+        kind,
+        mode: 0o644,
+        mtime: Mtime::default(),
+    }
+}
+
+fn file(name: &str, size: u64) -> Entry {
+    entry(name, EntryKind::File { size })
+}
+
+/// Shorthand for an expected piece.
+#[allow(clippy::too_many_arguments)]
+fn piece(
+    file: u32,
+    index: u64,
+    file_offset: u64,
+    buf_offset: usize,
+    len: usize,
+    last: bool,
+    aligned: bool,
+) -> Piece {
+    Piece {
+        file,
+        index,
+        file_offset,
+        buf_offset,
+        len,
+        last,
+        aligned,
+    }
+}
+
+#[test]
+fn layout_of_small_manifest() {
+    // With 64 KiB chunks:
+    //   virtual offset    entry  file  what
+    //   0 .. 100          1      0     a, 100 bytes, packed
+    //   (b: empty, no slot; 100 .. 4096 is padding before the aligned file)
+    //   4096 .. 204096    3      1     c, 200,000 bytes >= 128 KiB: aligned
+    //   (204096 .. 204800: padding to c's end rounded up to 4096)
+    //   204800 .. 274800  5      2     e, 70,000 bytes < 128 KiB: packed
+    //   274800 .. 274810  6      3     g, 10 bytes, packed
+    let entries = vec![
+        entry("d", EntryKind::Dir),
+        file("a", 100),
+        file("b", 0),
+        file("c", 200_000),
+        entry(
+            "s",
+            EntryKind::Symlink {
+                target: b"a".to_vec(),
+            },
+        ),
+        file("e", 70_000),
+        file("g", 10),
+    ];
+    manifest::validate(&entries, 100).unwrap();
+    let l = Layout::new(&entries, 64 << 10).unwrap();
+    let slots: Vec<_> = l
+        .files()
+        .iter()
+        .map(|s| (s.entry, s.start, s.size))
+        .collect();
+    assert_eq!(
+        slots,
+        [
+            (1, 0, 100),
+            (3, 4096, 200_000),
+            (5, 204_800, 70_000),
+            (6, 274_800, 10)
+        ]
+    );
+    assert_eq!(l.chunk_size(), 65_536);
+    assert_eq!(l.total(), 274_810);
+    assert_eq!(l.n_chunks(), 5, "ceil(274,810 / 65,536)");
+    assert_eq!(
+        (0..4).map(|f| l.n_pieces(f)).collect::<Vec<_>>(),
+        [1, 4, 2, 1]
+    );
+
+    let expected: [&[Piece]; 5] = [
+        // chunk 0 [0, 65536)
+        &[
+            piece(0, 0, 0, 0, 100, true, false),
+            piece(1, 0, 0, 4096, 61_440, false, true),
+        ],
+        // chunk 1 [65536, 131072)
+        &[piece(1, 1, 61_440, 0, 65_536, false, true)],
+        // chunk 2 [131072, 196608)
+        &[piece(1, 2, 126_976, 0, 65_536, false, true)],
+        // chunk 3 [196608, 262144)
+        &[
+            piece(1, 3, 192_512, 0, 7_488, true, true),
+            piece(2, 0, 0, 8_192, 57_344, false, false),
+        ],
+        // chunk 4 [262144, 274810): the short last chunk
+        &[
+            piece(2, 1, 57_344, 0, 12_656, true, false),
+            piece(3, 0, 0, 12_656, 10, true, false),
+        ],
+    ];
+    let wire = [61_540, 65_536, 65_536, 64_832, 12_666];
+    let segments: [&[(usize, usize)]; 5] = [
+        &[(0, 100), (4096, 61_440)],
+        &[(0, 65_536)],
+        &[(0, 65_536)],
+        &[(0, 7_488), (8_192, 57_344)],
+        &[(0, 12_666)], // touching pieces merge
+    ];
+    let mut segs = Vec::new();
+    for k in 0..5u64 {
+        let pieces: Vec<_> = l.pieces(k).collect();
+        assert_eq!(pieces, expected[k as usize], "pieces of chunk {k}");
+        assert_eq!(l.wire_len(k), wire[k as usize], "wire_len of chunk {k}");
+        l.segments(k, &mut segs);
+        assert_eq!(segs, segments[k as usize], "segments of chunk {k}");
+    }
+    assert_eq!(l.chunk_bounds(4), (262_144, 274_810));
+    assert_eq!(l.pieces(5).count(), 0, "past the last chunk");
+    assert_eq!(l.pieces(u64::MAX).count(), 0);
+}
+
+#[test]
+fn crc32c_known_values() {
+    // The CRC-32C check value (CRC catalogue): "123456789" -> 0xe3069283.
+    assert_eq!(crc32c_append(0, b"123456789"), 0xe306_9283);
+    // RFC 3720 appendix B.4: 32 bytes of 0x00 and of 0xff.
+    assert_eq!(crc32c_append(0, &[0x00; 32]), 0x8a91_36aa);
+    assert_eq!(crc32c_append(0, &[0xff; 32]), 0x62a8_ab43);
+    // Appending is the same as hashing the concatenation.
+    assert_eq!(
+        crc32c_append(crc32c_append(0, b"1234"), b"56789"),
+        0xe306_9283
+    );
+}
+
+#[test]
+fn digest_of_known_input() {
+    // xxh3-64 of the empty input, from the xxHash reference implementation.
+    assert_eq!(piece_hash(b""), 0x2d06_8005_38d3_94c2);
+    // A file with no pieces digests nothing, so it is xxh3-64 of the empty input too.
+    assert_eq!(file_digest(&[]), 0x2d06_8005_38d3_94c2);
+
+    // The definition: xxh3-64 over the little-endian piece hashes, in piece order.
+    let pieces: [&[u8]; 3] = [b"hello", b", ", b"world"];
+    let hashes: Vec<u64> = pieces.iter().map(|p| piece_hash(p)).collect();
+    let mut le = Vec::new();
+    for h in &hashes {
+        le.extend_from_slice(&h.to_le_bytes());
+    }
+    assert_eq!(file_digest(&hashes), piece_hash(&le));
+
+    // Pinned values (cross-checked against the Python `xxhash` package's xxh3_64).
+    assert_eq!(hashes, [HELLO, COMMA, WORLD]);
+    assert_eq!(file_digest(&hashes), HELLO_COMMA_WORLD);
+
+    // The streaming digest agrees, whatever order the pieces arrive in.
+    let mut d = FileDigest::default();
+    d.add(2, hashes[2]);
+    d.add(0, hashes[0]);
+    assert_eq!(d.contiguous(), 1);
+    assert_eq!(d.finish(3), None);
+    d.add(1, hashes[1]);
+    assert_eq!(d.finish(3), Some(HELLO_COMMA_WORLD));
+}
+
+/// xxh3-64 of `hello`.
+const HELLO: u64 = 0x9555_e855_5c62_dcfd;
+/// xxh3-64 of `, `.
+const COMMA: u64 = 0x3ada_296f_2d1d_d035;
+/// xxh3-64 of `world`.
+const WORLD: u64 = 0xd647_6c25_083d_69be;
+/// The file digest of the three pieces above, in order.
+const HELLO_COMMA_WORLD: u64 = 0x7a32_732e_55de_00e0;
+
+#[test]
+fn digest_of_layout_pieces() {
+    // A 200,000-byte file of bytes `i % 251` cut by 64 KiB chunks: its pieces are
+    // the file's intersections with the chunks, as the layout says, and its digest
+    // is pinned.
+    let entries = vec![file("pad", 100), file("big", 200_000)];
+    let l = Layout::new(&entries, 64 << 10).unwrap();
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let mut hashes = Vec::new();
+    for k in 0..l.n_chunks() {
+        for p in l.pieces(k).filter(|p| p.file == 1) {
+            let off = p.file_offset as usize;
+            hashes.push(piece_hash(&data[off..off + p.len]));
+        }
+    }
+    assert_eq!(hashes.len(), 4);
+    assert_eq!(file_digest(&hashes), BIG_FILE_DIGEST);
+}
+
+/// Cross-checked against the Python `xxhash` package.
+const BIG_FILE_DIGEST: u64 = 0x5820_0eab_2808_ef1f;
