@@ -66,7 +66,7 @@ impl ServerConfig {
             root: root.into(),
             read_only: false,
             token: None,
-            io_threads: 4,
+            io_threads: 8,
             max_sessions: 64,
             memory_budget: 2 << 30,
             socket: SocketOptions::default(),

@@ -78,9 +78,10 @@ pub fn auto_chunk(entries: &[Entry]) -> u32 {
 }
 
 /// Buffers a session needs to keep `streams` streams and `io_threads` disk threads busy:
-/// one in flight per stream and per disk thread, plus one queued per stream.
+/// one in flight per stream and per disk thread, plus two so a finished stage always
+/// finds one free.
 pub fn default_buffers(streams: u16, io_threads: usize) -> usize {
-    (2 * streams as usize + io_threads).max(4)
+    (streams as usize + io_threads + 2).max(4)
 }
 
 /// Sends a manifest in parts of about a megabyte, then its totals.

@@ -251,10 +251,7 @@ impl Sink {
                 Err(e) => return Err(Error::io("creating", path(), e)),
             }
         };
-        if p.index == 0
-            && slot.size >= PREALLOC_MIN
-            && std::env::var_os("HACK_NOPREALLOC").is_none()
-        {
+        if p.index == 0 && slot.size >= PREALLOC_MIN {
             sys::preallocate(&fd, slot.size)
                 .map_err(|e| Error::io("allocating space for", path(), e))?;
         }

@@ -60,9 +60,9 @@ pub struct TransferArgs {
     #[arg(long)]
     pub fsync: bool,
     /// Disk I/O threads on this side.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub io_threads: u16,
-    /// Chunk buffers in the pool [default: 2 × streams + io threads].
+    /// Chunk buffers in the pool [default: streams + io threads + 2].
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=65536))]
     pub buffers: Option<u32>,
     /// Socket send and receive buffer size for data streams (disables autotuning;
@@ -110,7 +110,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub token_file: Option<PathBuf>,
     /// Disk I/O threads shared by all sessions.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub io_threads: u16,
     /// Network threads shared by all sessions [default: number of cores].
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
