@@ -634,7 +634,7 @@ for ds in $DATASETS; do
         continue
     fi
     listing "$SRC_ROOT/$name" >"$STATE/$name.list"
-    bytes=$(awk '$1 == "f" {s += $2} END {printf "%d", s}' "$STATE/$name.list")
+    bytes=$(awk '$1 == "f" {s += $2} END {printf "%.0f", s}' "$STATE/$name.list")
     files=$(awk '$1 == "f" {n++} END {printf "%d", n}' "$STATE/$name.list")
     DS_INFO[$ds]="$name: $files files, $bytes bytes, $(awk '$1 == "d" {n++} END {printf "%d dirs, ", n}' "$STATE/$name.list")$(awk '$1 == "l" {n++} END {printf "%d symlinks", n}' "$STATE/$name.list")"
     log "$ds: ${DS_INFO[$ds]}"

@@ -162,6 +162,16 @@ pub fn source_root(base: &Base, path: &[u8], base_name: &[u8]) -> Result<SourceR
                 "refusing to copy the whole file system (/)",
             )),
         },
+        Some((_, name)) if path.len() > 1 && path.ends_with(b"/") => {
+            // A trailing slash names the directory itself, following a symlink to it
+            // (as `cp -r link/ dst` does); a server only follows it within its root.
+            let dir = base.open_dir(path).map_err(|e| open_error(base, path, e))?;
+            Ok(SourceRoot {
+                root: RootRef::Dir(Arc::new(dir)),
+                name,
+                label,
+            })
+        }
         Some((parent, name)) => {
             let parent = base
                 .open_dir(&parent)

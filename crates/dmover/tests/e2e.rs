@@ -195,6 +195,27 @@ fn cp_destination_semantics() {
 }
 
 #[test]
+fn a_trailing_slash_follows_a_symlink_to_a_directory() {
+    let t = tmp();
+    let real = t.path().join("real");
+    make_small_files(&real, 5, 1);
+    let link = t.path().join("link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = Server::start(&root, &[]);
+    ok(&cp(&[&format!("{}/", s(&link)), &srv.url("")]));
+    same(&real, &root.join("link"));
+    ok(&cp(&[s(&link), &srv.url("as-link")]));
+    assert!(
+        std::fs::symlink_metadata(root.join("as-link"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+}
+
+#[test]
 fn concurrent_clients() {
     let t = tmp();
     let root = t.path().join("root");
