@@ -71,6 +71,17 @@ impl Client {
             .unwrap_or_else(|| session::default_buffers(streams, self.disk.threads()))
     }
 
+    fn source_buffers(&self, source: &Source, s: &SessionInfo) -> usize {
+        self.opts.buffers.unwrap_or_else(|| {
+            session::source_buffers(
+                source.tree().entries(),
+                s.chunk_size,
+                s.streams,
+                self.disk.threads(),
+            )
+        })
+    }
+
     /// Connects, authenticates and opens a session for `op`.
     async fn open(&self, server: &str, op: Op, chunk_size: u32) -> Result<Connected> {
         let mut stream = tcp::connect(
@@ -281,7 +292,7 @@ impl Client {
             Control::Go => {}
             other => return Err(unexpected(server, other, "Go")),
         }
-        let pool = Pool::new(self.buffers(s.streams), s.chunk_size as usize);
+        let pool = Pool::new(self.source_buffers(&source, &s), s.chunk_size as usize);
         let disk = self.disk.clone();
         let sent = session::watch_control(
             &mut conn.ch,

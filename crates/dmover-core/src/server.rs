@@ -386,26 +386,44 @@ impl Server {
         );
         let _slot = SlotGuard(self, id);
 
-        // Buffers: what the session wants, within what the budget allows.
-        let want = session::default_buffers(streams, self.disk.threads());
+        // Buffers: what the session wants if the budget has room now, else the
+        // minimum it needs (waiting for that much, within limits).
+        let minimum = session::default_buffers(streams, self.disk.threads());
+        let want = match &walked {
+            Some(w) => {
+                session::source_buffers(w.tree.entries(), chunk, streams, self.disk.threads())
+            }
+            None => minimum,
+        };
         let per_buf = u64::from(chunk).div_ceil(MIB) as u32;
         let budget_bufs = (self.cfg.memory_budget / (u64::from(per_buf) * MIB)) as usize;
-        let count = want.min(budget_bufs);
-        if count < 2 {
+        let minimum = minimum.min(budget_bufs);
+        if minimum < 2 {
             return Err(Error::refused(
                 ErrorCode::Busy,
                 "chunk size exceeds the server's memory budget",
             ));
         }
-        let _memory = tokio::time::timeout(
-            HANDSHAKE_TIMEOUT,
-            self.memory
-                .clone()
-                .acquire_many_owned(per_buf * count as u32),
-        )
-        .await
-        .map_err(|_| Error::refused(ErrorCode::Busy, "server busy: memory budget in use"))?
-        .map_err(|_| Error::Aborted)?;
+        let want = want.min(budget_bufs);
+        let (count, _memory) = match self
+            .memory
+            .clone()
+            .try_acquire_many_owned(per_buf * want as u32)
+        {
+            Ok(permit) => (want, permit),
+            Err(_) => {
+                let permit = tokio::time::timeout(
+                    HANDSHAKE_TIMEOUT,
+                    self.memory
+                        .clone()
+                        .acquire_many_owned(per_buf * minimum as u32),
+                )
+                .await
+                .map_err(|_| Error::refused(ErrorCode::Busy, "server busy: memory budget in use"))?
+                .map_err(|_| Error::Aborted)?;
+                (minimum, permit)
+            }
+        };
 
         ch.send(&Control::Session(SessionInfo {
             id,

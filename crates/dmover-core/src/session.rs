@@ -84,6 +84,30 @@ pub fn default_buffers(streams: u16, io_threads: usize) -> usize {
     (streams as usize + io_threads + 2).max(4)
 }
 
+/// Buffers for the source side of a session. When most of the data is in files large
+/// enough for direct I/O, the disk rather than the CPU sets the pace, and a deeper pool
+/// between reads and the network rides out the device's stalls: at least 160 MiB and 8
+/// more than [`default_buffers`]. Measured on loopback with a shared virtio disk (A/B,
+/// medians of 8 and 6 runs): 1 GiB of 1 MiB files 1.70 → 1.49 s with 40 × 4 MiB;
+/// 16 × 256 MiB 6.05 → 5.46 s with 22 × 16 MiB. Many small files go the other way
+/// (20 000 × 8 KiB: 1.06 → 1.31 s with 40 buffers), so they keep the default.
+pub fn source_buffers(entries: &[Entry], chunk: u32, streams: u16, io_threads: usize) -> usize {
+    let base = default_buffers(streams, io_threads);
+    let (mut total, mut aligned) = (0u64, 0u64);
+    for e in entries {
+        let size = e.file_size();
+        total += size;
+        if size >= dmover_proto::layout::ALIGN_MIN_SIZE {
+            aligned += size;
+        }
+    }
+    if total == 0 || aligned * 2 < total {
+        return base;
+    }
+    let for_bytes = (160usize << 20).div_ceil(chunk as usize);
+    base.max(for_bytes).max(base + 8)
+}
+
 /// Sends a manifest in parts of about a megabyte, then its totals.
 pub async fn send_manifest<S: AsyncRead + AsyncWrite + Unpin>(
     ch: &mut ControlChannel<S>,
@@ -200,5 +224,44 @@ where
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dmover_proto::manifest::{Mtime, NO_PARENT};
+
+    fn files(sizes: &[u64]) -> Vec<Entry> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &size)| Entry {
+                parent: NO_PARENT,
+                name: format!("f{i}").into_bytes(),
+                kind: EntryKind::File { size },
+                mode: 0o644,
+                mtime: Mtime::default(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn chunk_size_follows_the_mean_file_size() {
+        assert_eq!(auto_chunk(&files(&[256 << 20; 4])), 16 << 20);
+        assert_eq!(auto_chunk(&files(&[1 << 20; 100])), DEFAULT_CHUNK);
+        assert_eq!(auto_chunk(&files(&[8192; 100])), DEFAULT_CHUNK);
+        assert_eq!(auto_chunk(&[]), DEFAULT_CHUNK);
+        // Empty files do not drag the mean down.
+        assert_eq!(auto_chunk(&files(&[0, 0, 0, 64 << 20])), 16 << 20);
+    }
+
+    #[test]
+    fn deep_pools_only_for_large_file_data() {
+        assert_eq!(default_buffers(4, 8), 14);
+        assert_eq!(source_buffers(&files(&[8192; 1000]), 4 << 20, 4, 8), 14);
+        assert_eq!(source_buffers(&files(&[1 << 20; 1000]), 4 << 20, 4, 8), 40);
+        assert_eq!(source_buffers(&files(&[256 << 20; 16]), 16 << 20, 4, 8), 22);
+        assert_eq!(source_buffers(&[], 4 << 20, 4, 8), 14);
     }
 }
