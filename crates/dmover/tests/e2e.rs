@@ -229,6 +229,12 @@ fn concurrent_clients() {
             p
         })
         .collect();
+    let threads = || {
+        std::fs::read_dir(format!("/proc/{}/task", srv.child.id()))
+            .unwrap()
+            .count()
+    };
+    let idle_threads = threads();
     let children: Vec<_> = trees
         .iter()
         .map(|p| {
@@ -239,9 +245,19 @@ fn concurrent_clients() {
                 .unwrap()
         })
         .collect();
+    // Six sessions at once run on the server's fixed network and disk threads.
+    let mut busiest = idle_threads;
+    for _ in 0..20 {
+        busiest = busiest.max(threads());
+        std::thread::sleep(Duration::from_millis(10));
+    }
     for c in children {
         ok(&c.wait_with_output().unwrap());
     }
+    assert_eq!(
+        busiest, idle_threads,
+        "the server's thread count stays fixed"
+    );
     for p in &trees {
         same(p, &root.join(p.file_name().unwrap()));
     }
