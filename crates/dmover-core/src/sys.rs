@@ -124,27 +124,17 @@ pub fn preallocate(fd: impl AsFd, len: u64) -> io::Result<()> {
 /// Sets the modification time of `name` in `dir` (not following a symlink), leaving
 /// the access time alone.
 pub fn set_mtime(dir: impl AsFd, name: &[u8], sec: i64, nsec: u32) -> io::Result<()> {
-    let times = Timestamps {
-        last_access: Timespec {
-            tv_sec: 0,
-            tv_nsec: UTIME_OMIT,
-        },
-        last_modification: Timespec {
-            tv_sec: sec,
-            tv_nsec: nsec.into(),
-        },
-    };
     Ok(rustix::fs::utimensat(
         dir,
         name,
-        &times,
+        &mtime_only(sec, nsec),
         AtFlags::SYMLINK_NOFOLLOW,
     )?)
 }
 
-/// Sets the modification time of an open file, leaving the access time alone.
-pub fn set_mtime_fd(fd: impl AsFd, sec: i64, nsec: u32) -> io::Result<()> {
-    let times = Timestamps {
+/// Timestamps that set the modification time and leave the access time alone.
+fn mtime_only(sec: i64, nsec: u32) -> Timestamps {
+    Timestamps {
         last_access: Timespec {
             tv_sec: 0,
             tv_nsec: UTIME_OMIT,
@@ -153,8 +143,12 @@ pub fn set_mtime_fd(fd: impl AsFd, sec: i64, nsec: u32) -> io::Result<()> {
             tv_sec: sec,
             tv_nsec: nsec.into(),
         },
-    };
-    Ok(rustix::fs::futimens(fd, &times)?)
+    }
+}
+
+/// Sets the modification time of an open file, leaving the access time alone.
+pub fn set_mtime_fd(fd: impl AsFd, sec: i64, nsec: u32) -> io::Result<()> {
+    Ok(rustix::fs::futimens(fd, &mtime_only(sec, nsec))?)
 }
 
 /// The process's file mode creation mask, read once from `/proc/self/status` (reading

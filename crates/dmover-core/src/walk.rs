@@ -163,20 +163,20 @@ fn walk_dir(
         kids.sort_unstable_by_key(|k| k.0);
         let first_subdir = stack.len();
         for (_, name) in kids.drain(..) {
+            let child = || {
+                format!(
+                    "{}/{}",
+                    path_of(entries, labels, dir_idx),
+                    String::from_utf8_lossy(&name)
+                )
+            };
             let st = match rustix::fs::statat(&*fd, name.as_slice(), AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(st) => st,
                 Err(Errno::NOENT) => {
                     *skipped += 1;
                     continue;
                 }
-                Err(e) => {
-                    let p = format!(
-                        "{}/{}",
-                        path_of(entries, labels, dir_idx),
-                        String::from_utf8_lossy(&name)
-                    );
-                    return Err(Error::io("reading", p, e));
-                }
+                Err(e) => return Err(Error::io("reading", child(), e)),
             };
             let ft = FileType::from_raw_mode(st.st_mode);
             if !matches!(
@@ -184,9 +184,8 @@ fn walk_dir(
                 FileType::RegularFile | FileType::Directory | FileType::Symlink
             ) {
                 tracing::warn!(
-                    "skipping {}/{}: not a regular file, directory or symlink",
-                    path_of(entries, labels, dir_idx),
-                    String::from_utf8_lossy(&name),
+                    "skipping {}: not a regular file, directory or symlink",
+                    child()
                 );
                 *skipped += 1;
                 continue;
@@ -198,14 +197,7 @@ fn walk_dir(
                         *skipped += 1;
                         continue;
                     }
-                    Err(e) => {
-                        let p = format!(
-                            "{}/{}",
-                            path_of(entries, labels, dir_idx),
-                            String::from_utf8_lossy(&name)
-                        );
-                        return Err(Error::io("reading link", p, e));
-                    }
+                    Err(e) => return Err(Error::io("reading link", child(), e)),
                 }
             } else {
                 None

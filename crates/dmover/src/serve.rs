@@ -73,7 +73,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
             "serving {} on {bound}{}{}",
             a.root.display(),
             if a.read_only { " (read-only)" } else { "" },
-            if server_has_token(&a) { "" } else { " (no authentication: loopback only)" }
+            if a.token_file.is_some() { "" } else { " (no authentication: loopback only)" }
         );
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
@@ -90,8 +90,4 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
-}
-
-fn server_has_token(a: &ServeArgs) -> bool {
-    a.token_file.is_some()
 }
