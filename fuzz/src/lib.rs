@@ -79,10 +79,13 @@ pub struct Scratch {
 /// and for the chunks where each file begins and ends, however far out they are.
 pub fn check_layout(l: &Layout) {
     let files = l.files();
+    let chunk = l.chunk_size();
     let mut cursor = 0u64;
     for s in files {
         assert!(s.size > 0, "empty files have no slot");
-        let start = if s.aligned() {
+        let start = if s.size >= chunk {
+            cursor.div_ceil(chunk) * chunk
+        } else if s.aligned() {
             align_up(cursor)
         } else {
             cursor
@@ -97,7 +100,6 @@ pub fn check_layout(l: &Layout) {
     assert!(files.windows(2).all(|w| w[0].entry < w[1].entry));
     assert_eq!(l.total(), files.last().map_or(0, |s| s.end()));
 
-    let chunk = l.chunk_size();
     let n = l.n_chunks();
     assert_eq!(n, l.total().div_ceil(chunk));
     let walk = n.min(MAX_WALK);

@@ -8,7 +8,10 @@
 //! 1. Regular files of non-zero size are laid out in manifest order.
 //! 2. A file of at least [`ALIGN_MIN_SIZE`] bytes is *aligned*: it starts at a multiple
 //!    of [`ALIGN`] and the next file starts no earlier than its end rounded up to
-//!    [`ALIGN`]. Smaller files are packed end to end, with no gap.
+//!    [`ALIGN`]. A file of at least one chunk starts at a multiple of the chunk size, so
+//!    its pieces are `[i·chunk, (i+1)·chunk)` of the file whatever precedes it (a resumed
+//!    transfer, which leaves out finished files, cuts it exactly as before). Smaller
+//!    files are packed end to end, with no gap.
 //! 3. The virtual space ends at the last byte of the last file; chunk `k` covers
 //!    `[k * chunk, min((k + 1) * chunk, total))`.
 //! 4. A *piece* is the intersection of one file with one chunk. A chunk's wire payload
@@ -113,13 +116,24 @@ pub struct Layout {
 impl Layout {
     /// Lays out the regular files of a (validated) manifest.
     pub fn new(entries: &[Entry], chunk_size: u32) -> Result<Self> {
+        Self::with_filter(entries, chunk_size, |_| true)
+    }
+
+    /// Lays out the regular files of a (validated) manifest whose index `include`
+    /// accepts (a resumed transfer leaves out the files the destination already has).
+    pub fn with_filter(
+        entries: &[Entry],
+        chunk_size: u32,
+        include: impl Fn(usize) -> bool,
+    ) -> Result<Self> {
         validate_chunk_size(chunk_size)?;
+        let chunk = u64::from(chunk_size);
         let mut files = Vec::new();
         let mut cursor: u64 = 0;
         let mut total: u64 = 0;
         for (i, e) in entries.iter().enumerate() {
             let size = e.file_size();
-            if size == 0 {
+            if size == 0 || !include(i) {
                 continue;
             }
             let slot = FileSlot {
@@ -127,7 +141,9 @@ impl Layout {
                 start: 0,
                 size,
             };
-            let start = if slot.aligned() {
+            let start = if size >= chunk {
+                cursor.div_ceil(chunk) * chunk
+            } else if slot.aligned() {
                 align_up(cursor)
             } else {
                 cursor
@@ -141,7 +157,7 @@ impl Layout {
             files.push(FileSlot { start, ..slot });
         }
         Ok(Layout {
-            chunk: chunk_size.into(),
+            chunk,
             files,
             total,
         })
@@ -183,6 +199,23 @@ impl Layout {
     pub fn n_pieces(&self, f: u32) -> u64 {
         let s = &self.files[f as usize];
         (s.end() - 1) / self.chunk - s.start / self.chunk + 1
+    }
+
+    /// The pieces of file `f` as `(index, file_offset, len)`, in order.
+    pub fn file_pieces(&self, f: u32) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+        let s = self.files[f as usize];
+        let first = s.start / self.chunk;
+        (0..self.n_pieces(f)).map(move |i| {
+            let from = s.start.max((first + i) * self.chunk);
+            let to = s.end().min((first + i + 1) * self.chunk);
+            (i, from - s.start, to - from)
+        })
+    }
+
+    /// Whether file `f` starts at a chunk boundary (it is at least a chunk long), so its
+    /// pieces are the same in every layout with this chunk size.
+    pub fn chunk_aligned(&self, f: u32) -> bool {
+        self.files[f as usize].size >= self.chunk
     }
 
     /// The pieces of chunk `k`, in order. Empty when `k` is out of range.
@@ -274,9 +307,9 @@ mod tests {
 
     #[test]
     fn small_files_pack_and_big_files_align() {
-        let l = Layout::new(&files(&[100, 0, 200_000, 10, 70_000]), 64 * 1024).unwrap();
+        let l = Layout::new(&files(&[100, 0, 200_000, 10, 70_000, 140_000]), 256 * 1024).unwrap();
         let f = l.files();
-        assert_eq!(f.len(), 4, "the empty file has no slot");
+        assert_eq!(f.len(), 5, "the empty file has no slot");
         assert_eq!((f[0].start, f[0].entry), (0, 0));
         assert_eq!(
             (f[1].start, f[1].entry),
@@ -289,6 +322,19 @@ mod tests {
             "next file after aligned extent"
         );
         assert_eq!(f[3].start, f[2].start + 10, "small files packed");
+        assert_eq!(f[4].start, align_up(f[3].end()));
+
+        // A file of a chunk or more starts at a chunk boundary.
+        let l = Layout::new(&files(&[100, 0, 200_000, 10, 70_000]), 64 * 1024).unwrap();
+        let f = l.files();
+        assert_eq!((f[1].start, f[1].entry), (65_536, 2));
+        assert!(l.chunk_aligned(1) && !l.chunk_aligned(0));
+        assert_eq!(
+            f[2].start,
+            align_up(65_536 + 200_000),
+            "next file after aligned extent"
+        );
+        assert_eq!(f[3].start, 5 * 65_536, "70,000 bytes is over a chunk");
         assert_eq!(l.total(), f[3].end());
     }
 
@@ -325,6 +371,28 @@ mod tests {
                 assert_eq!(covered[i], s.size);
                 assert_eq!(next_index[i], l.n_pieces(i as u32));
             }
+        }
+    }
+
+    #[test]
+    fn big_files_are_cut_alike_whatever_precedes_them() {
+        let sizes = [5000, 3 << 20, 70_000, (5 << 20) + 7];
+        let all = Layout::new(&files(&sizes), 1 << 20).unwrap();
+        let some = Layout::with_filter(&files(&sizes), 1 << 20, |i| i != 0 && i != 2).unwrap();
+        assert_eq!(some.files().len(), 2);
+        let cuts = |l: &Layout, f: u32| l.file_pieces(f).collect::<Vec<_>>();
+        assert_eq!(cuts(&all, 1), cuts(&some, 0));
+        assert_eq!(cuts(&all, 3), cuts(&some, 1));
+        assert_eq!(cuts(&all, 3).len(), 6);
+        assert_eq!(cuts(&all, 3)[5], (5, 5 << 20, 7));
+        // file_pieces agrees with the chunk view.
+        for (f, _) in all.files().iter().enumerate() {
+            let from_chunks: Vec<_> = (0..all.n_chunks())
+                .flat_map(|k| all.pieces(k))
+                .filter(|p| p.file == f as u32)
+                .map(|p| (p.index, p.file_offset, p.len as u64))
+                .collect();
+            assert_eq!(cuts(&all, f as u32), from_chunks);
         }
     }
 

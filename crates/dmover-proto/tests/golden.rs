@@ -726,13 +726,16 @@ fn piece(
 #[test]
 fn layout_of_small_manifest() {
     // With 64 KiB chunks:
-    //   virtual offset    entry  file  what
-    //   0 .. 100          1      0     a, 100 bytes, packed
-    //   (b: empty, no slot; 100 .. 4096 is padding before the aligned file)
-    //   4096 .. 204096    3      1     c, 200,000 bytes >= 128 KiB: aligned
-    //   (204096 .. 204800: padding to c's end rounded up to 4096)
-    //   204800 .. 274800  5      2     e, 70,000 bytes < 128 KiB: packed
-    //   274800 .. 274810  6      3     g, 10 bytes, packed
+    //   virtual offset     entry  file  what
+    //   0 .. 100           1      0     a, 100 bytes, packed
+    //   (b: empty, no slot; 100 .. 65536 is padding: c is at least a chunk long,
+    //    so it starts at a chunk boundary)
+    //   65536 .. 265536    3      1     c, 200,000 bytes: chunk-aligned, >= 128 KiB: aligned
+    //   (265536 .. 327680: padding to c's end rounded up to 4096, then to the next
+    //    chunk boundary for e)
+    //   327680 .. 397680   5      2     e, 70,000 bytes: a chunk or more, so chunk-aligned;
+    //                                   < 128 KiB, so not aligned and its end is not rounded
+    //   397680 .. 397690   6      3     g, 10 bytes, packed right after e
     let entries = vec![
         entry("d", EntryKind::Dir),
         file("a", 100),
@@ -758,59 +761,65 @@ fn layout_of_small_manifest() {
         slots,
         [
             (1, 0, 100),
-            (3, 4096, 200_000),
-            (5, 204_800, 70_000),
-            (6, 274_800, 10)
+            (3, 65_536, 200_000),
+            (5, 327_680, 70_000),
+            (6, 397_680, 10)
         ]
     );
     assert_eq!(l.chunk_size(), 65_536);
-    assert_eq!(l.total(), 274_810);
-    assert_eq!(l.n_chunks(), 5, "ceil(274,810 / 65,536)");
+    assert_eq!(l.total(), 397_690);
+    assert_eq!(l.n_chunks(), 7, "ceil(397,690 / 65,536)");
     assert_eq!(
         (0..4).map(|f| l.n_pieces(f)).collect::<Vec<_>>(),
         [1, 4, 2, 1]
     );
 
-    let expected: [&[Piece]; 5] = [
-        // chunk 0 [0, 65536)
+    let expected: [&[Piece]; 7] = [
+        // chunk 0 [0, 65536): a, then padding
+        &[piece(0, 0, 0, 0, 100, true, false)],
+        // chunks 1-3: c, a chunk each
+        &[piece(1, 0, 0, 0, 65_536, false, true)],
+        &[piece(1, 1, 65_536, 0, 65_536, false, true)],
+        &[piece(1, 2, 131_072, 0, 65_536, false, true)],
+        // chunk 4 [262144, 327680): c's tail, then padding
+        &[piece(1, 3, 196_608, 0, 3_392, true, true)],
+        // chunk 5 [327680, 393216): e's first chunk
+        &[piece(2, 0, 0, 0, 65_536, false, false)],
+        // chunk 6 [393216, 397690): e's tail and g, the short last chunk
         &[
-            piece(0, 0, 0, 0, 100, true, false),
-            piece(1, 0, 0, 4096, 61_440, false, true),
-        ],
-        // chunk 1 [65536, 131072)
-        &[piece(1, 1, 61_440, 0, 65_536, false, true)],
-        // chunk 2 [131072, 196608)
-        &[piece(1, 2, 126_976, 0, 65_536, false, true)],
-        // chunk 3 [196608, 262144)
-        &[
-            piece(1, 3, 192_512, 0, 7_488, true, true),
-            piece(2, 0, 0, 8_192, 57_344, false, false),
-        ],
-        // chunk 4 [262144, 274810): the short last chunk
-        &[
-            piece(2, 1, 57_344, 0, 12_656, true, false),
-            piece(3, 0, 0, 12_656, 10, true, false),
+            piece(2, 1, 65_536, 0, 4_464, true, false),
+            piece(3, 0, 0, 4_464, 10, true, false),
         ],
     ];
-    let wire = [61_540, 65_536, 65_536, 64_832, 12_666];
-    let segments: [&[(usize, usize)]; 5] = [
-        &[(0, 100), (4096, 61_440)],
+    let wire = [100, 65_536, 65_536, 65_536, 3_392, 65_536, 4_474];
+    let segments: [&[(usize, usize)]; 7] = [
+        &[(0, 100)],
         &[(0, 65_536)],
         &[(0, 65_536)],
-        &[(0, 7_488), (8_192, 57_344)],
-        &[(0, 12_666)], // touching pieces merge
+        &[(0, 65_536)],
+        &[(0, 3_392)],
+        &[(0, 65_536)],
+        &[(0, 4_474)], // touching pieces merge
     ];
     let mut segs = Vec::new();
-    for k in 0..5u64 {
+    for k in 0..7u64 {
         let pieces: Vec<_> = l.pieces(k).collect();
         assert_eq!(pieces, expected[k as usize], "pieces of chunk {k}");
         assert_eq!(l.wire_len(k), wire[k as usize], "wire_len of chunk {k}");
         l.segments(k, &mut segs);
         assert_eq!(segs, segments[k as usize], "segments of chunk {k}");
     }
-    assert_eq!(l.chunk_bounds(4), (262_144, 274_810));
-    assert_eq!(l.pieces(5).count(), 0, "past the last chunk");
+    assert_eq!(l.chunk_bounds(6), (393_216, 397_690));
+    assert_eq!(l.pieces(7).count(), 0, "past the last chunk");
     assert_eq!(l.pieces(u64::MAX).count(), 0);
+
+    // Leaving out finished files (a resumed transfer) cuts the rest alike.
+    let rest = Layout::with_filter(&entries, 64 << 10, |i| i != 1).unwrap();
+    assert_eq!(rest.files()[0].start, 0, "c now starts the space");
+    assert_eq!(
+        rest.file_pieces(0).collect::<Vec<_>>(),
+        l.file_pieces(1).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -868,9 +877,9 @@ const HELLO_COMMA_WORLD: u64 = 0x7a32_732e_55de_00e0;
 
 #[test]
 fn digest_of_layout_pieces() {
-    // A 200,000-byte file of bytes `i % 251` cut by 64 KiB chunks: its pieces are
-    // the file's intersections with the chunks, as the layout says, and its digest
-    // is pinned.
+    // A 200,000-byte file of bytes `i % 251` cut by 64 KiB chunks: it starts at a
+    // chunk boundary, so its pieces are 3 × 65,536 + 3,392 bytes, and its digest is
+    // pinned.
     let entries = vec![file("pad", 100), file("big", 200_000)];
     let l = Layout::new(&entries, 64 << 10).unwrap();
     let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
@@ -886,4 +895,4 @@ fn digest_of_layout_pieces() {
 }
 
 /// Cross-checked against the Python `xxhash` package.
-const BIG_FILE_DIGEST: u64 = 0x5820_0eab_2808_ef1f;
+const BIG_FILE_DIGEST: u64 = 0xdab4_8a69_6c18_b3ae;

@@ -594,7 +594,7 @@ proptest! {
 // Layout
 
 /// The layout rules, restated independently: where each file with data must start.
-fn expected_slots(entries: &[Entry]) -> Vec<(u32, u64, u64)> {
+fn expected_slots(entries: &[Entry], chunk: u64) -> Vec<(u32, u64, u64)> {
     let mut out = Vec::new();
     let mut cursor = 0u64;
     for (i, e) in entries.iter().enumerate() {
@@ -603,7 +603,9 @@ fn expected_slots(entries: &[Entry]) -> Vec<(u32, u64, u64)> {
             continue;
         }
         let aligned = size >= ALIGN_MIN_SIZE;
-        let start = if aligned {
+        let start = if size >= chunk {
+            cursor.div_ceil(chunk) * chunk
+        } else if aligned {
             cursor.div_ceil(ALIGN) * ALIGN
         } else {
             cursor
@@ -627,9 +629,9 @@ proptest! {
         let chunk = u64::from(chunk);
         prop_assert_eq!(l.chunk_size(), chunk);
 
-        // Rules 1 and 2: slots in manifest order, aligned or packed.
+        // Rules 1 and 2: slots in manifest order, chunk-aligned, aligned or packed.
         let slots: Vec<_> = l.files().iter().map(|s| (s.entry, s.start, s.size)).collect();
-        let expected = expected_slots(&entries);
+        let expected = expected_slots(&entries, chunk);
         prop_assert_eq!(&slots, &expected);
         for s in l.files() {
             prop_assert_eq!(s.aligned(), s.size >= ALIGN_MIN_SIZE);
