@@ -154,6 +154,9 @@ pub struct BenchArgs {
 pub enum BenchCommand {
     /// Generate a benchmark dataset.
     Mkdata(MkdataArgs),
+    /// Storage sweep: write then read files of each size (buffered and direct I/O,
+    /// 1..N threads, block sizes); throughput, files/s and per-I/O latency.
+    Storage(crate::bench::storage::StorageArgs),
 }
 
 #[derive(Debug, Args)]

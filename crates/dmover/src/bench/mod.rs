@@ -1,4 +1,8 @@
-//! `dmover bench`: measurement tools.
+//! `dmover bench`: measurement tools. Every measuring subcommand writes `results.csv` and
+//! `results.json` into its output directory and can draw a plot (see [`common`]).
+
+mod common;
+pub mod storage;
 
 use std::process::ExitCode;
 
@@ -10,6 +14,7 @@ use crate::args::{BenchArgs, BenchCommand, MkdataArgs};
 pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     match a.command {
         BenchCommand::Mkdata(m) => mkdata_cmd(m),
+        BenchCommand::Storage(s) => storage::run(s).map(|()| ExitCode::SUCCESS),
     }
 }
 

@@ -1,0 +1,152 @@
+//! End-to-end runs of `dmover bench` subcommands with tiny sizes: the real binary, real
+//! files, a real `dmover serve` on loopback. Each checks that results.csv and
+//! results.json exist, carry the documented columns, and hold positive, plausible values.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::{bin, ok};
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("dmover-bench-e2e-")
+        .tempdir()
+        .unwrap()
+}
+
+fn bench(args: &[&str]) -> Output {
+    Command::new(bin())
+        .arg("bench")
+        .args(args)
+        .env_remove("DMOVER_TOKEN")
+        .output()
+        .expect("running dmover bench")
+}
+
+/// Splits one CSV line (RFC 4180 quoting).
+fn csv_line(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                cur.push('"');
+                chars.next();
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => out.push(std::mem::take(&mut cur)),
+            _ => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}
+
+/// The rows of `dir/results.csv` as column → value maps; checks that results.json
+/// has the same rows and the machine description.
+fn results(dir: &Path) -> Vec<HashMap<String, String>> {
+    let csv = std::fs::read_to_string(dir.join("results.csv")).expect("results.csv");
+    let mut lines = csv.lines();
+    let header = csv_line(lines.next().expect("a header"));
+    let rows: Vec<HashMap<String, String>> = lines
+        .map(|l| header.iter().cloned().zip(csv_line(l)).collect())
+        .collect();
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("results.json")).expect("results.json"))
+            .expect("results.json is JSON");
+    assert_eq!(json["rows"].as_array().map(Vec::len), Some(rows.len()));
+    let m = &json["machine"];
+    assert!(m["cores"].as_u64().unwrap() >= 1, "{m}");
+    assert!(m["memory_bytes"].as_u64().unwrap() > 0, "{m}");
+    for k in ["cpu_model", "kernel", "data_fs"] {
+        assert!(!m[k].as_str().unwrap().is_empty(), "machine.{k} empty: {m}");
+    }
+    assert!(json["dmover_version"].is_string());
+    assert!(json["parameters"].is_object());
+    rows
+}
+
+fn number(row: &HashMap<String, String>, col: &str) -> f64 {
+    let v = row
+        .get(col)
+        .unwrap_or_else(|| panic!("no column {col} in {row:?}"));
+    v.parse()
+        .unwrap_or_else(|_| panic!("column {col} = {v:?} is not a number"))
+}
+
+/// `col` is a positive number below `max` in every row.
+fn positive(rows: &[HashMap<String, String>], col: &str, max: f64) {
+    for r in rows {
+        let v = number(r, col);
+        assert!(v > 0.0 && v < max, "{col} = {v} not in (0, {max}): {r:?}");
+    }
+}
+
+#[test]
+fn storage_sweep_writes_results_and_a_plot() {
+    let t = tmp();
+    let data = t.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let out = t.path().join("out");
+    let plot = t.path().join("storage.svg");
+    let o = bench(&[
+        "storage",
+        data.to_str().unwrap(),
+        "--sizes",
+        "4K,256K",
+        "--budget",
+        "1M",
+        "--threads",
+        "1,2",
+        "--block",
+        "64K",
+        "--out",
+        out.to_str().unwrap(),
+        "--plot",
+        plot.to_str().unwrap(),
+    ]);
+    ok(&o);
+    let rows = results(&out);
+    // 2 sizes x 2 modes x 2 thread counts x 2 phases.
+    assert_eq!(rows.len(), 16, "{rows:?}");
+    for col in ["mib_per_s", "gbit_per_s", "files_per_s", "iops", "seconds"] {
+        positive(&rows, col, 1e9);
+    }
+    for col in ["lat_p50_us", "lat_p99_us", "lat_max_us"] {
+        positive(&rows, col, 60e6);
+    }
+    for r in &rows {
+        assert!(number(r, "lat_p50_us") <= number(r, "lat_p99_us"), "{r:?}");
+        assert!(number(r, "lat_p99_us") <= number(r, "lat_max_us"), "{r:?}");
+        let files = if r["size"] == "4K" { 256.0 } else { 4.0 };
+        assert_eq!(number(r, "files"), files, "{r:?}");
+        assert!(["write", "read"].contains(&r["phase"].as_str()));
+        assert!(["buffered", "direct"].contains(&r["io"].as_str()));
+    }
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("file size"));
+    // The scratch files are gone.
+    assert_eq!(std::fs::read_dir(&data).unwrap().count(), 0);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("MiB/s") && stdout.contains("p99"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn storage_sweep_refuses_a_missing_directory() {
+    let t = tmp();
+    let o = bench(&["storage", t.path().join("nope").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("is not a directory"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
