@@ -193,6 +193,18 @@ pub fn find_program(program: &str) -> Option<PathBuf> {
         .find(|p| is_exec(p))
 }
 
+/// CPU seconds (user + system) this process has used so far.
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let u = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u
+    };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
 /// Seconds since the epoch as `(YYYYmmdd-HHMMSS, RFC 3339)` in UTC.
 pub fn timestamps(t: SystemTime) -> (String, String) {
     let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;

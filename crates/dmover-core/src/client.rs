@@ -48,12 +48,12 @@ pub struct Report {
 #[derive(Debug)]
 pub struct Client {
     disk: Arc<DiskPool>,
-    opts: TransferOptions,
+    pub(crate) opts: TransferOptions,
 }
 
-struct Connected {
-    ch: ControlChannel<TcpStream>,
-    session: SessionInfo,
+pub(crate) struct Connected {
+    pub(crate) ch: ControlChannel<TcpStream>,
+    pub(crate) session: SessionInfo,
 }
 
 impl Client {
@@ -83,7 +83,7 @@ impl Client {
     }
 
     /// Connects, authenticates and opens a session for `op`.
-    async fn open(&self, server: &str, op: Op, chunk_size: u32) -> Result<Connected> {
+    pub(crate) async fn open(&self, server: &str, op: Op, chunk_size: u32) -> Result<Connected> {
         let mut stream = tcp::connect(
             server,
             &tcp::SocketOptions::default(),
@@ -176,7 +176,7 @@ impl Client {
     }
 
     /// Opens the session's data streams, all at once.
-    async fn open_streams(
+    pub(crate) async fn open_streams(
         &self,
         server: &str,
         s: &SessionInfo,

@@ -174,7 +174,7 @@ where
     run.check()
 }
 
-async fn write_all_vectored<W: AsyncWrite + Unpin>(
+pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
     w: &mut W,
     mut bufs: &mut [IoSlice<'_>],
 ) -> std::io::Result<()> {

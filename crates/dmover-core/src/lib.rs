@@ -9,6 +9,7 @@
 //! complete and its digest matches ([`sink`]).
 //!
 //! - [`client::Client`] pushes or pulls; [`server::Server`] serves many clients at once.
+//! - [`memtest`]: the memory-to-memory network test (`dmover bench net`).
 //! - Every file operation goes through directory handles ([`tree`], [`paths`], [`sys`]),
 //!   so a server never follows a path out of its root.
 
@@ -16,6 +17,7 @@ pub mod client;
 pub mod diskpool;
 pub mod engine;
 pub mod error;
+pub mod memtest;
 pub mod paths;
 pub mod pool;
 pub mod server;

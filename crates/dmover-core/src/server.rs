@@ -358,7 +358,7 @@ impl Server {
                     .ok_or(Error::Aborted)??;
                 Some(walked)
             }
-            Op::Push { .. } => None,
+            Op::Push { .. } | Op::MemTest(_) => None,
         };
         let chunk = match (open.chunk_size, &walked) {
             (0, Some(w)) => session::auto_chunk(w.tree.entries()),
@@ -437,6 +437,11 @@ impl Server {
         let what;
         let bytes;
         match open.op {
+            Op::MemTest(m) => {
+                what = format!("memory-to-memory test ({:?})", m.direction);
+                let streams = collect_streams(&mut rx, streams, peer).await?;
+                bytes = crate::memtest::serve(ch, &m, open.checksum, chunk, streams, &run).await?;
+            }
             Op::Push { dest } => {
                 what = format!("push to {:?}", String::from_utf8_lossy(&dest));
                 let entries = session::recv_manifest(ch, self.cfg.max_entries).await?;

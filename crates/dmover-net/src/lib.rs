@@ -5,12 +5,15 @@
 //! - [`control`]: the framed control channel over any async byte stream: preamble
 //!   exchange and [`dmover_proto::control::Control`] messages with size limits and
 //!   timeouts.
+//! - [`zerocopy`]: `MSG_ZEROCOPY` sends with completion reaping, reporting when the
+//!   kernel copied after all.
 //!
 //! TLS for the control channel slots in here later: the control functions are generic
 //! over `AsyncRead`/`AsyncWrite`.
 
 pub mod control;
 pub mod tcp;
+pub mod zerocopy;
 
 use std::io;
 

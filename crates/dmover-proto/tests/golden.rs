@@ -18,6 +18,7 @@ use dmover_proto::control::{
     Auth, AuthMethod, AuthOk, Control, DirectIo, ErrorCode, ErrorMsg, Hello, MAX_FRAME,
     ManifestEnd, ManifestPart, Op, Open, SessionInfo, Summary, Welcome,
 };
+use dmover_proto::control::{MemDirection, MemTest};
 use dmover_proto::data::{DataHello, DigestEntry, FrameHeader, FrameKind, FrameLimits, JoinStatus};
 use dmover_proto::digest::{FileDigest, crc32c_append, file_digest, piece_hash};
 use dmover_proto::layout::{Layout, Piece};
@@ -419,6 +420,38 @@ fn control_open_pull() {
         80 80 04      # chunk_size: 64 KiB = 4 << 14 (varint)
         00            # checksum: false
         02            # direct_io: DirectIo::Always (variant 2)
+        ",
+    );
+}
+
+#[test]
+fn control_open_memtest() {
+    golden_control(
+        Control::Open(Open {
+            op: Op::MemTest(MemTest {
+                direction: MemDirection::FromServer,
+                millis: 3000,
+                zerocopy: true,
+                congestion: "bbr".into(),
+            }),
+            streams: 4,
+            chunk_size: 1 << 20,
+            checksum: false,
+            direct_io: DirectIo::Auto,
+        }),
+        "
+        00 00 00 10   # frame length: 16
+        04            # Control::Open (variant 4)
+        02            # op: Op::MemTest (variant 2)
+        01            #   direction: MemDirection::FromServer (variant 1)
+        b8 17         #   millis: 3000 = 0x38 | 0x17 << 7 (varint)
+        01            #   zerocopy: true
+        03            #   congestion: 3 bytes
+        62 62 72      #     \"bbr\"
+        04            # streams: 4
+        80 80 40      # chunk_size: 1 MiB = 0x40 << 14 (varint)
+        00            # checksum: false
+        01            # direct_io: DirectIo::Auto (variant 1)
         ",
     );
 }

@@ -157,6 +157,9 @@ pub enum BenchCommand {
     /// Storage sweep: write then read files of each size (buffered and direct I/O,
     /// 1..N threads, block sizes); throughput, files/s and per-I/O latency.
     Storage(crate::bench::storage::StorageArgs),
+    /// Memory-to-memory throughput through dmover's transport against `dmover serve`
+    /// (1..N streams, zero-copy on/off, congestion control), beside iperf3.
+    Net(crate::bench::net::NetArgs),
 }
 
 #[derive(Debug, Args)]

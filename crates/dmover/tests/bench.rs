@@ -150,3 +150,57 @@ fn storage_sweep_refuses_a_missing_directory() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+#[test]
+fn net_measures_memory_to_memory_through_a_loopback_server() {
+    let t = tmp();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let server = common::Server::start(&root, &[]);
+    let out = t.path().join("out");
+    let o = bench(&[
+        "net",
+        &server.addr,
+        "--streams",
+        "1,2",
+        "--seconds",
+        "0.3",
+        "--repeats",
+        "2",
+        "--zerocopy",
+        "off,on",
+        "--direction",
+        "push,pull",
+        "--chunk",
+        "1M",
+        "--checksum",
+        "--iperf3",
+        "off",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    ok(&o);
+    let rows = results(&out);
+    // 2 directions x 2 zero-copy settings x 2 stream counts, dmover only.
+    assert_eq!(rows.len(), 8, "{rows:?}");
+    // Loopback carries at least 10 Mbit/s and less than 10 Tbit/s.
+    positive(&rows, "gbit_per_s", 10_000.0);
+    for r in &rows {
+        assert_eq!(r["tool"], "dmover");
+        assert!(number(r, "gbit_per_s") > 0.01, "{r:?}");
+        assert_eq!(number(r, "repeats"), 2.0);
+        assert!(number(r, "gbit_per_s_min") <= number(r, "gbit_per_s_max"));
+        let zc = &r["zerocopy_result"];
+        match (r["zerocopy"].as_str(), r["direction"].as_str()) {
+            ("false", _) => assert_eq!(zc, "off"),
+            ("true", "push") => assert!(
+                zc.starts_with("on: ") || zc.starts_with("unsupported"),
+                "{zc}"
+            ),
+            ("true", _) => assert!(zc.starts_with("on (server side"), "{zc}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Nothing was written on the server.
+    assert_eq!(std::fs::read_dir(&root).unwrap().count(), 0);
+}

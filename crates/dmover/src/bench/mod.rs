@@ -2,6 +2,7 @@
 //! `results.json` into its output directory and can draw a plot (see [`common`]).
 
 mod common;
+pub mod net;
 pub mod storage;
 
 use std::process::ExitCode;
@@ -15,6 +16,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     match a.command {
         BenchCommand::Mkdata(m) => mkdata_cmd(m),
         BenchCommand::Storage(s) => storage::run(s).map(|()| ExitCode::SUCCESS),
+        BenchCommand::Net(n) => net::run(n).map(|()| ExitCode::SUCCESS),
     }
 }
 
