@@ -7,10 +7,15 @@
 //!   `results.csv` and `results.json`.
 //! - [`storage`]: the elbencho-style storage sweep (write then read files of one size, buffered
 //!   or direct, N threads, per-I/O latency).
+//! - [`peers`]: the peer copy tools (cp, rsync daemon and over ssh, scp, GridFTP, XRootD)
+//!   and dmover itself: their servers on loopback and their copy commands.
+//! - [`treecmp`]: checks a copy made by any tool against its source.
 //! - [`plot`]: SVG/PNG figures of results (lines over file size or streams, bars per tool).
 
 pub mod mkdata;
+pub mod peers;
 pub mod plot;
 pub mod report;
 pub mod stats;
 pub mod storage;
+pub mod treecmp;

@@ -160,6 +160,9 @@ pub enum BenchCommand {
     /// Memory-to-memory throughput through dmover's transport against `dmover serve`
     /// (1..N streams, zero-copy on/off, congestion control), beside iperf3.
     Net(crate::bench::net::NetArgs),
+    /// dmover push/pull and every peer tool found here (cp, rsync daemon, rsync over ssh,
+    /// scp, GridFTP, XRootD) on the same data: cold cache, sync counted, verified.
+    Compare(crate::bench::compare::CompareArgs),
 }
 
 #[derive(Debug, Args)]

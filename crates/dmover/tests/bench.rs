@@ -204,3 +204,76 @@ fn net_measures_memory_to_memory_through_a_loopback_server() {
     // Nothing was written on the server.
     assert_eq!(std::fs::read_dir(&root).unwrap().count(), 0);
 }
+
+#[test]
+fn compare_runs_dmover_and_cp_and_reports_missing_peers() {
+    let t = tmp();
+    // A PATH with cp and nothing else: the peer tools are missing whatever is installed.
+    let path_dir = t.path().join("bin");
+    std::fs::create_dir(&path_dir).unwrap();
+    let cp = ["/usr/bin/cp", "/bin/cp"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("cp");
+    std::os::unix::fs::symlink(cp, path_dir.join("cp")).unwrap();
+    let data = t.path().join("data");
+    let out = t.path().join("out");
+    let plot = t.path().join("compare.png");
+    let o = Command::new(bin())
+        .args(["bench", "compare", "losf", "mixed", "--scale", "0.01"])
+        .args(["--repeats", "2", "--verify", "full", "--data"])
+        .arg(&data)
+        .arg("--out")
+        .arg(&out)
+        .arg("--plot")
+        .arg(&plot)
+        .env("PATH", &path_dir)
+        .env_remove("DMOVER_TOKEN")
+        .output()
+        .unwrap();
+    ok(&o);
+    let rows = results(&out);
+    let find = |ds: &str, tool: &str| {
+        rows.iter()
+            .find(|r| r["dataset"].starts_with(ds) && r["tool"] == tool)
+            .unwrap_or_else(|| panic!("no row for {ds} {tool}: {rows:?}"))
+    };
+    for ds in ["losf", "mixed"] {
+        for tool in ["dmover-push", "dmover-pull", "cp"] {
+            let r = find(ds, tool);
+            assert_eq!(r["status"], "ok", "{r:?}");
+            assert_eq!(number(r, "repeats"), 2.0);
+            for col in ["gbit_per_s", "files_per_s", "seconds"] {
+                let v = number(r, col);
+                assert!(v > 0.0 && v < 1e7, "{col} = {v}: {r:?}");
+            }
+            assert!(
+                number(r, "files") >= 10.0 && number(r, "bytes") > 1e5,
+                "{r:?}"
+            );
+        }
+        assert!(number(find(ds, "dmover-push"), "vs_best_peer") > 0.0);
+        for tool in ["rsync", "rsync-ssh", "scp", "gridftp", "xrdcp"] {
+            let r = find(ds, tool);
+            assert!(r["status"].starts_with("missing: "), "{r:?}");
+            assert!(r["gbit_per_s"].is_empty(), "{r:?}");
+        }
+    }
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap();
+    assert!(
+        json["tools"]["cp"].as_str().unwrap().contains("cp"),
+        "{}",
+        json["tools"]
+    );
+    assert!(
+        json["tools"]["rsync"]
+            .as_str()
+            .unwrap()
+            .starts_with("missing")
+    );
+    assert_eq!(&std::fs::read(&plot).unwrap()[1..4], b"PNG");
+    // Copies are gone; generated datasets stay for later runs.
+    assert!(!data.join("dst").exists());
+    assert!(data.join("src").join("losf-x0.01-s1").is_dir());
+}

@@ -203,7 +203,14 @@ pub fn print_table(report: &Report, cols: &[(&str, &str)]) {
                         }
                     }
                     Some(Value::Bool(b)) => if *b { "yes" } else { "no" }.into(),
-                    _ => text(r, k),
+                    _ => {
+                        let t = text(r, k);
+                        if t.chars().count() > 60 {
+                            t.chars().take(59).chain(['…']).collect()
+                        } else {
+                            t
+                        }
+                    }
                 })
                 .collect(),
         );
@@ -281,6 +288,139 @@ pub fn drop_caches(report: &mut Report) -> bool {
             false
         }
     }
+}
+
+/// A dataset to copy: an existing directory, or a profile name generated (once, and
+/// kept) below `gen_root`.
+pub struct Dataset {
+    /// Directory holding the dataset (it is one entry in it).
+    pub parent: PathBuf,
+    /// The dataset's directory name.
+    pub name: String,
+    /// Regular files in it.
+    pub files: u64,
+    /// Bytes of regular files.
+    pub bytes: u64,
+}
+
+impl Dataset {
+    /// Resolves `spec`: a directory, or `tiny|losf|medium|large|mixed|demo` made with
+    /// `scale` and `seed` in `gen_root/<profile>-x<scale>-s<seed>`.
+    pub fn resolve(spec: &str, gen_root: &Path, scale: f64, seed: u64) -> anyhow::Result<Dataset> {
+        let p = Path::new(spec);
+        let dir = if p.is_dir() {
+            std::fs::canonicalize(p).with_context(|| format!("resolving {spec}"))?
+        } else if let Ok(profile) = spec.parse::<dmover_bench::mkdata::Profile>() {
+            let dir = gen_root.join(format!("{profile}-x{scale}-s{seed}"));
+            let done = gen_root.join(format!(".{profile}-x{scale}-s{seed}.ok"));
+            if !(dir.is_dir() && done.exists()) {
+                let _ = std::fs::remove_dir_all(&dir);
+                std::fs::create_dir_all(gen_root)
+                    .with_context(|| format!("creating {}", gen_root.display()))?;
+                eprintln!(
+                    "generating {profile} (scale {scale}, seed {seed}) in {}",
+                    dir.display()
+                );
+                let spec = dmover_bench::mkdata::Spec::new(profile)
+                    .scale(scale)
+                    .seed(seed);
+                let st = dmover_bench::mkdata::generate(&dir, &spec, None)
+                    .with_context(|| format!("generating {profile} in {}", dir.display()))?;
+                eprintln!("  {st}");
+                rustix::fs::sync();
+                std::fs::write(&done, st.to_string())
+                    .with_context(|| format!("writing {}", done.display()))?;
+            }
+            std::fs::canonicalize(&dir)?
+        } else {
+            anyhow::bail!(
+                "{spec} is neither a directory nor a dataset profile (tiny, losf, medium, large, mixed, demo)"
+            );
+        };
+        let (files, bytes) =
+            count_tree(&dir).with_context(|| format!("walking {}", dir.display()))?;
+        Ok(Dataset {
+            parent: dir
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| "/".into()),
+            name: dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .context("a dataset cannot be /")?,
+            files,
+            bytes,
+        })
+    }
+
+    /// The dataset's directory.
+    pub fn path(&self) -> PathBuf {
+        self.parent.join(&self.name)
+    }
+}
+
+/// Regular files and their bytes below `dir` (symlinks not followed).
+pub fn count_tree(dir: &Path) -> std::io::Result<(u64, u64)> {
+    let (mut files, mut bytes) = (0, 0);
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let e = e?;
+            let ft = e.file_type()?;
+            if ft.is_dir() {
+                stack.push(e.path());
+            } else if ft.is_file() {
+                files += 1;
+                bytes += e.metadata()?.len();
+            }
+        }
+    }
+    Ok((files, bytes))
+}
+
+/// One timed copy: page cache dropped first (when permitted), then the command, then a
+/// `sync` inside the timed span (a copy is done when its data is on disk).
+pub struct Timed {
+    /// Wall-clock seconds including the final sync.
+    pub seconds: f64,
+    /// `Err` with the first line of the tool's output when it failed.
+    pub result: Result<(), String>,
+}
+
+/// Runs `cmd` as one timed copy; `log` receives its output.
+pub fn timed_copy(cmd: &mut std::process::Command, log: &Path, report: &mut Report) -> Timed {
+    drop_caches(report);
+    let t0 = Instant::now();
+    let out = cmd.output();
+    rustix::fs::sync();
+    let seconds = t0.elapsed().as_secs_f64();
+    let result = match out {
+        Err(e) => Err(format!("cannot run {:?}: {e}", cmd.get_program())),
+        Ok(o) => {
+            let _ = std::fs::write(
+                log,
+                [
+                    format!("{cmd:?}\n").into_bytes(),
+                    o.stdout.clone(),
+                    o.stderr.clone(),
+                ]
+                .concat(),
+            );
+            if o.status.success() {
+                Ok(())
+            } else {
+                let text = String::from_utf8_lossy(&o.stderr);
+                let first = text
+                    .lines()
+                    .map(str::trim)
+                    .find(|l| !l.is_empty())
+                    .unwrap_or("(no output)");
+                let first: String = first.chars().take(200).collect();
+                Err(format!("{}: {first}", o.status))
+            }
+        }
+    };
+    Timed { seconds, result }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! `results.json` into its output directory and can draw a plot (see [`common`]).
 
 mod common;
+pub mod compare;
 pub mod net;
 pub mod storage;
 
@@ -17,6 +18,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchCommand::Mkdata(m) => mkdata_cmd(m),
         BenchCommand::Storage(s) => storage::run(s).map(|()| ExitCode::SUCCESS),
         BenchCommand::Net(n) => net::run(n).map(|()| ExitCode::SUCCESS),
+        BenchCommand::Compare(c) => compare::run(c).map(|()| ExitCode::SUCCESS),
     }
 }
 
