@@ -163,6 +163,9 @@ pub enum BenchCommand {
     /// dmover push/pull and every peer tool found here (cp, rsync daemon, rsync over ssh,
     /// scp, GridFTP, XRootD) on the same data: cold cache, sync counted, verified.
     Compare(crate::bench::compare::CompareArgs),
+    /// xdd-style sweep of end-to-end transfer rate over streams x chunk size, push and
+    /// pull, against a `dmover serve` this command starts.
+    Transfer(crate::bench::transfer::TransferBenchArgs),
 }
 
 #[derive(Debug, Args)]

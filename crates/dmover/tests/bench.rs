@@ -277,3 +277,86 @@ fn compare_runs_dmover_and_cp_and_reports_missing_peers() {
     assert!(!data.join("dst").exists());
     assert!(data.join("src").join("losf-x0.01-s1").is_dir());
 }
+
+#[test]
+fn transfer_sweeps_streams_and_chunks_both_ways() {
+    let t = tmp();
+    let dst = t.path().join("work");
+    let out = t.path().join("out");
+    let plot = t.path().join("transfer.svg");
+    let o = bench(&[
+        "transfer",
+        "mixed",
+        dst.to_str().unwrap(),
+        "--scale",
+        "0.01",
+        "--streams",
+        "1,3",
+        "--chunk",
+        "64K,1M",
+        "--repeats",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+        "--plot",
+        plot.to_str().unwrap(),
+    ]);
+    ok(&o);
+    let rows = results(&out);
+    // 2 directions x 2 stream counts x 2 chunk sizes.
+    assert_eq!(rows.len(), 8, "{rows:?}");
+    positive(&rows, "gbit_per_s", 10_000.0);
+    positive(&rows, "files_per_s", 1e7);
+    for r in &rows {
+        assert_eq!(r["status"], "ok", "{r:?}");
+        assert_eq!(number(r, "repeats"), 2.0);
+        assert!(number(r, "gbit_per_s_min") <= number(r, "gbit_per_s"));
+        assert!(number(r, "gbit_per_s") <= number(r, "gbit_per_s_max"));
+        assert_eq!(r["seconds_samples"].split(';').count(), 2, "{r:?}");
+    }
+    let dirs: Vec<&str> = rows.iter().map(|r| r["direction"].as_str()).collect();
+    assert!(dirs.contains(&"push") && dirs.contains(&"pull"));
+    assert!(
+        std::fs::read_to_string(&plot)
+            .unwrap()
+            .contains("TCP streams")
+    );
+    // Copies are cleaned up; the generated dataset stays.
+    assert!(!dst.join("copies").exists() && !dst.join("pulled").exists());
+    assert!(dst.join("src").join("mixed-x0.01-s1").is_dir());
+}
+
+#[test]
+fn mkdata_is_deterministic_by_seed() {
+    let t = tmp();
+    let make = |name: &str, seed: &str| {
+        let dir = t.path().join(name);
+        ok(&bench(&[
+            "mkdata",
+            dir.to_str().unwrap(),
+            "--profile",
+            "losf",
+            "--scale",
+            "0.004",
+            "--seed",
+            seed,
+        ]));
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        files
+            .iter()
+            .map(|p| std::fs::read(p).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let (a, b, c) = (make("a", "5"), make("b", "5"), make("c", "6"));
+    assert_eq!(a.len(), 4);
+    assert!(a.iter().all(|f| f.len() == 1 << 20));
+    assert!(a == b, "same seed, different bytes");
+    assert!(
+        a.iter().zip(&c).all(|(x, y)| x != y),
+        "another seed, same bytes"
+    );
+}

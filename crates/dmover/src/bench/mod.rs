@@ -5,6 +5,7 @@ mod common;
 pub mod compare;
 pub mod net;
 pub mod storage;
+pub mod transfer;
 
 use std::process::ExitCode;
 
@@ -19,6 +20,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchCommand::Storage(s) => storage::run(s).map(|()| ExitCode::SUCCESS),
         BenchCommand::Net(n) => net::run(n).map(|()| ExitCode::SUCCESS),
         BenchCommand::Compare(c) => compare::run(c).map(|()| ExitCode::SUCCESS),
+        BenchCommand::Transfer(t) => transfer::run(t).map(|()| ExitCode::SUCCESS),
     }
 }
 
