@@ -20,7 +20,7 @@ use dmover_net::zerocopy::{ZeroCopy, ZeroCopyStats};
 use dmover_proto::control::{Control, MemDirection, MemTest, Op, Summary};
 use dmover_proto::data::{FrameHeader, FrameKind, FrameLimits, HEADER_LEN};
 use dmover_proto::digest::crc32c_append;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::client::Client;
@@ -87,14 +87,32 @@ impl MemTestReport {
     }
 }
 
+/// A data stream whose TCP socket may be used directly: for zero-copy sends and for
+/// per-stream congestion control. Streams that transform their bytes (encryption,
+/// authentication records) return `None`, and the test falls back to ordinary sends.
+pub trait RawTcp {
+    /// The socket, when bytes written to it arrive unchanged.
+    fn raw_tcp(&self) -> Option<&TcpStream>;
+}
+
+impl RawTcp for TcpStream {
+    fn raw_tcp(&self) -> Option<&TcpStream> {
+        Some(self)
+    }
+}
+
+/// Bounds of a data stream the test can use.
+pub trait TestStream: AsyncRead + AsyncWrite + RawTcp + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + RawTcp + Unpin + Send + 'static> TestStream for T {}
+
 /// What one sending stream did.
 struct Sent {
     zc: Option<ZeroCopyStats>,
 }
 
 /// Sends frames on `s` until `deadline`, then `END`.
-async fn send_stream(
-    s: &mut DataStream<TcpStream>,
+async fn send_stream<D: TestStream>(
+    s: &mut DataStream<D>,
     payload: &[u8],
     checksum: bool,
     zerocopy: Option<ZeroCopy>,
@@ -119,7 +137,8 @@ async fn send_stream(
             // The header changes every frame, so it is copied; the payload never changes.
             Some(z) => {
                 s.io.write_all(&header).await.map_err(io_err)?;
-                z.send_all(&s.io, &[IoSlice::new(payload)])
+                let tcp = s.io.raw_tcp().expect("zero-copy only on raw TCP streams");
+                z.send_all(tcp, &[IoSlice::new(payload)])
                     .await
                     .map_err(io_err)?;
             }
@@ -153,7 +172,11 @@ async fn send_stream(
 }
 
 /// Receives frames on `s` until `END`; returns (bytes, frames).
-async fn recv_stream(s: &mut DataStream<TcpStream>, chunk: u32, run: &Run) -> Result<(u64, u64)> {
+async fn recv_stream<D: TestStream>(
+    s: &mut DataStream<D>,
+    chunk: u32,
+    run: &Run,
+) -> Result<(u64, u64)> {
     let peer = s.peer.clone();
     let io_err = |e| Error::Net(NetError::io("receiving data from", &peer, e));
     let limits = FrameLimits {
@@ -225,8 +248,8 @@ fn payload(len: u32) -> Vec<u8> {
 }
 
 /// Sends on every stream for `duration`; zero-copy if asked and available.
-async fn send_all(
-    streams: Vec<DataStream<TcpStream>>,
+async fn send_all<D: TestStream>(
+    streams: Vec<DataStream<D>>,
     chunk: u32,
     checksum: bool,
     zerocopy: bool,
@@ -243,10 +266,16 @@ async fn send_all(
     let mut tasks = Vec::with_capacity(streams.len());
     for mut s in streams {
         let zc = if zerocopy {
-            match ZeroCopy::enable(&s.io) {
-                Ok(z) => Some(z),
-                Err(e) => {
+            match s.io.raw_tcp().map(ZeroCopy::enable) {
+                Some(Ok(z)) => Some(z),
+                Some(Err(e)) => {
                     outcome = ZeroCopyOutcome::Unsupported(e.to_string());
+                    None
+                }
+                None => {
+                    outcome = ZeroCopyOutcome::Unsupported(
+                        "the data streams transform their bytes (not raw TCP)".into(),
+                    );
                     None
                 }
             }
@@ -277,8 +306,8 @@ async fn send_all(
 }
 
 /// Receives on every stream until each has sent `END`; returns (bytes, frames).
-async fn recv_all(
-    streams: Vec<DataStream<TcpStream>>,
+async fn recv_all<D: TestStream>(
+    streams: Vec<DataStream<D>>,
     chunk: u32,
     run: &Arc<Run>,
 ) -> Result<(u64, u64)> {
@@ -308,21 +337,25 @@ async fn recv_all(
 }
 
 /// The server's side of a test whose streams have joined.
-pub(crate) async fn serve(
-    ch: &mut ControlChannel<TcpStream>,
+pub(crate) async fn serve<C, D>(
+    ch: &mut ControlChannel<C>,
     m: &MemTest,
     checksum: bool,
     chunk: u32,
-    streams: Vec<DataStream<TcpStream>>,
+    streams: Vec<DataStream<D>>,
     run: &Arc<Run>,
-) -> Result<u64> {
+) -> Result<u64>
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    D: TestStream,
+{
     if !m.congestion.is_empty() {
         let opts = SocketOptions {
             congestion: Some(m.congestion.clone()),
             ..SocketOptions::default()
         };
-        for s in &streams {
-            tcp::tune_stream(&s.io, &opts);
+        for tcp in streams.iter().filter_map(|s| s.io.raw_tcp()) {
+            tcp::tune_stream(tcp, &opts);
         }
     }
     let peer = ch.peer().to_string();
