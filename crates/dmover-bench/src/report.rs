@@ -425,10 +425,10 @@ mod tests {
         r.push(row(
             json!({"tool": "a,b \"x\"", "seconds": [1.0, 2.5], "gbit_per_s": 2}),
         ));
-        assert_eq!(r.columns, ["gbit_per_s", "tool", "seconds"]);
+        assert_eq!(r.columns, ["tool", "gbit_per_s", "seconds"]);
         assert_eq!(
             r.to_csv(),
-            "gbit_per_s,tool,seconds\n1.5,cp,\n2,\"a,b \"\"x\"\"\",1.0;2.5\n"
+            "tool,gbit_per_s,seconds\ncp,1.5,\n\"a,b \"\"x\"\"\",2,1.0;2.5\n"
         );
     }
 
