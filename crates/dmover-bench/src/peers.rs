@@ -13,7 +13,10 @@
 //! | `gridftp`     | `globus-gridftp-server` (anonymous) | `globus-url-copy -r -cd -p 4 -cc 4 -pp -fast …`    |
 //! | `xrdcp`       | `xrootd` as user `xrootd`           | `xrdcp -r --parallel 4 --streams 4 -s root://… DIR/` |
 //!
-//! Servers run as children of this process in the foreground and are killed on drop.
+//! Servers run as children of this process in the foreground, each in a process group of
+//! its own that is killed as a whole on drop (so forked helpers die with it), and inherit
+//! no descriptors but stdio (see [`close_inherited_fds`]): a daemon that outlived us must
+//! never hold, say, a benchmark lock file open.
 
 use std::fs;
 use std::io;
@@ -183,10 +186,65 @@ pub struct Servers {
 impl Drop for Servers {
     fn drop(&mut self) {
         for (_, c) in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
+            kill_group(c);
         }
     }
+}
+
+/// Kills `child`'s whole process group (it leads one: see [`Servers`]) and reaps it.
+pub fn kill_group(child: &mut Child) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // SAFETY: plain syscalls on a process group this process created.
+        unsafe {
+            libc::kill(-pid, libc::SIGTERM);
+        }
+        let until = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < until {
+            if let Ok(Some(_)) = child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: as above; the group may be gone already.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Marks every descriptor above stderr close-on-exec, so nothing this process holds (a
+/// lock taken by `flock(1)`, a pipe) leaks into the servers and tools it starts.
+pub fn close_inherited_fds() {
+    let Ok(dir) = fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|&fd| fd > 2)
+        .collect();
+    for fd in fds {
+        // SAFETY: F_GETFD/F_SETFD on a descriptor number; a closed one just fails.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+            }
+        }
+    }
+}
+
+/// The uid and gid of a user.
+fn user_ids(name: &str) -> Option<(u32, u32)> {
+    let text = fs::read_to_string("/etc/passwd").ok()?;
+    text.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.first() == Some(&name) && f.len() > 3)
+            .then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))
+            .flatten()
+    })
 }
 
 /// A free port on 127.0.0.1 (bound and released: a small race, harmless here).
@@ -274,13 +332,18 @@ impl Servers {
     ) -> Result<(), String> {
         let out = self.log(log)?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
+        use std::os::unix::process::CommandExt;
         let mut child = c
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
+            .process_group(0)
             .spawn()
             .map_err(|e| format!("starting {c:?}: {e}"))?;
         let r = wait_port(port, &mut child, Duration::from_secs(20));
+        if r.is_err() {
+            kill_group(&mut child);
+        }
         self.children.push((k, child));
         r.map_err(|e| {
             let log = fs::read_to_string(self.layout.state.join(log)).unwrap_or_default();
@@ -403,11 +466,7 @@ impl Servers {
                 self.spawn(k, port, &mut c, "gridftp.out")
             }
             ServerKind::Xrootd => {
-                let have_user = Command::new("id")
-                    .arg("xrootd")
-                    .output()
-                    .is_ok_and(|o| o.status.success());
-                if !have_user {
+                if user_ids("xrootd").is_none() {
                     run_ok(Command::new("useradd").args([
                         "--system",
                         "--no-create-home",
@@ -419,6 +478,7 @@ impl Servers {
                 let admin = st.join("xrd");
                 fs::create_dir_all(&admin).map_err(|e| e.to_string())?;
                 run_ok(Command::new("chown").args(["-R", "xrootd"]).arg(&admin))?;
+                let (uid, gid) = user_ids("xrootd").ok_or("no user xrootd")?;
                 // The server runs as xrootd: it must reach the datasets.
                 let mut d = Some(l.src_root.as_path());
                 while let Some(p) = d {
@@ -441,8 +501,12 @@ impl Servers {
                         admin.display()
                     ),
                 )?;
-                let mut c = Command::new("runuser");
-                c.args(["-u", "xrootd", "--", "xrootd", "-c"])
+                // XRootD refuses to run as root: the child drops to the xrootd user itself.
+                use std::os::unix::process::CommandExt;
+                let mut c = Command::new("xrootd");
+                c.uid(uid)
+                    .gid(gid)
+                    .arg("-c")
                     .arg(&cfg)
                     .args(["-p", &port.to_string(), "-I", "v4", "-l"])
                     .arg(admin.join("xrootd.log"));

@@ -63,6 +63,7 @@ fn depth(s: &str) -> Result<Depth, String> {
 
 pub fn run(a: CompareArgs) -> anyhow::Result<()> {
     let started = Instant::now();
+    dmover_bench::peers::close_inherited_fds();
     let out_dir = a.output.dir("compare")?;
     let tools: Vec<Tool> = if a.tools.is_empty() {
         Tool::ALL.to_vec()

@@ -136,8 +136,7 @@ struct IperfServer {
 
 impl Drop for IperfServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        dmover_bench::peers::kill_group(&mut self.child);
     }
 }
 
@@ -164,10 +163,11 @@ pub fn wait_listening(addr: SocketAddr, limit: Duration) -> bool {
 /// Starts `iperf3 -s` on `ip` when that is an address of this machine.
 fn start_iperf3(ip: std::net::IpAddr) -> anyhow::Result<(IperfServer, SocketAddr)> {
     let port = free_port(ip)?;
-    let child = Command::new("iperf3")
-        .args(["-s", "-B", &ip.to_string(), "-p", &port.to_string()])
+    let mut c = Command::new("iperf3");
+    c.args(["-s", "-B", &ip.to_string(), "-p", &port.to_string()])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::null());
+    let child = std::os::unix::process::CommandExt::process_group(&mut c, 0)
         .spawn()
         .context("starting iperf3 -s")?;
     let server = IperfServer { child };
@@ -239,6 +239,7 @@ fn iperf3_once(
 
 pub fn run(a: NetArgs) -> anyhow::Result<()> {
     let started = Instant::now();
+    dmover_bench::peers::close_inherited_fds();
     if !(0.2..=120.0).contains(&a.seconds) {
         bail!("--seconds must be between 0.2 and 120");
     }

@@ -114,8 +114,7 @@ pub struct DmoverServer {
 
 impl Drop for DmoverServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        dmover_bench::peers::kill_group(&mut self.child);
     }
 }
 
@@ -142,7 +141,9 @@ impl DmoverServer {
         if read_only {
             c.arg("--read-only");
         }
-        let mut child = c.spawn().context("starting dmover serve")?;
+        let mut child = std::os::unix::process::CommandExt::process_group(&mut c, 0)
+            .spawn()
+            .context("starting dmover serve")?;
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("piped"))
             .read_line(&mut line)
@@ -188,6 +189,7 @@ impl Link {
 
 pub fn run(a: TransferBenchArgs) -> anyhow::Result<()> {
     let started = Instant::now();
+    dmover_bench::peers::close_inherited_fds();
     std::fs::create_dir_all(&a.dst).with_context(|| format!("creating {}", a.dst.display()))?;
     let dst = std::fs::canonicalize(&a.dst)?;
     let ds = Dataset::resolve(&a.src, &dst.join("src"), a.scale, a.seed)?;
