@@ -626,3 +626,70 @@ impl Servers {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+
+    /// A server that forks (as runuser and GridFTP do) leaves no process behind.
+    #[test]
+    fn killing_a_group_takes_forked_children_along() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("grandchild.pid");
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(format!("sleep 60 & echo $! > {}; wait", pidfile.display()))
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        while fs::read_to_string(&pidfile).map_or(true, |s| s.trim().is_empty()) {
+            assert!(Instant::now() < until, "no grandchild pid");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let grandchild: i32 = fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        kill_group(&mut child);
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            // A zombie awaiting its reaper (init) counts as gone.
+            let stat = fs::read_to_string(format!("/proc/{grandchild}/stat")).unwrap_or_default();
+            let state = stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .chars()
+                .next();
+            if matches!(state, None | Some('Z')) {
+                break;
+            }
+            assert!(Instant::now() < until, "grandchild {grandchild} survived");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn inherited_descriptors_become_close_on_exec() {
+        let f = fs::File::open("/proc/self/stat").unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+        // SAFETY: clearing FD_CLOEXEC on our own descriptor.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+        close_inherited_fds();
+        // SAFETY: reading the flags of our own descriptor.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        assert!(flags & libc::FD_CLOEXEC != 0);
+    }
+
+    #[test]
+    fn tool_names_round_trip() {
+        for t in Tool::ALL {
+            assert_eq!(Tool::from_name(t.name()), Some(t));
+        }
+        assert_eq!(Tool::from_name("bbcp"), None);
+    }
+}
