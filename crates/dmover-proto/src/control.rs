@@ -160,8 +160,8 @@ pub struct Hello {
 pub enum AuthMethod {
     /// No credential needed (the server listens on loopback only).
     None,
-    /// A shared token, proven with [`crate::auth::client_proof`].
-    Token,
+    /// A user name and a credential ([`Credential::Token`] or [`Credential::Key`]).
+    Required,
 }
 
 /// (2) The server's greeting.
@@ -175,17 +175,39 @@ pub struct Welcome {
     pub auth: AuthMethod,
 }
 
-/// (3) The client's credential proof; `None` when it has no credential.
+/// (3) Who the client is and its proof (see [`crate::auth`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Auth {
-    /// MAC over both nonces keyed by the shared token.
-    pub proof: Option<[u8; 32]>,
+    /// The user name (empty: none given; a server with one shared token accepts any).
+    pub user: String,
+    /// The proof.
+    pub credential: Credential,
+}
+
+/// A proof of identity, bound to the TLS connection by [`crate::auth::transcript`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Credential {
+    /// No credential (accepted only by a server without authentication).
+    None,
+    /// A token proof ([`crate::auth::client_token_proof`]).
+    Token {
+        /// The proof.
+        proof: [u8; 32],
+    },
+    /// An Ed25519 signature of [`crate::auth::key_auth_message`].
+    Key {
+        /// The client's Ed25519 public key.
+        public: [u8; 32],
+        /// The signature (64 bytes).
+        signature: Vec<u8>,
+    },
 }
 
 /// (4) Authentication succeeded.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuthOk {
-    /// The server's MAC over both nonces (mutual authentication), when a token is used.
+    /// The server's token proof ([`crate::auth::server_token_proof`], mutual
+    /// authentication) when the client proved a token.
     pub proof: Option<[u8; 32]>,
 }
 
@@ -220,6 +242,22 @@ pub struct Open {
     pub checksum: bool,
     /// When the server should bypass its page cache for large files.
     pub direct_io: DirectIo,
+    /// How the session's data streams are protected.
+    pub protection: DataProtection,
+}
+
+/// How data streams carry their bytes after the join (see [`crate::record`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum DataProtection {
+    /// Frames as they are: the join is authenticated, the bytes after it are only
+    /// checked by CRC32C and the end-to-end digests (not against an attacker).
+    Plain,
+    /// Records authenticated with AES-256-GCM (the data as associated data): nothing
+    /// can be injected, altered, replayed or cut, but the data is readable on the wire.
+    #[default]
+    Authenticated,
+    /// Records encrypted and authenticated with AES-256-GCM.
+    Encrypted,
 }
 
 /// When to bypass the page cache (`O_DIRECT`) for files of at least
@@ -241,8 +279,9 @@ pub enum DirectIo {
 pub struct SessionInfo {
     /// Session identifier, named by every data stream.
     pub id: u64,
-    /// Secret that data streams present to join the session.
-    pub secret: [u8; 32],
+    /// Random salt of the session key's derivation (see [`crate::auth`]); data
+    /// streams never send it, they prove they hold the key derived with it.
+    pub salt: [u8; 32],
     /// Number of data streams the client must open (the server may lower the request).
     pub streams: u16,
     /// Chunk size in bytes both sides use.

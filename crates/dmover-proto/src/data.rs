@@ -1,9 +1,21 @@
 //! Data connections: the join handshake and chunk frames.
 //!
 //! # Join
-//! After its [`crate::preamble::Preamble`] (kind data) the client sends a
-//! [`DataHello`] (48 bytes); the server answers one [`JoinStatus`] byte and closes the
-//! connection unless it is [`JoinStatus::Accepted`].
+//! A data connection proves it belongs to a session without sending any secret:
+//! ```text
+//! client                                   server
+//! Preamble(data) DataHello{session, stream, client nonce}  ->   (56 bytes)
+//!                                    <-    server nonce (32 bytes, fresh per connection)
+//! client proof (32 bytes)            ->    join_proof(session key, Client, ...)
+//!                                    <-    JoinStatus (1 byte); if Accepted, then the
+//!                                          server proof (32 bytes, Role::Server)
+//! ```
+//! The proofs are [`crate::auth::join_proof`]s keyed by the session key exported from
+//! the control connection's TLS session, over both nonces, so a recorded join cannot
+//! be replayed and a connection that cannot prove the key is refused (and does not
+//! take the stream's place). The server closes the connection unless the status is
+//! [`JoinStatus::Accepted`]. After the join the bytes below travel as they are, or in
+//! records ([`crate::record`]) as the session's [`crate::control::DataProtection`] says.
 //!
 //! # Frames
 //! The source side then writes frames, each a fixed 24-byte [`FrameHeader`] followed
@@ -28,6 +40,8 @@ use crate::{Error, Result};
 
 /// Size of an encoded [`DataHello`].
 pub const HELLO_LEN: usize = 48;
+/// Size of the server's challenge and of each join proof.
+pub const JOIN_PROOF_LEN: usize = 32;
 /// Size of an encoded [`FrameHeader`].
 pub const HEADER_LEN: usize = 24;
 /// Size of an encoded [`DigestEntry`].
@@ -40,7 +54,7 @@ pub const DIGEST_LEN: usize = 12;
 /// 0      8    session id (u64 BE)
 /// 8      2    stream index (u16 BE)
 /// 10     6    reserved, 0
-/// 16     32   session secret
+/// 16     32   client nonce (fresh random bytes)
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DataHello {
@@ -48,8 +62,8 @@ pub struct DataHello {
     pub session: u64,
     /// The stream's index, below the session's stream count.
     pub stream: u16,
-    /// The secret from [`crate::control::SessionInfo`].
-    pub secret: [u8; 32],
+    /// The client's fresh nonce for the join proofs.
+    pub nonce: [u8; 32],
 }
 
 impl DataHello {
@@ -58,7 +72,7 @@ impl DataHello {
         let mut b = [0u8; HELLO_LEN];
         b[..8].copy_from_slice(&self.session.to_be_bytes());
         b[8..10].copy_from_slice(&self.stream.to_be_bytes());
-        b[16..].copy_from_slice(&self.secret);
+        b[16..].copy_from_slice(&self.nonce);
         b
     }
 
@@ -71,7 +85,7 @@ impl DataHello {
         Ok(DataHello {
             session: u64::from_be_bytes(b[..8].try_into().unwrap()),
             stream: u16::from_be_bytes([b[8], b[9]]),
-            secret: b[16..].try_into().unwrap(),
+            nonce: b[16..].try_into().unwrap(),
         })
     }
 }
@@ -84,8 +98,8 @@ pub enum JoinStatus {
     Accepted = 0,
     /// No such session (never opened, or already over).
     UnknownSession = 1,
-    /// The secret did not match.
-    BadSecret = 2,
+    /// The join proof did not match.
+    BadProof = 2,
     /// The stream index is out of range or already taken.
     BadStream = 3,
 }
@@ -96,7 +110,7 @@ impl JoinStatus {
         Ok(match b {
             0 => JoinStatus::Accepted,
             1 => JoinStatus::UnknownSession,
-            2 => JoinStatus::BadSecret,
+            2 => JoinStatus::BadProof,
             3 => JoinStatus::BadStream,
             v => {
                 return Err(Error::Unknown {

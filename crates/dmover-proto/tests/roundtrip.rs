@@ -3,8 +3,9 @@
 //! layout and digest invariants the data path relies on.
 
 use dmover_proto::control::{
-    Auth, AuthMethod, AuthOk, Control, DirectIo, ErrorCode, ErrorMsg, Hello, LEN_PREFIX, MAX_FRAME,
-    ManifestEnd, ManifestPart, Op, Open, SessionInfo, Summary, Welcome,
+    Auth, AuthMethod, AuthOk, Control, Credential, DataProtection, DirectIo, ErrorCode, ErrorMsg,
+    Hello, LEN_PREFIX, MAX_FRAME, ManifestEnd, ManifestPart, Op, Open, SessionInfo, Summary,
+    Welcome,
 };
 use dmover_proto::data::{
     DIGEST_LEN, DataHello, DigestEntry, FrameHeader, FrameKind, FrameLimits, HEADER_LEN, HELLO_LEN,
@@ -34,7 +35,7 @@ fn array32() -> impl Strategy<Value = [u8; 32]> {
 }
 
 fn auth_method() -> impl Strategy<Value = AuthMethod> {
-    prop_oneof![Just(AuthMethod::None), Just(AuthMethod::Token)]
+    prop_oneof![Just(AuthMethod::None), Just(AuthMethod::Required)]
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -52,23 +53,49 @@ fn direct_io() -> impl Strategy<Value = DirectIo> {
     ]
 }
 
+fn protection() -> impl Strategy<Value = DataProtection> {
+    prop_oneof![
+        Just(DataProtection::Plain),
+        Just(DataProtection::Authenticated),
+        Just(DataProtection::Encrypted)
+    ]
+}
+
 fn open() -> impl Strategy<Value = Open> {
-    (op(), any::<u16>(), any::<u32>(), any::<bool>(), direct_io()).prop_map(
-        |(op, streams, chunk_size, checksum, direct_io)| Open {
-            op,
-            streams,
-            chunk_size,
-            checksum,
-            direct_io,
-        },
+    (
+        op(),
+        any::<u16>(),
+        any::<u32>(),
+        any::<bool>(),
+        direct_io(),
+        protection(),
     )
+        .prop_map(
+            |(op, streams, chunk_size, checksum, direct_io, protection)| Open {
+                op,
+                streams,
+                chunk_size,
+                checksum,
+                direct_io,
+                protection,
+            },
+        )
+}
+
+fn credential() -> impl Strategy<Value = Credential> {
+    prop_oneof![
+        Just(Credential::None),
+        array32().prop_map(|proof| Credential::Token { proof }),
+        (array32(), bytes(80))
+            .prop_map(|(public, signature)| Credential::Key { public, signature }),
+    ]
 }
 
 fn session_info() -> impl Strategy<Value = SessionInfo> {
     (any::<u64>(), array32(), any::<u16>(), any::<u32>()).prop_map(
-        |(id, secret, streams, chunk_size)| SessionInfo {
+        |(id, salt, streams, chunk_size)| SessionInfo {
             id,
-            secret,
+            salt,
             streams,
             chunk_size,
         },
@@ -154,7 +181,8 @@ fn control() -> impl Strategy<Value = Control> {
                 auth,
             })
         }),
-        proptest::option::of(array32()).prop_map(|proof| Control::Auth(Auth { proof })),
+        (text(), credential())
+            .prop_map(|(user, credential)| Control::Auth(Auth { user, credential })),
         proptest::option::of(array32()).prop_map(|proof| Control::AuthOk(AuthOk { proof })),
         open().prop_map(Control::Open),
         session_info().prop_map(Control::Session),
@@ -349,9 +377,9 @@ proptest! {
     }
 
     #[test]
-    fn data_hello_roundtrip(session in any::<u64>(), stream in any::<u16>(), secret in array32(),
+    fn data_hello_roundtrip(session in any::<u64>(), stream in any::<u16>(), nonce in array32(),
                             tail in bytes(8)) {
-        let h = DataHello { session, stream, secret };
+        let h = DataHello { session, stream, nonce };
         let mut b = h.encode().to_vec();
         prop_assert_eq!(b.len(), HELLO_LEN);
         prop_assert_eq!(DataHello::decode(&b), Ok(h));
