@@ -28,6 +28,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ControlChannel<S> {
         }
     }
 
+    /// Changes the largest frame body accepted (e.g. raised after authentication).
+    pub fn set_max_frame(&mut self, max_frame: usize) {
+        self.max_frame = max_frame;
+    }
+
+    /// The underlying stream.
+    pub fn get_ref(&self) -> &S {
+        &self.stream
+    }
+
     /// The peer's name, for messages.
     pub fn peer(&self) -> &str {
         &self.peer
