@@ -2,17 +2,21 @@
 
 use std::sync::Arc;
 
-use dmover_net::NetError;
 use dmover_net::control::{ControlChannel, read_preamble, write_preamble};
+use dmover_net::known_hosts;
+use dmover_net::stream::DataIo;
 use dmover_net::tcp;
+use dmover_net::tls::{TlsConnector, Trust};
+use dmover_net::{ControlStream, NetError};
+use dmover_proto::auth::{self, Role};
 use dmover_proto::control::{
-    Auth, AuthMethod, Control, ErrorCode, Hello, Op, Open, SessionInfo, Summary,
+    Auth, AuthMethod, Control, Credential, ErrorCode, Hello, Op, Open, SessionInfo, Summary,
 };
-use dmover_proto::data::{DataHello, JoinStatus};
+use dmover_proto::data::{DataHello, JOIN_PROOF_LEN, JoinStatus};
 use dmover_proto::manifest::{Entry, NO_PARENT, Totals};
 use dmover_proto::preamble::{ConnKind, Preamble};
-use dmover_proto::{PROTOCOL_VERSION, auth, control};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use dmover_proto::{PROTOCOL_VERSION, control};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::diskpool::DiskPool;
@@ -52,8 +56,65 @@ pub struct Client {
 }
 
 struct Connected {
-    ch: ControlChannel<TcpStream>,
+    ch: ControlChannel<ControlStream>,
     session: SessionInfo,
+    /// The session key (see [`dmover_proto::auth::session_key`]).
+    key: [u8; 32],
+}
+
+/// A data connection's side of the join: preamble and hello, the server's challenge,
+/// our proof, its status and proof.
+async fn join(io: &mut TcpStream, server: &str, hello: &DataHello, key: &[u8; 32]) -> Result<()> {
+    let pre = Preamble {
+        kind: ConnKind::Data,
+        version: PROTOCOL_VERSION,
+    };
+    let mut first = Vec::with_capacity(64);
+    first.extend_from_slice(&pre.encode());
+    first.extend_from_slice(&hello.encode());
+    let w = |e| Error::Net(NetError::io("writing to", server, e));
+    let r = |e| Error::Net(NetError::io("reading from", server, e));
+    io.write_all(&first).await.map_err(w)?;
+    let mut challenge = [0u8; JOIN_PROOF_LEN];
+    io.read_exact(&mut challenge).await.map_err(r)?;
+    let proof = auth::join_proof(
+        key,
+        Role::Client,
+        hello.session,
+        hello.stream,
+        &hello.nonce,
+        &challenge,
+    );
+    io.write_all(&proof).await.map_err(w)?;
+    let status = io.read_u8().await.map_err(r)?;
+    match JoinStatus::decode(status).map_err(|e| NetError::proto(server, e))? {
+        JoinStatus::Accepted => {}
+        refused => {
+            return Err(Error::protocol(
+                server,
+                format!("data stream {} refused: {refused:?}", hello.stream),
+            ));
+        }
+    }
+    let mut theirs = [0u8; JOIN_PROOF_LEN];
+    io.read_exact(&mut theirs).await.map_err(r)?;
+    let want = auth::join_proof(
+        key,
+        Role::Server,
+        hello.session,
+        hello.stream,
+        &hello.nonce,
+        &challenge,
+    );
+    if !auth::proofs_equal(&want, &theirs) {
+        return Err(Error::refused(
+            ErrorCode::Auth,
+            format!(
+                "{server}: the data port could not prove it belongs to the session; refusing it"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 impl Client {
@@ -82,8 +143,23 @@ impl Client {
         })
     }
 
+    /// The TLS settings for connecting.
+    fn connector(&self) -> Result<TlsConnector> {
+        let trust = match &self.opts.trust {
+            Some(t) => t.clone(),
+            None => Trust::KnownHosts(known_hosts::default_path().ok_or_else(|| {
+                Error::refused(
+                    ErrorCode::Unsupported,
+                    "no home directory for the known-hosts file: set DMOVER_KNOWN_HOSTS or pass --known-hosts",
+                )
+            })?),
+        };
+        Ok(TlsConnector::new(trust)?)
+    }
+
     /// Connects, authenticates and opens a session for `op`.
     async fn open(&self, server: &str, op: Op, chunk_size: u32) -> Result<Connected> {
+        let connector = self.connector()?;
         let mut stream = tcp::connect(
             server,
             &tcp::SocketOptions::default(),
@@ -99,22 +175,30 @@ impl Client {
             server,
         )
         .await?;
+        let timeout = |what| NetError::Timeout {
+            peer: server.into(),
+            what,
+            secs: HANDSHAKE_TIMEOUT.as_secs(),
+        };
         let answer = tokio::time::timeout(HANDSHAKE_TIMEOUT, read_preamble(&mut stream, server))
             .await
-            .map_err(|_| NetError::Timeout {
-                peer: server.into(),
-                what: "greeting",
-                secs: HANDSHAKE_TIMEOUT.as_secs(),
-            })??;
+            .map_err(|_| timeout("greeting"))??;
         if answer.version == 0 {
             return Err(Error::refused(
                 ErrorCode::Unsupported,
                 format!(
-                    "{server} speaks no protocol version this client knows (we speak up to {PROTOCOL_VERSION})"
+                    "{server} speaks no protocol version this client knows (we speak {}..={PROTOCOL_VERSION})",
+                    dmover_proto::MIN_PROTOCOL_VERSION
                 ),
             ));
         }
-        let mut ch = ControlChannel::new(stream, server, control::MAX_FRAME);
+        let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(stream, server))
+            .await
+            .map_err(|_| timeout("TLS handshake"))??;
+        let tls = ControlStream::Client(tls);
+        let binding = dmover_net::tls::export(&tls, auth::AUTH_EXPORTER_LABEL, None)?;
+        let master = dmover_net::tls::export(&tls, auth::SESSION_EXPORTER_LABEL, None)?;
+        let mut ch = ControlChannel::new(tls, server, control::MAX_FRAME);
         let nonce: [u8; 32] = rand::random();
         ch.send(&Control::Hello(Hello {
             software: SOFTWARE.into(),
@@ -125,24 +209,34 @@ impl Client {
             Control::Welcome(w) => w,
             other => return Err(unexpected(server, other, "Welcome")),
         };
-        let key = self.opts.token.as_deref().map(auth::token_key);
-        let proof = match (welcome.auth, &key) {
-            (AuthMethod::None, _) => None,
-            (AuthMethod::Token, Some(k)) => Some(auth::client_proof(k, &nonce, &welcome.nonce)),
-            (AuthMethod::Token, None) => {
+        let user = self.opts.user.clone();
+        let transcript = auth::transcript(&binding, &user, &nonce, &welcome.nonce);
+        let token = self.opts.token.as_deref().map(auth::token_keys);
+        let credential = match (welcome.auth, &self.opts.key, &token) {
+            (AuthMethod::None, _, _) => Credential::None,
+            (AuthMethod::Required, Some(key), _) => Credential::Key {
+                public: key.public(),
+                signature: key.sign(&auth::key_auth_message(&transcript)),
+            },
+            (AuthMethod::Required, None, Some(t)) => Credential::Token {
+                proof: auth::client_token_proof(t, &transcript),
+            },
+            (AuthMethod::Required, None, None) => {
                 return Err(Error::refused(
                     ErrorCode::Auth,
                     format!(
-                        "{server} requires a token: pass --token-file FILE or set DMOVER_TOKEN"
+                        "{server} requires authentication: pass --key FILE (or DMOVER_KEY) or \
+                         --token-file FILE (or DMOVER_TOKEN), and --user NAME if it has several users"
                     ),
                 ));
             }
         };
-        ch.send(&Control::Auth(Auth { proof })).await?;
+        let sent_token = matches!(credential, Credential::Token { .. });
+        ch.send(&Control::Auth(Auth { user, credential })).await?;
         match ch.recv_timeout(HANDSHAKE_TIMEOUT, "authentication").await? {
             Control::AuthOk(ok) => {
-                if let (AuthMethod::Token, Some(k)) = (welcome.auth, &key) {
-                    let want = auth::server_proof(k, &nonce, &welcome.nonce);
+                if let (true, Some(t)) = (sent_token, &token) {
+                    let want = auth::server_token_proof(&t.verifier, &transcript);
                     if !ok.proof.is_some_and(|p| auth::proofs_equal(&p, &want)) {
                         return Err(Error::refused(
                             ErrorCode::Auth,
@@ -161,6 +255,7 @@ impl Client {
             chunk_size,
             checksum: self.opts.checksum,
             direct_io: self.opts.direct_io,
+            protection: self.opts.protection,
         }))
         .await?;
         let session = match ch.recv_timeout(HANDSHAKE_TIMEOUT, "session").await? {
@@ -172,54 +267,46 @@ impl Client {
         }
         dmover_proto::layout::validate_chunk_size(session.chunk_size)
             .map_err(|e| Error::Net(NetError::proto(server, e)))?;
-        Ok(Connected { ch, session })
+        let key = auth::session_key(&master, session.id, &session.salt);
+        Ok(Connected { ch, session, key })
     }
 
-    /// Opens the session's data streams, all at once.
+    /// Opens the session's data streams, all at once, each proving it belongs to the
+    /// session (see [`dmover_proto::data`]).
     async fn open_streams(
         &self,
         server: &str,
         s: &SessionInfo,
-    ) -> Result<Vec<DataStream<TcpStream>>> {
+        key: [u8; 32],
+    ) -> Result<Vec<DataStream<DataIo>>> {
         let mut set = tokio::task::JoinSet::new();
         for i in 0..s.streams {
-            let (server, socket, timeout) = (
+            let (server, socket, timeout, key, protection, idle) = (
                 server.to_string(),
                 self.opts.socket.clone(),
                 self.opts.connect_timeout,
+                key,
+                self.opts.protection,
+                self.opts.idle_timeout,
             );
             let hello = DataHello {
                 session: s.id,
                 stream: i,
-                secret: s.secret,
+                nonce: rand::random(),
             };
             set.spawn(async move {
                 let mut io = tcp::connect(&server, &socket, timeout).await?;
-                let pre = Preamble {
-                    kind: ConnKind::Data,
-                    version: PROTOCOL_VERSION,
-                };
-                let mut first = Vec::with_capacity(64);
-                first.extend_from_slice(&pre.encode());
-                first.extend_from_slice(&hello.encode());
-                io.write_all(&first)
-                    .await
-                    .map_err(|e| NetError::io("writing to", &server, e))?;
-                let status = tokio::time::timeout(HANDSHAKE_TIMEOUT, io.read_u8())
-                    .await
-                    .map_err(|_| NetError::Timeout {
-                        peer: server.clone(),
-                        what: "data stream join",
-                        secs: HANDSHAKE_TIMEOUT.as_secs(),
-                    })?
-                    .map_err(|e| NetError::io("reading from", &server, e))?;
-                match JoinStatus::decode(status).map_err(|e| NetError::proto(&server, e))? {
-                    JoinStatus::Accepted => Ok::<_, Error>((i, DataStream { io, peer: server })),
-                    refused => Err(Error::protocol(
-                        &server,
-                        format!("data stream {i} refused: {refused:?}"),
-                    )),
-                }
+                let joined =
+                    tokio::time::timeout(HANDSHAKE_TIMEOUT, join(&mut io, &server, &hello, &key))
+                        .await
+                        .map_err(|_| NetError::Timeout {
+                            peer: server.clone(),
+                            what: "data stream join",
+                            secs: HANDSHAKE_TIMEOUT.as_secs(),
+                        })?;
+                joined?;
+                let io = DataIo::new(io, protection, &key, i, Role::Client, Some(idle));
+                Ok::<_, Error>((i, DataStream { io, peer: server }))
             });
         }
         let mut streams = Vec::with_capacity(s.streams as usize);
@@ -280,7 +367,7 @@ impl Client {
             .store(totals.bytes, std::sync::atomic::Ordering::Relaxed);
         // Streams connect while the manifest goes out.
         let (streams, sent) = tokio::join!(
-            self.open_streams(server, &s),
+            self.open_streams(server, &s, conn.key),
             session::send_manifest(&mut conn.ch, source.tree().entries())
         );
         sent?;
@@ -345,7 +432,7 @@ impl Client {
             .await?;
         let s = conn.session.clone();
         let (streams, entries) = tokio::join!(
-            self.open_streams(server, &s),
+            self.open_streams(server, &s, conn.key),
             session::recv_manifest(&mut conn.ch, session::MAX_ENTRIES)
         );
         let entries = entries?;
@@ -406,7 +493,7 @@ impl Client {
 
 /// A data stream failed to join: if the server said why on the control channel (it
 /// refuses a session by closing it, so its streams are then unknown), report that.
-async fn explain(ch: &mut ControlChannel<TcpStream>, e: Error) -> Error {
+async fn explain<S: AsyncRead + AsyncWrite + Unpin>(ch: &mut ControlChannel<S>, e: Error) -> Error {
     match tokio::time::timeout(std::time::Duration::from_secs(2), ch.recv()).await {
         Ok(Ok(Control::Error(m))) => Error::Remote {
             peer: ch.peer().to_string(),

@@ -9,9 +9,11 @@
 //! complete and its digest matches ([`sink`]).
 //!
 //! - [`client::Client`] pushes or pulls; [`server::Server`] serves many clients at once.
+//! - [`access`]: exports, users, credentials and the server's configuration file.
 //! - Every file operation goes through directory handles ([`tree`], [`paths`], [`sys`]),
 //!   so a server never follows a path out of its root.
 
+pub mod access;
 pub mod client;
 pub mod diskpool;
 pub mod engine;

@@ -43,6 +43,16 @@ pub struct TransferOptions {
     pub token: Option<Vec<u8>>,
     /// Limit for connecting and for each handshake step.
     pub connect_timeout: Duration,
+    /// How to trust the server's TLS key (`None`: pin in the default known-hosts file).
+    pub trust: Option<dmover_net::tls::Trust>,
+    /// User name sent to the server (empty: none).
+    pub user: String,
+    /// Ed25519 key to authenticate with (preferred over a token when both are set).
+    pub key: Option<crate::access::ClientKey>,
+    /// How the data streams are protected.
+    pub protection: dmover_proto::control::DataProtection,
+    /// How long a data stream may wait without progress.
+    pub idle_timeout: Duration,
 }
 
 impl Default for TransferOptions {
@@ -57,6 +67,11 @@ impl Default for TransferOptions {
             socket: SocketOptions::default(),
             token: None,
             connect_timeout: Duration::from_secs(15),
+            trust: None,
+            user: String::new(),
+            key: None,
+            protection: Default::default(),
+            idle_timeout: Duration::from_secs(120),
         }
     }
 }

@@ -34,6 +34,8 @@ pub enum Command {
     Demo(DemoArgs),
     /// Measurement tools.
     Bench(BenchArgs),
+    /// Make credentials: a token or a key pair, and the line for the server's config.
+    Credential(CredentialArgs),
 }
 
 /// Options shared by everything that moves data.
@@ -72,9 +74,29 @@ pub struct TransferArgs {
     /// TCP congestion control for data streams (e.g. bbr, cubic) [default: system's].
     #[arg(long)]
     pub congestion: Option<String>,
-    /// File holding the shared token the server requires (or set DMOVER_TOKEN).
+    /// File holding the token the server requires (or set DMOVER_TOKEN).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// Ed25519 private key to authenticate with (from `dmover credential key`).
+    #[arg(long, env = "DMOVER_KEY")]
+    pub key: Option<PathBuf>,
+    /// User name on the server.
+    #[arg(long, env = "DMOVER_USER", default_value = "")]
+    pub user: String,
+    /// Known-hosts file pinning servers' keys on first use
+    /// [default: ~/.config/dmover/known_hosts].
+    #[arg(long, env = "DMOVER_KNOWN_HOSTS", conflicts_with = "ca")]
+    pub known_hosts: Option<PathBuf>,
+    /// Trust servers whose certificate a CA in this PEM file signed, instead of pinning.
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
+    /// Encrypt the data streams (AES-256-GCM), not just authenticate them.
+    #[arg(long)]
+    pub encrypt: bool,
+    /// Send data unauthenticated (no per-record MAC; the join is still proven).
+    /// Only for networks you trust.
+    #[arg(long, conflicts_with = "encrypt")]
+    pub plain_data: bool,
 }
 
 #[derive(Debug, Args)]
@@ -97,17 +119,30 @@ pub struct CpArgs {
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Directory to serve; clients' paths are relative to it and cannot leave it.
+    #[arg(long, required_unless_present = "config", conflicts_with = "config")]
+    pub root: Option<PathBuf>,
+    /// Configuration file (TOML): exports, users with tokens or keys and rights, limits.
     #[arg(long)]
-    pub root: PathBuf,
+    pub config: Option<PathBuf>,
+    /// Directory of the server's TLS key, created on first start
+    /// [default: /var/lib/dmover for root, else ~/.local/state/dmover].
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Present this certificate chain (PEM) instead of a self-signed one (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Address to listen on [default: 127.0.0.1:7700 without a token, 0.0.0.0:7700 with one].
     #[arg(long)]
     pub listen: Option<SocketAddr>,
     /// Refuse pushes.
     #[arg(long)]
     pub read_only: bool,
-    /// File holding the shared token clients must prove. Without one the server only
-    /// listens on loopback.
-    #[arg(long)]
+    /// File holding the shared token clients must prove. Without one (or --config) the
+    /// server only listens on loopback.
+    #[arg(long, conflicts_with = "config")]
     pub token_file: Option<PathBuf>,
     /// Disk I/O threads shared by all sessions.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
@@ -115,9 +150,9 @@ pub struct ServeArgs {
     /// Network threads shared by all sessions [default: number of cores].
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub net_threads: Option<u16>,
-    /// Sessions at once; more are refused as busy.
-    #[arg(long, default_value_t = 64)]
-    pub max_sessions: usize,
+    /// Sessions at once; more are refused as busy [default: 64, or the config's].
+    #[arg(long)]
+    pub max_sessions: Option<usize>,
     /// Memory for chunk buffers shared by all sessions.
     #[arg(long, default_value = "2G", value_parser = parse_size)]
     pub memory: u64,
@@ -142,6 +177,33 @@ pub struct DemoArgs {
     pub keep: bool,
     #[command(flatten)]
     pub transfer: TransferArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CredentialArgs {
+    #[command(subcommand)]
+    pub command: CredentialCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CredentialCommand {
+    /// Write a new random token to FILE (mode 0600) and print its verifier for the
+    /// server's config (`token = "..."`); the server never stores the token itself.
+    Token {
+        /// Where to write the token (must not exist).
+        file: PathBuf,
+    },
+    /// Print the verifier of an existing token file.
+    Verifier {
+        /// The token file.
+        file: PathBuf,
+    },
+    /// Write a new Ed25519 key to FILE (mode 0600) and FILE.pub, and print the public
+    /// key for the server's config (`keys = ["..."]`).
+    Key {
+        /// Where to write the private key (must not exist).
+        file: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]

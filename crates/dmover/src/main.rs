@@ -7,6 +7,7 @@
 mod args;
 mod bench;
 mod cp;
+mod credential;
 mod demo;
 mod endpoint;
 mod output;
@@ -27,6 +28,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => serve::run(a),
         Command::Demo(a) => demo::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Credential(a) => credential::run(a),
     };
     match result {
         Ok(code) => code,

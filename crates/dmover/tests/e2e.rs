@@ -278,7 +278,11 @@ fn token_authentication() {
 
     let o = cp(&[s(&f), &srv.url("f")]);
     assert_eq!(o.status.code(), Some(3), "no token: {}", stderr(&o));
-    assert!(stderr(&o).contains("requires a token"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("requires authentication"),
+        "{}",
+        stderr(&o)
+    );
     let o = cp(&["--token-file", s(&wrong), s(&f), &srv.url("f")]);
     assert_eq!(o.status.code(), Some(3), "wrong token: {}", stderr(&o));
     assert!(
