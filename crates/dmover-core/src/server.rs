@@ -501,9 +501,14 @@ impl Server {
             }
         };
         if let Err(e) = &result {
-            // Tell the client why, unless the connection is what failed.
-            if !matches!(e, Error::Net(_) | Error::Remote { .. }) {
-                let _ = ch.send(&Control::Error(e.to_msg())).await;
+            // Tell the client why (a data stream's failure too), unless it was the
+            // client's own report; a dead control connection just fails the send.
+            if !matches!(e, Error::Remote { .. }) {
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    ch.send(&Control::Error(e.to_msg())),
+                )
+                .await;
             }
         }
         result

@@ -85,9 +85,10 @@ pub struct TransferArgs {
     pub user: String,
     /// Known-hosts file pinning servers' keys on first use
     /// [default: ~/.config/dmover/known_hosts].
-    #[arg(long, env = "DMOVER_KNOWN_HOSTS", conflicts_with = "ca")]
+    #[arg(long, env = "DMOVER_KNOWN_HOSTS")]
     pub known_hosts: Option<PathBuf>,
-    /// Trust servers whose certificate a CA in this PEM file signed, instead of pinning.
+    /// Trust servers whose certificate a CA in this PEM file signed, instead of pinning
+    /// (takes precedence over --known-hosts).
     #[arg(long)]
     pub ca: Option<PathBuf>,
     /// Encrypt the data streams (AES-256-GCM), not just authenticate them.

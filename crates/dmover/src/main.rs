@@ -1,7 +1,7 @@
 //! `dmover`: move files and trees between Data Transfer Nodes.
 //!
 //! Exit codes: 0 success; 1 the transfer failed (I/O, checksum, refused path, ...);
-//! 2 usage error; 3 authentication refused; 4 network failure (unreachable server,
+//! 2 usage error; 3 authentication refused (or the server's key is not the pinned one); 4 network failure (unreachable server,
 //! dropped connection).
 
 mod args;

@@ -99,6 +99,8 @@ pub fn exit_code(e: &Error) -> u8 {
             code: ErrorCode::Auth,
             ..
         } => 3,
+        // The server is not the one pinned: its identity failed, like a credential.
+        Error::Net(NetError::HostKeyChanged { .. }) => 3,
         Error::Net(NetError::Proto { .. }) => 1,
         Error::Net(_) => 4,
         _ => 1,

@@ -25,16 +25,22 @@ impl Server {
     pub fn start(root: &Path, extra: &[&str]) -> Server {
         let mut args: Vec<&std::ffi::OsStr> = vec!["--root".as_ref(), root.as_os_str()];
         args.extend(extra.iter().map(|a| std::ffi::OsStr::new(*a)));
-        Self::start_with(&args, root, None)
+        Self::start_with(&args, root, None, None)
     }
 
-    /// `dmover serve ARGS --listen 127.0.0.1:0 --state-dir TMP`, stderr to `log` if
-    /// given (else discarded).
-    pub fn start_with(args: &[&std::ffi::OsStr], root: &Path, log: Option<&Path>) -> Server {
+    /// `dmover serve ARGS --listen 127.0.0.1:0 --state-dir DIR` (`state`, else a fresh
+    /// temporary directory), stderr to `log` if given (else discarded).
+    pub fn start_with(
+        args: &[&std::ffi::OsStr],
+        root: &Path,
+        log: Option<&Path>,
+        state_dir: Option<&Path>,
+    ) -> Server {
         let state = tempfile::Builder::new()
             .prefix("dmover-state-")
             .tempdir()
             .unwrap();
+        let state_path = state_dir.unwrap_or(state.path()).to_path_buf();
         let stderr = match log {
             Some(p) => Stdio::from(std::fs::File::create(p).unwrap()),
             None => Stdio::null(),
@@ -43,7 +49,7 @@ impl Server {
             .arg("serve")
             .args(args)
             .args(["--listen", "127.0.0.1:0", "--state-dir"])
-            .arg(state.path())
+            .arg(&state_path)
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()
