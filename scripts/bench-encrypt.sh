@@ -6,7 +6,8 @@
 #   scripts/bench-encrypt.sh [DATASET...]        (default: medium large)
 #
 # Environment: B work directory (default /work/bench-security; holds data, servers,
-# results), RUNS rounds (3), SCALE dataset scale (0.25), DMOVER binary
+# results), DST destination root (default $B/dst; e.g. a tmpfs to take the disk out),
+# COLD=0 to keep the page cache between runs (CPU-bound runs), RUNS rounds (3), SCALE dataset scale (0.25), DMOVER binary
 # (target/release/dmover), STREAMS (4), SSH_PORT (2224). Writes $B/results.csv (one row a run) and
 # $B/summary.md (medians). Run it under `flock /work/bench.lock` on a shared machine.
 set -euo pipefail
@@ -19,10 +20,12 @@ STREAMS=${STREAMS:-4}
 SSH_PORT=${SSH_PORT:-2224}
 DMOVER=${DMOVER:-$PWD/target/release/dmover}
 DATASETS=${*:-medium large}
+DST=${DST:-$B/dst}
+COLD=${COLD:-1}
 TOOLS="dmover-plain dmover-auth dmover-encrypt scp"
 
 log() { echo "bench-encrypt: $*" >&2; }
-mkdir -p "$B/src" "$B/dst" "$B/state" "$B/ssh"
+mkdir -p "$B/src" "$DST" "$B/state" "$B/ssh"
 [[ -x $DMOVER ]] || { log "no $DMOVER: cargo build --release -p dmover"; exit 1; }
 command -v sshd >/dev/null || PATH=$PATH:/usr/sbin
 command -v sshd >/dev/null || { log "needs openssh-server (apt-get install openssh-server)"; exit 1; }
@@ -74,7 +77,7 @@ mkdir -p /run/sshd
 for _ in $(seq 50); do ssh -F "$S/ssh_config" bench true 2>/dev/null && break; sleep 0.2; done
 ssh -F "$S/ssh_config" bench true
 
-"$DMOVER" serve --root "$B/dst" --listen 127.0.0.1:0 --state-dir "$B/state" \
+"$DMOVER" serve --root "$DST" --listen 127.0.0.1:0 --state-dir "$B/state" \
     >"$B/serve.out" 2>"$B/serve.log" &
 echo $! >"$B/dmover.pid"
 for _ in $(seq 50); do grep -q "listening on" "$B/serve.out" 2>/dev/null && break; sleep 0.1; done
@@ -83,6 +86,7 @@ export DMOVER_KNOWN_HOSTS=$B/known_hosts
 rm -f "$DMOVER_KNOWN_HOSTS"
 
 {
+    echo "# cold page cache: $COLD, destination: $DST ($(df --output=fstype "$DST" | tail -n 1))"
     echo "# $(date -u +%FT%TZ) $(nproc) cores, $(uname -r); $("$DMOVER" --version); $(ssh -V 2>&1)"
     echo "# cipher used by scp: $(ssh -F "$S/ssh_config" -G bench | sed -n 's/^ciphers //p' | cut -d, -f1)"
     echo "dataset,tool,run,bytes,seconds,gbit_per_s"
@@ -90,20 +94,20 @@ rm -f "$DMOVER_KNOWN_HOSTS"
 
 one() {
     local ds=$1 tool=$2 run=$3 t0 t1 bytes
-    rm -rf "${B:?}/dst/$ds"
+    rm -rf "${DST:?}/$ds"
     sync
-    echo 3 >/proc/sys/vm/drop_caches
+    if [[ $COLD == 1 ]]; then echo 3 >/proc/sys/vm/drop_caches; fi
     t0=$(date +%s.%N)
     case $tool in
         dmover-plain) "$DMOVER" cp --quiet -P "$STREAMS" --plain-data "$B/src/$ds" "dmover://$ADDR/$ds" ;;
         dmover-auth) "$DMOVER" cp --quiet -P "$STREAMS" "$B/src/$ds" "dmover://$ADDR/$ds" ;;
         dmover-encrypt) "$DMOVER" cp --quiet -P "$STREAMS" --encrypt "$B/src/$ds" "dmover://$ADDR/$ds" ;;
-        scp) scp -q -r -F "$S/ssh_config" "$B/src/$ds" "bench:$B/dst/$ds" ;;
+        scp) scp -q -r -F "$S/ssh_config" "$B/src/$ds" "bench:$DST/$ds" ;;
     esac
     sync
     t1=$(date +%s.%N)
     bytes=$(du -sb --apparent-size "$B/src/$ds" | cut -f1)
-    if ! diff -rq "$B/src/$ds" "$B/dst/$ds" >/dev/null; then
+    if ! diff -rq "$B/src/$ds" "$DST/$ds" >/dev/null; then
         log "$tool $ds run $run: copy differs from the source"
         exit 1
     fi
@@ -118,7 +122,7 @@ for run in $(seq "$RUNS"); do
         for tool in $TOOLS; do one "$ds" "$tool" "$run"; done
     done
 done
-rm -rf "${B:?}/dst/"*
+rm -rf "${DST:?}/"*
 
 awk -F, '
     /^#/ || $1 == "dataset" { next }

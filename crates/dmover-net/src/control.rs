@@ -38,6 +38,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ControlChannel<S> {
         &self.stream
     }
 
+    /// The underlying stream, mutably (to write raw bytes, e.g. in tests).
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.stream
+    }
+
     /// The peer's name, for messages.
     pub fn peer(&self) -> &str {
         &self.peer
