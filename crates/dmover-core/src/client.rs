@@ -389,6 +389,15 @@ impl Client {
         .await;
         let early = match sent {
             Ok((_, early)) => early,
+            // A data stream broke: the server usually says why (say, a record that
+            // failed authentication), which beats our "broken pipe".
+            Err(e @ Error::Net(_)) => {
+                let e = explain(&mut conn.ch, e).await;
+                if !matches!(e, Error::Remote { .. }) {
+                    let _ = conn.ch.send(&Control::Error(e.to_msg())).await;
+                }
+                return Err(e);
+            }
             Err(e) => {
                 if !matches!(e, Error::Remote { .. }) {
                     let _ = conn.ch.send(&Control::Error(e.to_msg())).await;
