@@ -112,7 +112,7 @@ one() {
         exit 1
     fi
     awk -v ds="$ds" -v tool="$tool" -v run="$run" -v b="$bytes" -v t0="$t0" -v t1="$t1" \
-        'BEGIN { s = t1 - t0; printf "%s,%s,%d,%d,%.3f,%.3f\n", ds, tool, run, b, s, b * 8 / s / 1e9 }' \
+        'BEGIN { s = t1 - t0; printf "%s,%s,%d,%.0f,%.3f,%.3f\n", ds, tool, run, b, s, b * 8 / s / 1e9 }' \
         >>"$B/results.csv"
     tail -n 1 "$B/results.csv" >&2
 }
