@@ -13,6 +13,7 @@
 //! handshake_timeout_secs = 30      # connection to session, and each data join
 //! idle_timeout_secs = 120          # a data stream without progress
 //! max_manifest_entries = 50000000
+//! max_manifest_bytes = 8589934592  # memory of entries, names and link targets
 //!
 //! [exports.data]
 //! path = "/data"
@@ -233,6 +234,8 @@ pub struct ConfigFile {
     pub idle_timeout_secs: Option<u64>,
     /// Most manifest entries per session.
     pub max_manifest_entries: Option<u64>,
+    /// Most memory (bytes) a session's manifest may take.
+    pub max_manifest_bytes: Option<u64>,
     /// Exports by name.
     #[serde(default)]
     pub exports: BTreeMap<String, ExportEntry>,

@@ -89,6 +89,8 @@ pub struct ServerConfig {
     pub socket: SocketOptions,
     /// Most manifest entries accepted per session.
     pub max_entries: u64,
+    /// Most memory a session's manifest may take (see [`session::entry_bytes`]).
+    pub max_manifest_bytes: u64,
     /// Test hook: delay every chunk this server reads or writes.
     pub chunk_delay: Option<Duration>,
 }
@@ -115,6 +117,7 @@ impl ServerConfig {
             memory_budget: 2 << 30,
             socket: SocketOptions::default(),
             max_entries: session::MAX_ENTRIES,
+            max_manifest_bytes: session::MAX_MANIFEST_BYTES,
             chunk_delay: None,
         }
     }
@@ -800,7 +803,12 @@ impl Server {
         match open.op {
             Op::Push { dest: shown } => {
                 what = format!("push to {:?}", String::from_utf8_lossy(&shown));
-                let entries = session::recv_manifest(ch, self.cfg.max_entries).await?;
+                let entries = session::recv_manifest_limited(
+                    ch,
+                    self.cfg.max_entries,
+                    self.cfg.max_manifest_bytes,
+                )
+                .await?;
                 let (base, dest) = push_dest.expect("resolved above");
                 let opts = SinkOptions {
                     checksum: open.checksum,

@@ -171,12 +171,36 @@ pub fn unexpected(peer: &str, msg: Control, wanted: &str) -> Error {
     }
 }
 
+/// Memory a manifest may take by default (entries, names and link targets), all
+/// sessions' limits apart: 8 GiB, about 50 million entries with 100-byte names.
+pub const MAX_MANIFEST_BYTES: u64 = 8 << 30;
+
+/// Memory an entry takes once received: its fixed part plus its name and link target.
+pub fn entry_bytes(e: &Entry) -> u64 {
+    let target = match &e.kind {
+        EntryKind::Symlink { target } => target.len(),
+        _ => 0,
+    };
+    (std::mem::size_of::<Entry>() + e.name.len() + target) as u64
+}
+
 /// Receives a manifest, checking it as it grows and as a whole.
 pub async fn recv_manifest<S: AsyncRead + AsyncWrite + Unpin>(
     ch: &mut ControlChannel<S>,
     max_entries: u64,
 ) -> Result<Vec<Entry>> {
+    recv_manifest_limited(ch, max_entries, MAX_MANIFEST_BYTES).await
+}
+
+/// [`recv_manifest`] with a limit on the memory the entries take ([`entry_bytes`]), so a
+/// peer cannot exhaust memory with long names and link targets.
+pub async fn recv_manifest_limited<S: AsyncRead + AsyncWrite + Unpin>(
+    ch: &mut ControlChannel<S>,
+    max_entries: u64,
+    max_bytes: u64,
+) -> Result<Vec<Entry>> {
     let mut entries: Vec<Entry> = Vec::new();
+    let mut bytes = 0u64;
     loop {
         match ch.recv_timeout(HANDSHAKE_TIMEOUT, "manifest").await? {
             Control::Manifest(part) => {
@@ -184,6 +208,13 @@ pub async fn recv_manifest<S: AsyncRead + AsyncWrite + Unpin>(
                     return Err(Error::refused(
                         dmover_proto::control::ErrorCode::Busy,
                         format!("manifest exceeds {max_entries} entries"),
+                    ));
+                }
+                bytes += part.entries.iter().map(entry_bytes).sum::<u64>();
+                if bytes > max_bytes {
+                    return Err(Error::refused(
+                        dmover_proto::control::ErrorCode::Busy,
+                        format!("manifest exceeds {max_bytes} bytes of memory"),
                     ));
                 }
                 entries.extend(part.entries);
@@ -259,6 +290,28 @@ mod tests {
                 mtime: Mtime::default(),
             })
             .collect()
+    }
+
+    #[tokio::test]
+    async fn manifests_are_limited_in_entries_and_memory() {
+        let mut names = files(&[1; 10]);
+        for (i, e) in names.iter_mut().enumerate() {
+            e.name = vec![b'a' + i as u8; 200];
+        }
+        for (max_entries, max_bytes, ok) in
+            [(10, 1 << 20, true), (9, 1 << 20, false), (10, 1000, false)]
+        {
+            let (a, b) = tokio::io::duplex(1 << 20);
+            let mut tx = ControlChannel::new(a, "tx", dmover_proto::control::MAX_FRAME);
+            let mut rx = ControlChannel::new(b, "rx", dmover_proto::control::MAX_FRAME);
+            send_manifest(&mut tx, &names).await.unwrap();
+            let r = recv_manifest_limited(&mut rx, max_entries, max_bytes).await;
+            assert_eq!(
+                r.is_ok(),
+                ok,
+                "{max_entries} entries, {max_bytes} bytes: {r:?}"
+            );
+        }
     }
 
     #[test]

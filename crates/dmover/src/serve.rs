@@ -99,6 +99,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(n) = file.max_manifest_entries {
         cfg.max_entries = n;
     }
+    if let Some(n) = file.max_manifest_bytes {
+        cfg.max_manifest_bytes = n;
+    }
     cfg.memory_budget = a.memory;
     let socket = SocketOptions {
         send_buffer: a.tcp_buffer.map(|b| b as usize),
