@@ -593,11 +593,18 @@ impl Server {
             Control::Open(o) => o,
             other => return Err(unexpected(&peer, other, "Open")),
         };
-        tracing::info!(
-            "{peer}: authenticated as {:?} ({})",
-            grant.user,
-            hello.software
-        );
+        if self.cfg.users.is_some() {
+            tracing::info!(
+                "{peer}: authenticated as {:?} ({})",
+                grant.user,
+                hello.software
+            );
+        } else {
+            tracing::info!(
+                "{peer}: connected without authentication ({})",
+                hello.software
+            );
+        }
         Ok((grant, open))
     }
 
