@@ -693,8 +693,12 @@ fn continued_dest(
     };
     let key = crate::journal::transfer_key([(name.as_slice(), &root.kind)]);
     let journal = crate::journal::journal_name(key);
-    if rustix::fs::statat(&parent, journal.as_slice(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
-        .is_err()
+    if rustix::fs::statat(
+        &parent,
+        journal.as_slice(),
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .is_err()
     {
         return Ok(None);
     }

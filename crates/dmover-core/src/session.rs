@@ -315,7 +315,15 @@ where
     loop {
         tokio::select! {
             biased;
-            r = &mut transfer => return r.map(|t| (t, early)),
+            r = &mut transfer => {
+                return match r {
+                    Ok(t) => Ok((t, early)),
+                    // A peer that fails closes its data streams and reports why on the
+                    // control channel: prefer its report to the broken streams.
+                    Err(e) if listening && e.rank() < 3 => Err(peer_report(ch, e).await),
+                    Err(e) => Err(e),
+                };
+            }
             _ = tick.tick(), if listening => {
                 if heard.elapsed() > hb.limit() {
                     listening = false;
@@ -355,6 +363,28 @@ where
                     }
                 }
             }
+        }
+    }
+}
+
+/// Waits briefly for the peer's `Error` after our side failed with `e`; returns the
+/// peer's report if one comes, else `e`.
+async fn peer_report<S: AsyncRead + AsyncWrite + Unpin>(
+    ch: &mut ControlChannel<S>,
+    e: Error,
+) -> Error {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        match tokio::time::timeout_at(deadline, ch.recv()).await {
+            Ok(Ok(Control::Error(m))) => {
+                return Error::Remote {
+                    peer: ch.peer().to_string(),
+                    code: m.code,
+                    message: m.message,
+                };
+            }
+            Ok(Ok(_)) => {}
+            _ => return e,
         }
     }
 }
