@@ -248,10 +248,11 @@ impl Source {
             Ok(()) => Ok(true),
             Err(e) if self.opts.continue_on_error => {
                 let msg = e.to_string();
-                let mut failed = self.failed.lock();
-                if !failed.contains_key(&p.file) {
+                if let std::collections::btree_map::Entry::Vacant(v) =
+                    self.failed.lock().entry(p.file)
+                {
                     tracing::warn!("skipping a file: {msg}");
-                    failed.insert(p.file, msg);
+                    v.insert(msg);
                 }
                 buf[p.buf_offset..p.buf_offset + p.len].fill(0);
                 Ok(false)
