@@ -143,18 +143,19 @@ impl Sink {
         };
         if opts.journal {
             if let Some(dir) = sink.tree.roots_dir() {
-                let (j, contents, earlier) = Journal::open(dir, key, chunk_size, opts.resume)
-                    .map_err(|e| match e {
-                        journal::JournalError::Busy(_) => {
-                            Error::refused(ErrorCode::Busy, e.to_string())
-                        }
-                        journal::JournalError::Io { .. } => {
-                            Error::refused(ErrorCode::Io, e.to_string())
-                        }
-                    })?;
-                *sink.journal.get_mut() = Some(j);
-                sink.contents = Some(contents);
-                sink.earlier = earlier;
+                match Journal::open(dir, key, chunk_size, opts.resume) {
+                    Ok((j, contents, earlier)) => {
+                        *sink.journal.get_mut() = Some(j);
+                        sink.contents = Some(contents);
+                        sink.earlier = earlier;
+                    }
+                    Err(e @ journal::JournalError::Busy(_)) => {
+                        return Err(Error::refused(ErrorCode::Busy, e.to_string()));
+                    }
+                    // No journal (a read-only parent, say): the copy goes on, but
+                    // cannot be resumed.
+                    Err(e) => tracing::warn!("{e}; this copy cannot be resumed if it fails"),
+                }
             }
         }
         Ok(sink)

@@ -19,8 +19,9 @@
 //!
 //! # Non-goals (for this version)
 //! Encryption and TLS (a later version wraps the control channel in TLS 1.3; the
-//! preamble and the [`control::Auth`] step are where it slots in), resume journals,
-//! third-party transfers.
+//! preamble and the [`control::Auth`] step are where it slots in), third-party
+//! transfers. Resume journals live at the destination (`dmover-core`); the protocol
+//! only carries what they hold ([`control::Have`], [`control::Plan`]).
 //!
 //! # Connections
 //! Every connection starts with an 8-byte [`preamble::Preamble`] from the client: magic
