@@ -61,7 +61,7 @@ pub const RECORD_LEN: usize = 64;
 /// Longest time records wait in memory before a commit.
 pub const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
 /// Most bytes of records buffered before a commit.
-pub const COMMIT_BYTES: usize = 256 * RECORD_LEN * 16;
+pub const COMMIT_BYTES: usize = 1 << 20;
 /// How long a session waits for another session of the same transfer to let go of
 /// the journal (an aborted session may still be winding down).
 pub const LOCK_WAIT: Duration = Duration::from_secs(15);

@@ -552,13 +552,13 @@ fn a_silent_server_is_detected_within_the_heartbeat_limit() {
     write_file(&src.join("big"), 9, 8 << 20, 0o644, 1_700_000_000);
     let srv = Server::start(&root, &["--debug-chunk-delay-ms", "40"]);
     let dest = t.path().join("dest");
-    // 200 ms heartbeats: a peer silent for 4 intervals is gone.
+    // 500 ms heartbeats: a peer silent for 4 intervals (2 s) is gone.
     let client = spawn_cp(&[
         "--quiet",
         "--chunk",
         "64K",
         "--debug-heartbeat-ms",
-        "200",
+        "500",
         &srv.url("src"),
         s(&dest),
     ]);
