@@ -5,9 +5,9 @@
 
 use dmover_proto::Error;
 use dmover_proto::control::{
-    Auth, AuthMethod, AuthOk, Control, Credential, DataProtection, DirectIo, ErrorCode, ErrorMsg,
-    Hello, LEN_PREFIX, MAX_FRAME, ManifestEnd, ManifestPart, Op, Open, SessionInfo, Summary,
-    Welcome,
+    Auth, AuthMethod, AuthOk, Control, Credential, DataProtection, DirectIo, EntryRange, ErrorCode,
+    ErrorMsg, FailedFile, Have, Hello, LEN_PREFIX, MAX_FRAME, ManifestEnd, ManifestPart, Op, Open,
+    PartialFile, Plan, SendReport, SessionInfo, SessionOptions, Summary, Welcome,
 };
 use dmover_proto::layout::{ALIGN, Layout, Piece, align_up};
 use dmover_proto::manifest::{Entry, EntryKind, Mtime, Totals};
@@ -229,7 +229,7 @@ fn entry(u: &mut Unstructured<'_>) -> Result<Entry> {
 
 /// Any control message, valid or not as far as the protocol goes.
 pub fn arbitrary_control(u: &mut Unstructured<'_>) -> Result<Control> {
-    Ok(match u.int_in_range(0..=10u8)? {
+    Ok(match u.int_in_range(0..=15u8)? {
         0 => Control::Hello(Hello {
             software: u.arbitrary()?,
             nonce: u.arbitrary()?,
@@ -308,6 +308,51 @@ pub fn arbitrary_control(u: &mut Unstructured<'_>) -> Result<Control> {
             chunks: u.arbitrary()?,
             verified: u.arbitrary()?,
         }),
+        11 => Control::Options(SessionOptions {
+            resume: u.arbitrary()?,
+            journal: u.arbitrary()?,
+            fsync: u.arbitrary()?,
+            verify: u.arbitrary()?,
+            continue_on_error: u.arbitrary()?,
+            heartbeat_ms: u.arbitrary()?,
+        }),
+        12 => {
+            let n = u.int_in_range(0..=64)?;
+            let done = (0..n)
+                .map(|_| {
+                    Ok(EntryRange {
+                        first: u.arbitrary()?,
+                        count: u.arbitrary()?,
+                    })
+                })
+                .collect::<Result<_>>()?;
+            let n = u.int_in_range(0..=8)?;
+            let partial = (0..n)
+                .map(|_| {
+                    Ok(PartialFile {
+                        entry: u.arbitrary()?,
+                        pieces: u.arbitrary()?,
+                    })
+                })
+                .collect::<Result<_>>()?;
+            Control::Have(Have {
+                done,
+                partial,
+                last: u.arbitrary()?,
+            })
+        }
+        13 => Control::Plan(Plan {
+            stale: u.arbitrary()?,
+        }),
+        14 => Control::Ping,
+        15 => Control::SendReport(SendReport {
+            chunks_resent: u.arbitrary()?,
+            streams_lost: u.arbitrary()?,
+            failed: vec![FailedFile {
+                entry: u.arbitrary()?,
+                message: u.arbitrary()?,
+            }],
+        }),
         _ => Control::Error(ErrorMsg {
             code: *u.choose(&[
                 ErrorCode::Protocol,
@@ -321,6 +366,7 @@ pub fn arbitrary_control(u: &mut Unstructured<'_>) -> Result<Control> {
                 ErrorCode::Busy,
                 ErrorCode::Aborted,
                 ErrorCode::Unsupported,
+                ErrorCode::Changed,
             ])?,
             message: u.arbitrary()?,
         }),

@@ -27,8 +27,8 @@ use dmover_net::tls::ServerIdentity;
 use dmover_net::{ControlStream, NetError};
 use dmover_proto::auth::{self, Role};
 use dmover_proto::control::{
-    AuthMethod, AuthOk, Control, Credential, DataProtection, ErrorCode, Op, Open, SessionInfo,
-    Welcome,
+    AuthMethod, AuthOk, Control, Credential, DataProtection, ErrorCode, Op, Open, SendReport,
+    SessionInfo, SessionOptions, Welcome,
 };
 use dmover_proto::data::{DataHello, HELLO_LEN, JOIN_PROOF_LEN, JoinStatus};
 use dmover_proto::preamble::{ConnKind, Preamble};
@@ -41,13 +41,13 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::access::{ExportSpec, Grant, Rights, User, verify_signature};
-use crate::client::{SOFTWARE, prepare_sink};
+use crate::client::{SOFTWARE, prepare_sink, resume_sink, resume_source};
 use crate::diskpool::DiskPool;
 use crate::engine::{self, DataStream, Run};
 use crate::error::{Error, Result};
 use crate::paths::{self, Base};
 use crate::pool::Pool;
-use crate::session::{self, HANDSHAKE_TIMEOUT, MAX_STREAMS, unexpected};
+use crate::session::{self, HANDSHAKE_TIMEOUT, Heartbeat, MAX_STREAMS, unexpected};
 use crate::sink::SinkOptions;
 use crate::source::{Source, SourceOptions};
 use crate::walk;
@@ -810,24 +810,33 @@ impl Server {
         match open.op {
             Op::Push { dest: shown } => {
                 what = format!("push to {:?}", String::from_utf8_lossy(&shown));
+                let (so, first) = next_options(ch).await?;
+                let hb = Heartbeat::from_ms(so.heartbeat_ms);
                 let entries = session::recv_manifest_limited(
                     ch,
                     self.cfg.max_entries,
                     self.cfg.max_manifest_bytes,
+                    first,
                 )
                 .await?;
                 let (base, dest) = push_dest.expect("resolved above");
                 let opts = SinkOptions {
                     checksum: open.checksum,
                     direct_io: open.direct_io,
-                    fsync: false,
+                    fsync: so.fsync,
+                    verify: so.verify && open.checksum,
+                    journal: so.journal,
+                    resume: so.resume,
                     chunk_delay: self.cfg.chunk_delay,
                 };
-                let sink = self
-                    .disk
-                    .run(move || prepare_sink(&base, &dest, entries, chunk, id, opts))
-                    .await
-                    .ok_or(Error::Aborted)??;
+                let disk = self.disk.clone();
+                let sink = session::keep_alive(ch, hb, async move {
+                    disk.run(move || prepare_sink(&base, &dest, entries, chunk, opts))
+                        .await
+                        .ok_or(Error::Aborted)?
+                })
+                .await?;
+                let sink = resume_sink(&self.disk, ch, hb, sink, so.resume).await?;
                 let sink = Arc::new(sink);
                 ch.send(&Control::Go).await?;
                 let streams = collect_streams(&mut rx, streams, peer).await?;
@@ -835,47 +844,73 @@ impl Server {
                 let result = session::watch_control(
                     ch,
                     &run,
+                    hb,
                     engine::receive(&self.disk, sink, pool, streams, run.clone()),
                 )
                 .await;
-                let (summary, _) = result?;
+                let ((summary, stats), _) = result?;
+                if stats.streams_lost > 0 {
+                    tracing::info!(
+                        "{peer}: {} data streams broke; {} chunks arrived twice",
+                        stats.streams_lost,
+                        stats.duplicates
+                    );
+                }
                 bytes = summary.bytes;
                 ch.send(&Control::Done(summary)).await?;
             }
             Op::Pull { sources } => {
                 what = format!("pull of {} path(s)", sources.len());
                 let walked = walked.expect("walked above");
-                let source = Arc::new(Source::new(
+                let mut source = Source::new(
                     walked.tree,
                     chunk,
                     SourceOptions {
                         checksum: open.checksum,
                         direct_io: open.direct_io,
+                        continue_on_error: false,
                         chunk_delay: self.cfg.chunk_delay,
                     },
-                )?);
+                )?;
                 session::send_manifest(ch, source.tree().entries()).await?;
-                match ch
-                    .recv_timeout(self.cfg.handshake_timeout, "the client's Go")
-                    .await?
-                {
+                let (so, first) = next_options(ch).await?;
+                let hb = Heartbeat::from_ms(so.heartbeat_ms);
+                source.set_continue_on_error(so.continue_on_error);
+                let mut msg = match first {
+                    Some(m) => m,
+                    None => session::recv_live(ch, hb).await?,
+                };
+                if matches!(msg, Control::Have(_)) {
+                    let parts = session::recv_have(ch, hb, msg).await?;
+                    let (checked, _, plan) =
+                        resume_source(&self.disk, ch, hb, source, &parts).await?;
+                    source = checked;
+                    ch.send(&Control::Plan(plan)).await?;
+                    msg = session::recv_live(ch, hb).await?;
+                }
+                match msg {
                     Control::Go => {}
                     other => return Err(unexpected(peer, other, "Go")),
                 }
+                let source = Arc::new(source);
                 let streams = collect_streams(&mut rx, streams, peer).await?;
                 let pool = Pool::new(count, chunk as usize);
-                let (_, early) = session::watch_control(
+                let (stats, early) = session::watch_control(
                     ch,
                     &run,
-                    engine::send(&self.disk, source, pool, streams, run.clone()),
+                    hb,
+                    engine::send(&self.disk, source.clone(), pool, streams, run.clone()),
                 )
                 .await?;
-                let done = match early {
+                ch.send(&Control::SendReport(SendReport {
+                    chunks_resent: stats.chunks_resent,
+                    streams_lost: stats.streams_lost,
+                    failed: source.failed(),
+                }))
+                .await?;
+                let done = match early.into_iter().next() {
                     Some(m) => m,
-                    None => {
-                        ch.recv_timeout(HANDSHAKE_TIMEOUT, "the client's summary")
-                            .await?
-                    }
+                    None => session::recv_live(ch, hb).await?,
                 };
                 match done {
                     Control::Done(summary) => bytes = summary.bytes,
@@ -891,6 +926,30 @@ impl Server {
             open.protection
         );
         Ok(())
+    }
+}
+
+/// Reads the client's session options, which come first after `Session` (defaults,
+/// and the message, if an older client sent something else).
+async fn next_options<S: AsyncRead + AsyncWrite + Unpin>(
+    ch: &mut ControlChannel<S>,
+) -> Result<(SessionOptions, Option<Control>)> {
+    match ch
+        .recv_timeout(HANDSHAKE_TIMEOUT, "session options")
+        .await?
+    {
+        Control::Options(o) => Ok((o, None)),
+        other => Ok((
+            SessionOptions {
+                resume: false,
+                journal: true,
+                fsync: false,
+                verify: false,
+                continue_on_error: false,
+                heartbeat_ms: 0,
+            },
+            Some(other),
+        )),
     }
 }
 

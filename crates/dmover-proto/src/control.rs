@@ -24,6 +24,31 @@
 //! (client opens data streams, server sends chunks, END on each stream)
 //! Done                               ->                  (9) or Error
 //! ```
+//!
+//! # Reliability additions (appended variants, same protocol version)
+//! ```text
+//! client                                   server
+//!                                    <-    Session       (6)
+//! Options                            ->                  (6a) always, right after Session
+//! -- push, with Options.resume -----------------------------------------------
+//! Manifest* ManifestEnd              ->                  (7)
+//!                                    <-    Have*         (7a) parts; the last has `last`
+//! Plan                               ->                  (7b)
+//!                                    <-    Go            (8)
+//! -- pull, with Options.resume -----------------------------------------------
+//!                                    <-    Manifest* ManifestEnd  (7)
+//! Have*                              ->                  (7a)
+//!                                    <-    Plan          (7b)
+//! Go                                 ->                  (8)
+//! -- while data flows, both ways, every heartbeat interval --------------------
+//! Ping                               <->   Ping
+//! -- pull: before the client's Done -------------------------------------------
+//!                                    <-    SendReport    (8a)
+//! ```
+//! Without `resume` the destination answers the manifest with `Go` at once and starts
+//! a fresh journal. `Ping` may arrive at any point after `Go`; a receiver ignores it
+//! beyond noting that the peer is alive.
+//!
 //! Either side may send [`Control::Error`] at any point after the preamble and then
 //! close; the other side aborts the session. Data streams may be opened as soon as
 //! `Session` has arrived; the source starts sending on them after `Go`.
@@ -64,6 +89,18 @@ pub enum Control {
     Done(Summary),
     /// Something went wrong; the sender closes the session after this.
     Error(ErrorMsg),
+    /// (6a) The client's session options, sent right after `Session`.
+    Options(SessionOptions),
+    /// (7a) Resume: part of what the destination already has.
+    Have(Have),
+    /// (7b) Resume: the source's answer to `Have`.
+    Plan(Plan),
+    /// Heartbeat, sent by both sides every [`SessionOptions::heartbeat_ms`] while data
+    /// flows and while one side waits for the other's summary.
+    Ping,
+    /// (8a) The source's account of its sending, sent by a server that is the source
+    /// (pull) once all chunks are acknowledged, before the client's `Done`.
+    SendReport(SendReport),
 }
 
 impl Control {
@@ -81,6 +118,11 @@ impl Control {
             Control::Go => "Go",
             Control::Done(_) => "Done",
             Control::Error(_) => "Error",
+            Control::Options(_) => "Options",
+            Control::Have(_) => "Have",
+            Control::Plan(_) => "Plan",
+            Control::Ping => "Ping",
+            Control::SendReport(_) => "SendReport",
         }
     }
 
@@ -344,6 +386,8 @@ pub enum ErrorCode {
     Aborted,
     /// A feature this side does not support.
     Unsupported,
+    /// A source file changed while it was being read (a new session sends it again).
+    Changed,
 }
 
 /// An error report. The sender closes the session after it.
@@ -353,4 +397,90 @@ pub struct ErrorMsg {
     pub code: ErrorCode,
     /// Human-readable detail naming the file, path or limit involved.
     pub message: String,
+}
+
+/// (6a) Options of a session that do not fit in [`Open`], sent by the client right
+/// after [`SessionInfo`] arrives, in both directions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionOptions {
+    /// Resume: the destination looks up its journal for this transfer and answers the
+    /// manifest with [`Have`] instead of `Go`. Without it, the destination forgets any
+    /// earlier attempt and starts over.
+    pub resume: bool,
+    /// The destination keeps a resume journal (off: a failed transfer cannot be
+    /// resumed, and the destination does no journal writes or `syncfs` calls).
+    pub journal: bool,
+    /// The destination `fsync`s each file before renaming it into place.
+    pub fsync: bool,
+    /// The destination re-reads each file from storage after `fsync` and compares its
+    /// digest before renaming it (needs checksums).
+    pub verify: bool,
+    /// The source reports files it cannot read (vanished, unreadable, changed while
+    /// read) and goes on with the rest, instead of stopping the session.
+    pub continue_on_error: bool,
+    /// Interval between heartbeats both sides send while data flows, in milliseconds.
+    /// A side that hears nothing for four intervals declares its peer silent.
+    pub heartbeat_ms: u32,
+}
+
+/// A run of manifest entries, `first..first + count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryRange {
+    /// First entry index.
+    pub first: u32,
+    /// Number of entries.
+    pub count: u32,
+}
+
+/// Pieces of a file the destination holds in its staging file, journaled and durable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartialFile {
+    /// The file's manifest entry index.
+    pub entry: u32,
+    /// `(piece index, piece hash)` of each piece held, in increasing index order. Only
+    /// files of at least one chunk have partial pieces (their pieces do not depend on
+    /// what else the transfer holds), and a file's last piece is never listed.
+    pub pieces: Vec<(u64, u64)>,
+}
+
+/// (7a) Part of what the destination of a resumed transfer already has.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Have {
+    /// Regular files complete under their final names, with the size and mtime the
+    /// manifest gives them (entries in these ranges that are not regular files with
+    /// data are to be ignored).
+    pub done: Vec<EntryRange>,
+    /// Files partly received.
+    pub partial: Vec<PartialFile>,
+    /// Whether this is the last part.
+    pub last: bool,
+}
+
+/// (7b) The source's answer to [`Have`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Entries of partial files whose held pieces no longer match the source (the file
+    /// changed): they are sent whole. Every other file the destination listed is not
+    /// sent again (done) or only its missing pieces are (partial).
+    pub stale: Vec<u32>,
+}
+
+/// A source file that could not be sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailedFile {
+    /// The file's manifest entry index.
+    pub entry: u32,
+    /// Why, naming the file.
+    pub message: String,
+}
+
+/// (8a) The source's account of its sending.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SendReport {
+    /// Chunks sent again because the data stream that carried them broke.
+    pub chunks_resent: u64,
+    /// Data streams that broke.
+    pub streams_lost: u32,
+    /// Files skipped because they could not be read (with `continue_on_error`).
+    pub failed: Vec<FailedFile>,
 }

@@ -35,6 +35,19 @@
 //! (u64 BE). Every file with data gets exactly one, in some chunk holding one of its
 //! pieces; within a frame, entries are in increasing file order. The payload is the
 //! chunk's pieces in order (see [`crate::layout`]).
+//!
+//! An entry whose `file` has bit 31 set ([`FILE_FAILED`]) is a *failure marker*: the
+//! source could not read that file (bits 0..31) and the chunk's bytes for it are
+//! meaningless; the destination discards the file. Its `digest` is 0. A file gets
+//! either a digest or markers, and the entries of a frame stay in increasing order of
+//! file index (flag bit ignored).
+//!
+//! # Acknowledgements
+//! The destination answers every CHUNK frame it has read whole with an 8-byte
+//! acknowledgement on the same connection: the number of CHUNK frames received on
+//! this stream so far (u64 BE, [`encode_ack`]). The source keeps the chunks a stream
+//! has not acknowledged and sends them again on another stream if that one breaks, so
+//! a chunk may arrive twice; the destination keeps the first whole copy.
 
 use crate::{Error, Result};
 
@@ -46,6 +59,20 @@ pub const JOIN_PROOF_LEN: usize = 32;
 pub const HEADER_LEN: usize = 24;
 /// Size of an encoded [`DigestEntry`].
 pub const DIGEST_LEN: usize = 12;
+/// Size of an acknowledgement.
+pub const ACK_LEN: usize = 8;
+/// Bit of [`DigestEntry::file`] marking a failure marker (see the module docs).
+pub const FILE_FAILED: u32 = 1 << 31;
+
+/// Encodes an acknowledgement: `frames` CHUNK frames received on this stream so far.
+pub fn encode_ack(frames: u64) -> [u8; ACK_LEN] {
+    frames.to_be_bytes()
+}
+
+/// Decodes an acknowledgement.
+pub fn decode_ack(b: [u8; ACK_LEN]) -> u64 {
+    u64::from_be_bytes(b)
+}
 
 /// The first message on a data connection.
 ///
@@ -252,6 +279,24 @@ pub struct DigestEntry {
 }
 
 impl DigestEntry {
+    /// A failure marker for layout file `file`.
+    pub fn failure(file: u32) -> Self {
+        DigestEntry {
+            file: file | FILE_FAILED,
+            digest: 0,
+        }
+    }
+
+    /// Whether this entry is a failure marker.
+    pub fn is_failure(&self) -> bool {
+        self.file & FILE_FAILED != 0
+    }
+
+    /// The layout file index the entry is about (without the flag).
+    pub fn index(&self) -> u32 {
+        self.file & !FILE_FAILED
+    }
+
     /// Appends the encoded entry to `out`.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.file.to_be_bytes());

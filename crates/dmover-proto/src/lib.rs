@@ -23,7 +23,8 @@
 //!   encrypted records ([`record`]).
 //!
 //! # Non-goals (for this version)
-//! Resume journals, third-party transfers.
+//! Third-party transfers. Resume journals live at the destination (`dmover-core`); the
+//! protocol only carries what they hold ([`control::Have`], [`control::Plan`]).
 //!
 //! # Connections
 //! Every connection starts with an 8-byte [`preamble::Preamble`] from the client: magic

@@ -15,10 +15,14 @@
 //! variant index (declaration order) then the variant's fields.
 
 use dmover_proto::control::{
-    Auth, AuthMethod, AuthOk, Control, Credential, DataProtection, DirectIo, ErrorCode, ErrorMsg,
-    Hello, MAX_FRAME, ManifestEnd, ManifestPart, Op, Open, SessionInfo, Summary, Welcome,
+    Auth, AuthMethod, AuthOk, Control, Credential, DataProtection, DirectIo, EntryRange, ErrorCode,
+    ErrorMsg, FailedFile, Have, Hello, MAX_FRAME, ManifestEnd, ManifestPart, Op, Open, PartialFile,
+    Plan, SendReport, SessionInfo, SessionOptions, Summary, Welcome,
 };
-use dmover_proto::data::{DataHello, DigestEntry, FrameHeader, FrameKind, FrameLimits, JoinStatus};
+use dmover_proto::data::{
+    DataHello, DigestEntry, FILE_FAILED, FrameHeader, FrameKind, FrameLimits, JoinStatus,
+    decode_ack, encode_ack,
+};
 use dmover_proto::digest::{FileDigest, crc32c_append, file_digest, piece_hash};
 use dmover_proto::layout::{Layout, Piece};
 use dmover_proto::manifest::{self, Entry, EntryKind, Mtime, NO_PARENT, Totals};
@@ -254,6 +258,27 @@ fn digest_entries() {
     assert_eq!(hex(&out), hex(&expected));
     let decoded: Vec<_> = DigestEntry::decode_all(&expected).unwrap().collect();
     assert_eq!(decoded, entries);
+}
+
+#[test]
+fn failure_markers_and_acknowledgements() {
+    let marker = DigestEntry::failure(5);
+    let expected = hexdump(
+        "
+        80 00 00 05               # file index 5 with bit 31 set: a failure marker
+        00 00 00 00 00 00 00 00   # digest: 0
+        ",
+    );
+    let mut out = Vec::new();
+    marker.encode_into(&mut out);
+    assert_eq!(hex(&out), hex(&expected));
+    let back: Vec<_> = DigestEntry::decode_all(&expected).unwrap().collect();
+    assert_eq!(back, vec![marker]);
+    assert!(back[0].is_failure() && back[0].index() == 5);
+    assert_eq!(FILE_FAILED, 0x8000_0000);
+    let ack = hexdump("00 00 00 00 00 00 01 2c   # 300 chunks received on this stream (u64 BE)");
+    assert_eq!(hex(&encode_ack(300)), hex(&ack));
+    assert_eq!(decode_ack(ack.try_into().unwrap()), 300);
 }
 
 // ---------------------------------------------------------------------------------
@@ -663,6 +688,105 @@ fn control_error() {
 }
 
 #[test]
+fn control_options() {
+    golden_control(
+        Control::Options(SessionOptions {
+            resume: true,
+            journal: true,
+            fsync: false,
+            verify: true,
+            continue_on_error: false,
+            heartbeat_ms: 5000,
+        }),
+        "
+        00 00 00 08   # frame length: 8
+        0b            # Control::Options (variant 11)
+        01            # resume: true
+        01            # journal: true
+        00            # fsync: false
+        01            # verify: true
+        00            # continue_on_error: false
+        88 27         # heartbeat_ms: 5000 (varint)
+        ",
+    );
+}
+
+#[test]
+fn control_have() {
+    golden_control(
+        Control::Have(Have {
+            done: vec![EntryRange {
+                first: 1,
+                count: 300,
+            }],
+            partial: vec![PartialFile {
+                entry: 7,
+                pieces: vec![(0, 0x0102), (2, 1)],
+            }],
+            last: true,
+        }),
+        "
+        00 00 00 0e   # frame length: 14
+        0c            # Control::Have (variant 12)
+        01            # done: 1 range
+        01            #   first: 1
+        ac 02         #   count: 300 (varint)
+        01            # partial: 1 file
+        07            #   entry: 7
+        02            #   pieces: 2
+        00            #     index 0
+        82 02         #     hash 0x0102 (varint)
+        02            #     index 2
+        01            #     hash 1
+        01            # last: true
+        ",
+    );
+}
+
+#[test]
+fn control_plan_ping_and_send_report() {
+    golden_control(
+        Control::Plan(Plan {
+            stale: vec![7, 200],
+        }),
+        "
+        00 00 00 05   # frame length: 5
+        0d            # Control::Plan (variant 13)
+        02            # stale: 2 entries
+        07            #   7
+        c8 01         #   200 (varint)
+        ",
+    );
+    golden_control(
+        Control::Ping,
+        "
+        00 00 00 01   # frame length: 1
+        0e            # Control::Ping (variant 14, no fields)
+        ",
+    );
+    golden_control(
+        Control::SendReport(SendReport {
+            chunks_resent: 3,
+            streams_lost: 1,
+            failed: vec![FailedFile {
+                entry: 4,
+                message: "gone".into(),
+            }],
+        }),
+        "
+        00 00 00 0a    # frame length: 10
+        0f             # Control::SendReport (variant 15)
+        03             # chunks_resent: 3
+        01             # streams_lost: 1
+        01             # failed: 1 file
+        04             #   entry: 4
+        04             #   message: 4 bytes
+        67 6f 6e 65    #     \"gone\"
+        ",
+    );
+}
+
+#[test]
 fn error_code_tags() {
     // Every ErrorCode's variant index; a client maps these to exit codes.
     let codes = [
@@ -677,6 +801,7 @@ fn error_code_tags() {
         (ErrorCode::Busy, 0x08),
         (ErrorCode::Aborted, 0x09),
         (ErrorCode::Unsupported, 0x0a),
+        (ErrorCode::Changed, 0x0b),
     ];
     for (code, tag) in codes {
         golden_control(

@@ -579,8 +579,8 @@ fn control_truncated_body() {
 
 #[test]
 fn control_unknown_message_tag() {
-    // Control has variants 0..=10.
-    is_malformed(decode_frame(&[0x0b]));
+    // Control has variants 0..=15.
+    is_malformed(decode_frame(&[0x10]));
     is_malformed(decode_frame(&[0x7f]));
     // A tag too large for u32.
     is_malformed(decode_frame(&[0xff, 0xff, 0xff, 0xff, 0x7f]));
@@ -640,9 +640,9 @@ fn control_unknown_entry_kind() {
 
 #[test]
 fn control_unknown_error_code() {
-    // Error, code 11 (Protocol..=Unsupported are 0..=10), empty message.
-    is_malformed(decode_frame(&[0x0a, 0x0b, 0x00]));
-    assert!(decode_frame(&[0x0a, 0x0a, 0x00]).is_ok());
+    // Error, code 12 (Protocol..=Changed are 0..=11), empty message.
+    is_malformed(decode_frame(&[0x0a, 0x0c, 0x00]));
+    assert!(decode_frame(&[0x0a, 0x0b, 0x00]).is_ok());
 }
 
 #[test]

@@ -3,9 +3,9 @@
 //! layout and digest invariants the data path relies on.
 
 use dmover_proto::control::{
-    Auth, AuthMethod, AuthOk, Control, Credential, DataProtection, DirectIo, ErrorCode, ErrorMsg,
-    Hello, LEN_PREFIX, MAX_FRAME, ManifestEnd, ManifestPart, Op, Open, SessionInfo, Summary,
-    Welcome,
+    Auth, AuthMethod, AuthOk, Control, Credential, DataProtection, DirectIo, EntryRange, ErrorCode,
+    ErrorMsg, FailedFile, Have, Hello, LEN_PREFIX, MAX_FRAME, ManifestEnd, ManifestPart, Op, Open,
+    PartialFile, Plan, SendReport, SessionInfo, SessionOptions, Summary, Welcome,
 };
 use dmover_proto::data::{
     DIGEST_LEN, DataHello, DigestEntry, FrameHeader, FrameKind, FrameLimits, HEADER_LEN, HELLO_LEN,
@@ -168,6 +168,58 @@ fn error_code() -> impl Strategy<Value = ErrorCode> {
         Just(ErrorCode::Busy),
         Just(ErrorCode::Aborted),
         Just(ErrorCode::Unsupported),
+        Just(ErrorCode::Changed),
+    ]
+}
+
+fn reliability_control() -> impl Strategy<Value = Control> {
+    prop_oneof![
+        (any::<[bool; 5]>(), any::<u32>()).prop_map(|(b, heartbeat_ms)| Control::Options(
+            SessionOptions {
+                resume: b[0],
+                journal: b[1],
+                fsync: b[2],
+                verify: b[3],
+                continue_on_error: b[4],
+                heartbeat_ms,
+            }
+        )),
+        (
+            vec((any::<u32>(), any::<u32>()), 0..8),
+            vec(
+                (any::<u32>(), vec((any::<u64>(), any::<u64>()), 0..8)),
+                0..4
+            ),
+            any::<bool>()
+        )
+            .prop_map(|(done, partial, last)| Control::Have(Have {
+                done: done
+                    .into_iter()
+                    .map(|(first, count)| EntryRange { first, count })
+                    .collect(),
+                partial: partial
+                    .into_iter()
+                    .map(|(entry, pieces)| PartialFile { entry, pieces })
+                    .collect(),
+                last,
+            })),
+        vec(any::<u32>(), 0..8).prop_map(|stale| Control::Plan(Plan { stale })),
+        Just(Control::Ping),
+        (
+            any::<u64>(),
+            any::<u32>(),
+            vec((any::<u32>(), text()), 0..4)
+        )
+            .prop_map(|(chunks_resent, streams_lost, failed)| Control::SendReport(
+                SendReport {
+                    chunks_resent,
+                    streams_lost,
+                    failed: failed
+                        .into_iter()
+                        .map(|(entry, message)| FailedFile { entry, message })
+                        .collect(),
+                }
+            )),
     ]
 }
 
@@ -192,6 +244,7 @@ fn control() -> impl Strategy<Value = Control> {
         summary().prop_map(Control::Done),
         (error_code(), text())
             .prop_map(|(code, message)| Control::Error(ErrorMsg { code, message })),
+        reliability_control(),
     ]
 }
 

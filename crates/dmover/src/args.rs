@@ -109,12 +109,44 @@ pub struct CpArgs {
     pub paths: Vec<OsString>,
     #[command(flatten)]
     pub transfer: TransferArgs,
+    #[command(flatten)]
+    pub reliability: ReliabilityArgs,
     /// Print one JSON object with the results on stdout at the end.
     #[arg(long)]
     pub json: bool,
     /// No progress bar and no summary line (errors are still printed).
     #[arg(short, long)]
     pub quiet: bool,
+}
+
+/// Resume, retries and error handling of `dmover cp`.
+#[derive(Debug, Clone, Args)]
+pub struct ReliabilityArgs {
+    /// Resume an interrupted copy: send only what the destination's journal says is
+    /// missing (files changed since are sent again whole).
+    #[arg(long)]
+    pub resume: bool,
+    /// Start again, resuming, up to N times after a failure that may pass (network,
+    /// busy server, a file changed while read).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub retries: u32,
+    /// Pause before each retry (e.g. 500ms, 5s, 1m).
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "D")]
+    pub retry_wait: std::time::Duration,
+    /// Skip source files that cannot be read (vanished, unreadable, changed while
+    /// read), copy the rest, list the skipped ones and exit with 1.
+    #[arg(long)]
+    pub continue_on_error: bool,
+    /// Re-read every file at the destination after fsync and compare its digest
+    /// with the source's before giving it its final name.
+    #[arg(long, conflicts_with = "no_checksum")]
+    pub verify: bool,
+    /// Keep no resume journal at the destination (a failed copy cannot resume).
+    #[arg(long, conflicts_with = "resume")]
+    pub no_journal: bool,
+    /// Heartbeat interval on the control channel, in milliseconds (tests).
+    #[arg(long, hide = true)]
+    pub debug_heartbeat_ms: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -260,6 +292,24 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(v as u64)
 }
 
+/// Parses a duration: a number with a unit (ms, s, m, h); a bare number is seconds.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let num: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    let secs = match unit.trim() {
+        "ms" => num / 1000.0,
+        "" | "s" => num,
+        "m" | "min" => num * 60.0,
+        "h" => num * 3600.0,
+        u => return Err(format!("unknown unit {u:?} in {s:?} (use ms, s, m or h)")),
+    };
+    std::time::Duration::try_from_secs_f64(secs).map_err(|_| format!("duration {s:?} out of range"))
+}
+
 /// Parses a chunk size; `auto` is 0.
 fn parse_chunk(s: &str) -> Result<u32, String> {
     if s == "auto" {
@@ -287,6 +337,13 @@ mod tests {
         assert_eq!(parse_chunk("auto"), Ok(0));
         assert!(parse_chunk("1000").is_err());
         assert!(parse_chunk("128M").is_err());
+        assert_eq!(
+            parse_duration("500ms"),
+            Ok(std::time::Duration::from_millis(500))
+        );
+        assert_eq!(parse_duration("2"), Ok(std::time::Duration::from_secs(2)));
+        assert_eq!(parse_duration("1m"), Ok(std::time::Duration::from_secs(60)));
+        assert!(parse_duration("5x").is_err());
     }
 
     #[test]

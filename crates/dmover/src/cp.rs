@@ -101,7 +101,17 @@ pub fn run(a: CpArgs) -> anyhow::Result<ExitCode> {
             endpoint::parse(s).map_err(|e| anyhow::anyhow!("source {}: {e}", s.to_string_lossy()))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let opts = transfer_options(&a.transfer)?;
+    let mut opts = transfer_options(&a.transfer)?;
+    let r = &a.reliability;
+    opts.resume = r.resume;
+    opts.retries = r.retries;
+    opts.retry_wait = r.retry_wait;
+    opts.continue_on_error = r.continue_on_error;
+    opts.verify = r.verify;
+    opts.journal = !r.no_journal;
+    if let Some(ms) = r.debug_heartbeat_ms {
+        opts.heartbeat = std::time::Duration::from_millis(ms.max(50));
+    }
     let (direction, server, sources, dest) = match dst {
         Endpoint::Remote { server, path } => {
             let mut local = Vec::new();

@@ -667,7 +667,12 @@ fn encrypted_round_trip_is_identical_and_a_flipped_bit_is_detected() {
             !root.join(name).exists(),
             "{name}: a tampered file was finalised"
         );
-        assert!(staging_files(&root).is_empty());
+        // What arrived before the tampered record was authentic and stays for resume:
+        // a resumed copy without the tampering proxy completes and leaves nothing behind.
+        ok(&cpk(&["--resume", flag, s(&f), &srv.url(name)], &kh, &[]));
+        let a = std::fs::read(&f).unwrap();
+        assert!(std::fs::read(root.join(name)).unwrap() == a, "{name}");
+        assert!(staging_files(&root).is_empty(), "{name}");
     }
 }
 
