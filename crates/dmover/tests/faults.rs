@@ -647,3 +647,67 @@ fn thirty_two_clients_at_once() {
         same(p, &root.join(p.file_name().unwrap()));
     }
 }
+
+/// Starts `dmover serve` on a given address (to come back where a client retries).
+fn serve_at(root: &Path, addr: &str, extra: &[&str]) -> Child {
+    let mut c = Command::new(bin())
+        .args(["serve", "--root"])
+        .arg(root)
+        .args(["--listen", addr])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = [0u8; 1];
+    // Wait for the listen line.
+    let out = c.stdout.as_mut().unwrap();
+    while out
+        .read(&mut line)
+        .map(|n| n == 1 && line[0] != b'\n')
+        .unwrap_or(false)
+    {}
+    c
+}
+
+#[test]
+fn retries_resume_by_themselves_after_the_server_dies() {
+    let t = tmp();
+    let src = t.path().join("src");
+    mixed_tree(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let mut srv = Server::start(&root, &["--debug-chunk-delay-ms", "60"]);
+    let addr = srv.addr.clone();
+    let url = srv.url("");
+    let client = spawn_cp(&[
+        "--json",
+        "--chunk",
+        "64K",
+        "--retries",
+        "10",
+        "--retry-wait",
+        "300ms",
+        s(&src),
+        &url,
+    ]);
+    assert!(wait_for(Duration::from_secs(20), || {
+        debris(&root)
+            .iter()
+            .any(|p| p.to_string_lossy().contains("big"))
+    }));
+    std::thread::sleep(Duration::from_millis(1500));
+    srv.kill();
+    std::thread::sleep(Duration::from_millis(500));
+    let mut again = serve_at(&root, &addr, &[]);
+    let o = client.wait_with_output().unwrap();
+    let _ = again.kill();
+    let _ = again.wait();
+    ok(&o);
+    let j = json(&o);
+    assert!(j["attempts"].as_u64().unwrap() >= 2, "{j}");
+    assert!(j["bytes_sent"].as_u64().unwrap() > 0);
+    same(&src, &root.join("src"));
+    assert_eq!(debris(&root), Vec::<PathBuf>::new());
+    eprintln!("{j}");
+}
