@@ -2,7 +2,9 @@
 //! cut, a full destination file system, source files changing or vanishing during a
 //! transfer, silent peers, and many clients at once. Every check is byte for byte.
 //!
-//! `DMOVER_FAULT_ITERATIONS=N` runs the kill-and-resume harness N times (default 20).
+//! `DMOVER_FAULT_ITERATIONS=N` runs the kill-and-resume harness N times (default 20);
+//! `DMOVER_FAULT_SEED` replays a run's random choices; `DMOVER_TEST_LOG_DIR=DIR` keeps
+//! the servers' logs there.
 
 mod common;
 
@@ -192,10 +194,15 @@ fn killed_client_or_server_then_resume_loses_and_corrupts_nothing() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
+    let seed = std::env::var("DMOVER_FAULT_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        })
         | 1;
     eprintln!("kill harness: {iterations} rounds, seed {seed}");
     let mut rng = Rng(seed);

@@ -27,7 +27,20 @@ impl Server {
             .args(["--listen", "127.0.0.1:0"])
             .args(extra)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(match std::env::var_os("DMOVER_TEST_LOG_DIR") {
+                // Server logs for diagnosing a failed test: one file per server.
+                Some(dir) => Stdio::from(
+                    tempfile::Builder::new()
+                        .prefix("server-")
+                        .suffix(".log")
+                        .tempfile_in(dir)
+                        .expect("creating a server log")
+                        .keep()
+                        .expect("keeping a server log")
+                        .0,
+                ),
+                None => Stdio::null(),
+            })
             .spawn()
             .expect("starting dmover serve");
         let mut line = String::new();
