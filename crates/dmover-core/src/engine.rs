@@ -442,6 +442,9 @@ async fn send_stream<S>(
     match r {
         Ok(()) => {}
         Err(_) if run.is_cancelled() => {}
+        // Every chunk is acknowledged: the destination may close its end as soon as
+        // it has what it needs; nothing is lost.
+        Err(_) if sh.all_acked.is_cancelled() => {}
         Err(e @ Error::Net(NetError::Proto { .. })) => run.fail(e),
         Err(e) => sh.lost(&peer, e, unacked.into_inner()),
     }

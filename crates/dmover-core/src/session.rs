@@ -403,7 +403,14 @@ where
                             message: e.message,
                         });
                     }
-                    Ok(msg) => early.push(msg),
+                    Ok(msg) => {
+                        // After its summary the peer neither sends nor listens: its
+                        // closing the connection is not an error, and pings would be.
+                        if matches!(msg, Control::Done(_)) {
+                            listening = false;
+                        }
+                        early.push(msg);
+                    }
                     Err(e) => {
                         listening = false;
                         run.fail(Error::Net(e));

@@ -78,7 +78,10 @@ struct JsonReport {
     bytes_sent: u64,
     /// Bytes the destination already held from an earlier attempt (resumed).
     bytes_resumed: u64,
+    /// Regular files of the dataset (without those that could not be copied).
     files: u64,
+    /// Regular files written by the last attempt (resumed files not counted).
+    files_sent: u64,
     dirs: u64,
     symlinks: u64,
     seconds: f64,
@@ -182,7 +185,8 @@ pub fn report(
                     bytes: r.totals.bytes,
                     bytes_sent: r.bytes_sent,
                     bytes_resumed: r.held_bytes,
-                    files: s.files,
+                    files: r.totals.files - failed,
+                    files_sent: s.files,
                     dirs: s.dirs,
                     symlinks: s.symlinks,
                     seconds: secs,
@@ -247,6 +251,7 @@ pub fn report(
                     bytes_sent: 0,
                     bytes_resumed: 0,
                     files: 0,
+                    files_sent: 0,
                     dirs: 0,
                     symlinks: 0,
                     seconds: secs,

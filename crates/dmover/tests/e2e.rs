@@ -239,6 +239,7 @@ fn concurrent_clients() {
         .iter()
         .map(|p| {
             std::process::Command::new(bin())
+                .env("DMOVER_KNOWN_HOSTS", known_hosts_in(t.path()))
                 .args(["cp", "--quiet", "--chunk", "256K", s(p), &srv.url("")])
                 .stderr(std::process::Stdio::piped())
                 .spawn()
@@ -445,6 +446,7 @@ fn server_killed_mid_push_leaves_no_partial_file() {
     std::fs::create_dir(&root).unwrap();
     let mut srv = Server::start(&root, &["--debug-chunk-delay-ms", "30"]);
     let client = std::process::Command::new(bin())
+        .env("DMOVER_KNOWN_HOSTS", known_hosts_in(t.path()))
         .args(["cp", "--quiet", "--chunk", "64K", s(&src), &srv.url("")])
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -479,6 +481,7 @@ fn server_killed_mid_pull_leaves_no_partial_file() {
     let mut srv = Server::start(&root, &["--debug-chunk-delay-ms", "30"]);
     let dest = t.path().join("dest");
     let client = std::process::Command::new(bin())
+        .env("DMOVER_KNOWN_HOSTS", known_hosts_in(t.path()))
         .args(["cp", "--quiet", "--chunk", "64K", &srv.url("src"), s(&dest)])
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -526,6 +529,7 @@ fn client_killed_mid_push_server_cleans_up_and_keeps_serving() {
     std::fs::create_dir(&root).unwrap();
     let srv = Server::start(&root, &["--debug-chunk-delay-ms", "30"]);
     let mut client = std::process::Command::new(bin())
+        .env("DMOVER_KNOWN_HOSTS", known_hosts_in(t.path()))
         .args(["cp", "--quiet", "--chunk", "64K", s(&src), &srv.url("")])
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -2,7 +2,9 @@
 //! cut, a full destination file system, source files changing or vanishing during a
 //! transfer, silent peers, and many clients at once. Every check is byte for byte.
 //!
-//! `DMOVER_FAULT_ITERATIONS=N` runs the kill-and-resume harness N times (default 20).
+//! `DMOVER_FAULT_ITERATIONS=N` runs the kill-and-resume harness N times (default 20);
+//! `DMOVER_FAULT_SEED` replays a run's random choices; `DMOVER_TEST_LOG_DIR=DIR` keeps
+//! the servers' logs there.
 
 mod common;
 
@@ -76,11 +78,13 @@ fn debris(dir: &Path) -> Vec<PathBuf> {
     staging_files(dir)
 }
 
-fn spawn_cp(args: &[&str]) -> Child {
+/// `dmover cp ARGS` in the background, with a known-hosts file of its own under `t`.
+fn spawn_cp(t: &Path, args: &[&str]) -> Child {
     Command::new(bin())
         .arg("cp")
         .args(args)
         .env_remove("DMOVER_TOKEN")
+        .env("DMOVER_KNOWN_HOSTS", known_hosts_in(t))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -129,7 +133,7 @@ fn kill_round(rng: &mut Rng, src: &Path, t: &Path, round: u64, tally: &mut Tally
         v
     };
     let a = args(&srv, &[]);
-    let mut client = spawn_cp(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut client = spawn_cp(t, &a.iter().map(String::as_str).collect::<Vec<_>>());
     std::thread::sleep(Duration::from_millis(100 + delay));
     let finished_early = client.try_wait().unwrap().is_some();
     if kill_server {
@@ -192,10 +196,15 @@ fn killed_client_or_server_then_resume_loses_and_corrupts_nothing() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
+    let seed = std::env::var("DMOVER_FAULT_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        })
         | 1;
     eprintln!("kill harness: {iterations} rounds, seed {seed}");
     let mut rng = Rng(seed);
@@ -471,7 +480,7 @@ fn pull_while_changing(
     let url = srv.url("src");
     args.push(&url);
     args.push(s(&dest));
-    let client = spawn_cp(&args);
+    let client = spawn_cp(t.path(), &args);
     assert!(
         wait_for(Duration::from_secs(20), || !staging_files(&dest).is_empty()),
         "no data arrived"
@@ -553,15 +562,18 @@ fn a_silent_server_is_detected_within_the_heartbeat_limit() {
     let srv = Server::start(&root, &["--debug-chunk-delay-ms", "40"]);
     let dest = t.path().join("dest");
     // 500 ms heartbeats: a peer silent for 4 intervals (2 s) is gone.
-    let client = spawn_cp(&[
-        "--quiet",
-        "--chunk",
-        "64K",
-        "--debug-heartbeat-ms",
-        "500",
-        &srv.url("src"),
-        s(&dest),
-    ]);
+    let client = spawn_cp(
+        t.path(),
+        &[
+            "--quiet",
+            "--chunk",
+            "64K",
+            "--debug-heartbeat-ms",
+            "500",
+            &srv.url("src"),
+            s(&dest),
+        ],
+    );
     assert!(wait_for(Duration::from_secs(20), || !staging_files(&dest).is_empty()));
     let pid = rustix::process::Pid::from_raw(srv.child.id() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
@@ -621,7 +633,12 @@ fn thirty_two_clients_at_once() {
     let idle = threads();
     let children: Vec<_> = trees
         .iter()
-        .map(|p| spawn_cp(&["--quiet", "-P", "2", "--chunk", "256K", s(p), &srv.url("")]))
+        .map(|p| {
+            spawn_cp(
+                t.path(),
+                &["--quiet", "-P", "2", "--chunk", "256K", s(p), &srv.url("")],
+            )
+        })
         .collect();
     let mut busiest = idle;
     let mut children: Vec<Option<Child>> = children.into_iter().map(Some).collect();
@@ -646,4 +663,73 @@ fn thirty_two_clients_at_once() {
     for p in &trees {
         same(p, &root.join(p.file_name().unwrap()));
     }
+}
+
+/// Starts `dmover serve` on a given address with the state (TLS key) of an earlier
+/// server, to come back where a client retries.
+fn serve_at(root: &Path, addr: &str, state: &Path, extra: &[&str]) -> Child {
+    let mut c = Command::new(bin())
+        .args(["serve", "--root"])
+        .arg(root)
+        .args(["--listen", addr, "--state-dir"])
+        .arg(state)
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = [0u8; 1];
+    // Wait for the listen line.
+    let out = c.stdout.as_mut().unwrap();
+    while out
+        .read(&mut line)
+        .map(|n| n == 1 && line[0] != b'\n')
+        .unwrap_or(false)
+    {}
+    c
+}
+
+#[test]
+fn retries_resume_by_themselves_after_the_server_dies() {
+    let t = tmp();
+    let src = t.path().join("src");
+    mixed_tree(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let mut srv = Server::start(&root, &["--debug-chunk-delay-ms", "60"]);
+    let addr = srv.addr.clone();
+    let url = srv.url("");
+    let client = spawn_cp(
+        t.path(),
+        &[
+            "--json",
+            "--chunk",
+            "64K",
+            "--retries",
+            "10",
+            "--retry-wait",
+            "300ms",
+            s(&src),
+            &url,
+        ],
+    );
+    assert!(wait_for(Duration::from_secs(20), || {
+        debris(&root)
+            .iter()
+            .any(|p| p.to_string_lossy().contains("big"))
+    }));
+    std::thread::sleep(Duration::from_millis(1500));
+    srv.kill();
+    std::thread::sleep(Duration::from_millis(500));
+    let mut again = serve_at(&root, &addr, srv.state.path(), &[]);
+    let o = client.wait_with_output().unwrap();
+    let _ = again.kill();
+    let _ = again.wait();
+    ok(&o);
+    let j = json(&o);
+    assert!(j["attempts"].as_u64().unwrap() >= 2, "{j}");
+    assert!(j["bytes_sent"].as_u64().unwrap() > 0);
+    same(&src, &root.join("src"));
+    assert_eq!(debris(&root), Vec::<PathBuf>::new());
+    eprintln!("{j}");
 }

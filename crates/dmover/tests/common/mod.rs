@@ -41,9 +41,20 @@ impl Server {
             .tempdir()
             .unwrap();
         let state_path = state_dir.unwrap_or(state.path()).to_path_buf();
-        let stderr = match log {
-            Some(p) => Stdio::from(std::fs::File::create(p).unwrap()),
-            None => Stdio::null(),
+        let stderr = match (log, std::env::var_os("DMOVER_TEST_LOG_DIR")) {
+            (Some(p), _) => Stdio::from(std::fs::File::create(p).unwrap()),
+            // Server logs for diagnosing a failed test: one file per server.
+            (None, Some(dir)) => Stdio::from(
+                tempfile::Builder::new()
+                    .prefix("server-")
+                    .suffix(".log")
+                    .tempfile_in(dir)
+                    .expect("creating a server log")
+                    .keep()
+                    .expect("keeping a server log")
+                    .0,
+            ),
+            (None, None) => Stdio::null(),
         };
         let mut child = Command::new(bin())
             .arg("serve")
@@ -110,6 +121,16 @@ pub fn cp_env(args: &[&str], env: &[(&str, &str)]) -> Output {
         c.env(k, v);
     }
     c.output().expect("running dmover cp")
+}
+
+/// A fresh known-hosts path under `dir` (a test's temporary directory), for clients
+/// started by hand: tests never pin keys in the real home directory, and a port a later
+/// server reuses never meets an old pin.
+pub fn known_hosts_in(dir: &Path) -> PathBuf {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    dir.join(".dmover-known-hosts")
+        .join(format!("known_hosts-{n}"))
 }
 
 /// Asserts a command succeeded, showing its stderr otherwise.
