@@ -5,8 +5,9 @@
 
 use dmover_proto::Error;
 use dmover_proto::control::{
-    Auth, AuthMethod, AuthOk, Control, DirectIo, ErrorCode, ErrorMsg, Hello, LEN_PREFIX, MAX_FRAME,
-    ManifestEnd, ManifestPart, Op, Open, SessionInfo, Summary, Welcome,
+    Auth, AuthMethod, AuthOk, Control, Credential, DataProtection, DirectIo, EntryRange, ErrorCode,
+    ErrorMsg, FailedFile, Have, Hello, LEN_PREFIX, MAX_FRAME, ManifestEnd, ManifestPart, Op, Open,
+    PartialFile, Plan, SendReport, SessionInfo, SessionOptions, Summary, Welcome,
 };
 use dmover_proto::layout::{ALIGN, Layout, Piece, align_up};
 use dmover_proto::manifest::{Entry, EntryKind, Mtime, Totals};
@@ -198,7 +199,8 @@ pub fn check_chunk(
 // Structured inputs, built by hand from `Unstructured` (no derives needed in the
 // protocol crate)
 
-fn bytes(u: &mut Unstructured<'_>, max: usize) -> Result<Vec<u8>> {
+/// Up to `max` arbitrary bytes.
+pub fn bytes(u: &mut Unstructured<'_>, max: usize) -> Result<Vec<u8>> {
     let n = u.int_in_range(0..=max)?;
     Ok(u.bytes(n)?.to_vec())
 }
@@ -227,7 +229,7 @@ fn entry(u: &mut Unstructured<'_>) -> Result<Entry> {
 
 /// Any control message, valid or not as far as the protocol goes.
 pub fn arbitrary_control(u: &mut Unstructured<'_>) -> Result<Control> {
-    Ok(match u.int_in_range(0..=10u8)? {
+    Ok(match u.int_in_range(0..=15u8)? {
         0 => Control::Hello(Hello {
             software: u.arbitrary()?,
             nonce: u.arbitrary()?,
@@ -236,13 +238,23 @@ pub fn arbitrary_control(u: &mut Unstructured<'_>) -> Result<Control> {
             software: u.arbitrary()?,
             nonce: u.arbitrary()?,
             auth: if u.arbitrary()? {
-                AuthMethod::Token
+                AuthMethod::Required
             } else {
                 AuthMethod::None
             },
         }),
         2 => Control::Auth(Auth {
-            proof: u.arbitrary()?,
+            user: u.arbitrary()?,
+            credential: match u.int_in_range(0..=2u8)? {
+                0 => Credential::None,
+                1 => Credential::Token {
+                    proof: u.arbitrary()?,
+                },
+                _ => Credential::Key {
+                    public: u.arbitrary()?,
+                    signature: bytes(u, 80)?,
+                },
+            },
         }),
         3 => Control::AuthOk(AuthOk {
             proof: u.arbitrary()?,
@@ -261,10 +273,15 @@ pub fn arbitrary_control(u: &mut Unstructured<'_>) -> Result<Control> {
             chunk_size: u.arbitrary()?,
             checksum: u.arbitrary()?,
             direct_io: *u.choose(&[DirectIo::Never, DirectIo::Auto, DirectIo::Always])?,
+            protection: *u.choose(&[
+                DataProtection::Plain,
+                DataProtection::Authenticated,
+                DataProtection::Encrypted,
+            ])?,
         }),
         5 => Control::Session(SessionInfo {
             id: u.arbitrary()?,
-            secret: u.arbitrary()?,
+            salt: u.arbitrary()?,
             streams: u.arbitrary()?,
             chunk_size: u.arbitrary()?,
         }),
@@ -291,6 +308,51 @@ pub fn arbitrary_control(u: &mut Unstructured<'_>) -> Result<Control> {
             chunks: u.arbitrary()?,
             verified: u.arbitrary()?,
         }),
+        11 => Control::Options(SessionOptions {
+            resume: u.arbitrary()?,
+            journal: u.arbitrary()?,
+            fsync: u.arbitrary()?,
+            verify: u.arbitrary()?,
+            continue_on_error: u.arbitrary()?,
+            heartbeat_ms: u.arbitrary()?,
+        }),
+        12 => {
+            let n = u.int_in_range(0..=64)?;
+            let done = (0..n)
+                .map(|_| {
+                    Ok(EntryRange {
+                        first: u.arbitrary()?,
+                        count: u.arbitrary()?,
+                    })
+                })
+                .collect::<Result<_>>()?;
+            let n = u.int_in_range(0..=8)?;
+            let partial = (0..n)
+                .map(|_| {
+                    Ok(PartialFile {
+                        entry: u.arbitrary()?,
+                        pieces: u.arbitrary()?,
+                    })
+                })
+                .collect::<Result<_>>()?;
+            Control::Have(Have {
+                done,
+                partial,
+                last: u.arbitrary()?,
+            })
+        }
+        13 => Control::Plan(Plan {
+            stale: u.arbitrary()?,
+        }),
+        14 => Control::Ping,
+        15 => Control::SendReport(SendReport {
+            chunks_resent: u.arbitrary()?,
+            streams_lost: u.arbitrary()?,
+            failed: vec![FailedFile {
+                entry: u.arbitrary()?,
+                message: u.arbitrary()?,
+            }],
+        }),
         _ => Control::Error(ErrorMsg {
             code: *u.choose(&[
                 ErrorCode::Protocol,
@@ -304,6 +366,7 @@ pub fn arbitrary_control(u: &mut Unstructured<'_>) -> Result<Control> {
                 ErrorCode::Busy,
                 ErrorCode::Aborted,
                 ErrorCode::Unsupported,
+                ErrorCode::Changed,
             ])?,
             message: u.arbitrary()?,
         }),

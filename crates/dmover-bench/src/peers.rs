@@ -292,6 +292,9 @@ impl Servers {
             ports: Vec::new(),
             failed: Vec::new(),
         };
+        // The dmover servers keep their keys in the state directory; a stale pin from
+        // another run's keys would refuse them.
+        let _ = fs::remove_file(s.layout.state.join("known_hosts"));
         let mut kinds: Vec<ServerKind> = tools.iter().filter_map(|t| t.server()).collect();
         kinds.dedup();
         for k in kinds {
@@ -374,6 +377,8 @@ impl Servers {
                 let mut c = Command::new(&l.dmover);
                 c.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--root"])
                     .arg(root)
+                    .arg("--state-dir")
+                    .arg(st.join(if ro { "dmover-src" } else { "dmover-dst" }))
                     .env_remove("DMOVER_TOKEN");
                 if ro {
                     c.arg("--read-only");
@@ -597,7 +602,10 @@ impl Servers {
                     .arg(format!("{}/", parent.display()));
             }
         }
-        c.env_remove("DMOVER_TOKEN").stdin(Stdio::null());
+        // dmover clients pin the servers' keys in a known-hosts file of the run's own.
+        c.env_remove("DMOVER_TOKEN")
+            .env("DMOVER_KNOWN_HOSTS", l.state.join("known_hosts"))
+            .stdin(Stdio::null());
         Ok(c)
     }
 

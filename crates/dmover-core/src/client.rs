@@ -1,18 +1,24 @@
 //! The client: connects to a server, authenticates, and pushes or pulls a dataset.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 
-use dmover_net::NetError;
 use dmover_net::control::{ControlChannel, read_preamble, write_preamble};
+use dmover_net::known_hosts;
+use dmover_net::stream::DataIo;
 use dmover_net::tcp;
+use dmover_net::tls::{TlsConnector, Trust};
+use dmover_net::{ControlStream, NetError};
+use dmover_proto::auth::{self, Role};
 use dmover_proto::control::{
-    Auth, AuthMethod, Control, ErrorCode, Hello, Op, Open, SessionInfo, Summary,
+    Auth, AuthMethod, Control, Credential, ErrorCode, FailedFile, Have, Hello, Op, Open, Plan,
+    SessionInfo, Summary,
 };
-use dmover_proto::data::{DataHello, JoinStatus};
+use dmover_proto::data::{DataHello, JOIN_PROOF_LEN, JoinStatus};
 use dmover_proto::manifest::{Entry, NO_PARENT, Totals};
 use dmover_proto::preamble::{ConnKind, Preamble};
-use dmover_proto::{PROTOCOL_VERSION, auth, control};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use dmover_proto::{PROTOCOL_VERSION, control};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::diskpool::DiskPool;
@@ -20,7 +26,8 @@ use crate::engine::{self, DataStream, Run};
 use crate::error::{Error, Result};
 use crate::paths::{self, Base};
 use crate::pool::Pool;
-use crate::session::{self, HANDSHAKE_TIMEOUT, TransferOptions, unexpected};
+use crate::resume::Held;
+use crate::session::{self, HANDSHAKE_TIMEOUT, Heartbeat, TransferOptions, unexpected};
 use crate::sink::{Sink, SinkOptions};
 use crate::source::{Source, SourceOptions};
 use crate::tree::Tree;
@@ -30,11 +37,11 @@ use crate::walk;
 pub const SOFTWARE: &str = concat!("dmover ", env!("CARGO_PKG_VERSION"));
 
 /// What a finished transfer reports.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Report {
-    /// What the destination did.
+    /// What the destination did in the last attempt.
     pub summary: Summary,
-    /// What the source's manifest held.
+    /// What the source's manifest held (the dataset).
     pub totals: Totals,
     /// Data streams used.
     pub streams: u16,
@@ -42,6 +49,21 @@ pub struct Report {
     pub chunk_size: u32,
     /// Entries the source walk skipped (special files, vanished files).
     pub skipped: u64,
+    /// Bytes of file data the destination already held when the last attempt began
+    /// (left by an earlier attempt: resumed, not sent again).
+    pub held_bytes: u64,
+    /// Files the destination already held whole when the last attempt began.
+    pub held_files: u64,
+    /// Payload bytes that crossed the data streams in this run, all attempts.
+    pub bytes_sent: u64,
+    /// Chunks sent again in the last attempt because their data stream broke.
+    pub chunks_resent: u64,
+    /// Data streams that broke in the last attempt.
+    pub streams_lost: u32,
+    /// Sessions this run started (1 without retries).
+    pub attempts: u32,
+    /// Files the source could not read (with `continue_on_error`), as `path: why`.
+    pub failed: Vec<String>,
 }
 
 /// A client with its own disk threads.
@@ -52,8 +74,65 @@ pub struct Client {
 }
 
 pub(crate) struct Connected {
-    pub(crate) ch: ControlChannel<TcpStream>,
+    pub(crate) ch: ControlChannel<ControlStream>,
     pub(crate) session: SessionInfo,
+    /// The session key (see [`dmover_proto::auth::session_key`]).
+    pub(crate) key: [u8; 32],
+}
+
+/// A data connection's side of the join: preamble and hello, the server's challenge,
+/// our proof, its status and proof.
+async fn join(io: &mut TcpStream, server: &str, hello: &DataHello, key: &[u8; 32]) -> Result<()> {
+    let pre = Preamble {
+        kind: ConnKind::Data,
+        version: PROTOCOL_VERSION,
+    };
+    let mut first = Vec::with_capacity(64);
+    first.extend_from_slice(&pre.encode());
+    first.extend_from_slice(&hello.encode());
+    let w = |e| Error::Net(NetError::io("writing to", server, e));
+    let r = |e| Error::Net(NetError::io("reading from", server, e));
+    io.write_all(&first).await.map_err(w)?;
+    let mut challenge = [0u8; JOIN_PROOF_LEN];
+    io.read_exact(&mut challenge).await.map_err(r)?;
+    let proof = auth::join_proof(
+        key,
+        Role::Client,
+        hello.session,
+        hello.stream,
+        &hello.nonce,
+        &challenge,
+    );
+    io.write_all(&proof).await.map_err(w)?;
+    let status = io.read_u8().await.map_err(r)?;
+    match JoinStatus::decode(status).map_err(|e| NetError::proto(server, e))? {
+        JoinStatus::Accepted => {}
+        refused => {
+            return Err(Error::protocol(
+                server,
+                format!("data stream {} refused: {refused:?}", hello.stream),
+            ));
+        }
+    }
+    let mut theirs = [0u8; JOIN_PROOF_LEN];
+    io.read_exact(&mut theirs).await.map_err(r)?;
+    let want = auth::join_proof(
+        key,
+        Role::Server,
+        hello.session,
+        hello.stream,
+        &hello.nonce,
+        &challenge,
+    );
+    if !auth::proofs_equal(&want, &theirs) {
+        return Err(Error::refused(
+            ErrorCode::Auth,
+            format!(
+                "{server}: the data port could not prove it belongs to the session; refusing it"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 impl Client {
@@ -82,8 +161,23 @@ impl Client {
         })
     }
 
+    /// The TLS settings for connecting.
+    fn connector(&self) -> Result<TlsConnector> {
+        let trust = match &self.opts.trust {
+            Some(t) => t.clone(),
+            None => Trust::KnownHosts(known_hosts::default_path().ok_or_else(|| {
+                Error::refused(
+                    ErrorCode::Unsupported,
+                    "no home directory for the known-hosts file: set DMOVER_KNOWN_HOSTS or pass --known-hosts",
+                )
+            })?),
+        };
+        Ok(TlsConnector::new(trust)?)
+    }
+
     /// Connects, authenticates and opens a session for `op`.
     pub(crate) async fn open(&self, server: &str, op: Op, chunk_size: u32) -> Result<Connected> {
+        let connector = self.connector()?;
         let mut stream = tcp::connect(
             server,
             &tcp::SocketOptions::default(),
@@ -99,22 +193,30 @@ impl Client {
             server,
         )
         .await?;
+        let timeout = |what| NetError::Timeout {
+            peer: server.into(),
+            what,
+            secs: HANDSHAKE_TIMEOUT.as_secs(),
+        };
         let answer = tokio::time::timeout(HANDSHAKE_TIMEOUT, read_preamble(&mut stream, server))
             .await
-            .map_err(|_| NetError::Timeout {
-                peer: server.into(),
-                what: "greeting",
-                secs: HANDSHAKE_TIMEOUT.as_secs(),
-            })??;
+            .map_err(|_| timeout("greeting"))??;
         if answer.version == 0 {
             return Err(Error::refused(
                 ErrorCode::Unsupported,
                 format!(
-                    "{server} speaks no protocol version this client knows (we speak up to {PROTOCOL_VERSION})"
+                    "{server} speaks no protocol version this client knows (we speak {}..={PROTOCOL_VERSION})",
+                    dmover_proto::MIN_PROTOCOL_VERSION
                 ),
             ));
         }
-        let mut ch = ControlChannel::new(stream, server, control::MAX_FRAME);
+        let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(stream, server))
+            .await
+            .map_err(|_| timeout("TLS handshake"))??;
+        let tls = ControlStream::Client(tls);
+        let binding = dmover_net::tls::export(&tls, auth::AUTH_EXPORTER_LABEL, None)?;
+        let master = dmover_net::tls::export(&tls, auth::SESSION_EXPORTER_LABEL, None)?;
+        let mut ch = ControlChannel::new(tls, server, control::MAX_FRAME);
         let nonce: [u8; 32] = rand::random();
         ch.send(&Control::Hello(Hello {
             software: SOFTWARE.into(),
@@ -125,24 +227,34 @@ impl Client {
             Control::Welcome(w) => w,
             other => return Err(unexpected(server, other, "Welcome")),
         };
-        let key = self.opts.token.as_deref().map(auth::token_key);
-        let proof = match (welcome.auth, &key) {
-            (AuthMethod::None, _) => None,
-            (AuthMethod::Token, Some(k)) => Some(auth::client_proof(k, &nonce, &welcome.nonce)),
-            (AuthMethod::Token, None) => {
+        let user = self.opts.user.clone();
+        let transcript = auth::transcript(&binding, &user, &nonce, &welcome.nonce);
+        let token = self.opts.token.as_deref().map(auth::token_keys);
+        let credential = match (welcome.auth, &self.opts.key, &token) {
+            (AuthMethod::None, _, _) => Credential::None,
+            (AuthMethod::Required, Some(key), _) => Credential::Key {
+                public: key.public(),
+                signature: key.sign(&auth::key_auth_message(&transcript)),
+            },
+            (AuthMethod::Required, None, Some(t)) => Credential::Token {
+                proof: auth::client_token_proof(t, &transcript),
+            },
+            (AuthMethod::Required, None, None) => {
                 return Err(Error::refused(
                     ErrorCode::Auth,
                     format!(
-                        "{server} requires a token: pass --token-file FILE or set DMOVER_TOKEN"
+                        "{server} requires authentication: pass --key FILE (or DMOVER_KEY) or \
+                         --token-file FILE (or DMOVER_TOKEN), and --user NAME if it has several users"
                     ),
                 ));
             }
         };
-        ch.send(&Control::Auth(Auth { proof })).await?;
+        let sent_token = matches!(credential, Credential::Token { .. });
+        ch.send(&Control::Auth(Auth { user, credential })).await?;
         match ch.recv_timeout(HANDSHAKE_TIMEOUT, "authentication").await? {
             Control::AuthOk(ok) => {
-                if let (AuthMethod::Token, Some(k)) = (welcome.auth, &key) {
-                    let want = auth::server_proof(k, &nonce, &welcome.nonce);
+                if let (true, Some(t)) = (sent_token, &token) {
+                    let want = auth::server_token_proof(&t.verifier, &transcript);
                     if !ok.proof.is_some_and(|p| auth::proofs_equal(&p, &want)) {
                         return Err(Error::refused(
                             ErrorCode::Auth,
@@ -161,6 +273,7 @@ impl Client {
             chunk_size,
             checksum: self.opts.checksum,
             direct_io: self.opts.direct_io,
+            protection: self.opts.protection,
         }))
         .await?;
         let session = match ch.recv_timeout(HANDSHAKE_TIMEOUT, "session").await? {
@@ -172,54 +285,46 @@ impl Client {
         }
         dmover_proto::layout::validate_chunk_size(session.chunk_size)
             .map_err(|e| Error::Net(NetError::proto(server, e)))?;
-        Ok(Connected { ch, session })
+        let key = auth::session_key(&master, session.id, &session.salt);
+        Ok(Connected { ch, session, key })
     }
 
-    /// Opens the session's data streams, all at once.
+    /// Opens the session's data streams, all at once, each proving it belongs to the
+    /// session (see [`dmover_proto::data`]).
     pub(crate) async fn open_streams(
         &self,
         server: &str,
         s: &SessionInfo,
-    ) -> Result<Vec<DataStream<TcpStream>>> {
+        key: [u8; 32],
+    ) -> Result<Vec<DataStream<DataIo>>> {
         let mut set = tokio::task::JoinSet::new();
         for i in 0..s.streams {
-            let (server, socket, timeout) = (
+            let (server, socket, timeout, key, protection, idle) = (
                 server.to_string(),
                 self.opts.socket.clone(),
                 self.opts.connect_timeout,
+                key,
+                self.opts.protection,
+                self.opts.idle_timeout,
             );
             let hello = DataHello {
                 session: s.id,
                 stream: i,
-                secret: s.secret,
+                nonce: rand::random(),
             };
             set.spawn(async move {
                 let mut io = tcp::connect(&server, &socket, timeout).await?;
-                let pre = Preamble {
-                    kind: ConnKind::Data,
-                    version: PROTOCOL_VERSION,
-                };
-                let mut first = Vec::with_capacity(64);
-                first.extend_from_slice(&pre.encode());
-                first.extend_from_slice(&hello.encode());
-                io.write_all(&first)
-                    .await
-                    .map_err(|e| NetError::io("writing to", &server, e))?;
-                let status = tokio::time::timeout(HANDSHAKE_TIMEOUT, io.read_u8())
-                    .await
-                    .map_err(|_| NetError::Timeout {
-                        peer: server.clone(),
-                        what: "data stream join",
-                        secs: HANDSHAKE_TIMEOUT.as_secs(),
-                    })?
-                    .map_err(|e| NetError::io("reading from", &server, e))?;
-                match JoinStatus::decode(status).map_err(|e| NetError::proto(&server, e))? {
-                    JoinStatus::Accepted => Ok::<_, Error>((i, DataStream { io, peer: server })),
-                    refused => Err(Error::protocol(
-                        &server,
-                        format!("data stream {i} refused: {refused:?}"),
-                    )),
-                }
+                let joined =
+                    tokio::time::timeout(HANDSHAKE_TIMEOUT, join(&mut io, &server, &hello, &key))
+                        .await
+                        .map_err(|_| NetError::Timeout {
+                            peer: server.clone(),
+                            what: "data stream join",
+                            secs: HANDSHAKE_TIMEOUT.as_secs(),
+                        })?;
+                joined?;
+                let io = DataIo::new(io, protection, &key, i, Role::Client, Some(idle));
+                Ok::<_, Error>((i, DataStream { io, peer: server }))
             });
         }
         let mut streams = Vec::with_capacity(s.streams as usize);
@@ -233,6 +338,49 @@ impl Client {
         Ok(streams.into_iter().map(|(_, s)| s).collect())
     }
 
+    /// Runs attempts of a transfer until one succeeds, retrying (and resuming) after
+    /// failures that may pass, up to [`TransferOptions::retries`] times.
+    async fn with_retries<'a, F, Fut>(&'a self, run: &Arc<Run>, mut once: F) -> Result<Report>
+    where
+        F: FnMut(Arc<Run>, bool) -> Fut,
+        Fut: std::future::Future<Output = Result<Report>> + 'a,
+    {
+        let mut resume = self.opts.resume;
+        let mut attempt = 1;
+        loop {
+            match once(run.attempt(), resume).await {
+                Ok(mut r) => {
+                    r.attempts = attempt;
+                    r.bytes_sent = run
+                        .progress
+                        .bytes
+                        .load(std::sync::atomic::Ordering::Relaxed);
+                    return Ok(r);
+                }
+                Err(e) => {
+                    // The user interrupted: that is the error, and no retry.
+                    if let Some(top) = run.take_error() {
+                        return Err(top);
+                    }
+                    if attempt > self.opts.retries || !e.retryable() || run.is_cancelled() {
+                        return Err(e);
+                    }
+                    tracing::warn!(
+                        "attempt {attempt} failed: {e}; resuming in {:.1} s ({} retries left)",
+                        self.opts.retry_wait.as_secs_f64(),
+                        self.opts.retries + 1 - attempt
+                    );
+                    tokio::select! {
+                        _ = run.cancelled() => return Err(run.take_error().unwrap_or(e)),
+                        _ = tokio::time::sleep(self.opts.retry_wait) => {}
+                    }
+                    resume = true;
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
     /// Copies local `sources` into `dest` on `server` (`host:port`).
     pub async fn push(
         &self,
@@ -240,6 +388,34 @@ impl Client {
         server: &str,
         dest: &[u8],
         run: Arc<Run>,
+    ) -> Result<Report> {
+        self.with_retries(&run, |r, resume| {
+            self.push_once(sources, server, dest, r, resume)
+        })
+        .await
+    }
+
+    /// Copies `sources` on `server` into the local `dest`.
+    pub async fn pull(
+        &self,
+        server: &str,
+        sources: &[Vec<u8>],
+        dest: &[u8],
+        run: Arc<Run>,
+    ) -> Result<Report> {
+        self.with_retries(&run, |r, resume| {
+            self.pull_once(server, sources, dest, r, resume)
+        })
+        .await
+    }
+
+    async fn push_once(
+        &self,
+        sources: &[Vec<u8>],
+        server: &str,
+        dest: &[u8],
+        run: Arc<Run>,
+        resume: bool,
     ) -> Result<Report> {
         let roots = sources
             .iter()
@@ -265,22 +441,27 @@ impl Client {
             )
             .await?;
         let s = conn.session.clone();
-        let source = Arc::new(Source::new(
+        let hb = Heartbeat {
+            interval: self.opts.heartbeat,
+        };
+        conn.ch
+            .send(&Control::Options(self.opts.session_options(resume)))
+            .await?;
+        let mut source = Source::new(
             walked.tree,
             s.chunk_size,
             SourceOptions {
                 checksum: self.opts.checksum,
                 direct_io: self.opts.direct_io,
+                continue_on_error: self.opts.continue_on_error,
                 chunk_delay: None,
             },
-        )?);
+        )?;
         let totals = Totals::of(source.tree().entries());
-        run.progress
-            .total
-            .store(totals.bytes, std::sync::atomic::Ordering::Relaxed);
+        run.progress.total.store(totals.bytes, Relaxed);
         // Streams connect while the manifest goes out.
         let (streams, sent) = tokio::join!(
-            self.open_streams(server, &s),
+            self.open_streams(server, &s, conn.key),
             session::send_manifest(&mut conn.ch, source.tree().entries())
         );
         sent?;
@@ -288,20 +469,32 @@ impl Client {
             Ok(s) => s,
             Err(e) => return Err(explain(&mut conn.ch, e).await),
         };
-        match conn.ch.recv().await? {
+        let mut msg = session::recv_live(&mut conn.ch, hb).await?;
+        if matches!(msg, Control::Have(_)) {
+            let parts = session::recv_have(&mut conn.ch, hb, msg).await?;
+            let (checked, _, plan) =
+                resume_source(&self.disk, &mut conn.ch, hb, source, &parts).await?;
+            source = checked;
+            conn.ch.send(&Control::Plan(plan)).await?;
+            msg = session::recv_live(&mut conn.ch, hb).await?;
+        }
+        match msg {
             Control::Go => {}
             other => return Err(unexpected(server, other, "Go")),
         }
+        run.progress.held.store(source.held_bytes(), Relaxed);
+        let source = Arc::new(source);
         let pool = Pool::new(self.source_buffers(&source, &s), s.chunk_size as usize);
         let disk = self.disk.clone();
         let sent = session::watch_control(
             &mut conn.ch,
             &run,
-            engine::send(&disk, source, pool, streams, run.clone()),
+            hb,
+            engine::send(&disk, source.clone(), pool, streams, run.clone()),
         )
         .await;
-        let early = match sent {
-            Ok((_, early)) => early,
+        let (stats, early) = match sent {
+            Ok(x) => x,
             Err(e) => {
                 if !matches!(e, Error::Remote { .. }) {
                     let _ = conn.ch.send(&Control::Error(e.to_msg())).await;
@@ -309,30 +502,42 @@ impl Client {
                 return Err(e);
             }
         };
-        let done = match early {
+        let done = match early.into_iter().next() {
             Some(m) => m,
-            None => conn.ch.recv().await?,
+            None => session::recv_live(&mut conn.ch, hb).await?,
         };
         let summary = match done {
             Control::Done(summary) => summary,
             other => return Err(unexpected(server, other, "Done")),
         };
+        let entries = source.tree().entries();
         Ok(Report {
             summary,
             totals,
             streams: s.streams,
             chunk_size: s.chunk_size,
             skipped,
+            held_bytes: source.held_bytes(),
+            held_files: source.held_files(),
+            bytes_sent: 0,
+            chunks_resent: stats.chunks_resent,
+            streams_lost: stats.streams_lost,
+            attempts: 1,
+            failed: source
+                .failed()
+                .into_iter()
+                .map(|f| failed_line(entries, f))
+                .collect(),
         })
     }
 
-    /// Copies `sources` on `server` into the local `dest`.
-    pub async fn pull(
+    async fn pull_once(
         &self,
         server: &str,
         sources: &[Vec<u8>],
         dest: &[u8],
         run: Arc<Run>,
+        resume: bool,
     ) -> Result<Report> {
         let mut conn = self
             .open(
@@ -344,9 +549,15 @@ impl Client {
             )
             .await?;
         let s = conn.session.clone();
+        let hb = Heartbeat {
+            interval: self.opts.heartbeat,
+        };
+        conn.ch
+            .send(&Control::Options(self.opts.session_options(resume)))
+            .await?;
         let (streams, entries) = tokio::join!(
-            self.open_streams(server, &s),
-            session::recv_manifest(&mut conn.ch, session::MAX_ENTRIES)
+            self.open_streams(server, &s, conn.key),
+            session::recv_manifest(&mut conn.ch, session::MAX_ENTRIES, None)
         );
         let entries = entries?;
         let streams = match streams {
@@ -354,59 +565,190 @@ impl Client {
             Err(e) => return Err(explain(&mut conn.ch, e).await),
         };
         let totals = Totals::of(&entries);
-        run.progress
-            .total
-            .store(totals.bytes, std::sync::atomic::Ordering::Relaxed);
+        run.progress.total.store(totals.bytes, Relaxed);
         let dest = dest.to_vec();
         let opts = SinkOptions {
             checksum: self.opts.checksum,
             direct_io: self.opts.direct_io,
             fsync: self.opts.fsync,
+            verify: self.opts.verify && self.opts.checksum,
+            journal: self.opts.journal,
+            resume,
             chunk_delay: None,
         };
-        let prepared = self
-            .disk
-            .run(move || prepare_sink(&Base::Local, &dest, entries, s.chunk_size, s.id, opts))
-            .await
-            .ok_or(Error::Aborted)?;
+        let names = entries.clone();
+        let disk = self.disk.clone();
+        let prepared = session::keep_alive(&mut conn.ch, hb, async move {
+            disk.run(move || prepare_sink(&Base::Local, &dest, entries, s.chunk_size, opts))
+                .await
+                .ok_or(Error::Aborted)?
+        })
+        .await;
         let sink = match prepared {
-            Ok(sink) => Arc::new(sink),
+            Ok(sink) => sink,
             Err(e) => {
                 let _ = conn.ch.send(&Control::Error(e.to_msg())).await;
                 return Err(e);
             }
         };
+        let sink = match resume_sink(&self.disk, &mut conn.ch, hb, sink, resume).await {
+            Ok(sink) => sink,
+            Err(e) => {
+                if !matches!(e, Error::Remote { .. } | Error::Net(_)) {
+                    let _ = conn.ch.send(&Control::Error(e.to_msg())).await;
+                }
+                return Err(e);
+            }
+        };
+        run.progress.held.store(sink.held_bytes(), Relaxed);
+        let held_bytes = sink.held_bytes();
+        let held_files = names.iter().filter(|e| e.file_size() > 0).count() as u64
+            - sink.layout().files().len() as u64;
         conn.ch.send(&Control::Go).await?;
+        let sink = Arc::new(sink);
         let pool = Pool::new(self.buffers(s.streams), s.chunk_size as usize);
         let disk = self.disk.clone();
         let result = session::watch_control(
             &mut conn.ch,
             &run,
+            hb,
             engine::receive(&disk, sink, pool, streams, run.clone()),
         )
         .await;
-        match result {
-            Ok((summary, _)) => {
-                conn.ch.send(&Control::Done(summary)).await?;
-                Ok(Report {
-                    summary,
-                    totals,
-                    streams: s.streams,
-                    chunk_size: s.chunk_size,
-                    skipped: 0,
-                })
-            }
+        let ((summary, _rstats), early) = match result {
+            Ok(x) => x,
             Err(e) => {
                 let _ = conn.ch.send(&Control::Error(e.to_msg())).await;
-                Err(e)
+                return Err(e);
             }
+        };
+        conn.ch.send(&Control::Done(summary)).await?;
+        let report = match early.into_iter().next() {
+            Some(m) => m,
+            None => session::recv_live(&mut conn.ch, hb).await?,
+        };
+        let report = match report {
+            Control::SendReport(r) => r,
+            other => return Err(unexpected(server, other, "SendReport")),
+        };
+        Ok(Report {
+            summary,
+            totals,
+            streams: s.streams,
+            chunk_size: s.chunk_size,
+            skipped: 0,
+            held_bytes,
+            held_files,
+            bytes_sent: 0,
+            chunks_resent: report.chunks_resent,
+            streams_lost: report.streams_lost,
+            attempts: 1,
+            failed: report
+                .failed
+                .into_iter()
+                .map(|f| failed_line(&names, f))
+                .collect(),
+        })
+    }
+}
+
+/// `path: why` for a file the source could not send.
+fn failed_line(entries: &[Entry], f: FailedFile) -> String {
+    if (f.entry as usize) < entries.len() {
+        format!("{}: {}", session::entry_path(entries, f.entry), f.message)
+    } else {
+        f.message
+    }
+}
+
+/// Source side of a resume, after the destination's `Have` parts arrived: checks the
+/// pieces it claims (keeping the control channel alive), and returns the source with
+/// the held data left out, and the plan to send.
+pub(crate) async fn resume_source<S>(
+    disk: &Arc<DiskPool>,
+    ch: &mut ControlChannel<S>,
+    hb: Heartbeat,
+    source: Source,
+    parts: &[Have],
+) -> Result<(Source, Held, Plan)>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut held = Held::from_have(
+        source.tree().entries(),
+        source.layout().chunk_size() as u32,
+        parts,
+    )
+    .map_err(|e| Error::protocol(ch.peer(), format!("resume: {e}")))?;
+    let disk = disk.clone();
+    let h = held.clone();
+    let (mut source, stale) = session::keep_alive(ch, hb, async move {
+        disk.run(move || {
+            let stale = source.check_held(&h);
+            (source, stale)
+        })
+        .await
+        .ok_or(Error::Aborted)
+    })
+    .await?;
+    let plan = Plan { stale };
+    held.apply(&plan)
+        .map_err(|e| Error::protocol("this side", e))?;
+    source.resume(&held)?;
+    Ok((source, held, plan))
+}
+
+/// Destination side of the resume negotiation: with `resume`, tells the source what
+/// an earlier attempt left and takes its plan; then prepares the sink for the rest.
+pub(crate) async fn resume_sink<S>(
+    disk: &Arc<DiskPool>,
+    ch: &mut ControlChannel<S>,
+    hb: Heartbeat,
+    sink: Sink,
+    resume: bool,
+) -> Result<Sink>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let disk = disk.clone();
+    let (mut sink, mut held) = session::keep_alive(ch, hb, async move {
+        disk.run(move || {
+            let held = if resume {
+                sink.held()
+            } else {
+                Held::none(sink.tree_entries())
+            };
+            (sink, held)
+        })
+        .await
+        .ok_or(Error::Aborted)
+    })
+    .await?;
+    if resume {
+        for part in held.to_have(sink.tree_entries()) {
+            ch.send(&Control::Have(part)).await?;
+        }
+        match session::recv_live(ch, hb).await? {
+            Control::Plan(plan) => held
+                .apply(&plan)
+                .map_err(|e| Error::protocol(ch.peer(), format!("resume: {e}")))?,
+            other => return Err(unexpected(ch.peer(), other, "Plan")),
+        }
+        if !held.is_empty() {
+            tracing::info!(
+                "resuming: {} files and {} bytes already here",
+                held.done_files(),
+                held.bytes(sink.tree_entries(), sink.layout().chunk_size() as u32)
+            );
         }
     }
+    sink.resume(&held)?;
+    Ok(sink)
 }
 
 /// A data stream failed to join: if the server said why on the control channel (it
 /// refuses a session by closing it, so its streams are then unknown), report that.
-async fn explain(ch: &mut ControlChannel<TcpStream>, e: Error) -> Error {
+async fn explain<S: AsyncRead + AsyncWrite + Unpin>(ch: &mut ControlChannel<S>, e: Error) -> Error {
     match tokio::time::timeout(std::time::Duration::from_secs(2), ch.recv()).await {
         Ok(Ok(Control::Error(m))) => Error::Remote {
             peer: ch.peer().to_string(),
@@ -417,13 +759,55 @@ async fn explain(ch: &mut ControlChannel<TcpStream>, e: Error) -> Error {
     }
 }
 
+/// `cp -r src dest` makes `dest` the copy of `src` when `dest` does not exist, and its
+/// parent otherwise. An interrupted first attempt leaves `dest` existing, so a retry
+/// or `--resume` would copy into it: when the journal of an earlier attempt that made
+/// `dest` the root itself is in `dest`'s parent, that attempt is continued instead.
+fn continued_dest(
+    base: &Base,
+    dest: &[u8],
+    roots: &[(u32, &Entry)],
+    opts: SinkOptions,
+) -> Result<Option<std::collections::HashMap<u32, (crate::tree::RootRef, String)>>> {
+    let [(idx, root)] = roots else {
+        return Ok(None);
+    };
+    if !opts.journal || root.kind != dmover_proto::manifest::EntryKind::Dir {
+        return Ok(None);
+    }
+    let Ok(Some((parent, name))) = paths::dest_parent(base, dest) else {
+        return Ok(None);
+    };
+    let key = crate::journal::transfer_key([(name.as_slice(), &root.kind)]);
+    let journal = crate::journal::journal_name(key);
+    if rustix::fs::statat(
+        &parent,
+        journal.as_slice(),
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .is_err()
+    {
+        return Ok(None);
+    }
+    let shown = String::from_utf8_lossy(dest).into_owned();
+    Ok(Some(std::collections::HashMap::from([(
+        *idx,
+        (
+            crate::tree::RootRef::At {
+                parent: Arc::new(parent),
+                name,
+            },
+            shown,
+        ),
+    )])))
+}
+
 /// Binds an incoming manifest to its destination and creates its directories.
 pub(crate) fn prepare_sink(
     base: &Base,
     dest: &[u8],
     entries: Vec<Entry>,
     chunk_size: u32,
-    session: u64,
     opts: SinkOptions,
 ) -> Result<Sink> {
     let roots: Vec<(u32, &Entry)> = entries
@@ -432,8 +816,11 @@ pub(crate) fn prepare_sink(
         .filter(|(_, e)| e.parent == NO_PARENT)
         .map(|(i, e)| (i as u32, e))
         .collect();
-    let bound = paths::resolve_dest(base, dest, &roots)?;
-    let sink = Sink::new(Tree::new(entries, bound), chunk_size, session, opts)?;
+    let bound = match continued_dest(base, dest, &roots, opts)? {
+        Some(b) => b,
+        None => paths::resolve_dest(base, dest, &roots)?,
+    };
+    let sink = Sink::new(Tree::new(entries, bound), chunk_size, opts)?;
     sink.prepare()?;
     Ok(sink)
 }

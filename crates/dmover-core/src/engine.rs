@@ -7,14 +7,25 @@
 //! Chunks go to whichever stream is free, so a slow stream never stalls the others.
 //! The pool bounds memory; the disk pool bounds threads. The first error cancels the
 //! whole session and is the one reported (see [`Run::fail`]).
+//!
+//! A broken data stream is not an error while another one lives: the destination
+//! acknowledges every chunk it has read whole (see [`dmover_proto::data`]), the source
+//! keeps the chunks each stream has not acknowledged and, when a stream breaks (an I/O
+//! error, the peer closing it, or no acknowledgement for [`STREAM_STALL`]), reads them
+//! from disk again and sends them on the other streams. The destination keeps the first
+//! whole copy of a chunk and drops later ones.
 
+use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use dmover_net::NetError;
 use dmover_proto::control::Summary;
-use dmover_proto::data::{DIGEST_LEN, FrameHeader, FrameKind, FrameLimits, HEADER_LEN};
+use dmover_proto::data::{
+    ACK_LEN, DIGEST_LEN, FrameHeader, FrameKind, FrameLimits, HEADER_LEN, decode_ack, encode_ack,
+};
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -25,15 +36,18 @@ use crate::pool::{Pool, PoolBuf};
 use crate::sink::Sink;
 use crate::source::Source;
 
-/// Live counters of a session, for progress display and summaries.
+/// Live counters of a transfer, for progress display and summaries. Shared by the
+/// attempts of a transfer that is retried.
 #[derive(Debug, Default)]
 pub struct Progress {
     /// Bytes the transfer will move, once known (0 before).
     pub total: AtomicU64,
-    /// Payload bytes that crossed the data streams.
+    /// Payload bytes that crossed the data streams (resent chunks count again).
     pub bytes: AtomicU64,
     /// Chunks that crossed the data streams.
     pub chunks: AtomicU64,
+    /// Bytes the destination already held when the latest attempt started.
+    pub held: AtomicU64,
 }
 
 /// Shared state of one running session: cancellation, the first error, counters.
@@ -42,13 +56,23 @@ pub struct Run {
     cancel: CancellationToken,
     error: Mutex<Option<Error>>,
     /// Live counters.
-    pub progress: Progress,
+    pub progress: Arc<Progress>,
 }
 
 impl Run {
     /// A new run.
     pub fn new() -> Arc<Self> {
         Arc::new(Run::default())
+    }
+
+    /// A run for one attempt of this transfer: cancelled when this one is, sharing
+    /// its counters, with its own error.
+    pub fn attempt(&self) -> Arc<Self> {
+        Arc::new(Run {
+            cancel: self.cancel.child_token(),
+            error: Mutex::new(None),
+            progress: self.progress.clone(),
+        })
     }
 
     /// Records an error and cancels the session. Of several errors the most telling
@@ -96,73 +120,175 @@ pub struct DataStream<S> {
     pub peer: String,
 }
 
+/// A source stream that has not heard an acknowledgement for this long while chunks
+/// are outstanding on it declares it broken and sends them on the other streams.
+pub const STREAM_STALL: Duration = Duration::from_secs(120);
+/// Once every chunk has arrived, how long the destination waits for the streams' END.
+const END_GRACE: Duration = Duration::from_secs(30);
+
 struct Filled {
     chunk: u64,
     buf: PoolBuf,
     crc: Option<u32>,
-    n_digests: u32,
     trailer: Vec<u8>,
 }
 
-/// Sends every chunk of `source` over `streams`. Returns when every stream has sent
-/// its `END` frame (or the first error).
+/// A chunk sent on a stream and not yet acknowledged: enough to send it again.
+struct Sent {
+    chunk: u64,
+    crc: Option<u32>,
+    trailer: Vec<u8>,
+}
+
+enum Job {
+    Fresh(u64),
+    Again(Sent),
+}
+
+/// What the source side's streams went through.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SendStats {
+    /// Chunks sent again because their stream broke before acknowledging them.
+    pub chunks_resent: u64,
+    /// Streams that broke.
+    pub streams_lost: u32,
+}
+
+struct SendShared {
+    run: Arc<Run>,
+    filled: async_channel::Sender<Filled>,
+    again: async_channel::Sender<Sent>,
+    /// Chunks not yet acknowledged.
+    outstanding: AtomicU64,
+    live: AtomicUsize,
+    resent: AtomicU64,
+    lost: AtomicU32,
+    all_acked: CancellationToken,
+}
+
+impl SendShared {
+    fn acked(&self, n: u64) {
+        if n > 0 && self.outstanding.fetch_sub(n, Ordering::AcqRel) == n {
+            self.finish();
+        }
+    }
+
+    fn finish(&self) {
+        self.filled.close();
+        self.all_acked.cancel();
+    }
+
+    /// A stream broke: its unacknowledged chunks go to the others.
+    fn lost(&self, peer: &str, e: Error, unacked: VecDeque<Sent>) {
+        let n = unacked.len() as u64;
+        for s in unacked {
+            let _ = self.again.try_send(s);
+        }
+        self.resent.fetch_add(n, Ordering::Relaxed);
+        self.lost.fetch_add(1, Ordering::Relaxed);
+        let live = self.live.fetch_sub(1, Ordering::AcqRel) - 1;
+        if live == 0 {
+            if self.outstanding.load(Ordering::Acquire) > 0 {
+                self.run.fail(e);
+            }
+        } else {
+            tracing::warn!(
+                "data stream to {peer} broke ({e}); sending its {n} unacknowledged chunks on the other {live}"
+            );
+        }
+    }
+}
+
+/// Sends the source's chunks over `streams`. Each stream's unacknowledged chunks are
+/// sent again on the others if it breaks; returns once every chunk is acknowledged and
+/// every live stream has sent its `END` frame (or at the first error).
 pub async fn send<S>(
     disk: &Arc<DiskPool>,
     source: Arc<Source>,
     pool: Pool,
     streams: Vec<DataStream<S>>,
     run: Arc<Run>,
-) -> Result<()>
+) -> Result<SendStats>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let n = source.layout().n_chunks();
-    let (qtx, qrx) = async_channel::bounded::<Filled>(pool.count().max(1));
-    let read = Arc::new(AtomicU64::new(0));
+    let total = source.chunks().count() as u64;
+    let (ftx, frx) = async_channel::bounded::<Filled>(pool.count().max(1));
+    let (atx, arx) = async_channel::unbounded::<Sent>();
+    let sh = Arc::new(SendShared {
+        run: run.clone(),
+        filled: ftx,
+        again: atx,
+        outstanding: AtomicU64::new(total),
+        live: AtomicUsize::new(streams.len()),
+        resent: AtomicU64::new(0),
+        lost: AtomicU32::new(0),
+        all_acked: CancellationToken::new(),
+    });
+    if total == 0 {
+        sh.finish();
+    }
     let tasks: Vec<_> = streams
         .into_iter()
-        .map(|s| {
-            let (q, src, run) = (qrx.clone(), source.clone(), run.clone());
-            tokio::spawn(async move {
-                if let Err(e) = send_stream(s, q, &src, &run).await {
-                    run.fail(e);
-                }
-            })
-        })
+        .map(|s| tokio::spawn(send_stream(s, frx.clone(), sh.clone(), source.clone())))
         .collect();
-    drop(qrx);
-    if n == 0 {
-        qtx.close();
-    }
-    for k in 0..n {
+    drop(frx);
+    let mut fresh = source.chunks();
+    loop {
+        let job = if let Ok(s) = arx.try_recv() {
+            Job::Again(s)
+        } else if let Some(k) = fresh.next() {
+            Job::Fresh(k)
+        } else {
+            tokio::select! {
+                biased;
+                _ = run.cancelled() => break,
+                _ = sh.all_acked.cancelled() => break,
+                r = arx.recv() => match r {
+                    Ok(s) => Job::Again(s),
+                    Err(_) => break,
+                },
+            }
+        };
         let buf = tokio::select! {
+            biased;
             _ = run.cancelled() => break,
+            _ = sh.all_acked.cancelled() => break,
             b = pool.get() => b,
         };
-        let (src, q, run, read) = (source.clone(), qtx.clone(), run.clone(), read.clone());
+        let (src, sh) = (source.clone(), sh.clone());
         disk.spawn(move || {
-            if !run.is_cancelled() {
-                let mut buf = buf;
-                let mut trailer = Vec::new();
-                match src.read_chunk(k, &mut buf, &mut trailer) {
-                    Ok(r) => {
-                        let _ = q.try_send(Filled {
-                            chunk: k,
-                            buf,
-                            crc: r.crc,
-                            n_digests: r.n_digests,
-                            trailer,
-                        });
-                    }
-                    Err(e) => run.fail(e),
-                }
+            if sh.run.is_cancelled() {
+                return;
             }
-            if read.fetch_add(1, Ordering::AcqRel) + 1 == n {
-                q.close();
+            let mut buf = buf;
+            let filled = match job {
+                Job::Fresh(k) => {
+                    let mut trailer = Vec::new();
+                    src.read_chunk(k, &mut buf, &mut trailer).map(|r| Filled {
+                        chunk: k,
+                        buf,
+                        crc: r.crc,
+                        trailer,
+                    })
+                }
+                Job::Again(s) => src.reread_chunk(s.chunk, &mut buf, s.crc).map(|()| Filled {
+                    chunk: s.chunk,
+                    buf,
+                    crc: s.crc,
+                    trailer: s.trailer,
+                }),
+            };
+            match filled {
+                // The queue holds at most the pool's buffers: never full.
+                Ok(f) => {
+                    let _ = sh.filled.try_send(f);
+                }
+                Err(e) => sh.run.fail(e),
             }
         });
     }
-    drop(qtx);
+    drop(fresh);
     for t in tasks {
         if let Err(e) = t.await {
             run.fail(Error::refused(
@@ -171,7 +297,11 @@ where
             ));
         }
     }
-    run.check()
+    run.check()?;
+    Ok(SendStats {
+        chunks_resent: sh.resent.load(Ordering::Relaxed),
+        streams_lost: sh.lost.load(Ordering::Relaxed),
+    })
 }
 
 pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
@@ -189,60 +319,135 @@ pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
 }
 
 async fn send_stream<S>(
-    mut s: DataStream<S>,
+    s: DataStream<S>,
     queue: async_channel::Receiver<Filled>,
-    source: &Source,
-    run: &Run,
-) -> Result<()>
-where
+    sh: Arc<SendShared>,
+    source: Arc<Source>,
+) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let layout = source.layout();
-    let mut segments = Vec::new();
-    let mut sent = 0u64;
-    let io_err = |e| Error::Net(NetError::io("sending data to", &s.peer, e));
-    loop {
-        let item = tokio::select! {
-            biased;
-            _ = run.cancelled() => return Err(Error::Aborted),
-            r = queue.recv() => match r {
-                Ok(item) => item,
-                Err(_) => break,
-            },
-        };
-        let payload = layout.wire_len(item.chunk);
-        let header = FrameHeader {
-            kind: FrameKind::Chunk,
-            chunk: item.chunk,
-            n_digests: item.n_digests,
-            payload_len: payload as u32,
-            crc: item.crc,
+    let peer = s.peer;
+    let (mut rd, mut wr) = tokio::io::split(s.io);
+    let unacked: Mutex<VecDeque<Sent>> = Mutex::new(VecDeque::new());
+    let written = AtomicU64::new(0);
+    let run = &sh.run;
+    let io_err = |what, e| Error::Net(NetError::io(what, &peer, e));
+    let writer = async {
+        let mut segments = Vec::new();
+        let mut sent = 0u64;
+        loop {
+            let item = tokio::select! {
+                biased;
+                _ = run.cancelled() => return Err(Error::Aborted),
+                r = queue.recv() => match r {
+                    Ok(item) => item,
+                    Err(_) => break,
+                },
+            };
+            unacked.lock().push_back(Sent {
+                chunk: item.chunk,
+                crc: item.crc,
+                trailer: item.trailer.clone(),
+            });
+            let layout = source.layout();
+            let payload = layout.wire_len(item.chunk);
+            layout.segments(item.chunk, &mut segments);
+            let header = FrameHeader {
+                kind: FrameKind::Chunk,
+                chunk: item.chunk,
+                n_digests: (item.trailer.len() / DIGEST_LEN) as u32,
+                payload_len: payload as u32,
+                crc: item.crc,
+            }
+            .encode();
+            let mut iov = Vec::with_capacity(2 + segments.len());
+            iov.push(IoSlice::new(&header));
+            iov.push(IoSlice::new(&item.trailer));
+            iov.extend(
+                segments
+                    .iter()
+                    .map(|&(o, l)| IoSlice::new(&item.buf[o..o + l])),
+            );
+            // Flushed: a stream may wrap its bytes in records it buffers, and a chunk
+            // left half in such a buffer while this stream waits for the next one would
+            // never be acknowledged.
+            let w = tokio::select! {
+                biased;
+                _ = run.cancelled() => return Err(Error::Aborted),
+                w = async {
+                    write_all_vectored(&mut wr, &mut iov).await?;
+                    wr.flush().await
+                } => w,
+            };
+            w.map_err(|e| io_err("sending data to", e))?;
+            sent += 1;
+            written.store(sent, Ordering::Release);
+            run.progress.bytes.fetch_add(payload, Ordering::Relaxed);
+            run.progress.chunks.fetch_add(1, Ordering::Relaxed);
         }
-        .encode();
-        layout.segments(item.chunk, &mut segments);
-        let mut iov = Vec::with_capacity(2 + segments.len());
-        iov.push(IoSlice::new(&header));
-        iov.push(IoSlice::new(&item.trailer));
-        iov.extend(
-            segments
-                .iter()
-                .map(|&(o, l)| IoSlice::new(&item.buf[o..o + l])),
-        );
-        let w = tokio::select! {
-            biased;
-            _ = run.cancelled() => return Err(Error::Aborted),
-            w = write_all_vectored(&mut s.io, &mut iov) => w,
-        };
-        w.map_err(io_err)?;
-        run.progress.bytes.fetch_add(payload, Ordering::Relaxed);
-        run.progress.chunks.fetch_add(1, Ordering::Relaxed);
-        sent += 1;
+        wr.write_all(&FrameHeader::end(sent).encode())
+            .await
+            .map_err(|e| io_err("sending data to", e))?;
+        wr.flush().await.map_err(|e| io_err("sending data to", e))?;
+        Ok(())
+    };
+    let acker = async {
+        let mut acked = 0u64;
+        let mut b = [0u8; ACK_LEN];
+        let mut have = 0;
+        loop {
+            let r = tokio::time::timeout(STREAM_STALL, rd.read(&mut b[have..])).await;
+            match r {
+                Err(_) if unacked.lock().is_empty() => continue,
+                Err(_) => {
+                    return Error::Net(NetError::Timeout {
+                        peer: peer.clone(),
+                        what: "acknowledgements on a data stream",
+                        secs: STREAM_STALL.as_secs(),
+                    });
+                }
+                Ok(Ok(0)) => return Error::Net(NetError::Closed { peer: peer.clone() }),
+                Ok(Ok(n)) => have += n,
+                Ok(Err(e)) => return io_err("reading acknowledgements from", e),
+            }
+            if have < ACK_LEN {
+                continue;
+            }
+            have = 0;
+            let c = decode_ack(b);
+            if c <= acked || c > written.load(Ordering::Acquire) {
+                return Error::protocol(
+                    &peer,
+                    format!(
+                        "acknowledgement of {c} chunks after {acked}, with {} sent",
+                        written.load(Ordering::Acquire)
+                    ),
+                );
+            }
+            let n = c - acked;
+            acked = c;
+            {
+                let mut u = unacked.lock();
+                for _ in 0..n {
+                    u.pop_front();
+                }
+            }
+            sh.acked(n);
+        }
+    };
+    let r = tokio::select! {
+        r = writer => r,
+        e = acker => Err(e),
+    };
+    match r {
+        Ok(()) => {}
+        Err(_) if run.is_cancelled() => {}
+        // Every chunk is acknowledged: the destination may close its end as soon as
+        // it has what it needs; nothing is lost.
+        Err(_) if sh.all_acked.is_cancelled() => {}
+        Err(e @ Error::Net(NetError::Proto { .. })) => run.fail(e),
+        Err(e) => sh.lost(&peer, e, unacked.into_inner()),
     }
-    s.io.write_all(&FrameHeader::end(sent).encode())
-        .await
-        .map_err(io_err)?;
-    s.io.flush().await.map_err(io_err)?;
-    Ok(())
 }
 
 /// A set of flags, one per chunk, set at most once.
@@ -266,62 +471,134 @@ struct RecvShared {
     pool: Pool,
     run: Arc<Run>,
     seen: Seen,
+    /// Chunks to receive.
+    expected: u64,
+    /// Distinct chunks received whole.
+    distinct: AtomicU64,
+    /// Copies of chunks already received (sent again after a stream broke).
+    duplicates: AtomicU64,
+    /// Every expected chunk has arrived.
+    complete: CancellationToken,
     /// Chunks not yet written to disk.
     pending: AtomicU64,
     all_written: tokio::sync::Notify,
 }
 
-/// Receives every chunk of `sink`'s layout over `streams` and finishes the sink.
+/// What the destination side's streams went through.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecvStats {
+    /// Streams that broke.
+    pub streams_lost: u32,
+    /// Chunks that arrived more than once.
+    pub duplicates: u64,
+}
+
+/// How a stream ended, if not with its `END` frame.
+enum StreamEnd {
+    /// The session cannot go on (a protocol violation, a cancelled run).
+    Fatal(Error),
+    /// The connection broke; the source sends its chunks on the other streams.
+    Lost(Error),
+}
+
+/// Receives the chunks the sink expects over `streams`, tolerating broken streams as
+/// long as one remains and keeping the first whole copy of a chunk, and finishes the
+/// sink.
 pub async fn receive<S>(
     disk: &Arc<DiskPool>,
     sink: Arc<Sink>,
     pool: Pool,
     streams: Vec<DataStream<S>>,
     run: Arc<Run>,
-) -> Result<Summary>
+) -> Result<(Summary, RecvStats)>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let n = sink.layout().n_chunks();
+    let seen = Seen::new(n);
+    let mut expected = 0;
+    {
+        let mut next = 0;
+        for k in sink.chunks() {
+            // Chunks that do not travel count as seen: a copy would be a duplicate.
+            for skipped in next..k {
+                seen.insert(skipped);
+            }
+            next = k + 1;
+            expected += 1;
+        }
+        for skipped in next..n {
+            seen.insert(skipped);
+        }
+    }
     let shared = Arc::new(RecvShared {
         sink: sink.clone(),
         disk: disk.clone(),
         pool,
         run: run.clone(),
-        seen: Seen::new(n),
-        pending: AtomicU64::new(n),
+        seen,
+        expected,
+        distinct: AtomicU64::new(0),
+        duplicates: AtomicU64::new(0),
+        complete: CancellationToken::new(),
+        pending: AtomicU64::new(expected),
         all_written: tokio::sync::Notify::new(),
     });
-    let tasks: Vec<_> = streams
-        .into_iter()
-        .map(|s| {
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                match recv_stream(s, &shared).await {
-                    Ok(got) => got,
-                    Err(e) => {
-                        shared.run.fail(e);
-                        0
-                    }
+    if expected == 0 {
+        shared.complete.cancel();
+    }
+    let mut live = streams.len();
+    let mut lost = 0u32;
+    let mut set = tokio::task::JoinSet::new();
+    for s in streams {
+        let shared = shared.clone();
+        set.spawn(async move { recv_stream(s, &shared).await });
+    }
+    let mut deadline = None;
+    loop {
+        let next = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, set.join_next()).await {
+                Ok(x) => x,
+                Err(_) => {
+                    tracing::info!("giving up on data streams that did not end");
+                    set.abort_all();
+                    break;
                 }
-            })
-        })
-        .collect();
-    let mut received = 0;
-    for t in tasks {
-        match t.await {
-            Ok(got) => received += got,
-            Err(e) => run.fail(Error::refused(
+            },
+            None => tokio::select! {
+                x = set.join_next() => x,
+                _ = shared.complete.cancelled() => {
+                    deadline = Some(tokio::time::Instant::now() + END_GRACE);
+                    continue;
+                }
+            },
+        };
+        match next {
+            None => break,
+            Some(Ok(Ok(_))) => {}
+            Some(Ok(Err(StreamEnd::Fatal(e)))) => run.fail(e),
+            Some(Ok(Err(StreamEnd::Lost(e)))) => {
+                live -= 1;
+                lost += 1;
+                if shared.complete.is_cancelled() {
+                } else if live == 0 {
+                    run.fail(e);
+                } else {
+                    tracing::warn!("{e}; waiting for its chunks on the other {live} streams");
+                }
+            }
+            Some(Err(e)) => run.fail(Error::refused(
                 dmover_proto::control::ErrorCode::Aborted,
                 format!("a stream task failed: {e}"),
             )),
         }
     }
     run.check()?;
-    if received != n {
+    let got = shared.distinct.load(Ordering::Acquire);
+    if got != expected {
         return Err(Error::protocol(
             "the source",
-            format!("streams ended after {received} of {n} chunks"),
+            format!("streams ended after {got} of {expected} chunks"),
         ));
     }
     if shared.pending.load(Ordering::Acquire) != 0 {
@@ -331,12 +608,18 @@ where
         }
     }
     run.check()?;
-    disk.run(move || sink.finish())
+    let stats = RecvStats {
+        streams_lost: lost,
+        duplicates: shared.duplicates.load(Ordering::Relaxed),
+    };
+    let summary = disk
+        .run(move || sink.finish())
         .await
-        .unwrap_or(Err(Error::Aborted))
+        .unwrap_or(Err(Error::Aborted))?;
+    Ok((summary, stats))
 }
 
-async fn recv_stream<S>(mut s: DataStream<S>, sh: &Arc<RecvShared>) -> Result<u64>
+async fn recv_stream<S>(mut s: DataStream<S>, sh: &Arc<RecvShared>) -> Result<u64, StreamEnd>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -347,22 +630,23 @@ where
         max_digests: layout.chunk_size() as u32,
     };
     let peer = s.peer.clone();
-    let io_err = |e| Error::Net(NetError::io("receiving data from", &peer, e));
-    let proto_err = |what: String| Error::protocol(&peer, what);
+    let lost = |e| StreamEnd::Lost(Error::Net(NetError::io("receiving data from", &peer, e)));
+    let fatal = |what: String| StreamEnd::Fatal(Error::protocol(&peer, what));
+    let aborted = || StreamEnd::Fatal(Error::Aborted);
     let mut segments = Vec::new();
     let mut got = 0u64;
     loop {
         let mut hb = [0u8; HEADER_LEN];
         tokio::select! {
             biased;
-            _ = sh.run.cancelled() => return Err(Error::Aborted),
-            r = s.io.read_exact(&mut hb) => { r.map_err(io_err)?; }
+            _ = sh.run.cancelled() => return Err(aborted()),
+            r = s.io.read_exact(&mut hb) => { r.map_err(lost)?; }
         }
-        let h =
-            FrameHeader::decode(&hb, &limits).map_err(|e| Error::Net(NetError::proto(&peer, e)))?;
+        let h = FrameHeader::decode(&hb, &limits)
+            .map_err(|e| StreamEnd::Fatal(Error::Net(NetError::proto(&peer, e))))?;
         if h.kind == FrameKind::End {
             if h.chunk != got {
-                return Err(proto_err(format!(
+                return Err(fatal(format!(
                     "stream says it sent {} chunks, {got} arrived",
                     h.chunk
                 )));
@@ -371,23 +655,20 @@ where
         }
         let k = h.chunk;
         if k >= n {
-            return Err(proto_err(format!(
+            return Err(fatal(format!(
                 "chunk {k} out of range (the dataset has {n})"
             )));
         }
-        if !sh.seen.insert(k) {
-            return Err(proto_err(format!("chunk {k} sent twice")));
-        }
         let expected = layout.wire_len(k);
         if u64::from(h.payload_len) != expected {
-            return Err(proto_err(format!(
+            return Err(fatal(format!(
                 "chunk {k} has {} bytes, the layout says {expected}",
                 h.payload_len
             )));
         }
         let pieces = layout.pieces(k).count() as u64;
         if u64::from(h.n_digests) > pieces {
-            return Err(proto_err(format!(
+            return Err(fatal(format!(
                 "chunk {k} carries {} digests for {pieces} files",
                 h.n_digests
             )));
@@ -395,35 +676,51 @@ where
         let mut trailer = vec![0u8; h.n_digests as usize * DIGEST_LEN];
         let mut buf = tokio::select! {
             biased;
-            _ = sh.run.cancelled() => return Err(Error::Aborted),
+            _ = sh.run.cancelled() => return Err(aborted()),
             b = async {
                 s.io.read_exact(&mut trailer).await?;
                 Ok::<_, std::io::Error>(sh.pool.get().await)
-            } => b.map_err(io_err)?,
+            } => b.map_err(lost)?,
         };
         layout.segments(k, &mut segments);
         for &(off, len) in &segments {
             tokio::select! {
                 biased;
-                _ = sh.run.cancelled() => return Err(Error::Aborted),
-                r = s.io.read_exact(&mut buf[off..off + len]) => { r.map_err(io_err)?; }
+                _ = sh.run.cancelled() => return Err(aborted()),
+                r = s.io.read_exact(&mut buf[off..off + len]) => { r.map_err(lost)?; }
             }
         }
         sh.run.progress.bytes.fetch_add(expected, Ordering::Relaxed);
         sh.run.progress.chunks.fetch_add(1, Ordering::Relaxed);
         got += 1;
-        let job = sh.clone();
-        let crc = h.crc;
-        sh.disk.spawn(move || {
-            if !job.run.is_cancelled() {
-                if let Err(e) = job.sink.write_chunk(k, &buf, &trailer, crc) {
-                    job.run.fail(e);
+        if sh.seen.insert(k) {
+            if sh.distinct.fetch_add(1, Ordering::AcqRel) + 1 == sh.expected {
+                sh.complete.cancel();
+            }
+            let job = sh.clone();
+            let crc = h.crc;
+            sh.disk.spawn(move || {
+                if !job.run.is_cancelled() {
+                    if let Err(e) = job.sink.write_chunk(k, &buf, &trailer, crc) {
+                        job.run.fail(e);
+                    }
                 }
-            }
-            drop(buf);
-            if job.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-                job.all_written.notify_one();
-            }
-        });
+                drop(buf);
+                if job.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    job.all_written.notify_one();
+                }
+            });
+        } else {
+            sh.duplicates.fetch_add(1, Ordering::Relaxed);
+        }
+        let ack = encode_ack(got);
+        tokio::select! {
+            biased;
+            _ = sh.run.cancelled() => return Err(aborted()),
+            r = async {
+                s.io.write_all(&ack).await?;
+                s.io.flush().await
+            } => { r.map_err(lost)?; }
+        }
     }
 }

@@ -95,7 +95,7 @@ impl Error {
             Error::Net(_) => ErrorCode::Aborted,
             Error::Remote { code, .. } => *code,
             Error::Checksum(_) => ErrorCode::Checksum,
-            Error::Changed { .. } => ErrorCode::Io,
+            Error::Changed { .. } => ErrorCode::Changed,
             Error::Refused { code, .. } => *code,
             Error::Aborted => ErrorCode::Aborted,
         }
@@ -106,6 +106,27 @@ impl Error {
         ErrorMsg {
             code: self.code(),
             message: self.to_string(),
+        }
+    }
+
+    /// Whether a new session of the transfer, resuming, may succeed where this one
+    /// failed: broken connections and silent peers, a busy server, files that changed
+    /// while read, data that arrived corrupted. Not: refused paths and credentials,
+    /// protocol violations, local or remote disk errors (a full disk stays full), and
+    /// cancellations.
+    pub fn retryable(&self) -> bool {
+        match self {
+            Error::Net(NetError::Proto { .. }) => false,
+            Error::Net(_) => true,
+            Error::Remote { code, .. } => {
+                matches!(
+                    code,
+                    ErrorCode::Aborted | ErrorCode::Busy | ErrorCode::Checksum | ErrorCode::Changed
+                )
+            }
+            Error::Checksum(_) | Error::Changed { .. } => true,
+            Error::Refused { code, .. } => *code == ErrorCode::Busy,
+            Error::Io { .. } | Error::Aborted => false,
         }
     }
 

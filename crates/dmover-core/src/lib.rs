@@ -9,17 +9,21 @@
 //! complete and its digest matches ([`sink`]).
 //!
 //! - [`client::Client`] pushes or pulls; [`server::Server`] serves many clients at once.
+//! - [`access`]: exports, users, credentials and the server's configuration file.
 //! - [`memtest`]: the memory-to-memory network test (`dmover bench net`).
 //! - Every file operation goes through directory handles ([`tree`], [`paths`], [`sys`]),
 //!   so a server never follows a path out of its root.
 
+pub mod access;
 pub mod client;
 pub mod diskpool;
 pub mod engine;
 pub mod error;
+pub mod journal;
 pub mod memtest;
 pub mod paths;
 pub mod pool;
+pub mod resume;
 pub mod server;
 pub mod session;
 pub mod sink;

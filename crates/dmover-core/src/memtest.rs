@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use dmover_net::NetError;
 use dmover_net::control::ControlChannel;
+use dmover_net::stream::DataIo;
 use dmover_net::tcp::{self, SocketOptions};
 use dmover_net::zerocopy::{ZeroCopy, ZeroCopyStats};
 use dmover_proto::control::{Control, MemDirection, MemTest, Op, Summary};
@@ -26,7 +27,7 @@ use tokio::net::TcpStream;
 use crate::client::Client;
 use crate::engine::{DataStream, Run};
 use crate::error::{Error, Result};
-use crate::session::{self, HANDSHAKE_TIMEOUT, unexpected};
+use crate::session::{self, Heartbeat, unexpected};
 
 /// Longest test a server runs, whatever the client asks.
 pub const MAX_MILLIS: u32 = 120_000;
@@ -98,6 +99,12 @@ pub trait RawTcp {
 impl RawTcp for TcpStream {
     fn raw_tcp(&self) -> Option<&TcpStream> {
         Some(self)
+    }
+}
+
+impl RawTcp for DataIo<TcpStream> {
+    fn raw_tcp(&self) -> Option<&TcpStream> {
+        self.plain()
     }
 }
 
@@ -359,11 +366,12 @@ where
         }
     }
     let peer = ch.peer().to_string();
+    let hb = Heartbeat::default();
     match m.direction {
         MemDirection::ToServer => {
             ch.send(&Control::Go).await?;
             let ((bytes, frames), _) =
-                session::watch_control(ch, run, recv_all(streams, chunk, run)).await?;
+                session::watch_control(ch, run, hb, recv_all(streams, chunk, run)).await?;
             ch.send(&Control::Done(Summary {
                 bytes,
                 chunks: frames,
@@ -374,7 +382,7 @@ where
             Ok(bytes)
         }
         MemDirection::FromServer => {
-            match ch.recv_timeout(HANDSHAKE_TIMEOUT, "go").await? {
+            match session::recv_live(ch, hb).await? {
                 Control::Go => {}
                 other => return Err(unexpected(&peer, other, "Go")),
             }
@@ -382,6 +390,7 @@ where
             let (outcome, early) = session::watch_control(
                 ch,
                 run,
+                hb,
                 send_all(
                     streams,
                     chunk,
@@ -400,12 +409,9 @@ where
                     z.copied
                 );
             }
-            let done = match early {
+            let done = match early.into_iter().next() {
                 Some(m) => m,
-                None => {
-                    ch.recv_timeout(HANDSHAKE_TIMEOUT, "the client's summary")
-                        .await?
-                }
+                None => session::recv_live(ch, hb).await?,
             };
             match done {
                 Control::Done(s) => Ok(s.bytes),
@@ -437,11 +443,12 @@ impl Client {
         });
         let mut conn = self.open(server, op, chunk).await?;
         let s = conn.session.clone();
-        let streams = self.open_streams(server, &s).await?;
+        let streams = self.open_streams(server, &s, conn.key).await?;
         let checksum = self.opts.checksum;
+        let hb = Heartbeat::default();
         let (bytes, frames, seconds, zerocopy) = match t.direction {
             MemDirection::ToServer => {
-                match conn.ch.recv_timeout(HANDSHAKE_TIMEOUT, "go").await? {
+                match session::recv_live(&mut conn.ch, hb).await? {
                     Control::Go => {}
                     other => return Err(unexpected(server, other, "Go")),
                 }
@@ -449,6 +456,7 @@ impl Client {
                 let (outcome, early) = session::watch_control(
                     &mut conn.ch,
                     &run,
+                    hb,
                     send_all(
                         streams,
                         s.chunk_size,
@@ -459,9 +467,9 @@ impl Client {
                     ),
                 )
                 .await?;
-                let done = match early {
+                let done = match early.into_iter().next() {
                     Some(m) => m,
-                    None => conn.ch.recv_timeout(HANDSHAKE_TIMEOUT, "summary").await?,
+                    None => session::recv_live(&mut conn.ch, hb).await?,
                 };
                 let secs = started.elapsed().as_secs_f64();
                 match done {
@@ -475,6 +483,7 @@ impl Client {
                 let ((bytes, frames), _) = session::watch_control(
                     &mut conn.ch,
                     &run,
+                    hb,
                     recv_all(streams, s.chunk_size, &run),
                 )
                 .await?;

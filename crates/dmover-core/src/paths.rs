@@ -188,6 +188,20 @@ pub fn source_root(base: &Base, path: &[u8], base_name: &[u8]) -> Result<SourceR
     }
 }
 
+/// The directory containing `dest` and `dest`'s name in it, if `dest` has a parent.
+pub fn dest_parent(base: &Base, dest: &[u8]) -> Result<Option<(OwnedFd, Vec<u8>)>> {
+    if let Base::Export(_) = base {
+        checked_components(dest)?;
+    }
+    let Some((parent, name)) = base.split(dest)? else {
+        return Ok(None);
+    };
+    let fd = base
+        .open_dir(&parent)
+        .map_err(|e| open_error(base, &parent, e))?;
+    Ok(Some((fd, name)))
+}
+
 /// Decides where each root of an incoming manifest goes, with `cp -r` semantics:
 /// into `dest` when it is an existing directory; as `dest` itself when it does not
 /// exist (one root only) or is a file being replaced by a file.

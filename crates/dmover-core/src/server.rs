@@ -1,78 +1,142 @@
 //! The server: one listener for control and data connections, sessions for any number
 //! of clients at once over fixed disk threads and a fixed network runtime, and a memory
 //! budget shared by all sessions' buffer pools.
+//!
+//! # Connection setup
+//! ```text
+//! accept ─ preamble ─┬─ control: preamble answer ─ TLS 1.3 ─ Hello/Welcome ─ Auth/AuthOk ─ Open
+//!                    │           (all within the handshake timeout) ─ the session
+//!                    └─ data:    DataHello ─ challenge ─ proof ─ status + server proof
+//!                                (within the handshake timeout) ─ handed to its session
+//! ```
+//! Connections still in setup are limited in number ([`ServerConfig::max_handshakes`]);
+//! control frames before authentication are limited to [`PRE_AUTH_MAX_FRAME`] bytes.
+//! Every refusal is logged with the peer's address.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use dmover_net::control::{ControlChannel, read_preamble, write_preamble};
+use dmover_net::stream::DataIo;
 use dmover_net::tcp::{self, SocketOptions};
+use dmover_net::tls::ServerIdentity;
+use dmover_net::{ControlStream, NetError};
+use dmover_proto::auth::{self, Role};
 use dmover_proto::control::{
-    AuthMethod, AuthOk, Control, ErrorCode, Op, Open, SessionInfo, Welcome,
+    AuthMethod, AuthOk, Control, Credential, DataProtection, ErrorCode, Op, Open, SendReport,
+    SessionInfo, SessionOptions, Welcome,
 };
-use dmover_proto::data::{DataHello, HELLO_LEN, JoinStatus};
+use dmover_proto::data::{DataHello, HELLO_LEN, JOIN_PROOF_LEN, JoinStatus};
 use dmover_proto::preamble::{ConnKind, Preamble};
-use dmover_proto::{PROTOCOL_VERSION, auth, control, negotiate_version};
+use dmover_proto::{PROTOCOL_VERSION, control, negotiate_version};
 use parking_lot::Mutex;
 use rustix::fs::OFlags;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{SOFTWARE, prepare_sink};
+use crate::access::{ExportSpec, Grant, Rights, User, verify_signature};
+use crate::client::{SOFTWARE, prepare_sink, resume_sink, resume_source};
 use crate::diskpool::DiskPool;
 use crate::engine::{self, DataStream, Run};
 use crate::error::{Error, Result};
 use crate::paths::{self, Base};
 use crate::pool::Pool;
-use crate::session::{self, HANDSHAKE_TIMEOUT, MAX_STREAMS, unexpected};
+use crate::session::{self, HANDSHAKE_TIMEOUT, Heartbeat, MAX_STREAMS, unexpected};
 use crate::sink::SinkOptions;
 use crate::source::{Source, SourceOptions};
 use crate::walk;
 
+/// Largest control frame accepted before the client has authenticated.
+pub const PRE_AUTH_MAX_FRAME: usize = 64 << 10;
+
 /// Server settings.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// The directory served; every path is relative to it and confined below it.
-    pub root: PathBuf,
-    /// Refuse pushes.
+    /// The directories served. One export named `""` takes paths relative to it;
+    /// otherwise a path's first component names its export.
+    pub exports: Vec<ExportSpec>,
+    /// Refuse pushes to every export.
     pub read_only: bool,
-    /// Shared token clients must prove; `None` allows anyone (loopback only).
-    pub token: Option<Vec<u8>>,
+    /// Users and their credentials; `None`: no authentication (loopback only, the
+    /// caller's duty to check).
+    pub users: Option<BTreeMap<String, User>>,
+    /// The TLS identity; `None`: a key made at start and kept in memory.
+    pub identity: Option<ServerIdentity>,
+    /// Refuse sessions whose data streams are not encrypted.
+    pub require_encryption: bool,
     /// Disk threads shared by all sessions.
     pub io_threads: usize,
     /// Sessions running at once; more are refused as busy.
     pub max_sessions: usize,
+    /// Sessions one user may run at once.
+    pub max_sessions_per_user: usize,
+    /// Connections in setup (before their session or join) at once; more are closed.
+    pub max_handshakes: usize,
+    /// Time from accepting a control connection to its open session, and for a data
+    /// connection's join.
+    pub handshake_timeout: Duration,
+    /// Time a data stream may wait without progress.
+    pub idle_timeout: Duration,
     /// Bytes of chunk buffers all sessions may hold together.
     pub memory_budget: u64,
     /// Socket settings for accepted connections.
     pub socket: SocketOptions,
     /// Most manifest entries accepted per session.
     pub max_entries: u64,
+    /// Most memory a session's manifest may take (see [`session::entry_bytes`]).
+    pub max_manifest_bytes: u64,
     /// Test hook: delay every chunk this server reads or writes.
     pub chunk_delay: Option<Duration>,
 }
 
 impl ServerConfig {
-    /// Defaults for serving `root`.
-    pub fn new(root: impl Into<PathBuf>) -> Self {
+    /// Defaults for serving `root` (one unnamed export) without authentication.
+    pub fn new(root: impl Into<std::path::PathBuf>) -> Self {
         ServerConfig {
-            root: root.into(),
+            exports: vec![ExportSpec {
+                name: String::new(),
+                path: root.into(),
+                read_only: false,
+            }],
             read_only: false,
-            token: None,
+            users: None,
+            identity: None,
+            require_encryption: false,
             io_threads: 8,
             max_sessions: 64,
+            max_sessions_per_user: 16,
+            max_handshakes: 256,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+            idle_timeout: Duration::from_secs(120),
             memory_budget: 2 << 30,
             socket: SocketOptions::default(),
             max_entries: session::MAX_ENTRIES,
+            max_manifest_bytes: session::MAX_MANIFEST_BYTES,
             chunk_delay: None,
         }
+    }
+
+    /// Requires a shared token for every export (the `--token-file` form): one user
+    /// `*` (any name) with read-write rights everywhere.
+    pub fn shared_token(&mut self, token: &[u8]) {
+        let exports = self
+            .exports
+            .iter()
+            .map(|e| (e.name.clone(), Rights::ReadWrite))
+            .collect();
+        let user = User {
+            name: "*".into(),
+            token: Some(auth::token_keys(token).verifier),
+            keys: Vec::new(),
+            exports,
+        };
+        self.users = Some(BTreeMap::from([("*".to_string(), user)]));
     }
 }
 
@@ -80,19 +144,30 @@ impl ServerConfig {
 const MIB: u64 = 1 << 20;
 
 struct Slot {
-    secret: [u8; 32],
+    key: [u8; 32],
+    protection: DataProtection,
     joined: Vec<bool>,
-    tx: mpsc::Sender<(u16, DataStream<TcpStream>)>,
+    tx: mpsc::Sender<(u16, DataStream<DataIo>)>,
+}
+
+struct Export {
+    spec: ExportSpec,
+    root: Arc<OwnedFd>,
+    /// What a pull of the whole export calls it.
+    root_name: Vec<u8>,
 }
 
 /// A running server.
 pub struct Server {
     cfg: ServerConfig,
-    root: Arc<OwnedFd>,
-    root_name: Vec<u8>,
+    exports: Vec<Export>,
+    identity: ServerIdentity,
+    tls: dmover_net::tls::TlsAcceptor,
     disk: Arc<DiskPool>,
     sessions: Mutex<HashMap<u64, Slot>>,
     active: AtomicUsize,
+    per_user: Mutex<HashMap<String, usize>>,
+    handshakes: Arc<Semaphore>,
     memory: Arc<Semaphore>,
 }
 
@@ -112,32 +187,79 @@ impl Drop for SlotGuard<'_> {
     }
 }
 
+/// Counts a session against its user's limit while it lives.
+struct UserGuard<'a>(&'a Server, String);
+
+impl Drop for UserGuard<'_> {
+    fn drop(&mut self) {
+        let mut m = self.0.per_user.lock();
+        if let Some(n) = m.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.1);
+            }
+        }
+    }
+}
+
+fn refused(code: ErrorCode, message: impl Into<String>) -> Error {
+    Error::refused(code, message)
+}
+
 impl Server {
-    /// Opens the root and starts the disk threads.
+    /// Opens the exports and starts the disk threads.
     pub fn new(cfg: ServerConfig) -> Result<Arc<Self>> {
-        let shown = cfg.root.display().to_string();
-        let root = crate::sys::open_local(
-            std::os::unix::ffi::OsStrExt::as_bytes(cfg.root.as_os_str()),
-            OFlags::PATH | OFlags::DIRECTORY,
-        )
-        .map_err(|e| Error::io("opening the root", &shown, e))?;
-        let root_name = std::fs::canonicalize(&cfg.root)
-            .ok()
-            .and_then(|p| {
-                p.file_name()
-                    .map(|n| std::os::unix::ffi::OsStrExt::as_bytes(n).to_vec())
-            })
-            .unwrap_or_else(|| b"root".to_vec());
+        if cfg.exports.is_empty() {
+            return Err(refused(ErrorCode::NotFound, "no export to serve"));
+        }
+        let mut exports = Vec::new();
+        for spec in &cfg.exports {
+            let shown = spec.path.display().to_string();
+            let root = crate::sys::open_local(
+                std::os::unix::ffi::OsStrExt::as_bytes(spec.path.as_os_str()),
+                OFlags::PATH | OFlags::DIRECTORY,
+            )
+            .map_err(|e| Error::io("opening the export", &shown, e))?;
+            let root_name = if spec.name.is_empty() {
+                std::fs::canonicalize(&spec.path)
+                    .ok()
+                    .and_then(|p| {
+                        p.file_name()
+                            .map(|n| std::os::unix::ffi::OsStrExt::as_bytes(n).to_vec())
+                    })
+                    .unwrap_or_else(|| b"root".to_vec())
+            } else {
+                spec.name.clone().into_bytes()
+            };
+            exports.push(Export {
+                spec: spec.clone(),
+                root: Arc::new(root),
+                root_name,
+            });
+        }
+        let identity = match &cfg.identity {
+            Some(id) => id.clone(),
+            None => ServerIdentity::ephemeral()?,
+        };
+        let tls = identity.acceptor()?;
         let units = (cfg.memory_budget / MIB).clamp(1, Semaphore::MAX_PERMITS as u64) as usize;
         Ok(Arc::new(Server {
             disk: Arc::new(DiskPool::new(cfg.io_threads, "dmover-disk")),
-            root: Arc::new(root),
-            root_name,
+            exports,
+            identity,
+            tls,
             sessions: Mutex::new(HashMap::new()),
             active: AtomicUsize::new(0),
+            per_user: Mutex::new(HashMap::new()),
+            handshakes: Arc::new(Semaphore::new(cfg.max_handshakes.max(1))),
             memory: Arc::new(Semaphore::new(units)),
             cfg,
         }))
+    }
+
+    /// The fingerprint of the key clients pin.
+    pub fn fingerprint(&self) -> &str {
+        self.identity.fingerprint()
     }
 
     /// Accepts connections until `shutdown` is cancelled.
@@ -155,82 +277,147 @@ impl Server {
                     }
                 },
             };
+            let Ok(permit) = self.handshakes.clone().try_acquire_owned() else {
+                tracing::warn!(
+                    "refused {peer}: {} connections already in setup",
+                    self.cfg.max_handshakes
+                );
+                continue;
+            };
             tcp::tune_stream(&stream, &self.cfg.socket);
             let me = self.clone();
-            tokio::spawn(async move { me.connection(stream, peer).await });
+            tokio::spawn(async move { me.connection(stream, peer, permit).await });
         }
     }
 
-    async fn connection(self: Arc<Self>, mut stream: TcpStream, peer: SocketAddr) {
+    async fn connection(
+        self: Arc<Self>,
+        mut stream: TcpStream,
+        peer: SocketAddr,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) {
         let p = peer.to_string();
-        let pre =
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_preamble(&mut stream, &p)).await {
-                Ok(Ok(pre)) => pre,
-                Ok(Err(e)) => {
-                    tracing::info!("refused {p}: {e}");
-                    return;
-                }
-                Err(_) => {
-                    tracing::info!(
-                        "refused {p}: no greeting within {} s",
-                        HANDSHAKE_TIMEOUT.as_secs()
-                    );
-                    return;
-                }
-            };
-        match pre.kind {
-            ConnKind::Data => self.data_connection(stream, p).await,
-            ConnKind::Control => {
-                if let Err(e) = self.control_connection(stream, &p, pre).await {
-                    tracing::info!("session with {p} failed: {e:#}");
-                }
-            }
-        }
-    }
-
-    async fn data_connection(&self, mut stream: TcpStream, peer: String) {
-        let mut b = [0u8; HELLO_LEN];
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, stream.read_exact(&mut b)).await {
-            Ok(Ok(_)) => {}
-            _ => {
-                tracing::info!("refused data connection from {peer}: no join request");
+        let deadline = tokio::time::Instant::now() + self.cfg.handshake_timeout;
+        let pre = match tokio::time::timeout_at(deadline, read_preamble(&mut stream, &p)).await {
+            Ok(Ok(pre)) => pre,
+            Ok(Err(e)) => {
+                tracing::warn!("refused {p}: {e}");
                 return;
             }
-        }
-        let hello = match DataHello::decode(&b) {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::info!("refused data connection from {peer}: {e}");
+            Err(_) => {
+                tracing::warn!(
+                    "refused {p}: no greeting within {} s",
+                    self.cfg.handshake_timeout.as_secs()
+                );
                 return;
             }
         };
-        let (status, tx) = {
+        match pre.kind {
+            ConnKind::Data => {
+                match tokio::time::timeout_at(deadline, self.join(stream, &p)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::warn!("refused data connection from {p}: {e}"),
+                    Err(_) => tracing::warn!(
+                        "refused data connection from {p}: no join within {} s",
+                        self.cfg.handshake_timeout.as_secs()
+                    ),
+                }
+                drop(permit);
+            }
+            ConnKind::Control => {
+                if let Err(e) = self
+                    .control_connection(stream, &p, pre, deadline, permit)
+                    .await
+                {
+                    tracing::warn!("session with {p} failed: {e:#}");
+                }
+            }
+        }
+    }
+
+    /// A data connection's join (see [`dmover_proto::data`]). A connection that cannot
+    /// prove the session key never takes a stream's place.
+    async fn join(&self, mut stream: TcpStream, peer: &str) -> Result<()> {
+        let io = |e| Error::Net(NetError::io("reading from", peer, e));
+        let mut b = [0u8; HELLO_LEN];
+        stream.read_exact(&mut b).await.map_err(io)?;
+        let hello = DataHello::decode(&b).map_err(|e| Error::Net(NetError::proto(peer, e)))?;
+        let nonce: [u8; 32] = rand::random();
+        stream.write_all(&nonce).await.map_err(io)?;
+        let mut proof = [0u8; JOIN_PROOF_LEN];
+        stream.read_exact(&mut proof).await.map_err(io)?;
+        let (status, accepted) = {
             let mut sessions = self.sessions.lock();
             match sessions.get_mut(&hello.session) {
                 None => (JoinStatus::UnknownSession, None),
-                Some(slot) if !auth::proofs_equal(&slot.secret, &hello.secret) => {
-                    (JoinStatus::BadSecret, None)
-                }
-                Some(slot) => match slot.joined.get_mut(hello.stream as usize) {
-                    Some(j) if !*j => {
-                        *j = true;
-                        (JoinStatus::Accepted, Some(slot.tx.clone()))
+                Some(slot) => {
+                    let want = auth::join_proof(
+                        &slot.key,
+                        Role::Client,
+                        hello.session,
+                        hello.stream,
+                        &hello.nonce,
+                        &nonce,
+                    );
+                    if !auth::proofs_equal(&want, &proof) {
+                        (JoinStatus::BadProof, None)
+                    } else {
+                        match slot.joined.get_mut(hello.stream as usize) {
+                            Some(j) if !*j => {
+                                *j = true;
+                                (
+                                    JoinStatus::Accepted,
+                                    Some((slot.tx.clone(), slot.key, slot.protection)),
+                                )
+                            }
+                            _ => (JoinStatus::BadStream, None),
+                        }
                     }
-                    _ => (JoinStatus::BadStream, None),
-                },
+                }
             }
         };
-        if stream.write_all(&[status as u8]).await.is_err() {
-            return;
-        }
-        match tx {
-            Some(tx) => {
-                let _ = tx
-                    .send((hello.stream, DataStream { io: stream, peer }))
-                    .await;
-            }
-            None => tracing::info!("refused data connection from {peer}: {status:?}"),
-        }
+        let Some((tx, key, protection)) = accepted else {
+            let _ = stream.write_all(&[status as u8]).await;
+            return Err(Error::refused(
+                ErrorCode::Auth,
+                format!(
+                    "{status:?} (session {:016x}, stream {})",
+                    hello.session, hello.stream
+                ),
+            ));
+        };
+        let mut answer = [0u8; 1 + JOIN_PROOF_LEN];
+        answer[0] = status as u8;
+        answer[1..].copy_from_slice(&auth::join_proof(
+            &key,
+            Role::Server,
+            hello.session,
+            hello.stream,
+            &hello.nonce,
+            &nonce,
+        ));
+        stream
+            .write_all(&answer)
+            .await
+            .map_err(|e| Error::Net(NetError::io("writing to", peer, e)))?;
+        let io = DataIo::new(
+            stream,
+            protection,
+            &key,
+            hello.stream,
+            Role::Server,
+            Some(self.cfg.idle_timeout),
+        );
+        let _ = tx
+            .send((
+                hello.stream,
+                DataStream {
+                    io,
+                    peer: peer.to_string(),
+                },
+            ))
+            .await;
+        Ok(())
     }
 
     async fn control_connection(
@@ -238,6 +425,8 @@ impl Server {
         mut stream: TcpStream,
         peer: &str,
         pre: Preamble,
+        deadline: tokio::time::Instant,
+        permit: tokio::sync::OwnedSemaphorePermit,
     ) -> Result<()> {
         let version = negotiate_version(PROTOCOL_VERSION, pre.version).unwrap_or(0);
         write_preamble(
@@ -259,69 +448,240 @@ impl Server {
                 ),
             ));
         }
-        let mut ch = ControlChannel::new(stream, peer, control::MAX_FRAME);
-        let result = self.handshake_and_run(&mut ch).await;
+        let tls = match tokio::time::timeout_at(deadline, self.tls.accept(stream)).await {
+            Ok(Ok(tls)) => ControlStream::Server(tls),
+            Ok(Err(source)) => {
+                return Err(Error::Net(NetError::Tls {
+                    peer: peer.to_string(),
+                    source,
+                }));
+            }
+            Err(_) => {
+                return Err(Error::Net(NetError::Timeout {
+                    peer: peer.to_string(),
+                    what: "TLS handshake",
+                    secs: self.cfg.handshake_timeout.as_secs(),
+                }));
+            }
+        };
+        let binding = dmover_net::tls::export(&tls, auth::AUTH_EXPORTER_LABEL, None)?;
+        let master = dmover_net::tls::export(&tls, auth::SESSION_EXPORTER_LABEL, None)?;
+        let ch = ControlChannel::new(tls, peer, PRE_AUTH_MAX_FRAME);
+        self.control_session(ch, binding, master, deadline, Some(permit))
+            .await
+    }
+
+    /// Runs a control connection after TLS: authentication, `Open`, the session.
+    /// `binding` and `master` are the connection's exported secrets (see
+    /// [`dmover_proto::auth`]); `deadline` bounds everything up to the session. Public
+    /// so the session logic can be driven in memory (fuzzing, tests) without TLS.
+    pub async fn control_session<S: AsyncRead + AsyncWrite + Unpin + Send>(
+        &self,
+        mut ch: ControlChannel<S>,
+        binding: [u8; 32],
+        master: [u8; 32],
+        deadline: tokio::time::Instant,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Result<()> {
+        let peer = ch.peer().to_string();
+        let setup = tokio::time::timeout_at(deadline, self.authenticate(&mut ch, &binding)).await;
+        let result = match setup {
+            Err(_) => Err(Error::refused(
+                ErrorCode::Protocol,
+                format!(
+                    "no session opened within {} s",
+                    self.cfg.handshake_timeout.as_secs()
+                ),
+            )),
+            Ok(Err(e)) => Err(e),
+            Ok(Ok((grant, open))) => {
+                drop(permit);
+                ch.set_max_frame(control::MAX_FRAME);
+                match self.user_slot(&grant) {
+                    Err(e) => Err(e),
+                    Ok(_user) => self.run_session(&mut ch, open, &peer, &grant, master).await,
+                }
+            }
+        };
         if let Err(e) = &result {
-            // Tell the client why, unless the connection is what failed.
-            if !matches!(e, Error::Net(_) | Error::Remote { .. }) {
-                let _ = ch.send(&Control::Error(e.to_msg())).await;
+            // Tell the client why (a data stream's failure too), unless it was the
+            // client's own report; a dead control connection just fails the send.
+            if !matches!(e, Error::Remote { .. }) {
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    ch.send(&Control::Error(e.to_msg())),
+                )
+                .await;
             }
         }
         result
     }
 
-    async fn handshake_and_run(&self, ch: &mut ControlChannel<TcpStream>) -> Result<()> {
+    fn user_slot(&self, grant: &Grant) -> Result<UserGuard<'_>> {
+        let mut m = self.per_user.lock();
+        let n = m.entry(grant.user.clone()).or_insert(0);
+        if *n >= self.cfg.max_sessions_per_user {
+            let n = *n;
+            return Err(Error::refused(
+                ErrorCode::Busy,
+                format!(
+                    "user {:?} already runs {n} sessions (the limit)",
+                    grant.user
+                ),
+            ));
+        }
+        *n += 1;
+        Ok(UserGuard(self, grant.user.clone()))
+    }
+
+    /// Hello/Welcome, Auth/AuthOk, Open: who the client is and what it wants.
+    async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        ch: &mut ControlChannel<S>,
+        binding: &[u8; 32],
+    ) -> Result<(Grant, Open)> {
         let peer = ch.peer().to_string();
-        let hello = match ch.recv_timeout(HANDSHAKE_TIMEOUT, "hello").await? {
+        let hello = match ch.recv().await? {
             Control::Hello(h) => h,
             other => return Err(unexpected(&peer, other, "Hello")),
         };
         let nonce: [u8; 32] = rand::random();
-        let key = self.cfg.token.as_deref().map(auth::token_key);
         ch.send(&Control::Welcome(Welcome {
             software: SOFTWARE.into(),
             nonce,
-            auth: if key.is_some() {
-                AuthMethod::Token
+            auth: if self.cfg.users.is_some() {
+                AuthMethod::Required
             } else {
                 AuthMethod::None
             },
         }))
         .await?;
-        let proof = match ch.recv_timeout(HANDSHAKE_TIMEOUT, "authentication").await? {
-            Control::Auth(a) => a.proof,
+        let a = match ch.recv().await? {
+            Control::Auth(a) => a,
             other => return Err(unexpected(&peer, other, "Auth")),
         };
-        let server_proof = match &key {
-            None => None,
-            Some(k) => {
-                let want = auth::client_proof(k, &hello.nonce, &nonce);
-                if !proof.is_some_and(|p| auth::proofs_equal(&p, &want)) {
-                    tracing::warn!("authentication failed for {peer} ({})", hello.software);
+        let transcript = auth::transcript(binding, &a.user, &hello.nonce, &nonce);
+        let (grant, proof) = match &self.cfg.users {
+            None => (
+                Grant {
+                    user: String::new(),
+                    exports: self
+                        .exports
+                        .iter()
+                        .map(|e| (e.spec.name.clone(), Rights::ReadWrite))
+                        .collect(),
+                },
+                None,
+            ),
+            Some(users) => match check_credential(users, &a.user, &a.credential, &transcript) {
+                Ok(x) => x,
+                Err(why) => {
+                    tracing::warn!(
+                        "authentication failed for {peer} ({}): user {:?}: {why}",
+                        hello.software,
+                        a.user
+                    );
                     return Err(Error::refused(
                         ErrorCode::Auth,
-                        "authentication failed: wrong or missing token",
+                        "authentication failed: unknown user or wrong credential",
                     ));
                 }
-                Some(auth::server_proof(k, &hello.nonce, &nonce))
-            }
+            },
         };
-        ch.send(&Control::AuthOk(AuthOk {
-            proof: server_proof,
-        }))
-        .await?;
-        let open = match ch.recv_timeout(HANDSHAKE_TIMEOUT, "open").await? {
+        ch.send(&Control::AuthOk(AuthOk { proof })).await?;
+        let open = match ch.recv().await? {
             Control::Open(o) => o,
             other => return Err(unexpected(&peer, other, "Open")),
         };
-        self.run_session(ch, open, &peer).await
+        if self.cfg.users.is_some() {
+            tracing::info!(
+                "{peer}: authenticated as {:?} ({})",
+                grant.user,
+                hello.software
+            );
+        } else {
+            tracing::info!(
+                "{peer}: connected without authentication ({})",
+                hello.software
+            );
+        }
+        Ok((grant, open))
     }
 
-    async fn run_session(
+    /// Resolves a path a client named to its export: the export's base, the path
+    /// within it, and the name a pull of the whole export gets. `write`: the session
+    /// writes there.
+    fn resolve<'p>(
         &self,
-        ch: &mut ControlChannel<TcpStream>,
+        grant: &Grant,
+        path: &'p [u8],
+        write: bool,
+    ) -> Result<(Base, &'p [u8], Vec<u8>)> {
+        let (export, rest) = match self.exports.as_slice() {
+            [only] if only.spec.name.is_empty() => (only, path),
+            all => {
+                let trimmed = path.strip_prefix(b"./").unwrap_or(path);
+                let (first, rest) = match trimmed.iter().position(|&b| b == b'/') {
+                    Some(i) => (&trimmed[..i], &trimmed[i + 1..]),
+                    None => (trimmed, &b""[..]),
+                };
+                let names: Vec<&str> = all
+                    .iter()
+                    .filter(|e| grant.exports.contains_key(&e.spec.name))
+                    .map(|e| e.spec.name.as_str())
+                    .collect();
+                let found = all.iter().find(|e| {
+                    e.spec.name.as_bytes() == first && grant.exports.contains_key(&e.spec.name)
+                });
+                match found {
+                    Some(e) => (e, rest),
+                    None => {
+                        return Err(Error::refused(
+                            ErrorCode::NotFound,
+                            format!(
+                                "{:?}: paths start with an export's name; yours: {}",
+                                String::from_utf8_lossy(path),
+                                names.join(", ")
+                            ),
+                        ));
+                    }
+                }
+            }
+        };
+        let rights = grant.exports.get(&export.spec.name).copied();
+        if rights.is_none() {
+            return Err(Error::refused(
+                ErrorCode::PermissionDenied,
+                format!("user {:?} has no access to this export", grant.user),
+            ));
+        }
+        if write
+            && (self.cfg.read_only || export.spec.read_only || rights != Some(Rights::ReadWrite))
+        {
+            let what = if export.spec.name.is_empty() {
+                "this server".to_string()
+            } else {
+                format!("export {:?}", export.spec.name)
+            };
+            return Err(Error::refused(
+                ErrorCode::ReadOnly,
+                format!("{what} is read-only for user {:?}", grant.user),
+            ));
+        }
+        Ok((
+            Base::Export(export.root.clone()),
+            rest,
+            export.root_name.clone(),
+        ))
+    }
+
+    async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send>(
+        &self,
+        ch: &mut ControlChannel<S>,
         open: Open,
         peer: &str,
+        grant: &Grant,
+        master: [u8; 32],
     ) -> Result<()> {
         if open.streams == 0 {
             return Err(Error::refused(
@@ -329,28 +689,38 @@ impl Server {
                 "zero data streams requested",
             ));
         }
-        if self.cfg.read_only && matches!(open.op, Op::Push { .. }) {
+        if self.cfg.require_encryption && open.protection != DataProtection::Encrypted {
             return Err(Error::refused(
-                ErrorCode::ReadOnly,
-                "this server is read-only",
+                ErrorCode::Unsupported,
+                "this server requires encrypted data streams: use --encrypt",
             ));
         }
+        // Where the paths go, checked against the user's rights before anything else.
+        let push_dest = match &open.op {
+            Op::Push { dest } => {
+                let (base, rest, _) = self.resolve(grant, dest, true)?;
+                Some((base, rest.to_vec()))
+            }
+            Op::Pull { .. } | Op::MemTest(_) => None,
+        };
         let streams = open.streams.min(MAX_STREAMS);
         // A pull's source is here: walk it first, so an automatic chunk size can fit
         // the dataset and a bad path is refused before any session exists.
         let walked = match &open.op {
             Op::Pull { sources } => {
-                let (base, root_name, sources) = (
-                    Base::Export(self.root.clone()),
-                    self.root_name.clone(),
-                    sources.clone(),
-                );
+                let resolved = sources
+                    .iter()
+                    .map(|p| {
+                        self.resolve(grant, p, false)
+                            .map(|(base, rest, name)| (base, rest.to_vec(), name))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
                 let walked = self
                     .disk
                     .run(move || {
-                        let roots = sources
+                        let roots = resolved
                             .iter()
-                            .map(|p| paths::source_root(&base, p, &root_name))
+                            .map(|(base, p, name)| paths::source_root(base, p, name))
                             .collect::<Result<Vec<_>>>()?;
                         walk::walk(roots)
                     })
@@ -374,12 +744,13 @@ impl Server {
             ));
         }
         let id: u64 = rand::random();
-        let secret: [u8; 32] = rand::random();
+        let salt: [u8; 32] = rand::random();
         let (tx, mut rx) = mpsc::channel(streams as usize);
         self.sessions.lock().insert(
             id,
             Slot {
-                secret,
+                key: auth::session_key(&master, id, &salt),
+                protection: open.protection,
                 joined: vec![false; streams as usize],
                 tx,
             },
@@ -427,7 +798,7 @@ impl Server {
 
         ch.send(&Control::Session(SessionInfo {
             id,
-            secret,
+            salt,
             streams,
             chunk_size: chunk,
         }))
@@ -442,21 +813,35 @@ impl Server {
                 let streams = collect_streams(&mut rx, streams, peer).await?;
                 bytes = crate::memtest::serve(ch, &m, open.checksum, chunk, streams, &run).await?;
             }
-            Op::Push { dest } => {
-                what = format!("push to {:?}", String::from_utf8_lossy(&dest));
-                let entries = session::recv_manifest(ch, self.cfg.max_entries).await?;
-                let base = Base::Export(self.root.clone());
+            Op::Push { dest: shown } => {
+                what = format!("push to {:?}", String::from_utf8_lossy(&shown));
+                let (so, first) = next_options(ch).await?;
+                let hb = Heartbeat::from_ms(so.heartbeat_ms);
+                let entries = session::recv_manifest_limited(
+                    ch,
+                    self.cfg.max_entries,
+                    self.cfg.max_manifest_bytes,
+                    first,
+                )
+                .await?;
+                let (base, dest) = push_dest.expect("resolved above");
                 let opts = SinkOptions {
                     checksum: open.checksum,
                     direct_io: open.direct_io,
-                    fsync: false,
+                    fsync: so.fsync,
+                    verify: so.verify && open.checksum,
+                    journal: so.journal,
+                    resume: so.resume,
                     chunk_delay: self.cfg.chunk_delay,
                 };
-                let sink = self
-                    .disk
-                    .run(move || prepare_sink(&base, &dest, entries, chunk, id, opts))
-                    .await
-                    .ok_or(Error::Aborted)??;
+                let disk = self.disk.clone();
+                let sink = session::keep_alive(ch, hb, async move {
+                    disk.run(move || prepare_sink(&base, &dest, entries, chunk, opts))
+                        .await
+                        .ok_or(Error::Aborted)?
+                })
+                .await?;
+                let sink = resume_sink(&self.disk, ch, hb, sink, so.resume).await?;
                 let sink = Arc::new(sink);
                 ch.send(&Control::Go).await?;
                 let streams = collect_streams(&mut rx, streams, peer).await?;
@@ -464,44 +849,73 @@ impl Server {
                 let result = session::watch_control(
                     ch,
                     &run,
+                    hb,
                     engine::receive(&self.disk, sink, pool, streams, run.clone()),
                 )
                 .await;
-                let (summary, _) = result?;
+                let ((summary, stats), _) = result?;
+                if stats.streams_lost > 0 {
+                    tracing::info!(
+                        "{peer}: {} data streams broke; {} chunks arrived twice",
+                        stats.streams_lost,
+                        stats.duplicates
+                    );
+                }
                 bytes = summary.bytes;
                 ch.send(&Control::Done(summary)).await?;
             }
             Op::Pull { sources } => {
                 what = format!("pull of {} path(s)", sources.len());
                 let walked = walked.expect("walked above");
-                let source = Arc::new(Source::new(
+                let mut source = Source::new(
                     walked.tree,
                     chunk,
                     SourceOptions {
                         checksum: open.checksum,
                         direct_io: open.direct_io,
+                        continue_on_error: false,
                         chunk_delay: self.cfg.chunk_delay,
                     },
-                )?);
+                )?;
                 session::send_manifest(ch, source.tree().entries()).await?;
-                match ch.recv().await? {
+                let (so, first) = next_options(ch).await?;
+                let hb = Heartbeat::from_ms(so.heartbeat_ms);
+                source.set_continue_on_error(so.continue_on_error);
+                let mut msg = match first {
+                    Some(m) => m,
+                    None => session::recv_live(ch, hb).await?,
+                };
+                if matches!(msg, Control::Have(_)) {
+                    let parts = session::recv_have(ch, hb, msg).await?;
+                    let (checked, _, plan) =
+                        resume_source(&self.disk, ch, hb, source, &parts).await?;
+                    source = checked;
+                    ch.send(&Control::Plan(plan)).await?;
+                    msg = session::recv_live(ch, hb).await?;
+                }
+                match msg {
                     Control::Go => {}
                     other => return Err(unexpected(peer, other, "Go")),
                 }
+                let source = Arc::new(source);
                 let streams = collect_streams(&mut rx, streams, peer).await?;
                 let pool = Pool::new(count, chunk as usize);
-                let (_, early) = session::watch_control(
+                let (stats, early) = session::watch_control(
                     ch,
                     &run,
-                    engine::send(&self.disk, source, pool, streams, run.clone()),
+                    hb,
+                    engine::send(&self.disk, source.clone(), pool, streams, run.clone()),
                 )
                 .await?;
-                let done = match early {
+                ch.send(&Control::SendReport(SendReport {
+                    chunks_resent: stats.chunks_resent,
+                    streams_lost: stats.streams_lost,
+                    failed: source.failed(),
+                }))
+                .await?;
+                let done = match early.into_iter().next() {
                     Some(m) => m,
-                    None => {
-                        ch.recv_timeout(HANDSHAKE_TIMEOUT, "the client's summary")
-                            .await?
-                    }
+                    None => session::recv_live(ch, hb).await?,
                 };
                 match done {
                     Control::Done(summary) => bytes = summary.bytes,
@@ -511,20 +925,46 @@ impl Server {
         }
         let secs = started.elapsed().as_secs_f64();
         tracing::info!(
-            "{peer}: {what}: {bytes} bytes in {secs:.2} s ({:.2} Gbit/s)",
-            bytes as f64 * 8.0 / secs.max(1e-9) / 1e9
+            "{peer}: {what} as {:?}: {bytes} bytes in {secs:.2} s ({:.2} Gbit/s, {:?} data)",
+            grant.user,
+            bytes as f64 * 8.0 / secs.max(1e-9) / 1e9,
+            open.protection
         );
         Ok(())
     }
 }
 
+/// Reads the client's session options, which come first after `Session` (defaults,
+/// and the message, if an older client sent something else).
+async fn next_options<S: AsyncRead + AsyncWrite + Unpin>(
+    ch: &mut ControlChannel<S>,
+) -> Result<(SessionOptions, Option<Control>)> {
+    match ch
+        .recv_timeout(HANDSHAKE_TIMEOUT, "session options")
+        .await?
+    {
+        Control::Options(o) => Ok((o, None)),
+        other => Ok((
+            SessionOptions {
+                resume: false,
+                journal: true,
+                fsync: false,
+                verify: false,
+                continue_on_error: false,
+                heartbeat_ms: 0,
+            },
+            Some(other),
+        )),
+    }
+}
+
 /// Waits for all `n` data streams of a session to join.
 async fn collect_streams(
-    rx: &mut mpsc::Receiver<(u16, DataStream<TcpStream>)>,
+    rx: &mut mpsc::Receiver<(u16, DataStream<DataIo>)>,
     n: u16,
     peer: &str,
-) -> Result<Vec<DataStream<TcpStream>>> {
-    let mut got: Vec<(u16, DataStream<TcpStream>)> = Vec::with_capacity(n as usize);
+) -> Result<Vec<DataStream<DataIo>>> {
+    let mut got: Vec<(u16, DataStream<DataIo>)> = Vec::with_capacity(n as usize);
     let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
     while got.len() < n as usize {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
@@ -539,4 +979,45 @@ async fn collect_streams(
     }
     got.sort_by_key(|(i, _)| *i);
     Ok(got.into_iter().map(|(_, s)| s).collect())
+}
+
+/// Checks a credential against the configured users (a user named `*` stands for any
+/// name): the session's grant and the server's token proof, or why it failed (for the
+/// log; the client only learns that it failed).
+pub fn check_credential(
+    users: &BTreeMap<String, User>,
+    name: &str,
+    credential: &Credential,
+    transcript: &[u8; 32],
+) -> std::result::Result<(Grant, Option<[u8; 32]>), &'static str> {
+    let user = users
+        .get(name)
+        .or_else(|| users.get("*"))
+        .ok_or("unknown user")?;
+    let proof = match credential {
+        Credential::None => return Err("no credential given"),
+        Credential::Token { proof } => {
+            let v = user.token.as_ref().ok_or("the user has no token")?;
+            if !auth::verify_token_proof(v, transcript, proof) {
+                return Err("wrong token");
+            }
+            Some(auth::server_token_proof(v, transcript))
+        }
+        Credential::Key { public, signature } => {
+            if !user.keys.contains(public) {
+                return Err("key not authorised for the user");
+            }
+            if !verify_signature(public, &auth::key_auth_message(transcript), signature) {
+                return Err("bad signature");
+            }
+            None
+        }
+    };
+    Ok((
+        Grant {
+            user: user.name.clone(),
+            exports: user.exports.clone(),
+        },
+        proof,
+    ))
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use dmover_net::control::ControlChannel;
 use dmover_net::tcp::SocketOptions;
-use dmover_proto::control::{Control, ManifestEnd, ManifestPart};
+use dmover_proto::control::{Control, Have, ManifestEnd, ManifestPart, SessionOptions};
 use dmover_proto::layout::DEFAULT_CHUNK;
 use dmover_proto::manifest::{self, Entry, EntryKind, Totals};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -21,6 +21,47 @@ pub const MAX_STREAMS: u16 = 128;
 pub const MAX_ENTRIES: u64 = 50_000_000;
 /// Manifest parts are cut at about this many encoded bytes.
 const PART_BYTES: usize = 1 << 20;
+/// Default interval between heartbeats on the control channel.
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
+/// A peer silent for this many heartbeat intervals is declared gone.
+pub const SILENT_INTERVALS: u32 = 4;
+
+/// Heartbeats on the control channel: while data flows (and while one side works or
+/// waits for the other after the manifest) both sides send [`Control::Ping`] every
+/// interval; a side that hears nothing at all for [`SILENT_INTERVALS`] intervals
+/// declares the peer gone. Silence is checked at every interval, so a silent peer is
+/// detected within `SILENT_INTERVALS + 1` intervals (25 s by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// Interval between pings.
+    pub interval: Duration,
+}
+
+impl Heartbeat {
+    /// From the interval in milliseconds a client announced (0: the default).
+    pub fn from_ms(ms: u32) -> Self {
+        Heartbeat {
+            interval: if ms == 0 {
+                HEARTBEAT
+            } else {
+                Duration::from_millis(ms.into()).max(Duration::from_millis(50))
+            },
+        }
+    }
+
+    /// Silence after which the peer is declared gone.
+    pub fn limit(&self) -> Duration {
+        self.interval * SILENT_INTERVALS
+    }
+}
+
+impl Default for Heartbeat {
+    fn default() -> Self {
+        Heartbeat {
+            interval: HEARTBEAT,
+        }
+    }
+}
 
 /// Options of a transfer, as the user sets them.
 #[derive(Debug, Clone)]
@@ -43,6 +84,45 @@ pub struct TransferOptions {
     pub token: Option<Vec<u8>>,
     /// Limit for connecting and for each handshake step.
     pub connect_timeout: Duration,
+    /// How to trust the server's TLS key (`None`: pin in the default known-hosts file).
+    pub trust: Option<dmover_net::tls::Trust>,
+    /// User name sent to the server (empty: none).
+    pub user: String,
+    /// Ed25519 key to authenticate with (preferred over a token when both are set).
+    pub key: Option<crate::access::ClientKey>,
+    /// How the data streams are protected.
+    pub protection: dmover_proto::control::DataProtection,
+    /// How long a data stream may wait without progress.
+    pub idle_timeout: Duration,
+    /// Resume from the destination's journal of an earlier attempt.
+    pub resume: bool,
+    /// Sessions to start again, resuming, after a failure that may pass (a network
+    /// error, a busy server, a file changed while read).
+    pub retries: u32,
+    /// Pause before each retry.
+    pub retry_wait: Duration,
+    /// The destination keeps a resume journal.
+    pub journal: bool,
+    /// The destination re-reads every file after fsync and compares digests.
+    pub verify: bool,
+    /// Files the source cannot read are reported, and the rest is sent.
+    pub continue_on_error: bool,
+    /// Heartbeat interval on the control channel.
+    pub heartbeat: Duration,
+}
+
+impl TransferOptions {
+    /// The options sent to the server for one attempt.
+    pub fn session_options(&self, resume: bool) -> SessionOptions {
+        SessionOptions {
+            resume,
+            journal: self.journal,
+            fsync: self.fsync,
+            verify: self.verify && self.checksum,
+            continue_on_error: self.continue_on_error,
+            heartbeat_ms: self.heartbeat.as_millis().min(u32::MAX.into()) as u32,
+        }
+    }
 }
 
 impl Default for TransferOptions {
@@ -57,6 +137,18 @@ impl Default for TransferOptions {
             socket: SocketOptions::default(),
             token: None,
             connect_timeout: Duration::from_secs(15),
+            trust: None,
+            user: String::new(),
+            key: None,
+            protection: Default::default(),
+            idle_timeout: Duration::from_secs(120),
+            resume: false,
+            retries: 0,
+            retry_wait: Duration::from_secs(5),
+            journal: true,
+            verify: false,
+            continue_on_error: false,
+            heartbeat: HEARTBEAT,
         }
     }
 }
@@ -143,6 +235,22 @@ pub async fn send_manifest<S: AsyncRead + AsyncWrite + Unpin>(
     Ok(())
 }
 
+/// The path of manifest entry `idx`, for messages (names joined by `/`).
+pub fn entry_path(entries: &[Entry], idx: u32) -> String {
+    let mut names = Vec::new();
+    let mut i = idx;
+    loop {
+        let e = &entries[i as usize];
+        names.push(String::from_utf8_lossy(&e.name).into_owned());
+        if e.parent == manifest::NO_PARENT || e.parent as usize >= entries.len() {
+            break;
+        }
+        i = e.parent;
+    }
+    names.reverse();
+    names.join("/")
+}
+
 /// Turns a message that should not have arrived into an error (a peer's `Error` into
 /// [`Error::Remote`]).
 pub fn unexpected(peer: &str, msg: Control, wanted: &str) -> Error {
@@ -156,19 +264,57 @@ pub fn unexpected(peer: &str, msg: Control, wanted: &str) -> Error {
     }
 }
 
-/// Receives a manifest, checking it as it grows and as a whole.
+/// Memory a manifest may take by default (entries, names and link targets), all
+/// sessions' limits apart: 8 GiB, about 50 million entries with 100-byte names.
+pub const MAX_MANIFEST_BYTES: u64 = 8 << 30;
+
+/// Memory an entry takes once received: its fixed part plus its name and link target.
+pub fn entry_bytes(e: &Entry) -> u64 {
+    let target = match &e.kind {
+        EntryKind::Symlink { target } => target.len(),
+        _ => 0,
+    };
+    (std::mem::size_of::<Entry>() + e.name.len() + target) as u64
+}
+
+/// Receives a manifest, checking it as it grows and as a whole. `first` is a message
+/// already read that may begin it.
 pub async fn recv_manifest<S: AsyncRead + AsyncWrite + Unpin>(
     ch: &mut ControlChannel<S>,
     max_entries: u64,
+    first: Option<Control>,
+) -> Result<Vec<Entry>> {
+    recv_manifest_limited(ch, max_entries, MAX_MANIFEST_BYTES, first).await
+}
+
+/// [`recv_manifest`] with a limit on the memory the entries take ([`entry_bytes`]), so a
+/// peer cannot exhaust memory with long names and link targets.
+pub async fn recv_manifest_limited<S: AsyncRead + AsyncWrite + Unpin>(
+    ch: &mut ControlChannel<S>,
+    max_entries: u64,
+    max_bytes: u64,
+    mut first: Option<Control>,
 ) -> Result<Vec<Entry>> {
     let mut entries: Vec<Entry> = Vec::new();
+    let mut bytes = 0u64;
     loop {
-        match ch.recv_timeout(HANDSHAKE_TIMEOUT, "manifest").await? {
+        let msg = match first.take() {
+            Some(m) => m,
+            None => ch.recv_timeout(HANDSHAKE_TIMEOUT, "manifest").await?,
+        };
+        match msg {
             Control::Manifest(part) => {
                 if (entries.len() + part.entries.len()) as u64 > max_entries {
                     return Err(Error::refused(
                         dmover_proto::control::ErrorCode::Busy,
                         format!("manifest exceeds {max_entries} entries"),
+                    ));
+                }
+                bytes += part.entries.iter().map(entry_bytes).sum::<u64>();
+                if bytes > max_bytes {
+                    return Err(Error::refused(
+                        dmover_proto::control::ErrorCode::Busy,
+                        format!("manifest exceeds {max_bytes} bytes of memory"),
                     ));
                 }
                 entries.extend(part.entries);
@@ -192,38 +338,194 @@ pub async fn recv_manifest<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// Runs `transfer` while listening on the control channel. A peer's `Error`, or the
-/// control connection dropping, cancels the run. Any other message (such as the
-/// peer's `Done`, which can race the end of our own sending) is handed back.
+/// Runs `transfer` while keeping the control channel alive: pings the peer every
+/// heartbeat interval, fails `run` if the peer goes silent (see [`Heartbeat`]) or
+/// reports an error or the connection drops. Other messages (such as the peer's
+/// `Done`, which can race the end of our own sending) are handed back in order.
 pub async fn watch_control<S, F, T>(
     ch: &mut ControlChannel<S>,
     run: &Run,
+    hb: Heartbeat,
     transfer: F,
-) -> Result<(T, Option<Control>)>
+) -> Result<(T, Vec<Control>)>
 where
     S: AsyncRead + AsyncWrite + Unpin,
     F: std::future::Future<Output = Result<T>>,
 {
     tokio::pin!(transfer);
-    let mut early = None;
+    let mut early = Vec::new();
     let mut listening = true;
+    let mut heard = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(hb.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.reset();
     loop {
         tokio::select! {
             biased;
-            r = &mut transfer => return r.map(|t| (t, early)),
+            r = &mut transfer => {
+                return match r {
+                    Ok(t) => Ok((t, early)),
+                    // A peer that fails closes its data streams and reports why on the
+                    // control channel: prefer its report to the broken streams.
+                    Err(e) if listening && e.rank() < 3 => Err(peer_report(ch, e).await),
+                    Err(e) => Err(e),
+                };
+            }
+            _ = tick.tick(), if listening => {
+                if heard.elapsed() > hb.limit() {
+                    listening = false;
+                    run.fail(silent(ch.peer(), hb));
+                    continue;
+                }
+                let sent = tokio::time::timeout(hb.limit(), ch.send(&Control::Ping)).await;
+                match sent {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        listening = false;
+                        run.fail(Error::Net(e));
+                    }
+                    Err(_) => {
+                        listening = false;
+                        run.fail(silent(ch.peer(), hb));
+                    }
+                }
+            }
+            // Cancel-safe: a tick in the middle of a frame keeps what arrived.
             m = ch.recv(), if listening => {
-                listening = false;
+                heard = tokio::time::Instant::now();
                 match m {
-                    Ok(Control::Error(e)) => run.fail(Error::Remote {
-                        peer: ch.peer().to_string(),
-                        code: e.code,
-                        message: e.message,
-                    }),
-                    Ok(msg) => early = Some(msg),
-                    Err(e) => run.fail(Error::Net(e)),
+                    Ok(Control::Ping) => {}
+                    Ok(Control::Error(e)) => {
+                        listening = false;
+                        run.fail(Error::Remote {
+                            peer: ch.peer().to_string(),
+                            code: e.code,
+                            message: e.message,
+                        });
+                    }
+                    Ok(msg) => {
+                        // After its summary the peer neither sends nor listens: its
+                        // closing the connection is not an error, and pings would be.
+                        if matches!(msg, Control::Done(_)) {
+                            listening = false;
+                        }
+                        early.push(msg);
+                    }
+                    Err(e) => {
+                        listening = false;
+                        run.fail(Error::Net(e));
+                    }
                 }
             }
         }
+    }
+}
+
+/// Waits briefly for the peer's `Error` after our side failed with `e`; returns the
+/// peer's report if one comes, else `e`.
+async fn peer_report<S: AsyncRead + AsyncWrite + Unpin>(
+    ch: &mut ControlChannel<S>,
+    e: Error,
+) -> Error {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        match tokio::time::timeout_at(deadline, ch.recv()).await {
+            Ok(Ok(Control::Error(m))) => {
+                return Error::Remote {
+                    peer: ch.peer().to_string(),
+                    code: m.code,
+                    message: m.message,
+                };
+            }
+            Ok(Ok(_)) => {}
+            _ => return e,
+        }
+    }
+}
+
+fn silent(peer: &str, hb: Heartbeat) -> Error {
+    Error::Net(dmover_net::NetError::Timeout {
+        peer: peer.to_string(),
+        what: "heartbeat: the peer went silent",
+        secs: hb.limit().as_secs().max(1),
+    })
+}
+
+/// Receives the next message other than `Ping`, pinging the peer meanwhile; fails
+/// when the peer stays silent for the heartbeat limit.
+pub async fn recv_live<S: AsyncRead + AsyncWrite + Unpin>(
+    ch: &mut ControlChannel<S>,
+    hb: Heartbeat,
+) -> Result<Control> {
+    let mut heard = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(hb.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.reset();
+    loop {
+        tokio::select! {
+            biased;
+            m = ch.recv() => {
+                heard = tokio::time::Instant::now();
+                match m? {
+                    Control::Ping => {}
+                    other => return Ok(other),
+                }
+            }
+            _ = tick.tick() => {
+                if heard.elapsed() > hb.limit() {
+                    return Err(silent(ch.peer(), hb));
+                }
+                tokio::time::timeout(hb.limit(), ch.send(&Control::Ping))
+                    .await
+                    .map_err(|_| silent(ch.peer(), hb))??;
+            }
+        }
+    }
+}
+
+/// Runs `work` (a step that may take a while, such as checking held data) while
+/// keeping the control channel alive; a peer's error or silence aborts it.
+pub async fn keep_alive<S, F, T>(ch: &mut ControlChannel<S>, hb: Heartbeat, work: F) -> Result<T>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    F: std::future::Future<Output = Result<T>>,
+{
+    let run = Run::new();
+    let (t, early) = watch_control(ch, &run, hb, async {
+        tokio::select! {
+            biased;
+            _ = run.cancelled() => Err(Error::Aborted),
+            r = work => r,
+        }
+    })
+    .await
+    .map_err(|e| run.take_error().unwrap_or(e))?;
+    if let Some(m) = early.into_iter().next() {
+        return Err(unexpected(ch.peer(), m, "nothing"));
+    }
+    Ok(t)
+}
+
+/// Receives the destination's `Have` parts, up to the one marked last.
+pub async fn recv_have<S: AsyncRead + AsyncWrite + Unpin>(
+    ch: &mut ControlChannel<S>,
+    hb: Heartbeat,
+    first: Control,
+) -> Result<Vec<Have>> {
+    let mut parts = Vec::new();
+    let mut msg = first;
+    loop {
+        match msg {
+            Control::Have(h) => {
+                let last = h.last;
+                parts.push(h);
+                if last {
+                    return Ok(parts);
+                }
+            }
+            other => return Err(unexpected(ch.peer(), other, "Have")),
+        }
+        msg = recv_live(ch, hb).await?;
     }
 }
 
@@ -244,6 +546,28 @@ mod tests {
                 mtime: Mtime::default(),
             })
             .collect()
+    }
+
+    #[tokio::test]
+    async fn manifests_are_limited_in_entries_and_memory() {
+        let mut names = files(&[1; 10]);
+        for (i, e) in names.iter_mut().enumerate() {
+            e.name = vec![b'a' + i as u8; 200];
+        }
+        for (max_entries, max_bytes, ok) in
+            [(10, 1 << 20, true), (9, 1 << 20, false), (10, 1000, false)]
+        {
+            let (a, b) = tokio::io::duplex(1 << 20);
+            let mut tx = ControlChannel::new(a, "tx", dmover_proto::control::MAX_FRAME);
+            let mut rx = ControlChannel::new(b, "rx", dmover_proto::control::MAX_FRAME);
+            send_manifest(&mut tx, &names).await.unwrap();
+            let r = recv_manifest_limited(&mut rx, max_entries, max_bytes, None).await;
+            assert_eq!(
+                r.is_ok(),
+                ok,
+                "{max_entries} entries, {max_bytes} bytes: {r:?}"
+            );
+        }
     }
 
     #[test]

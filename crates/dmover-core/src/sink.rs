@@ -3,25 +3,33 @@
 //!
 //! # Lifecycle
 //! 1. [`Sink::prepare`] creates the directories (owner-only until the end).
+//!    [`Sink::held`] tells what an earlier attempt left (from the journal, see
+//!    [`crate::journal`]); [`Sink::resume`] then leaves that out.
 //! 2. [`Sink::write_chunk`], from any disk thread, in any chunk order: check the chunk's
 //!    CRC, write each piece into its file's staging name
-//!    (`.dmv.<session>.<entry>.<name>` in the same directory), fold the piece's hash
+//!    (`.dmv.<transfer key>.<name>` in the same directory), fold the piece's hash
 //!    into the file's digest, record digests the source sent. A file whose pieces are
 //!    all written and whose digests match is finalised at once: truncated to size
 //!    (after rounded direct-I/O writes), mode and mtime set, renamed into place.
 //! 3. [`Sink::finish`] creates empty files and symlinks (also via staging names), sets
 //!    directory modes and mtimes deepest first, and checks that every file arrived.
 //!
-//! A sink dropped before `finish` succeeded removes the staging files of every file
-//! still in flight: a failed transfer leaves no partial file under a final name, and
-//! no debris under a staging one.
+//! Completed files, and pieces of files of a chunk or more, are recorded in the journal.
+//! A sink dropped before `finish` succeeded commits the journal and removes the staging
+//! files of every file in flight that the journal does not describe: a failed transfer
+//! leaves no partial file under a final name, and under staging names only what a
+//! resumed session can use. `finish` removes the journal; when an earlier attempt
+//! existed it also sweeps that attempt's staging files from the tree's directories.
 
+use std::collections::HashSet;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use parking_lot::Mutex;
+
 use dmover_proto::control::{ErrorCode, Summary};
 use dmover_proto::data::DigestEntry;
-use dmover_proto::digest::{crc32c_append, piece_hash};
+use dmover_proto::digest::{FileDigest, crc32c_append, piece_hash};
 use dmover_proto::layout::{Layout, Piece};
 use dmover_proto::manifest::{EntryKind, MAX_NAME};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
@@ -29,6 +37,8 @@ use rustix::io::Errno;
 
 use crate::DirectIo;
 use crate::error::{Error, Result};
+use crate::journal::{self, Contents, FileId, Journal};
+use crate::resume::{Held, Skips};
 use crate::sys;
 use crate::track::{Complete, RecvTracker, TrackError};
 use crate::tree::Tree;
@@ -46,6 +56,13 @@ pub struct SinkOptions {
     pub direct_io: DirectIo,
     /// `fsync` each file before renaming it into place.
     pub fsync: bool,
+    /// Re-read each file from storage after `fsync` and compare its digest before
+    /// renaming it (needs `checksum`).
+    pub verify: bool,
+    /// Keep a resume journal.
+    pub journal: bool,
+    /// Read back the journal of an earlier attempt (otherwise start over).
+    pub resume: bool,
     /// Test hook: sleep this long before writing each chunk.
     pub chunk_delay: Option<std::time::Duration>,
 }
@@ -62,33 +79,244 @@ struct Staged {
 pub struct Sink {
     tree: Tree,
     layout: Layout,
-    session: u64,
+    key: u64,
     opts: SinkOptions,
     tracker: RecvTracker,
     direct_failed: AtomicBool,
     files_done: AtomicU64,
     bytes_done: AtomicU64,
     chunks_done: AtomicU64,
+    verified_bytes: AtomicU64,
     finished: AtomicBool,
+    journal: Mutex<Option<Journal>>,
+    /// What the journal held when the session started.
+    contents: Option<Contents>,
+    /// An earlier attempt left a journal (so maybe staging debris too).
+    earlier: bool,
+    skips: Skips,
+    held_bytes: u64,
+    /// Files whose staging file the journal describes: kept if the session fails.
+    keep: Mutex<HashSet<u32>>,
+    /// Files the source could not read.
+    failed: Mutex<HashSet<u32>>,
+    any_failed: AtomicBool,
 }
 
 impl Sink {
-    /// A sink writing `tree` (bound to destination handles) for session `session`.
-    pub fn new(tree: Tree, chunk_size: u32, session: u64, opts: SinkOptions) -> Result<Self> {
+    /// A sink writing `tree` (bound to destination handles), opening and locking the
+    /// transfer's journal (see [`crate::journal`]).
+    pub fn new(tree: Tree, chunk_size: u32, opts: SinkOptions) -> Result<Self> {
         let layout = Layout::new(tree.entries(), chunk_size)
             .map_err(|e| Error::refused(ErrorCode::Protocol, e.to_string()))?;
-        Ok(Sink {
+        let roots: Vec<u32> = tree
+            .entries()
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.parent == dmover_proto::manifest::NO_PARENT)
+            .map(|(i, _)| i as u32)
+            .collect();
+        let key = journal::transfer_key(
+            roots
+                .iter()
+                .map(|&i| (tree.root_name(i), &tree.entries()[i as usize].kind)),
+        );
+        let mut sink = Sink {
             tree,
             layout,
-            session,
+            key,
             opts,
             tracker: RecvTracker::new(opts.checksum),
             direct_failed: AtomicBool::new(false),
             files_done: AtomicU64::new(0),
             bytes_done: AtomicU64::new(0),
             chunks_done: AtomicU64::new(0),
+            verified_bytes: AtomicU64::new(0),
             finished: AtomicBool::new(false),
-        })
+            journal: Mutex::new(None),
+            contents: None,
+            earlier: false,
+            skips: Skips::default(),
+            held_bytes: 0,
+            keep: Mutex::default(),
+            failed: Mutex::default(),
+            any_failed: AtomicBool::new(false),
+        };
+        if opts.journal {
+            if let Some(dir) = sink.tree.roots_dir() {
+                match Journal::open(dir, key, chunk_size, opts.resume) {
+                    Ok((j, contents, earlier)) => {
+                        *sink.journal.get_mut() = Some(j);
+                        sink.contents = Some(contents);
+                        sink.earlier = earlier;
+                    }
+                    Err(e @ journal::JournalError::Busy(_)) => {
+                        return Err(Error::refused(ErrorCode::Busy, e.to_string()));
+                    }
+                    // No journal (a read-only parent, say): the copy goes on, but
+                    // cannot be resumed.
+                    Err(e) => tracing::warn!("{e}; this copy cannot be resumed if it fails"),
+                }
+            }
+        }
+        Ok(sink)
+    }
+
+    /// The transfer's key (names the journal and the staging files).
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
+    fn file_id(&self, entry: u32) -> FileId {
+        let path = journal::path_hash(self.tree.components(entry).into_iter());
+        FileId::of(path, &self.tree.entries()[entry as usize])
+    }
+
+    /// What an earlier attempt left that this session can keep: files complete under
+    /// their final names (journaled, and on disk with the manifest's size and mtime)
+    /// and journaled pieces of files of a chunk or more whose staging files exist.
+    /// Only records made for the size and mtime the manifest now gives a file count.
+    pub fn held(&self) -> Held {
+        let entries = self.tree.entries();
+        let mut held = Held::none(entries);
+        let Some(contents) = &self.contents else {
+            return held;
+        };
+        if contents.files.is_empty() {
+            return held;
+        }
+        for (f, slot) in self.layout.files().iter().enumerate() {
+            let entry = slot.entry;
+            let e = &entries[entry as usize];
+            let id = self.file_id(entry);
+            let Some(st) = contents.files.get(&id.path) else {
+                continue;
+            };
+            if st.size != id.size || st.mtime != id.mtime {
+                continue;
+            }
+            let Ok((dir, name)) = self.tree.locate(entry) else {
+                continue;
+            };
+            if st.done.is_some() {
+                if let Ok(s) = rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+                    if FileType::from_raw_mode(s.st_mode) == FileType::RegularFile
+                        && s.st_size as u64 == e.file_size()
+                        && s.st_mtime == e.mtime.sec
+                        && s.st_mtime_nsec as u32 == e.mtime.nsec
+                    {
+                        held.done[entry as usize] = true;
+                    }
+                }
+                continue;
+            }
+            let f = f as u32;
+            let n = self.layout.n_pieces(f);
+            if !self.opts.checksum || !self.layout.chunk_aligned(f) || n < 2 {
+                continue;
+            }
+            let pieces: Vec<(u64, u64)> = st
+                .pieces
+                .iter()
+                .filter(|(i, _)| **i + 1 < n)
+                .map(|(i, h)| (*i, *h))
+                .collect();
+            if pieces.is_empty() {
+                continue;
+            }
+            let staging = self.staging_name(name);
+            if rustix::fs::statat(&*dir, staging.as_slice(), AtFlags::SYMLINK_NOFOLLOW)
+                .is_ok_and(|s| FileType::from_raw_mode(s.st_mode) == FileType::RegularFile)
+            {
+                held.partial.insert(entry, pieces);
+            }
+        }
+        held
+    }
+
+    /// Prepares to receive what is not `held` (all of it for a fresh start): lays out
+    /// the rest, takes up the held pieces, and removes stale staging files of large
+    /// files (small files' staging files are truncated when created).
+    pub fn resume(&mut self, held: &Held) -> Result<()> {
+        self.contents = None;
+        let chunk = self.layout.chunk_size() as u32;
+        let layout = held
+            .layout(self.tree.entries(), chunk)
+            .map_err(|e| Error::refused(ErrorCode::Protocol, e.to_string()))?;
+        let skips = held.skips(&layout);
+        let mut keep = HashSet::new();
+        for (f, slot) in layout.files().iter().enumerate() {
+            let f = f as u32;
+            let pieces = skips.held(f);
+            if !pieces.is_empty() {
+                self.tracker.seed(f, layout.n_pieces(f), pieces);
+                keep.insert(f);
+            } else if self.earlier && layout.n_pieces(f) > 1 {
+                if let Ok((dir, name)) = self.tree.locate(slot.entry) {
+                    let staging = self.staging_name(name);
+                    let _ = rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
+                }
+            }
+        }
+        *self.keep.get_mut() = keep;
+        self.held_bytes = held.bytes(self.tree.entries(), chunk);
+        self.layout = layout;
+        self.skips = skips;
+        Ok(())
+    }
+
+    /// The chunks the source will send, in order.
+    pub fn chunks(&self) -> impl Iterator<Item = u64> + '_ {
+        self.skips.chunks(&self.layout)
+    }
+
+    /// Bytes of file data an earlier attempt left that this session keeps.
+    pub fn held_bytes(&self) -> u64 {
+        self.held_bytes
+    }
+
+    /// Bytes re-read and compared by `verify`.
+    pub fn verified_bytes(&self) -> u64 {
+        self.verified_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Layout files the source reported it could not read.
+    pub fn failed_files(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .failed
+            .lock()
+            .iter()
+            .map(|&f| self.layout.files()[f as usize].entry)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn is_failed(&self, file: u32) -> bool {
+        self.any_failed.load(Ordering::Acquire) && self.failed.lock().contains(&file)
+    }
+
+    /// The source could not read `file`: forget it and remove its staging file.
+    fn fail_file(&self, file: u32) {
+        if !self.failed.lock().insert(file) {
+            return;
+        }
+        self.any_failed.store(true, Ordering::Release);
+        self.tracker.forget(file);
+        self.keep.lock().remove(&file);
+        let entry = self.layout.files()[file as usize].entry;
+        tracing::warn!(
+            "the source could not send {}; skipping it",
+            self.tree.display(entry)
+        );
+        if let Ok((dir, name)) = self.tree.locate(entry) {
+            let staging = self.staging_name(name);
+            let _ = rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
+        }
+    }
+
+    /// The manifest entries.
+    pub fn tree_entries(&self) -> &[dmover_proto::manifest::Entry] {
+        self.tree.entries()
     }
 
     /// The dataset layout.
@@ -101,11 +329,22 @@ impl Sink {
         self.opts.checksum
     }
 
-    fn staging_name(&self, entry: u32, name: &[u8]) -> Vec<u8> {
-        let mut s = format!(".dmv.{:016x}.{entry:x}.", self.session).into_bytes();
-        let room = MAX_NAME.saturating_sub(s.len()).min(name.len());
-        s.extend_from_slice(&name[..room]);
+    /// `.dmv.<key>.<name>`; a name too long for that keeps its start and gains a hash
+    /// of the whole name.
+    fn staging_name(&self, name: &[u8]) -> Vec<u8> {
+        let mut s = self.staging_prefix();
+        if s.len() + name.len() <= MAX_NAME {
+            s.extend_from_slice(name);
+        } else {
+            s.extend_from_slice(format!("{:016x}~", xxhash_rust::xxh3::xxh3_64(name)).as_bytes());
+            let room = MAX_NAME - s.len();
+            s.extend_from_slice(&name[..room]);
+        }
         s
+    }
+
+    fn staging_prefix(&self) -> Vec<u8> {
+        format!(".dmv.{:016x}.", self.key).into_bytes()
     }
 
     /// Creates every directory of the manifest, owner-only until [`Sink::finish`]
@@ -170,39 +409,55 @@ impl Sink {
         for d in digests {
             // Entries come in file order, each naming a file this chunk holds a piece of:
             // one merge pass checks both.
-            if previous.is_some_and(|f| d.file <= f) {
+            let file = d.index();
+            if previous.is_some_and(|f| file <= f) {
                 return Err(Error::protocol(
                     "the source",
                     format!("chunk {k}: digest entries out of order"),
                 ));
             }
-            previous = Some(d.file);
-            while pieces.next_if(|p| p.file < d.file).is_some() {}
-            if pieces.peek().map(|p| p.file) != Some(d.file) {
+            previous = Some(file);
+            while pieces.next_if(|p| p.file < file).is_some() {}
+            if pieces.peek().map(|p| p.file) != Some(file) {
                 return Err(Error::protocol(
                     "the source",
-                    format!(
-                        "chunk {k} carries a digest for file {} it holds no piece of",
-                        d.file
-                    ),
+                    format!("chunk {k} carries a digest for file {file} it holds no piece of"),
                 ));
+            }
+            if d.is_failure() {
+                self.fail_file(file);
+                continue;
+            }
+            if self.is_failed(file) {
+                continue;
             }
             match self
                 .tracker
-                .expect(d.file, self.layout.n_pieces(d.file), d.digest)
+                .expect(file, self.layout.n_pieces(file), d.digest)
             {
-                Ok(Some(done)) => self.finalize(d.file, done, None)?,
+                Ok(Some(done)) => self.finalize(file, done, None)?,
                 Ok(None) => {}
-                Err(e) => return Err(self.track_error(d.file, e)),
+                Err(e) => return Err(self.track_error(file, e)),
             }
         }
         for p in self.layout.pieces(k) {
             let file = p.file;
+            if self.skips.piece_held(file, p.index) || self.is_failed(file) {
+                continue;
+            }
             self.tracker.begin(file);
             let data = &buf[p.buf_offset..p.buf_offset + p.len];
             let hash = self.opts.checksum.then(|| piece_hash(data));
             let n = self.layout.n_pieces(file);
             let staged = self.write_piece(&p, n, buf)?;
+            if let (Some(h), false, true) = (hash, p.last, self.layout.chunk_aligned(file)) {
+                // A piece of a file of a chunk or more: worth resuming from.
+                if let Some(j) = &*self.journal.lock() {
+                    let id = self.file_id(self.layout.files()[file as usize].entry);
+                    j.piece_done(&id, p.index, h);
+                    self.keep.lock().insert(file);
+                }
+            }
             match self.tracker.written(file, p.index, n, hash) {
                 Ok(Some(done)) => self.finalize(file, done, Some(staged))?,
                 Ok(None) => {}
@@ -227,7 +482,7 @@ impl Sink {
             .tree
             .locate(slot.entry)
             .map_err(|e| Error::io("opening the directory of", path(), e))?;
-        let staging = self.staging_name(slot.entry, name);
+        let staging = self.staging_name(name);
         let mut direct = self.opts.direct_io != DirectIo::Never
             && p.aligned
             && !self.direct_failed.load(Ordering::Relaxed);
@@ -237,6 +492,10 @@ impl Sink {
         let mode = self.tree.entries()[slot.entry as usize].mode;
         let final_mode = n_pieces == 1 && mode & !sys::umask() == mode;
         let create_mode = if final_mode { mode } else { 0o600 };
+        if n_pieces == 1 && self.earlier {
+            // An earlier attempt may have left this staging file, with any mode.
+            let _ = rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
+        }
         let fd = loop {
             let mut flags = OFlags::WRONLY | OFlags::CREATE;
             if direct {
@@ -298,7 +557,7 @@ impl Sink {
             .tree
             .locate(slot.entry)
             .map_err(|e| Error::io("opening the directory of", path(), e))?;
-        let staging = self.staging_name(slot.entry, name);
+        let staging = self.staging_name(name);
         if done.computed != done.expected {
             drop(staged);
             let _ = rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
@@ -317,26 +576,69 @@ impl Sink {
                 mode_set: false,
             },
         };
+        let verify = self.opts.verify && self.opts.checksum;
         let meta = || -> std::io::Result<()> {
-            if self.opts.direct_io != DirectIo::Never && slot.aligned() {
-                // Cut what rounded direct writes put past the end.
+            if slot.aligned() || self.layout.n_pieces(file) > 1 {
+                // Cut what rounded direct writes (of this or an earlier attempt) put
+                // past the end.
                 rustix::fs::ftruncate(&fd, slot.size)?;
             }
             if !mode_set {
                 rustix::fs::fchmod(&fd, Mode::from_raw_mode(entry.mode))?;
             }
             sys::set_mtime_fd(&fd, entry.mtime.sec, entry.mtime.nsec)?;
-            if self.opts.fsync {
+            if self.opts.fsync || verify {
                 rustix::fs::fsync(&fd)?;
             }
             Ok(())
         };
         meta().map_err(|e| Error::io("finalising", path(), e))?;
         drop(fd);
+        if verify {
+            let on_disk = self
+                .read_back(file, &*dir, &staging)
+                .map_err(|e| Error::io("verifying", path(), e))?;
+            if Some(on_disk) != done.expected {
+                let _ = rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
+                return Err(Error::Checksum(format!(
+                    "{}: the copy read back from storage has digest {on_disk:016x}, the source's is {:016x}",
+                    path(),
+                    done.expected.unwrap_or(0)
+                )));
+            }
+        }
         rustix::fs::renameat(&*dir, staging.as_slice(), &*dir, name)
             .map_err(|e| Error::io("finalising", path(), e))?;
         self.files_done.fetch_add(1, Ordering::Relaxed);
+        if let Some(j) = &*self.journal.lock() {
+            j.file_done(&self.file_id(slot.entry), done.expected.unwrap_or(0));
+        }
         Ok(())
+    }
+
+    /// Reads a written (and fsynced) staging file back from storage, its cached pages
+    /// dropped first, and computes its digest.
+    fn read_back(&self, file: u32, dir: &impl AsFd, staging: &[u8]) -> std::io::Result<u64> {
+        let fd = sys::open_in(dir, staging, OFlags::RDONLY, 0)?;
+        // Clean pages (just fsynced) are dropped, so the reads below go to the device.
+        let _ = rustix::fs::fadvise(&fd, 0, None, rustix::fs::Advice::DontNeed);
+        let mut digest = FileDigest::default();
+        let mut buf = Vec::new();
+        let mut n = 0;
+        for (i, off, len) in self.layout.file_pieces(file) {
+            buf.resize(len as usize, 0);
+            let got = sys::pread_full(&fd, &mut buf, off)?;
+            if got < buf.len() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the file is shorter than what was written",
+                ));
+            }
+            digest.add(i, piece_hash(&buf));
+            n = i + 1;
+            self.verified_bytes.fetch_add(len, Ordering::Relaxed);
+        }
+        Ok(digest.finish(n).unwrap_or(0))
     }
 
     /// Sets metadata on a staging entry and renames it to its final name.
@@ -362,7 +664,8 @@ impl Sink {
     pub fn finish(&self) -> Result<Summary> {
         let expected_files = self.layout.files().len() as u64;
         let done_files = self.files_done.load(Ordering::Relaxed);
-        if done_files != expected_files {
+        let failed = self.failed.lock().len() as u64;
+        if done_files + failed != expected_files {
             let missing = self.tracker.in_flight();
             let example = missing
                 .first()
@@ -372,7 +675,7 @@ impl Sink {
                 "the source",
                 format!(
                     "{} of {expected_files} files incomplete at the end of the transfer (e.g. {example})",
-                    expected_files - done_files
+                    expected_files - done_files - failed
                 ),
             ));
         }
@@ -393,7 +696,7 @@ impl Sink {
                         .tree
                         .locate(i)
                         .map_err(|e| Error::io("opening the directory of", path(), e))?;
-                    let staging = self.staging_name(i, name);
+                    let staging = self.staging_name(name);
                     let fd = sys::open_in(
                         &*dir,
                         &staging,
@@ -415,7 +718,7 @@ impl Sink {
                         .tree
                         .locate(i)
                         .map_err(|e| Error::io("opening the directory of", path(), e))?;
-                    let staging = self.staging_name(i, name);
+                    let staging = self.staging_name(name);
                     let _ = rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
                     rustix::fs::symlinkat(target.as_slice(), &*dir, staging.as_slice())
                         .map_err(|e| Error::io("creating symlink", path(), e))?;
@@ -447,8 +750,61 @@ impl Sink {
                 .map_err(|e| Error::io("setting the mtime of", path(), e))?;
             summary.dirs += 1;
         }
+        // Files the source could not read: no staging file left behind.
+        for f in self.failed.lock().iter() {
+            if let Ok((dir, name)) = self.tree.locate(self.layout.files()[*f as usize].entry) {
+                let staging = self.staging_name(name);
+                let _ = rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
+            }
+        }
+        if self.earlier {
+            self.sweep();
+        }
+        if let Some(j) = self.journal.lock().take() {
+            if failed == 0 {
+                j.remove();
+            } else {
+                // What did arrive stays recorded: `--resume` sends the rest.
+                j.flush();
+            }
+        }
         self.finished.store(true, Ordering::Release);
         Ok(summary)
+    }
+
+    /// Removes staging files an earlier attempt of this transfer left in the tree's
+    /// directories (files since removed from the source, or left by a crash).
+    fn sweep(&self) {
+        let prefix = self.staging_prefix();
+        let mut dirs: Vec<std::sync::Arc<std::os::fd::OwnedFd>> = Vec::new();
+        dirs.extend(self.tree.roots_dir());
+        for (i, e) in self.tree.entries().iter().enumerate() {
+            if e.kind == EntryKind::Dir {
+                if let Ok(d) = self.tree.dir(i as u32) {
+                    dirs.push(d);
+                }
+            }
+        }
+        let mut removed = 0;
+        for d in dirs {
+            let Ok(fd) = sys::open_in(&*d, b".", OFlags::RDONLY | OFlags::DIRECTORY, 0) else {
+                continue;
+            };
+            let Ok(list) = rustix::fs::Dir::read_from(&fd) else {
+                continue;
+            };
+            for de in list.flatten() {
+                let name = de.file_name().to_bytes();
+                if name.starts_with(&prefix)
+                    && rustix::fs::unlinkat(&*d, name, AtFlags::empty()).is_ok()
+                {
+                    removed += 1;
+                }
+            }
+        }
+        if removed > 0 {
+            tracing::info!("removed {removed} staging files an earlier attempt left");
+        }
     }
 
     /// Bytes written so far.
@@ -462,18 +818,36 @@ impl Drop for Sink {
         if self.finished.load(Ordering::Acquire) {
             return;
         }
+        // Commit what the journal has (the data it describes is written), then keep
+        // only the staging files it describes.
+        let journal = self.journal.get_mut().take();
+        let kept = match &journal {
+            Some(j) => {
+                j.flush();
+                !j.is_broken()
+            }
+            None => false,
+        };
+        let keep = std::mem::take(self.keep.get_mut());
         let mut removed = 0;
+        let mut held = 0;
         for f in self.tracker.in_flight() {
+            if kept && keep.contains(&f) {
+                held += 1;
+                continue;
+            }
             let entry = self.layout.files()[f as usize].entry;
             if let Ok((dir, name)) = self.tree.locate(entry) {
-                let staging = self.staging_name(entry, name);
+                let staging = self.staging_name(name);
                 if rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty()).is_ok() {
                     removed += 1;
                 }
             }
         }
-        if removed > 0 {
-            tracing::info!("removed {removed} incomplete staging files");
+        if removed > 0 || held > 0 {
+            tracing::info!(
+                "removed {removed} incomplete staging files; kept {held} the journal can resume"
+            );
         }
     }
 }

@@ -1,8 +1,16 @@
 //! The source side's disk stage: fill a chunk buffer from the files the layout puts in
 //! it, hashing each piece on the way.
+//!
+//! A file that cannot be read (vanished, unreadable, changed while read) stops the
+//! session, or with [`SourceOptions::continue_on_error`] is reported and marked failed
+//! in the chunks that hold its pieces (see [`dmover_proto::data`]), and the rest goes on.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use parking_lot::Mutex;
+
+use dmover_proto::control::FailedFile;
 use dmover_proto::data::DigestEntry;
 use dmover_proto::digest::{crc32c_append, piece_hash};
 use dmover_proto::layout::{Layout, Piece};
@@ -10,6 +18,7 @@ use rustix::fs::OFlags;
 
 use crate::DirectIo;
 use crate::error::{Error, Result};
+use crate::resume::{Held, Skips};
 use crate::sys;
 use crate::track::SendTracker;
 use crate::tree::Tree;
@@ -31,6 +40,8 @@ pub struct SourceOptions {
     /// When to read aligned files with `O_DIRECT` (falls back if the file system
     /// refuses).
     pub direct_io: DirectIo,
+    /// Report files that cannot be read and go on with the others.
+    pub continue_on_error: bool,
     /// Test hook: sleep this long before reading each chunk.
     pub chunk_delay: Option<std::time::Duration>,
 }
@@ -43,6 +54,11 @@ pub struct Source {
     opts: SourceOptions,
     digests: SendTracker,
     direct_failed: AtomicBool,
+    skips: Skips,
+    held_bytes: u64,
+    held_files: u64,
+    /// Layout file → why it could not be sent.
+    failed: Mutex<BTreeMap<u32, String>>,
 }
 
 impl Source {
@@ -57,7 +73,95 @@ impl Source {
             opts,
             digests: SendTracker::default(),
             direct_failed: AtomicBool::new(false),
+            skips: Skips::default(),
+            held_bytes: 0,
+            held_files: 0,
+            failed: Mutex::default(),
         })
+    }
+
+    /// Checks the pieces the destination says it holds against the files as they are
+    /// now, returning the entries whose held pieces differ (changed since).
+    pub fn check_held(&self, held: &Held) -> Vec<u32> {
+        let chunk = self.layout.chunk_size();
+        let mut stale = Vec::new();
+        let mut buf = vec![0u8; chunk as usize];
+        let mut entries: Vec<_> = held.partial.keys().copied().collect();
+        entries.sort_unstable();
+        for entry in entries {
+            let size = self.tree.entries()[entry as usize].file_size();
+            let same = (|| -> std::io::Result<bool> {
+                let (dir, name) = self.tree.locate(entry)?;
+                let fd = sys::open_in(&*dir, name, OFlags::RDONLY, 0)?;
+                for &(i, hash) in &held.partial[&entry] {
+                    let len = chunk.min(size - i * chunk) as usize;
+                    let got = sys::pread_full(&fd, &mut buf[..len], i * chunk)?;
+                    if got < len || piece_hash(&buf[..len]) != hash {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            })()
+            .unwrap_or(false);
+            if !same {
+                tracing::info!(
+                    "{} changed since the last attempt; sending it whole",
+                    self.tree.display(entry)
+                );
+                stale.push(entry);
+            }
+        }
+        stale
+    }
+
+    /// Leaves out what the destination holds (`held`, after the plan was applied).
+    pub fn resume(&mut self, held: &Held) -> Result<()> {
+        let layout = held
+            .layout(self.tree.entries(), self.layout.chunk_size() as u32)
+            .map_err(|e| {
+                Error::refused(dmover_proto::control::ErrorCode::Protocol, e.to_string())
+            })?;
+        let skips = held.skips(&layout);
+        for f in 0..layout.files().len() as u32 {
+            self.digests.seed(f, skips.held(f));
+        }
+        self.held_bytes = held.bytes(self.tree.entries(), self.layout.chunk_size() as u32);
+        self.held_files = held.done_files();
+        self.layout = layout;
+        self.skips = skips;
+        Ok(())
+    }
+
+    /// The chunks to send, in order.
+    pub fn chunks(&self) -> impl Iterator<Item = u64> + '_ {
+        self.skips.chunks(&self.layout)
+    }
+
+    /// Bytes of file data the destination already held.
+    pub fn held_bytes(&self) -> u64 {
+        self.held_bytes
+    }
+
+    /// Files the destination already held whole.
+    pub fn held_files(&self) -> u64 {
+        self.held_files
+    }
+
+    /// Files that could not be sent, with why, in layout order.
+    pub fn failed(&self) -> Vec<FailedFile> {
+        self.failed
+            .lock()
+            .iter()
+            .map(|(&f, m)| FailedFile {
+                entry: self.layout.files()[f as usize].entry,
+                message: m.clone(),
+            })
+            .collect()
+    }
+
+    /// Reports unreadable files and goes on (see the module docs).
+    pub fn set_continue_on_error(&mut self, on: bool) {
+        self.opts.continue_on_error = on;
     }
 
     /// The dataset layout.
@@ -76,7 +180,7 @@ impl Source {
     }
 
     /// Reads chunk `k` into `buf` (at least the chunk size), appending digest entries
-    /// of files it completes to `trailer`.
+    /// of files it completes (and failure markers) to `trailer`.
     pub fn read_chunk(&self, k: u64, buf: &mut [u8], trailer: &mut Vec<u8>) -> Result<ChunkRead> {
         if let Some(d) = self.opts.chunk_delay {
             std::thread::sleep(d);
@@ -85,12 +189,17 @@ impl Source {
         let mut n_digests = 0;
         let mut crc = 0u32;
         for p in self.layout.pieces(k) {
-            self.read_piece(&p, buf)?;
+            let ok = self.read_or_fail(&p, buf)?;
             let data = &buf[p.buf_offset..p.buf_offset + p.len];
             if self.opts.checksum {
                 // The wire payload is the pieces back to back, so a running CRC over
                 // them in order is the payload's CRC.
                 crc = crc32c_append(crc, data);
+            }
+            if !ok {
+                DigestEntry::failure(p.file).encode_into(trailer);
+                n_digests += 1;
+            } else if self.opts.checksum && !self.skips.piece_held(p.file, p.index) {
                 let n = self.layout.n_pieces(p.file);
                 if let Some(digest) = self.digests.piece(p.file, p.index, n, piece_hash(data)) {
                     DigestEntry {
@@ -106,6 +215,50 @@ impl Source {
             crc: self.opts.checksum.then_some(crc),
             n_digests,
         })
+    }
+
+    /// Reads chunk `k` again to resend it (its first copy went down with a data
+    /// stream), checking it against the CRC it was first sent with.
+    pub fn reread_chunk(&self, k: u64, buf: &mut [u8], crc: Option<u32>) -> Result<()> {
+        let mut again = 0u32;
+        for p in self.layout.pieces(k) {
+            self.read_or_fail(&p, buf)?;
+            if crc.is_some() {
+                again = crc32c_append(again, &buf[p.buf_offset..p.buf_offset + p.len]);
+            }
+        }
+        if crc.is_some_and(|c| c != again) {
+            let first = self.layout.pieces(k).next().map(|p| p.file).unwrap_or(0);
+            return Err(Error::Changed {
+                path: self.tree.display(self.layout.files()[first as usize].entry),
+                what: format!("chunk {k} reads differently than when it was first sent"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads a piece; with `continue_on_error` a file that cannot be read is recorded
+    /// as failed and its piece zeroed (`Ok(false)`).
+    fn read_or_fail(&self, p: &Piece, buf: &mut [u8]) -> Result<bool> {
+        if self.opts.continue_on_error && self.failed.lock().contains_key(&p.file) {
+            buf[p.buf_offset..p.buf_offset + p.len].fill(0);
+            return Ok(false);
+        }
+        match self.read_piece(p, buf) {
+            Ok(()) => Ok(true),
+            Err(e) if self.opts.continue_on_error => {
+                let msg = e.to_string();
+                if let std::collections::btree_map::Entry::Vacant(v) =
+                    self.failed.lock().entry(p.file)
+                {
+                    tracing::warn!("skipping a file: {msg}");
+                    v.insert(msg);
+                }
+                buf[p.buf_offset..p.buf_offset + p.len].fill(0);
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn read_piece(&self, p: &Piece, buf: &mut [u8]) -> Result<()> {
@@ -165,6 +318,13 @@ impl Source {
                 return Err(Error::Changed {
                     path: path(),
                     what: format!("size went from {} to {} bytes", slot.size, st.st_size),
+                });
+            }
+            let m = self.tree.entries()[slot.entry as usize].mtime;
+            if st.st_mtime != m.sec || st.st_mtime_nsec as u32 != m.nsec {
+                return Err(Error::Changed {
+                    path: path(),
+                    what: "it was modified while being read".into(),
                 });
             }
         }

@@ -29,6 +29,19 @@ impl Default for SendTracker {
 }
 
 impl SendTracker {
+    /// Records hashes of pieces of `file` that are not read in this session (the
+    /// destination holds them and the source checked them).
+    pub fn seed(&self, file: u32, pieces: &[(u64, u64)]) {
+        if pieces.is_empty() {
+            return;
+        }
+        let mut shard = self.shards[shard_of(file)].lock();
+        let d = shard.entry(file).or_default();
+        for &(i, h) in pieces {
+            d.add(i, h);
+        }
+    }
+
     /// Records the hash of piece `index` of `file` (which has `n` pieces); returns the
     /// file's digest once every piece has been hashed.
     pub fn piece(&self, file: u32, index: u64, n: u64, hash: u64) -> Option<u64> {
@@ -146,6 +159,25 @@ impl RecvTracker {
             shard.remove(&file);
         }
         Ok(done)
+    }
+
+    /// Takes up `file` (of `n` pieces) with pieces an earlier attempt wrote.
+    pub fn seed(&self, file: u32, n: u64, pieces: &[(u64, u64)]) {
+        let mut shard = self.shards[shard_of(file)].lock();
+        let f = shard.entry(file).or_default();
+        for &(i, h) in pieces {
+            if f.written < n {
+                f.written += 1;
+                if self.checksum {
+                    f.digest.add(i, h);
+                }
+            }
+        }
+    }
+
+    /// Forgets `file` (the source could not send it).
+    pub fn forget(&self, file: u32) {
+        self.shards[shard_of(file)].lock().remove(&file);
     }
 
     /// Files in flight (begun, not complete).

@@ -107,6 +107,51 @@ impl Tree {
         Ok(fd)
     }
 
+    /// The entry's path components below the directory holding its root, the root
+    /// named as it is on this machine.
+    pub fn components(&self, idx: u32) -> Vec<&[u8]> {
+        let mut names = Vec::new();
+        let mut i = idx;
+        loop {
+            let e = &self.entries[i as usize];
+            if e.parent == NO_PARENT {
+                names.push(match self.roots.get(&i) {
+                    Some((RootRef::At { name, .. }, _)) => name.as_slice(),
+                    _ => e.name.as_slice(),
+                });
+                break;
+            }
+            names.push(e.name.as_slice());
+            i = e.parent;
+        }
+        names.reverse();
+        names
+    }
+
+    /// The directory holding the roots and their names there, when every root is
+    /// a named entry of one directory (as on a destination).
+    pub fn roots_dir(&self) -> Option<Arc<OwnedFd>> {
+        let mut dir: Option<&Arc<OwnedFd>> = None;
+        for (r, _) in self.roots.values() {
+            match r {
+                RootRef::At { parent, .. } => match dir {
+                    Some(d) if !Arc::ptr_eq(d, parent) => return None,
+                    _ => dir = Some(parent),
+                },
+                RootRef::Dir(_) => return None,
+            }
+        }
+        dir.cloned()
+    }
+
+    /// The name entry `idx` (a root) has on this machine.
+    pub fn root_name(&self, idx: u32) -> &[u8] {
+        match self.roots.get(&idx) {
+            Some((RootRef::At { name, .. }, _)) => name,
+            _ => &self.entries[idx as usize].name,
+        }
+    }
+
     /// The entry's path for messages: its root's label, then the names below it.
     pub fn display(&self, idx: u32) -> String {
         let mut names = Vec::new();

@@ -15,6 +15,9 @@ pub struct ControlChannel<S> {
     peer: String,
     max_frame: usize,
     buf: Vec<u8>,
+    /// Bytes received and not yet decoded (a partial frame survives a cancelled
+    /// [`ControlChannel::recv`]).
+    rbuf: Vec<u8>,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> ControlChannel<S> {
@@ -25,7 +28,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ControlChannel<S> {
             peer: peer.into(),
             max_frame,
             buf: Vec::new(),
+            rbuf: Vec::new(),
         }
+    }
+
+    /// Changes the largest frame body accepted (e.g. raised after authentication).
+    pub fn set_max_frame(&mut self, max_frame: usize) {
+        self.max_frame = max_frame;
+    }
+
+    /// The underlying stream.
+    pub fn get_ref(&self) -> &S {
+        &self.stream
+    }
+
+    /// The underlying stream, mutably (to write raw bytes, e.g. in tests).
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.stream
     }
 
     /// The peer's name, for messages.
@@ -50,20 +69,36 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ControlChannel<S> {
 
     /// Receives one message. The body size is checked against the limit before any
     /// buffer is sized for it.
+    ///
+    /// Cancel-safe: dropping the future keeps whatever part of a frame has arrived, so
+    /// it can run in a `select!` beside timers (heartbeats) without losing bytes.
     pub async fn recv(&mut self) -> Result<Control, NetError> {
-        let mut prefix = [0u8; LEN_PREFIX];
-        self.stream
-            .read_exact(&mut prefix)
-            .await
-            .map_err(|e| NetError::io("reading from", &self.peer, e))?;
-        let n = Control::body_len(prefix, self.max_frame)
-            .map_err(|e| NetError::proto(&self.peer, e))?;
-        self.buf.resize(n, 0);
-        self.stream
-            .read_exact(&mut self.buf)
-            .await
-            .map_err(|e| NetError::io("reading from", &self.peer, e))?;
-        Control::decode_body(&self.buf).map_err(|e| NetError::proto(&self.peer, e))
+        loop {
+            if let Some(prefix) = self.rbuf.first_chunk::<LEN_PREFIX>() {
+                let n = Control::body_len(*prefix, self.max_frame)
+                    .map_err(|e| NetError::proto(&self.peer, e))?;
+                if self.rbuf.len() >= LEN_PREFIX + n {
+                    let msg = Control::decode_body(&self.rbuf[LEN_PREFIX..LEN_PREFIX + n])
+                        .map_err(|e| NetError::proto(&self.peer, e));
+                    self.rbuf.drain(..LEN_PREFIX + n);
+                    return msg;
+                }
+                // Room for the rest of this frame only: never more than the limit.
+                self.rbuf.reserve(LEN_PREFIX + n - self.rbuf.len());
+            } else {
+                self.rbuf.reserve(LEN_PREFIX);
+            }
+            let got = self
+                .stream
+                .read_buf(&mut self.rbuf)
+                .await
+                .map_err(|e| NetError::io("reading from", &self.peer, e))?;
+            if got == 0 {
+                return Err(NetError::Closed {
+                    peer: self.peer.clone(),
+                });
+            }
+        }
     }
 
     /// Receives one message within `limit`.

@@ -5,15 +5,23 @@
 //! - [`control`]: the framed control channel over any async byte stream: preamble
 //!   exchange and [`dmover_proto::control::Control`] messages with size limits and
 //!   timeouts.
+//! - [`tls`]: TLS 1.3 for the control channel (rustls with aws-lc-rs): the server's
+//!   key pair, created on first start, and the client's trust in it (pinned on first
+//!   use in [`known_hosts`], or a CA).
+//! - [`stream`]: what a data stream is after its join ([`stream::DataIo`]): plain TCP or
+//!   AES-256-GCM records ([`stream::Sealed`]), with idle timeouts either way.
 //! - [`zerocopy`]: `MSG_ZEROCOPY` sends with completion reaping, reporting when the
 //!   kernel copied after all.
-//!
-//! TLS for the control channel slots in here later: the control functions are generic
-//! over `AsyncRead`/`AsyncWrite`.
 
 pub mod control;
+pub mod known_hosts;
+pub mod stream;
 pub mod tcp;
+pub mod tls;
 pub mod zerocopy;
+
+/// The control connection's stream: TLS over TCP, client or server side.
+pub type ControlStream = tokio_rustls::TlsStream<tokio::net::TcpStream>;
 
 use std::io;
 
@@ -46,6 +54,43 @@ pub enum NetError {
         /// The peer address or name.
         peer: String,
     },
+    /// The TLS handshake failed.
+    #[error("TLS with {peer}: {source}")]
+    Tls {
+        /// The peer address or name.
+        peer: String,
+        /// What failed.
+        #[source]
+        source: io::Error,
+    },
+    /// The server presented a key other than the one pinned for it.
+    #[error(
+        "the key of {host} has changed: {file}:{line} pins {pinned}, the server presented \
+         {presented}. Someone may be intercepting the connection, or the server got a new \
+         key; if you know it did, delete line {line} of {file} and connect again"
+    )]
+    HostKeyChanged {
+        /// The server as the user named it (`host:port`).
+        host: String,
+        /// The known-hosts file.
+        file: String,
+        /// The line pinning the old key (1-based).
+        line: usize,
+        /// The pinned fingerprint.
+        pinned: String,
+        /// The fingerprint the server presented.
+        presented: String,
+    },
+    /// A local file this side needs (key, certificate, known hosts) is unusable.
+    #[error("{what} {path}: {message}")]
+    LocalFile {
+        /// What was being done ("reading", "writing", ...).
+        what: &'static str,
+        /// The file.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
     /// The peer did not answer in time.
     #[error("{peer} did not answer within {secs} s ({what})")]
     Timeout {
@@ -65,6 +110,15 @@ impl NetError {
         match source.kind() {
             io::ErrorKind::UnexpectedEof => NetError::Closed { peer },
             _ => NetError::Io { what, peer, source },
+        }
+    }
+
+    /// A local file problem.
+    pub fn file(what: &'static str, path: &std::path::Path, e: impl std::fmt::Display) -> Self {
+        NetError::LocalFile {
+            what,
+            path: path.display().to_string(),
+            message: e.to_string(),
         }
     }
 

@@ -24,6 +24,31 @@
 //! (client opens data streams, server sends chunks, END on each stream)
 //! Done                               ->                  (9) or Error
 //! ```
+//!
+//! # Reliability additions (appended variants, same protocol version)
+//! ```text
+//! client                                   server
+//!                                    <-    Session       (6)
+//! Options                            ->                  (6a) always, right after Session
+//! -- push, with Options.resume -----------------------------------------------
+//! Manifest* ManifestEnd              ->                  (7)
+//!                                    <-    Have*         (7a) parts; the last has `last`
+//! Plan                               ->                  (7b)
+//!                                    <-    Go            (8)
+//! -- pull, with Options.resume -----------------------------------------------
+//!                                    <-    Manifest* ManifestEnd  (7)
+//! Have*                              ->                  (7a)
+//!                                    <-    Plan          (7b)
+//! Go                                 ->                  (8)
+//! -- while data flows, both ways, every heartbeat interval --------------------
+//! Ping                               <->   Ping
+//! -- pull: before the client's Done -------------------------------------------
+//!                                    <-    SendReport    (8a)
+//! ```
+//! Without `resume` the destination answers the manifest with `Go` at once and starts
+//! a fresh journal. `Ping` may arrive at any point after `Go`; a receiver ignores it
+//! beyond noting that the peer is alive.
+//!
 //! Either side may send [`Control::Error`] at any point after the preamble and then
 //! close; the other side aborts the session. Data streams may be opened as soon as
 //! `Session` has arrived; the source starts sending on them after `Go`.
@@ -64,6 +89,18 @@ pub enum Control {
     Done(Summary),
     /// Something went wrong; the sender closes the session after this.
     Error(ErrorMsg),
+    /// (6a) The client's session options, sent right after `Session`.
+    Options(SessionOptions),
+    /// (7a) Resume: part of what the destination already has.
+    Have(Have),
+    /// (7b) Resume: the source's answer to `Have`.
+    Plan(Plan),
+    /// Heartbeat, sent by both sides every [`SessionOptions::heartbeat_ms`] while data
+    /// flows and while one side waits for the other's summary.
+    Ping,
+    /// (8a) The source's account of its sending, sent by a server that is the source
+    /// (pull) once all chunks are acknowledged, before the client's `Done`.
+    SendReport(SendReport),
 }
 
 impl Control {
@@ -81,6 +118,11 @@ impl Control {
             Control::Go => "Go",
             Control::Done(_) => "Done",
             Control::Error(_) => "Error",
+            Control::Options(_) => "Options",
+            Control::Have(_) => "Have",
+            Control::Plan(_) => "Plan",
+            Control::Ping => "Ping",
+            Control::SendReport(_) => "SendReport",
         }
     }
 
@@ -160,8 +202,8 @@ pub struct Hello {
 pub enum AuthMethod {
     /// No credential needed (the server listens on loopback only).
     None,
-    /// A shared token, proven with [`crate::auth::client_proof`].
-    Token,
+    /// A user name and a credential ([`Credential::Token`] or [`Credential::Key`]).
+    Required,
 }
 
 /// (2) The server's greeting.
@@ -175,17 +217,39 @@ pub struct Welcome {
     pub auth: AuthMethod,
 }
 
-/// (3) The client's credential proof; `None` when it has no credential.
+/// (3) Who the client is and its proof (see [`crate::auth`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Auth {
-    /// MAC over both nonces keyed by the shared token.
-    pub proof: Option<[u8; 32]>,
+    /// The user name (empty: none given; a server with one shared token accepts any).
+    pub user: String,
+    /// The proof.
+    pub credential: Credential,
+}
+
+/// A proof of identity, bound to the TLS connection by [`crate::auth::transcript`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Credential {
+    /// No credential (accepted only by a server without authentication).
+    None,
+    /// A token proof ([`crate::auth::client_token_proof`]).
+    Token {
+        /// The proof.
+        proof: [u8; 32],
+    },
+    /// An Ed25519 signature of [`crate::auth::key_auth_message`].
+    Key {
+        /// The client's Ed25519 public key.
+        public: [u8; 32],
+        /// The signature (64 bytes).
+        signature: Vec<u8>,
+    },
 }
 
 /// (4) Authentication succeeded.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuthOk {
-    /// The server's MAC over both nonces (mutual authentication), when a token is used.
+    /// The server's token proof ([`crate::auth::server_token_proof`], mutual
+    /// authentication) when the client proved a token.
     pub proof: Option<[u8; 32]>,
 }
 
@@ -252,6 +316,22 @@ pub struct Open {
     pub checksum: bool,
     /// When the server should bypass its page cache for large files.
     pub direct_io: DirectIo,
+    /// How the session's data streams are protected.
+    pub protection: DataProtection,
+}
+
+/// How data streams carry their bytes after the join (see [`crate::record`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum DataProtection {
+    /// Frames as they are: the join is authenticated, the bytes after it are only
+    /// checked by CRC32C and the end-to-end digests (not against an attacker).
+    Plain,
+    /// Records authenticated with AES-256-GCM (the data as associated data): nothing
+    /// can be injected, altered, replayed or cut, but the data is readable on the wire.
+    #[default]
+    Authenticated,
+    /// Records encrypted and authenticated with AES-256-GCM.
+    Encrypted,
 }
 
 /// When to bypass the page cache (`O_DIRECT`) for files of at least
@@ -273,8 +353,9 @@ pub enum DirectIo {
 pub struct SessionInfo {
     /// Session identifier, named by every data stream.
     pub id: u64,
-    /// Secret that data streams present to join the session.
-    pub secret: [u8; 32],
+    /// Random salt of the session key's derivation (see [`crate::auth`]); data
+    /// streams never send it, they prove they hold the key derived with it.
+    pub salt: [u8; 32],
     /// Number of data streams the client must open (the server may lower the request).
     pub streams: u16,
     /// Chunk size in bytes both sides use.
@@ -337,6 +418,8 @@ pub enum ErrorCode {
     Aborted,
     /// A feature this side does not support.
     Unsupported,
+    /// A source file changed while it was being read (a new session sends it again).
+    Changed,
 }
 
 /// An error report. The sender closes the session after it.
@@ -346,4 +429,90 @@ pub struct ErrorMsg {
     pub code: ErrorCode,
     /// Human-readable detail naming the file, path or limit involved.
     pub message: String,
+}
+
+/// (6a) Options of a session that do not fit in [`Open`], sent by the client right
+/// after [`SessionInfo`] arrives, in both directions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionOptions {
+    /// Resume: the destination looks up its journal for this transfer and answers the
+    /// manifest with [`Have`] instead of `Go`. Without it, the destination forgets any
+    /// earlier attempt and starts over.
+    pub resume: bool,
+    /// The destination keeps a resume journal (off: a failed transfer cannot be
+    /// resumed, and the destination does no journal writes or `syncfs` calls).
+    pub journal: bool,
+    /// The destination `fsync`s each file before renaming it into place.
+    pub fsync: bool,
+    /// The destination re-reads each file from storage after `fsync` and compares its
+    /// digest before renaming it (needs checksums).
+    pub verify: bool,
+    /// The source reports files it cannot read (vanished, unreadable, changed while
+    /// read) and goes on with the rest, instead of stopping the session.
+    pub continue_on_error: bool,
+    /// Interval between heartbeats both sides send while data flows, in milliseconds.
+    /// A side that hears nothing for four intervals declares its peer silent.
+    pub heartbeat_ms: u32,
+}
+
+/// A run of manifest entries, `first..first + count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryRange {
+    /// First entry index.
+    pub first: u32,
+    /// Number of entries.
+    pub count: u32,
+}
+
+/// Pieces of a file the destination holds in its staging file, journaled and durable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartialFile {
+    /// The file's manifest entry index.
+    pub entry: u32,
+    /// `(piece index, piece hash)` of each piece held, in increasing index order. Only
+    /// files of at least one chunk have partial pieces (their pieces do not depend on
+    /// what else the transfer holds), and a file's last piece is never listed.
+    pub pieces: Vec<(u64, u64)>,
+}
+
+/// (7a) Part of what the destination of a resumed transfer already has.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Have {
+    /// Regular files complete under their final names, with the size and mtime the
+    /// manifest gives them (entries in these ranges that are not regular files with
+    /// data are to be ignored).
+    pub done: Vec<EntryRange>,
+    /// Files partly received.
+    pub partial: Vec<PartialFile>,
+    /// Whether this is the last part.
+    pub last: bool,
+}
+
+/// (7b) The source's answer to [`Have`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Entries of partial files whose held pieces no longer match the source (the file
+    /// changed): they are sent whole. Every other file the destination listed is not
+    /// sent again (done) or only its missing pieces are (partial).
+    pub stale: Vec<u32>,
+}
+
+/// A source file that could not be sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailedFile {
+    /// The file's manifest entry index.
+    pub entry: u32,
+    /// Why, naming the file.
+    pub message: String,
+}
+
+/// (8a) The source's account of its sending.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SendReport {
+    /// Chunks sent again because the data stream that carried them broke.
+    pub chunks_resent: u64,
+    /// Data streams that broke.
+    pub streams_lost: u32,
+    /// Files skipped because they could not be read (with `continue_on_error`).
+    pub failed: Vec<FailedFile>,
 }

@@ -1,9 +1,21 @@
 //! Data connections: the join handshake and chunk frames.
 //!
 //! # Join
-//! After its [`crate::preamble::Preamble`] (kind data) the client sends a
-//! [`DataHello`] (48 bytes); the server answers one [`JoinStatus`] byte and closes the
-//! connection unless it is [`JoinStatus::Accepted`].
+//! A data connection proves it belongs to a session without sending any secret:
+//! ```text
+//! client                                   server
+//! Preamble(data) DataHello{session, stream, client nonce}  ->   (56 bytes)
+//!                                    <-    server nonce (32 bytes, fresh per connection)
+//! client proof (32 bytes)            ->    join_proof(session key, Client, ...)
+//!                                    <-    JoinStatus (1 byte); if Accepted, then the
+//!                                          server proof (32 bytes, Role::Server)
+//! ```
+//! The proofs are [`crate::auth::join_proof`]s keyed by the session key exported from
+//! the control connection's TLS session, over both nonces, so a recorded join cannot
+//! be replayed and a connection that cannot prove the key is refused (and does not
+//! take the stream's place). The server closes the connection unless the status is
+//! [`JoinStatus::Accepted`]. After the join the bytes below travel as they are, or in
+//! records ([`crate::record`]) as the session's [`crate::control::DataProtection`] says.
 //!
 //! # Frames
 //! The source side then writes frames, each a fixed 24-byte [`FrameHeader`] followed
@@ -23,15 +35,44 @@
 //! (u64 BE). Every file with data gets exactly one, in some chunk holding one of its
 //! pieces; within a frame, entries are in increasing file order. The payload is the
 //! chunk's pieces in order (see [`crate::layout`]).
+//!
+//! An entry whose `file` has bit 31 set ([`FILE_FAILED`]) is a *failure marker*: the
+//! source could not read that file (bits 0..31) and the chunk's bytes for it are
+//! meaningless; the destination discards the file. Its `digest` is 0. A file gets
+//! either a digest or markers, and the entries of a frame stay in increasing order of
+//! file index (flag bit ignored).
+//!
+//! # Acknowledgements
+//! The destination answers every CHUNK frame it has read whole with an 8-byte
+//! acknowledgement on the same connection: the number of CHUNK frames received on
+//! this stream so far (u64 BE, [`encode_ack`]). The source keeps the chunks a stream
+//! has not acknowledged and sends them again on another stream if that one breaks, so
+//! a chunk may arrive twice; the destination keeps the first whole copy.
 
 use crate::{Error, Result};
 
 /// Size of an encoded [`DataHello`].
 pub const HELLO_LEN: usize = 48;
+/// Size of the server's challenge and of each join proof.
+pub const JOIN_PROOF_LEN: usize = 32;
 /// Size of an encoded [`FrameHeader`].
 pub const HEADER_LEN: usize = 24;
 /// Size of an encoded [`DigestEntry`].
 pub const DIGEST_LEN: usize = 12;
+/// Size of an acknowledgement.
+pub const ACK_LEN: usize = 8;
+/// Bit of [`DigestEntry::file`] marking a failure marker (see the module docs).
+pub const FILE_FAILED: u32 = 1 << 31;
+
+/// Encodes an acknowledgement: `frames` CHUNK frames received on this stream so far.
+pub fn encode_ack(frames: u64) -> [u8; ACK_LEN] {
+    frames.to_be_bytes()
+}
+
+/// Decodes an acknowledgement.
+pub fn decode_ack(b: [u8; ACK_LEN]) -> u64 {
+    u64::from_be_bytes(b)
+}
 
 /// The first message on a data connection.
 ///
@@ -40,7 +81,7 @@ pub const DIGEST_LEN: usize = 12;
 /// 0      8    session id (u64 BE)
 /// 8      2    stream index (u16 BE)
 /// 10     6    reserved, 0
-/// 16     32   session secret
+/// 16     32   client nonce (fresh random bytes)
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DataHello {
@@ -48,8 +89,8 @@ pub struct DataHello {
     pub session: u64,
     /// The stream's index, below the session's stream count.
     pub stream: u16,
-    /// The secret from [`crate::control::SessionInfo`].
-    pub secret: [u8; 32],
+    /// The client's fresh nonce for the join proofs.
+    pub nonce: [u8; 32],
 }
 
 impl DataHello {
@@ -58,7 +99,7 @@ impl DataHello {
         let mut b = [0u8; HELLO_LEN];
         b[..8].copy_from_slice(&self.session.to_be_bytes());
         b[8..10].copy_from_slice(&self.stream.to_be_bytes());
-        b[16..].copy_from_slice(&self.secret);
+        b[16..].copy_from_slice(&self.nonce);
         b
     }
 
@@ -71,7 +112,7 @@ impl DataHello {
         Ok(DataHello {
             session: u64::from_be_bytes(b[..8].try_into().unwrap()),
             stream: u16::from_be_bytes([b[8], b[9]]),
-            secret: b[16..].try_into().unwrap(),
+            nonce: b[16..].try_into().unwrap(),
         })
     }
 }
@@ -84,8 +125,8 @@ pub enum JoinStatus {
     Accepted = 0,
     /// No such session (never opened, or already over).
     UnknownSession = 1,
-    /// The secret did not match.
-    BadSecret = 2,
+    /// The join proof did not match.
+    BadProof = 2,
     /// The stream index is out of range or already taken.
     BadStream = 3,
 }
@@ -96,7 +137,7 @@ impl JoinStatus {
         Ok(match b {
             0 => JoinStatus::Accepted,
             1 => JoinStatus::UnknownSession,
-            2 => JoinStatus::BadSecret,
+            2 => JoinStatus::BadProof,
             3 => JoinStatus::BadStream,
             v => {
                 return Err(Error::Unknown {
@@ -238,6 +279,24 @@ pub struct DigestEntry {
 }
 
 impl DigestEntry {
+    /// A failure marker for layout file `file`.
+    pub fn failure(file: u32) -> Self {
+        DigestEntry {
+            file: file | FILE_FAILED,
+            digest: 0,
+        }
+    }
+
+    /// Whether this entry is a failure marker.
+    pub fn is_failure(&self) -> bool {
+        self.file & FILE_FAILED != 0
+    }
+
+    /// The layout file index the entry is about (without the flag).
+    pub fn index(&self) -> u32 {
+        self.file & !FILE_FAILED
+    }
+
     /// Appends the encoded entry to `out`.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.file.to_be_bytes());

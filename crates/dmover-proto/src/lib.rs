@@ -17,10 +17,14 @@
 //! - Malformed, oversized or out-of-order input is an error ([`Error`]), never a panic
 //!   or an unbounded allocation.
 //!
+//! - Safe on an untrusted network: the control connection runs over TLS 1.3 right after
+//!   the preamble; authentication ([`auth`]) and every data connection's join are bound
+//!   to that TLS session, and data streams carry authenticated (by default) or
+//!   encrypted records ([`record`]).
+//!
 //! # Non-goals (for this version)
-//! Encryption and TLS (a later version wraps the control channel in TLS 1.3; the
-//! preamble and the [`control::Auth`] step are where it slots in), resume journals,
-//! third-party transfers.
+//! Third-party transfers. Resume journals live at the destination (`dmover-core`); the
+//! protocol only carries what they hold ([`control::Have`], [`control::Plan`]).
 //!
 //! # Connections
 //! Every connection starts with an 8-byte [`preamble::Preamble`] from the client: magic
@@ -29,16 +33,18 @@
 //! the negotiated version, `min(client, server)`, or version 0 if they share none.
 //!
 //! ## Control connection
-//! Length-prefixed frames (`u32` big-endian length, then a postcard-encoded
+//! After the preambles the client starts a TLS 1.3 handshake; everything after it is
+//! inside TLS. Length-prefixed frames (`u32` big-endian length, then a postcard-encoded
 //! [`control::Control`]); see [`control`] for the message flow. In short:
 //! ```text
 //! client                               server
+//! Preamble / Preamble, then the TLS 1.3 handshake
 //! Hello{nonce}                   ->
 //!                                <-    Welcome{nonce, auth}
-//! Auth{proof?}                   ->
+//! Auth{user, credential}         ->
 //!                                <-    AuthOk{proof?}
 //! Open{op, streams, chunk, ...}  ->
-//!                                <-    Session{id, secret, streams, chunk}
+//!                                <-    Session{id, salt, streams, chunk}
 //!           the source side sends Manifest* + ManifestEnd
 //!           the destination side answers Go (or Error)
 //! client opens N data connections, data flows
@@ -46,8 +52,9 @@
 //! ```
 //!
 //! ## Data connection
-//! After its preamble the client sends a [`data::DataHello`] naming the session and
-//! proving it belongs to it; the server answers one status byte. From then on the
+//! After its preamble the client sends a [`data::DataHello`] naming the session, the
+//! server answers a fresh challenge, the client proves it holds the session key and the
+//! server answers one status byte and its own proof (see [`data`]). From then on the
 //! source side writes [`data::FrameHeader`]s, each followed by its digest trailer and
 //! payload, and finally an `END` frame.
 //!
@@ -61,11 +68,12 @@ pub mod digest;
 pub mod layout;
 pub mod manifest;
 pub mod preamble;
+pub mod record;
 
 /// The protocol version this build speaks natively (the highest it supports).
-pub const PROTOCOL_VERSION: u16 = 1;
-/// The oldest protocol version this build still speaks.
-pub const MIN_PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
+/// The oldest protocol version this build still speaks (version 1 had no TLS).
+pub const MIN_PROTOCOL_VERSION: u16 = 2;
 
 /// The default TCP port of a dmover server.
 pub const DEFAULT_PORT: u16 = 7700;

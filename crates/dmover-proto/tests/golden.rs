@@ -15,11 +15,15 @@
 //! variant index (declaration order) then the variant's fields.
 
 use dmover_proto::control::{
-    Auth, AuthMethod, AuthOk, Control, DirectIo, ErrorCode, ErrorMsg, Hello, MAX_FRAME,
-    ManifestEnd, ManifestPart, Op, Open, SessionInfo, Summary, Welcome,
+    Auth, AuthMethod, AuthOk, Control, Credential, DataProtection, DirectIo, EntryRange, ErrorCode,
+    ErrorMsg, FailedFile, Have, Hello, MAX_FRAME, ManifestEnd, ManifestPart, Op, Open, PartialFile,
+    Plan, SendReport, SessionInfo, SessionOptions, Summary, Welcome,
 };
 use dmover_proto::control::{MemDirection, MemTest};
-use dmover_proto::data::{DataHello, DigestEntry, FrameHeader, FrameKind, FrameLimits, JoinStatus};
+use dmover_proto::data::{
+    DataHello, DigestEntry, FILE_FAILED, FrameHeader, FrameKind, FrameLimits, JoinStatus,
+    decode_ack, encode_ack,
+};
 use dmover_proto::digest::{FileDigest, crc32c_append, file_digest, piece_hash};
 use dmover_proto::layout::{Layout, Piece};
 use dmover_proto::manifest::{self, Entry, EntryKind, Mtime, NO_PARENT, Totals};
@@ -131,15 +135,15 @@ fn data_hello() {
     let h = DataHello {
         session: 0x0102_0304_0506_0708,
         stream: 0x090a,
-        secret: seq32(0xa0),
+        nonce: seq32(0xa0),
     };
     let expected = hexdump(
         "
         01 02 03 04 05 06 07 08                          # session id (u64 BE)
         09 0a                                            # stream index (u16 BE)
         00 00 00 00 00 00                                # reserved, 0
-        a0 a1 a2 a3 a4 a5 a6 a7 a8 a9 aa ab ac ad ae af  # session secret, bytes 0..16
-        b0 b1 b2 b3 b4 b5 b6 b7 b8 b9 ba bb bc bd be bf  # session secret, bytes 16..32
+        a0 a1 a2 a3 a4 a5 a6 a7 a8 a9 aa ab ac ad ae af  # client nonce, bytes 0..16
+        b0 b1 b2 b3 b4 b5 b6 b7 b8 b9 ba bb bc bd be bf  # client nonce, bytes 16..32
         ",
     );
     assert_eq!(expected.len(), dmover_proto::data::HELLO_LEN);
@@ -152,7 +156,7 @@ fn join_status_bytes() {
     for (byte, status) in [
         (0x00, JoinStatus::Accepted),       // 0: joined
         (0x01, JoinStatus::UnknownSession), // 1: no such session
-        (0x02, JoinStatus::BadSecret),      // 2: wrong secret
+        (0x02, JoinStatus::BadProof),       // 2: wrong join proof
         (0x03, JoinStatus::BadStream),      // 3: stream index out of range or taken
     ] {
         assert_eq!(status as u8, byte);
@@ -257,6 +261,27 @@ fn digest_entries() {
     assert_eq!(decoded, entries);
 }
 
+#[test]
+fn failure_markers_and_acknowledgements() {
+    let marker = DigestEntry::failure(5);
+    let expected = hexdump(
+        "
+        80 00 00 05               # file index 5 with bit 31 set: a failure marker
+        00 00 00 00 00 00 00 00   # digest: 0
+        ",
+    );
+    let mut out = Vec::new();
+    marker.encode_into(&mut out);
+    assert_eq!(hex(&out), hex(&expected));
+    let back: Vec<_> = DigestEntry::decode_all(&expected).unwrap().collect();
+    assert_eq!(back, vec![marker]);
+    assert!(back[0].is_failure() && back[0].index() == 5);
+    assert_eq!(FILE_FAILED, 0x8000_0000);
+    let ack = hexdump("00 00 00 00 00 00 01 2c   # 300 chunks received on this stream (u64 BE)");
+    assert_eq!(hex(&encode_ack(300)), hex(&ack));
+    assert_eq!(decode_ack(ack.try_into().unwrap()), 300);
+}
+
 // ---------------------------------------------------------------------------------
 // Control messages
 
@@ -284,7 +309,7 @@ fn control_welcome() {
         Control::Welcome(Welcome {
             software: "dmover".into(),
             nonce: seq32(0x20),
-            auth: AuthMethod::Token,
+            auth: AuthMethod::Required,
         }),
         "
         00 00 00 29                                      # frame length: 41
@@ -293,7 +318,7 @@ fn control_welcome() {
         64 6d 6f 76 65 72                                #   \"dmover\"
         20 21 22 23 24 25 26 27 28 29 2a 2b 2c 2d 2e 2f  # nonce, bytes 0..16
         30 31 32 33 34 35 36 37 38 39 3a 3b 3c 3d 3e 3f  # nonce, bytes 16..32
-        01                                               # auth: AuthMethod::Token (variant 1)
+        01                                               # auth: AuthMethod::Required (variant 1)
         ",
     );
 }
@@ -318,29 +343,57 @@ fn control_welcome_no_auth() {
 }
 
 #[test]
-fn control_auth_without_proof() {
+fn control_auth_without_credential() {
     golden_control(
-        Control::Auth(Auth { proof: None }),
+        Control::Auth(Auth {
+            user: String::new(),
+            credential: Credential::None,
+        }),
         "
-        00 00 00 02   # frame length: 2
+        00 00 00 03   # frame length: 3
         02            # Control::Auth (variant 2)
-        00            # proof: None
+        00            # user: 0 bytes
+        00            # credential: Credential::None (variant 0)
         ",
     );
 }
 
 #[test]
-fn control_auth_with_proof() {
+fn control_auth_with_token() {
     golden_control(
         Control::Auth(Auth {
-            proof: Some(seq32(0x40)),
+            user: "al".into(),
+            credential: Credential::Token { proof: seq32(0x40) },
         }),
         "
-        00 00 00 22                                      # frame length: 34
+        00 00 00 25                                      # frame length: 37
         02                                               # Control::Auth (variant 2)
-        01                                               # proof: Some
+        02 61 6c                                         # user: 2 bytes, \"al\"
+        01                                               # credential: Credential::Token (variant 1)
         40 41 42 43 44 45 46 47 48 49 4a 4b 4c 4d 4e 4f  #   proof, bytes 0..16
         50 51 52 53 54 55 56 57 58 59 5a 5b 5c 5d 5e 5f  #   proof, bytes 16..32
+        ",
+    );
+}
+
+#[test]
+fn control_auth_with_key() {
+    golden_control(
+        Control::Auth(Auth {
+            user: "b".into(),
+            credential: Credential::Key {
+                public: seq32(0x80),
+                signature: vec![0xee; 3],
+            },
+        }),
+        "
+        00 00 00 28                                      # frame length: 40
+        02                                               # Control::Auth (variant 2)
+        01 62                                            # user: 1 byte, \"b\"
+        02                                               # credential: Credential::Key (variant 2)
+        80 81 82 83 84 85 86 87 88 89 8a 8b 8c 8d 8e 8f  #   public key, bytes 0..16
+        90 91 92 93 94 95 96 97 98 99 9a 9b 9c 9d 9e 9f  #   public key, bytes 16..32
+        03 ee ee ee                                      #   signature: 3 bytes (64 in use)
         ",
     );
 }
@@ -380,9 +433,10 @@ fn control_open_push() {
             chunk_size: 4 << 20,
             checksum: true,
             direct_io: DirectIo::Never,
+            protection: DataProtection::Plain,
         }),
         "
-        00 00 00 11            # frame length: 17
+        00 00 00 12            # frame length: 18
         04                     # Control::Open (variant 4)
         00                     # op: Op::Push (variant 0)
         07                     #   dest: 7 bytes
@@ -391,6 +445,7 @@ fn control_open_push() {
         80 80 80 02            # chunk_size: 4 MiB = 2 << 21 (varint, 4 groups of 7 bits)
         01                     # checksum: true
         00                     # direct_io: DirectIo::Never (variant 0)
+        00                     # protection: DataProtection::Plain (variant 0)
         ",
     );
 }
@@ -406,9 +461,10 @@ fn control_open_pull() {
             chunk_size: 64 << 10,
             checksum: false,
             direct_io: DirectIo::Always,
+            protection: DataProtection::Encrypted,
         }),
         "
-        00 00 00 10   # frame length: 16
+        00 00 00 11   # frame length: 17
         04            # Control::Open (variant 4)
         01            # op: Op::Pull (variant 1)
         02            #   sources: 2 paths
@@ -420,6 +476,7 @@ fn control_open_pull() {
         80 80 04      # chunk_size: 64 KiB = 4 << 14 (varint)
         00            # checksum: false
         02            # direct_io: DirectIo::Always (variant 2)
+        02            # protection: DataProtection::Encrypted (variant 2)
         ",
     );
 }
@@ -438,9 +495,10 @@ fn control_open_memtest() {
             chunk_size: 1 << 20,
             checksum: false,
             direct_io: DirectIo::Auto,
+            protection: DataProtection::Plain,
         }),
         "
-        00 00 00 10   # frame length: 16
+        00 00 00 11   # frame length: 17
         04            # Control::Open (variant 4)
         02            # op: Op::MemTest (variant 2)
         01            #   direction: MemDirection::FromServer (variant 1)
@@ -452,6 +510,7 @@ fn control_open_memtest() {
         80 80 40      # chunk_size: 1 MiB = 0x40 << 14 (varint)
         00            # checksum: false
         01            # direct_io: DirectIo::Auto (variant 1)
+        00            # protection: DataProtection::Plain (variant 0)
         ",
     );
 }
@@ -471,21 +530,24 @@ fn direct_io_tags() {
                 chunk_size: 1,
                 checksum: false,
                 direct_io,
+                protection: DataProtection::Authenticated,
             }),
             &format!(
                 "
-                00 00 00 07   # frame length: 7
+                00 00 00 08   # frame length: 8
                 04            # Control::Open (variant 4)
                 00 00         # op: Op::Push, dest empty
                 01            # streams: 1
                 01            # chunk_size: 1
                 00            # checksum: false
                 {tag:02x}            # direct_io
+                01            # protection: DataProtection::Authenticated (variant 1)
                 "
             ),
         );
     }
     assert_eq!(DirectIo::default(), DirectIo::Auto);
+    assert_eq!(DataProtection::default(), DataProtection::Authenticated);
 }
 
 #[test]
@@ -493,7 +555,7 @@ fn control_session() {
     golden_control(
         Control::Session(SessionInfo {
             id: 1 << 32,
-            secret: seq32(0x60),
+            salt: seq32(0x60),
             streams: 8,
             chunk_size: 4 << 20,
         }),
@@ -501,8 +563,8 @@ fn control_session() {
         00 00 00 2b                                      # frame length: 43
         05                                               # Control::Session (variant 5)
         80 80 80 80 10                                   # id: 2^32 (varint)
-        60 61 62 63 64 65 66 67 68 69 6a 6b 6c 6d 6e 6f  # secret, bytes 0..16
-        70 71 72 73 74 75 76 77 78 79 7a 7b 7c 7d 7e 7f  # secret, bytes 16..32
+        60 61 62 63 64 65 66 67 68 69 6a 6b 6c 6d 6e 6f  # salt, bytes 0..16
+        70 71 72 73 74 75 76 77 78 79 7a 7b 7c 7d 7e 7f  # salt, bytes 16..32
         08                                               # streams: 8
         80 80 80 02                                      # chunk_size: 4 MiB (varint)
         ",
@@ -661,6 +723,105 @@ fn control_error() {
 }
 
 #[test]
+fn control_options() {
+    golden_control(
+        Control::Options(SessionOptions {
+            resume: true,
+            journal: true,
+            fsync: false,
+            verify: true,
+            continue_on_error: false,
+            heartbeat_ms: 5000,
+        }),
+        "
+        00 00 00 08   # frame length: 8
+        0b            # Control::Options (variant 11)
+        01            # resume: true
+        01            # journal: true
+        00            # fsync: false
+        01            # verify: true
+        00            # continue_on_error: false
+        88 27         # heartbeat_ms: 5000 (varint)
+        ",
+    );
+}
+
+#[test]
+fn control_have() {
+    golden_control(
+        Control::Have(Have {
+            done: vec![EntryRange {
+                first: 1,
+                count: 300,
+            }],
+            partial: vec![PartialFile {
+                entry: 7,
+                pieces: vec![(0, 0x0102), (2, 1)],
+            }],
+            last: true,
+        }),
+        "
+        00 00 00 0e   # frame length: 14
+        0c            # Control::Have (variant 12)
+        01            # done: 1 range
+        01            #   first: 1
+        ac 02         #   count: 300 (varint)
+        01            # partial: 1 file
+        07            #   entry: 7
+        02            #   pieces: 2
+        00            #     index 0
+        82 02         #     hash 0x0102 (varint)
+        02            #     index 2
+        01            #     hash 1
+        01            # last: true
+        ",
+    );
+}
+
+#[test]
+fn control_plan_ping_and_send_report() {
+    golden_control(
+        Control::Plan(Plan {
+            stale: vec![7, 200],
+        }),
+        "
+        00 00 00 05   # frame length: 5
+        0d            # Control::Plan (variant 13)
+        02            # stale: 2 entries
+        07            #   7
+        c8 01         #   200 (varint)
+        ",
+    );
+    golden_control(
+        Control::Ping,
+        "
+        00 00 00 01   # frame length: 1
+        0e            # Control::Ping (variant 14, no fields)
+        ",
+    );
+    golden_control(
+        Control::SendReport(SendReport {
+            chunks_resent: 3,
+            streams_lost: 1,
+            failed: vec![FailedFile {
+                entry: 4,
+                message: "gone".into(),
+            }],
+        }),
+        "
+        00 00 00 0a    # frame length: 10
+        0f             # Control::SendReport (variant 15)
+        03             # chunks_resent: 3
+        01             # streams_lost: 1
+        01             # failed: 1 file
+        04             #   entry: 4
+        04             #   message: 4 bytes
+        67 6f 6e 65    #     \"gone\"
+        ",
+    );
+}
+
+#[test]
 fn error_code_tags() {
     // Every ErrorCode's variant index; a client maps these to exit codes.
     let codes = [
@@ -675,6 +836,7 @@ fn error_code_tags() {
         (ErrorCode::Busy, 0x08),
         (ErrorCode::Aborted, 0x09),
         (ErrorCode::Unsupported, 0x0a),
+        (ErrorCode::Changed, 0x0b),
     ];
     for (code, tag) in codes {
         golden_control(
@@ -698,23 +860,24 @@ fn error_code_tags() {
 fn control_frames_concatenate() {
     // A stream of frames decodes one at a time, each reporting its length.
     let mut buf = Control::Go.to_frame().unwrap();
-    buf.extend(Control::Auth(Auth { proof: None }).to_frame().unwrap());
+    let auth = Control::Auth(Auth {
+        user: String::new(),
+        credential: Credential::None,
+    });
+    buf.extend(auth.to_frame().unwrap());
     assert_eq!(
         hex(&buf),
         hex(&hexdump(
             "
             00 00 00 01   # frame 1 length: 1
             08            # Control::Go
-            00 00 00 02   # frame 2 length: 2
-            02 00         # Control::Auth, proof None
+            00 00 00 03   # frame 2 length: 3
+            02 00 00      # Control::Auth, user \"\", Credential::None
             "
         ))
     );
     assert_eq!(Control::decode(&buf, MAX_FRAME), Ok(Some((Control::Go, 5))));
-    assert_eq!(
-        Control::decode(&buf[5..], MAX_FRAME),
-        Ok(Some((Control::Auth(Auth { proof: None }), 6)))
-    );
+    assert_eq!(Control::decode(&buf[5..], MAX_FRAME), Ok(Some((auth, 7))));
 }
 
 // ---------------------------------------------------------------------------------
@@ -929,3 +1092,59 @@ fn digest_of_layout_pieces() {
 
 /// Cross-checked against the Python `xxhash` package.
 const BIG_FILE_DIGEST: u64 = 0xdab4_8a69_6c18_b3ae;
+
+// ---------------------------------------------------------------------------------
+// Records and key derivation
+
+#[test]
+fn record_header_and_nonce() {
+    use dmover_proto::record;
+    assert_eq!(
+        hex(&record::encode_header(0x0001_0203)),
+        hex(&hexdump("00 01 02 03   # body length (u32 BE)"))
+    );
+    assert_eq!(
+        record::decode_header(&[0x00, 0x04, 0x00, 0x00]),
+        Ok(256 << 10)
+    );
+    assert_eq!(
+        hex(&record::nonce(0x0102_0304_0506_0708)),
+        hex(&hexdump(
+            "
+            00 00 00 00               # zero
+            01 02 03 04 05 06 07 08   # record sequence number (u64 BE)
+            "
+        ))
+    );
+}
+
+/// Pins the key derivations and proofs: a change to any label, field order or width
+/// changes these bytes (and needs a new protocol version).
+#[test]
+fn auth_derivations_are_pinned() {
+    use dmover_proto::auth::{self, Role};
+    let t = auth::transcript(&seq32(0), "alice", &seq32(0x20), &seq32(0x40));
+    let keys = auth::token_keys(b"correct horse battery staple\n");
+    let proof = auth::client_token_proof(&keys, &t);
+    assert!(auth::verify_token_proof(&keys.verifier, &t, &proof));
+    let sk = auth::session_key(&seq32(0x60), 0x0102_0304_0506_0708, &seq32(0x80));
+    let jp = auth::join_proof(&sk, Role::Client, 7, 3, &seq32(1), &seq32(2));
+    let rk = auth::record_key(&sk, 3, Role::Server);
+    let got = [
+        hex(&t),
+        keys.verifier.to_text(),
+        hex(&proof),
+        hex(&sk),
+        hex(&jp),
+        hex(&rk),
+    ];
+    let want = include_str!("auth_vectors.txt")
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(str::to_string)
+        .collect::<Vec<_>>();
+    if std::env::var_os("DMOVER_BLESS").is_some() {
+        eprintln!("{}", got.join("\n"));
+    }
+    assert_eq!(got.to_vec(), want);
+}

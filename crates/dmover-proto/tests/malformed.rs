@@ -9,8 +9,8 @@ use std::cell::Cell;
 
 use dmover_proto::Error;
 use dmover_proto::control::{
-    Auth, Control, DirectIo, ErrorCode, ErrorMsg, Hello, LEN_PREFIX, MAX_FRAME, ManifestPart, Op,
-    Open,
+    Auth, Control, Credential, DataProtection, DirectIo, ErrorCode, ErrorMsg, Hello, LEN_PREFIX,
+    MAX_FRAME, ManifestPart, Op, Open,
 };
 use dmover_proto::data::{
     DIGEST_LEN, DataHello, DigestEntry, FLAG_CRC, FrameHeader, FrameKind, FrameLimits, HEADER_LEN,
@@ -229,7 +229,7 @@ fn hello_bytes() -> [u8; HELLO_LEN] {
     DataHello {
         session: 77,
         stream: 3,
-        secret: [0x5a; 32],
+        nonce: [0x5a; 32],
     }
     .encode()
 }
@@ -531,7 +531,15 @@ fn control_truncated_body() {
             nonce: [7; 32],
         }),
         Control::Auth(Auth {
-            proof: Some([1; 32]),
+            user: "u".into(),
+            credential: Credential::Token { proof: [1; 32] },
+        }),
+        Control::Auth(Auth {
+            user: String::new(),
+            credential: Credential::Key {
+                public: [2; 32],
+                signature: vec![3; 64],
+            },
         }),
         Control::Open(Open {
             op: Op::Pull {
@@ -541,6 +549,7 @@ fn control_truncated_body() {
             chunk_size: 4 << 20,
             checksum: true,
             direct_io: DirectIo::Auto,
+            protection: DataProtection::Encrypted,
         }),
         Control::Manifest(ManifestPart {
             entries: vec![
@@ -570,8 +579,8 @@ fn control_truncated_body() {
 
 #[test]
 fn control_unknown_message_tag() {
-    // Control has variants 0..=10.
-    is_malformed(decode_frame(&[0x0b]));
+    // Control has variants 0..=15.
+    is_malformed(decode_frame(&[0x10]));
     is_malformed(decode_frame(&[0x7f]));
     // A tag too large for u32.
     is_malformed(decode_frame(&[0xff, 0xff, 0xff, 0xff, 0x7f]));
@@ -581,7 +590,7 @@ fn control_unknown_message_tag() {
 fn control_unknown_auth_method() {
     let mut body = vec![0x01, 0x00]; // Welcome, software ""
     body.extend_from_slice(&[0; 32]); // nonce
-    body.push(0x01); // AuthMethod::Token: valid
+    body.push(0x01); // AuthMethod::Required: valid
     assert!(decode_frame(&body).is_ok());
     *body.last_mut().unwrap() = 0x02; // no third method
     is_malformed(decode_frame(&body));
@@ -591,9 +600,28 @@ fn control_unknown_auth_method() {
 fn control_unknown_op() {
     // Open, op tag 2 (only Push = 0 and Pull = 1 exist), then a valid rest.
     is_malformed(decode_frame(&[
-        0x04, 0x02, 0x00, 0x08, 0x80, 0x80, 0x04, 0x01, 0x00,
+        0x04, 0x02, 0x00, 0x08, 0x80, 0x80, 0x04, 0x01, 0x00, 0x01,
     ]));
-    assert!(decode_frame(&[0x04, 0x00, 0x00, 0x08, 0x80, 0x80, 0x04, 0x01, 0x00]).is_ok());
+    assert!(decode_frame(&[0x04, 0x00, 0x00, 0x08, 0x80, 0x80, 0x04, 0x01, 0x00, 0x01]).is_ok());
+}
+
+#[test]
+fn control_unknown_protection_and_credential() {
+    // Open push to "", 8 streams, 64 KiB chunks, checksum, Never, protection tag 3.
+    is_malformed(decode_frame(&[
+        0x04, 0x00, 0x00, 0x08, 0x80, 0x80, 0x04, 0x01, 0x00, 0x03,
+    ]));
+    // An Open without its protection byte (a version 1 Open).
+    is_malformed(decode_frame(&[
+        0x04, 0x00, 0x00, 0x08, 0x80, 0x80, 0x04, 0x01, 0x00,
+    ]));
+    // Auth, user "", credential tag 3.
+    is_malformed(decode_frame(&[0x02, 0x00, 0x03]));
+    // Auth, user "", Key with a signature length past the end.
+    let mut body = vec![0x02, 0x00, 0x02];
+    body.extend_from_slice(&[0; 32]);
+    body.push(0x40);
+    is_malformed(decode_frame(&body));
 }
 
 #[test]
@@ -612,18 +640,19 @@ fn control_unknown_entry_kind() {
 
 #[test]
 fn control_unknown_error_code() {
-    // Error, code 11 (Protocol..=Unsupported are 0..=10), empty message.
-    is_malformed(decode_frame(&[0x0a, 0x0b, 0x00]));
-    assert!(decode_frame(&[0x0a, 0x0a, 0x00]).is_ok());
+    // Error, code 12 (Protocol..=Changed are 0..=11), empty message.
+    is_malformed(decode_frame(&[0x0a, 0x0c, 0x00]));
+    assert!(decode_frame(&[0x0a, 0x0b, 0x00]).is_ok());
 }
 
 #[test]
 fn control_unknown_direct_io() {
     // Open push to "", 8 streams, 64 KiB chunks, checksum on, direct_io tag 3
     // (Never, Auto, Always are 0..=2).
-    let mut body = vec![0x04, 0x00, 0x00, 0x08, 0x80, 0x80, 0x04, 0x01, 0x02];
+    // The last byte is the protection (Authenticated).
+    let mut body = vec![0x04, 0x00, 0x00, 0x08, 0x80, 0x80, 0x04, 0x01, 0x02, 0x01];
     assert!(decode_frame(&body).is_ok());
-    *body.last_mut().unwrap() = 0x03;
+    body[8] = 0x03;
     is_malformed(decode_frame(&body));
 }
 
@@ -631,14 +660,14 @@ fn control_unknown_direct_io() {
 fn control_bad_bool() {
     // Open push to "", 8 streams, 64 KiB chunks, checksum = 2.
     is_malformed(decode_frame(&[
-        0x04, 0x00, 0x00, 0x08, 0x80, 0x80, 0x04, 0x02, 0x00,
+        0x04, 0x00, 0x00, 0x08, 0x80, 0x80, 0x04, 0x02, 0x00, 0x01,
     ]));
 }
 
 #[test]
 fn control_bad_option_tag() {
-    // Auth with option tag 2.
-    let mut body = vec![0x02, 0x02];
+    // AuthOk with option tag 2.
+    let mut body = vec![0x03, 0x02];
     body.extend_from_slice(&[0; 32]);
     is_malformed(decode_frame(&body));
 }

@@ -3,8 +3,9 @@
 //! layout and digest invariants the data path relies on.
 
 use dmover_proto::control::{
-    Auth, AuthMethod, AuthOk, Control, DirectIo, ErrorCode, ErrorMsg, Hello, LEN_PREFIX, MAX_FRAME,
-    ManifestEnd, ManifestPart, Op, Open, SessionInfo, Summary, Welcome,
+    Auth, AuthMethod, AuthOk, Control, Credential, DataProtection, DirectIo, EntryRange, ErrorCode,
+    ErrorMsg, FailedFile, Have, Hello, LEN_PREFIX, MAX_FRAME, ManifestEnd, ManifestPart, Op, Open,
+    PartialFile, Plan, SendReport, SessionInfo, SessionOptions, Summary, Welcome,
 };
 use dmover_proto::control::{MemDirection, MemTest};
 use dmover_proto::data::{
@@ -35,7 +36,7 @@ fn array32() -> impl Strategy<Value = [u8; 32]> {
 }
 
 fn auth_method() -> impl Strategy<Value = AuthMethod> {
-    prop_oneof![Just(AuthMethod::None), Just(AuthMethod::Token)]
+    prop_oneof![Just(AuthMethod::None), Just(AuthMethod::Required)]
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -65,23 +66,49 @@ fn direct_io() -> impl Strategy<Value = DirectIo> {
     ]
 }
 
+fn protection() -> impl Strategy<Value = DataProtection> {
+    prop_oneof![
+        Just(DataProtection::Plain),
+        Just(DataProtection::Authenticated),
+        Just(DataProtection::Encrypted)
+    ]
+}
+
 fn open() -> impl Strategy<Value = Open> {
-    (op(), any::<u16>(), any::<u32>(), any::<bool>(), direct_io()).prop_map(
-        |(op, streams, chunk_size, checksum, direct_io)| Open {
-            op,
-            streams,
-            chunk_size,
-            checksum,
-            direct_io,
-        },
+    (
+        op(),
+        any::<u16>(),
+        any::<u32>(),
+        any::<bool>(),
+        direct_io(),
+        protection(),
     )
+        .prop_map(
+            |(op, streams, chunk_size, checksum, direct_io, protection)| Open {
+                op,
+                streams,
+                chunk_size,
+                checksum,
+                direct_io,
+                protection,
+            },
+        )
+}
+
+fn credential() -> impl Strategy<Value = Credential> {
+    prop_oneof![
+        Just(Credential::None),
+        array32().prop_map(|proof| Credential::Token { proof }),
+        (array32(), bytes(80))
+            .prop_map(|(public, signature)| Credential::Key { public, signature }),
+    ]
 }
 
 fn session_info() -> impl Strategy<Value = SessionInfo> {
     (any::<u64>(), array32(), any::<u16>(), any::<u32>()).prop_map(
-        |(id, secret, streams, chunk_size)| SessionInfo {
+        |(id, salt, streams, chunk_size)| SessionInfo {
             id,
-            secret,
+            salt,
             streams,
             chunk_size,
         },
@@ -154,6 +181,58 @@ fn error_code() -> impl Strategy<Value = ErrorCode> {
         Just(ErrorCode::Busy),
         Just(ErrorCode::Aborted),
         Just(ErrorCode::Unsupported),
+        Just(ErrorCode::Changed),
+    ]
+}
+
+fn reliability_control() -> impl Strategy<Value = Control> {
+    prop_oneof![
+        (any::<[bool; 5]>(), any::<u32>()).prop_map(|(b, heartbeat_ms)| Control::Options(
+            SessionOptions {
+                resume: b[0],
+                journal: b[1],
+                fsync: b[2],
+                verify: b[3],
+                continue_on_error: b[4],
+                heartbeat_ms,
+            }
+        )),
+        (
+            vec((any::<u32>(), any::<u32>()), 0..8),
+            vec(
+                (any::<u32>(), vec((any::<u64>(), any::<u64>()), 0..8)),
+                0..4
+            ),
+            any::<bool>()
+        )
+            .prop_map(|(done, partial, last)| Control::Have(Have {
+                done: done
+                    .into_iter()
+                    .map(|(first, count)| EntryRange { first, count })
+                    .collect(),
+                partial: partial
+                    .into_iter()
+                    .map(|(entry, pieces)| PartialFile { entry, pieces })
+                    .collect(),
+                last,
+            })),
+        vec(any::<u32>(), 0..8).prop_map(|stale| Control::Plan(Plan { stale })),
+        Just(Control::Ping),
+        (
+            any::<u64>(),
+            any::<u32>(),
+            vec((any::<u32>(), text()), 0..4)
+        )
+            .prop_map(|(chunks_resent, streams_lost, failed)| Control::SendReport(
+                SendReport {
+                    chunks_resent,
+                    streams_lost,
+                    failed: failed
+                        .into_iter()
+                        .map(|(entry, message)| FailedFile { entry, message })
+                        .collect(),
+                }
+            )),
     ]
 }
 
@@ -167,7 +246,8 @@ fn control() -> impl Strategy<Value = Control> {
                 auth,
             })
         }),
-        proptest::option::of(array32()).prop_map(|proof| Control::Auth(Auth { proof })),
+        (text(), credential())
+            .prop_map(|(user, credential)| Control::Auth(Auth { user, credential })),
         proptest::option::of(array32()).prop_map(|proof| Control::AuthOk(AuthOk { proof })),
         open().prop_map(Control::Open),
         session_info().prop_map(Control::Session),
@@ -177,6 +257,7 @@ fn control() -> impl Strategy<Value = Control> {
         summary().prop_map(Control::Done),
         (error_code(), text())
             .prop_map(|(code, message)| Control::Error(ErrorMsg { code, message })),
+        reliability_control(),
     ]
 }
 
@@ -362,9 +443,9 @@ proptest! {
     }
 
     #[test]
-    fn data_hello_roundtrip(session in any::<u64>(), stream in any::<u16>(), secret in array32(),
+    fn data_hello_roundtrip(session in any::<u64>(), stream in any::<u16>(), nonce in array32(),
                             tail in bytes(8)) {
-        let h = DataHello { session, stream, secret };
+        let h = DataHello { session, stream, nonce };
         let mut b = h.encode().to_vec();
         prop_assert_eq!(b.len(), HELLO_LEN);
         prop_assert_eq!(DataHello::decode(&b), Ok(h));

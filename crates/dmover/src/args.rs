@@ -34,6 +34,8 @@ pub enum Command {
     Demo(DemoArgs),
     /// Measurement tools.
     Bench(BenchArgs),
+    /// Make credentials: a token or a key pair, and the line for the server's config.
+    Credential(CredentialArgs),
 }
 
 /// Options shared by everything that moves data.
@@ -72,9 +74,30 @@ pub struct TransferArgs {
     /// TCP congestion control for data streams (e.g. bbr, cubic) [default: system's].
     #[arg(long)]
     pub congestion: Option<String>,
-    /// File holding the shared token the server requires (or set DMOVER_TOKEN).
+    /// File holding the token the server requires (or set DMOVER_TOKEN).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// Ed25519 private key to authenticate with (from `dmover credential key`).
+    #[arg(long, env = "DMOVER_KEY")]
+    pub key: Option<PathBuf>,
+    /// User name on the server.
+    #[arg(long, env = "DMOVER_USER", default_value = "")]
+    pub user: String,
+    /// Known-hosts file pinning servers' keys on first use
+    /// [default: ~/.config/dmover/known_hosts].
+    #[arg(long, env = "DMOVER_KNOWN_HOSTS")]
+    pub known_hosts: Option<PathBuf>,
+    /// Trust servers whose certificate a CA in this PEM file signed, instead of pinning
+    /// (takes precedence over --known-hosts).
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
+    /// Encrypt the data streams (AES-256-GCM), not just authenticate them.
+    #[arg(long)]
+    pub encrypt: bool,
+    /// Send data unauthenticated (no per-record MAC; the join is still proven).
+    /// Only for networks you trust.
+    #[arg(long, conflicts_with = "encrypt")]
+    pub plain_data: bool,
 }
 
 #[derive(Debug, Args)]
@@ -86,6 +109,8 @@ pub struct CpArgs {
     pub paths: Vec<OsString>,
     #[command(flatten)]
     pub transfer: TransferArgs,
+    #[command(flatten)]
+    pub reliability: ReliabilityArgs,
     /// Print one JSON object with the results on stdout at the end.
     #[arg(long)]
     pub json: bool,
@@ -94,20 +119,63 @@ pub struct CpArgs {
     pub quiet: bool,
 }
 
+/// Resume, retries and error handling of `dmover cp`.
+#[derive(Debug, Clone, Args)]
+pub struct ReliabilityArgs {
+    /// Resume an interrupted copy: send only what the destination's journal says is
+    /// missing (files changed since are sent again whole).
+    #[arg(long)]
+    pub resume: bool,
+    /// Start again, resuming, up to N times after a failure that may pass (network,
+    /// busy server, a file changed while read).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub retries: u32,
+    /// Pause before each retry (e.g. 500ms, 5s, 1m).
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "D")]
+    pub retry_wait: std::time::Duration,
+    /// Skip source files that cannot be read (vanished, unreadable, changed while
+    /// read), copy the rest, list the skipped ones and exit with 1.
+    #[arg(long)]
+    pub continue_on_error: bool,
+    /// Re-read every file at the destination after fsync and compare its digest
+    /// with the source's before giving it its final name.
+    #[arg(long, conflicts_with = "no_checksum")]
+    pub verify: bool,
+    /// Keep no resume journal at the destination (a failed copy cannot resume).
+    #[arg(long, conflicts_with = "resume")]
+    pub no_journal: bool,
+    /// Heartbeat interval on the control channel, in milliseconds (tests).
+    #[arg(long, hide = true)]
+    pub debug_heartbeat_ms: Option<u64>,
+}
+
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Directory to serve; clients' paths are relative to it and cannot leave it.
+    #[arg(long, required_unless_present = "config", conflicts_with = "config")]
+    pub root: Option<PathBuf>,
+    /// Configuration file (TOML): exports, users with tokens or keys and rights, limits.
     #[arg(long)]
-    pub root: PathBuf,
+    pub config: Option<PathBuf>,
+    /// Directory of the server's TLS key, created on first start
+    /// [default: /var/lib/dmover for root, else ~/.local/state/dmover].
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Present this certificate chain (PEM) instead of a self-signed one (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Address to listen on [default: 127.0.0.1:7700 without a token, 0.0.0.0:7700 with one].
     #[arg(long)]
     pub listen: Option<SocketAddr>,
     /// Refuse pushes.
     #[arg(long)]
     pub read_only: bool,
-    /// File holding the shared token clients must prove. Without one the server only
-    /// listens on loopback.
-    #[arg(long)]
+    /// File holding the shared token clients must prove. Without one (or --config) the
+    /// server only listens on loopback.
+    #[arg(long, conflicts_with = "config")]
     pub token_file: Option<PathBuf>,
     /// Disk I/O threads shared by all sessions.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
@@ -115,9 +183,9 @@ pub struct ServeArgs {
     /// Network threads shared by all sessions [default: number of cores].
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub net_threads: Option<u16>,
-    /// Sessions at once; more are refused as busy.
-    #[arg(long, default_value_t = 64)]
-    pub max_sessions: usize,
+    /// Sessions at once; more are refused as busy [default: 64, or the config's].
+    #[arg(long)]
+    pub max_sessions: Option<usize>,
     /// Memory for chunk buffers shared by all sessions.
     #[arg(long, default_value = "2G", value_parser = parse_size)]
     pub memory: u64,
@@ -142,6 +210,33 @@ pub struct DemoArgs {
     pub keep: bool,
     #[command(flatten)]
     pub transfer: TransferArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CredentialArgs {
+    #[command(subcommand)]
+    pub command: CredentialCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CredentialCommand {
+    /// Write a new random token to FILE (mode 0600) and print its verifier for the
+    /// server's config (`token = "..."`); the server never stores the token itself.
+    Token {
+        /// Where to write the token (must not exist).
+        file: PathBuf,
+    },
+    /// Print the verifier of an existing token file.
+    Verifier {
+        /// The token file.
+        file: PathBuf,
+    },
+    /// Write a new Ed25519 key to FILE (mode 0600) and FILE.pub, and print the public
+    /// key for the server's config (`keys = ["..."]`).
+    Key {
+        /// Where to write the private key (must not exist).
+        file: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -209,6 +304,24 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(v as u64)
 }
 
+/// Parses a duration: a number with a unit (ms, s, m, h); a bare number is seconds.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let num: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    let secs = match unit.trim() {
+        "ms" => num / 1000.0,
+        "" | "s" => num,
+        "m" | "min" => num * 60.0,
+        "h" => num * 3600.0,
+        u => return Err(format!("unknown unit {u:?} in {s:?} (use ms, s, m or h)")),
+    };
+    std::time::Duration::try_from_secs_f64(secs).map_err(|_| format!("duration {s:?} out of range"))
+}
+
 /// Parses a chunk size; `auto` is 0.
 fn parse_chunk(s: &str) -> Result<u32, String> {
     if s == "auto" {
@@ -236,6 +349,13 @@ mod tests {
         assert_eq!(parse_chunk("auto"), Ok(0));
         assert!(parse_chunk("1000").is_err());
         assert!(parse_chunk("128M").is_err());
+        assert_eq!(
+            parse_duration("500ms"),
+            Ok(std::time::Duration::from_millis(500))
+        );
+        assert_eq!(parse_duration("2"), Ok(std::time::Duration::from_secs(2)));
+        assert_eq!(parse_duration("1m"), Ok(std::time::Duration::from_secs(60)));
+        assert!(parse_duration("5x").is_err());
     }
 
     #[test]

@@ -7,10 +7,13 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use dmover_core::DirectIo;
+use dmover_core::access::ClientKey;
 use dmover_core::client::Client;
 use dmover_core::engine::Run;
 use dmover_core::session::TransferOptions;
 use dmover_net::tcp::SocketOptions;
+use dmover_net::tls::Trust;
+use dmover_proto::control::DataProtection;
 
 use crate::args::{CpArgs, TransferArgs};
 use crate::endpoint::{self, Endpoint};
@@ -28,6 +31,12 @@ pub fn transfer_options(a: &TransferArgs) -> anyhow::Result<TransferOptions> {
     if token.as_ref().is_some_and(|t| t.trim_ascii().is_empty()) {
         bail!("the token is empty");
     }
+    let key = a.key.as_deref().map(ClientKey::load).transpose()?;
+    let trust = match (&a.ca, &a.known_hosts) {
+        (Some(ca), _) => Some(Trust::Ca(ca.clone())),
+        (None, Some(kh)) => Some(Trust::KnownHosts(kh.clone())),
+        (None, None) => None,
+    };
     Ok(TransferOptions {
         streams: a.streams,
         chunk_size: a.chunk,
@@ -45,6 +54,16 @@ pub fn transfer_options(a: &TransferArgs) -> anyhow::Result<TransferOptions> {
             congestion: a.congestion.clone(),
         },
         token,
+        key,
+        user: a.user.clone(),
+        trust,
+        protection: if a.encrypt {
+            DataProtection::Encrypted
+        } else if a.plain_data {
+            DataProtection::Plain
+        } else {
+            DataProtection::Authenticated
+        },
         ..TransferOptions::default()
     })
 }
@@ -82,7 +101,17 @@ pub fn run(a: CpArgs) -> anyhow::Result<ExitCode> {
             endpoint::parse(s).map_err(|e| anyhow::anyhow!("source {}: {e}", s.to_string_lossy()))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let opts = transfer_options(&a.transfer)?;
+    let mut opts = transfer_options(&a.transfer)?;
+    let r = &a.reliability;
+    opts.resume = r.resume;
+    opts.retries = r.retries;
+    opts.retry_wait = r.retry_wait;
+    opts.continue_on_error = r.continue_on_error;
+    opts.verify = r.verify;
+    opts.journal = !r.no_journal;
+    if let Some(ms) = r.debug_heartbeat_ms {
+        opts.heartbeat = std::time::Duration::from_millis(ms.max(50));
+    }
     let (direction, server, sources, dest) = match dst {
         Endpoint::Remote { server, path } => {
             let mut local = Vec::new();

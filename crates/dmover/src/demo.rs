@@ -35,6 +35,10 @@ pub fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
 
     let mut opts = transfer_options(&a.transfer)?;
     opts.token = None;
+    // The demo's server has a key made for it; pin it in the demo's own directory.
+    opts.trust = Some(dmover_net::tls::Trust::KnownHosts(
+        tmp.path().join("known_hosts"),
+    ));
     let rt = runtime(opts.streams.max(2))?;
     let server = Server::new(ServerConfig::new(&root))?;
     let shutdown = CancellationToken::new();
@@ -45,7 +49,11 @@ pub fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
         tokio::spawn(async move { server.serve(listener, stop).await });
         anyhow::Ok(addr)
     })?;
-    eprintln!("2/4 server listening on {addr}, serving {}", root.display());
+    eprintln!(
+        "2/4 server listening on {addr} (TLS key {}), serving {}",
+        server.fingerprint(),
+        root.display()
+    );
 
     eprintln!("3/4 pushing {} to dmover://{addr}/ ...", src.display());
     let client = Client::new(opts, a.transfer.io_threads as usize);

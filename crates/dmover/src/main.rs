@@ -1,12 +1,13 @@
 //! `dmover`: move files and trees between Data Transfer Nodes.
 //!
 //! Exit codes: 0 success; 1 the transfer failed (I/O, checksum, refused path, ...);
-//! 2 usage error; 3 authentication refused; 4 network failure (unreachable server,
+//! 2 usage error; 3 authentication refused (or the server's key is not the pinned one); 4 network failure (unreachable server,
 //! dropped connection).
 
 mod args;
 mod bench;
 mod cp;
+mod credential;
 mod demo;
 mod endpoint;
 mod output;
@@ -27,6 +28,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => serve::run(a),
         Command::Demo(a) => demo::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Credential(a) => credential::run(a),
     };
     match result {
         Ok(code) => code,

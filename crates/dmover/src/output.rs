@@ -55,7 +55,7 @@ impl ProgressBar {
                     b.set_draw_target(indicatif::ProgressDrawTarget::stderr());
                 }
                 b.set_length(total);
-                b.set_position(p.bytes.load(Ordering::Relaxed));
+                b.set_position(p.held.load(Ordering::Relaxed) + p.bytes.load(Ordering::Relaxed));
             }
         });
         ProgressBar { bar, task }
@@ -72,8 +72,16 @@ impl ProgressBar {
 struct JsonReport {
     ok: bool,
     direction: Direction,
+    /// Dataset size: the regular files' bytes in the source's manifest.
     bytes: u64,
+    /// Payload bytes that crossed the data streams in this run (all attempts).
+    bytes_sent: u64,
+    /// Bytes the destination already held from an earlier attempt (resumed).
+    bytes_resumed: u64,
+    /// Regular files of the dataset (without those that could not be copied).
     files: u64,
+    /// Regular files written by the last attempt (resumed files not counted).
+    files_sent: u64,
     dirs: u64,
     symlinks: u64,
     seconds: f64,
@@ -83,7 +91,15 @@ struct JsonReport {
     chunk: u32,
     verified: bool,
     skipped: u64,
+    /// Chunks sent again because their data stream broke.
+    retries: u64,
+    /// Data streams that broke.
+    streams_lost: u32,
+    /// Sessions started (1 + retries of the whole session).
+    attempts: u32,
     errors: u64,
+    /// Source files that could not be copied (`--continue-on-error`), `path: why`.
+    failed: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
 }
@@ -99,6 +115,8 @@ pub fn exit_code(e: &Error) -> u8 {
             code: ErrorCode::Auth,
             ..
         } => 3,
+        // The server is not the one pinned: its identity failed, like a credential.
+        Error::Net(NetError::HostKeyChanged { .. }) => 3,
         Error::Net(NetError::Proto { .. }) => 1,
         Error::Net(_) => 4,
         _ => 1,
@@ -120,6 +138,32 @@ fn human_bytes(b: u64) -> String {
     }
 }
 
+/// The summary line's note on resumes and retries, if any.
+fn resilience(r: &Report) -> String {
+    let mut parts = Vec::new();
+    if r.held_bytes > 0 {
+        parts.push(format!(
+            "resumed: {} ({} files) already there",
+            human_bytes(r.held_bytes),
+            r.held_files
+        ));
+    }
+    if r.attempts > 1 {
+        parts.push(format!("{} attempts", r.attempts));
+    }
+    if r.streams_lost > 0 {
+        parts.push(format!(
+            "{} streams broke, {} chunks sent again",
+            r.streams_lost, r.chunks_resent
+        ));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", parts.join(", "))
+    }
+}
+
 /// Prints the outcome and returns the exit code.
 pub fn report(
     result: Result<Report, Error>,
@@ -131,14 +175,18 @@ pub fn report(
     match result {
         Ok(r) => {
             let s = r.summary;
-            let gbps = s.bytes as f64 * 8.0 / secs.max(1e-9) / 1e9;
+            let gbps = r.bytes_sent as f64 * 8.0 / secs.max(1e-9) / 1e9;
             let fps = s.files as f64 / secs.max(1e-9);
+            let failed = r.failed.len() as u64;
             if json {
                 let j = JsonReport {
-                    ok: true,
+                    ok: failed == 0,
                     direction,
-                    bytes: s.bytes,
-                    files: s.files,
+                    bytes: r.totals.bytes,
+                    bytes_sent: r.bytes_sent,
+                    bytes_resumed: r.held_bytes,
+                    files: r.totals.files - failed,
+                    files_sent: s.files,
                     dirs: s.dirs,
                     symlinks: s.symlinks,
                     seconds: secs,
@@ -148,7 +196,11 @@ pub fn report(
                     chunk: r.chunk_size,
                     verified: s.verified,
                     skipped: r.skipped,
-                    errors: 0,
+                    retries: r.chunks_resent,
+                    streams_lost: r.streams_lost,
+                    attempts: r.attempts,
+                    errors: failed,
+                    failed: r.failed.clone(),
                     error: None,
                 };
                 println!("{}", serde_json::to_string(&j).expect("serialisable"));
@@ -158,8 +210,8 @@ pub fn report(
                     Direction::Pull => "pulled",
                 };
                 eprintln!(
-                    "{verb} {} in {} files, {} dirs, {} symlinks in {secs:.2} s: {gbps:.2} Gbit/s, {fps:.0} files/s ({} streams, {} chunks{}){}",
-                    human_bytes(s.bytes),
+                    "{verb} {} in {} files, {} dirs, {} symlinks in {secs:.2} s: {gbps:.2} Gbit/s, {fps:.0} files/s ({} streams, {} chunks{}){}{}",
+                    human_bytes(r.bytes_sent),
                     s.files,
                     s.dirs,
                     s.symlinks,
@@ -175,9 +227,20 @@ pub fn report(
                     } else {
                         String::new()
                     },
+                    resilience(&r),
                 );
             }
-            ExitCode::SUCCESS
+            for f in &r.failed {
+                eprintln!("dmover: not copied: {f}");
+            }
+            if failed > 0 {
+                eprintln!(
+                    "dmover: error: {failed} files could not be copied; the rest was (rerun with --resume to retry them)"
+                );
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            }
         }
         Err(e) => {
             if json {
@@ -185,7 +248,10 @@ pub fn report(
                     ok: false,
                     direction,
                     bytes: 0,
+                    bytes_sent: 0,
+                    bytes_resumed: 0,
                     files: 0,
+                    files_sent: 0,
                     dirs: 0,
                     symlinks: 0,
                     seconds: secs,
@@ -195,7 +261,11 @@ pub fn report(
                     chunk: 0,
                     verified: false,
                     skipped: 0,
+                    retries: 0,
+                    streams_lost: 0,
+                    attempts: 0,
                     errors: 1,
+                    failed: Vec::new(),
                     error: Some(e.to_string()),
                 };
                 println!("{}", serde_json::to_string(&j).expect("serialisable"));

@@ -1,61 +1,135 @@
-//! `dmover serve`: serve a directory.
+//! `dmover serve`: serve a directory (`--root`) or the exports of a config file.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use dmover_core::access::{ConfigFile, default_state_dir};
 use dmover_core::server::{Server, ServerConfig};
 use dmover_net::tcp::{self, SocketOptions};
+use dmover_net::tls::{KeyOrigin, ServerIdentity};
 use tokio_util::sync::CancellationToken;
 
 use crate::args::ServeArgs;
 
+/// Reads a token file, refusing an empty one.
+pub fn read_token(f: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    let t = std::fs::read(f).with_context(|| format!("reading token file {}", f.display()))?;
+    if t.trim_ascii().is_empty() {
+        bail!("token file {} is empty", f.display());
+    }
+    Ok(t)
+}
+
 pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
-    let token = match &a.token_file {
-        Some(f) => {
-            let t =
-                std::fs::read(f).with_context(|| format!("reading token file {}", f.display()))?;
-            if t.trim_ascii().is_empty() {
-                bail!("token file {} is empty", f.display());
-            }
-            Some(t)
-        }
-        None => None,
+    let file = match &a.config {
+        Some(p) => ConfigFile::load(p)?,
+        None => ConfigFile::default(),
     };
-    let listen = a.listen.unwrap_or_else(|| {
-        let ip = if token.is_some() {
+    let mut cfg = match (&a.root, &a.config) {
+        (Some(root), _) => {
+            let mut cfg = ServerConfig::new(root);
+            if let Some(f) = &a.token_file {
+                cfg.shared_token(&read_token(f)?);
+            }
+            // One shared credential: its users together get the whole session limit.
+            cfg.max_sessions_per_user = usize::MAX;
+            cfg
+        }
+        (None, Some(p)) => {
+            let (exports, users) = file.access(p)?;
+            let mut cfg = ServerConfig::new("");
+            cfg.exports = exports;
+            cfg.users = Some(users);
+            cfg
+        }
+        (None, None) => bail!("pass --root DIR or --config FILE"),
+    };
+    let authenticated = cfg.users.is_some();
+    let listen = a.listen.or(file.listen).unwrap_or_else(|| {
+        let ip = if authenticated {
             [0, 0, 0, 0]
         } else {
             [127, 0, 0, 1]
         };
         SocketAddr::from((ip, dmover_proto::DEFAULT_PORT))
     });
-    if token.is_none() && !listen.ip().is_loopback() {
+    if !authenticated && !listen.ip().is_loopback() {
         bail!(
-            "refusing to listen on {listen} without authentication: pass --token-file FILE, \
-             or listen on loopback (127.0.0.1)"
+            "refusing to listen on {listen} without authentication: pass --token-file FILE \
+             or --config FILE, or listen on loopback (127.0.0.1)"
         );
     }
-    if token.is_none() {
-        tracing::warn!(
-            "no token: any local user can read and write {} through this server",
-            a.root.display()
-        );
+
+    // The TLS identity: operator's files, else the key in the state directory.
+    let (cert, key) = (
+        a.tls_cert.clone().or(file.tls_cert.clone()),
+        a.tls_key.clone().or(file.tls_key.clone()),
+    );
+    let (identity, origin) = match (cert, key) {
+        (Some(c), Some(k)) => (ServerIdentity::from_files(&c, &k)?, KeyOrigin::Files),
+        (None, None) => {
+            let dir: PathBuf = a
+                .state_dir
+                .clone()
+                .or(file.state_dir.clone())
+                .or_else(default_state_dir)
+                .context("no state directory: pass --state-dir DIR")?;
+            ServerIdentity::load_or_create(&dir)?
+        }
+        _ => bail!("tls_cert and tls_key go together"),
+    };
+
+    cfg.read_only = a.read_only;
+    cfg.identity = Some(identity.clone());
+    cfg.require_encryption = file.require_encryption;
+    cfg.io_threads = a.io_threads as usize;
+    cfg.max_sessions = a.max_sessions.or(file.max_sessions).unwrap_or(64);
+    if let Some(n) = file.max_sessions_per_user {
+        cfg.max_sessions_per_user = n;
     }
+    if let Some(s) = file.handshake_timeout_secs {
+        cfg.handshake_timeout = Duration::from_secs(s.max(1));
+    }
+    if let Some(s) = file.idle_timeout_secs {
+        cfg.idle_timeout = Duration::from_secs(s.max(1));
+    }
+    if let Some(n) = file.max_manifest_entries {
+        cfg.max_entries = n;
+    }
+    if let Some(n) = file.max_manifest_bytes {
+        cfg.max_manifest_bytes = n;
+    }
+    cfg.memory_budget = a.memory;
     let socket = SocketOptions {
         send_buffer: a.tcp_buffer.map(|b| b as usize),
         recv_buffer: a.tcp_buffer.map(|b| b as usize),
         congestion: a.congestion.clone(),
     };
-    let mut cfg = ServerConfig::new(&a.root);
-    cfg.read_only = a.read_only;
-    cfg.token = token;
-    cfg.io_threads = a.io_threads as usize;
-    cfg.max_sessions = a.max_sessions;
-    cfg.memory_budget = a.memory;
     cfg.socket = socket.clone();
     cfg.chunk_delay = a.debug_chunk_delay_ms.map(Duration::from_millis);
+    let exports: Vec<String> = cfg
+        .exports
+        .iter()
+        .map(|e| {
+            let name = if e.name.is_empty() {
+                String::new()
+            } else {
+                format!("{} = ", e.name)
+            };
+            format!(
+                "{name}{}{}",
+                e.path.display(),
+                if e.read_only || a.read_only {
+                    " (read-only)"
+                } else {
+                    ""
+                }
+            )
+        })
+        .collect();
     let server = Server::new(cfg)?;
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -67,14 +141,31 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     rt.block_on(async {
         let listener = tcp::listen(listen, &socket)?;
         let bound = listener.local_addr().context("reading the bound address")?;
-        // One line on stdout, so scripts and tests learn the port when asked for port 0.
+        // The first line on stdout, so scripts and tests learn the port when asked for
+        // port 0; the key's fingerprint follows.
         println!("dmover: listening on {bound}");
+        {
+            use std::io::Write;
+            // Whoever read the first line may have closed the pipe: not an error.
+            let _ = writeln!(std::io::stdout(), "dmover: key fingerprint {}", identity.fingerprint());
+        }
+        match &origin {
+            KeyOrigin::Created(p) => eprintln!("created a new server key in {}", p.display()),
+            KeyOrigin::Loaded(p) => eprintln!("server key: {}", p.display()),
+            KeyOrigin::Files | KeyOrigin::Ephemeral => {}
+        }
         eprintln!(
-            "serving {} on {bound}{}{}",
-            a.root.display(),
-            if a.read_only { " (read-only)" } else { "" },
-            if a.token_file.is_some() { "" } else { " (no authentication: loopback only)" }
+            "serving {} on {bound} (TLS key {})",
+            exports.join(", "),
+            identity.fingerprint()
         );
+        if !authenticated {
+            let banner = "NO AUTHENTICATION: any local user can read and write the exports \
+                          through this server (loopback only; use --token-file or --config \
+                          to require credentials)";
+            eprintln!("*** {banner} ***");
+            tracing::warn!("{banner}");
+        }
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
         tokio::spawn(async move {

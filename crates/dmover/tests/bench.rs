@@ -18,10 +18,12 @@ fn tmp() -> tempfile::TempDir {
 }
 
 fn bench(args: &[&str]) -> Output {
+    let kh = tmp();
     Command::new(bin())
         .arg("bench")
         .args(args)
         .env_remove("DMOVER_TOKEN")
+        .env("DMOVER_KNOWN_HOSTS", kh.path().join("known_hosts"))
         .output()
         .expect("running dmover bench")
 }
@@ -174,6 +176,8 @@ fn net_measures_memory_to_memory_through_a_loopback_server() {
         "--chunk",
         "1M",
         "--checksum",
+        "--protection",
+        "plain,encrypted",
         "--iperf3",
         "off",
         "--out",
@@ -181,8 +185,8 @@ fn net_measures_memory_to_memory_through_a_loopback_server() {
     ]);
     ok(&o);
     let rows = results(&out);
-    // 2 directions x 2 zero-copy settings x 2 stream counts, dmover only.
-    assert_eq!(rows.len(), 8, "{rows:?}");
+    // 2 directions x 2 protections x 2 zero-copy settings x 2 stream counts, dmover only.
+    assert_eq!(rows.len(), 16, "{rows:?}");
     // Loopback carries at least 10 Mbit/s and less than 10 Tbit/s.
     positive(&rows, "gbit_per_s", 10_000.0);
     for r in &rows {
@@ -191,13 +195,19 @@ fn net_measures_memory_to_memory_through_a_loopback_server() {
         assert_eq!(number(r, "repeats"), 2.0);
         assert!(number(r, "gbit_per_s_min") <= number(r, "gbit_per_s_max"));
         let zc = &r["zerocopy_result"];
-        match (r["zerocopy"].as_str(), r["direction"].as_str()) {
-            ("false", _) => assert_eq!(zc, "off"),
-            ("true", "push") => assert!(
-                zc.starts_with("on: ") || zc.starts_with("unsupported"),
+        match (
+            r["zerocopy"].as_str(),
+            r["direction"].as_str(),
+            r["protection"].as_str(),
+        ) {
+            ("false", _, _) => assert_eq!(zc, "off"),
+            ("true", "push", "plain") => assert!(
+                zc.starts_with("on: ") || zc.starts_with("unsupported: "),
                 "{zc}"
             ),
-            ("true", _) => assert!(zc.starts_with("on (server side"), "{zc}"),
+            // Sealed records cannot go out zero-copy: the fallback is reported.
+            ("true", "push", "encrypted") => assert!(zc.starts_with("unsupported: "), "{zc}"),
+            ("true", "pull", _) => assert!(zc.starts_with("on (server side"), "{zc}"),
             other => panic!("{other:?}"),
         }
     }
@@ -229,6 +239,7 @@ fn compare_runs_dmover_and_cp_and_reports_missing_peers() {
         .arg(&plot)
         .env("PATH", &path_dir)
         .env_remove("DMOVER_TOKEN")
+        .env("DMOVER_KNOWN_HOSTS", t.path().join("known_hosts"))
         .output()
         .unwrap();
     ok(&o);

@@ -239,6 +239,7 @@ fn concurrent_clients() {
         .iter()
         .map(|p| {
             std::process::Command::new(bin())
+                .env("DMOVER_KNOWN_HOSTS", known_hosts_in(t.path()))
                 .args(["cp", "--quiet", "--chunk", "256K", s(p), &srv.url("")])
                 .stderr(std::process::Stdio::piped())
                 .spawn()
@@ -278,7 +279,11 @@ fn token_authentication() {
 
     let o = cp(&[s(&f), &srv.url("f")]);
     assert_eq!(o.status.code(), Some(3), "no token: {}", stderr(&o));
-    assert!(stderr(&o).contains("requires a token"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("requires authentication"),
+        "{}",
+        stderr(&o)
+    );
     let o = cp(&["--token-file", s(&wrong), s(&f), &srv.url("f")]);
     assert_eq!(o.status.code(), Some(3), "wrong token: {}", stderr(&o));
     assert!(
@@ -441,6 +446,7 @@ fn server_killed_mid_push_leaves_no_partial_file() {
     std::fs::create_dir(&root).unwrap();
     let mut srv = Server::start(&root, &["--debug-chunk-delay-ms", "30"]);
     let client = std::process::Command::new(bin())
+        .env("DMOVER_KNOWN_HOSTS", known_hosts_in(t.path()))
         .args(["cp", "--quiet", "--chunk", "64K", s(&src), &srv.url("")])
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -475,6 +481,7 @@ fn server_killed_mid_pull_leaves_no_partial_file() {
     let mut srv = Server::start(&root, &["--debug-chunk-delay-ms", "30"]);
     let dest = t.path().join("dest");
     let client = std::process::Command::new(bin())
+        .env("DMOVER_KNOWN_HOSTS", known_hosts_in(t.path()))
         .args(["cp", "--quiet", "--chunk", "64K", &srv.url("src"), s(&dest)])
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -489,8 +496,28 @@ fn server_killed_mid_pull_leaves_no_partial_file() {
     assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
     let complete = no_partial_files(&src, &dest);
     assert!(complete < 303, "the transfer was not interrupted");
-    // The client cleaned up its own staging files.
-    assert_eq!(staging_files(&dest), Vec::<std::path::PathBuf>::new());
+    // The client cleaned up its own staging files, but for those of the large files
+    // its resume journal describes (issue 6).
+    only_resumable_staging(&dest);
+    let srv = Server::start(&root, &[]);
+    ok(&cp(&["--quiet", "--resume", &srv.url("src"), s(&dest)]));
+    same(&src, &dest);
+    assert_eq!(staging_files(t.path()), Vec::<std::path::PathBuf>::new());
+}
+
+/// Staging files left by an interrupted transfer are only those of files of a chunk
+/// or more (the journal can resume them); everything else was removed.
+fn only_resumable_staging(dest: &Path) {
+    for f in staging_files(dest) {
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            name.starts_with(".dmv.journal.")
+                || name.ends_with(".big0")
+                || name.ends_with(".big1")
+                || name.ends_with(".big2"),
+            "{name} left behind"
+        );
+    }
 }
 
 #[test]
@@ -502,6 +529,7 @@ fn client_killed_mid_push_server_cleans_up_and_keeps_serving() {
     std::fs::create_dir(&root).unwrap();
     let srv = Server::start(&root, &["--debug-chunk-delay-ms", "30"]);
     let mut client = std::process::Command::new(bin())
+        .env("DMOVER_KNOWN_HOSTS", known_hosts_in(t.path()))
         .args(["cp", "--quiet", "--chunk", "64K", s(&src), &srv.url("")])
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -510,15 +538,34 @@ fn client_killed_mid_push_server_cleans_up_and_keeps_serving() {
     client.kill().unwrap();
     client.wait().unwrap();
     no_partial_files(&src, &root.join("src"));
+    // The server removes the aborted session's staging files, but for those of the
+    // large files its resume journal describes (issue 6).
     assert!(
-        wait_for(Duration::from_secs(20), || staging_files(&root).is_empty()),
-        "the server removes the aborted session's staging files"
+        wait_for(Duration::from_secs(20), || staging_files(&root).iter().all(
+            |f| {
+                let n = f.file_name().unwrap().to_string_lossy().into_owned();
+                n.contains(".big") || n.starts_with(".dmv.journal.")
+            }
+        )),
+        "the server removes the aborted session's staging files: {:?}",
+        staging_files(&root)
     );
     // The server still serves.
     let f = t.path().join("after");
     write_file(&f, 1, 1000, 0o644, 1_600_000_000);
     ok(&cp(&[s(&f), &srv.url("after")]));
     same(&f, &root.join("after"));
+    // And the interrupted push resumes, leaving nothing behind.
+    ok(&cp(&[
+        "--quiet",
+        "--resume",
+        "--chunk",
+        "64K",
+        s(&src),
+        &srv.url(""),
+    ]));
+    same(&src, &root.join("src"));
+    assert_eq!(staging_files(&root), Vec::<std::path::PathBuf>::new());
 }
 
 #[test]

@@ -16,7 +16,7 @@ use dmover_core::engine::Run;
 use dmover_core::memtest::{MemTestOptions, ZeroCopyOutcome};
 use dmover_core::session::TransferOptions;
 use dmover_net::tcp::SocketOptions;
-use dmover_proto::control::MemDirection;
+use dmover_proto::control::{DataProtection, MemDirection};
 use serde_json::{Map, Value, json};
 
 use super::common::{self, OutputArgs, Progress, num, row, text};
@@ -57,6 +57,13 @@ pub struct NetArgs {
     /// File holding the server's token (or set DMOVER_TOKEN).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// Pin the server's key in this known-hosts file [default: ~/.config/dmover/known_hosts].
+    #[arg(long, env = "DMOVER_KNOWN_HOSTS")]
+    pub known_hosts: Option<PathBuf>,
+    /// Data stream protection to measure: plain, authenticated (dmover's default),
+    /// encrypted; zero-copy needs plain.
+    #[arg(long, default_value = "plain", value_delimiter = ',', value_parser = protection)]
+    pub protection: Vec<DataProtection>,
     /// Also measure iperf3 (auto: when iperf3 is installed and HOST is an address of this
     /// machine, start `iperf3 -s` on it; off: never; HOST:PORT: an iperf3 server there).
     #[arg(long, default_value = "auto")]
@@ -88,6 +95,23 @@ fn on_off(s: &str) -> Result<bool, String> {
         "on" | "yes" | "true" => Ok(true),
         "off" | "no" | "false" => Ok(false),
         _ => Err(format!("{s:?}: expected on or off")),
+    }
+}
+
+fn protection(s: &str) -> Result<DataProtection, String> {
+    match s.trim() {
+        "plain" => Ok(DataProtection::Plain),
+        "authenticated" | "auth" => Ok(DataProtection::Authenticated),
+        "encrypted" | "encrypt" => Ok(DataProtection::Encrypted),
+        _ => Err(format!("{s:?}: expected plain, authenticated or encrypted")),
+    }
+}
+
+fn protection_name(p: DataProtection) -> &'static str {
+    match p {
+        DataProtection::Plain => "plain",
+        DataProtection::Authenticated => "authenticated",
+        DataProtection::Encrypted => "encrypted",
     }
 }
 
@@ -273,6 +297,13 @@ pub fn run(a: NetArgs) -> anyhow::Result<()> {
     report.param("checksum", a.checksum);
     report.param("congestion", &a.congestion);
     report.param("tcp_buffer", a.tcp_buffer);
+    report.param(
+        "protection",
+        a.protection
+            .iter()
+            .map(|&p| protection_name(p))
+            .collect::<Vec<_>>(),
+    );
 
     let base = TransferOptions {
         chunk_size: chunk,
@@ -283,6 +314,10 @@ pub fn run(a: NetArgs) -> anyhow::Result<()> {
             congestion: None,
         },
         token: common::read_token(a.token_file.as_deref())?,
+        trust: a
+            .known_hosts
+            .clone()
+            .map(dmover_net::tls::Trust::KnownHosts),
         ..TransferOptions::default()
     };
     let congestions: Vec<Option<String>> = if a.congestion.is_empty() {
@@ -336,28 +371,42 @@ pub fn run(a: NetArgs) -> anyhow::Result<()> {
 
     let max_streams = a.streams.iter().copied().max().unwrap_or(1);
     let rt = crate::cp::runtime(max_streams.min(128) as u16)?;
-    let tools = 1 + usize::from(iperf.is_some());
-    let points = a.direction.len() * a.zerocopy.len() * congestions.len() * a.streams.len();
-    let mut progress = Progress::new((points * tools) as u64 * u64::from(a.repeats));
+    let iperf_points = usize::from(iperf.is_some())
+        * a.direction.len()
+        * a.zerocopy.len()
+        * congestions.len()
+        * a.streams.len();
+    let points = a.direction.len()
+        * a.protection.len()
+        * a.zerocopy.len()
+        * congestions.len()
+        * a.streams.len();
+    let mut progress = Progress::new((points + iperf_points) as u64 * u64::from(a.repeats));
     eprintln!(
         "network test against {server}: {points} points x {} repeat(s) x {:.1} s; results in {}",
         a.repeats,
         a.seconds,
         out_dir.display()
     );
-    for &dir in &a.direction {
+    for (&dir, &prot) in a
+        .direction
+        .iter()
+        .flat_map(|d| a.protection.iter().map(move |p| (d, p)))
+    {
         for &zc in &a.zerocopy {
             for cc in &congestions {
                 for &n in &a.streams {
                     let label = format!(
-                        "{} {n} stream(s), zero-copy {}, {}",
+                        "{} {} {n} stream(s), zero-copy {}, {}",
                         dir.name(),
+                        protection_name(prot),
                         if zc { "on" } else { "off" },
                         cc.as_deref().unwrap_or("default cc")
                     );
                     let mut opts = base.clone();
                     opts.streams = n as u16;
                     opts.socket.congestion = cc.clone();
+                    opts.protection = prot;
                     let client = Client::new(opts, 1);
                     let t = MemTestOptions {
                         direction: match dir {
@@ -414,6 +463,7 @@ pub fn run(a: NetArgs) -> anyhow::Result<()> {
                     let mut r = row(&[
                         ("tool", json!("dmover")),
                         ("direction", json!(dir.name())),
+                        ("protection", json!(protection_name(prot))),
                         ("streams", json!(n)),
                         ("zerocopy", json!(zc)),
                         ("congestion", json!(cc.as_deref().unwrap_or("default"))),
@@ -429,7 +479,9 @@ pub fn run(a: NetArgs) -> anyhow::Result<()> {
                     r.insert("zerocopy_copied_percent".into(), copied);
                     report.push(r);
 
-                    if let Some((_, at)) = &iperf {
+                    // iperf3 once per point, not once per protection.
+                    let first_prot = a.protection.first() == Some(&prot);
+                    if let Some((_, at)) = iperf.as_ref().filter(|_| first_prot) {
                         let mut gbit = Vec::new();
                         let mut err = None;
                         for rep in 0..a.repeats {
@@ -452,6 +504,7 @@ pub fn run(a: NetArgs) -> anyhow::Result<()> {
                         let mut r = row(&[
                             ("tool", json!("iperf3")),
                             ("direction", json!(dir.name())),
+                            ("protection", json!("none")),
                             ("streams", json!(n)),
                             ("zerocopy", json!(zc)),
                             ("congestion", json!(cc.as_deref().unwrap_or("default"))),
@@ -478,6 +531,7 @@ pub fn run(a: NetArgs) -> anyhow::Result<()> {
         &[
             ("tool", "tool"),
             ("direction", "dir"),
+            ("protection", "data"),
             ("streams", "streams"),
             ("zerocopy", "zc"),
             ("congestion", "cc"),
@@ -535,8 +589,12 @@ fn figure(report: &Report) -> Figure {
         let mut series: Vec<Series> = Vec::new();
         for r in report.rows.iter().filter(|r| text(r, "direction") == d) {
             let name = format!(
-                "{}{}{}",
+                "{}{}{}{}",
                 text(r, "tool"),
+                match text(r, "protection").as_str() {
+                    "plain" | "none" | "" => String::new(),
+                    p => format!(", {p}"),
+                },
                 if text(r, "zerocopy") == "true" {
                     ", zero-copy"
                 } else {

@@ -129,8 +129,11 @@ impl DmoverServer {
     ) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("locating the dmover binary")?;
         let mut c = place.command(exe);
+        let state = log.with_extension("state");
         c.args(["serve", "--listen", &format!("{ip}:0"), "--root"])
             .arg(root)
+            .arg("--state-dir")
+            .arg(&state)
             .env_remove("DMOVER_TOKEN")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -308,6 +311,7 @@ pub fn sweep(
                     .args(["--chunk", &chunk.to_string()])
                     .args(&extra)
                     .env_remove("DMOVER_TOKEN")
+                    .env("DMOVER_KNOWN_HOSTS", logs.join("known_hosts"))
                     .stdin(Stdio::null());
                 let target = match dir {
                     Direction::Push => {

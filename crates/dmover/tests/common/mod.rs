@@ -17,17 +17,52 @@ pub struct Server {
     pub child: Child,
     pub addr: String,
     pub root: PathBuf,
+    /// The server's state directory (its TLS key), removed with the server.
+    pub state: tempfile::TempDir,
 }
 
 impl Server {
     pub fn start(root: &Path, extra: &[&str]) -> Server {
+        let mut args: Vec<&std::ffi::OsStr> = vec!["--root".as_ref(), root.as_os_str()];
+        args.extend(extra.iter().map(|a| std::ffi::OsStr::new(*a)));
+        Self::start_with(&args, root, None, None)
+    }
+
+    /// `dmover serve ARGS --listen 127.0.0.1:0 --state-dir DIR` (`state`, else a fresh
+    /// temporary directory), stderr to `log` if given (else discarded).
+    pub fn start_with(
+        args: &[&std::ffi::OsStr],
+        root: &Path,
+        log: Option<&Path>,
+        state_dir: Option<&Path>,
+    ) -> Server {
+        let state = tempfile::Builder::new()
+            .prefix("dmover-state-")
+            .tempdir()
+            .unwrap();
+        let state_path = state_dir.unwrap_or(state.path()).to_path_buf();
+        let stderr = match (log, std::env::var_os("DMOVER_TEST_LOG_DIR")) {
+            (Some(p), _) => Stdio::from(std::fs::File::create(p).unwrap()),
+            // Server logs for diagnosing a failed test: one file per server.
+            (None, Some(dir)) => Stdio::from(
+                tempfile::Builder::new()
+                    .prefix("server-")
+                    .suffix(".log")
+                    .tempfile_in(dir)
+                    .expect("creating a server log")
+                    .keep()
+                    .expect("keeping a server log")
+                    .0,
+            ),
+            (None, None) => Stdio::null(),
+        };
         let mut child = Command::new(bin())
-            .args(["serve", "--root"])
-            .arg(root)
-            .args(["--listen", "127.0.0.1:0"])
-            .args(extra)
+            .arg("serve")
+            .args(args)
+            .args(["--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(&state_path)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("starting dmover serve");
         let mut line = String::new();
@@ -43,6 +78,7 @@ impl Server {
             child,
             addr,
             root: root.to_path_buf(),
+            state,
         }
     }
 
@@ -67,13 +103,34 @@ pub fn cp(args: &[&str]) -> Output {
     cp_env(args, &[])
 }
 
+/// Runs `dmover cp` with `env` set. Unless `env` names one, the client gets a fresh
+/// known-hosts file of its own (tests never touch the real home directory).
 pub fn cp_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let kh = tempfile::Builder::new()
+        .prefix("dmover-kh-")
+        .tempdir()
+        .unwrap();
     let mut c = Command::new(bin());
-    c.arg("cp").args(args).env_remove("DMOVER_TOKEN");
+    c.arg("cp")
+        .args(args)
+        .env_remove("DMOVER_TOKEN")
+        .env_remove("DMOVER_KEY")
+        .env_remove("DMOVER_USER")
+        .env("DMOVER_KNOWN_HOSTS", kh.path().join("known_hosts"));
     for (k, v) in env {
         c.env(k, v);
     }
     c.output().expect("running dmover cp")
+}
+
+/// A fresh known-hosts path under `dir` (a test's temporary directory), for clients
+/// started by hand: tests never pin keys in the real home directory, and a port a later
+/// server reuses never meets an old pin.
+pub fn known_hosts_in(dir: &Path) -> PathBuf {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    dir.join(".dmover-known-hosts")
+        .join(format!("known_hosts-{n}"))
 }
 
 /// Asserts a command succeeded, showing its stderr otherwise.

@@ -1,0 +1,429 @@
+//! Who may do what on a server: exports (named roots), users with their credentials
+//! and rights, the server's configuration file, and the client's key files.
+//!
+//! # Configuration file (`dmover serve --config FILE`, TOML)
+//! ```toml
+//! listen = "0.0.0.0:7700"          # optional; --listen overrides
+//! state_dir = "/var/lib/dmover"    # optional; where the server key lives
+//! # tls_cert = "/etc/dmover/cert.pem"   # optional: a CA-signed chain and its key
+//! # tls_key = "/etc/dmover/key.pem"     # instead of the key in state_dir
+//! require_encryption = false       # refuse sessions without --encrypt
+//! max_sessions = 64                # all users together
+//! max_sessions_per_user = 8
+//! handshake_timeout_secs = 30      # connection to session, and each data join
+//! idle_timeout_secs = 120          # a data stream without progress
+//! max_manifest_entries = 50000000
+//! max_manifest_bytes = 8589934592  # memory of entries, names and link targets
+//!
+//! [exports.data]
+//! path = "/data"
+//! read_only = false                # optional: read-only for everyone
+//!
+//! [users.alice]
+//! token = "dmover-token-v2:…"      # from `dmover credential token FILE`
+//! keys = ["ed25519:…"]             # from `dmover credential key FILE`
+//! exports = { data = "rw" }        # "ro" or "rw"
+//! ```
+//! A user named `*` matches any user name. Paths on a server with named exports start
+//! with the export's name (`data/run1`); a server with one unnamed export (`--root`)
+//! takes paths relative to it.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use aws_lc_rs::signature::{self, Ed25519KeyPair, KeyPair};
+use base64::Engine;
+use dmover_proto::auth::TokenVerifier;
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+/// Prefix of a public key in the configuration.
+pub const ED25519_PREFIX: &str = "ed25519:";
+
+/// A directory a server serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportSpec {
+    /// Its name, the first component of paths naming it (`""`: the only export, and
+    /// paths are relative to it).
+    pub name: String,
+    /// The directory.
+    pub path: PathBuf,
+    /// Nobody may write to it.
+    pub read_only: bool,
+}
+
+/// What a user may do with an export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum Rights {
+    /// Read (pull) only.
+    #[serde(rename = "ro")]
+    ReadOnly,
+    /// Read and write (push too).
+    #[serde(rename = "rw")]
+    ReadWrite,
+}
+
+/// A user and how they prove who they are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    /// The name (`*`: any name).
+    pub name: String,
+    /// The verifier of the user's token, if they have one.
+    pub token: Option<TokenVerifier>,
+    /// The user's Ed25519 public keys.
+    pub keys: Vec<[u8; 32]>,
+    /// Rights per export name.
+    pub exports: BTreeMap<String, Rights>,
+}
+
+/// The identity a session runs as, after authentication.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The user's name as configured (`*` for a shared token; empty without
+    /// authentication).
+    pub user: String,
+    /// Rights per export name.
+    pub exports: BTreeMap<String, Rights>,
+}
+
+/// The users of a server: `None` is the loopback-only mode without authentication.
+pub type Users = Option<BTreeMap<String, User>>;
+
+/// Parses `ed25519:BASE64` (32 bytes; padding optional).
+pub fn parse_public_key(s: &str) -> Option<[u8; 32]> {
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    const B64: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+    );
+    B64.decode(s.trim().strip_prefix(ED25519_PREFIX)?)
+        .ok()?
+        .try_into()
+        .ok()
+}
+
+/// Formats a public key as the configuration wants it.
+pub fn format_public_key(k: &[u8; 32]) -> String {
+    format!(
+        "{ED25519_PREFIX}{}",
+        base64::engine::general_purpose::STANDARD.encode(k)
+    )
+}
+
+/// Checks an Ed25519 signature.
+pub fn verify_signature(public: &[u8; 32], msg: &[u8], sig: &[u8]) -> bool {
+    signature::UnparsedPublicKey::new(&signature::ED25519, public)
+        .verify(msg, sig)
+        .is_ok()
+}
+
+/// A client's Ed25519 key.
+#[derive(Clone)]
+pub struct ClientKey(Arc<Ed25519KeyPair>);
+
+impl std::fmt::Debug for ClientKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ClientKey({})", format_public_key(&self.public()))
+    }
+}
+
+fn pem(label: &str, der: &[u8]) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
+}
+
+fn key_err(path: &Path, message: impl std::fmt::Display) -> Error {
+    Error::refused(
+        dmover_proto::control::ErrorCode::Auth,
+        format!("key file {}: {message}", path.display()),
+    )
+}
+
+impl ClientKey {
+    /// Generates a key, writes it to `path` (PKCS#8 PEM, mode 0600, never over an
+    /// existing file) and its public half to `path.pub`.
+    pub fn generate(path: &Path) -> Result<Self> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let rng = aws_lc_rs::rand::SystemRandom::new();
+        let doc = Ed25519KeyPair::generate_pkcs8(&rng).map_err(|e| key_err(path, e))?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| key_err(path, e))?;
+        f.write_all(pem("PRIVATE KEY", doc.as_ref()).as_bytes())
+            .map_err(|e| key_err(path, e))?;
+        let key = Self::from_der(doc.as_ref(), path)?;
+        let mut pub_path = path.as_os_str().to_owned();
+        pub_path.push(".pub");
+        std::fs::write(&pub_path, format!("{}\n", format_public_key(&key.public())))
+            .map_err(|e| key_err(Path::new(&pub_path), e))?;
+        Ok(key)
+    }
+
+    fn from_der(der: &[u8], path: &Path) -> Result<Self> {
+        let kp = Ed25519KeyPair::from_pkcs8(der)
+            .or_else(|_| Ed25519KeyPair::from_pkcs8_maybe_unchecked(der))
+            .map_err(|e| key_err(path, format!("not an Ed25519 PKCS#8 key ({e})")))?;
+        Ok(ClientKey(Arc::new(kp)))
+    }
+
+    /// Loads a key written by [`ClientKey::generate`] (any PKCS#8 Ed25519 PEM).
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| key_err(path, e))?;
+        let body: String = text
+            .lines()
+            .skip_while(|l| !l.starts_with("-----BEGIN PRIVATE KEY-----"))
+            .skip(1)
+            .take_while(|l| !l.starts_with("-----END"))
+            .collect();
+        let der = base64::engine::general_purpose::STANDARD
+            .decode(body.trim())
+            .map_err(|_| key_err(path, "no PEM \"PRIVATE KEY\" block"))?;
+        Self::from_der(&der, path)
+    }
+
+    /// The public key.
+    pub fn public(&self) -> [u8; 32] {
+        self.0
+            .public_key()
+            .as_ref()
+            .try_into()
+            .expect("Ed25519 public keys are 32 bytes")
+    }
+
+    /// Signs `msg`.
+    pub fn sign(&self, msg: &[u8]) -> Vec<u8> {
+        self.0.sign(msg).as_ref().to_vec()
+    }
+}
+
+/// The configuration file's contents (see the module docs).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Address to listen on.
+    pub listen: Option<SocketAddr>,
+    /// Directory of the server's key.
+    pub state_dir: Option<PathBuf>,
+    /// A certificate chain (PEM) to present instead of the self-signed one.
+    pub tls_cert: Option<PathBuf>,
+    /// The key of `tls_cert` (PEM).
+    pub tls_key: Option<PathBuf>,
+    /// Refuse sessions whose data streams are not encrypted.
+    #[serde(default)]
+    pub require_encryption: bool,
+    /// Sessions at once, all users together.
+    pub max_sessions: Option<usize>,
+    /// Sessions at once per user.
+    pub max_sessions_per_user: Option<usize>,
+    /// Seconds from connecting to an open session, and for each data join.
+    pub handshake_timeout_secs: Option<u64>,
+    /// Seconds a data stream may go without progress.
+    pub idle_timeout_secs: Option<u64>,
+    /// Most manifest entries per session.
+    pub max_manifest_entries: Option<u64>,
+    /// Most memory (bytes) a session's manifest may take.
+    pub max_manifest_bytes: Option<u64>,
+    /// Exports by name.
+    #[serde(default)]
+    pub exports: BTreeMap<String, ExportEntry>,
+    /// Users by name.
+    #[serde(default)]
+    pub users: BTreeMap<String, UserEntry>,
+}
+
+/// An export in the configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportEntry {
+    /// The directory.
+    pub path: PathBuf,
+    /// Read-only for everyone.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// A user in the configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserEntry {
+    /// A token verifier (`dmover-token-v2:…`).
+    pub token: Option<String>,
+    /// Public keys (`ed25519:…`).
+    #[serde(default)]
+    pub keys: Vec<String>,
+    /// Rights per export.
+    #[serde(default)]
+    pub exports: BTreeMap<String, Rights>,
+}
+
+/// A configuration error, naming the file and the entry.
+fn config_err(file: &Path, what: impl std::fmt::Display) -> Error {
+    Error::refused(
+        dmover_proto::control::ErrorCode::Unsupported,
+        format!("config {}: {what}", file.display()),
+    )
+}
+
+impl ConfigFile {
+    /// Reads and parses a configuration file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::io("reading", path.display().to_string(), e))?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses configuration text (`path` names it in errors).
+    pub fn parse(text: &str, path: &Path) -> Result<Self> {
+        toml::from_str(text).map_err(|e| config_err(path, e))
+    }
+
+    /// The exports and users it describes, checked: every export a user names exists,
+    /// every user has a credential, tokens and keys parse, export names are single
+    /// path components.
+    pub fn access(&self, path: &Path) -> Result<(Vec<ExportSpec>, BTreeMap<String, User>)> {
+        if self.exports.is_empty() {
+            return Err(config_err(path, "no [exports.NAME] section"));
+        }
+        if self.users.is_empty() {
+            return Err(config_err(
+                path,
+                "no [users.NAME] section (without users, use --root on loopback)",
+            ));
+        }
+        let mut exports = Vec::new();
+        for (name, e) in &self.exports {
+            if dmover_proto::manifest::validate_name(name.as_bytes()).is_err() {
+                return Err(config_err(
+                    path,
+                    format!("export name {name:?} must be one path component"),
+                ));
+            }
+            exports.push(ExportSpec {
+                name: name.clone(),
+                path: e.path.clone(),
+                read_only: e.read_only,
+            });
+        }
+        let mut users = BTreeMap::new();
+        for (name, u) in &self.users {
+            let token = match &u.token {
+                Some(t) => Some(TokenVerifier::from_text(t).ok_or_else(|| {
+                    config_err(
+                        path,
+                        format!("user {name}: token must be a dmover-token-v2:… verifier (dmover credential token)"),
+                    )
+                })?),
+                None => None,
+            };
+            let keys = u
+                .keys
+                .iter()
+                .map(|k| {
+                    parse_public_key(k).ok_or_else(|| {
+                        config_err(
+                            path,
+                            format!("user {name}: {k:?} is not an ed25519:BASE64 public key"),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            if token.is_none() && keys.is_empty() {
+                return Err(config_err(
+                    path,
+                    format!("user {name} has neither a token nor a key"),
+                ));
+            }
+            for export in u.exports.keys() {
+                if !self.exports.contains_key(export) {
+                    return Err(config_err(
+                        path,
+                        format!("user {name}: no export named {export:?}"),
+                    ));
+                }
+            }
+            users.insert(
+                name.clone(),
+                User {
+                    name: name.clone(),
+                    token,
+                    keys,
+                    exports: u.exports.clone(),
+                },
+            );
+        }
+        Ok((exports, users))
+    }
+}
+
+/// The default state directory: `/var/lib/dmover` for root, else
+/// `$XDG_STATE_HOME/dmover` or `~/.local/state/dmover`.
+pub fn default_state_dir() -> Option<PathBuf> {
+    if rustix::process::geteuid().is_root() {
+        return Some(PathBuf::from("/var/lib/dmover"));
+    }
+    std::env::var_os("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".local/state"))
+        })
+        .map(|p| p.join("dmover"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_config_file_parses_and_is_checked() {
+        let v = dmover_proto::auth::token_keys(b"t").verifier.to_text();
+        let dir = tempfile::tempdir().unwrap();
+        let key = ClientKey::generate(&dir.path().join("k")).unwrap();
+        let pubtext = std::fs::read_to_string(dir.path().join("k.pub")).unwrap();
+        assert_eq!(parse_public_key(&pubtext), Some(key.public()));
+        assert_eq!(
+            ClientKey::load(&dir.path().join("k")).unwrap().public(),
+            key.public()
+        );
+        let sig = key.sign(b"m");
+        assert!(verify_signature(&key.public(), b"m", &sig));
+        assert!(!verify_signature(&key.public(), b"n", &sig));
+        let text = format!(
+            "max_sessions_per_user = 2\n[exports.data]\npath = \"/d\"\n[exports.pub]\npath = \"/p\"\nread_only = true\n\
+             [users.alice]\ntoken = \"{v}\"\nkeys = [\"{}\"]\nexports = {{ data = \"rw\", pub = \"ro\" }}\n",
+            pubtext.trim()
+        );
+        let p = Path::new("test.toml");
+        let cfg = ConfigFile::parse(&text, p).unwrap();
+        let (exports, users) = cfg.access(p).unwrap();
+        assert_eq!(exports.len(), 2);
+        assert!(exports[1].read_only);
+        let alice = &users["alice"];
+        assert_eq!(alice.exports["data"], Rights::ReadWrite);
+        assert_eq!(alice.keys, vec![key.public()]);
+        for bad in [
+            text.replace("data = \"rw\"", "nope = \"rw\""),
+            text.replace("\"rw\"", "\"rx\""),
+            text.replace("dmover-token-v2", "dmover-token-v1"),
+            text.replace("max_sessions_per_user", "max_session_per_user"),
+        ] {
+            let r = ConfigFile::parse(&bad, p).and_then(|c| c.access(p).map(|_| ()));
+            assert!(r.is_err(), "{bad}");
+        }
+    }
+}

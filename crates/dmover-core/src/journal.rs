@@ -1,0 +1,564 @@
+//! The destination's resume journal: a durable, append-only record of the files (and
+//! pieces of large files) that arrived whole and verified, so a later session of the
+//! same transfer sends only what is missing.
+//!
+//! # Where and what
+//! One journal per transfer, in the directory that receives the transfer's roots:
+//! `.dmv.journal.<key>`, where `key` ([`transfer_key`]) is a hash of the roots' names
+//! and kinds there. The destination directory plus the key identify the transfer: a new
+//! session (a retry, `dmover cp --resume`, after a crash of either side or machine)
+//! finds it again, whatever its session id. Records name files by a 128-bit hash of
+//! their path below that directory and carry the size and mtime the source's manifest
+//! gave them, so a resumed session matches them file by file against the new manifest:
+//! a file whose size or mtime changed is not resumed.
+//!
+//! Staging files are named after the same key (`.dmv.<key>.<name>`), so a resumed
+//! session finds the partial files the journal describes.
+//!
+//! # Format
+//! A 64-byte header, then 64-byte records, each ending in a CRC32C of its first 60
+//! bytes. Reading stops at the first short or damaged record (a torn append after a
+//! crash) and the file is cut there, so appends continue after the last good record.
+//! ```text
+//! header: 0 "DMVJ" | 4 u16 version (1) | 6 reserved | 8 u64 key | 16 u32 chunk size
+//!         | 20..60 reserved | 60 u32 crc32c                         (little-endian)
+//! record: 0 u8 kind (1 file done, 2 piece done) | 1..4 reserved | 4 u32 mtime nsec
+//!         | 8 u128 path hash | 24 u64 size | 32 i64 mtime sec | 40 u64 piece index
+//!         | 48 u64 file digest or piece hash | 56 reserved | 60 u32 crc32c
+//! ```
+//!
+//! # Durability
+//! Records are buffered and committed in batches: every [`COMMIT_INTERVAL`] or
+//! [`COMMIT_BYTES`] of records, whichever comes first, and when the session ends. A
+//! commit first `syncfs`es the destination file system (the data the records describe
+//! was written before the records were buffered, so it is then on stable storage), then
+//! appends the records and `fdatasync`s the journal. A record therefore never claims
+//! data a machine crash could lose; a crash loses at most the last batch, whose files
+//! are sent again. Journal I/O errors never fail a transfer: they are logged and the
+//! journal stops growing (the transfer just resumes from an older point).
+//!
+//! # Lifetime
+//! Created when a session starts; removed when the transfer completes; replaced when a
+//! session of the same transfer starts without `--resume`. A held `flock` keeps two
+//! sessions from writing the same transfer at once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dmover_proto::manifest::{Entry, EntryKind, Mtime};
+use parking_lot::Mutex;
+use rustix::fs::{AtFlags, FlockOperation, OFlags};
+use rustix::io::Errno;
+use xxhash_rust::xxh3::{Xxh3, xxh3_64};
+
+use crate::sys;
+
+/// Size of the header and of every record.
+pub const RECORD_LEN: usize = 64;
+/// Longest time records wait in memory before a commit.
+pub const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
+/// Most bytes of records buffered before a commit.
+pub const COMMIT_BYTES: usize = 1 << 20;
+/// How long a session waits for another session of the same transfer to let go of
+/// the journal (an aborted session may still be winding down).
+pub const LOCK_WAIT: Duration = Duration::from_secs(15);
+
+const MAGIC: &[u8; 4] = b"DMVJ";
+const VERSION: u16 = 1;
+const KIND_FILE: u8 = 1;
+const KIND_PIECE: u8 = 2;
+
+/// The key of a transfer into a directory: a hash of its roots' names there and kinds.
+pub fn transfer_key<'a>(roots: impl IntoIterator<Item = (&'a [u8], &'a EntryKind)>) -> u64 {
+    let mut v = b"dmover-transfer-1\0".to_vec();
+    for (name, kind) in roots {
+        v.extend_from_slice(name);
+        v.push(0);
+        v.push(match kind {
+            EntryKind::File { .. } => b'f',
+            EntryKind::Dir => b'd',
+            EntryKind::Symlink { .. } => b'l',
+        });
+    }
+    xxh3_64(&v)
+}
+
+/// The journal's file name for `key`.
+pub fn journal_name(key: u64) -> Vec<u8> {
+    format!(".dmv.journal.{key:016x}").into_bytes()
+}
+
+/// The hash naming a file in records: xxh3-128 of its path components, each followed
+/// by a NUL (the root's name as it is called at the destination).
+pub fn path_hash<'a>(components: impl Iterator<Item = &'a [u8]>) -> u128 {
+    let mut h = Xxh3::new();
+    for c in components {
+        h.update(c);
+        h.update(&[0]);
+    }
+    h.digest128()
+}
+
+/// The identity of a file's content as the source announced it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileId {
+    /// Path hash ([`path_hash`]).
+    pub path: u128,
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time.
+    pub mtime: Mtime,
+}
+
+impl FileId {
+    /// The identity of manifest entry `e` at path hash `path`.
+    pub fn of(path: u128, e: &Entry) -> Self {
+        FileId {
+            path,
+            size: e.file_size(),
+            mtime: e.mtime,
+        }
+    }
+}
+
+/// What the journal knows about one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileState {
+    /// Size and mtime the records were made for.
+    pub size: u64,
+    /// Modification time the records were made for.
+    pub mtime: Mtime,
+    /// The file arrived whole, verified, under its final name (with its digest, 0
+    /// without checksums).
+    pub done: Option<u64>,
+    /// Pieces held in the staging file: index → piece hash.
+    pub pieces: BTreeMap<u64, u64>,
+}
+
+/// A journal's records, read back.
+#[derive(Debug, Default, Clone)]
+pub struct Contents {
+    /// Chunk size of the session that wrote the records (piece records are only
+    /// meaningful for the same chunk size).
+    pub chunk_size: u32,
+    /// Per path hash.
+    pub files: HashMap<u128, FileState>,
+    /// Damaged or torn records found (and cut off).
+    pub torn: u64,
+}
+
+/// Why a journal could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// Another session of the same transfer holds it.
+    #[error("another session is writing to this destination (journal {0} is locked)")]
+    Busy(String),
+    /// A file system call failed.
+    #[error("journal {name}: {source}")]
+    Io {
+        /// The journal's name.
+        name: String,
+        /// What failed.
+        #[source]
+        source: io::Error,
+    },
+}
+
+struct Pending {
+    buf: Vec<u8>,
+    since: Instant,
+}
+
+/// An open, locked journal.
+pub struct Journal {
+    fd: OwnedFd,
+    dir: Arc<OwnedFd>,
+    name: Vec<u8>,
+    pending: Mutex<Pending>,
+    commit: Mutex<()>,
+    broken: std::sync::atomic::AtomicBool,
+    /// Records committed, for tests and logs.
+    committed: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("name", &String::from_utf8_lossy(&self.name))
+            .finish()
+    }
+}
+
+fn header(key: u64, chunk: u32) -> [u8; RECORD_LEN] {
+    let mut b = [0u8; RECORD_LEN];
+    b[..4].copy_from_slice(MAGIC);
+    b[4..6].copy_from_slice(&VERSION.to_le_bytes());
+    b[8..16].copy_from_slice(&key.to_le_bytes());
+    b[16..20].copy_from_slice(&chunk.to_le_bytes());
+    seal(&mut b);
+    b
+}
+
+fn seal(b: &mut [u8; RECORD_LEN]) {
+    let crc = crc32c::crc32c(&b[..60]);
+    b[60..].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn sealed(b: &[u8]) -> bool {
+    b.len() == RECORD_LEN && crc32c::crc32c(&b[..60]).to_le_bytes() == b[60..]
+}
+
+fn record(kind: u8, id: &FileId, index: u64, hash: u64) -> [u8; RECORD_LEN] {
+    let mut b = [0u8; RECORD_LEN];
+    b[0] = kind;
+    b[4..8].copy_from_slice(&id.mtime.nsec.to_le_bytes());
+    b[8..24].copy_from_slice(&id.path.to_le_bytes());
+    b[24..32].copy_from_slice(&id.size.to_le_bytes());
+    b[32..40].copy_from_slice(&id.mtime.sec.to_le_bytes());
+    b[40..48].copy_from_slice(&index.to_le_bytes());
+    b[48..56].copy_from_slice(&hash.to_le_bytes());
+    seal(&mut b);
+    b
+}
+
+/// Parses a journal's bytes: its contents and the length of the good prefix.
+pub fn parse(bytes: &[u8], key: u64) -> Option<(Contents, usize)> {
+    let head = bytes.get(..RECORD_LEN)?;
+    if !sealed(head)
+        || &head[..4] != MAGIC
+        || u16::from_le_bytes([head[4], head[5]]) != VERSION
+        || u64::from_le_bytes(head[8..16].try_into().unwrap()) != key
+    {
+        return None;
+    }
+    let mut c = Contents {
+        chunk_size: u32::from_le_bytes(head[16..20].try_into().unwrap()),
+        ..Contents::default()
+    };
+    let mut good = RECORD_LEN;
+    for r in bytes[RECORD_LEN..].chunks(RECORD_LEN) {
+        if !sealed(r) || !matches!(r[0], KIND_FILE | KIND_PIECE) {
+            c.torn += 1;
+            break;
+        }
+        good += RECORD_LEN;
+        let u64_at = |o: usize| u64::from_le_bytes(r[o..o + 8].try_into().unwrap());
+        let path = u128::from_le_bytes(r[8..24].try_into().unwrap());
+        let size = u64_at(24);
+        let mtime = Mtime {
+            sec: u64_at(32) as i64,
+            nsec: u32::from_le_bytes(r[4..8].try_into().unwrap()),
+        };
+        let st = c.files.entry(path).or_insert_with(|| FileState {
+            size,
+            mtime,
+            done: None,
+            pieces: BTreeMap::new(),
+        });
+        if st.size != size || st.mtime != mtime {
+            // The source file changed between attempts: only the newer records count.
+            *st = FileState {
+                size,
+                mtime,
+                done: None,
+                pieces: BTreeMap::new(),
+            };
+        }
+        match r[0] {
+            KIND_FILE => st.done = Some(u64_at(48)),
+            _ => {
+                st.pieces.insert(u64_at(40), u64_at(48));
+            }
+        }
+    }
+    Some((c, good))
+}
+
+impl Journal {
+    /// Opens (creating it if needed) and locks the journal of transfer `key` in `dir`,
+    /// waiting up to [`LOCK_WAIT`] for another session to release it. With `resume`
+    /// its records are read back (those of another chunk size are dropped); otherwise,
+    /// or when it is unreadable, it starts empty. Returns the journal, what it held,
+    /// and whether a journal of an earlier attempt existed.
+    pub fn open(
+        dir: Arc<OwnedFd>,
+        key: u64,
+        chunk_size: u32,
+        resume: bool,
+    ) -> Result<(Journal, Contents, bool), JournalError> {
+        let name = journal_name(key);
+        let shown = String::from_utf8_lossy(&name).into_owned();
+        let err = |source: io::Error| JournalError::Io {
+            name: shown.clone(),
+            source,
+        };
+        let fd = sys::open_in(&*dir, &name, OFlags::RDWR | OFlags::CREATE, 0o600).map_err(err)?;
+        let started = Instant::now();
+        loop {
+            match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => break,
+                Err(Errno::WOULDBLOCK) if started.elapsed() < LOCK_WAIT => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(Errno::WOULDBLOCK) => return Err(JournalError::Busy(shown)),
+                Err(e) => return Err(err(e.into())),
+            }
+        }
+        let len = rustix::fs::fstat(&fd).map_err(|e| err(e.into()))?.st_size as usize;
+        let existed = len > 0;
+        let mut contents = Contents {
+            chunk_size,
+            ..Contents::default()
+        };
+        let mut keep = 0;
+        if resume && existed {
+            let mut bytes = vec![0u8; len];
+            let got = sys::pread_full(&fd, &mut bytes, 0).map_err(err)?;
+            bytes.truncate(got);
+            if let Some((c, good)) = parse(&bytes, key) {
+                if c.torn > 0 {
+                    tracing::info!("journal {shown}: cut a torn record at byte {good}");
+                }
+                keep = good;
+                contents = c;
+                if contents.chunk_size != chunk_size {
+                    for st in contents.files.values_mut() {
+                        st.pieces.clear();
+                    }
+                }
+            } else {
+                tracing::warn!("journal {shown} is unreadable; starting over");
+            }
+        }
+        if keep == 0 {
+            rustix::fs::ftruncate(&fd, 0).map_err(|e| err(e.into()))?;
+            sys::pwrite_all(&fd, &header(key, chunk_size), 0).map_err(err)?;
+            // The journal's name must survive a crash as long as anything it describes.
+            rustix::fs::fdatasync(&fd).map_err(|e| err(e.into()))?;
+            if let Ok(d) = sys::open_in(&*dir, b".", OFlags::RDONLY | OFlags::DIRECTORY, 0) {
+                let _ = rustix::fs::fsync(&d);
+            }
+        } else if keep < len {
+            rustix::fs::ftruncate(&fd, keep as u64).map_err(|e| err(e.into()))?;
+        }
+        Ok((
+            Journal {
+                fd,
+                dir,
+                name,
+                pending: Mutex::new(Pending {
+                    buf: Vec::new(),
+                    since: Instant::now(),
+                }),
+                commit: Mutex::new(()),
+                broken: false.into(),
+                committed: 0.into(),
+            },
+            contents,
+            existed,
+        ))
+    }
+
+    /// Records that a file is complete under its final name.
+    pub fn file_done(&self, id: &FileId, digest: u64) {
+        self.append(&record(KIND_FILE, id, 0, digest));
+    }
+
+    /// Records that piece `index` of a file is written to its staging file.
+    pub fn piece_done(&self, id: &FileId, index: u64, hash: u64) {
+        self.append(&record(KIND_PIECE, id, index, hash));
+    }
+
+    fn append(&self, r: &[u8; RECORD_LEN]) {
+        use std::sync::atomic::Ordering;
+        if self.broken.load(Ordering::Relaxed) {
+            return;
+        }
+        let due = {
+            let mut p = self.pending.lock();
+            if p.buf.is_empty() {
+                p.since = Instant::now();
+            }
+            p.buf.extend_from_slice(r);
+            p.buf.len() >= COMMIT_BYTES || p.since.elapsed() >= COMMIT_INTERVAL
+        };
+        if due {
+            // Whoever finds a commit due does it; others carry on buffering.
+            if let Some(guard) = self.commit.try_lock() {
+                self.commit_locked(&guard);
+            }
+        }
+    }
+
+    /// Commits every buffered record (see the module docs).
+    pub fn flush(&self) {
+        let guard = self.commit.lock();
+        self.commit_locked(&guard);
+    }
+
+    fn commit_locked(&self, _guard: &parking_lot::MutexGuard<'_, ()>) {
+        use std::sync::atomic::Ordering;
+        let buf = std::mem::take(&mut self.pending.lock().buf);
+        if buf.is_empty() || self.broken.load(Ordering::Relaxed) {
+            return;
+        }
+        let r = (|| -> io::Result<()> {
+            // Everything the records describe was written before they were buffered.
+            rustix::fs::syncfs(&self.fd)?;
+            let end = rustix::fs::fstat(&self.fd)?.st_size as u64;
+            sys::pwrite_all(&self.fd, &buf, end)?;
+            rustix::fs::fdatasync(&self.fd)?;
+            Ok(())
+        })();
+        match r {
+            Ok(()) => {
+                self.committed
+                    .fetch_add((buf.len() / RECORD_LEN) as u64, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.broken.store(true, Ordering::Relaxed);
+                tracing::warn!(
+                    "journal {}: {e}; this transfer can resume only from before this point",
+                    String::from_utf8_lossy(&self.name)
+                );
+            }
+        }
+    }
+
+    /// Whether a journal write failed (the journal stopped growing).
+    pub fn is_broken(&self) -> bool {
+        self.broken.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Records committed so far.
+    pub fn committed(&self) -> u64 {
+        self.committed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Removes the journal (the transfer is complete).
+    pub fn remove(self) {
+        self.pending.lock().buf.clear();
+        if let Err(e) = rustix::fs::unlinkat(&*self.dir, self.name.as_slice(), AtFlags::empty()) {
+            tracing::warn!(
+                "cannot remove journal {}: {e}",
+                String::from_utf8_lossy(&self.name)
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(path: u128, size: u64) -> FileId {
+        FileId {
+            path,
+            size,
+            mtime: Mtime { sec: 5, nsec: 6 },
+        }
+    }
+
+    fn dir() -> (tempfile::TempDir, Arc<OwnedFd>) {
+        let t = tempfile::tempdir().unwrap();
+        let fd = sys::open_local(
+            t.path().as_os_str().as_encoded_bytes(),
+            OFlags::PATH | OFlags::DIRECTORY,
+        )
+        .unwrap();
+        (t, Arc::new(fd))
+    }
+
+    #[test]
+    fn records_survive_and_torn_tails_are_cut() {
+        let (t, d) = dir();
+        let (j, c, existed) = Journal::open(d.clone(), 7, 1 << 20, true).unwrap();
+        assert!(!existed && c.files.is_empty());
+        j.file_done(&id(1, 100), 0xabc);
+        j.piece_done(&id(2, 5 << 20), 0, 11);
+        j.piece_done(&id(2, 5 << 20), 1, 12);
+        j.flush();
+        assert_eq!(j.committed(), 3);
+        drop(j);
+        // A torn append: half a record.
+        let path = t.path().join(".dmv.journal.0000000000000007");
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes.extend_from_slice(&[KIND_FILE; 30]);
+        std::fs::write(&path, &bytes).unwrap();
+
+        let (j, c, existed) = Journal::open(d.clone(), 7, 1 << 20, true).unwrap();
+        assert!(existed);
+        assert_eq!(c.torn, 1);
+        assert_eq!(c.files[&1].done, Some(0xabc));
+        assert_eq!(
+            c.files[&2].pieces,
+            BTreeMap::from([(0, 11), (1, 12)]),
+            "pieces read back"
+        );
+        // The file changed: its newer record replaces the old ones.
+        j.piece_done(&id(2, 6 << 20), 0, 99);
+        j.flush();
+        drop(j);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            5 * RECORD_LEN as u64,
+            "the torn bytes were cut before appending"
+        );
+        let (_, c, _) = Journal::open(d.clone(), 7, 1 << 20, true).unwrap();
+        assert_eq!(c.files[&2].size, 6 << 20);
+        assert_eq!(c.files[&2].pieces, BTreeMap::from([(0, 99)]));
+    }
+
+    #[test]
+    fn another_key_chunk_size_or_fresh_start_forgets() {
+        let (t, d) = dir();
+        let (j, _, _) = Journal::open(d.clone(), 1, 1 << 20, true).unwrap();
+        j.piece_done(&id(2, 5 << 20), 0, 11);
+        j.file_done(&id(3, 5), 1);
+        j.flush();
+        drop(j);
+        let (_, c, _) = Journal::open(d.clone(), 1, 2 << 20, true).unwrap();
+        assert!(
+            c.files[&2].pieces.is_empty(),
+            "pieces of another chunk size"
+        );
+        assert_eq!(c.files[&3].done, Some(1), "whole files still count");
+        let (_, c, existed) = Journal::open(d.clone(), 1, 2 << 20, false).unwrap();
+        assert!(existed && c.files.is_empty());
+        // A damaged header: unreadable, starts over.
+        let path = t.path().join(".dmv.journal.0000000000000001");
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[9] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let (_, c, _) = Journal::open(d, 1, 2 << 20, true).unwrap();
+        assert!(c.files.is_empty());
+    }
+
+    #[test]
+    fn one_session_at_a_time() {
+        let (_t, d) = dir();
+        let (j, _, _) = Journal::open(d.clone(), 9, 1 << 20, false).unwrap();
+        let d2 = d.clone();
+        let waiter = std::thread::spawn(move || Journal::open(d2, 9, 1 << 20, true).map(|_| ()));
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!waiter.is_finished(), "waits for the lock");
+        drop(j);
+        waiter.join().unwrap().unwrap();
+    }
+
+    #[test]
+    fn keys_depend_on_names_and_kinds() {
+        let f = EntryKind::File { size: 1 };
+        let a = transfer_key([(&b"a"[..], &f)]);
+        assert_ne!(a, transfer_key([(&b"b"[..], &f)]));
+        assert_ne!(a, transfer_key([(&b"a"[..], &EntryKind::Dir)]));
+        assert_eq!(
+            a,
+            transfer_key([(&b"a"[..], &EntryKind::File { size: 9 })]),
+            "not sizes: a changed file is caught per record"
+        );
+    }
+}

@@ -1,0 +1,375 @@
+//! TLS 1.3 for the control channel: rustls with the aws-lc-rs provider.
+//!
+//! # The server's identity
+//! A server has one ECDSA P-256 key pair, kept as PKCS#8 PEM in `server.key` in its
+//! state directory (created with mode 0600 on first start). Its certificate is made
+//! fresh at every start, self-signed by that key; what clients pin is the key, as the
+//! SHA-256 of its SubjectPublicKeyInfo ([`spki_fingerprint`], `sha256:` + base64), so
+//! a new certificate over the same key changes nothing. A server can instead present a
+//! certificate chain and key from files (signed by a CA its clients trust).
+//!
+//! # The client's trust
+//! - [`Trust::KnownHosts`]: like ssh's `known_hosts` with `StrictHostKeyChecking
+//!   accept-new`: the first key a server presents is recorded, a different key later is
+//!   refused with [`NetError::HostKeyChanged`], naming the file and line. The TLS
+//!   handshake still checks that the server holds the private key of the certificate
+//!   it presents (its handshake signature); the pin is checked right after the
+//!   handshake, before the client sends anything.
+//! - [`Trust::Ca`]: ordinary WebPKI verification against the CA certificates in a PEM
+//!   file, with the host name (or IP address) the user named.
+
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use base64::Engine;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use tokio::net::TcpStream;
+
+use crate::NetError;
+use crate::known_hosts;
+
+pub use tokio_rustls::TlsAcceptor;
+
+/// The crypto provider every TLS config here uses.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+/// Name of the key file in a server's state directory.
+pub const KEY_FILE: &str = "server.key";
+
+/// The fingerprint of a certificate's public key: `sha256:` and the base64 (no
+/// padding) of the SHA-256 of its SubjectPublicKeyInfo.
+pub fn spki_fingerprint(cert: &CertificateDer<'_>) -> Result<String, String> {
+    let ee = webpki::EndEntityCert::try_from(cert).map_err(|e| format!("bad certificate: {e}"))?;
+    let spki = ee.subject_public_key_info();
+    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, spki.as_ref());
+    Ok(format!(
+        "sha256:{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest.as_ref())
+    ))
+}
+
+/// A server's certificate chain and private key.
+#[derive(Debug)]
+pub struct ServerIdentity {
+    certs: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    fingerprint: String,
+}
+
+impl Clone for ServerIdentity {
+    fn clone(&self) -> Self {
+        ServerIdentity {
+            certs: self.certs.clone(),
+            key: self.key.clone_key(),
+            fingerprint: self.fingerprint.clone(),
+        }
+    }
+}
+
+/// Where a server's key came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyOrigin {
+    /// Made now and saved to this file.
+    Created(PathBuf),
+    /// Read from this file.
+    Loaded(PathBuf),
+    /// Made now, kept in memory only.
+    Ephemeral,
+    /// Certificate and key files given by the operator.
+    Files,
+}
+
+impl ServerIdentity {
+    fn self_signed(kp: rcgen::KeyPair) -> Result<Self, String> {
+        let params =
+            rcgen::CertificateParams::new(vec!["dmover".to_string()]).map_err(|e| e.to_string())?;
+        let cert = params.self_signed(&kp).map_err(|e| e.to_string())?;
+        let der = cert.der().clone();
+        Ok(ServerIdentity {
+            fingerprint: spki_fingerprint(&der)?,
+            certs: vec![der],
+            key: PrivateKeyDer::Pkcs8(kp.serialize_der().into()),
+        })
+    }
+
+    /// A key pair that lives as long as the process (demos, tests).
+    pub fn ephemeral() -> Result<Self, NetError> {
+        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+            .map_err(|e| NetError::file("generating", Path::new("a server key"), e))?;
+        Self::self_signed(kp)
+            .map_err(|e| NetError::file("generating", Path::new("a server key"), e))
+    }
+
+    /// Loads the key pair in `state_dir`, creating the directory (mode 0700) and the key
+    /// (mode 0600) if absent.
+    pub fn load_or_create(state_dir: &Path) -> Result<(Self, KeyOrigin), NetError> {
+        let path = state_dir.join(KEY_FILE);
+        match std::fs::read_to_string(&path) {
+            Ok(pem) => {
+                let kp = rcgen::KeyPair::from_pem(&pem)
+                    .map_err(|e| NetError::file("reading the key", &path, e))?;
+                let id = Self::self_signed(kp).map_err(|e| NetError::file("using", &path, e))?;
+                Ok((id, KeyOrigin::Loaded(path)))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(state_dir)
+                    .map_err(|e| NetError::file("creating", state_dir, e))?;
+                let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+                    .map_err(|e| NetError::file("generating", &path, e))?;
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&path)
+                    .map_err(|e| NetError::file("creating", &path, e))?;
+                f.write_all(kp.serialize_pem().as_bytes())
+                    .and_then(|_| f.sync_all())
+                    .map_err(|e| NetError::file("writing", &path, e))?;
+                let id = Self::self_signed(kp).map_err(|e| NetError::file("using", &path, e))?;
+                Ok((id, KeyOrigin::Created(path)))
+            }
+            Err(e) => Err(NetError::file("reading", &path, e)),
+        }
+    }
+
+    /// A certificate chain (PEM, leaf first) and its private key (PEM).
+    pub fn from_files(cert: &Path, key: &Path) -> Result<Self, NetError> {
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+            .map_err(|e| NetError::file("reading", cert, e))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| NetError::file("reading", cert, e))?;
+        let Some(leaf) = certs.first() else {
+            return Err(NetError::file(
+                "reading",
+                cert,
+                "no certificate in the file",
+            ));
+        };
+        let fingerprint = spki_fingerprint(leaf).map_err(|e| NetError::file("reading", cert, e))?;
+        let key =
+            PrivateKeyDer::from_pem_file(key).map_err(|e| NetError::file("reading", key, e))?;
+        Ok(ServerIdentity {
+            certs,
+            key,
+            fingerprint,
+        })
+    }
+
+    /// The fingerprint clients pin.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// A TLS 1.3 acceptor presenting this identity.
+    pub fn acceptor(&self) -> Result<tokio_rustls::TlsAcceptor, NetError> {
+        let cfg = rustls::ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .and_then(|b| {
+                b.with_no_client_auth()
+                    .with_single_cert(self.certs.clone(), self.key.clone_key())
+            })
+            .map_err(|e| NetError::file("using", Path::new("the server key"), e))?;
+        Ok(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
+    }
+}
+
+/// How a client decides to trust a server's key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trust {
+    /// Pin on first use in this known-hosts file.
+    KnownHosts(PathBuf),
+    /// WebPKI verification against the CA certificates in this PEM file.
+    Ca(PathBuf),
+}
+
+/// Accepts any certificate whose key signed the handshake; the key is pinned after the
+/// handshake (see the module docs).
+#[derive(Debug)]
+struct PinAfterHandshake(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for PinAfterHandshake {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("TLS 1.2 is not used".into()))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// The host part of `host:port`, `[v6]:port` or a bare host.
+pub fn host_of(server: &str) -> &str {
+    if let Some(rest) = server.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match server.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') && p.parse::<u16>().is_ok() => h,
+        _ => server,
+    }
+}
+
+/// A client's TLS settings.
+#[derive(Clone)]
+pub struct TlsConnector {
+    inner: tokio_rustls::TlsConnector,
+    trust: Trust,
+}
+
+impl std::fmt::Debug for TlsConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsConnector")
+            .field("trust", &self.trust)
+            .finish()
+    }
+}
+
+impl TlsConnector {
+    /// TLS 1.3 with `trust`.
+    pub fn new(trust: Trust) -> Result<Self, NetError> {
+        let p = provider();
+        let builder = rustls::ClientConfig::builder_with_provider(p.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| NetError::file("setting up", Path::new("TLS"), e))?;
+        let cfg = match &trust {
+            Trust::KnownHosts(_) => builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(PinAfterHandshake(p)))
+                .with_no_client_auth(),
+            Trust::Ca(file) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for c in CertificateDer::pem_file_iter(file)
+                    .map_err(|e| NetError::file("reading the CA file", file, e))?
+                {
+                    let c = c.map_err(|e| NetError::file("reading the CA file", file, e))?;
+                    roots
+                        .add(c)
+                        .map_err(|e| NetError::file("reading the CA file", file, e))?;
+                }
+                if roots.is_empty() {
+                    return Err(NetError::file(
+                        "reading the CA file",
+                        file,
+                        "no certificate in it",
+                    ));
+                }
+                builder.with_root_certificates(roots).with_no_client_auth()
+            }
+        };
+        Ok(TlsConnector {
+            inner: tokio_rustls::TlsConnector::from(Arc::new(cfg)),
+            trust,
+        })
+    }
+
+    /// How this client trusts servers.
+    pub fn trust(&self) -> &Trust {
+        &self.trust
+    }
+
+    /// Runs the TLS handshake with `server` (`host:port`, as the user named it) over
+    /// `tcp` and checks the server's key (pinned or CA-verified).
+    pub async fn connect(
+        &self,
+        tcp: TcpStream,
+        server: &str,
+    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, NetError> {
+        let host = host_of(server);
+        let name = ServerName::try_from(host.to_string()).map_err(|e| NetError::Tls {
+            peer: server.to_string(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+        })?;
+        let tls = self
+            .inner
+            .connect(name, tcp)
+            .await
+            .map_err(|source| NetError::Tls {
+                peer: server.to_string(),
+                source,
+            })?;
+        if let Trust::KnownHosts(file) = &self.trust {
+            let cert = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .ok_or_else(|| NetError::Tls {
+                    peer: server.to_string(),
+                    source: std::io::Error::other("the server presented no certificate"),
+                })?;
+            let fp = spki_fingerprint(cert).map_err(|e| NetError::Tls {
+                peer: server.to_string(),
+                source: std::io::Error::other(e),
+            })?;
+            if let known_hosts::Pin::Added = known_hosts::check(file, server, &fp)? {
+                tracing::warn!(
+                    "pinned the key of {server} ({fp}) in {} on first use",
+                    file.display()
+                );
+            }
+        }
+        Ok(tls)
+    }
+}
+
+/// Exports 32 bytes of keying material from the control connection's TLS session
+/// (RFC 8446 §7.5); both ends get the same bytes, nobody else can.
+pub fn export(
+    stream: &crate::ControlStream,
+    label: &[u8],
+    context: Option<&[u8]>,
+) -> Result<[u8; 32], NetError> {
+    let out = [0u8; 32];
+    let r = match stream {
+        tokio_rustls::TlsStream::Client(s) => {
+            s.get_ref().1.export_keying_material(out, label, context)
+        }
+        tokio_rustls::TlsStream::Server(s) => {
+            s.get_ref().1.export_keying_material(out, label, context)
+        }
+    };
+    r.map_err(|e| NetError::Tls {
+        peer: String::new(),
+        source: std::io::Error::other(e),
+    })
+}

@@ -1,0 +1,1013 @@
+//! Security tests of the real binary against real servers on loopback: TLS key pinning
+//! and CA trust, credentials and rights, forged and replayed data-stream joins, a
+//! tampered encrypted stream, path escapes of every kind, garbage and slow clients.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("dmover-sec-")
+        .tempdir()
+        .unwrap()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn os(p: &Path) -> &std::ffi::OsStr {
+    p.as_os_str()
+}
+
+/// `dmover cp` pinning servers in `kh`.
+fn cpk(args: &[&str], kh: &Path, env: &[(&str, &str)]) -> std::process::Output {
+    let mut e = vec![("DMOVER_KNOWN_HOSTS", s(kh))];
+    e.extend_from_slice(env);
+    cp_env(args, &e)
+}
+
+fn read_log(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+/// Waits until `cond` holds (the server logs asynchronously).
+fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cond()
+}
+
+// ---------------------------------------------------------------------------------
+// TLS: pinning on first use, a changed key, a key kept across restarts, CA trust
+
+#[test]
+fn tls_key_is_pinned_on_first_use_and_a_changed_key_is_refused() {
+    let t = tmp();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let state = t.path().join("state");
+    let kh = t.path().join("kh/known_hosts");
+    let f = t.path().join("f");
+    write_file(&f, 1, 5000, 0o644, 1_600_000_000);
+
+    // First use: the key is recorded.
+    let mut a = Server::start_with(
+        &[os(Path::new("--root")), os(&root)],
+        &root,
+        None,
+        Some(&state),
+    );
+    assert!(
+        state.join("server.key").exists(),
+        "the key is created on first start"
+    );
+    let o = cpk(&[s(&f), &a.url("f")], &kh, &[]);
+    ok(&o);
+    let pinned = std::fs::read_to_string(&kh).unwrap();
+    let (host, fp) = pinned.trim().split_once(' ').unwrap();
+    assert_eq!(host, a.addr);
+    assert!(fp.starts_with("sha256:"), "{pinned}");
+    // Known now: accepted again, nothing added.
+    ok(&cpk(&[s(&f), &a.url("g")], &kh, &[]));
+    assert_eq!(std::fs::read_to_string(&kh).unwrap(), pinned);
+    a.kill();
+
+    // The same state directory gives the same key after a restart.
+    let b = Server::start_with(
+        &[os(Path::new("--root")), os(&root)],
+        &root,
+        None,
+        Some(&state),
+    );
+    std::fs::write(&kh, format!("# comment\n{} {fp}\n", b.addr)).unwrap();
+    ok(&cpk(&[s(&f), &b.url("h")], &kh, &[]));
+
+    // Another key at a pinned address: refused, naming the file and the line.
+    let c = Server::start(&root, &[]);
+    std::fs::write(&kh, format!("# comment\n{} {fp}\n", c.addr)).unwrap();
+    let o = cpk(&[s(&f), &c.url("evil")], &kh, &[]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("has changed"), "{e}");
+    assert!(e.contains(&format!("{}:2", kh.display())), "{e}");
+    assert!(!root.join("evil").exists());
+    // A pull is refused the same way, before any data moves.
+    let o = cpk(&[&c.url("f"), s(&t.path().join("pulled"))], &kh, &[]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(!t.path().join("pulled").exists());
+}
+
+/// A CA, and a server certificate for 127.0.0.1 signed by it.
+fn make_ca(dir: &Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, format!("{name} test CA"));
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params =
+        rcgen::CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".into()]).unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let (ca_pem, cert_pem, key_pem) = (
+        dir.join(format!("{name}-ca.pem")),
+        dir.join(format!("{name}-cert.pem")),
+        dir.join(format!("{name}-key.pem")),
+    );
+    std::fs::write(&ca_pem, ca.pem()).unwrap();
+    std::fs::write(&cert_pem, cert.pem()).unwrap();
+    std::fs::write(&key_pem, key.serialize_pem()).unwrap();
+    (ca_pem, cert_pem, key_pem)
+}
+
+#[test]
+fn a_ca_signed_server_is_trusted_with_ca_and_others_are_not() {
+    let t = tmp();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let (ca, cert, key) = make_ca(t.path(), "good");
+    let (other_ca, _, _) = make_ca(t.path(), "other");
+    let srv = Server::start(&root, &["--tls-cert", s(&cert), "--tls-key", s(&key)]);
+    let f = t.path().join("f");
+    write_file(&f, 2, 70_000, 0o644, 1_600_000_000);
+    let kh = t.path().join("known_hosts");
+    ok(&cpk(&["--ca", s(&ca), s(&f), &srv.url("f")], &kh, &[]));
+    same(&f, &root.join("f"));
+    assert!(!kh.exists(), "CA trust does not touch the known-hosts file");
+    let o = cpk(&["--ca", s(&other_ca), s(&f), &srv.url("g")], &kh, &[]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("TLS"), "{}", stderr(&o));
+    assert!(!root.join("g").exists());
+}
+
+// ---------------------------------------------------------------------------------
+// Users, tokens, keys, rights
+
+struct Creds {
+    alice_token: PathBuf,
+    bob_key: PathBuf,
+    mallory_key: PathBuf,
+    config: PathBuf,
+    data: PathBuf,
+    public: PathBuf,
+}
+
+/// `dmover credential ...`, returning its stdout (the config line).
+fn credential(args: &[&str]) -> String {
+    let o = std::process::Command::new(bin())
+        .arg("credential")
+        .args(args)
+        .output()
+        .unwrap();
+    ok(&o);
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// Two exports and three users: alice (token; rw data, ro public), bob (key; ro data),
+/// mallory's key is known to nobody.
+fn setup_users(t: &Path, extra: &str) -> Creds {
+    let data = t.join("data");
+    let public = t.join("public");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::create_dir_all(&public).unwrap();
+    let alice_token = t.join("alice.token");
+    let token_line = credential(&["token", s(&alice_token)]);
+    assert!(
+        token_line.starts_with("token = \"dmover-token-v2:"),
+        "{token_line}"
+    );
+    let token = std::fs::read_to_string(&alice_token).unwrap();
+    assert!(
+        !token_line.contains(token.trim()),
+        "the config holds a verifier, never the token"
+    );
+    let bob_key = t.join("bob.key");
+    let keys_line = credential(&["key", s(&bob_key)]);
+    let mallory_key = t.join("mallory.key");
+    credential(&["key", s(&mallory_key)]);
+    let config = t.join("server.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{extra}\n[exports.data]\npath = \"{}\"\n[exports.public]\npath = \"{}\"\n\n\
+             [users.alice]\n{token_line}exports = {{ data = \"rw\", public = \"ro\" }}\n\n\
+             [users.bob]\n{keys_line}exports = {{ data = \"ro\" }}\n",
+            data.display(),
+            public.display()
+        ),
+    )
+    .unwrap();
+    Creds {
+        alice_token,
+        bob_key,
+        mallory_key,
+        config,
+        data,
+        public,
+    }
+}
+
+#[test]
+fn users_credentials_and_rights() {
+    let t = tmp();
+    let c = setup_users(t.path(), "");
+    let log = t.path().join("server.log");
+    let srv = Server::start_with(
+        &[os(Path::new("--config")), os(&c.config)],
+        &c.data,
+        Some(&log),
+        None,
+    );
+    let kh = t.path().join("known_hosts");
+    let f = t.path().join("f");
+    write_file(&f, 3, 300_000, 0o644, 1_600_000_000);
+    write_file(&c.public.join("readme"), 4, 1000, 0o644, 1_600_000_000);
+    let tok = s(&c.alice_token);
+    let alice = |args: &[&str]| cpk(args, &kh, &[("DMOVER_USER", "alice")]);
+
+    // No credential, wrong token, unknown user, a key nobody authorised.
+    let o = cpk(&[s(&f), &srv.url("data/f")], &kh, &[]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("requires authentication"),
+        "{}",
+        stderr(&o)
+    );
+    let wrong = t.path().join("wrong.token");
+    std::fs::write(&wrong, "not the token\n").unwrap();
+    let o = alice(&["--token-file", s(&wrong), s(&f), &srv.url("data/f")]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("authentication failed"),
+        "{}",
+        stderr(&o)
+    );
+    let o = cpk(
+        &[
+            "--user",
+            "carol",
+            "--token-file",
+            tok,
+            s(&f),
+            &srv.url("data/f"),
+        ],
+        &kh,
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(3), "unknown user: {}", stderr(&o));
+    let o = cpk(
+        &[
+            "--user",
+            "bob",
+            "--key",
+            s(&c.mallory_key),
+            &srv.url("data"),
+            s(&t.path().join("x")),
+        ],
+        &kh,
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(3), "wrong key: {}", stderr(&o));
+    // Alice's token under bob's name is not bob's credential.
+    let o = cpk(
+        &[
+            "--user",
+            "bob",
+            "--token-file",
+            tok,
+            &srv.url("data"),
+            s(&t.path().join("x")),
+        ],
+        &kh,
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(!c.data.join("f").exists());
+    assert!(!t.path().join("x").exists());
+
+    // Alice writes to data; public is read-only for her.
+    ok(&alice(&["--token-file", tok, s(&f), &srv.url("data/f")]));
+    same(&f, &c.data.join("f"));
+    let o = alice(&["--token-file", tok, s(&f), &srv.url("public/f")]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("read-only"), "{}", stderr(&o));
+    assert!(!c.public.join("f").exists());
+    ok(&alice(&[
+        "--token-file",
+        tok,
+        &srv.url("public/readme"),
+        s(&t.path().join("r")),
+    ]));
+    same(&c.public.join("readme"), &t.path().join("r"));
+
+    // Bob reads data with his key (also from DMOVER_KEY), cannot write it, and does not
+    // see public at all.
+    let bob = |args: &[&str]| {
+        cpk(
+            args,
+            &kh,
+            &[("DMOVER_USER", "bob"), ("DMOVER_KEY", s(&c.bob_key))],
+        )
+    };
+    ok(&bob(&[&srv.url("data/f"), s(&t.path().join("b"))]));
+    same(&f, &t.path().join("b"));
+    let o = bob(&[s(&f), &srv.url("data/g")]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("read-only"), "{}", stderr(&o));
+    assert!(!c.data.join("g").exists());
+    let o = bob(&[&srv.url("public/readme"), s(&t.path().join("nope"))]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("yours: data"), "{}", stderr(&o));
+    // A path without an export name.
+    let o = bob(&[&srv.url("f"), s(&t.path().join("nope"))]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(!t.path().join("nope").exists());
+    // Pulling a whole export names it after the export.
+    ok(&bob(&[&srv.url("data"), s(&t.path().join("all"))]));
+    same(&c.data, &t.path().join("all"));
+
+    // Every refusal is in the server's log, with the peer's address.
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let l = read_log(&log);
+            l.contains("authentication failed for 127.0.0.1:") && l.contains("wrong token")
+        }),
+        "{}",
+        read_log(&log)
+    );
+    let l = read_log(&log);
+    assert!(l.contains("unknown user"), "{l}");
+    assert!(l.contains("key not authorised"), "{l}");
+    assert!(l.contains("read-only for user \"bob\""), "{l}");
+}
+
+#[test]
+fn sessions_per_user_are_limited() {
+    let t = tmp();
+    let c = setup_users(t.path(), "max_sessions_per_user = 1");
+    let srv = Server::start_with(
+        &[
+            os(Path::new("--config")),
+            os(&c.config),
+            os(Path::new("--debug-chunk-delay-ms")),
+            os(Path::new("500")),
+        ],
+        &c.data,
+        None,
+        None,
+    );
+    let kh = t.path().join("known_hosts");
+    let big = c.data.join("big");
+    write_file(&big, 5, 64 << 20, 0o644, 1_600_000_000);
+    let small = t.path().join("small");
+    write_file(&small, 6, 100, 0o644, 1_600_000_000);
+    let env = [("DMOVER_USER", "bob"), ("DMOVER_KEY", s(&c.bob_key))];
+    // Bob's first session is slow (64 chunks at 500 ms over 8 disk threads); a second
+    // one meanwhile is refused.
+    let slow = {
+        let (url, dst, kh, key) = (
+            srv.url("data/big"),
+            t.path().join("slow"),
+            kh.clone(),
+            c.bob_key.clone(),
+        );
+        std::thread::spawn(move || {
+            cpk(
+                &["--chunk", "1M", &url, s(&dst)],
+                &kh,
+                &[("DMOVER_USER", "bob"), ("DMOVER_KEY", s(&key))],
+            )
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1000));
+    let o = cpk(
+        &[&srv.url("data/big"), s(&t.path().join("second"))],
+        &kh,
+        &env,
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("already runs 1 sessions"),
+        "{}",
+        stderr(&o)
+    );
+    // Another user is not affected.
+    ok(&cpk(
+        &[
+            "--user",
+            "alice",
+            "--token-file",
+            s(&c.alice_token),
+            s(&small),
+            &srv.url("data/small"),
+        ],
+        &kh,
+        &[],
+    ));
+    ok(&slow.join().unwrap());
+    same(&big, &t.path().join("slow"));
+}
+
+#[test]
+fn a_server_without_authentication_says_so_loudly() {
+    let t = tmp();
+    let log = t.path().join("log");
+    let _srv = Server::start_with(
+        &[os(Path::new("--root")), t.path().as_os_str()],
+        t.path(),
+        Some(&log),
+        None,
+    );
+    assert!(eventually(Duration::from_secs(5), || read_log(&log)
+        .contains("NO AUTHENTICATION")));
+}
+
+// ---------------------------------------------------------------------------------
+// Data streams: forged, replayed and unknown joins; a tampered encrypted stream
+
+/// What the proxy does to data connections.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// After each join, try three impostors on the server: the join replayed, a forged
+    /// proof, an unknown session.
+    Attack,
+    /// Flip one bit of the client's bytes this far after the join, on the first data
+    /// connection.
+    Flip(usize),
+}
+
+struct Proxy {
+    addr: String,
+    /// The status byte each impostor got (`255`: the connection closed instead).
+    statuses: Arc<Mutex<Vec<(&'static str, u8)>>>,
+    flipped: Arc<AtomicUsize>,
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, flip_at: Option<usize>, flipped: Arc<AtomicUsize>) {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut seen = 0usize;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if let Some(at) = flip_at {
+            if (seen..seen + n).contains(&at) {
+                buf[at - seen] ^= 0x04;
+                flipped.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        seen += n;
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}
+
+/// An impostor's join: `hello` (preamble + DataHello), then `proof` (or random bytes);
+/// returns the status byte the server sent.
+fn impostor(server: &str, hello: &[u8], proof: Option<&[u8]>) -> u8 {
+    let mut c = TcpStream::connect(server).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    c.write_all(hello).unwrap();
+    let mut challenge = [0u8; 32];
+    if c.read_exact(&mut challenge).is_err() {
+        return 255;
+    }
+    let random: [u8; 32] = rand::random();
+    c.write_all(proof.unwrap_or(&random)).unwrap();
+    let mut status = [0u8; 1];
+    match c.read_exact(&mut status) {
+        Ok(()) => status[0],
+        Err(_) => 255,
+    }
+}
+
+fn proxy(server: &str, mode: Mode) -> Proxy {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let statuses = Arc::new(Mutex::new(Vec::new()));
+    let flipped = Arc::new(AtomicUsize::new(0));
+    let first_data = Arc::new(AtomicBool::new(true));
+    let (server, st, fl) = (server.to_string(), statuses.clone(), flipped.clone());
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            let Ok(mut c) = c else { break };
+            let (server, st, fl, first_data) =
+                (server.clone(), st.clone(), fl.clone(), first_data.clone());
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(&server).unwrap();
+                let mut pre = [0u8; 8];
+                if c.read_exact(&mut pre).is_err() {
+                    return;
+                }
+                s.write_all(&pre).unwrap();
+                let mut flip_at = None;
+                if pre[4] == 2 {
+                    // The join, relayed step by step and recorded.
+                    let mut hello = [0u8; 48];
+                    c.read_exact(&mut hello).unwrap();
+                    s.write_all(&hello).unwrap();
+                    let mut challenge = [0u8; 32];
+                    s.read_exact(&mut challenge).unwrap();
+                    c.write_all(&challenge).unwrap();
+                    let mut proof = [0u8; 32];
+                    c.read_exact(&mut proof).unwrap();
+                    s.write_all(&proof).unwrap();
+                    let mut answer = [0u8; 33];
+                    s.read_exact(&mut answer).unwrap();
+                    c.write_all(&answer).unwrap();
+                    let mut first = pre.to_vec();
+                    first.extend_from_slice(&hello);
+                    match mode {
+                        Mode::Attack => {
+                            let replayed = impostor(&server, &first, Some(&proof));
+                            let forged = impostor(&server, &first, None);
+                            let mut unknown = first.clone();
+                            unknown[8] ^= 0x80;
+                            let unknown = impostor(&server, &unknown, Some(&proof));
+                            st.lock().unwrap().extend([
+                                ("replayed", replayed),
+                                ("forged", forged),
+                                ("unknown session", unknown),
+                            ]);
+                        }
+                        Mode::Flip(at) => {
+                            if first_data.swap(false, Ordering::SeqCst) {
+                                flip_at = Some(at);
+                            }
+                        }
+                    }
+                }
+                let (c2, s2) = (c.try_clone().unwrap(), s.try_clone().unwrap());
+                let fl2 = fl.clone();
+                let back = std::thread::spawn(move || pump(s2, c2, None, fl2));
+                pump(c, s, flip_at, fl);
+                let _ = back.join();
+            });
+        }
+    });
+    Proxy {
+        addr,
+        statuses,
+        flipped,
+    }
+}
+
+#[test]
+fn forged_replayed_and_unknown_data_joins_are_dropped_and_the_transfer_completes() {
+    let t = tmp();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let log = t.path().join("log");
+    let srv = Server::start_with(
+        &[os(Path::new("--root")), os(&root)],
+        &root,
+        Some(&log),
+        None,
+    );
+    let p = proxy(&srv.addr, Mode::Attack);
+    let src = t.path().join("src");
+    make_tree(&src);
+    let kh = t.path().join("known_hosts");
+    ok(&cpk(
+        &["-P", "4", s(&src), &format!("dmover://{}/", p.addr)],
+        &kh,
+        &[],
+    ));
+    same(&src, &root.join("src"));
+    let back = t.path().join("back");
+    ok(&cpk(
+        &[
+            "-P",
+            "3",
+            "--encrypt",
+            &format!("dmover://{}/src", p.addr),
+            s(&back),
+        ],
+        &kh,
+        &[],
+    ));
+    same(&src, &back);
+    let statuses = p.statuses.lock().unwrap().clone();
+    assert_eq!(statuses.len(), 3 * 7, "{statuses:?}");
+    for (what, status) in &statuses {
+        let want = if *what == "unknown session" { 1 } else { 2 };
+        assert_eq!(
+            *status, want,
+            "{what} join got status {status}: {statuses:?}"
+        );
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || read_log(&log)
+            .matches("refused data connection from 127.0.0.1:")
+            .count()
+            >= 21),
+        "{}",
+        read_log(&log)
+    );
+    assert!(read_log(&log).contains("BadProof"));
+}
+
+#[test]
+fn encrypted_round_trip_is_identical_and_a_flipped_bit_is_detected() {
+    let t = tmp();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = Server::start(&root, &[]);
+    let kh = t.path().join("known_hosts");
+    let src = t.path().join("src");
+    make_tree(&src);
+    ok(&cpk(&["--encrypt", s(&src), &srv.url("")], &kh, &[]));
+    same(&src, &root.join("src"));
+    let back = t.path().join("back");
+    ok(&cpk(&["--encrypt", &srv.url("src"), s(&back)], &kh, &[]));
+    same(&src, &back);
+
+    let f = t.path().join("f");
+    write_file(&f, 9, 3 << 20, 0o644, 1_600_000_000);
+    for (flag, name) in [("--encrypt", "enc"), ("--quiet", "mac")] {
+        let p = proxy(&srv.addr, Mode::Flip(100_000));
+        let o = cpk(
+            &[
+                "-P",
+                "1",
+                flag,
+                s(&f),
+                &format!("dmover://{}/{name}", p.addr),
+            ],
+            &kh,
+            &[],
+        );
+        assert_eq!(p.flipped.load(Ordering::SeqCst), 1);
+        assert_eq!(o.status.code(), Some(1), "{name}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("failed authentication"),
+            "{name}: {}",
+            stderr(&o)
+        );
+        assert!(
+            !root.join(name).exists(),
+            "{name}: a tampered file was finalised"
+        );
+        // What arrived before the tampered record was authentic and stays for resume:
+        // a resumed copy without the tampering proxy completes and leaves nothing behind.
+        ok(&cpk(&["--resume", flag, s(&f), &srv.url(name)], &kh, &[]));
+        let a = std::fs::read(&f).unwrap();
+        assert!(std::fs::read(root.join(name)).unwrap() == a, "{name}");
+        assert!(staging_files(&root).is_empty(), "{name}");
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Paths: every way out of an export
+
+#[test]
+fn paths_cannot_leave_a_named_export() {
+    let t = tmp();
+    let c = setup_users(t.path(), "");
+    let outside = t.path().join("outside");
+    write_file(&outside.join("secret"), 7, 100, 0o600, 1_600_000_000);
+    std::fs::create_dir_all(c.data.join("in")).unwrap();
+    std::os::unix::fs::symlink(&outside, c.data.join("abs-link")).unwrap();
+    std::os::unix::fs::symlink("../../outside", c.data.join("in/rel-link")).unwrap();
+    std::os::unix::fs::symlink("..", c.data.join("in/up")).unwrap();
+    std::os::unix::fs::symlink("../..", c.data.join("in/up2")).unwrap();
+    std::os::unix::fs::symlink("/", c.data.join("root-link")).unwrap();
+    std::os::unix::fs::symlink(&c.public, c.data.join("to-public")).unwrap();
+    let srv = Server::start_with(
+        &[os(Path::new("--config")), os(&c.config)],
+        &c.data,
+        None,
+        None,
+    );
+    let kh = t.path().join("known_hosts");
+    let f = t.path().join("payload");
+    write_file(&f, 8, 100, 0o644, 1_600_000_000);
+    let alice = |args: &[&str]| {
+        cpk(
+            args,
+            &kh,
+            &[
+                ("DMOVER_USER", "alice"),
+                (
+                    "DMOVER_TOKEN",
+                    std::fs::read_to_string(&c.alice_token).unwrap().trim(),
+                ),
+            ],
+        )
+    };
+    for dest in [
+        "data/../public/x",
+        "data/../../outside/x",
+        "../outside/x",
+        "/etc/evil",
+        "data//../public/x",
+        "data/abs-link/x",
+        "data/in/rel-link/x",
+        "data/in/up2/outside/x",
+        "data/in/up/abs-link/x",
+        "data/root-link/tmp/x",
+        "data/to-public/x",
+        "public/x",
+    ] {
+        let o = alice(&[s(&f), &srv.url(dest)]);
+        assert_eq!(o.status.code(), Some(1), "push to {dest}: {}", stderr(&o));
+    }
+    for src in [
+        "data/../public/readme",
+        "data/abs-link/secret",
+        "data/abs-link/",
+        "data/in/rel-link/secret",
+        "data/in/up/../abs-link/secret",
+        "data/in/up2/outside/secret",
+        "data/in/up/in/rel-link/secret",
+        "data/root-link/etc/hostname",
+        "../outside/secret",
+        "/etc/hostname",
+        "data/to-public/",
+    ] {
+        let got = t.path().join("got");
+        let o = alice(&[&srv.url(src), s(&got)]);
+        assert_eq!(o.status.code(), Some(1), "pull of {src}: {}", stderr(&o));
+        assert!(!got.exists(), "pull of {src} wrote something");
+    }
+    // Nothing was written outside the export or into the read-only one.
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 1);
+    assert_eq!(std::fs::read_dir(&c.public).unwrap().count(), 0);
+}
+
+#[test]
+fn swapping_a_directory_for_a_symlink_during_transfers_never_escapes() {
+    // Check-then-use races: while pulls and pushes run, another thread keeps replacing
+    // `root/d` with a symlink to a directory outside and back. Whatever a transfer
+    // sees, it must never read the outside file nor write outside.
+    let t = tmp();
+    let root = t.path().join("root");
+    let outside = t.path().join("outside");
+    std::fs::create_dir_all(root.join("real")).unwrap();
+    write_file(&root.join("real/file"), 1, 10_000, 0o644, 1_600_000_000);
+    write_file(&outside.join("file"), 2, 10_000, 0o644, 1_600_000_000);
+    let inside = std::fs::read(root.join("real/file")).unwrap();
+    let srv = Server::start(&root, &[]);
+    let kh = t.path().join("known_hosts");
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let (root, outside, stop) = (root.clone(), outside.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let tmp_link = root.join("d.link");
+                let _ = std::fs::remove_file(&tmp_link);
+                std::os::unix::fs::symlink(&outside, &tmp_link).unwrap();
+                std::fs::rename(&tmp_link, root.join("d")).unwrap();
+                std::thread::sleep(Duration::from_micros(300));
+                let _ = std::fs::remove_file(root.join("d"));
+                std::os::unix::fs::symlink("real", root.join("d")).unwrap_or(());
+                std::thread::sleep(Duration::from_micros(300));
+                n += 1;
+            }
+            n
+        })
+    };
+    let payload = t.path().join("payload");
+    write_file(&payload, 3, 5000, 0o644, 1_600_000_000);
+    let (mut pulled, mut pushed) = (0, 0);
+    for i in 0..12 {
+        let got = t.path().join(format!("got{i}"));
+        let o = cpk(&[&srv.url("d/file"), s(&got)], &kh, &[]);
+        if o.status.success() {
+            assert_eq!(
+                std::fs::read(&got).unwrap(),
+                inside,
+                "pull {i} read outside data"
+            );
+            pulled += 1;
+        }
+        let o = cpk(&[s(&payload), &srv.url(&format!("d/p{i}"))], &kh, &[]);
+        if o.status.success() {
+            pushed += 1;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    assert!(swaps > 10, "the race ran ({swaps} swaps)");
+    let names: Vec<_> = std::fs::read_dir(&outside)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        names,
+        vec![std::ffi::OsString::from("file")],
+        "something was written outside"
+    );
+    eprintln!("race: {swaps} swaps, {pulled} pulls and {pushed} pushes succeeded (inside only)");
+}
+
+// ---------------------------------------------------------------------------------
+// Garbage, oversized frames and slow clients
+
+/// Preambles and a TLS handshake by hand, then `body` inside TLS: whether the server
+/// closes the connection within `limit`.
+fn tls_send(addr: &str, kh: &Path, body: &[u8], limit: Duration) -> bool {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(b"DMOV\x01\x00\x00\x02").await.unwrap();
+        let mut ans = [0u8; 8];
+        tcp.read_exact(&mut ans).await.unwrap();
+        assert_eq!(&ans[6..], &[0, 2]);
+        let c = dmover_net::tls::TlsConnector::new(dmover_net::tls::Trust::KnownHosts(kh.into()))
+            .unwrap();
+        let mut tls = c.connect(tcp, addr).await.unwrap();
+        tls.write_all(body).await.unwrap();
+        tls.flush().await.unwrap();
+        let mut b = Vec::new();
+        tokio::time::timeout(limit, tls.read_to_end(&mut b))
+            .await
+            .is_ok()
+    })
+}
+
+/// Whether the server closes `c` within `limit` (reads return end-of-file or an error).
+fn closed_within(c: &mut TcpStream, limit: Duration) -> bool {
+    c.set_read_timeout(Some(limit)).unwrap();
+    let end = Instant::now() + limit;
+    let mut b = [0u8; 4096];
+    while Instant::now() < end {
+        match c.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                return false;
+            }
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+#[test]
+fn garbage_and_oversized_frames_are_disconnected_and_the_server_keeps_serving() {
+    let t = tmp();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let log = t.path().join("log");
+    let srv = Server::start_with(
+        &[os(Path::new("--root")), os(&root)],
+        &root,
+        Some(&log),
+        None,
+    );
+    let kh = t.path().join("known_hosts");
+    let limit = Duration::from_secs(20);
+    let rng_bytes = |n: usize| (0..n).map(|_| rand::random::<u8>()).collect::<Vec<u8>>();
+
+    // Random bytes instead of a preamble.
+    let mut c = TcpStream::connect(&srv.addr).unwrap();
+    c.write_all(&rng_bytes(4096)).unwrap();
+    assert!(closed_within(&mut c, limit), "random bytes");
+    // A control preamble, then random bytes instead of TLS.
+    let mut c = TcpStream::connect(&srv.addr).unwrap();
+    c.write_all(b"DMOV\x01\x00\x00\x02").unwrap();
+    c.write_all(&rng_bytes(4096)).unwrap();
+    assert!(closed_within(&mut c, limit), "random TLS");
+    // A data preamble, then random join bytes.
+    let mut c = TcpStream::connect(&srv.addr).unwrap();
+    c.write_all(b"DMOV\x02\x00\x00\x02").unwrap();
+    let mut hello = rng_bytes(48);
+    hello[10..16].fill(0);
+    c.write_all(&hello).unwrap();
+    c.write_all(&rng_bytes(32)).unwrap();
+    let mut answer = [0u8; 33];
+    // Challenge (32 bytes), then the status.
+    c.read_exact(&mut answer).unwrap();
+    assert_eq!(answer[32], 1, "unknown session");
+    let mut rest = Vec::new();
+    let _ = c.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "no server proof for a refused join");
+    // Inside TLS: an oversized length prefix, then random frame bytes.
+    let mut random_frame = vec![0, 0, 0, 200];
+    random_frame.extend(rng_bytes(200));
+    for body in [vec![0xff, 0xff, 0xff, 0xff], random_frame] {
+        assert!(
+            tls_send(&srv.addr, &kh, &body, limit),
+            "the server kept a connection that sent {:02x?}..",
+            &body[..4]
+        );
+    }
+    // The server still serves.
+    let f = t.path().join("f");
+    write_file(&f, 1, 1000, 0o644, 1_600_000_000);
+    ok(&cpk(&[s(&f), &srv.url("f")], &kh, &[]));
+    same(&f, &root.join("f"));
+    let l = read_log(&log);
+    assert!(
+        l.contains("refused 127.0.0.1:") && l.contains("bad magic"),
+        "{l}"
+    );
+    assert!(
+        l.contains("control frame of 4294967295 exceeds the limit"),
+        "{l}"
+    );
+}
+
+#[test]
+fn slow_and_silent_clients_are_cut_off_and_others_are_served() {
+    let t = tmp();
+    let c = setup_users(t.path(), "handshake_timeout_secs = 2");
+    let log = t.path().join("log");
+    let srv = Server::start_with(
+        &[os(Path::new("--config")), os(&c.config)],
+        &c.data,
+        Some(&log),
+        None,
+    );
+    let kh = t.path().join("known_hosts");
+    // Slowloris: a byte every 300 ms on a control and a data connection, and a silent one.
+    let trickle = |first: &'static [u8]| {
+        let addr = srv.addr.clone();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let mut c = TcpStream::connect(&addr).unwrap();
+            c.write_all(first).unwrap();
+            for b in std::iter::repeat_n(0u8, 200) {
+                if c.write_all(&[b]).is_err() {
+                    return started.elapsed();
+                }
+                std::thread::sleep(Duration::from_millis(300));
+                c.set_nonblocking(true).unwrap();
+                let mut x = [0u8; 64];
+                let closed = matches!(c.read(&mut x), Ok(0));
+                c.set_nonblocking(false).unwrap();
+                if closed {
+                    return started.elapsed();
+                }
+            }
+            Duration::MAX
+        })
+    };
+    let control = trickle(b"DMOV\x01\x00\x00\x02\x16\x03\x01\x02\x00");
+    let data = trickle(b"DMOV\x02\x00\x00\x02");
+    let mut silent = TcpStream::connect(&srv.addr).unwrap();
+    let started = Instant::now();
+    // Meanwhile others are served.
+    let f = t.path().join("f");
+    write_file(&f, 1, 100_000, 0o644, 1_600_000_000);
+    let o = cpk(
+        &[
+            "--user",
+            "alice",
+            "--token-file",
+            s(&c.alice_token),
+            s(&f),
+            &srv.url("data/f"),
+        ],
+        &kh,
+        &[],
+    );
+    ok(&o);
+    assert!(closed_within(&mut silent, Duration::from_secs(20)));
+    let silent_after = started.elapsed();
+    let (control, data) = (control.join().unwrap(), data.join().unwrap());
+    for (what, d) in [
+        ("silent", silent_after),
+        ("control", control),
+        ("data", data),
+    ] {
+        assert!(
+            d < Duration::from_secs(20),
+            "{what} connection held for {d:?}"
+        );
+        assert!(
+            d >= Duration::from_millis(1500),
+            "{what} connection cut after only {d:?}"
+        );
+    }
+    let l = read_log(&log);
+    assert!(l.contains("within 2 s"), "{l}");
+}
