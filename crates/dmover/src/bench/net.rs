@@ -438,7 +438,7 @@ pub fn run(a: NetArgs) -> anyhow::Result<()> {
                         ZeroCopyOutcome::Off => ("off".to_string(), Value::Null),
                         ZeroCopyOutcome::Unsupported(e) => {
                             report.note(format!(
-                                "zero-copy unsupported by this kernel ({e}): ordinary sends used"
+                                "zero-copy not available ({e}): ordinary sends used"
                             ));
                             (format!("unsupported: {e}"), Value::Null)
                         }
