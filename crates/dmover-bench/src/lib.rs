@@ -1,8 +1,21 @@
-//! Benchmark support for dmover.
+//! Benchmark support for dmover: the instruments behind `dmover bench`.
 //!
 //! - [`mkdata`]: a fast, deterministic dataset generator with the benchmark profiles the project
-//!   measures against (`tiny`, `losf`, `medium`, `large`, `mixed`, `demo`). The CLI exposes it as
-//!   `dmover bench mkdata DIR --profile P [--scale F] [--seed S]`, and `scripts/bench-core.sh`
-//!   uses it to build the datasets it copies with dmover and the peer tools.
+//!   measures against (`tiny`, `losf`, `medium`, `large`, `mixed`, `demo`).
+//! - [`stats`]: medians, percentiles and spread of repeated measurements and latency samples.
+//! - [`report`]: the machine, tools and parameters of a run, and its rows, written as
+//!   `results.csv` and `results.json`.
+//! - [`storage`]: the elbencho-style storage sweep (write then read files of one size, buffered
+//!   or direct, N threads, per-I/O latency).
+//! - [`peers`]: the peer copy tools (cp, rsync daemon and over ssh, scp, GridFTP, XRootD)
+//!   and dmover itself: their servers on loopback and their copy commands.
+//! - [`treecmp`]: checks a copy made by any tool against its source.
+//! - [`plot`]: SVG/PNG figures of results (lines over file size or streams, bars per tool).
 
 pub mod mkdata;
+pub mod peers;
+pub mod plot;
+pub mod report;
+pub mod stats;
+pub mod storage;
+pub mod treecmp;

@@ -70,14 +70,14 @@ pub struct Report {
 #[derive(Debug)]
 pub struct Client {
     disk: Arc<DiskPool>,
-    opts: TransferOptions,
+    pub(crate) opts: TransferOptions,
 }
 
-struct Connected {
-    ch: ControlChannel<ControlStream>,
-    session: SessionInfo,
+pub(crate) struct Connected {
+    pub(crate) ch: ControlChannel<ControlStream>,
+    pub(crate) session: SessionInfo,
     /// The session key (see [`dmover_proto::auth::session_key`]).
-    key: [u8; 32],
+    pub(crate) key: [u8; 32],
 }
 
 /// A data connection's side of the join: preamble and hello, the server's challenge,
@@ -176,7 +176,7 @@ impl Client {
     }
 
     /// Connects, authenticates and opens a session for `op`.
-    async fn open(&self, server: &str, op: Op, chunk_size: u32) -> Result<Connected> {
+    pub(crate) async fn open(&self, server: &str, op: Op, chunk_size: u32) -> Result<Connected> {
         let connector = self.connector()?;
         let mut stream = tcp::connect(
             server,
@@ -291,7 +291,7 @@ impl Client {
 
     /// Opens the session's data streams, all at once, each proving it belongs to the
     /// session (see [`dmover_proto::data`]).
-    async fn open_streams(
+    pub(crate) async fn open_streams(
         &self,
         server: &str,
         s: &SessionInfo,

@@ -304,7 +304,7 @@ where
     })
 }
 
-async fn write_all_vectored<W: AsyncWrite + Unpin>(
+pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
     w: &mut W,
     mut bufs: &mut [IoSlice<'_>],
 ) -> std::io::Result<()> {

@@ -10,6 +10,7 @@
 //!
 //! - [`client::Client`] pushes or pulls; [`server::Server`] serves many clients at once.
 //! - [`access`]: exports, users, credentials and the server's configuration file.
+//! - [`memtest`]: the memory-to-memory network test (`dmover bench net`).
 //! - Every file operation goes through directory handles ([`tree`], [`paths`], [`sys`]),
 //!   so a server never follows a path out of its root.
 
@@ -19,6 +20,7 @@ pub mod diskpool;
 pub mod engine;
 pub mod error;
 pub mod journal;
+pub mod memtest;
 pub mod paths;
 pub mod pool;
 pub mod resume;

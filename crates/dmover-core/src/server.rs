@@ -701,7 +701,7 @@ impl Server {
                 let (base, rest, _) = self.resolve(grant, dest, true)?;
                 Some((base, rest.to_vec()))
             }
-            Op::Pull { .. } => None,
+            Op::Pull { .. } | Op::MemTest(_) => None,
         };
         let streams = open.streams.min(MAX_STREAMS);
         // A pull's source is here: walk it first, so an automatic chunk size can fit
@@ -728,7 +728,7 @@ impl Server {
                     .ok_or(Error::Aborted)??;
                 Some(walked)
             }
-            Op::Push { .. } => None,
+            Op::Push { .. } | Op::MemTest(_) => None,
         };
         let chunk = match (open.chunk_size, &walked) {
             (0, Some(w)) => session::auto_chunk(w.tree.entries()),
@@ -808,6 +808,11 @@ impl Server {
         let what;
         let bytes;
         match open.op {
+            Op::MemTest(m) => {
+                what = format!("memory-to-memory test ({:?})", m.direction);
+                let streams = collect_streams(&mut rx, streams, peer).await?;
+                bytes = crate::memtest::serve(ch, &m, open.checksum, chunk, streams, &run).await?;
+            }
             Op::Push { dest: shown } => {
                 what = format!("push to {:?}", String::from_utf8_lossy(&shown));
                 let (so, first) = next_options(ch).await?;

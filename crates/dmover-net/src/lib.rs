@@ -10,12 +10,15 @@
 //!   use in [`known_hosts`], or a CA).
 //! - [`stream`]: what a data stream is after its join ([`stream::DataIo`]): plain TCP or
 //!   AES-256-GCM records ([`stream::Sealed`]), with idle timeouts either way.
+//! - [`zerocopy`]: `MSG_ZEROCOPY` sends with completion reaping, reporting when the
+//!   kernel copied after all.
 
 pub mod control;
 pub mod known_hosts;
 pub mod stream;
 pub mod tcp;
 pub mod tls;
+pub mod zerocopy;
 
 /// The control connection's stream: TLS over TCP, client or server side.
 pub type ControlStream = tokio_rustls::TlsStream<tokio::net::TcpStream>;

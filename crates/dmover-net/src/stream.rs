@@ -322,6 +322,15 @@ impl<S> DataIo<S> {
         }
     }
 
+    /// The underlying connection when the stream is plain (bytes written to it arrive
+    /// unchanged), for zero-copy sends; `None` for sealed streams.
+    pub fn plain(&self) -> Option<&S> {
+        match &self.inner {
+            Inner::Plain(s) => Some(s),
+            Inner::Sealed(_) => None,
+        }
+    }
+
     /// The underlying connection.
     pub fn get_ref(&self) -> &S {
         match &self.inner {

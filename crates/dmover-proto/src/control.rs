@@ -267,6 +267,38 @@ pub enum Op {
         /// Source paths on the server.
         sources: Vec<Vec<u8>>,
     },
+    /// A memory-to-memory network test: no files on either end (see [`MemTest`]).
+    MemTest(MemTest),
+}
+
+/// A memory-to-memory test of the data streams (`dmover bench net`).
+///
+/// After `Session`, the client opens the data streams. The receiving side sends `Go`
+/// (server: once its streams have joined; client: once it has opened them); the sender
+/// then writes `Chunk` frames of `chunk_size` payload bytes (the `chunk` field numbers
+/// them per stream; a CRC32C when the session's `checksum` is set; no digests) on every
+/// stream for `millis` milliseconds, then `END` on each. The receiver checks the frames,
+/// discards the payload and answers `Done` with the bytes and frames it received.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemTest {
+    /// Which way the data flows.
+    pub direction: MemDirection,
+    /// How long the sender sends, in milliseconds (a server caps it).
+    pub millis: u32,
+    /// Whether the sender uses zero-copy sends (`MSG_ZEROCOPY`), falling back to ordinary
+    /// sends where the kernel lacks them.
+    pub zerocopy: bool,
+    /// Congestion control for the server's ends of the data streams (empty: its default).
+    pub congestion: String,
+}
+
+/// Direction of a [`MemTest`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MemDirection {
+    /// Client → server.
+    ToServer,
+    /// Server → client.
+    FromServer,
 }
 
 /// (5) Open a transfer session.

@@ -19,6 +19,7 @@ use dmover_proto::control::{
     ErrorMsg, FailedFile, Have, Hello, MAX_FRAME, ManifestEnd, ManifestPart, Op, Open, PartialFile,
     Plan, SendReport, SessionInfo, SessionOptions, Summary, Welcome,
 };
+use dmover_proto::control::{MemDirection, MemTest};
 use dmover_proto::data::{
     DataHello, DigestEntry, FILE_FAILED, FrameHeader, FrameKind, FrameLimits, JoinStatus,
     decode_ack, encode_ack,
@@ -476,6 +477,40 @@ fn control_open_pull() {
         00            # checksum: false
         02            # direct_io: DirectIo::Always (variant 2)
         02            # protection: DataProtection::Encrypted (variant 2)
+        ",
+    );
+}
+
+#[test]
+fn control_open_memtest() {
+    golden_control(
+        Control::Open(Open {
+            op: Op::MemTest(MemTest {
+                direction: MemDirection::FromServer,
+                millis: 3000,
+                zerocopy: true,
+                congestion: "bbr".into(),
+            }),
+            streams: 4,
+            chunk_size: 1 << 20,
+            checksum: false,
+            direct_io: DirectIo::Auto,
+            protection: DataProtection::Plain,
+        }),
+        "
+        00 00 00 11   # frame length: 17
+        04            # Control::Open (variant 4)
+        02            # op: Op::MemTest (variant 2)
+        01            #   direction: MemDirection::FromServer (variant 1)
+        b8 17         #   millis: 3000 = 0x38 | 0x17 << 7 (varint)
+        01            #   zerocopy: true
+        03            #   congestion: 3 bytes
+        62 62 72      #     \"bbr\"
+        04            # streams: 4
+        80 80 40      # chunk_size: 1 MiB = 0x40 << 14 (varint)
+        00            # checksum: false
+        01            # direct_io: DirectIo::Auto (variant 1)
+        00            # protection: DataProtection::Plain (variant 0)
         ",
     );
 }

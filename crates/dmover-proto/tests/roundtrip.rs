@@ -7,6 +7,7 @@ use dmover_proto::control::{
     ErrorMsg, FailedFile, Have, Hello, LEN_PREFIX, MAX_FRAME, ManifestEnd, ManifestPart, Op, Open,
     PartialFile, Plan, SendReport, SessionInfo, SessionOptions, Summary, Welcome,
 };
+use dmover_proto::control::{MemDirection, MemTest};
 use dmover_proto::data::{
     DIGEST_LEN, DataHello, DigestEntry, FrameHeader, FrameKind, FrameLimits, HEADER_LEN, HELLO_LEN,
     JoinStatus,
@@ -42,6 +43,18 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         bytes(40).prop_map(|dest| Op::Push { dest }),
         vec(bytes(40), 0..5).prop_map(|sources| Op::Pull { sources }),
+        (any::<bool>(), any::<u32>(), any::<bool>(), "[a-z]{0,8}").prop_map(
+            |(to_server, millis, zerocopy, congestion)| Op::MemTest(MemTest {
+                direction: if to_server {
+                    MemDirection::ToServer
+                } else {
+                    MemDirection::FromServer
+                },
+                millis,
+                zerocopy,
+                congestion,
+            })
+        ),
     ]
 }
 

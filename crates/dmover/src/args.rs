@@ -249,6 +249,18 @@ pub struct BenchArgs {
 pub enum BenchCommand {
     /// Generate a benchmark dataset.
     Mkdata(MkdataArgs),
+    /// Storage sweep: write then read files of each size (buffered and direct I/O,
+    /// 1..N threads, block sizes); throughput, files/s and per-I/O latency.
+    Storage(crate::bench::storage::StorageArgs),
+    /// Memory-to-memory throughput through dmover's transport against `dmover serve`
+    /// (1..N streams, zero-copy on/off, congestion control), beside iperf3.
+    Net(crate::bench::net::NetArgs),
+    /// dmover push/pull and every peer tool found here (cp, rsync daemon, rsync over ssh,
+    /// scp, GridFTP, XRootD) on the same data: cold cache, sync counted, verified.
+    Compare(crate::bench::compare::CompareArgs),
+    /// xdd-style sweep of end-to-end transfer rate over streams x chunk size, push and
+    /// pull, against a `dmover serve` this command starts.
+    Transfer(crate::bench::transfer::TransferBenchArgs),
 }
 
 #[derive(Debug, Args)]

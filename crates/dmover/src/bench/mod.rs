@@ -1,4 +1,11 @@
-//! `dmover bench`: measurement tools.
+//! `dmover bench`: measurement tools. Every measuring subcommand writes `results.csv` and
+//! `results.json` into its output directory and can draw a plot (see [`common`]).
+
+mod common;
+pub mod compare;
+pub mod net;
+pub mod storage;
+pub mod transfer;
 
 use std::process::ExitCode;
 
@@ -10,6 +17,10 @@ use crate::args::{BenchArgs, BenchCommand, MkdataArgs};
 pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     match a.command {
         BenchCommand::Mkdata(m) => mkdata_cmd(m),
+        BenchCommand::Storage(s) => storage::run(s).map(|()| ExitCode::SUCCESS),
+        BenchCommand::Net(n) => net::run(n).map(|()| ExitCode::SUCCESS),
+        BenchCommand::Compare(c) => compare::run(c).map(|()| ExitCode::SUCCESS),
+        BenchCommand::Transfer(t) => transfer::run(t).map(|()| ExitCode::SUCCESS),
     }
 }
 

@@ -1,0 +1,492 @@
+//! Plots of benchmark results, as SVG or PNG (chosen by the file name's extension).
+//!
+//! A [`Figure`] is one or more panels side by side under a title. A panel is either a
+//! line chart ([`Lines`]: e.g. throughput against file size, or against streams, one line
+//! per setting, with min–max whiskers over the repeats) or a bar chart ([`Bars`]: e.g.
+//! throughput per tool). Text is set in DejaVu Sans, embedded in the binary, so plots look
+//! the same on any machine.
+
+use std::path::{Path, PathBuf};
+use std::sync::Once;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use crate::report::size_label;
+
+/// Why a plot could not be drawn.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    /// The extension is neither `.svg` nor `.png`.
+    #[error("cannot plot to {}: the file name must end in .svg or .png", .0.display())]
+    Format(PathBuf),
+    /// Nothing to plot.
+    #[error("nothing to plot in {}: no successful measurements", .0.display())]
+    Empty(PathBuf),
+    /// Drawing or writing failed.
+    #[error("drawing {}: {message}", .path.display())]
+    Draw {
+        /// The output file.
+        path: PathBuf,
+        /// What the plotting library said.
+        message: String,
+    },
+}
+
+/// One point of a line, with an optional range (min–max over repeats).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Point {
+    /// Position on the x axis.
+    pub x: f64,
+    /// Value (usually the median).
+    pub y: f64,
+    /// Low end of the whisker.
+    pub lo: Option<f64>,
+    /// High end of the whisker.
+    pub hi: Option<f64>,
+}
+
+/// A named line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    /// Legend text.
+    pub name: String,
+    /// Points, in any order (drawn sorted by x).
+    pub points: Vec<Point>,
+}
+
+/// How the x axis of a line chart is scaled and labelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XAxis {
+    /// Logarithmic (base 2), ticks at powers of two labelled as byte sizes (4K, 1M, ...).
+    Log2Bytes,
+    /// Logarithmic (base 2), ticks at powers of two labelled as integers (1, 2, 4, 8).
+    Log2Count,
+    /// Linear.
+    Linear,
+}
+
+/// A line chart.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lines {
+    /// Panel caption.
+    pub title: String,
+    /// X axis description.
+    pub x_label: String,
+    /// Y axis description.
+    pub y_label: String,
+    /// X axis scale.
+    pub x_axis: XAxis,
+    /// The lines.
+    pub series: Vec<Series>,
+}
+
+/// One bar, with an optional range (min–max over repeats).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bar {
+    /// Height (usually the median).
+    pub value: f64,
+    /// Low end of the whisker.
+    pub lo: Option<f64>,
+    /// High end of the whisker.
+    pub hi: Option<f64>,
+}
+
+/// A bar chart: one group of bars per category, one bar per series in each group.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bars {
+    /// Panel caption.
+    pub title: String,
+    /// Y axis description.
+    pub y_label: String,
+    /// Category names along the x axis.
+    pub categories: Vec<String>,
+    /// `(series name, one bar or none per category)`. With a single series each
+    /// category gets its own colour and no legend is drawn.
+    pub series: Vec<(String, Vec<Option<Bar>>)>,
+}
+
+/// One panel of a figure.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Panel {
+    /// A line chart.
+    Lines(Lines),
+    /// A bar chart.
+    Bars(Bars),
+}
+
+/// Panels side by side under a title.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Figure {
+    /// Title above all panels.
+    pub title: String,
+    /// Panels, left to right.
+    pub panels: Vec<Panel>,
+}
+
+const COLORS: [RGBColor; 10] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+];
+
+const FONT: &str = "sans-serif";
+
+fn register_fonts() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // The embedded fonts are valid TrueType files; failure would be a build defect.
+        let _ = plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular());
+        let _ = plotters::style::register_font(FONT, FontStyle::Bold, dejavu::sans::bold());
+    });
+}
+
+impl Figure {
+    /// Draws the figure into `path` (`.svg` or `.png`).
+    pub fn save(&self, path: &Path) -> Result<(), PlotError> {
+        let has_data = self.panels.iter().any(|p| match p {
+            Panel::Lines(l) => l.series.iter().any(|s| !s.points.is_empty()),
+            Panel::Bars(b) => b.series.iter().any(|(_, v)| v.iter().any(Option::is_some)),
+        });
+        if !has_data {
+            return Err(PlotError::Empty(path.to_path_buf()));
+        }
+        register_fonts();
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| PlotError::Draw {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })?;
+        }
+        let size = (620 * self.panels.len().max(1) as u32, 460);
+        let ext = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        let result = match ext.as_deref() {
+            Some("svg") => self.draw(SVGBackend::new(path, size).into_drawing_area()),
+            Some("png") => self.draw(BitMapBackend::new(path, size).into_drawing_area()),
+            _ => return Err(PlotError::Format(path.to_path_buf())),
+        };
+        result.map_err(|message| PlotError::Draw {
+            path: path.to_path_buf(),
+            message,
+        })
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), String> {
+        let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+        root.fill(&WHITE).map_err(e)?;
+        let body = root.titled(&self.title, (FONT, 22)).map_err(e)?;
+        let areas = body.split_evenly((1, self.panels.len().max(1)));
+        for (area, panel) in areas.iter().zip(&self.panels) {
+            match panel {
+                Panel::Lines(l) => draw_lines(area, l).map_err(e)?,
+                Panel::Bars(b) => draw_bars(area, b).map_err(e)?,
+            }
+        }
+        root.present().map_err(e)
+    }
+}
+
+/// Range of the y axis: from 0 to a little above the largest value or whisker.
+fn y_top(values: impl Iterator<Item = f64>) -> f64 {
+    let m = values.filter(|v| v.is_finite()).fold(0.0f64, f64::max);
+    if m > 0.0 { m * 1.12 } else { 1.0 }
+}
+
+fn draw_lines<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    l: &Lines,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let log = l.x_axis != XAxis::Linear;
+    let tx = |x: f64| if log { x.max(1e-9).log2() } else { x };
+    let xs: Vec<f64> = l
+        .series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| tx(p.x)))
+        .collect();
+    let (mut x0, mut x1) = xs
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+            (a.min(x), b.max(x))
+        });
+    if !x0.is_finite() {
+        (x0, x1) = (0.0, 1.0);
+    }
+    let pad = ((x1 - x0) * 0.05).max(if log { 0.3 } else { 0.5 });
+    let (lo, hi) = (x0 - pad, x1 + pad);
+    let ymax = y_top(
+        l.series
+            .iter()
+            .flat_map(|s| s.points.iter().flat_map(|p| [p.y, p.hi.unwrap_or(p.y)])),
+    );
+    let caption = (FONT, 16).into_font();
+    // On log axes the chart's x is log2 of the value: ticks at whole numbers are powers
+    // of two, and only those get labels (every other one when there are many).
+    let every = if log && x1 - x0 > 10.0 { 2.0 } else { 1.0 };
+    let fmt_x = |x: &f64| {
+        let i = x.round();
+        if log && ((x - i).abs() > 1e-6 || i.rem_euclid(every) != 0.0) {
+            return String::new();
+        }
+        match l.x_axis {
+            XAxis::Log2Bytes => size_label(2f64.powf(i).round() as u64),
+            XAxis::Log2Count => format!("{}", 2f64.powf(i).round()),
+            XAxis::Linear => format_value(*x),
+        }
+    };
+    let fmt_y = |y: &f64| format_value(*y);
+    let mut chart = ChartBuilder::on(area)
+        .caption(&l.title, caption)
+        .margin(12)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(lo..hi, 0.0..ymax)?;
+    let ticks = if log {
+        (hi - lo).ceil() as usize + 1
+    } else {
+        10
+    };
+    chart
+        .configure_mesh()
+        .light_line_style(TRANSPARENT)
+        .bold_line_style(BLACK.mix(0.12))
+        .x_labels(ticks)
+        .x_desc(&l.x_label)
+        .y_desc(&l.y_label)
+        .x_label_formatter(&fmt_x)
+        .y_label_formatter(&fmt_y)
+        .draw()?;
+    for (i, s) in l.series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let mut pts: Vec<Point> = s.points.clone();
+        pts.sort_by(|a, b| a.x.total_cmp(&b.x));
+        chart
+            .draw_series(LineSeries::new(
+                pts.iter().map(|p| (tx(p.x), p.y)),
+                color.stroke_width(2),
+            ))?
+            .label(&s.name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+        chart.draw_series(
+            pts.iter()
+                .map(|p| Circle::new((tx(p.x), p.y), 3, color.filled())),
+        )?;
+        chart.draw_series(pts.iter().filter_map(|p| {
+            let (lo, hi) = (p.lo?, p.hi?);
+            Some(PathElement::new(
+                vec![(tx(p.x), lo), (tx(p.x), hi)],
+                color.stroke_width(1),
+            ))
+        }))?;
+    }
+    if l.series.len() > 1 || l.series.first().is_some_and(|s| !s.name.is_empty()) {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.4))
+            .label_font((FONT, 12))
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()?;
+    }
+    Ok(())
+}
+
+fn draw_bars<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    b: &Bars,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let n = b.categories.len().max(1);
+    let k = b.series.len().max(1);
+    let ymax = y_top(b.series.iter().flat_map(|(_, v)| {
+        v.iter()
+            .flatten()
+            .flat_map(|bar| [bar.value, bar.hi.unwrap_or(bar.value)])
+    }));
+    let mut chart = ChartBuilder::on(area)
+        .caption(&b.title, (FONT, 16))
+        .margin(12)
+        .x_label_area_size(if n > 4 { 70 } else { 45 })
+        .y_label_area_size(60)
+        .build_cartesian_2d(-0.5..n as f64 - 0.5, 0.0..ymax)?;
+    let cats = b.categories.clone();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .light_line_style(TRANSPARENT)
+        .bold_line_style(BLACK.mix(0.12))
+        .x_labels(n * 2 + 1)
+        .y_desc(&b.y_label)
+        .x_label_formatter(&|x| {
+            let i = x.round();
+            if (x - i).abs() < 1e-6 && i >= 0.0 {
+                cats.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .x_label_style((FONT, 12))
+        .y_label_formatter(&|y| format_value(*y))
+        .draw()?;
+    let width = 0.8 / k as f64;
+    for (si, (name, bars)) in b.series.iter().enumerate() {
+        let series_color = COLORS[si % COLORS.len()];
+        let color_of = |ci: usize| {
+            if k == 1 {
+                COLORS[ci % COLORS.len()]
+            } else {
+                series_color
+            }
+        };
+        let x_of = |ci: usize| ci as f64 - 0.4 + width * si as f64;
+        let drawn = chart.draw_series(bars.iter().enumerate().filter_map(|(ci, bar)| {
+            let bar = (*bar)?;
+            Some(Rectangle::new(
+                [(x_of(ci), 0.0), (x_of(ci) + width * 0.92, bar.value)],
+                color_of(ci).filled(),
+            ))
+        }))?;
+        if k > 1 {
+            drawn.label(name).legend(move |(x, y)| {
+                Rectangle::new([(x, y - 5), (x + 12, y + 5)], series_color.filled())
+            });
+        }
+        chart.draw_series(bars.iter().enumerate().filter_map(|(ci, bar)| {
+            let bar = (*bar)?;
+            let xm = x_of(ci) + width * 0.46;
+            Some(PathElement::new(
+                vec![(xm, bar.lo?), (xm, bar.hi?)],
+                BLACK.stroke_width(1),
+            ))
+        }))?;
+        chart.draw_series(bars.iter().enumerate().filter_map(|(ci, bar)| {
+            let bar = (*bar)?;
+            Some(Text::new(
+                format_value(bar.value),
+                (
+                    x_of(ci),
+                    bar.hi.unwrap_or(bar.value).max(bar.value) + ymax * 0.01,
+                ),
+                (FONT, 11).into_font(),
+            ))
+        }))?;
+    }
+    if k > 1 {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.4))
+            .label_font((FONT, 12))
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()?;
+    }
+    Ok(())
+}
+
+/// A value with about three significant digits and no trailing noise.
+pub fn format_value(v: f64) -> String {
+    let a = v.abs();
+    if a == 0.0 {
+        "0".into()
+    } else if a >= 100.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else if a >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figure() -> Figure {
+        let pt = |x, y| Point {
+            x,
+            y,
+            lo: Some(y * 0.9),
+            hi: Some(y * 1.1),
+        };
+        Figure {
+            title: "test figure".into(),
+            panels: vec![
+                Panel::Lines(Lines {
+                    title: "write".into(),
+                    x_label: "file size".into(),
+                    y_label: "Gbit/s".into(),
+                    x_axis: XAxis::Log2Bytes,
+                    series: vec![Series {
+                        name: "direct, 1 thread".into(),
+                        points: vec![pt(4096.0, 0.5), pt(1048576.0, 3.0), pt(268435456.0, 8.0)],
+                    }],
+                }),
+                Panel::Bars(Bars {
+                    title: "losf".into(),
+                    y_label: "Gbit/s".into(),
+                    categories: vec!["cp".into(), "dmover-push".into()],
+                    series: vec![(
+                        "median".into(),
+                        vec![
+                            Some(Bar {
+                                value: 2.5,
+                                lo: Some(2.0),
+                                hi: Some(3.0),
+                            }),
+                            None,
+                        ],
+                    )],
+                }),
+            ],
+        }
+    }
+
+    #[test]
+    fn svg_and_png_are_written_with_their_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let svg = dir.path().join("a.svg");
+        figure().save(&svg).unwrap();
+        let text = std::fs::read_to_string(&svg).unwrap();
+        assert!(text.starts_with("<svg"), "{}", &text[..100.min(text.len())]);
+        for want in ["test figure", "dmover-push", "1M", "256M", "Gbit/s"] {
+            assert!(text.contains(want), "SVG lacks {want:?}");
+        }
+        if let Ok(keep) = std::env::var("DMOVER_PLOT_SAMPLE") {
+            figure().save(Path::new(&keep)).unwrap();
+        }
+        let png = dir.path().join("b.PNG");
+        figure().save(&png).unwrap();
+        let bytes = std::fs::read(&png).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG");
+        assert!(bytes.len() > 5000, "PNG of {} bytes", bytes.len());
+    }
+
+    #[test]
+    fn bad_extension_and_empty_data_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            figure().save(&dir.path().join("x.pdf")),
+            Err(PlotError::Format(_))
+        ));
+        let empty = Figure {
+            title: "t".into(),
+            panels: vec![],
+        };
+        assert!(matches!(
+            empty.save(&dir.path().join("x.svg")),
+            Err(PlotError::Empty(_))
+        ));
+    }
+}

@@ -1,0 +1,644 @@
+//! `dmover bench net HOST`: memory-to-memory throughput through dmover's own transport
+//! against a `dmover serve`, with iperf3's number beside it when iperf3 is installed.
+
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use dmover_bench::plot::{Figure, Lines, Panel, Point as PlotPoint, Series, XAxis};
+use dmover_bench::report::{Report, find_program, round_sig, size_label, tool_version};
+use dmover_bench::stats::Summary;
+use dmover_core::client::Client;
+use dmover_core::engine::Run;
+use dmover_core::memtest::{MemTestOptions, ZeroCopyOutcome};
+use dmover_core::session::TransferOptions;
+use dmover_net::tcp::SocketOptions;
+use dmover_proto::control::{DataProtection, MemDirection};
+use serde_json::{Map, Value, json};
+
+use super::common::{self, OutputArgs, Progress, num, row, text};
+
+/// Arguments of `dmover bench net`.
+#[derive(Debug, Args)]
+pub struct NetArgs {
+    /// The server: HOST or HOST:PORT of a `dmover serve` (port 7700 by default).
+    pub host: String,
+    /// Stream counts to measure.
+    #[arg(long, default_value = "1,2,4,8", value_delimiter = ',', value_parser = common::count_item)]
+    pub streams: Vec<usize>,
+    /// Seconds each measurement sends.
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// Times each point is measured; rows give the median and the spread.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub repeats: u32,
+    /// Zero-copy sends (MSG_ZEROCOPY) on the sending side: off, on, or both.
+    #[arg(long, default_value = "off,on", value_delimiter = ',', value_parser = on_off)]
+    pub zerocopy: Vec<bool>,
+    /// Directions: push (client to server), pull (server to client), or both.
+    #[arg(long, default_value = "push", value_delimiter = ',', value_parser = direction)]
+    pub direction: Vec<Dir>,
+    /// Payload bytes per frame.
+    #[arg(long, default_value = "4M", value_parser = crate::args::parse_size)]
+    pub chunk: u64,
+    /// CRC32C every frame on both ends (shows what checksums cost).
+    #[arg(long)]
+    pub checksum: bool,
+    /// TCP congestion control algorithms to measure (e.g. cubic,bbr) [default: the
+    /// system's].
+    #[arg(long, value_delimiter = ',')]
+    pub congestion: Vec<String>,
+    /// Socket buffer size for the data streams [default: kernel autotuning].
+    #[arg(long, value_parser = crate::args::parse_size)]
+    pub tcp_buffer: Option<u64>,
+    /// File holding the server's token (or set DMOVER_TOKEN).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Pin the server's key in this known-hosts file [default: ~/.config/dmover/known_hosts].
+    #[arg(long, env = "DMOVER_KNOWN_HOSTS")]
+    pub known_hosts: Option<PathBuf>,
+    /// Data stream protection to measure: plain, authenticated (dmover's default),
+    /// encrypted; zero-copy needs plain.
+    #[arg(long, default_value = "plain", value_delimiter = ',', value_parser = protection)]
+    pub protection: Vec<DataProtection>,
+    /// Also measure iperf3 (auto: when iperf3 is installed and HOST is an address of this
+    /// machine, start `iperf3 -s` on it; off: never; HOST:PORT: an iperf3 server there).
+    #[arg(long, default_value = "auto")]
+    pub iperf3: String,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// A direction on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dir {
+    /// Client to server.
+    Push,
+    /// Server to client.
+    Pull,
+}
+
+impl Dir {
+    fn name(self) -> &'static str {
+        match self {
+            Dir::Push => "push",
+            Dir::Pull => "pull",
+        }
+    }
+}
+
+fn on_off(s: &str) -> Result<bool, String> {
+    match s.trim() {
+        "on" | "yes" | "true" => Ok(true),
+        "off" | "no" | "false" => Ok(false),
+        _ => Err(format!("{s:?}: expected on or off")),
+    }
+}
+
+fn protection(s: &str) -> Result<DataProtection, String> {
+    match s.trim() {
+        "plain" => Ok(DataProtection::Plain),
+        "authenticated" | "auth" => Ok(DataProtection::Authenticated),
+        "encrypted" | "encrypt" => Ok(DataProtection::Encrypted),
+        _ => Err(format!("{s:?}: expected plain, authenticated or encrypted")),
+    }
+}
+
+fn protection_name(p: DataProtection) -> &'static str {
+    match p {
+        DataProtection::Plain => "plain",
+        DataProtection::Authenticated => "authenticated",
+        DataProtection::Encrypted => "encrypted",
+    }
+}
+
+fn direction(s: &str) -> Result<Dir, String> {
+    match s.trim() {
+        "push" | "send" => Ok(Dir::Push),
+        "pull" | "recv" => Ok(Dir::Pull),
+        _ => Err(format!("{s:?}: expected push or pull")),
+    }
+}
+
+/// `HOST` or `HOST:PORT` with the default port filled in.
+pub fn server_addr(host: &str) -> String {
+    let bare_v6 = host.matches(':').count() > 1 && !host.starts_with('[');
+    if bare_v6 {
+        format!("[{host}]:{}", dmover_proto::DEFAULT_PORT)
+    } else if host
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    {
+        host.to_string()
+    } else {
+        format!("{host}:{}", dmover_proto::DEFAULT_PORT)
+    }
+}
+
+/// Adds rate columns from per-repeat Gbit/s samples.
+fn add_rate(r: &mut Map<String, Value>, gbit: &[f64]) {
+    let Some(s) = Summary::of(gbit) else {
+        r.insert("repeats".into(), json!(0));
+        return;
+    };
+    r.insert("repeats".into(), json!(s.n));
+    r.insert("gbit_per_s".into(), json!(round_sig(s.median, 4)));
+    r.insert("gbit_per_s_min".into(), json!(round_sig(s.min, 4)));
+    r.insert("gbit_per_s_max".into(), json!(round_sig(s.max, 4)));
+    r.insert("spread".into(), json!(round_sig(s.spread, 3)));
+    let samples: Vec<f64> = gbit.iter().map(|&g| round_sig(g, 4)).collect();
+    r.insert("gbit_samples".into(), json!(samples));
+}
+
+/// An `iperf3 -s` this run started; stopped when dropped.
+struct IperfServer {
+    child: Child,
+}
+
+impl Drop for IperfServer {
+    fn drop(&mut self) {
+        dmover_bench::peers::kill_group(&mut self.child);
+    }
+}
+
+/// A free TCP port on `ip` (bound and released; a small race is harmless here).
+fn free_port(ip: std::net::IpAddr) -> anyhow::Result<u16> {
+    Ok(TcpListener::bind((ip, 0))
+        .with_context(|| format!("finding a free port on {ip}"))?
+        .local_addr()?
+        .port())
+}
+
+/// Waits until something accepts connections on `addr`.
+pub fn wait_listening(addr: SocketAddr, limit: Duration) -> bool {
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+/// Starts `iperf3 -s` on `ip` when that is an address of this machine.
+fn start_iperf3(ip: std::net::IpAddr) -> anyhow::Result<(IperfServer, SocketAddr)> {
+    let port = free_port(ip)?;
+    let mut c = Command::new("iperf3");
+    c.args(["-s", "-B", &ip.to_string(), "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let child = std::os::unix::process::CommandExt::process_group(&mut c, 0)
+        .spawn()
+        .context("starting iperf3 -s")?;
+    let server = IperfServer { child };
+    let addr = SocketAddr::new(ip, port);
+    if !wait_listening(addr, Duration::from_secs(10)) {
+        bail!("iperf3 -s did not listen on {addr} within 10 s");
+    }
+    Ok((server, addr))
+}
+
+/// One iperf3 client run, retried while the server is still busy with the previous
+/// one; Gbit/s received.
+fn iperf3_run(
+    addr: SocketAddr,
+    streams: usize,
+    secs: f64,
+    zerocopy: bool,
+    pull: bool,
+    congestion: Option<&str>,
+) -> anyhow::Result<f64> {
+    let mut tries = 0;
+    loop {
+        match iperf3_once(addr, streams, secs, zerocopy, pull, congestion) {
+            Err(e) if tries < 4 && format!("{e:#}").contains("connect") => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            r => return r,
+        }
+    }
+}
+
+fn iperf3_once(
+    addr: SocketAddr,
+    streams: usize,
+    secs: f64,
+    zerocopy: bool,
+    pull: bool,
+    congestion: Option<&str>,
+) -> anyhow::Result<f64> {
+    let mut c = Command::new("iperf3");
+    c.args(["-c", &addr.ip().to_string(), "-p", &addr.port().to_string()])
+        .args(["-P", &streams.to_string(), "-J"])
+        .args(["-t", &format!("{}", secs.max(1.0).round())]);
+    if zerocopy {
+        c.arg("-Z");
+    }
+    if pull {
+        c.arg("-R");
+    }
+    if let Some(cc) = congestion {
+        c.args(["-C", cc]);
+    }
+    let out = c.output().context("running iperf3 -c")?;
+    let v: Value = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "iperf3 printed no JSON: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    if let Some(e) = v.get("error").and_then(Value::as_str) {
+        bail!("iperf3: {e}");
+    }
+    v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .map(|b| b / 1e9)
+        .context("iperf3's JSON has no end.sum_received.bits_per_second")
+}
+
+pub fn run(a: NetArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    dmover_bench::peers::close_inherited_fds();
+    if !(0.2..=120.0).contains(&a.seconds) {
+        bail!("--seconds must be between 0.2 and 120");
+    }
+    let chunk = u32::try_from(a.chunk)
+        .ok()
+        .filter(|c| dmover_proto::layout::validate_chunk_size(*c).is_ok());
+    let Some(chunk) = chunk else {
+        bail!(
+            "--chunk {} is not a valid chunk size (64K..64M, a multiple of 4K)",
+            a.chunk
+        );
+    };
+    let server = server_addr(&a.host);
+    let addr: SocketAddr = server
+        .to_socket_addrs()
+        .with_context(|| format!("resolving {server}"))?
+        .next()
+        .with_context(|| format!("{server} has no address"))?;
+    let out_dir = a.output.dir("net")?;
+    let mut report = Report::new("net", std::path::Path::new("."));
+    report.param("server", &server);
+    report.param("streams", &a.streams);
+    report.param("seconds", a.seconds);
+    report.param("repeats", a.repeats);
+    report.param("zerocopy", &a.zerocopy);
+    report.param(
+        "directions",
+        a.direction.iter().map(|d| d.name()).collect::<Vec<_>>(),
+    );
+    report.param("chunk", chunk);
+    report.param("checksum", a.checksum);
+    report.param("congestion", &a.congestion);
+    report.param("tcp_buffer", a.tcp_buffer);
+    report.param(
+        "protection",
+        a.protection
+            .iter()
+            .map(|&p| protection_name(p))
+            .collect::<Vec<_>>(),
+    );
+
+    let base = TransferOptions {
+        chunk_size: chunk,
+        checksum: a.checksum,
+        socket: SocketOptions {
+            send_buffer: a.tcp_buffer.map(|b| b as usize),
+            recv_buffer: a.tcp_buffer.map(|b| b as usize),
+            congestion: None,
+        },
+        token: common::read_token(a.token_file.as_deref())?,
+        trust: a
+            .known_hosts
+            .clone()
+            .map(dmover_net::tls::Trust::KnownHosts),
+        ..TransferOptions::default()
+    };
+    let congestions: Vec<Option<String>> = if a.congestion.is_empty() {
+        vec![None]
+    } else {
+        a.congestion.iter().cloned().map(Some).collect()
+    };
+
+    // iperf3 beside it.
+    let mut iperf: Option<(Option<IperfServer>, SocketAddr)> = None;
+    match a.iperf3.as_str() {
+        "off" => {}
+        spec => match find_program("iperf3") {
+            None => {
+                report.tools.insert("iperf3".into(), "missing".into());
+                report.note("iperf3 is not installed: no iperf3 rows (apt-get install iperf3)");
+            }
+            Some(_) => {
+                report.tools.insert(
+                    "iperf3".into(),
+                    tool_version("iperf3", &["--version"]).unwrap_or_default(),
+                );
+                if spec == "auto" {
+                    let local = TcpListener::bind((addr.ip(), 0)).is_ok();
+                    if local {
+                        match start_iperf3(addr.ip()) {
+                            Ok((s, at)) => iperf = Some((Some(s), at)),
+                            Err(e) => report.note(format!("no iperf3 rows: {e:#}")),
+                        }
+                    } else {
+                        report.note(format!(
+                            "{} is not an address of this machine: start `iperf3 -s` there \
+                             and pass --iperf3 HOST:PORT for iperf3 rows",
+                            addr.ip()
+                        ));
+                    }
+                } else {
+                    let at: SocketAddr = spec
+                        .to_socket_addrs()
+                        .ok()
+                        .and_then(|mut i| i.next())
+                        .with_context(|| format!("--iperf3 {spec}: not auto, off or HOST:PORT"))?;
+                    iperf = Some((None, at));
+                }
+                if a.zerocopy.contains(&true) {
+                    report.note("iperf3's zero-copy (-Z) sends with sendfile(2), dmover's with MSG_ZEROCOPY");
+                }
+            }
+        },
+    }
+
+    let max_streams = a.streams.iter().copied().max().unwrap_or(1);
+    let rt = crate::cp::runtime(max_streams.min(128) as u16)?;
+    let iperf_points = usize::from(iperf.is_some())
+        * a.direction.len()
+        * a.zerocopy.len()
+        * congestions.len()
+        * a.streams.len();
+    let points = a.direction.len()
+        * a.protection.len()
+        * a.zerocopy.len()
+        * congestions.len()
+        * a.streams.len();
+    let mut progress = Progress::new((points + iperf_points) as u64 * u64::from(a.repeats));
+    eprintln!(
+        "network test against {server}: {points} points x {} repeat(s) x {:.1} s; results in {}",
+        a.repeats,
+        a.seconds,
+        out_dir.display()
+    );
+    for (&dir, &prot) in a
+        .direction
+        .iter()
+        .flat_map(|d| a.protection.iter().map(move |p| (d, p)))
+    {
+        for &zc in &a.zerocopy {
+            for cc in &congestions {
+                for &n in &a.streams {
+                    let label = format!(
+                        "{} {} {n} stream(s), zero-copy {}, {}",
+                        dir.name(),
+                        protection_name(prot),
+                        if zc { "on" } else { "off" },
+                        cc.as_deref().unwrap_or("default cc")
+                    );
+                    let mut opts = base.clone();
+                    opts.streams = n as u16;
+                    opts.socket.congestion = cc.clone();
+                    opts.protection = prot;
+                    let client = Client::new(opts, 1);
+                    let t = MemTestOptions {
+                        direction: match dir {
+                            Dir::Push => MemDirection::ToServer,
+                            Dir::Pull => MemDirection::FromServer,
+                        },
+                        duration: Duration::from_secs_f64(a.seconds),
+                        zerocopy: zc,
+                        congestion: cc.clone(),
+                    };
+                    let mut gbit = Vec::new();
+                    let mut cpu = Vec::new();
+                    let mut outcome = ZeroCopyOutcome::Off;
+                    for rep in 0..a.repeats {
+                        progress.start(&format!("dmover {label} (repeat {})", rep + 1));
+                        let c0 = dmover_bench::report::cpu_seconds();
+                        let r = rt
+                            .block_on(client.memtest(&server, &t, Run::new()))
+                            .with_context(|| format!("memory-to-memory test with {server}"))?;
+                        cpu.push(
+                            (dmover_bench::report::cpu_seconds() - c0) / r.seconds.max(1e-9)
+                                * 100.0,
+                        );
+                        progress.done(&format!("dmover {label}: {:.2} Gbit/s", r.gbit_per_s()));
+                        gbit.push(r.gbit_per_s());
+                        outcome = r.zerocopy;
+                    }
+                    let (zc_text, copied) = match &outcome {
+                        ZeroCopyOutcome::Off => ("off".to_string(), Value::Null),
+                        ZeroCopyOutcome::Unsupported(e) => {
+                            report.note(format!(
+                                "zero-copy not available ({e}): ordinary sends used"
+                            ));
+                            (format!("unsupported: {e}"), Value::Null)
+                        }
+                        ZeroCopyOutcome::Remote => {
+                            ("on (server side, not reported)".to_string(), Value::Null)
+                        }
+                        ZeroCopyOutcome::Used(s) => {
+                            let pct = s.copied as f64 * 100.0 / s.completed.max(1) as f64;
+                            if pct > 50.0 {
+                                report.note(
+                                    "the kernel copied most zero-copy sends (it always does on \
+                                     loopback and for devices without scatter-gather): zero-copy \
+                                     rows measure MSG_ZEROCOPY's overhead, not its gain",
+                                );
+                            }
+                            (
+                                format!("on: {} sends, {:.0}% copied by the kernel", s.sends, pct),
+                                json!(round_sig(pct, 3)),
+                            )
+                        }
+                    };
+                    let mut r = row(&[
+                        ("tool", json!("dmover")),
+                        ("direction", json!(dir.name())),
+                        ("protection", json!(protection_name(prot))),
+                        ("streams", json!(n)),
+                        ("zerocopy", json!(zc)),
+                        ("congestion", json!(cc.as_deref().unwrap_or("default"))),
+                        ("chunk", json!(size_label(u64::from(chunk)))),
+                        ("checksum", json!(a.checksum)),
+                    ]);
+                    add_rate(&mut r, &gbit);
+                    r.insert(
+                        "client_cpu_percent".into(),
+                        json!(round_sig(Summary::of(&cpu).map_or(0.0, |s| s.median), 3)),
+                    );
+                    r.insert("zerocopy_result".into(), json!(zc_text));
+                    r.insert("zerocopy_copied_percent".into(), copied);
+                    report.push(r);
+
+                    // iperf3 once per point, not once per protection.
+                    let first_prot = a.protection.first() == Some(&prot);
+                    if let Some((_, at)) = iperf.as_ref().filter(|_| first_prot) {
+                        let mut gbit = Vec::new();
+                        let mut err = None;
+                        for rep in 0..a.repeats {
+                            progress.start(&format!("iperf3 {label} (repeat {})", rep + 1));
+                            match iperf3_run(*at, n, a.seconds, zc, dir == Dir::Pull, cc.as_deref())
+                            {
+                                Ok(g) => {
+                                    progress.done(&format!("iperf3 {label}: {g:.2} Gbit/s"));
+                                    gbit.push(g);
+                                }
+                                Err(e) => {
+                                    progress.done(&format!("iperf3 {label}: failed: {e:#}"));
+                                    err = Some(format!("{e:#}"));
+                                }
+                            }
+                        }
+                        if let Some(e) = err {
+                            report.note(format!("iperf3 failed on some runs: {e}"));
+                        }
+                        let mut r = row(&[
+                            ("tool", json!("iperf3")),
+                            ("direction", json!(dir.name())),
+                            ("protection", json!("none")),
+                            ("streams", json!(n)),
+                            ("zerocopy", json!(zc)),
+                            ("congestion", json!(cc.as_deref().unwrap_or("default"))),
+                            ("chunk", json!("128K")),
+                            ("checksum", json!(false)),
+                        ]);
+                        add_rate(&mut r, &gbit);
+                        report.push(r);
+                    }
+                }
+            }
+        }
+    }
+    progress.finish();
+    drop(iperf);
+    add_ratio_to_iperf(&mut report);
+    let figure = a.output.plot.as_ref().map(|_| figure(&report));
+    common::finish(
+        report,
+        started,
+        &out_dir,
+        &a.output,
+        figure,
+        &[
+            ("tool", "tool"),
+            ("direction", "dir"),
+            ("protection", "data"),
+            ("streams", "streams"),
+            ("zerocopy", "zc"),
+            ("congestion", "cc"),
+            ("gbit_per_s", "Gbit/s"),
+            ("gbit_per_s_min", "min"),
+            ("gbit_per_s_max", "max"),
+            ("vs_iperf3", "vs iperf3"),
+            ("zerocopy_copied_percent", "zc copied %"),
+        ],
+    )
+}
+
+/// Gives every dmover row the ratio to the iperf3 row of the same point.
+fn add_ratio_to_iperf(report: &mut Report) {
+    let key = |r: &Map<String, Value>| {
+        (
+            text(r, "direction"),
+            text(r, "streams"),
+            text(r, "zerocopy"),
+            text(r, "congestion"),
+        )
+    };
+    let iperf: Vec<_> = report
+        .rows
+        .iter()
+        .filter(|r| text(r, "tool") == "iperf3")
+        .filter_map(|r| Some((key(r), num(r, "gbit_per_s")?)))
+        .collect();
+    for r in report
+        .rows
+        .iter_mut()
+        .filter(|r| text(r, "tool") == "dmover")
+    {
+        let k = key(r);
+        let ratio = iperf
+            .iter()
+            .find(|(ik, _)| *ik == k)
+            .and_then(|(_, g)| Some(num(r, "gbit_per_s")? / g.max(1e-12)));
+        r.insert(
+            "vs_iperf3".into(),
+            ratio.map_or(Value::Null, |x| json!(round_sig(x, 3))),
+        );
+    }
+    if !report.columns.iter().any(|c| c == "vs_iperf3") {
+        report.columns.push("vs_iperf3".into());
+    }
+}
+
+/// Throughput against streams, a panel per direction, a line per tool and setting.
+fn figure(report: &Report) -> Figure {
+    let mut panels = Vec::new();
+    let mut dirs: Vec<String> = report.rows.iter().map(|r| text(r, "direction")).collect();
+    dirs.dedup();
+    for d in dirs {
+        let mut series: Vec<Series> = Vec::new();
+        for r in report.rows.iter().filter(|r| text(r, "direction") == d) {
+            let name = format!(
+                "{}{}{}{}",
+                text(r, "tool"),
+                match text(r, "protection").as_str() {
+                    "plain" | "none" | "" => String::new(),
+                    p => format!(", {p}"),
+                },
+                if text(r, "zerocopy") == "true" {
+                    ", zero-copy"
+                } else {
+                    ""
+                },
+                match text(r, "congestion").as_str() {
+                    "default" => String::new(),
+                    cc => format!(", {cc}"),
+                }
+            );
+            let (Some(x), Some(y)) = (num(r, "streams"), num(r, "gbit_per_s")) else {
+                continue;
+            };
+            let pt = PlotPoint {
+                x,
+                y,
+                lo: num(r, "gbit_per_s_min"),
+                hi: num(r, "gbit_per_s_max"),
+            };
+            match series.iter_mut().find(|s| s.name == name) {
+                Some(s) => s.points.push(pt),
+                None => series.push(Series {
+                    name,
+                    points: vec![pt],
+                }),
+            }
+        }
+        panels.push(Panel::Lines(Lines {
+            title: format!("{d}, memory to memory"),
+            x_label: "TCP streams".into(),
+            y_label: "Gbit/s".into(),
+            x_axis: XAxis::Log2Count,
+            series,
+        }));
+    }
+    Figure {
+        title: format!(
+            "dmover bench net: {}",
+            report
+                .parameters
+                .get("server")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+        ),
+        panels,
+    }
+}
