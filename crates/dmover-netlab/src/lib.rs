@@ -51,6 +51,7 @@
 //! # Ok::<(), dmover_netlab::NetlabError>(())
 //! ```
 
+pub mod daemon;
 mod error;
 mod forwarder;
 pub mod ns;

@@ -139,13 +139,20 @@ pub(crate) fn claim(rec: &LabRecord) -> Result<PathBuf, NetlabError> {
     Ok(dir)
 }
 
-/// Removes a lab's directory (after its namespaces are gone).
+/// Removes a lab's directory and log (after its namespaces are gone).
 pub(crate) fn release(dir: &Path) {
     if let Err(e) = fs::remove_dir_all(dir) {
         if e.kind() != ErrorKind::NotFound {
             tracing::warn!("netlab: removing {}: {e}", dir.display());
         }
     }
+    let _ = fs::remove_file(dir.with_extension("log"));
+}
+
+/// The log of lab `name`'s background forwarder (beside its directory, as it is
+/// opened before the lab is claimed).
+pub fn log_path(name: &str) -> PathBuf {
+    lab_dir(name).with_extension("log")
 }
 
 /// Marks a background lab as up.

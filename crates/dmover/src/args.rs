@@ -34,6 +34,8 @@ pub enum Command {
     Demo(DemoArgs),
     /// Measurement tools.
     Bench(BenchArgs),
+    /// Emulated long-haul links (RTT, rate, loss) between two network namespaces.
+    Netlab(crate::netlab::NetlabArgs),
 }
 
 /// Options shared by everything that moves data.

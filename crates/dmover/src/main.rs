@@ -9,6 +9,7 @@ mod bench;
 mod cp;
 mod demo;
 mod endpoint;
+mod netlab;
 mod output;
 mod serve;
 
@@ -27,6 +28,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => serve::run(a),
         Command::Demo(a) => demo::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Netlab(a) => netlab::run(a),
     };
     match result {
         Ok(code) => code,
