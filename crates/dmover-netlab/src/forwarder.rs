@@ -50,6 +50,8 @@ pub(crate) struct DirectionConfig {
     pub ring_bytes: usize,
     /// CPU to pin the thread to.
     pub cpu: Option<usize>,
+    /// Run under SCHED_FIFO.
+    pub realtime: bool,
     /// Seed of the loss draws.
     pub seed: u64,
 }
@@ -88,9 +90,9 @@ pub struct DirectionStats {
     pub bytes_out: u64,
     /// Segments dropped by the random loss.
     pub loss_drops: u64,
-    /// Packets tail-dropped because the bottleneck queue was full.
+    /// Segments tail-dropped because the bottleneck queue was full.
     pub queue_drops: u64,
-    /// Packets dropped because the forwarder's ring was full (should stay 0: the ring
+    /// Segments dropped because the forwarder's ring was full (should stay 0: the ring
     /// holds the queue plus a one-way delay's worth at the link rate).
     pub overflow_drops: u64,
     /// Packets the receiving device refused.
@@ -412,6 +414,17 @@ impl Direction {
         // Wake-ups within 1 µs of the asked time instead of the default 50 µs slack.
         // SAFETY: PR_SET_TIMERSLACK takes an integer argument and touches no memory.
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong, 0, 0, 0) };
+        if self.cfg.realtime {
+            let param = libc::sched_param { sched_priority: 10 };
+            // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param.
+            if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+                tracing::debug!(
+                    "netlab {}: no SCHED_FIFO: {}",
+                    self.cfg.name,
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
         if let Some(cpu) = self.cfg.cpu {
             let mut set = rustix::thread::CpuSet::new();
             set.set(cpu);
@@ -535,6 +548,12 @@ impl Direction {
 
     /// Decides the fate of the packet just read (`n` bytes, in the ring's reserved
     /// space or, when the ring was full, in the scratch buffer).
+    ///
+    /// Loss and the bottleneck queue act per segment, as on a real link of MTU-sized
+    /// packets: a super-packet with lost segments is cut around them, and one that
+    /// only partly fits the queue keeps the segments that fit (tail-drop of the rest).
+    /// The common case, nothing lost and room in the queue, queues the packet where
+    /// it was read, without a copy.
     fn accept(&mut self, n: usize, in_ring: bool) {
         let now = self.now();
         let c = self.counters.clone();
@@ -542,56 +561,87 @@ impl Direction {
         if !in_ring {
             let segs = packet::segments(&self.scratch[..n]);
             c.segments_in.fetch_add(segs.count as u64, Relaxed);
-            c.overflow_drops.fetch_add(1, Relaxed);
+            c.overflow_drops.fetch_add(segs.count as u64, Relaxed);
             return;
         }
+        let room = self.shaper.room(now);
         // Look at the packet where it was read, in the ring's reserved space.
-        let (segs, split_copy) = {
+        let segs = {
             let buf = self
                 .ring
                 .reserve(MAX_PACKET)
                 .expect("space reserved just before");
             let segs = packet::segments(&buf[..n]);
             self.loss.draw(segs.count as u64, &mut self.lost);
-            let copy = !self.lost.is_empty() && segs.split.is_some();
-            if copy && self.lost.len() < segs.count as usize {
+            let cut = segs.split.is_some()
+                && (!self.lost.is_empty() || segs.wire_bytes > room)
+                && self.lost.len() < segs.count as usize;
+            if cut {
                 self.scratch[..n].copy_from_slice(&buf[..n]);
             }
-            (segs, copy)
+            segs
         };
-        c.segments_in.fetch_add(segs.count as u64, Relaxed);
-        if self.lost.is_empty() {
-            self.enqueue(now, n, segs.wire_bytes);
-            return;
-        }
-        if !split_copy || self.lost.len() == segs.count as usize {
-            // Cannot cut this packet (or all of it is lost): the whole of it goes.
-            c.loss_drops.fetch_add(segs.count as u64, Relaxed);
-            return;
-        }
+        let count = segs.count as u64;
+        c.segments_in.fetch_add(count, Relaxed);
         c.loss_drops.fetch_add(self.lost.len() as u64, Relaxed);
-        let info = segs.split.expect("checked above");
-        let count = segs.count as usize;
+        let Some(info) = segs.split else {
+            // An ordinary packet, or one we cannot cut: all or nothing.
+            if !self.lost.is_empty() {
+                c.loss_drops
+                    .fetch_add(count - self.lost.len() as u64, Relaxed);
+            } else if segs.wire_bytes > room {
+                c.queue_drops.fetch_add(count, Relaxed);
+            } else {
+                self.enqueue(now, n, segs.wire_bytes, count);
+            }
+            return;
+        };
+        if self.lost.is_empty() && segs.wire_bytes <= room {
+            self.enqueue(now, n, segs.wire_bytes, count);
+            return;
+        }
+        // Cut: the runs between lost segments, each trimmed to what the queue takes.
         let lost = std::mem::take(&mut self.lost);
-        let mut first = 0usize;
-        for end in lost.iter().map(|&l| l as usize).chain([count]) {
+        let seg_wire = (info.hdr_len + info.mss) as u64;
+        let mut first = 0u64;
+        for end in lost.iter().copied().chain([count]) {
             if end > first {
-                let Some(buf) = self.ring.reserve(MAX_PACKET) else {
-                    c.overflow_drops.fetch_add(1, Relaxed);
-                    break;
+                let room = self.shaper.room(now);
+                let payload =
+                    (end * info.mss as u64).min(info.payload as u64) - first * info.mss as u64;
+                let run_wire = payload + (end - first) * info.hdr_len as u64;
+                let run_end = if run_wire <= room {
+                    end
+                } else {
+                    first + (end - first).min(room / seg_wire)
                 };
-                let len = packet::write_run(&self.scratch[..n], &info, first, end, buf);
-                let wire =
-                    (len - VNET_HDR_LEN) as u64 + (end - first - 1) as u64 * info.hdr_len as u64;
-                self.enqueue(now, len, wire);
+                if run_end > first {
+                    let Some(buf) = self.ring.reserve(MAX_PACKET) else {
+                        c.overflow_drops.fetch_add(end - first, Relaxed);
+                        first = end + 1;
+                        continue;
+                    };
+                    let len = packet::write_run(
+                        &self.scratch[..n],
+                        &info,
+                        first as usize,
+                        run_end as usize,
+                        buf,
+                    );
+                    let wire =
+                        (len - VNET_HDR_LEN) as u64 + (run_end - first - 1) * info.hdr_len as u64;
+                    self.enqueue(now, len, wire, run_end - first);
+                }
+                c.queue_drops.fetch_add(end - run_end, Relaxed);
             }
             first = end + 1;
         }
         self.lost = lost;
     }
 
-    /// Offers the packet in the reserved space to the bottleneck and queues it.
-    fn enqueue(&mut self, now: u64, len: usize, wire_bytes: u64) {
+    /// Offers the packet in the reserved space (`len` bytes, `segments` on the wire)
+    /// to the bottleneck and queues it.
+    fn enqueue(&mut self, now: u64, len: usize, wire_bytes: u64, segments: u64) {
         let backlog = self.shaper.backlog(now);
         match self.shaper.offer(now, wire_bytes) {
             Verdict::Release(t) => {
@@ -601,7 +651,7 @@ impl Direction {
                 self.ring.commit(len, t);
             }
             Verdict::QueueDrop => {
-                self.counters.queue_drops.fetch_add(1, Relaxed);
+                self.counters.queue_drops.fetch_add(segments, Relaxed);
             }
         }
     }

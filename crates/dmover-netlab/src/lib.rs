@@ -108,6 +108,10 @@ pub struct LinkSpec {
     /// Pin the two forwarder threads to the last CPUs of the machine (a → b on the
     /// last, b → a on the one before) [default: true].
     pub pin: bool,
+    /// Run the forwarder threads under `SCHED_FIFO` (priority 10), so busy
+    /// applications and builds on the machine cannot delay packets past their release
+    /// time; they block in `poll` when idle, so this costs nothing then [default: true].
+    pub realtime: bool,
     /// Seed of the loss draws (same seed, same loss pattern for the same packets).
     pub seed: u64,
 }
@@ -122,6 +126,7 @@ impl Default for LinkSpec {
             congestion: None,
             tcp_buffer_max: None,
             pin: true,
+            realtime: true,
             seed: 1,
         }
     }
@@ -380,6 +385,7 @@ impl Lab {
             loss: spec.loss,
             ring_bytes: spec.ring_bytes(),
             cpu,
+            realtime: spec.realtime,
             seed,
         };
         self.forwarder = Some(Forwarder::start(

@@ -54,6 +54,18 @@ impl Shaper {
         Verdict::Release(self.busy_until + self.delay_ns)
     }
 
+    /// How many wire bytes a packet arriving at `now_ns` may have and still be
+    /// queued (`u64::MAX` when the queue is empty or there is no bottleneck: any
+    /// packet goes).
+    pub fn room(&self, now_ns: u64) -> u64 {
+        let backlog = self.backlog(now_ns);
+        if self.rate_bps.is_none() || backlog == 0 {
+            u64::MAX
+        } else {
+            self.queue_bytes.saturating_sub(backlog)
+        }
+    }
+
     /// Bytes waiting in the bottleneck queue at `now_ns`.
     pub fn backlog(&self, now_ns: u64) -> u64 {
         match self.rate_bps {
@@ -98,6 +110,9 @@ mod tests {
         // Backlog 150 000 + 100 000 > 200 000.
         assert_eq!(s.offer(0, 100_000), Verdict::QueueDrop);
         assert_eq!(s.offer(0, 50_000), Verdict::Release(1_600_000));
+        assert_eq!(s.room(0), 0);
+        assert_eq!(s.room(1_000_000), 75_000);
+        assert_eq!(s.room(2_000_000), u64::MAX);
         // An empty queue always takes a packet, even one larger than the limit.
         let mut s = Shaper::new(Some(1_000_000_000), 1000, 0);
         assert!(matches!(s.offer(0, 65_000), Verdict::Release(_)));

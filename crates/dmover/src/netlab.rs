@@ -67,6 +67,9 @@ pub struct LinkArgs {
     /// Do not pin the forwarder's two threads to the last two CPUs.
     #[arg(long)]
     pub no_pin: bool,
+    /// Run the forwarder at normal priority instead of SCHED_FIFO.
+    #[arg(long)]
+    pub no_realtime: bool,
     /// Seed of the random loss.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -82,6 +85,7 @@ impl LinkArgs {
             congestion: self.congestion.clone(),
             tcp_buffer_max: self.tcp_buffer_max,
             pin: !self.no_pin,
+            realtime: !self.no_realtime,
             seed: self.seed,
         }
     }
@@ -112,6 +116,9 @@ impl LinkArgs {
         }
         if self.no_pin {
             v.push("--no-pin".into());
+        }
+        if self.no_realtime {
+            v.push("--no-realtime".into());
         }
         v
     }
