@@ -111,7 +111,7 @@ mod tests {
         assert_eq!(s.offer(0, 100_000), Verdict::QueueDrop);
         assert_eq!(s.offer(0, 50_000), Verdict::Release(1_600_000));
         assert_eq!(s.room(0), 0);
-        assert_eq!(s.room(1_000_000), 75_000);
+        assert_eq!(s.room(1_000_000), 125_000);
         assert_eq!(s.room(2_000_000), u64::MAX);
         // An empty queue always takes a packet, even one larger than the limit.
         let mut s = Shaper::new(Some(1_000_000_000), 1000, 0);
