@@ -13,7 +13,7 @@
 #       [--streams "1 8"] [--out docs/bench/netlab.csv] [--lock /work/bench.lock]
 #       [--dmover-args "..."]  (extra dmover cp options, for A/B runs; recorded)
 #       [--netlab-args "..."]  (extra dmover netlab up options, e.g. --no-pin; recorded)
-# With --lock FILE every lab (one rate x RTT x cc point, all its runs) holds
+# With --lock FILE each rate x cc group (its RTTs, all their runs, ~10 min) holds
 # `flock FILE`, so measurements on a shared machine do not overlap.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,10 +65,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Data on tmpfs: one 1.6 GB incompressible file, hard-linked N times so a push moves
-# N x 1.6 GB (>= 10 s at the link rate) while tmpfs holds it once at the source.
+# Data on tmpfs: one 1.25 GB incompressible file, hard-linked N times so a push moves
+# N x 1.25 GB (>= 10 s at the link rate) while tmpfs holds it once at the source.
 mkdir -p "$WORK/src" "$WORK/dst"
-head -c $((1600 * 1000 * 1000)) /dev/urandom >"$WORK/file"
+head -c $((1250 * 1000 * 1000)) /dev/urandom >"$WORK/file"
 printf 'netlab-bench-%s' "$$" >"$WORK/token"
 
 if [ ! -s "$OUT" ]; then
@@ -94,7 +94,7 @@ one_point() { # rate rtt cc
     local bps links
     bps=$(rate_bps "$rate")
     # Enough hard links for SECONDS_PER_RUN at the link rate.
-    links=$(python3 -c "import math; print(max(1, math.ceil($bps*$SECONDS_PER_RUN/8/1.6e9)))")
+    links=$(python3 -c "import math; print(max(1, math.ceil($bps*$SECONDS_PER_RUN/8/1.25e9)))")
     rm -f "$WORK"/src/*
     for i in $(seq 1 "$links"); do ln "$WORK/file" "$WORK/src/part$i"; done
 
@@ -133,7 +133,8 @@ j = json.loads(sys.stdin.read())
 print(j["bytes"], j["seconds"], j["gbit_per_s"])' <<<"$j")
                     rm -rf "$WORK/dst/run"
                 fi
-                sleep 1.2 # the forwarder's statistics are rewritten every second
+                # The statistics file is rewritten every second; CPU and elapsed come
+                # from the same snapshot, so the delta is consistent.
                 after=$(fwd_stats)
                 local fwd
                 fwd=$(python3 -c "
@@ -150,17 +151,19 @@ print(f'{cpu:.3f},{float(a[2]):.1f},{float(a[3]):.0f},{int(a[4])-int(b[4])}')")
     wait 2>/dev/null || true
 }
 
+one_group() { # rate cc
+    for rtt in $RTTS; do one_point "$1" "$rtt" "$2"; done
+}
+
 for rate in $RATES; do
     for cc in $CCS; do
-        for rtt in $RTTS; do
-            if [ -n "$LOCK" ]; then
-                export -f one_point fwd_stats rate_bps
-                export DMOVER LAB WORK PORT REPS SECONDS_PER_RUN TOOLS STREAMS OUT HOST DMOVER_ARGS NETLAB_ARGS
-                flock "$LOCK" bash -c "one_point $rate $rtt $cc"
-            else
-                one_point "$rate" "$rtt" "$cc"
-            fi
-        done
+        if [ -n "$LOCK" ]; then
+            export -f one_group one_point fwd_stats rate_bps
+            export DMOVER LAB WORK PORT REPS SECONDS_PER_RUN TOOLS STREAMS OUT HOST DMOVER_ARGS NETLAB_ARGS RTTS
+            flock "$LOCK" bash -c "one_group $rate $cc"
+        else
+            one_group "$rate" "$cc"
+        fi
     done
 done
 echo "bench-netlab: rows in $OUT" >&2
