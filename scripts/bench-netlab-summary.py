@@ -25,7 +25,11 @@ def main():
             rows += list(csv.DictReader(f))
     cells = defaultdict(list)
     fwd = defaultdict(list)
+    failed = []
     for r in rows:
+        if not r["bytes"]:
+            failed.append(r)
+            continue
         if r["tool"] == "dmover" and want_args is not None and r["dmover_args"] != want_args:
             continue
         key = (r["rate"], r["cc"], int(r["rtt_ms"]))
@@ -67,6 +71,13 @@ def main():
         print(
             f"| {k[0]} | {k[1]} | {k[2]} | " + " | ".join(out)
             + f" | {ratio} | {cpu:.2f}, {late:.0f} / {p99:.0f} |"
+        )
+
+
+    for r in failed:
+        print(
+            f"\nFailed run (no result, not in the medians): {r['tool']} -P{r['streams']} "
+            f"{r['rate']} {r['rtt_ms']} ms {r['cc']} rep {r['rep']} at {r['when']}"
         )
 
 

@@ -197,9 +197,10 @@ impl LinkSpec {
     }
 
     /// Ring capacity for one direction: the bottleneck queue plus a one-way delay at
-    /// the link rate, with room for per-packet overhead, at least 8 MiB.
-    fn ring_bytes(&self) -> usize {
-        let rate = self.rate_bps.unwrap_or(20_000_000_000) as u128;
+    /// the link rate (10 Gbit/s when unlimited), with room for per-packet overhead, at
+    /// least 8 MiB. The forwarder holds this much memory per direction.
+    pub fn ring_bytes(&self) -> usize {
+        let rate = self.rate_bps.unwrap_or(UNLIMITED_SIZING_BPS) as u128;
         let in_flight = (rate * (self.rtt.as_nanos() / 2) / 8 / 1_000_000_000) as u64;
         let queue = if self.rate_bps.is_some() {
             self.effective_queue_bytes()

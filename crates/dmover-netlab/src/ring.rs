@@ -35,12 +35,20 @@ pub struct Ring {
 }
 
 impl Ring {
-    /// A ring of `capacity` bytes (rounded up to 8). The memory is allocated zeroed
-    /// (so the kernel maps pages only as the ring first reaches them).
+    /// A ring of `capacity` bytes (rounded up to 8), its memory faulted in up front.
     pub fn new(capacity: usize) -> Ring {
         let cap = align8(capacity.max(HDR * 4));
+        let mut buf = vec![0u8; cap].into_boxed_slice();
+        // Fault every page in now: a page fault (or a transparent huge page's
+        // compaction) in the middle of forwarding would hold packets past their
+        // release time.
+        for i in (0..cap).step_by(4096) {
+            // SAFETY: `i < cap`, inside the allocation; a volatile write so the
+            // compiler cannot drop a store of the zero that is already there.
+            unsafe { std::ptr::write_volatile(buf.as_mut_ptr().add(i), 0) };
+        }
         Ring {
-            buf: vec![0u8; cap].into_boxed_slice(),
+            buf,
             head: 0,
             tail: 0,
             used: 0,
