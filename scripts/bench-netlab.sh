@@ -13,6 +13,9 @@
 #       [--streams "1 8"] [--out docs/bench/netlab.csv] [--lock /work/bench.lock]
 #       [--dmover-args "..."]  (extra dmover cp options, for A/B runs; recorded)
 #       [--netlab-args "..."]  (extra dmover netlab up options, e.g. --no-pin; recorded)
+#       [--links N]  (dmover moves N hard links of the 1.25 GB file instead of enough
+#                     for --seconds at the link rate; 0: one 1-byte file, which times
+#                     the session's fixed round trips)
 # With --lock FILE each rate x cc group (its RTTs, all their runs, ~10 min) holds
 # `flock FILE`, so measurements on a shared machine do not overlap.
 set -euo pipefail
@@ -29,6 +32,7 @@ OUT=""
 LOCK=""
 DMOVER_ARGS=""
 NETLAB_ARGS=""
+LINKS=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --rates) RATES="$2"; shift 2 ;;
@@ -42,6 +46,7 @@ while [ $# -gt 0 ]; do
         --lock) LOCK="$2"; shift 2 ;;
         --dmover-args) DMOVER_ARGS="$2"; shift 2 ;;
         --netlab-args) NETLAB_ARGS="$2"; shift 2 ;;
+        --links) LINKS="$2"; shift 2 ;;
         -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
@@ -94,8 +99,11 @@ one_point() { # rate rtt cc
     local bps links
     bps=$(rate_bps "$rate")
     # Enough hard links for SECONDS_PER_RUN at the link rate.
-    links=$(python3 -c "import math; print(max(1, math.ceil($bps*$SECONDS_PER_RUN/8/1.25e9)))")
+    links=${LINKS:-$(python3 -c "import math; print(max(1, math.ceil($bps*$SECONDS_PER_RUN/8/1.25e9)))")}
     rm -f "$WORK"/src/*
+    if [ "$links" = 0 ]; then
+        printf x >"$WORK/src/tiny"
+    fi
     for i in $(seq 1 "$links"); do ln "$WORK/file" "$WORK/src/part$i"; done
 
     "$DMOVER" netlab down --name "$LAB" >/dev/null 2>&1 || true
@@ -159,7 +167,7 @@ for rate in $RATES; do
     for cc in $CCS; do
         if [ -n "$LOCK" ]; then
             export -f one_group one_point fwd_stats rate_bps
-            export DMOVER LAB WORK PORT REPS SECONDS_PER_RUN TOOLS STREAMS OUT HOST DMOVER_ARGS NETLAB_ARGS RTTS
+            export DMOVER LAB WORK PORT REPS SECONDS_PER_RUN TOOLS STREAMS OUT HOST DMOVER_ARGS NETLAB_ARGS RTTS LINKS
             flock "$LOCK" bash -c "one_group $rate $cc"
         else
             one_group "$rate" "$cc"
