@@ -36,6 +36,8 @@ pub enum Command {
     Bench(BenchArgs),
     /// Make credentials: a token or a key pair, and the line for the server's config.
     Credential(CredentialArgs),
+    /// Emulated long-haul links (RTT, rate, loss) between two network namespaces.
+    Netlab(crate::netlab::NetlabArgs),
 }
 
 /// Options shared by everything that moves data.

@@ -10,6 +10,7 @@ mod cp;
 mod credential;
 mod demo;
 mod endpoint;
+mod netlab;
 mod output;
 mod serve;
 
@@ -29,6 +30,7 @@ fn main() -> ExitCode {
         Command::Demo(a) => demo::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Credential(a) => credential::run(a),
+        Command::Netlab(a) => netlab::run(a),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,417 @@
+//! `dmover netlab`: emulated long-haul links for tests and benchmarks.
+//!
+//! `up` starts a background process (`dmover netlab forward`, hidden) that owns the
+//! lab: it creates the two namespaces and the link, marks the lab ready under
+//! `/run/dmover-netlab/NAME/`, and removes everything on SIGTERM, which `down` sends.
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use dmover_netlab::parse::{format_rate, parse_bytes, parse_duration, parse_loss, parse_rate};
+use dmover_netlab::state::{self, LabRecord};
+use dmover_netlab::{ForwarderStats, Host, LinkSpec};
+
+/// `dmover netlab ...`
+#[derive(Debug, Args)]
+pub struct NetlabArgs {
+    #[command(subcommand)]
+    pub command: NetlabCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NetlabCommand {
+    /// Create two network namespaces, a and b, joined by an emulated link; returns once
+    /// the link passes traffic.
+    Up(UpArgs),
+    /// Run a command inside host a or b of a lab.
+    Exec(ExecArgs),
+    /// Remove a lab (or all of them), with anything still running in it.
+    Down(DownArgs),
+    /// Show a lab's forwarder statistics: traffic, drops, CPU, release lateness.
+    Stats(StatsArgs),
+    /// List the labs on this machine.
+    List(ListArgs),
+    /// Run a lab's forwarder in the foreground (what `up` starts in the background).
+    #[command(hide = true)]
+    Forward(LinkArgs),
+}
+
+/// The lab's name and link.
+#[derive(Debug, Clone, Args)]
+pub struct LinkArgs {
+    /// Name of the lab (namespaces are dmnl-NAME-a and dmnl-NAME-b).
+    #[arg(long, default_value = "lab")]
+    pub name: String,
+    /// Round-trip time the link adds (e.g. 100ms; half each way).
+    #[arg(long, default_value = "0", value_parser = parse_duration)]
+    pub rtt: Duration,
+    /// Bottleneck rate each way (e.g. 5gbit, 100mbit) [default: unlimited].
+    #[arg(long, value_parser = parse_rate)]
+    pub rate: Option<u64>,
+    /// Random loss per segment each way, as a percentage (0.01%) or a fraction.
+    #[arg(long, default_value = "0", value_parser = parse_loss)]
+    pub loss: f64,
+    /// Bottleneck queue (tail-drop) [default: one bandwidth-delay product, >= 1M].
+    #[arg(long, value_parser = parse_bytes)]
+    pub queue: Option<u64>,
+    /// Default TCP congestion control inside the lab (e.g. bbr, cubic).
+    #[arg(long)]
+    pub congestion: Option<String>,
+    /// Maximum of tcp_rmem/tcp_wmem inside the lab [default: 4 x BDP, 32M..1G].
+    #[arg(long, value_parser = parse_bytes)]
+    pub tcp_buffer_max: Option<u64>,
+    /// Do not pin the forwarder's two threads to the last two CPUs.
+    #[arg(long)]
+    pub no_pin: bool,
+    /// Run the forwarder at normal priority instead of SCHED_FIFO.
+    #[arg(long)]
+    pub no_realtime: bool,
+    /// Seed of the random loss.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+impl LinkArgs {
+    fn spec(&self) -> LinkSpec {
+        LinkSpec {
+            rtt: self.rtt,
+            rate_bps: self.rate,
+            loss: self.loss,
+            queue_bytes: self.queue,
+            congestion: self.congestion.clone(),
+            tcp_buffer_max: self.tcp_buffer_max,
+            pin: !self.no_pin,
+            realtime: !self.no_realtime,
+            seed: self.seed,
+        }
+    }
+
+    /// The arguments that recreate these options for `dmover netlab forward`.
+    fn to_args(&self) -> Vec<String> {
+        let mut v = vec![
+            "--name".into(),
+            self.name.clone(),
+            "--rtt".into(),
+            format!("{}ns", self.rtt.as_nanos()),
+            "--loss".into(),
+            format!("{}", self.loss),
+            "--seed".into(),
+            self.seed.to_string(),
+        ];
+        if let Some(r) = self.rate {
+            v.extend(["--rate".into(), format!("{r}bit")]);
+        }
+        if let Some(q) = self.queue {
+            v.extend(["--queue".into(), q.to_string()]);
+        }
+        if let Some(c) = &self.congestion {
+            v.extend(["--congestion".into(), c.clone()]);
+        }
+        if let Some(b) = self.tcp_buffer_max {
+            v.extend(["--tcp-buffer-max".into(), b.to_string()]);
+        }
+        if self.no_pin {
+            v.push("--no-pin".into());
+        }
+        if self.no_realtime {
+            v.push("--no-realtime".into());
+        }
+        v
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    #[command(flatten)]
+    pub link: LinkArgs,
+    /// Print the hosts as JSON: {"a":{"netns":..,"addr":..},"b":{..}}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Side {
+    /// Host a (10.200.0.1).
+    A,
+    /// Host b (10.200.0.2).
+    B,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// Name of the lab.
+    #[arg(long, default_value = "lab")]
+    pub name: String,
+    /// Which host.
+    pub host: Side,
+    /// The command and its arguments (after `--`).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct DownArgs {
+    /// Name of the lab.
+    #[arg(long, default_value = "lab", conflicts_with = "all")]
+    pub name: String,
+    /// Remove every lab not owned by a running test, and stale namespaces.
+    #[arg(long)]
+    pub all: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    /// Name of the lab.
+    #[arg(long, default_value = "lab")]
+    pub name: String,
+    /// Print the statistics as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Print the records as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: NetlabArgs) -> anyhow::Result<ExitCode> {
+    match a.command {
+        NetlabCommand::Up(u) => up(u),
+        NetlabCommand::Exec(e) => exec(e),
+        NetlabCommand::Down(d) => down(d),
+        NetlabCommand::Stats(s) => stats(s),
+        NetlabCommand::List(l) => list(l),
+        NetlabCommand::Forward(f) => forward(f),
+    }
+}
+
+fn describe(spec: &LinkSpec) -> String {
+    let mut s = format!("rtt {:?}", spec.rtt);
+    match spec.rate_bps {
+        Some(r) => {
+            s += &format!(
+                ", rate {}, queue {:.1} MB",
+                format_rate(r),
+                spec.effective_queue_bytes() as f64 / 1e6
+            )
+        }
+        None => s += ", rate unlimited",
+    }
+    if spec.loss > 0.0 {
+        s += &format!(", loss {}%", spec.loss * 100.0);
+    }
+    if let Some(c) = &spec.congestion {
+        s += &format!(", congestion {c}");
+    }
+    s
+}
+
+fn up(u: UpArgs) -> anyhow::Result<ExitCode> {
+    let name = &u.link.name;
+    let spec = u.link.spec();
+    dmover_netlab::validate_name(name)?;
+    spec.validate()?;
+    dmover_netlab::available().map_err(dmover_netlab::NetlabError::Unavailable)?;
+    if let Some(rec) = state::read_record(name) {
+        if rec.owner_alive() {
+            return Err(dmover_netlab::NetlabError::Exists {
+                name: name.clone(),
+                pid: rec.pid,
+            }
+            .into());
+        }
+    }
+    std::fs::create_dir_all(state::STATE_ROOT)
+        .with_context(|| format!("creating {}", state::STATE_ROOT))?;
+    let log_path = state::log_path(name);
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("creating {}", log_path.display()))?;
+    let exe = std::env::current_exe().context("locating the dmover binary")?;
+    let mut child = {
+        use std::os::unix::process::CommandExt;
+        Command::new(exe)
+            .args(["netlab", "forward"])
+            .args(u.link.to_args())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            // Its own process group: a Ctrl-C at the terminal does not reach it.
+            .process_group(0)
+            .spawn()
+            .context("starting the forwarder process")?
+    };
+    let deadline = Instant::now() + Duration::from_secs(60) + spec.rtt * 20;
+    loop {
+        if state::is_ready(name) && state::read_record(name).is_some_and(|r| r.pid == child.id()) {
+            break;
+        }
+        if let Some(status) = child.try_wait().context("waiting for the forwarder")? {
+            let mut msg = String::new();
+            if let Ok(mut f) = std::fs::File::open(&log_path) {
+                let _ = f.read_to_string(&mut msg);
+            }
+            let _ = std::fs::remove_file(&log_path);
+            bail!(
+                "the lab did not come up ({status}): {}",
+                msg.trim().trim_start_matches("dmover: error: ")
+            );
+        }
+        if Instant::now() > deadline {
+            let _ = dmover_netlab::remove(name);
+            bail!("the lab did not come up within {:?}", deadline.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rec = state::read_record(name).context("reading the lab's record")?;
+    if u.json {
+        println!(
+            "{}",
+            serde_json::json!({ "name": name, "a": rec.a, "b": rec.b, "pid": rec.pid })
+        );
+    } else {
+        println!("lab {name}: {}", describe(&spec));
+        for (side, h) in [("a", &rec.a), ("b", &rec.b)] {
+            println!("  {side}  {:<20} {}", h.netns, h.addr);
+        }
+        println!(
+            "run commands with `dmover netlab exec{} a -- CMD`; remove with `dmover netlab down{}`",
+            if name == "lab" {
+                String::new()
+            } else {
+                format!(" --name {name}")
+            },
+            if name == "lab" {
+                String::new()
+            } else {
+                format!(" --name {name}")
+            },
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn record(name: &str) -> anyhow::Result<LabRecord> {
+    dmover_netlab::validate_name(name)?;
+    state::read_record(name)
+        .ok_or_else(|| dmover_netlab::NetlabError::NotFound(name.to_string()).into())
+}
+
+fn exec(e: ExecArgs) -> anyhow::Result<ExitCode> {
+    let rec = record(&e.name)?;
+    let host: &Host = match e.host {
+        Side::A => &rec.a,
+        Side::B => &rec.b,
+    };
+    let (prog, args) = e.command.split_first().expect("clap requires a command");
+    // Become the command (through `ip netns exec`): same pid, signals reach it, its
+    // exit status is ours.
+    use std::os::unix::process::CommandExt;
+    let err = host.command(prog).args(args).exec();
+    Err(err).with_context(|| {
+        format!(
+            "running {prog:?} in {} (through `ip netns exec`)",
+            host.netns
+        )
+    })
+}
+
+fn down(d: DownArgs) -> anyhow::Result<ExitCode> {
+    if d.all {
+        let removed = dmover_netlab::remove_all()?;
+        if removed.is_empty() {
+            eprintln!("dmover netlab: nothing to remove");
+        } else {
+            eprintln!("dmover netlab: removed {}", removed.join(", "));
+        }
+    } else {
+        let last = state::read_stats(&d.name);
+        dmover_netlab::remove(&d.name)?;
+        match last {
+            Some(s) => eprintln!("dmover netlab: removed lab {}; {}", d.name, summary(&s)),
+            None => eprintln!("dmover netlab: removed lab {}", d.name),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One line about the forwarder's life.
+fn summary(s: &ForwarderStats) -> String {
+    format!(
+        "forwarder {:.1} s, {:.0} % of a core",
+        s.elapsed_seconds,
+        s.cpu_cores() * 100.0
+    )
+}
+
+fn stats(s: StatsArgs) -> anyhow::Result<ExitCode> {
+    let rec = record(&s.name)?;
+    let Some(st) = state::read_stats(&s.name) else {
+        bail!(
+            "lab {} has no statistics (only labs made by `dmover netlab up` write them; \
+             owner pid {})",
+            s.name,
+            rec.pid
+        );
+    };
+    if s.json {
+        println!("{}", serde_json::to_string_pretty(&st)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("lab {}: {}; {}", s.name, describe(&rec.spec), summary(&st));
+    for (dir, d) in [("a->b", &st.a_to_b), ("b->a", &st.b_to_a)] {
+        println!(
+            "  {dir}: {} packets ({} segments), {:.3} GB out, mean {:.3} Gbit/s; drops: {} loss, \
+             {} queue, {} overflow; CPU {:.1} s; release lateness mean {:.0} us, p99 <= {:.0} us, \
+             max {:.0} us{}",
+            d.packets_in,
+            d.segments_in,
+            d.bytes_out as f64 / 1e9,
+            d.bytes_out as f64 * 8.0 / st.elapsed_seconds.max(1e-9) / 1e9,
+            d.loss_drops,
+            d.queue_drops,
+            d.overflow_drops,
+            d.cpu_seconds,
+            d.late_mean_us,
+            d.late_p99_us,
+            d.late_max_us,
+            if d.failed { "; FAILED" } else { "" }
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn list(l: ListArgs) -> anyhow::Result<ExitCode> {
+    let labs = dmover_netlab::list();
+    if l.json {
+        println!("{}", serde_json::to_string_pretty(&labs)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if labs.is_empty() {
+        eprintln!("dmover netlab: no labs");
+    }
+    for r in labs {
+        println!(
+            "{:<16} {:<8} pid {:<8} {} {}",
+            r.name,
+            format!("{:?}", r.kind).to_lowercase(),
+            r.pid,
+            if r.owner_alive() { "up   " } else { "stale" },
+            describe(&r.spec)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn forward(f: LinkArgs) -> anyhow::Result<ExitCode> {
+    let spec = f.spec();
+    dmover_netlab::daemon::run(&f.name, &spec, |lab| {
+        tracing::info!("netlab {}: up ({})", lab.name(), describe(lab.spec()));
+    })?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,204 @@
+//! `dmover netlab` end to end: bring a lab up with the CLI, run `dmover serve` in one
+//! host and `dmover cp` in the other across the emulated link, read the forwarder's
+//! statistics, take the lab down and check nothing is left.
+//!
+//! Needs root, `/dev/net/tun` and `ip`; skips loudly without them unless
+//! `DMOVER_REQUIRE_NETLAB=1`, when it fails.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn netlab_available(test: &str) -> bool {
+    match dmover_netlab_available() {
+        Ok(()) => true,
+        Err(why) => {
+            if std::env::var("DMOVER_REQUIRE_NETLAB").is_ok_and(|v| v == "1") {
+                panic!("{test}: netlab unavailable but DMOVER_REQUIRE_NETLAB=1: {why}");
+            }
+            eprintln!("\n!!! SKIPPING {test}: netlab is unavailable here: {why} !!!\n");
+            false
+        }
+    }
+}
+
+/// The same checks as `dmover_netlab::available()`, from outside the library.
+fn dmover_netlab_available() -> Result<(), String> {
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(str::to_string))
+        })
+        .unwrap_or_default();
+    if uid != "0" {
+        return Err("needs root".into());
+    }
+    if std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")
+        .is_err()
+    {
+        return Err("cannot open /dev/net/tun".into());
+    }
+    if Command::new("ip").arg("-V").output().is_err() {
+        return Err("`ip` is not installed".into());
+    }
+    Ok(())
+}
+
+fn netlab(args: &[&str]) -> std::process::Output {
+    Command::new(bin())
+        .arg("netlab")
+        .args(args)
+        .output()
+        .expect("running dmover netlab")
+}
+
+/// Removes the lab even when the test fails.
+struct Down(String);
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        let _ = netlab(&["down", "--name", &self.0]);
+    }
+}
+
+#[test]
+fn netlab_up_serve_cp_stats_down() {
+    if !netlab_available("netlab_up_serve_cp_stats_down") {
+        return;
+    }
+    let name = format!("e2e{}", std::process::id() % 100_000);
+    let up = netlab(&[
+        "up", "--name", &name, "--rtt", "20ms", "--rate", "500mbit", "--json",
+    ]);
+    ok(&up);
+    let _down = Down(name.clone());
+    let hosts = json(&up);
+    let (ns_a, ns_b) = (
+        hosts["a"]["netns"].as_str().unwrap().to_string(),
+        hosts["b"]["netns"].as_str().unwrap().to_string(),
+    );
+    let addr_b = hosts["b"]["addr"].as_str().unwrap().to_string();
+    assert_eq!(hosts["a"]["addr"], "10.200.0.1");
+    assert!(Path::new("/run/netns").join(&ns_a).exists());
+
+    // A second `up` of the same name is refused while the first lives.
+    let again = netlab(&["up", "--name", &name]);
+    assert!(!again.status.success());
+    assert!(
+        stderr(&again).contains("already exists"),
+        "{}",
+        stderr(&again)
+    );
+
+    // `exec` runs inside the namespace and passes the exit status through.
+    let e = netlab(&["exec", "--name", &name, "b", "--", "sh", "-c", "exit 7"]);
+    assert_eq!(e.status.code(), Some(7));
+    let e = netlab(&["exec", "--name", &name, "a", "--", "cat", "/proc/net/dev"]);
+    ok(&e);
+    assert!(String::from_utf8_lossy(&e.stdout).contains("dmnl0"));
+
+    // dmover serve in b, dmover cp in a, across the 20 ms link.
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let token = t.path().join("token");
+    std::fs::write(&token, "netlab-e2e-token").unwrap();
+    let mut server = Command::new(bin())
+        .args(["netlab", "exec", "--name", &name, "b", "--"])
+        .arg(bin())
+        .args(["serve", "--listen", &format!("{addr_b}:0"), "--root"])
+        .arg(&root)
+        .arg("--token-file")
+        .arg(&token)
+        .arg("--state-dir")
+        .arg(t.path().join("state"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let listen = line
+        .trim()
+        .strip_prefix("dmover: listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    let src = t.path().join("src");
+    make_tree(&src);
+    let t0 = Instant::now();
+    let cp = Command::new(bin())
+        .args(["netlab", "exec", "--name", &name, "a", "--"])
+        .arg(bin())
+        .env("DMOVER_KNOWN_HOSTS", t.path().join("known_hosts"))
+        .args(["cp", "--json", "--token-file"])
+        .arg(&token)
+        .arg(&src)
+        .arg(format!("dmover://{listen}/pushed"))
+        .output()
+        .unwrap();
+    ok(&cp);
+    assert!(
+        t0.elapsed() > Duration::from_millis(40),
+        "a push takes round trips of 20 ms"
+    );
+    same(&src, &root.join("pushed"));
+
+    // The forwarder's statistics saw the transfer.
+    std::thread::sleep(Duration::from_millis(1200)); // rewritten every second
+    let st = netlab(&["stats", "--name", &name, "--json"]);
+    ok(&st);
+    let st = json(&st);
+    assert!(st["a_to_b"]["bytes_out"].as_u64().unwrap() > 10 << 20);
+    assert!(
+        st["a_to_b"]["segments_in"].as_u64().unwrap()
+            > st["a_to_b"]["packets_in"].as_u64().unwrap()
+    );
+    ok(&netlab(&["stats", "--name", &name]));
+    let list = netlab(&["list"]);
+    assert!(String::from_utf8_lossy(&list.stdout).contains(&name));
+
+    // Down removes the namespaces, the forwarder and the server still running in b.
+    let server_pid = server.id();
+    let d = netlab(&["down", "--name", &name]);
+    ok(&d);
+    assert!(!Path::new("/run/netns").join(&ns_a).exists());
+    assert!(!Path::new("/run/netns").join(&ns_b).exists());
+    assert!(!Path::new("/run/dmover-netlab").join(&name).exists());
+    assert!(
+        server.try_wait().unwrap().is_some() || {
+            std::thread::sleep(Duration::from_millis(500));
+            server.try_wait().unwrap().is_some()
+        },
+        "the server (pid {server_pid}) in the lab was ended"
+    );
+    let d = netlab(&["down", "--name", &name]);
+    assert!(!d.status.success(), "the lab is gone");
+}
+
+#[test]
+fn netlab_usage_errors() {
+    for args in [
+        &["up", "--rtt", "100"][..],
+        &["up", "--rate", "5gbyte"],
+        &["up", "--loss", "2"],
+        &["up", "--name", "bad/name"],
+        &["exec", "c", "--", "true"],
+        &["down", "--all", "--name", "x"],
+    ] {
+        let o = netlab(args);
+        assert!(!o.status.success(), "{args:?} must fail");
+        assert!(!stderr(&o).is_empty());
+    }
+}
