@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
-use dmover_bench::plot::Figure;
+use dmover_bench::plot::{Figure, Point as PlotPoint, Series};
 use dmover_bench::report::{Report, round_sig};
 use dmover_bench::stats::Summary;
 use serde_json::{Map, Value, json};
@@ -155,6 +155,27 @@ pub fn text(row: &Map<String, Value>, key: &str) -> String {
         Some(Value::Null) | None => String::new(),
         Some(v) => v.to_string(),
     }
+}
+
+/// Appends `pt` to the plot series called `name`, starting the series if it is new.
+pub fn add_point(series: &mut Vec<Series>, name: String, pt: PlotPoint) {
+    match series.iter_mut().find(|s| s.name == name) {
+        Some(s) => s.points.push(pt),
+        None => series.push(Series {
+            name,
+            points: vec![pt],
+        }),
+    }
+}
+
+/// A row's median Gbit/s over its stream count, with min–max whiskers.
+pub fn streams_point(r: &Map<String, Value>) -> Option<PlotPoint> {
+    Some(PlotPoint {
+        x: num(r, "streams")?,
+        y: num(r, "gbit_per_s")?,
+        lo: num(r, "gbit_per_s_min"),
+        hi: num(r, "gbit_per_s_max"),
+    })
 }
 
 /// Writes results (and the plot), prints the table and where everything went.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use dmover_bench::plot::{Figure, Lines, Panel, Point as PlotPoint, Series, XAxis};
+use dmover_bench::plot::{Figure, Lines, Panel, Series, XAxis};
 use dmover_bench::report::{Report, find_program, round_sig, size_label, tool_version};
 use dmover_bench::stats::Summary;
 use dmover_core::client::Client;
@@ -605,21 +605,8 @@ fn figure(report: &Report) -> Figure {
                     cc => format!(", {cc}"),
                 }
             );
-            let (Some(x), Some(y)) = (num(r, "streams"), num(r, "gbit_per_s")) else {
-                continue;
-            };
-            let pt = PlotPoint {
-                x,
-                y,
-                lo: num(r, "gbit_per_s_min"),
-                hi: num(r, "gbit_per_s_max"),
-            };
-            match series.iter_mut().find(|s| s.name == name) {
-                Some(s) => s.points.push(pt),
-                None => series.push(Series {
-                    name,
-                    points: vec![pt],
-                }),
+            if let Some(pt) = common::streams_point(r) {
+                common::add_point(&mut series, name, pt);
             }
         }
         panels.push(Panel::Lines(Lines {

@@ -289,13 +289,7 @@ fn figure(report: &Report) -> Figure {
                 lo: num(r, "gbit_per_s_min").map(|g| g * scale),
                 hi: num(r, "gbit_per_s_max").map(|g| g * scale),
             };
-            match series.iter_mut().find(|s| s.name == name) {
-                Some(s) => s.points.push(pt),
-                None => series.push(Series {
-                    name,
-                    points: vec![pt],
-                }),
-            }
+            common::add_point(&mut series, name, pt);
         }
         panels.push(Panel::Lines(Lines {
             title: if phase == "write" {

@@ -9,11 +9,11 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use dmover_bench::plot::{Figure, Lines, Panel, Point as PlotPoint, Series, XAxis};
+use dmover_bench::plot::{Figure, Lines, Panel, Series, XAxis};
 use dmover_bench::report::{Report, size_label};
 use serde_json::json;
 
-use super::common::{self, Dataset, OutputArgs, Progress, count_tree, num, row, text};
+use super::common::{self, Dataset, OutputArgs, Progress, count_tree, row, text};
 
 /// Arguments of `dmover bench transfer`.
 #[derive(Debug, Args)]
@@ -406,21 +406,8 @@ fn figure(report: &Report) -> Figure {
                 } else {
                     format!("{} chunks", text(r, "chunk"))
                 };
-                let (Some(x), Some(y)) = (num(r, "streams"), num(r, "gbit_per_s")) else {
-                    continue;
-                };
-                let pt = PlotPoint {
-                    x,
-                    y,
-                    lo: num(r, "gbit_per_s_min"),
-                    hi: num(r, "gbit_per_s_max"),
-                };
-                match series.iter_mut().find(|s| s.name == name) {
-                    Some(s) => s.points.push(pt),
-                    None => series.push(Series {
-                        name,
-                        points: vec![pt],
-                    }),
+                if let Some(pt) = common::streams_point(r) {
+                    common::add_point(&mut series, name, pt);
                 }
             }
             Panel::Lines(Lines {
