@@ -72,11 +72,7 @@ impl Held {
     /// Builds the destination's answer, in parts of bounded size.
     pub fn to_have(&self, entries: &[Entry]) -> Vec<Have> {
         let mut parts = Vec::new();
-        let mut cur = Have {
-            done: Vec::new(),
-            partial: Vec::new(),
-            last: false,
-        };
+        let mut cur = Have::default();
         let mut bytes = 0;
         let mut open: Option<EntryRange> = None;
         for (i, e) in entries.iter().enumerate() {
@@ -101,14 +97,7 @@ impl Held {
                 }
             }
             if bytes >= PART_BYTES {
-                parts.push(std::mem::replace(
-                    &mut cur,
-                    Have {
-                        done: Vec::new(),
-                        partial: Vec::new(),
-                        last: false,
-                    },
-                ));
+                parts.push(std::mem::take(&mut cur));
                 bytes = 0;
             }
         }
@@ -124,14 +113,7 @@ impl Held {
                 pieces: pieces.clone(),
             });
             if bytes >= PART_BYTES {
-                parts.push(std::mem::replace(
-                    &mut cur,
-                    Have {
-                        done: Vec::new(),
-                        partial: Vec::new(),
-                        last: false,
-                    },
-                ));
+                parts.push(std::mem::take(&mut cur));
                 bytes = 0;
             }
         }

@@ -476,7 +476,7 @@ pub struct PartialFile {
 }
 
 /// (7a) Part of what the destination of a resumed transfer already has.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Have {
     /// Regular files complete under their final names, with the size and mtime the
     /// manifest gives them (entries in these ranges that are not regular files with
