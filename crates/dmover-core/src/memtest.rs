@@ -142,12 +142,12 @@ async fn send_stream<D: TestStream>(
         .encode();
         match zc.as_mut() {
             // The header changes every frame, so it is copied; the payload never changes.
+            // Once zero-copy is on, every write must go through it (see dmover_net::zerocopy).
             Some(z) => {
-                s.io.write_all(&header).await.map_err(io_err)?;
-                let tcp = s.io.raw_tcp().expect("zero-copy only on raw TCP streams");
-                z.send_all(tcp, &[IoSlice::new(payload)])
+                z.send_copied(&[IoSlice::new(&header)])
                     .await
                     .map_err(io_err)?;
+                z.send_all(&[IoSlice::new(payload)]).await.map_err(io_err)?;
             }
             None => {
                 let mut iov = [IoSlice::new(&header), IoSlice::new(payload)];
@@ -164,16 +164,18 @@ async fn send_stream<D: TestStream>(
     if run.is_cancelled() {
         return Err(Error::Aborted);
     }
-    s.io.write_all(&FrameHeader::end(seq).encode())
-        .await
-        .map_err(io_err)?;
-    s.io.flush().await.map_err(io_err)?;
+    let end = FrameHeader::end(seq).encode();
     let zc = match zc {
         Some(mut z) => {
+            z.send_copied(&[IoSlice::new(&end)]).await.map_err(io_err)?;
             z.drain(DRAIN_LIMIT).await.map_err(io_err)?;
             Some(z.stats())
         }
-        None => None,
+        None => {
+            s.io.write_all(&end).await.map_err(io_err)?;
+            s.io.flush().await.map_err(io_err)?;
+            None
+        }
     };
     Ok(Sent { zc })
 }

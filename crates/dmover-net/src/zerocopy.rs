@@ -8,14 +8,24 @@
 //! scatter-gather DMA). Notifications must be reaped, or the socket's option memory fills
 //! and sends fail with `ENOBUFS`.
 //!
+//! Waiting for socket space cannot go through tokio's readiness of the socket: every
+//! completion raises `EPOLLERR`, mio reads `EPOLLOUT | EPOLLERR` as "write side closed",
+//! and tokio keeps that state for good, so an `EAGAIN` loop on it never sleeps and, on a
+//! current-thread runtime, starves the task that would drain the other end. [`ZeroCopy`]
+//! therefore keeps its own level-triggered epoll set holding only this socket and waits on
+//! that set's descriptor; once zero-copy is on, every write to the socket (zero-copy or
+//! not) must go through [`ZeroCopy::send_all`] or [`ZeroCopy::send_copied`].
+//!
 //! [`ZeroCopy`] counts sends and completions so a caller can report how many sends were
 //! really zero-copy; [`ZeroCopy::enable`] fails on kernels without the feature, and callers
 //! fall back to ordinary sends and say so.
 
 use std::io::{self, IoSlice};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
 
 use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
 use tokio::net::TcpStream;
 
 /// `SO_ZEROCOPY` (asm-generic value, used by x86 and arm64).
@@ -40,11 +50,16 @@ pub struct ZeroCopyStats {
 #[derive(Debug)]
 pub struct ZeroCopy {
     fd: RawFd,
+    /// An epoll set holding only `fd` (level-triggered `EPOLLOUT`; `EPOLLERR` always
+    /// comes along), registered with the runtime: readable when the socket has room or
+    /// completions are waiting.
+    waiter: AsyncFd<OwnedFd>,
     stats: ZeroCopyStats,
 }
 
 impl ZeroCopy {
-    /// Enables `SO_ZEROCOPY` on `stream`; fails where the kernel does not have it.
+    /// Enables `SO_ZEROCOPY` on `stream`; fails where the kernel does not have it. The
+    /// socket must outlive the returned value.
     pub fn enable(stream: &TcpStream) -> io::Result<ZeroCopy> {
         let fd = stream.as_raw_fd();
         let one: libc::c_int = 1;
@@ -61,8 +76,27 @@ impl ZeroCopy {
         if r != 0 {
             return Err(io::Error::last_os_error());
         }
+        // SAFETY: plain syscall; a non-negative result is a new descriptor we own.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: ep was just created and is owned by nothing else.
+        let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLOUT as u32,
+            u64: 0,
+        };
+        // SAFETY: both descriptors are open; ev outlives the call.
+        if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the OwnedFd is a valid epoll descriptor that only the AsyncFd owns and
+        // closes.
+        let waiter = unsafe { AsyncFd::register_with_interest(ep, Interest::READABLE)? };
         Ok(ZeroCopy {
             fd,
+            waiter,
             stats: ZeroCopyStats::default(),
         })
     }
@@ -75,24 +109,40 @@ impl ZeroCopy {
     /// Sends all of `bufs` with `MSG_ZEROCOPY`, waiting for socket space as needed and
     /// reaping completions on the way. The buffers' contents must not change until
     /// [`ZeroCopy::drain`] has returned.
-    pub async fn send_all(&mut self, stream: &TcpStream, bufs: &[IoSlice<'_>]) -> io::Result<()> {
+    pub async fn send_all(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<()> {
+        self.send(bufs, true).await
+    }
+
+    /// Sends all of `bufs` the ordinary way (copied at once; the buffers may change as
+    /// soon as this returns), in order with the zero-copy sends.
+    pub async fn send_copied(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<()> {
+        self.send(bufs, false).await
+    }
+
+    async fn send(&mut self, bufs: &[IoSlice<'_>], zerocopy: bool) -> io::Result<()> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         let mut sent = 0usize;
         while sent < total {
-            let r = stream
-                .async_io(Interest::WRITABLE, || self.sendmsg(bufs, sent))
-                .await;
-            match r {
+            match self.sendmsg(bufs, sent, zerocopy) {
                 Ok(n) => {
-                    self.stats.sends += 1;
+                    if zerocopy {
+                        self.stats.sends += 1;
+                    }
                     sent += n;
                 }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.reap()?;
+                    self.writable().await?;
+                }
                 Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
-                    // Too many notifications outstanding: reap, give the kernel a moment.
+                    // Too many notifications outstanding: reap; if none has arrived yet,
+                    // give the kernel a moment (the socket may well be writable, so the
+                    // epoll set would not wait).
                     if self.reap()? == 0 {
-                        tokio::time::sleep(std::time::Duration::from_micros(200)).await;
+                        tokio::time::sleep(Duration::from_micros(200)).await;
                     }
                 }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
             self.reap()?;
@@ -100,8 +150,29 @@ impl ZeroCopy {
         Ok(())
     }
 
+    /// Waits until the socket has room or completions are waiting.
+    async fn writable(&self) -> io::Result<()> {
+        loop {
+            let mut guard = self.waiter.readable().await?;
+            let mut ev = [libc::epoll_event { events: 0, u64: 0 }];
+            // SAFETY: the epoll descriptor is open; ev has room for the one event asked.
+            let n = unsafe { libc::epoll_wait(self.waiter.as_raw_fd(), ev.as_mut_ptr(), 1, 0) };
+            if n > 0 {
+                return Ok(());
+            }
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            // Nothing ready now; the set is level-triggered, so the next change wakes us.
+            guard.clear_ready();
+        }
+    }
+
     /// One non-blocking `sendmsg` of `bufs` from byte `skip` on.
-    fn sendmsg(&self, bufs: &[IoSlice<'_>], mut skip: usize) -> io::Result<usize> {
+    fn sendmsg(&self, bufs: &[IoSlice<'_>], mut skip: usize, zerocopy: bool) -> io::Result<usize> {
         let mut iov: Vec<libc::iovec> = Vec::with_capacity(bufs.len());
         for b in bufs {
             if skip >= b.len() {
@@ -118,14 +189,12 @@ impl ZeroCopy {
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
         msg.msg_iov = iov.as_mut_ptr();
         msg.msg_iovlen = iov.len() as _;
+        let mut flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+        if zerocopy {
+            flags |= libc::MSG_ZEROCOPY;
+        }
         // SAFETY: msg points to iovecs over live buffers for the duration of the call.
-        let n = unsafe {
-            libc::sendmsg(
-                self.fd,
-                &msg,
-                libc::MSG_ZEROCOPY | libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
+        let n = unsafe { libc::sendmsg(self.fd, &msg, flags) };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -202,6 +271,8 @@ mod tests {
     use super::*;
     use tokio::io::AsyncReadExt;
 
+    /// On a current-thread runtime the reader only runs while the sender waits, so a
+    /// sender that spins on `EAGAIN` (as it did on tokio's readiness) hangs here.
     #[tokio::test]
     async fn zero_copy_sends_arrive_and_complete() {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -221,20 +292,37 @@ mod tests {
             server.read_to_end(&mut got).await.unwrap();
             got
         });
-        for _ in 0..8 {
-            zc.send_all(&client, &[IoSlice::new(b"head"), IoSlice::new(&payload)])
-                .await
-                .unwrap();
-        }
-        assert!(zc.drain(std::time::Duration::from_secs(10)).await.unwrap());
+        const ROUNDS: u32 = 32;
+        let send = async {
+            for round in 0..ROUNDS {
+                zc.send_copied(&[IoSlice::new(&round.to_le_bytes())])
+                    .await
+                    .unwrap();
+                zc.send_all(&[IoSlice::new(b"head"), IoSlice::new(&payload)])
+                    .await
+                    .unwrap();
+            }
+            assert!(zc.drain(Duration::from_secs(10)).await.unwrap());
+        };
+        tokio::time::timeout(Duration::from_secs(60), send)
+            .await
+            .expect("zero-copy sends stalled");
         let st = zc.stats();
-        assert!(st.sends >= 8 && st.completed == st.sends, "{st:?}");
+        assert!(
+            st.sends >= u64::from(ROUNDS) && st.completed == st.sends,
+            "{st:?}"
+        );
         // Loopback cannot DMA: the kernel reports every send as copied.
         assert!(st.copied <= st.completed);
+        drop(zc);
         drop(client);
         let got = reader.await.unwrap();
-        assert_eq!(got.len(), 8 * (4 + payload.len()));
-        assert_eq!(&got[..4], b"head");
-        assert_eq!(&got[4..4 + payload.len()], &payload[..]);
+        let frame = 4 + 4 + payload.len();
+        assert_eq!(got.len(), ROUNDS as usize * frame);
+        for (round, f) in got.chunks(frame).enumerate() {
+            assert_eq!(&f[..4], &(round as u32).to_le_bytes());
+            assert_eq!(&f[4..8], b"head");
+            assert!(f[8..] == payload[..], "round {round} payload differs");
+        }
     }
 }
