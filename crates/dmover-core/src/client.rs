@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use dmover_net::control::{ControlChannel, read_preamble, write_preamble};
+use dmover_net::control::{ControlChannel, write_preamble};
 use dmover_net::known_hosts;
 use dmover_net::stream::DataIo;
 use dmover_net::tcp;
@@ -14,7 +14,7 @@ use dmover_proto::control::{
     Auth, AuthMethod, Control, Credential, ErrorCode, FailedFile, Have, Hello, Op, Open, Plan,
     SessionInfo, Summary,
 };
-use dmover_proto::data::{DataHello, JOIN_PROOF_LEN, JoinStatus};
+use dmover_proto::data::{DataHello, HELLO_LEN, JOIN_PROOF_LEN, JoinStatus};
 use dmover_proto::manifest::{Entry, NO_PARENT, Totals};
 use dmover_proto::preamble::{ConnKind, Preamble};
 use dmover_proto::{PROTOCOL_VERSION, control};
@@ -78,23 +78,150 @@ pub(crate) struct Connected {
     pub(crate) session: SessionInfo,
     /// The session key (see [`dmover_proto::auth::session_key`]).
     pub(crate) key: [u8; 32],
+    /// The data connections, dialed while the control connection was set up.
+    pub(crate) dials: Dials,
 }
 
-/// A data connection's side of the join: preamble and hello, the server's challenge,
-/// our proof, its status and proof.
-async fn join(io: &mut TcpStream, server: &str, hello: &DataHello, key: &[u8; 32]) -> Result<()> {
+/// A control connection whose first flight (`Hello`, `Auth`, `Open`) has gone out; the
+/// caller may send more (`Options`, a push's manifest) before taking the server's
+/// answers with [`Opening::accepted`].
+pub(crate) struct Opening {
+    pub(crate) ch: ControlChannel<ControlStream>,
+    /// Exported for the session key.
+    master: [u8; 32],
+    transcript: [u8; 32],
+    /// The token's keys when the credential sent was a token proof.
+    token: Option<auth::TokenKeys>,
+    /// No credential was sent (the client has none).
+    anonymous: bool,
+    dials: Dials,
+}
+
+impl Opening {
+    /// Takes the server's `Welcome`, `AuthOk` and `Session`, checking its token proof.
+    pub(crate) async fn accepted(mut self, server: &str) -> Result<Connected> {
+        let ch = &mut self.ch;
+        let welcome = match ch.recv_timeout(HANDSHAKE_TIMEOUT, "welcome").await {
+            Ok(Control::Welcome(w)) => w,
+            Ok(other) => return Err(unexpected(server, other, "Welcome")),
+            Err(e) => return Err(e.into()),
+        };
+        if self.anonymous && welcome.auth == AuthMethod::Required {
+            return Err(Error::refused(
+                ErrorCode::Auth,
+                format!(
+                    "{server} requires authentication: pass --key FILE (or DMOVER_KEY) or \
+                     --token-file FILE (or DMOVER_TOKEN), and --user NAME if it has several users"
+                ),
+            ));
+        }
+        match ch.recv_timeout(HANDSHAKE_TIMEOUT, "authentication").await? {
+            Control::AuthOk(ok) => {
+                // A server without authentication ignores the credential and proves
+                // nothing (as when the client had none to send).
+                if let (AuthMethod::Required, Some(t)) = (welcome.auth, &self.token) {
+                    let want = auth::server_token_proof(&t.verifier, &self.transcript);
+                    if !ok.proof.is_some_and(|p| auth::proofs_equal(&p, &want)) {
+                        return Err(Error::refused(
+                            ErrorCode::Auth,
+                            format!(
+                                "{server} could not prove it knows the token; refusing to talk to it"
+                            ),
+                        ));
+                    }
+                }
+            }
+            other => return Err(unexpected(server, other, "AuthOk")),
+        }
+        let session = match ch.recv_timeout(HANDSHAKE_TIMEOUT, "session").await? {
+            Control::Session(s) => s,
+            other => return Err(unexpected(server, other, "Session")),
+        };
+        if session.streams == 0 {
+            return Err(Error::protocol(server, "session with zero streams"));
+        }
+        dmover_proto::layout::validate_chunk_size(session.chunk_size)
+            .map_err(|e| Error::Net(NetError::proto(server, e)))?;
+        let key = auth::session_key(&self.master, session.id, &session.salt);
+        Ok(Connected {
+            ch: self.ch,
+            session,
+            key,
+            dials: self.dials,
+        })
+    }
+
+    /// Sends `msg` behind the first flight. A server that refused the session closes
+    /// the connection, so a failed send is explained by its `Error` when one came.
+    pub(crate) async fn send(&mut self, msg: &Control) -> Result<()> {
+        match self.ch.send(msg).await {
+            Ok(()) => Ok(()),
+            Err(e) => Err(explain(&mut self.ch, Error::Net(e)).await),
+        }
+    }
+}
+
+/// A data connection made before its session was known: connected, preamble sent,
+/// the server's challenge read.
+pub(crate) struct Dialed {
+    io: TcpStream,
+    challenge: [u8; JOIN_PROOF_LEN],
+}
+
+/// Data connections being dialed in the background (aborted when dropped).
+#[derive(Default)]
+pub(crate) struct Dials(Vec<tokio::task::JoinHandle<Result<Dialed>>>);
+
+impl Drop for Dials {
+    fn drop(&mut self) {
+        for h in &self.0 {
+            h.abort();
+        }
+    }
+}
+
+/// Connects a data connection and reads the server's join challenge.
+async fn dial(
+    server: &str,
+    socket: &tcp::SocketOptions,
+    timeout: std::time::Duration,
+) -> Result<Dialed> {
+    let mut io = tcp::connect(server, socket, timeout).await?;
     let pre = Preamble {
         kind: ConnKind::Data,
         version: PROTOCOL_VERSION,
     };
-    let mut first = Vec::with_capacity(64);
-    first.extend_from_slice(&pre.encode());
-    first.extend_from_slice(&hello.encode());
-    let w = |e| Error::Net(NetError::io("writing to", server, e));
-    let r = |e| Error::Net(NetError::io("reading from", server, e));
-    io.write_all(&first).await.map_err(w)?;
+    write_preamble(&mut io, pre, server).await?;
     let mut challenge = [0u8; JOIN_PROOF_LEN];
-    io.read_exact(&mut challenge).await.map_err(r)?;
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, io.read_exact(&mut challenge))
+        .await
+        .map_err(|_| NetError::Timeout {
+            peer: server.into(),
+            what: "data stream challenge",
+            secs: HANDSHAKE_TIMEOUT.as_secs(),
+        })?
+        .map_err(|e| NetError::io("reading from", server, e))?;
+    Ok(Dialed { io, challenge })
+}
+
+/// Why a join failed: the connection (worth one fresh try) or the server's answer.
+enum JoinError {
+    Connection(Error),
+    Refused(Error),
+}
+
+/// A dialed data connection's side of the join: hello and proof in one write, then the
+/// server's status and proof.
+async fn join(
+    d: &mut Dialed,
+    server: &str,
+    hello: &DataHello,
+    key: &[u8; 32],
+) -> std::result::Result<(), JoinError> {
+    let io = &mut d.io;
+    let challenge = d.challenge;
+    let w = |e| JoinError::Connection(Error::Net(NetError::io("writing to", server, e)));
+    let r = |e| JoinError::Connection(Error::Net(NetError::io("reading from", server, e)));
     let proof = auth::join_proof(
         key,
         Role::Client,
@@ -103,15 +230,20 @@ async fn join(io: &mut TcpStream, server: &str, hello: &DataHello, key: &[u8; 32
         &hello.nonce,
         &challenge,
     );
-    io.write_all(&proof).await.map_err(w)?;
+    let mut first = Vec::with_capacity(HELLO_LEN + JOIN_PROOF_LEN);
+    first.extend_from_slice(&hello.encode());
+    first.extend_from_slice(&proof);
+    io.write_all(&first).await.map_err(w)?;
     let status = io.read_u8().await.map_err(r)?;
-    match JoinStatus::decode(status).map_err(|e| NetError::proto(server, e))? {
+    match JoinStatus::decode(status)
+        .map_err(|e| JoinError::Refused(Error::Net(NetError::proto(server, e))))?
+    {
         JoinStatus::Accepted => {}
         refused => {
-            return Err(Error::protocol(
+            return Err(JoinError::Refused(Error::protocol(
                 server,
                 format!("data stream {} refused: {refused:?}", hello.stream),
-            ));
+            )));
         }
     }
     let mut theirs = [0u8; JOIN_PROOF_LEN];
@@ -125,12 +257,12 @@ async fn join(io: &mut TcpStream, server: &str, hello: &DataHello, key: &[u8; 32
         &challenge,
     );
     if !auth::proofs_equal(&want, &theirs) {
-        return Err(Error::refused(
+        return Err(JoinError::Refused(Error::refused(
             ErrorCode::Auth,
             format!(
                 "{server}: the data port could not prove it belongs to the session; refusing it"
             ),
-        ));
+        )));
     }
     Ok(())
 }
@@ -175,8 +307,27 @@ impl Client {
         Ok(TlsConnector::new(trust)?)
     }
 
-    /// Connects, authenticates and opens a session for `op`.
-    pub(crate) async fn open(&self, server: &str, op: Op, chunk_size: u32) -> Result<Connected> {
+    /// Starts dialing `n` data connections in the background.
+    fn dial(&self, server: &str, n: u16) -> Dials {
+        Dials(
+            (0..n.min(session::MAX_STREAMS))
+                .map(|_| {
+                    let (server, socket, timeout) = (
+                        server.to_string(),
+                        self.opts.socket.clone(),
+                        self.opts.connect_timeout,
+                    );
+                    tokio::spawn(async move { dial(&server, &socket, timeout).await })
+                })
+                .collect(),
+        )
+    }
+
+    /// Connects, and sends the first flight of a session for `op`: `Hello`, `Auth`
+    /// and `Open`, without waiting for answers (the authentication transcript needs
+    /// no server nonce). The data connections are dialed meanwhile.
+    pub(crate) async fn open(&self, server: &str, op: Op, chunk_size: u32) -> Result<Opening> {
+        dmover_net::tls::warm_up();
         let connector = self.connector()?;
         let mut stream = tcp::connect(
             server,
@@ -184,6 +335,9 @@ impl Client {
             self.opts.connect_timeout,
         )
         .await?;
+        // The data connections need the server to be there, not the session: they
+        // connect and collect their challenges while the control connection sets up.
+        let dials = self.dial(server, self.opts.streams);
         write_preamble(
             &mut stream,
             Preamble {
@@ -193,111 +347,96 @@ impl Client {
             server,
         )
         .await?;
-        let timeout = |what| NetError::Timeout {
-            peer: server.into(),
-            what,
-            secs: HANDSHAKE_TIMEOUT.as_secs(),
-        };
-        let answer = tokio::time::timeout(HANDSHAKE_TIMEOUT, read_preamble(&mut stream, server))
+        // TLS starts right behind the preamble; the server's answer is read (and
+        // checked) before the first TLS bytes.
+        let stream = dmover_net::control::ControlTcp::awaiting_answer(stream);
+        let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(stream, server))
             .await
-            .map_err(|_| timeout("greeting"))??;
-        if answer.version == 0 {
-            return Err(Error::refused(
-                ErrorCode::Unsupported,
-                format!(
-                    "{server} speaks no protocol version this client knows (we speak {}..={PROTOCOL_VERSION})",
-                    dmover_proto::MIN_PROTOCOL_VERSION
-                ),
-            ));
-        }
-        let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(stream, server))
-            .await
-            .map_err(|_| timeout("TLS handshake"))??;
-        let tls = ControlStream::Client(tls);
-        let binding = dmover_net::tls::export(&tls, auth::AUTH_EXPORTER_LABEL, None)?;
-        let master = dmover_net::tls::export(&tls, auth::SESSION_EXPORTER_LABEL, None)?;
-        let mut ch = ControlChannel::new(tls, server, control::MAX_FRAME);
-        let nonce: [u8; 32] = rand::random();
-        ch.send(&Control::Hello(Hello {
-            software: SOFTWARE.into(),
-            nonce,
-        }))
-        .await?;
-        let welcome = match ch.recv_timeout(HANDSHAKE_TIMEOUT, "welcome").await? {
-            Control::Welcome(w) => w,
-            other => return Err(unexpected(server, other, "Welcome")),
-        };
-        let user = self.opts.user.clone();
-        let transcript = auth::transcript(&binding, &user, &nonce, &welcome.nonce);
-        let token = self.opts.token.as_deref().map(auth::token_keys);
-        let credential = match (welcome.auth, &self.opts.key, &token) {
-            (AuthMethod::None, _, _) => Credential::None,
-            (AuthMethod::Required, Some(key), _) => Credential::Key {
-                public: key.public(),
-                signature: key.sign(&auth::key_auth_message(&transcript)),
-            },
-            (AuthMethod::Required, None, Some(t)) => Credential::Token {
-                proof: auth::client_token_proof(t, &transcript),
-            },
-            (AuthMethod::Required, None, None) => {
+        {
+            Err(_) => {
+                return Err(Error::Net(NetError::Timeout {
+                    peer: server.into(),
+                    what: "TLS handshake",
+                    secs: HANDSHAKE_TIMEOUT.as_secs(),
+                }));
+            }
+            Ok(Err(NetError::Tls { source, .. }))
+                if source
+                    .get_ref()
+                    .is_some_and(|e| e.is::<dmover_net::control::VersionRefused>()) =>
+            {
                 return Err(Error::refused(
-                    ErrorCode::Auth,
+                    ErrorCode::Unsupported,
                     format!(
-                        "{server} requires authentication: pass --key FILE (or DMOVER_KEY) or \
-                         --token-file FILE (or DMOVER_TOKEN), and --user NAME if it has several users"
+                        "{server} speaks no protocol version this client knows (we speak {}..={PROTOCOL_VERSION})",
+                        dmover_proto::MIN_PROTOCOL_VERSION
                     ),
                 ));
             }
+            Ok(r) => r?,
         };
-        let sent_token = matches!(credential, Credential::Token { .. });
-        ch.send(&Control::Auth(Auth { user, credential })).await?;
-        match ch.recv_timeout(HANDSHAKE_TIMEOUT, "authentication").await? {
-            Control::AuthOk(ok) => {
-                if let (true, Some(t)) = (sent_token, &token) {
-                    let want = auth::server_token_proof(&t.verifier, &transcript);
-                    if !ok.proof.is_some_and(|p| auth::proofs_equal(&p, &want)) {
-                        return Err(Error::refused(
-                            ErrorCode::Auth,
-                            format!(
-                                "{server} could not prove it knows the token; refusing to talk to it"
-                            ),
-                        ));
-                    }
-                }
-            }
-            other => return Err(unexpected(server, other, "AuthOk")),
-        }
-        ch.send(&Control::Open(Open {
-            op,
-            streams: self.opts.streams,
-            chunk_size,
-            checksum: self.opts.checksum,
-            direct_io: self.opts.direct_io,
-            protection: self.opts.protection,
-        }))
-        .await?;
-        let session = match ch.recv_timeout(HANDSHAKE_TIMEOUT, "session").await? {
-            Control::Session(s) => s,
-            other => return Err(unexpected(server, other, "Session")),
+        let tls = ControlStream::Client(tls);
+        let binding = dmover_net::tls::export(&tls, auth::AUTH_EXPORTER_LABEL, None)?;
+        let master = dmover_net::tls::export(&tls, auth::SESSION_EXPORTER_LABEL, None)?;
+        let ch = ControlChannel::new(tls, server, control::MAX_FRAME);
+        let nonce: [u8; 32] = rand::random();
+        let user = self.opts.user.clone();
+        let transcript = auth::transcript(&binding, &user, &nonce);
+        let token = self.opts.token.as_deref().map(auth::token_keys);
+        // Whatever credential we have goes out at once; a server without
+        // authentication ignores it.
+        let credential = match (&self.opts.key, &token) {
+            (Some(key), _) => Credential::Key {
+                public: key.public(),
+                signature: key.sign(&auth::key_auth_message(&transcript)),
+            },
+            (None, Some(t)) => Credential::Token {
+                proof: auth::client_token_proof(t, &transcript),
+            },
+            (None, None) => Credential::None,
         };
-        if session.streams == 0 {
-            return Err(Error::protocol(server, "session with zero streams"));
-        }
-        dmover_proto::layout::validate_chunk_size(session.chunk_size)
-            .map_err(|e| Error::Net(NetError::proto(server, e)))?;
-        let key = auth::session_key(&master, session.id, &session.salt);
-        Ok(Connected { ch, session, key })
+        let mut opening = Opening {
+            ch,
+            master,
+            transcript,
+            token: token.filter(|_| matches!(credential, Credential::Token { .. })),
+            anonymous: matches!(credential, Credential::None),
+            dials,
+        };
+        opening
+            .send(&Control::Hello(Hello {
+                software: SOFTWARE.into(),
+                nonce,
+            }))
+            .await?;
+        opening
+            .send(&Control::Auth(Auth { user, credential }))
+            .await?;
+        opening
+            .send(&Control::Open(Open {
+                op,
+                streams: self.opts.streams,
+                chunk_size,
+                checksum: self.opts.checksum,
+                direct_io: self.opts.direct_io,
+                protection: self.opts.protection,
+            }))
+            .await?;
+        Ok(opening)
     }
 
-    /// Opens the session's data streams, all at once, each proving it belongs to the
-    /// session (see [`dmover_proto::data`]).
+    /// Joins the session's data streams, on the connections dialed during set-up
+    /// (each proving it belongs to the session, see [`dmover_proto::data`]); a
+    /// connection that failed is dialed again once.
     pub(crate) async fn open_streams(
         &self,
         server: &str,
         s: &SessionInfo,
         key: [u8; 32],
+        mut dials: Dials,
     ) -> Result<Vec<DataStream<DataIo>>> {
         let mut set = tokio::task::JoinSet::new();
+        let mut early = std::mem::take(&mut dials.0).into_iter();
         for i in 0..s.streams {
             let (server, socket, timeout, key, protection, idle) = (
                 server.to_string(),
@@ -312,20 +451,49 @@ impl Client {
                 stream: i,
                 nonce: rand::random(),
             };
+            let dialed = early.next();
             set.spawn(async move {
-                let mut io = tcp::connect(&server, &socket, timeout).await?;
-                let joined =
-                    tokio::time::timeout(HANDSHAKE_TIMEOUT, join(&mut io, &server, &hello, &key))
-                        .await
-                        .map_err(|_| NetError::Timeout {
-                            peer: server.clone(),
-                            what: "data stream join",
-                            secs: HANDSHAKE_TIMEOUT.as_secs(),
-                        })?;
-                joined?;
-                let io = DataIo::new(io, protection, &key, i, Role::Client, Some(idle));
+                let joined = async {
+                    if let Some(h) = dialed {
+                        let first = match h.await {
+                            Ok(Ok(mut d)) => match join(&mut d, &server, &hello, &key).await {
+                                Ok(()) => Ok(d),
+                                Err(e) => Err(e),
+                            },
+                            Ok(Err(e)) => Err(JoinError::Connection(e)),
+                            Err(e) => Err(JoinError::Connection(Error::refused(
+                                ErrorCode::Aborted,
+                                format!("stream setup failed: {e}"),
+                            ))),
+                        };
+                        match first {
+                            Ok(d) => return Ok(d),
+                            Err(JoinError::Refused(e)) => return Err(e),
+                            Err(JoinError::Connection(e)) => tracing::debug!(
+                                "data stream {i}: early connection failed ({e}); dialing again"
+                            ),
+                        }
+                    }
+                    let mut d = dial(&server, &socket, timeout).await?;
+                    match join(&mut d, &server, &hello, &key).await {
+                        Ok(()) => Ok(d),
+                        Err(JoinError::Connection(e) | JoinError::Refused(e)) => Err(e),
+                    }
+                };
+                let d = tokio::time::timeout(HANDSHAKE_TIMEOUT, joined)
+                    .await
+                    .map_err(|_| NetError::Timeout {
+                        peer: server.clone(),
+                        what: "data stream join",
+                        secs: HANDSHAKE_TIMEOUT.as_secs(),
+                    })??;
+                let io = DataIo::new(d.io, protection, &key, i, Role::Client, Some(idle));
                 Ok::<_, Error>((i, DataStream { io, peer: server }))
             });
+        }
+        // Connections the session does not use (it granted fewer streams) close.
+        for h in early {
+            h.abort();
         }
         let mut streams = Vec::with_capacity(s.streams as usize);
         while let Some(r) = set.join_next().await {
@@ -431,7 +599,7 @@ impl Client {
             0 => session::auto_chunk(walked.tree.entries()),
             c => c,
         };
-        let mut conn = self
+        let mut opening = self
             .open(
                 server,
                 Op::Push {
@@ -440,16 +608,18 @@ impl Client {
                 chunk,
             )
             .await?;
-        let s = conn.session.clone();
         let hb = Heartbeat {
             interval: self.opts.heartbeat,
         };
-        conn.ch
+        // Options and the manifest follow the first flight at once: the server reads
+        // them once it has opened the session (with the chunk size we asked for; a
+        // server never changes a push's).
+        opening
             .send(&Control::Options(self.opts.session_options(resume)))
             .await?;
         let mut source = Source::new(
             walked.tree,
-            s.chunk_size,
+            chunk,
             SourceOptions {
                 checksum: self.opts.checksum,
                 direct_io: self.opts.direct_io,
@@ -459,12 +629,22 @@ impl Client {
         )?;
         let totals = Totals::of(source.tree().entries());
         run.progress.total.store(totals.bytes, Relaxed);
-        // Streams connect while the manifest goes out.
-        let (streams, sent) = tokio::join!(
-            self.open_streams(server, &s, conn.key),
-            session::send_manifest(&mut conn.ch, source.tree().entries())
-        );
-        sent?;
+        if let Err(e) = session::send_manifest(&mut opening.ch, source.tree().entries()).await {
+            return Err(explain(&mut opening.ch, e).await);
+        }
+        let mut conn = opening.accepted(server).await?;
+        let s = conn.session.clone();
+        if s.chunk_size != chunk {
+            return Err(Error::protocol(
+                server,
+                format!(
+                    "session chunk size {} differs from the {chunk} asked for",
+                    s.chunk_size
+                ),
+            ));
+        }
+        let dials = std::mem::take(&mut conn.dials);
+        let streams = self.open_streams(server, &s, conn.key, dials).await;
         let streams = match streams {
             Ok(s) => s,
             Err(e) => return Err(explain(&mut conn.ch, e).await),
@@ -539,7 +719,7 @@ impl Client {
         run: Arc<Run>,
         resume: bool,
     ) -> Result<Report> {
-        let mut conn = self
+        let mut opening = self
             .open(
                 server,
                 Op::Pull {
@@ -548,15 +728,17 @@ impl Client {
                 self.opts.chunk_size,
             )
             .await?;
-        let s = conn.session.clone();
         let hb = Heartbeat {
             interval: self.opts.heartbeat,
         };
-        conn.ch
+        opening
             .send(&Control::Options(self.opts.session_options(resume)))
             .await?;
+        let mut conn = opening.accepted(server).await?;
+        let s = conn.session.clone();
+        let dials = std::mem::take(&mut conn.dials);
         let (streams, entries) = tokio::join!(
-            self.open_streams(server, &s, conn.key),
+            self.open_streams(server, &s, conn.key, dials),
             session::recv_manifest(&mut conn.ch, session::MAX_ENTRIES, None)
         );
         let entries = entries?;
@@ -746,16 +928,24 @@ where
     Ok(sink)
 }
 
-/// A data stream failed to join: if the server said why on the control channel (it
-/// refuses a session by closing it, so its streams are then unknown), report that.
+/// Something failed after the session was asked for (a send of the first flight, a data
+/// stream's join): if the server said why on the control channel (it refuses a session
+/// by sending `Error` and closing), report that.
 async fn explain<S: AsyncRead + AsyncWrite + Unpin>(ch: &mut ControlChannel<S>, e: Error) -> Error {
-    match tokio::time::timeout(std::time::Duration::from_secs(2), ch.recv()).await {
-        Ok(Ok(Control::Error(m))) => Error::Remote {
-            peer: ch.peer().to_string(),
-            code: m.code,
-            message: m.message,
-        },
-        _ => e,
+    // Its answers to the messages before the refusal (`Welcome`, ...) come first.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match tokio::time::timeout_at(deadline, ch.recv()).await {
+            Ok(Ok(Control::Error(m))) => {
+                return Error::Remote {
+                    peer: ch.peer().to_string(),
+                    code: m.code,
+                    message: m.message,
+                };
+            }
+            Ok(Ok(_)) => {}
+            _ => return e,
+        }
     }
 }
 

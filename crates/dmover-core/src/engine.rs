@@ -123,7 +123,8 @@ pub struct DataStream<S> {
 /// A source stream that has not heard an acknowledgement for this long while chunks
 /// are outstanding on it declares it broken and sends them on the other streams.
 pub const STREAM_STALL: Duration = Duration::from_secs(120);
-/// Once every chunk has arrived, how long the destination waits for the streams' END.
+/// Once every chunk has arrived, how long the destination's streams wait for their END
+/// (in the background: the summary does not wait for it).
 const END_GRACE: Duration = Duration::from_secs(30);
 
 struct Filled {
@@ -554,24 +555,14 @@ where
         let shared = shared.clone();
         set.spawn(async move { recv_stream(s, &shared).await });
     }
-    let mut deadline = None;
+    let mut complete = false;
     loop {
-        let next = match deadline {
-            Some(d) => match tokio::time::timeout_at(d, set.join_next()).await {
-                Ok(x) => x,
-                Err(_) => {
-                    tracing::info!("giving up on data streams that did not end");
-                    set.abort_all();
-                    break;
-                }
-            },
-            None => tokio::select! {
-                x = set.join_next() => x,
-                _ = shared.complete.cancelled() => {
-                    deadline = Some(tokio::time::Instant::now() + END_GRACE);
-                    continue;
-                }
-            },
+        let next = tokio::select! {
+            x = set.join_next() => x,
+            _ = shared.complete.cancelled() => {
+                complete = true;
+                break;
+            }
         };
         match next {
             None => break,
@@ -592,6 +583,26 @@ where
                 format!("a stream task failed: {e}"),
             )),
         }
+    }
+    if complete {
+        // Every chunk is here: the summary does not wait for the streams' END, which
+        // the source sends only once our acknowledgements reached it (a round trip).
+        // The streams still run on their own, so acknowledgements go out and each
+        // connection ends cleanly with its END (or is dropped after END_GRACE); what
+        // happens on them now cannot change the data (later copies are duplicates).
+        tokio::spawn(async move {
+            let drained = tokio::time::timeout(END_GRACE, async {
+                while let Some(r) = set.join_next().await {
+                    if let Ok(Err(StreamEnd::Fatal(e) | StreamEnd::Lost(e))) = r {
+                        tracing::debug!("a data stream ended badly after the last chunk: {e}");
+                    }
+                }
+            })
+            .await;
+            if drained.is_err() {
+                tracing::info!("giving up on data streams that did not end");
+            }
+        });
     }
     run.check()?;
     let got = shared.distinct.load(Ordering::Acquire);
@@ -630,7 +641,21 @@ where
         max_digests: layout.chunk_size() as u32,
     };
     let peer = s.peer.clone();
-    let lost = |e| StreamEnd::Lost(Error::Net(NetError::io("receiving data from", &peer, e)));
+    // A record that fails authentication (InvalidData) is altered data, not a broken
+    // link: it fails the session at once and is reported as the root cause, like a
+    // checksum mismatch (the peer, whose stream merely broke, waits for our report;
+    // as a connection error both ends waited for each other's report for 2 s and the
+    // source could give up first and show only its broken pipe).
+    let lost = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::InvalidData {
+            StreamEnd::Fatal(Error::refused(
+                dmover_proto::control::ErrorCode::Checksum,
+                format!("receiving data from {peer}: {e}"),
+            ))
+        } else {
+            StreamEnd::Lost(Error::Net(NetError::io("receiving data from", &peer, e)))
+        }
+    };
     let fatal = |what: String| StreamEnd::Fatal(Error::protocol(&peer, what));
     let aborted = || StreamEnd::Fatal(Error::Aborted);
     let mut segments = Vec::new();

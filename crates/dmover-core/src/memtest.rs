@@ -443,9 +443,10 @@ impl Client {
             zerocopy: t.zerocopy,
             congestion: t.congestion.clone().unwrap_or_default(),
         });
-        let mut conn = self.open(server, op, chunk).await?;
+        let mut conn = self.open(server, op, chunk).await?.accepted(server).await?;
         let s = conn.session.clone();
-        let streams = self.open_streams(server, &s, conn.key).await?;
+        let dials = std::mem::take(&mut conn.dials);
+        let streams = self.open_streams(server, &s, conn.key, dials).await?;
         let checksum = self.opts.checksum;
         let hb = Heartbeat::default();
         let (bytes, frames, seconds, zerocopy) = match t.direction {

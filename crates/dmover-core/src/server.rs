@@ -6,7 +6,7 @@
 //! ```text
 //! accept ─ preamble ─┬─ control: preamble answer ─ TLS 1.3 ─ Hello/Welcome ─ Auth/AuthOk ─ Open
 //!                    │           (all within the handshake timeout) ─ the session
-//!                    └─ data:    DataHello ─ challenge ─ proof ─ status + server proof
+//!                    └─ data:    challenge ─ DataHello + proof ─ status + server proof
 //!                                (within the handshake timeout) ─ handed to its session
 //! ```
 //! Connections still in setup are limited in number ([`ServerConfig::max_handshakes`]);
@@ -313,6 +313,13 @@ impl Server {
             }
         };
         match pre.kind {
+            ConnKind::Data if pre.version < dmover_proto::MIN_PROTOCOL_VERSION => {
+                tracing::warn!(
+                    "refused data connection from {p}: protocol version {} (we need {}..={PROTOCOL_VERSION})",
+                    pre.version,
+                    dmover_proto::MIN_PROTOCOL_VERSION
+                );
+            }
             ConnKind::Data => {
                 match tokio::time::timeout_at(deadline, self.join(stream, &p)).await {
                     Ok(Ok(())) => {}
@@ -339,13 +346,19 @@ impl Server {
     /// prove the session key never takes a stream's place.
     async fn join(&self, mut stream: TcpStream, peer: &str) -> Result<()> {
         let io = |e| Error::Net(NetError::io("reading from", peer, e));
-        let mut b = [0u8; HELLO_LEN];
-        stream.read_exact(&mut b).await.map_err(io)?;
-        let hello = DataHello::decode(&b).map_err(|e| Error::Net(NetError::proto(peer, e)))?;
+        // The challenge goes out at once: the client may have connected before it
+        // knows its session, and sends hello and proof together when it does.
         let nonce: [u8; 32] = rand::random();
-        stream.write_all(&nonce).await.map_err(io)?;
+        stream
+            .write_all(&nonce)
+            .await
+            .map_err(|e| Error::Net(NetError::io("writing to", peer, e)))?;
+        let mut b = [0u8; HELLO_LEN + JOIN_PROOF_LEN];
+        stream.read_exact(&mut b).await.map_err(io)?;
+        let hello =
+            DataHello::decode(&b[..HELLO_LEN]).map_err(|e| Error::Net(NetError::proto(peer, e)))?;
         let mut proof = [0u8; JOIN_PROOF_LEN];
-        stream.read_exact(&mut proof).await.map_err(io)?;
+        proof.copy_from_slice(&b[HELLO_LEN..]);
         let (status, accepted) = {
             let mut sessions = self.sessions.lock();
             match sessions.get_mut(&hello.session) {
@@ -448,7 +461,10 @@ impl Server {
                 ),
             ));
         }
-        let tls = match tokio::time::timeout_at(deadline, self.tls.accept(stream)).await {
+        let accepted = self
+            .tls
+            .accept(dmover_net::control::ControlTcp::new(stream));
+        let tls = match tokio::time::timeout_at(deadline, accepted).await {
             Ok(Ok(tls)) => ControlStream::Server(tls),
             Ok(Err(source)) => {
                 return Err(Error::Net(NetError::Tls {
@@ -512,6 +528,14 @@ impl Server {
                     ch.send(&Control::Error(e.to_msg())),
                 )
                 .await;
+                // The client sends its first messages without waiting for answers, so
+                // some may be unread: closing now would reset the connection and could
+                // cost the client our error. Read until it closes (briefly).
+                let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                    let mut sink = [0u8; 4096];
+                    while matches!(ch.get_mut().read(&mut sink).await, Ok(n) if n > 0) {}
+                })
+                .await;
             }
         }
         result
@@ -560,7 +584,7 @@ impl Server {
             Control::Auth(a) => a,
             other => return Err(unexpected(&peer, other, "Auth")),
         };
-        let transcript = auth::transcript(binding, &a.user, &hello.nonce, &nonce);
+        let transcript = auth::transcript(binding, &a.user, &hello.nonce);
         let (grant, proof) = match &self.cfg.users {
             None => (
                 Grant {

@@ -1,12 +1,136 @@
 //! The control channel: preamble exchange and length-prefixed control frames.
 
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use dmover_proto::control::{Control, LEN_PREFIX};
-use dmover_proto::preamble::{self, Preamble};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use dmover_proto::preamble::{self, ConnKind, Preamble};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
 
 use crate::NetError;
+
+/// The server's answer to a control preamble named no version this side speaks (or was
+/// not a control preamble): the error inside the `io::Error` a [`ControlTcp`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the server answered with protocol version {0}, which this side does not speak")]
+pub struct VersionRefused(pub u16);
+
+/// The control connection's TCP stream. A client that has written its preamble starts
+/// TLS at once ([`ControlTcp::awaiting_answer`]) instead of waiting a round trip for
+/// the server's answer: the first read takes the answer's 8 bytes off the stream and
+/// checks them before any TLS byte is passed on.
+#[derive(Debug)]
+pub struct ControlTcp {
+    tcp: TcpStream,
+    answer: [u8; preamble::LEN],
+    /// Bytes of the answer read so far; `preamble::LEN` once checked (or none due).
+    got: usize,
+}
+
+impl ControlTcp {
+    /// A stream with no preamble answer to read (the server side, or after it was read).
+    pub fn new(tcp: TcpStream) -> Self {
+        ControlTcp {
+            tcp,
+            answer: [0; preamble::LEN],
+            got: preamble::LEN,
+        }
+    }
+
+    /// A client's stream whose server is yet to answer its control preamble.
+    pub fn awaiting_answer(tcp: TcpStream) -> Self {
+        ControlTcp {
+            tcp,
+            answer: [0; preamble::LEN],
+            got: 0,
+        }
+    }
+
+    /// The TCP stream.
+    pub fn get_ref(&self) -> &TcpStream {
+        &self.tcp
+    }
+
+    fn check_answer(&self) -> io::Result<()> {
+        let p = Preamble::decode(&self.answer)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        if p.kind != ConnKind::Control
+            || p.version < dmover_proto::MIN_PROTOCOL_VERSION
+            || p.version > dmover_proto::PROTOCOL_VERSION
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                VersionRefused(p.version),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl From<TcpStream> for ControlTcp {
+    fn from(tcp: TcpStream) -> Self {
+        ControlTcp::new(tcp)
+    }
+}
+
+impl AsyncRead for ControlTcp {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let me = self.get_mut();
+        while me.got < preamble::LEN {
+            let mut rb = ReadBuf::new(&mut me.answer[me.got..]);
+            ready!(Pin::new(&mut me.tcp).poll_read(cx, &mut rb))?;
+            let n = rb.filled().len();
+            if n == 0 {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the server closed the connection before answering the preamble",
+                )));
+            }
+            me.got += n;
+            if me.got == preamble::LEN {
+                me.check_answer()?;
+            }
+        }
+        Pin::new(&mut me.tcp).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ControlTcp {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().tcp).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tcp).poll_shutdown(cx)
+    }
+}
 
 /// Reads and writes control frames on one connection.
 #[derive(Debug)]

@@ -21,7 +21,7 @@ pub mod tls;
 pub mod zerocopy;
 
 /// The control connection's stream: TLS over TCP, client or server side.
-pub type ControlStream = tokio_rustls::TlsStream<tokio::net::TcpStream>;
+pub type ControlStream = tokio_rustls::TlsStream<control::ControlTcp>;
 
 use std::io;
 

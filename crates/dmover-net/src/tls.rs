@@ -23,13 +23,13 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::control::ControlTcp;
 use base64::Engine;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
-use tokio::net::TcpStream;
 
 use crate::NetError;
 use crate::known_hosts;
@@ -39,6 +39,22 @@ pub use tokio_rustls::TlsAcceptor;
 /// The crypto provider every TLS config here uses.
 pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+/// Seeds the crypto library's random generator on a background thread, once per
+/// process. Its first use collects CPU-jitter entropy, ~50 ms of CPU here; a client
+/// calls this before connecting so that the TLS handshake's key share does not wait
+/// for it.
+pub fn warm_up() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = std::thread::Builder::new()
+            .name("dmover-rng-seed".into())
+            .spawn(|| {
+                let mut b = [0u8; 32];
+                let _ = aws_lc_rs::rand::fill(&mut b);
+            });
+    });
 }
 
 /// Name of the key file in a server's state directory.
@@ -311,9 +327,10 @@ impl TlsConnector {
     /// `tcp` and checks the server's key (pinned or CA-verified).
     pub async fn connect(
         &self,
-        tcp: TcpStream,
+        tcp: impl Into<ControlTcp>,
         server: &str,
-    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, NetError> {
+    ) -> Result<tokio_rustls::client::TlsStream<ControlTcp>, NetError> {
+        let tcp = tcp.into();
         let host = host_of(server);
         let name = ServerName::try_from(host.to_string()).map_err(|e| NetError::Tls {
             peer: server.to_string(),

@@ -7,8 +7,12 @@
 //! cannot be replayed.
 //!
 //! # Transcript
-//! [`transcript`] hashes the channel binding, the user name and both `Hello`/`Welcome`
-//! nonces into 32 bytes; every proof covers it.
+//! [`transcript`] hashes the channel binding, the user name and the client's `Hello`
+//! nonce into 32 bytes; every proof covers it. The binding is unique to one TLS
+//! connection (both TLS randoms and the key exchange go into it), so no server nonce is
+//! needed for freshness: since protocol version 3 the client sends `Auth` right behind
+//! `Hello`, without waiting a round trip for `Welcome` (whose nonce is no longer part
+//! of the transcript).
 //!
 //! # Tokens (SCRAM-like, RFC 5802's idea with BLAKE3)
 //! From a token the client derives `client_key`; the server stores only
@@ -129,19 +133,13 @@ impl TokenVerifier {
     }
 }
 
-/// The authentication transcript: channel binding, user name and both nonces.
-pub fn transcript(
-    binding: &[u8; 32],
-    user: &str,
-    client_nonce: &[u8; 32],
-    server_nonce: &[u8; 32],
-) -> [u8; 32] {
-    let mut h = blake3::Hasher::new_derive_key("dmover 2026-11 auth transcript v2");
+/// The authentication transcript: channel binding, user name and the client's nonce.
+pub fn transcript(binding: &[u8; 32], user: &str, client_nonce: &[u8; 32]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new_derive_key("dmover 2026-11 auth transcript v3");
     h.update(binding);
     h.update(&(user.len() as u64).to_be_bytes());
     h.update(user.as_bytes());
     h.update(client_nonce);
-    h.update(server_nonce);
     *h.finalize().as_bytes()
 }
 
@@ -244,14 +242,14 @@ mod tests {
     fn token_proofs_verify_only_with_the_right_token_and_transcript() {
         let keys = token_keys(b"secret\n");
         assert_eq!(keys.client_key, token_keys(b"  secret").client_key);
-        let t = transcript(&[1; 32], "alice", &[2; 32], &[3; 32]);
+        let t = transcript(&[1; 32], "alice", &[2; 32]);
         let proof = client_token_proof(&keys, &t);
         assert!(verify_token_proof(&keys.verifier, &t, &proof));
         // Another transcript (another TLS connection, user or nonce): refused.
         for other in [
-            transcript(&[9; 32], "alice", &[2; 32], &[3; 32]),
-            transcript(&[1; 32], "bob", &[2; 32], &[3; 32]),
-            transcript(&[1; 32], "alice", &[3; 32], &[2; 32]),
+            transcript(&[9; 32], "alice", &[2; 32]),
+            transcript(&[1; 32], "bob", &[2; 32]),
+            transcript(&[1; 32], "alice", &[3; 32]),
         ] {
             assert!(!verify_token_proof(&keys.verifier, &other, &proof));
         }

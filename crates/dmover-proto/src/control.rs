@@ -5,6 +5,13 @@
 //! order; the golden tests pin the bytes, so variants are only ever appended).
 //!
 //! # Message flow
+//! The numbers give the order each side reads messages in. Since protocol version 3 a
+//! client does not wait for the server's answers before sending its next message up
+//! to (7) (push) or (6a) (pull): `Hello`, `Auth`, `Open`, `Options` (and a push's
+//! manifest) go out in one flight right after the TLS handshake, and the server's
+//! `Welcome`, `AuthOk`, `Session` come back in one. The server still reads them in
+//! order and answers each, and it reads nothing after `Auth` until the credential is
+//! verified (a refused client's later messages are never read).
 //! ```text
 //! client                                   server
 //! Hello                              ->                  (1)
@@ -50,7 +57,8 @@
 //! beyond noting that the peer is alive.
 //!
 //! Either side may send [`Control::Error`] at any point after the preamble and then
-//! close; the other side aborts the session. Data streams may be opened as soon as
+//! close; the other side aborts the session. Data connections may be opened at any
+//! time (the server answers their preamble with a challenge) and joined as soon as
 //! `Session` has arrived; the source starts sending on them after `Go`.
 
 use bytes::BufMut;
@@ -193,7 +201,9 @@ impl Control {
 pub struct Hello {
     /// Software name and version, for logs (e.g. `dmover 0.1.0`).
     pub software: String,
-    /// A fresh random nonce for the authentication exchange.
+    /// A fresh random nonce. Not part of the authentication transcript since protocol
+    /// version 3 (the client sends `Auth` without waiting for it; the TLS channel
+    /// binding makes each transcript unique); kept so the message's layout stays.
     pub nonce: [u8; 32],
 }
 
@@ -211,7 +221,9 @@ pub enum AuthMethod {
 pub struct Welcome {
     /// Software name and version.
     pub software: String,
-    /// A fresh random nonce for the authentication exchange.
+    /// A fresh random nonce. Not part of the authentication transcript since protocol
+    /// version 3 (the client sends `Auth` without waiting for it; the TLS channel
+    /// binding makes each transcript unique); kept so the message's layout stays.
     pub nonce: [u8; 32],
     /// What the client must prove.
     pub auth: AuthMethod,

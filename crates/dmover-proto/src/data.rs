@@ -4,12 +4,17 @@
 //! A data connection proves it belongs to a session without sending any secret:
 //! ```text
 //! client                                   server
-//! Preamble(data) DataHello{session, stream, client nonce}  ->   (56 bytes)
+//! Preamble(data)                     ->    (8 bytes)
 //!                                    <-    server nonce (32 bytes, fresh per connection)
-//! client proof (32 bytes)            ->    join_proof(session key, Client, ...)
+//! DataHello{session, stream, client nonce} client proof   ->   (48 + 32 bytes)
+//!                                          proof = join_proof(session key, Client, ...)
 //!                                    <-    JoinStatus (1 byte); if Accepted, then the
 //!                                          server proof (32 bytes, Role::Server)
 //! ```
+//! The server sends its challenge as soon as it has read the data preamble (protocol
+//! version 3; version 2 waited for the `DataHello`), so a client can connect its data
+//! streams and collect their challenges while the control connection is still setting
+//! up the session, and send hello and proof in one write once it knows the session.
 //! The proofs are [`crate::auth::join_proof`]s keyed by the session key exported from
 //! the control connection's TLS session, over both nonces, so a recorded join cannot
 //! be replayed and a connection that cannot prove the key is refused (and does not

@@ -39,22 +39,27 @@
 //! ```text
 //! client                               server
 //! Preamble / Preamble, then the TLS 1.3 handshake
-//! Hello{nonce}                   ->
+//! Hello{nonce}                   ->    \
+//! Auth{user, credential}         ->     | one flight, no waiting in between
+//! Open{op, streams, chunk, ...}  ->     |
+//! Options (push: + Manifest)     ->    /
 //!                                <-    Welcome{nonce, auth}
-//! Auth{user, credential}         ->
 //!                                <-    AuthOk{proof?}
-//! Open{op, streams, chunk, ...}  ->
 //!                                <-    Session{id, salt, streams, chunk}
 //!           the source side sends Manifest* + ManifestEnd
 //!           the destination side answers Go (or Error)
-//! client opens N data connections, data flows
+//! client joins N data connections (connected during the above), data flows
 //!           the destination side sends Done{summary} (or Error)
 //! ```
+//! Since version 3 the client does not wait for the server between `Hello` and the
+//! end of its first flight (the transcript no longer holds a server nonce, see
+//! [`auth`]), and it starts its TLS handshake right behind its preamble, reading the
+//! server's preamble answer before the TLS handshake's first bytes.
 //!
 //! ## Data connection
-//! After its preamble the client sends a [`data::DataHello`] naming the session, the
-//! server answers a fresh challenge, the client proves it holds the session key and the
-//! server answers one status byte and its own proof (see [`data`]). From then on the
+//! The server answers the client's preamble with a fresh challenge; the client sends a
+//! [`data::DataHello`] naming the session and its proof that it holds the session key,
+//! and the server answers one status byte and its own proof (see [`data`]). From then on the
 //! source side writes [`data::FrameHeader`]s, each followed by its digest trailer and
 //! payload, and finally an `END` frame.
 //!
@@ -71,9 +76,11 @@ pub mod preamble;
 pub mod record;
 
 /// The protocol version this build speaks natively (the highest it supports).
-pub const PROTOCOL_VERSION: u16 = 2;
-/// The oldest protocol version this build still speaks (version 1 had no TLS).
-pub const MIN_PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
+/// The oldest protocol version this build still speaks (version 1 had no TLS; version
+/// 2 had the client wait for a server nonce before `Auth` and for the `DataHello`
+/// before the join challenge).
+pub const MIN_PROTOCOL_VERSION: u16 = 3;
 
 /// The default TCP port of a dmover server.
 pub const DEFAULT_PORT: u16 = 7700;

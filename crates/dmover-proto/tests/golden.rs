@@ -1123,7 +1123,7 @@ fn record_header_and_nonce() {
 #[test]
 fn auth_derivations_are_pinned() {
     use dmover_proto::auth::{self, Role};
-    let t = auth::transcript(&seq32(0), "alice", &seq32(0x20), &seq32(0x40));
+    let t = auth::transcript(&seq32(0), "alice", &seq32(0x20));
     let keys = auth::token_keys(b"correct horse battery staple\n");
     let proof = auth::client_token_proof(&keys, &t);
     assert!(auth::verify_token_proof(&keys.verifier, &t, &proof));

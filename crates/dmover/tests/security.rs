@@ -481,18 +481,20 @@ fn pump(mut from: TcpStream, mut to: TcpStream, flip_at: Option<usize>, flipped:
     let _ = to.shutdown(Shutdown::Write);
 }
 
-/// An impostor's join: `hello` (preamble + DataHello), then `proof` (or random bytes);
-/// returns the status byte the server sent.
-fn impostor(server: &str, hello: &[u8], proof: Option<&[u8]>) -> u8 {
+/// An impostor's join: the data preamble `pre`, the server's challenge, then `hello`
+/// (a DataHello) and `proof` (or random bytes); returns the status byte the server sent.
+fn impostor(server: &str, pre: &[u8], hello: &[u8], proof: Option<&[u8]>) -> u8 {
     let mut c = TcpStream::connect(server).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    c.write_all(hello).unwrap();
+    c.write_all(pre).unwrap();
     let mut challenge = [0u8; 32];
     if c.read_exact(&mut challenge).is_err() {
         return 255;
     }
     let random: [u8; 32] = rand::random();
-    c.write_all(proof.unwrap_or(&random)).unwrap();
+    let mut second = hello.to_vec();
+    second.extend_from_slice(proof.unwrap_or(&random));
+    c.write_all(&second).unwrap();
     let mut status = [0u8; 1];
     match c.read_exact(&mut status) {
         Ok(()) => status[0],
@@ -521,28 +523,31 @@ fn proxy(server: &str, mode: Mode) -> Proxy {
                 s.write_all(&pre).unwrap();
                 let mut flip_at = None;
                 if pre[4] == 2 {
-                    // The join, relayed step by step and recorded.
-                    let mut hello = [0u8; 48];
-                    c.read_exact(&mut hello).unwrap();
-                    s.write_all(&hello).unwrap();
+                    // The join, relayed step by step and recorded: the server's
+                    // challenge, then the client's hello and proof, then the answer.
                     let mut challenge = [0u8; 32];
-                    s.read_exact(&mut challenge).unwrap();
+                    if s.read_exact(&mut challenge).is_err() {
+                        return;
+                    }
                     c.write_all(&challenge).unwrap();
+                    let mut hello = [0u8; 48];
                     let mut proof = [0u8; 32];
-                    c.read_exact(&mut proof).unwrap();
+                    // A connection the client dialed but did not need closes here.
+                    if c.read_exact(&mut hello).is_err() || c.read_exact(&mut proof).is_err() {
+                        return;
+                    }
+                    s.write_all(&hello).unwrap();
                     s.write_all(&proof).unwrap();
                     let mut answer = [0u8; 33];
                     s.read_exact(&mut answer).unwrap();
                     c.write_all(&answer).unwrap();
-                    let mut first = pre.to_vec();
-                    first.extend_from_slice(&hello);
                     match mode {
                         Mode::Attack => {
-                            let replayed = impostor(&server, &first, Some(&proof));
-                            let forged = impostor(&server, &first, None);
-                            let mut unknown = first.clone();
-                            unknown[8] ^= 0x80;
-                            let unknown = impostor(&server, &unknown, Some(&proof));
+                            let replayed = impostor(&server, &pre, &hello, Some(&proof));
+                            let forged = impostor(&server, &pre, &hello, None);
+                            let mut unknown = hello;
+                            unknown[0] ^= 0x80;
+                            let unknown = impostor(&server, &pre, &unknown, Some(&proof));
                             st.lock().unwrap().extend([
                                 ("replayed", replayed),
                                 ("forged", forged),
@@ -834,10 +839,10 @@ fn tls_send(addr: &str, kh: &Path, body: &[u8], limit: Duration) -> bool {
     rt.block_on(async {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-        tcp.write_all(b"DMOV\x01\x00\x00\x02").await.unwrap();
+        tcp.write_all(b"DMOV\x01\x00\x00\x03").await.unwrap();
         let mut ans = [0u8; 8];
         tcp.read_exact(&mut ans).await.unwrap();
-        assert_eq!(&ans[6..], &[0, 2]);
+        assert_eq!(&ans[6..], &[0, 3]);
         let c = dmover_net::tls::TlsConnector::new(dmover_net::tls::Trust::KnownHosts(kh.into()))
             .unwrap();
         let mut tls = c.connect(tcp, addr).await.unwrap();
@@ -893,12 +898,12 @@ fn garbage_and_oversized_frames_are_disconnected_and_the_server_keeps_serving() 
     assert!(closed_within(&mut c, limit), "random bytes");
     // A control preamble, then random bytes instead of TLS.
     let mut c = TcpStream::connect(&srv.addr).unwrap();
-    c.write_all(b"DMOV\x01\x00\x00\x02").unwrap();
+    c.write_all(b"DMOV\x01\x00\x00\x03").unwrap();
     c.write_all(&rng_bytes(4096)).unwrap();
     assert!(closed_within(&mut c, limit), "random TLS");
     // A data preamble, then random join bytes.
     let mut c = TcpStream::connect(&srv.addr).unwrap();
-    c.write_all(b"DMOV\x02\x00\x00\x02").unwrap();
+    c.write_all(b"DMOV\x02\x00\x00\x03").unwrap();
     let mut hello = rng_bytes(48);
     hello[10..16].fill(0);
     c.write_all(&hello).unwrap();
@@ -971,8 +976,8 @@ fn slow_and_silent_clients_are_cut_off_and_others_are_served() {
             Duration::MAX
         })
     };
-    let control = trickle(b"DMOV\x01\x00\x00\x02\x16\x03\x01\x02\x00");
-    let data = trickle(b"DMOV\x02\x00\x00\x02");
+    let control = trickle(b"DMOV\x01\x00\x00\x03\x16\x03\x01\x02\x00");
+    let data = trickle(b"DMOV\x02\x00\x00\x03");
     let mut silent = TcpStream::connect(&srv.addr).unwrap();
     let started = Instant::now();
     // Meanwhile others are served.
