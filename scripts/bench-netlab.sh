@@ -114,7 +114,7 @@ one_point() { # rate rtt cc
     local addr_b=10.200.0.2
     "${ex_b[@]}" iperf3 -s -p 5201 >/dev/null 2>&1 &
     "${ex_b[@]}" "$DMOVER" serve --listen "$addr_b:$PORT" --root "$WORK/dst" \
-        --token-file "$WORK/token" >/dev/null 2>&1 &
+        --state-dir "$WORK/state" --token-file "$WORK/token" >/dev/null 2>&1 &
     sleep 1
     for rep in $(seq 1 "$REPS"); do
         for tool in $TOOLS; do
@@ -133,7 +133,7 @@ print(r["bytes"], r["seconds"], r["bits_per_second"] / 1e9, e["sum_sent"].get("r
                     rm -rf "$WORK/dst/run"
                     local j
                     # shellcheck disable=SC2086
-                    j=$("${ex_a[@]}" "$DMOVER" cp --json -P "$p" $DMOVER_ARGS \
+                    j=$(DMOVER_KNOWN_HOSTS="$WORK/known_hosts" "${ex_a[@]}" "$DMOVER" cp --json -P "$p" $DMOVER_ARGS \
                         --token-file "$WORK/token" "$WORK/src" "dmover://$addr_b:$PORT/run")
                     read -r bytes secs gbps < <(python3 -c '
 import json, sys

@@ -269,3 +269,61 @@ pub async fn read_preamble<S: AsyncRead + Unpin>(
         .map_err(|e| NetError::io("reading from", peer, e))?;
     Preamble::decode(&b).map_err(|e| NetError::proto(peer, e))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// A client that starts TLS right behind its preamble learns of a server that
+    /// answers with a version it does not speak from the answer, not from a TLS error.
+    #[tokio::test]
+    async fn a_refused_version_stops_the_pipelined_tls_handshake() {
+        let dir = tempfile::tempdir().unwrap();
+        for answer in [0u16, 2, dmover_proto::PROTOCOL_VERSION + 1] {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap().to_string();
+            let server = tokio::spawn(async move {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let p = read_preamble(&mut s, "client").await.unwrap();
+                assert_eq!(p.kind, ConnKind::Control);
+                let reply = Preamble {
+                    kind: ConnKind::Control,
+                    version: answer,
+                };
+                write_preamble(&mut s, reply, "client").await.unwrap();
+                // The ClientHello arrived behind the preamble, unanswered.
+                let mut b = [0u8; 5];
+                s.read_exact(&mut b).await.unwrap();
+                assert_eq!(b[0], 0x16, "a TLS handshake record");
+            });
+            let mut tcp = TcpStream::connect(&addr).await.unwrap();
+            let pre = Preamble {
+                kind: ConnKind::Control,
+                version: dmover_proto::PROTOCOL_VERSION,
+            };
+            write_preamble(&mut tcp, pre, &addr).await.unwrap();
+            let c = crate::tls::TlsConnector::new(crate::tls::Trust::KnownHosts(
+                dir.path().join("known_hosts"),
+            ))
+            .unwrap();
+            let r = tokio::time::timeout(
+                Duration::from_secs(30),
+                c.connect(ControlTcp::awaiting_answer(tcp), &addr),
+            )
+            .await
+            .expect("the handshake ends");
+            match r {
+                Err(NetError::Tls { source, .. }) => {
+                    let refused = source
+                        .get_ref()
+                        .and_then(|e| e.downcast_ref::<VersionRefused>());
+                    assert_eq!(refused, Some(&VersionRefused(answer)), "{source}");
+                }
+                Err(e) => panic!("answer {answer}: {e}"),
+                Ok(_) => panic!("answer {answer}: TLS went on"),
+            }
+            server.await.unwrap();
+        }
+    }
+}

@@ -161,6 +161,7 @@ pub fn run(a: CpArgs) -> anyhow::Result<ExitCode> {
     let bar = (!a.quiet && !a.json && std::io::stderr().is_terminal())
         .then(|| ProgressBar::start(&rt, run.clone()));
     let started = Instant::now();
+    let sampler = output::Sampler::start(&rt, run.clone());
     let result = rt.block_on(async {
         match direction {
             Direction::Push => client.push(&sources, &server, &dest, run.clone()).await,
@@ -168,11 +169,14 @@ pub fn run(a: CpArgs) -> anyhow::Result<ExitCode> {
         }
     });
     let secs = started.elapsed().as_secs_f64();
+    let timing = sampler.finish();
     if let Some(bar) = bar {
         bar.finish();
     }
     // Join the disk threads: an aborted transfer's staging files are gone after this.
     drop(client);
     drop(rt);
-    Ok(output::report(result, direction, secs, a.json, a.quiet))
+    Ok(output::report(
+        result, direction, secs, timing, a.json, a.quiet,
+    ))
 }

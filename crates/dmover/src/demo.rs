@@ -69,7 +69,14 @@ pub fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
     let secs = started.elapsed().as_secs_f64();
     drop(client);
     let ok = result.is_ok();
-    let code = output::report(result, Direction::Push, secs, false, false);
+    let code = output::report(
+        result,
+        Direction::Push,
+        secs,
+        Default::default(),
+        false,
+        false,
+    );
     shutdown.cancel();
     if !ok {
         return Ok(code);

@@ -23,6 +23,93 @@ pub enum Direction {
     Pull,
 }
 
+/// Where a transfer's time went, beside its end-to-end rate: from samples of the bytes
+/// that crossed the data streams.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Timing {
+    /// Seconds from the start until the first whole chunk crossed a data stream
+    /// (written to its socket by a source, read by a destination), within the 50 ms
+    /// sampling: the walk, the session's set-up round trips, the first disk read.
+    pub first_chunk_seconds: Option<f64>,
+    /// The rate between the moments 25 % and 90 % of the bytes had crossed: without
+    /// the set-up, TCP's ramp-up and the tail, which weigh on the end-to-end rate of a
+    /// short transfer over a long link. `None` when those moments are under half a
+    /// second apart (too short to tell).
+    pub steady_gbit_per_s: Option<f64>,
+}
+
+impl Timing {
+    /// From `(seconds since start, bytes so far)` samples in time order.
+    pub fn from_samples(samples: &[(f64, u64)]) -> Self {
+        let first_chunk_seconds = samples.iter().find(|(_, b)| *b > 0).map(|(t, _)| *t);
+        let total = samples.last().map_or(0, |(_, b)| *b);
+        // When the counter first reached `mark`, interpolated between samples.
+        let when = |mark: f64| {
+            let i = samples.iter().position(|(_, b)| *b as f64 >= mark)?;
+            let (t1, b1) = samples[i];
+            let (t0, b0) = if i == 0 { (0.0, 0) } else { samples[i - 1] };
+            let span = b1.saturating_sub(b0) as f64;
+            Some(if span == 0.0 {
+                t1
+            } else {
+                t0 + (t1 - t0) * (mark - b0 as f64) / span
+            })
+        };
+        let steady_gbit_per_s = match (when(0.25 * total as f64), when(0.9 * total as f64)) {
+            (Some(a), Some(b)) if b - a >= 0.5 => Some(0.65 * total as f64 * 8.0 / (b - a) / 1e9),
+            _ => None,
+        };
+        Timing {
+            first_chunk_seconds,
+            steady_gbit_per_s,
+        }
+    }
+}
+
+/// Samples a run's byte counter every 50 ms while it lasts (see [`Timing`]).
+pub struct Sampler {
+    samples: Arc<std::sync::Mutex<Vec<(f64, u64)>>>,
+    task: tokio::task::JoinHandle<()>,
+    started: std::time::Instant,
+    run: Arc<Run>,
+}
+
+impl Sampler {
+    /// Starts sampling; times count from now.
+    pub fn start(rt: &tokio::runtime::Runtime, run: Arc<Run>) -> Self {
+        let started = std::time::Instant::now();
+        let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (s, r) = (samples.clone(), run.clone());
+        let task = rt.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            loop {
+                tick.tick().await;
+                let b = r.progress.bytes.load(Ordering::Relaxed);
+                s.lock()
+                    .expect("sampler lock")
+                    .push((started.elapsed().as_secs_f64(), b));
+            }
+        });
+        Sampler {
+            samples,
+            task,
+            started,
+            run,
+        }
+    }
+
+    /// Stops sampling (with a last sample now) and sums up.
+    pub fn finish(self) -> Timing {
+        self.task.abort();
+        let mut s = self.samples.lock().expect("sampler lock");
+        s.push((
+            self.started.elapsed().as_secs_f64(),
+            self.run.progress.bytes.load(Ordering::Relaxed),
+        ));
+        Timing::from_samples(&s)
+    }
+}
+
 /// A progress bar on stderr fed from a run's counters.
 pub struct ProgressBar {
     bar: indicatif::ProgressBar,
@@ -102,6 +189,9 @@ struct JsonReport {
     failed: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+    /// Set-up time and steady-state rate (see [`Timing`]).
+    #[serde(flatten)]
+    timing: Timing,
 }
 
 /// The process exit code for an error.
@@ -169,6 +259,7 @@ pub fn report(
     result: Result<Report, Error>,
     direction: Direction,
     secs: f64,
+    timing: Timing,
     json: bool,
     quiet: bool,
 ) -> ExitCode {
@@ -202,6 +293,7 @@ pub fn report(
                     errors: failed,
                     failed: r.failed.clone(),
                     error: None,
+                    timing,
                 };
                 println!("{}", serde_json::to_string(&j).expect("serialisable"));
             } else if !quiet {
@@ -267,11 +359,45 @@ pub fn report(
                     errors: 1,
                     failed: Vec::new(),
                     error: Some(e.to_string()),
+                    timing,
                 };
                 println!("{}", serde_json::to_string(&j).expect("serialisable"));
             }
             eprintln!("dmover: error: {e}");
             ExitCode::from(exit_code(&e))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steady_rate_leaves_out_setup_ramp_and_tail() {
+        // 1 s of set-up, 1 s of ramp at 0.1 Gbit/s, then 1 Gbit/s for 8 s, sampled
+        // every 50 ms: end to end ~0.8 Gbit/s, steady 1.0.
+        let rate = |t: f64| -> f64 {
+            match t {
+                t if t < 1.0 => 0.0,
+                t if t < 2.0 => (t - 1.0) * 0.1e9 / 8.0,
+                t => 0.1e9 / 8.0 + (t - 2.0) * 1e9 / 8.0,
+            }
+        };
+        let samples: Vec<(f64, u64)> = (0..=200)
+            .map(|i| {
+                let t = i as f64 * 0.05;
+                (t, rate(t) as u64)
+            })
+            .collect();
+        let t = Timing::from_samples(&samples);
+        let first = t.first_chunk_seconds.unwrap();
+        assert!((1.0..=1.06).contains(&first), "{first}");
+        let steady = t.steady_gbit_per_s.unwrap();
+        assert!((steady - 1.0).abs() < 0.01, "{steady}");
+        // Too short to tell, or nothing moved: no steady rate.
+        let short: Vec<(f64, u64)> = (0..=6).map(|i| (i as f64 * 0.05, i * 1000)).collect();
+        assert_eq!(Timing::from_samples(&short).steady_gbit_per_s, None);
+        assert_eq!(Timing::from_samples(&[(0.5, 0)]), Timing::default());
     }
 }
