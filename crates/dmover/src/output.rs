@@ -29,7 +29,9 @@ pub enum Direction {
 pub struct Timing {
     /// Seconds from the start until the first whole chunk crossed a data stream
     /// (written to its socket by a source, read by a destination), within the 50 ms
-    /// sampling: the walk, the session's set-up round trips, the first disk read.
+    /// sampling: the walk, the session's set-up round trips, the first disk read, and
+    /// on a long link part of TCP's ramp-up (a source's write of a 16 MiB chunk returns
+    /// once all but `TCP_NOTSENT_LOWAT`, 4 MiB, of it has been sent).
     pub first_chunk_seconds: Option<f64>,
     /// The rate between the moments 25 % and 90 % of the bytes had crossed: without
     /// the set-up, TCP's ramp-up and the tail, which weigh on the end-to-end rate of a
