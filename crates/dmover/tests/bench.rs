@@ -585,3 +585,60 @@ fn transfer_rtt_needs_netlab_and_says_so() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+#[test]
+fn net_over_emulated_rtts() {
+    use std::time::Duration;
+    if !common::netlab_available("net_over_emulated_rtts") {
+        return;
+    }
+    let t = tmp();
+    let out = t.path().join("out");
+    let child = bench_child(
+        &[
+            "net",
+            "--rtt",
+            "0,20",
+            "--rate",
+            "1gbit",
+            "--streams",
+            "1",
+            "--seconds",
+            "0.5",
+            "--repeats",
+            "1",
+            "--zerocopy",
+            "off",
+            "--iperf3",
+            "off",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &t.path().join("known_hosts"),
+    );
+    let lab = format!("dmnl-bnet{}-a", child.id());
+    let o = wait_bounded(child, Duration::from_secs(120));
+    ok(&o);
+    assert!(!netns_exists(&lab), "the lab {lab} was removed");
+    let rows = results(&out);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let rtts: Vec<f64> = rows.iter().map(|r| number(r, "rtt_ms")).collect();
+    assert_eq!(rtts, [0.0, 20.0]);
+    for r in &rows {
+        assert_eq!(r["tool"], "dmover", "{r:?}");
+        assert_eq!(r["link_rate"], "1gbit", "{r:?}");
+        let g = number(r, "gbit_per_s");
+        assert!(
+            g > 0.0 && g <= 1.0,
+            "{g} Gbit/s through a 1 Gbit/s link: {r:?}"
+        );
+    }
+    // HOST and --rtt exclude each other.
+    let o = bench(&["net", "127.0.0.1:7700", "--rtt", "10"]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

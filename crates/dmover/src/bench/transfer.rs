@@ -101,7 +101,8 @@ pub enum Rtt {
     Lab(Duration),
 }
 
-fn rtt_item(s: &str) -> Result<Rtt, String> {
+/// Parses one `--rtt` value: `loopback`, a number of ms, or a duration with a unit.
+pub(crate) fn rtt_item(s: &str) -> Result<Rtt, String> {
     let t = s.trim();
     if t == "loopback" || t == "lo" {
         return Ok(Rtt::Loopback);
@@ -121,7 +122,8 @@ fn rtt_item(s: &str) -> Result<Rtt, String> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LinkRate(pub Option<u64>);
 
-fn link_rate(s: &str) -> Result<LinkRate, String> {
+/// Parses `--rate`: a rate (1gbit, 500mbit) or `unlimited`.
+pub(crate) fn link_rate(s: &str) -> Result<LinkRate, String> {
     match s.trim() {
         "unlimited" | "none" => Ok(LinkRate(None)),
         t => parse_rate(t).map(|r| LinkRate(Some(r))),
@@ -229,6 +231,50 @@ impl DmoverServer {
     }
 }
 
+/// Writes a new random token to `path` (mode 0600), replacing any old one.
+pub(crate) fn write_token(path: &Path) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    let raw: [u8; 32] = rand::random();
+    let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| writeln!(f, "{hex}"))
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// A row with `rtt_ms`, `link` and `link_rate` first, then `row`'s columns.
+pub(crate) fn with_link_columns(
+    setting: Option<&LinkSpec>,
+    row: serde_json::Map<String, serde_json::Value>,
+) -> serde_json::Map<String, serde_json::Value> {
+    let (rtt_ms, link, rate) = match setting {
+        None => (json!(0), "loopback".to_string(), "loopback".to_string()),
+        Some(s) => {
+            let ms = round_sig(s.rtt.as_secs_f64() * 1000.0, 6);
+            (
+                if ms.fract() == 0.0 {
+                    json!(ms as u64)
+                } else {
+                    json!(ms)
+                },
+                rtt_label(s.rtt),
+                s.rate_bps.map_or("unlimited".into(), format_rate),
+            )
+        }
+    };
+    let mut out = serde_json::Map::new();
+    out.insert("rtt_ms".into(), rtt_ms);
+    out.insert("link".into(), json!(link));
+    out.insert("link_rate".into(), json!(rate));
+    out.extend(row);
+    out
+}
+
 /// One link setting of the sweep: where the client and servers run.
 pub struct Link {
     /// The emulated RTT in ms (`None`: loopback).
@@ -258,16 +304,27 @@ fn settings(a: &TransferBenchArgs) -> anyhow::Result<Vec<Option<LinkSpec>>> {
     if a.rtt.is_empty() {
         return Ok(vec![None]);
     }
+    link_settings(&a.rtt, a.rate, a.loss, a.congestion.as_deref())
+}
+
+/// One link setting per `--rtt` value (`None`: loopback); checks up front that emulated
+/// links can be made here.
+pub(crate) fn link_settings(
+    rtts: &[Rtt],
+    rate: LinkRate,
+    loss: f64,
+    congestion: Option<&str>,
+) -> anyhow::Result<Vec<Option<LinkSpec>>> {
     let mut out = Vec::new();
-    for r in &a.rtt {
+    for r in rtts {
         out.push(match *r {
             Rtt::Loopback => None,
             Rtt::Lab(rtt) => {
                 let spec = LinkSpec {
                     rtt,
-                    rate_bps: a.rate.0,
-                    loss: a.loss,
-                    congestion: a.congestion.clone(),
+                    rate_bps: rate.0,
+                    loss,
+                    congestion: congestion.map(str::to_string),
                     ..LinkSpec::default()
                 };
                 spec.validate()?;
@@ -287,7 +344,7 @@ fn settings(a: &TransferBenchArgs) -> anyhow::Result<Vec<Option<LinkSpec>>> {
 }
 
 /// A row label for an emulated RTT.
-fn rtt_label(rtt: Duration) -> String {
+pub(crate) fn rtt_label(rtt: Duration) -> String {
     format!("{} ms", round_sig(rtt.as_secs_f64() * 1000.0, 6))
 }
 
@@ -408,20 +465,7 @@ fn sweep_links(
     // Servers on an emulated link listen on a non-loopback address, which needs
     // authentication; every link uses the same token, so all rows pay the same set-up.
     let token = logs.join("token");
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let _ = std::fs::remove_file(&token);
-        let raw: [u8; 32] = rand::random();
-        let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&token)
-            .and_then(|mut f| writeln!(f, "{hex}"))
-            .with_context(|| format!("writing {}", token.display()))?;
-    }
+    write_token(&token)?;
     let exe = std::env::current_exe().context("locating the dmover binary")?;
     let grid: Vec<(Direction, usize, u64)> = a
         .direction
