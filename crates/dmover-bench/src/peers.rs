@@ -8,9 +8,11 @@
 //! | `dmover-pull` | `dmover serve --root SRCS --read-only` | `dmover cp --json dmover://…/NAME DST`          |
 //! | `cp`          | none                                | `cp -r SRC DST`                                    |
 //! | `rsync`       | `rsync --daemon`, module per side   | `rsync -a rsync://…/src/NAME/ DST/`                |
+//! | `rsync-push`  | the same daemon                     | `rsync -a SRC/ rsync://…/dst/rsync-push/NAME/`     |
 //! | `rsync-ssh`   | `sshd` with a throwaway key         | `rsync -a -e "ssh -F CFG" host:SRC/ DST/`          |
 //! | `scp`         | the same `sshd`                     | `scp -r -q -F CFG host:SRC DST`                    |
 //! | `gridftp`     | `globus-gridftp-server` (anonymous) | `globus-url-copy -r -cd -p 4 -cc 4 -pp -fast …`    |
+//! | `gridftp-default` | the same server                 | `globus-url-copy -r -cd …` (untuned)               |
 //! | `xrdcp`       | `xrootd` as user `xrootd`           | `xrdcp -r --parallel 4 --streams 4 -s root://… DIR/` |
 //!
 //! Servers run as children of this process in the foreground, each in a process group of
@@ -47,11 +49,29 @@ pub enum Tool {
     GridFtp,
     /// XRootD: xrdcp from an xrootd server.
     Xrdcp,
+    /// rsync pushing into an rsync daemon (the daemon writes).
+    RsyncPush,
+    /// GridFTP with globus-url-copy's defaults (one stream, one file at a time).
+    GridFtpDefault,
 }
 
 impl Tool {
     /// Every tool, in table order.
-    pub const ALL: [Tool; 8] = [
+    pub const ALL: [Tool; 10] = [
+        Tool::DmoverPush,
+        Tool::DmoverPull,
+        Tool::Cp,
+        Tool::Rsync,
+        Tool::RsyncPush,
+        Tool::RsyncSsh,
+        Tool::Scp,
+        Tool::GridFtp,
+        Tool::GridFtpDefault,
+        Tool::Xrdcp,
+    ];
+
+    /// The tools a comparison runs unless told otherwise: one tuned way per peer.
+    pub const DEFAULT: [Tool; 8] = [
         Tool::DmoverPush,
         Tool::DmoverPull,
         Tool::Cp,
@@ -73,6 +93,8 @@ impl Tool {
             Tool::Scp => "scp",
             Tool::GridFtp => "gridftp",
             Tool::Xrdcp => "xrdcp",
+            Tool::RsyncPush => "rsync-push",
+            Tool::GridFtpDefault => "gridftp-default",
         }
     }
 
@@ -86,13 +108,13 @@ impl Tool {
         match self {
             Tool::DmoverPush | Tool::DmoverPull => (&[], ""),
             Tool::Cp => (&["cp"], "coreutils"),
-            Tool::Rsync => (&["rsync"], "rsync"),
+            Tool::Rsync | Tool::RsyncPush => (&["rsync"], "rsync"),
             Tool::RsyncSsh => (
                 &["rsync", "ssh", "sshd", "ssh-keygen"],
                 "rsync openssh-server",
             ),
             Tool::Scp => (&["scp", "ssh", "sshd", "ssh-keygen"], "openssh-server"),
-            Tool::GridFtp => (
+            Tool::GridFtp | Tool::GridFtpDefault => (
                 &["globus-gridftp-server", "globus-url-copy"],
                 "globus-gridftp-server-progs globus-gass-copy-progs",
             ),
@@ -131,9 +153,9 @@ impl Tool {
         match self {
             Tool::DmoverPush | Tool::DmoverPull => tool_version(&d, &["--version"]),
             Tool::Cp => tool_version("cp", &["--version"]),
-            Tool::Rsync | Tool::RsyncSsh => tool_version("rsync", &["--version"]),
+            Tool::Rsync | Tool::RsyncPush | Tool::RsyncSsh => tool_version("rsync", &["--version"]),
             Tool::Scp => tool_version("ssh", &["-V"]),
-            Tool::GridFtp => tool_version("globus-url-copy", &["-version"]),
+            Tool::GridFtp | Tool::GridFtpDefault => tool_version("globus-url-copy", &["-version"]),
             Tool::Xrdcp => tool_version("xrdcp", &["--version"]),
         }
     }
@@ -144,9 +166,9 @@ impl Tool {
             Tool::DmoverPush => Some(ServerKind::DmoverDst),
             Tool::DmoverPull => Some(ServerKind::DmoverSrc),
             Tool::Cp => None,
-            Tool::Rsync => Some(ServerKind::Rsyncd),
+            Tool::Rsync | Tool::RsyncPush => Some(ServerKind::Rsyncd),
             Tool::RsyncSsh | Tool::Scp => Some(ServerKind::Sshd),
-            Tool::GridFtp => Some(ServerKind::GridFtp),
+            Tool::GridFtp | Tool::GridFtpDefault => Some(ServerKind::GridFtp),
             Tool::Xrdcp => Some(ServerKind::Xrootd),
         }
     }
@@ -564,6 +586,24 @@ impl Servers {
                     ))
                     .arg(format!("{}/", dst.display()));
             }
+            Tool::RsyncPush => {
+                c = Command::new("rsync");
+                c.arg("-a").arg(format!("{}/", src.display())).arg(format!(
+                    "rsync://127.0.0.1:{}/dst/{}/{name}/",
+                    port(ServerKind::Rsyncd)?,
+                    tool.name()
+                ));
+            }
+            Tool::GridFtpDefault => {
+                c = Command::new("globus-url-copy");
+                c.args(["-r", "-cd"])
+                    .arg(format!(
+                        "ftp://127.0.0.1:{}{}/",
+                        port(ServerKind::GridFtp)?,
+                        src.display()
+                    ))
+                    .arg(format!("file://{}/", dst.display()));
+            }
             Tool::RsyncSsh => {
                 port(ServerKind::Sshd)?;
                 c = Command::new("rsync");
@@ -630,6 +670,12 @@ impl Servers {
             }
             Tool::Xrdcp => {
                 "xrdcp -r --parallel 4 --streams 4 --nopbar -s root://127.0.0.1:PORT/SRC DSTPARENT/"
+            }
+            Tool::RsyncPush => {
+                "rsync -a SRC/ rsync://127.0.0.1:PORT/dst/NAME/ (daemon writes, no encryption)"
+            }
+            Tool::GridFtpDefault => {
+                "globus-url-copy -r -cd ftp://127.0.0.1:PORT/SRC/ file:///DST/ (defaults: 1 stream)"
             }
         }
     }

@@ -202,6 +202,39 @@ fn y_top(values: impl Iterator<Item = f64>) -> f64 {
     if m > 0.0 { m * 1.12 } else { 1.0 }
 }
 
+/// The corner of a line panel with the fewest points under where its legend would go
+/// (upper left unless data sits there).
+fn legend_corner(
+    l: &Lines,
+    tx: &dyn Fn(f64) -> f64,
+    (lo, hi): (f64, f64),
+    ymax: f64,
+) -> SeriesLabelPosition {
+    let pts: Vec<(f64, f64)> = l
+        .series
+        .iter()
+        .flat_map(|s| s.points.iter())
+        .map(|p| ((tx(p.x) - lo) / (hi - lo), p.y / ymax))
+        .collect();
+    let corners = [
+        (SeriesLabelPosition::UpperLeft, false, true),
+        (SeriesLabelPosition::UpperRight, true, true),
+        (SeriesLabelPosition::LowerRight, true, false),
+        (SeriesLabelPosition::LowerLeft, false, false),
+    ];
+    let crowd = |right: bool, upper: bool| {
+        pts.iter()
+            .filter(|&&(x, y)| {
+                (if right { x > 0.6 } else { x < 0.4 }) && (if upper { y > 0.6 } else { y < 0.4 })
+            })
+            .count()
+    };
+    corners
+        .into_iter()
+        .min_by_key(|&(_, right, upper)| crowd(right, upper))
+        .map_or(SeriesLabelPosition::UpperLeft, |(c, _, _)| c)
+}
+
 fn draw_lines<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     l: &Lines,
@@ -296,7 +329,7 @@ fn draw_lines<DB: DrawingBackend>(
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK.mix(0.4))
             .label_font((FONT, 12))
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(legend_corner(l, &tx, (lo, hi), ymax))
             .draw()?;
     }
     Ok(())
@@ -471,6 +504,35 @@ mod tests {
         let bytes = std::fs::read(&png).unwrap();
         assert_eq!(&bytes[1..4], b"PNG");
         assert!(bytes.len() > 5000, "PNG of {} bytes", bytes.len());
+    }
+
+    #[test]
+    fn the_legend_goes_where_the_data_is_not() {
+        let lines = |pts: &[(f64, f64)]| Lines {
+            title: String::new(),
+            x_label: String::new(),
+            y_label: String::new(),
+            x_axis: XAxis::Linear,
+            series: vec![Series {
+                name: "s".into(),
+                points: pts
+                    .iter()
+                    .map(|&(x, y)| Point {
+                        x,
+                        y,
+                        lo: None,
+                        hi: None,
+                    })
+                    .collect(),
+            }],
+        };
+        let at = |l: &Lines| format!("{:?}", legend_corner(l, &|x| x, (0.0, 10.0), 1.0));
+        // Rising curve: the upper left is free.
+        let rising = lines(&[(1.0, 0.1), (5.0, 0.5), (9.0, 0.9)]);
+        assert_eq!(at(&rising), format!("{:?}", SeriesLabelPosition::UpperLeft));
+        // Flat lines near the top (throughput at the link rate): the legend goes low.
+        let flat = lines(&[(1.0, 0.9), (5.0, 0.9), (9.0, 0.9), (1.0, 0.7), (9.0, 0.7)]);
+        assert!(at(&flat).starts_with("Lower"), "{}", at(&flat));
     }
 
     #[test]

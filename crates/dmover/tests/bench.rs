@@ -371,3 +371,274 @@ fn mkdata_is_deterministic_by_seed() {
         "another seed, same bytes"
     );
 }
+
+/// Runs `dmover bench ARGS` as a child (so its pid, and the name of the lab it makes,
+/// `bench<pid>`, are known), killing it after `limit`.
+fn bench_child(args: &[&str], kh: &Path) -> std::process::Child {
+    Command::new(bin())
+        .arg("bench")
+        .args(args)
+        .env_remove("DMOVER_TOKEN")
+        .env("DMOVER_KNOWN_HOSTS", kh)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running dmover bench")
+}
+
+/// Waits for `child` at most `limit` (then kills it and fails), collecting its output.
+fn wait_bounded(child: std::process::Child, limit: std::time::Duration) -> Output {
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(o) => o.expect("waiting for dmover bench"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            panic!("dmover bench (pid {pid}) did not finish within {limit:?}");
+        }
+    }
+}
+
+fn netns_exists(name: &str) -> bool {
+    Path::new("/run/netns").join(name).exists()
+}
+
+#[test]
+fn transfer_over_emulated_rtts() {
+    use std::time::{Duration, Instant};
+    if !common::netlab_available("transfer_over_emulated_rtts") {
+        return;
+    }
+    let t = tmp();
+    let dst = t.path().join("work");
+    let out = t.path().join("out");
+    let plot = t.path().join("rtt.svg");
+    let kh = t.path().join("known_hosts");
+    let child = bench_child(
+        &[
+            "transfer",
+            "losf",
+            dst.to_str().unwrap(),
+            "--scale",
+            "0.004",
+            "--rtt",
+            "0,20",
+            "--rate",
+            "1gbit",
+            "--streams",
+            "1,2",
+            "--chunk",
+            "1M",
+            "--repeats",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+            "--plot",
+            plot.to_str().unwrap(),
+        ],
+        &kh,
+    );
+    let lab = format!("dmnl-bench{}-a", child.id());
+    let o = wait_bounded(child, Duration::from_secs(180));
+    ok(&o);
+    assert!(!netns_exists(&lab), "the lab {lab} was removed");
+    let rows = results(&out);
+    // 2 RTTs x 2 directions x 2 stream counts.
+    assert_eq!(rows.len(), 8, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r["status"], "ok", "{r:?}");
+        assert_eq!(r["link_rate"], "1gbit", "{r:?}");
+        let rtt = number(r, "rtt_ms");
+        assert!(rtt == 0.0 || rtt == 20.0, "{r:?}");
+        assert_eq!(r["link"], format!("{rtt} ms"), "{r:?}");
+        // 4 MiB through a 1 Gbit/s link: below the link rate.
+        let g = number(r, "gbit_per_s");
+        assert!(
+            g > 0.0 && g <= 1.0,
+            "{g} Gbit/s through a 1 Gbit/s link: {r:?}"
+        );
+        // A session needs round trips (connect, handshake, open, data, done).
+        if rtt == 20.0 {
+            assert!(number(r, "seconds") >= 0.04, "{r:?}");
+        }
+        assert!(number(r, "fwd_cpu_cores") >= 0.0, "{r:?}");
+        assert!(number(r, "fwd_queue_drops") >= 0.0, "{r:?}");
+    }
+    for rtt in ["0", "20"] {
+        let n = rows.iter().filter(|r| r["rtt_ms"] == rtt).count();
+        assert_eq!(n, 4, "rtt_ms {rtt}: {rows:?}");
+    }
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(
+        svg.contains("RTT 20 ms") && svg.contains("RTT 0 ms"),
+        "legend per RTT"
+    );
+    assert!(!dst.join("copies").exists() && !dst.join("pulled").exists());
+
+    // Ctrl-C in the middle of a long-RTT sweep: the run stops, says so, keeps its
+    // results file and removes the lab.
+    let out2 = t.path().join("out2");
+    let child = bench_child(
+        &[
+            "transfer",
+            "losf",
+            dst.to_str().unwrap(),
+            "--scale",
+            "0.004",
+            "--rtt",
+            "300",
+            "--streams",
+            "1",
+            "--chunk",
+            "1M",
+            "--repeats",
+            "20",
+            "--out",
+            out2.to_str().unwrap(),
+        ],
+        &kh,
+    );
+    let pid = child.id();
+    let lab = format!("dmnl-bench{pid}-a");
+    let t0 = Instant::now();
+    while !netns_exists(&lab) && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(netns_exists(&lab), "the lab {lab} came up");
+    std::thread::sleep(Duration::from_millis(1500));
+    Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
+    let o = wait_bounded(child, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "an interrupted run fails: {err}");
+    assert!(err.contains("interrupted"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!netns_exists(&lab), "the lab {lab} was removed");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out2.join("results.json")).unwrap()).unwrap();
+    assert!(
+        json["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("incomplete run")),
+        "{json}"
+    );
+}
+
+#[test]
+fn transfer_rtt_needs_netlab_and_says_so() {
+    use std::os::unix::fs::PermissionsExt;
+    // As an unprivileged user (run through setpriv when we are root), --rtt with an
+    // emulated value is refused up front with the reason; loopback is not a lab.
+    let t = tmp();
+    std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = t.path().join("dmover");
+    std::fs::copy(bin(), &exe).unwrap();
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
+    let mut c = if root {
+        if Command::new("setpriv").arg("--version").output().is_err() {
+            eprintln!("\n!!! SKIPPING transfer_rtt_needs_netlab_and_says_so: no setpriv !!!\n");
+            return;
+        }
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&exe);
+        c
+    } else {
+        Command::new(&exe)
+    };
+    let o = c
+        .args(["bench", "transfer", "losf", "/nonexistent/dmover-rtt"])
+        .args(["--rtt", "0,50"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("--rtt needs emulated links"), "{err}");
+    assert!(err.contains("needs root"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    // A bad value is a usage error.
+    let o = Command::new(bin())
+        .args([
+            "bench",
+            "transfer",
+            "losf",
+            "/nonexistent/x",
+            "--rtt",
+            "fast",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn net_over_emulated_rtts() {
+    use std::time::Duration;
+    if !common::netlab_available("net_over_emulated_rtts") {
+        return;
+    }
+    let t = tmp();
+    let out = t.path().join("out");
+    let child = bench_child(
+        &[
+            "net",
+            "--rtt",
+            "0,20",
+            "--rate",
+            "1gbit",
+            "--streams",
+            "1",
+            "--seconds",
+            "0.5",
+            "--repeats",
+            "1",
+            "--zerocopy",
+            "off",
+            "--iperf3",
+            "off",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &t.path().join("known_hosts"),
+    );
+    let lab = format!("dmnl-bnet{}-a", child.id());
+    let o = wait_bounded(child, Duration::from_secs(120));
+    ok(&o);
+    assert!(!netns_exists(&lab), "the lab {lab} was removed");
+    let rows = results(&out);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let rtts: Vec<f64> = rows.iter().map(|r| number(r, "rtt_ms")).collect();
+    assert_eq!(rtts, [0.0, 20.0]);
+    for r in &rows {
+        assert_eq!(r["tool"], "dmover", "{r:?}");
+        assert_eq!(r["link_rate"], "1gbit", "{r:?}");
+        let g = number(r, "gbit_per_s");
+        assert!(
+            g > 0.0 && g <= 1.0,
+            "{g} Gbit/s through a 1 Gbit/s link: {r:?}"
+        );
+    }
+    // HOST and --rtt exclude each other.
+    let o = bench(&["net", "127.0.0.1:7700", "--rtt", "10"]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -14,46 +14,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn netlab_available(test: &str) -> bool {
-    match dmover_netlab_available() {
-        Ok(()) => true,
-        Err(why) => {
-            if std::env::var("DMOVER_REQUIRE_NETLAB").is_ok_and(|v| v == "1") {
-                panic!("{test}: netlab unavailable but DMOVER_REQUIRE_NETLAB=1: {why}");
-            }
-            eprintln!("\n!!! SKIPPING {test}: netlab is unavailable here: {why} !!!\n");
-            false
-        }
-    }
-}
-
-/// The same checks as `dmover_netlab::available()`, from outside the library.
-fn dmover_netlab_available() -> Result<(), String> {
-    let uid = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(str::to_string))
-        })
-        .unwrap_or_default();
-    if uid != "0" {
-        return Err("needs root".into());
-    }
-    if std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/net/tun")
-        .is_err()
-    {
-        return Err("cannot open /dev/net/tun".into());
-    }
-    if Command::new("ip").arg("-V").output().is_err() {
-        return Err("`ip` is not installed".into());
-    }
-    Ok(())
-}
-
 fn netlab(args: &[&str]) -> std::process::Output {
     Command::new(bin())
         .arg("netlab")

@@ -410,9 +410,21 @@ pub struct Timed {
 
 /// Runs `cmd` as one timed copy; `log` receives its output.
 pub fn timed_copy(cmd: &mut std::process::Command, log: &Path, report: &mut Report) -> Timed {
+    use std::process::Stdio;
     drop_caches(report);
     let t0 = Instant::now();
-    let out = cmd.output();
+    // As `cmd.output()`, with the child's pid known to the interrupt handler.
+    let out = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|child| {
+            super::interrupt::set_child(Some(child.id()));
+            let out = child.wait_with_output();
+            super::interrupt::set_child(None);
+            out
+        });
     rustix::fs::sync();
     let seconds = t0.elapsed().as_secs_f64();
     let result = match out {

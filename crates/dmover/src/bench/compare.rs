@@ -31,8 +31,9 @@ pub struct CompareArgs {
     /// emptied) and server state (state/). Copies go to the same file system.
     #[arg(long, default_value = "/var/tmp/dmover-bench")]
     pub data: PathBuf,
-    /// Tools to run [default: all: dmover-push, dmover-pull, cp, rsync, rsync-ssh, scp,
-    /// gridftp, xrdcp]. Missing ones are reported as missing.
+    /// Tools to run [default: dmover-push, dmover-pull, cp, rsync, rsync-ssh, scp,
+    /// gridftp, xrdcp; also known: rsync-push (into the daemon), gridftp-default
+    /// (globus-url-copy without tuning)]. Missing ones are reported as missing.
     #[arg(long, value_delimiter = ',', value_parser = tool)]
     pub tools: Vec<Tool>,
     /// Times each tool copies each dataset (tools are interleaved within a repeat).
@@ -42,6 +43,9 @@ pub struct CompareArgs {
     /// (every byte).
     #[arg(long, default_value = "sample", value_parser = depth)]
     pub verify: Depth,
+    /// Extra options for the dmover-push and dmover-pull copies (e.g. "-P 8 --chunk 16M").
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    pub dmover_options: String,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -66,7 +70,7 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
     dmover_bench::peers::close_inherited_fds();
     let out_dir = a.output.dir("compare")?;
     let tools: Vec<Tool> = if a.tools.is_empty() {
-        Tool::ALL.to_vec()
+        Tool::DEFAULT.to_vec()
     } else {
         a.tools.clone()
     };
@@ -106,6 +110,7 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
         },
     );
     report.param("data", &a.data);
+    report.param("dmover_options", &a.dmover_options);
     let dmover = std::env::current_exe().context("locating the dmover binary")?;
     let mut runnable = Vec::new();
     let mut missing = Vec::new();
@@ -180,6 +185,9 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
                 let outcome = match servers.copy_command(t, &ds.name) {
                     Err(e) => Err(e),
                     Ok(mut cmd) => {
+                        if matches!(t, Tool::DmoverPush | Tool::DmoverPull) {
+                            cmd.args(a.dmover_options.split_whitespace());
+                        }
                         let log = logs.join(format!("{}-{}-r{}.log", ds.name, t.name(), rep + 1));
                         let timed = common::timed_copy(&mut cmd, &log, &mut report);
                         timed

@@ -1,8 +1,11 @@
 //! `dmover bench net HOST`: memory-to-memory throughput through dmover's own transport
 //! against a `dmover serve`, with iperf3's number beside it when iperf3 is installed.
+//! `dmover bench net --rtt …` measures over emulated links instead: per RTT, a `dmover
+//! netlab` lab with `dmover serve` and `iperf3 -s` in namespace b and the client (this
+//! process, on a thread inside namespace a) in a.
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -20,12 +23,28 @@ use dmover_proto::control::{DataProtection, MemDirection};
 use serde_json::{Map, Value, json};
 
 use super::common::{self, OutputArgs, Progress, num, row, text};
+use super::interrupt;
+use super::transfer::{self, DmoverServer, LinkRate, Place, Rtt};
 
 /// Arguments of `dmover bench net`.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct NetArgs {
-    /// The server: HOST or HOST:PORT of a `dmover serve` (port 7700 by default).
-    pub host: String,
+    /// The server: HOST or HOST:PORT of a `dmover serve` (port 7700 by default); not
+    /// with --rtt, which starts its own.
+    #[arg(required_unless_present = "rtt", conflicts_with = "rtt")]
+    pub host: Option<String>,
+    /// Emulated round-trip times instead of HOST (e.g. 0,50,200; bare numbers are ms):
+    /// per value a `dmover netlab` link (root, /dev/net/tun) with `dmover serve` and
+    /// `iperf3 -s` on one side and this client on the other; `loopback` measures a
+    /// server started on 127.0.0.1.
+    #[arg(long, value_delimiter = ',', value_parser = transfer::rtt_item)]
+    pub rtt: Vec<Rtt>,
+    /// Bottleneck rate of the emulated links, each way (e.g. 1gbit, 5gbit, unlimited).
+    #[arg(long, default_value = "1gbit", value_parser = transfer::link_rate)]
+    pub rate: LinkRate,
+    /// Random loss per segment on the emulated links (0.01% or a fraction).
+    #[arg(long, default_value = "0", value_parser = dmover_netlab::parse::parse_loss)]
+    pub loss: f64,
     /// Stream counts to measure.
     #[arg(long, default_value = "1,2,4,8", value_delimiter = ',', value_parser = common::count_item)]
     pub streams: Vec<usize>,
@@ -263,7 +282,184 @@ fn iperf3_once(
 
 pub fn run(a: NetArgs) -> anyhow::Result<()> {
     let started = Instant::now();
+    if !a.rtt.is_empty() {
+        return run_rtt(a, started);
+    }
     dmover_bench::peers::close_inherited_fds();
+    let out_dir = a.output.dir("net")?;
+    let host = a.host.clone().context("HOST is required without --rtt")?;
+    let report = measure(&a, &host, &out_dir)?;
+    let figure = a.output.plot.as_ref().map(|_| figure(&report));
+    // No RTT column without --rtt.
+    common::finish(report, started, &out_dir, &a.output, figure, &TABLE[1..])
+}
+
+/// The columns of the table printed at the end.
+const TABLE: &[(&str, &str)] = &[
+    ("rtt_ms", "RTT ms"),
+    ("tool", "tool"),
+    ("direction", "dir"),
+    ("protection", "data"),
+    ("streams", "streams"),
+    ("zerocopy", "zc"),
+    ("congestion", "cc"),
+    ("gbit_per_s", "Gbit/s"),
+    ("gbit_per_s_min", "min"),
+    ("gbit_per_s_max", "max"),
+    ("vs_iperf3", "vs iperf3"),
+    ("zerocopy_copied_percent", "zc copied %"),
+];
+
+/// `--rtt`: per value, a lab with a server and `iperf3 -s` in b, [`measure`] run on a
+/// thread inside a, its rows prefixed with the link's columns.
+fn run_rtt(a: NetArgs, started: Instant) -> anyhow::Result<()> {
+    let settings = transfer::link_settings(&a.rtt, a.rate, a.loss, None)?;
+    interrupt::install().context("watching for Ctrl-C")?;
+    dmover_bench::peers::close_inherited_fds();
+    let out_dir = a.output.dir("net")?;
+    let work = out_dir.join("links");
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let token = work.join("token");
+    transfer::write_token(&token)?;
+    let root = work.join("root");
+    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    let mut report = Report::new("net", Path::new("."));
+    let result = (|| -> anyhow::Result<()> {
+        for (i, setting) in settings.iter().enumerate() {
+            interrupt::check()?;
+            let label = setting
+                .as_ref()
+                .map_or_else(|| "loopback".to_string(), |s| transfer::rtt_label(s.rtt));
+            eprintln!("link {}/{}: {label}", i + 1, settings.len());
+            let lab = match setting {
+                None => None,
+                Some(spec) => Some(
+                    dmover_netlab::Lab::up(&format!("bnet{}", std::process::id()), spec)
+                        .with_context(|| format!("bringing up an emulated link ({label})"))?,
+                ),
+            };
+            interrupt::check()?;
+            let (place, ip) = match &lab {
+                Some(l) => (
+                    Place {
+                        netns: Some(l.b().netns.clone()),
+                    },
+                    l.b().addr.to_string(),
+                ),
+                None => (Place::default(), "127.0.0.1".to_string()),
+            };
+            let server = DmoverServer::start(
+                &place,
+                &ip,
+                &root,
+                false,
+                &token,
+                &work.join(format!("server-{i}.log")),
+            )?;
+            let iperf = match (a.iperf3.as_str(), find_program("iperf3")) {
+                ("off", _) | (_, None) => None,
+                _ => Some(start_iperf3_at(&place, &ip, lab.as_ref())?),
+            };
+            let mut sub = a.clone();
+            sub.rtt.clear();
+            sub.token_file = Some(token.clone());
+            sub.known_hosts = Some(work.join("known_hosts"));
+            sub.iperf3 = iperf
+                .as_ref()
+                .map_or_else(|| a.iperf3.clone(), |(_, at)| at.to_string());
+            let addr = server.addr.clone();
+            let dir = out_dir.clone();
+            let measured = match &lab {
+                Some(l) => l.a().in_netns(move || measure(&sub, &addr, &dir))?,
+                None => measure(&sub, &addr, &dir),
+            }?;
+            drop(iperf);
+            drop(server);
+            if report.rows.is_empty() {
+                report.parameters = measured.parameters.clone();
+                report.param(
+                    "server",
+                    match a.rate.0 {
+                        Some(r) => {
+                            format!("emulated links, {}", dmover_netlab::parse::format_rate(r))
+                        }
+                        None => "emulated links, unlimited rate".into(),
+                    },
+                );
+                report.param(
+                    "rtt",
+                    settings
+                        .iter()
+                        .map(|s| {
+                            s.as_ref()
+                                .map_or("loopback".into(), |s| transfer::rtt_label(s.rtt))
+                        })
+                        .collect::<Vec<_>>(),
+                );
+                report.param("link_rate", a.rate.0.map(dmover_netlab::parse::format_rate));
+                report.param("link_loss", a.loss);
+            }
+            report.tools.extend(measured.tools);
+            for n in measured.notes {
+                report.note(n);
+            }
+            for r in measured.rows {
+                report.push(transfer::with_link_columns(setting.as_ref(), r));
+            }
+            if let Some(l) = lab {
+                l.down().context("removing the emulated link")?;
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = &result {
+        report.note(format!(
+            "incomplete run (rows of finished links only): {e:#}"
+        ));
+    }
+    let figure = a.output.plot.as_ref().map(|_| figure(&report));
+    common::finish(report, started, &out_dir, &a.output, figure, TABLE)?;
+    let _ = std::fs::remove_dir_all(&root);
+    result
+}
+
+/// Starts `iperf3 -s` at `place` on `ip` and waits until it listens (seen from host a
+/// of `lab` when there is one).
+fn start_iperf3_at(
+    place: &Place,
+    ip: &str,
+    lab: Option<&dmover_netlab::Lab>,
+) -> anyhow::Result<(IperfServer, SocketAddr)> {
+    let ipaddr: std::net::IpAddr = ip.parse().context("the server address")?;
+    let port = match lab {
+        // The lab's namespace is ours: any port is free there.
+        Some(_) => 5201,
+        None => free_port(ipaddr)?,
+    };
+    let mut c = place.command("iperf3");
+    c.args(["-s", "-B", ip, "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let child = std::os::unix::process::CommandExt::process_group(&mut c, 0)
+        .spawn()
+        .context("starting iperf3 -s")?;
+    let server = IperfServer { child };
+    let addr = SocketAddr::new(ipaddr, port);
+    let up = match lab {
+        Some(l) => l
+            .a()
+            .in_netns(move || wait_listening(addr, Duration::from_secs(10)))?,
+        None => wait_listening(addr, Duration::from_secs(10)),
+    };
+    if !up {
+        bail!("iperf3 -s did not listen on {addr} within 10 s");
+    }
+    Ok((server, addr))
+}
+
+/// Measures every point against `host` (iperf3 beside it as `a.iperf3` says) and
+/// returns the report, not yet written.
+fn measure(a: &NetArgs, host: &str, out_dir: &Path) -> anyhow::Result<Report> {
     if !(0.2..=120.0).contains(&a.seconds) {
         bail!("--seconds must be between 0.2 and 120");
     }
@@ -276,13 +472,12 @@ pub fn run(a: NetArgs) -> anyhow::Result<()> {
             a.chunk
         );
     };
-    let server = server_addr(&a.host);
+    let server = server_addr(host);
     let addr: SocketAddr = server
         .to_socket_addrs()
         .with_context(|| format!("resolving {server}"))?
         .next()
         .with_context(|| format!("{server} has no address"))?;
-    let out_dir = a.output.dir("net")?;
     let mut report = Report::new("net", std::path::Path::new("."));
     report.param("server", &server);
     report.param("streams", &a.streams);
@@ -396,6 +591,7 @@ pub fn run(a: NetArgs) -> anyhow::Result<()> {
         for &zc in &a.zerocopy {
             for cc in &congestions {
                 for &n in &a.streams {
+                    interrupt::check()?;
                     let label = format!(
                         "{} {} {n} stream(s), zero-copy {}, {}",
                         dir.name(),
@@ -521,27 +717,7 @@ pub fn run(a: NetArgs) -> anyhow::Result<()> {
     progress.finish();
     drop(iperf);
     add_ratio_to_iperf(&mut report);
-    let figure = a.output.plot.as_ref().map(|_| figure(&report));
-    common::finish(
-        report,
-        started,
-        &out_dir,
-        &a.output,
-        figure,
-        &[
-            ("tool", "tool"),
-            ("direction", "dir"),
-            ("protection", "data"),
-            ("streams", "streams"),
-            ("zerocopy", "zc"),
-            ("congestion", "cc"),
-            ("gbit_per_s", "Gbit/s"),
-            ("gbit_per_s_min", "min"),
-            ("gbit_per_s_max", "max"),
-            ("vs_iperf3", "vs iperf3"),
-            ("zerocopy_copied_percent", "zc copied %"),
-        ],
-    )
+    Ok(report)
 }
 
 /// Gives every dmover row the ratio to the iperf3 row of the same point.
@@ -589,7 +765,12 @@ fn figure(report: &Report) -> Figure {
         let mut series: Vec<Series> = Vec::new();
         for r in report.rows.iter().filter(|r| text(r, "direction") == d) {
             let name = format!(
-                "{}{}{}{}",
+                "{}{}{}{}{}",
+                match text(r, "link").as_str() {
+                    "" => String::new(),
+                    "loopback" => "loopback: ".to_string(),
+                    l => format!("RTT {l}: "),
+                },
                 text(r, "tool"),
                 match text(r, "protection").as_str() {
                     "plain" | "none" | "" => String::new(),

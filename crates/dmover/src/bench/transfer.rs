@@ -1,19 +1,23 @@
 //! `dmover bench transfer SRC DST`: an xdd-style sweep of end-to-end file transfer rate
 //! over streams × chunk size, push (the server writes) and pull (the server reads), with
-//! repeats, cold cache and `sync` counted.
+//! repeats, cold cache and `sync` counted; with `--rtt`, once per emulated round-trip
+//! time, over a `dmover netlab` link between two network namespaces.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
 use dmover_bench::plot::{Figure, Lines, Panel, Series, XAxis};
-use dmover_bench::report::{Report, size_label};
+use dmover_bench::report::{Report, round_sig, size_label};
+use dmover_netlab::parse::{format_rate, parse_duration, parse_loss, parse_rate};
+use dmover_netlab::{Lab, LinkSpec};
 use serde_json::json;
 
 use super::common::{self, Dataset, OutputArgs, Progress, count_tree, row, text};
+use super::interrupt;
 
 /// Arguments of `dmover bench transfer`.
 #[derive(Debug, Args)]
@@ -44,6 +48,25 @@ pub struct TransferBenchArgs {
     /// Content seed of a generated dataset.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Emulated round-trip times (e.g. 0,10,50,100,200; bare numbers are ms, units
+    /// us/ms/s allowed). Each value runs the whole grid over a `dmover netlab` link
+    /// (needs root and /dev/net/tun): the servers in one network namespace, the client
+    /// in the other, data on this file system. 0 is a lab without delay (same rate,
+    /// same forwarder as the others); `loopback` is plain 127.0.0.1 [default: loopback].
+    #[arg(long, value_delimiter = ',', value_parser = rtt_item)]
+    pub rtt: Vec<Rtt>,
+    /// Bottleneck rate of the emulated links, each way (e.g. 1gbit, 500mbit, or
+    /// unlimited: as fast as the forwarder goes, which on 2 cores competes with the
+    /// copy for CPU).
+    #[arg(long, default_value = "1gbit", value_parser = link_rate)]
+    pub rate: LinkRate,
+    /// Random loss per segment on the emulated links, each way (0.01% or a fraction).
+    #[arg(long, default_value = "0", value_parser = parse_loss)]
+    pub loss: f64,
+    /// TCP congestion control inside the emulated links' namespaces (e.g. cubic, bbr)
+    /// [default: the machine's].
+    #[arg(long)]
+    pub congestion: Option<String>,
     /// Extra options for every `dmover cp` (e.g. "--no-checksum --io-threads 4").
     #[arg(long, default_value = "", allow_hyphen_values = true)]
     pub cp_options: String,
@@ -66,6 +89,44 @@ impl Direction {
             Direction::Push => "push",
             Direction::Pull => "pull",
         }
+    }
+}
+
+/// One `--rtt` value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rtt {
+    /// Plain loopback, no lab.
+    Loopback,
+    /// An emulated link adding this round-trip time.
+    Lab(Duration),
+}
+
+/// Parses one `--rtt` value: `loopback`, a number of ms, or a duration with a unit.
+pub(crate) fn rtt_item(s: &str) -> Result<Rtt, String> {
+    let t = s.trim();
+    if t == "loopback" || t == "lo" {
+        return Ok(Rtt::Loopback);
+    }
+    let d = match t.parse::<f64>() {
+        Ok(ms) if ms.is_finite() && ms >= 0.0 => Duration::from_secs_f64(ms / 1000.0),
+        Ok(_) => return Err(format!("RTT {t} must be 0 or more")),
+        Err(_) => parse_duration(t)?,
+    };
+    if d > Duration::from_secs(10) {
+        return Err(format!("RTT {t} is above 10 s"));
+    }
+    Ok(Rtt::Lab(d))
+}
+
+/// The `--rate` of emulated links: bits per second, or unlimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkRate(pub Option<u64>);
+
+/// Parses `--rate`: a rate (1gbit, 500mbit) or `unlimited`.
+pub(crate) fn link_rate(s: &str) -> Result<LinkRate, String> {
+    match s.trim() {
+        "unlimited" | "none" => Ok(LinkRate(None)),
+        t => parse_rate(t).map(|r| LinkRate(Some(r))),
     }
 }
 
@@ -119,12 +180,14 @@ impl Drop for DmoverServer {
 }
 
 impl DmoverServer {
-    /// Starts `dmover serve --root ROOT --listen IP:0` at `place` and learns its port.
+    /// Starts `dmover serve --root ROOT --listen IP:0 --token-file TOKEN` at `place`
+    /// and learns its port.
     pub fn start(
         place: &Place,
         ip: &str,
         root: &Path,
         read_only: bool,
+        token: &Path,
         log: &Path,
     ) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("locating the dmover binary")?;
@@ -134,6 +197,8 @@ impl DmoverServer {
             .arg(root)
             .arg("--state-dir")
             .arg(&state)
+            .arg("--token-file")
+            .arg(token)
             .env_remove("DMOVER_TOKEN")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -166,9 +231,53 @@ impl DmoverServer {
     }
 }
 
+/// Writes a new random token to `path` (mode 0600), replacing any old one.
+pub(crate) fn write_token(path: &Path) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    let raw: [u8; 32] = rand::random();
+    let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| writeln!(f, "{hex}"))
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// A row with `rtt_ms`, `link` and `link_rate` first, then `row`'s columns.
+pub(crate) fn with_link_columns(
+    setting: Option<&LinkSpec>,
+    row: serde_json::Map<String, serde_json::Value>,
+) -> serde_json::Map<String, serde_json::Value> {
+    let (rtt_ms, link, rate) = match setting {
+        None => (json!(0), "loopback".to_string(), "loopback".to_string()),
+        Some(s) => {
+            let ms = round_sig(s.rtt.as_secs_f64() * 1000.0, 6);
+            (
+                if ms.fract() == 0.0 {
+                    json!(ms as u64)
+                } else {
+                    json!(ms)
+                },
+                rtt_label(s.rtt),
+                s.rate_bps.map_or("unlimited".into(), format_rate),
+            )
+        }
+    };
+    let mut out = serde_json::Map::new();
+    out.insert("rtt_ms".into(), rtt_ms);
+    out.insert("link".into(), json!(link));
+    out.insert("link_rate".into(), json!(rate));
+    out.extend(row);
+    out
+}
+
 /// One link setting of the sweep: where the client and servers run.
 pub struct Link {
-    /// Label for rows (`loopback`, or the emulated RTT).
+    /// The emulated RTT in ms (`None`: loopback).
     pub rtt_ms: Option<f64>,
     /// Where `dmover cp` runs.
     pub client: Place,
@@ -190,8 +299,59 @@ impl Link {
     }
 }
 
+/// The link settings of a run: `--rtt` values, or loopback alone.
+fn settings(a: &TransferBenchArgs) -> anyhow::Result<Vec<Option<LinkSpec>>> {
+    if a.rtt.is_empty() {
+        return Ok(vec![None]);
+    }
+    link_settings(&a.rtt, a.rate, a.loss, a.congestion.as_deref())
+}
+
+/// One link setting per `--rtt` value (`None`: loopback); checks up front that emulated
+/// links can be made here.
+pub(crate) fn link_settings(
+    rtts: &[Rtt],
+    rate: LinkRate,
+    loss: f64,
+    congestion: Option<&str>,
+) -> anyhow::Result<Vec<Option<LinkSpec>>> {
+    let mut out = Vec::new();
+    for r in rtts {
+        out.push(match *r {
+            Rtt::Loopback => None,
+            Rtt::Lab(rtt) => {
+                let spec = LinkSpec {
+                    rtt,
+                    rate_bps: rate.0,
+                    loss,
+                    congestion: congestion.map(str::to_string),
+                    ..LinkSpec::default()
+                };
+                spec.validate()?;
+                Some(spec)
+            }
+        });
+    }
+    if out.iter().any(Option::is_some) {
+        dmover_netlab::available().map_err(|why| {
+            anyhow::anyhow!(
+                "--rtt needs emulated links (dmover netlab) and this machine cannot make them: \
+                 {why}; without --rtt (or with --rtt loopback) the sweep runs over plain loopback"
+            )
+        })?;
+    }
+    Ok(out)
+}
+
+/// A row label for an emulated RTT.
+pub(crate) fn rtt_label(rtt: Duration) -> String {
+    format!("{} ms", round_sig(rtt.as_secs_f64() * 1000.0, 6))
+}
+
 pub fn run(a: TransferBenchArgs) -> anyhow::Result<()> {
     let started = Instant::now();
+    let settings = settings(&a)?;
+    interrupt::install().context("watching for Ctrl-C")?;
     dmover_bench::peers::close_inherited_fds();
     std::fs::create_dir_all(&a.dst).with_context(|| format!("creating {}", a.dst.display()))?;
     let dst = std::fs::canonicalize(&a.dst)?;
@@ -212,11 +372,40 @@ pub fn run(a: TransferBenchArgs) -> anyhow::Result<()> {
     );
     report.param("repeats", a.repeats);
     report.param("cp_options", &a.cp_options);
+    report.param(
+        "rtt",
+        settings
+            .iter()
+            .map(|s| s.as_ref().map_or("loopback".into(), |s| rtt_label(s.rtt)))
+            .collect::<Vec<_>>(),
+    );
+    if settings.iter().any(Option::is_some) {
+        report.param(
+            "link_rate",
+            a.rate.0.map_or("unlimited".into(), format_rate),
+        );
+        report.param("link_loss", a.loss);
+        report.param(
+            "link_congestion",
+            a.congestion.as_deref().unwrap_or("default"),
+        );
+        report.note(
+            "emulated links: `dmover netlab` (userspace forwarder between two network \
+             namespaces: half the RTT each way, tail-drop queue of one bandwidth-delay product, \
+             tcp_rmem/tcp_wmem maxima 4 x BDP); servers in namespace b, `dmover cp` in a, data \
+             on this file system. Forwarder CPU and release lateness are in the fwd_* columns: \
+             when they grow, the emulator and not dmover is the limit",
+        );
+    }
     report.note(
         "each run: page cache dropped, destination empty, wall time of `dmover cp` plus a final sync",
     );
-    let links = vec![Link::loopback()];
-    sweep(&a, &ds, &dst, &links, &out_dir, &mut report)?;
+    let swept = sweep(&a, &ds, &dst, &settings, &out_dir, &mut report);
+    if let Err(e) = &swept {
+        report.note(format!(
+            "incomplete run (rows of finished links only): {e:#}"
+        ));
+    }
     let figure = a.output.plot.as_ref().map(|_| figure(&report));
     common::finish(
         report,
@@ -234,17 +423,35 @@ pub fn run(a: TransferBenchArgs) -> anyhow::Result<()> {
             ("gbit_per_s_max", "max"),
             ("files_per_s", "files/s"),
             ("spread", "spread"),
+            ("fwd_cpu_cores", "fwd CPU"),
             ("status", "status"),
         ],
-    )
+    )?;
+    swept
 }
 
-/// Sweeps the grid over every link; appends a row per (link, direction, streams, chunk).
+/// Sweeps the grid over every link setting (`None`: loopback; else an emulated link
+/// brought up for the setting and torn down after it, also on errors and interrupts);
+/// appends a row per (link, direction, streams, chunk).
 pub fn sweep(
     a: &TransferBenchArgs,
     ds: &Dataset,
     dst: &Path,
-    links: &[Link],
+    links: &[Option<LinkSpec>],
+    out_dir: &Path,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let result = sweep_links(a, ds, dst, links, out_dir, report);
+    let _ = std::fs::remove_dir_all(dst.join("copies"));
+    let _ = std::fs::remove_dir_all(dst.join("pulled"));
+    result
+}
+
+fn sweep_links(
+    a: &TransferBenchArgs,
+    ds: &Dataset,
+    dst: &Path,
+    links: &[Option<LinkSpec>],
     out_dir: &Path,
     report: &mut Report,
 ) -> anyhow::Result<()> {
@@ -255,6 +462,10 @@ pub fn sweep(
         std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
     }
     let extra: Vec<String> = a.cp_options.split_whitespace().map(String::from).collect();
+    // Servers on an emulated link listen on a non-loopback address, which needs
+    // authentication; every link uses the same token, so all rows pay the same set-up.
+    let token = logs.join("token");
+    write_token(&token)?;
     let exe = std::env::current_exe().context("locating the dmover binary")?;
     let grid: Vec<(Direction, usize, u64)> = a
         .direction
@@ -277,12 +488,44 @@ pub fn sweep(
         out_dir.display()
     );
     let mut progress = Progress::new(total);
-    for link in links {
+    let lab_name = format!("bench{}", std::process::id());
+    for setting in links {
+        interrupt::check()?;
+        // Declared before the servers, so it is dropped (torn down) after them.
+        let lab = match setting {
+            None => None,
+            Some(spec) => {
+                progress.start(&format!("bringing up a lab: RTT {:?}", spec.rtt));
+                let lab = Lab::up(&lab_name, spec).with_context(|| {
+                    format!(
+                        "bringing up an emulated link (RTT {:?}, rate {})",
+                        spec.rtt,
+                        spec.rate_bps.map_or("unlimited".into(), format_rate)
+                    )
+                })?;
+                Some(lab)
+            }
+        };
+        interrupt::check()?;
+        let link = match (&lab, setting) {
+            (Some(lab), Some(spec)) => Link {
+                rtt_ms: Some(spec.rtt.as_secs_f64() * 1000.0),
+                client: Place {
+                    netns: Some(lab.a().netns.clone()),
+                },
+                server: Place {
+                    netns: Some(lab.b().netns.clone()),
+                },
+                server_ip: lab.b().addr.to_string(),
+            },
+            _ => Link::loopback(),
+        };
         let push_srv = DmoverServer::start(
             &link.server,
             &link.server_ip,
             &copies,
             false,
+            &token,
             &logs.join("server-push.log"),
         )?;
         let pull_srv = DmoverServer::start(
@@ -290,15 +533,21 @@ pub fn sweep(
             &link.server_ip,
             &ds.parent,
             true,
+            &token,
             &logs.join("server-pull.log"),
         )?;
-        let rtt = link
-            .rtt_ms
-            .map_or_else(|| "loopback".to_string(), |r| format!("{r} ms"));
+        let rtt = setting
+            .as_ref()
+            .map_or_else(|| "loopback".to_string(), |s| rtt_label(s.rtt));
+        let rate = match setting {
+            None => "loopback".to_string(),
+            Some(s) => s.rate_bps.map_or("unlimited".into(), format_rate),
+        };
         let mut secs: Vec<Vec<f64>> = vec![Vec::new(); grid.len()];
         let mut fails: Vec<Option<String>> = vec![None; grid.len()];
         for rep in 0..a.repeats {
             for (i, &(dir, streams, chunk)) in grid.iter().enumerate() {
+                interrupt::check()?;
                 let label = format!(
                     "{rtt} {} {streams} stream(s) {} chunks r{}",
                     dir.name(),
@@ -310,6 +559,8 @@ pub fn sweep(
                 c.args(["cp", "--quiet", "-P", &streams.to_string()])
                     .args(["--chunk", &chunk.to_string()])
                     .args(&extra)
+                    .arg("--token-file")
+                    .arg(&token)
                     .env_remove("DMOVER_TOKEN")
                     .env("DMOVER_KNOWN_HOSTS", logs.join("known_hosts"))
                     .stdin(Stdio::null());
@@ -344,6 +595,7 @@ pub fn sweep(
                     Err(e) => Err(format!("{}: {e}", target.display())),
                 });
                 let _ = std::fs::remove_dir_all(&target);
+                interrupt::check()?;
                 match checked {
                     Ok(()) => {
                         progress.done(&format!(
@@ -359,10 +611,27 @@ pub fn sweep(
                 }
             }
         }
+        let fwd = lab.as_ref().map(Lab::stats);
+        if let Some(f) = &fwd {
+            if f.a_to_b.failed || f.b_to_a.failed {
+                report.note(format!(
+                    "the emulated link's forwarder failed during the {rtt} points; they are not valid"
+                ));
+            }
+        }
         for (i, &(dir, streams, chunk)) in grid.iter().enumerate() {
             let mut r = row(&[
-                ("rtt_ms", link.rtt_ms.map_or(json!(0), |x| json!(x))),
+                (
+                    "rtt_ms",
+                    match link.rtt_ms.map(|x| round_sig(x, 6)) {
+                        None => json!(0),
+                        Some(x) if x.fract() == 0.0 => json!(x as u64),
+                        Some(x) => json!(x),
+                    },
+                ),
                 ("link", json!(rtt)),
+                ("link_rate", json!(rate)),
+                ("loss", json!(setting.as_ref().map_or(0.0, |s| s.loss))),
                 ("direction", json!(dir.name())),
                 ("streams", json!(streams)),
                 ("chunk", json!(size_label(chunk))),
@@ -379,32 +648,53 @@ pub fn sweep(
                 ),
             ]);
             common::add_throughput(&mut r, ds.bytes, ds.files, &secs[i]);
+            // The forwarder over this link's whole sweep (both directions).
+            let (cpu, late, qdrops, ldrops) = match &fwd {
+                None => (json!(null), json!(null), json!(null), json!(null)),
+                Some(f) => (
+                    json!(round_sig(f.cpu_cores(), 3)),
+                    json!(f.a_to_b.late_p99_us.max(f.b_to_a.late_p99_us)),
+                    json!(f.a_to_b.queue_drops + f.b_to_a.queue_drops),
+                    json!(f.a_to_b.loss_drops + f.b_to_a.loss_drops),
+                ),
+            };
+            r.insert("fwd_cpu_cores".into(), cpu);
+            r.insert("fwd_late_p99_us".into(), late);
+            r.insert("fwd_queue_drops".into(), qdrops);
+            r.insert("fwd_loss_drops".into(), ldrops);
             report.push(r);
+        }
+        drop(push_srv);
+        drop(pull_srv);
+        if let Some(lab) = lab {
+            lab.down().context("removing the emulated link")?;
         }
     }
     progress.finish();
-    let _ = std::fs::remove_dir_all(&copies);
-    let _ = std::fs::remove_dir_all(&pulled);
     Ok(())
 }
 
-/// Throughput against streams: a panel per direction, a line per chunk size (and RTT).
+/// Throughput against streams: a panel per direction, a line per RTT (and chunk size).
 fn figure(report: &Report) -> Figure {
-    let links: Vec<String> = {
-        let mut v: Vec<String> = report.rows.iter().map(|r| text(r, "link")).collect();
+    let distinct = |key: &str| {
+        let mut v: Vec<String> = report.rows.iter().map(|r| text(r, key)).collect();
         v.dedup();
-        v
+        v.sort();
+        v.dedup();
+        v.len()
     };
+    let (links, chunks) = (distinct("link"), distinct("chunk"));
     let panels = ["push", "pull"]
         .iter()
         .filter(|d| report.rows.iter().any(|r| text(r, "direction") == **d))
         .map(|d| {
             let mut series: Vec<Series> = Vec::new();
             for r in report.rows.iter().filter(|r| text(r, "direction") == *d) {
-                let name = if links.len() > 1 {
-                    format!("{}, {} chunks", text(r, "link"), text(r, "chunk"))
-                } else {
-                    format!("{} chunks", text(r, "chunk"))
+                let name = match (links > 1, chunks > 1) {
+                    (true, true) => format!("RTT {}, {} chunks", text(r, "link"), text(r, "chunk")),
+                    (true, false) if text(r, "link") == "loopback" => "loopback".into(),
+                    (true, false) => format!("RTT {}", text(r, "link")),
+                    _ => format!("{} chunks", text(r, "chunk")),
                 };
                 if let Some(pt) = common::streams_point(r) {
                     common::add_point(&mut series, name, pt);
@@ -433,8 +723,12 @@ fn figure(report: &Report) -> Figure {
         .and_then(|p| Path::new(p).file_name())
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    let link = match report.parameters.get("link_rate").and_then(|v| v.as_str()) {
+        Some(rate) => format!(", emulated link {rate}"),
+        None => String::new(),
+    };
     Figure {
-        title: format!("dmover bench transfer: {ds}"),
+        title: format!("dmover bench transfer: {ds}{link}"),
         panels,
     }
 }
