@@ -670,7 +670,14 @@ impl Client {
             &mut conn.ch,
             &run,
             hb,
-            engine::send(&disk, source.clone(), pool, streams, run.clone()),
+            engine::send(
+                &disk,
+                source.clone(),
+                pool,
+                streams,
+                run.clone(),
+                self.opts.idle_timeout,
+            ),
         )
         .await;
         let (stats, early) = match sent {

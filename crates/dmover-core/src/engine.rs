@@ -11,9 +11,9 @@
 //! A broken data stream is not an error while another one lives: the destination
 //! acknowledges every chunk it has read whole (see [`dmover_proto::data`]), the source
 //! keeps the chunks each stream has not acknowledged and, when a stream breaks (an I/O
-//! error, the peer closing it, or no acknowledgement for [`STREAM_STALL`]), reads them
-//! from disk again and sends them on the other streams. The destination keeps the first
-//! whole copy of a chunk and drops later ones.
+//! error, the peer closing it, or no acknowledgement for `send`'s `stall`, by default
+//! [`STREAM_STALL`]), reads them from disk again and sends them on the other streams.
+//! The destination keeps the first whole copy of a chunk and drops later ones.
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dmover_net::NetError;
+use dmover_net::stream::DataRead;
 use dmover_proto::control::Summary;
 use dmover_proto::data::{
     ACK_LEN, DIGEST_LEN, FrameHeader, FrameKind, FrameLimits, HEADER_LEN, decode_ack, encode_ack,
@@ -120,8 +121,9 @@ pub struct DataStream<S> {
     pub peer: String,
 }
 
-/// A source stream that has not heard an acknowledgement for this long while chunks
-/// are outstanding on it declares it broken and sends them on the other streams.
+/// The default of [`send`]'s `stall`: a source stream that has not heard an
+/// acknowledgement for this long while chunks are outstanding on it declares it broken
+/// and sends them on the other streams.
 pub const STREAM_STALL: Duration = Duration::from_secs(120);
 /// Once every chunk has arrived, how long the destination's streams wait for their END
 /// (in the background: the summary does not wait for it).
@@ -202,16 +204,19 @@ impl SendShared {
 
 /// Sends the source's chunks over `streams`. Each stream's unacknowledged chunks are
 /// sent again on the others if it breaks; returns once every chunk is acknowledged and
-/// every live stream has sent its `END` frame (or at the first error).
+/// every live stream has sent its `END` frame (or at the first error). A stream with
+/// chunks outstanding that hears no acknowledgement for `stall` is declared broken (a
+/// connection that went silent without closing).
 pub async fn send<S>(
     disk: &Arc<DiskPool>,
     source: Arc<Source>,
     pool: Pool,
     streams: Vec<DataStream<S>>,
     run: Arc<Run>,
+    stall: Duration,
 ) -> Result<SendStats>
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: AsyncRead + AsyncWrite + DataRead + Unpin + Send + 'static,
 {
     let total = source.chunks().count() as u64;
     let (ftx, frx) = async_channel::bounded::<Filled>(pool.count().max(1));
@@ -231,7 +236,15 @@ where
     }
     let tasks: Vec<_> = streams
         .into_iter()
-        .map(|s| tokio::spawn(send_stream(s, frx.clone(), sh.clone(), source.clone())))
+        .map(|s| {
+            tokio::spawn(send_stream(
+                s,
+                frx.clone(),
+                sh.clone(),
+                source.clone(),
+                stall,
+            ))
+        })
         .collect();
     drop(frx);
     let mut fresh = source.chunks();
@@ -324,11 +337,17 @@ async fn send_stream<S>(
     queue: async_channel::Receiver<Filled>,
     sh: Arc<SendShared>,
     source: Arc<Source>,
+    stall: Duration,
 ) where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + DataRead + Unpin,
 {
     let peer = s.peer;
-    let (mut rd, mut wr) = tokio::io::split(s.io);
+    let mut io = s.io;
+    // The acknowledgement reader below times itself (`stall`, only while chunks are
+    // outstanding): a stream with nothing in flight, waiting for work while another
+    // stream's chunks are sent again, is idle, not broken.
+    io.reads_timed_by_caller();
+    let (mut rd, mut wr) = tokio::io::split(io);
     let unacked: Mutex<VecDeque<Sent>> = Mutex::new(VecDeque::new());
     let written = AtomicU64::new(0);
     let run = &sh.run;
@@ -397,14 +416,14 @@ async fn send_stream<S>(
         let mut b = [0u8; ACK_LEN];
         let mut have = 0;
         loop {
-            let r = tokio::time::timeout(STREAM_STALL, rd.read(&mut b[have..])).await;
+            let r = tokio::time::timeout(stall, rd.read(&mut b[have..])).await;
             match r {
                 Err(_) if unacked.lock().is_empty() => continue,
                 Err(_) => {
                     return Error::Net(NetError::Timeout {
                         peer: peer.clone(),
                         what: "acknowledgements on a data stream",
-                        secs: STREAM_STALL.as_secs(),
+                        secs: stall.as_secs(),
                     });
                 }
                 Ok(Ok(0)) => return Error::Net(NetError::Closed { peer: peer.clone() }),
@@ -513,7 +532,7 @@ pub async fn receive<S>(
     run: Arc<Run>,
 ) -> Result<(Summary, RecvStats)>
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: AsyncRead + AsyncWrite + DataRead + Unpin + Send + 'static,
 {
     let n = sink.layout().n_chunks();
     let seen = Seen::new(n);
@@ -632,7 +651,7 @@ where
 
 async fn recv_stream<S>(mut s: DataStream<S>, sh: &Arc<RecvShared>) -> Result<u64, StreamEnd>
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + DataRead + Unpin,
 {
     let layout = sh.sink.layout();
     let n = layout.n_chunks();
@@ -712,7 +731,8 @@ where
             tokio::select! {
                 biased;
                 _ = sh.run.cancelled() => return Err(aborted()),
-                r = s.io.read_exact(&mut buf[off..off + len]) => { r.map_err(lost)?; }
+                // Sealed records are opened straight into the pool buffer.
+                r = s.io.read_exact_into(&mut buf[off..off + len]) => { r.map_err(lost)?; }
             }
         }
         sh.run.progress.bytes.fetch_add(expected, Ordering::Relaxed);

@@ -928,7 +928,14 @@ impl Server {
                     ch,
                     &run,
                     hb,
-                    engine::send(&self.disk, source.clone(), pool, streams, run.clone()),
+                    engine::send(
+                        &self.disk,
+                        source.clone(),
+                        pool,
+                        streams,
+                        run.clone(),
+                        self.cfg.idle_timeout,
+                    ),
                 )
                 .await?;
                 ch.send(&Control::SendReport(SendReport {

@@ -39,6 +39,15 @@ pub struct Sealed<S> {
     rlen: usize,
     pstart: usize,
     pend: usize,
+    /// The body length of the record being received straight into a caller's buffer
+    /// by [`DataRead::read_exact_into`] (its header is in `rbuf`), if one is.
+    direct: Option<usize>,
+    /// Bytes of that record's body and tag received so far.
+    dgot: usize,
+    /// That record's tag.
+    tag: [u8; TAG_LEN],
+    /// Bytes read from `io`, to tell progress while a read is pending.
+    rx: u64,
 }
 
 impl<S> Sealed<S> {
@@ -62,6 +71,10 @@ impl<S> Sealed<S> {
             rlen: 0,
             pstart: 0,
             pend: 0,
+            direct: None,
+            dgot: 0,
+            tag: [0; TAG_LEN],
+            rx: 0,
         }
     }
 
@@ -125,18 +138,147 @@ impl<S> Sealed<S> {
                 .is_ok()
         };
         if !ok {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "data record {} failed authentication: the data was altered, injected or \
-                     replayed on the way",
-                    self.rseq - 1
-                ),
-            ));
+            return Err(self.forged());
         }
         self.pstart = HEADER_LEN;
         self.pend = HEADER_LEN + body;
         Ok(())
+    }
+
+    /// The error of a record that failed authentication (the last one opened).
+    fn forged(&self) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "data record {} failed authentication: the data was altered, injected or \
+                 replayed on the way",
+                self.rseq - 1
+            ),
+        )
+    }
+
+    /// Opens the record whose header is in `rbuf`, body in `dst[at..]` and tag in `tag`,
+    /// leaving its plaintext in `dst[at..]`.
+    fn open_direct(&mut self, dst: &mut [u8], at: usize) -> io::Result<()> {
+        let nonce = Nonce::assume_unique_for_key(record::nonce(self.rseq));
+        self.rseq += 1;
+        let header: [u8; HEADER_LEN] = self.rbuf[..HEADER_LEN].try_into().unwrap();
+        let ok = if self.encrypt {
+            self.rkey
+                .open_in_place_separate_tag(nonce, Aad::from(header), &self.tag, &mut dst[at..])
+                .is_ok()
+        } else {
+            // The MAC covers header and body as one run of bytes: the header borrows the
+            // HEADER_LEN bytes before the body (plaintext this read already delivered
+            // there) and gives them back.
+            let aad = &mut dst[at - HEADER_LEN..];
+            let saved: [u8; HEADER_LEN] = aad[..HEADER_LEN].try_into().unwrap();
+            aad[..HEADER_LEN].copy_from_slice(&header);
+            let ok = self
+                .rkey
+                .open_in_place_separate_tag(nonce, Aad::from(&*aad), &self.tag, &mut [])
+                .is_ok();
+            aad[..HEADER_LEN].copy_from_slice(&saved);
+            ok
+        };
+        if ok { Ok(()) } else { Err(self.forged()) }
+    }
+
+    /// Whether a read cancelled inside a record left the stream unusable; forgets a
+    /// direct record none of whose body had arrived (its header stays in `rbuf`).
+    fn check_direct(&mut self) -> io::Result<()> {
+        match self.direct {
+            Some(_) if self.dgot > 0 => Err(io::Error::other(
+                "a read of this data stream was cancelled inside a record",
+            )),
+            Some(_) => {
+                self.direct = None;
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+fn ended_inside_record() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the data stream ended inside a record",
+    )
+}
+
+impl<S: AsyncRead + Unpin> Sealed<S> {
+    /// Fills `dst[*pos..]`, advancing `*pos`. A record whose body fits in what is left
+    /// of `dst` is received into it and opened there (the header and tag go to the
+    /// record buffer); others go through the record buffer and are copied.
+    /// Authenticated records also need `*pos >= HEADER_LEN` (see `open_direct`).
+    fn poll_fill(
+        &mut self,
+        cx: &mut Context<'_>,
+        dst: &mut [u8],
+        pos: &mut usize,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            if *pos == dst.len() {
+                return Poll::Ready(Ok(()));
+            }
+            if let Some(body) = self.direct {
+                if self.dgot < body + TAG_LEN {
+                    let mut rb = if self.dgot < body {
+                        ReadBuf::new(&mut dst[*pos + self.dgot..*pos + body])
+                    } else {
+                        ReadBuf::new(&mut self.tag[self.dgot - body..])
+                    };
+                    ready!(Pin::new(&mut self.io).poll_read(cx, &mut rb))?;
+                    let n = rb.filled().len();
+                    if n == 0 {
+                        return Poll::Ready(Err(ended_inside_record()));
+                    }
+                    self.dgot += n;
+                    self.rx += n as u64;
+                    continue;
+                }
+                self.open_direct(&mut dst[..*pos + body], *pos)?;
+                *pos += body;
+                self.direct = None;
+                self.dgot = 0;
+                self.rlen = 0;
+                continue;
+            }
+            if self.pstart == self.pend && self.rlen < HEADER_LEN {
+                let mut rb = ReadBuf::new(&mut self.rbuf[self.rlen..HEADER_LEN]);
+                ready!(Pin::new(&mut self.io).poll_read(cx, &mut rb))?;
+                let n = rb.filled().len();
+                if n == 0 {
+                    return Poll::Ready(Err(if self.rlen == 0 {
+                        io::Error::new(io::ErrorKind::UnexpectedEof, "the data stream ended")
+                    } else {
+                        ended_inside_record()
+                    }));
+                }
+                self.rlen += n;
+                self.rx += n as u64;
+                if self.rlen == HEADER_LEN {
+                    let body = record::decode_header(&self.rbuf[..HEADER_LEN])
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                    if body <= dst.len() - *pos && (self.encrypt || *pos >= HEADER_LEN) {
+                        self.direct = Some(body);
+                        self.dgot = 0;
+                    }
+                }
+                continue;
+            }
+            let mut rb = ReadBuf::new(&mut dst[*pos..]);
+            ready!(Pin::new(&mut *self).poll_read(cx, &mut rb))?;
+            let n = rb.filled().len();
+            if n == 0 {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the data stream ended",
+                )));
+            }
+            *pos += n;
+        }
     }
 }
 
@@ -147,6 +289,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Sealed<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let me = &mut *self;
+        me.check_direct()?;
         loop {
             if me.pstart < me.pend {
                 let n = buf.remaining().min(me.pend - me.pstart);
@@ -180,12 +323,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for Sealed<S> {
                 if me.rlen == 0 {
                     return Poll::Ready(Ok(()));
                 }
-                return Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the data stream ended inside a record",
-                )));
+                return Poll::Ready(Err(ended_inside_record()));
             }
             me.rlen += n;
+            me.rx += n as u64;
         }
     }
 }
@@ -438,6 +579,91 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for DataIo<S> {
     }
 }
 
+/// What the engine needs of a data stream beyond [`AsyncRead`]: filling a caller's buffer
+/// exactly (the engine reads chunk payloads into its pool buffers; [`DataIo`] opens
+/// sealed records straight into the buffer instead of copying them out of its record
+/// buffer), and turning off the read idle limit where the engine times reads itself.
+pub trait DataRead: AsyncRead + Unpin + Send {
+    /// Fills `dst` from the stream; an end of stream before it is full is an
+    /// `UnexpectedEof` error. If the returned future is dropped before it completes,
+    /// the stream may be unusable (later reads fail): it is meant for streams that are
+    /// abandoned when a read is cancelled.
+    fn read_exact_into<'a>(
+        &'a mut self,
+        dst: &'a mut [u8],
+    ) -> impl Future<Output = io::Result<()>> + Send + 'a {
+        async move {
+            tokio::io::AsyncReadExt::read_exact(self, dst).await?;
+            Ok(())
+        }
+    }
+
+    /// Reads are timed by the caller from now on: a stream's own limit on waiting
+    /// without progress no longer applies to them (the source's acknowledgement reader,
+    /// rightly idle while nothing is in flight on its stream). Writes keep theirs.
+    fn reads_timed_by_caller(&mut self) {}
+}
+
+impl DataRead for TcpStream {}
+impl DataRead for tokio::io::DuplexStream {}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> DataRead for DataIo<S> {
+    fn reads_timed_by_caller(&mut self) {
+        self.read_idle = Idle::new(None);
+    }
+
+    async fn read_exact_into(&mut self, dst: &mut [u8]) -> io::Result<()> {
+        if let Inner::Sealed(s) = &mut self.inner {
+            s.check_direct()?;
+        }
+        let mut pos = 0;
+        std::future::poll_fn(|cx| {
+            let me = &mut *self;
+            let (r, progressed) = match &mut me.inner {
+                Inner::Plain(s) => {
+                    let start = pos;
+                    let r = loop {
+                        if pos == dst.len() {
+                            break Poll::Ready(Ok(()));
+                        }
+                        let mut rb = ReadBuf::new(&mut dst[pos..]);
+                        match Pin::new(&mut *s).poll_read(cx, &mut rb) {
+                            Poll::Ready(Ok(())) if rb.filled().is_empty() => {
+                                break Poll::Ready(Err(io::Error::new(
+                                    io::ErrorKind::UnexpectedEof,
+                                    "the data stream ended",
+                                )));
+                            }
+                            Poll::Ready(Ok(())) => pos += rb.filled().len(),
+                            other => break other,
+                        }
+                    };
+                    (r, pos != start)
+                }
+                Inner::Sealed(s) => {
+                    let rx = s.rx;
+                    let r = s.poll_fill(cx, dst, &mut pos);
+                    (r, s.rx != rx)
+                }
+            };
+            if progressed {
+                me.read_idle.armed = false;
+            }
+            match r {
+                Poll::Ready(r) => {
+                    me.read_idle.armed = false;
+                    Poll::Ready(r)
+                }
+                Poll::Pending if me.read_idle.expired(cx) => {
+                    Poll::Ready(Err(me.read_idle.error("receiving")))
+                }
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -549,6 +775,129 @@ mod tests {
                 io::ErrorKind::InvalidData
             );
         }
+    }
+
+    /// `read_exact_into` in pieces of the sizes in `cuts` (cycled), as the engine reads
+    /// a frame header, then a payload: records that fit are opened in the caller's
+    /// buffer, others (straddling two reads, or an authenticated one at the start of a
+    /// read) go through the record buffer. Returns what was read.
+    async fn read_in_pieces(
+        r: &mut DataIo<tokio::io::DuplexStream>,
+        total: usize,
+        cuts: &[usize],
+    ) -> io::Result<Vec<u8>> {
+        let mut got = vec![0u8; total];
+        let mut at = 0;
+        for &c in cuts.iter().cycle() {
+            if at == total {
+                break;
+            }
+            let n = c.min(total - at);
+            r.read_exact_into(&mut got[at..at + n]).await?;
+            at += n;
+        }
+        Ok(got)
+    }
+
+    #[tokio::test]
+    async fn read_exact_into_opens_records_in_place() {
+        let payload = data(MAX_RECORD * 5 + 777);
+        let cuts: &[&[usize]] = &[
+            &[payload.len()],
+            &[3, MAX_RECORD * 2 + 10, 1, MAX_RECORD],
+            &[HEADER_LEN + MAX_RECORD, 2, MAX_RECORD - 2, 4096],
+            &[MAX_RECORD + 1],
+        ];
+        for p in [
+            DataProtection::Plain,
+            DataProtection::Authenticated,
+            DataProtection::Encrypted,
+        ] {
+            // Records of every size: one write per record, of varying length.
+            let (a, mut b) = duplex(8 << 20);
+            let mut w = DataIo::new(a, p, &[1; 32], 0, Role::Server, None);
+            let mut sizes = [MAX_RECORD, 1, 1000, MAX_RECORD, 5, 70_000].iter().cycle();
+            let mut at = 0;
+            while at < payload.len() {
+                let n = (*sizes.next().unwrap()).min(payload.len() - at);
+                w.write_all(&payload[at..at + n]).await.unwrap();
+                w.flush().await.unwrap();
+                at += n;
+            }
+            w.shutdown().await.unwrap();
+            drop(w);
+            let mut wire = Vec::new();
+            b.read_to_end(&mut wire).await.unwrap();
+            for c in cuts {
+                let (mut x, y) = duplex(8 << 20);
+                x.write_all(&wire).await.unwrap();
+                drop(x);
+                let mut r = DataIo::new(y, p, &[1; 32], 0, Role::Client, None);
+                let got = read_in_pieces(&mut r, payload.len(), c).await.unwrap();
+                assert!(got == payload, "{p:?} {c:?}");
+                // The stream ends cleanly after the last record.
+                let mut one = [0u8; 1];
+                let e = r.read_exact_into(&mut one).await.unwrap_err();
+                assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{p:?}");
+            }
+            if p == DataProtection::Plain {
+                continue;
+            }
+            // A flipped bit in a record opened in place is caught, and so is a cut.
+            for at in [HEADER_LEN + MAX_RECORD + TAG_LEN + 9000, wire.len() - 3] {
+                let mut bad = wire.clone();
+                bad[at] ^= 1;
+                let (mut x, y) = duplex(8 << 20);
+                x.write_all(&bad).await.unwrap();
+                drop(x);
+                let mut r = DataIo::new(y, p, &[1; 32], 0, Role::Client, None);
+                let e = read_in_pieces(&mut r, payload.len(), &[7, payload.len()])
+                    .await
+                    .unwrap_err();
+                assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{p:?} at {at}: {e}");
+                assert!(e.to_string().contains("failed authentication"), "{e}");
+            }
+            let (mut x, y) = duplex(8 << 20);
+            x.write_all(&wire[..wire.len() / 2]).await.unwrap();
+            drop(x);
+            let mut r = DataIo::new(y, p, &[1; 32], 0, Role::Client, None);
+            let e = read_in_pieces(&mut r, payload.len(), &[payload.len()])
+                .await
+                .unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{p:?}: {e}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn read_exact_into_times_out_only_without_progress() {
+        // A peer that sends a record slowly (a byte every 4 s, limit 5 s) is making
+        // progress; one that stops is cut off.
+        let (mut a, b) = duplex(1 << 20);
+        let mut r = DataIo::new(
+            b,
+            DataProtection::Plain,
+            &[0; 32],
+            0,
+            Role::Server,
+            Some(Duration::from_secs(5)),
+        );
+        let feeder = tokio::spawn(async move {
+            for i in 0..4u8 {
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                a.write_all(&[i]).await.unwrap();
+            }
+            a
+        });
+        let mut got = [0u8; 4];
+        r.read_exact_into(&mut got).await.unwrap();
+        assert_eq!(got, [0, 1, 2, 3]);
+        let _a = feeder.await.unwrap();
+        let e = r.read_exact_into(&mut got).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        // Where the caller times its reads, the stream's limit is off.
+        r.reads_timed_by_caller();
+        let t = tokio::time::timeout(Duration::from_secs(60), r.read_exact_into(&mut got)).await;
+        assert!(t.is_err(), "the read should still be waiting: {t:?}");
     }
 
     #[tokio::test(start_paused = true)]

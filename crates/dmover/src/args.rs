@@ -146,6 +146,11 @@ pub struct ReliabilityArgs {
     /// Keep no resume journal at the destination (a failed copy cannot resume).
     #[arg(long, conflicts_with = "resume")]
     pub no_journal: bool,
+    /// A data stream that makes no progress for this long (nothing received, nothing
+    /// sent, or no acknowledgement of the chunks in flight on it) is declared broken and
+    /// its chunks are sent on the other streams (e.g. 30s, 2m).
+    #[arg(long, default_value = "120s", value_parser = parse_duration, value_name = "D")]
+    pub stream_timeout: std::time::Duration,
     /// Heartbeat interval on the control channel, in milliseconds (tests).
     #[arg(long, hide = true)]
     pub debug_heartbeat_ms: Option<u64>,

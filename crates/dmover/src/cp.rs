@@ -109,6 +109,7 @@ pub fn run(a: CpArgs) -> anyhow::Result<ExitCode> {
     opts.continue_on_error = r.continue_on_error;
     opts.verify = r.verify;
     opts.journal = !r.no_journal;
+    opts.idle_timeout = r.stream_timeout.max(std::time::Duration::from_secs(1));
     if let Some(ms) = r.debug_heartbeat_ms {
         opts.heartbeat = std::time::Duration::from_millis(ms.max(50));
     }

@@ -450,6 +450,9 @@ enum Mode {
     /// Flip one bit of the client's bytes this far after the join, on the first data
     /// connection.
     Flip(usize),
+    /// After the join, the first data connection goes silent: nothing more is forwarded
+    /// either way, and both TCP connections stay open (a path that black-holes one flow).
+    Silence,
 }
 
 struct Proxy {
@@ -557,6 +560,15 @@ fn proxy(server: &str, mode: Mode) -> Proxy {
                         Mode::Flip(at) => {
                             if first_data.swap(false, Ordering::SeqCst) {
                                 flip_at = Some(at);
+                            }
+                        }
+                        Mode::Silence => {
+                            if first_data.swap(false, Ordering::SeqCst) {
+                                fl.fetch_add(1, Ordering::SeqCst);
+                                // Hold both connections open, reading nothing.
+                                std::thread::sleep(Duration::from_secs(300));
+                                drop((c, s));
+                                return;
                             }
                         }
                     }
@@ -679,6 +691,191 @@ fn encrypted_round_trip_is_identical_and_a_flipped_bit_is_detected() {
         assert!(std::fs::read(root.join(name)).unwrap() == a, "{name}");
         assert!(staging_files(&root).is_empty(), "{name}");
     }
+}
+
+/// `dmover cp ARGS` (pinning in `kh`), killed if it has not finished within `limit`:
+/// the exit code (`None`: killed) and stdout + stderr.
+fn cp_within(
+    args: &[&str],
+    kh: &Path,
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> (Option<i32>, String, String) {
+    let out = tempfile::NamedTempFile::new().unwrap();
+    let err = tempfile::NamedTempFile::new().unwrap();
+    let mut c = std::process::Command::new(bin());
+    c.arg("cp")
+        .args(args)
+        .env_remove("DMOVER_TOKEN")
+        .env_remove("DMOVER_KEY")
+        .env_remove("DMOVER_USER")
+        .env("DMOVER_KNOWN_HOSTS", kh)
+        .stdout(out.reopen().unwrap())
+        .stderr(err.reopen().unwrap());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let mut child = c.spawn().unwrap();
+    let end = Instant::now() + limit;
+    let code = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st.code();
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (
+        code,
+        std::fs::read_to_string(out.path()).unwrap(),
+        std::fs::read_to_string(err.path()).unwrap(),
+    )
+}
+
+/// A server whose data streams give up after `idle_secs` without progress (and, as a
+/// source, send the chunks of a stream that acknowledges nothing for that long on the
+/// others), a known-hosts file, and a source tree of 6 × 3 MiB files.
+struct Silent {
+    t: tempfile::TempDir,
+    c: Creds,
+    srv: Server,
+    kh: PathBuf,
+    src: PathBuf,
+}
+
+fn silent_setup(idle_secs: u64) -> Silent {
+    let t = tmp();
+    let c = setup_users(t.path(), &format!("idle_timeout_secs = {idle_secs}"));
+    let srv = Server::start_with(
+        &[os(Path::new("--config")), os(&c.config)],
+        &c.data,
+        Some(&t.path().join("server.log")),
+        None,
+    );
+    let kh = t.path().join("known_hosts");
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    for i in 0..6 {
+        write_file(&src.join(format!("f{i}")), i, 3 << 20, 0o644, 1_600_000_000);
+    }
+    Silent { t, c, srv, kh, src }
+}
+
+impl Silent {
+    /// `dmover cp` as alice through a proxy whose first data stream goes silent after
+    /// its join, 1 MiB chunks, killed after `limit`: (exit code, stdout, stderr).
+    fn cp(&self, args: &[&str], limit: Duration) -> (Option<i32>, String, String) {
+        let tok = s(&self.c.alice_token);
+        let mut a = vec!["--chunk", "1M", "--token-file", tok];
+        a.extend_from_slice(args);
+        cp_within(&a, &self.kh, &[("DMOVER_USER", "alice")], limit)
+    }
+}
+
+/// The JSON report of a copy that lost exactly the silent stream and sent its chunks
+/// again on the others.
+fn lost_one_stream(out: &str, err: &str) {
+    let j: serde_json::Value = serde_json::from_str(out.trim()).expect(out);
+    assert_eq!(j["ok"], true, "{out}");
+    assert_eq!(
+        j["streams_lost"], 1,
+        "only the silent stream is lost: {out}\n{err}"
+    );
+    assert!(
+        j["retries"].as_u64().unwrap() >= 1,
+        "its chunks were sent again: {out}\n{err}"
+    );
+}
+
+/// A data stream that joins its session and then goes silent, its TCP connection open
+/// (a path that black-holes one flow), during a push: after `--stream-timeout` (5 s)
+/// without an acknowledgement the client sends its chunks on the other streams and the
+/// copy completes, byte-identical, reporting exactly one lost stream (healthy streams
+/// waiting for work are not lost); with no other stream the copy fails with a clear
+/// error (exit code 4, a network failure) and nothing is finalised. Every copy is
+/// killed after 20 s, so the test ends within a minute even if the code hangs.
+#[test]
+fn a_data_stream_silent_after_its_join_during_a_push_is_replaced_by_the_others() {
+    let x = silent_setup(10);
+    let started = Instant::now();
+    let p = proxy(&x.srv.addr, Mode::Silence);
+    let dst = format!("dmover://{}/data/pushed", p.addr);
+    let (code, out, err) = x.cp(
+        &[
+            "--json",
+            "-P",
+            "4",
+            "--stream-timeout",
+            "5s",
+            s(&x.src),
+            &dst,
+        ],
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(0), "push: {err}");
+    assert_eq!(p.flipped.load(Ordering::SeqCst), 1, "no stream went silent");
+    same(&x.src, &x.c.data.join("pushed"));
+    lost_one_stream(&out, &err);
+
+    // A single stream, silent: a clear error within the timeout, nothing finalised.
+    let p = proxy(&x.srv.addr, Mode::Silence);
+    let dst = format!("dmover://{}/data/single", p.addr);
+    let (code, _, err) = x.cp(
+        &["-P", "1", "--stream-timeout", "5s", s(&x.src), &dst],
+        Duration::from_secs(20),
+    );
+    assert_eq!(p.flipped.load(Ordering::SeqCst), 1, "no stream went silent");
+    assert_eq!(code, Some(4), "a network failure: {err}");
+    assert!(
+        err.contains("within 5 s (acknowledgements on a data stream)"),
+        "the error says what stalled and for how long: {err}"
+    );
+    assert!(!x.c.data.join("single").join("f0").exists());
+    assert!(started.elapsed() < Duration::from_secs(60));
+    drop(x.t);
+}
+
+/// The same during a pull: the server, the source, sends the silent stream's chunks
+/// on the others after its idle timeout (5 s here); the client's streams wait for
+/// them (`--stream-timeout 15s`) and the copy completes, byte-identical.
+#[test]
+fn a_data_stream_silent_after_its_join_during_a_pull_is_replaced_by_the_others() {
+    let x = silent_setup(5);
+    std::fs::create_dir(x.c.data.join("tree")).unwrap();
+    for i in 0..6 {
+        std::fs::copy(
+            x.src.join(format!("f{i}")),
+            x.c.data.join("tree").join(format!("f{i}")),
+        )
+        .unwrap();
+    }
+    let started = Instant::now();
+    let p = proxy(&x.srv.addr, Mode::Silence);
+    let back = x.t.path().join("back");
+    let (code, out, err) = x.cp(
+        &[
+            "--json",
+            "-P",
+            "4",
+            "--stream-timeout",
+            "15s",
+            &format!("dmover://{}/data/tree", p.addr),
+            s(&back),
+        ],
+        Duration::from_secs(45),
+    );
+    assert_eq!(code, Some(0), "pull: {err}");
+    assert_eq!(p.flipped.load(Ordering::SeqCst), 1, "no stream went silent");
+    same(&x.c.data.join("tree"), &back);
+    // On a loaded machine a healthy stream may also miss the server's 5 s stall (its
+    // acknowledgements wait for the client's buffers) and be replaced too.
+    let j: serde_json::Value = serde_json::from_str(out.trim()).expect(&out);
+    assert!(j["streams_lost"].as_u64().unwrap() >= 1, "{out}\n{err}");
+    assert!(j["retries"].as_u64().unwrap() >= 1, "{out}\n{err}");
+    assert!(started.elapsed() < Duration::from_secs(60));
 }
 
 // ---------------------------------------------------------------------------------
