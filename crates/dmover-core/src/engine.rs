@@ -349,6 +349,9 @@ async fn send_stream<S>(
     io.reads_timed_by_caller();
     let (mut rd, mut wr) = tokio::io::split(io);
     let unacked: Mutex<VecDeque<Sent>> = Mutex::new(VecDeque::new());
+    // When the stream last made progress while chunks were outstanding: the moment the
+    // first of them was queued to it, or the last acknowledgement.
+    let since = Mutex::new(tokio::time::Instant::now());
     let written = AtomicU64::new(0);
     let run = &sh.run;
     let io_err = |what, e| Error::Net(NetError::io(what, &peer, e));
@@ -364,11 +367,17 @@ async fn send_stream<S>(
                     Err(_) => break,
                 },
             };
-            unacked.lock().push_back(Sent {
-                chunk: item.chunk,
-                crc: item.crc,
-                trailer: item.trailer.clone(),
-            });
+            {
+                let mut u = unacked.lock();
+                if u.is_empty() {
+                    *since.lock() = tokio::time::Instant::now();
+                }
+                u.push_back(Sent {
+                    chunk: item.chunk,
+                    crc: item.crc,
+                    trailer: item.trailer.clone(),
+                });
+            }
             let layout = source.layout();
             let payload = layout.wire_len(item.chunk);
             layout.segments(item.chunk, &mut segments);
@@ -416,9 +425,18 @@ async fn send_stream<S>(
         let mut b = [0u8; ACK_LEN];
         let mut have = 0;
         loop {
-            let r = tokio::time::timeout(stall, rd.read(&mut b[have..])).await;
+            // Idle (nothing outstanding): check again after `stall`. Busy: the limit
+            // counts from the last progress, so a chunk queued to a stream that had
+            // waited for work gets its full `stall`.
+            let deadline = if unacked.lock().is_empty() {
+                tokio::time::Instant::now() + stall
+            } else {
+                *since.lock() + stall
+            };
+            let r = tokio::time::timeout_at(deadline, rd.read(&mut b[have..])).await;
             match r {
                 Err(_) if unacked.lock().is_empty() => continue,
+                Err(_) if since.lock().elapsed() < stall => continue,
                 Err(_) => {
                     return Error::Net(NetError::Timeout {
                         peer: peer.clone(),
@@ -451,6 +469,7 @@ async fn send_stream<S>(
                 for _ in 0..n {
                     u.pop_front();
                 }
+                *since.lock() = tokio::time::Instant::now();
             }
             sh.acked(n);
         }

@@ -834,8 +834,11 @@ fn a_data_stream_silent_after_its_join_during_a_push_is_replaced_by_the_others()
     );
     assert_eq!(p.flipped.load(Ordering::SeqCst), 1, "no stream went silent");
     assert_eq!(code, Some(4), "a network failure: {err}");
+    // Which limit fires first depends on how much the silent path's buffers took:
+    // the acknowledgement wait, or (buffers full) the send itself.
     assert!(
-        err.contains("within 5 s (acknowledgements on a data stream)"),
+        err.contains("within 5 s (acknowledgements on a data stream)")
+            || err.contains("no progress sending for 5 s"),
         "the error says what stalled and for how long: {err}"
     );
     assert!(!x.c.data.join("single").join("f0").exists());
