@@ -363,7 +363,9 @@ fn run_rtt(a: NetArgs, started: Instant) -> anyhow::Result<()> {
             let mut sub = a.clone();
             sub.rtt.clear();
             sub.token_file = Some(token.clone());
-            sub.known_hosts = Some(work.join("known_hosts"));
+            // A new server key per link (its own state dir) at the same address, maybe
+            // on the same port: each link pins it in its own file.
+            sub.known_hosts = Some(work.join(format!("known_hosts-{i}")));
             sub.iperf3 = iperf
                 .as_ref()
                 .map_or_else(|| a.iperf3.clone(), |(_, at)| at.to_string());

@@ -489,7 +489,10 @@ fn sweep_links(
     );
     let mut progress = Progress::new(total);
     let lab_name = format!("bench{}", std::process::id());
-    for setting in links {
+    for (link_no, setting) in links.iter().enumerate() {
+        // Each link's servers are new (in a new namespace, perhaps on a port an earlier
+        // link's other server had), so each link pins their keys in its own file.
+        let known_hosts = logs.join(format!("known_hosts-{link_no}"));
         interrupt::check()?;
         // Declared before the servers, so it is dropped (torn down) after them.
         let lab = match setting {
@@ -562,7 +565,7 @@ fn sweep_links(
                     .arg("--token-file")
                     .arg(&token)
                     .env_remove("DMOVER_TOKEN")
-                    .env("DMOVER_KNOWN_HOSTS", logs.join("known_hosts"))
+                    .env("DMOVER_KNOWN_HOSTS", &known_hosts)
                     .stdin(Stdio::null());
                 let target = match dir {
                     Direction::Push => {
