@@ -18,7 +18,7 @@ use dmover_proto::data::{DataHello, HELLO_LEN, JOIN_PROOF_LEN, JoinStatus};
 use dmover_proto::manifest::{Entry, NO_PARENT, Totals};
 use dmover_proto::preamble::{ConnKind, Preamble};
 use dmover_proto::{PROTOCOL_VERSION, control};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::diskpool::DiskPool;
@@ -156,7 +156,7 @@ impl Opening {
     pub(crate) async fn send(&mut self, msg: &Control) -> Result<()> {
         match self.ch.send(msg).await {
             Ok(()) => Ok(()),
-            Err(e) => Err(explain(&mut self.ch, Error::Net(e)).await),
+            Err(e) => Err(crate::session::peer_report(&mut self.ch, Error::Net(e)).await),
         }
     }
 }
@@ -630,7 +630,7 @@ impl Client {
         let totals = Totals::of(source.tree().entries());
         run.progress.total.store(totals.bytes, Relaxed);
         if let Err(e) = session::send_manifest(&mut opening.ch, source.tree().entries()).await {
-            return Err(explain(&mut opening.ch, e).await);
+            return Err(crate::session::peer_report(&mut opening.ch, e).await);
         }
         let mut conn = opening.accepted(server).await?;
         let s = conn.session.clone();
@@ -647,7 +647,7 @@ impl Client {
         let streams = self.open_streams(server, &s, conn.key, dials).await;
         let streams = match streams {
             Ok(s) => s,
-            Err(e) => return Err(explain(&mut conn.ch, e).await),
+            Err(e) => return Err(crate::session::peer_report(&mut conn.ch, e).await),
         };
         let mut msg = session::recv_live(&mut conn.ch, hb).await?;
         if matches!(msg, Control::Have(_)) {
@@ -751,7 +751,7 @@ impl Client {
         let entries = entries?;
         let streams = match streams {
             Ok(s) => s,
-            Err(e) => return Err(explain(&mut conn.ch, e).await),
+            Err(e) => return Err(crate::session::peer_report(&mut conn.ch, e).await),
         };
         let totals = Totals::of(&entries);
         run.progress.total.store(totals.bytes, Relaxed);
@@ -933,27 +933,6 @@ where
     }
     sink.resume(&held)?;
     Ok(sink)
-}
-
-/// Something failed after the session was asked for (a send of the first flight, a data
-/// stream's join): if the server said why on the control channel (it refuses a session
-/// by sending `Error` and closing), report that.
-async fn explain<S: AsyncRead + AsyncWrite + Unpin>(ch: &mut ControlChannel<S>, e: Error) -> Error {
-    // Its answers to the messages before the refusal (`Welcome`, ...) come first.
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
-    loop {
-        match tokio::time::timeout_at(deadline, ch.recv()).await {
-            Ok(Ok(Control::Error(m))) => {
-                return Error::Remote {
-                    peer: ch.peer().to_string(),
-                    code: m.code,
-                    message: m.message,
-                };
-            }
-            Ok(Ok(_)) => {}
-            _ => return e,
-        }
-    }
 }
 
 /// `cp -r src dest` makes `dest` the copy of `src` when `dest` does not exist, and its

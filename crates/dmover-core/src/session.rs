@@ -422,8 +422,9 @@ where
 }
 
 /// Waits briefly for the peer's `Error` after our side failed with `e`; returns the
-/// peer's report if one comes, else `e`.
-async fn peer_report<S: AsyncRead + AsyncWrite + Unpin>(
+/// peer's report if one comes, else `e`. Messages before it (answers to earlier
+/// pipelined requests, e.g. `Welcome` before a refused `Auth`) are skipped.
+pub(crate) async fn peer_report<S: AsyncRead + AsyncWrite + Unpin>(
     ch: &mut ControlChannel<S>,
     e: Error,
 ) -> Error {

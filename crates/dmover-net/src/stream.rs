@@ -412,6 +412,24 @@ impl Idle {
         self.sleep.as_mut().poll(cx).is_ready()
     }
 
+    /// Passes `r` through: ready resets the deadline, pending for longer than the limit
+    /// becomes a `TimedOut` error naming `what` the operation was doing.
+    fn watch<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        what: &str,
+        r: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        match r {
+            Poll::Ready(r) => {
+                self.armed = false;
+                Poll::Ready(r)
+            }
+            Poll::Pending if self.expired(cx) => Poll::Ready(Err(self.error(what))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
     fn error(&self, what: &str) -> io::Error {
         io::Error::new(
             io::ErrorKind::TimedOut,
@@ -502,16 +520,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for DataIo<S> {
             Inner::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Inner::Sealed(s) => Pin::new(&mut **s).poll_read(cx, buf),
         };
-        match r {
-            Poll::Ready(r) => {
-                me.read_idle.armed = false;
-                Poll::Ready(r)
-            }
-            Poll::Pending if me.read_idle.expired(cx) => {
-                Poll::Ready(Err(me.read_idle.error("receiving")))
-            }
-            Poll::Pending => Poll::Pending,
-        }
+        me.read_idle.watch(cx, "receiving", r)
     }
 }
 
@@ -534,16 +543,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for DataIo<S> {
             Inner::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Inner::Sealed(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
         };
-        match r {
-            Poll::Ready(r) => {
-                me.write_idle.armed = false;
-                Poll::Ready(r)
-            }
-            Poll::Pending if me.write_idle.expired(cx) => {
-                Poll::Ready(Err(me.write_idle.error("sending")))
-            }
-            Poll::Pending => Poll::Pending,
-        }
+        me.write_idle.watch(cx, "sending", r)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -559,16 +559,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for DataIo<S> {
             Inner::Plain(s) => Pin::new(s).poll_flush(cx),
             Inner::Sealed(s) => Pin::new(&mut **s).poll_flush(cx),
         };
-        match r {
-            Poll::Ready(r) => {
-                me.write_idle.armed = false;
-                Poll::Ready(r)
-            }
-            Poll::Pending if me.write_idle.expired(cx) => {
-                Poll::Ready(Err(me.write_idle.error("sending")))
-            }
-            Poll::Pending => Poll::Pending,
-        }
+        me.write_idle.watch(cx, "sending", r)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -649,16 +640,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> DataRead for DataIo<S> {
             if progressed {
                 me.read_idle.armed = false;
             }
-            match r {
-                Poll::Ready(r) => {
-                    me.read_idle.armed = false;
-                    Poll::Ready(r)
-                }
-                Poll::Pending if me.read_idle.expired(cx) => {
-                    Poll::Ready(Err(me.read_idle.error("receiving")))
-                }
-                Poll::Pending => Poll::Pending,
-            }
+            me.read_idle.watch(cx, "receiving", r)
         })
         .await
     }

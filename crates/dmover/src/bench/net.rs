@@ -203,24 +203,6 @@ pub fn wait_listening(addr: SocketAddr, limit: Duration) -> bool {
     false
 }
 
-/// Starts `iperf3 -s` on `ip` when that is an address of this machine.
-fn start_iperf3(ip: std::net::IpAddr) -> anyhow::Result<(IperfServer, SocketAddr)> {
-    let port = free_port(ip)?;
-    let mut c = Command::new("iperf3");
-    c.args(["-s", "-B", &ip.to_string(), "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let child = std::os::unix::process::CommandExt::process_group(&mut c, 0)
-        .spawn()
-        .context("starting iperf3 -s")?;
-    let server = IperfServer { child };
-    let addr = SocketAddr::new(ip, port);
-    if !wait_listening(addr, Duration::from_secs(10)) {
-        bail!("iperf3 -s did not listen on {addr} within 10 s");
-    }
-    Ok((server, addr))
-}
-
 /// One iperf3 client run, retried while the server is still busy with the previous
 /// one; Gbit/s received.
 fn iperf3_run(
@@ -425,8 +407,8 @@ fn run_rtt(a: NetArgs, started: Instant) -> anyhow::Result<()> {
     result
 }
 
-/// Starts `iperf3 -s` at `place` on `ip` and waits until it listens (seen from host a
-/// of `lab` when there is one).
+/// Starts `iperf3 -s` at `place` on `ip` (without a lab: an address of this machine)
+/// and waits until it listens (seen from host a of `lab` when there is one).
 fn start_iperf3_at(
     place: &Place,
     ip: &str,
@@ -540,7 +522,7 @@ fn measure(a: &NetArgs, host: &str, out_dir: &Path) -> anyhow::Result<Report> {
                 if spec == "auto" {
                     let local = TcpListener::bind((addr.ip(), 0)).is_ok();
                     if local {
-                        match start_iperf3(addr.ip()) {
+                        match start_iperf3_at(&Place::default(), &addr.ip().to_string(), None) {
                             Ok((s, at)) => iperf = Some((Some(s), at)),
                             Err(e) => report.note(format!("no iperf3 rows: {e:#}")),
                         }
