@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dmover_net::NetError;
+use dmover_net::chunkio::{ChunkOut, DataWrite, Locked, write_sealed};
 use dmover_net::stream::DataRead;
 use dmover_proto::control::Summary;
 use dmover_proto::data::{
@@ -216,7 +217,7 @@ pub async fn send<S>(
     stall: Duration,
 ) -> Result<SendStats>
 where
-    S: AsyncRead + AsyncWrite + DataRead + Unpin + Send + 'static,
+    S: AsyncRead + AsyncWrite + DataRead + DataWrite + Unpin + Send + 'static,
 {
     let total = source.chunks().count() as u64;
     let (ftx, frx) = async_channel::bounded::<Filled>(pool.count().max(1));
@@ -339,7 +340,7 @@ async fn send_stream<S>(
     source: Arc<Source>,
     stall: Duration,
 ) where
-    S: AsyncRead + AsyncWrite + DataRead + Unpin,
+    S: AsyncRead + AsyncWrite + DataRead + DataWrite + Unpin,
 {
     let peer = s.peer;
     let mut io = s.io;
@@ -347,7 +348,7 @@ async fn send_stream<S>(
     // outstanding): a stream with nothing in flight, waiting for work while another
     // stream's chunks are sent again, is idle, not broken.
     io.reads_timed_by_caller();
-    let (mut rd, mut wr) = tokio::io::split(io);
+    let (mut rd, mut wr) = Locked::split(io);
     let unacked: Mutex<VecDeque<Sent>> = Mutex::new(VecDeque::new());
     // When the stream last made progress while chunks were outstanding: the moment the
     // first of them was queued to it, or the last acknowledgement.
@@ -357,6 +358,7 @@ async fn send_stream<S>(
     let io_err = |what, e| Error::Net(NetError::io(what, &peer, e));
     let writer = async {
         let mut segments = Vec::new();
+        let mut out = ChunkOut::default();
         let mut sent = 0u64;
         loop {
             let item = tokio::select! {
@@ -389,14 +391,19 @@ async fn send_stream<S>(
                 crc: item.crc,
             }
             .encode();
-            let mut iov = Vec::with_capacity(2 + segments.len());
-            iov.push(IoSlice::new(&header));
-            iov.push(IoSlice::new(&item.trailer));
-            iov.extend(
-                segments
-                    .iter()
-                    .map(|&(o, l)| IoSlice::new(&item.buf[o..o + l])),
-            );
+            // A sealing stream seals the chunk's records in its buffer and writes them
+            // from there (dmover_net::chunkio); the buffer is not used after this.
+            let mut item = item;
+            wr.with(|s| {
+                s.seal_chunk(
+                    &[&header, &item.trailer],
+                    &mut item.buf,
+                    &segments,
+                    &mut out,
+                )
+            });
+            let mut iov = Vec::with_capacity(2 + 3 * segments.len());
+            out.slices(&item.buf, &mut iov);
             // Flushed: a stream may wrap its bytes in records it buffers, and a chunk
             // left half in such a buffer while this stream waits for the next one would
             // never be acknowledged.
@@ -404,7 +411,7 @@ async fn send_stream<S>(
                 biased;
                 _ = run.cancelled() => return Err(Error::Aborted),
                 w = async {
-                    write_all_vectored(&mut wr, &mut iov).await?;
+                    write_sealed(&wr, &mut iov).await?;
                     wr.flush().await
                 } => w,
             };

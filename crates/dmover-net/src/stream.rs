@@ -18,6 +18,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
+use crate::chunkio::{ChunkOut, DataWrite, IN_PLACE_MIN};
+
 fn key(k: &[u8; 32]) -> LessSafeKey {
     LessSafeKey::new(UnboundKey::new(&AES_256_GCM, k).expect("a 32-byte AES-256 key"))
 }
@@ -118,6 +120,120 @@ impl<S> Sealed<S> {
         .expect("sealing a record within AES-GCM's limits");
         self.wbuf.extend_from_slice(tag.as_ref());
         taken
+    }
+
+    /// Seals the next record, whose header is `header`, and returns its tag. Encrypted:
+    /// `run[body_at..]` is the body, encrypted in place. Authenticated: `run` is the
+    /// header's bytes followed by the body (the MAC covers them as one run).
+    fn seal_tag(
+        &mut self,
+        header: [u8; HEADER_LEN],
+        run: &mut [u8],
+        body_at: usize,
+    ) -> [u8; TAG_LEN] {
+        let nonce = Nonce::assume_unique_for_key(record::nonce(self.wseq));
+        self.wseq += 1;
+        let tag = if self.encrypt {
+            self.wkey
+                .seal_in_place_separate_tag(nonce, Aad::from(header), &mut run[body_at..])
+        } else {
+            debug_assert_eq!(run[..HEADER_LEN], header);
+            self.wkey
+                .seal_in_place_separate_tag(nonce, Aad::from(&*run), &mut [])
+        }
+        .expect("sealing a record within AES-GCM's limits");
+        tag.as_ref().try_into().expect("a 16-byte tag")
+    }
+
+    /// Closes the copied record open at `copied[start..]` (header room, then body), if
+    /// it has a body.
+    fn close_copied(&mut self, out: &mut ChunkOut, open: &mut Option<usize>) {
+        let Some(start) = open.take() else { return };
+        let copied = out.copied_mut();
+        let body = copied.len() - start - HEADER_LEN;
+        if body == 0 {
+            copied.truncate(start);
+            return;
+        }
+        let header = record::encode_header(body);
+        copied[start..start + HEADER_LEN].copy_from_slice(&header);
+        let mut run = std::mem::take(copied);
+        let tag = self.seal_tag(header, &mut run[start..], HEADER_LEN);
+        run.extend_from_slice(&tag);
+        let end = run.len();
+        *out.copied_mut() = run;
+        out.push_copied_range(start..end);
+    }
+
+    /// Appends `bytes` to copied records, opening and closing them as they fill.
+    fn add_copied(&mut self, out: &mut ChunkOut, open: &mut Option<usize>, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let start = match *open {
+                Some(s) => s,
+                None => {
+                    let s = out.copied_mut().len();
+                    out.copied_mut().extend_from_slice(&[0; HEADER_LEN]);
+                    *open = Some(s);
+                    s
+                }
+            };
+            let have = out.copied_mut().len() - start - HEADER_LEN;
+            let k = bytes.len().min(MAX_RECORD - have);
+            out.copied_mut().extend_from_slice(&bytes[..k]);
+            bytes = &bytes[k..];
+            if have + k == MAX_RECORD {
+                self.close_copied(out, open);
+            }
+        }
+    }
+
+    /// See [`DataWrite::seal_chunk`]. Every in-place record of an authenticated stream
+    /// starts at least [`HEADER_LEN`] bytes into its segment (the segment's first bytes
+    /// go into the copied record before it), so its header can borrow the bytes before
+    /// it, and so the receiver, which reads a chunk segment by segment, can open it in
+    /// its own buffer too (`poll_fill`).
+    fn seal_chunk(
+        &mut self,
+        head: &[&[u8]],
+        buf: &mut [u8],
+        segments: &[(usize, usize)],
+        out: &mut ChunkOut,
+    ) {
+        out.clear();
+        let mut open = None;
+        for h in head {
+            self.add_copied(out, &mut open, h);
+        }
+        for &(o, l) in segments {
+            if l < IN_PLACE_MIN {
+                self.add_copied(out, &mut open, &buf[o..o + l]);
+                continue;
+            }
+            let mut a = o;
+            if !self.encrypt {
+                self.add_copied(out, &mut open, &buf[a..a + HEADER_LEN]);
+                a += HEADER_LEN;
+            }
+            self.close_copied(out, &mut open);
+            while a < o + l {
+                let b = (a + MAX_RECORD).min(o + l);
+                let header = record::encode_header(b - a);
+                let tag = if self.encrypt {
+                    self.seal_tag(header, &mut buf[a..b], 0)
+                } else {
+                    // Borrow the bytes before the body for the header, give them back.
+                    let run = &mut buf[a - HEADER_LEN..b];
+                    let saved: [u8; HEADER_LEN] = run[..HEADER_LEN].try_into().unwrap();
+                    run[..HEADER_LEN].copy_from_slice(&header);
+                    let tag = self.seal_tag(header, run, HEADER_LEN);
+                    run[..HEADER_LEN].copy_from_slice(&saved);
+                    tag
+                };
+                out.push_record(header, a..b, tag);
+                a = b;
+            }
+        }
+        self.close_copied(out, &mut open);
     }
 
     /// Opens the complete record in `rbuf[..total]`, leaving its plaintext at
@@ -643,6 +759,38 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> DataRead for DataIo<S> {
             me.read_idle.watch(cx, "receiving", r)
         })
         .await
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> DataWrite for DataIo<S> {
+    fn seal_chunk(
+        &mut self,
+        head: &[&[u8]],
+        buf: &mut [u8],
+        segments: &[(usize, usize)],
+        out: &mut ChunkOut,
+    ) {
+        match &mut self.inner {
+            Inner::Plain(_) => out.plain(head, segments),
+            Inner::Sealed(s) => s.seal_chunk(head, buf, segments, out),
+        }
+    }
+
+    fn poll_write_sealed(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = match &mut self.inner {
+            Inner::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            // Records sealed by the ordinary writes go first: they came first.
+            Inner::Sealed(s) => match s.poll_drain(cx) {
+                Poll::Ready(Ok(())) => Pin::new(&mut s.io).poll_write_vectored(cx, bufs),
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                Poll::Pending => Poll::Pending,
+            },
+        };
+        self.write_idle.watch(cx, "sending", r)
     }
 }
 
