@@ -440,9 +440,10 @@ impl Client {
     /// (each proving it belongs to the session, see [`dmover_proto::data`]); a
     /// connection that failed is dialed again once. With [`JoinWait::Pipelined`] the
     /// streams come back before the server answered their joins; an early connection
-    /// is then only replaced when it is seen closed before its proof goes out: once a
-    /// stream may have carried records, no other connection ever takes its index (its
-    /// record keys and nonces would repeat).
+    /// is then only replaced when it is seen closed, or the write of its hello and
+    /// proof fails, before any record went out: once a stream may have carried
+    /// records, no other connection ever takes its index (its record keys and nonces
+    /// would repeat).
     pub(crate) async fn open_streams(
         &self,
         server: &str,

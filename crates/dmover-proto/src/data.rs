@@ -26,7 +26,8 @@
 //! A client that sends frames may send its first ones right behind its proof, without
 //! waiting for the answer (the server reads the join, checks it, then reads the
 //! frames); it must read and check the answer before anything else it receives, and
-//! never joins the same stream on another connection once the proof has gone out.
+//! never joins the same stream on another connection once records may have gone out
+//! on it (record keys depend on the session and stream, not on the join).
 //!
 //! # Frames
 //! The source side then writes frames, each a fixed 24-byte [`FrameHeader`] followed
