@@ -2,6 +2,7 @@
 """Medians of scripts/bench-netlab.sh rows as a Markdown table.
 
 Usage: scripts/bench-netlab-summary.py docs/bench/netlab-*.csv [--dmover-args "..."]
+           [--metric gbit_per_s|steady_gbit_per_s] [--streams "1 8"]
 One row per link rate x congestion control x RTT: median Gbit/s (fraction of the link
 rate) of iperf3 and dmover at 1 and 8 streams, dmover's best over iperf3's best, and
 the forwarder's median CPU (cores) and release lateness (mean / p99, us).
@@ -19,6 +20,16 @@ def main():
         i = args.index("--dmover-args")
         want_args = args[i + 1]
         del args[i : i + 2]
+    metric = "gbit_per_s"
+    if "--metric" in args:
+        i = args.index("--metric")
+        metric = args[i + 1]
+        del args[i : i + 2]
+    streams = (1, 8)
+    if "--streams" in args:
+        i = args.index("--streams")
+        streams = tuple(int(x) for x in args[i + 1].split())
+        del args[i : i + 2]
     rows = []
     for path in args:
         with open(path) as f:
@@ -33,7 +44,9 @@ def main():
         if r["tool"] == "dmover" and want_args is not None and r["dmover_args"] != want_args:
             continue
         key = (r["rate"], r["cc"], int(r["rtt_ms"]))
-        cells[key + (r["tool"], int(r["streams"]))].append(float(r["gbit_per_s"]))
+        if not r.get(metric):
+            continue
+        cells[key + (r["tool"], int(r["streams"]))].append(float(r[metric]))
         fwd[key].append(
             (float(r["fwd_cpu_cores"]), float(r["fwd_late_mean_us"]), float(r["fwd_late_p99_us"]))
         )
@@ -41,17 +54,18 @@ def main():
         {k[:3] for k in cells},
         key=lambda k: (float(k[0].rstrip("gbit")), k[1], k[2]),
     )
+    heads = [f"{t} -P{p}" for t in ("iperf3", "dmover") for p in streams]
     print(
-        "| link | cc | RTT ms | iperf3 -P1 | iperf3 -P8 | dmover -P1 | dmover -P8 "
-        "| dmover best / iperf3 best | forwarder CPU, lateness mean / p99 |"
+        "| link | cc | RTT ms | " + " | ".join(heads)
+        + " | dmover best / iperf3 best | forwarder CPU, lateness mean / p99 |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|" + "---|" * len(heads) + "---|---|")
     for k in keys:
         rate = float(k[0].rstrip("gbit"))
         out = []
         best = {}
         for tool in ("iperf3", "dmover"):
-            for p in (1, 8):
+            for p in streams:
                 v = cells.get(k + (tool, p))
                 if not v:
                     out.append("–")

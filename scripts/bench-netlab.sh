@@ -16,6 +16,12 @@
 #       [--links N]  (dmover moves N hard links of the 1.25 GB file instead of enough
 #                     for --seconds at the link rate; 0: one 1-byte file, which times
 #                     the session's fixed round trips)
+# Columns besides the end-to-end rate: steady_gbit_per_s, the rate between the moments
+# 25 % and 90 % of the bytes had crossed (dmover: `cp --json`'s steady_gbit_per_s;
+# iperf3: the same, from its 0.25 s intervals), i.e. without set-up, slow start and the
+# tail; first_data_seconds, when the byte counter first moved (dmover: its first whole
+# chunk, up to 16 MiB, counted from the client's start, session set-up included;
+# iperf3: the first 0.25 s interval with data, counted from its test start, after set-up).
 # With --lock FILE each rate x cc group (its RTTs, all their runs, ~10 min) holds
 # `flock FILE`, so measurements on a shared machine do not overlap.
 set -euo pipefail
@@ -76,8 +82,12 @@ mkdir -p "$WORK/src" "$WORK/dst"
 head -c $((1250 * 1000 * 1000)) /dev/urandom >"$WORK/file"
 printf 'netlab-bench-%s' "$$" >"$WORK/token"
 
+HEADER="when,host,tool,streams,rate,rtt_ms,cc,rep,bytes,seconds,gbit_per_s,link_fraction,retransmits,fwd_cpu_cores,fwd_late_mean_us,fwd_late_p99_us,fwd_queue_drops,dmover_args,netlab_args,steady_gbit_per_s,first_data_seconds"
 if [ ! -s "$OUT" ]; then
-    echo "when,host,tool,streams,rate,rtt_ms,cc,rep,bytes,seconds,gbit_per_s,link_fraction,retransmits,fwd_cpu_cores,fwd_late_mean_us,fwd_late_p99_us,fwd_queue_drops,dmover_args,netlab_args" >"$OUT"
+    echo "$HEADER" >"$OUT"
+elif [ "$(head -n1 "$OUT")" != "$HEADER" ]; then
+    echo "bench-netlab: $OUT has other columns (an older version of this script); use a new --out" >&2
+    exit 1
 fi
 HOST="$(nproc)cores-$(uname -r)"
 
@@ -119,26 +129,46 @@ one_point() { # rate rtt cc
     for rep in $(seq 1 "$REPS"); do
         for tool in $TOOLS; do
             for p in $STREAMS; do
-                local before after bytes secs gbps retr=""
+                local before after bytes secs gbps retr="" steady first
                 before=$(fwd_stats)
                 if [ "$tool" = iperf3 ]; then
                     local j
-                    j=$("${ex_a[@]}" iperf3 -c "$addr_b" -p 5201 -t "$SECONDS_PER_RUN" -P "$p" -J)
-                    read -r bytes secs gbps retr < <(python3 -c '
+                    j=$("${ex_a[@]}" iperf3 -c "$addr_b" -p 5201 -t "$SECONDS_PER_RUN" -P "$p" -i 0.25 -J)
+                    read -r bytes secs gbps retr steady first < <(python3 -c '
 import json, sys
-e = json.loads(sys.stdin.read())["end"]
+j = json.loads(sys.stdin.read())
+e = j["end"]
 r = e["sum_received"]
-print(r["bytes"], r["seconds"], r["bits_per_second"] / 1e9, e["sum_sent"].get("retransmits", ""))' <<<"$j")
+# Steady rate, defined as dmover cp --json defines it: the rate between the moments
+# 25 % and 90 % of the bytes had been sent (interpolated in the 0.25 s intervals of iperf3);
+# "-" when those moments are under 0.5 s apart.
+pts, t, b = [(0.0, 0)], 0.0, 0
+for iv in j["intervals"]:
+    s = iv["sum"]
+    t, b = s["end"], b + s["bytes"]
+    pts.append((t, b))
+def when(x):
+    for (t0, b0), (t1, b1) in zip(pts, pts[1:]):
+        if b1 >= x:
+            return t0 + (t1 - t0) * (x - b0) / max(1, b1 - b0)
+total = pts[-1][1]
+a, z = when(0.25 * total), when(0.9 * total)
+steady = f"{0.65 * total * 8 / (z - a) / 1e9:.3f}" if a is not None and z is not None and z - a >= 0.5 else "-"
+first = next((f"{t0:.3f}" for t0, b0 in pts[1:] if b0 > 0), "-")
+print(r["bytes"], r["seconds"], r["bits_per_second"] / 1e9, e["sum_sent"].get("retransmits", "") or "-", steady, first)' <<<"$j")
+                    [ "$retr" = - ] && retr=""
                 else
                     rm -rf "$WORK/dst/run"
                     local j
                     # shellcheck disable=SC2086
                     j=$(DMOVER_KNOWN_HOSTS="$WORK/known_hosts" "${ex_a[@]}" "$DMOVER" cp --json -P "$p" $DMOVER_ARGS \
                         --token-file "$WORK/token" "$WORK/src" "dmover://$addr_b:$PORT/run")
-                    read -r bytes secs gbps < <(python3 -c '
+                    read -r bytes secs gbps steady first < <(python3 -c '
 import json, sys
 j = json.loads(sys.stdin.read())
-print(j["bytes"], j["seconds"], j["gbit_per_s"])' <<<"$j")
+f = lambda v, fmt: "-" if v is None else fmt.format(v)
+print(j["bytes"], j["seconds"], j["gbit_per_s"], f(j.get("steady_gbit_per_s"), "{:.3f}"),
+      f(j.get("first_chunk_seconds"), "{:.3f}"))' <<<"$j")
                     rm -rf "$WORK/dst/run"
                 fi
                 # The statistics file is rewritten every second; CPU and elapsed come
@@ -151,7 +181,7 @@ cpu=(float(a[0])-float(b[0]))/max(1e-9, float(a[1])-float(b[1]))
 print(f'{cpu:.3f},{float(a[2]):.1f},{float(a[3]):.0f},{int(a[4])-int(b[4])}')")
                 local frac
                 frac=$(python3 -c "print(f'{$gbps*1e9/$bps:.3f}')")
-                echo "$(date -Is),$HOST,$tool,$p,$rate,$rtt,$cc,$rep,$bytes,$secs,$(printf %.3f "$gbps"),$frac,$retr,$fwd,\"$DMOVER_ARGS\",\"$NETLAB_ARGS\"" | tee -a "$OUT"
+                echo "$(date -Is),$HOST,$tool,$p,$rate,$rtt,$cc,$rep,$bytes,$secs,$(printf %.3f "$gbps"),$frac,$retr,$fwd,\"$DMOVER_ARGS\",\"$NETLAB_ARGS\",${steady/-/},${first/-/}" | tee -a "$OUT"
             done
         done
     done

@@ -11,10 +11,10 @@ use dmover_net::tls::{TlsConnector, Trust};
 use dmover_net::{ControlStream, NetError};
 use dmover_proto::auth::{self, Role};
 use dmover_proto::control::{
-    Auth, AuthMethod, Control, Credential, ErrorCode, FailedFile, Have, Hello, Op, Open, Plan,
-    SessionInfo, Summary,
+    Auth, AuthMethod, Control, Credential, DataProtection, ErrorCode, FailedFile, Have, Hello, Op,
+    Open, Plan, SessionInfo, Summary,
 };
-use dmover_proto::data::{DataHello, HELLO_LEN, JOIN_PROOF_LEN, JoinStatus};
+use dmover_proto::data::{DataHello, HELLO_LEN, JOIN_PROOF_LEN};
 use dmover_proto::manifest::{Entry, NO_PARENT, Totals};
 use dmover_proto::preamble::{ConnKind, Preamble};
 use dmover_proto::{PROTOCOL_VERSION, control};
@@ -210,18 +210,37 @@ enum JoinError {
     Refused(Error),
 }
 
-/// A dialed data connection's side of the join: hello and proof in one write, then the
-/// server's status and proof.
+/// How a data stream's join waits for the server's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum JoinWait {
+    /// Before the stream is handed over (pull, memory test).
+    Answer,
+    /// Not at all: the source sends its first chunks right behind the proof, and the
+    /// stream reads and checks the answer before anything else it receives
+    /// ([`DataIo::awaiting_join`]).
+    Pipelined,
+}
+
+/// Whether a dialed connection still looks open, found without waiting: the server
+/// closes a data connection whose join does not come within its set-up limit.
+fn still_open(io: &TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    let mut rb = tokio::io::ReadBuf::new(&mut b);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    io.poll_peek(&mut cx, &mut rb).is_pending()
+}
+
+/// A dialed data connection's side of the join: hello and proof in one write, then
+/// (with [`JoinWait::Answer`]) the server's status and proof.
 async fn join(
-    d: &mut Dialed,
+    d: Dialed,
     server: &str,
     hello: &DataHello,
     key: &[u8; 32],
-) -> std::result::Result<(), JoinError> {
-    let io = &mut d.io;
-    let challenge = d.challenge;
-    let w = |e| JoinError::Connection(Error::Net(NetError::io("writing to", server, e)));
-    let r = |e| JoinError::Connection(Error::Net(NetError::io("reading from", server, e)));
+    mode: (DataProtection, std::time::Duration),
+    wait: JoinWait,
+) -> std::result::Result<DataIo, JoinError> {
+    let Dialed { mut io, challenge } = d;
     let proof = auth::join_proof(
         key,
         Role::Client,
@@ -233,21 +252,9 @@ async fn join(
     let mut first = Vec::with_capacity(HELLO_LEN + JOIN_PROOF_LEN);
     first.extend_from_slice(&hello.encode());
     first.extend_from_slice(&proof);
-    io.write_all(&first).await.map_err(w)?;
-    let status = io.read_u8().await.map_err(r)?;
-    match JoinStatus::decode(status)
-        .map_err(|e| JoinError::Refused(Error::Net(NetError::proto(server, e))))?
-    {
-        JoinStatus::Accepted => {}
-        refused => {
-            return Err(JoinError::Refused(Error::protocol(
-                server,
-                format!("data stream {} refused: {refused:?}", hello.stream),
-            )));
-        }
-    }
-    let mut theirs = [0u8; JOIN_PROOF_LEN];
-    io.read_exact(&mut theirs).await.map_err(r)?;
+    io.write_all(&first)
+        .await
+        .map_err(|e| JoinError::Connection(Error::Net(NetError::io("writing to", server, e))))?;
     let want = auth::join_proof(
         key,
         Role::Server,
@@ -256,15 +263,19 @@ async fn join(
         &hello.nonce,
         &challenge,
     );
-    if !auth::proofs_equal(&want, &theirs) {
-        return Err(JoinError::Refused(Error::refused(
-            ErrorCode::Auth,
-            format!(
-                "{server}: the data port could not prove it belongs to the session; refusing it"
-            ),
-        )));
+    let (protection, idle) = mode;
+    let mut io = DataIo::new(io, protection, key, hello.stream, Role::Client, Some(idle))
+        .awaiting_join(hello.stream, want, HANDSHAKE_TIMEOUT);
+    if wait == JoinWait::Answer {
+        if let Err(e) = io.finish_join().await {
+            let err = Error::data("reading from", server, e);
+            return Err(match err {
+                Error::Net(NetError::Io { .. }) => JoinError::Connection(err),
+                _ => JoinError::Refused(err),
+            });
+        }
     }
-    Ok(())
+    Ok(io)
 }
 
 impl Client {
@@ -427,24 +438,29 @@ impl Client {
 
     /// Joins the session's data streams, on the connections dialed during set-up
     /// (each proving it belongs to the session, see [`dmover_proto::data`]); a
-    /// connection that failed is dialed again once.
+    /// connection that failed is dialed again once. With [`JoinWait::Pipelined`] the
+    /// streams come back before the server answered their joins; an early connection
+    /// is then only replaced when it is seen closed, or the write of its hello and
+    /// proof fails, before any record went out: once a stream may have carried
+    /// records, no other connection ever takes its index (its record keys and nonces
+    /// would repeat).
     pub(crate) async fn open_streams(
         &self,
         server: &str,
         s: &SessionInfo,
         key: [u8; 32],
         mut dials: Dials,
+        wait: JoinWait,
     ) -> Result<Vec<DataStream<DataIo>>> {
         let mut set = tokio::task::JoinSet::new();
         let mut early = std::mem::take(&mut dials.0).into_iter();
         for i in 0..s.streams {
-            let (server, socket, timeout, key, protection, idle) = (
+            let (server, socket, timeout, key, mode) = (
                 server.to_string(),
                 self.opts.socket.clone(),
                 self.opts.connect_timeout,
                 key,
-                self.opts.protection,
-                self.opts.idle_timeout,
+                (self.opts.protection, self.opts.idle_timeout),
             );
             let hello = DataHello {
                 session: s.id,
@@ -456,10 +472,12 @@ impl Client {
                 let joined = async {
                     if let Some(h) = dialed {
                         let first = match h.await {
-                            Ok(Ok(mut d)) => match join(&mut d, &server, &hello, &key).await {
-                                Ok(()) => Ok(d),
-                                Err(e) => Err(e),
-                            },
+                            Ok(Ok(d)) if wait == JoinWait::Pipelined && !still_open(&d.io) => {
+                                Err(JoinError::Connection(Error::Net(NetError::Closed {
+                                    peer: server.clone(),
+                                })))
+                            }
+                            Ok(Ok(d)) => join(d, &server, &hello, &key, mode, wait).await,
                             Ok(Err(e)) => Err(JoinError::Connection(e)),
                             Err(e) => Err(JoinError::Connection(Error::refused(
                                 ErrorCode::Aborted,
@@ -467,27 +485,26 @@ impl Client {
                             ))),
                         };
                         match first {
-                            Ok(d) => return Ok(d),
+                            Ok(io) => return Ok(io),
                             Err(JoinError::Refused(e)) => return Err(e),
                             Err(JoinError::Connection(e)) => tracing::debug!(
                                 "data stream {i}: early connection failed ({e}); dialing again"
                             ),
                         }
                     }
-                    let mut d = dial(&server, &socket, timeout).await?;
-                    match join(&mut d, &server, &hello, &key).await {
-                        Ok(()) => Ok(d),
+                    let d = dial(&server, &socket, timeout).await?;
+                    match join(d, &server, &hello, &key, mode, wait).await {
+                        Ok(io) => Ok(io),
                         Err(JoinError::Connection(e) | JoinError::Refused(e)) => Err(e),
                     }
                 };
-                let d = tokio::time::timeout(HANDSHAKE_TIMEOUT, joined)
+                let io = tokio::time::timeout(HANDSHAKE_TIMEOUT, joined)
                     .await
                     .map_err(|_| NetError::Timeout {
                         peer: server.clone(),
-                        what: "data stream join",
+                        what: crate::error::JOIN_WAIT,
                         secs: HANDSHAKE_TIMEOUT.as_secs(),
                     })??;
-                let io = DataIo::new(d.io, protection, &key, i, Role::Client, Some(idle));
                 Ok::<_, Error>((i, DataStream { io, peer: server }))
             });
         }
@@ -644,7 +661,11 @@ impl Client {
             ));
         }
         let dials = std::mem::take(&mut conn.dials);
-        let streams = self.open_streams(server, &s, conn.key, dials).await;
+        // The first chunks follow the joins' proofs without waiting for the answers
+        // (checked by each stream before anything it receives).
+        let streams = self
+            .open_streams(server, &s, conn.key, dials, JoinWait::Pipelined)
+            .await;
         let streams = match streams {
             Ok(s) => s,
             Err(e) => return Err(crate::session::peer_report(&mut conn.ch, e).await),
@@ -745,7 +766,7 @@ impl Client {
         let s = conn.session.clone();
         let dials = std::mem::take(&mut conn.dials);
         let (streams, entries) = tokio::join!(
-            self.open_streams(server, &s, conn.key, dials),
+            self.open_streams(server, &s, conn.key, dials, JoinWait::Answer),
             session::recv_manifest(&mut conn.ch, session::MAX_ENTRIES, None)
         );
         let entries = entries?;

@@ -390,7 +390,9 @@ async fn send_stream<S>(
     let since = Mutex::new(tokio::time::Instant::now());
     let written = AtomicU64::new(0);
     let run = &sh.run;
-    let io_err = |what, e| Error::Net(NetError::io(what, &peer, e));
+    // A stream that sent its first chunks before its join's answer reports a failed
+    // join as the join would have (see `Error::data`).
+    let io_err = |what, e| Error::data(what, &peer, e);
     let writer = async {
         let mut segments = Vec::new();
         let mut out = ChunkOut::default();
@@ -531,7 +533,7 @@ async fn send_stream<S>(
         // Every chunk is acknowledged: the destination may close its end as soon as
         // it has what it needs; nothing is lost.
         Err(_) if sh.all_acked.is_cancelled() => {}
-        Err(e @ Error::Net(NetError::Proto { .. })) => run.fail(e),
+        Err(e) if e.ends_session() => run.fail(e),
         Err(e) => sh.lost(&peer, e, unacked.into_inner()),
     }
 }

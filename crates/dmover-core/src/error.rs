@@ -3,7 +3,11 @@
 use std::io;
 
 use dmover_net::NetError;
+use dmover_net::stream::JoinFailed;
 use dmover_proto::control::{ErrorCode, ErrorMsg};
+
+/// What a [`NetError::Timeout`] of a data stream join says it waited for.
+pub(crate) const JOIN_WAIT: &str = "data stream join";
 
 /// An engine error.
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +85,57 @@ impl Error {
             peer,
             dmover_proto::Error::Violation(what.into()),
         ))
+    }
+
+    /// An I/O error on a data stream with `peer` while `what` ("sending data to", ...):
+    /// a failed join ([`JoinFailed`], from a stream that sent data before its join's
+    /// answer) becomes the error a join that waited for its answer gives (see
+    /// [`Error::join`]), others [`NetError::Io`].
+    pub fn data(what: &'static str, peer: &str, e: io::Error) -> Self {
+        match JoinFailed::of(&e) {
+            Some(j) => Error::join(peer, j),
+            None => Error::Net(NetError::io(what, peer, e)),
+        }
+    }
+
+    /// A failed data stream join with `peer`.
+    pub fn join(peer: &str, j: &JoinFailed) -> Self {
+        match j {
+            JoinFailed::Refused { .. } => Error::protocol(peer, j.to_string()),
+            JoinFailed::BadStatus { value, .. } => Error::Net(NetError::proto(
+                peer,
+                dmover_proto::Error::Unknown {
+                    what: "join status",
+                    value: (*value).into(),
+                },
+            )),
+            JoinFailed::BadProof { .. } => Error::refused(
+                ErrorCode::Auth,
+                format!(
+                    "{peer}: the data port could not prove it belongs to the session; refusing it"
+                ),
+            ),
+            JoinFailed::Timeout { secs, .. } => Error::Net(NetError::Timeout {
+                peer: peer.into(),
+                what: JOIN_WAIT,
+                secs: *secs,
+            }),
+            JoinFailed::Broken { kind, message, .. } => Error::Net(NetError::io(
+                "reading from",
+                peer,
+                io::Error::new(*kind, message.clone()),
+            )),
+        }
+    }
+
+    /// Whether a data stream that failed with this error must fail the session rather
+    /// than be replaced by the others: a protocol violation, or a join that was refused,
+    /// could not be proven or went unanswered (the peer is not who it must be).
+    pub fn ends_session(&self) -> bool {
+        matches!(
+            self,
+            Error::Net(NetError::Proto { .. }) | Error::Refused { .. }
+        ) || matches!(self, Error::Net(NetError::Timeout { what, .. }) if *what == JOIN_WAIT)
     }
 
     /// The error's class, as sent to the peer.

@@ -446,7 +446,9 @@ impl Client {
         let mut conn = self.open(server, op, chunk).await?.accepted(server).await?;
         let s = conn.session.clone();
         let dials = std::mem::take(&mut conn.dials);
-        let streams = self.open_streams(server, &s, conn.key, dials).await?;
+        let streams = self
+            .open_streams(server, &s, conn.key, dials, crate::client::JoinWait::Answer)
+            .await?;
         let checksum = self.opts.checksum;
         let hb = Heartbeat::default();
         let (bytes, frames, seconds, zerocopy) = match t.direction {

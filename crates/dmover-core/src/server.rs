@@ -391,6 +391,22 @@ impl Server {
         };
         let Some((tx, key, protection)) = accepted else {
             let _ = stream.write_all(&[status as u8]).await;
+            let _ = stream.shutdown().await;
+            // A client sends its first chunks right behind its proof: closing with them
+            // unread would reset the connection and could cost it our answer (it would
+            // see a broken pipe, not the refusal). Read until it closes, briefly and at
+            // most what a client sends before an answer.
+            let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                let mut sink = [0u8; 16 << 10];
+                let mut left = 2 * dmover_net::stream::EARLY_BYTES;
+                while left > 0 {
+                    match stream.read(&mut sink).await {
+                        Ok(n) if n > 0 => left = left.saturating_sub(n),
+                        _ => break,
+                    }
+                }
+            })
+            .await;
             return Err(Error::refused(
                 ErrorCode::Auth,
                 format!(

@@ -4,15 +4,23 @@
 //! Sealing and opening happen in the task that reads or writes the stream, so a
 //! session's N streams spread the cryptography over the runtime's threads: throughput
 //! scales with cores as streams do.
+//!
+//! A client may start sending right behind its join proof, before the server's answer
+//! ([`DataIo::awaiting_join`]): the answer (status and server proof, see
+//! [`dmover_proto::data`]) is then read and checked before anything else the stream
+//! receives, so no acknowledgement or frame is ever trusted before the server proved it
+//! belongs to the session; a failed join fails every later read and write with a
+//! [`JoinFailed`].
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
 use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
-use dmover_proto::auth::{Role, record_key};
+use dmover_proto::auth::{Role, proofs_equal, record_key};
 use dmover_proto::control::DataProtection;
+use dmover_proto::data::{JOIN_PROOF_LEN, JoinStatus};
 use dmover_proto::record::{self, HEADER_LEN, MAX_RECORD, TAG_LEN};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -557,6 +565,105 @@ impl Idle {
     }
 }
 
+/// Stream bytes a client may write while its join's answer is outstanding
+/// ([`DataIo::awaiting_join`]); further writes wait for the answer. The first round trip
+/// of a TCP connection carries at most its initial congestion window (10 segments,
+/// ~14 KiB on Linux), so this never delays a transfer; it bounds what a data port that
+/// cannot prove itself receives before the client finds out.
+pub const EARLY_BYTES: usize = 1 << 20;
+
+/// Why a data stream's join failed on the client side: the error inside the
+/// [`io::Error`]s a [`DataIo`] awaiting its join answer returns (find it with
+/// `e.get_ref().and_then(|e| e.downcast_ref::<JoinFailed>())`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JoinFailed {
+    /// The server refused the join with this status.
+    #[error("data stream {stream} refused: {status:?}")]
+    Refused {
+        /// The stream index.
+        stream: u16,
+        /// The server's status.
+        status: JoinStatus,
+    },
+    /// The server answered with a status byte that means nothing.
+    #[error("data stream {stream}: unknown join status {value}")]
+    BadStatus {
+        /// The stream index.
+        stream: u16,
+        /// The byte received.
+        value: u8,
+    },
+    /// The server's proof did not match: whoever answered does not know the session key.
+    #[error("data stream {stream}: the data port could not prove it belongs to the session")]
+    BadProof {
+        /// The stream index.
+        stream: u16,
+    },
+    /// No answer within the limit.
+    #[error("data stream {stream}: no join answer within {secs} s")]
+    Timeout {
+        /// The stream index.
+        stream: u16,
+        /// The limit.
+        secs: u64,
+    },
+    /// The connection ended or failed before the whole answer arrived.
+    #[error("{message}")]
+    Broken {
+        /// The stream index.
+        stream: u16,
+        /// What the connection's error was (`UnexpectedEof`: it was closed).
+        kind: io::ErrorKind,
+        /// Its message.
+        message: String,
+    },
+}
+
+impl JoinFailed {
+    /// The [`JoinFailed`] inside `e`, if `e` is one.
+    pub fn of(e: &io::Error) -> Option<&JoinFailed> {
+        e.get_ref().and_then(|e| e.downcast_ref::<JoinFailed>())
+    }
+
+    fn to_io(&self) -> io::Error {
+        let kind = match self {
+            JoinFailed::Timeout { .. } => io::ErrorKind::TimedOut,
+            JoinFailed::Broken { kind, .. } => *kind,
+            _ => io::ErrorKind::PermissionDenied,
+        };
+        io::Error::new(kind, self.clone())
+    }
+}
+
+/// A join answer not yet read (see [`DataIo::awaiting_join`]).
+struct PendingJoin {
+    stream: u16,
+    /// The server proof the answer must carry.
+    want: [u8; JOIN_PROOF_LEN],
+    /// Status byte and proof received so far.
+    got: [u8; 1 + JOIN_PROOF_LEN],
+    have: usize,
+    /// Stream bytes the caller may still write before the answer.
+    early: usize,
+    limit: Duration,
+    deadline: Pin<Box<Sleep>>,
+    /// A write waiting for the answer (past [`EARLY_BYTES`], or holding an error).
+    writer: Option<Waker>,
+    failed: Option<JoinFailed>,
+}
+
+impl PendingJoin {
+    /// Records the outcome `f` and wakes a waiting write.
+    fn fail(&mut self, f: JoinFailed) -> io::Error {
+        let e = f.to_io();
+        self.failed = Some(f);
+        if let Some(w) = self.writer.take() {
+            w.wake();
+        }
+        e
+    }
+}
+
 enum Inner<S> {
     Plain(S),
     Sealed(Box<Sealed<S>>),
@@ -568,6 +675,10 @@ pub struct DataIo<S = TcpStream> {
     inner: Inner<S>,
     read_idle: Idle,
     write_idle: Idle,
+    /// The join answer still to read, on a client that sent data behind its proof.
+    join: Option<Box<PendingJoin>>,
+    /// A write error held until the join answer says whether it is the real story.
+    write_err: Option<io::Error>,
 }
 
 impl<S> DataIo<S> {
@@ -594,15 +705,58 @@ impl<S> DataIo<S> {
             inner,
             read_idle: Idle::new(idle),
             write_idle: Idle::new(idle),
+            join: None,
+            write_err: None,
         }
     }
 
+    /// The client end of data stream `stream`, whose `DataHello` and proof have gone
+    /// out but whose answer has not been read: the caller may write at once. The
+    /// answer (status [`JoinStatus::Accepted`] and `server_proof`) is read, before
+    /// any byte a read returns, by the first read ([`DataIo::finish_join`] waits for
+    /// it alone); it must arrive within `limit` of this call. Until it has been checked:
+    /// - reads return nothing else;
+    /// - writes take at most [`EARLY_BYTES`], then wait for the answer (so a caller
+    ///   that writes more must also be reading, from the same task or another);
+    /// - a write that fails waits for the answer too, so that a server that refused
+    ///   the join and closed the connection is reported as refusing it, not as a
+    ///   broken pipe (the connection's error is returned if the answer was good).
+    ///
+    /// A bad or missing answer fails this and every later read and write with a
+    /// [`JoinFailed`] inside the [`io::Error`].
+    pub fn awaiting_join(
+        mut self,
+        stream: u16,
+        server_proof: [u8; JOIN_PROOF_LEN],
+        limit: Duration,
+    ) -> Self {
+        self.join = Some(Box::new(PendingJoin {
+            stream,
+            want: server_proof,
+            got: [0; 1 + JOIN_PROOF_LEN],
+            have: 0,
+            early: EARLY_BYTES,
+            limit,
+            deadline: Box::pin(tokio::time::sleep(limit)),
+            writer: None,
+            failed: None,
+        }));
+        self
+    }
+
+    /// Whether the join's answer has yet to be read and found good (also after it was
+    /// found bad: the stream is then unusable).
+    pub fn join_pending(&self) -> bool {
+        self.join.is_some()
+    }
+
     /// The underlying connection when the stream is plain (bytes written to it arrive
-    /// unchanged), for zero-copy sends; `None` for sealed streams.
+    /// unchanged), for zero-copy sends; `None` for sealed streams, and while the join's
+    /// answer is pending (writes must go through [`DataIo`] then).
     pub fn plain(&self) -> Option<&S> {
         match &self.inner {
-            Inner::Plain(s) => Some(s),
-            Inner::Sealed(_) => None,
+            Inner::Plain(s) if self.join.is_none() => Some(s),
+            _ => None,
         }
     }
 
@@ -612,6 +766,146 @@ impl<S> DataIo<S> {
             Inner::Plain(s) => s,
             Inner::Sealed(s) => s.get_ref(),
         }
+    }
+}
+
+/// The first `n` bytes of `bufs`.
+fn truncated<'a>(bufs: &'a [IoSlice<'_>], mut n: usize) -> Vec<IoSlice<'a>> {
+    let mut out = Vec::with_capacity(bufs.len());
+    for b in bufs {
+        if n == 0 {
+            break;
+        }
+        let k = b.len().min(n);
+        out.push(IoSlice::new(&b[..k]));
+        n -= k;
+    }
+    out
+}
+
+impl<S> DataIo<S> {
+    /// Before a write: while the join's answer is outstanding, a write that would go
+    /// past [`EARLY_BYTES`] (`adds`), or follows a failed one, waits for it; a failed
+    /// join fails the write. `Ready(Ok(()))`: go ahead.
+    fn poll_write_gate(&mut self, cx: &mut Context<'_>, adds: bool) -> Poll<io::Result<()>> {
+        let Some(j) = self.join.as_deref_mut() else {
+            return Poll::Ready(match self.write_err.take() {
+                Some(e) => Err(e),
+                None => Ok(()),
+            });
+        };
+        if let Some(f) = &j.failed {
+            return Poll::Ready(Err(f.to_io()));
+        }
+        if self.write_err.is_some() || (adds && j.early == 0) {
+            j.writer = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// After a write: while the join's answer is outstanding, counts the bytes taken
+    /// against [`EARLY_BYTES`] and holds an error until the answer is in.
+    fn after_write<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<io::Result<T>>,
+        taken: impl FnOnce(&T) -> usize,
+    ) -> Poll<io::Result<T>> {
+        let Some(j) = self.join.as_deref_mut() else {
+            return r;
+        };
+        match r {
+            Poll::Ready(Ok(v)) => {
+                j.early = j.early.saturating_sub(taken(&v));
+                Poll::Ready(Ok(v))
+            }
+            Poll::Ready(Err(e)) => {
+                self.write_err = Some(e);
+                j.writer = Some(cx.waker().clone());
+                Poll::Pending
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> DataIo<S> {
+    /// Reads and checks the pending join answer, if any (see [`DataIo::awaiting_join`]).
+    fn poll_join(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let Some(j) = self.join.as_deref_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        if let Some(f) = &j.failed {
+            return Poll::Ready(Err(f.to_io()));
+        }
+        let io = match &mut self.inner {
+            Inner::Plain(s) => s,
+            Inner::Sealed(s) => &mut s.io,
+        };
+        let stream = j.stream;
+        while j.have < j.got.len() {
+            // The status alone first: a refusal is that one byte, then the server closes.
+            let end = if j.have == 0 { 1 } else { j.got.len() };
+            let mut rb = ReadBuf::new(&mut j.got[j.have..end]);
+            match Pin::new(&mut *io).poll_read(cx, &mut rb) {
+                Poll::Pending => {
+                    if j.deadline.as_mut().poll(cx).is_ready() {
+                        let secs = j.limit.as_secs();
+                        return Poll::Ready(Err(j.fail(JoinFailed::Timeout { stream, secs })));
+                    }
+                    return Poll::Pending;
+                }
+                Poll::Ready(Err(e)) => {
+                    return Poll::Ready(Err(j.fail(JoinFailed::Broken {
+                        stream,
+                        kind: e.kind(),
+                        message: e.to_string(),
+                    })));
+                }
+                Poll::Ready(Ok(())) => {
+                    let n = rb.filled().len();
+                    if n == 0 {
+                        return Poll::Ready(Err(j.fail(JoinFailed::Broken {
+                            stream,
+                            kind: io::ErrorKind::UnexpectedEof,
+                            message: format!(
+                                "the server closed data stream {stream} before answering its join"
+                            ),
+                        })));
+                    }
+                    if j.have == 0 {
+                        let f = match JoinStatus::decode(j.got[0]) {
+                            Ok(JoinStatus::Accepted) => None,
+                            Ok(status) => Some(JoinFailed::Refused { stream, status }),
+                            Err(_) => Some(JoinFailed::BadStatus {
+                                stream,
+                                value: j.got[0],
+                            }),
+                        };
+                        if let Some(f) = f {
+                            return Poll::Ready(Err(j.fail(f)));
+                        }
+                    }
+                    j.have += n;
+                }
+            }
+        }
+        let theirs: &[u8; JOIN_PROOF_LEN] = j.got[1..].try_into().expect("33-byte answer");
+        if !proofs_equal(&j.want, theirs) {
+            return Poll::Ready(Err(j.fail(JoinFailed::BadProof { stream })));
+        }
+        if let Some(w) = j.writer.take() {
+            w.wake();
+        }
+        self.join = None;
+        Poll::Ready(Ok(()))
+    }
+
+    /// Waits for the join's answer and checks it; at once `Ok` when none is pending.
+    /// Errors carry a [`JoinFailed`].
+    pub async fn finish_join(&mut self) -> io::Result<()> {
+        std::future::poll_fn(|cx| self.poll_join(cx)).await
     }
 }
 
@@ -632,9 +926,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for DataIo<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let me = &mut *self;
-        let r = match &mut me.inner {
-            Inner::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Inner::Sealed(s) => Pin::new(&mut **s).poll_read(cx, buf),
+        let r = match me.poll_join(cx) {
+            Poll::Ready(Ok(())) => match &mut me.inner {
+                Inner::Plain(s) => Pin::new(s).poll_read(cx, buf),
+                Inner::Sealed(s) => Pin::new(&mut **s).poll_read(cx, buf),
+            },
+            other => other,
         };
         me.read_idle.watch(cx, "receiving", r)
     }
@@ -655,9 +952,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for DataIo<S> {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let me = &mut *self;
-        let r = match &mut me.inner {
-            Inner::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Inner::Sealed(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
+        let r = match me.poll_write_gate(cx, true) {
+            Poll::Ready(Ok(())) => {
+                // While the join's answer is outstanding, at most the early allowance.
+                let cut;
+                let bufs = match me.join.as_deref() {
+                    Some(j) if bufs.iter().map(|b| b.len()).sum::<usize>() > j.early => {
+                        cut = truncated(bufs, j.early);
+                        &cut[..]
+                    }
+                    _ => bufs,
+                };
+                let r = match &mut me.inner {
+                    Inner::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+                    Inner::Sealed(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
+                };
+                me.after_write(cx, r, |n| *n)
+            }
+            other => other.map_ok(|()| 0),
         };
         me.write_idle.watch(cx, "sending", r)
     }
@@ -671,18 +983,27 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for DataIo<S> {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let me = &mut *self;
-        let r = match &mut me.inner {
-            Inner::Plain(s) => Pin::new(s).poll_flush(cx),
-            Inner::Sealed(s) => Pin::new(&mut **s).poll_flush(cx),
+        let r = match me.poll_write_gate(cx, false) {
+            Poll::Ready(Ok(())) => {
+                let r = match &mut me.inner {
+                    Inner::Plain(s) => Pin::new(s).poll_flush(cx),
+                    Inner::Sealed(s) => Pin::new(&mut **s).poll_flush(cx),
+                };
+                me.after_write(cx, r, |_| 0)
+            }
+            other => other,
         };
         me.write_idle.watch(cx, "sending", r)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.inner {
+        let me = &mut *self;
+        ready!(me.poll_write_gate(cx, false))?;
+        let r = match &mut me.inner {
             Inner::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Inner::Sealed(s) => Pin::new(&mut **s).poll_shutdown(cx),
-        }
+        };
+        me.after_write(cx, r, |_| 0)
     }
 }
 
@@ -726,6 +1047,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> DataRead for DataIo<S> {
         let mut pos = 0;
         std::future::poll_fn(|cx| {
             let me = &mut *self;
+            match me.poll_join(cx) {
+                Poll::Ready(Ok(())) => {}
+                r => return me.read_idle.watch(cx, "receiving", r),
+            }
             let (r, progressed) = match &mut me.inner {
                 Inner::Plain(s) => {
                     let start = pos;
@@ -781,14 +1106,30 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> DataWrite for DataIo<S> {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let r = match &mut self.inner {
-            Inner::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            // Records sealed by the ordinary writes go first: they came first.
-            Inner::Sealed(s) => match s.poll_drain(cx) {
-                Poll::Ready(Ok(())) => Pin::new(&mut s.io).poll_write_vectored(cx, bufs),
-                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-                Poll::Pending => Poll::Pending,
-            },
+        // The same gate as `poll_write_vectored`: while the join's answer is
+        // outstanding, at most the early allowance, and a write error waits for it.
+        let r = match self.poll_write_gate(cx, true) {
+            Poll::Ready(Ok(())) => {
+                let cut;
+                let bufs = match self.join.as_deref() {
+                    Some(j) if bufs.iter().map(|b| b.len()).sum::<usize>() > j.early => {
+                        cut = truncated(bufs, j.early);
+                        &cut[..]
+                    }
+                    _ => bufs,
+                };
+                let r = match &mut self.inner {
+                    Inner::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+                    // Records sealed by the ordinary writes go first: they came first.
+                    Inner::Sealed(s) => match s.poll_drain(cx) {
+                        Poll::Ready(Ok(())) => Pin::new(&mut s.io).poll_write_vectored(cx, bufs),
+                        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                        Poll::Pending => Poll::Pending,
+                    },
+                };
+                self.after_write(cx, r, |n| *n)
+            }
+            other => other.map_ok(|()| 0),
         };
         self.write_idle.watch(cx, "sending", r)
     }
@@ -1044,5 +1385,234 @@ mod tests {
         let mut b = [0u8; 1];
         let e = r.read(&mut b).await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+    }
+
+    /// A client end awaiting its join answer (server proof `[9; 32]`), and the server's end.
+    fn awaiting(
+        protection: DataProtection,
+    ) -> (DataIo<tokio::io::DuplexStream>, tokio::io::DuplexStream) {
+        let (a, b) = duplex(4 << 20);
+        let io = DataIo::new(a, protection, &[1; 32], 3, Role::Client, None).awaiting_join(
+            3,
+            [9; 32],
+            Duration::from_secs(30),
+        );
+        (io, b)
+    }
+
+    fn join_failed(e: &io::Error) -> JoinFailed {
+        JoinFailed::of(e)
+            .unwrap_or_else(|| panic!("not a join failure: {e}"))
+            .clone()
+    }
+
+    #[tokio::test]
+    async fn data_goes_out_before_the_join_answer_and_nothing_is_read_before_it() {
+        for p in [
+            DataProtection::Plain,
+            DataProtection::Authenticated,
+            DataProtection::Encrypted,
+        ] {
+            let (mut c, mut s) = awaiting(p);
+            // Writes go out at once, up to the early allowance.
+            c.write_all(&data(1000)).await.unwrap();
+            c.flush().await.unwrap();
+            assert!(c.join_pending());
+            assert!(c.plain().is_none());
+            let mut got = vec![0u8; 100];
+            s.read_exact(&mut got).await.unwrap();
+            // The server's answer, then its first bytes (a record when sealed).
+            let (x, mut y) = duplex(1 << 16);
+            let mut w = DataIo::new(x, p, &[1; 32], 3, Role::Server, None);
+            w.write_all(b"ack").await.unwrap();
+            w.shutdown().await.unwrap();
+            drop(w);
+            let mut answer = vec![0u8];
+            answer.extend_from_slice(&[9; 32]);
+            y.read_to_end(&mut answer).await.unwrap();
+            s.write_all(&answer).await.unwrap();
+            let mut b = [0u8; 3];
+            c.read_exact_into(&mut b).await.unwrap();
+            assert_eq!(&b, b"ack", "{p:?}");
+            assert!(!c.join_pending());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_bad_answer_fails_every_read_and_write() {
+        let mut bad_proof = vec![0u8];
+        bad_proof.extend_from_slice(&[8; 32]);
+        let cases: [(&[u8], JoinFailed); 4] = [
+            (&bad_proof, JoinFailed::BadProof { stream: 3 }),
+            (
+                &[2],
+                JoinFailed::Refused {
+                    stream: 3,
+                    status: JoinStatus::BadProof,
+                },
+            ),
+            (
+                &[7],
+                JoinFailed::BadStatus {
+                    stream: 3,
+                    value: 7,
+                },
+            ),
+            (
+                &bad_proof[..20],
+                JoinFailed::Broken {
+                    stream: 3,
+                    kind: io::ErrorKind::UnexpectedEof,
+                    message: "the server closed data stream 3 before answering its join".into(),
+                },
+            ),
+        ];
+        for (answer, want) in cases {
+            let (mut c, mut s) = awaiting(DataProtection::Authenticated);
+            c.write_all(b"chunk").await.unwrap();
+            c.flush().await.unwrap();
+            // What follows the answer (a forged acknowledgement) is never returned.
+            s.write_all(answer).await.unwrap();
+            if matches!(want, JoinFailed::Broken { .. }) {
+                drop(s);
+                let (x, y) = duplex(64);
+                drop(x);
+                s = y;
+            } else {
+                s.write_all(&[0; 64]).await.unwrap();
+            }
+            let mut b = [0u8; 8];
+            let e = c.read(&mut b).await.unwrap_err();
+            assert_eq!(join_failed(&e), want);
+            let e = c.read_exact_into(&mut b).await.unwrap_err();
+            assert_eq!(join_failed(&e), want);
+            let e = c.write_all(b"more").await.unwrap_err();
+            assert_eq!(join_failed(&e), want);
+            assert!(c.join_pending());
+            drop(s);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_reported_instead_of_the_write_error_it_caused() {
+        // The server refused the join and closed: the client's writes fail, but what
+        // it reports is the refusal (the status byte it had not read yet).
+        let (c, mut s) = awaiting(DataProtection::Encrypted);
+        s.write_all(&[JoinStatus::UnknownSession as u8])
+            .await
+            .unwrap();
+        drop(s);
+        let (mut rd, mut wr) = tokio::io::split(c);
+        let writer = async {
+            let big = data(EARLY_BYTES / 2);
+            loop {
+                wr.write_all(&big).await?;
+                wr.flush().await?;
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), io::Error>(())
+        };
+        let reader = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let mut b = [0u8; 8];
+            rd.read(&mut b).await
+        };
+        let (w, r) = tokio::time::timeout(Duration::from_secs(20), async {
+            tokio::join!(writer, reader)
+        })
+        .await
+        .expect("the writer should not hang");
+        let want = JoinFailed::Refused {
+            stream: 3,
+            status: JoinStatus::UnknownSession,
+        };
+        assert_eq!(join_failed(&w.unwrap_err()), want);
+        assert_eq!(join_failed(&r.unwrap_err()), want);
+    }
+
+    #[tokio::test]
+    async fn writes_past_the_early_allowance_wait_for_the_answer() {
+        let (mut c, mut s) = awaiting(DataProtection::Plain);
+        let (mut rd, mut wr) = tokio::io::split(&mut c);
+        let n = EARLY_BYTES + 4096;
+        let payload = data(n);
+        let write = async {
+            wr.write_all(&payload).await.unwrap();
+            wr.flush().await.unwrap();
+        };
+        tokio::pin!(write);
+        // Without the answer, the write stops at the allowance.
+        let stalled = tokio::time::timeout(Duration::from_millis(300), &mut write).await;
+        assert!(
+            stalled.is_err(),
+            "the write should wait for the join answer"
+        );
+        let mut got = vec![0u8; EARLY_BYTES];
+        s.read_exact(&mut got).await.unwrap();
+        let mut extra = [0u8; 1];
+        let more = tokio::time::timeout(Duration::from_millis(100), s.read(&mut extra)).await;
+        assert!(more.is_err(), "bytes past the allowance went out: {more:?}");
+        // The answer comes; a read takes it, and the write goes on.
+        let mut answer = vec![0u8];
+        answer.extend_from_slice(&[9; 32]);
+        s.write_all(&answer).await.unwrap();
+        let read = async {
+            let mut b = [0u8; 1];
+            rd.read(&mut b).await
+        };
+        let drain = async {
+            let mut rest = vec![0u8; n - EARLY_BYTES];
+            s.read_exact(&mut rest).await.unwrap();
+            got.extend_from_slice(&rest);
+            s.write_all(b"x").await.unwrap();
+        };
+        let (_, r, ()) = tokio::time::timeout(Duration::from_secs(20), async {
+            tokio::join!(write, read, drain)
+        })
+        .await
+        .expect("the write should go on after the answer");
+        assert_eq!(r.unwrap(), 1);
+        assert!(got == payload);
+    }
+
+    /// The chunk writer's path (`poll_write_sealed`) is held at the allowance too.
+    #[tokio::test]
+    async fn sealed_writes_past_the_early_allowance_wait_for_the_answer() {
+        let (mut c, mut s) = awaiting(DataProtection::Authenticated);
+        let bytes = data(EARLY_BYTES + 4096);
+        let mut taken = 0usize;
+        let write = std::future::poll_fn(|cx| {
+            while taken < bytes.len() {
+                let n = ready!(c.poll_write_sealed(cx, &[IoSlice::new(&bytes[taken..])]))?;
+                taken += n;
+            }
+            Poll::Ready(Ok::<_, io::Error>(()))
+        });
+        let stalled = tokio::time::timeout(Duration::from_millis(300), write).await;
+        assert!(
+            stalled.is_err(),
+            "the write should wait for the join answer"
+        );
+        assert_eq!(taken, EARLY_BYTES);
+        let mut got = vec![0u8; EARLY_BYTES];
+        s.read_exact(&mut got).await.unwrap();
+        let mut extra = [0u8; 1];
+        let more = tokio::time::timeout(Duration::from_millis(100), s.read(&mut extra)).await;
+        assert!(more.is_err(), "bytes past the allowance went out: {more:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_missing_join_answer_times_out() {
+        let (mut c, _s) = awaiting(DataProtection::Authenticated);
+        let mut b = [0u8; 8];
+        let e = c.read(&mut b).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(
+            join_failed(&e),
+            JoinFailed::Timeout {
+                stream: 3,
+                secs: 30
+            }
+        );
     }
 }

@@ -24,7 +24,15 @@ pub fn run(name: &str, spec: &LinkSpec, on_ready: impl FnOnce(&Lab)) -> Result<(
         }
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
-    let lab = Lab::up_as(name, spec, LabKind::Daemon)?;
+    let lab = match Lab::up_as(name, spec, LabKind::Daemon) {
+        Ok(lab) => lab,
+        Err(e) => {
+            // Removing the half-made lab also unlinked the log that `dmover netlab up`
+            // reads our error from: leave the error there again.
+            let _ = std::fs::write(state::log_path(name), format!("{e}\n"));
+            return Err(e);
+        }
+    };
     state::write_stats(name, &lab.stats())?;
     state::mark_ready(name)?;
     on_ready(&lab);

@@ -133,6 +133,9 @@ pub struct ForwarderStats {
     pub a_to_b: DirectionStats,
     /// Traffic from host b to host a.
     pub b_to_a: DirectionStats,
+    /// What made the link (with [`crate::Emulator::Netem`] the counters stay zero).
+    #[serde(default)]
+    pub emulator: crate::Emulator,
 }
 
 impl ForwarderStats {
@@ -168,6 +171,7 @@ impl ForwarderStats {
             elapsed_seconds: self.elapsed_seconds - earlier.elapsed_seconds,
             a_to_b: d(&self.a_to_b, &earlier.a_to_b),
             b_to_a: d(&self.b_to_a, &earlier.b_to_a),
+            emulator: self.emulator,
         }
     }
 }
@@ -232,6 +236,7 @@ impl Forwarder {
             elapsed_seconds: self.started.elapsed().as_secs_f64(),
             a_to_b: dirs.next().unwrap_or_default(),
             b_to_a: dirs.next().unwrap_or_default(),
+            emulator: crate::Emulator::Forwarder,
         }
     }
 

@@ -8,8 +8,10 @@
 //!
 //! # How the link is made
 //!
-//! The kernel's netem is not on every machine (nothing kernel-side on ours can delay
-//! a packet), so the link is a userspace forwarder:
+//! When the kernel has netem, the link is a veth pair with `netem` (delay, loss) and
+//! `tbf` (rate, tail-drop queue) on each end ([`netem`]). netem is not on every
+//! machine (nothing kernel-side on ours can delay a packet), so otherwise the link is
+//! a userspace forwarder ([`Emulator`] picks; both model the same link):
 //!
 //! - Each namespace has a TUN device (`dmnl0`, 10.200.0.1/24 in `a`, .2 in `b`) opened
 //!   with `IFF_VNET_HDR` and TCP segmentation offload, so the kernel hands over TCP
@@ -54,6 +56,7 @@
 pub mod daemon;
 mod error;
 mod forwarder;
+pub mod netem;
 pub mod ns;
 pub mod packet;
 pub mod parse;
@@ -86,6 +89,30 @@ pub const ADDR_B: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 2);
 /// Rate assumed for sizing buffers and the ring when the link has no rate limit.
 const UNLIMITED_SIZING_BPS: u64 = 10_000_000_000;
 
+/// What makes the link.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Emulator {
+    /// The kernel's netem when it has it, else the userspace forwarder.
+    #[default]
+    Auto,
+    /// A veth pair with netem + tbf (see [`netem`]); fails when the link needs netem
+    /// (a delay or loss) and the kernel lacks it.
+    Netem,
+    /// Two TUN devices and the userspace forwarder.
+    Forwarder,
+}
+
+impl std::fmt::Display for Emulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Emulator::Auto => "auto",
+            Emulator::Netem => "kernel netem/tbf",
+            Emulator::Forwarder => "userspace forwarder",
+        })
+    }
+}
+
 /// What the emulated link looks like.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LinkSpec {
@@ -112,8 +139,12 @@ pub struct LinkSpec {
     /// applications and builds on the machine cannot delay packets past their release
     /// time; they block in `poll` when idle, so this costs nothing then [default: true].
     pub realtime: bool,
-    /// Seed of the loss draws (same seed, same loss pattern for the same packets).
+    /// Seed of the loss draws (same seed, same loss pattern for the same packets;
+    /// forwarder only).
     pub seed: u64,
+    /// What makes the link [default: auto].
+    #[serde(default)]
+    pub emulator: Emulator,
 }
 
 impl Default for LinkSpec {
@@ -128,6 +159,7 @@ impl Default for LinkSpec {
             pin: true,
             realtime: true,
             seed: 1,
+            emulator: Emulator::Auto,
         }
     }
 }
@@ -295,7 +327,9 @@ pub struct Lab {
     spec: LinkSpec,
     a: Host,
     b: Host,
+    emulator: Emulator,
     forwarder: Option<Forwarder>,
+    started: Instant,
     state_dir: PathBuf,
     torn_down: bool,
 }
@@ -343,7 +377,9 @@ impl Lab {
             spec: spec.clone(),
             a,
             b,
+            emulator: spec.emulator,
             forwarder: None,
+            started: Instant::now(),
             state_dir,
             torn_down: false,
         };
@@ -352,21 +388,15 @@ impl Lab {
     }
 
     fn build(&mut self) -> Result<(), NetlabError> {
-        let spec = &self.spec;
+        let spec = self.spec.clone();
         let buf_max = spec.effective_tcp_buffer_max();
-        let mut tuns = Vec::new();
-        for (host, peer) in [(&self.a, &self.b), (&self.b, &self.a)] {
+        for host in [&self.a, &self.b] {
             let ns = host.netns.as_str();
             ns::create(ns)?;
             // No IPv6 on the link: no router solicitations or DAD chatter.
             let _ = ns::sysctl(ns, "net/ipv6/conf/all/disable_ipv6", "1");
             let _ = ns::sysctl(ns, "net/ipv6/conf/default/disable_ipv6", "1");
-            tuns.push(ns::in_netns(ns, || tun::open(DEVICE))??);
             ns::ip(&["-n", ns, "link", "set", "lo", "up"])?;
-            let cidr = format!("{}/24", host.addr);
-            ns::ip(&["-n", ns, "addr", "add", &cidr, "dev", DEVICE])?;
-            ns::ip(&["-n", ns, "link", "set", DEVICE, "txqueuelen", "10000", "up"])?;
-            let _ = peer;
             ns::sysctl(ns, "net/ipv4/tcp_rmem", &format!("4096 131072 {buf_max}"))?;
             ns::sysctl(ns, "net/ipv4/tcp_wmem", &format!("4096 16384 {buf_max}"))?;
             // Each measurement starts from scratch, not from cached ssthresh/RTT.
@@ -375,27 +405,90 @@ impl Lab {
                 ns::sysctl(ns, "net/ipv4/tcp_congestion_control", cc)?;
             }
         }
-        let tun_b = tuns.pop().expect("two devices");
-        let tun_a = tuns.pop().expect("two devices");
-        let cpus = pin_cpus(spec.pin);
-        let dir = |name: &str, cpu: Option<usize>, seed: u64| DirectionConfig {
-            name: name.to_string(),
-            rate_bps: spec.rate_bps,
-            queue_bytes: spec.effective_queue_bytes(),
-            delay: spec.rtt / 2,
-            loss: spec.loss,
-            ring_bytes: spec.ring_bytes(),
-            cpu,
-            realtime: spec.realtime,
-            seed,
+        self.emulator = self.choose_emulator()?;
+        tracing::debug!("netlab {}: link by {}", self.name, self.emulator);
+        let tuns = match self.emulator {
+            Emulator::Netem => {
+                self.veth_link()?;
+                None
+            }
+            _ => {
+                let a = ns::in_netns(&self.a.netns, || tun::open(DEVICE))??;
+                let b = ns::in_netns(&self.b.netns, || tun::open(DEVICE))??;
+                Some((a, b))
+            }
         };
-        self.forwarder = Some(Forwarder::start(
-            tun_a,
-            tun_b,
-            dir("a->b", cpus.0, spec.seed),
-            dir("b->a", cpus.1, spec.seed ^ 0x9e37_79b9_7f4a_7c15),
-        )?);
+        for host in [&self.a, &self.b] {
+            let ns = host.netns.as_str();
+            let cidr = format!("{}/24", host.addr);
+            ns::ip(&["-n", ns, "addr", "add", &cidr, "dev", DEVICE])?;
+            ns::ip(&["-n", ns, "link", "set", DEVICE, "txqueuelen", "10000", "up"])?;
+        }
+        if let Some((tun_a, tun_b)) = tuns {
+            let cpus = pin_cpus(spec.pin);
+            let dir = |name: &str, cpu: Option<usize>, seed: u64| DirectionConfig {
+                name: name.to_string(),
+                rate_bps: spec.rate_bps,
+                queue_bytes: spec.effective_queue_bytes(),
+                delay: spec.rtt / 2,
+                loss: spec.loss,
+                ring_bytes: spec.ring_bytes(),
+                cpu,
+                realtime: spec.realtime,
+                seed,
+            };
+            self.forwarder = Some(Forwarder::start(
+                tun_a,
+                tun_b,
+                dir("a->b", cpus.0, spec.seed),
+                dir("b->a", cpus.1, spec.seed ^ 0x9e37_79b9_7f4a_7c15),
+            )?);
+        }
         self.probe()?;
+        Ok(())
+    }
+
+    /// Resolves [`Emulator::Auto`] (netem if the kernel has it) and checks that a
+    /// link asked of netem can be made: it needs netem only for a delay or loss (a
+    /// rate alone is tbf's).
+    fn choose_emulator(&self) -> Result<Emulator, NetlabError> {
+        let needs_netem = !self.spec.rtt.is_zero() || self.spec.loss > 0.0;
+        match self.spec.emulator {
+            Emulator::Forwarder => Ok(Emulator::Forwarder),
+            Emulator::Auto => Ok(match netem::probe(&self.a.netns) {
+                Ok(()) => Emulator::Netem,
+                Err(why) => {
+                    tracing::debug!("netlab: no kernel netem ({why}); using the forwarder");
+                    Emulator::Forwarder
+                }
+            }),
+            Emulator::Netem if !needs_netem => Ok(Emulator::Netem),
+            Emulator::Netem => match netem::probe(&self.a.netns) {
+                Ok(()) => Ok(Emulator::Netem),
+                Err(why) => Err(NetlabError::Unavailable(format!(
+                    "this kernel has no netem ({why}); use the userspace forwarder \
+                     (--emulator forwarder or auto)"
+                ))),
+            },
+        }
+    }
+
+    /// The kernel link: a veth pair, its ends named [`DEVICE`] in each namespace, each
+    /// end's egress shaped by [`netem::qdisc_args`].
+    fn veth_link(&self) -> Result<(), NetlabError> {
+        let (a, b) = (self.a.netns.as_str(), self.b.netns.as_str());
+        ns::ip(&[
+            "link", "add", DEVICE, "netns", a, "type", "veth", "peer", "name", DEVICE, "netns", b,
+        ])?;
+        for ns in [a, b] {
+            if self.spec.loss > 0.0 {
+                // netem drops whole packets: keep TCP's packets MSS-sized.
+                ns::ip(&["-n", ns, "link", "set", DEVICE, "gso_max_segs", "1"])?;
+            }
+            for call in netem::qdisc_args(&self.spec, DEVICE) {
+                netem::tc(ns, &call)?;
+            }
+        }
         Ok(())
     }
 
@@ -440,6 +533,12 @@ impl Lab {
         &self.spec
     }
 
+    /// What makes the link ([`Emulator::Netem`] or [`Emulator::Forwarder`], never
+    /// `Auto` once the lab is up).
+    pub fn emulator(&self) -> Emulator {
+        self.emulator
+    }
+
     /// Host `a`.
     pub fn a(&self) -> &Host {
         &self.a
@@ -451,12 +550,19 @@ impl Lab {
     }
 
     /// What the forwarder has done so far: packets, bytes, drops (loss and queue),
-    /// its CPU time and how late it released packets.
+    /// its CPU time and how late it released packets (all zero for a netem link; its
+    /// counters are in `tc -s qdisc` inside the namespaces).
     pub fn stats(&self) -> ForwarderStats {
-        self.forwarder
+        let mut s = self
+            .forwarder
             .as_ref()
             .map(Forwarder::stats)
-            .unwrap_or_default()
+            .unwrap_or_default();
+        s.emulator = self.emulator;
+        if self.forwarder.is_none() {
+            s.elapsed_seconds = self.started.elapsed().as_secs_f64();
+        }
+        s
     }
 
     /// Tears the lab down, reporting anything that could not be removed.

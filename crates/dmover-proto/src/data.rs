@@ -19,8 +19,15 @@
 //! the control connection's TLS session, over both nonces, so a recorded join cannot
 //! be replayed and a connection that cannot prove the key is refused (and does not
 //! take the stream's place). The server closes the connection unless the status is
-//! [`JoinStatus::Accepted`]. After the join the bytes below travel as they are, or in
-//! records ([`crate::record`]) as the session's [`crate::control::DataProtection`] says.
+//! [`JoinStatus::Accepted`] (after reading, for a moment, what the client sent behind
+//! its proof). After the join the bytes below travel as they are, or in records
+//! ([`crate::record`]) as the session's [`crate::control::DataProtection`] says.
+//!
+//! A client that sends frames may send its first ones right behind its proof, without
+//! waiting for the answer (the server reads the join, checks it, then reads the
+//! frames); it must read and check the answer before anything else it receives, and
+//! never joins the same stream on another connection once records may have gone out
+//! on it (record keys depend on the session and stream, not on the join).
 //!
 //! # Frames
 //! The source side then writes frames, each a fixed 24-byte [`FrameHeader`] followed

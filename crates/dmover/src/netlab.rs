@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use dmover_netlab::parse::{format_rate, parse_bytes, parse_duration, parse_loss, parse_rate};
 use dmover_netlab::state::{self, LabRecord};
-use dmover_netlab::{ForwarderStats, Host, LinkSpec};
+use dmover_netlab::{Emulator, ForwarderStats, Host, LinkSpec};
 
 /// `dmover netlab ...`
 #[derive(Debug, Args)]
@@ -73,6 +73,31 @@ pub struct LinkArgs {
     /// Seed of the random loss.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// What makes the link: the kernel's netem when it has it (auto), netem (fail
+    /// without it), or the userspace forwarder.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub emulator: EmulatorArg,
+}
+
+/// `--emulator`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum EmulatorArg {
+    /// netem if the kernel has it, else the forwarder.
+    Auto,
+    /// A veth pair shaped by netem and tbf.
+    Netem,
+    /// TUN devices and the userspace forwarder.
+    Forwarder,
+}
+
+impl From<EmulatorArg> for Emulator {
+    fn from(e: EmulatorArg) -> Emulator {
+        match e {
+            EmulatorArg::Auto => Emulator::Auto,
+            EmulatorArg::Netem => Emulator::Netem,
+            EmulatorArg::Forwarder => Emulator::Forwarder,
+        }
+    }
 }
 
 impl LinkArgs {
@@ -87,6 +112,7 @@ impl LinkArgs {
             pin: !self.no_pin,
             realtime: !self.no_realtime,
             seed: self.seed,
+            emulator: self.emulator.into(),
         }
     }
 
@@ -101,6 +127,8 @@ impl LinkArgs {
             format!("{}", self.loss),
             "--seed".into(),
             self.seed.to_string(),
+            "--emulator".into(),
+            format!("{:?}", self.emulator).to_lowercase(),
         ];
         if let Some(r) = self.rate {
             v.extend(["--rate".into(), format!("{r}bit")]);
@@ -269,13 +297,16 @@ fn up(u: UpArgs) -> anyhow::Result<ExitCode> {
         std::thread::sleep(Duration::from_millis(20));
     }
     let rec = state::read_record(name).context("reading the lab's record")?;
+    // The daemon writes its first statistics before it marks the lab ready.
+    let emulator = state::read_stats(name).map_or(spec.emulator, |s| s.emulator);
     if u.json {
         println!(
             "{}",
-            serde_json::json!({ "name": name, "a": rec.a, "b": rec.b, "pid": rec.pid })
+            serde_json::json!({ "name": name, "a": rec.a, "b": rec.b, "pid": rec.pid,
+                                "emulator": emulator })
         );
     } else {
-        println!("lab {name}: {}", describe(&spec));
+        println!("lab {name}: {} ({emulator})", describe(&spec));
         for (side, h) in [("a", &rec.a), ("b", &rec.b)] {
             println!("  {side}  {:<20} {}", h.netns, h.addr);
         }
@@ -342,6 +373,12 @@ fn down(d: DownArgs) -> anyhow::Result<ExitCode> {
 
 /// One line about the forwarder's life.
 fn summary(s: &ForwarderStats) -> String {
+    if s.emulator == Emulator::Netem {
+        return format!(
+            "kernel netem/tbf for {:.1} s (its counters: `tc -s qdisc` in the namespaces)",
+            s.elapsed_seconds
+        );
+    }
     format!(
         "forwarder {:.1} s, {:.0} % of a core",
         s.elapsed_seconds,
@@ -364,6 +401,27 @@ fn stats(s: StatsArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!("lab {}: {}; {}", s.name, describe(&rec.spec), summary(&st));
+    if st.emulator == Emulator::Netem {
+        for (side, h) in [("a", &rec.a), ("b", &rec.b)] {
+            let out = Command::new("tc")
+                .args([
+                    "-n",
+                    &h.netns,
+                    "-s",
+                    "qdisc",
+                    "show",
+                    "dev",
+                    dmover_netlab::DEVICE,
+                ])
+                .output()
+                .context("running tc")?;
+            println!("  {side} egress ({}):", h.netns);
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                println!("    {line}");
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     for (dir, d) in [("a->b", &st.a_to_b), ("b->a", &st.b_to_a)] {
         println!(
             "  {dir}: {} packets ({} segments), {:.3} GB out, mean {:.3} Gbit/s; drops: {} loss, \

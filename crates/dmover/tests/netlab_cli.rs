@@ -38,11 +38,22 @@ fn netlab_up_serve_cp_stats_down() {
     }
     let name = format!("e2e{}", std::process::id() % 100_000);
     let up = netlab(&[
-        "up", "--name", &name, "--rtt", "20ms", "--rate", "500mbit", "--json",
+        "up",
+        "--name",
+        &name,
+        "--rtt",
+        "20ms",
+        "--rate",
+        "500mbit",
+        "--json",
+        // The forwarder's statistics are checked below.
+        "--emulator",
+        "forwarder",
     ]);
     ok(&up);
     let _down = Down(name.clone());
     let hosts = json(&up);
+    assert_eq!(hosts["emulator"], "forwarder");
     let (ns_a, ns_b) = (
         hosts["a"]["netns"].as_str().unwrap().to_string(),
         hosts["b"]["netns"].as_str().unwrap().to_string(),
@@ -145,6 +156,75 @@ fn netlab_up_serve_cp_stats_down() {
     );
     let d = netlab(&["down", "--name", &name]);
     assert!(!d.status.success(), "the lab is gone");
+}
+
+/// `--emulator netem`: where the kernel lacks netem (this machine), a link with a delay
+/// is refused with the reason and nothing is left behind; a rate-only link is tbf on a
+/// veth pair, and `stats` shows the kernel's counters.
+#[test]
+fn netlab_kernel_emulator() {
+    if !netlab_available("netlab_kernel_emulator") {
+        return;
+    }
+    let name = format!("kem{}", std::process::id() % 100_000);
+    let up = netlab(&[
+        "up",
+        "--name",
+        &name,
+        "--rtt",
+        "10ms",
+        "--emulator",
+        "netem",
+        "--json",
+    ]);
+    let gone = |name: &str| {
+        !Path::new("/run/netns")
+            .join(format!("dmnl-{name}-a"))
+            .exists()
+            && !Path::new("/run/netns")
+                .join(format!("dmnl-{name}-b"))
+                .exists()
+            && !Path::new("/run/dmover-netlab").join(name).exists()
+            && !Path::new("/run/dmover-netlab")
+                .join(format!("{name}.log"))
+                .exists()
+    };
+    if up.status.success() {
+        let _down = Down(name.clone());
+        assert_eq!(json(&up)["emulator"], "netem");
+        ok(&netlab(&["down", "--name", &name]));
+    } else {
+        let err = stderr(&up);
+        assert!(
+            err.contains("no netem") && err.contains("forwarder"),
+            "the reason is given: {err}"
+        );
+        assert!(gone(&name), "a refused lab leaves nothing behind");
+    }
+    assert!(gone(&name));
+
+    let up = netlab(&[
+        "up",
+        "--name",
+        &name,
+        "--rate",
+        "100mbit",
+        "--emulator",
+        "netem",
+        "--json",
+    ]);
+    ok(&up);
+    let _down = Down(name.clone());
+    assert_eq!(json(&up)["emulator"], "netem");
+    let st = netlab(&["stats", "--name", &name]);
+    ok(&st);
+    let out = String::from_utf8_lossy(&st.stdout).into_owned();
+    assert!(
+        out.contains("tbf 2: root") && out.contains("100Mbit"),
+        "{out}"
+    );
+    ok(&netlab(&["down", "--name", &name]));
+    assert!(gone(&name));
 }
 
 #[test]

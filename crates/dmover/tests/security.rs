@@ -453,6 +453,14 @@ enum Mode {
     /// After the join, the first data connection goes silent: nothing more is forwarded
     /// either way, and both TCP connections stay open (a path that black-holes one flow).
     Silence,
+    /// Hold the server's join answer back from the client until the client has sent
+    /// this many bytes behind its proof (or 20 s passed), then pass everything on.
+    Withhold(usize),
+    /// As `Withhold`, then give the client the server's answer with one bit of the
+    /// server's proof flipped.
+    ForgeAnswer(usize),
+    /// Flip one bit of the client's join proof: the server refuses the join.
+    ForgeJoin,
 }
 
 struct Proxy {
@@ -460,6 +468,29 @@ struct Proxy {
     /// The status byte each impostor got (`255`: the connection closed instead).
     statuses: Arc<Mutex<Vec<(&'static str, u8)>>>,
     flipped: Arc<AtomicUsize>,
+    /// `Withhold`/`ForgeAnswer`: the bytes the client sent behind its join proof
+    /// before it had the server's answer, per data connection.
+    early: Arc<Mutex<Vec<usize>>>,
+}
+
+/// Reads from `c` until `want` bytes came or `limit` passed; returns what came.
+fn read_for(c: &mut TcpStream, want: usize, limit: Duration) -> Vec<u8> {
+    let end = Instant::now() + limit;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 64 << 10];
+    while got.len() < want {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        c.set_read_timeout(Some(left)).unwrap();
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    c.set_read_timeout(None).unwrap();
+    got
 }
 
 fn pump(mut from: TcpStream, mut to: TcpStream, flip_at: Option<usize>, flipped: Arc<AtomicUsize>) {
@@ -510,13 +541,24 @@ fn proxy(server: &str, mode: Mode) -> Proxy {
     let addr = listener.local_addr().unwrap().to_string();
     let statuses = Arc::new(Mutex::new(Vec::new()));
     let flipped = Arc::new(AtomicUsize::new(0));
+    let early = Arc::new(Mutex::new(Vec::new()));
     let first_data = Arc::new(AtomicBool::new(true));
-    let (server, st, fl) = (server.to_string(), statuses.clone(), flipped.clone());
+    let (server, st, fl, ea) = (
+        server.to_string(),
+        statuses.clone(),
+        flipped.clone(),
+        early.clone(),
+    );
     std::thread::spawn(move || {
         for c in listener.incoming() {
             let Ok(mut c) = c else { break };
-            let (server, st, fl, first_data) =
-                (server.clone(), st.clone(), fl.clone(), first_data.clone());
+            let (server, st, fl, ea, first_data) = (
+                server.clone(),
+                st.clone(),
+                fl.clone(),
+                ea.clone(),
+                first_data.clone(),
+            );
             std::thread::spawn(move || {
                 let mut s = TcpStream::connect(&server).unwrap();
                 let mut pre = [0u8; 8];
@@ -539,11 +581,33 @@ fn proxy(server: &str, mode: Mode) -> Proxy {
                     if c.read_exact(&mut hello).is_err() || c.read_exact(&mut proof).is_err() {
                         return;
                     }
+                    if matches!(mode, Mode::ForgeJoin) {
+                        proof[7] ^= 0x01;
+                        fl.fetch_add(1, Ordering::SeqCst);
+                    }
                     s.write_all(&hello).unwrap();
                     s.write_all(&proof).unwrap();
-                    let mut answer = [0u8; 33];
-                    s.read_exact(&mut answer).unwrap();
-                    c.write_all(&answer).unwrap();
+                    if matches!(mode, Mode::ForgeJoin) {
+                        // The status alone comes back; the rest is passed on as is.
+                        let mut status = [0u8; 1];
+                        if s.read_exact(&mut status).is_ok() {
+                            st.lock().unwrap().push(("client's", status[0]));
+                            let _ = c.write_all(&status);
+                        }
+                    } else {
+                        let mut answer = [0u8; 33];
+                        s.read_exact(&mut answer).unwrap();
+                        if let Mode::Withhold(n) | Mode::ForgeAnswer(n) = mode {
+                            let sent = read_for(&mut c, n, Duration::from_secs(20));
+                            ea.lock().unwrap().push(sent.len());
+                            if matches!(mode, Mode::ForgeAnswer(_)) {
+                                answer[20] ^= 0x01;
+                                fl.fetch_add(1, Ordering::SeqCst);
+                            }
+                            let _ = s.write_all(&sent);
+                        }
+                        c.write_all(&answer).unwrap();
+                    }
                     match mode {
                         Mode::Attack => {
                             let replayed = impostor(&server, &pre, &hello, Some(&proof));
@@ -571,6 +635,7 @@ fn proxy(server: &str, mode: Mode) -> Proxy {
                                 return;
                             }
                         }
+                        Mode::Withhold(_) | Mode::ForgeAnswer(_) | Mode::ForgeJoin => {}
                     }
                 }
                 let (c2, s2) = (c.try_clone().unwrap(), s.try_clone().unwrap());
@@ -585,6 +650,7 @@ fn proxy(server: &str, mode: Mode) -> Proxy {
         addr,
         statuses,
         flipped,
+        early,
     }
 }
 
@@ -691,6 +757,142 @@ fn encrypted_round_trip_is_identical_and_a_flipped_bit_is_detected() {
         assert!(std::fs::read(root.join(name)).unwrap() == a, "{name}");
         assert!(staging_files(&root).is_empty(), "{name}");
     }
+}
+
+/// A push sends its first chunk right behind its join proof: the proxy holds the
+/// server's answer back until it has seen data bytes from the client (an old client,
+/// waiting for the answer, sends none and this fails after 20 s).
+#[test]
+fn a_push_sends_data_before_the_join_answer_and_completes() {
+    let t = tmp();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = Server::start(&root, &[]);
+    let kh = t.path().join("known_hosts");
+    let f = t.path().join("f");
+    write_file(&f, 5, 100_000, 0o644, 1_600_000_000);
+    for (flag, name) in [
+        ("--quiet", "mac"),
+        ("--encrypt", "enc"),
+        ("--plain-data", "plain"),
+    ] {
+        let p = proxy(&srv.addr, Mode::Withhold(64));
+        let o = cpk(
+            &[
+                "-P",
+                "1",
+                flag,
+                s(&f),
+                &format!("dmover://{}/{name}", p.addr),
+            ],
+            &kh,
+            &[],
+        );
+        ok(&o);
+        same(&f, &root.join(name));
+        let early = p.early.lock().unwrap().clone();
+        assert_eq!(early.len(), 1, "{name}: {early:?}");
+        assert!(
+            early[0] >= 64,
+            "{name}: the client sent {} bytes before the join answer",
+            early[0]
+        );
+    }
+}
+
+/// A forged server proof that arrives after the client's first chunks fails the push
+/// as a forged proof always did: nothing the stream received is trusted.
+#[test]
+fn a_forged_join_answer_after_early_data_fails_the_push() {
+    let t = tmp();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = Server::start(&root, &[]);
+    let kh = t.path().join("known_hosts");
+    let f = t.path().join("f");
+    write_file(&f, 6, 100_000, 0o644, 1_600_000_000);
+    for flag in ["--quiet", "--encrypt"] {
+        let p = proxy(&srv.addr, Mode::ForgeAnswer(64));
+        let (code, _, err) = cp_within(
+            &["-P", "1", flag, s(&f), &format!("dmover://{}/x", p.addr)],
+            &kh,
+            &[],
+            Duration::from_secs(90),
+        );
+        assert_eq!(p.flipped.load(Ordering::SeqCst), 1);
+        assert!(p.early.lock().unwrap()[0] >= 64, "{flag}: no early data");
+        assert_eq!(code, Some(3), "{flag}: {err}");
+        assert!(
+            err.contains("the data port could not prove it belongs to the session"),
+            "{flag}: {err}"
+        );
+    }
+}
+
+/// A join the server refuses (a proof damaged on the way) is reported as refused, not
+/// as the broken pipe the client's early chunks ran into.
+#[test]
+fn a_refused_join_after_early_data_is_reported_as_refused() {
+    let t = tmp();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = Server::start(&root, &[]);
+    let kh = t.path().join("known_hosts");
+    let f = t.path().join("f");
+    write_file(&f, 7, 3 << 20, 0o644, 1_600_000_000);
+    let p = proxy(&srv.addr, Mode::ForgeJoin);
+    let (code, _, err) = cp_within(
+        &["-P", "1", s(&f), &format!("dmover://{}/x", p.addr)],
+        &kh,
+        &[],
+        Duration::from_secs(90),
+    );
+    assert_eq!(
+        p.statuses.lock().unwrap().clone(),
+        vec![("client's", 2)],
+        "{err}"
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("data stream 0 refused: BadProof"), "{err}");
+    assert!(!root.join("x").exists());
+}
+
+/// The server answers a refused join that has data behind it with its status and a
+/// clean close (it reads what came before closing), so the status is not lost to a
+/// connection reset.
+#[test]
+fn a_refused_join_with_data_behind_it_gets_its_status_and_a_clean_close() {
+    let t = tmp();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = Server::start(&root, &[]);
+    let mut c = TcpStream::connect(&srv.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    c.write_all(b"DMOV\x02\x00\x00\x03").unwrap();
+    let mut challenge = [0u8; 32];
+    c.read_exact(&mut challenge).unwrap();
+    // An unknown session, any proof, then what a client's first chunk would be.
+    let mut join = vec![0x5a; 8];
+    join.extend_from_slice(&[0; 8]);
+    join.extend_from_slice(&rand::random::<[u8; 32]>());
+    join.extend_from_slice(&rand::random::<[u8; 32]>());
+    join.extend_from_slice(&vec![0x77; 256 << 10]);
+    let _ = c.write_all(&join);
+    let mut status = [0u8; 1];
+    c.read_exact(&mut status).expect("the join status");
+    assert_eq!(status[0], 1, "UnknownSession");
+    // A client that has not read the status yet goes on sending for a moment: the
+    // server still reads (a closed socket would answer with a reset).
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_millis(200));
+        c.write_all(&[0x77; 64 << 10])
+            .expect("the server should read what follows a refused join, not reset it");
+    }
+    c.shutdown(Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    c.read_to_end(&mut rest)
+        .expect("a clean close after the status, not a reset");
+    assert!(rest.is_empty(), "{rest:?}");
 }
 
 /// `dmover cp ARGS` (pinning in `kh`), killed if it has not finished within `limit`:
