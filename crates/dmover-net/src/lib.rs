@@ -10,9 +10,12 @@
 //!   use in [`known_hosts`], or a CA).
 //! - [`stream`]: what a data stream is after its join ([`stream::DataIo`]): plain TCP or
 //!   AES-256-GCM records ([`stream::Sealed`]), with idle timeouts either way.
+//! - [`chunkio`]: whole chunks written with their records sealed where the bytes lie
+//!   (no copy into a record buffer), and a lock-shared read/write split that reaches it.
 //! - [`zerocopy`]: `MSG_ZEROCOPY` sends with completion reaping, reporting when the
 //!   kernel copied after all.
 
+pub mod chunkio;
 pub mod control;
 pub mod known_hosts;
 pub mod stream;

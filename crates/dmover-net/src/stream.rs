@@ -26,6 +26,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
+use crate::chunkio::{ChunkOut, DataWrite, IN_PLACE_MIN};
+
 fn key(k: &[u8; 32]) -> LessSafeKey {
     LessSafeKey::new(UnboundKey::new(&AES_256_GCM, k).expect("a 32-byte AES-256 key"))
 }
@@ -126,6 +128,120 @@ impl<S> Sealed<S> {
         .expect("sealing a record within AES-GCM's limits");
         self.wbuf.extend_from_slice(tag.as_ref());
         taken
+    }
+
+    /// Seals the next record, whose header is `header`, and returns its tag. Encrypted:
+    /// `run[body_at..]` is the body, encrypted in place. Authenticated: `run` is the
+    /// header's bytes followed by the body (the MAC covers them as one run).
+    fn seal_tag(
+        &mut self,
+        header: [u8; HEADER_LEN],
+        run: &mut [u8],
+        body_at: usize,
+    ) -> [u8; TAG_LEN] {
+        let nonce = Nonce::assume_unique_for_key(record::nonce(self.wseq));
+        self.wseq += 1;
+        let tag = if self.encrypt {
+            self.wkey
+                .seal_in_place_separate_tag(nonce, Aad::from(header), &mut run[body_at..])
+        } else {
+            debug_assert_eq!(run[..HEADER_LEN], header);
+            self.wkey
+                .seal_in_place_separate_tag(nonce, Aad::from(&*run), &mut [])
+        }
+        .expect("sealing a record within AES-GCM's limits");
+        tag.as_ref().try_into().expect("a 16-byte tag")
+    }
+
+    /// Closes the copied record open at `copied[start..]` (header room, then body), if
+    /// it has a body.
+    fn close_copied(&mut self, out: &mut ChunkOut, open: &mut Option<usize>) {
+        let Some(start) = open.take() else { return };
+        let copied = out.copied_mut();
+        let body = copied.len() - start - HEADER_LEN;
+        if body == 0 {
+            copied.truncate(start);
+            return;
+        }
+        let header = record::encode_header(body);
+        copied[start..start + HEADER_LEN].copy_from_slice(&header);
+        let mut run = std::mem::take(copied);
+        let tag = self.seal_tag(header, &mut run[start..], HEADER_LEN);
+        run.extend_from_slice(&tag);
+        let end = run.len();
+        *out.copied_mut() = run;
+        out.push_copied_range(start..end);
+    }
+
+    /// Appends `bytes` to copied records, opening and closing them as they fill.
+    fn add_copied(&mut self, out: &mut ChunkOut, open: &mut Option<usize>, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let start = match *open {
+                Some(s) => s,
+                None => {
+                    let s = out.copied_mut().len();
+                    out.copied_mut().extend_from_slice(&[0; HEADER_LEN]);
+                    *open = Some(s);
+                    s
+                }
+            };
+            let have = out.copied_mut().len() - start - HEADER_LEN;
+            let k = bytes.len().min(MAX_RECORD - have);
+            out.copied_mut().extend_from_slice(&bytes[..k]);
+            bytes = &bytes[k..];
+            if have + k == MAX_RECORD {
+                self.close_copied(out, open);
+            }
+        }
+    }
+
+    /// See [`DataWrite::seal_chunk`]. Every in-place record of an authenticated stream
+    /// starts at least [`HEADER_LEN`] bytes into its segment (the segment's first bytes
+    /// go into the copied record before it), so its header can borrow the bytes before
+    /// it, and so the receiver, which reads a chunk segment by segment, can open it in
+    /// its own buffer too (`poll_fill`).
+    fn seal_chunk(
+        &mut self,
+        head: &[&[u8]],
+        buf: &mut [u8],
+        segments: &[(usize, usize)],
+        out: &mut ChunkOut,
+    ) {
+        out.clear();
+        let mut open = None;
+        for h in head {
+            self.add_copied(out, &mut open, h);
+        }
+        for &(o, l) in segments {
+            if l < IN_PLACE_MIN {
+                self.add_copied(out, &mut open, &buf[o..o + l]);
+                continue;
+            }
+            let mut a = o;
+            if !self.encrypt {
+                self.add_copied(out, &mut open, &buf[a..a + HEADER_LEN]);
+                a += HEADER_LEN;
+            }
+            self.close_copied(out, &mut open);
+            while a < o + l {
+                let b = (a + MAX_RECORD).min(o + l);
+                let header = record::encode_header(b - a);
+                let tag = if self.encrypt {
+                    self.seal_tag(header, &mut buf[a..b], 0)
+                } else {
+                    // Borrow the bytes before the body for the header, give them back.
+                    let run = &mut buf[a - HEADER_LEN..b];
+                    let saved: [u8; HEADER_LEN] = run[..HEADER_LEN].try_into().unwrap();
+                    run[..HEADER_LEN].copy_from_slice(&header);
+                    let tag = self.seal_tag(header, run, HEADER_LEN);
+                    run[..HEADER_LEN].copy_from_slice(&saved);
+                    tag
+                };
+                out.push_record(header, a..b, tag);
+                a = b;
+            }
+        }
+        self.close_copied(out, &mut open);
     }
 
     /// Opens the complete record in `rbuf[..total]`, leaving its plaintext at
@@ -971,6 +1087,54 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> DataRead for DataIo<S> {
     }
 }
 
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> DataWrite for DataIo<S> {
+    fn seal_chunk(
+        &mut self,
+        head: &[&[u8]],
+        buf: &mut [u8],
+        segments: &[(usize, usize)],
+        out: &mut ChunkOut,
+    ) {
+        match &mut self.inner {
+            Inner::Plain(_) => out.plain(head, segments),
+            Inner::Sealed(s) => s.seal_chunk(head, buf, segments, out),
+        }
+    }
+
+    fn poll_write_sealed(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        // The same gate as `poll_write_vectored`: while the join's answer is
+        // outstanding, at most the early allowance, and a write error waits for it.
+        let r = match self.poll_write_gate(cx, true) {
+            Poll::Ready(Ok(())) => {
+                let cut;
+                let bufs = match self.join.as_deref() {
+                    Some(j) if bufs.iter().map(|b| b.len()).sum::<usize>() > j.early => {
+                        cut = truncated(bufs, j.early);
+                        &cut[..]
+                    }
+                    _ => bufs,
+                };
+                let r = match &mut self.inner {
+                    Inner::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+                    // Records sealed by the ordinary writes go first: they came first.
+                    Inner::Sealed(s) => match s.poll_drain(cx) {
+                        Poll::Ready(Ok(())) => Pin::new(&mut s.io).poll_write_vectored(cx, bufs),
+                        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                        Poll::Pending => Poll::Pending,
+                    },
+                };
+                self.after_write(cx, r, |n| *n)
+            }
+            other => other.map_ok(|()| 0),
+        };
+        self.write_idle.watch(cx, "sending", r)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1409,6 +1573,32 @@ mod tests {
         .expect("the write should go on after the answer");
         assert_eq!(r.unwrap(), 1);
         assert!(got == payload);
+    }
+
+    /// The chunk writer's path (`poll_write_sealed`) is held at the allowance too.
+    #[tokio::test]
+    async fn sealed_writes_past_the_early_allowance_wait_for_the_answer() {
+        let (mut c, mut s) = awaiting(DataProtection::Authenticated);
+        let bytes = data(EARLY_BYTES + 4096);
+        let mut taken = 0usize;
+        let write = std::future::poll_fn(|cx| {
+            while taken < bytes.len() {
+                let n = ready!(c.poll_write_sealed(cx, &[IoSlice::new(&bytes[taken..])]))?;
+                taken += n;
+            }
+            Poll::Ready(Ok::<_, io::Error>(()))
+        });
+        let stalled = tokio::time::timeout(Duration::from_millis(300), write).await;
+        assert!(
+            stalled.is_err(),
+            "the write should wait for the join answer"
+        );
+        assert_eq!(taken, EARLY_BYTES);
+        let mut got = vec![0u8; EARLY_BYTES];
+        s.read_exact(&mut got).await.unwrap();
+        let mut extra = [0u8; 1];
+        let more = tokio::time::timeout(Duration::from_millis(100), s.read(&mut extra)).await;
+        assert!(more.is_err(), "bytes past the allowance went out: {more:?}");
     }
 
     #[tokio::test(start_paused = true)]
