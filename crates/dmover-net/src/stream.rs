@@ -784,6 +784,34 @@ fn truncated<'a>(bufs: &'a [IoSlice<'_>], mut n: usize) -> Vec<IoSlice<'a>> {
 }
 
 impl<S> DataIo<S> {
+    /// A write of `bufs` by `write` through the join's gate: while the answer is
+    /// outstanding, at most the early allowance goes, and a write error waits for the
+    /// answer (see [`DataIo::awaiting_join`]). Every write of a data stream, ordinary
+    /// or of sealed chunks, goes through here.
+    fn gated_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+        write: impl FnOnce(&mut Inner<S>, &mut Context<'_>, &[IoSlice<'_>]) -> Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        let r = match self.poll_write_gate(cx, true) {
+            Poll::Ready(Ok(())) => {
+                let cut;
+                let bufs = match self.join.as_deref() {
+                    Some(j) if bufs.iter().map(|b| b.len()).sum::<usize>() > j.early => {
+                        cut = truncated(bufs, j.early);
+                        &cut[..]
+                    }
+                    _ => bufs,
+                };
+                let r = write(&mut self.inner, cx, bufs);
+                self.after_write(cx, r, |n| *n)
+            }
+            other => other.map_ok(|()| 0),
+        };
+        self.write_idle.watch(cx, "sending", r)
+    }
+
     /// Before a write: while the join's answer is outstanding, a write that would go
     /// past [`EARLY_BYTES`] (`adds`), or follows a failed one, waits for it; a failed
     /// join fails the write. `Ready(Ok(()))`: go ahead.
@@ -951,27 +979,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for DataIo<S> {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let me = &mut *self;
-        let r = match me.poll_write_gate(cx, true) {
-            Poll::Ready(Ok(())) => {
-                // While the join's answer is outstanding, at most the early allowance.
-                let cut;
-                let bufs = match me.join.as_deref() {
-                    Some(j) if bufs.iter().map(|b| b.len()).sum::<usize>() > j.early => {
-                        cut = truncated(bufs, j.early);
-                        &cut[..]
-                    }
-                    _ => bufs,
-                };
-                let r = match &mut me.inner {
-                    Inner::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-                    Inner::Sealed(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
-                };
-                me.after_write(cx, r, |n| *n)
-            }
-            other => other.map_ok(|()| 0),
-        };
-        me.write_idle.watch(cx, "sending", r)
+        self.gated_write(cx, bufs, |inner, cx, bufs| match inner {
+            Inner::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Inner::Sealed(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
+        })
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -1106,32 +1117,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> DataWrite for DataIo<S> {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        // The same gate as `poll_write_vectored`: while the join's answer is
-        // outstanding, at most the early allowance, and a write error waits for it.
-        let r = match self.poll_write_gate(cx, true) {
-            Poll::Ready(Ok(())) => {
-                let cut;
-                let bufs = match self.join.as_deref() {
-                    Some(j) if bufs.iter().map(|b| b.len()).sum::<usize>() > j.early => {
-                        cut = truncated(bufs, j.early);
-                        &cut[..]
-                    }
-                    _ => bufs,
-                };
-                let r = match &mut self.inner {
-                    Inner::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-                    // Records sealed by the ordinary writes go first: they came first.
-                    Inner::Sealed(s) => match s.poll_drain(cx) {
-                        Poll::Ready(Ok(())) => Pin::new(&mut s.io).poll_write_vectored(cx, bufs),
-                        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-                        Poll::Pending => Poll::Pending,
-                    },
-                };
-                self.after_write(cx, r, |n| *n)
-            }
-            other => other.map_ok(|()| 0),
-        };
-        self.write_idle.watch(cx, "sending", r)
+        // Through the join's gate, as `poll_write_vectored`.
+        self.gated_write(cx, bufs, |inner, cx, bufs| match inner {
+            Inner::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            // Records sealed by the ordinary writes go first: they came first.
+            Inner::Sealed(s) => match s.poll_drain(cx) {
+                Poll::Ready(Ok(())) => Pin::new(&mut s.io).poll_write_vectored(cx, bufs),
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                Poll::Pending => Poll::Pending,
+            },
+        })
     }
 }
 

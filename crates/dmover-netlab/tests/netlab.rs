@@ -262,23 +262,7 @@ fn one_percent_loss_loses_about_one_percent() {
         }
     }
     let got = receiver.join().unwrap();
-    // What the link delivered to host b's UDP layer: datagrams queued to the socket
-    // plus those refused for want of buffer space (a receiving thread starved on a
-    // busy machine is not link loss). The namespace is fresh, so these are ours.
-    let snmp = lab
-        .b()
-        .in_netns(|| std::fs::read_to_string("/proc/thread-self/net/snmp").unwrap())
-        .unwrap();
-    let udp: Vec<Vec<&str>> = snmp
-        .lines()
-        .filter(|l| l.starts_with("Udp:"))
-        .map(|l| l.split_whitespace().collect())
-        .collect();
-    let field = |name: &str| -> u32 {
-        let i = udp[0].iter().position(|f| *f == name).unwrap();
-        udp[1][i].parse().unwrap()
-    };
-    let delivered = field("InDatagrams") + field("RcvbufErrors");
+    let delivered = udp_delivered(&lab);
     let lost = (n - delivered) as f64 / n as f64;
     eprintln!(
         "1 % loss lab: {} of {n} datagrams lost on the link ({:.3} %); the receiving \
@@ -448,6 +432,26 @@ fn invalid_specs_are_refused_before_touching_the_machine() {
     ));
 }
 
+/// What the link delivered to host b's UDP layer: datagrams queued to a socket plus
+/// those refused for want of buffer space (a receiving thread starved on a busy
+/// machine is not link loss). The namespace is fresh, so these are the test's.
+fn udp_delivered(lab: &Lab) -> u32 {
+    let snmp = lab
+        .b()
+        .in_netns(|| std::fs::read_to_string("/proc/thread-self/net/snmp").unwrap())
+        .unwrap();
+    let udp: Vec<Vec<&str>> = snmp
+        .lines()
+        .filter(|l| l.starts_with("Udp:"))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let field = |name: &str| -> u32 {
+        let i = udp[0].iter().position(|f| *f == name).unwrap();
+        udp[1][i].parse().unwrap()
+    };
+    field("InDatagrams") + field("RcvbufErrors")
+}
+
 /// Runs `tc -n NS ARGS` and returns (exit code, stderr).
 fn tc(ns: &str, args: &[String]) -> (i32, String) {
     let out = std::process::Command::new("tc")
@@ -489,20 +493,7 @@ fn udp_loss(lab: &Lab, n: u32) -> f64 {
         }
     }
     std::thread::sleep(lab.spec().rtt + Duration::from_millis(500));
-    let snmp = lab
-        .b()
-        .in_netns(|| std::fs::read_to_string("/proc/thread-self/net/snmp").unwrap())
-        .unwrap();
-    let udp: Vec<Vec<&str>> = snmp
-        .lines()
-        .filter(|l| l.starts_with("Udp:"))
-        .map(|l| l.split_whitespace().collect())
-        .collect();
-    let field = |name: &str| -> u32 {
-        let i = udp[0].iter().position(|f| *f == name).unwrap();
-        udp[1][i].parse().unwrap()
-    };
-    let delivered = field("InDatagrams") + field("RcvbufErrors");
+    let delivered = udp_delivered(lab);
     drop(rx);
     f64::from(n - delivered) / f64::from(n)
 }
