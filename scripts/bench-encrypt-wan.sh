@@ -18,6 +18,8 @@
 # prints them again).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib/throwaway-ssh.sh
+source scripts/lib/throwaway-ssh.sh
 
 summary() { # CSV: medians per rtt x tool, and encrypted / scp etc. per rtt
     python3 - "$1" <<'EOF'
@@ -92,32 +94,7 @@ chmod 600 "$W/token"
 
 # Throwaway ssh keys and an sshd of our own (see /work/shared/docs/peers.md).
 S=$W/ssh
-ssh-keygen -q -t ed25519 -N '' -f "$S/host_key"
-ssh-keygen -q -t ed25519 -N '' -f "$S/client_key"
-cp "$S/client_key.pub" "$S/authorized_keys"
-cat >"$S/sshd_config" <<EOF
-Port $SSH_PORT
-ListenAddress $ADDR_B
-HostKey $S/host_key
-AuthorizedKeysFile $S/authorized_keys
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-UsePAM no
-StrictModes no
-PidFile $S/sshd.pid
-Subsystem sftp internal-sftp
-EOF
-cat >"$S/ssh_config" <<EOF
-Host bench
-    HostName $ADDR_B
-    Port $SSH_PORT
-    User $(id -un)
-    IdentityFile $S/client_key
-    StrictHostKeyChecking no
-    UserKnownHostsFile $S/known_hosts
-    LogLevel ERROR
-EOF
-mkdir -p /run/sshd
+throwaway_ssh "$S" "$ADDR_B" "$SSH_PORT"
 
 if [[ ! -s $OUT ]]; then
     {

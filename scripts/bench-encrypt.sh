@@ -12,6 +12,8 @@
 # $B/summary.md (medians). Run it under `flock /work/bench.lock` on a shared machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib/throwaway-ssh.sh
+source scripts/lib/throwaway-ssh.sh
 
 B=${B:-/work/bench-security}
 RUNS=${RUNS:-3}
@@ -47,32 +49,7 @@ done
 
 # sshd on 127.0.0.1:$SSH_PORT with throwaway keys (see /work/shared/docs/peers.md).
 S=$B/ssh
-[[ -f $S/host_key ]] || ssh-keygen -q -t ed25519 -N '' -f "$S/host_key"
-[[ -f $S/client_key ]] || ssh-keygen -q -t ed25519 -N '' -f "$S/client_key"
-cp "$S/client_key.pub" "$S/authorized_keys"
-cat >"$S/sshd_config" <<EOF
-Port $SSH_PORT
-ListenAddress 127.0.0.1
-HostKey $S/host_key
-AuthorizedKeysFile $S/authorized_keys
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-UsePAM no
-StrictModes no
-PidFile $S/sshd.pid
-Subsystem sftp internal-sftp
-EOF
-cat >"$S/ssh_config" <<EOF
-Host bench
-    HostName 127.0.0.1
-    Port $SSH_PORT
-    User $(id -un)
-    IdentityFile $S/client_key
-    StrictHostKeyChecking no
-    UserKnownHostsFile $S/known_hosts
-    LogLevel ERROR
-EOF
-mkdir -p /run/sshd
+throwaway_ssh "$S" 127.0.0.1 "$SSH_PORT"
 "$(command -v sshd)" -f "$S/sshd_config"
 for _ in $(seq 50); do ssh -F "$S/ssh_config" bench true 2>/dev/null && break; sleep 0.2; done
 ssh -F "$S/ssh_config" bench true

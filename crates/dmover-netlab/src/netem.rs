@@ -96,19 +96,9 @@ pub fn probe(ns: &str) -> Result<(), String> {
 
 /// Runs `tc -n NS ARGS…`.
 pub(crate) fn tc(ns: &str, args: &[String]) -> Result<(), NetlabError> {
-    let out = Command::new("tc")
-        .args(["-n", ns])
-        .args(args)
-        .output()
-        .map_err(|e| NetlabError::io("running tc (iproute2)", e))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(NetlabError::Command {
-            command: format!("tc -n {ns} {}", args.join(" ")),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        })
-    }
+    let mut all = vec!["-n", ns];
+    all.extend(args.iter().map(String::as_str));
+    crate::ns::run("tc", &all)
 }
 
 #[cfg(test)]

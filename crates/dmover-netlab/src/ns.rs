@@ -29,15 +29,21 @@ pub fn exists(name: &str) -> bool {
 
 /// Runs `ip ARGS`, returning an error with its stderr on failure.
 pub fn ip(args: &[&str]) -> Result<(), NetlabError> {
-    let out = Command::new("ip")
+    run("ip", args)
+}
+
+/// Runs an iproute2 `program` (`ip`, `tc`) with `args`, returning an error with its
+/// stderr on failure.
+pub fn run(program: &str, args: &[&str]) -> Result<(), NetlabError> {
+    let out = Command::new(program)
         .args(args)
         .output()
-        .map_err(|e| NetlabError::io("running `ip` (is iproute2 installed?)", e))?;
+        .map_err(|e| NetlabError::io(format!("running `{program}` (is iproute2 installed?)"), e))?;
     if out.status.success() {
         Ok(())
     } else {
         Err(NetlabError::Command {
-            command: format!("ip {}", args.join(" ")),
+            command: format!("{program} {}", args.join(" ")),
             stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
         })
     }

@@ -58,6 +58,16 @@ fn connect_rtt(lab: &Lab, tries: usize) -> Duration {
     v[tries / 2]
 }
 
+/// `connect_rtt` over `tries`, asserted within 10 % of `want`.
+fn assert_rtt_near(lab: &Lab, want: Duration, tries: usize) -> Duration {
+    let rtt = connect_rtt(lab, tries);
+    assert!(
+        rtt >= want.mul_f64(0.9) && rtt <= want.mul_f64(1.1),
+        "RTT {rtt:?} is not within 10 % of {want:?}"
+    );
+    rtt
+}
+
 /// A bulk TCP transfer from a to b: the sender writes `pattern` bytes until `stop`;
 /// the receiver checks them and counts.
 struct Bulk {
@@ -133,6 +143,21 @@ impl Bulk {
         }
     }
 
+    /// Goodput in bit/s over `measure`, after `warm` of start-up, of a bulk transfer
+    /// whose every byte must arrive.
+    fn goodput(lab: &Lab, warm: Duration, measure: Duration) -> f64 {
+        let bulk = Bulk::start(lab, None);
+        std::thread::sleep(warm);
+        let r0 = bulk.received.load(Ordering::Relaxed);
+        let t0 = Instant::now();
+        std::thread::sleep(measure);
+        let bits = (bulk.received.load(Ordering::Relaxed) - r0) as f64 * 8.0;
+        let secs = t0.elapsed().as_secs_f64();
+        let (sent, got) = bulk.finish();
+        assert_eq!(sent, got, "every byte sent arrived");
+        bits / secs
+    }
+
     fn finish(self) -> (u64, u64) {
         self.stop.store(true, Ordering::Relaxed);
         let sent = self.sender.join().unwrap();
@@ -157,12 +182,8 @@ fn rtt_and_rate_of_a_50ms_1gbit_link() {
     let lab = Lab::up(&name("rate"), &spec).unwrap();
 
     // Round trip: within 10 % of 50 ms.
-    let rtt = connect_rtt(&lab, 7);
+    let rtt = assert_rtt_near(&lab, Duration::from_millis(50), 7);
     eprintln!("50 ms lab: TCP connect RTT {rtt:?}");
-    assert!(
-        rtt >= Duration::from_millis(45) && rtt <= Duration::from_millis(55),
-        "RTT {rtt:?} is not within 10 % of 50 ms"
-    );
 
     // Rate: hold >= 0.85 Gbit/s of goodput, never above the rate by more than 5 %.
     let bulk = Bulk::start(&lab, None);
@@ -533,15 +554,7 @@ fn a_rate_only_kernel_link_is_veth_and_tbf_and_its_netem_arguments_parse() {
         "{q}"
     );
 
-    let bulk = Bulk::start(&lab, None);
-    std::thread::sleep(Duration::from_secs(1));
-    let r0 = bulk.received.load(Ordering::Relaxed);
-    let t0 = Instant::now();
-    std::thread::sleep(Duration::from_secs(3));
-    let goodput =
-        (bulk.received.load(Ordering::Relaxed) - r0) as f64 * 8.0 / t0.elapsed().as_secs_f64();
-    let (sent, got) = bulk.finish();
-    assert_eq!(sent, got, "every byte sent arrived");
+    let goodput = Bulk::goodput(&lab, Duration::from_secs(1), Duration::from_secs(3));
     eprintln!("200 Mbit/s tbf link: goodput {:.1} Mbit/s", goodput / 1e6);
     assert!(
         (0.85 * rate as f64..=1.05 * rate as f64).contains(&goodput),
@@ -607,11 +620,7 @@ fn auto_uses_netem_exactly_when_the_kernel_has_it() {
     if let Err(why) = &has_netem {
         assert!(unknown_qdisc(why), "netem probe failed oddly: {why}");
     }
-    let rtt = connect_rtt(&lab, 5);
-    assert!(
-        rtt >= Duration::from_millis(18) && rtt <= Duration::from_millis(22),
-        "RTT {rtt:?} is not within 10 % of 20 ms"
-    );
+    assert_rtt_near(&lab, Duration::from_millis(20), 5);
     lab.down().unwrap();
 
     if has_netem.is_err() {
@@ -656,20 +665,8 @@ fn the_netem_link_meets_the_bar_where_the_kernel_has_netem() {
         }
         Err(e) => panic!("netem lab: {e}"),
     };
-    let rtt = connect_rtt(&lab, 7);
-    assert!(
-        rtt >= Duration::from_millis(45) && rtt <= Duration::from_millis(55),
-        "RTT {rtt:?} is not within 10 % of 50 ms"
-    );
-    let bulk = Bulk::start(&lab, None);
-    std::thread::sleep(Duration::from_secs(2));
-    let r0 = bulk.received.load(Ordering::Relaxed);
-    let t0 = Instant::now();
-    std::thread::sleep(Duration::from_secs(4));
-    let goodput =
-        (bulk.received.load(Ordering::Relaxed) - r0) as f64 * 8.0 / t0.elapsed().as_secs_f64();
-    let (sent, got) = bulk.finish();
-    assert_eq!(sent, got);
+    let rtt = assert_rtt_near(&lab, Duration::from_millis(50), 7);
+    let goodput = Bulk::goodput(&lab, Duration::from_secs(2), Duration::from_secs(4));
     eprintln!(
         "netem 50 ms 1 Gbit/s: RTT {rtt:?}, goodput {:.3} Gbit/s",
         goodput / 1e9
