@@ -88,6 +88,7 @@ fn step(u: &mut Unstructured<'_>) -> Result<Step> {
             checksum: u.arbitrary()?,
             direct_io: DirectIo::Never,
             protection: DataProtection::Authenticated,
+            features: u.arbitrary()?,
         })),
     })
 }

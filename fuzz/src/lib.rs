@@ -278,12 +278,14 @@ pub fn arbitrary_control(u: &mut Unstructured<'_>) -> Result<Control> {
                 DataProtection::Authenticated,
                 DataProtection::Encrypted,
             ])?,
+            features: u.arbitrary()?,
         }),
         5 => Control::Session(SessionInfo {
             id: u.arbitrary()?,
             salt: u.arbitrary()?,
             streams: u.arbitrary()?,
             chunk_size: u.arbitrary()?,
+            features: u.arbitrary()?,
         }),
         6 => {
             let n = u.int_in_range(0..=64)?;

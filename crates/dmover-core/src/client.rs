@@ -431,6 +431,7 @@ impl Client {
                 checksum: self.opts.checksum,
                 direct_io: self.opts.direct_io,
                 protection: self.opts.protection,
+                features: dmover_proto::session::features::SUPPORTED,
             }))
             .await?;
         Ok(opening)

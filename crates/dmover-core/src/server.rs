@@ -841,6 +841,10 @@ impl Server {
             salt,
             streams,
             chunk_size: chunk,
+            features: dmover_proto::session::features::negotiate(
+                open.features,
+                dmover_proto::session::features::SUPPORTED,
+            ),
         }))
         .await?;
         let started = Instant::now();

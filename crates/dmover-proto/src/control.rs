@@ -330,6 +330,8 @@ pub struct Open {
     pub direct_io: DirectIo,
     /// How the session's data streams are protected.
     pub protection: DataProtection,
+    /// The optional features the client speaks ([`crate::session::features`]).
+    pub features: u64,
 }
 
 /// How data streams carry their bytes after the join (see [`crate::record`]).
@@ -372,6 +374,9 @@ pub struct SessionInfo {
     pub streams: u16,
     /// Chunk size in bytes both sides use.
     pub chunk_size: u32,
+    /// The optional features the session uses: the client's, less those the server
+    /// does not speak ([`crate::session::features::negotiate`]).
+    pub features: u64,
 }
 
 /// (7) A batch of manifest entries, in order.

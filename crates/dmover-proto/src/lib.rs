@@ -74,13 +74,14 @@ pub mod layout;
 pub mod manifest;
 pub mod preamble;
 pub mod record;
+pub mod session;
 
 /// The protocol version this build speaks natively (the highest it supports).
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 /// The oldest protocol version this build still speaks (version 1 had no TLS; version
 /// 2 had the client wait for a server nonce before `Auth` and for the `DataHello`
-/// before the join challenge).
-pub const MIN_PROTOCOL_VERSION: u16 = 3;
+/// before the join challenge; version 3 had no `features` in `Open` and `Session`).
+pub const MIN_PROTOCOL_VERSION: u16 = 4;
 
 /// The default TCP port of a dmover server.
 pub const DEFAULT_PORT: u16 = 7700;

@@ -103,6 +103,46 @@ impl Totals {
     }
 }
 
+/// Most manifest entries a side accepts by default (about 100 bytes of memory each).
+pub const MAX_ENTRIES: u64 = 50_000_000;
+/// Memory a manifest may take by default (entries, names and link targets): 8 GiB,
+/// about 50 million entries with 100-byte names.
+pub const MAX_MANIFEST_BYTES: u64 = 8 << 30;
+/// Manifest parts are cut at about this many encoded bytes.
+pub const PART_BYTES: usize = 1 << 20;
+
+/// Memory an entry takes once received: its fixed part plus its name and link target.
+pub fn entry_bytes(e: &Entry) -> u64 {
+    let target = match &e.kind {
+        EntryKind::Symlink { target } => target.len(),
+        _ => 0,
+    };
+    (std::mem::size_of::<Entry>() + e.name.len() + target) as u64
+}
+
+/// Cuts `entries` into runs of about [`PART_BYTES`] encoded bytes, one
+/// [`crate::control::ManifestPart`] each.
+pub fn parts(entries: &[Entry]) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, e) in entries.iter().enumerate() {
+        let target = match &e.kind {
+            EntryKind::Symlink { target } => target.len(),
+            _ => 0,
+        };
+        bytes += e.name.len() + target + 32;
+        if bytes >= PART_BYTES {
+            out.push(start..i + 1);
+            start = i + 1;
+            bytes = 0;
+        }
+    }
+    if start < entries.len() {
+        out.push(start..entries.len());
+    }
+    out
+}
+
 /// Checks that a name is one safe path component: not empty, not `.` or `..`, no `/`
 /// and no NUL, at most [`MAX_NAME`] bytes.
 pub fn validate_name(name: &[u8]) -> Result<()> {

@@ -434,9 +434,10 @@ fn control_open_push() {
             checksum: true,
             direct_io: DirectIo::Never,
             protection: DataProtection::Plain,
+            features: 0,
         }),
         "
-        00 00 00 12            # frame length: 18
+        00 00 00 13            # frame length: 19
         04                     # Control::Open (variant 4)
         00                     # op: Op::Push (variant 0)
         07                     #   dest: 7 bytes
@@ -446,6 +447,7 @@ fn control_open_push() {
         01                     # checksum: true
         00                     # direct_io: DirectIo::Never (variant 0)
         00                     # protection: DataProtection::Plain (variant 0)
+        00                     # features: none (varint, since protocol 4)
         ",
     );
 }
@@ -462,9 +464,10 @@ fn control_open_pull() {
             checksum: false,
             direct_io: DirectIo::Always,
             protection: DataProtection::Encrypted,
+            features: 0x81,
         }),
         "
-        00 00 00 11   # frame length: 17
+        00 00 00 13   # frame length: 19
         04            # Control::Open (variant 4)
         01            # op: Op::Pull (variant 1)
         02            #   sources: 2 paths
@@ -477,6 +480,7 @@ fn control_open_pull() {
         00            # checksum: false
         02            # direct_io: DirectIo::Always (variant 2)
         02            # protection: DataProtection::Encrypted (variant 2)
+        81 01         # features: bits 0 and 7 = 0x01 | 0x01 << 7 (varint)
         ",
     );
 }
@@ -496,9 +500,10 @@ fn control_open_memtest() {
             checksum: false,
             direct_io: DirectIo::Auto,
             protection: DataProtection::Plain,
+            features: 0,
         }),
         "
-        00 00 00 11   # frame length: 17
+        00 00 00 12   # frame length: 18
         04            # Control::Open (variant 4)
         02            # op: Op::MemTest (variant 2)
         01            #   direction: MemDirection::FromServer (variant 1)
@@ -511,6 +516,7 @@ fn control_open_memtest() {
         00            # checksum: false
         01            # direct_io: DirectIo::Auto (variant 1)
         00            # protection: DataProtection::Plain (variant 0)
+        00            # features: none
         ",
     );
 }
@@ -531,10 +537,11 @@ fn direct_io_tags() {
                 checksum: false,
                 direct_io,
                 protection: DataProtection::Authenticated,
+                features: 0,
             }),
             &format!(
                 "
-                00 00 00 08   # frame length: 8
+                00 00 00 09   # frame length: 9
                 04            # Control::Open (variant 4)
                 00 00         # op: Op::Push, dest empty
                 01            # streams: 1
@@ -542,6 +549,7 @@ fn direct_io_tags() {
                 00            # checksum: false
                 {tag:02x}            # direct_io
                 01            # protection: DataProtection::Authenticated (variant 1)
+                00            # features: none
                 "
             ),
         );
@@ -558,15 +566,17 @@ fn control_session() {
             salt: seq32(0x60),
             streams: 8,
             chunk_size: 4 << 20,
+            features: 0,
         }),
         "
-        00 00 00 2b                                      # frame length: 43
+        00 00 00 2c                                      # frame length: 44
         05                                               # Control::Session (variant 5)
         80 80 80 80 10                                   # id: 2^32 (varint)
         60 61 62 63 64 65 66 67 68 69 6a 6b 6c 6d 6e 6f  # salt, bytes 0..16
         70 71 72 73 74 75 76 77 78 79 7a 7b 7c 7d 7e 7f  # salt, bytes 16..32
         08                                               # streams: 8
         80 80 80 02                                      # chunk_size: 4 MiB (varint)
+        00                                               # features: none (since protocol 4)
         ",
     );
 }

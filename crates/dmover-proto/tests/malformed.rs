@@ -550,6 +550,7 @@ fn control_truncated_body() {
             checksum: true,
             direct_io: DirectIo::Auto,
             protection: DataProtection::Encrypted,
+            features: 0,
         }),
         Control::Manifest(ManifestPart {
             entries: vec![
@@ -598,11 +599,21 @@ fn control_unknown_auth_method() {
 
 #[test]
 fn control_unknown_op() {
-    // Open, op tag 2 (only Push = 0 and Pull = 1 exist), then a valid rest.
+    // Open, op tag 3 (only Push = 0, Pull = 1 and MemTest = 2 exist), then a valid rest
+    // (the last byte is the features, since protocol 4).
     is_malformed(decode_frame(&[
-        0x04, 0x02, 0x00, 0x08, 0x80, 0x80, 0x04, 0x01, 0x00, 0x01,
+        0x04, 0x03, 0x00, 0x08, 0x80, 0x80, 0x04, 0x01, 0x00, 0x01, 0x00,
     ]));
-    assert!(decode_frame(&[0x04, 0x00, 0x00, 0x08, 0x80, 0x80, 0x04, 0x01, 0x00, 0x01]).is_ok());
+    assert!(
+        decode_frame(&[
+            0x04, 0x00, 0x00, 0x08, 0x80, 0x80, 0x04, 0x01, 0x00, 0x01, 0x00
+        ])
+        .is_ok()
+    );
+    // A protocol 3 Open, without its features, is cut short.
+    is_malformed(decode_frame(&[
+        0x04, 0x00, 0x00, 0x08, 0x80, 0x80, 0x04, 0x01, 0x00, 0x01,
+    ]));
 }
 
 #[test]
@@ -649,8 +660,10 @@ fn control_unknown_error_code() {
 fn control_unknown_direct_io() {
     // Open push to "", 8 streams, 64 KiB chunks, checksum on, direct_io tag 3
     // (Never, Auto, Always are 0..=2).
-    // The last byte is the protection (Authenticated).
-    let mut body = vec![0x04, 0x00, 0x00, 0x08, 0x80, 0x80, 0x04, 0x01, 0x02, 0x01];
+    // Then the protection (Authenticated) and the features (none).
+    let mut body = vec![
+        0x04, 0x00, 0x00, 0x08, 0x80, 0x80, 0x04, 0x01, 0x02, 0x01, 0x00,
+    ];
     assert!(decode_frame(&body).is_ok());
     body[8] = 0x03;
     is_malformed(decode_frame(&body));

@@ -82,15 +82,17 @@ fn open() -> impl Strategy<Value = Open> {
         any::<bool>(),
         direct_io(),
         protection(),
+        any::<u64>(),
     )
         .prop_map(
-            |(op, streams, chunk_size, checksum, direct_io, protection)| Open {
+            |(op, streams, chunk_size, checksum, direct_io, protection, features)| Open {
                 op,
                 streams,
                 chunk_size,
                 checksum,
                 direct_io,
                 protection,
+                features,
             },
         )
 }
@@ -105,14 +107,20 @@ fn credential() -> impl Strategy<Value = Credential> {
 }
 
 fn session_info() -> impl Strategy<Value = SessionInfo> {
-    (any::<u64>(), array32(), any::<u16>(), any::<u32>()).prop_map(
-        |(id, salt, streams, chunk_size)| SessionInfo {
+    (
+        any::<u64>(),
+        array32(),
+        any::<u16>(),
+        any::<u32>(),
+        any::<u64>(),
+    )
+        .prop_map(|(id, salt, streams, chunk_size, features)| SessionInfo {
             id,
             salt,
             streams,
             chunk_size,
-        },
-    )
+            features,
+        })
 }
 
 fn mtime() -> impl Strategy<Value = Mtime> {

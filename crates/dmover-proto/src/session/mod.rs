@@ -1,0 +1,431 @@
+//! The session rules as sans-IO state machines: one for the side that sends the data
+//! ([`SourceSession`]), one for the side that receives it ([`SinkSession`]), and one
+//! for the acceptor of a control connection before it knows which of the two it is
+//! ([`Acceptance`]).
+//!
+//! # Goals
+//! - Every rule of a session lives here once: the order of the handshake and which
+//!   answers are checked, the manifest's limits, the resume negotiation, which chunk
+//!   goes on which data stream and how many may be unacknowledged on each, what an
+//!   acknowledgement may say, when a stream is lost and what is sent again, heartbeats
+//!   and silence, the end of the session and errors both ways.
+//! - No I/O and no clock: a driver feeds events (a control message arrived, a stream
+//!   joined, a chunk was read, written or acknowledged, a deadline passed) with the
+//!   time it read from its own clock, and drains what to do: control messages to send
+//!   ([`SourceSession::poll_transmit`]), commands for its streams and storage
+//!   ([`SourceSession::poll_command`]), events for the application
+//!   ([`SourceSession::poll_event`]) and when to call again
+//!   ([`SourceSession::poll_timeout`]). The machines name chunks, never hold payload.
+//! - Roles are not sides: which side opened the control connection ([`Side`]) is an
+//!   input. A server is the sink of a push and the source of a pull, and either toward
+//!   another server.
+//! - Deterministic: the same events at the same times give the same outputs, so a pair
+//!   of machines wired together in memory on a simulated clock tests a whole session in
+//!   microseconds (`tests/pair.rs`), and arbitrary event sequences fuzz them.
+//!
+//! # Non-goals
+//! Encoding (see [`crate::control`] and [`crate::data`]), authentication cryptography
+//! (the driver verifies credentials, see [`crate::auth`]; the dialer's machine checks
+//! the acceptor's token proof it is given), storage and sockets.
+//!
+//! # A session, by role
+//! ```text
+//! dialer                                         acceptor
+//! Hello Auth Open Options [source: Manifest* ManifestEnd]  ->   (one flight)
+//!                                   <-  Welcome AuthOk Session   (Acceptance, then grant)
+//! source:  Manifest* ManifestEnd    ->  (when the source is the acceptor, it sends these)
+//! sink:    [Have* (resume)]         ->  source: Plan             (resume only)
+//! sink:    Go                       ->
+//! data streams: CHUNK frames source -> sink, acknowledgements sink -> source, END
+//! source:  SendReport (all acknowledged)   sink: Done (all written and finalised)
+//! Ping both ways once the session is open; Error either way, then close
+//! ```
+//! The dialer opens the data streams ([`SourceCommand::Open`], [`SinkCommand::Open`]);
+//! the acceptor learns of each join from its driver. A session ends for a side when it
+//! has sent its own final message and received the peer's: the source after
+//! `SendReport` and `Done`, the sink after `Done` and `SendReport`.
+//!
+//! # Errors
+//! [`SessionError`]: what the machine found (the peer's report, a message out of order,
+//! silence, a broken rule) or what the driver reported ([`SessionError::Local`],
+//! [`SessionError::Stream`]), with the driver's own error type `E` ([`Cause`]). A side
+//! that fails tells its peer with [`Control::Error`] unless the failure is the peer's
+//! own report; a failure that is not a root cause (a broken connection, a timeout)
+//! waits [`Timing::report_wait`] for the peer's report first, which is then the error.
+
+mod accept;
+mod chunks;
+mod link;
+pub mod sim;
+mod sink;
+mod source;
+
+pub use accept::{AcceptEvent, Acceptance};
+pub use chunks::ChunkSet;
+pub use link::Dial;
+pub use sink::{Arrival, Limits, SinkCommand, SinkEvent, SinkSession};
+pub use source::{ReadJob, SourceCommand, SourceEvent, SourceSession};
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::control::{Control, ErrorCode, ErrorMsg};
+
+/// Which side of the control connection a machine is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Side {
+    /// It opened the control connection (a client, or a server dialing another server
+    /// for a third-party transfer), sends `Hello`, `Auth`, `Open` and `Options`, and
+    /// opens the data streams.
+    Dialer,
+    /// It accepted the control connection, answers with `Welcome`, `AuthOk` and
+    /// `Session`, and accepts the data streams.
+    Acceptor,
+}
+
+/// Optional protocol features, negotiated in `Open` (the dialer's set) and `Session`
+/// (the ones both speak): later messages are added behind a bit here instead of a new
+/// protocol version each.
+pub mod features {
+    /// The features this build speaks.
+    pub const SUPPORTED: u64 = 0;
+
+    /// The features a session uses: those both sides speak. Bits a side does not know
+    /// are never granted.
+    pub fn negotiate(dialer: u64, acceptor: u64) -> u64 {
+        dialer & acceptor & SUPPORTED
+    }
+}
+
+/// The time limits of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// How long each handshake step (and the acceptor's whole set-up) may take.
+    pub handshake: Duration,
+    /// Interval between heartbeats (the dialer's choice; an acceptor uses the one the
+    /// dialer's `Options` name).
+    pub heartbeat: Duration,
+    /// A peer silent for this many heartbeat intervals is declared gone.
+    pub silent_intervals: u32,
+    /// Source: a stream with unacknowledged chunks that makes no progress (no
+    /// acknowledgement, no new chunk after it had none) for this long is lost, and its
+    /// chunks are sent on the others.
+    pub stall: Duration,
+    /// Sink: a stream that delivers no frame for this long while chunks are still
+    /// expected is lost (`None`: no limit).
+    pub idle: Option<Duration>,
+    /// Acceptor: how long after `Go` every data stream must have joined.
+    pub join: Duration,
+    /// How long a side that failed without being the root cause waits for the peer's
+    /// report.
+    pub report_wait: Duration,
+}
+
+/// Default heartbeat interval.
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
+/// Shortest heartbeat interval accepted.
+pub const MIN_HEARTBEAT: Duration = Duration::from_millis(50);
+
+impl Timing {
+    /// The heartbeat interval a dialer announced in milliseconds (0: the default).
+    pub fn heartbeat_from_ms(ms: u32) -> Duration {
+        if ms == 0 {
+            HEARTBEAT
+        } else {
+            Duration::from_millis(ms.into()).max(MIN_HEARTBEAT)
+        }
+    }
+
+    /// Silence after which the peer is declared gone.
+    pub fn silence(&self) -> Duration {
+        self.heartbeat * self.silent_intervals
+    }
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            handshake: Duration::from_secs(30),
+            heartbeat: HEARTBEAT,
+            silent_intervals: 4,
+            stall: Duration::from_secs(120),
+            idle: Some(Duration::from_secs(120)),
+            join: Duration::from_secs(30),
+            report_wait: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A chunk's frame fields besides its payload, kept by the source until the chunk is
+/// acknowledged so it can be sent again without reading its digests anew.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChunkMeta {
+    /// CRC32C of the payload, when checksums are on.
+    pub crc: Option<u32>,
+    /// The digest entries that follow the frame header ([`crate::data::DigestEntry`]).
+    pub trailer: Vec<u8>,
+}
+
+/// What a driver's error type tells the machines.
+pub trait Cause: fmt::Display + fmt::Debug {
+    /// The class sent to the peer.
+    fn code(&self) -> ErrorCode;
+    /// How telling the error is when several things fail at once: 0 a cancellation,
+    /// 1 a dropped connection, 2 another network failure or the peer's abort, 3 the
+    /// peer's report, 4 a root cause (a local file error, a checksum, a refusal).
+    fn rank(&self) -> u8;
+    /// Whether a data stream that failed with it must end the session rather than be
+    /// replaced by the others (a protocol violation, altered data, an unproven join).
+    fn ends_session(&self) -> bool;
+}
+
+/// Why a session failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SessionError<E> {
+    /// The peer reported an error and closed the session.
+    Remote {
+        /// The peer.
+        peer: String,
+        /// Its class of failure.
+        code: ErrorCode,
+        /// Its explanation.
+        message: String,
+    },
+    /// The peer sent a message this side did not expect now.
+    Unexpected {
+        /// The peer.
+        peer: String,
+        /// What was expected.
+        wanted: &'static str,
+        /// What came.
+        got: &'static str,
+    },
+    /// The peer broke a rule of the protocol.
+    Protocol {
+        /// The peer.
+        peer: String,
+        /// Which rule, with the values seen.
+        what: String,
+    },
+    /// The peer sent a malformed manifest or session.
+    Malformed {
+        /// The peer.
+        peer: String,
+        /// What was wrong.
+        source: crate::Error,
+    },
+    /// The peer asked for more than this side accepts (manifest entries or memory).
+    Limit(String),
+    /// The acceptor requires a credential and this side has none.
+    AuthRequired {
+        /// The acceptor.
+        peer: String,
+    },
+    /// The acceptor could not prove it knows the token this side proved.
+    ServerProof {
+        /// The acceptor.
+        peer: String,
+    },
+    /// No message from the peer for the heartbeat limit.
+    Silent {
+        /// The peer.
+        peer: String,
+        /// The limit in seconds.
+        secs: u64,
+    },
+    /// A handshake step's answer did not come in time.
+    Timeout {
+        /// The peer.
+        peer: String,
+        /// What was awaited.
+        what: &'static str,
+        /// The limit in seconds.
+        secs: u64,
+    },
+    /// The acceptor's whole set-up took longer than its limit.
+    SetupTimeout {
+        /// The limit in seconds.
+        secs: u64,
+    },
+    /// A data stream with unacknowledged chunks made no progress for the stall limit.
+    Stalled {
+        /// The peer.
+        peer: String,
+        /// The stream.
+        stream: u16,
+        /// The limit in seconds.
+        secs: u64,
+    },
+    /// A data stream delivered nothing for the idle limit.
+    Idle {
+        /// The peer.
+        peer: String,
+        /// The stream.
+        stream: u16,
+        /// The limit in seconds.
+        secs: u64,
+    },
+    /// Not every data stream joined in time.
+    Joins {
+        /// The peer.
+        peer: String,
+        /// Streams that joined.
+        joined: u16,
+        /// Streams the session has.
+        streams: u16,
+    },
+    /// A data stream failed (the last one, or in a way that ends the session).
+    Stream {
+        /// The stream.
+        stream: u16,
+        /// What the driver saw.
+        error: E,
+    },
+    /// The driver failed (storage, the user, the control connection).
+    Local(E),
+}
+
+impl<E: Cause> SessionError<E> {
+    /// The class sent to the peer.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            SessionError::Remote { code, .. } => *code,
+            SessionError::Unexpected { .. }
+            | SessionError::Protocol { .. }
+            | SessionError::Malformed { .. }
+            | SessionError::SetupTimeout { .. }
+            | SessionError::Joins { .. } => ErrorCode::Protocol,
+            SessionError::Limit(_) => ErrorCode::Busy,
+            SessionError::AuthRequired { .. } | SessionError::ServerProof { .. } => ErrorCode::Auth,
+            SessionError::Silent { .. }
+            | SessionError::Timeout { .. }
+            | SessionError::Stalled { .. }
+            | SessionError::Idle { .. } => ErrorCode::Aborted,
+            SessionError::Stream { error, .. } | SessionError::Local(error) => error.code(),
+        }
+    }
+
+    /// How telling the error is (see [`Cause::rank`]).
+    pub fn rank(&self) -> u8 {
+        match self {
+            SessionError::Remote { code, .. } if *code == ErrorCode::Aborted => 2,
+            SessionError::Remote { .. } => 3,
+            SessionError::Unexpected { .. }
+            | SessionError::Protocol { .. }
+            | SessionError::Malformed { .. }
+            | SessionError::Silent { .. }
+            | SessionError::Timeout { .. }
+            | SessionError::Stalled { .. } => 2,
+            SessionError::Idle { .. } => 1,
+            SessionError::Limit(_)
+            | SessionError::AuthRequired { .. }
+            | SessionError::ServerProof { .. }
+            | SessionError::SetupTimeout { .. }
+            | SessionError::Joins { .. } => 4,
+            SessionError::Stream { error, .. } | SessionError::Local(error) => error.rank(),
+        }
+    }
+
+    /// The report sent to the peer.
+    pub fn to_msg(&self) -> ErrorMsg {
+        ErrorMsg {
+            code: self.code(),
+            message: self.to_string(),
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for SessionError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SessionError::Remote { peer, message, .. } => write!(f, "{peer}: {message}"),
+            SessionError::Unexpected { peer, wanted, got } => write!(
+                f,
+                "protocol error from {peer}: protocol violation: expected {wanted}, got {got}"
+            ),
+            SessionError::Protocol { peer, what } => {
+                write!(f, "protocol error from {peer}: protocol violation: {what}")
+            }
+            SessionError::Malformed { peer, source } => {
+                write!(f, "protocol error from {peer}: {source}")
+            }
+            SessionError::Limit(what) => f.write_str(what),
+            SessionError::AuthRequired { peer } => write!(
+                f,
+                "{peer} requires authentication: pass --key FILE (or DMOVER_KEY) or \
+                 --token-file FILE (or DMOVER_TOKEN), and --user NAME if it has several users"
+            ),
+            SessionError::ServerProof { peer } => write!(
+                f,
+                "{peer} could not prove it knows the token; refusing to talk to it"
+            ),
+            SessionError::Silent { peer, secs } => write!(
+                f,
+                "{peer} did not answer within {secs} s (heartbeat: the peer went silent)"
+            ),
+            SessionError::Timeout { peer, what, secs } => {
+                write!(f, "{peer} did not answer within {secs} s ({what})")
+            }
+            SessionError::SetupTimeout { secs } => {
+                write!(f, "no session opened within {secs} s")
+            }
+            SessionError::Stalled { peer, secs, .. } => write!(
+                f,
+                "{peer} did not answer within {secs} s (acknowledgements on a data stream)"
+            ),
+            SessionError::Idle { peer, secs, .. } => write!(
+                f,
+                "receiving data from {peer}: no progress receiving for {secs} s"
+            ),
+            SessionError::Joins {
+                peer,
+                joined,
+                streams,
+            } => write!(
+                f,
+                "{peer} opened {joined} of {streams} data streams in time"
+            ),
+            SessionError::Stream { error, .. } | SessionError::Local(error) => error.fmt(f),
+        }
+    }
+}
+
+impl<E: fmt::Display + fmt::Debug> std::error::Error for SessionError<E> {}
+
+/// How a session ended for a machine, once it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Still running.
+    Running,
+    /// It sent its final message and received the peer's.
+    Finished,
+    /// It failed (the error came as an event).
+    Failed,
+}
+
+/// Counts of what the source's data streams went through.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamStats {
+    /// Chunks sent again because their stream was lost before acknowledging them.
+    pub chunks_resent: u64,
+    /// Streams lost.
+    pub streams_lost: u32,
+    /// Chunks that arrived more than once (sink).
+    pub duplicates: u64,
+}
+
+fn unexpected<E>(peer: &str, msg: &Control, wanted: &'static str) -> SessionError<E> {
+    match msg {
+        Control::Error(e) => SessionError::Remote {
+            peer: peer.to_string(),
+            code: e.code,
+            message: e.message.clone(),
+        },
+        other => SessionError::Unexpected {
+            peer: peer.to_string(),
+            wanted,
+            got: other.name(),
+        },
+    }
+}

@@ -1,0 +1,700 @@
+//! The sink role: takes the manifest (within limits), negotiates a resume, says `Go`,
+//! keeps the first whole copy of each chunk, acknowledges every frame, and reports
+//! `Done` once every file is finalised.
+//!
+//! # States
+//! ```text
+//! Opening ─(Session | grant)─▶ Listing ─(ManifestEnd)─▶ Preparing ─(resume: Have*)─▶ Resuming ─(Plan)─▶ Planning
+//!                                                          │ (ready)                                     │ (ready)
+//!                                                          ▼                                             ▼
+//!                                                       Receiving ◀──────────────────────────────────────┘
+//!                                                          │ (every expected chunk arrived and written)
+//!                                                          ▼
+//!                                 Finishing ─(finished: Done)─▶ Reporting ─(SendReport)─▶ Finished
+//! any state ─(error, silence, every stream lost)─▶ Failed
+//! ```
+//! Frames are acknowledged as they arrive, duplicates too, until the source's report
+//! says it has every acknowledgement: a chunk sent again after a stream was lost may
+//! arrive twice, and the source waits for an acknowledgement of each copy it sent.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use super::link::{Dial, Link, Opening, options_heartbeat};
+use super::{Cause, ChunkSet, SessionError, Side, State, StreamStats, Timing};
+use crate::control::{Control, Have, Plan, SendReport, SessionInfo, SessionOptions, Summary};
+use crate::manifest::{self, Entry};
+
+/// What the driver is to do for the sink.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SinkCommand {
+    /// Dial data stream `stream` and join it to the session (dialer only).
+    Open {
+        /// The stream index.
+        stream: u16,
+    },
+    /// Send this acknowledgement on `stream` ([`crate::data::encode_ack`]).
+    Ack {
+        /// The stream.
+        stream: u16,
+        /// Frames received on it so far.
+        frames: u64,
+    },
+    /// The stream is lost or done: stop reading it and close it.
+    Close {
+        /// The stream.
+        stream: u16,
+    },
+}
+
+/// What to do with a chunk that arrived whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// The first copy: write it, then report [`SinkSession::chunk_written`].
+    Write,
+    /// A copy of a chunk already here (or one not expected): drop it.
+    Duplicate,
+    /// The session failed or the stream is gone: drop it.
+    Refused,
+}
+
+/// What the sink's application learns.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SinkEvent<E> {
+    /// (dialer) The acceptor opened the session; [`SinkCommand::Open`]s follow.
+    Opened(SessionInfo),
+    /// (acceptor) The dialer's session options.
+    Options(SessionOptions),
+    /// The whole manifest, checked: bind it to the destination, then call
+    /// [`SinkSession::resume`] (when the options ask for it) or [`SinkSession::ready`].
+    Manifest(Vec<Entry>),
+    /// The source's answer to a resume: apply it, then call [`SinkSession::ready`].
+    Plan(Plan),
+    /// Every expected chunk arrived and is written: finalise, then call
+    /// [`SinkSession::finished`].
+    Complete,
+    /// A stream was lost; its chunks come on the others.
+    StreamLost {
+        /// The stream.
+        stream: u16,
+        /// Why.
+        error: SessionError<E>,
+    },
+    /// The session is over; the source's account of its sending.
+    Done(SendReport),
+    /// The session failed.
+    Failed(SessionError<E>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Phase {
+    Opening,
+    Listing,
+    Preparing,
+    Resuming,
+    Planning,
+    Receiving,
+    Finishing,
+    Reporting,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Join {
+    Pending,
+    Live,
+    Ended,
+    Lost,
+}
+
+#[derive(Debug)]
+struct Stream {
+    join: Join,
+    frames: u64,
+    last_frame: Instant,
+}
+
+/// Limits on what a source may announce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most manifest entries.
+    pub max_entries: u64,
+    /// Most memory the manifest's entries may take ([`manifest::entry_bytes`]).
+    pub max_manifest_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_entries: manifest::MAX_ENTRIES,
+            max_manifest_bytes: manifest::MAX_MANIFEST_BYTES,
+        }
+    }
+}
+
+/// The sink role of a session (see the module docs).
+#[derive(Debug)]
+pub struct SinkSession<E> {
+    link: Link<E>,
+    limits: Limits,
+    phase: Phase,
+    opening: Option<Opening>,
+    info: Option<SessionInfo>,
+    streams: Vec<Stream>,
+    entries: Vec<Entry>,
+    entry_bytes: u64,
+    expected: ChunkSet,
+    seen: Vec<u64>,
+    n_chunks: u64,
+    distinct: u64,
+    writing: u64,
+    stats: StreamStats,
+    report: Option<SendReport>,
+    commands: VecDeque<SinkCommand>,
+    events: VecDeque<SinkEvent<E>>,
+    joins_by: Option<Instant>,
+}
+
+impl<E: Cause + Clone> SinkSession<E> {
+    fn new(peer: String, side: Side, timing: Timing, limits: Limits) -> Self {
+        SinkSession {
+            link: Link::new(peer, side, timing),
+            limits,
+            phase: Phase::Opening,
+            opening: None,
+            info: None,
+            streams: Vec::new(),
+            entries: Vec::new(),
+            entry_bytes: 0,
+            expected: ChunkSet::new(),
+            seen: Vec::new(),
+            n_chunks: 0,
+            distinct: 0,
+            writing: 0,
+            stats: StreamStats::default(),
+            report: None,
+            commands: VecDeque::new(),
+            events: VecDeque::new(),
+            joins_by: None,
+        }
+    }
+
+    /// A dialer that is the sink (a pull): its first flight goes out at once.
+    pub fn dial(
+        now: Instant,
+        peer: impl Into<String>,
+        timing: Timing,
+        limits: Limits,
+        d: Dial,
+    ) -> Self {
+        let mut s = Self::new(peer.into(), Side::Dialer, timing, limits);
+        s.opening = Some(Opening::new(&d));
+        s.link.send(Control::Hello(d.hello));
+        s.link.send(Control::Auth(d.auth));
+        s.link.send(Control::Open(d.open));
+        s.link.send(Control::Options(d.options));
+        s.link.expect(now, "welcome");
+        s
+    }
+
+    /// An acceptor that is the sink (a push): [`SinkSession::grant`] opens the session.
+    pub fn accept(
+        _now: Instant,
+        peer: impl Into<String>,
+        timing: Timing,
+        limits: Limits,
+        setup_deadline: Instant,
+    ) -> Self {
+        let mut s = Self::new(peer.into(), Side::Acceptor, timing, limits);
+        s.link.set_up_by(setup_deadline);
+        s
+    }
+
+    /// (acceptor) Opens the session the dialer asked for.
+    pub fn grant(&mut self, now: Instant, info: SessionInfo) {
+        if self.link.side != Side::Acceptor || self.info.is_some() || !self.link.live() {
+            return;
+        }
+        self.link.send(Control::Session(info.clone()));
+        self.open(now, info);
+        self.link.expect(now, "session options");
+    }
+
+    fn open(&mut self, now: Instant, info: SessionInfo) {
+        self.streams = (0..info.streams)
+            .map(|_| Stream {
+                join: Join::Pending,
+                frames: 0,
+                last_frame: now,
+            })
+            .collect();
+        self.info = Some(info);
+        self.phase = Phase::Listing;
+    }
+
+    /// The session, once open.
+    pub fn info(&self) -> Option<&SessionInfo> {
+        self.info.as_ref()
+    }
+
+    /// Where the session stands.
+    pub fn state(&self) -> State {
+        self.link.state
+    }
+
+    /// What the streams went through.
+    pub fn stats(&self) -> StreamStats {
+        self.stats
+    }
+
+    /// Distinct expected chunks arrived so far.
+    pub fn arrived_chunks(&self) -> u64 {
+        self.distinct
+    }
+
+    /// A control message from the peer.
+    pub fn handle_control(&mut self, now: Instant, msg: Control) {
+        let Some(msg) = self.link.screen(now, msg) else {
+            return self.flush_failure();
+        };
+        if matches!(msg, Control::Ping) && self.link.heartbeat_running() {
+            return;
+        }
+        if let Err(e) = self.on_control(now, msg) {
+            self.link.fail(now, e);
+        }
+        self.flush_failure();
+    }
+
+    fn on_control(&mut self, now: Instant, msg: Control) -> Result<(), SessionError<E>> {
+        let peer = self.link.peer.clone();
+        if let Control::Error(_) = msg {
+            return Err(super::unexpected(&peer, &msg, ""));
+        }
+        if let Some(o) = self.opening.as_mut().filter(|o| !o.is_open()) {
+            let info = o.on_message(&peer, msg, false)?;
+            let awaited = o.awaited();
+            match info {
+                None => self.link.expect(now, awaited),
+                Some(info) => {
+                    self.link.start_heartbeat(now, self.link.timing.heartbeat);
+                    self.open(now, info.clone());
+                    for i in 0..info.streams {
+                        self.commands.push_back(SinkCommand::Open { stream: i });
+                    }
+                    self.events.push_back(SinkEvent::Opened(info));
+                }
+            }
+            return Ok(());
+        }
+        if self.link.side == Side::Acceptor && !self.link.heartbeat_running() {
+            return match msg {
+                Control::Options(o) if self.info.is_some() => {
+                    self.link.start_heartbeat(now, options_heartbeat(&o));
+                    self.events.push_back(SinkEvent::Options(o));
+                    Ok(())
+                }
+                other => Err(super::unexpected(&peer, &other, "Options")),
+            };
+        }
+        match (self.phase, msg) {
+            (Phase::Listing, Control::Manifest(part)) => {
+                let n = self.entries.len() as u64 + part.entries.len() as u64;
+                if n > self.limits.max_entries {
+                    return Err(SessionError::Limit(format!(
+                        "manifest exceeds {} entries",
+                        self.limits.max_entries
+                    )));
+                }
+                self.entry_bytes += part.entries.iter().map(manifest::entry_bytes).sum::<u64>();
+                if self.entry_bytes > self.limits.max_manifest_bytes {
+                    return Err(SessionError::Limit(format!(
+                        "manifest exceeds {} bytes of memory",
+                        self.limits.max_manifest_bytes
+                    )));
+                }
+                self.entries.extend(part.entries);
+                Ok(())
+            }
+            (Phase::Listing, Control::ManifestEnd(end)) => {
+                let totals = manifest::validate(&self.entries, self.limits.max_entries).map_err(
+                    |source| SessionError::Malformed {
+                        peer: peer.clone(),
+                        source,
+                    },
+                )?;
+                if totals != end.totals {
+                    return Err(SessionError::Protocol {
+                        peer,
+                        what: format!(
+                            "manifest totals {:?} do not match its entries {totals:?}",
+                            end.totals
+                        ),
+                    });
+                }
+                self.phase = Phase::Preparing;
+                let entries = std::mem::take(&mut self.entries);
+                self.events.push_back(SinkEvent::Manifest(entries));
+                Ok(())
+            }
+            (Phase::Resuming, Control::Plan(plan)) => {
+                self.phase = Phase::Planning;
+                self.events.push_back(SinkEvent::Plan(plan));
+                Ok(())
+            }
+            (Phase::Receiving | Phase::Finishing | Phase::Reporting, Control::SendReport(r))
+                if self.report.is_none() =>
+            {
+                self.report = Some(r);
+                self.check_finished();
+                Ok(())
+            }
+            (phase, other) => {
+                let wanted = match phase {
+                    Phase::Listing => "manifest",
+                    Phase::Resuming => "Plan",
+                    Phase::Receiving | Phase::Finishing | Phase::Reporting => "SendReport",
+                    _ => "nothing",
+                };
+                Err(super::unexpected(&peer, &other, wanted))
+            }
+        }
+    }
+
+    /// Answers the manifest with what an earlier attempt left (resume): the `Have`
+    /// parts, the last marked. The source answers with a plan ([`SinkEvent::Plan`]).
+    pub fn resume(&mut self, now: Instant, parts: Vec<Have>) {
+        if self.phase != Phase::Preparing || !self.link.live() {
+            return;
+        }
+        let mut parts = parts;
+        if parts.is_empty() {
+            parts.push(Have::default());
+        }
+        if let Some(last) = parts.last_mut() {
+            last.last = true;
+        }
+        for p in parts {
+            self.link.send(Control::Have(p));
+        }
+        self.phase = Phase::Resuming;
+        self.link.expect(now, "Plan");
+    }
+
+    /// The sink is prepared for `expected` of the layout's `n_chunks` chunks: says
+    /// `Go`.
+    pub fn ready(&mut self, now: Instant, expected: ChunkSet, n_chunks: u64) {
+        if !matches!(self.phase, Phase::Preparing | Phase::Planning) || !self.link.live() {
+            return;
+        }
+        if expected.end() > n_chunks {
+            let e = SessionError::Protocol {
+                peer: "this side".into(),
+                what: format!(
+                    "expects chunk {} of a layout of {n_chunks}",
+                    expected.end() - 1
+                ),
+            };
+            self.link.fail(now, e);
+            return self.flush_failure();
+        }
+        self.expected = expected;
+        self.seen = vec![0; n_chunks.div_ceil(64) as usize];
+        self.n_chunks = n_chunks;
+        self.phase = Phase::Receiving;
+        self.link.send(Control::Go);
+        for s in &mut self.streams {
+            s.last_frame = now;
+        }
+        if self.link.side == Side::Acceptor {
+            self.joins_by = Some(now + self.link.timing.join);
+        }
+        self.check_complete();
+    }
+
+    /// Data stream `stream` joined the session.
+    pub fn stream_joined(&mut self, now: Instant, stream: u16) {
+        let Some(s) = self.streams.get_mut(stream as usize) else {
+            return;
+        };
+        if s.join == Join::Pending && self.link.live() {
+            s.join = Join::Live;
+            s.last_frame = now;
+            if self.streams.iter().all(|s| s.join != Join::Pending) {
+                self.joins_by = None;
+            }
+        }
+    }
+
+    /// A chunk frame arrived whole on `stream` (its header checked against the layout
+    /// by the driver, [`crate::layout::Layout::wire_len`]).
+    pub fn arrived(&mut self, now: Instant, stream: u16, chunk: u64) -> Arrival {
+        let Some(s) = self.streams.get(stream as usize) else {
+            return Arrival::Refused;
+        };
+        if s.join != Join::Live || !self.link.live() {
+            return Arrival::Refused;
+        }
+        if self.phase < Phase::Receiving || chunk >= self.n_chunks {
+            let what = if self.phase < Phase::Receiving {
+                format!("chunk {chunk} before Go")
+            } else {
+                format!("chunk {chunk} out of range")
+            };
+            let e = SessionError::Protocol {
+                peer: self.link.peer.clone(),
+                what,
+            };
+            self.link.fail(now, e);
+            self.flush_failure();
+            return Arrival::Refused;
+        }
+        let s = &mut self.streams[stream as usize];
+        s.frames += 1;
+        s.last_frame = now;
+        self.commands.push_back(SinkCommand::Ack {
+            stream,
+            frames: s.frames,
+        });
+        let (word, bit) = ((chunk / 64) as usize, 1u64 << (chunk % 64));
+        if self.expected.contains(chunk) && self.seen[word] & bit == 0 {
+            self.seen[word] |= bit;
+            self.distinct += 1;
+            self.writing += 1;
+            Arrival::Write
+        } else {
+            self.stats.duplicates += 1;
+            Arrival::Duplicate
+        }
+    }
+
+    /// A chunk [`Arrival::Write`] said to write is written.
+    pub fn chunk_written(&mut self, _now: Instant, _chunk: u64) {
+        if self.writing == 0 {
+            return;
+        }
+        self.writing -= 1;
+        self.check_complete();
+    }
+
+    fn all_arrived(&self) -> bool {
+        self.phase >= Phase::Receiving && self.distinct >= self.expected.len()
+    }
+
+    fn check_complete(&mut self) {
+        if self.phase == Phase::Receiving
+            && self.all_arrived()
+            && self.writing == 0
+            && self.link.live()
+        {
+            self.phase = Phase::Finishing;
+            self.joins_by = None;
+            self.events.push_back(SinkEvent::Complete);
+        }
+    }
+
+    /// The sink is finalised: sends `Done`.
+    pub fn finished(&mut self, summary: Summary) {
+        if self.phase != Phase::Finishing || !self.link.live() {
+            return;
+        }
+        self.link.send(Control::Done(summary));
+        self.phase = Phase::Reporting;
+        self.check_finished();
+    }
+
+    fn check_finished(&mut self) {
+        if self.phase == Phase::Reporting {
+            if let Some(r) = self.report.take() {
+                self.link.finish();
+                for (i, s) in self.streams.iter_mut().enumerate() {
+                    if matches!(s.join, Join::Live | Join::Pending) {
+                        s.join = Join::Ended;
+                        self.commands
+                            .push_back(SinkCommand::Close { stream: i as u16 });
+                    }
+                }
+                self.events.push_back(SinkEvent::Done(r));
+            }
+        }
+    }
+
+    /// Stream `stream` ended with `END`, saying it carried `sent` chunk frames.
+    pub fn stream_end(&mut self, now: Instant, stream: u16, sent: u64) {
+        let Some(s) = self.streams.get_mut(stream as usize) else {
+            return;
+        };
+        if s.join != Join::Live || !self.link.live() {
+            return;
+        }
+        if sent != s.frames {
+            let e = SessionError::Protocol {
+                peer: self.link.peer.clone(),
+                what: format!("stream says it sent {sent} chunks, {} arrived", s.frames),
+            };
+            self.link.fail(now, e);
+            return self.flush_failure();
+        }
+        s.join = Join::Ended;
+        self.commands.push_back(SinkCommand::Close { stream });
+        self.check_streams_left(now, None);
+    }
+
+    /// A data stream failed (its join, a read, the connection).
+    pub fn stream_failed(&mut self, now: Instant, stream: u16, error: E) {
+        let Some(s) = self.streams.get(stream as usize) else {
+            return;
+        };
+        if matches!(s.join, Join::Lost | Join::Ended) || !self.link.live() {
+            return;
+        }
+        if self.all_arrived() {
+            // What happens on a stream now cannot change the data.
+            self.streams[stream as usize].join = Join::Lost;
+            self.commands.push_back(SinkCommand::Close { stream });
+            return;
+        }
+        if error.ends_session() || s.join == Join::Pending && self.link.side == Side::Dialer {
+            self.link.fail(now, SessionError::Stream { stream, error });
+            return self.flush_failure();
+        }
+        self.lose(now, stream, SessionError::Stream { stream, error });
+    }
+
+    fn lose(&mut self, now: Instant, stream: u16, error: SessionError<E>) {
+        self.streams[stream as usize].join = Join::Lost;
+        self.stats.streams_lost += 1;
+        self.commands.push_back(SinkCommand::Close { stream });
+        self.check_streams_left(now, Some((stream, error)));
+    }
+
+    /// Fails the session when no stream is left to bring the chunks still expected.
+    fn check_streams_left(&mut self, now: Instant, lost: Option<(u16, SessionError<E>)>) {
+        if self.all_arrived() {
+            return;
+        }
+        let left = self
+            .streams
+            .iter()
+            .filter(|s| matches!(s.join, Join::Live | Join::Pending))
+            .count();
+        match lost {
+            Some((_, e)) if left == 0 => self.link.fail(now, e),
+            Some((stream, error)) => self
+                .events
+                .push_back(SinkEvent::StreamLost { stream, error }),
+            None if left == 0 => {
+                let e = SessionError::Protocol {
+                    peer: self.link.peer.clone(),
+                    what: format!(
+                        "streams ended after {} of {} chunks",
+                        self.distinct,
+                        self.expected.len()
+                    ),
+                };
+                self.link.fail(now, e);
+            }
+            None => {}
+        }
+        self.flush_failure();
+    }
+
+    /// The driver failed: the session ends.
+    pub fn fail(&mut self, now: Instant, error: E) {
+        self.link.fail(now, SessionError::Local(error));
+        self.flush_failure();
+    }
+
+    /// The control connection closed or failed.
+    pub fn control_closed(&mut self, now: Instant, error: E) {
+        if self.link.state != State::Running {
+            return;
+        }
+        self.link.control_closed(now, error);
+        self.flush_failure();
+    }
+
+    fn idle_deadline(&self, s: &Stream) -> Option<Instant> {
+        let idle: Duration = self.link.timing.idle?;
+        (s.join == Join::Live && self.phase >= Phase::Receiving && !self.all_arrived())
+            .then(|| s.last_frame + idle)
+    }
+
+    /// When [`SinkSession::handle_timeout`] is due.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut t = self.link.poll_timeout();
+        if self.link.live() {
+            for d in self.streams.iter().filter_map(|s| self.idle_deadline(s)) {
+                t = Some(t.map_or(d, |t| t.min(d)));
+            }
+            if let Some(d) = self.joins_by {
+                t = Some(t.map_or(d, |t| t.min(d)));
+            }
+        }
+        t
+    }
+
+    /// Handles every deadline due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.link.on_timeout(now);
+        if self.link.live() {
+            let idle: Vec<u16> = (0..self.streams.len())
+                .filter(|&i| {
+                    self.idle_deadline(&self.streams[i])
+                        .is_some_and(|d| now >= d)
+                })
+                .map(|i| i as u16)
+                .collect();
+            for i in idle {
+                if !self.link.live() {
+                    break;
+                }
+                let e = SessionError::Idle {
+                    peer: self.link.peer.clone(),
+                    stream: i,
+                    secs: self.link.timing.idle.unwrap_or_default().as_secs(),
+                };
+                self.lose(now, i, e);
+            }
+        }
+        if let Some(d) = self.joins_by {
+            if now >= d && self.link.live() {
+                let joined = self.streams.iter().filter(|s| s.join != Join::Pending);
+                let e = SessionError::Joins {
+                    peer: self.link.peer.clone(),
+                    joined: joined.count() as u16,
+                    streams: self.streams.len() as u16,
+                };
+                self.link.fail(now, e);
+            }
+        }
+        self.flush_failure();
+    }
+
+    /// The next control message to send.
+    pub fn poll_transmit(&mut self) -> Option<Control> {
+        self.link.poll_transmit()
+    }
+
+    /// The next command for the driver.
+    pub fn poll_command(&mut self) -> Option<SinkCommand> {
+        self.commands.pop_front()
+    }
+
+    /// The next event for the application.
+    pub fn poll_event(&mut self) -> Option<SinkEvent<E>> {
+        self.events.pop_front()
+    }
+
+    fn flush_failure(&mut self) {
+        if let Some(e) = self.link.failure.take() {
+            for (i, s) in self.streams.iter_mut().enumerate() {
+                if matches!(s.join, Join::Live | Join::Pending) {
+                    s.join = Join::Lost;
+                    self.commands
+                        .push_back(SinkCommand::Close { stream: i as u16 });
+                }
+            }
+            self.events.push_back(SinkEvent::Failed(e));
+        }
+    }
+}

@@ -1,0 +1,726 @@
+//! The source role: announces the manifest, answers a resume, and sends the chunks
+//! over the data streams until every one is acknowledged.
+//!
+//! # States
+//! ```text
+//! Opening ─(Session | grant)─▶ Announcing ─(Have*)─▶ Checking ─(planned)─▶ Announcing
+//!                                  │ (Go)
+//!                                  ▼
+//!                               Sending ─(all acknowledged)─▶ Draining ─(drained)─▶ Reporting ─(Done)─▶ Finished
+//! any state ─(error, silence, all streams lost)─▶ Failed
+//! ```
+//! In `Sending` the driver asks [`SourceSession::poll_read`] what to read whenever it
+//! has a free buffer (chunks to send again first), reports each read with
+//! [`SourceSession::chunk_read`], and gets [`SourceCommand::Send`] naming the stream for
+//! it: a joined stream that is not writing, with the fewest unacknowledged chunks and
+//! fewer than the window. A stream is lost when it fails, or when it has
+//! unacknowledged chunks and no progress for [`super::Timing::stall`]; its
+//! unacknowledged chunks are read again and sent on the others.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use super::chunks::Cursor;
+use super::link::{Dial, Link, Opening, options_heartbeat};
+use super::{Cause, ChunkMeta, ChunkSet, SessionError, Side, State, StreamStats, Timing};
+use crate::control::{
+    Control, FailedFile, Have, ManifestEnd, ManifestPart, Plan, SendReport, SessionInfo,
+    SessionOptions, Summary,
+};
+use crate::data::decode_ack;
+use crate::manifest::{Entry, Totals};
+
+/// What the driver is to do for the source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceCommand {
+    /// Dial data stream `stream` and join it to the session (dialer only).
+    Open {
+        /// The stream index.
+        stream: u16,
+    },
+    /// Write chunk `chunk`, read earlier, on `stream` (then report
+    /// [`SourceSession::chunk_written`]).
+    Send {
+        /// The stream.
+        stream: u16,
+        /// The chunk.
+        chunk: u64,
+        /// Its frame fields.
+        meta: ChunkMeta,
+    },
+    /// Every chunk is acknowledged: write `END` with the chunks sent on `stream`,
+    /// flush, and close it.
+    End {
+        /// The stream.
+        stream: u16,
+        /// Chunks sent on it.
+        sent: u64,
+    },
+    /// The stream is lost: stop using it and close it (a chunk being written on it is
+    /// dropped; it is read again for another stream).
+    Close {
+        /// The stream.
+        stream: u16,
+    },
+}
+
+/// A chunk for the driver to read from storage into a free buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadJob {
+    /// The chunk.
+    pub chunk: u64,
+    /// For a chunk sent before on a stream that was lost: its frame fields, which the
+    /// read checks the data against (a file that changed since is an error).
+    pub again: Option<ChunkMeta>,
+}
+
+/// What the source's application learns.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SourceEvent<E> {
+    /// (dialer) The acceptor opened the session; [`SourceCommand::Open`]s follow.
+    Opened(SessionInfo),
+    /// (acceptor) The dialer's session options.
+    Options(SessionOptions),
+    /// The sink holds data from an earlier attempt, listed in these parts: check it
+    /// and answer with [`SourceSession::planned`].
+    Held(Vec<Have>),
+    /// The sink is prepared: reading may start ([`SourceSession::poll_read`]).
+    Go,
+    /// A stream was lost; its unacknowledged chunks go on the others.
+    StreamLost {
+        /// The stream.
+        stream: u16,
+        /// Why.
+        error: SessionError<E>,
+        /// Chunks it had not had acknowledged.
+        resent: u64,
+    },
+    /// Every chunk is acknowledged: call [`SourceSession::drained`] with the files that
+    /// could not be read.
+    Drained,
+    /// The sink has every file: the session is over.
+    Done(Summary),
+    /// The session failed.
+    Failed(SessionError<E>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Opening,
+    Announcing,
+    Checking,
+    Sending,
+    Draining,
+    Reporting,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Join {
+    /// Not yet joined (an acceptor waits for it; a dialer is opening it).
+    Pending,
+    Live,
+    /// `END` sent.
+    Ended,
+    Lost,
+}
+
+#[derive(Debug)]
+struct Stream {
+    join: Join,
+    /// The chunk being written.
+    writing: Option<u64>,
+    /// Chunks given to the stream and not acknowledged, in order.
+    unacked: VecDeque<(u64, ChunkMeta)>,
+    /// Chunks given to the stream.
+    sent: u64,
+    /// Chunks it acknowledged.
+    acked: u64,
+    /// Last progress while chunks were unacknowledged.
+    since: Instant,
+}
+
+/// The source role of a session (see the module docs).
+#[derive(Debug)]
+pub struct SourceSession<E> {
+    link: Link<E>,
+    phase: Phase,
+    opening: Option<Opening>,
+    info: Option<SessionInfo>,
+    streams: Vec<Stream>,
+    /// Chunks to send (set by the driver with the manifest, or after a resume plan).
+    chunks: ChunkSet,
+    fresh: Cursor,
+    manifest_done: bool,
+    /// Chunks of lost streams, to read again.
+    again: VecDeque<(u64, ChunkMeta)>,
+    /// Chunks being read.
+    reading: Vec<u64>,
+    /// Chunks read, waiting for a stream.
+    ready: VecDeque<(u64, ChunkMeta)>,
+    acked: u64,
+    window: usize,
+    held: Vec<Have>,
+    plan_sent: bool,
+    stats: StreamStats,
+    commands: VecDeque<SourceCommand>,
+    events: VecDeque<SourceEvent<E>>,
+    joins_by: Option<Instant>,
+    done: Option<Summary>,
+    reported: bool,
+}
+
+impl<E: Cause + Clone> SourceSession<E> {
+    fn new(peer: String, side: Side, timing: Timing) -> Self {
+        SourceSession {
+            link: Link::new(peer, side, timing),
+            phase: Phase::Opening,
+            opening: None,
+            info: None,
+            streams: Vec::new(),
+            chunks: ChunkSet::new(),
+            fresh: Cursor::default(),
+            manifest_done: false,
+            again: VecDeque::new(),
+            reading: Vec::new(),
+            ready: VecDeque::new(),
+            acked: 0,
+            window: usize::MAX,
+            held: Vec::new(),
+            plan_sent: false,
+            stats: StreamStats::default(),
+            commands: VecDeque::new(),
+            events: VecDeque::new(),
+            joins_by: None,
+            done: None,
+            reported: false,
+        }
+    }
+
+    /// A dialer that is the source (a push): its first flight goes out at once, and
+    /// the manifest may follow right behind it ([`SourceSession::push_manifest`]).
+    pub fn dial(now: Instant, peer: impl Into<String>, timing: Timing, d: Dial) -> Self {
+        let mut s = Self::new(peer.into(), Side::Dialer, timing);
+        s.opening = Some(Opening::new(&d));
+        s.link.send(Control::Hello(d.hello));
+        s.link.send(Control::Auth(d.auth));
+        s.link.send(Control::Open(d.open));
+        s.link.send(Control::Options(d.options));
+        s.link.expect(now, "welcome");
+        s
+    }
+
+    /// An acceptor that is the source (a pull): [`SourceSession::grant`] opens the
+    /// session. `setup_deadline` bounds everything up to the dialer's options.
+    pub fn accept(
+        _now: Instant,
+        peer: impl Into<String>,
+        timing: Timing,
+        setup_deadline: Instant,
+    ) -> Self {
+        let mut s = Self::new(peer.into(), Side::Acceptor, timing);
+        s.link.set_up_by(setup_deadline);
+        s
+    }
+
+    /// (acceptor) Opens the session the dialer asked for.
+    pub fn grant(&mut self, now: Instant, info: SessionInfo) {
+        if self.link.side != Side::Acceptor || self.info.is_some() || !self.link.live() {
+            return;
+        }
+        self.link.send(Control::Session(info.clone()));
+        self.open(now, info);
+        self.link.expect(now, "session options");
+    }
+
+    fn open(&mut self, now: Instant, info: SessionInfo) {
+        self.streams = (0..info.streams)
+            .map(|_| Stream {
+                join: Join::Pending,
+                writing: None,
+                unacked: VecDeque::new(),
+                sent: 0,
+                acked: 0,
+                since: now,
+            })
+            .collect();
+        self.info = Some(info);
+        self.phase = Phase::Announcing;
+    }
+
+    /// The session, once open.
+    pub fn info(&self) -> Option<&SessionInfo> {
+        self.info.as_ref()
+    }
+
+    /// Where the session stands.
+    pub fn state(&self) -> State {
+        self.link.state
+    }
+
+    /// What the streams went through.
+    pub fn stats(&self) -> StreamStats {
+        self.stats
+    }
+
+    /// Caps the unacknowledged chunks per stream (default: no cap but the buffers).
+    pub fn set_window(&mut self, window: usize) {
+        self.window = window.max(1);
+    }
+
+    /// Queues manifest entries, in parts of about a megabyte.
+    pub fn push_manifest(&mut self, entries: &[Entry]) {
+        for r in crate::manifest::parts(entries) {
+            self.link.send(Control::Manifest(ManifestPart {
+                entries: entries[r].to_vec(),
+            }));
+        }
+    }
+
+    /// Ends the manifest with its totals; `chunks` are the chunks to send unless the
+    /// sink holds some ([`SourceEvent::Held`]).
+    pub fn end_manifest(&mut self, totals: Totals, chunks: ChunkSet) {
+        self.link.send(Control::ManifestEnd(ManifestEnd { totals }));
+        self.manifest_done = true;
+        self.set_chunks(chunks);
+    }
+
+    fn set_chunks(&mut self, chunks: ChunkSet) {
+        self.chunks = chunks;
+        self.fresh = Cursor::default();
+    }
+
+    /// The answer to [`SourceEvent::Held`]: the plan to send and the chunks still to
+    /// send.
+    pub fn planned(&mut self, now: Instant, plan: Plan, chunks: ChunkSet) {
+        if self.phase != Phase::Checking || !self.link.live() {
+            return;
+        }
+        self.link.send(Control::Plan(plan));
+        self.plan_sent = true;
+        self.set_chunks(chunks);
+        self.phase = Phase::Announcing;
+        self.link.expect(now, "Go");
+    }
+
+    /// A control message from the peer.
+    pub fn handle_control(&mut self, now: Instant, msg: Control) {
+        let Some(msg) = self.link.screen(now, msg) else {
+            return self.flush_failure();
+        };
+        if matches!(msg, Control::Ping) && self.link.heartbeat_running() {
+            return;
+        }
+        let r = self.on_control(now, msg);
+        if let Err(e) = r {
+            self.link.fail(now, e);
+        }
+        self.flush_failure();
+    }
+
+    fn on_control(&mut self, now: Instant, msg: Control) -> Result<(), SessionError<E>> {
+        let peer = self.link.peer.clone();
+        if let Control::Error(_) = msg {
+            return Err(super::unexpected(&peer, &msg, ""));
+        }
+        if let Some(o) = self.opening.as_mut().filter(|o| !o.is_open()) {
+            let info = o.on_message(&peer, msg, true)?;
+            let awaited = o.awaited();
+            match info {
+                None => self.link.expect(now, awaited),
+                Some(info) => {
+                    self.link.start_heartbeat(now, self.link.timing.heartbeat);
+                    self.open(now, info.clone());
+                    for i in 0..info.streams {
+                        self.commands.push_back(SourceCommand::Open { stream: i });
+                    }
+                    self.events.push_back(SourceEvent::Opened(info));
+                }
+            }
+            return Ok(());
+        }
+        if self.link.side == Side::Acceptor && !self.link.heartbeat_running() {
+            return match msg {
+                Control::Options(o) if self.info.is_some() => {
+                    self.link.start_heartbeat(now, options_heartbeat(&o));
+                    self.events.push_back(SourceEvent::Options(o));
+                    Ok(())
+                }
+                other => Err(super::unexpected(&peer, &other, "Options")),
+            };
+        }
+        match (self.phase, msg) {
+            (Phase::Announcing, Control::Have(h)) if !self.plan_sent => {
+                let last = h.last;
+                self.held.push(h);
+                if last {
+                    self.phase = Phase::Checking;
+                    self.events
+                        .push_back(SourceEvent::Held(std::mem::take(&mut self.held)));
+                }
+                Ok(())
+            }
+            (Phase::Announcing, Control::Go) if self.manifest_done => {
+                self.phase = Phase::Sending;
+                if self.link.side == Side::Acceptor {
+                    self.joins_by = Some(now + self.link.timing.join);
+                }
+                self.events.push_back(SourceEvent::Go);
+                self.check_drained();
+                Ok(())
+            }
+            // `Done` may overtake the last acknowledgements (they travel on the data
+            // streams): the session ends once those are in too.
+            (Phase::Reporting | Phase::Draining | Phase::Sending, Control::Done(s))
+                if self.done.is_none() =>
+            {
+                self.done = Some(s);
+                self.check_finished();
+                Ok(())
+            }
+            (_, other) => {
+                let wanted = match self.phase {
+                    Phase::Announcing if self.held.is_empty() => "Go",
+                    Phase::Announcing | Phase::Checking => "Have",
+                    _ => "Done",
+                };
+                Err(super::unexpected(&peer, &other, wanted))
+            }
+        }
+    }
+
+    /// Data stream `stream` joined the session (an acceptor's driver accepted its join,
+    /// or a dialer's join was answered).
+    pub fn stream_joined(&mut self, now: Instant, stream: u16) {
+        let Some(s) = self.streams.get_mut(stream as usize) else {
+            return;
+        };
+        if s.join == Join::Pending && self.link.live() {
+            s.join = Join::Live;
+            s.since = now;
+            self.assign(now);
+            self.check_joins_complete();
+        }
+    }
+
+    fn check_joins_complete(&mut self) {
+        if self.streams.iter().all(|s| s.join != Join::Pending) {
+            self.joins_by = None;
+        }
+    }
+
+    /// A data stream failed (its join, a write, the connection).
+    pub fn stream_failed(&mut self, now: Instant, stream: u16, error: E) {
+        let Some(s) = self.streams.get(stream as usize) else {
+            return;
+        };
+        if matches!(s.join, Join::Lost | Join::Ended) || !self.link.live() {
+            return;
+        }
+        if self.phase == Phase::Draining || self.phase == Phase::Reporting {
+            // Everything is acknowledged: nothing on it can matter any more.
+            self.streams[stream as usize].join = Join::Lost;
+            return;
+        }
+        // A dialer's stream that fails to join fails the session, as at the sink.
+        if error.ends_session() || s.join == Join::Pending && self.link.side == Side::Dialer {
+            self.link.fail(now, SessionError::Stream { stream, error });
+            return self.flush_failure();
+        }
+        self.lose(now, stream, SessionError::Stream { stream, error });
+    }
+
+    fn lose(&mut self, now: Instant, stream: u16, error: SessionError<E>) {
+        let s = &mut self.streams[stream as usize];
+        s.join = Join::Lost;
+        s.writing = None;
+        let unacked = std::mem::take(&mut s.unacked);
+        let n = unacked.len() as u64;
+        // Chunks of the lost stream go before anything else.
+        for c in unacked.into_iter().rev() {
+            self.again.push_front(c);
+        }
+        self.stats.streams_lost += 1;
+        self.stats.chunks_resent += n;
+        self.commands.push_back(SourceCommand::Close { stream });
+        let live = self
+            .streams
+            .iter()
+            .filter(|s| matches!(s.join, Join::Live | Join::Pending))
+            .count();
+        if live == 0 && self.acked < self.chunks.len() {
+            self.link.fail(now, error);
+            return self.flush_failure();
+        }
+        self.events.push_back(SourceEvent::StreamLost {
+            stream,
+            error,
+            resent: n,
+        });
+        self.assign(now);
+    }
+
+    /// The next chunk to read into a free buffer, if any.
+    pub fn poll_read(&mut self) -> Option<ReadJob> {
+        if self.phase != Phase::Sending || !self.link.live() {
+            return None;
+        }
+        let job = if let Some((chunk, meta)) = self.again.pop_front() {
+            ReadJob {
+                chunk,
+                again: Some(meta),
+            }
+        } else {
+            ReadJob {
+                chunk: self.fresh.next(&self.chunks)?,
+                again: None,
+            }
+        };
+        self.reading.push(job.chunk);
+        Some(job)
+    }
+
+    /// A chunk asked for by [`SourceSession::poll_read`] is in a buffer.
+    pub fn chunk_read(&mut self, now: Instant, chunk: u64, meta: ChunkMeta) {
+        let Some(i) = self.reading.iter().position(|&k| k == chunk) else {
+            return;
+        };
+        self.reading.swap_remove(i);
+        if !self.link.live() {
+            return;
+        }
+        self.ready.push_back((chunk, meta));
+        self.assign(now);
+    }
+
+    /// Chunks read and not yet given to a stream (their buffers are held).
+    pub fn queued(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// The write of `chunk` on `stream` finished.
+    pub fn chunk_written(&mut self, now: Instant, stream: u16, chunk: u64) {
+        let Some(s) = self.streams.get_mut(stream as usize) else {
+            return;
+        };
+        if s.writing == Some(chunk) {
+            s.writing = None;
+            self.assign(now);
+        }
+    }
+
+    /// Stream `stream` acknowledged `frames` chunks in all (its 8-byte ack decoded with
+    /// [`decode_ack`]).
+    pub fn acked(&mut self, now: Instant, stream: u16, frames: u64) {
+        let Some(s) = self.streams.get_mut(stream as usize) else {
+            return;
+        };
+        if s.join != Join::Live || !self.link.live() {
+            return;
+        }
+        if frames <= s.acked || frames > s.sent {
+            let what = format!(
+                "acknowledgement of {frames} chunks after {}, with {} sent",
+                s.acked, s.sent
+            );
+            let e = SessionError::Protocol {
+                peer: self.link.peer.clone(),
+                what,
+            };
+            self.link.fail(now, e);
+            return self.flush_failure();
+        }
+        let n = frames - s.acked;
+        s.acked = frames;
+        for _ in 0..n {
+            s.unacked.pop_front();
+        }
+        s.since = now;
+        self.acked += n;
+        self.check_drained();
+        self.assign(now);
+    }
+
+    /// [`SourceSession::acked`] with the acknowledgement's bytes.
+    pub fn acked_bytes(&mut self, now: Instant, stream: u16, ack: [u8; crate::data::ACK_LEN]) {
+        self.acked(now, stream, decode_ack(ack));
+    }
+
+    fn check_drained(&mut self) {
+        if self.phase == Phase::Sending && self.manifest_done && self.acked >= self.chunks.len() {
+            self.phase = Phase::Draining;
+            for (i, s) in self.streams.iter_mut().enumerate() {
+                if s.join == Join::Live {
+                    s.join = Join::Ended;
+                    self.commands.push_back(SourceCommand::End {
+                        stream: i as u16,
+                        sent: s.sent,
+                    });
+                }
+            }
+            self.joins_by = None;
+            self.events.push_back(SourceEvent::Drained);
+        }
+    }
+
+    /// The answer to [`SourceEvent::Drained`]: sends the report, with the files that
+    /// could not be read.
+    pub fn drained(&mut self, failed: Vec<FailedFile>) {
+        if self.phase != Phase::Draining || !self.link.live() {
+            return;
+        }
+        self.link.send(Control::SendReport(SendReport {
+            chunks_resent: self.stats.chunks_resent,
+            streams_lost: self.stats.streams_lost,
+            failed,
+        }));
+        self.reported = true;
+        self.phase = Phase::Reporting;
+        self.check_finished();
+    }
+
+    fn check_finished(&mut self) {
+        if self.reported {
+            if let Some(s) = self.done.take() {
+                self.link.finish();
+                self.events.push_back(SourceEvent::Done(s));
+            }
+        }
+    }
+
+    /// Gives read chunks to streams that can take them.
+    fn assign(&mut self, now: Instant) {
+        if self.phase != Phase::Sending || !self.link.live() {
+            return;
+        }
+        while !self.ready.is_empty() {
+            let window = self.window;
+            let best = self
+                .streams
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.join == Join::Live && s.writing.is_none())
+                .filter(|(_, s)| s.unacked.len() < window)
+                .min_by_key(|(i, s)| (s.unacked.len(), *i))
+                .map(|(i, _)| i);
+            let Some(i) = best else { return };
+            let (chunk, meta) = self.ready.pop_front().expect("not empty");
+            let s = &mut self.streams[i];
+            if s.unacked.is_empty() {
+                s.since = now;
+            }
+            s.unacked.push_back((chunk, meta.clone()));
+            s.writing = Some(chunk);
+            s.sent += 1;
+            self.commands.push_back(SourceCommand::Send {
+                stream: i as u16,
+                chunk,
+                meta,
+            });
+        }
+    }
+
+    /// The driver failed: the session ends (the peer is told, see the module docs of
+    /// [`super`]).
+    pub fn fail(&mut self, now: Instant, error: E) {
+        self.link.fail(now, SessionError::Local(error));
+        self.flush_failure();
+    }
+
+    /// The control connection closed or failed.
+    pub fn control_closed(&mut self, now: Instant, error: E) {
+        if self.link.state != State::Running {
+            return;
+        }
+        self.link.control_closed(now, error);
+        self.flush_failure();
+    }
+
+    /// When [`SourceSession::handle_timeout`] is due.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut t = self.link.poll_timeout();
+        if self.link.live() {
+            if self.phase == Phase::Sending {
+                for s in &self.streams {
+                    if s.join == Join::Live && !s.unacked.is_empty() {
+                        let d = s.since + self.link.timing.stall;
+                        t = Some(t.map_or(d, |t| t.min(d)));
+                    }
+                }
+            }
+            if let Some(d) = self.joins_by {
+                t = Some(t.map_or(d, |t| t.min(d)));
+            }
+        }
+        t
+    }
+
+    /// Handles every deadline due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.link.on_timeout(now);
+        if self.link.live() && self.phase == Phase::Sending {
+            let stall = self.link.timing.stall;
+            let stalled: Vec<u16> = self
+                .streams
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.join == Join::Live && !s.unacked.is_empty())
+                .filter(|(_, s)| now >= s.since + stall)
+                .map(|(i, _)| i as u16)
+                .collect();
+            for i in stalled {
+                if !self.link.live() {
+                    break;
+                }
+                let e = SessionError::Stalled {
+                    peer: self.link.peer.clone(),
+                    stream: i,
+                    secs: stall.as_secs(),
+                };
+                self.lose(now, i, e);
+            }
+        }
+        if let Some(d) = self.joins_by {
+            if now >= d && self.link.live() {
+                let joined = self.streams.iter().filter(|s| s.join != Join::Pending);
+                let e = SessionError::Joins {
+                    peer: self.link.peer.clone(),
+                    joined: joined.count() as u16,
+                    streams: self.streams.len() as u16,
+                };
+                self.link.fail(now, e);
+            }
+        }
+        self.flush_failure();
+    }
+
+    /// The next control message to send.
+    pub fn poll_transmit(&mut self) -> Option<Control> {
+        self.link.poll_transmit()
+    }
+
+    /// The next command for the driver.
+    pub fn poll_command(&mut self) -> Option<SourceCommand> {
+        self.commands.pop_front()
+    }
+
+    /// The next event for the application.
+    pub fn poll_event(&mut self) -> Option<SourceEvent<E>> {
+        self.events.pop_front()
+    }
+
+    /// Turns a failure into commands and an event, once.
+    fn flush_failure(&mut self) {
+        if let Some(e) = self.link.failure.take() {
+            for (i, s) in self.streams.iter_mut().enumerate() {
+                if matches!(s.join, Join::Live | Join::Pending) {
+                    s.join = Join::Lost;
+                    self.commands
+                        .push_back(SourceCommand::Close { stream: i as u16 });
+                }
+            }
+            self.ready.clear();
+            self.again.clear();
+            self.events.push_back(SourceEvent::Failed(e));
+        }
+    }
+}

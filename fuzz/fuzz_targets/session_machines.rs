@@ -1,0 +1,284 @@
+//! Structured: the session role machines (`dmover_proto::session`), two ways.
+//! Mode 0: a whole session in the in-memory simulator (`session::sim`) with arbitrary
+//! sizes, latencies, buffers and faults: both sides always end within a bound, no
+//! chunk is written twice, and a side that finished means the sink has every chunk.
+//! Mode 1: one machine (source or sink, dialer or acceptor) fed arbitrary control
+//! messages, stream events and driver calls at arbitrary times: it never panics, and
+//! while it runs it always has a deadline (nothing can leave it waiting forever).
+#![no_main]
+
+use std::time::{Duration, Instant};
+
+use dmover_fuzz::arbitrary_control;
+use dmover_proto::control::{
+    Auth, Credential, DataProtection, DirectIo, ErrorCode, Hello, Op, Open, SessionInfo,
+    SessionOptions, Summary,
+};
+use dmover_proto::session::sim::{Config, Fault, Outcome, Sim, SimError, manifest, totals};
+use dmover_proto::session::{
+    ChunkMeta, ChunkSet, Dial, Limits, SinkSession, SourceSession, State, Timing,
+};
+use libfuzzer_sys::arbitrary::{Result, Unstructured};
+use libfuzzer_sys::fuzz_target;
+
+fn ms(u: &mut Unstructured<'_>, max: u64) -> Result<Duration> {
+    Ok(Duration::from_millis(u.int_in_range(0..=max)?))
+}
+
+fn fault(u: &mut Unstructured<'_>) -> Result<Fault> {
+    let stream = u.int_in_range(0..=5)?;
+    Ok(match u.int_in_range(0..=8u8)? {
+        0 => Fault::Break {
+            stream,
+            at: ms(u, 500)?,
+        },
+        1 => Fault::Silence {
+            stream,
+            at: ms(u, 500)?,
+        },
+        2 => Fault::Corrupt {
+            stream,
+            at: ms(u, 500)?,
+        },
+        3 => Fault::ControlSilence { at: ms(u, 500)? },
+        4 => Fault::ControlBreak { at: ms(u, 500)? },
+        5 => Fault::NoJoin { stream },
+        6 => Fault::WriteError {
+            chunk: u.int_in_range(0..=200)?,
+        },
+        7 => Fault::ReadError {
+            chunk: u.int_in_range(0..=200)?,
+        },
+        _ => Fault::Refuse,
+    })
+}
+
+fn simulated(u: &mut Unstructured<'_>) -> Result<()> {
+    let streams = u.int_in_range(1..=6)?;
+    let chunks = u.int_in_range(0..=200)?;
+    let mut faults = Vec::new();
+    for _ in 0..u.int_in_range(0..=4)? {
+        faults.push(fault(u)?);
+    }
+    let mut held = Vec::new();
+    for _ in 0..u.int_in_range(0..=20)? {
+        held.push(u.int_in_range(0..=200)?);
+    }
+    let cfg = Config {
+        push: u.arbitrary()?,
+        streams,
+        chunks,
+        held,
+        latency: ms(u, 100)?,
+        read: Duration::from_micros(u.int_in_range(0..=5000)?),
+        send: Duration::from_micros(u.int_in_range(0..=5000)?),
+        write: Duration::from_micros(u.int_in_range(0..=5000)?),
+        buffers: u.int_in_range(1..=12)?,
+        window: u.int_in_range(1..=8)?,
+        faults,
+        timing: Timing {
+            heartbeat: Duration::from_secs(1),
+            stall: Duration::from_secs(10),
+            idle: Some(Duration::from_secs(10)),
+            join: Duration::from_secs(10),
+            handshake: Duration::from_secs(10),
+            ..Timing::default()
+        },
+        limits: Limits::default(),
+        files: u.int_in_range(0..=5)?,
+    };
+    let r = Sim::new(cfg.clone()).run(Duration::from_secs(3600));
+    assert!(
+        r.source != Outcome::Running && r.sink != Outcome::Running,
+        "a side never ended: {:?} / {:?} for {cfg:?}",
+        r.source,
+        r.sink
+    );
+    let bound = Duration::from_secs(120);
+    assert!(
+        r.source_at.unwrap() < bound && r.sink_at.unwrap() < bound,
+        "{cfg:?}"
+    );
+    let (missing, extra) = r.write_errors();
+    assert!(
+        extra.iter().all(|k| r.writes[k] == 1),
+        "a chunk written twice: {cfg:?}"
+    );
+    if r.source == Outcome::Finished || r.sink == Outcome::Finished {
+        assert!(missing.is_empty(), "finished without {missing:?}: {cfg:?}");
+    }
+    Ok(())
+}
+
+fn err(u: &mut Unstructured<'_>) -> Result<SimError> {
+    Ok(SimError {
+        code: ErrorCode::Io,
+        rank: u.int_in_range(0..=4)?,
+        ends: u.arbitrary()?,
+        text: "fuzz".into(),
+    })
+}
+
+fn dial(u: &mut Unstructured<'_>, push: bool) -> Result<Dial> {
+    Ok(Dial {
+        hello: Hello {
+            software: "fuzz".into(),
+            nonce: [0; 32],
+        },
+        auth: Auth {
+            user: "u".into(),
+            credential: Credential::None,
+        },
+        open: Open {
+            op: if push {
+                Op::Push {
+                    dest: b"d".to_vec(),
+                }
+            } else {
+                Op::Pull {
+                    sources: vec![b"s".to_vec()],
+                }
+            },
+            streams: u.int_in_range(1..=4)?,
+            chunk_size: 1 << 20,
+            checksum: true,
+            direct_io: DirectIo::Never,
+            protection: DataProtection::Authenticated,
+            features: 0,
+        },
+        options: SessionOptions {
+            resume: u.arbitrary()?,
+            journal: true,
+            fsync: false,
+            verify: true,
+            continue_on_error: false,
+            heartbeat_ms: 1000,
+        },
+        server_proof: None,
+    })
+}
+
+fn info(u: &mut Unstructured<'_>) -> Result<SessionInfo> {
+    Ok(SessionInfo {
+        id: 1,
+        salt: [0; 32],
+        streams: u.int_in_range(1..=4)?,
+        chunk_size: 1 << 20,
+        features: 0,
+    })
+}
+
+/// Checks a running machine always has a deadline; drains its outputs.
+macro_rules! settle {
+    ($m:expr) => {{
+        while $m.poll_transmit().is_some() {}
+        while $m.poll_command().is_some() {}
+        while $m.poll_event().is_some() {}
+        if $m.state() == State::Running {
+            assert!(
+                $m.poll_timeout().is_some(),
+                "a running machine with no deadline"
+            );
+        }
+    }};
+}
+
+fn single(u: &mut Unstructured<'_>) -> Result<()> {
+    let t0 = Instant::now();
+    let mut now = t0;
+    let timing = Timing::default();
+    let source: bool = u.arbitrary()?;
+    let dialer: bool = u.arbitrary()?;
+    let chunks = u.int_in_range(0..=64)?;
+    if source {
+        let mut m = if dialer {
+            SourceSession::<SimError>::dial(now, "peer", timing, dial(u, true)?)
+        } else {
+            let mut m = SourceSession::accept(now, "peer", timing, now + timing.handshake);
+            m.grant(now, info(u)?);
+            m
+        };
+        let entries = manifest(2);
+        m.push_manifest(&entries);
+        m.end_manifest(totals(&entries), ChunkSet::all(chunks));
+        settle!(m);
+        while !u.is_empty() {
+            now += ms(u, 3000)?;
+            let stream = u.int_in_range(0..=4)?;
+            let chunk = u.int_in_range(0..=70)?;
+            match u.int_in_range(0..=9u8)? {
+                0..=2 => m.handle_control(now, arbitrary_control(u)?),
+                3 => m.stream_joined(now, stream),
+                4 => m.stream_failed(now, stream, err(u)?),
+                5 => m.acked(now, stream, u.int_in_range(0..=70)?),
+                6 => {
+                    if let Some(job) = m.poll_read() {
+                        m.chunk_read(now, job.chunk, ChunkMeta::default());
+                    }
+                }
+                7 => m.chunk_written(now, stream, chunk),
+                8 => m.drained(Vec::new()),
+                _ => {
+                    if let Some(t) = m.poll_timeout() {
+                        now = now.max(t);
+                        m.handle_timeout(now);
+                    }
+                }
+            }
+            settle!(m);
+        }
+    } else {
+        let limits = Limits {
+            max_entries: 64,
+            max_manifest_bytes: 1 << 20,
+        };
+        let mut m = if dialer {
+            SinkSession::<SimError>::dial(now, "peer", timing, limits, dial(u, false)?)
+        } else {
+            let mut m = SinkSession::accept(now, "peer", timing, limits, now + timing.handshake);
+            m.grant(now, info(u)?);
+            m
+        };
+        settle!(m);
+        while !u.is_empty() {
+            now += ms(u, 3000)?;
+            let stream = u.int_in_range(0..=4)?;
+            let chunk = u.int_in_range(0..=70)?;
+            match u.int_in_range(0..=9u8)? {
+                0..=2 => m.handle_control(now, arbitrary_control(u)?),
+                3 => m.stream_joined(now, stream),
+                4 => m.stream_failed(now, stream, err(u)?),
+                5 => {
+                    let _ = m.arrived(now, stream, chunk);
+                }
+                6 => m.chunk_written(now, chunk),
+                7 => m.ready(now, ChunkSet::all(chunks), chunks),
+                8 => m.finished(Summary {
+                    bytes: 0,
+                    files: 0,
+                    dirs: 0,
+                    symlinks: 0,
+                    chunks,
+                    verified: true,
+                }),
+                _ => {
+                    if let Some(t) = m.poll_timeout() {
+                        now = now.max(t);
+                        m.handle_timeout(now);
+                    }
+                }
+            }
+            settle!(m);
+        }
+    }
+    Ok(())
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut u = Unstructured::new(data);
+    let _ = match u.int_in_range(0..=1u8) {
+        Ok(0) => simulated(&mut u),
+        Ok(_) => single(&mut u),
+        Err(_) => return,
+    };
+});
