@@ -22,14 +22,11 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dmover_net::NetError;
-use dmover_net::chunkio::{ChunkOut, DataWrite, Locked, write_sealed};
-use dmover_net::stream::DataRead;
+use dmover_net::transport::{AckRx, ChunkFrame, ChunkTx, DataLink};
 use dmover_proto::control::Summary;
-use dmover_proto::data::{
-    ACK_LEN, DIGEST_LEN, FrameHeader, FrameKind, FrameLimits, HEADER_LEN, decode_ack, encode_ack,
-};
+use dmover_proto::data::{DIGEST_LEN, FrameHeader, FrameKind, FrameLimits};
 use parking_lot::Mutex;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::diskpool::DiskPool;
@@ -217,7 +214,7 @@ pub async fn send<S>(
     stall: Duration,
 ) -> Result<SendStats>
 where
-    S: AsyncRead + AsyncWrite + DataRead + DataWrite + Unpin + Send + 'static,
+    S: DataLink,
 {
     let total = source.chunks().count() as u64;
     let (ftx, frx) = async_channel::bounded::<Filled>(pool.count().max(1));
@@ -319,41 +316,6 @@ where
     })
 }
 
-/// Payload bytes sealed and written at a time (see `send_stream`): well inside a core's
-/// L2 cache.
-const SEND_WINDOW: usize = 1 << 20;
-
-/// Cuts `segments` into `pieces` so that none crosses a multiple of [`SEND_WINDOW`]
-/// payload bytes, and returns in `bounds` where each window's pieces start (and, last,
-/// where they end): window `i` is `pieces[bounds[i]..bounds[i + 1]]`. No segments: one
-/// empty window (a chunk's head still goes out).
-fn send_windows(
-    segments: &[(usize, usize)],
-    pieces: &mut Vec<(usize, usize)>,
-    bounds: &mut Vec<usize>,
-) {
-    pieces.clear();
-    bounds.clear();
-    bounds.push(0);
-    let mut fill = 0;
-    for &(mut o, mut l) in segments {
-        while l > 0 {
-            let k = l.min(SEND_WINDOW - fill);
-            pieces.push((o, k));
-            o += k;
-            l -= k;
-            fill += k;
-            if fill == SEND_WINDOW {
-                bounds.push(pieces.len());
-                fill = 0;
-            }
-        }
-    }
-    if bounds.len() == 1 || fill > 0 {
-        bounds.push(pieces.len());
-    }
-}
-
 pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
     w: &mut W,
     mut bufs: &mut [IoSlice<'_>],
@@ -375,15 +337,13 @@ async fn send_stream<S>(
     source: Arc<Source>,
     stall: Duration,
 ) where
-    S: AsyncRead + AsyncWrite + DataRead + DataWrite + Unpin,
+    S: DataLink,
 {
     let peer = s.peer;
-    let mut io = s.io;
     // The acknowledgement reader below times itself (`stall`, only while chunks are
     // outstanding): a stream with nothing in flight, waiting for work while another
     // stream's chunks are sent again, is idle, not broken.
-    io.reads_timed_by_caller();
-    let (mut rd, mut wr) = Locked::split(io);
+    let (mut tx, mut acks) = s.io.into_source();
     let unacked: Mutex<VecDeque<Sent>> = Mutex::new(VecDeque::new());
     // When the stream last made progress while chunks were outstanding: the moment the
     // first of them was queued to it, or the last acknowledgement.
@@ -395,8 +355,6 @@ async fn send_stream<S>(
     let io_err = |what, e| Error::data(what, &peer, e);
     let writer = async {
         let mut segments = Vec::new();
-        let mut out = ChunkOut::default();
-        let (mut pieces, mut bounds) = (Vec::new(), Vec::new());
         let mut sent = 0u64;
         loop {
             let item = tokio::select! {
@@ -421,41 +379,19 @@ async fn send_stream<S>(
             let layout = source.layout();
             let payload = layout.wire_len(item.chunk);
             layout.segments(item.chunk, &mut segments);
-            let header = FrameHeader {
-                kind: FrameKind::Chunk,
-                chunk: item.chunk,
-                n_digests: (item.trailer.len() / DIGEST_LEN) as u32,
-                payload_len: payload as u32,
-                crc: item.crc,
-            }
-            .encode();
-            // A sealing stream seals the chunk's records in its buffer and writes them
-            // from there (dmover_net::chunkio); the buffer is not used after this. A
-            // window at a time: its records are still in the CPU's cache when the socket
-            // copies them (a 16 MiB chunk is not).
             let mut item = item;
-            // Flushed: a stream may wrap its bytes in records it buffers, and a chunk
-            // left half in such a buffer while this stream waits for the next one would
-            // never be acknowledged.
+            let frame = ChunkFrame {
+                chunk: item.chunk,
+                crc: item.crc,
+                trailer: &item.trailer,
+                segments: &segments,
+            };
+            // The transport may seal the chunk's records in its buffer and write them
+            // from there (dmover_net::chunkio); the buffer is not used after this.
             let w = tokio::select! {
                 biased;
                 _ = run.cancelled() => return Err(Error::Aborted),
-                w = async {
-                    send_windows(&segments, &mut pieces, &mut bounds);
-                    for (i, w) in bounds.windows(2).enumerate() {
-                        let head: &[&[u8]] = if i == 0 {
-                            &[&header, &item.trailer]
-                        } else {
-                            &[]
-                        };
-                        let window = &pieces[w[0]..w[1]];
-                        wr.with(|s| s.seal_chunk(head, &mut item.buf, window, &mut out));
-                        let mut iov = Vec::with_capacity(2 + 3 * window.len());
-                        out.slices(&item.buf, &mut iov);
-                        write_sealed(&wr, &mut iov).await?;
-                    }
-                    wr.flush().await
-                } => w,
+                w = tx.send_chunk(frame, &mut item.buf) => w,
             };
             w.map_err(|e| io_err("sending data to", e))?;
             sent += 1;
@@ -463,16 +399,13 @@ async fn send_stream<S>(
             run.progress.bytes.fetch_add(payload, Ordering::Relaxed);
             run.progress.chunks.fetch_add(1, Ordering::Relaxed);
         }
-        wr.write_all(&FrameHeader::end(sent).encode())
+        tx.send_end(sent)
             .await
             .map_err(|e| io_err("sending data to", e))?;
-        wr.flush().await.map_err(|e| io_err("sending data to", e))?;
         Ok(())
     };
     let acker = async {
         let mut acked = 0u64;
-        let mut b = [0u8; ACK_LEN];
-        let mut have = 0;
         loop {
             // Idle (nothing outstanding): check again after `stall`. Busy: the limit
             // counts from the last progress, so a chunk queued to a stream that had
@@ -482,8 +415,8 @@ async fn send_stream<S>(
             } else {
                 *since.lock() + stall
             };
-            let r = tokio::time::timeout_at(deadline, rd.read(&mut b[have..])).await;
-            match r {
+            // Cancel-safe: a timeout keeps a partly read acknowledgement.
+            let c = match tokio::time::timeout_at(deadline, acks.recv_ack()).await {
                 Err(_) if unacked.lock().is_empty() => continue,
                 Err(_) if since.lock().elapsed() < stall => continue,
                 Err(_) => {
@@ -493,15 +426,12 @@ async fn send_stream<S>(
                         secs: stall.as_secs(),
                     });
                 }
-                Ok(Ok(0)) => return Error::Net(NetError::Closed { peer: peer.clone() }),
-                Ok(Ok(n)) => have += n,
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    return Error::Net(NetError::Closed { peer: peer.clone() });
+                }
                 Ok(Err(e)) => return io_err("reading acknowledgements from", e),
-            }
-            if have < ACK_LEN {
-                continue;
-            }
-            have = 0;
-            let c = decode_ack(b);
+                Ok(Ok(c)) => c,
+            };
             if c <= acked || c > written.load(Ordering::Acquire) {
                 return Error::protocol(
                     &peer,
@@ -600,7 +530,7 @@ pub async fn receive<S>(
     run: Arc<Run>,
 ) -> Result<(Summary, RecvStats)>
 where
-    S: AsyncRead + AsyncWrite + DataRead + Unpin + Send + 'static,
+    S: DataLink,
 {
     let n = sink.layout().n_chunks();
     let seen = Seen::new(n);
@@ -719,7 +649,7 @@ where
 
 async fn recv_stream<S>(mut s: DataStream<S>, sh: &Arc<RecvShared>) -> Result<u64, StreamEnd>
 where
-    S: AsyncRead + AsyncWrite + DataRead + Unpin,
+    S: DataLink,
 {
     let layout = sh.sink.layout();
     let n = layout.n_chunks();
@@ -748,12 +678,11 @@ where
     let mut segments = Vec::new();
     let mut got = 0u64;
     loop {
-        let mut hb = [0u8; HEADER_LEN];
-        tokio::select! {
+        let hb = tokio::select! {
             biased;
             _ = sh.run.cancelled() => return Err(aborted()),
-            r = s.io.read_exact(&mut hb) => { r.map_err(lost)?; }
-        }
+            r = s.io.recv_header() => r.map_err(lost)?,
+        };
         let h = FrameHeader::decode(&hb, &limits)
             .map_err(|e| StreamEnd::Fatal(Error::Net(NetError::proto(&peer, e))))?;
         if h.kind == FrameKind::End {
@@ -790,7 +719,7 @@ where
             biased;
             _ = sh.run.cancelled() => return Err(aborted()),
             b = async {
-                s.io.read_exact(&mut trailer).await?;
+                s.io.recv_into(&mut trailer).await?;
                 Ok::<_, std::io::Error>(sh.pool.get().await)
             } => b.map_err(lost)?,
         };
@@ -800,7 +729,7 @@ where
                 biased;
                 _ = sh.run.cancelled() => return Err(aborted()),
                 // Sealed records are opened straight into the pool buffer.
-                r = s.io.read_exact_into(&mut buf[off..off + len]) => { r.map_err(lost)?; }
+                r = s.io.recv_into(&mut buf[off..off + len]) => { r.map_err(lost)?; }
             }
         }
         sh.run.progress.bytes.fetch_add(expected, Ordering::Relaxed);
@@ -826,62 +755,10 @@ where
         } else {
             sh.duplicates.fetch_add(1, Ordering::Relaxed);
         }
-        let ack = encode_ack(got);
         tokio::select! {
             biased;
             _ = sh.run.cancelled() => return Err(aborted()),
-            r = async {
-                s.io.write_all(&ack).await?;
-                s.io.flush().await
-            } => { r.map_err(lost)?; }
+            r = s.io.send_ack(got) => { r.map_err(lost)?; }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn send_windows_cut_at_window_multiples_and_keep_every_byte() {
-        let w = SEND_WINDOW;
-        let (mut pieces, mut bounds) = (Vec::new(), Vec::new());
-        send_windows(&[], &mut pieces, &mut bounds);
-        assert_eq!((pieces.len(), bounds), (0, vec![0, 0]));
-        let mut bounds = Vec::new();
-        let segs = [
-            (0, 10),
-            (4096, w),
-            (4096 + w + 100, 2 * w + 5),
-            (9 * w, w - 10),
-        ];
-        send_windows(&segs, &mut pieces, &mut bounds);
-        // Same bytes, in order, each window at most SEND_WINDOW, all but the last full.
-        let flat: Vec<(usize, usize)> = pieces.clone();
-        let mut at = 0;
-        for &(o, l) in &segs {
-            let mut got = 0;
-            while got < l {
-                assert_eq!(flat[at].0, o + got);
-                got += flat[at].1;
-                at += 1;
-            }
-            assert_eq!(got, l);
-        }
-        assert_eq!(at, flat.len());
-        let sizes: Vec<usize> = bounds
-            .windows(2)
-            .map(|b| pieces[b[0]..b[1]].iter().map(|p| p.1).sum())
-            .collect();
-        let total: usize = segs.iter().map(|s| s.1).sum();
-        assert_eq!(sizes.iter().sum::<usize>(), total);
-        assert!(
-            sizes[..sizes.len() - 1].iter().all(|&s| s == w),
-            "{sizes:?}"
-        );
-        assert!(*sizes.last().unwrap() <= w && *sizes.last().unwrap() > 0);
-        // Exactly one window's worth: one window, no empty one after it.
-        send_windows(&[(0, w)], &mut pieces, &mut bounds);
-        assert_eq!(bounds, vec![0, 1]);
     }
 }

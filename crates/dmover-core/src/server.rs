@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use dmover_net::control::{ControlChannel, read_preamble, write_preamble};
+use dmover_net::fault::{FaultPlan, Faulty};
 use dmover_net::stream::DataIo;
 use dmover_net::tcp::{self, SocketOptions};
 use dmover_net::tls::ServerIdentity;
@@ -169,6 +170,8 @@ pub struct Server {
     per_user: Mutex<HashMap<String, usize>>,
     handshakes: Arc<Semaphore>,
     memory: Arc<Semaphore>,
+    /// Faults injected into every session's data streams (tests).
+    faults: Option<Arc<FaultPlan>>,
 }
 
 impl std::fmt::Debug for Server {
@@ -209,6 +212,12 @@ fn refused(code: ErrorCode, message: impl Into<String>) -> Error {
 impl Server {
     /// Opens the exports and starts the disk threads.
     pub fn new(cfg: ServerConfig) -> Result<Arc<Self>> {
+        Self::with_faults(cfg, None)
+    }
+
+    /// [`Server::new`], with faults injected into every session's data streams (for
+    /// tests: [`dmover_net::fault`]).
+    pub fn with_faults(cfg: ServerConfig, faults: Option<Arc<FaultPlan>>) -> Result<Arc<Self>> {
         if cfg.exports.is_empty() {
             return Err(refused(ErrorCode::NotFound, "no export to serve"));
         }
@@ -253,6 +262,7 @@ impl Server {
             per_user: Mutex::new(HashMap::new()),
             handshakes: Arc::new(Semaphore::new(cfg.max_handshakes.max(1))),
             memory: Arc::new(Semaphore::new(units)),
+            faults,
             cfg,
         }))
     }
@@ -888,7 +898,7 @@ impl Server {
                 let sink = resume_sink(&self.disk, ch, hb, sink, so.resume).await?;
                 let sink = Arc::new(sink);
                 ch.send(&Control::Go).await?;
-                let streams = collect_streams(&mut rx, streams, peer).await?;
+                let streams = self.faulty(collect_streams(&mut rx, streams, peer).await?);
                 let pool = Pool::new(count, chunk as usize);
                 let result = session::watch_control(
                     ch,
@@ -942,7 +952,7 @@ impl Server {
                     other => return Err(unexpected(peer, other, "Go")),
                 }
                 let source = Arc::new(source);
-                let streams = collect_streams(&mut rx, streams, peer).await?;
+                let streams = self.faulty(collect_streams(&mut rx, streams, peer).await?);
                 let pool = Pool::new(count, chunk as usize);
                 let (stats, early) = session::watch_control(
                     ch,
@@ -1010,6 +1020,20 @@ async fn next_options<S: AsyncRead + AsyncWrite + Unpin>(
 }
 
 /// Waits for all `n` data streams of a session to join.
+impl Server {
+    /// The session's data streams with this server's injected faults (none: as they
+    /// are, one branch per chunk).
+    fn faulty(&self, streams: Vec<DataStream<DataIo>>) -> Vec<DataStream<Faulty<DataIo>>> {
+        streams
+            .into_iter()
+            .map(|s| DataStream {
+                io: Faulty::new(s.io, self.faults.clone()),
+                peer: s.peer,
+            })
+            .collect()
+    }
+}
+
 async fn collect_streams(
     rx: &mut mpsc::Receiver<(u16, DataStream<DataIo>)>,
     n: u16,

@@ -12,15 +12,20 @@
 //!   AES-256-GCM records ([`stream::Sealed`]), with idle timeouts either way.
 //! - [`chunkio`]: whole chunks written with their records sealed where the bytes lie
 //!   (no copy into a record buffer), and a lock-shared read/write split that reaches it.
+//! - [`transport`]: the seam the engine writes and reads chunks through
+//!   ([`transport::DataLink`]), with [`stream::DataIo`] as its first implementation;
+//!   [`fault`] wraps any of them with injected delays and cuts, for tests.
 //! - [`zerocopy`]: `MSG_ZEROCOPY` sends with completion reaping, reporting when the
 //!   kernel copied after all.
 
 pub mod chunkio;
 pub mod control;
+pub mod fault;
 pub mod known_hosts;
 pub mod stream;
 pub mod tcp;
 pub mod tls;
+pub mod transport;
 pub mod zerocopy;
 
 /// The control connection's stream: TLS over TCP, client or server side.

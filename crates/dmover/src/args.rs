@@ -205,6 +205,10 @@ pub struct ServeArgs {
     /// Fault injection for tests: sleep this many milliseconds per chunk read or written.
     #[arg(long, hide = true)]
     pub debug_chunk_delay_ms: Option<u64>,
+    /// Fault injection for tests: cut the first data stream whose chunk payload passes
+    /// BYTES, in the middle of a chunk (once); `BYTES:reset` cuts with a TCP reset.
+    #[arg(long, hide = true, value_name = "BYTES[:reset]")]
+    pub debug_cut_stream_after: Option<String>,
 }
 
 #[derive(Debug, Args)]

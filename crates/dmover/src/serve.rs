@@ -109,7 +109,21 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         congestion: a.congestion.clone(),
     };
     cfg.socket = socket.clone();
+    let cut = match a.debug_cut_stream_after.as_deref() {
+        None => None,
+        Some(v) => {
+            let (n, reset) = match v.strip_suffix(":reset") {
+                Some(n) => (n, true),
+                None => (v, false),
+            };
+            let n: u64 = n
+                .parse()
+                .with_context(|| format!("--debug-cut-stream-after {v}: not a byte count"))?;
+            Some((n, reset))
+        }
+    };
     cfg.chunk_delay = a.debug_chunk_delay_ms.map(Duration::from_millis);
+    let faults = cut.map(|c| dmover_net::fault::FaultPlan::new(Some(c)));
     let exports: Vec<String> = cfg
         .exports
         .iter()
@@ -130,7 +144,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
             )
         })
         .collect();
-    let server = Server::new(cfg)?;
+    let server = Server::with_faults(cfg, faults)?;
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(a.net_threads.map_or(cores, |n| n as usize))

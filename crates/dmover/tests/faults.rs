@@ -9,11 +9,8 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -228,94 +225,11 @@ fn killed_client_or_server_then_resume_loses_and_corrupts_nothing() {
     );
 }
 
-/// How a proxied data stream is cut.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Cut {
-    /// Both directions shut down (FIN).
-    Close,
-    /// Reset (SO_LINGER 0, then close).
-    Reset,
-}
-
-/// A TCP proxy in front of a server that cuts the first data stream to carry more
-/// than `after` bytes towards the receiving side.
-struct Proxy {
-    addr: String,
-    cut_done: Arc<AtomicBool>,
-}
-
-fn pump(mut from: TcpStream, mut to: TcpStream, watch: Option<(usize, Cut, Arc<AtomicBool>)>) {
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut moved = 0usize;
-    loop {
-        let n = match from.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        if let Some((after, how, done)) = &watch {
-            if moved + n > *after && !done.swap(true, Ordering::SeqCst) {
-                // Forward up to the cut point, in the middle of a frame, then cut.
-                let _ = to.write_all(&buf[..after - moved]);
-                for sock in [&from, &to] {
-                    if *how == Cut::Reset {
-                        let _ = socket2::SockRef::from(sock).set_linger(Some(Duration::ZERO));
-                    }
-                    let _ = sock.shutdown(Shutdown::Both);
-                }
-                return;
-            }
-        }
-        if to.write_all(&buf[..n]).is_err() {
-            break;
-        }
-        moved += n;
-    }
-    let _ = to.shutdown(Shutdown::Write);
-}
-
-impl Proxy {
-    fn start(upstream: &str, downstream_is_client: bool, after: usize, how: Cut) -> Proxy {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap().to_string();
-        let cut_done = Arc::new(AtomicBool::new(false));
-        let done = cut_done.clone();
-        let upstream = upstream.to_string();
-        std::thread::spawn(move || {
-            let conns = AtomicUsize::new(0);
-            for c in l.incoming() {
-                let Ok(client) = c else { break };
-                let Ok(server) = TcpStream::connect(&upstream) else {
-                    continue;
-                };
-                // The first connection is the control channel; the rest are data.
-                let data = conns.fetch_add(1, Ordering::SeqCst) > 0;
-                let watch = data.then(|| (after, how, done.clone()));
-                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                let (to_server, to_client) = if downstream_is_client {
-                    (None, watch)
-                } else {
-                    (watch, None)
-                };
-                std::thread::spawn(move || pump(client, server, to_server));
-                std::thread::spawn(move || pump(s2, c2, to_client));
-            }
-        });
-        Proxy { addr, cut_done }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("dmover://{}/{}", self.addr, path)
-    }
-}
-
 #[test]
 fn a_data_stream_cut_mid_transfer_is_survived() {
-    for (push, how) in [
-        (true, Cut::Close),
-        (true, Cut::Reset),
-        (false, Cut::Close),
-        (false, Cut::Reset),
-    ] {
+    // The server's data streams are cut by its fault injector (dmover_net::fault):
+    // the one receiving in a push, the one sending in a pull.
+    for (push, reset) in [(true, false), (true, true), (false, false), (false, true)] {
         let t = tmp();
         let root = t.path().join("root");
         let src = if push {
@@ -325,22 +239,26 @@ fn a_data_stream_cut_mid_transfer_is_survived() {
         };
         mixed_tree(&src);
         std::fs::create_dir_all(&root).unwrap();
-        let srv = Server::start(&root, &["--debug-chunk-delay-ms", "5"]);
         // Cut after a megabyte and a bit: mid-frame, so at least one chunk is lost.
-        let proxy = Proxy::start(&srv.addr, !push, (1 << 20) + 1000, how);
+        let cut = format!("{}{}", (1 << 20) + 1000, if reset { ":reset" } else { "" });
+        let srv = Server::start(
+            &root,
+            &[
+                "--debug-chunk-delay-ms",
+                "5",
+                "--debug-cut-stream-after",
+                &cut,
+            ],
+        );
         let dest = t.path().join("dest");
         let o = if push {
-            cp(&["--json", "--chunk", "64K", s(&src), &proxy.url("")])
+            cp(&["--json", "--chunk", "64K", s(&src), &srv.url("")])
         } else {
-            cp(&["--json", "--chunk", "64K", &proxy.url("src"), s(&dest)])
+            cp(&["--json", "--chunk", "64K", &srv.url("src"), s(&dest)])
         };
         ok(&o);
-        assert!(
-            proxy.cut_done.load(Ordering::SeqCst),
-            "the proxy cut a stream"
-        );
         let j = json(&o);
-        eprintln!("push={push} {how:?}: {j}");
+        eprintln!("push={push} reset={reset}: {j}");
         assert!(j["streams_lost"].as_u64().unwrap() >= 1, "{j}");
         assert!(j["retries"].as_u64().unwrap() >= 1, "{j}");
         assert!(j["bytes_sent"].as_u64().unwrap() >= j["bytes"].as_u64().unwrap());

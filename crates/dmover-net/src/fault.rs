@@ -1,0 +1,171 @@
+//! Faults injected at the transport seam, for tests (the idea of WDT's network error
+//! simulator): a [`Faulty`] data stream behaves as the one it wraps, except that it
+//! may break the connection in the middle of a chunk. With no plan it is the stream it
+//! wraps (one branch per chunk). Slow storage is the storage's fault, not the
+//! transport's: `dmover serve --debug-chunk-delay-ms` slows the server's reads and
+//! writes.
+//!
+//! The plan comes from the application (`dmover serve`'s hidden `--debug-*` flags, or
+//! a test); no option struct of the engine carries it.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use dmover_proto::data::HEADER_LEN;
+
+use crate::transport::{ChunkFrame, ChunkTx, DataLink};
+
+/// What goes wrong, shared by every data stream it is given to.
+#[derive(Debug, Default)]
+pub struct FaultPlan {
+    /// The first stream whose chunk payload passes this many bytes (sent or received)
+    /// is cut in the middle of that chunk; `true`: with a TCP reset. Once per plan.
+    pub cut_after: Option<(u64, bool)>,
+    cut_done: AtomicBool,
+}
+
+impl FaultPlan {
+    /// A plan that cuts one stream.
+    pub fn new(cut_after: Option<(u64, bool)>) -> Arc<Self> {
+        Arc::new(FaultPlan {
+            cut_after,
+            cut_done: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether a stream was cut.
+    pub fn cut_done(&self) -> bool {
+        self.cut_done.load(Ordering::SeqCst)
+    }
+
+    /// Whether a stream that moved `moved` bytes and is about to move `more` is the one
+    /// to cut (true once).
+    fn cuts(&self, moved: u64, more: u64) -> Option<bool> {
+        let (after, reset) = self.cut_after?;
+        (moved + more > after && !self.cut_done.swap(true, Ordering::SeqCst)).then_some(reset)
+    }
+}
+
+fn cut_error() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionReset,
+        "connection cut (fault injection)",
+    )
+}
+
+/// A data stream with faults from a [`FaultPlan`] (none: the stream itself).
+pub struct Faulty<L> {
+    inner: L,
+    plan: Option<Arc<FaultPlan>>,
+    moved: u64,
+    cut: bool,
+}
+
+impl<L> Faulty<L> {
+    /// Wraps `inner` with `plan`'s faults.
+    pub fn new(inner: L, plan: Option<Arc<FaultPlan>>) -> Self {
+        Faulty {
+            inner,
+            plan,
+            moved: 0,
+            cut: false,
+        }
+    }
+
+    /// The stream it wraps.
+    pub fn get_ref(&self) -> &L {
+        &self.inner
+    }
+}
+
+/// The chunk-writing half of a [`Faulty`] stream.
+pub struct FaultyTx<T> {
+    inner: T,
+    plan: Option<Arc<FaultPlan>>,
+    moved: u64,
+    cut: bool,
+}
+
+impl<L: DataLink> DataLink for Faulty<L> {
+    type Tx = FaultyTx<L::Tx>;
+    type Acks = L::Acks;
+
+    fn into_source(self) -> (Self::Tx, Self::Acks) {
+        let (tx, acks) = self.inner.into_source();
+        (
+            FaultyTx {
+                inner: tx,
+                plan: self.plan,
+                moved: self.moved,
+                cut: self.cut,
+            },
+            acks,
+        )
+    }
+
+    async fn recv_header(&mut self) -> io::Result<[u8; HEADER_LEN]> {
+        if self.cut {
+            return Err(cut_error());
+        }
+        self.inner.recv_header().await
+    }
+
+    async fn recv_into(&mut self, dst: &mut [u8]) -> io::Result<()> {
+        if self.cut {
+            return Err(cut_error());
+        }
+        let more = dst.len() as u64;
+        if let Some(reset) = self.plan.as_ref().and_then(|p| p.cuts(self.moved, more)) {
+            // In the middle of a frame: its chunk is lost with the stream.
+            self.cut = true;
+            self.inner.cut(reset);
+            return Err(cut_error());
+        }
+        self.inner.recv_into(dst).await?;
+        self.moved += more;
+        Ok(())
+    }
+
+    async fn send_ack(&mut self, frames: u64) -> io::Result<()> {
+        if self.cut {
+            return Err(cut_error());
+        }
+        self.inner.send_ack(frames).await
+    }
+
+    fn cut(&mut self, reset: bool) {
+        self.cut = true;
+        self.inner.cut(reset);
+    }
+}
+
+impl<T: ChunkTx> ChunkTx for FaultyTx<T> {
+    async fn send_chunk(&mut self, f: ChunkFrame<'_>, buf: &mut [u8]) -> io::Result<()> {
+        if self.cut {
+            return Err(cut_error());
+        }
+        if let Some(p) = &self.plan {
+            let more = f.payload_len() as u64;
+            if let Some(reset) = p.cuts(self.moved, more) {
+                self.cut = true;
+                self.inner.cut(reset);
+                return Err(cut_error());
+            }
+            self.moved += more;
+        }
+        self.inner.send_chunk(f, buf).await
+    }
+
+    async fn send_end(&mut self, sent: u64) -> io::Result<()> {
+        if self.cut {
+            return Err(cut_error());
+        }
+        self.inner.send_end(sent).await
+    }
+
+    fn cut(&mut self, reset: bool) {
+        self.cut = true;
+        self.inner.cut(reset);
+    }
+}

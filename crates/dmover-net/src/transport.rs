@@ -1,0 +1,453 @@
+//! The transport seam: what the engine does with a joined data stream, and nothing of
+//! how. A source writes chunk frames and reads acknowledgements; a sink reads chunk
+//! frames and writes acknowledgements. Whether the bytes go through TCP, AES-GCM
+//! records sealed in place ([`crate::chunkio`]), a join whose answer is still pending
+//! ([`DataIo::awaiting_join`]) or a fault injector ([`crate::fault`]) is the
+//! implementation's business: the engine names none of them.
+//!
+//! A data stream ([`DataLink`]) splits into a sending half ([`LinkTx`]) and a receiving
+//! half ([`LinkRx`]) that two tasks, or two branches of one `select!`, may drive at
+//! once. [`DataIo`] over any byte stream is the first implementation.
+//!
+//! Chunk payloads are never copied for the seam's sake: [`LinkTx::send_chunk`] takes
+//! the pool buffer the chunk was read into and the segments of it that travel (a
+//! sealing stream seals its records in that buffer), and [`LinkRx::recv_into`] fills a
+//! caller's buffer straight from the stream (a sealing stream opens records in it).
+
+use std::future::Future;
+use std::io;
+
+use dmover_proto::data::{
+    ACK_LEN, DIGEST_LEN, FrameHeader, FrameKind, HEADER_LEN, decode_ack, encode_ack,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::chunkio::{ChunkOut, DataWrite, Locked, ReadSide, WriteSide, write_sealed};
+use crate::stream::{DataIo, DataRead};
+
+/// Payload bytes sealed and written at a time: well inside a core's L2 cache, so a
+/// window's records are still in the cache when the socket copies them (a 16 MiB chunk
+/// is not).
+pub const SEND_WINDOW: usize = 1 << 20;
+
+/// A chunk frame to send: its header fields and where its payload lies in the buffer.
+#[derive(Debug, Clone, Copy)]
+pub struct ChunkFrame<'a> {
+    /// The chunk.
+    pub chunk: u64,
+    /// CRC32C of the payload, when checksums are on.
+    pub crc: Option<u32>,
+    /// The digest entries that follow the header.
+    pub trailer: &'a [u8],
+    /// `(offset, length)` runs of the buffer that make the payload, in order.
+    pub segments: &'a [(usize, usize)],
+}
+
+impl ChunkFrame<'_> {
+    /// Payload bytes on the wire.
+    pub fn payload_len(&self) -> usize {
+        self.segments.iter().map(|s| s.1).sum()
+    }
+
+    /// The encoded frame header.
+    pub fn header(&self) -> [u8; HEADER_LEN] {
+        FrameHeader {
+            kind: FrameKind::Chunk,
+            chunk: self.chunk,
+            n_digests: (self.trailer.len() / DIGEST_LEN) as u32,
+            payload_len: self.payload_len() as u32,
+            crc: self.crc,
+        }
+        .encode()
+    }
+}
+
+/// A joined data stream. A sink uses it whole (it reads a frame, then acknowledges
+/// it); a source splits it ([`DataLink::into_source`]) to write chunks and read
+/// acknowledgements at once.
+pub trait DataLink: Send + 'static {
+    /// The half that writes chunk frames.
+    type Tx: ChunkTx;
+    /// The half that reads acknowledgements.
+    type Acks: AckRx;
+
+    /// Splits the stream for a source. The caller times the acknowledgement reader's
+    /// waits itself (it is rightly idle while nothing is in flight), so the stream's
+    /// own idle limit no longer applies to reads; writes keep theirs.
+    fn into_source(self) -> (Self::Tx, Self::Acks);
+
+    /// Reads the next frame header's bytes (decode them with [`FrameHeader::decode`]).
+    fn recv_header(&mut self) -> impl Future<Output = io::Result<[u8; HEADER_LEN]>> + Send;
+
+    /// Fills `dst` from the stream (a frame's digest trailer or a run of its payload);
+    /// an end of stream before it is full is an `UnexpectedEof` error. Dropping the
+    /// future before it completes may leave the stream unusable.
+    fn recv_into<'a>(
+        &'a mut self,
+        dst: &'a mut [u8],
+    ) -> impl Future<Output = io::Result<()>> + Send + 'a;
+
+    /// Writes an acknowledgement of `frames` chunk frames in all, and flushes.
+    fn send_ack(&mut self, frames: u64) -> impl Future<Output = io::Result<()>> + Send;
+
+    /// Breaks the connection at once, both ways (`reset`: with a TCP reset, losing
+    /// what is unread), for fault injection.
+    fn cut(&mut self, reset: bool);
+}
+
+/// The half of a source's data stream that writes chunk frames.
+pub trait ChunkTx: Send + 'static {
+    /// Writes chunk frame `f` with its payload from `buf`, and flushes. `buf`'s bytes
+    /// may be changed (records sealed in place): it is not to be used afterwards.
+    fn send_chunk(
+        &mut self,
+        f: ChunkFrame<'_>,
+        buf: &mut [u8],
+    ) -> impl Future<Output = io::Result<()>> + Send;
+
+    /// Writes the `END` frame after `sent` chunks, and flushes.
+    fn send_end(&mut self, sent: u64) -> impl Future<Output = io::Result<()>> + Send;
+
+    /// Breaks the connection at once (see [`DataLink::cut`]).
+    fn cut(&mut self, reset: bool);
+}
+
+/// The half of a source's data stream that reads acknowledgements.
+pub trait AckRx: Send + 'static {
+    /// Reads the next acknowledgement: the count of chunk frames received in all. An
+    /// end of stream is an `UnexpectedEof` error. Cancel-safe: a wait cut short (by a
+    /// timeout) keeps the bytes that arrived for the next call.
+    fn recv_ack(&mut self) -> impl Future<Output = io::Result<u64>> + Send;
+}
+
+/// A connection that can be broken on purpose.
+pub trait Cut {
+    /// Shuts the connection down both ways (`reset`: with a TCP reset).
+    fn cut(&self, reset: bool);
+}
+
+impl Cut for tokio::net::TcpStream {
+    fn cut(&self, reset: bool) {
+        let s = socket2::SockRef::from(self);
+        if reset {
+            let _ = s.set_linger(Some(std::time::Duration::ZERO));
+        }
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl Cut for tokio::io::DuplexStream {
+    /// An in-memory pipe cannot be shut down from a shared reference: the cutting side
+    /// fails its own reads and writes from then on (see [`crate::fault`]).
+    fn cut(&self, _reset: bool) {}
+}
+
+/// Cuts `segments` into `pieces` so that none crosses a multiple of [`SEND_WINDOW`]
+/// payload bytes, and returns in `bounds` where each window's pieces start (and, last,
+/// where they end): window `i` is `pieces[bounds[i]..bounds[i + 1]]`. No segments: one
+/// empty window (a chunk's head still goes out).
+pub fn send_windows(
+    segments: &[(usize, usize)],
+    pieces: &mut Vec<(usize, usize)>,
+    bounds: &mut Vec<usize>,
+) {
+    pieces.clear();
+    bounds.clear();
+    bounds.push(0);
+    let mut fill = 0;
+    for &(mut o, mut l) in segments {
+        while l > 0 {
+            let k = l.min(SEND_WINDOW - fill);
+            pieces.push((o, k));
+            o += k;
+            l -= k;
+            fill += k;
+            if fill == SEND_WINDOW {
+                bounds.push(pieces.len());
+                fill = 0;
+            }
+        }
+    }
+    if bounds.len() == 1 || fill > 0 {
+        bounds.push(pieces.len());
+    }
+}
+
+/// The chunk-writing half of a split [`DataIo`] (or any [`DataWrite`] stream).
+pub struct IoTx<S> {
+    w: WriteSide<S>,
+    out: ChunkOut,
+    pieces: Vec<(usize, usize)>,
+    bounds: Vec<usize>,
+}
+
+/// The acknowledgement-reading half of a split [`DataIo`].
+pub struct IoAcks<S> {
+    r: ReadSide<S>,
+    ack: [u8; ACK_LEN],
+    have: usize,
+}
+
+impl<S> DataLink for DataIo<S>
+where
+    S: AsyncRead + AsyncWrite + Cut + Unpin + Send + 'static,
+{
+    type Tx = IoTx<DataIo<S>>;
+    type Acks = IoAcks<DataIo<S>>;
+
+    fn into_source(mut self) -> (Self::Tx, Self::Acks) {
+        self.reads_timed_by_caller();
+        let (r, w) = Locked::split(self);
+        (
+            IoTx {
+                w,
+                out: ChunkOut::default(),
+                pieces: Vec::new(),
+                bounds: Vec::new(),
+            },
+            IoAcks {
+                r,
+                ack: [0; ACK_LEN],
+                have: 0,
+            },
+        )
+    }
+
+    async fn recv_header(&mut self) -> io::Result<[u8; HEADER_LEN]> {
+        let mut h = [0u8; HEADER_LEN];
+        self.read_exact(&mut h).await?;
+        Ok(h)
+    }
+
+    fn recv_into<'a>(
+        &'a mut self,
+        dst: &'a mut [u8],
+    ) -> impl Future<Output = io::Result<()>> + Send + 'a {
+        self.read_exact_into(dst)
+    }
+
+    async fn send_ack(&mut self, frames: u64) -> io::Result<()> {
+        self.write_all(&encode_ack(frames)).await?;
+        self.flush().await
+    }
+
+    fn cut(&mut self, reset: bool) {
+        self.get_ref().cut(reset);
+    }
+}
+
+impl<S> ChunkTx for IoTx<DataIo<S>>
+where
+    S: AsyncRead + AsyncWrite + Cut + Unpin + Send + 'static,
+{
+    async fn send_chunk(&mut self, f: ChunkFrame<'_>, buf: &mut [u8]) -> io::Result<()> {
+        let header = f.header();
+        send_windows(f.segments, &mut self.pieces, &mut self.bounds);
+        for (i, b) in self.bounds.windows(2).enumerate() {
+            let head: &[&[u8]] = if i == 0 { &[&header, f.trailer] } else { &[] };
+            let window = &self.pieces[b[0]..b[1]];
+            let out = &mut self.out;
+            self.w.with(|s| s.seal_chunk(head, buf, window, out));
+            let mut iov = Vec::with_capacity(2 + 3 * window.len());
+            self.out.slices(buf, &mut iov);
+            write_sealed(&self.w, &mut iov).await?;
+        }
+        // Flushed: a stream may wrap its bytes in records it buffers, and a chunk left
+        // half in such a buffer while this stream waits for the next one would never be
+        // acknowledged.
+        self.w.flush().await
+    }
+
+    async fn send_end(&mut self, sent: u64) -> io::Result<()> {
+        self.w.write_all(&FrameHeader::end(sent).encode()).await?;
+        self.w.flush().await
+    }
+
+    fn cut(&mut self, reset: bool) {
+        self.w.with(|s| s.get_ref().cut(reset));
+    }
+}
+
+impl<S> AckRx for IoAcks<DataIo<S>>
+where
+    S: AsyncRead + AsyncWrite + Cut + Unpin + Send + 'static,
+{
+    async fn recv_ack(&mut self) -> io::Result<u64> {
+        while self.have < ACK_LEN {
+            let n = self.r.read(&mut self.ack[self.have..]).await?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the data stream ended",
+                ));
+            }
+            self.have += n;
+        }
+        self.have = 0;
+        Ok(decode_ack(self.ack))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fault::{FaultPlan, Faulty};
+    use dmover_proto::auth::Role;
+    use dmover_proto::control::DataProtection;
+    use dmover_proto::data::FrameLimits;
+
+    fn pair(
+        p: DataProtection,
+    ) -> (
+        DataIo<tokio::io::DuplexStream>,
+        DataIo<tokio::io::DuplexStream>,
+    ) {
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let key = [9u8; 32];
+        (
+            DataIo::new(a, p, &key, 0, Role::Client, None),
+            DataIo::new(b, p, &key, 0, Role::Server, None),
+        )
+    }
+
+    /// Chunks written through the seam arrive as frames with their trailer and payload
+    /// byte for byte, acknowledgements come back, and END closes the stream, for every
+    /// protection.
+    #[tokio::test]
+    async fn chunks_and_acks_cross_the_seam_unchanged() {
+        for p in [
+            DataProtection::Plain,
+            DataProtection::Authenticated,
+            DataProtection::Encrypted,
+        ] {
+            let (src, mut dst) = pair(p);
+            let (mut tx, mut acks) = src.into_source();
+            let data: Vec<u8> = (0..3 * SEND_WINDOW + 77)
+                .map(|i| (i * 31 % 251) as u8)
+                .collect();
+            let segs = [(0, 5000), (8192, 2 * SEND_WINDOW), (3 * SEND_WINDOW, 77)];
+            let want: Vec<u8> = segs
+                .iter()
+                .flat_map(|&(o, l)| data[o..o + l].to_vec())
+                .collect();
+            let trailer = vec![7u8; DIGEST_LEN * 2];
+            let sender = tokio::spawn(async move {
+                for k in 0..3u64 {
+                    let mut buf = data.clone();
+                    let f = ChunkFrame {
+                        chunk: k,
+                        crc: Some(k as u32),
+                        trailer: &trailer,
+                        segments: &segs,
+                    };
+                    tx.send_chunk(f, &mut buf).await.unwrap();
+                    assert_eq!(acks.recv_ack().await.unwrap(), k + 1);
+                }
+                tx.send_end(3).await.unwrap();
+            });
+            let limits = FrameLimits {
+                max_payload: 1 << 26,
+                max_digests: 16,
+            };
+            for k in 0..3u64 {
+                let h = FrameHeader::decode(&dst.recv_header().await.unwrap(), &limits).unwrap();
+                assert_eq!(
+                    (h.kind, h.chunk, h.crc, h.n_digests),
+                    (FrameKind::Chunk, k, Some(k as u32), 2)
+                );
+                let mut tr = vec![0u8; DIGEST_LEN * 2];
+                dst.recv_into(&mut tr).await.unwrap();
+                assert_eq!(tr, vec![7u8; DIGEST_LEN * 2]);
+                let mut got = vec![0u8; h.payload_len as usize];
+                dst.recv_into(&mut got).await.unwrap();
+                assert!(got == want, "{p:?}: chunk {k} payload differs");
+                dst.send_ack(k + 1).await.unwrap();
+            }
+            let end = FrameHeader::decode(&dst.recv_header().await.unwrap(), &limits).unwrap();
+            assert_eq!((end.kind, end.chunk), (FrameKind::End, 3));
+            sender.await.unwrap();
+        }
+    }
+
+    /// A plan's cut breaks the first stream that passes its byte count, once, in the
+    /// middle of a chunk, on the sending and on the receiving side.
+    #[tokio::test]
+    async fn a_fault_plan_cuts_one_stream_once_mid_chunk() {
+        let plan = FaultPlan::new(Some((10_000, false)));
+        let (src, _dst) = pair(DataProtection::Plain);
+        let (mut tx, _acks) = Faulty::new(src, Some(plan.clone())).into_source();
+        let segs = [(0, 6000)];
+        let mut buf = vec![0u8; 6000];
+        let f = ChunkFrame {
+            chunk: 0,
+            crc: None,
+            trailer: &[],
+            segments: &segs,
+        };
+        tx.send_chunk(f, &mut buf).await.unwrap();
+        let e = tx.send_chunk(f, &mut buf).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+        assert!(plan.cut_done());
+        assert!(tx.send_end(1).await.is_err(), "a cut stream stays cut");
+        // Once per plan: another stream is left alone.
+        let (src2, _dst2) = pair(DataProtection::Plain);
+        let (mut tx2, _a) = Faulty::new(src2, Some(plan.clone())).into_source();
+        tx2.send_chunk(f, &mut buf).await.unwrap();
+        tx2.send_chunk(f, &mut buf).await.unwrap();
+        // The receiving side of a fresh plan cuts inside a payload.
+        let plan = FaultPlan::new(Some((4000, true)));
+        let (src3, dst3) = pair(DataProtection::Plain);
+        let (mut tx3, _a3) = src3.into_source();
+        tx3.send_chunk(f, &mut buf).await.unwrap();
+        let mut rx = Faulty::new(dst3, Some(plan.clone()));
+        rx.recv_header().await.unwrap();
+        let mut got = vec![0u8; 6000];
+        let e = rx.recv_into(&mut got).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+        assert!(plan.cut_done());
+        assert!(rx.send_ack(1).await.is_err());
+    }
+
+    #[test]
+    fn send_windows_cut_at_window_multiples_and_keep_every_byte() {
+        let w = SEND_WINDOW;
+        let (mut pieces, mut bounds) = (Vec::new(), Vec::new());
+        send_windows(&[], &mut pieces, &mut bounds);
+        assert_eq!((pieces.len(), bounds), (0, vec![0, 0]));
+        let mut bounds = Vec::new();
+        let segs = [
+            (0, 10),
+            (4096, w),
+            (4096 + w + 100, 2 * w + 5),
+            (9 * w, w - 10),
+        ];
+        send_windows(&segs, &mut pieces, &mut bounds);
+        // Same bytes, in order, each window at most SEND_WINDOW, all but the last full.
+        let flat: Vec<(usize, usize)> = pieces.clone();
+        let mut at = 0;
+        for &(o, l) in &segs {
+            let mut got = 0;
+            while got < l {
+                assert_eq!(flat[at].0, o + got);
+                got += flat[at].1;
+                at += 1;
+            }
+            assert_eq!(got, l);
+        }
+        assert_eq!(at, flat.len());
+        let sizes: Vec<usize> = bounds
+            .windows(2)
+            .map(|b| pieces[b[0]..b[1]].iter().map(|p| p.1).sum())
+            .collect();
+        let total: usize = segs.iter().map(|s| s.1).sum();
+        assert_eq!(sizes.iter().sum::<usize>(), total);
+        assert!(
+            sizes[..sizes.len() - 1].iter().all(|&s| s == w),
+            "{sizes:?}"
+        );
+        assert!(*sizes.last().unwrap() <= w && *sizes.last().unwrap() > 0);
+        // Exactly one window's worth: one window, no empty one after it.
+        send_windows(&[(0, w)], &mut pieces, &mut bounds);
+        assert_eq!(bounds, vec![0, 1]);
+    }
+}
