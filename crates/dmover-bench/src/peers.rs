@@ -122,13 +122,14 @@ impl Tool {
         }
     }
 
-    /// `Err(why)` when the tool cannot run here (missing programs, not root).
-    pub fn available(self) -> Result<(), String> {
+    /// `Err(why)` when the tool cannot run here (missing programs, not root); programs
+    /// are looked up in `path` (the caller's `PATH`), see [`find_program`].
+    pub fn available(self, path: &[PathBuf]) -> Result<(), String> {
         let (progs, pkg) = self.needs();
         let missing: Vec<&str> = progs
             .iter()
             .copied()
-            .filter(|p| find_program(p).is_none())
+            .filter(|p| find_program(p, path).is_none())
             .collect();
         if !missing.is_empty() {
             return Err(format!(
@@ -195,6 +196,8 @@ pub struct Layout {
     pub state: PathBuf,
     /// The dmover binary.
     pub dmover: PathBuf,
+    /// Directories programs are looked up in (the caller's `PATH`).
+    pub path: Vec<PathBuf>,
 }
 
 /// The running servers.
@@ -466,7 +469,7 @@ impl Servers {
                         key.display()
                     ),
                 )?;
-                let sshd = find_program("sshd").ok_or("sshd not found")?;
+                let sshd = find_program("sshd", &self.layout.path).ok_or("sshd not found")?;
                 let mut c = Command::new(sshd);
                 c.args(["-D", "-e", "-f"]).arg(&sshd_cfg);
                 self.spawn(k, port, &mut c, "sshd.log")

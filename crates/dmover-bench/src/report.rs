@@ -176,8 +176,9 @@ pub fn tool_version(program: &str, args: &[&str]) -> Option<String> {
         .map(str::to_string)
 }
 
-/// Whether `program` is an executable on `PATH` (or a path to one).
-pub fn find_program(program: &str) -> Option<PathBuf> {
+/// Whether `program` is an executable in one of the directories `path` (the caller's
+/// `PATH`), `/usr/sbin` or `/sbin` (or a path to one).
+pub fn find_program(program: &str, path: &[PathBuf]) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let is_exec = |p: &Path| {
         fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
@@ -186,9 +187,9 @@ pub fn find_program(program: &str) -> Option<PathBuf> {
         let p = PathBuf::from(program);
         return is_exec(&p).then_some(p);
     }
-    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin".into(), "/sbin".into()])
+    path.iter()
+        .map(PathBuf::as_path)
+        .chain([Path::new("/usr/sbin"), Path::new("/sbin")])
         .map(|d| d.join(program))
         .find(|p| is_exec(p))
 }
@@ -272,12 +273,13 @@ pub struct Report {
 }
 
 impl Report {
-    /// An empty report for `command`, started now.
-    pub fn new(command: &str, data_dir: &Path) -> Report {
+    /// An empty report for `command` run as `argv` (the full command line), started
+    /// now.
+    pub fn new(command: &str, argv: &[String], data_dir: &Path) -> Report {
         let (_, started) = timestamps(SystemTime::now());
         Report {
             command: command.into(),
-            argv: std::env::args().collect(),
+            argv: argv.to_vec(),
             started,
             seconds: 0.0,
             dmover_version: env!("CARGO_PKG_VERSION").into(),
@@ -419,7 +421,7 @@ mod tests {
 
     #[test]
     fn csv_columns_follow_first_appearance_and_quote() {
-        let mut r = Report::new("test", Path::new("/"));
+        let mut r = Report::new("test", &["dmover".into()], Path::new("/"));
         let row = |v: Value| v.as_object().unwrap().clone();
         r.push(row(json!({"tool": "cp", "gbit_per_s": 1.5})));
         r.push(row(

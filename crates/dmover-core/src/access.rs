@@ -368,21 +368,14 @@ impl ConfigFile {
     }
 }
 
-/// The default state directory: `/var/lib/dmover` for root, else
-/// `$XDG_STATE_HOME/dmover` or `~/.local/state/dmover`.
-pub fn default_state_dir() -> Option<PathBuf> {
+/// The default state directory: `/var/lib/dmover` for root, else `dmover` in the
+/// user's state directory `user_state_dir` (`$XDG_STATE_HOME`, else
+/// `$HOME/.local/state`, as the caller resolved it), if there is one.
+pub fn default_state_dir(user_state_dir: Option<&Path>) -> Option<PathBuf> {
     if rustix::process::geteuid().is_root() {
         return Some(PathBuf::from("/var/lib/dmover"));
     }
-    std::env::var_os("XDG_STATE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| PathBuf::from(h).join(".local/state"))
-        })
-        .map(|p| p.join("dmover"))
+    user_state_dir.map(|p| p.join("dmover"))
 }
 
 #[cfg(test)]

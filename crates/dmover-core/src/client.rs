@@ -4,10 +4,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use dmover_net::control::{ControlChannel, write_preamble};
-use dmover_net::known_hosts;
 use dmover_net::stream::DataIo;
 use dmover_net::tcp;
-use dmover_net::tls::{TlsConnector, Trust};
+use dmover_net::tls::TlsConnector;
 use dmover_net::{ControlStream, NetError};
 use dmover_proto::auth::{self, Role};
 use dmover_proto::control::{
@@ -306,15 +305,13 @@ impl Client {
 
     /// The TLS settings for connecting.
     fn connector(&self) -> Result<TlsConnector> {
-        let trust = match &self.opts.trust {
-            Some(t) => t.clone(),
-            None => Trust::KnownHosts(known_hosts::default_path().ok_or_else(|| {
-                Error::refused(
-                    ErrorCode::Unsupported,
-                    "no home directory for the known-hosts file: set DMOVER_KNOWN_HOSTS or pass --known-hosts",
-                )
-            })?),
-        };
+        // The caller resolves the default known-hosts file (it knows the home directory).
+        let trust = self.opts.trust.clone().ok_or_else(|| {
+            Error::refused(
+                ErrorCode::Unsupported,
+                "no home directory for the known-hosts file: set DMOVER_KNOWN_HOSTS or pass --known-hosts",
+            )
+        })?;
         Ok(TlsConnector::new(trust)?)
     }
 

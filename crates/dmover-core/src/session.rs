@@ -84,7 +84,8 @@ pub struct TransferOptions {
     pub token: Option<Vec<u8>>,
     /// Limit for connecting and for each handshake step.
     pub connect_timeout: Duration,
-    /// How to trust the server's TLS key (`None`: pin in the default known-hosts file).
+    /// How to trust the server's TLS key. `None` (no known-hosts file could be
+    /// named: the caller found no home directory) refuses to connect.
     pub trust: Option<dmover_net::tls::Trust>,
     /// User name sent to the server (empty: none).
     pub user: String,

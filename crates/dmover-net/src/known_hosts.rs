@@ -21,18 +21,11 @@ pub enum Pin {
     Added,
 }
 
-/// The default file: `$XDG_CONFIG_HOME/dmover/known_hosts`, else
-/// `$HOME/.config/dmover/known_hosts`.
-pub fn default_path() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| PathBuf::from(h).join(".config"))
-        })?;
-    Some(base.join("dmover").join("known_hosts"))
+/// The default file in the user's configuration directory `config_dir`
+/// (`$XDG_CONFIG_HOME`, else `$HOME/.config`, as the caller resolved it):
+/// `CONFIG_DIR/dmover/known_hosts`.
+pub fn default_path(config_dir: &Path) -> PathBuf {
+    config_dir.join("dmover").join("known_hosts")
 }
 
 /// Finds `host`'s line in the file's text: `(line number, fingerprint)`.

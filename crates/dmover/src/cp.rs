@@ -1,6 +1,7 @@
 //! `dmover cp`: push local sources to a server or pull a server's sources here.
 
 use std::io::IsTerminal;
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,25 +18,17 @@ use dmover_proto::control::DataProtection;
 
 use crate::args::{CpArgs, TransferArgs};
 use crate::endpoint::{self, Endpoint};
+use crate::env::Env;
 use crate::output::{self, Direction, ProgressBar};
 
 /// Builds transfer options from the command line and environment.
-pub fn transfer_options(a: &TransferArgs) -> anyhow::Result<TransferOptions> {
-    let token = match &a.token_file {
-        Some(f) => {
-            Some(std::fs::read(f).with_context(|| format!("reading token file {}", f.display()))?)
-        }
-        None => std::env::var_os("DMOVER_TOKEN")
-            .map(|t| std::os::unix::ffi::OsStrExt::as_bytes(t.as_os_str()).to_vec()),
-    };
-    if token.as_ref().is_some_and(|t| t.trim_ascii().is_empty()) {
-        bail!("the token is empty");
-    }
+pub fn transfer_options(a: &TransferArgs, env: &Env) -> anyhow::Result<TransferOptions> {
+    let token = read_token(a.token_file.as_deref(), env)?;
     let key = a.key.as_deref().map(ClientKey::load).transpose()?;
     let trust = match (&a.ca, &a.known_hosts) {
         (Some(ca), _) => Some(Trust::Ca(ca.clone())),
         (None, Some(kh)) => Some(Trust::KnownHosts(kh.clone())),
-        (None, None) => None,
+        (None, None) => env.known_hosts().map(Trust::KnownHosts),
     };
     Ok(TransferOptions {
         streams: a.streams,
@@ -68,6 +61,20 @@ pub fn transfer_options(a: &TransferArgs) -> anyhow::Result<TransferOptions> {
     })
 }
 
+/// The token for a server: from `file`, else `DMOVER_TOKEN`, else none.
+pub fn read_token(file: Option<&Path>, env: &Env) -> anyhow::Result<Option<Vec<u8>>> {
+    let token = match file {
+        Some(f) => {
+            Some(std::fs::read(f).with_context(|| format!("reading token file {}", f.display()))?)
+        }
+        None => env.token.clone(),
+    };
+    if token.as_ref().is_some_and(|t| t.trim_ascii().is_empty()) {
+        bail!("the token is empty");
+    }
+    Ok(token)
+}
+
 /// A tokio runtime for a client: network work only (disk work has its own threads).
 pub fn runtime(streams: u16) -> anyhow::Result<tokio::runtime::Runtime> {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -92,7 +99,7 @@ pub fn cancel_on_interrupt(rt: &tokio::runtime::Runtime, run: &Arc<Run>) {
     });
 }
 
-pub fn run(a: CpArgs) -> anyhow::Result<ExitCode> {
+pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
     let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
     let dst = endpoint::parse(dst).map_err(|e| anyhow::anyhow!("destination: {e}"))?;
     let srcs = srcs
@@ -101,7 +108,7 @@ pub fn run(a: CpArgs) -> anyhow::Result<ExitCode> {
             endpoint::parse(s).map_err(|e| anyhow::anyhow!("source {}: {e}", s.to_string_lossy()))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut opts = transfer_options(&a.transfer)?;
+    let mut opts = transfer_options(&a.transfer, env)?;
     let r = &a.reliability;
     opts.resume = r.resume;
     opts.retries = r.retries;

@@ -17,9 +17,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::args::DemoArgs;
 use crate::cp::{cancel_on_interrupt, runtime, transfer_options};
+use crate::env::Env;
 use crate::output::{self, Direction};
 
-pub fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
+pub fn run(a: DemoArgs, env: &Env) -> anyhow::Result<ExitCode> {
     let tmp = tempfile::Builder::new()
         .prefix("dmover-demo-")
         .tempdir()
@@ -33,7 +34,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<ExitCode> {
     let made = mkdata::generate(&src, &spec, None).context("generating the dataset")?;
     eprintln!("    {made}");
 
-    let mut opts = transfer_options(&a.transfer)?;
+    let mut opts = transfer_options(&a.transfer, env)?;
     opts.token = None;
     // The demo's server has a key made for it; pin it in the demo's own directory.
     opts.trust = Some(dmover_net::tls::Trust::KnownHosts(

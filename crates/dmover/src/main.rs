@@ -10,6 +10,7 @@ mod cp;
 mod credential;
 mod demo;
 mod endpoint;
+mod env;
 mod netlab;
 mod output;
 mod serve;
@@ -19,16 +20,19 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use crate::args::{Cli, Command};
+use crate::env::Env;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.verbose, cli.quiet_logs());
+    // The one read of the environment: everything below takes its values from `env`.
+    let env = Env::capture();
+    init_logging(cli.verbose, cli.quiet_logs(), env.log.as_deref());
     dmover_core::sys::raise_fd_limit();
     let result = match cli.command {
-        Command::Cp(a) => cp::run(a),
-        Command::Serve(a) => serve::run(a),
-        Command::Demo(a) => demo::run(a),
-        Command::Bench(a) => bench::run(a),
+        Command::Cp(a) => cp::run(a, &env),
+        Command::Serve(a) => serve::run(a, &env),
+        Command::Demo(a) => demo::run(a, &env),
+        Command::Bench(a) => bench::run(a, &env),
         Command::Credential(a) => credential::run(a),
         Command::Netlab(a) => netlab::run(a),
     };
@@ -41,7 +45,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(verbose: u8, quiet: bool) {
+/// Logs to stderr: `log` (`DMOVER_LOG`'s directives) if set and valid, else the level
+/// `verbose` and `quiet` ask for.
+fn init_logging(verbose: u8, quiet: bool, log: Option<&str>) {
     use tracing_subscriber::EnvFilter;
     let default = match (quiet, verbose) {
         (true, 0) => "error",
@@ -50,7 +56,9 @@ fn init_logging(verbose: u8, quiet: bool) {
         (_, 2) => "debug",
         _ => "trace",
     };
-    let filter = EnvFilter::try_from_env("DMOVER_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    let filter = log
+        .and_then(|l| EnvFilter::try_new(l).ok())
+        .unwrap_or_else(|| EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -13,6 +13,7 @@ use dmover_net::tls::{KeyOrigin, ServerIdentity};
 use tokio_util::sync::CancellationToken;
 
 use crate::args::ServeArgs;
+use crate::env::Env;
 
 /// Reads a token file, refusing an empty one.
 pub fn read_token(f: &std::path::Path) -> anyhow::Result<Vec<u8>> {
@@ -23,7 +24,7 @@ pub fn read_token(f: &std::path::Path) -> anyhow::Result<Vec<u8>> {
     Ok(t)
 }
 
-pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
+pub fn run(a: ServeArgs, env: &Env) -> anyhow::Result<ExitCode> {
     let file = match &a.config {
         Some(p) => ConfigFile::load(p)?,
         None => ConfigFile::default(),
@@ -75,7 +76,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
                 .state_dir
                 .clone()
                 .or(file.state_dir.clone())
-                .or_else(default_state_dir)
+                .or_else(|| default_state_dir(env.state_dir().as_deref()))
                 .context("no state directory: pass --state-dir DIR")?;
             ServerIdentity::load_or_create(&dir)?
         }

@@ -187,7 +187,9 @@ fn net_measures_memory_to_memory_through_a_loopback_server() {
     let rows = results(&out);
     // 2 directions x 2 protections x 2 zero-copy settings x 2 stream counts, dmover only.
     assert_eq!(rows.len(), 16, "{rows:?}");
-    // Loopback carries at least 10 Mbit/s and less than 10 Tbit/s.
+    // Loopback carries at least 10 Mbit/s and less than 10 Tbit/s. The floor is kept
+    // because it is generous by orders of magnitude (loopback moves several Gbit/s even
+    // on a loaded 2-core machine): it catches a stalled stream, not a slow machine.
     positive(&rows, "gbit_per_s", 10_000.0);
     for r in &rows {
         assert_eq!(r["tool"], "dmover");

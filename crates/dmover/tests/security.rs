@@ -111,6 +111,60 @@ fn tls_key_is_pinned_on_first_use_and_a_changed_key_is_refused() {
     assert!(!t.path().join("pulled").exists());
 }
 
+/// Without `--known-hosts` or `DMOVER_KNOWN_HOSTS` the pin goes to
+/// `$XDG_CONFIG_HOME/dmover/known_hosts`, else (unset or empty) to
+/// `$HOME/.config/dmover/known_hosts`; with neither the copy is refused, saying why.
+#[test]
+fn the_default_known_hosts_file_follows_xdg_config_home_then_home() {
+    let t = tmp();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let f = t.path().join("f");
+    write_file(&f, 1, 5000, 0o644, 1_600_000_000);
+    let srv = Server::start(&root, &[]);
+    let (xdg, home) = (t.path().join("xdg"), t.path().join("home"));
+    let cp = |env: &[(&str, &Path)], to: &str| {
+        let mut c = std::process::Command::new(bin());
+        c.arg("cp")
+            .args([s(&f), &srv.url(to)])
+            .env_remove("DMOVER_TOKEN")
+            .env_remove("DMOVER_KEY")
+            .env_remove("DMOVER_USER")
+            .env_remove("DMOVER_KNOWN_HOSTS")
+            .env_remove("XDG_CONFIG_HOME")
+            .env_remove("HOME");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let in_xdg = xdg.join("dmover/known_hosts");
+    let in_home = home.join(".config/dmover/known_hosts");
+
+    ok(&cp(&[("XDG_CONFIG_HOME", &xdg), ("HOME", &home)], "a"));
+    assert!(
+        std::fs::read_to_string(&in_xdg)
+            .unwrap()
+            .starts_with(&srv.addr)
+    );
+    assert!(!in_home.exists());
+
+    ok(&cp(
+        &[("XDG_CONFIG_HOME", Path::new("")), ("HOME", &home)],
+        "b",
+    ));
+    assert!(
+        std::fs::read_to_string(&in_home)
+            .unwrap()
+            .starts_with(&srv.addr)
+    );
+
+    let o = cp(&[], "c");
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("no home directory"), "{}", stderr(&o));
+    assert!(!root.join("c").exists());
+}
+
 /// A CA, and a server certificate for 127.0.0.1 signed by it.
 fn make_ca(dir: &Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
     let ca_key = rcgen::KeyPair::generate().unwrap();

@@ -282,21 +282,6 @@ pub fn count_item(x: &str) -> Result<usize, String> {
     }
 }
 
-/// The token for a server: from `file`, else `DMOVER_TOKEN`, else none.
-pub fn read_token(file: Option<&Path>) -> anyhow::Result<Option<Vec<u8>>> {
-    let token = match file {
-        Some(f) => {
-            Some(std::fs::read(f).with_context(|| format!("reading token file {}", f.display()))?)
-        }
-        None => std::env::var_os("DMOVER_TOKEN")
-            .map(|t| std::os::unix::ffi::OsStrExt::as_bytes(t.as_os_str()).to_vec()),
-    };
-    if token.as_ref().is_some_and(|t| t.trim_ascii().is_empty()) {
-        anyhow::bail!("the token is empty");
-    }
-    Ok(token)
-}
-
 /// Drops the page cache if permitted; notes once in `report` when it is not.
 pub fn drop_caches(report: &mut Report) -> bool {
     match dmover_bench::storage::drop_caches() {

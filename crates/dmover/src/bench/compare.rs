@@ -13,6 +13,7 @@ use dmover_bench::treecmp::{self, Depth};
 use serde_json::{Value, json};
 
 use super::common::{self, Dataset, OutputArgs, Progress, num, row, text};
+use crate::env::Env;
 
 /// Arguments of `dmover bench compare`.
 #[derive(Debug, Args)]
@@ -65,7 +66,7 @@ fn depth(s: &str) -> Result<Depth, String> {
     }
 }
 
-pub fn run(a: CompareArgs) -> anyhow::Result<()> {
+pub fn run(a: CompareArgs, env: &Env) -> anyhow::Result<()> {
     let started = Instant::now();
     dmover_bench::peers::close_inherited_fds();
     let out_dir = a.output.dir("compare")?;
@@ -96,7 +97,7 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
     let logs = out_dir.join("logs");
     std::fs::create_dir_all(&logs)?;
 
-    let mut report = Report::new("compare", &dst_root);
+    let mut report = Report::new("compare", &env.argv, &dst_root);
     report.param("datasets", &a.datasets);
     report.param("scale", a.scale);
     report.param("seed", a.seed);
@@ -117,7 +118,7 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
     let mut commands = serde_json::Map::new();
     for &t in &tools {
         commands.insert(t.name().into(), json!(Servers::describe(t)));
-        match t.available() {
+        match t.available(&env.path) {
             Ok(()) => {
                 report.tools.insert(
                     t.name().into(),
@@ -143,6 +144,7 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
             dst_root: dst_root.clone(),
             state: state.clone(),
             dmover: dmover.clone(),
+            path: env.path.clone(),
         },
         &runnable,
     );

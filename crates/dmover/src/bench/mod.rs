@@ -14,14 +14,15 @@ use anyhow::Context;
 use dmover_bench::mkdata::{self, Spec};
 
 use crate::args::{BenchArgs, BenchCommand, MkdataArgs};
+use crate::env::Env;
 
-pub fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
+pub fn run(a: BenchArgs, env: &Env) -> anyhow::Result<ExitCode> {
     match a.command {
         BenchCommand::Mkdata(m) => mkdata_cmd(m),
-        BenchCommand::Storage(s) => storage::run(s).map(|()| ExitCode::SUCCESS),
-        BenchCommand::Net(n) => net::run(n).map(|()| ExitCode::SUCCESS),
-        BenchCommand::Compare(c) => compare::run(c).map(|()| ExitCode::SUCCESS),
-        BenchCommand::Transfer(t) => transfer::run(t).map(|()| ExitCode::SUCCESS),
+        BenchCommand::Storage(s) => storage::run(s, env).map(|()| ExitCode::SUCCESS),
+        BenchCommand::Net(n) => net::run(n, env).map(|()| ExitCode::SUCCESS),
+        BenchCommand::Compare(c) => compare::run(c, env).map(|()| ExitCode::SUCCESS),
+        BenchCommand::Transfer(t) => transfer::run(t, env).map(|()| ExitCode::SUCCESS),
     }
 }
 

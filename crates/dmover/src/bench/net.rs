@@ -25,6 +25,8 @@ use serde_json::{Map, Value, json};
 use super::common::{self, OutputArgs, Progress, num, row, text};
 use super::interrupt;
 use super::transfer::{self, DmoverServer, LinkRate, Place, Rtt};
+use crate::cp::read_token;
+use crate::env::Env;
 
 /// Arguments of `dmover bench net`.
 #[derive(Debug, Clone, Args)]
@@ -262,15 +264,15 @@ fn iperf3_once(
         .context("iperf3's JSON has no end.sum_received.bits_per_second")
 }
 
-pub fn run(a: NetArgs) -> anyhow::Result<()> {
+pub fn run(a: NetArgs, env: &Env) -> anyhow::Result<()> {
     let started = Instant::now();
     if !a.rtt.is_empty() {
-        return run_rtt(a, started);
+        return run_rtt(a, env, started);
     }
     dmover_bench::peers::close_inherited_fds();
     let out_dir = a.output.dir("net")?;
     let host = a.host.clone().context("HOST is required without --rtt")?;
-    let report = measure(&a, &host, &out_dir)?;
+    let report = measure(&a, env, &host, &out_dir)?;
     let figure = a.output.plot.as_ref().map(|_| figure(&report));
     // No RTT column without --rtt.
     common::finish(report, started, &out_dir, &a.output, figure, &TABLE[1..])
@@ -294,7 +296,7 @@ const TABLE: &[(&str, &str)] = &[
 
 /// `--rtt`: per value, a lab with a server and `iperf3 -s` in b, [`measure`] run on a
 /// thread inside a, its rows prefixed with the link's columns.
-fn run_rtt(a: NetArgs, started: Instant) -> anyhow::Result<()> {
+fn run_rtt(a: NetArgs, env: &Env, started: Instant) -> anyhow::Result<()> {
     let settings = transfer::link_settings(&a.rtt, a.rate, a.loss, None)?;
     interrupt::install().context("watching for Ctrl-C")?;
     dmover_bench::peers::close_inherited_fds();
@@ -305,7 +307,7 @@ fn run_rtt(a: NetArgs, started: Instant) -> anyhow::Result<()> {
     transfer::write_token(&token)?;
     let root = work.join("root");
     std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
-    let mut report = Report::new("net", Path::new("."));
+    let mut report = Report::new("net", &env.argv, Path::new("."));
     let result = (|| -> anyhow::Result<()> {
         for (i, setting) in settings.iter().enumerate() {
             interrupt::check()?;
@@ -338,7 +340,7 @@ fn run_rtt(a: NetArgs, started: Instant) -> anyhow::Result<()> {
                 &token,
                 &work.join(format!("server-{i}.log")),
             )?;
-            let iperf = match (a.iperf3.as_str(), find_program("iperf3")) {
+            let iperf = match (a.iperf3.as_str(), find_program("iperf3", &env.path)) {
                 ("off", _) | (_, None) => None,
                 _ => Some(start_iperf3_at(&place, &ip, lab.as_ref())?),
             };
@@ -354,8 +356,8 @@ fn run_rtt(a: NetArgs, started: Instant) -> anyhow::Result<()> {
             let addr = server.addr.clone();
             let dir = out_dir.clone();
             let measured = match &lab {
-                Some(l) => l.a().in_netns(move || measure(&sub, &addr, &dir))?,
-                None => measure(&sub, &addr, &dir),
+                Some(l) => l.a().in_netns(move || measure(&sub, env, &addr, &dir))?,
+                None => measure(&sub, env, &addr, &dir),
             }?;
             drop(iperf);
             drop(server);
@@ -443,7 +445,7 @@ fn start_iperf3_at(
 
 /// Measures every point against `host` (iperf3 beside it as `a.iperf3` says) and
 /// returns the report, not yet written.
-fn measure(a: &NetArgs, host: &str, out_dir: &Path) -> anyhow::Result<Report> {
+fn measure(a: &NetArgs, env: &Env, host: &str, out_dir: &Path) -> anyhow::Result<Report> {
     if !(0.2..=120.0).contains(&a.seconds) {
         bail!("--seconds must be between 0.2 and 120");
     }
@@ -462,7 +464,7 @@ fn measure(a: &NetArgs, host: &str, out_dir: &Path) -> anyhow::Result<Report> {
         .with_context(|| format!("resolving {server}"))?
         .next()
         .with_context(|| format!("{server} has no address"))?;
-    let mut report = Report::new("net", std::path::Path::new("."));
+    let mut report = Report::new("net", &env.argv, std::path::Path::new("."));
     report.param("server", &server);
     report.param("streams", &a.streams);
     report.param("seconds", a.seconds);
@@ -492,10 +494,11 @@ fn measure(a: &NetArgs, host: &str, out_dir: &Path) -> anyhow::Result<Report> {
             recv_buffer: a.tcp_buffer.map(|b| b as usize),
             congestion: None,
         },
-        token: common::read_token(a.token_file.as_deref())?,
+        token: read_token(a.token_file.as_deref(), env)?,
         trust: a
             .known_hosts
             .clone()
+            .or_else(|| env.known_hosts())
             .map(dmover_net::tls::Trust::KnownHosts),
         ..TransferOptions::default()
     };
@@ -509,7 +512,7 @@ fn measure(a: &NetArgs, host: &str, out_dir: &Path) -> anyhow::Result<Report> {
     let mut iperf: Option<(Option<IperfServer>, SocketAddr)> = None;
     match a.iperf3.as_str() {
         "off" => {}
-        spec => match find_program("iperf3") {
+        spec => match find_program("iperf3", &env.path) {
             None => {
                 report.tools.insert("iperf3".into(), "missing".into());
                 report.note("iperf3 is not installed: no iperf3 rows (apt-get install iperf3)");

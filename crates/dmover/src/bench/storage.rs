@@ -12,6 +12,7 @@ use dmover_bench::storage::{self, IoMode, Phase, PhaseResult, Point};
 use serde_json::json;
 
 use super::common::{self, OutputArgs, Progress, num, row, text};
+use crate::env::Env;
 
 /// Arguments of `dmover bench storage`.
 #[derive(Debug, Args)]
@@ -89,13 +90,13 @@ fn grid(a: &StorageArgs) -> Vec<(Point, u64)> {
     out
 }
 
-pub fn run(a: StorageArgs) -> anyhow::Result<()> {
+pub fn run(a: StorageArgs, env: &Env) -> anyhow::Result<()> {
     let started = Instant::now();
     if !a.dir.is_dir() {
         bail!("{} is not a directory", a.dir.display());
     }
     let out_dir = a.output.dir("storage")?;
-    let mut report = Report::new("storage", &a.dir);
+    let mut report = Report::new("storage", &env.argv, &a.dir);
     report.param("dir", &a.dir);
     report.param("sizes", &a.sizes);
     report.param("budget", a.budget);

@@ -18,6 +18,7 @@ use serde_json::json;
 
 use super::common::{self, Dataset, OutputArgs, Progress, count_tree, row, text};
 use super::interrupt;
+use crate::env::Env;
 
 /// Arguments of `dmover bench transfer`.
 #[derive(Debug, Args)]
@@ -348,7 +349,7 @@ pub(crate) fn rtt_label(rtt: Duration) -> String {
     format!("{} ms", round_sig(rtt.as_secs_f64() * 1000.0, 6))
 }
 
-pub fn run(a: TransferBenchArgs) -> anyhow::Result<()> {
+pub fn run(a: TransferBenchArgs, env: &Env) -> anyhow::Result<()> {
     let started = Instant::now();
     let settings = settings(&a)?;
     interrupt::install().context("watching for Ctrl-C")?;
@@ -360,7 +361,7 @@ pub fn run(a: TransferBenchArgs) -> anyhow::Result<()> {
         bail!("{} has no files to transfer", ds.path().display());
     }
     let out_dir = a.output.dir("transfer")?;
-    let mut report = Report::new("transfer", &dst);
+    let mut report = Report::new("transfer", &env.argv, &dst);
     report.param("dataset", ds.path());
     report.param("files", ds.files);
     report.param("bytes", ds.bytes);
