@@ -23,7 +23,7 @@ use crate::args::{Cli, Command};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose, cli.quiet_logs());
-    dmover_core::sys::raise_fd_limit();
+    dmover_store::sys::raise_fd_limit();
     let result = match cli.command {
         Command::Cp(a) => cp::run(a),
         Command::Serve(a) => serve::run(a),
