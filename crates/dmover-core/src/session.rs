@@ -539,67 +539,6 @@ pub async fn recv_have<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use dmover_proto::manifest::{Mtime, NO_PARENT};
-
-    fn files(sizes: &[u64]) -> Vec<Entry> {
-        sizes
-            .iter()
-            .enumerate()
-            .map(|(i, &size)| Entry {
-                parent: NO_PARENT,
-                name: format!("f{i}").into_bytes(),
-                kind: EntryKind::File { size },
-                mode: 0o644,
-                mtime: Mtime::default(),
-            })
-            .collect()
-    }
-
-    #[tokio::test]
-    async fn manifests_are_limited_in_entries_and_memory() {
-        let mut names = files(&[1; 10]);
-        for (i, e) in names.iter_mut().enumerate() {
-            e.name = vec![b'a' + i as u8; 200];
-        }
-        for (max_entries, max_bytes, ok) in
-            [(10, 1 << 20, true), (9, 1 << 20, false), (10, 1000, false)]
-        {
-            let (a, b) = tokio::io::duplex(1 << 20);
-            let mut tx = ControlChannel::new(a, "tx", dmover_proto::control::MAX_FRAME);
-            let mut rx = ControlChannel::new(b, "rx", dmover_proto::control::MAX_FRAME);
-            send_manifest(&mut tx, &names).await.unwrap();
-            let r = recv_manifest_limited(&mut rx, max_entries, max_bytes, None).await;
-            assert_eq!(
-                r.is_ok(),
-                ok,
-                "{max_entries} entries, {max_bytes} bytes: {r:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn chunk_size_follows_the_mean_file_size() {
-        assert_eq!(auto_chunk(&files(&[256 << 20; 4])), 16 << 20);
-        assert_eq!(auto_chunk(&files(&[1 << 20; 100])), DEFAULT_CHUNK);
-        assert_eq!(auto_chunk(&files(&[8192; 100])), DEFAULT_CHUNK);
-        assert_eq!(auto_chunk(&[]), DEFAULT_CHUNK);
-        // Empty files do not drag the mean down.
-        assert_eq!(auto_chunk(&files(&[0, 0, 0, 64 << 20])), 16 << 20);
-    }
-
-    #[test]
-    fn deep_pools_only_for_large_file_data() {
-        assert_eq!(default_buffers(4, 8), 14);
-        assert_eq!(source_buffers(&files(&[8192; 1000]), 4 << 20, 4, 8), 14);
-        assert_eq!(source_buffers(&files(&[1 << 20; 1000]), 4 << 20, 4, 8), 40);
-        assert_eq!(source_buffers(&files(&[256 << 20; 16]), 16 << 20, 4, 8), 22);
-        assert_eq!(source_buffers(&[], 4 << 20, 4, 8), 14);
-    }
-}
-
 /// Source side of a resume, after the destination's `Have` parts arrived: checks the
 /// pieces it claims (keeping the control channel alive), and returns the source with
 /// the held data left out, and the plan to send.
@@ -683,4 +622,65 @@ where
     }
     sink.resume(&held)?;
     Ok(sink)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dmover_proto::manifest::{Mtime, NO_PARENT};
+
+    fn files(sizes: &[u64]) -> Vec<Entry> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &size)| Entry {
+                parent: NO_PARENT,
+                name: format!("f{i}").into_bytes(),
+                kind: EntryKind::File { size },
+                mode: 0o644,
+                mtime: Mtime::default(),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn manifests_are_limited_in_entries_and_memory() {
+        let mut names = files(&[1; 10]);
+        for (i, e) in names.iter_mut().enumerate() {
+            e.name = vec![b'a' + i as u8; 200];
+        }
+        for (max_entries, max_bytes, ok) in
+            [(10, 1 << 20, true), (9, 1 << 20, false), (10, 1000, false)]
+        {
+            let (a, b) = tokio::io::duplex(1 << 20);
+            let mut tx = ControlChannel::new(a, "tx", dmover_proto::control::MAX_FRAME);
+            let mut rx = ControlChannel::new(b, "rx", dmover_proto::control::MAX_FRAME);
+            send_manifest(&mut tx, &names).await.unwrap();
+            let r = recv_manifest_limited(&mut rx, max_entries, max_bytes, None).await;
+            assert_eq!(
+                r.is_ok(),
+                ok,
+                "{max_entries} entries, {max_bytes} bytes: {r:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn chunk_size_follows_the_mean_file_size() {
+        assert_eq!(auto_chunk(&files(&[256 << 20; 4])), 16 << 20);
+        assert_eq!(auto_chunk(&files(&[1 << 20; 100])), DEFAULT_CHUNK);
+        assert_eq!(auto_chunk(&files(&[8192; 100])), DEFAULT_CHUNK);
+        assert_eq!(auto_chunk(&[]), DEFAULT_CHUNK);
+        // Empty files do not drag the mean down.
+        assert_eq!(auto_chunk(&files(&[0, 0, 0, 64 << 20])), 16 << 20);
+    }
+
+    #[test]
+    fn deep_pools_only_for_large_file_data() {
+        assert_eq!(default_buffers(4, 8), 14);
+        assert_eq!(source_buffers(&files(&[8192; 1000]), 4 << 20, 4, 8), 14);
+        assert_eq!(source_buffers(&files(&[1 << 20; 1000]), 4 << 20, 4, 8), 40);
+        assert_eq!(source_buffers(&files(&[256 << 20; 16]), 16 << 20, 4, 8), 22);
+        assert_eq!(source_buffers(&[], 4 << 20, 4, 8), 14);
+    }
 }
