@@ -178,3 +178,34 @@ impl Error {
 
 /// Result alias for the engine.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Storage errors read, rank and travel as they did when they were this type's own
+    /// variants (a protocol violation by the source as one the network layer reports).
+    #[test]
+    fn store_errors_keep_their_texts_codes_and_ranks() {
+        let what = "chunk 3 carries no CRC";
+        let store = Error::from(dmover_store::Error::protocol("the source", what));
+        let net = Error::protocol("the source", what);
+        assert_eq!(store.to_string(), net.to_string());
+        let class = |e: &Error| (e.code(), e.retryable(), e.ends_session(), e.rank());
+        assert_eq!(class(&store), class(&net));
+
+        let missing = Error::io("reading", "a/b", io::Error::from(io::ErrorKind::NotFound));
+        assert_eq!(missing.to_string(), "reading a/b: entity not found");
+        assert_eq!(class(&missing), (ErrorCode::NotFound, false, false, 4));
+        let sum = Error::from(dmover_store::Error::Checksum("chunk 1".into()));
+        assert_eq!(sum.to_string(), "checksum mismatch: chunk 1");
+        assert_eq!(class(&sum), (ErrorCode::Checksum, true, false, 4));
+        let busy = Error::from(dmover_store::Error::refused(
+            ErrorCode::Busy,
+            "journal busy",
+        ));
+        assert_eq!(busy.to_string(), "journal busy");
+        assert_eq!(class(&busy), (ErrorCode::Busy, true, true, 4));
+        assert_eq!(busy.to_msg().message, "journal busy");
+    }
+}
