@@ -2,7 +2,8 @@
 //! each file its final name once it is complete and verified.
 //!
 //! # Lifecycle
-//! 1. [`FileSink::prepare`] creates the directories (owner-only until the end).
+//! 1. [`prepare_sink`] binds a manifest to its destination (the `cp -r` rule) and
+//!    [`FileSink::prepare`] creates the directories (owner-only until the end).
 //!    [`FileSink::held`] tells what an earlier attempt left (from the journal, see
 //!    [`crate::journal`]); [`FileSink::resume`] then leaves that out.
 //! 2. [`Sink::write_chunk`], from any disk thread, in any chunk order: check the chunk's
@@ -15,10 +16,10 @@
 //!    directory modes and mtimes deepest first, and checks that every file arrived.
 //!
 //! Completed files, and pieces of files of a chunk or more, are recorded in the journal.
-//! A sink dropped before `finish` succeeded commits the journal and removes the staging
-//! files of every file in flight that the journal does not describe: a failed transfer
-//! leaves no partial file under a final name, and under staging names only what a
-//! resumed session can use. `finish` removes the journal; when an earlier attempt
+//! A sink aborted ([`Sink::abort`]) or dropped before `finish` succeeded commits the
+//! journal and removes the staging files of every file in flight that the journal does
+//! not describe: a failed transfer leaves no partial file under a final name, and under
+//! staging names only what a resumed session can use. `finish` removes the journal; when an earlier attempt
 //! existed it also sweeps that attempt's staging files from the tree's directories.
 
 use std::collections::{HashMap, HashSet};
