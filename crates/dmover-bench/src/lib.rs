@@ -9,7 +9,8 @@
 //!   or direct, N threads, per-I/O latency).
 //! - [`peers`]: the peer copy tools (cp, rsync daemon and over ssh, scp, GridFTP, XRootD)
 //!   and dmover itself: their servers on loopback and their copy commands.
-//! - [`treecmp`]: checks a copy made by any tool against its source.
+//! - Copies made by any tool are checked against their source with
+//!   `dmover_store::verify::compare` (its content comparison).
 //! - [`plot`]: SVG/PNG figures of results (lines over file size or streams, bars per tool).
 
 pub mod mkdata;
@@ -18,4 +19,3 @@ pub mod plot;
 pub mod report;
 pub mod stats;
 pub mod storage;
-pub mod treecmp;

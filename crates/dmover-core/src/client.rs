@@ -10,30 +10,30 @@ use dmover_net::tls::TlsConnector;
 use dmover_net::{ControlStream, NetError};
 use dmover_proto::auth::{self, Role};
 use dmover_proto::control::{
-    Auth, AuthMethod, Control, Credential, DataProtection, ErrorCode, FailedFile, Have, Hello, Op,
-    Open, Plan, SessionInfo, Summary,
+    Auth, AuthMethod, Control, Credential, DataProtection, ErrorCode, FailedFile, Hello, Op, Open,
+    SessionInfo, Summary,
 };
 use dmover_proto::data::{DataHello, HELLO_LEN, JOIN_PROOF_LEN};
-use dmover_proto::manifest::{Entry, NO_PARENT, Totals};
+use dmover_proto::manifest::{Entry, Totals};
 use dmover_proto::preamble::{ConnKind, Preamble};
 use dmover_proto::{PROTOCOL_VERSION, control};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use dmover_store::paths::{self, Base};
+use dmover_store::sink::{SinkOptions, prepare_sink};
+use dmover_store::source::{FileSource, SourceOptions};
+use dmover_store::walk;
+
 use crate::diskpool::DiskPool;
 use crate::engine::{self, DataStream, Run};
 use crate::error::{Error, Result};
-use crate::paths::{self, Base};
 use crate::pool::Pool;
-use crate::resume::Held;
-use crate::session::{self, HANDSHAKE_TIMEOUT, Heartbeat, TransferOptions, unexpected};
-use crate::sink::{Sink, SinkOptions};
-use crate::source::{Source, SourceOptions};
-use crate::tree::Tree;
-use crate::walk;
+use crate::session::{
+    self, HANDSHAKE_TIMEOUT, Heartbeat, TransferOptions, resume_sink, resume_source, unexpected,
+};
 
-/// The software name sent in greetings.
-pub const SOFTWARE: &str = concat!("dmover ", env!("CARGO_PKG_VERSION"));
+pub use crate::session::SOFTWARE;
 
 /// What a finished transfer reports.
 #[derive(Debug, Clone)]
@@ -292,7 +292,7 @@ impl Client {
             .unwrap_or_else(|| session::default_buffers(streams, self.disk.threads()))
     }
 
-    fn source_buffers(&self, source: &Source, s: &SessionInfo) -> usize {
+    fn source_buffers(&self, source: &FileSource, s: &SessionInfo) -> usize {
         self.opts.buffers.unwrap_or_else(|| {
             session::source_buffers(
                 source.tree().entries(),
@@ -603,7 +603,7 @@ impl Client {
         let roots = sources
             .iter()
             .map(|p| paths::source_root(&Base::Local, p, b""))
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<dmover_store::Result<Vec<_>>>()?;
         let walked = self
             .disk
             .run(move || walk::walk(roots))
@@ -632,7 +632,7 @@ impl Client {
         opening
             .send(&Control::Options(self.opts.session_options(resume)))
             .await?;
-        let mut source = Source::new(
+        let mut source = FileSource::new(
             walked.tree,
             chunk,
             SourceOptions {
@@ -790,6 +790,7 @@ impl Client {
             disk.run(move || prepare_sink(&Base::Local, &dest, entries, s.chunk_size, opts))
                 .await
                 .ok_or(Error::Aborted)?
+                .map_err(Error::from)
         })
         .await;
         let sink = match prepared {
@@ -867,155 +868,4 @@ fn failed_line(entries: &[Entry], f: FailedFile) -> String {
     } else {
         f.message
     }
-}
-
-/// Source side of a resume, after the destination's `Have` parts arrived: checks the
-/// pieces it claims (keeping the control channel alive), and returns the source with
-/// the held data left out, and the plan to send.
-pub(crate) async fn resume_source<S>(
-    disk: &Arc<DiskPool>,
-    ch: &mut ControlChannel<S>,
-    hb: Heartbeat,
-    source: Source,
-    parts: &[Have],
-) -> Result<(Source, Held, Plan)>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    let mut held = Held::from_have(
-        source.tree().entries(),
-        source.layout().chunk_size() as u32,
-        parts,
-    )
-    .map_err(|e| Error::protocol(ch.peer(), format!("resume: {e}")))?;
-    let disk = disk.clone();
-    let h = held.clone();
-    let (mut source, stale) = session::keep_alive(ch, hb, async move {
-        disk.run(move || {
-            let stale = source.check_held(&h);
-            (source, stale)
-        })
-        .await
-        .ok_or(Error::Aborted)
-    })
-    .await?;
-    let plan = Plan { stale };
-    held.apply(&plan)
-        .map_err(|e| Error::protocol("this side", e))?;
-    source.resume(&held)?;
-    Ok((source, held, plan))
-}
-
-/// Destination side of the resume negotiation: with `resume`, tells the source what
-/// an earlier attempt left and takes its plan; then prepares the sink for the rest.
-pub(crate) async fn resume_sink<S>(
-    disk: &Arc<DiskPool>,
-    ch: &mut ControlChannel<S>,
-    hb: Heartbeat,
-    sink: Sink,
-    resume: bool,
-) -> Result<Sink>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    let disk = disk.clone();
-    let (mut sink, mut held) = session::keep_alive(ch, hb, async move {
-        disk.run(move || {
-            let held = if resume {
-                sink.held()
-            } else {
-                Held::none(sink.tree_entries())
-            };
-            (sink, held)
-        })
-        .await
-        .ok_or(Error::Aborted)
-    })
-    .await?;
-    if resume {
-        for part in held.to_have(sink.tree_entries()) {
-            ch.send(&Control::Have(part)).await?;
-        }
-        match session::recv_live(ch, hb).await? {
-            Control::Plan(plan) => held
-                .apply(&plan)
-                .map_err(|e| Error::protocol(ch.peer(), format!("resume: {e}")))?,
-            other => return Err(unexpected(ch.peer(), other, "Plan")),
-        }
-        if !held.is_empty() {
-            tracing::info!(
-                "resuming: {} files and {} bytes already here",
-                held.done_files(),
-                held.bytes(sink.tree_entries(), sink.layout().chunk_size() as u32)
-            );
-        }
-    }
-    sink.resume(&held)?;
-    Ok(sink)
-}
-
-/// `cp -r src dest` makes `dest` the copy of `src` when `dest` does not exist, and its
-/// parent otherwise. An interrupted first attempt leaves `dest` existing, so a retry
-/// or `--resume` would copy into it: when the journal of an earlier attempt that made
-/// `dest` the root itself is in `dest`'s parent, that attempt is continued instead.
-fn continued_dest(
-    base: &Base,
-    dest: &[u8],
-    roots: &[(u32, &Entry)],
-    opts: SinkOptions,
-) -> Result<Option<std::collections::HashMap<u32, (crate::tree::RootRef, String)>>> {
-    let [(idx, root)] = roots else {
-        return Ok(None);
-    };
-    if !opts.journal || root.kind != dmover_proto::manifest::EntryKind::Dir {
-        return Ok(None);
-    }
-    let Ok(Some((parent, name))) = paths::dest_parent(base, dest) else {
-        return Ok(None);
-    };
-    let key = crate::journal::transfer_key([(name.as_slice(), &root.kind)]);
-    let journal = crate::journal::journal_name(key);
-    if rustix::fs::statat(
-        &parent,
-        journal.as_slice(),
-        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-    )
-    .is_err()
-    {
-        return Ok(None);
-    }
-    let shown = String::from_utf8_lossy(dest).into_owned();
-    Ok(Some(std::collections::HashMap::from([(
-        *idx,
-        (
-            crate::tree::RootRef::At {
-                parent: Arc::new(parent),
-                name,
-            },
-            shown,
-        ),
-    )])))
-}
-
-/// Binds an incoming manifest to its destination and creates its directories.
-pub(crate) fn prepare_sink(
-    base: &Base,
-    dest: &[u8],
-    entries: Vec<Entry>,
-    chunk_size: u32,
-    opts: SinkOptions,
-) -> Result<Sink> {
-    let roots: Vec<(u32, &Entry)> = entries
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| e.parent == NO_PARENT)
-        .map(|(i, e)| (i as u32, e))
-        .collect();
-    let bound = match continued_dest(base, dest, &roots, opts)? {
-        Some(b) => b,
-        None => paths::resolve_dest(base, dest, &roots)?,
-    };
-    let sink = Sink::new(Tree::new(entries, bound), chunk_size, opts)?;
-    sink.prepare()?;
-    Ok(sink)
 }

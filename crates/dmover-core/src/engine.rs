@@ -25,6 +25,7 @@ use dmover_net::NetError;
 use dmover_net::transport::{AckRx, ChunkFrame, ChunkTx, DataLink};
 use dmover_proto::control::Summary;
 use dmover_proto::data::{DIGEST_LEN, FrameHeader, FrameKind, FrameLimits};
+use dmover_store::{Sink, Source};
 use parking_lot::Mutex;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -32,8 +33,6 @@ use tokio_util::sync::CancellationToken;
 use crate::diskpool::DiskPool;
 use crate::error::{Error, Result};
 use crate::pool::{Pool, PoolBuf};
-use crate::sink::Sink;
-use crate::source::Source;
 
 /// Live counters of a transfer, for progress display and summaries. Shared by the
 /// attempts of a transfer that is retried.
@@ -207,7 +206,7 @@ impl SendShared {
 /// connection that went silent without closing).
 pub async fn send<S>(
     disk: &Arc<DiskPool>,
-    source: Arc<Source>,
+    source: Arc<dyn Source>,
     pool: Pool,
     streams: Vec<DataStream<S>>,
     run: Arc<Run>,
@@ -296,7 +295,7 @@ where
                 Ok(f) => {
                     let _ = sh.filled.try_send(f);
                 }
-                Err(e) => sh.run.fail(e),
+                Err(e) => sh.run.fail(e.into()),
             }
         });
     }
@@ -334,7 +333,7 @@ async fn send_stream<S>(
     s: DataStream<S>,
     queue: async_channel::Receiver<Filled>,
     sh: Arc<SendShared>,
-    source: Arc<Source>,
+    source: Arc<dyn Source>,
     stall: Duration,
 ) where
     S: DataLink,
@@ -484,7 +483,7 @@ impl Seen {
 }
 
 struct RecvShared {
-    sink: Arc<Sink>,
+    sink: Arc<dyn Sink>,
     disk: Arc<DiskPool>,
     pool: Pool,
     run: Arc<Run>,
@@ -524,7 +523,7 @@ enum StreamEnd {
 /// sink.
 pub async fn receive<S>(
     disk: &Arc<DiskPool>,
-    sink: Arc<Sink>,
+    sink: Arc<dyn Sink>,
     pool: Pool,
     streams: Vec<DataStream<S>>,
     run: Arc<Run>,
@@ -641,7 +640,7 @@ where
         duplicates: shared.duplicates.load(Ordering::Relaxed),
     };
     let summary = disk
-        .run(move || sink.finish())
+        .run(move || sink.finish().map_err(Error::from))
         .await
         .unwrap_or(Err(Error::Aborted))?;
     Ok((summary, stats))
@@ -744,7 +743,7 @@ where
             sh.disk.spawn(move || {
                 if !job.run.is_cancelled() {
                     if let Err(e) = job.sink.write_chunk(k, &buf, &trailer, crc) {
-                        job.run.fail(e);
+                        job.run.fail(e.into());
                     }
                 }
                 drop(buf);
@@ -760,5 +759,158 @@ where
             _ = sh.run.cancelled() => return Err(aborted()),
             r = s.io.send_ack(got) => { r.map_err(lost)?; }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use dmover_net::stream::DataIo;
+    use dmover_proto::auth::Role;
+    use dmover_proto::manifest::{Entry, EntryKind, Mtime, NO_PARENT};
+    use dmover_store::mem::{MemSink, MemSource};
+
+    const CHUNK: u32 = 64 << 10;
+
+    /// A directory with files of every shape the layout cuts differently: empty, one
+    /// byte, unaligned, one chunk exactly, several chunks and a tail, aligned and not.
+    fn dataset() -> (Vec<Entry>, Vec<Vec<u8>>) {
+        let mtime = Mtime { sec: 1, nsec: 2 };
+        let mut entries = vec![Entry {
+            parent: NO_PARENT,
+            name: b"d".to_vec(),
+            kind: EntryKind::Dir,
+            mode: 0o755,
+            mtime,
+        }];
+        let mut data = vec![Vec::new()];
+        let sizes = [0usize, 1, 4095, 65_536, 3 * 65_536 + 17, 200_000, 300];
+        for (i, &size) in sizes.iter().enumerate() {
+            entries.push(Entry {
+                parent: 0,
+                name: format!("f{i}").into_bytes(),
+                kind: EntryKind::File { size: size as u64 },
+                mode: 0o644,
+                mtime,
+            });
+            data.push((0..size).map(|j| (j * 31 + i * 7) as u8).collect());
+        }
+        (entries, data)
+    }
+
+    /// Runs `send` and `receive` against each other over `n` in-process streams.
+    async fn transfer(
+        source: Arc<dyn Source>,
+        sink: Arc<dyn Sink>,
+        n: usize,
+    ) -> (Result<SendStats>, Result<(Summary, RecvStats)>) {
+        let disk = Arc::new(DiskPool::new(2, "test-disk"));
+        let (mut out, mut inc) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            let (a, b) = tokio::io::duplex(128 << 10);
+            let link = |io, role| {
+                let p = dmover_proto::control::DataProtection::Authenticated;
+                DataIo::new(io, p, &[7; 32], i as u16, role, None)
+            };
+            out.push(DataStream {
+                io: link(a, Role::Client),
+                peer: format!("sink {i}"),
+            });
+            inc.push(DataStream {
+                io: link(b, Role::Server),
+                peer: format!("source {i}"),
+            });
+        }
+        let pool = || Pool::new(4, CHUNK as usize);
+        tokio::join!(
+            send(&disk, source, pool(), out, Run::new(), STREAM_STALL),
+            receive(&disk, sink, pool(), inc, Run::new()),
+        )
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn memory_source_to_memory_sink_through_the_pipeline() {
+        let (entries, data) = dataset();
+        let total: usize = data.iter().map(Vec::len).sum();
+        for checksum in [true, false] {
+            let source = MemSource::new(entries.clone(), data.clone(), CHUNK, checksum).unwrap();
+            let sink = Arc::new(MemSink::new(entries.clone(), CHUNK, checksum).unwrap());
+            let (sent, received) = runtime().block_on(transfer(Arc::new(source), sink.clone(), 3));
+            assert_eq!(sent.unwrap().streams_lost, 0);
+            let (summary, stats) = received.unwrap();
+            assert_eq!(stats.duplicates, 0);
+            assert_eq!(
+                (summary.bytes, summary.files, summary.dirs, summary.verified),
+                (total as u64, 7, 1, checksum)
+            );
+            for (i, want) in data.iter().enumerate().skip(1) {
+                assert_eq!(sink.file(i as u32).as_ref(), Some(want), "entry {i}");
+            }
+        }
+    }
+
+    /// A source whose bytes differ from what it hashed: the sink refuses the file with
+    /// the checksum error a disk sink gives, and the session fails with its code.
+    #[test]
+    fn a_digest_mismatch_fails_the_transfer() {
+        let (entries, data) = dataset();
+        let mut wrong = data.clone();
+        wrong[5][70_000] ^= 1;
+        // The source announces digests of `data` but sends `wrong`: a sink built for
+        // checksums sees a CRC that matches the bytes sent and a file digest that does not.
+        struct Lying(MemSource, MemSource);
+        impl Source for Lying {
+            fn layout(&self) -> &dmover_proto::layout::Layout {
+                self.0.layout()
+            }
+            fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
+                self.0.chunks()
+            }
+            fn read_chunk(
+                &self,
+                k: u64,
+                buf: &mut [u8],
+                trailer: &mut Vec<u8>,
+            ) -> dmover_store::Result<dmover_store::ChunkRead> {
+                let honest = self.0.read_chunk(k, buf, trailer)?;
+                let mut ignored = Vec::new();
+                let sent = self.1.read_chunk(k, buf, &mut ignored)?;
+                Ok(dmover_store::ChunkRead {
+                    crc: sent.crc,
+                    n_digests: honest.n_digests,
+                })
+            }
+            fn reread_chunk(
+                &self,
+                k: u64,
+                buf: &mut [u8],
+                crc: Option<u32>,
+            ) -> dmover_store::Result<()> {
+                self.1.reread_chunk(k, buf, crc)
+            }
+        }
+        let source = Lying(
+            MemSource::new(entries.clone(), data, CHUNK, true).unwrap(),
+            MemSource::new(entries.clone(), wrong, CHUNK, true).unwrap(),
+        );
+        let sink = Arc::new(MemSink::new(entries, CHUNK, true).unwrap());
+        let (_, received) = runtime().block_on(transfer(Arc::new(source), sink.clone(), 2));
+        let e = received.unwrap_err();
+        assert_eq!(e.code(), dmover_proto::control::ErrorCode::Checksum, "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("checksum mismatch: f4: received data has digest"),
+            "{e}"
+        );
+        assert!(sink.file(5).is_none());
     }
 }

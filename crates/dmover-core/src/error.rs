@@ -12,17 +12,11 @@ pub(crate) const JOIN_WAIT: &str = "data stream join";
 /// An engine error.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A file system call failed on a named path.
-    #[error("{op} {path}: {source}")]
-    Io {
-        /// What was being done ("reading", "creating", ...).
-        op: &'static str,
-        /// The path, as the user would name it.
-        path: String,
-        /// The underlying error.
-        #[source]
-        source: io::Error,
-    },
+    /// A storage error: a file system call failed on a named path, data arrived
+    /// corrupted, a source file changed, a destination path was refused, or the source
+    /// sent chunks that break the protocol (see [`dmover_store::Error`]).
+    #[error(transparent)]
+    Store(#[from] dmover_store::Error),
     /// A connection failed or the peer broke the protocol.
     #[error(transparent)]
     Net(#[from] NetError),
@@ -35,17 +29,6 @@ pub enum Error {
         code: ErrorCode,
         /// The peer's explanation.
         message: String,
-    },
-    /// Data arrived corrupted or a file's digest did not match.
-    #[error("checksum mismatch: {0}")]
-    Checksum(String),
-    /// A source file changed while it was being sent.
-    #[error("{path} changed during the transfer ({what})")]
-    Changed {
-        /// The file.
-        path: String,
-        /// What changed.
-        what: String,
     },
     /// A request this side refuses (path escape, read-only, bad destination, ...).
     #[error("{message}")]
@@ -64,11 +47,7 @@ pub enum Error {
 impl Error {
     /// An I/O error on a path.
     pub fn io(op: &'static str, path: impl Into<String>, source: impl Into<io::Error>) -> Self {
-        Error::Io {
-            op,
-            path: path.into(),
-            source: source.into(),
-        }
+        Error::Store(dmover_store::Error::io(op, path, source))
     }
 
     /// A refusal.
@@ -135,22 +114,17 @@ impl Error {
         matches!(
             self,
             Error::Net(NetError::Proto { .. }) | Error::Refused { .. }
-        ) || matches!(self, Error::Net(NetError::Timeout { what, .. }) if *what == JOIN_WAIT)
+        ) || matches!(self, Error::Store(e) if e.ends_session())
+            || matches!(self, Error::Net(NetError::Timeout { what, .. }) if *what == JOIN_WAIT)
     }
 
     /// The error's class, as sent to the peer.
     pub fn code(&self) -> ErrorCode {
         match self {
-            Error::Io { source, .. } => match source.kind() {
-                io::ErrorKind::NotFound => ErrorCode::NotFound,
-                io::ErrorKind::PermissionDenied => ErrorCode::PermissionDenied,
-                _ => ErrorCode::Io,
-            },
+            Error::Store(e) => e.code(),
             Error::Net(NetError::Proto { .. }) => ErrorCode::Protocol,
             Error::Net(_) => ErrorCode::Aborted,
             Error::Remote { code, .. } => *code,
-            Error::Checksum(_) => ErrorCode::Checksum,
-            Error::Changed { .. } => ErrorCode::Changed,
             Error::Refused { code, .. } => *code,
             Error::Aborted => ErrorCode::Aborted,
         }
@@ -179,9 +153,9 @@ impl Error {
                     ErrorCode::Aborted | ErrorCode::Busy | ErrorCode::Checksum | ErrorCode::Changed
                 )
             }
-            Error::Checksum(_) | Error::Changed { .. } => true,
+            Error::Store(e) => e.retryable(),
             Error::Refused { code, .. } => *code == ErrorCode::Busy,
-            Error::Io { .. } | Error::Aborted => false,
+            Error::Aborted => false,
         }
     }
 
@@ -193,6 +167,8 @@ impl Error {
             Error::Aborted => 0,
             Error::Net(NetError::Closed { .. } | NetError::Io { .. }) => 1,
             Error::Net(_) => 2,
+            // A protocol violation, ranked as one the network layer reports.
+            Error::Store(dmover_store::Error::Protocol { .. }) => 2,
             Error::Remote { code, .. } if *code == ErrorCode::Aborted => 2,
             Error::Remote { .. } => 3,
             _ => 4,
@@ -202,3 +178,34 @@ impl Error {
 
 /// Result alias for the engine.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Storage errors read, rank and travel as they did when they were this type's own
+    /// variants (a protocol violation by the source as one the network layer reports).
+    #[test]
+    fn store_errors_keep_their_texts_codes_and_ranks() {
+        let what = "chunk 3 carries no CRC";
+        let store = Error::from(dmover_store::Error::protocol("the source", what));
+        let net = Error::protocol("the source", what);
+        assert_eq!(store.to_string(), net.to_string());
+        let class = |e: &Error| (e.code(), e.retryable(), e.ends_session(), e.rank());
+        assert_eq!(class(&store), class(&net));
+
+        let missing = Error::io("reading", "a/b", io::Error::from(io::ErrorKind::NotFound));
+        assert_eq!(missing.to_string(), "reading a/b: entity not found");
+        assert_eq!(class(&missing), (ErrorCode::NotFound, false, false, 4));
+        let sum = Error::from(dmover_store::Error::Checksum("chunk 1".into()));
+        assert_eq!(sum.to_string(), "checksum mismatch: chunk 1");
+        assert_eq!(class(&sum), (ErrorCode::Checksum, true, false, 4));
+        let busy = Error::from(dmover_store::Error::refused(
+            ErrorCode::Busy,
+            "journal busy",
+        ));
+        assert_eq!(busy.to_string(), "journal busy");
+        assert_eq!(class(&busy), (ErrorCode::Busy, true, true, 4));
+        assert_eq!(busy.to_msg().message, "journal busy");
+    }
+}

@@ -41,17 +41,20 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use dmover_store::paths::{self, Base};
+use dmover_store::sink::{SinkOptions, prepare_sink};
+use dmover_store::source::{FileSource, SourceOptions};
+use dmover_store::walk;
+
 use crate::access::{ExportSpec, Grant, Rights, User, verify_signature};
-use crate::client::{SOFTWARE, prepare_sink, resume_sink, resume_source};
 use crate::diskpool::DiskPool;
 use crate::engine::{self, DataStream, Run};
 use crate::error::{Error, Result};
-use crate::paths::{self, Base};
 use crate::pool::Pool;
-use crate::session::{self, HANDSHAKE_TIMEOUT, Heartbeat, MAX_STREAMS, unexpected};
-use crate::sink::SinkOptions;
-use crate::source::{Source, SourceOptions};
-use crate::walk;
+use crate::session::{
+    self, HANDSHAKE_TIMEOUT, Heartbeat, MAX_STREAMS, SOFTWARE, resume_sink, resume_source,
+    unexpected,
+};
 
 /// Largest control frame accepted before the client has authenticated.
 pub const PRE_AUTH_MAX_FRAME: usize = 64 << 10;
@@ -224,7 +227,7 @@ impl Server {
         let mut exports = Vec::new();
         for spec in &cfg.exports {
             let shown = spec.path.display().to_string();
-            let root = crate::sys::open_local(
+            let root = dmover_store::sys::open_local(
                 std::os::unix::ffi::OsStrExt::as_bytes(spec.path.as_os_str()),
                 OFlags::PATH | OFlags::DIRECTORY,
             )
@@ -771,7 +774,7 @@ impl Server {
                         let roots = resolved
                             .iter()
                             .map(|(base, p, name)| paths::source_root(base, p, name))
-                            .collect::<Result<Vec<_>>>()?;
+                            .collect::<dmover_store::Result<Vec<_>>>()?;
                         walk::walk(roots)
                     })
                     .await
@@ -893,6 +896,7 @@ impl Server {
                     disk.run(move || prepare_sink(&base, &dest, entries, chunk, opts))
                         .await
                         .ok_or(Error::Aborted)?
+                        .map_err(Error::from)
                 })
                 .await?;
                 let sink = resume_sink(&self.disk, ch, hb, sink, so.resume).await?;
@@ -921,7 +925,7 @@ impl Server {
             Op::Pull { sources } => {
                 what = format!("pull of {} path(s)", sources.len());
                 let walked = walked.expect("walked above");
-                let mut source = Source::new(
+                let mut source = FileSource::new(
                     walked.tree,
                     chunk,
                     SourceOptions {

@@ -1,17 +1,26 @@
 //! What client and server sessions share: options, manifest exchange over the control
-//! channel, and watching the control channel while data flows.
+//! channel, the resume negotiation, and watching the control channel while data flows.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use dmover_net::control::ControlChannel;
 use dmover_net::tcp::SocketOptions;
-use dmover_proto::control::{Control, Have, ManifestEnd, ManifestPart, SessionOptions};
+use dmover_proto::control::{Control, Have, ManifestEnd, ManifestPart, Plan, SessionOptions};
 use dmover_proto::layout::DEFAULT_CHUNK;
 use dmover_proto::manifest::{self, Entry, EntryKind, Totals};
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use dmover_store::resume::Held;
+use dmover_store::sink::FileSink;
+use dmover_store::source::FileSource;
+
+use crate::diskpool::DiskPool;
 use crate::engine::Run;
 use crate::error::{Error, Result};
+
+/// The software name sent in greetings.
+pub const SOFTWARE: &str = concat!("dmover ", env!("CARGO_PKG_VERSION"));
 
 /// How long a peer may take to answer a handshake step.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -529,6 +538,91 @@ pub async fn recv_have<S: AsyncRead + AsyncWrite + Unpin>(
         }
         msg = recv_live(ch, hb).await?;
     }
+}
+
+/// Source side of a resume, after the destination's `Have` parts arrived: checks the
+/// pieces it claims (keeping the control channel alive), and returns the source with
+/// the held data left out, and the plan to send.
+pub(crate) async fn resume_source<S>(
+    disk: &Arc<DiskPool>,
+    ch: &mut ControlChannel<S>,
+    hb: Heartbeat,
+    source: FileSource,
+    parts: &[Have],
+) -> Result<(FileSource, Held, Plan)>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut held = Held::from_have(
+        source.tree().entries(),
+        source.layout().chunk_size() as u32,
+        parts,
+    )
+    .map_err(|e| Error::protocol(ch.peer(), format!("resume: {e}")))?;
+    let disk = disk.clone();
+    let h = held.clone();
+    let (mut source, stale) = keep_alive(ch, hb, async move {
+        disk.run(move || {
+            let stale = source.check_held(&h);
+            (source, stale)
+        })
+        .await
+        .ok_or(Error::Aborted)
+    })
+    .await?;
+    let plan = Plan { stale };
+    held.apply(&plan)
+        .map_err(|e| Error::protocol("this side", e))?;
+    source.resume(&held)?;
+    Ok((source, held, plan))
+}
+
+/// Destination side of the resume negotiation: with `resume`, tells the source what
+/// an earlier attempt left and takes its plan; then prepares the sink for the rest.
+pub(crate) async fn resume_sink<S>(
+    disk: &Arc<DiskPool>,
+    ch: &mut ControlChannel<S>,
+    hb: Heartbeat,
+    sink: FileSink,
+    resume: bool,
+) -> Result<FileSink>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let disk = disk.clone();
+    let (mut sink, mut held) = keep_alive(ch, hb, async move {
+        disk.run(move || {
+            let held = if resume {
+                sink.held()
+            } else {
+                Held::none(sink.tree_entries())
+            };
+            (sink, held)
+        })
+        .await
+        .ok_or(Error::Aborted)
+    })
+    .await?;
+    if resume {
+        for part in held.to_have(sink.tree_entries()) {
+            ch.send(&Control::Have(part)).await?;
+        }
+        match recv_live(ch, hb).await? {
+            Control::Plan(plan) => held
+                .apply(&plan)
+                .map_err(|e| Error::protocol(ch.peer(), format!("resume: {e}")))?,
+            other => return Err(unexpected(ch.peer(), other, "Plan")),
+        }
+        if !held.is_empty() {
+            tracing::info!(
+                "resuming: {} files and {} bytes already here",
+                held.done_files(),
+                held.bytes(sink.tree_entries(), sink.layout().chunk_size() as u32)
+            );
+        }
+    }
+    sink.resume(&held)?;
+    Ok(sink)
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use dmover_bench::mkdata::{self, Profile, Spec};
 use dmover_core::client::Client;
 use dmover_core::engine::Run;
 use dmover_core::server::{Server, ServerConfig};
-use dmover_core::verify;
+use dmover_store::verify;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::DemoArgs;

@@ -27,7 +27,7 @@ fn main() -> ExitCode {
     // The one read of the environment: everything below takes its values from `env`.
     let env = Env::capture();
     init_logging(cli.verbose, cli.quiet_logs(), env.log.as_deref());
-    dmover_core::sys::raise_fd_limit();
+    dmover_store::sys::raise_fd_limit();
     let result = match cli.command {
         Command::Cp(a) => cp::run(a, &env),
         Command::Serve(a) => serve::run(a, &env),

@@ -167,7 +167,7 @@ fn kill_round(rng: &mut Rng, src: &Path, t: &Path, round: u64, tally: &mut Tally
     if resumed > 0 {
         tally.resumes_that_saved += 1;
     }
-    match dmover_core::verify::compare_trees(src, &dest) {
+    match dmover_store::verify::compare_trees(src, &dest) {
         Ok(_) => {}
         Err(e) if e.contains("missing") || e.contains("No such") => {
             tally.lost += 1;

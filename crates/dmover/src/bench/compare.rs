@@ -9,7 +9,7 @@ use clap::Args;
 use dmover_bench::peers::{Layout, Servers, Tool};
 use dmover_bench::plot::{Bar, Bars, Figure, Panel};
 use dmover_bench::report::{Report, round_sig};
-use dmover_bench::treecmp::{self, Depth};
+use dmover_store::verify::{self, Compare, Depth};
 use serde_json::{Value, json};
 
 use super::common::{self, Dataset, OutputArgs, Progress, num, row, text};
@@ -195,7 +195,7 @@ pub fn run(a: CompareArgs, env: &Env) -> anyhow::Result<()> {
                         timed
                             .result
                             .and_then(|()| {
-                                treecmp::check(&ds.path(), &target, a.verify)
+                                verify::compare(&ds.path(), &target, Compare::content(a.verify))
                                     .map_err(|e| format!("verify: {e}"))
                             })
                             .map(|_| timed.seconds)

@@ -241,7 +241,7 @@ pub fn make_small_files(root: &Path, n: usize, dirs: usize) {
 }
 
 pub fn same(a: &Path, b: &Path) {
-    if let Err(e) = dmover_core::verify::compare_trees(a, b) {
+    if let Err(e) = dmover_store::verify::compare_trees(a, b) {
         panic!("trees differ: {e}");
     }
 }

@@ -48,11 +48,12 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dmover_proto::digest::crc32c_append;
 use dmover_proto::manifest::{Entry, EntryKind, Mtime};
 use parking_lot::Mutex;
 use rustix::fs::{AtFlags, FlockOperation, OFlags};
 use rustix::io::Errno;
-use xxhash_rust::xxh3::{Xxh3, xxh3_64};
+use twox_hash::{XxHash3_64, XxHash3_128};
 
 use crate::sys;
 
@@ -83,7 +84,7 @@ pub fn transfer_key<'a>(roots: impl IntoIterator<Item = (&'a [u8], &'a EntryKind
             EntryKind::Symlink { .. } => b'l',
         });
     }
-    xxh3_64(&v)
+    XxHash3_64::oneshot(&v)
 }
 
 /// The journal's file name for `key`.
@@ -94,12 +95,12 @@ pub fn journal_name(key: u64) -> Vec<u8> {
 /// The hash naming a file in records: xxh3-128 of its path components, each followed
 /// by a NUL (the root's name as it is called at the destination).
 pub fn path_hash<'a>(components: impl Iterator<Item = &'a [u8]>) -> u128 {
-    let mut h = Xxh3::new();
+    let mut h = XxHash3_128::new();
     for c in components {
-        h.update(c);
-        h.update(&[0]);
+        h.write(c);
+        h.write(&[0]);
     }
-    h.digest128()
+    h.finish_128()
 }
 
 /// The identity of a file's content as the source announced it.
@@ -203,12 +204,12 @@ fn header(key: u64, chunk: u32) -> [u8; RECORD_LEN] {
 }
 
 fn seal(b: &mut [u8; RECORD_LEN]) {
-    let crc = crc32c::crc32c(&b[..60]);
+    let crc = crc32c_append(0, &b[..60]);
     b[60..].copy_from_slice(&crc.to_le_bytes());
 }
 
 fn sealed(b: &[u8]) -> bool {
-    b.len() == RECORD_LEN && crc32c::crc32c(&b[..60]).to_le_bytes() == b[60..]
+    b.len() == RECORD_LEN && crc32c_append(0, &b[..60]).to_le_bytes() == b[60..]
 }
 
 fn record(kind: u8, id: &FileId, index: u64, hash: u64) -> [u8; RECORD_LEN] {
@@ -460,6 +461,28 @@ mod tests {
             size,
             mtime: Mtime { sec: 5, nsec: 6 },
         }
+    }
+
+    /// Journals, keys and staging names of earlier versions (hashed with `xxhash-rust`
+    /// and `crc32c`) must still be recognised.
+    #[test]
+    fn hashes_match_the_reference_crates() {
+        let comps: [&[u8]; 3] = [b"root", b"d\xffir", b"file.bin"];
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for c in comps {
+            h.update(c);
+            h.update(&[0]);
+        }
+        assert_eq!(path_hash(comps.into_iter()), h.digest128());
+        let key = transfer_key([(&b"data"[..], &EntryKind::Dir)]);
+        assert_eq!(
+            key,
+            xxhash_rust::xxh3::xxh3_64(b"dmover-transfer-1\0data\0d")
+        );
+        let mut r = [7u8; RECORD_LEN];
+        seal(&mut r);
+        assert_eq!(r[60..], crc32c::crc32c(&r[..60]).to_le_bytes());
+        assert!(sealed(&r));
     }
 
     fn dir() -> (tempfile::TempDir, Arc<OwnedFd>) {

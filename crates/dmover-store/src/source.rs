@@ -16,21 +16,13 @@ use dmover_proto::digest::{crc32c_append, piece_hash};
 use dmover_proto::layout::{Layout, Piece};
 use rustix::fs::OFlags;
 
-use crate::DirectIo;
+use crate::chunk::{ChunkRead, Source};
 use crate::error::{Error, Result};
 use crate::resume::{Held, Skips};
 use crate::sys;
 use crate::track::SendTracker;
 use crate::tree::Tree;
-
-/// What reading a chunk produced besides its bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ChunkRead {
-    /// CRC32C of the wire payload (with checksums on).
-    pub crc: Option<u32>,
-    /// Digest entries appended to the trailer.
-    pub n_digests: u32,
-}
+use dmover_proto::control::DirectIo;
 
 /// Options of the source side.
 #[derive(Debug, Clone, Copy, Default)]
@@ -46,9 +38,9 @@ pub struct SourceOptions {
     pub chunk_delay: Option<std::time::Duration>,
 }
 
-/// The source side of a session: a walked tree, its layout and options.
+/// The file-backed [`Source`]: a walked tree, its layout and options.
 #[derive(Debug)]
-pub struct Source {
+pub struct FileSource {
     tree: Tree,
     layout: Layout,
     opts: SourceOptions,
@@ -61,13 +53,13 @@ pub struct Source {
     failed: Mutex<BTreeMap<u32, String>>,
 }
 
-impl Source {
+impl FileSource {
     /// A source over `tree` cut into `chunk_size` chunks.
     pub fn new(tree: Tree, chunk_size: u32, opts: SourceOptions) -> Result<Self> {
         let layout = Layout::new(tree.entries(), chunk_size).map_err(|e| {
             Error::refused(dmover_proto::control::ErrorCode::Protocol, e.to_string())
         })?;
-        Ok(Source {
+        Ok(FileSource {
             tree,
             layout,
             opts,
@@ -132,11 +124,6 @@ impl Source {
         Ok(())
     }
 
-    /// The chunks to send, in order.
-    pub fn chunks(&self) -> impl Iterator<Item = u64> + '_ {
-        self.skips.chunks(&self.layout)
-    }
-
     /// Bytes of file data the destination already held.
     pub fn held_bytes(&self) -> u64 {
         self.held_bytes
@@ -177,64 +164,6 @@ impl Source {
     /// Whether checksums are on.
     pub fn checksum(&self) -> bool {
         self.opts.checksum
-    }
-
-    /// Reads chunk `k` into `buf` (at least the chunk size), appending digest entries
-    /// of files it completes (and failure markers) to `trailer`.
-    pub fn read_chunk(&self, k: u64, buf: &mut [u8], trailer: &mut Vec<u8>) -> Result<ChunkRead> {
-        if let Some(d) = self.opts.chunk_delay {
-            std::thread::sleep(d);
-        }
-        trailer.clear();
-        let mut n_digests = 0;
-        let mut crc = 0u32;
-        for p in self.layout.pieces(k) {
-            let ok = self.read_or_fail(&p, buf)?;
-            let data = &buf[p.buf_offset..p.buf_offset + p.len];
-            if self.opts.checksum {
-                // The wire payload is the pieces back to back, so a running CRC over
-                // them in order is the payload's CRC.
-                crc = crc32c_append(crc, data);
-            }
-            if !ok {
-                DigestEntry::failure(p.file).encode_into(trailer);
-                n_digests += 1;
-            } else if self.opts.checksum && !self.skips.piece_held(p.file, p.index) {
-                let n = self.layout.n_pieces(p.file);
-                if let Some(digest) = self.digests.piece(p.file, p.index, n, piece_hash(data)) {
-                    DigestEntry {
-                        file: p.file,
-                        digest,
-                    }
-                    .encode_into(trailer);
-                    n_digests += 1;
-                }
-            }
-        }
-        Ok(ChunkRead {
-            crc: self.opts.checksum.then_some(crc),
-            n_digests,
-        })
-    }
-
-    /// Reads chunk `k` again to resend it (its first copy went down with a data
-    /// stream), checking it against the CRC it was first sent with.
-    pub fn reread_chunk(&self, k: u64, buf: &mut [u8], crc: Option<u32>) -> Result<()> {
-        let mut again = 0u32;
-        for p in self.layout.pieces(k) {
-            self.read_or_fail(&p, buf)?;
-            if crc.is_some() {
-                again = crc32c_append(again, &buf[p.buf_offset..p.buf_offset + p.len]);
-            }
-        }
-        if crc.is_some_and(|c| c != again) {
-            let first = self.layout.pieces(k).next().map(|p| p.file).unwrap_or(0);
-            return Err(Error::Changed {
-                path: self.tree.display(self.layout.files()[first as usize].entry),
-                what: format!("chunk {k} reads differently than when it was first sent"),
-            });
-        }
-        Ok(())
     }
 
     /// Reads a piece; with `continue_on_error` a file that cannot be read is recorded
@@ -335,5 +264,69 @@ impl Source {
         if !self.direct_failed.swap(true, Ordering::Relaxed) {
             tracing::warn!("direct I/O is not supported for {path} ({e}); using buffered reads");
         }
+    }
+}
+
+impl Source for FileSource {
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
+        Box::new(self.skips.chunks(&self.layout))
+    }
+
+    fn read_chunk(&self, k: u64, buf: &mut [u8], trailer: &mut Vec<u8>) -> Result<ChunkRead> {
+        if let Some(d) = self.opts.chunk_delay {
+            std::thread::sleep(d);
+        }
+        trailer.clear();
+        let mut n_digests = 0;
+        let mut crc = 0u32;
+        for p in self.layout.pieces(k) {
+            let ok = self.read_or_fail(&p, buf)?;
+            let data = &buf[p.buf_offset..p.buf_offset + p.len];
+            if self.opts.checksum {
+                // The wire payload is the pieces back to back, so a running CRC over
+                // them in order is the payload's CRC.
+                crc = crc32c_append(crc, data);
+            }
+            if !ok {
+                DigestEntry::failure(p.file).encode_into(trailer);
+                n_digests += 1;
+            } else if self.opts.checksum && !self.skips.piece_held(p.file, p.index) {
+                let n = self.layout.n_pieces(p.file);
+                if let Some(digest) = self.digests.piece(p.file, p.index, n, piece_hash(data)) {
+                    DigestEntry {
+                        file: p.file,
+                        digest,
+                    }
+                    .encode_into(trailer);
+                    n_digests += 1;
+                }
+            }
+        }
+        Ok(ChunkRead {
+            crc: self.opts.checksum.then_some(crc),
+            n_digests,
+        })
+    }
+
+    fn reread_chunk(&self, k: u64, buf: &mut [u8], crc: Option<u32>) -> Result<()> {
+        let mut again = 0u32;
+        for p in self.layout.pieces(k) {
+            self.read_or_fail(&p, buf)?;
+            if crc.is_some() {
+                again = crc32c_append(again, &buf[p.buf_offset..p.buf_offset + p.len]);
+            }
+        }
+        if crc.is_some_and(|c| c != again) {
+            let first = self.layout.pieces(k).next().map(|p| p.file).unwrap_or(0);
+            return Err(Error::Changed {
+                path: self.tree.display(self.layout.files()[first as usize].entry),
+                what: format!("chunk {k} reads differently than when it was first sent"),
+            });
+        }
+        Ok(())
     }
 }

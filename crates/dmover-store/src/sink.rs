@@ -2,9 +2,10 @@
 //! each file its final name once it is complete and verified.
 //!
 //! # Lifecycle
-//! 1. [`Sink::prepare`] creates the directories (owner-only until the end).
-//!    [`Sink::held`] tells what an earlier attempt left (from the journal, see
-//!    [`crate::journal`]); [`Sink::resume`] then leaves that out.
+//! 1. [`prepare_sink`] binds a manifest to its destination (the `cp -r` rule) and
+//!    [`FileSink::prepare`] creates the directories (owner-only until the end).
+//!    [`FileSink::held`] tells what an earlier attempt left (from the journal, see
+//!    [`crate::journal`]); [`FileSink::resume`] then leaves that out.
 //! 2. [`Sink::write_chunk`], from any disk thread, in any chunk order: check the chunk's
 //!    CRC, write each piece into its file's staging name
 //!    (`.dmv.<transfer key>.<name>` in the same directory), fold the piece's hash
@@ -15,14 +16,15 @@
 //!    directory modes and mtimes deepest first, and checks that every file arrived.
 //!
 //! Completed files, and pieces of files of a chunk or more, are recorded in the journal.
-//! A sink dropped before `finish` succeeded commits the journal and removes the staging
-//! files of every file in flight that the journal does not describe: a failed transfer
-//! leaves no partial file under a final name, and under staging names only what a
-//! resumed session can use. `finish` removes the journal; when an earlier attempt
+//! A sink aborted ([`Sink::abort`]) or dropped before `finish` succeeded commits the
+//! journal and removes the staging files of every file in flight that the journal does
+//! not describe: a failed transfer leaves no partial file under a final name, and under
+//! staging names only what a resumed session can use. `finish` removes the journal; when an earlier attempt
 //! existed it also sweeps that attempt's staging files from the tree's directories.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::AsFd;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
@@ -31,17 +33,19 @@ use dmover_proto::control::{ErrorCode, Summary};
 use dmover_proto::data::DigestEntry;
 use dmover_proto::digest::{FileDigest, crc32c_append, piece_hash};
 use dmover_proto::layout::{Layout, Piece};
-use dmover_proto::manifest::{EntryKind, MAX_NAME};
+use dmover_proto::manifest::{Entry, EntryKind, MAX_NAME, NO_PARENT};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::DirectIo;
+use crate::chunk::Sink;
 use crate::error::{Error, Result};
 use crate::journal::{self, Contents, FileId, Journal};
+use crate::paths::{self, Base};
 use crate::resume::{Held, Skips};
 use crate::sys;
 use crate::track::{Complete, RecvTracker, TrackError};
-use crate::tree::Tree;
+use crate::tree::{RootRef, Tree};
+use dmover_proto::control::DirectIo;
 
 /// Files at least this large are preallocated before their first write.
 const PREALLOC_MIN: u64 = 1 << 20;
@@ -74,9 +78,9 @@ struct Staged {
     mode_set: bool,
 }
 
-/// The destination side of a session.
+/// The file-backed [`Sink`]: the destination side of a session.
 #[derive(Debug)]
-pub struct Sink {
+pub struct FileSink {
     tree: Tree,
     layout: Layout,
     key: u64,
@@ -102,7 +106,7 @@ pub struct Sink {
     any_failed: AtomicBool,
 }
 
-impl Sink {
+impl FileSink {
     /// A sink writing `tree` (bound to destination handles), opening and locking the
     /// transfer's journal (see [`crate::journal`]).
     pub fn new(tree: Tree, chunk_size: u32, opts: SinkOptions) -> Result<Self> {
@@ -120,7 +124,7 @@ impl Sink {
                 .iter()
                 .map(|&i| (tree.root_name(i), &tree.entries()[i as usize].kind)),
         );
-        let mut sink = Sink {
+        let mut sink = FileSink {
             tree,
             layout,
             key,
@@ -264,11 +268,6 @@ impl Sink {
         Ok(())
     }
 
-    /// The chunks the source will send, in order.
-    pub fn chunks(&self) -> impl Iterator<Item = u64> + '_ {
-        self.skips.chunks(&self.layout)
-    }
-
     /// Bytes of file data an earlier attempt left that this session keeps.
     pub fn held_bytes(&self) -> u64 {
         self.held_bytes
@@ -336,7 +335,9 @@ impl Sink {
         if s.len() + name.len() <= MAX_NAME {
             s.extend_from_slice(name);
         } else {
-            s.extend_from_slice(format!("{:016x}~", xxhash_rust::xxh3::xxh3_64(name)).as_bytes());
+            s.extend_from_slice(
+                format!("{:016x}~", twox_hash::XxHash3_64::oneshot(name)).as_bytes(),
+            );
             let room = MAX_NAME - s.len();
             s.extend_from_slice(&name[..room]);
         }
@@ -375,96 +376,6 @@ impl Sink {
                 Err(e) => return Err(Error::io("creating directory", path(), e)),
             }
         }
-        Ok(())
-    }
-
-    /// Writes chunk `k`, whose wire payload has been placed in `buf` at the layout's
-    /// offsets, with the digest `trailer` and `crc` from its frame.
-    pub fn write_chunk(&self, k: u64, buf: &[u8], trailer: &[u8], crc: Option<u32>) -> Result<()> {
-        if let Some(d) = self.opts.chunk_delay {
-            std::thread::sleep(d);
-        }
-        if self.opts.checksum {
-            let Some(want) = crc else {
-                return Err(Error::protocol(
-                    "the source",
-                    format!("chunk {k} carries no CRC"),
-                ));
-            };
-            let got = self.layout.pieces(k).fold(0, |c, p| {
-                crc32c_append(c, &buf[p.buf_offset..p.buf_offset + p.len])
-            });
-            if got != want {
-                return Err(Error::Checksum(format!(
-                    "chunk {k} arrived corrupted (CRC32C {got:08x}, sent as {want:08x})"
-                )));
-            }
-        }
-        // Digests first: a file held whole by this chunk then completes as its data is
-        // written, and is finalised through the descriptor already open.
-        let digests = DigestEntry::decode_all(trailer)
-            .map_err(|e| Error::protocol("the source", format!("chunk {k} digest trailer: {e}")))?;
-        let mut pieces = self.layout.pieces(k).peekable();
-        let mut previous = None;
-        for d in digests {
-            // Entries come in file order, each naming a file this chunk holds a piece of:
-            // one merge pass checks both.
-            let file = d.index();
-            if previous.is_some_and(|f| file <= f) {
-                return Err(Error::protocol(
-                    "the source",
-                    format!("chunk {k}: digest entries out of order"),
-                ));
-            }
-            previous = Some(file);
-            while pieces.next_if(|p| p.file < file).is_some() {}
-            if pieces.peek().map(|p| p.file) != Some(file) {
-                return Err(Error::protocol(
-                    "the source",
-                    format!("chunk {k} carries a digest for file {file} it holds no piece of"),
-                ));
-            }
-            if d.is_failure() {
-                self.fail_file(file);
-                continue;
-            }
-            if self.is_failed(file) {
-                continue;
-            }
-            match self
-                .tracker
-                .expect(file, self.layout.n_pieces(file), d.digest)
-            {
-                Ok(Some(done)) => self.finalize(file, done, None)?,
-                Ok(None) => {}
-                Err(e) => return Err(self.track_error(file, e)),
-            }
-        }
-        for p in self.layout.pieces(k) {
-            let file = p.file;
-            if self.skips.piece_held(file, p.index) || self.is_failed(file) {
-                continue;
-            }
-            self.tracker.begin(file);
-            let data = &buf[p.buf_offset..p.buf_offset + p.len];
-            let hash = self.opts.checksum.then(|| piece_hash(data));
-            let n = self.layout.n_pieces(file);
-            let staged = self.write_piece(&p, n, buf)?;
-            if let (Some(h), false, true) = (hash, p.last, self.layout.chunk_aligned(file)) {
-                // A piece of a file of a chunk or more: worth resuming from.
-                if let Some(j) = &*self.journal.lock() {
-                    let id = self.file_id(self.layout.files()[file as usize].entry);
-                    j.piece_done(&id, p.index, h);
-                    self.keep.lock().insert(file);
-                }
-            }
-            match self.tracker.written(file, p.index, n, hash) {
-                Ok(Some(done)) => self.finalize(file, done, Some(staged))?,
-                Ok(None) => {}
-                Err(e) => return Err(self.track_error(file, e)),
-            }
-        }
-        self.chunks_done.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -659,9 +570,145 @@ impl Sink {
         Ok(())
     }
 
-    /// Completes the transfer once every chunk is written: empty files, symlinks,
-    /// directory metadata, and the check that every file arrived.
-    pub fn finish(&self) -> Result<Summary> {
+    /// Removes staging files an earlier attempt of this transfer left in the tree's
+    /// directories (files since removed from the source, or left by a crash).
+    fn sweep(&self) {
+        let prefix = self.staging_prefix();
+        let mut dirs: Vec<std::sync::Arc<std::os::fd::OwnedFd>> = Vec::new();
+        dirs.extend(self.tree.roots_dir());
+        for (i, e) in self.tree.entries().iter().enumerate() {
+            if e.kind == EntryKind::Dir {
+                if let Ok(d) = self.tree.dir(i as u32) {
+                    dirs.push(d);
+                }
+            }
+        }
+        let mut removed = 0;
+        for d in dirs {
+            let Ok(fd) = sys::open_in(&*d, b".", OFlags::RDONLY | OFlags::DIRECTORY, 0) else {
+                continue;
+            };
+            let Ok(list) = rustix::fs::Dir::read_from(&fd) else {
+                continue;
+            };
+            for de in list.flatten() {
+                let name = de.file_name().to_bytes();
+                if name.starts_with(&prefix)
+                    && rustix::fs::unlinkat(&*d, name, AtFlags::empty()).is_ok()
+                {
+                    removed += 1;
+                }
+            }
+        }
+        if removed > 0 {
+            tracing::info!("removed {removed} staging files an earlier attempt left");
+        }
+    }
+
+    /// Bytes written so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.bytes_done.load(Ordering::Relaxed)
+    }
+}
+
+impl Sink for FileSink {
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
+        Box::new(self.skips.chunks(&self.layout))
+    }
+
+    fn write_chunk(&self, k: u64, buf: &[u8], trailer: &[u8], crc: Option<u32>) -> Result<()> {
+        if let Some(d) = self.opts.chunk_delay {
+            std::thread::sleep(d);
+        }
+        if self.opts.checksum {
+            let Some(want) = crc else {
+                return Err(Error::protocol(
+                    "the source",
+                    format!("chunk {k} carries no CRC"),
+                ));
+            };
+            let got = self.layout.pieces(k).fold(0, |c, p| {
+                crc32c_append(c, &buf[p.buf_offset..p.buf_offset + p.len])
+            });
+            if got != want {
+                return Err(Error::Checksum(format!(
+                    "chunk {k} arrived corrupted (CRC32C {got:08x}, sent as {want:08x})"
+                )));
+            }
+        }
+        // Digests first: a file held whole by this chunk then completes as its data is
+        // written, and is finalised through the descriptor already open.
+        let digests = DigestEntry::decode_all(trailer)
+            .map_err(|e| Error::protocol("the source", format!("chunk {k} digest trailer: {e}")))?;
+        let mut pieces = self.layout.pieces(k).peekable();
+        let mut previous = None;
+        for d in digests {
+            // Entries come in file order, each naming a file this chunk holds a piece of:
+            // one merge pass checks both.
+            let file = d.index();
+            if previous.is_some_and(|f| file <= f) {
+                return Err(Error::protocol(
+                    "the source",
+                    format!("chunk {k}: digest entries out of order"),
+                ));
+            }
+            previous = Some(file);
+            while pieces.next_if(|p| p.file < file).is_some() {}
+            if pieces.peek().map(|p| p.file) != Some(file) {
+                return Err(Error::protocol(
+                    "the source",
+                    format!("chunk {k} carries a digest for file {file} it holds no piece of"),
+                ));
+            }
+            if d.is_failure() {
+                self.fail_file(file);
+                continue;
+            }
+            if self.is_failed(file) {
+                continue;
+            }
+            match self
+                .tracker
+                .expect(file, self.layout.n_pieces(file), d.digest)
+            {
+                Ok(Some(done)) => self.finalize(file, done, None)?,
+                Ok(None) => {}
+                Err(e) => return Err(self.track_error(file, e)),
+            }
+        }
+        for p in self.layout.pieces(k) {
+            let file = p.file;
+            if self.skips.piece_held(file, p.index) || self.is_failed(file) {
+                continue;
+            }
+            self.tracker.begin(file);
+            let data = &buf[p.buf_offset..p.buf_offset + p.len];
+            let hash = self.opts.checksum.then(|| piece_hash(data));
+            let n = self.layout.n_pieces(file);
+            let staged = self.write_piece(&p, n, buf)?;
+            if let (Some(h), false, true) = (hash, p.last, self.layout.chunk_aligned(file)) {
+                // A piece of a file of a chunk or more: worth resuming from.
+                if let Some(j) = &*self.journal.lock() {
+                    let id = self.file_id(self.layout.files()[file as usize].entry);
+                    j.piece_done(&id, p.index, h);
+                    self.keep.lock().insert(file);
+                }
+            }
+            match self.tracker.written(file, p.index, n, hash) {
+                Ok(Some(done)) => self.finalize(file, done, Some(staged))?,
+                Ok(None) => {}
+                Err(e) => return Err(self.track_error(file, e)),
+            }
+        }
+        self.chunks_done.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn finish(&self) -> Result<Summary> {
         let expected_files = self.layout.files().len() as u64;
         let done_files = self.files_done.load(Ordering::Relaxed);
         let failed = self.failed.lock().len() as u64;
@@ -772,55 +819,15 @@ impl Sink {
         Ok(summary)
     }
 
-    /// Removes staging files an earlier attempt of this transfer left in the tree's
-    /// directories (files since removed from the source, or left by a crash).
-    fn sweep(&self) {
-        let prefix = self.staging_prefix();
-        let mut dirs: Vec<std::sync::Arc<std::os::fd::OwnedFd>> = Vec::new();
-        dirs.extend(self.tree.roots_dir());
-        for (i, e) in self.tree.entries().iter().enumerate() {
-            if e.kind == EntryKind::Dir {
-                if let Ok(d) = self.tree.dir(i as u32) {
-                    dirs.push(d);
-                }
-            }
-        }
-        let mut removed = 0;
-        for d in dirs {
-            let Ok(fd) = sys::open_in(&*d, b".", OFlags::RDONLY | OFlags::DIRECTORY, 0) else {
-                continue;
-            };
-            let Ok(list) = rustix::fs::Dir::read_from(&fd) else {
-                continue;
-            };
-            for de in list.flatten() {
-                let name = de.file_name().to_bytes();
-                if name.starts_with(&prefix)
-                    && rustix::fs::unlinkat(&*d, name, AtFlags::empty()).is_ok()
-                {
-                    removed += 1;
-                }
-            }
-        }
-        if removed > 0 {
-            tracing::info!("removed {removed} staging files an earlier attempt left");
-        }
-    }
-
-    /// Bytes written so far.
-    pub fn bytes_written(&self) -> u64 {
-        self.bytes_done.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for Sink {
-    fn drop(&mut self) {
-        if self.finished.load(Ordering::Acquire) {
+    /// Commits what the journal has (the data it describes is written), then keeps
+    /// only the staging files it describes.
+    fn abort(&self) {
+        if self.finished.swap(true, Ordering::AcqRel) {
             return;
         }
         // Commit what the journal has (the data it describes is written), then keep
         // only the staging files it describes.
-        let journal = self.journal.get_mut().take();
+        let journal = self.journal.lock().take();
         let kept = match &journal {
             Some(j) => {
                 j.flush();
@@ -828,7 +835,7 @@ impl Drop for Sink {
             }
             None => false,
         };
-        let keep = std::mem::take(self.keep.get_mut());
+        let keep = std::mem::take(&mut *self.keep.lock());
         let mut removed = 0;
         let mut held = 0;
         for f in self.tracker.in_flight() {
@@ -850,4 +857,71 @@ impl Drop for Sink {
             );
         }
     }
+}
+
+impl Drop for FileSink {
+    fn drop(&mut self) {
+        self.abort();
+    }
+}
+
+/// `cp -r src dest` makes `dest` the copy of `src` when `dest` does not exist, and its
+/// parent otherwise. An interrupted first attempt leaves `dest` existing, so a retry
+/// or `--resume` would copy into it: when the journal of an earlier attempt that made
+/// `dest` the root itself is in `dest`'s parent, that attempt is continued instead.
+fn continued_dest(
+    base: &Base,
+    dest: &[u8],
+    roots: &[(u32, &Entry)],
+    opts: SinkOptions,
+) -> Result<Option<HashMap<u32, (RootRef, String)>>> {
+    let [(idx, root)] = roots else {
+        return Ok(None);
+    };
+    if !opts.journal || root.kind != EntryKind::Dir {
+        return Ok(None);
+    }
+    let Ok(Some((parent, name))) = paths::dest_parent(base, dest) else {
+        return Ok(None);
+    };
+    let key = journal::transfer_key([(name.as_slice(), &root.kind)]);
+    let journal = journal::journal_name(key);
+    if rustix::fs::statat(&parent, journal.as_slice(), AtFlags::SYMLINK_NOFOLLOW).is_err() {
+        return Ok(None);
+    }
+    let shown = String::from_utf8_lossy(dest).into_owned();
+    Ok(Some(HashMap::from([(
+        *idx,
+        (
+            RootRef::At {
+                parent: Arc::new(parent),
+                name,
+            },
+            shown,
+        ),
+    )])))
+}
+
+/// Binds an incoming manifest to its destination `dest` under `base` (continuing an
+/// interrupted attempt's root, see the `cp -r` rule) and creates its directories.
+pub fn prepare_sink(
+    base: &Base,
+    dest: &[u8],
+    entries: Vec<Entry>,
+    chunk_size: u32,
+    opts: SinkOptions,
+) -> Result<FileSink> {
+    let roots: Vec<(u32, &Entry)> = entries
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.parent == NO_PARENT)
+        .map(|(i, e)| (i as u32, e))
+        .collect();
+    let bound = match continued_dest(base, dest, &roots, opts)? {
+        Some(b) => b,
+        None => paths::resolve_dest(base, dest, &roots)?,
+    };
+    let sink = FileSink::new(Tree::new(entries, bound), chunk_size, opts)?;
+    sink.prepare()?;
+    Ok(sink)
 }

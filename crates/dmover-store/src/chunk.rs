@@ -1,0 +1,62 @@
+//! The chunk pipeline's two storage seams.
+//!
+//! The engine moves chunks of the layout (see [`dmover_proto::layout`]): the source
+//! side takes a buffer from its pool, asks a [`Source`] to fill it, and sends it; the
+//! destination receives a chunk into a pool buffer and hands it to a [`Sink`]. Both
+//! traits work on the caller's buffer in place, so no chunk is copied for their sake,
+//! and both are called from any disk thread, in any chunk order.
+
+use dmover_proto::control::Summary;
+use dmover_proto::layout::Layout;
+
+use crate::error::Result;
+
+/// What reading a chunk produced besides its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkRead {
+    /// CRC32C of the wire payload (with checksums on).
+    pub crc: Option<u32>,
+    /// Digest entries appended to the trailer.
+    pub n_digests: u32,
+}
+
+/// The read side: fills chunk buffers from storage.
+pub trait Source: Send + Sync {
+    /// The dataset layout (chunk size, files and their pieces).
+    fn layout(&self) -> &Layout;
+
+    /// The chunks to send, in order (those the destination does not already hold).
+    fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_>;
+
+    /// Reads chunk `k` into `buf` (at least the chunk size) at the layout's offsets,
+    /// appending the digest entries of files it completes (and failure markers) to
+    /// `trailer`, which it clears first.
+    fn read_chunk(&self, k: u64, buf: &mut [u8], trailer: &mut Vec<u8>) -> Result<ChunkRead>;
+
+    /// Reads chunk `k` again to resend it (its first copy went down with a data
+    /// stream), checking it against the CRC it was first sent with.
+    fn reread_chunk(&self, k: u64, buf: &mut [u8], crc: Option<u32>) -> Result<()>;
+}
+
+/// The write side: stores received chunks and completes the files they hold.
+pub trait Sink: Send + Sync {
+    /// The dataset layout (chunk size, files and their pieces).
+    fn layout(&self) -> &Layout;
+
+    /// The chunks the source will send, in order.
+    fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_>;
+
+    /// Writes chunk `k`, whose wire payload has been placed in `buf` at the layout's
+    /// offsets, with the digest `trailer` and `crc` from its frame: checks the CRC,
+    /// writes each piece at its file offset, and completes every file whose pieces are
+    /// all written once its digest matches the source's.
+    fn write_chunk(&self, k: u64, buf: &[u8], trailer: &[u8], crc: Option<u32>) -> Result<()>;
+
+    /// Completes the transfer once every chunk is written (entries without data,
+    /// metadata, the check that every file arrived) and sums it up.
+    fn finish(&self) -> Result<Summary>;
+
+    /// Gives up the transfer: nothing incomplete stays under a final name. Dropping a
+    /// sink whose `finish` did not succeed does the same.
+    fn abort(&self);
+}

@@ -1,0 +1,35 @@
+//! dmover's storage: everything that touches the disk, and nothing that touches the
+//! network.
+//!
+//! - [`tree`], [`paths`], [`sys`]: every file operation goes through directory handles,
+//!   so a server never follows a path out of its root.
+//! - [`walk`]: a source tree into a manifest.
+//! - [`Source`] and [`Sink`] ([`chunk`]): the two sides of the chunk pipeline. A source
+//!   fills a caller's chunk buffer with the pieces the layout puts in it and hashes them;
+//!   a sink writes a received chunk at the layout's offsets, verifies each file as it
+//!   completes, and finishes or aborts the transfer. [`source::FileSource`] and
+//!   [`sink::FileSink`] are the file-backed ones, [`mem::MemSource`] and
+//!   [`mem::MemSink`] in-memory ones for tests and benchmarks.
+//! - [`journal`], [`resume`], [`track`]: what an interrupted transfer left, what both
+//!   sides agree to skip, and per-file digests while pieces move.
+//! - [`verify`]: comparing two trees (tests, the demo, benchmark copies).
+//! - [`Error`]: the storage error, wrapped transparently by `dmover_core::Error`.
+
+pub mod chunk;
+pub mod error;
+pub mod journal;
+pub mod mem;
+pub mod paths;
+pub mod resume;
+pub mod sink;
+pub mod source;
+pub mod sys;
+pub mod track;
+pub mod tree;
+pub mod verify;
+pub mod walk;
+
+pub use chunk::{ChunkRead, Sink, Source};
+pub use error::{Error, Result};
+
+pub use dmover_proto::control::DirectIo;
