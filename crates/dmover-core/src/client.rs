@@ -639,7 +639,6 @@ impl Client {
                 checksum: self.opts.checksum,
                 direct_io: self.opts.direct_io,
                 continue_on_error: self.opts.continue_on_error,
-                chunk_delay: None,
             },
         )?;
         let totals = Totals::of(source.tree().entries());
@@ -782,7 +781,6 @@ impl Client {
             verify: self.opts.verify && self.opts.checksum,
             journal: self.opts.journal,
             resume,
-            chunk_delay: None,
         };
         let names = entries.clone();
         let disk = self.disk.clone();

@@ -41,10 +41,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use dmover_store::fault::Slow;
 use dmover_store::paths::{self, Base};
-use dmover_store::sink::{SinkOptions, prepare_sink};
+use dmover_store::sink::{FileSink, SinkOptions, prepare_sink};
 use dmover_store::source::{FileSource, SourceOptions};
 use dmover_store::walk;
+use dmover_store::{Sink, Source};
 
 use crate::access::{ExportSpec, Grant, Rights, User, verify_signature};
 use crate::diskpool::DiskPool;
@@ -95,7 +97,15 @@ pub struct ServerConfig {
     pub max_entries: u64,
     /// Most memory a session's manifest may take (see [`session::entry_bytes`]).
     pub max_manifest_bytes: u64,
-    /// Test hook: delay every chunk this server reads or writes.
+}
+
+/// Faults a server injects into its sessions, for tests (never set in production):
+/// data streams cut ([`dmover_net::fault`]) and slow storage ([`dmover_store::fault`]).
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// Cuts of data streams.
+    pub link: Option<Arc<FaultPlan>>,
+    /// Every chunk the server reads or writes takes this long first.
     pub chunk_delay: Option<Duration>,
 }
 
@@ -122,7 +132,6 @@ impl ServerConfig {
             socket: SocketOptions::default(),
             max_entries: session::MAX_ENTRIES,
             max_manifest_bytes: session::MAX_MANIFEST_BYTES,
-            chunk_delay: None,
         }
     }
 
@@ -173,8 +182,8 @@ pub struct Server {
     per_user: Mutex<HashMap<String, usize>>,
     handshakes: Arc<Semaphore>,
     memory: Arc<Semaphore>,
-    /// Faults injected into every session's data streams (tests).
-    faults: Option<Arc<FaultPlan>>,
+    /// Faults injected into every session (tests).
+    faults: Faults,
 }
 
 impl std::fmt::Debug for Server {
@@ -215,12 +224,11 @@ fn refused(code: ErrorCode, message: impl Into<String>) -> Error {
 impl Server {
     /// Opens the exports and starts the disk threads.
     pub fn new(cfg: ServerConfig) -> Result<Arc<Self>> {
-        Self::with_faults(cfg, None)
+        Self::with_faults(cfg, Faults::default())
     }
 
-    /// [`Server::new`], with faults injected into every session's data streams (for
-    /// tests: [`dmover_net::fault`]).
-    pub fn with_faults(cfg: ServerConfig, faults: Option<Arc<FaultPlan>>) -> Result<Arc<Self>> {
+    /// [`Server::new`], with faults injected into every session (tests).
+    pub fn with_faults(cfg: ServerConfig, faults: Faults) -> Result<Arc<Self>> {
         if cfg.exports.is_empty() {
             return Err(refused(ErrorCode::NotFound, "no export to serve"));
         }
@@ -889,7 +897,6 @@ impl Server {
                     verify: so.verify && open.checksum,
                     journal: so.journal,
                     resume: so.resume,
-                    chunk_delay: self.cfg.chunk_delay,
                 };
                 let disk = self.disk.clone();
                 let sink = session::keep_alive(ch, hb, async move {
@@ -908,7 +915,7 @@ impl Server {
                     ch,
                     &run,
                     hb,
-                    engine::receive(&self.disk, sink, pool, streams, run.clone()),
+                    engine::receive(&self.disk, self.slow_sink(sink), pool, streams, run.clone()),
                 )
                 .await;
                 let ((summary, stats), _) = result?;
@@ -932,7 +939,6 @@ impl Server {
                         checksum: open.checksum,
                         direct_io: open.direct_io,
                         continue_on_error: false,
-                        chunk_delay: self.cfg.chunk_delay,
                     },
                 )?;
                 session::send_manifest(ch, source.tree().entries()).await?;
@@ -964,7 +970,7 @@ impl Server {
                     hb,
                     engine::send(
                         &self.disk,
-                        source.clone(),
+                        self.slow_source(source.clone()),
                         pool,
                         streams,
                         run.clone(),
@@ -1025,13 +1031,29 @@ async fn next_options<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// Waits for all `n` data streams of a session to join.
 impl Server {
+    /// The session's source with this server's injected slowness, if any.
+    fn slow_source(&self, s: Arc<FileSource>) -> Arc<dyn Source> {
+        match self.faults.chunk_delay {
+            Some(d) => Arc::new(Slow::new(s, d)),
+            None => s,
+        }
+    }
+
+    /// The session's sink with this server's injected slowness, if any.
+    fn slow_sink(&self, s: Arc<FileSink>) -> Arc<dyn Sink> {
+        match self.faults.chunk_delay {
+            Some(d) => Arc::new(Slow::new(s, d)),
+            None => s,
+        }
+    }
+
     /// The session's data streams with this server's injected faults (none: as they
     /// are, one branch per chunk).
     fn faulty(&self, streams: Vec<DataStream<DataIo>>) -> Vec<DataStream<Faulty<DataIo>>> {
         streams
             .into_iter()
             .map(|s| DataStream {
-                io: Faulty::new(s.io, self.faults.clone()),
+                io: Faulty::new(s.io, self.faults.link.clone()),
                 peer: s.peer,
             })
             .collect()

@@ -17,6 +17,7 @@
 
 pub mod chunk;
 pub mod error;
+pub mod fault;
 pub mod journal;
 pub mod mem;
 pub mod paths;

@@ -67,8 +67,6 @@ pub struct SinkOptions {
     pub journal: bool,
     /// Read back the journal of an earlier attempt (otherwise start over).
     pub resume: bool,
-    /// Test hook: sleep this long before writing each chunk.
-    pub chunk_delay: Option<std::time::Duration>,
 }
 
 /// A staging file just written.
@@ -621,9 +619,6 @@ impl Sink for FileSink {
     }
 
     fn write_chunk(&self, k: u64, buf: &[u8], trailer: &[u8], crc: Option<u32>) -> Result<()> {
-        if let Some(d) = self.opts.chunk_delay {
-            std::thread::sleep(d);
-        }
         if self.opts.checksum {
             let Some(want) = crc else {
                 return Err(Error::protocol(

@@ -34,8 +34,6 @@ pub struct SourceOptions {
     pub direct_io: DirectIo,
     /// Report files that cannot be read and go on with the others.
     pub continue_on_error: bool,
-    /// Test hook: sleep this long before reading each chunk.
-    pub chunk_delay: Option<std::time::Duration>,
 }
 
 /// The file-backed [`Source`]: a walked tree, its layout and options.
@@ -277,9 +275,6 @@ impl Source for FileSource {
     }
 
     fn read_chunk(&self, k: u64, buf: &mut [u8], trailer: &mut Vec<u8>) -> Result<ChunkRead> {
-        if let Some(d) = self.opts.chunk_delay {
-            std::thread::sleep(d);
-        }
         trailer.clear();
         let mut n_digests = 0;
         let mut crc = 0u32;

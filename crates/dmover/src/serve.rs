@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use dmover_core::access::{ConfigFile, default_state_dir};
-use dmover_core::server::{Server, ServerConfig};
+use dmover_core::server::{Faults, Server, ServerConfig};
 use dmover_net::tcp::{self, SocketOptions};
 use dmover_net::tls::{KeyOrigin, ServerIdentity};
 use tokio_util::sync::CancellationToken;
@@ -123,8 +123,10 @@ pub fn run(a: ServeArgs, env: &Env) -> anyhow::Result<ExitCode> {
             Some((n, reset))
         }
     };
-    cfg.chunk_delay = a.debug_chunk_delay_ms.map(Duration::from_millis);
-    let faults = cut.map(|c| dmover_net::fault::FaultPlan::new(Some(c)));
+    let faults = Faults {
+        link: cut.map(|c| dmover_net::fault::FaultPlan::new(Some(c))),
+        chunk_delay: a.debug_chunk_delay_ms.map(Duration::from_millis),
+    };
     let exports: Vec<String> = cfg
         .exports
         .iter()

@@ -1,0 +1,117 @@
+//! Faults injected at the storage seam, for tests: [`Slow`] makes any [`Source`] or
+//! [`Sink`] take a while over every chunk, as a slow or busy disk would (on the disk
+//! thread that runs it, so the transfer's pipelining is what it is with a real slow
+//! disk). The application sets it up (`dmover serve`'s hidden `--debug-chunk-delay-ms`);
+//! no option struct carries it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dmover_proto::control::Summary;
+use dmover_proto::layout::Layout;
+
+use crate::Result;
+use crate::chunk::{ChunkRead, Sink, Source};
+
+/// A source or sink that sleeps `delay` before each chunk it reads or writes.
+pub struct Slow<T: ?Sized> {
+    inner: Arc<T>,
+    delay: Duration,
+}
+
+impl<T: ?Sized> Slow<T> {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<T>, delay: Duration) -> Self {
+        Slow { inner, delay }
+    }
+}
+
+impl<T: Source + ?Sized> Source for Slow<T> {
+    fn layout(&self) -> &Layout {
+        self.inner.layout()
+    }
+
+    fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
+        self.inner.chunks()
+    }
+
+    fn read_chunk(&self, k: u64, buf: &mut [u8], trailer: &mut Vec<u8>) -> Result<ChunkRead> {
+        std::thread::sleep(self.delay);
+        self.inner.read_chunk(k, buf, trailer)
+    }
+
+    fn reread_chunk(&self, k: u64, buf: &mut [u8], crc: Option<u32>) -> Result<()> {
+        std::thread::sleep(self.delay);
+        self.inner.reread_chunk(k, buf, crc)
+    }
+}
+
+impl<T: Sink + ?Sized> Sink for Slow<T> {
+    fn layout(&self) -> &Layout {
+        self.inner.layout()
+    }
+
+    fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
+        self.inner.chunks()
+    }
+
+    fn write_chunk(&self, k: u64, buf: &[u8], trailer: &[u8], crc: Option<u32>) -> Result<()> {
+        std::thread::sleep(self.delay);
+        self.inner.write_chunk(k, buf, trailer, crc)
+    }
+
+    fn finish(&self) -> Result<Summary> {
+        self.inner.finish()
+    }
+
+    fn abort(&self) {
+        self.inner.abort()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::{MemSink, MemSource};
+    use dmover_proto::manifest::{Entry, EntryKind, Mtime, NO_PARENT};
+    use std::time::Instant;
+
+    #[test]
+    fn a_slow_source_and_sink_take_their_time_and_change_nothing() {
+        let entries = vec![
+            Entry {
+                parent: NO_PARENT,
+                name: b"d".to_vec(),
+                kind: EntryKind::Dir,
+                mode: 0o755,
+                mtime: Mtime::default(),
+            },
+            Entry {
+                parent: 0,
+                name: b"f".to_vec(),
+                kind: EntryKind::File { size: 100_000 },
+                mode: 0o644,
+                mtime: Mtime::default(),
+            },
+        ];
+        let data = vec![Vec::new(), (0..100_000).map(|i| (i % 251) as u8).collect()];
+        let chunk = 64 << 10;
+        let src = Slow::new(
+            Arc::new(MemSource::new(entries.clone(), data.clone(), chunk, true).unwrap()),
+            Duration::from_millis(20),
+        );
+        let mem = Arc::new(MemSink::new(entries, chunk, true).unwrap());
+        let sink = Slow::new(mem.clone(), Duration::from_millis(20));
+        let started = Instant::now();
+        let mut buf = vec![0u8; chunk as usize];
+        let mut trailer = Vec::new();
+        let ks: Vec<u64> = src.chunks().collect();
+        for &k in &ks {
+            let r = src.read_chunk(k, &mut buf, &mut trailer).unwrap();
+            sink.write_chunk(k, &buf, &trailer, r.crc).unwrap();
+        }
+        sink.finish().unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(40 * ks.len() as u64));
+        assert_eq!(mem.file(1).as_deref(), Some(&data[1][..]));
+    }
+}
