@@ -32,7 +32,7 @@
 
 use std::time::Duration;
 
-const SIZE_UNITS: &str = "B, K/KiB, M/MiB, G/GiB or T/TiB (KB, MB, GB, TB are binary too)";
+const SIZE_UNITS: &str = "B, K/KiB, M/MiB, G/GiB or T/TiB; KB, MB, GB, TB are binary too";
 const RATE_UNITS: &str =
     "bits: kbit, mbit, gbit, tbit (or kbps … tbps); bytes: KB/s, MB/s, GB/s, TB/s, KiB/s … TiB/s";
 const DURATION_UNITS: &str = "ns, us, ms, s, m or h";
