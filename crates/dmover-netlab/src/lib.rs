@@ -59,7 +59,6 @@ mod forwarder;
 pub mod netem;
 pub mod ns;
 pub mod packet;
-pub mod parse;
 pub mod ring;
 pub mod shaper;
 pub mod state;

@@ -75,6 +75,7 @@ pub mod manifest;
 pub mod preamble;
 pub mod record;
 pub mod session;
+pub mod units;
 
 /// The protocol version this build speaks natively (the highest it supports).
 pub const PROTOCOL_VERSION: u16 = 4;

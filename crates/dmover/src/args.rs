@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use dmover_proto::units::{parse_duration, parse_size};
 
 /// Move files and trees between Data Transfer Nodes at line rate.
 #[derive(Debug, Parser)]
@@ -47,7 +48,8 @@ pub struct TransferArgs {
     #[arg(short = 'P', long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=128))]
     pub streams: u16,
     /// Chunk size: the unit of I/O, sending and checksumming (64K..64M, a multiple of
-    /// 4K), or auto: 16M when files average 16 MiB or more, else 4M.
+    /// 4K; binary units: 4M = 4MB = 4 MiB), or auto: 16M when files average 16 MiB or
+    /// more, else 4M.
     #[arg(long, default_value = "auto", value_parser = parse_chunk)]
     pub chunk: u32,
     /// Do not compute chunk CRCs or end-to-end file digests.
@@ -69,8 +71,8 @@ pub struct TransferArgs {
     /// Chunk buffers in the pool [default: streams + io threads + 2].
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=65536))]
     pub buffers: Option<u32>,
-    /// Socket send and receive buffer size for data streams (disables autotuning;
-    /// size it to rate × RTT) [default: kernel autotuning].
+    /// Socket send and receive buffer size for data streams, e.g. 64M (disables
+    /// autotuning; size it to rate × RTT) [default: kernel autotuning].
     #[arg(long, value_parser = parse_size)]
     pub tcp_buffer: Option<u64>,
     /// TCP congestion control for data streams (e.g. bbr, cubic) [default: system's].
@@ -132,7 +134,8 @@ pub struct ReliabilityArgs {
     /// busy server, a file changed while read).
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub retries: u32,
-    /// Pause before each retry (e.g. 500ms, 5s, 1m).
+    /// Pause before each retry: a duration with a unit (500ms, 5s, 1m; units ns, us,
+    /// ms, s, m, h).
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "D")]
     pub retry_wait: std::time::Duration,
     /// Skip source files that cannot be read (vanished, unreadable, changed while
@@ -148,7 +151,7 @@ pub struct ReliabilityArgs {
     pub no_journal: bool,
     /// A data stream that makes no progress for this long (nothing received, nothing
     /// sent, or no acknowledgement of the chunks in flight on it) is declared broken and
-    /// its chunks are sent on the other streams (e.g. 30s, 2m).
+    /// its chunks are sent on the other streams: a duration with a unit (30s, 2m).
     #[arg(long, default_value = "120s", value_parser = parse_duration, value_name = "D")]
     pub stream_timeout: std::time::Duration,
     /// Heartbeat interval on the control channel, in milliseconds (tests).
@@ -193,10 +196,11 @@ pub struct ServeArgs {
     /// Sessions at once; more are refused as busy [default: 64, or the config's].
     #[arg(long)]
     pub max_sessions: Option<usize>,
-    /// Memory for chunk buffers shared by all sessions.
+    /// Memory for chunk buffers shared by all sessions (e.g. 512M, 2G; binary units).
     #[arg(long, default_value = "2G", value_parser = parse_size)]
     pub memory: u64,
-    /// Socket buffer size for accepted connections [default: kernel autotuning].
+    /// Socket buffer size for accepted connections, e.g. 64M [default: kernel
+    /// autotuning].
     #[arg(long, value_parser = parse_size)]
     pub tcp_buffer: Option<u64>,
     /// TCP congestion control for accepted connections.
@@ -292,56 +296,21 @@ pub struct MkdataArgs {
     pub json: bool,
 }
 
-/// Parses a byte size: a number with an optional binary unit (K, M, G, T; KiB, MiB, ...).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let num: f64 = num.parse().map_err(|_| format!("invalid size {s:?}"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        u => return Err(format!("unknown unit {u:?} in {s:?} (use K, M, G or T)")),
-    };
-    let v = num * mult as f64;
-    if !(0.0..1.8e19).contains(&v) {
-        return Err(format!("size {s:?} out of range"));
-    }
-    Ok(v as u64)
-}
-
-/// Parses a duration: a number with a unit (ms, s, m, h); a bare number is seconds.
-pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let num: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
-    let secs = match unit.trim() {
-        "ms" => num / 1000.0,
-        "" | "s" => num,
-        "m" | "min" => num * 60.0,
-        "h" => num * 3600.0,
-        u => return Err(format!("unknown unit {u:?} in {s:?} (use ms, s, m or h)")),
-    };
-    std::time::Duration::try_from_secs_f64(secs).map_err(|_| format!("duration {s:?} out of range"))
-}
-
 /// Parses a chunk size; `auto` is 0.
 fn parse_chunk(s: &str) -> Result<u32, String> {
     if s == "auto" {
         return Ok(0);
     }
+    chunk_size(s)
+}
+
+/// Parses a chunk size ([`parse_size`]) and checks it is one the protocol allows.
+pub(crate) fn chunk_size(s: &str) -> Result<u32, String> {
     let v = parse_size(s)?;
-    let v = u32::try_from(v).map_err(|_| format!("chunk size {s} is too large"))?;
-    dmover_proto::layout::validate_chunk_size(v).map_err(|e| e.to_string())?;
-    Ok(v)
+    u32::try_from(v)
+        .ok()
+        .filter(|&c| dmover_proto::layout::validate_chunk_size(c).is_ok())
+        .ok_or_else(|| format!("chunk size {s:?} must be a multiple of 4K from 64K to 64M"))
 }
 
 #[cfg(test)]
@@ -349,24 +318,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4M"), Ok(4 << 20));
-        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
-        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
-        assert_eq!(parse_size("100"), Ok(100));
-        assert!(parse_size("4X").is_err());
-        assert!(parse_size("").is_err());
+    fn chunks() {
         assert_eq!(parse_chunk("1M"), Ok(1 << 20));
+        assert_eq!(parse_chunk("64K"), Ok(64 << 10));
+        assert_eq!(parse_chunk("4MB"), Ok(4 << 20));
         assert_eq!(parse_chunk("auto"), Ok(0));
         assert!(parse_chunk("1000").is_err());
         assert!(parse_chunk("128M").is_err());
-        assert_eq!(
-            parse_duration("500ms"),
-            Ok(std::time::Duration::from_millis(500))
-        );
-        assert_eq!(parse_duration("2"), Ok(std::time::Duration::from_secs(2)));
-        assert_eq!(parse_duration("1m"), Ok(std::time::Duration::from_secs(60)));
-        assert!(parse_duration("5x").is_err());
+        assert!(parse_chunk("1gb").is_err());
+        assert!(parse_chunk("4X").unwrap_err().contains("K/KiB"));
+    }
+
+    #[test]
+    fn durations_need_units() {
+        use std::time::Duration;
+        let cli = |a: &[&str]| {
+            let args = ["dmover", "cp"].into_iter().chain(a.iter().copied());
+            Cli::try_parse_from(args.chain(["a", "b:"]))
+        };
+        let Command::Cp(c) = cli(&["--retry-wait", "100ms", "--stream-timeout", "2m"])
+            .unwrap()
+            .command
+        else {
+            panic!("not cp");
+        };
+        assert_eq!(c.reliability.retry_wait, Duration::from_millis(100));
+        assert_eq!(c.reliability.stream_timeout, Duration::from_secs(120));
+        let e = cli(&["--retry-wait", "5"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("needs a unit"), "{e}");
     }
 
     #[test]

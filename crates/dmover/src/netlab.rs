@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
-use dmover_netlab::parse::{format_rate, parse_bytes, parse_duration, parse_loss, parse_rate};
 use dmover_netlab::state::{self, LabRecord};
 use dmover_netlab::{Emulator, ForwarderStats, Host, LinkSpec};
+use dmover_proto::units::{format_rate, parse_duration, parse_rate, parse_size};
 
 /// `dmover netlab ...`
 #[derive(Debug, Args)]
@@ -46,23 +46,27 @@ pub struct LinkArgs {
     /// Name of the lab (namespaces are dmnl-NAME-a and dmnl-NAME-b).
     #[arg(long, default_value = "lab")]
     pub name: String,
-    /// Round-trip time the link adds (e.g. 100ms; half each way).
-    #[arg(long, default_value = "0", value_parser = parse_duration)]
+    /// Round-trip time the link adds, up to 10s, half each way (a duration with a
+    /// unit: 100ms, 250us, 1.5s; a bare number other than 0 is refused).
+    #[arg(long, default_value = "0", value_parser = parse_link_rtt)]
     pub rtt: Duration,
-    /// Bottleneck rate each way (e.g. 5gbit, 100mbit) [default: unlimited].
-    #[arg(long, value_parser = parse_rate)]
+    /// Bottleneck rate each way, 1kbit to 10tbit (bits: 5gbit, 100mbit, 10gbps; bytes
+    /// per second: 125MB/s) [default: unlimited].
+    #[arg(long, value_parser = parse_link_rate)]
     pub rate: Option<u64>,
     /// Random loss per segment each way, as a percentage (0.01%) or a fraction.
     #[arg(long, default_value = "0", value_parser = parse_loss)]
     pub loss: f64,
-    /// Bottleneck queue (tail-drop) [default: one bandwidth-delay product, >= 1M].
-    #[arg(long, value_parser = parse_bytes)]
+    /// Bottleneck queue (tail-drop), a size (e.g. 4M; a bare number is bytes)
+    /// [default: one bandwidth-delay product, >= 1M].
+    #[arg(long, value_parser = parse_size)]
     pub queue: Option<u64>,
     /// Default TCP congestion control inside the lab (e.g. bbr, cubic).
     #[arg(long)]
     pub congestion: Option<String>,
-    /// Maximum of tcp_rmem/tcp_wmem inside the lab [default: 4 x BDP, 32M..1G].
-    #[arg(long, value_parser = parse_bytes)]
+    /// Maximum of tcp_rmem/tcp_wmem inside the lab, a size (e.g. 256M)
+    /// [default: 4 x BDP, 32M..1G].
+    #[arg(long, value_parser = parse_size)]
     pub tcp_buffer_max: Option<u64>,
     /// Do not pin the forwarder's two threads to the last two CPUs.
     #[arg(long)]
@@ -88,6 +92,45 @@ pub enum EmulatorArg {
     Netem,
     /// TUN devices and the userspace forwarder.
     Forwarder,
+}
+
+/// Parses `--rtt` of a link: a duration ([`parse_duration`]) of at most 10 s.
+pub(crate) fn parse_link_rtt(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d > Duration::from_secs(10) {
+        return Err(format!("RTT {s:?} is above 10s"));
+    }
+    Ok(d)
+}
+
+/// Parses `--rate` of a link: a rate ([`parse_rate`]) from 1kbit to 10tbit.
+pub(crate) fn parse_link_rate(s: &str) -> Result<u64, String> {
+    let r = parse_rate(s)?;
+    if !(1_000..=10_000_000_000_000).contains(&r) {
+        return Err(format!("rate {s:?} is out of range (1kbit to 10tbit)"));
+    }
+    Ok(r)
+}
+
+/// Parses a loss probability: `X%` is a percentage, a bare number a fraction below 1.
+/// Example: `0.01%` and `0.0001` are the same.
+pub(crate) fn parse_loss(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let (num, pct) = match t.strip_suffix('%') {
+        Some(n) => (n, true),
+        None => (t, false),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid loss {s:?} (write 0.01% or 0.0001)"))?;
+    let f = if pct { v / 100.0 } else { v };
+    if !(0.0..1.0).contains(&f) || !f.is_finite() {
+        return Err(format!(
+            "loss {s:?} is out of range (0 to below 100 %; write percentages with a % sign)"
+        ));
+    }
+    Ok(f)
 }
 
 impl From<EmulatorArg> for Emulator {
@@ -472,4 +515,61 @@ fn forward(f: LinkArgs) -> anyhow::Result<ExitCode> {
         tracing::info!("netlab {}: up ({})", lab.name(), describe(lab.spec()));
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_values() {
+        assert_eq!(parse_link_rtt("100ms"), Ok(Duration::from_millis(100)));
+        assert_eq!(parse_link_rtt("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_link_rtt("10s"), Ok(Duration::from_secs(10)));
+        assert!(parse_link_rtt("100").unwrap_err().contains("needs a unit"));
+        assert!(parse_link_rtt("10.001s").unwrap_err().contains("above 10s"));
+        assert_eq!(parse_link_rate("5gbit"), Ok(5_000_000_000));
+        assert_eq!(parse_link_rate("1kbit"), Ok(1_000));
+        assert_eq!(parse_link_rate("10tbit"), Ok(10_000_000_000_000));
+        assert!(
+            parse_link_rate("999bit")
+                .unwrap_err()
+                .contains("out of range")
+        );
+        assert!(
+            parse_link_rate("11tbit")
+                .unwrap_err()
+                .contains("out of range")
+        );
+        assert!(parse_link_rate("1gb").unwrap_err().contains("1gbit"));
+    }
+
+    #[test]
+    fn losses() {
+        assert_eq!(parse_loss("1%"), Ok(0.01));
+        assert!((parse_loss("0.01%").unwrap() - 0.0001).abs() < 1e-12);
+        assert_eq!(parse_loss("0.02"), Ok(0.02));
+        assert_eq!(parse_loss("0"), Ok(0.0));
+        assert!(parse_loss("1").is_err());
+        assert!(parse_loss("100%").is_err());
+        assert!(parse_loss("NaN").is_err());
+        assert!(parse_loss("x").is_err());
+    }
+
+    #[test]
+    fn forward_arguments_parse_back() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct T {
+            #[command(flatten)]
+            link: LinkArgs,
+        }
+        let t = T::parse_from([
+            "t", "--rtt", "12.5ms", "--rate", "1.25GB/s", "--queue", "4M",
+        ]);
+        let again = T::parse_from(std::iter::once("t".to_string()).chain(t.link.to_args()));
+        assert_eq!(again.link.rtt, Duration::from_micros(12_500));
+        assert_eq!(again.link.rate, Some(10_000_000_000));
+        assert_eq!(again.link.queue, Some(4 << 20));
+    }
 }

@@ -117,9 +117,8 @@ pub fn run(a: ServeArgs, env: &Env) -> anyhow::Result<ExitCode> {
                 Some(n) => (n, true),
                 None => (v, false),
             };
-            let n: u64 = n
-                .parse()
-                .with_context(|| format!("--debug-cut-stream-after {v}: not a byte count"))?;
+            let n = dmover_proto::units::parse_size(n)
+                .map_err(|e| anyhow::anyhow!("--debug-cut-stream-after: {e}"))?;
             Some((n, reset))
         }
     };

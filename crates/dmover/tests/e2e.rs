@@ -399,6 +399,22 @@ fn usage_errors() {
     assert!(stderr(&o).contains("third-party"), "{}", stderr(&o));
     let o = cp(&["--chunk", "1000", "a", "b:"]);
     assert_eq!(o.status.code(), Some(2));
+    // Sizes and durations: one parser each; a bad value is a usage error that names it
+    // and says what is accepted.
+    for (args, says) in [
+        (
+            &["--chunk", "1gb"][..],
+            "\"1gb\" must be a multiple of 4K from 64K to 64M",
+        ),
+        (&["--chunk", "4X"], "(use B, K/KiB, M/MiB"),
+        (&["--tcp-buffer=-1M"], "\"-1M\" is negative"),
+        (&["--retry-wait", "5"], "\"5\" needs a unit, e.g. 5s or 5ms"),
+        (&["--stream-timeout", "2d"], "unknown unit \"d\""),
+    ] {
+        let o = cp(&[args, &["a", "b:"][..]].concat());
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+    }
     // Nobody listens on this port: a network error, exit code 4.
     let o = cp(&[s(t.path()), "127.0.0.1:1"]);
     assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));

@@ -232,6 +232,10 @@ fn netlab_usage_errors() {
     for args in [
         &["up", "--rtt", "100"][..],
         &["up", "--rate", "5gbyte"],
+        &["up", "--rate", "1gb"],
+        &["up", "--rate", "100"],
+        &["up", "--rtt", "11s"],
+        &["up", "--queue", "4X"],
         &["up", "--loss", "2"],
         &["up", "--name", "bad/name"],
         &["exec", "c", "--", "true"],
@@ -241,4 +245,11 @@ fn netlab_usage_errors() {
         assert!(!o.status.success(), "{args:?} must fail");
         assert!(!stderr(&o).is_empty());
     }
+    let o = netlab(&["up", "--rate", "1gb"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("write 1gbit for bits per second or 1GB/s"),
+        "{}",
+        stderr(&o)
+    );
 }

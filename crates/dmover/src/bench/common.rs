@@ -267,7 +267,7 @@ pub fn print_table(report: &Report, cols: &[(&str, &str)]) {
 
 /// A positive byte size, an item of a list like `4K,1M,1G`.
 pub fn size_item(x: &str) -> Result<u64, String> {
-    let v = crate::args::parse_size(x)?;
+    let v = dmover_proto::units::parse_size(x)?;
     if v == 0 {
         return Err(format!("size {x:?} must be positive"));
     }

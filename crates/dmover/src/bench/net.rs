@@ -35,17 +35,19 @@ pub struct NetArgs {
     /// with --rtt, which starts its own.
     #[arg(required_unless_present = "rtt", conflicts_with = "rtt")]
     pub host: Option<String>,
-    /// Emulated round-trip times instead of HOST (e.g. 0,50,200; bare numbers are ms):
+    /// Emulated round-trip times instead of HOST (e.g. 0,50,200; bare numbers are ms
+    /// here, or give a unit: 500us, 1.5ms, 0.2s):
     /// per value a `dmover netlab` link (root, /dev/net/tun) with `dmover serve` and
     /// `iperf3 -s` on one side and this client on the other; `loopback` measures a
     /// server started on 127.0.0.1.
     #[arg(long, value_delimiter = ',', value_parser = transfer::rtt_item)]
     pub rtt: Vec<Rtt>,
-    /// Bottleneck rate of the emulated links, each way (e.g. 1gbit, 5gbit, unlimited).
+    /// Bottleneck rate of the emulated links, each way (e.g. 1gbit, 5gbit, 125MB/s,
+    /// unlimited).
     #[arg(long, default_value = "1gbit", value_parser = transfer::link_rate)]
     pub rate: LinkRate,
     /// Random loss per segment on the emulated links (0.01% or a fraction).
-    #[arg(long, default_value = "0", value_parser = dmover_netlab::parse::parse_loss)]
+    #[arg(long, default_value = "0", value_parser = crate::netlab::parse_loss)]
     pub loss: f64,
     /// Stream counts to measure.
     #[arg(long, default_value = "1,2,4,8", value_delimiter = ',', value_parser = common::count_item)]
@@ -62,8 +64,8 @@ pub struct NetArgs {
     /// Directions: push (client to server), pull (server to client), or both.
     #[arg(long, default_value = "push", value_delimiter = ',', value_parser = direction)]
     pub direction: Vec<Dir>,
-    /// Payload bytes per frame.
-    #[arg(long, default_value = "4M", value_parser = crate::args::parse_size)]
+    /// Payload bytes per frame (a size: 4M, 1M).
+    #[arg(long, default_value = "4M", value_parser = dmover_proto::units::parse_size)]
     pub chunk: u64,
     /// CRC32C every frame on both ends (shows what checksums cost).
     #[arg(long)]
@@ -72,8 +74,8 @@ pub struct NetArgs {
     /// system's].
     #[arg(long, value_delimiter = ',')]
     pub congestion: Vec<String>,
-    /// Socket buffer size for the data streams [default: kernel autotuning].
-    #[arg(long, value_parser = crate::args::parse_size)]
+    /// Socket buffer size for the data streams, e.g. 64M [default: kernel autotuning].
+    #[arg(long, value_parser = dmover_proto::units::parse_size)]
     pub tcp_buffer: Option<u64>,
     /// File holding the server's token (or set DMOVER_TOKEN).
     #[arg(long)]
@@ -367,7 +369,7 @@ fn run_rtt(a: NetArgs, env: &Env, started: Instant) -> anyhow::Result<()> {
                     "server",
                     match a.rate.0 {
                         Some(r) => {
-                            format!("emulated links, {}", dmover_netlab::parse::format_rate(r))
+                            format!("emulated links, {}", dmover_proto::units::format_rate(r))
                         }
                         None => "emulated links, unlimited rate".into(),
                     },
@@ -382,7 +384,7 @@ fn run_rtt(a: NetArgs, env: &Env, started: Instant) -> anyhow::Result<()> {
                         })
                         .collect::<Vec<_>>(),
                 );
-                report.param("link_rate", a.rate.0.map(dmover_netlab::parse::format_rate));
+                report.param("link_rate", a.rate.0.map(dmover_proto::units::format_rate));
                 report.param("link_loss", a.loss);
             }
             report.tools.extend(measured.tools);

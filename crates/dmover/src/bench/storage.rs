@@ -25,7 +25,7 @@ pub struct StorageArgs {
     pub sizes: Vec<u64>,
     /// Bytes written per file size: files = budget / size (at least one, at most
     /// --max-files). Larger budgets give steadier numbers.
-    #[arg(long, default_value = "128M", value_parser = crate::args::parse_size)]
+    #[arg(long, default_value = "128M", value_parser = dmover_proto::units::parse_size)]
     pub budget: u64,
     /// Most files per point (caps the small sizes).
     #[arg(long, default_value_t = 10_000)]

@@ -12,13 +12,14 @@ use anyhow::{Context, bail};
 use clap::Args;
 use dmover_bench::plot::{Figure, Lines, Panel, Series, XAxis};
 use dmover_bench::report::{Report, round_sig, size_label};
-use dmover_netlab::parse::{format_rate, parse_duration, parse_loss, parse_rate};
 use dmover_netlab::{Lab, LinkSpec};
+use dmover_proto::units::{format_rate, parse_duration};
 use serde_json::json;
 
 use super::common::{self, Dataset, OutputArgs, Progress, count_tree, row, text};
 use super::interrupt;
 use crate::env::Env;
+use crate::netlab::{parse_link_rate, parse_loss};
 
 /// Arguments of `dmover bench transfer`.
 #[derive(Debug, Args)]
@@ -49,14 +50,14 @@ pub struct TransferBenchArgs {
     /// Content seed of a generated dataset.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Emulated round-trip times (e.g. 0,10,50,100,200; bare numbers are ms, units
-    /// us/ms/s allowed). Each value runs the whole grid over a `dmover netlab` link
+    /// Emulated round-trip times (e.g. 0,10,50,100,200; bare numbers are ms here, or
+    /// give a unit: 500us, 1.5ms, 0.2s). Each value runs the whole grid over a `dmover netlab` link
     /// (needs root and /dev/net/tun): the servers in one network namespace, the client
     /// in the other, data on this file system. 0 is a lab without delay (same rate,
     /// same forwarder as the others); `loopback` is plain 127.0.0.1 [default: loopback].
     #[arg(long, value_delimiter = ',', value_parser = rtt_item)]
     pub rtt: Vec<Rtt>,
-    /// Bottleneck rate of the emulated links, each way (e.g. 1gbit, 500mbit, or
+    /// Bottleneck rate of the emulated links, each way (e.g. 1gbit, 500mbit, 125MB/s, or
     /// unlimited: as fast as the forwarder goes, which on 2 cores competes with the
     /// copy for CPU).
     #[arg(long, default_value = "1gbit", value_parser = link_rate)]
@@ -102,17 +103,21 @@ pub enum Rtt {
     Lab(Duration),
 }
 
-/// Parses one `--rtt` value: `loopback`, a number of ms, or a duration with a unit.
+/// Parses one `--rtt` value of a list: `loopback`, or a duration ([`parse_duration`])
+/// where, unlike elsewhere, a bare number is milliseconds (`50` is `50ms`), as the
+/// option's help says.
 pub(crate) fn rtt_item(s: &str) -> Result<Rtt, String> {
     let t = s.trim();
     if t == "loopback" || t == "lo" {
         return Ok(Rtt::Loopback);
     }
-    let d = match t.parse::<f64>() {
-        Ok(ms) if ms.is_finite() && ms >= 0.0 => Duration::from_secs_f64(ms / 1000.0),
-        Ok(_) => return Err(format!("RTT {t} must be 0 or more")),
-        Err(_) => parse_duration(t)?,
-    };
+    let bare = !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    let d = if bare {
+        parse_duration(&format!("{t}ms"))
+    } else {
+        parse_duration(t)
+    }
+    .map_err(|e| format!("{e}; a bare number here is milliseconds"))?;
     if d > Duration::from_secs(10) {
         return Err(format!("RTT {t} is above 10 s"));
     }
@@ -127,15 +132,12 @@ pub struct LinkRate(pub Option<u64>);
 pub(crate) fn link_rate(s: &str) -> Result<LinkRate, String> {
     match s.trim() {
         "unlimited" | "none" => Ok(LinkRate(None)),
-        t => parse_rate(t).map(|r| LinkRate(Some(r))),
+        t => parse_link_rate(t).map(|r| LinkRate(Some(r))),
     }
 }
 
 fn chunk(s: &str) -> Result<u64, String> {
-    let v = common::size_item(s)?;
-    let c = u32::try_from(v).map_err(|_| format!("chunk {s} is too large"))?;
-    dmover_proto::layout::validate_chunk_size(c).map_err(|e| e.to_string())?;
-    Ok(v)
+    crate::args::chunk_size(s).map(u64::from)
 }
 
 fn direction(s: &str) -> Result<Direction, String> {
@@ -734,5 +736,30 @@ fn figure(report: &Report) -> Figure {
     Figure {
         title: format!("dmover bench transfer: {ds}{link}"),
         panels,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rtt_lists_read_bare_numbers_as_ms() {
+        let lab = |ms: u64| Ok(Rtt::Lab(Duration::from_millis(ms)));
+        assert_eq!(rtt_item("50"), lab(50));
+        assert_eq!(rtt_item("0"), lab(0));
+        assert_eq!(rtt_item(" 2.5"), Ok(Rtt::Lab(Duration::from_micros(2500))));
+        assert_eq!(rtt_item("50ms"), lab(50));
+        assert_eq!(rtt_item("0.2s"), lab(200));
+        assert_eq!(rtt_item("500us"), Ok(Rtt::Lab(Duration::from_micros(500))));
+        assert_eq!(rtt_item("loopback"), Ok(Rtt::Loopback));
+        assert!(rtt_item("fast").unwrap_err().contains("milliseconds"));
+        assert!(rtt_item("-5").unwrap_err().contains("negative"));
+        assert!(rtt_item("").is_err());
+        assert!(rtt_item("10001").unwrap_err().contains("above 10 s"));
+        assert_eq!(link_rate("unlimited"), Ok(LinkRate(None)));
+        assert_eq!(link_rate("1gbit"), Ok(LinkRate(Some(1_000_000_000))));
+        assert!(link_rate("1gb").unwrap_err().contains("1GB/s"));
+        assert!(link_rate("500").unwrap_err().contains("needs a unit"));
     }
 }
