@@ -8,7 +8,7 @@ use dmover_net::control::ControlChannel;
 use dmover_net::tcp::SocketOptions;
 use dmover_proto::control::{Control, Have, ManifestEnd, ManifestPart, Plan, SessionOptions};
 use dmover_proto::layout::DEFAULT_CHUNK;
-use dmover_proto::manifest::{self, Entry, EntryKind, Totals};
+use dmover_proto::manifest::{self, Entry, Totals};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use dmover_store::resume::Held;
@@ -26,10 +26,7 @@ pub const SOFTWARE: &str = concat!("dmover ", env!("CARGO_PKG_VERSION"));
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most data streams a session may use.
 pub const MAX_STREAMS: u16 = 128;
-/// Most manifest entries accepted by default (about 100 bytes of memory each).
-pub const MAX_ENTRIES: u64 = 50_000_000;
-/// Manifest parts are cut at about this many encoded bytes.
-const PART_BYTES: usize = 1 << 20;
+pub use dmover_proto::manifest::{MAX_ENTRIES, MAX_MANIFEST_BYTES, entry_bytes};
 /// Default interval between heartbeats on the control channel.
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
 /// A peer silent for this many heartbeat intervals is declared gone.
@@ -215,26 +212,9 @@ pub async fn send_manifest<S: AsyncRead + AsyncWrite + Unpin>(
     ch: &mut ControlChannel<S>,
     entries: &[Entry],
 ) -> Result<()> {
-    let mut start = 0;
-    let mut bytes = 0;
-    for (i, e) in entries.iter().enumerate() {
-        let target = match &e.kind {
-            EntryKind::Symlink { target } => target.len(),
-            _ => 0,
-        };
-        bytes += e.name.len() + target + 32;
-        if bytes >= PART_BYTES {
-            ch.send(&Control::Manifest(ManifestPart {
-                entries: entries[start..=i].to_vec(),
-            }))
-            .await?;
-            start = i + 1;
-            bytes = 0;
-        }
-    }
-    if start < entries.len() {
+    for r in dmover_proto::manifest::parts(entries) {
         ch.send(&Control::Manifest(ManifestPart {
-            entries: entries[start..].to_vec(),
+            entries: entries[r].to_vec(),
         }))
         .await?;
     }
@@ -272,19 +252,6 @@ pub fn unexpected(peer: &str, msg: Control, wanted: &str) -> Error {
         },
         other => Error::protocol(peer, format!("expected {wanted}, got {}", other.name())),
     }
-}
-
-/// Memory a manifest may take by default (entries, names and link targets), all
-/// sessions' limits apart: 8 GiB, about 50 million entries with 100-byte names.
-pub const MAX_MANIFEST_BYTES: u64 = 8 << 30;
-
-/// Memory an entry takes once received: its fixed part plus its name and link target.
-pub fn entry_bytes(e: &Entry) -> u64 {
-    let target = match &e.kind {
-        EntryKind::Symlink { target } => target.len(),
-        _ => 0,
-    };
-    (std::mem::size_of::<Entry>() + e.name.len() + target) as u64
 }
 
 /// Receives a manifest, checking it as it grows and as a whole. `first` is a message
@@ -628,7 +595,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dmover_proto::manifest::{Mtime, NO_PARENT};
+    use dmover_proto::manifest::{EntryKind, Mtime, NO_PARENT};
 
     fn files(sizes: &[u64]) -> Vec<Entry> {
         sizes

@@ -167,6 +167,8 @@ pub(crate) struct Link<E> {
     beat: Option<Beat>,
     step: Option<(Instant, &'static str)>,
     setup: Option<Instant>,
+    /// Acceptor: when every data stream must have joined.
+    joins_by: Option<Instant>,
     failing: Option<(SessionError<E>, Instant)>,
     control_open: bool,
     /// The failure, until the machine hands it out as an event.
@@ -184,6 +186,7 @@ impl<E: Cause> Link<E> {
             beat: None,
             step: None,
             setup: None,
+            joins_by: None,
             failing: None,
             control_open: true,
             failure: None,
@@ -239,6 +242,30 @@ impl<E: Cause> Link<E> {
         self.setup = Some(deadline);
     }
 
+    /// (acceptor) Every data stream must join within the join limit from `now`.
+    pub(crate) fn await_joins(&mut self, now: Instant) {
+        if self.side == Side::Acceptor {
+            self.joins_by = Some(now + self.timing.join);
+        }
+    }
+
+    /// No join is awaited any more (all joined, or no data is expected).
+    pub(crate) fn joins_done(&mut self) {
+        self.joins_by = None;
+    }
+
+    /// Fails the session if the join limit passed with `joined` of `streams` joined.
+    pub(crate) fn check_joins(&mut self, now: Instant, joined: usize, streams: usize) {
+        if self.joins_by.is_some_and(|d| now >= d) && self.live() {
+            let e = SessionError::Joins {
+                peer: self.peer.clone(),
+                joined: joined as u16,
+                streams: streams as u16,
+            };
+            self.fail(now, e);
+        }
+    }
+
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         if let Some((_, until)) = &self.failing {
             return Some(*until);
@@ -250,7 +277,8 @@ impl<E: Cause> Link<E> {
             b.next_ping
                 .min(b.last_heard + self.timing.silence() + Duration::from_nanos(1))
         });
-        [beat, self.step.map(|s| s.0), self.setup]
+        let joins = self.joins_by.filter(|_| self.failing.is_none());
+        [beat, self.step.map(|s| s.0), self.setup, joins]
             .into_iter()
             .flatten()
             .min()

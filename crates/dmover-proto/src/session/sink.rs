@@ -151,7 +151,6 @@ pub struct SinkSession<E> {
     report: Option<SendReport>,
     commands: VecDeque<SinkCommand>,
     events: VecDeque<SinkEvent<E>>,
-    joins_by: Option<Instant>,
 }
 
 impl<E: Cause + Clone> SinkSession<E> {
@@ -174,7 +173,6 @@ impl<E: Cause + Clone> SinkSession<E> {
             report: None,
             commands: VecDeque::new(),
             events: VecDeque::new(),
-            joins_by: None,
         }
     }
 
@@ -405,9 +403,7 @@ impl<E: Cause + Clone> SinkSession<E> {
         for s in &mut self.streams {
             s.last_frame = now;
         }
-        if self.link.side == Side::Acceptor {
-            self.joins_by = Some(now + self.link.timing.join);
-        }
+        self.link.await_joins(now);
         self.check_complete();
     }
 
@@ -420,7 +416,7 @@ impl<E: Cause + Clone> SinkSession<E> {
             s.join = Join::Live;
             s.last_frame = now;
             if self.streams.iter().all(|s| s.join != Join::Pending) {
-                self.joins_by = None;
+                self.link.joins_done();
             }
         }
     }
@@ -487,7 +483,7 @@ impl<E: Cause + Clone> SinkSession<E> {
             && self.link.live()
         {
             self.phase = Phase::Finishing;
-            self.joins_by = None;
+            self.link.joins_done();
             self.events.push_back(SinkEvent::Complete);
         }
     }
@@ -626,9 +622,6 @@ impl<E: Cause + Clone> SinkSession<E> {
             for d in self.streams.iter().filter_map(|s| self.idle_deadline(s)) {
                 t = Some(t.map_or(d, |t| t.min(d)));
             }
-            if let Some(d) = self.joins_by {
-                t = Some(t.map_or(d, |t| t.min(d)));
-            }
         }
         t
     }
@@ -656,17 +649,12 @@ impl<E: Cause + Clone> SinkSession<E> {
                 self.lose(now, i, e);
             }
         }
-        if let Some(d) = self.joins_by {
-            if now >= d && self.link.live() {
-                let joined = self.streams.iter().filter(|s| s.join != Join::Pending);
-                let e = SessionError::Joins {
-                    peer: self.link.peer.clone(),
-                    joined: joined.count() as u16,
-                    streams: self.streams.len() as u16,
-                };
-                self.link.fail(now, e);
-            }
-        }
+        let joined = self
+            .streams
+            .iter()
+            .filter(|s| s.join != Join::Pending)
+            .count();
+        self.link.check_joins(now, joined, self.streams.len());
         self.flush_failure();
     }
 

@@ -164,7 +164,6 @@ pub struct SourceSession<E> {
     stats: StreamStats,
     commands: VecDeque<SourceCommand>,
     events: VecDeque<SourceEvent<E>>,
-    joins_by: Option<Instant>,
     done: Option<Summary>,
     reported: bool,
 }
@@ -190,7 +189,6 @@ impl<E: Cause + Clone> SourceSession<E> {
             stats: StreamStats::default(),
             commands: VecDeque::new(),
             events: VecDeque::new(),
-            joins_by: None,
             done: None,
             reported: false,
         }
@@ -361,9 +359,7 @@ impl<E: Cause + Clone> SourceSession<E> {
             }
             (Phase::Announcing, Control::Go) if self.manifest_done => {
                 self.phase = Phase::Sending;
-                if self.link.side == Side::Acceptor {
-                    self.joins_by = Some(now + self.link.timing.join);
-                }
+                self.link.await_joins(now);
                 self.events.push_back(SourceEvent::Go);
                 self.check_drained();
                 Ok(())
@@ -404,7 +400,7 @@ impl<E: Cause + Clone> SourceSession<E> {
 
     fn check_joins_complete(&mut self) {
         if self.streams.iter().all(|s| s.join != Join::Pending) {
-            self.joins_by = None;
+            self.link.joins_done();
         }
     }
 
@@ -557,7 +553,7 @@ impl<E: Cause + Clone> SourceSession<E> {
                     });
                 }
             }
-            self.joins_by = None;
+            self.link.joins_done();
             self.events.push_back(SourceEvent::Drained);
         }
     }
@@ -638,17 +634,12 @@ impl<E: Cause + Clone> SourceSession<E> {
     /// When [`SourceSession::handle_timeout`] is due.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let mut t = self.link.poll_timeout();
-        if self.link.live() {
-            if self.phase == Phase::Sending {
-                for s in &self.streams {
-                    if s.join == Join::Live && !s.unacked.is_empty() {
-                        let d = s.since + self.link.timing.stall;
-                        t = Some(t.map_or(d, |t| t.min(d)));
-                    }
+        if self.link.live() && self.phase == Phase::Sending {
+            for s in &self.streams {
+                if s.join == Join::Live && !s.unacked.is_empty() {
+                    let d = s.since + self.link.timing.stall;
+                    t = Some(t.map_or(d, |t| t.min(d)));
                 }
-            }
-            if let Some(d) = self.joins_by {
-                t = Some(t.map_or(d, |t| t.min(d)));
             }
         }
         t
@@ -679,17 +670,12 @@ impl<E: Cause + Clone> SourceSession<E> {
                 self.lose(now, i, e);
             }
         }
-        if let Some(d) = self.joins_by {
-            if now >= d && self.link.live() {
-                let joined = self.streams.iter().filter(|s| s.join != Join::Pending);
-                let e = SessionError::Joins {
-                    peer: self.link.peer.clone(),
-                    joined: joined.count() as u16,
-                    streams: self.streams.len() as u16,
-                };
-                self.link.fail(now, e);
-            }
-        }
+        let joined = self
+            .streams
+            .iter()
+            .filter(|s| s.join != Join::Pending)
+            .count();
+        self.link.check_joins(now, joined, self.streams.len());
         self.flush_failure();
     }
 
