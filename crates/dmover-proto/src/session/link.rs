@@ -156,6 +156,18 @@ struct Beat {
     last_heard: Instant,
 }
 
+/// What a control message is to a role once the set-up has seen it.
+pub(crate) enum Setup {
+    /// The set-up took it; nothing for the role.
+    Taken,
+    /// (dialer) The session is open.
+    Opened(SessionInfo),
+    /// (acceptor) The dialer's session options.
+    Options(SessionOptions),
+    /// A message of the session proper, for the role.
+    Session(Control),
+}
+
 /// The control side of a session.
 #[derive(Debug)]
 pub(crate) struct Link<E> {
@@ -171,6 +183,8 @@ pub(crate) struct Link<E> {
     joins_by: Option<Instant>,
     failing: Option<(SessionError<E>, Instant)>,
     control_open: bool,
+    /// A dialer's handshake, until the session is open.
+    opening: Option<Opening>,
     /// The failure, until the machine hands it out as an event.
     pub(crate) failure: Option<SessionError<E>>,
 }
@@ -189,6 +203,7 @@ impl<E: Cause> Link<E> {
             joins_by: None,
             failing: None,
             control_open: true,
+            opening: None,
             failure: None,
         }
     }
@@ -202,6 +217,57 @@ impl<E: Cause> Link<E> {
         if self.live() {
             self.out.push_back(msg);
         }
+    }
+
+    /// Sends a dialer's first flight, all at once, and awaits the `Welcome`.
+    pub(crate) fn dial(&mut self, now: Instant, d: Dial) {
+        self.opening = Some(Opening::new(&d));
+        self.send(Control::Hello(d.hello));
+        self.send(Control::Auth(d.auth));
+        self.send(Control::Open(d.open));
+        self.send(Control::Options(d.options));
+        self.expect(now, "welcome");
+    }
+
+    /// The set-up's part of a message from the peer, the same for both roles: the
+    /// peer's `Error`, a dialer's handshake answers (`exact_chunk`: the session must
+    /// have the chunk size asked for), an acceptor's wait for `Options` once it has
+    /// `granted` the session. Starts the heartbeat when the session opens.
+    pub(crate) fn setup(
+        &mut self,
+        now: Instant,
+        msg: Control,
+        exact_chunk: bool,
+        granted: bool,
+    ) -> Result<Setup, SessionError<E>> {
+        let peer = self.peer.clone();
+        if let Control::Error(_) = msg {
+            return Err(unexpected(&peer, &msg, ""));
+        }
+        if let Some(o) = self.opening.as_mut().filter(|o| !o.is_open()) {
+            let info = o.on_message(&peer, msg, exact_chunk)?;
+            let awaited = o.awaited();
+            return Ok(match info {
+                None => {
+                    self.expect(now, awaited);
+                    Setup::Taken
+                }
+                Some(info) => {
+                    self.start_heartbeat(now, self.timing.heartbeat);
+                    Setup::Opened(info)
+                }
+            });
+        }
+        if self.side == Side::Acceptor && !self.heartbeat_running() {
+            return match msg {
+                Control::Options(o) if granted => {
+                    self.start_heartbeat(now, options_heartbeat(&o));
+                    Ok(Setup::Options(o))
+                }
+                other => Err(unexpected(&peer, &other, "Options")),
+            };
+        }
+        Ok(Setup::Session(msg))
     }
 
     pub(crate) fn poll_transmit(&mut self) -> Option<Control> {

@@ -20,7 +20,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::link::{Dial, Link, Opening, options_heartbeat};
+use super::link::{Dial, Link, Setup};
 use super::{Cause, ChunkSet, SessionError, Side, State, StreamStats, Timing};
 use crate::control::{Control, Have, Plan, SendReport, SessionInfo, SessionOptions, Summary};
 use crate::manifest::{self, Entry};
@@ -137,7 +137,6 @@ pub struct SinkSession<E> {
     link: Link<E>,
     limits: Limits,
     phase: Phase,
-    opening: Option<Opening>,
     info: Option<SessionInfo>,
     streams: Vec<Stream>,
     entries: Vec<Entry>,
@@ -159,7 +158,6 @@ impl<E: Cause + Clone> SinkSession<E> {
             link: Link::new(peer, side, timing),
             limits,
             phase: Phase::Opening,
-            opening: None,
             info: None,
             streams: Vec::new(),
             entries: Vec::new(),
@@ -185,12 +183,7 @@ impl<E: Cause + Clone> SinkSession<E> {
         d: Dial,
     ) -> Self {
         let mut s = Self::new(peer.into(), Side::Dialer, timing, limits);
-        s.opening = Some(Opening::new(&d));
-        s.link.send(Control::Hello(d.hello));
-        s.link.send(Control::Auth(d.auth));
-        s.link.send(Control::Open(d.open));
-        s.link.send(Control::Options(d.options));
-        s.link.expect(now, "welcome");
+        s.link.dial(now, d);
         s
     }
 
@@ -264,36 +257,23 @@ impl<E: Cause + Clone> SinkSession<E> {
     }
 
     fn on_control(&mut self, now: Instant, msg: Control) -> Result<(), SessionError<E>> {
-        let peer = self.link.peer.clone();
-        if let Control::Error(_) = msg {
-            return Err(super::unexpected(&peer, &msg, ""));
-        }
-        if let Some(o) = self.opening.as_mut().filter(|o| !o.is_open()) {
-            let info = o.on_message(&peer, msg, false)?;
-            let awaited = o.awaited();
-            match info {
-                None => self.link.expect(now, awaited),
-                Some(info) => {
-                    self.link.start_heartbeat(now, self.link.timing.heartbeat);
-                    self.open(now, info.clone());
-                    for i in 0..info.streams {
-                        self.commands.push_back(SinkCommand::Open { stream: i });
-                    }
-                    self.events.push_back(SinkEvent::Opened(info));
+        let msg = match self.link.setup(now, msg, false, self.info.is_some())? {
+            Setup::Taken => return Ok(()),
+            Setup::Opened(info) => {
+                self.open(now, info.clone());
+                for i in 0..info.streams {
+                    self.commands.push_back(SinkCommand::Open { stream: i });
                 }
+                self.events.push_back(SinkEvent::Opened(info));
+                return Ok(());
             }
-            return Ok(());
-        }
-        if self.link.side == Side::Acceptor && !self.link.heartbeat_running() {
-            return match msg {
-                Control::Options(o) if self.info.is_some() => {
-                    self.link.start_heartbeat(now, options_heartbeat(&o));
-                    self.events.push_back(SinkEvent::Options(o));
-                    Ok(())
-                }
-                other => Err(super::unexpected(&peer, &other, "Options")),
-            };
-        }
+            Setup::Options(o) => {
+                self.events.push_back(SinkEvent::Options(o));
+                return Ok(());
+            }
+            Setup::Session(msg) => msg,
+        };
+        let peer = self.link.peer.clone();
         match (self.phase, msg) {
             (Phase::Listing, Control::Manifest(part)) => {
                 let n = self.entries.len() as u64 + part.entries.len() as u64;

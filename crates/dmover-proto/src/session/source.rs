@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use super::chunks::Cursor;
-use super::link::{Dial, Link, Opening, options_heartbeat};
+use super::link::{Dial, Link, Setup};
 use super::{Cause, ChunkMeta, ChunkSet, SessionError, Side, State, StreamStats, Timing};
 use crate::control::{
     Control, FailedFile, Have, ManifestEnd, ManifestPart, Plan, SendReport, SessionInfo,
@@ -144,7 +144,6 @@ struct Stream {
 pub struct SourceSession<E> {
     link: Link<E>,
     phase: Phase,
-    opening: Option<Opening>,
     info: Option<SessionInfo>,
     streams: Vec<Stream>,
     /// Chunks to send (set by the driver with the manifest, or after a resume plan).
@@ -173,7 +172,6 @@ impl<E: Cause + Clone> SourceSession<E> {
         SourceSession {
             link: Link::new(peer, side, timing),
             phase: Phase::Opening,
-            opening: None,
             info: None,
             streams: Vec::new(),
             chunks: ChunkSet::new(),
@@ -198,12 +196,7 @@ impl<E: Cause + Clone> SourceSession<E> {
     /// the manifest may follow right behind it ([`SourceSession::push_manifest`]).
     pub fn dial(now: Instant, peer: impl Into<String>, timing: Timing, d: Dial) -> Self {
         let mut s = Self::new(peer.into(), Side::Dialer, timing);
-        s.opening = Some(Opening::new(&d));
-        s.link.send(Control::Hello(d.hello));
-        s.link.send(Control::Auth(d.auth));
-        s.link.send(Control::Open(d.open));
-        s.link.send(Control::Options(d.options));
-        s.link.expect(now, "welcome");
+        s.link.dial(now, d);
         s
     }
 
@@ -316,36 +309,23 @@ impl<E: Cause + Clone> SourceSession<E> {
     }
 
     fn on_control(&mut self, now: Instant, msg: Control) -> Result<(), SessionError<E>> {
-        let peer = self.link.peer.clone();
-        if let Control::Error(_) = msg {
-            return Err(super::unexpected(&peer, &msg, ""));
-        }
-        if let Some(o) = self.opening.as_mut().filter(|o| !o.is_open()) {
-            let info = o.on_message(&peer, msg, true)?;
-            let awaited = o.awaited();
-            match info {
-                None => self.link.expect(now, awaited),
-                Some(info) => {
-                    self.link.start_heartbeat(now, self.link.timing.heartbeat);
-                    self.open(now, info.clone());
-                    for i in 0..info.streams {
-                        self.commands.push_back(SourceCommand::Open { stream: i });
-                    }
-                    self.events.push_back(SourceEvent::Opened(info));
+        let msg = match self.link.setup(now, msg, true, self.info.is_some())? {
+            Setup::Taken => return Ok(()),
+            Setup::Opened(info) => {
+                self.open(now, info.clone());
+                for i in 0..info.streams {
+                    self.commands.push_back(SourceCommand::Open { stream: i });
                 }
+                self.events.push_back(SourceEvent::Opened(info));
+                return Ok(());
             }
-            return Ok(());
-        }
-        if self.link.side == Side::Acceptor && !self.link.heartbeat_running() {
-            return match msg {
-                Control::Options(o) if self.info.is_some() => {
-                    self.link.start_heartbeat(now, options_heartbeat(&o));
-                    self.events.push_back(SourceEvent::Options(o));
-                    Ok(())
-                }
-                other => Err(super::unexpected(&peer, &other, "Options")),
-            };
-        }
+            Setup::Options(o) => {
+                self.events.push_back(SourceEvent::Options(o));
+                return Ok(());
+            }
+            Setup::Session(msg) => msg,
+        };
+        let peer = self.link.peer.clone();
         match (self.phase, msg) {
             (Phase::Announcing, Control::Have(h)) if !self.plan_sent => {
                 let last = h.last;
