@@ -20,18 +20,18 @@ use dmover_proto::{PROTOCOL_VERSION, control};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use dmover_store::Source;
 use dmover_store::paths::{self, Base};
-use dmover_store::sink::{SinkOptions, prepare_sink};
+use dmover_store::sink::{FileSink, SinkOptions, prepare_sink};
 use dmover_store::source::{FileSource, SourceOptions};
 use dmover_store::walk;
 
 use crate::diskpool::DiskPool;
-use crate::engine::{self, DataStream, Run};
+use crate::drive;
+use crate::engine::{DataStream, Run};
 use crate::error::{Error, Result};
-use crate::pool::Pool;
-use crate::session::{
-    self, HANDSHAKE_TIMEOUT, Heartbeat, TransferOptions, resume_sink, resume_source, unexpected,
-};
+use crate::session::{self, HANDSHAKE_TIMEOUT, TransferOptions, unexpected};
+use dmover_proto::session::{Dial, Limits, SinkSession, SourceSession};
 
 pub use crate::session::SOFTWARE;
 
@@ -277,6 +277,166 @@ async fn join(
     Ok(io)
 }
 
+/// Joins data stream `hello.stream` on the connection dialed during set-up (`dialed`),
+/// or on a new one if that failed (see [`Client::open_streams`]).
+#[allow(clippy::too_many_arguments)]
+async fn join_stream(
+    server: &str,
+    socket: &tcp::SocketOptions,
+    timeout: std::time::Duration,
+    dialed: Option<tokio::task::JoinHandle<Result<Dialed>>>,
+    hello: DataHello,
+    key: [u8; 32],
+    mode: (DataProtection, std::time::Duration),
+    wait: JoinWait,
+) -> Result<DataIo> {
+    let i = hello.stream;
+    let joined = async {
+        if let Some(h) = dialed {
+            let first = match h.await {
+                Ok(Ok(d)) if wait == JoinWait::Pipelined && !still_open(&d.io) => {
+                    Err(JoinError::Connection(Error::Net(NetError::Closed {
+                        peer: server.to_string(),
+                    })))
+                }
+                Ok(Ok(d)) => join(d, server, &hello, &key, mode, wait).await,
+                Ok(Err(e)) => Err(JoinError::Connection(e)),
+                Err(e) => Err(JoinError::Connection(Error::refused(
+                    ErrorCode::Aborted,
+                    format!("stream setup failed: {e}"),
+                ))),
+            };
+            match first {
+                Ok(io) => return Ok(io),
+                Err(JoinError::Refused(e)) => return Err(e),
+                Err(JoinError::Connection(e)) => {
+                    tracing::debug!("data stream {i}: early connection failed ({e}); dialing again")
+                }
+            }
+        }
+        let d = dial(server, socket, timeout).await?;
+        match join(d, server, &hello, &key, mode, wait).await {
+            Ok(io) => Ok(io),
+            Err(JoinError::Connection(e) | JoinError::Refused(e)) => Err(e),
+        }
+    };
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, joined)
+        .await
+        .map_err(|_| NetError::Timeout {
+            peer: server.to_string(),
+            what: crate::error::JOIN_WAIT,
+            secs: HANDSHAKE_TIMEOUT.as_secs(),
+        })?
+}
+
+/// A control connection with TLS up and the first flight ready, not sent.
+pub(crate) struct Connection {
+    ch: ControlChannel<ControlStream>,
+    /// Exported for the session key.
+    master: [u8; 32],
+    transcript: [u8; 32],
+    /// The token's keys when the credential is a token proof.
+    token: Option<auth::TokenKeys>,
+    hello: Hello,
+    auth: Auth,
+    dials: Dials,
+}
+
+impl Connection {
+    /// The dialer's first flight for `open` with `options`, and what it checks in the
+    /// answers.
+    fn dial(&mut self, open: Open, options: dmover_proto::control::SessionOptions) -> Dial {
+        Dial {
+            hello: self.hello.clone(),
+            auth: self.auth.clone(),
+            open,
+            options,
+            server_proof: self
+                .token
+                .as_ref()
+                .map(|t| auth::server_token_proof(&t.verifier, &self.transcript)),
+        }
+    }
+}
+
+/// The dialer's data streams: each opened when its machine asks, on the connection
+/// dialed during set-up when it is still good.
+pub(crate) struct Dialing {
+    server: String,
+    socket: tcp::SocketOptions,
+    timeout: std::time::Duration,
+    mode: (DataProtection, std::time::Duration),
+    wait: JoinWait,
+    master: [u8; 32],
+    /// The session and its key, once open.
+    key: Option<(u64, [u8; 32])>,
+    /// Streams asked for before the session's key was known.
+    asked: Vec<u16>,
+    early: Vec<Option<tokio::task::JoinHandle<Result<Dialed>>>>,
+    set: tokio::task::JoinSet<(u16, Result<DataStream<DataIo>>)>,
+}
+
+impl Drop for Dialing {
+    fn drop(&mut self) {
+        for h in self.early.iter().flatten() {
+            h.abort();
+        }
+    }
+}
+
+impl drive::Joins for Dialing {
+    type Link = DataIo;
+
+    fn opened(&mut self, info: &SessionInfo) {
+        self.key = Some((
+            info.id,
+            auth::session_key(&self.master, info.id, &info.salt),
+        ));
+        // Connections the session does not use (it granted fewer streams) close.
+        let keep = (info.streams as usize).min(self.early.len());
+        for h in self.early.drain(keep..).flatten() {
+            h.abort();
+        }
+        for stream in std::mem::take(&mut self.asked) {
+            self.open(stream);
+        }
+    }
+
+    fn open(&mut self, stream: u16) {
+        let Some((session, key)) = self.key else {
+            self.asked.push(stream);
+            return;
+        };
+        let hello = DataHello {
+            session,
+            stream,
+            nonce: rand::random(),
+        };
+        let dialed = self.early.get_mut(stream as usize).and_then(Option::take);
+        let (server, socket, timeout, mode, wait) = (
+            self.server.clone(),
+            self.socket.clone(),
+            self.timeout,
+            self.mode,
+            self.wait,
+        );
+        self.set.spawn(async move {
+            let r = join_stream(&server, &socket, timeout, dialed, hello, key, mode, wait).await;
+            (stream, r.map(|io| DataStream { io, peer: server }))
+        });
+    }
+
+    async fn next(&mut self) -> (u16, Result<DataStream<DataIo>>) {
+        loop {
+            match self.set.join_next().await {
+                Some(Ok(r)) => return r,
+                Some(Err(e)) => tracing::debug!("a data stream join task failed: {e}"),
+                None => std::future::pending::<()>().await,
+            }
+        }
+    }
+}
+
 impl Client {
     /// A client with `io_threads` disk threads.
     pub fn new(opts: TransferOptions, io_threads: usize) -> Self {
@@ -284,23 +444,6 @@ impl Client {
             disk: Arc::new(DiskPool::new(io_threads, "dmover-disk")),
             opts,
         }
-    }
-
-    fn buffers(&self, streams: u16) -> usize {
-        self.opts
-            .buffers
-            .unwrap_or_else(|| session::default_buffers(streams, self.disk.threads()))
-    }
-
-    fn source_buffers(&self, source: &FileSource, s: &SessionInfo) -> usize {
-        self.opts.buffers.unwrap_or_else(|| {
-            session::source_buffers(
-                source.tree().entries(),
-                s.chunk_size,
-                s.streams,
-                self.disk.threads(),
-            )
-        })
     }
 
     /// The TLS settings for connecting.
@@ -331,10 +474,9 @@ impl Client {
         )
     }
 
-    /// Connects, and sends the first flight of a session for `op`: `Hello`, `Auth`
-    /// and `Open`, without waiting for answers (the authentication transcript needs
-    /// no server nonce). The data connections are dialed meanwhile.
-    pub(crate) async fn open(&self, server: &str, op: Op, chunk_size: u32) -> Result<Opening> {
+    /// Connects and sets up TLS; the data connections are dialed meanwhile. Nothing of
+    /// the session has gone out yet ([`Connection::dial`]).
+    pub(crate) async fn connect(&self, server: &str) -> Result<Connection> {
         dmover_net::tls::warm_up();
         let connector = self.connector()?;
         let mut stream = tcp::connect(
@@ -403,35 +545,78 @@ impl Client {
             },
             (None, None) => Credential::None,
         };
-        let mut opening = Opening {
+        Ok(Connection {
             ch,
             master,
             transcript,
             token: token.filter(|_| matches!(credential, Credential::Token { .. })),
-            anonymous: matches!(credential, Credential::None),
-            dials,
-        };
-        opening
-            .send(&Control::Hello(Hello {
+            hello: Hello {
                 software: SOFTWARE.into(),
                 nonce,
-            }))
-            .await?;
-        opening
-            .send(&Control::Auth(Auth { user, credential }))
-            .await?;
-        opening
-            .send(&Control::Open(Open {
-                op,
-                streams: self.opts.streams,
-                chunk_size,
-                checksum: self.opts.checksum,
-                direct_io: self.opts.direct_io,
-                protection: self.opts.protection,
-                features: dmover_proto::session::features::SUPPORTED,
-            }))
-            .await?;
+            },
+            auth: Auth { user, credential },
+            dials,
+        })
+    }
+
+    /// The `Open` of a session for `op`.
+    fn open_request(&self, op: Op, chunk_size: u32) -> Open {
+        Open {
+            op,
+            streams: self.opts.streams,
+            chunk_size,
+            checksum: self.opts.checksum,
+            direct_io: self.opts.direct_io,
+            protection: self.opts.protection,
+            features: dmover_proto::session::features::SUPPORTED,
+        }
+    }
+
+    /// Connects, and sends the first flight of a session for `op`: `Hello`, `Auth`
+    /// and `Open`, without waiting for answers (the authentication transcript needs
+    /// no server nonce). The data connections are dialed meanwhile.
+    pub(crate) async fn open(&self, server: &str, op: Op, chunk_size: u32) -> Result<Opening> {
+        let c = self.connect(server).await?;
+        let mut opening = Opening {
+            ch: c.ch,
+            master: c.master,
+            transcript: c.transcript,
+            anonymous: matches!(c.auth.credential, Credential::None),
+            token: c.token,
+            dials: c.dials,
+        };
+        opening.send(&Control::Hello(c.hello)).await?;
+        opening.send(&Control::Auth(c.auth)).await?;
+        let open = self.open_request(op, chunk_size);
+        opening.send(&Control::Open(open)).await?;
         Ok(opening)
+    }
+
+    /// The session's data streams, opened when the machine asks (see [`Dialing`]).
+    fn dialing(&self, server: &str, master: [u8; 32], dials: Dials, wait: JoinWait) -> Dialing {
+        let mut dials = dials;
+        Dialing {
+            server: server.to_string(),
+            socket: self.opts.socket.clone(),
+            timeout: self.opts.connect_timeout,
+            mode: (self.opts.protection, self.opts.idle_timeout),
+            wait,
+            master,
+            key: None,
+            asked: Vec::new(),
+            early: std::mem::take(&mut dials.0).into_iter().map(Some).collect(),
+            set: tokio::task::JoinSet::new(),
+        }
+    }
+
+    /// What a driver needs of this client for a session.
+    fn env(&self, run: &Arc<Run>, buffers: Box<dyn Fn(u16) -> usize + Send>) -> drive::Env {
+        drive::Env {
+            disk: self.disk.clone(),
+            run: run.clone(),
+            buffers,
+            chunk_delay: None,
+        }
     }
 
     /// Joins the session's data streams, on the connections dialed during set-up
@@ -453,11 +638,10 @@ impl Client {
         let mut set = tokio::task::JoinSet::new();
         let mut early = std::mem::take(&mut dials.0).into_iter();
         for i in 0..s.streams {
-            let (server, socket, timeout, key, mode) = (
+            let (server, socket, timeout, mode) = (
                 server.to_string(),
                 self.opts.socket.clone(),
                 self.opts.connect_timeout,
-                key,
                 (self.opts.protection, self.opts.idle_timeout),
             );
             let hello = DataHello {
@@ -467,42 +651,8 @@ impl Client {
             };
             let dialed = early.next();
             set.spawn(async move {
-                let joined = async {
-                    if let Some(h) = dialed {
-                        let first = match h.await {
-                            Ok(Ok(d)) if wait == JoinWait::Pipelined && !still_open(&d.io) => {
-                                Err(JoinError::Connection(Error::Net(NetError::Closed {
-                                    peer: server.clone(),
-                                })))
-                            }
-                            Ok(Ok(d)) => join(d, &server, &hello, &key, mode, wait).await,
-                            Ok(Err(e)) => Err(JoinError::Connection(e)),
-                            Err(e) => Err(JoinError::Connection(Error::refused(
-                                ErrorCode::Aborted,
-                                format!("stream setup failed: {e}"),
-                            ))),
-                        };
-                        match first {
-                            Ok(io) => return Ok(io),
-                            Err(JoinError::Refused(e)) => return Err(e),
-                            Err(JoinError::Connection(e)) => tracing::debug!(
-                                "data stream {i}: early connection failed ({e}); dialing again"
-                            ),
-                        }
-                    }
-                    let d = dial(&server, &socket, timeout).await?;
-                    match join(d, &server, &hello, &key, mode, wait).await {
-                        Ok(io) => Ok(io),
-                        Err(JoinError::Connection(e) | JoinError::Refused(e)) => Err(e),
-                    }
-                };
-                let io = tokio::time::timeout(HANDSHAKE_TIMEOUT, joined)
-                    .await
-                    .map_err(|_| NetError::Timeout {
-                        peer: server.clone(),
-                        what: crate::error::JOIN_WAIT,
-                        secs: HANDSHAKE_TIMEOUT.as_secs(),
-                    })??;
+                let io =
+                    join_stream(&server, &socket, timeout, dialed, hello, key, mode, wait).await?;
                 Ok::<_, Error>((i, DataStream { io, peer: server }))
             });
         }
@@ -614,25 +764,7 @@ impl Client {
             0 => session::auto_chunk(walked.tree.entries()),
             c => c,
         };
-        let mut opening = self
-            .open(
-                server,
-                Op::Push {
-                    dest: dest.to_vec(),
-                },
-                chunk,
-            )
-            .await?;
-        let hb = Heartbeat {
-            interval: self.opts.heartbeat,
-        };
-        // Options and the manifest follow the first flight at once: the server reads
-        // them once it has opened the session (with the chunk size we asked for; a
-        // server never changes a push's).
-        opening
-            .send(&Control::Options(self.opts.session_options(resume)))
-            .await?;
-        let mut source = FileSource::new(
+        let source = FileSource::new(
             walked.tree,
             chunk,
             SourceOptions {
@@ -643,92 +775,46 @@ impl Client {
         )?;
         let totals = Totals::of(source.tree().entries());
         run.progress.total.store(totals.bytes, Relaxed);
-        if let Err(e) = session::send_manifest(&mut opening.ch, source.tree().entries()).await {
-            return Err(crate::session::peer_report(&mut opening.ch, e).await);
-        }
-        let mut conn = opening.accepted(server).await?;
-        let s = conn.session.clone();
-        if s.chunk_size != chunk {
-            return Err(Error::protocol(
-                server,
-                format!(
-                    "session chunk size {} differs from the {chunk} asked for",
-                    s.chunk_size
-                ),
-            ));
-        }
+        let mut conn = self.connect(server).await?;
+        // The options and the whole manifest follow the first flight at once: the
+        // server reads them once it has opened the session (with the chunk size we
+        // asked for; a server never changes a push's).
+        let open = self.open_request(
+            Op::Push {
+                dest: dest.to_vec(),
+            },
+            chunk,
+        );
+        let d = conn.dial(open, self.opts.session_options(resume));
+        let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
+        let mut m = SourceSession::dial(now(), server, timing, d);
+        m.push_manifest(source.tree().entries());
+        m.end_manifest(totals, drive::chunk_set(source.chunks()));
+        let (fixed, threads) = (self.opts.buffers, self.disk.threads());
+        let deep = session::mostly_aligned(source.tree().entries());
+        let buffers = Box::new(move |streams| {
+            fixed.unwrap_or_else(|| session::deep_buffers(deep, chunk, streams, threads))
+        });
         let dials = std::mem::take(&mut conn.dials);
         // The first chunks follow the joins' proofs without waiting for the answers
         // (checked by each stream before anything it receives).
-        let streams = self
-            .open_streams(server, &s, conn.key, dials, JoinWait::Pipelined)
-            .await;
-        let streams = match streams {
-            Ok(s) => s,
-            Err(e) => return Err(crate::session::peer_report(&mut conn.ch, e).await),
-        };
-        let mut msg = session::recv_live(&mut conn.ch, hb).await?;
-        if matches!(msg, Control::Have(_)) {
-            let parts = session::recv_have(&mut conn.ch, hb, msg).await?;
-            let (checked, _, plan) =
-                resume_source(&self.disk, &mut conn.ch, hb, source, &parts).await?;
-            source = checked;
-            conn.ch.send(&Control::Plan(plan)).await?;
-            msg = session::recv_live(&mut conn.ch, hb).await?;
-        }
-        match msg {
-            Control::Go => {}
-            other => return Err(unexpected(server, other, "Go")),
-        }
-        run.progress.held.store(source.held_bytes(), Relaxed);
-        let source = Arc::new(source);
-        let pool = Pool::new(self.source_buffers(&source, &s), s.chunk_size as usize);
-        let disk = self.disk.clone();
-        let sent = session::watch_control(
-            &mut conn.ch,
-            &run,
-            hb,
-            engine::send(
-                &disk,
-                source.clone(),
-                pool,
-                streams,
-                run.clone(),
-                self.opts.idle_timeout,
-            ),
-        )
-        .await;
-        let (stats, early) = match sent {
-            Ok(x) => x,
-            Err(e) => {
-                if !matches!(e, Error::Remote { .. }) {
-                    let _ = conn.ch.send(&Control::Error(e.to_msg())).await;
-                }
-                return Err(e);
-            }
-        };
-        let done = match early.into_iter().next() {
-            Some(m) => m,
-            None => session::recv_live(&mut conn.ch, hb).await?,
-        };
-        let summary = match done {
-            Control::Done(summary) => summary,
-            other => return Err(unexpected(server, other, "Done")),
-        };
-        let entries = source.tree().entries();
+        let joins = self.dialing(server, conn.master, dials, JoinWait::Pipelined);
+        let r = drive::source(m, &mut conn.ch, joins, source, self.env(&run, buffers)).await?;
+        let entries = r.store.tree().entries();
         Ok(Report {
-            summary,
+            summary: r.summary,
             totals,
-            streams: s.streams,
-            chunk_size: s.chunk_size,
+            streams: r.info.streams,
+            chunk_size: r.info.chunk_size,
             skipped,
-            held_bytes: source.held_bytes(),
-            held_files: source.held_files(),
+            held_bytes: r.store.held_bytes(),
+            held_files: r.store.held_files(),
             bytes_sent: 0,
-            chunks_resent: stats.chunks_resent,
-            streams_lost: stats.streams_lost,
+            chunks_resent: r.stats.chunks_resent,
+            streams_lost: r.stats.streams_lost,
             attempts: 1,
-            failed: source
+            failed: r
+                .store
                 .failed()
                 .into_iter()
                 .map(|f| failed_line(entries, f))
@@ -744,119 +830,68 @@ impl Client {
         run: Arc<Run>,
         resume: bool,
     ) -> Result<Report> {
-        let mut opening = self
-            .open(
-                server,
-                Op::Pull {
-                    sources: sources.to_vec(),
-                },
-                self.opts.chunk_size,
-            )
-            .await?;
-        let hb = Heartbeat {
-            interval: self.opts.heartbeat,
-        };
-        opening
-            .send(&Control::Options(self.opts.session_options(resume)))
-            .await?;
-        let mut conn = opening.accepted(server).await?;
-        let s = conn.session.clone();
-        let dials = std::mem::take(&mut conn.dials);
-        let (streams, entries) = tokio::join!(
-            self.open_streams(server, &s, conn.key, dials, JoinWait::Answer),
-            session::recv_manifest(&mut conn.ch, session::MAX_ENTRIES, None)
+        let mut conn = self.connect(server).await?;
+        let open = self.open_request(
+            Op::Pull {
+                sources: sources.to_vec(),
+            },
+            self.opts.chunk_size,
         );
-        let entries = entries?;
-        let streams = match streams {
-            Ok(s) => s,
-            Err(e) => return Err(crate::session::peer_report(&mut conn.ch, e).await),
-        };
-        let totals = Totals::of(&entries);
-        run.progress.total.store(totals.bytes, Relaxed);
+        let options = self.opts.session_options(resume);
+        let d = conn.dial(open, options);
+        let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
+        let m = SinkSession::dial(now(), server, timing, Limits::default(), d);
         let dest = dest.to_vec();
-        let opts = SinkOptions {
-            checksum: self.opts.checksum,
-            direct_io: self.opts.direct_io,
-            fsync: self.opts.fsync,
-            verify: self.opts.verify && self.opts.checksum,
-            journal: self.opts.journal,
-            resume,
-        };
-        let names = entries.clone();
-        let disk = self.disk.clone();
-        let prepared = session::keep_alive(&mut conn.ch, hb, async move {
-            disk.run(move || prepare_sink(&Base::Local, &dest, entries, s.chunk_size, opts))
-                .await
-                .ok_or(Error::Aborted)?
-                .map_err(Error::from)
-        })
-        .await;
-        let sink = match prepared {
-            Ok(sink) => sink,
-            Err(e) => {
-                let _ = conn.ch.send(&Control::Error(e.to_msg())).await;
-                return Err(e);
-            }
-        };
-        let sink = match resume_sink(&self.disk, &mut conn.ch, hb, sink, resume).await {
-            Ok(sink) => sink,
-            Err(e) => {
-                if !matches!(e, Error::Remote { .. } | Error::Net(_)) {
-                    let _ = conn.ch.send(&Control::Error(e.to_msg())).await;
-                }
-                return Err(e);
-            }
-        };
-        run.progress.held.store(sink.held_bytes(), Relaxed);
-        let held_bytes = sink.held_bytes();
+        let o = &self.opts;
+        let (checksum, direct_io, fsync, verify, journal) =
+            (o.checksum, o.direct_io, o.fsync, o.verify, o.journal);
+        let prepare: drive::Prepare<FileSink> = Box::new(move |entries, chunk, so| {
+            let opts = SinkOptions {
+                checksum,
+                direct_io,
+                fsync,
+                verify: verify && checksum,
+                journal,
+                resume: so.resume,
+            };
+            Ok(prepare_sink(&Base::Local, &dest, entries, chunk, opts)?)
+        });
+        let (fixed, threads) = (self.opts.buffers, self.disk.threads());
+        let buffers = Box::new(move |streams| {
+            fixed.unwrap_or_else(|| session::default_buffers(streams, threads))
+        });
+        let dials = std::mem::take(&mut conn.dials);
+        let joins = self.dialing(server, conn.master, dials, JoinWait::Answer);
+        let env = self.env(&run, buffers);
+        let r = drive::sink(m, &mut conn.ch, joins, prepare, Some(options), env).await?;
+        let names = r.store.tree_entries();
+        let totals = Totals::of(names);
         let held_files = names.iter().filter(|e| e.file_size() > 0).count() as u64
-            - sink.layout().files().len() as u64;
-        conn.ch.send(&Control::Go).await?;
-        let sink = Arc::new(sink);
-        let pool = Pool::new(self.buffers(s.streams), s.chunk_size as usize);
-        let disk = self.disk.clone();
-        let result = session::watch_control(
-            &mut conn.ch,
-            &run,
-            hb,
-            engine::receive(&disk, sink, pool, streams, run.clone()),
-        )
-        .await;
-        let ((summary, _rstats), early) = match result {
-            Ok(x) => x,
-            Err(e) => {
-                let _ = conn.ch.send(&Control::Error(e.to_msg())).await;
-                return Err(e);
-            }
-        };
-        conn.ch.send(&Control::Done(summary)).await?;
-        let report = match early.into_iter().next() {
-            Some(m) => m,
-            None => session::recv_live(&mut conn.ch, hb).await?,
-        };
-        let report = match report {
-            Control::SendReport(r) => r,
-            other => return Err(unexpected(server, other, "SendReport")),
-        };
+            - r.store.layout().files().len() as u64;
         Ok(Report {
-            summary,
+            summary: r.summary,
             totals,
-            streams: s.streams,
-            chunk_size: s.chunk_size,
+            streams: r.info.streams,
+            chunk_size: r.info.chunk_size,
             skipped: 0,
-            held_bytes,
+            held_bytes: r.store.held_bytes(),
             held_files,
             bytes_sent: 0,
-            chunks_resent: report.chunks_resent,
-            streams_lost: report.streams_lost,
+            chunks_resent: r.report.chunks_resent,
+            streams_lost: r.report.streams_lost,
             attempts: 1,
-            failed: report
+            failed: r
+                .report
                 .failed
                 .into_iter()
-                .map(|f| failed_line(&names, f))
+                .map(|f| failed_line(names, f))
                 .collect(),
         })
     }
+}
+
+fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
 }
 
 /// `path: why` for a file the source could not send.

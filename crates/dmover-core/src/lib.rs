@@ -18,6 +18,7 @@
 pub mod access;
 pub mod client;
 pub mod diskpool;
+pub mod drive;
 pub mod engine;
 pub mod error;
 pub mod memtest;

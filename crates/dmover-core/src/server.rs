@@ -28,8 +28,8 @@ use dmover_net::tls::ServerIdentity;
 use dmover_net::{ControlStream, NetError};
 use dmover_proto::auth::{self, Role};
 use dmover_proto::control::{
-    AuthMethod, AuthOk, Control, Credential, DataProtection, ErrorCode, Op, Open, SendReport,
-    SessionInfo, SessionOptions, Welcome,
+    AuthMethod, AuthOk, Control, Credential, DataProtection, ErrorCode, Op, Open, SessionInfo,
+    Welcome,
 };
 use dmover_proto::data::{DataHello, HELLO_LEN, JOIN_PROOF_LEN, JoinStatus};
 use dmover_proto::preamble::{ConnKind, Preamble};
@@ -41,22 +41,20 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use dmover_store::fault::Slow;
+use dmover_store::Source;
 use dmover_store::paths::{self, Base};
 use dmover_store::sink::{FileSink, SinkOptions, prepare_sink};
 use dmover_store::source::{FileSource, SourceOptions};
 use dmover_store::walk;
-use dmover_store::{Sink, Source};
 
 use crate::access::{ExportSpec, Grant, Rights, User, verify_signature};
 use crate::diskpool::DiskPool;
-use crate::engine::{self, DataStream, Run};
+use crate::drive;
+use crate::engine::{DataStream, Run};
 use crate::error::{Error, Result};
-use crate::pool::Pool;
-use crate::session::{
-    self, HANDSHAKE_TIMEOUT, Heartbeat, MAX_STREAMS, SOFTWARE, resume_sink, resume_source,
-    unexpected,
-};
+use crate::session::{self, HANDSHAKE_TIMEOUT, MAX_STREAMS, SOFTWARE};
+use dmover_proto::manifest::Totals;
+use dmover_proto::session::{Acceptance, Limits, SinkSession, SourceSession};
 
 /// Largest control frame accepted before the client has authenticated.
 pub const PRE_AUTH_MAX_FRAME: usize = 64 << 10;
@@ -537,22 +535,22 @@ impl Server {
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> Result<()> {
         let peer = ch.peer().to_string();
-        let setup = tokio::time::timeout_at(deadline, self.authenticate(&mut ch, &binding)).await;
-        let result = match setup {
-            Err(_) => Err(Error::refused(
-                ErrorCode::Protocol,
-                format!(
-                    "no session opened within {} s",
-                    self.cfg.handshake_timeout.as_secs()
-                ),
-            )),
-            Ok(Err(e)) => Err(e),
-            Ok(Ok((grant, open))) => {
+        // Errors the machines reported to the client themselves.
+        let mut reported = false;
+        let result = match self.authenticate(&mut ch, &binding, deadline).await {
+            Err(e) => {
+                reported = true;
+                Err(e)
+            }
+            Ok((grant, open)) => {
                 drop(permit);
                 ch.set_max_frame(control::MAX_FRAME);
                 match self.user_slot(&grant) {
                     Err(e) => Err(e),
-                    Ok(_user) => self.run_session(&mut ch, open, &peer, &grant, master).await,
+                    Ok(_user) => {
+                        self.run_session(&mut ch, open, &peer, &grant, master, &mut reported)
+                            .await
+                    }
                 }
             }
         };
@@ -560,11 +558,13 @@ impl Server {
             // Tell the client why (a data stream's failure too), unless it was the
             // client's own report; a dead control connection just fails the send.
             if !matches!(e, Error::Remote { .. }) {
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(5),
-                    ch.send(&Control::Error(e.to_msg())),
-                )
-                .await;
+                if !reported {
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(5),
+                        ch.send(&Control::Error(e.to_msg())),
+                    )
+                    .await;
+                }
                 // The client sends its first messages without waiting for answers, so
                 // some may be unread: closing now would reset the connection and could
                 // cost the client our error. Read until it closes (briefly).
@@ -595,77 +595,75 @@ impl Server {
         Ok(UserGuard(self, grant.user.clone()))
     }
 
-    /// Hello/Welcome, Auth/AuthOk, Open: who the client is and what it wants.
-    async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
+    /// Hello/Welcome, Auth/AuthOk, Open: who the client is and what it wants, all by
+    /// `deadline` ([`Acceptance`], driven by [`drive::accept`]). A failure has been
+    /// reported to the client.
+    async fn authenticate<S: AsyncRead + AsyncWrite + Unpin + Send>(
         &self,
         ch: &mut ControlChannel<S>,
         binding: &[u8; 32],
+        deadline: tokio::time::Instant,
     ) -> Result<(Grant, Open)> {
         let peer = ch.peer().to_string();
-        let hello = match ch.recv().await? {
-            Control::Hello(h) => h,
-            other => return Err(unexpected(&peer, other, "Hello")),
-        };
-        let nonce: [u8; 32] = rand::random();
-        ch.send(&Control::Welcome(Welcome {
+        let welcome = Welcome {
             software: SOFTWARE.into(),
-            nonce,
+            nonce: rand::random(),
             auth: if self.cfg.users.is_some() {
                 AuthMethod::Required
             } else {
                 AuthMethod::None
             },
-        }))
-        .await?;
-        let a = match ch.recv().await? {
-            Control::Auth(a) => a,
-            other => return Err(unexpected(&peer, other, "Auth")),
         };
-        let transcript = auth::transcript(binding, &a.user, &hello.nonce);
-        let (grant, proof) = match &self.cfg.users {
-            None => (
-                Grant {
-                    user: String::new(),
-                    exports: self
-                        .exports
-                        .iter()
-                        .map(|e| (e.spec.name.clone(), Rights::ReadWrite))
-                        .collect(),
+        let mut timing = drive::timing(session::HEARTBEAT, self.cfg.idle_timeout);
+        timing.handshake = self.cfg.handshake_timeout;
+        let m = Acceptance::new(peer.clone(), timing, deadline.into_std(), welcome);
+        let mut granted = None;
+        let open = drive::accept(m, ch, |hello, a| {
+            let transcript = auth::transcript(binding, &a.user, &hello.nonce);
+            let (grant, proof) = match &self.cfg.users {
+                None => (
+                    Grant {
+                        user: String::new(),
+                        exports: self
+                            .exports
+                            .iter()
+                            .map(|e| (e.spec.name.clone(), Rights::ReadWrite))
+                            .collect(),
+                    },
+                    None,
+                ),
+                Some(users) => match check_credential(users, &a.user, &a.credential, &transcript) {
+                    Ok(x) => x,
+                    Err(why) => {
+                        tracing::warn!(
+                            "authentication failed for {peer} ({}): user {:?}: {why}",
+                            hello.software,
+                            a.user
+                        );
+                        return Err(Error::refused(
+                            ErrorCode::Auth,
+                            "authentication failed: unknown user or wrong credential",
+                        ));
+                    }
                 },
-                None,
-            ),
-            Some(users) => match check_credential(users, &a.user, &a.credential, &transcript) {
-                Ok(x) => x,
-                Err(why) => {
-                    tracing::warn!(
-                        "authentication failed for {peer} ({}): user {:?}: {why}",
-                        hello.software,
-                        a.user
-                    );
-                    return Err(Error::refused(
-                        ErrorCode::Auth,
-                        "authentication failed: unknown user or wrong credential",
-                    ));
-                }
-            },
-        };
-        ch.send(&Control::AuthOk(AuthOk { proof })).await?;
-        let open = match ch.recv().await? {
-            Control::Open(o) => o,
-            other => return Err(unexpected(&peer, other, "Open")),
-        };
-        if self.cfg.users.is_some() {
-            tracing::info!(
-                "{peer}: authenticated as {:?} ({})",
-                grant.user,
-                hello.software
-            );
-        } else {
-            tracing::info!(
-                "{peer}: connected without authentication ({})",
-                hello.software
-            );
-        }
+            };
+            if self.cfg.users.is_some() {
+                tracing::info!(
+                    "{peer}: authenticated as {:?} ({})",
+                    grant.user,
+                    hello.software
+                );
+            } else {
+                tracing::info!(
+                    "{peer}: connected without authentication ({})",
+                    hello.software
+                );
+            }
+            granted = Some(grant);
+            Ok(AuthOk { proof })
+        })
+        .await?;
+        let grant = granted.expect("the credential was verified before Open");
         Ok((grant, open))
     }
 
@@ -743,6 +741,7 @@ impl Server {
         peer: &str,
         grant: &Grant,
         master: [u8; 32],
+        reported: &mut bool,
     ) -> Result<()> {
         if open.streams == 0 {
             return Err(Error::refused(
@@ -806,7 +805,7 @@ impl Server {
         }
         let id: u64 = rand::random();
         let salt: [u8; 32] = rand::random();
-        let (tx, mut rx) = mpsc::channel(streams as usize);
+        let (tx, rx) = mpsc::channel(streams as usize);
         self.sessions.lock().insert(
             id,
             Slot {
@@ -857,7 +856,7 @@ impl Server {
             }
         };
 
-        ch.send(&Control::Session(SessionInfo {
+        let info = SessionInfo {
             id,
             salt,
             streams,
@@ -866,73 +865,68 @@ impl Server {
                 open.features,
                 dmover_proto::session::features::SUPPORTED,
             ),
-        }))
-        .await?;
+        };
         let started = Instant::now();
-        let run = Run::new();
         let what;
         let bytes;
+        // The session proper: the role machine for the op, driven over this control
+        // connection, the data streams the join listener hands over, and the disk.
+        let now = tokio::time::Instant::now().into_std();
+        let timing = drive::timing(session::HEARTBEAT, self.cfg.idle_timeout);
+        let setup_by = now + self.cfg.handshake_timeout;
+        let plan = self.faults.link.clone();
+        let joins = drive::Accepted::new(rx, move |io| Faulty::new(io, plan.clone()));
+        let env = drive::Env {
+            disk: self.disk.clone(),
+            run: Run::new(),
+            buffers: Box::new(move |_| count),
+            chunk_delay: self.faults.chunk_delay,
+        };
         match open.op {
             Op::MemTest(m) => {
+                ch.send(&Control::Session(info)).await?;
                 what = format!("memory-to-memory test ({:?})", m.direction);
+                let mut rx = joins.into_inner();
                 let streams = collect_streams(&mut rx, streams, peer).await?;
+                let run = Run::new();
                 bytes = crate::memtest::serve(ch, &m, open.checksum, chunk, streams, &run).await?;
             }
             Op::Push { dest: shown } => {
                 what = format!("push to {:?}", String::from_utf8_lossy(&shown));
-                let (so, first) = next_options(ch).await?;
-                let hb = Heartbeat::from_ms(so.heartbeat_ms);
-                let entries = session::recv_manifest_limited(
-                    ch,
-                    self.cfg.max_entries,
-                    self.cfg.max_manifest_bytes,
-                    first,
-                )
-                .await?;
                 let (base, dest) = push_dest.expect("resolved above");
-                let opts = SinkOptions {
-                    checksum: open.checksum,
-                    direct_io: open.direct_io,
-                    fsync: so.fsync,
-                    verify: so.verify && open.checksum,
-                    journal: so.journal,
-                    resume: so.resume,
+                let limits = Limits {
+                    max_entries: self.cfg.max_entries,
+                    max_manifest_bytes: self.cfg.max_manifest_bytes,
                 };
-                let disk = self.disk.clone();
-                let sink = session::keep_alive(ch, hb, async move {
-                    disk.run(move || prepare_sink(&base, &dest, entries, chunk, opts))
-                        .await
-                        .ok_or(Error::Aborted)?
-                        .map_err(Error::from)
-                })
-                .await?;
-                let sink = resume_sink(&self.disk, ch, hb, sink, so.resume).await?;
-                let sink = Arc::new(sink);
-                ch.send(&Control::Go).await?;
-                let streams = self.faulty(collect_streams(&mut rx, streams, peer).await?);
-                let pool = Pool::new(count, chunk as usize);
-                let result = session::watch_control(
-                    ch,
-                    &run,
-                    hb,
-                    engine::receive(&self.disk, self.slow_sink(sink), pool, streams, run.clone()),
-                )
-                .await;
-                let ((summary, stats), _) = result?;
-                if stats.streams_lost > 0 {
+                let mut m = SinkSession::accept(now, peer, timing, limits, setup_by);
+                m.grant(now, info);
+                let (checksum, direct_io) = (open.checksum, open.direct_io);
+                let prepare: drive::Prepare<FileSink> = Box::new(move |entries, chunk, so| {
+                    let opts = SinkOptions {
+                        checksum,
+                        direct_io,
+                        fsync: so.fsync,
+                        verify: so.verify && checksum,
+                        journal: so.journal,
+                        resume: so.resume,
+                    };
+                    Ok(prepare_sink(&base, &dest, entries, chunk, opts)?)
+                });
+                *reported = true;
+                let r = drive::sink(m, ch, joins, prepare, None, env).await?;
+                if r.stats.streams_lost > 0 {
                     tracing::info!(
                         "{peer}: {} data streams broke; {} chunks arrived twice",
-                        stats.streams_lost,
-                        stats.duplicates
+                        r.stats.streams_lost,
+                        r.stats.duplicates
                     );
                 }
-                bytes = summary.bytes;
-                ch.send(&Control::Done(summary)).await?;
+                bytes = r.summary.bytes;
             }
             Op::Pull { sources } => {
                 what = format!("pull of {} path(s)", sources.len());
                 let walked = walked.expect("walked above");
-                let mut source = FileSource::new(
+                let source = FileSource::new(
                     walked.tree,
                     chunk,
                     SourceOptions {
@@ -941,57 +935,16 @@ impl Server {
                         continue_on_error: false,
                     },
                 )?;
-                session::send_manifest(ch, source.tree().entries()).await?;
-                let (so, first) = next_options(ch).await?;
-                let hb = Heartbeat::from_ms(so.heartbeat_ms);
-                source.set_continue_on_error(so.continue_on_error);
-                let mut msg = match first {
-                    Some(m) => m,
-                    None => session::recv_live(ch, hb).await?,
-                };
-                if matches!(msg, Control::Have(_)) {
-                    let parts = session::recv_have(ch, hb, msg).await?;
-                    let (checked, _, plan) =
-                        resume_source(&self.disk, ch, hb, source, &parts).await?;
-                    source = checked;
-                    ch.send(&Control::Plan(plan)).await?;
-                    msg = session::recv_live(ch, hb).await?;
-                }
-                match msg {
-                    Control::Go => {}
-                    other => return Err(unexpected(peer, other, "Go")),
-                }
-                let source = Arc::new(source);
-                let streams = self.faulty(collect_streams(&mut rx, streams, peer).await?);
-                let pool = Pool::new(count, chunk as usize);
-                let (stats, early) = session::watch_control(
-                    ch,
-                    &run,
-                    hb,
-                    engine::send(
-                        &self.disk,
-                        self.slow_source(source.clone()),
-                        pool,
-                        streams,
-                        run.clone(),
-                        self.cfg.idle_timeout,
-                    ),
-                )
-                .await?;
-                ch.send(&Control::SendReport(SendReport {
-                    chunks_resent: stats.chunks_resent,
-                    streams_lost: stats.streams_lost,
-                    failed: source.failed(),
-                }))
-                .await?;
-                let done = match early.into_iter().next() {
-                    Some(m) => m,
-                    None => session::recv_live(ch, hb).await?,
-                };
-                match done {
-                    Control::Done(summary) => bytes = summary.bytes,
-                    other => return Err(unexpected(peer, other, "Done")),
-                }
+                let mut m = SourceSession::accept(now, peer, timing, setup_by);
+                m.grant(now, info);
+                m.push_manifest(source.tree().entries());
+                m.end_manifest(
+                    Totals::of(source.tree().entries()),
+                    drive::chunk_set(source.chunks()),
+                );
+                *reported = true;
+                let r = drive::source(m, ch, joins, source, env).await?;
+                bytes = r.summary.bytes;
             }
         }
         let secs = started.elapsed().as_secs_f64();
@@ -1002,61 +955,6 @@ impl Server {
             open.protection
         );
         Ok(())
-    }
-}
-
-/// Reads the client's session options, which come first after `Session` (defaults,
-/// and the message, if an older client sent something else).
-async fn next_options<S: AsyncRead + AsyncWrite + Unpin>(
-    ch: &mut ControlChannel<S>,
-) -> Result<(SessionOptions, Option<Control>)> {
-    match ch
-        .recv_timeout(HANDSHAKE_TIMEOUT, "session options")
-        .await?
-    {
-        Control::Options(o) => Ok((o, None)),
-        other => Ok((
-            SessionOptions {
-                resume: false,
-                journal: true,
-                fsync: false,
-                verify: false,
-                continue_on_error: false,
-                heartbeat_ms: 0,
-            },
-            Some(other),
-        )),
-    }
-}
-
-/// Waits for all `n` data streams of a session to join.
-impl Server {
-    /// The session's source with this server's injected slowness, if any.
-    fn slow_source(&self, s: Arc<FileSource>) -> Arc<dyn Source> {
-        match self.faults.chunk_delay {
-            Some(d) => Arc::new(Slow::new(s, d)),
-            None => s,
-        }
-    }
-
-    /// The session's sink with this server's injected slowness, if any.
-    fn slow_sink(&self, s: Arc<FileSink>) -> Arc<dyn Sink> {
-        match self.faults.chunk_delay {
-            Some(d) => Arc::new(Slow::new(s, d)),
-            None => s,
-        }
-    }
-
-    /// The session's data streams with this server's injected faults (none: as they
-    /// are, one branch per chunk).
-    fn faulty(&self, streams: Vec<DataStream<DataIo>>) -> Vec<DataStream<Faulty<DataIo>>> {
-        streams
-            .into_iter()
-            .map(|s| DataStream {
-                io: Faulty::new(s.io, self.faults.link.clone()),
-                peer: s.peer,
-            })
-            .collect()
     }
 }
 

@@ -1,21 +1,15 @@
 //! What client and server sessions share: options, manifest exchange over the control
 //! channel, the resume negotiation, and watching the control channel while data flows.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use dmover_net::control::ControlChannel;
 use dmover_net::tcp::SocketOptions;
-use dmover_proto::control::{Control, Have, ManifestEnd, ManifestPart, Plan, SessionOptions};
+use dmover_proto::control::{Control, SessionOptions};
 use dmover_proto::layout::DEFAULT_CHUNK;
-use dmover_proto::manifest::{self, Entry, Totals};
+use dmover_proto::manifest::{self, Entry};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use dmover_store::resume::Held;
-use dmover_store::sink::FileSink;
-use dmover_store::source::FileSource;
-
-use crate::diskpool::DiskPool;
 use crate::engine::Run;
 use crate::error::{Error, Result};
 
@@ -191,7 +185,12 @@ pub fn default_buffers(streams: u16, io_threads: usize) -> usize {
 /// 16 × 256 MiB 6.05 → 5.46 s with 22 × 16 MiB. Many small files go the other way
 /// (20 000 × 8 KiB: 1.06 → 1.31 s with 40 buffers), so they keep the default.
 pub fn source_buffers(entries: &[Entry], chunk: u32, streams: u16, io_threads: usize) -> usize {
-    let base = default_buffers(streams, io_threads);
+    deep_buffers(mostly_aligned(entries), chunk, streams, io_threads)
+}
+
+/// Whether most of the data is in files large enough for direct I/O (see
+/// [`source_buffers`]).
+pub fn mostly_aligned(entries: &[Entry]) -> bool {
     let (mut total, mut aligned) = (0u64, 0u64);
     for e in entries {
         let size = e.file_size();
@@ -200,29 +199,17 @@ pub fn source_buffers(entries: &[Entry], chunk: u32, streams: u16, io_threads: u
             aligned += size;
         }
     }
-    if total == 0 || aligned * 2 < total {
+    total > 0 && aligned * 2 >= total
+}
+
+/// [`source_buffers`] for a dataset that is `mostly_aligned` or not.
+pub fn deep_buffers(mostly_aligned: bool, chunk: u32, streams: u16, io_threads: usize) -> usize {
+    let base = default_buffers(streams, io_threads);
+    if !mostly_aligned {
         return base;
     }
     let for_bytes = (160usize << 20).div_ceil(chunk as usize);
     base.max(for_bytes).max(base + 8)
-}
-
-/// Sends a manifest in parts of about a megabyte, then its totals.
-pub async fn send_manifest<S: AsyncRead + AsyncWrite + Unpin>(
-    ch: &mut ControlChannel<S>,
-    entries: &[Entry],
-) -> Result<()> {
-    for r in dmover_proto::manifest::parts(entries) {
-        ch.send(&Control::Manifest(ManifestPart {
-            entries: entries[r].to_vec(),
-        }))
-        .await?;
-    }
-    ch.send(&Control::ManifestEnd(ManifestEnd {
-        totals: Totals::of(entries),
-    }))
-    .await?;
-    Ok(())
 }
 
 /// The path of manifest entry `idx`, for messages (names joined by `/`).
@@ -251,67 +238,6 @@ pub fn unexpected(peer: &str, msg: Control, wanted: &str) -> Error {
             message: e.message,
         },
         other => Error::protocol(peer, format!("expected {wanted}, got {}", other.name())),
-    }
-}
-
-/// Receives a manifest, checking it as it grows and as a whole. `first` is a message
-/// already read that may begin it.
-pub async fn recv_manifest<S: AsyncRead + AsyncWrite + Unpin>(
-    ch: &mut ControlChannel<S>,
-    max_entries: u64,
-    first: Option<Control>,
-) -> Result<Vec<Entry>> {
-    recv_manifest_limited(ch, max_entries, MAX_MANIFEST_BYTES, first).await
-}
-
-/// [`recv_manifest`] with a limit on the memory the entries take ([`entry_bytes`]), so a
-/// peer cannot exhaust memory with long names and link targets.
-pub async fn recv_manifest_limited<S: AsyncRead + AsyncWrite + Unpin>(
-    ch: &mut ControlChannel<S>,
-    max_entries: u64,
-    max_bytes: u64,
-    mut first: Option<Control>,
-) -> Result<Vec<Entry>> {
-    let mut entries: Vec<Entry> = Vec::new();
-    let mut bytes = 0u64;
-    loop {
-        let msg = match first.take() {
-            Some(m) => m,
-            None => ch.recv_timeout(HANDSHAKE_TIMEOUT, "manifest").await?,
-        };
-        match msg {
-            Control::Manifest(part) => {
-                if (entries.len() + part.entries.len()) as u64 > max_entries {
-                    return Err(Error::refused(
-                        dmover_proto::control::ErrorCode::Busy,
-                        format!("manifest exceeds {max_entries} entries"),
-                    ));
-                }
-                bytes += part.entries.iter().map(entry_bytes).sum::<u64>();
-                if bytes > max_bytes {
-                    return Err(Error::refused(
-                        dmover_proto::control::ErrorCode::Busy,
-                        format!("manifest exceeds {max_bytes} bytes of memory"),
-                    ));
-                }
-                entries.extend(part.entries);
-            }
-            Control::ManifestEnd(end) => {
-                let totals = manifest::validate(&entries, max_entries)
-                    .map_err(|e| Error::Net(dmover_net::NetError::proto(ch.peer(), e)))?;
-                if totals != end.totals {
-                    return Err(Error::protocol(
-                        ch.peer(),
-                        format!(
-                            "manifest totals {:?} do not match its entries {totals:?}",
-                            end.totals
-                        ),
-                    ));
-                }
-                return Ok(entries);
-            }
-            other => return Err(unexpected(ch.peer(), other, "manifest")),
-        }
     }
 }
 
@@ -461,137 +387,6 @@ pub async fn recv_live<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// Runs `work` (a step that may take a while, such as checking held data) while
-/// keeping the control channel alive; a peer's error or silence aborts it.
-pub async fn keep_alive<S, F, T>(ch: &mut ControlChannel<S>, hb: Heartbeat, work: F) -> Result<T>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-    F: std::future::Future<Output = Result<T>>,
-{
-    let run = Run::new();
-    let (t, early) = watch_control(ch, &run, hb, async {
-        tokio::select! {
-            biased;
-            _ = run.cancelled() => Err(Error::Aborted),
-            r = work => r,
-        }
-    })
-    .await
-    .map_err(|e| run.take_error().unwrap_or(e))?;
-    if let Some(m) = early.into_iter().next() {
-        return Err(unexpected(ch.peer(), m, "nothing"));
-    }
-    Ok(t)
-}
-
-/// Receives the destination's `Have` parts, up to the one marked last.
-pub async fn recv_have<S: AsyncRead + AsyncWrite + Unpin>(
-    ch: &mut ControlChannel<S>,
-    hb: Heartbeat,
-    first: Control,
-) -> Result<Vec<Have>> {
-    let mut parts = Vec::new();
-    let mut msg = first;
-    loop {
-        match msg {
-            Control::Have(h) => {
-                let last = h.last;
-                parts.push(h);
-                if last {
-                    return Ok(parts);
-                }
-            }
-            other => return Err(unexpected(ch.peer(), other, "Have")),
-        }
-        msg = recv_live(ch, hb).await?;
-    }
-}
-
-/// Source side of a resume, after the destination's `Have` parts arrived: checks the
-/// pieces it claims (keeping the control channel alive), and returns the source with
-/// the held data left out, and the plan to send.
-pub(crate) async fn resume_source<S>(
-    disk: &Arc<DiskPool>,
-    ch: &mut ControlChannel<S>,
-    hb: Heartbeat,
-    source: FileSource,
-    parts: &[Have],
-) -> Result<(FileSource, Held, Plan)>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    let mut held = Held::from_have(
-        source.tree().entries(),
-        source.layout().chunk_size() as u32,
-        parts,
-    )
-    .map_err(|e| Error::protocol(ch.peer(), format!("resume: {e}")))?;
-    let disk = disk.clone();
-    let h = held.clone();
-    let (mut source, stale) = keep_alive(ch, hb, async move {
-        disk.run(move || {
-            let stale = source.check_held(&h);
-            (source, stale)
-        })
-        .await
-        .ok_or(Error::Aborted)
-    })
-    .await?;
-    let plan = Plan { stale };
-    held.apply(&plan)
-        .map_err(|e| Error::protocol("this side", e))?;
-    source.resume(&held)?;
-    Ok((source, held, plan))
-}
-
-/// Destination side of the resume negotiation: with `resume`, tells the source what
-/// an earlier attempt left and takes its plan; then prepares the sink for the rest.
-pub(crate) async fn resume_sink<S>(
-    disk: &Arc<DiskPool>,
-    ch: &mut ControlChannel<S>,
-    hb: Heartbeat,
-    sink: FileSink,
-    resume: bool,
-) -> Result<FileSink>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    let disk = disk.clone();
-    let (mut sink, mut held) = keep_alive(ch, hb, async move {
-        disk.run(move || {
-            let held = if resume {
-                sink.held()
-            } else {
-                Held::none(sink.tree_entries())
-            };
-            (sink, held)
-        })
-        .await
-        .ok_or(Error::Aborted)
-    })
-    .await?;
-    if resume {
-        for part in held.to_have(sink.tree_entries()) {
-            ch.send(&Control::Have(part)).await?;
-        }
-        match recv_live(ch, hb).await? {
-            Control::Plan(plan) => held
-                .apply(&plan)
-                .map_err(|e| Error::protocol(ch.peer(), format!("resume: {e}")))?,
-            other => return Err(unexpected(ch.peer(), other, "Plan")),
-        }
-        if !held.is_empty() {
-            tracing::info!(
-                "resuming: {} files and {} bytes already here",
-                held.done_files(),
-                held.bytes(sink.tree_entries(), sink.layout().chunk_size() as u32)
-            );
-        }
-    }
-    sink.resume(&held)?;
-    Ok(sink)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -611,24 +406,58 @@ mod tests {
             .collect()
     }
 
-    #[tokio::test]
-    async fn manifests_are_limited_in_entries_and_memory() {
+    /// The sink's machine enforces the server's manifest limits, in entries and in
+    /// memory, as the manifest arrives.
+    #[test]
+    fn manifests_are_limited_in_entries_and_memory() {
+        use dmover_proto::control::{ManifestEnd, ManifestPart, SessionInfo};
+        use dmover_proto::session::{Limits, SessionError, SinkEvent, SinkSession};
         let mut names = files(&[1; 10]);
         for (i, e) in names.iter_mut().enumerate() {
             e.name = vec![b'a' + i as u8; 200];
         }
-        for (max_entries, max_bytes, ok) in
+        for (max_entries, max_manifest_bytes, ok) in
             [(10, 1 << 20, true), (9, 1 << 20, false), (10, 1000, false)]
         {
-            let (a, b) = tokio::io::duplex(1 << 20);
-            let mut tx = ControlChannel::new(a, "tx", dmover_proto::control::MAX_FRAME);
-            let mut rx = ControlChannel::new(b, "rx", dmover_proto::control::MAX_FRAME);
-            send_manifest(&mut tx, &names).await.unwrap();
-            let r = recv_manifest_limited(&mut rx, max_entries, max_bytes, None).await;
+            let now = std::time::Instant::now();
+            let limits = Limits {
+                max_entries,
+                max_manifest_bytes,
+            };
+            let timing = crate::drive::timing(HEARTBEAT, Duration::from_secs(30));
+            let mut m: SinkSession<crate::drive::Fault> =
+                SinkSession::accept(now, "rx", timing, limits, now + HANDSHAKE_TIMEOUT);
+            m.grant(
+                now,
+                SessionInfo {
+                    id: 1,
+                    salt: [0; 32],
+                    streams: 1,
+                    chunk_size: DEFAULT_CHUNK,
+                    features: 0,
+                },
+            );
+            m.handle_control(
+                now,
+                Control::Options(TransferOptions::default().session_options(false)),
+            );
+            for part in names.chunks(3) {
+                let entries = part.to_vec();
+                m.handle_control(now, Control::Manifest(ManifestPart { entries }));
+            }
+            let totals = dmover_proto::manifest::Totals::of(&names);
+            m.handle_control(now, Control::ManifestEnd(ManifestEnd { totals }));
+            let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+            let got = events
+                .iter()
+                .any(|e| matches!(e, SinkEvent::Manifest(m) if m.len() == 10));
+            let refused = events
+                .iter()
+                .any(|e| matches!(e, SinkEvent::Failed(SessionError::Limit(_))));
             assert_eq!(
-                r.is_ok(),
-                ok,
-                "{max_entries} entries, {max_bytes} bytes: {r:?}"
+                (got, refused),
+                (ok, !ok),
+                "{max_entries} entries, {max_manifest_bytes} bytes: {events:?}"
             );
         }
     }

@@ -165,6 +165,11 @@ impl MemSink {
         })
     }
 
+    /// The manifest's entries.
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
     /// The bytes of manifest entry `entry`, once it is complete and verified (an empty
     /// file is complete after [`Sink::finish`]); `None` before, or after an abort.
     pub fn file(&self, entry: u32) -> Option<Vec<u8>> {

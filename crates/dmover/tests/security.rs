@@ -922,7 +922,7 @@ fn a_refused_join_with_data_behind_it_gets_its_status_and_a_clean_close() {
     let srv = Server::start(&root, &[]);
     let mut c = TcpStream::connect(&srv.addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    c.write_all(b"DMOV\x02\x00\x00\x04").unwrap();
+    c.write_all(b"DMOV\x02\x00\x00\x05").unwrap();
     let mut challenge = [0u8; 32];
     c.read_exact(&mut challenge).unwrap();
     // An unknown session, any proof, then what a client's first chunk would be.
@@ -1307,10 +1307,10 @@ fn tls_send(addr: &str, kh: &Path, body: &[u8], limit: Duration) -> bool {
     rt.block_on(async {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-        tcp.write_all(b"DMOV\x01\x00\x00\x04").await.unwrap();
+        tcp.write_all(b"DMOV\x01\x00\x00\x05").await.unwrap();
         let mut ans = [0u8; 8];
         tcp.read_exact(&mut ans).await.unwrap();
-        assert_eq!(&ans[6..], &[0, 4]);
+        assert_eq!(&ans[6..], &[0, 5]);
         let c = dmover_net::tls::TlsConnector::new(dmover_net::tls::Trust::KnownHosts(kh.into()))
             .unwrap();
         let mut tls = c.connect(tcp, addr).await.unwrap();
@@ -1366,12 +1366,12 @@ fn garbage_and_oversized_frames_are_disconnected_and_the_server_keeps_serving() 
     assert!(closed_within(&mut c, limit), "random bytes");
     // A control preamble, then random bytes instead of TLS.
     let mut c = TcpStream::connect(&srv.addr).unwrap();
-    c.write_all(b"DMOV\x01\x00\x00\x04").unwrap();
+    c.write_all(b"DMOV\x01\x00\x00\x05").unwrap();
     c.write_all(&rng_bytes(4096)).unwrap();
     assert!(closed_within(&mut c, limit), "random TLS");
     // A data preamble, then random join bytes.
     let mut c = TcpStream::connect(&srv.addr).unwrap();
-    c.write_all(b"DMOV\x02\x00\x00\x04").unwrap();
+    c.write_all(b"DMOV\x02\x00\x00\x05").unwrap();
     let mut hello = rng_bytes(48);
     hello[10..16].fill(0);
     c.write_all(&hello).unwrap();
@@ -1444,8 +1444,8 @@ fn slow_and_silent_clients_are_cut_off_and_others_are_served() {
             Duration::MAX
         })
     };
-    let control = trickle(b"DMOV\x01\x00\x00\x04\x16\x03\x01\x02\x00");
-    let data = trickle(b"DMOV\x02\x00\x00\x04");
+    let control = trickle(b"DMOV\x01\x00\x00\x05\x16\x03\x01\x02\x00");
+    let data = trickle(b"DMOV\x02\x00\x00\x05");
     let mut silent = TcpStream::connect(&srv.addr).unwrap();
     let started = Instant::now();
     // Meanwhile others are served.

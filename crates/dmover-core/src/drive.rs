@@ -1,0 +1,1621 @@
+//! The drivers of the session machines ([`dmover_proto::session`]): one per role, the
+//! same for both sides of the control connection.
+//!
+//! ```text
+//!                    ┌──────────── driver task (owns the machine) ────────────┐
+//! control channel ──▶│ handle_control          poll_transmit ──▶ control channel│
+//! joins ────────────▶│ stream_joined/failed    poll_command  ──▶ stream tasks   │
+//! stream tasks ─────▶│ acked/arrived/stream_end  (Send, End, Ack, Close, Open)  │
+//! disk pool ────────▶│ chunk_read/written      poll_event    ──▶ storage steps  │
+//! clock ────────────▶│ handle_timeout          poll_timeout                     │
+//!                    └────────────────────────────────────────────────────────┘
+//! ```
+//! A driver feeds the machine what happened, with the time from tokio's clock, and does
+//! what it asks: sends control messages, opens, feeds and closes data streams, runs the
+//! storage steps (prepare, resume, read, write, finish) on the disk pool. Data streams
+//! run as tasks of their own that move chunk buffers between the pool and the
+//! [`DataLink`]: a chunk is read into a pool buffer on a disk thread, handed to the
+//! stream the machine names and written from that buffer (the machine names chunks,
+//! never holds their bytes); at the sink a frame is read straight into a pool buffer,
+//! the machine says whether it is the first copy, and a disk thread writes it.
+//!
+//! Which side dialed is the caller's business: [`Joins`] is how data streams come (the
+//! dialer opens them when the machine asks, the acceptor receives them from its join
+//! listener), and the machine was made with `dial` or `accept`.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use dmover_net::NetError;
+use dmover_net::control::ControlChannel;
+use dmover_net::transport::{AckRx, ChunkFrame, ChunkTx, DataLink};
+use dmover_proto::control::{
+    Auth, AuthOk, Control, ErrorCode, FailedFile, Have, Hello, Open, Plan, SendReport, SessionInfo,
+    SessionOptions, Summary,
+};
+use dmover_proto::data::{DIGEST_LEN, FrameHeader, FrameKind, FrameLimits};
+use dmover_proto::manifest::Entry;
+use dmover_proto::session::{
+    AcceptEvent, Acceptance, Arrival, Cause, ChunkMeta, ChunkSet, ReadJob, SessionError,
+    SinkCommand, SinkEvent, SinkSession, SourceCommand, SourceEvent, SourceSession, StreamStats,
+    Timing,
+};
+use dmover_store::fault::Slow;
+use dmover_store::resume::Held;
+use dmover_store::sink::FileSink;
+use dmover_store::source::FileSource;
+use dmover_store::{Sink, Source};
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+
+use crate::diskpool::DiskPool;
+use crate::engine::{DataStream, Progress, Run};
+use crate::error::{Error, Result};
+use crate::pool::{Pool, PoolBuf};
+
+/// The drivers' error type as the machines see it: an [`Error`] that can be cloned
+/// (the machine may name it in an event and keep it as the session's failure) and
+/// handed back whole at the end.
+#[derive(Debug, Clone)]
+pub struct Fault {
+    error: Arc<Mutex<Option<Error>>>,
+    text: Arc<str>,
+    code: ErrorCode,
+    rank: u8,
+    ends_session: bool,
+}
+
+impl Fault {
+    /// Wraps `e`.
+    pub fn new(e: Error) -> Self {
+        Fault {
+            text: e.to_string().into(),
+            code: e.code(),
+            rank: e.rank(),
+            ends_session: e.ends_session(),
+            error: Arc::new(Mutex::new(Some(e))),
+        }
+    }
+
+    /// The error (once; a copy of its class and text after that).
+    pub fn into_error(self) -> Error {
+        self.error.lock().take().unwrap_or_else(|| Error::Refused {
+            code: self.code,
+            message: self.text.to_string(),
+        })
+    }
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl Cause for Fault {
+    fn code(&self) -> ErrorCode {
+        self.code
+    }
+
+    fn rank(&self) -> u8 {
+        self.rank
+    }
+
+    fn ends_session(&self) -> bool {
+        self.ends_session
+    }
+}
+
+impl From<Error> for Fault {
+    fn from(e: Error) -> Self {
+        Fault::new(e)
+    }
+}
+
+/// The engine's error for a session failure the machine reports, with the texts, codes
+/// and retry classes the engine gives the same failures.
+pub fn session_error(e: SessionError<Fault>) -> Error {
+    let text = e.to_string();
+    match e {
+        SessionError::Remote {
+            peer,
+            code,
+            message,
+        } => Error::Remote {
+            peer,
+            code,
+            message,
+        },
+        SessionError::Unexpected { peer, wanted, got } => {
+            Error::protocol(peer, format!("expected {wanted}, got {got}"))
+        }
+        SessionError::Protocol { peer, what } => Error::protocol(peer, what),
+        SessionError::Malformed { peer, source } => Error::Net(NetError::proto(peer, source)),
+        SessionError::Limit(what) => Error::refused(ErrorCode::Busy, what),
+        SessionError::AuthRequired { .. } | SessionError::ServerProof { .. } => {
+            Error::refused(ErrorCode::Auth, text)
+        }
+        SessionError::Silent { peer, secs } => Error::Net(NetError::Timeout {
+            peer,
+            what: "heartbeat: the peer went silent",
+            secs,
+        }),
+        SessionError::Timeout { peer, what, secs } => {
+            Error::Net(NetError::Timeout { peer, what, secs })
+        }
+        SessionError::Stalled { peer, secs, .. } => Error::Net(NetError::Timeout {
+            peer,
+            what: "acknowledgements on a data stream",
+            secs,
+        }),
+        SessionError::Idle { peer, secs, .. } => Error::Net(NetError::io(
+            "receiving data from",
+            peer,
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no progress receiving for {secs} s"),
+            ),
+        )),
+        SessionError::SetupTimeout { .. } | SessionError::Joins { .. } => {
+            Error::refused(ErrorCode::Protocol, text)
+        }
+        SessionError::Stream { error, .. } | SessionError::Local(error) => error.into_error(),
+        _ => Error::refused(ErrorCode::Protocol, text),
+    }
+}
+
+/// The time limits of a session driven here.
+pub fn timing(heartbeat: Duration, idle: Duration) -> Timing {
+    Timing {
+        handshake: crate::session::HANDSHAKE_TIMEOUT,
+        heartbeat,
+        silent_intervals: crate::session::SILENT_INTERVALS,
+        stall: idle,
+        idle: Some(idle),
+        join: crate::session::HANDSHAKE_TIMEOUT,
+        report_wait: Duration::from_secs(2),
+    }
+}
+
+/// The chunks `it` lists, as a set.
+pub fn chunk_set(it: impl Iterator<Item = u64>) -> ChunkSet {
+    let mut s = ChunkSet::new();
+    for k in it {
+        s.insert_range(k..k + 1);
+    }
+    s
+}
+
+/// How a session's data streams come: opened by the dialer when its machine asks, or
+/// joined by the dialer and handed over by the acceptor's join listener.
+pub trait Joins: Send {
+    /// The data streams' transport.
+    type Link: DataLink;
+
+    /// (dialer) The session is open: its streams may be opened.
+    fn opened(&mut self, info: &SessionInfo);
+
+    /// (dialer) Opens and joins stream `stream`; the outcome comes from
+    /// [`Joins::next`].
+    fn open(&mut self, stream: u16);
+
+    /// The next stream that joined, or failed to. Cancel-safe; pending for ever when no
+    /// more can come.
+    fn next(&mut self) -> impl Future<Output = (u16, Result<DataStream<Self::Link>>)> + Send;
+}
+
+/// Data streams handed over by an acceptor's join listener, each wrapped on the way
+/// (fault injection).
+pub struct Accepted<R, L> {
+    rx: mpsc::Receiver<(u16, DataStream<R>)>,
+    wrap: Box<dyn Fn(R) -> L + Send>,
+}
+
+impl<R, L> Accepted<R, L> {
+    /// Streams from `rx`, wrapped with `wrap`.
+    pub fn new(
+        rx: mpsc::Receiver<(u16, DataStream<R>)>,
+        wrap: impl Fn(R) -> L + Send + 'static,
+    ) -> Self {
+        Accepted {
+            rx,
+            wrap: Box::new(wrap),
+        }
+    }
+}
+
+impl<R, L> Accepted<R, L> {
+    /// The listener's channel, unwrapped (for sessions no machine drives).
+    pub fn into_inner(self) -> mpsc::Receiver<(u16, DataStream<R>)> {
+        self.rx
+    }
+}
+
+impl<R: Send, L: DataLink> Joins for Accepted<R, L> {
+    type Link = L;
+
+    fn opened(&mut self, _info: &SessionInfo) {}
+
+    fn open(&mut self, _stream: u16) {}
+
+    async fn next(&mut self) -> (u16, Result<DataStream<L>>) {
+        match self.rx.recv().await {
+            Some((i, s)) => (
+                i,
+                Ok(DataStream {
+                    io: (self.wrap)(s.io),
+                    peer: s.peer,
+                }),
+            ),
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// A source's storage before data flows: what the sink's resume and the dialer's
+/// options change, and what the report lists.
+pub trait SourceStore: Source + Sized + 'static {
+    /// Leaves out what the sink holds (`parts`, checked against the data here) and
+    /// returns the plan to answer with.
+    fn resume_from(&mut self, peer: &str, parts: &[Have]) -> Result<Plan> {
+        let _ = parts;
+        Err(Error::protocol(peer, "resume: this source cannot resume"))
+    }
+
+    /// Reports unreadable files instead of failing on them.
+    fn set_continue_on_error(&mut self, _on: bool) {}
+
+    /// Files that could not be read.
+    fn failed(&self) -> Vec<FailedFile> {
+        Vec::new()
+    }
+
+    /// Bytes the sink already held.
+    fn held_bytes(&self) -> u64 {
+        0
+    }
+}
+
+impl SourceStore for FileSource {
+    fn resume_from(&mut self, peer: &str, parts: &[Have]) -> Result<Plan> {
+        let chunk = self.layout().chunk_size() as u32;
+        let mut held = Held::from_have(self.tree().entries(), chunk, parts)
+            .map_err(|e| Error::protocol(peer, format!("resume: {e}")))?;
+        let plan = Plan {
+            stale: self.check_held(&held),
+        };
+        held.apply(&plan)
+            .map_err(|e| Error::protocol("this side", e))?;
+        self.resume(&held)?;
+        Ok(plan)
+    }
+
+    fn set_continue_on_error(&mut self, on: bool) {
+        FileSource::set_continue_on_error(self, on)
+    }
+
+    fn failed(&self) -> Vec<FailedFile> {
+        FileSource::failed(self)
+    }
+
+    fn held_bytes(&self) -> u64 {
+        FileSource::held_bytes(self)
+    }
+}
+
+impl SourceStore for dmover_store::mem::MemSource {}
+
+/// A sink's storage before data flows: what an earlier attempt left, and the resume.
+pub trait SinkStore: Sink + Sized + 'static {
+    /// What an earlier attempt left (reads the journal).
+    fn held(&self) -> Held;
+
+    /// The manifest's entries.
+    fn entries(&self) -> &[Entry];
+
+    /// Leaves out what is held.
+    fn resume(&mut self, held: &Held) -> Result<()>;
+
+    /// Bytes an earlier attempt left.
+    fn held_bytes(&self) -> u64 {
+        0
+    }
+}
+
+impl SinkStore for FileSink {
+    fn held(&self) -> Held {
+        FileSink::held(self)
+    }
+
+    fn entries(&self) -> &[Entry] {
+        self.tree_entries()
+    }
+
+    fn resume(&mut self, held: &Held) -> Result<()> {
+        Ok(FileSink::resume(self, held)?)
+    }
+
+    fn held_bytes(&self) -> u64 {
+        FileSink::held_bytes(self)
+    }
+}
+
+impl SinkStore for dmover_store::mem::MemSink {
+    fn held(&self) -> Held {
+        Held::none(self.entries())
+    }
+
+    fn entries(&self) -> &[Entry] {
+        dmover_store::mem::MemSink::entries(self)
+    }
+
+    fn resume(&mut self, held: &Held) -> Result<()> {
+        if held.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::refused(
+                ErrorCode::Unsupported,
+                "a memory sink holds nothing to resume",
+            ))
+        }
+    }
+}
+
+/// What a driver needs besides the machine, the control channel and the streams.
+pub struct Env {
+    /// Disk threads for storage steps.
+    pub disk: Arc<DiskPool>,
+    /// Cancellation (the user) and live counters.
+    pub run: Arc<Run>,
+    /// Pool buffers for a session of this many streams.
+    pub buffers: Box<dyn Fn(u16) -> usize + Send>,
+    /// Injected slowness of every chunk read or write (fault tests).
+    pub chunk_delay: Option<Duration>,
+}
+
+/// How long a control message may take to go out before the connection counts as
+/// broken (the peer stopped reading).
+fn send_limit(t: &Timing) -> Duration {
+    t.silence().max(Duration::from_secs(1))
+}
+
+/// The control channel's side of a driver loop.
+struct Control_<'a, C> {
+    ch: &'a mut ControlChannel<C>,
+    open: bool,
+    limit: Duration,
+}
+
+impl<C: AsyncRead + AsyncWrite + Unpin + Send> Control_<'_, C> {
+    /// Sends `msgs`; the connection's failure, if it failed. A peer that refused the
+    /// session closes the connection after its `Error`: a failed send is explained by
+    /// that report when one came.
+    async fn send_all(&mut self, msgs: Vec<Control>) -> Option<Error> {
+        for m in msgs {
+            if !self.open {
+                return None;
+            }
+            match tokio::time::timeout(self.limit, self.ch.send(&m)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    self.open = false;
+                    return Some(crate::session::peer_report(self.ch, Error::Net(e)).await);
+                }
+                Err(_) => {
+                    self.open = false;
+                    return Some(Error::Net(NetError::Timeout {
+                        peer: self.ch.peer().to_string(),
+                        what: "heartbeat: the peer went silent",
+                        secs: self.limit.as_secs().max(1),
+                    }));
+                }
+            }
+        }
+        None
+    }
+
+    async fn recv(&mut self) -> std::result::Result<Control, NetError> {
+        if !self.open {
+            return std::future::pending().await;
+        }
+        self.ch.recv().await
+    }
+}
+
+fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+async fn sleep_until(t: Option<std::time::Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A stream task: where to send it work, and how to stop it.
+struct Task<T> {
+    tx: mpsc::UnboundedSender<T>,
+    abort: AbortHandle,
+}
+
+impl<T> Drop for Task<T> {
+    fn drop(&mut self) {
+        self.abort.abort();
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Acceptor's handshake
+
+/// Drives an acceptor's handshake ([`Acceptance`]) until the dialer's `Open`:
+/// `verify` checks the credential (with the dialer's hello) and gives the answer. A
+/// failure has been reported to the dialer when this returns.
+pub async fn accept<C>(
+    mut m: Acceptance<Fault>,
+    ch: &mut ControlChannel<C>,
+    mut verify: impl FnMut(&Hello, &Auth) -> Result<AuthOk>,
+) -> Result<Open>
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let limit = send_limit(&timing(
+        Duration::from_secs(5),
+        crate::session::HANDSHAKE_TIMEOUT,
+    ));
+    let mut ctl = Control_ {
+        ch,
+        open: true,
+        limit,
+    };
+    loop {
+        let out: Vec<Control> = std::iter::from_fn(|| m.poll_transmit()).collect();
+        if !out.is_empty() {
+            if let Some(e) = ctl.send_all(out).await {
+                m.control_closed(now(), Fault::new(e));
+            }
+        }
+        if let Some(ev) = m.poll_event() {
+            match ev {
+                AcceptEvent::Verify { hello, auth } => match verify(&hello, &auth) {
+                    Ok(ok) => m.verified(now(), ok),
+                    Err(e) => m.fail(now(), Fault::new(e)),
+                },
+                AcceptEvent::Opened(open) => return Ok(open),
+                AcceptEvent::Failed(e) => {
+                    let out: Vec<Control> = std::iter::from_fn(|| m.poll_transmit()).collect();
+                    let _ = ctl.send_all(out).await;
+                    return Err(session_error(e));
+                }
+            }
+            continue;
+        }
+        let deadline = m.poll_timeout();
+        tokio::select! {
+            msg = ctl.recv() => match msg {
+                Ok(msg) => m.handle_control(now(), msg),
+                Err(e) => {
+                    ctl.open = false;
+                    m.control_closed(now(), Fault::new(Error::Net(e)));
+                }
+            },
+            _ = sleep_until(deadline) => m.handle_timeout(now()),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Source
+
+/// What a source session achieved.
+pub struct SourceRun<K> {
+    /// The session.
+    pub info: SessionInfo,
+    /// The sink's summary.
+    pub summary: Summary,
+    /// What the streams went through.
+    pub stats: StreamStats,
+    /// The storage, for its report.
+    pub store: Arc<K>,
+}
+
+enum SrcIn<K> {
+    Read {
+        chunk: u64,
+        read: Result<(PoolBuf, ChunkMeta)>,
+    },
+    Written {
+        stream: u16,
+        chunk: u64,
+    },
+    Acked {
+        stream: u16,
+        frames: u64,
+    },
+    Failed {
+        stream: u16,
+        error: Error,
+    },
+    Checked(Box<(K, Result<(Plan, ChunkSet)>)>),
+}
+
+enum SrcOut {
+    Chunk {
+        chunk: u64,
+        buf: PoolBuf,
+        meta: ChunkMeta,
+        segments: Vec<(usize, usize)>,
+    },
+    End(u64),
+}
+
+/// Drives the source role `m` until the session ends. The manifest must already be
+/// queued on `m` (see [`SourceSession::push_manifest`]).
+pub async fn source<C, J, K>(
+    mut m: SourceSession<Fault>,
+    ch: &mut ControlChannel<C>,
+    mut joins: J,
+    store: K,
+    env: Env,
+) -> Result<SourceRun<K>>
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send,
+    J: Joins,
+    K: SourceStore,
+{
+    let limit = send_limit(&timing(
+        Duration::from_secs(5),
+        crate::session::HANDSHAKE_TIMEOUT,
+    ));
+    let mut ctl = Control_ {
+        ch,
+        open: true,
+        limit,
+    };
+    let peer = ctl.ch.peer().to_string();
+    let (tx, mut rx) = mpsc::unbounded_channel::<SrcIn<K>>();
+    let mut prep = Some(store);
+    let mut live: Option<(Arc<K>, Arc<dyn Source>, Pool)> = None;
+    let mut spare: Option<PoolBuf> = None;
+    let mut bufs: HashMap<u64, PoolBuf> = HashMap::new();
+    let mut tasks: HashMap<u16, Task<SrcOut>> = HashMap::new();
+    let mut cancelled = false;
+    let mut segments = Vec::new();
+    loop {
+        // What the machine asks, until it asks nothing more.
+        loop {
+            let out: Vec<Control> = std::iter::from_fn(|| m.poll_transmit()).collect();
+            if !out.is_empty() {
+                if let Some(e) = ctl.send_all(out).await {
+                    m.control_closed(now(), Fault::new(e));
+                }
+            }
+            let mut busy = false;
+            while let Some(c) = m.poll_command() {
+                busy = true;
+                match c {
+                    SourceCommand::Open { stream } => joins.open(stream),
+                    SourceCommand::Send {
+                        stream,
+                        chunk,
+                        meta,
+                    } => {
+                        let (Some(buf), Some((_, src, _))) = (bufs.remove(&chunk), &live) else {
+                            continue;
+                        };
+                        src.layout().segments(chunk, &mut segments);
+                        if let Some(t) = tasks.get(&stream) {
+                            let _ = t.tx.send(SrcOut::Chunk {
+                                chunk,
+                                buf,
+                                meta,
+                                segments: segments.clone(),
+                            });
+                        }
+                    }
+                    SourceCommand::End { stream, sent } => {
+                        if let Some(t) = tasks.get(&stream) {
+                            let _ = t.tx.send(SrcOut::End(sent));
+                        }
+                    }
+                    SourceCommand::Close { stream } => {
+                        tasks.remove(&stream);
+                    }
+                }
+            }
+            while let Some(ev) = m.poll_event() {
+                busy = true;
+                match ev {
+                    SourceEvent::Opened(info) => joins.opened(&info),
+                    SourceEvent::Options(o) => {
+                        if let Some(k) = prep.as_mut() {
+                            k.set_continue_on_error(o.continue_on_error);
+                        }
+                    }
+                    SourceEvent::Held(parts) => {
+                        let Some(mut k) = prep.take() else { continue };
+                        let (tx, peer) = (tx.clone(), peer.clone());
+                        env.disk.spawn(move || {
+                            let r = k
+                                .resume_from(&peer, &parts)
+                                .map(|plan| (plan, chunk_set(k.chunks())));
+                            let _ = tx.send(SrcIn::Checked(Box::new((k, r))));
+                        });
+                    }
+                    SourceEvent::Go => {
+                        let Some(k) = prep.take() else { continue };
+                        let info = m.info().expect("open before Go").clone();
+                        env.run.progress.held.store(k.held_bytes(), Relaxed);
+                        let k = Arc::new(k);
+                        let mut src: Arc<dyn Source> = k.clone();
+                        if let Some(d) = env.chunk_delay {
+                            src = Arc::new(Slow::new(src, d));
+                        }
+                        let n = (env.buffers)(info.streams);
+                        live = Some((k, src, Pool::new(n, info.chunk_size as usize)));
+                    }
+                    SourceEvent::StreamLost {
+                        stream,
+                        error,
+                        resent,
+                    } => tracing::warn!(
+                        "data stream {stream} to {peer} broke ({error}); sending its {resent} \
+                         unacknowledged chunks on the others"
+                    ),
+                    SourceEvent::Drained => {
+                        let failed = live.as_ref().map(|l| l.0.failed()).unwrap_or_default();
+                        m.drained(failed);
+                    }
+                    SourceEvent::Done(summary) => {
+                        let out: Vec<Control> = std::iter::from_fn(|| m.poll_transmit()).collect();
+                        let _ = ctl.send_all(out).await;
+                        let store = match live {
+                            Some((k, ..)) => k,
+                            None => Arc::new(prep.take().expect("the store is here")),
+                        };
+                        return Ok(SourceRun {
+                            info: m.info().expect("open before the end").clone(),
+                            summary,
+                            stats: m.stats(),
+                            store,
+                        });
+                    }
+                    SourceEvent::Failed(e) => {
+                        let out: Vec<Control> = std::iter::from_fn(|| m.poll_transmit()).collect();
+                        let _ = ctl.send_all(out).await;
+                        return Err(env.run.take_error().unwrap_or_else(|| session_error(e)));
+                    }
+                }
+            }
+            // Reads into free buffers, as long as the machine has chunks to read.
+            if let (Some((_, src, _)), Some(buf)) = (&live, spare.take()) {
+                match m.poll_read() {
+                    Some(job) => {
+                        spawn_read(&env.disk, src.clone(), job, buf, tx.clone());
+                        busy = true;
+                    }
+                    None => spare = Some(buf),
+                }
+            }
+            if !busy {
+                break;
+            }
+        }
+        let deadline = m.poll_timeout();
+        let pool = live.as_ref().map(|l| l.2.clone());
+        tokio::select! {
+            biased;
+            _ = env.run.cancelled(), if !cancelled => {
+                cancelled = true;
+                m.fail(now(), Fault::new(Error::Aborted));
+            }
+            Some(input) = rx.recv() => match input {
+                SrcIn::Read { chunk, read: Ok((buf, meta)) } => {
+                    bufs.insert(chunk, buf);
+                    m.chunk_read(now(), chunk, meta);
+                }
+                SrcIn::Read { read: Err(e), .. } => m.fail(now(), Fault::new(e)),
+                SrcIn::Written { stream, chunk } => m.chunk_written(now(), stream, chunk),
+                SrcIn::Acked { stream, frames } => m.acked(now(), stream, frames),
+                SrcIn::Failed { stream, error } => {
+                    tasks.remove(&stream);
+                    m.stream_failed(now(), stream, Fault::new(error));
+                }
+                SrcIn::Checked(b) => {
+                    let (k, r) = *b;
+                    prep = Some(k);
+                    match r {
+                        Ok((plan, chunks)) => m.planned(now(), plan, chunks),
+                        Err(e) => m.fail(now(), Fault::new(e)),
+                    }
+                }
+            },
+            (i, r) = joins.next() => match r {
+                Ok(s) => {
+                    let (ttx, trx) = mpsc::unbounded_channel();
+                    let h = tokio::spawn(source_stream(i, s, trx, tx.clone(), env.run.progress.clone()));
+                    tasks.insert(i, Task { tx: ttx, abort: h.abort_handle() });
+                    m.stream_joined(now(), i);
+                }
+                Err(e) => m.stream_failed(now(), i, Fault::new(e)),
+            },
+            msg = ctl.recv() => match msg {
+                Ok(msg) => m.handle_control(now(), msg),
+                Err(e) => {
+                    ctl.open = false;
+                    m.control_closed(now(), Fault::new(Error::Net(e)));
+                }
+            },
+            b = async { pool.as_ref().expect("checked").get().await }, if pool.is_some() && spare.is_none() => {
+                spare = Some(b);
+            }
+            _ = sleep_until(deadline) => m.handle_timeout(now()),
+        }
+    }
+}
+
+fn spawn_read<K>(
+    disk: &DiskPool,
+    src: Arc<dyn Source>,
+    job: ReadJob,
+    mut buf: PoolBuf,
+    tx: mpsc::UnboundedSender<SrcIn<K>>,
+) where
+    K: Send + 'static,
+{
+    disk.spawn(move || {
+        let read = match job.again {
+            None => {
+                let mut trailer = Vec::new();
+                src.read_chunk(job.chunk, &mut buf, &mut trailer).map(|r| {
+                    (
+                        buf,
+                        ChunkMeta {
+                            crc: r.crc,
+                            trailer,
+                        },
+                    )
+                })
+            }
+            Some(meta) => src
+                .reread_chunk(job.chunk, &mut buf, meta.crc)
+                .map(|()| (buf, meta)),
+        };
+        let _ = tx.send(SrcIn::Read {
+            chunk: job.chunk,
+            read: read.map_err(Error::from),
+        });
+    });
+}
+
+/// A source's data stream: writes the chunks it is given and reads acknowledgements.
+async fn source_stream<L: DataLink, K>(
+    i: u16,
+    s: DataStream<L>,
+    mut work: mpsc::UnboundedReceiver<SrcOut>,
+    tx: mpsc::UnboundedSender<SrcIn<K>>,
+    progress: Arc<Progress>,
+) {
+    let peer = s.peer;
+    let (mut out, mut acks) = s.io.into_source();
+    // A stream that sent its first chunks before its join's answer reports a failed
+    // join as the join would have (see `Error::data`).
+    let io_err = |what, e| Error::data(what, &peer, e);
+    let writer = async {
+        while let Some(item) = work.recv().await {
+            match item {
+                SrcOut::Chunk {
+                    chunk,
+                    mut buf,
+                    meta,
+                    segments,
+                } => {
+                    let frame = ChunkFrame {
+                        chunk,
+                        crc: meta.crc,
+                        trailer: &meta.trailer,
+                        segments: &segments,
+                    };
+                    let payload = frame.payload_len() as u64;
+                    // The transport may seal the chunk's records in its buffer and
+                    // write them from there; the buffer is not used after this.
+                    out.send_chunk(frame, &mut buf)
+                        .await
+                        .map_err(|e| io_err("sending data to", e))?;
+                    drop(buf);
+                    progress.bytes.fetch_add(payload, Relaxed);
+                    progress.chunks.fetch_add(1, Relaxed);
+                    let _ = tx.send(SrcIn::Written { stream: i, chunk });
+                }
+                SrcOut::End(sent) => {
+                    out.send_end(sent)
+                        .await
+                        .map_err(|e| io_err("sending data to", e))?;
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    };
+    let acker = async {
+        loop {
+            match acks.recv_ack().await {
+                Ok(frames) => {
+                    let _ = tx.send(SrcIn::Acked { stream: i, frames });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    return Error::Net(NetError::Closed { peer: peer.clone() });
+                }
+                Err(e) => return io_err("reading acknowledgements from", e),
+            }
+        }
+    };
+    let r = tokio::select! {
+        r = writer => r,
+        e = acker => Err(e),
+    };
+    if let Err(error) = r {
+        let _ = tx.send(SrcIn::Failed { stream: i, error });
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Sink
+
+/// What a sink session achieved.
+pub struct SinkRun<K> {
+    /// The session.
+    pub info: SessionInfo,
+    /// What the sink did.
+    pub summary: Summary,
+    /// The source's account of its sending.
+    pub report: SendReport,
+    /// What the streams went through.
+    pub stats: StreamStats,
+    /// The storage.
+    pub store: Arc<K>,
+}
+
+/// Makes the sink for a manifest (on a disk thread): the entries, the session's chunk
+/// size and options.
+pub type Prepare<K> = Box<dyn FnOnce(Vec<Entry>, u32, &SessionOptions) -> Result<K> + Send>;
+
+enum SinkIn<K> {
+    Arrived {
+        stream: u16,
+        chunk: u64,
+        buf: PoolBuf,
+        trailer: Vec<u8>,
+        crc: Option<u32>,
+    },
+    End {
+        stream: u16,
+        sent: u64,
+    },
+    Failed {
+        stream: u16,
+        error: Error,
+    },
+    Written {
+        chunk: u64,
+        result: Result<()>,
+    },
+    Prepared(Result<(K, Held)>),
+    Finished(Result<Summary>),
+}
+
+/// Drives the sink role `m` until the session ends. `options`: the session's options
+/// when this side dialed (an acceptor takes the dialer's).
+pub async fn sink<C, J, K>(
+    mut m: SinkSession<Fault>,
+    ch: &mut ControlChannel<C>,
+    mut joins: J,
+    prepare: Prepare<K>,
+    options: Option<SessionOptions>,
+    env: Env,
+) -> Result<SinkRun<K>>
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send,
+    J: Joins,
+    K: SinkStore,
+{
+    let limit = send_limit(&timing(
+        Duration::from_secs(5),
+        crate::session::HANDSHAKE_TIMEOUT,
+    ));
+    let mut ctl = Control_ {
+        ch,
+        open: true,
+        limit,
+    };
+    let peer = ctl.ch.peer().to_string();
+    let (tx, mut rx) = mpsc::unbounded_channel::<SinkIn<K>>();
+    let mut prepare = Some(prepare);
+    let mut options = options;
+    let mut prep: Option<(K, Held)> = None;
+    let mut live: Option<(Arc<K>, Arc<dyn Sink>, Pool)> = None;
+    let mut waiting: Vec<(u16, DataStream<J::Link>)> = Vec::new();
+    let mut tasks: HashMap<u16, Task<u64>> = HashMap::new();
+    let mut summary: Option<Summary> = None;
+    let mut cancelled = false;
+    let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    loop {
+        loop {
+            let out: Vec<Control> = std::iter::from_fn(|| m.poll_transmit()).collect();
+            if !out.is_empty() {
+                if let Some(e) = ctl.send_all(out).await {
+                    m.control_closed(now(), Fault::new(e));
+                }
+            }
+            let mut busy = false;
+            while let Some(c) = m.poll_command() {
+                busy = true;
+                match c {
+                    SinkCommand::Open { stream } => joins.open(stream),
+                    SinkCommand::Ack { stream, frames } => {
+                        if let Some(t) = tasks.get(&stream) {
+                            let _ = t.tx.send(frames);
+                        }
+                    }
+                    SinkCommand::Close { stream } => {
+                        tasks.remove(&stream);
+                        waiting.retain(|(i, _)| *i != stream);
+                    }
+                }
+            }
+            while let Some(ev) = m.poll_event() {
+                busy = true;
+                match ev {
+                    SinkEvent::Opened(info) => joins.opened(&info),
+                    SinkEvent::Options(o) => options = Some(o),
+                    SinkEvent::Manifest(entries) => {
+                        let (Some(f), Some(info)) = (prepare.take(), m.info()) else {
+                            continue;
+                        };
+                        let totals = dmover_proto::manifest::Totals::of(&entries);
+                        env.run.progress.total.store(totals.bytes, Relaxed);
+                        let o = options.unwrap_or(SessionOptions {
+                            resume: false,
+                            journal: true,
+                            fsync: false,
+                            verify: false,
+                            continue_on_error: false,
+                            heartbeat_ms: 0,
+                        });
+                        let (chunk, tx) = (info.chunk_size, tx.clone());
+                        env.disk.spawn(move || {
+                            let r = f(entries, chunk, &o).map(|k| {
+                                let held = if o.resume {
+                                    k.held()
+                                } else {
+                                    Held::none(k.entries())
+                                };
+                                (k, held)
+                            });
+                            let _ = tx.send(SinkIn::Prepared(r));
+                        });
+                    }
+                    SinkEvent::Plan(plan) => {
+                        let Some((mut k, mut held)) = prep.take() else {
+                            continue;
+                        };
+                        let r = held
+                            .apply(&plan)
+                            .map_err(|e| Error::protocol(&peer, format!("resume: {e}")))
+                            .and_then(|()| {
+                                if !held.is_empty() {
+                                    tracing::info!(
+                                        "resuming: {} files and {} bytes already here",
+                                        held.done_files(),
+                                        held.bytes(k.entries(), k.layout().chunk_size() as u32)
+                                    );
+                                }
+                                k.resume(&held)
+                            });
+                        match r {
+                            Ok(()) => start_sink(
+                                &mut m,
+                                k,
+                                &env,
+                                &mut live,
+                                &mut waiting,
+                                &mut tasks,
+                                &tx,
+                            ),
+                            Err(e) => m.fail(now(), Fault::new(e)),
+                        }
+                    }
+                    SinkEvent::Complete => {
+                        let Some((_, sink, _)) = &live else { continue };
+                        let (sink, tx) = (sink.clone(), tx.clone());
+                        env.disk.spawn(move || {
+                            let _ = tx.send(SinkIn::Finished(sink.finish().map_err(Error::from)));
+                        });
+                    }
+                    SinkEvent::StreamLost { stream, error } => tracing::warn!(
+                        "data stream {stream} from {peer} broke ({error}); waiting for its \
+                         chunks on the others"
+                    ),
+                    SinkEvent::Done(report) => {
+                        let out: Vec<Control> = std::iter::from_fn(|| m.poll_transmit()).collect();
+                        let _ = ctl.send_all(out).await;
+                        let (Some(summary), Some((store, ..))) = (summary.take(), live.take())
+                        else {
+                            return Err(Error::protocol(&peer, "session ended before its data"));
+                        };
+                        return Ok(SinkRun {
+                            info: m.info().expect("open before the end").clone(),
+                            summary,
+                            report,
+                            stats: m.stats(),
+                            store,
+                        });
+                    }
+                    SinkEvent::Failed(e) => {
+                        let out: Vec<Control> = std::iter::from_fn(|| m.poll_transmit()).collect();
+                        let _ = ctl.send_all(out).await;
+                        tasks.clear();
+                        // Writes still queued are skipped; the sink gives up (nothing
+                        // incomplete under a final name) when the last of those that
+                        // run lets it go: aborting under a running write could journal
+                        // a piece whose staging file is gone.
+                        stopped.store(true, Relaxed);
+                        return Err(env.run.take_error().unwrap_or_else(|| session_error(e)));
+                    }
+                }
+            }
+            if !busy {
+                break;
+            }
+        }
+        let deadline = m.poll_timeout();
+        tokio::select! {
+            biased;
+            _ = env.run.cancelled(), if !cancelled => {
+                cancelled = true;
+                m.fail(now(), Fault::new(Error::Aborted));
+            }
+            Some(input) = rx.recv() => match input {
+                SinkIn::Arrived { stream, chunk, buf, trailer, crc } => {
+                    if m.arrived(now(), stream, chunk) == Arrival::Write {
+                        let (Some((_, sink, _)), tx) = (&live, tx.clone()) else { continue };
+                        let (sink, stopped) = (sink.clone(), stopped.clone());
+                        env.disk.spawn(move || {
+                            if stopped.load(Relaxed) {
+                                return;
+                            }
+                            let result = sink.write_chunk(chunk, &buf, &trailer, crc).map_err(Error::from);
+                            drop(buf);
+                            let _ = tx.send(SinkIn::Written { chunk, result });
+                        });
+                    }
+                }
+                SinkIn::End { stream, sent } => {
+                    tasks.remove(&stream);
+                    m.stream_end(now(), stream, sent);
+                }
+                SinkIn::Failed { stream, error } => {
+                    tasks.remove(&stream);
+                    m.stream_failed(now(), stream, Fault::new(error));
+                }
+                SinkIn::Written { chunk, result: Ok(()) } => m.chunk_written(now(), chunk),
+                SinkIn::Written { result: Err(e), .. } => m.fail(now(), Fault::new(e)),
+                SinkIn::Prepared(Ok((mut k, held))) => {
+                    if options.as_ref().is_some_and(|o| o.resume) {
+                        let parts = held.to_have(k.entries());
+                        prep = Some((k, held));
+                        m.resume(now(), parts);
+                    } else {
+                        match k.resume(&held) {
+                            Ok(()) => start_sink(&mut m, k, &env, &mut live, &mut waiting, &mut tasks, &tx),
+                            Err(e) => m.fail(now(), Fault::new(e)),
+                        }
+                    }
+                }
+                SinkIn::Prepared(Err(e)) => m.fail(now(), Fault::new(e)),
+                SinkIn::Finished(Ok(s)) => {
+                    summary = Some(s);
+                    m.finished(s);
+                }
+                SinkIn::Finished(Err(e)) => m.fail(now(), Fault::new(e)),
+            },
+            (i, r) = joins.next() => match r {
+                Ok(s) => {
+                    m.stream_joined(now(), i);
+                    match &live {
+                        Some((_, sink, pool)) => {
+                            let t = spawn_sink_stream(i, s, sink.clone(), pool.clone(), &tx, &env.run.progress);
+                            tasks.insert(i, t);
+                        }
+                        None => waiting.push((i, s)),
+                    }
+                }
+                Err(e) => m.stream_failed(now(), i, Fault::new(e)),
+            },
+            msg = ctl.recv() => match msg {
+                Ok(msg) => m.handle_control(now(), msg),
+                Err(e) => {
+                    ctl.open = false;
+                    m.control_closed(now(), Fault::new(Error::Net(e)));
+                }
+            },
+            _ = sleep_until(deadline) => m.handle_timeout(now()),
+        }
+    }
+}
+
+/// The sink is prepared: says `Go`, and starts reading the streams that joined.
+fn start_sink<K: SinkStore, L: DataLink>(
+    m: &mut SinkSession<Fault>,
+    k: K,
+    env: &Env,
+    live: &mut Option<(Arc<K>, Arc<dyn Sink>, Pool)>,
+    waiting: &mut Vec<(u16, DataStream<L>)>,
+    tasks: &mut HashMap<u16, Task<u64>>,
+    tx: &mpsc::UnboundedSender<SinkIn<K>>,
+) {
+    let info = m.info().expect("open before the manifest").clone();
+    env.run.progress.held.store(k.held_bytes(), Relaxed);
+    let k = Arc::new(k);
+    let mut sink: Arc<dyn Sink> = k.clone();
+    if let Some(d) = env.chunk_delay {
+        sink = Arc::new(Slow::new(sink, d));
+    }
+    let pool = Pool::new((env.buffers)(info.streams), info.chunk_size as usize);
+    let expected = chunk_set(sink.chunks());
+    let n = sink.layout().n_chunks();
+    for (i, s) in waiting.drain(..) {
+        let t = spawn_sink_stream(i, s, sink.clone(), pool.clone(), tx, &env.run.progress);
+        tasks.insert(i, t);
+    }
+    *live = Some((k, sink, pool));
+    m.ready(now(), expected, n);
+}
+
+fn spawn_sink_stream<L: DataLink, K: Send + 'static>(
+    i: u16,
+    s: DataStream<L>,
+    sink: Arc<dyn Sink>,
+    pool: Pool,
+    tx: &mpsc::UnboundedSender<SinkIn<K>>,
+    progress: &Arc<Progress>,
+) -> Task<u64> {
+    let (atx, arx) = mpsc::unbounded_channel();
+    let (tx, progress) = (tx.clone(), progress.clone());
+    let h = tokio::spawn(async move {
+        match sink_stream(i, s, sink, pool, arx, &tx, &progress).await {
+            Ok(Some(sent)) => {
+                let _ = tx.send(SinkIn::End { stream: i, sent });
+            }
+            Ok(None) => {}
+            Err(error) => {
+                let _ = tx.send(SinkIn::Failed { stream: i, error });
+            }
+        }
+    });
+    Task {
+        tx: atx,
+        abort: h.abort_handle(),
+    }
+}
+
+/// A sink's data stream: reads chunk frames into pool buffers, hands them to the
+/// driver, and writes the acknowledgements the machine asks for. Ends with `END`
+/// (`Some(sent)`), when the driver lets it go (`None`), or with the error.
+async fn sink_stream<L: DataLink, K>(
+    i: u16,
+    mut s: DataStream<L>,
+    sink: Arc<dyn Sink>,
+    pool: Pool,
+    mut acks: mpsc::UnboundedReceiver<u64>,
+    tx: &mpsc::UnboundedSender<SinkIn<K>>,
+    progress: &Progress,
+) -> Result<Option<u64>> {
+    let layout = sink.layout();
+    let n = layout.n_chunks();
+    let limits = FrameLimits {
+        max_payload: layout.chunk_size() as u32,
+        max_digests: layout.chunk_size() as u32,
+    };
+    let peer = s.peer.clone();
+    // A record that fails authentication (InvalidData) is altered data, not a broken
+    // link: it fails the session at once and is reported as the root cause, like a
+    // checksum mismatch.
+    let lost = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::InvalidData {
+            Error::refused(
+                ErrorCode::Checksum,
+                format!("receiving data from {peer}: {e}"),
+            )
+        } else {
+            Error::data("receiving data from", &peer, e)
+        }
+    };
+    let fatal = |what: String| Error::protocol(&peer, what);
+    let mut segments = Vec::new();
+    loop {
+        let hb = s.io.recv_header().await.map_err(lost)?;
+        let h =
+            FrameHeader::decode(&hb, &limits).map_err(|e| Error::Net(NetError::proto(&peer, e)))?;
+        if h.kind == FrameKind::End {
+            return Ok(Some(h.chunk));
+        }
+        let k = h.chunk;
+        if k >= n {
+            return Err(fatal(format!(
+                "chunk {k} out of range (the dataset has {n})"
+            )));
+        }
+        let expected = layout.wire_len(k);
+        if u64::from(h.payload_len) != expected {
+            return Err(fatal(format!(
+                "chunk {k} has {} bytes, the layout says {expected}",
+                h.payload_len
+            )));
+        }
+        let pieces = layout.pieces(k).count() as u64;
+        if u64::from(h.n_digests) > pieces {
+            return Err(fatal(format!(
+                "chunk {k} carries {} digests for {pieces} files",
+                h.n_digests
+            )));
+        }
+        let mut trailer = vec![0u8; h.n_digests as usize * DIGEST_LEN];
+        s.io.recv_into(&mut trailer).await.map_err(lost)?;
+        let mut buf = pool.get().await;
+        layout.segments(k, &mut segments);
+        for &(off, len) in &segments {
+            // Sealed records are opened straight into the pool buffer.
+            s.io.recv_into(&mut buf[off..off + len])
+                .await
+                .map_err(lost)?;
+        }
+        progress.bytes.fetch_add(expected, Relaxed);
+        progress.chunks.fetch_add(1, Relaxed);
+        let _ = tx.send(SinkIn::Arrived {
+            stream: i,
+            chunk: k,
+            buf,
+            trailer,
+            crc: h.crc,
+        });
+        let Some(frames) = acks.recv().await else {
+            return Ok(None);
+        };
+        s.io.send_ack(frames).await.map_err(lost)?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Both role drivers against each other in one process: a control channel and data
+    //! streams over in-memory pipes, memory storage, the dialer's handshake answered by
+    //! [`accept`]. Everything but sockets and files is the code a real session runs.
+
+    use super::*;
+
+    use dmover_net::fault::{FaultPlan, Faulty};
+    use dmover_net::stream::DataIo;
+    use dmover_proto::auth::Role;
+    use dmover_proto::control::{Credential, DataProtection, DirectIo, Op, Welcome};
+    use dmover_proto::manifest::{EntryKind, Mtime, NO_PARENT, Totals};
+    use dmover_proto::session::{Dial, Limits};
+    use dmover_store::mem::{MemSink, MemSource};
+    use tokio::io::DuplexStream;
+
+    const CHUNK: u32 = 64 << 10;
+    const KEY: [u8; 32] = [7; 32];
+
+    /// A directory with files of every shape the layout cuts differently: empty, one
+    /// byte, unaligned, one chunk exactly, several chunks and a tail, aligned and not.
+    fn dataset() -> (Vec<Entry>, Vec<Vec<u8>>) {
+        let mtime = Mtime { sec: 1, nsec: 2 };
+        let mut entries = vec![Entry {
+            parent: NO_PARENT,
+            name: b"d".to_vec(),
+            kind: EntryKind::Dir,
+            mode: 0o755,
+            mtime,
+        }];
+        let mut data = vec![Vec::new()];
+        let sizes = [
+            0usize,
+            1,
+            4095,
+            65_536,
+            3 * 65_536 + 17,
+            200_000,
+            300,
+            500_000,
+        ];
+        for (i, &size) in sizes.iter().enumerate() {
+            entries.push(Entry {
+                parent: 0,
+                name: format!("f{i}").into_bytes(),
+                kind: EntryKind::File { size: size as u64 },
+                mode: 0o644,
+                mtime,
+            });
+            data.push((0..size).map(|j| (j * 31 + i * 7) as u8).collect());
+        }
+        (entries, data)
+    }
+
+    /// The dialer's streams: an in-memory pipe per stream, the far end handed to the
+    /// acceptor as its join listener would; `plan` cuts the dialer's ends.
+    struct Pipes {
+        to_acceptor: mpsc::Sender<(u16, DataStream<DataIo<DuplexStream>>)>,
+        plan: Option<Arc<FaultPlan>>,
+        ready: Vec<u16>,
+    }
+
+    impl Joins for Pipes {
+        type Link = Faulty<DataIo<DuplexStream>>;
+
+        fn opened(&mut self, _info: &SessionInfo) {}
+
+        fn open(&mut self, stream: u16) {
+            self.ready.push(stream);
+        }
+
+        async fn next(&mut self) -> (u16, Result<DataStream<Self::Link>>) {
+            let Some(i) = self.ready.pop() else {
+                return std::future::pending().await;
+            };
+            let (a, b) = tokio::io::duplex(128 << 10);
+            let p = DataProtection::Authenticated;
+            let far = DataIo::new(b, p, &KEY, i, Role::Server, None);
+            let _ = self
+                .to_acceptor
+                .send((
+                    i,
+                    DataStream {
+                        io: far,
+                        peer: "source".into(),
+                    },
+                ))
+                .await;
+            let near = DataIo::new(a, p, &KEY, i, Role::Client, None);
+            let io = Faulty::new(near, self.plan.clone());
+            let peer = "sink".into();
+            (i, Ok(DataStream { io, peer }))
+        }
+    }
+
+    fn env(buffers: usize) -> Env {
+        Env {
+            disk: Arc::new(DiskPool::new(2, "test-disk")),
+            run: Run::new(),
+            buffers: Box::new(move |_| buffers),
+            chunk_delay: None,
+        }
+    }
+
+    fn options() -> SessionOptions {
+        SessionOptions {
+            resume: false,
+            journal: false,
+            fsync: false,
+            verify: false,
+            continue_on_error: false,
+            heartbeat_ms: 0,
+        }
+    }
+
+    /// Pushes `source` into a memory sink over `streams` streams: the source dials, the
+    /// sink accepts.
+    async fn push<K: SourceStore + Entries>(
+        source: K,
+        checksum: bool,
+        streams: u16,
+        plan: Option<Arc<FaultPlan>>,
+    ) -> (Result<SourceRun<K>>, Result<SinkRun<MemSink>>) {
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let max = dmover_proto::control::MAX_FRAME;
+        let mut dialer = ControlChannel::new(a, "sink", max);
+        let mut acceptor = ControlChannel::new(b, "source", max);
+        let timing = timing(Duration::from_secs(5), Duration::from_secs(30));
+        let start = now();
+        let d = Dial {
+            hello: Hello {
+                software: "test".into(),
+                nonce: [1; 32],
+            },
+            auth: Auth {
+                user: String::new(),
+                credential: Credential::None,
+            },
+            open: Open {
+                op: Op::Push {
+                    dest: b"d".to_vec(),
+                },
+                streams,
+                chunk_size: CHUNK,
+                checksum,
+                direct_io: DirectIo::Auto,
+                protection: DataProtection::Authenticated,
+                features: 0,
+            },
+            options: options(),
+            server_proof: None,
+        };
+        let mut m = SourceSession::dial(start, "sink", timing, d);
+        m.push_manifest(source.layout_entries());
+        let entries = source.layout_entries().to_vec();
+        m.end_manifest(Totals::of(&entries), chunk_set(source.chunks()));
+        let (tx, rx) = mpsc::channel(streams as usize);
+        let pipes = Pipes {
+            to_acceptor: tx,
+            plan,
+            ready: Vec::new(),
+        };
+        let sending = async { self::source(m, &mut dialer, pipes, source, env(6)).await };
+        let receiving = async {
+            let welcome = Welcome {
+                software: "test".into(),
+                nonce: [2; 32],
+                auth: dmover_proto::control::AuthMethod::None,
+            };
+            let deadline = start + Duration::from_secs(30);
+            let a = Acceptance::new("source", timing, deadline, welcome);
+            let open = accept(a, &mut acceptor, |_, _| Ok(AuthOk { proof: None })).await?;
+            let mut m = SinkSession::accept(now(), "source", timing, Limits::default(), deadline);
+            m.grant(
+                now(),
+                SessionInfo {
+                    id: 9,
+                    salt: [3; 32],
+                    streams: open.streams,
+                    chunk_size: open.chunk_size,
+                    features: 0,
+                },
+            );
+            let prepare: Prepare<MemSink> =
+                Box::new(move |entries, chunk, _| Ok(MemSink::new(entries, chunk, checksum)?));
+            let joins = Accepted::new(rx, |io| io);
+            sink(m, &mut acceptor, joins, prepare, None, env(4)).await
+        };
+        tokio::join!(sending, receiving)
+    }
+
+    /// The manifest a memory source was made with.
+    trait Entries {
+        fn layout_entries(&self) -> &[Entry];
+    }
+
+    impl Entries for MemSource {
+        fn layout_entries(&self) -> &[Entry] {
+            self.entries()
+        }
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn memory_source_to_memory_sink_through_both_drivers() {
+        let (entries, data) = dataset();
+        let total: usize = data.iter().map(Vec::len).sum();
+        for checksum in [true, false] {
+            let source = MemSource::new(entries.clone(), data.clone(), CHUNK, checksum).unwrap();
+            let (sent, received) = runtime().block_on(push(source, checksum, 3, None));
+            let sent = sent.unwrap();
+            assert_eq!(sent.stats.streams_lost, 0);
+            let r = received.unwrap();
+            assert_eq!(r.stats.duplicates, 0);
+            assert_eq!(
+                sent.summary, r.summary,
+                "both ends report the sink's summary"
+            );
+            assert_eq!(r.report.streams_lost, 0);
+            assert_eq!(
+                (
+                    r.summary.bytes,
+                    r.summary.files,
+                    r.summary.dirs,
+                    r.summary.verified
+                ),
+                (total as u64, 8, 1, checksum)
+            );
+            for (i, want) in data.iter().enumerate().skip(1) {
+                assert_eq!(r.store.file(i as u32).as_ref(), Some(want), "entry {i}");
+            }
+        }
+    }
+
+    /// A stream cut in the middle of a chunk: the source sends its unacknowledged
+    /// chunks on the others, the sink keeps the first whole copy of each, and every
+    /// byte arrives.
+    #[test]
+    fn a_stream_cut_mid_chunk_is_survived() {
+        let (entries, data) = dataset();
+        let source = MemSource::new(entries, data.clone(), CHUNK, true).unwrap();
+        let plan = FaultPlan::new(Some((100_000, false)));
+        let (sent, received) = runtime().block_on(push(source, true, 3, Some(plan.clone())));
+        assert!(plan.cut_done());
+        let sent = sent.unwrap();
+        let r = received.unwrap();
+        assert_eq!(sent.stats.streams_lost, 1, "{:?}", sent.stats);
+        assert!(sent.stats.chunks_resent >= 1, "{:?}", sent.stats);
+        assert_eq!(r.report.streams_lost, 1);
+        for (i, want) in data.iter().enumerate().skip(1) {
+            assert_eq!(r.store.file(i as u32).as_ref(), Some(want), "entry {i}");
+        }
+    }
+
+    /// A source whose bytes differ from what it hashed: the sink refuses the file with
+    /// the checksum error a disk sink gives, and both ends fail with its code.
+    #[test]
+    fn a_digest_mismatch_fails_the_transfer_at_both_ends() {
+        let (entries, data) = dataset();
+        let mut wrong = data.clone();
+        wrong[5][70_000] ^= 1;
+        // The source announces digests of `data` but sends `wrong`: a sink built for
+        // checksums sees a CRC that matches the bytes sent and a file digest that does not.
+        struct Lying(MemSource, MemSource);
+        impl Source for Lying {
+            fn layout(&self) -> &dmover_proto::layout::Layout {
+                self.0.layout()
+            }
+            fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
+                self.0.chunks()
+            }
+            fn read_chunk(
+                &self,
+                k: u64,
+                buf: &mut [u8],
+                trailer: &mut Vec<u8>,
+            ) -> dmover_store::Result<dmover_store::ChunkRead> {
+                let honest = self.0.read_chunk(k, buf, trailer)?;
+                let mut ignored = Vec::new();
+                let sent = self.1.read_chunk(k, buf, &mut ignored)?;
+                Ok(dmover_store::ChunkRead {
+                    crc: sent.crc,
+                    n_digests: honest.n_digests,
+                })
+            }
+            fn reread_chunk(
+                &self,
+                k: u64,
+                buf: &mut [u8],
+                crc: Option<u32>,
+            ) -> dmover_store::Result<()> {
+                self.1.reread_chunk(k, buf, crc)
+            }
+        }
+        impl SourceStore for Lying {}
+        impl Entries for Lying {
+            fn layout_entries(&self) -> &[Entry] {
+                self.0.entries()
+            }
+        }
+        let source = Lying(
+            MemSource::new(entries.clone(), data, CHUNK, true).unwrap(),
+            MemSource::new(entries, wrong, CHUNK, true).unwrap(),
+        );
+        let (sent, received) = runtime().block_on(push(source, true, 2, None));
+        let e = received.err().expect("the sink fails");
+        assert_eq!(e.code(), ErrorCode::Checksum, "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("checksum mismatch: f4: received data has digest"),
+            "{e}"
+        );
+        let e = sent.err().expect("the source fails");
+        assert!(
+            matches!(&e, Error::Remote { code: ErrorCode::Checksum, message, .. }
+                if message.starts_with("checksum mismatch: f4")),
+            "the source reports the sink's error: {e}"
+        );
+    }
+}
