@@ -39,6 +39,10 @@ pub enum Command {
     Credential(CredentialArgs),
     /// Emulated long-haul links (RTT, rate, loss) between two network namespaces.
     Netlab(crate::netlab::NetlabArgs),
+    /// Check this host against ESnet fasterdata's DTN host tuning (TCP buffers,
+    /// congestion control, CPU governor, NIC IRQs, MTU, THP, mounts, open files) and
+    /// print the exact fix of each finding; changes nothing. Exit 1 if any check warns.
+    Doctor(crate::doctor::DoctorArgs),
 }
 
 /// Options shared by everything that moves data.
