@@ -333,8 +333,10 @@ impl<'a> Host<'a> {
     fn governor(&self) -> Finding {
         let mut f = Finding::new("cpu_governor", TUNING_100G);
         f.recommended = "the performance governor on every CPU: a core that clocks down \
-                         between interrupts costs throughput at 10G and more (to keep it: \
-                         the cpupower service, or `tuned-adm profile network-throughput`)"
+                         between interrupts costs throughput at 10G and more (without \
+                         cpupower: write performance to each CPU's scaling_governor; to \
+                         keep it: the cpupower service, or `tuned-adm profile \
+                         network-throughput`)"
             .into();
         let cpus = match self.list("/sys/devices/system/cpu") {
             Ok(c) => c,
@@ -367,10 +369,6 @@ impl<'a> Host<'a> {
         } else {
             f.status = Status::Warn;
             f.fix.push("cpupower frequency-set -g performance".into());
-            f.fix.push(
-                "(or) echo performance | tee /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor"
-                    .into(),
-            );
         }
         f
     }

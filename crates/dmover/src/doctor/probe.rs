@@ -131,7 +131,7 @@ impl Probe {
                 };
                 rtt.seen = format!(
                     "median connect time to {target} {:.3} ms over {} connects (min {min:.3}, \
-                     max {max:.3}){}",
+                     max {max:.3}; the buffer checks use it unless --rtt is given){}",
                     m.as_secs_f64() * 1e3,
                     self.connect_ms.len(),
                     if self.failed > 0 {
@@ -144,7 +144,6 @@ impl Probe {
                         String::new()
                     }
                 );
-                rtt.recommended = "the RTT of the buffer checks unless --rtt is given".into();
             }
         }
         match (self.mtu, &self.mtu_error) {
