@@ -417,6 +417,38 @@ fn irqs_on_one_cpu_warn() {
 }
 
 #[test]
+fn virtio_irqs_are_found_by_device_name() {
+    let t = Tree::tuned();
+    t.remove("sys/class/net/eth0/device");
+    std::os::unix::fs::symlink(
+        "../../../virtio2",
+        t.0.path().join("sys/class/net/eth0/device"),
+    )
+    .unwrap();
+    t.put(
+        "proc/interrupts",
+        "           CPU0       CPU1\n \
+         38:       6390          0 PCI-MSIX-0000:00:03.0   1-edge      virtio2-input.0\n \
+         39:          0       4247 PCI-MSIX-0000:00:03.0   2-edge      virtio2-output.0\n \
+         41:       3968          0 PCI-MSIX-0000:00:04.0   1-edge      virtio3-rx\n",
+    );
+    t.put("proc/irq/38/smp_affinity_list", "0");
+    t.put("proc/irq/39/smp_affinity_list", "1");
+    let (r, _) = t.report(&[]);
+    assert_eq!(status(&r, "nic_irqs"), "ok", "{r:#}");
+    assert!(
+        finding(&r, "nic_irqs")["seen"]
+            .as_str()
+            .unwrap()
+            .contains("eth0: 2 rx/2 tx queues, 2 IRQs on CPUs 0-1"),
+        "{r:#}"
+    );
+    // One receive queue: worth knowing, not a warning.
+    t.remove("sys/class/net/eth0/queues/rx-1");
+    assert_eq!(status(&t.report(&[]).0, "nic_irqs"), "info");
+}
+
+#[test]
 fn mount_options_of_the_export() {
     let t = Tree::tuned();
     // /data/export is on /data (noatime): ok, checked above. / has relatime: info.

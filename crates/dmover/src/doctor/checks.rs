@@ -468,8 +468,12 @@ impl<'a> Host<'a> {
     }
 
     /// The IRQs of interface `name`: its device's MSI vectors, and the lines of
-    /// `/proc/interrupts` named after it (`eth0`, `eth0-TxRx-3`).
+    /// `/proc/interrupts` named after it (`eth0`, `eth0-TxRx-3`) or after its device
+    /// (`virtio2-input.0`: virtio's vectors belong to the PCI device above it).
     fn irqs_of(&self, name: &str, interrupts: &str) -> BTreeSet<u32> {
+        let device = std::fs::read_link(self.file(&format!("/sys/class/net/{name}/device")))
+            .ok()
+            .and_then(|t| t.file_name().map(|n| format!("{}-", n.to_string_lossy())));
         let mut irqs: BTreeSet<u32> = self
             .list(&format!("/sys/class/net/{name}/device/msi_irqs"))
             .unwrap_or_default()
@@ -487,6 +491,7 @@ impl<'a> Host<'a> {
                 w == name
                     || w.strip_prefix(name)
                         .is_some_and(|r| r.starts_with('-') || r.starts_with('@'))
+                    || device.as_deref().is_some_and(|d| w.starts_with(d))
             });
             if named {
                 irqs.insert(irq);
@@ -511,8 +516,9 @@ impl<'a> Host<'a> {
     /// NIC receive queues and where their interrupts go.
     fn nic_irqs(&self) -> Finding {
         let mut f = Finding::new("nic_irqs", TUNING_100G);
-        f.recommended = "the NIC's queue interrupts spread over several cores of its own \
-                         NUMA node (irqbalance, or the NIC vendor's set_irq_affinity \
+        f.recommended = "several receive queues (`ethtool -L IFACE combined N`, up to what \
+                         `ethtool -l IFACE` shows) whose interrupts spread over cores of the \
+                         NIC's own NUMA node (irqbalance, or the NIC vendor's set_irq_affinity \
                          script with irqbalance stopped), and dmover run on that node \
                          (numactl --cpunodebind=N)"
             .into();
@@ -528,6 +534,7 @@ impl<'a> Host<'a> {
         let mut parts = Vec::new();
         let mut crowded = Vec::new();
         let mut spread = 0;
+        let mut one_queue = 0;
         let nics: Vec<&Iface> = ifaces.iter().filter(|i| i.physical && i.up).collect();
         for i in &nics {
             let dir = format!("/sys/class/net/{}", i.name);
@@ -543,6 +550,9 @@ impl<'a> Host<'a> {
             let mut cpus = BTreeSet::new();
             for &irq in &irqs {
                 cpus.extend(self.irq_cpus(irq).unwrap_or_default());
+            }
+            if rx == 1 {
+                one_queue += 1;
             }
             let mut p = format!("{}: {rx} rx/{tx} tx queues", i.name);
             if let Some(n) = node {
@@ -599,7 +609,7 @@ impl<'a> Host<'a> {
                     }
                 }
             }
-        } else if spread == nics.len() {
+        } else if spread == nics.len() && one_queue == 0 {
             f.status = Status::Ok;
         } else {
             f.status = Status::Info;
