@@ -21,7 +21,7 @@ use clap::Args;
 use dmover_proto::units::{format_rate, parse_duration, parse_rate};
 use serde::Serialize;
 
-pub use checks::Host;
+use checks::Host;
 
 /// `dmover doctor [HOST[:PORT]]`
 #[derive(Debug, Args)]
@@ -57,7 +57,7 @@ pub struct DoctorArgs {
 }
 
 /// How a check came out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
     /// As recommended.
