@@ -39,6 +39,13 @@ pub enum Command {
     Credential(CredentialArgs),
     /// Emulated long-haul links (RTT, rate, loss) between two network namespaces.
     Netlab(crate::netlab::NetlabArgs),
+    /// Check this host's tuning for a DTN and print the fixes (changes nothing).
+    ///
+    /// Checks against ESnet fasterdata's host tuning: TCP buffer limits for --rtt x
+    /// --rate, congestion control, qdisc, CPU governor, NIC IRQs, MTU, THP, the mount of
+    /// --path and open-file limits; each finding comes with the exact fix. Exit code 1
+    /// when a check warns. Details: docs/doctor.md.
+    Doctor(crate::doctor::DoctorArgs),
 }
 
 /// Options shared by everything that moves data.

@@ -19,7 +19,8 @@ pub enum Endpoint {
     },
 }
 
-fn with_port(host: &str) -> Result<String, String> {
+/// `host` with the default port added if it has none (`[v6]` brackets kept).
+pub(crate) fn with_port(host: &str) -> Result<String, String> {
     if host.is_empty() {
         return Err("empty host name".into());
     }

@@ -2,13 +2,14 @@
 //!
 //! Exit codes: 0 success; 1 the transfer failed (I/O, checksum, refused path, ...);
 //! 2 usage error; 3 authentication refused (or the server's key is not the pinned one); 4 network failure (unreachable server,
-//! dropped connection).
+//! dropped connection). `dmover doctor` exits with 1 when a check warns.
 
 mod args;
 mod bench;
 mod cp;
 mod credential;
 mod demo;
+mod doctor;
 mod endpoint;
 mod env;
 mod netlab;
@@ -27,7 +28,10 @@ fn main() -> ExitCode {
     // The one read of the environment: everything below takes its values from `env`.
     let env = Env::capture();
     init_logging(cli.verbose, cli.quiet_logs(), env.log.as_deref());
-    dmover_store::sys::raise_fd_limit();
+    // `doctor` reports the open-file limit it was started with.
+    if !matches!(cli.command, Command::Doctor(_)) {
+        dmover_store::sys::raise_fd_limit();
+    }
     let result = match cli.command {
         Command::Cp(a) => cp::run(a, &env),
         Command::Serve(a) => serve::run(a, &env),
@@ -35,6 +39,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a, &env),
         Command::Credential(a) => credential::run(a),
         Command::Netlab(a) => netlab::run(a),
+        Command::Doctor(a) => doctor::run(a),
     };
     match result {
         Ok(code) => code,
