@@ -9,7 +9,7 @@ use dmover_proto::units::{parse_duration, parse_size};
 
 /// Move files and trees between Data Transfer Nodes at line rate.
 #[derive(Debug, Parser)]
-#[command(name = "dmover", version, about, long_about = None, propagate_version = true)]
+#[command(name = "dmover", version = version(), about, long_about = None, propagate_version = true)]
 pub struct Cli {
     /// More log output (-v info, -vv debug); DMOVER_LOG overrides (e.g. DMOVER_LOG=debug).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -39,6 +39,48 @@ pub enum Command {
     Credential(CredentialArgs),
     /// Emulated long-haul links (RTT, rate, loss) between two network namespaces.
     Netlab(crate::netlab::NetlabArgs),
+    /// Print the shell completion script for SHELL on stdout.
+    Completions(CompletionsArgs),
+    /// Print the man page (roff) on stdout, or write a page per command into --dir.
+    Man(ManArgs),
+}
+
+/// What `--version` prints after the name: the release, the git commit it was built
+/// from (`unknown` when built without git) and the protocol versions it speaks.
+pub fn version() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        version_text(
+            env!("CARGO_PKG_VERSION"),
+            env!("DMOVER_GIT_COMMIT"),
+            dmover_proto::MIN_PROTOCOL_VERSION,
+            dmover_proto::PROTOCOL_VERSION,
+        )
+    })
+}
+
+fn version_text(release: &str, commit: &str, min: u16, max: u16) -> String {
+    let protocol = if min == max {
+        format!("protocol version {max}")
+    } else {
+        format!("protocol versions {min} to {max}")
+    };
+    format!("{release} (commit {commit}, {protocol})")
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Write dmover.1 and a page per subcommand (dmover-cp.1, ...) into this directory
+    /// (which must exist) instead of printing dmover.1.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 /// Options shared by everything that moves data.
@@ -347,6 +389,19 @@ mod tests {
         let e = cli(&["--retry-wait", "5"]).unwrap_err();
         assert_eq!(e.exit_code(), 2);
         assert!(e.to_string().contains("needs a unit"), "{e}");
+    }
+
+    #[test]
+    fn version_names_release_commit_and_protocols() {
+        assert_eq!(
+            version_text("1.2.3", "abc1234", 4, 4),
+            "1.2.3 (commit abc1234, protocol version 4)"
+        );
+        assert_eq!(
+            version_text("1.2.3", "unknown", 3, 4),
+            "1.2.3 (commit unknown, protocol versions 3 to 4)"
+        );
+        assert!(version().starts_with(env!("CARGO_PKG_VERSION")));
     }
 
     #[test]

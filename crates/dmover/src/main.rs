@@ -11,6 +11,7 @@ mod credential;
 mod demo;
 mod endpoint;
 mod env;
+mod manual;
 mod netlab;
 mod output;
 mod serve;
@@ -35,6 +36,8 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a, &env),
         Command::Credential(a) => credential::run(a),
         Command::Netlab(a) => netlab::run(a),
+        Command::Completions(a) => manual::completions(a),
+        Command::Man(a) => manual::man(a),
     };
     match result {
         Ok(code) => code,
