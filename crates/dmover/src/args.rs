@@ -236,10 +236,12 @@ pub struct ServeArgs {
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub net_threads: Option<u16>,
     /// Sessions at once; more are refused as busy [default: 64, or the config's].
-    #[arg(long)]
+    #[arg(long, value_parser = parse_at_least_one)]
     pub max_sessions: Option<usize>,
-    /// Memory for chunk buffers shared by all sessions (e.g. 512M, 2G; binary units).
-    #[arg(long, default_value = "2G", value_parser = parse_size)]
+    /// Memory for chunk buffers shared by all sessions (e.g. 512M, 2G; binary units;
+    /// at least 2M). A session needs two buffers of its chunk size, and is refused if
+    /// they do not fit.
+    #[arg(long, default_value = "2G", value_parser = parse_memory)]
     pub memory: u64,
     /// Socket buffer size for accepted connections, e.g. 64M [default: kernel
     /// autotuning].
@@ -260,7 +262,7 @@ pub struct ServeArgs {
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Size multiplier of the generated dataset (1.0 ≈ 300 MiB).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = parse_scale, allow_negative_numbers = true)]
     pub scale: f64,
     /// Keep the temporary directory instead of removing it.
     #[arg(long)]
@@ -328,7 +330,7 @@ pub struct MkdataArgs {
     #[arg(long)]
     pub profile: dmover_bench::mkdata::Profile,
     /// Size multiplier (file counts for small-file profiles, sizes for big-file ones).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = parse_scale, allow_negative_numbers = true)]
     pub scale: f64,
     /// Seed of the pseudo-random content (same seed, same bytes).
     #[arg(long, default_value_t = 1)]
@@ -336,6 +338,54 @@ pub struct MkdataArgs {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+/// A command line that makes no sense, found after clap parsed it (options that
+/// contradict each other, a malformed `HOST:PATH`): `dmover` exits with 2, as for the
+/// errors clap finds.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// A [`UsageError`] as an `anyhow::Error`.
+pub fn usage(msg: impl Into<String>) -> anyhow::Error {
+    UsageError(msg.into()).into()
+}
+
+/// Parses `--memory`: a size of at least 2 MiB, the two buffers of the smallest chunk
+/// a session needs.
+fn parse_memory(s: &str) -> Result<u64, String> {
+    let v = parse_size(s)?;
+    if v < 2 << 20 {
+        return Err(format!(
+            "{s:?} is too little: sessions need two chunk buffers, at least 2M"
+        ));
+    }
+    Ok(v)
+}
+
+/// Parses a dataset scale: a number above 0, at most 1e6 (what the generator takes).
+pub(crate) fn parse_scale(s: &str) -> Result<f64, String> {
+    s.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v > 0.0 && *v <= 1e6)
+        .ok_or_else(|| format!("scale {s:?} must be a number above 0 and at most 1e6"))
+}
+
+/// Parses a count of at least 1.
+fn parse_at_least_one(s: &str) -> Result<usize, String> {
+    s.parse::<usize>()
+        .ok()
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| format!("{s:?} is not a whole number of at least 1"))
 }
 
 /// Parses a chunk size; `auto` is 0.
@@ -402,6 +452,18 @@ mod tests {
             "1.2.3 (commit unknown, protocol versions 3 to 4)"
         );
         assert!(version().starts_with(env!("CARGO_PKG_VERSION")));
+    }
+
+    #[test]
+    fn counts_scales_and_memory_are_checked() {
+        assert_eq!(parse_scale("0.5"), Ok(0.5));
+        for bad in ["0", "-1", "nan", "inf", "2e6", "x"] {
+            assert!(parse_scale(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_at_least_one("3"), Ok(3));
+        assert!(parse_at_least_one("0").is_err());
+        assert_eq!(parse_memory("2M"), Ok(2 << 20));
+        assert!(parse_memory("1M").unwrap_err().contains("at least 2M"));
     }
 
     #[test]

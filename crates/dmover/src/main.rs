@@ -43,7 +43,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("dmover: error: {e:#}");
-            ExitCode::from(1)
+            ExitCode::from(if e.is::<args::UsageError>() { 2 } else { 1 })
         }
     }
 }

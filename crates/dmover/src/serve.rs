@@ -12,7 +12,7 @@ use dmover_net::tcp::{self, SocketOptions};
 use dmover_net::tls::{KeyOrigin, ServerIdentity};
 use tokio_util::sync::CancellationToken;
 
-use crate::args::ServeArgs;
+use crate::args::{ServeArgs, usage};
 use crate::env::Env;
 
 /// Reads a token file, refusing an empty one.
@@ -46,7 +46,7 @@ pub fn run(a: ServeArgs, env: &Env) -> anyhow::Result<ExitCode> {
             cfg.users = Some(users);
             cfg
         }
-        (None, None) => bail!("pass --root DIR or --config FILE"),
+        (None, None) => return Err(usage("pass --root DIR or --config FILE")),
     };
     let authenticated = cfg.users.is_some();
     let listen = a.listen.or(file.listen).unwrap_or_else(|| {
@@ -58,10 +58,10 @@ pub fn run(a: ServeArgs, env: &Env) -> anyhow::Result<ExitCode> {
         SocketAddr::from((ip, dmover_proto::DEFAULT_PORT))
     });
     if !authenticated && !listen.ip().is_loopback() {
-        bail!(
+        return Err(usage(format!(
             "refusing to listen on {listen} without authentication: pass --token-file FILE \
              or --config FILE, or listen on loopback (127.0.0.1)"
-        );
+        )));
     }
 
     // The TLS identity: operator's files, else the key in the state directory.
