@@ -9,7 +9,14 @@ use dmover_proto::units::{parse_duration, parse_size};
 
 /// Move files and trees between Data Transfer Nodes at line rate.
 #[derive(Debug, Parser)]
-#[command(name = "dmover", version = version(), about, long_about = None, propagate_version = true)]
+#[command(
+    name = "dmover",
+    version = version(),
+    about,
+    long_about = None,
+    propagate_version = true,
+    after_long_help = AFTER_LONG_HELP
+)]
 pub struct Cli {
     /// More log output (-v info, -vv debug); DMOVER_LOG overrides (e.g. DMOVER_LOG=debug).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -44,6 +51,20 @@ pub enum Command {
     /// Print the man page (roff) on stdout, or write a page per command into --dir.
     Man(ManArgs),
 }
+
+/// The end of `dmover --help` and of the man page.
+const AFTER_LONG_HELP: &str = "\
+Exit status: 0 success; 1 the transfer failed (I/O, checksum, refused path, ...); 2 usage \
+error; 3 authentication refused, or the server's key is not the pinned one; 4 network \
+failure (unreachable server, dropped connection).
+
+Environment: DMOVER_TOKEN (the token when no --token-file is given), DMOVER_USER \
+(--user), DMOVER_KEY (--key), DMOVER_KNOWN_HOSTS (--known-hosts), DMOVER_LOG (log \
+filter, overrides -v), XDG_CONFIG_HOME and HOME (the known-hosts file), XDG_STATE_HOME \
+(the server's key when not root), NOTIFY_SOCKET (systemd readiness for dmover serve).
+
+Server configuration: docs/config.md in the source, or /etc/dmover/server.toml as \
+packaged.";
 
 /// What `--version` prints after the name: the release, the git commit it was built
 /// from (`unknown` when built without git) and the protocol versions it speaks.

@@ -100,6 +100,15 @@ fn man_pages_cover_the_subcommands_and_their_options() {
     ] {
         assert!(page.contains(sub), "dmover.1 lacks {sub}");
     }
+    // The exit codes and the environment, as in dmover --help.
+    for words in [
+        "Exit status: 0 success",
+        "2 usage error",
+        "DMOVER_TOKEN",
+        "NOTIFY_SOCKET",
+    ] {
+        assert!(page.contains(words), "dmover.1 lacks {words:?}");
+    }
     let dir = tempfile::tempdir().unwrap();
     stdout_of(&dmover(&["man", "--dir", dir.path().to_str().unwrap()]));
     let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
