@@ -114,6 +114,8 @@ fn man_pages_cover_the_subcommands_and_their_options() {
     let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
     assert!(read("dmover.1").contains("dmover\\-serve(1)"));
     assert!(read("dmover-cp.1").contains("\\-\\-chunk"));
+    // Options clap also takes from the environment say so.
+    assert!(read("dmover-cp.1").contains("\\fBDMOVER_KEY\\fR environment variable"));
     assert!(read("dmover-serve.1").contains("\\-\\-config"));
     assert!(read("dmover-credential-token.1").contains(".TH dmover-credential-token 1"));
     // Hidden test options stay out of the pages.
