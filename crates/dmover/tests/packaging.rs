@@ -84,6 +84,20 @@ fn completions_cover_the_subcommands_and_their_options() {
             assert!(script.contains(word), "{shell} completions lack {word}");
         }
     }
+    // The shells that are installed here parse their scripts.
+    let dir = tempfile::tempdir().unwrap();
+    for shell in ["bash", "zsh", "fish"] {
+        let file = dir.path().join(shell);
+        std::fs::write(&file, stdout_of(&dmover(&["completions", shell]))).unwrap();
+        match Command::new(shell).arg("-n").arg(&file).output() {
+            Ok(o) => assert!(
+                o.status.success(),
+                "{shell} -n: {}",
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(_) => eprintln!("{shell} not installed: its completions are not parsed"),
+        }
+    }
     let o = dmover(&["completions", "tcsh"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("possible values"));
