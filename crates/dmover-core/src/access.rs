@@ -2,6 +2,8 @@
 //! and rights, the server's configuration file, and the client's key files.
 //!
 //! # Configuration file (`dmover serve --config FILE`, TOML)
+//! Every key, with its default, is in docs/config.md (its example is
+//! packaging/server.toml, which a test parses with [`ConfigFile`]).
 //! ```toml
 //! listen = "0.0.0.0:7700"          # optional; --listen overrides
 //! state_dir = "/var/lib/dmover"    # optional; where the server key lives

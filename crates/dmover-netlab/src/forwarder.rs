@@ -269,9 +269,12 @@ fn thread_cpu(h: &JoinHandle<()>) -> Duration {
         return Duration::ZERO;
     }
     let mut clock: libc::clockid_t = 0;
+    // std hands out a u64; libc's pthread_t is an integer on glibc, a pointer on musl.
+    #[allow(clippy::unnecessary_cast)]
+    let thread = h.as_pthread_t() as libc::pthread_t;
     // SAFETY: the thread has not been joined (we hold its handle), so its pthread_t
     // is valid; `clock` is a valid out pointer.
-    if unsafe { libc::pthread_getcpuclockid(h.as_pthread_t(), &mut clock) } != 0 {
+    if unsafe { libc::pthread_getcpuclockid(thread, &mut clock) } != 0 {
         return Duration::ZERO;
     }
     // SAFETY: an all-zero timespec is valid; clock_gettime writes it.
@@ -420,7 +423,10 @@ impl Direction {
         // SAFETY: PR_SET_TIMERSLACK takes an integer argument and touches no memory.
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong, 0, 0, 0) };
         if self.cfg.realtime {
-            let param = libc::sched_param { sched_priority: 10 };
+            // SAFETY: sched_param is plain integers (musl's has more fields than
+            // glibc's); all zeroes is a valid value.
+            let mut param: libc::sched_param = unsafe { std::mem::zeroed() };
+            param.sched_priority = 10;
             // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param.
             if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
                 tracing::debug!(

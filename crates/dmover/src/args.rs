@@ -9,7 +9,14 @@ use dmover_proto::units::{parse_duration, parse_size};
 
 /// Move files and trees between Data Transfer Nodes at line rate.
 #[derive(Debug, Parser)]
-#[command(name = "dmover", version, about, long_about = None, propagate_version = true)]
+#[command(
+    name = "dmover",
+    version = version(),
+    about,
+    long_about = None,
+    propagate_version = true,
+    after_long_help = AFTER_LONG_HELP
+)]
 pub struct Cli {
     /// More log output (-v info, -vv debug); DMOVER_LOG overrides (e.g. DMOVER_LOG=debug).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -46,6 +53,62 @@ pub enum Command {
     /// --path and open-file limits; each finding comes with the exact fix. Exit code 1
     /// when a check warns. Details: docs/doctor.md.
     Doctor(crate::doctor::DoctorArgs),
+    /// Print the shell completion script for SHELL on stdout.
+    Completions(CompletionsArgs),
+    /// Print the man page (roff) on stdout, or write a page per command into --dir.
+    Man(ManArgs),
+}
+
+/// The end of `dmover --help` and of the man page.
+const AFTER_LONG_HELP: &str = "\
+Exit status: 0 success; 1 the transfer failed (I/O, checksum, refused path, ...); 2 usage \
+error; 3 authentication refused, or the server's key is not the pinned one; 4 network \
+failure (unreachable server, dropped connection).
+
+Environment: DMOVER_TOKEN (the token when no --token-file is given), DMOVER_USER \
+(--user), DMOVER_KEY (--key), DMOVER_KNOWN_HOSTS (--known-hosts), DMOVER_LOG (log \
+filter, overrides -v), XDG_CONFIG_HOME and HOME (the known-hosts file), XDG_STATE_HOME \
+(the server's key when not root), NOTIFY_SOCKET (systemd readiness for dmover serve).
+
+Server configuration: docs/config.md in the source, or /etc/dmover/server.toml as \
+packaged.";
+
+/// What `--version` prints after the name: the release, the git commit it was built
+/// from (`unknown` when built without git) and the protocol versions it speaks.
+pub fn version() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        version_text(
+            env!("CARGO_PKG_VERSION"),
+            env!("DMOVER_GIT_COMMIT"),
+            dmover_proto::MIN_PROTOCOL_VERSION,
+            dmover_proto::PROTOCOL_VERSION,
+        )
+    })
+}
+
+fn version_text(release: &str, commit: &str, min: u16, max: u16) -> String {
+    let protocol = if min == max {
+        format!("protocol version {max}")
+    } else {
+        format!("protocol versions {min} to {max}")
+    };
+    format!("{release} (commit {commit}, {protocol})")
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Write dmover.1 and a page per subcommand (dmover-cp.1, ...) into this directory
+    /// (which must exist) instead of printing dmover.1.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 /// Options shared by everything that moves data.
@@ -201,10 +264,12 @@ pub struct ServeArgs {
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub net_threads: Option<u16>,
     /// Sessions at once; more are refused as busy [default: 64, or the config's].
-    #[arg(long)]
+    #[arg(long, value_parser = parse_at_least_one)]
     pub max_sessions: Option<usize>,
-    /// Memory for chunk buffers shared by all sessions (e.g. 512M, 2G; binary units).
-    #[arg(long, default_value = "2G", value_parser = parse_size)]
+    /// Memory for chunk buffers shared by all sessions (e.g. 512M, 2G; binary units;
+    /// at least 2M). A session needs two buffers of its chunk size, and is refused if
+    /// they do not fit.
+    #[arg(long, default_value = "2G", value_parser = parse_memory)]
     pub memory: u64,
     /// Socket buffer size for accepted connections, e.g. 64M [default: kernel
     /// autotuning].
@@ -225,7 +290,7 @@ pub struct ServeArgs {
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Size multiplier of the generated dataset (1.0 ≈ 300 MiB).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = parse_scale, allow_negative_numbers = true)]
     pub scale: f64,
     /// Keep the temporary directory instead of removing it.
     #[arg(long)]
@@ -293,7 +358,7 @@ pub struct MkdataArgs {
     #[arg(long)]
     pub profile: dmover_bench::mkdata::Profile,
     /// Size multiplier (file counts for small-file profiles, sizes for big-file ones).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = parse_scale, allow_negative_numbers = true)]
     pub scale: f64,
     /// Seed of the pseudo-random content (same seed, same bytes).
     #[arg(long, default_value_t = 1)]
@@ -301,6 +366,54 @@ pub struct MkdataArgs {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+/// A command line that makes no sense, found after clap parsed it (options that
+/// contradict each other, a malformed `HOST:PATH`): `dmover` exits with 2, as for the
+/// errors clap finds.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// A [`UsageError`] as an `anyhow::Error`.
+pub fn usage(msg: impl Into<String>) -> anyhow::Error {
+    UsageError(msg.into()).into()
+}
+
+/// Parses `--memory`: a size of at least 2 MiB, the two buffers of the smallest chunk
+/// a session needs.
+fn parse_memory(s: &str) -> Result<u64, String> {
+    let v = parse_size(s)?;
+    if v < 2 << 20 {
+        return Err(format!(
+            "{s:?} is too little: sessions need two chunk buffers, at least 2M"
+        ));
+    }
+    Ok(v)
+}
+
+/// Parses a dataset scale: a number above 0, at most 1e6 (what the generator takes).
+pub(crate) fn parse_scale(s: &str) -> Result<f64, String> {
+    s.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v > 0.0 && *v <= 1e6)
+        .ok_or_else(|| format!("scale {s:?} must be a number above 0 and at most 1e6"))
+}
+
+/// Parses a count of at least 1.
+fn parse_at_least_one(s: &str) -> Result<usize, String> {
+    s.parse::<usize>()
+        .ok()
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| format!("{s:?} is not a whole number of at least 1"))
 }
 
 /// Parses a chunk size; `auto` is 0.
@@ -354,6 +467,31 @@ mod tests {
         let e = cli(&["--retry-wait", "5"]).unwrap_err();
         assert_eq!(e.exit_code(), 2);
         assert!(e.to_string().contains("needs a unit"), "{e}");
+    }
+
+    #[test]
+    fn version_names_release_commit_and_protocols() {
+        assert_eq!(
+            version_text("1.2.3", "abc1234", 4, 4),
+            "1.2.3 (commit abc1234, protocol version 4)"
+        );
+        assert_eq!(
+            version_text("1.2.3", "unknown", 3, 4),
+            "1.2.3 (commit unknown, protocol versions 3 to 4)"
+        );
+        assert!(version().starts_with(env!("CARGO_PKG_VERSION")));
+    }
+
+    #[test]
+    fn counts_scales_and_memory_are_checked() {
+        assert_eq!(parse_scale("0.5"), Ok(0.5));
+        for bad in ["0", "-1", "nan", "inf", "2e6", "x"] {
+            assert!(parse_scale(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_at_least_one("3"), Ok(3));
+        assert!(parse_at_least_one("0").is_err());
+        assert_eq!(parse_memory("2M"), Ok(2 << 20));
+        assert!(parse_memory("1M").unwrap_err().contains("at least 2M"));
     }
 
     #[test]

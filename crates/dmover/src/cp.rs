@@ -16,7 +16,7 @@ use dmover_net::tcp::SocketOptions;
 use dmover_net::tls::Trust;
 use dmover_proto::control::DataProtection;
 
-use crate::args::{CpArgs, TransferArgs};
+use crate::args::{CpArgs, TransferArgs, usage};
 use crate::endpoint::{self, Endpoint};
 use crate::env::Env;
 use crate::output::{self, Direction, ProgressBar};
@@ -101,11 +101,11 @@ pub fn cancel_on_interrupt(rt: &tokio::runtime::Runtime, run: &Arc<Run>) {
 
 pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
     let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
-    let dst = endpoint::parse(dst).map_err(|e| anyhow::anyhow!("destination: {e}"))?;
+    let dst = endpoint::parse(dst).map_err(|e| usage(format!("destination: {e}")))?;
     let srcs = srcs
         .iter()
         .map(|s| {
-            endpoint::parse(s).map_err(|e| anyhow::anyhow!("source {}: {e}", s.to_string_lossy()))
+            endpoint::parse(s).map_err(|e| usage(format!("source {}: {e}", s.to_string_lossy())))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut opts = transfer_options(&a.transfer, env)?;
@@ -127,9 +127,9 @@ pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
                 match s {
                     Endpoint::Local(p) => local.push(p),
                     Endpoint::Remote { .. } => {
-                        bail!(
-                            "copying from one server to another (third-party transfer) is not supported yet"
-                        )
+                        return Err(usage(
+                            "copying from one server to another (third-party transfer) is not supported yet",
+                        ));
                     }
                 }
             }
@@ -142,15 +142,17 @@ pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
                 match s {
                     Endpoint::Remote { server: h, path } => {
                         if server.as_ref().is_some_and(|s: &String| *s != h) {
-                            bail!("all sources must be on the same server");
+                            return Err(usage("all sources must be on the same server"));
                         }
                         server = Some(h);
                         paths.push(path);
                     }
-                    Endpoint::Local(p) => bail!(
-                        "{} and the destination are both local: name a server as HOST:PATH on one side",
-                        String::from_utf8_lossy(&p)
-                    ),
+                    Endpoint::Local(p) => {
+                        return Err(usage(format!(
+                            "{} and the destination are both local: name a server as HOST:PATH on one side",
+                            String::from_utf8_lossy(&p)
+                        )));
+                    }
                 }
             }
             (

@@ -27,6 +27,9 @@ pub struct Env {
     pub path: Vec<PathBuf>,
     /// The command line, for the benchmark reports.
     pub argv: Vec<String>,
+    /// `NOTIFY_SOCKET`, unless unset or empty: where `dmover serve` tells systemd it is
+    /// ready (`Type=notify`) and stopping; `@` starts an abstract socket name.
+    pub notify_socket: Option<OsString>,
 }
 
 impl Env {
@@ -47,6 +50,7 @@ impl Env {
             log: std::env::var("DMOVER_LOG").ok(),
             path: std::env::split_paths(&path).collect(),
             argv: std::env::args().collect(),
+            notify_socket: std::env::var_os("NOTIFY_SOCKET").filter(|v| !v.is_empty()),
         }
     }
 

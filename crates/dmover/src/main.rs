@@ -12,6 +12,7 @@ mod demo;
 mod doctor;
 mod endpoint;
 mod env;
+mod manual;
 mod netlab;
 mod output;
 mod serve;
@@ -40,12 +41,14 @@ fn main() -> ExitCode {
         Command::Credential(a) => credential::run(a),
         Command::Netlab(a) => netlab::run(a),
         Command::Doctor(a) => doctor::run(a),
+        Command::Completions(a) => manual::completions(a),
+        Command::Man(a) => manual::man(a),
     };
     match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("dmover: error: {e:#}");
-            ExitCode::from(1)
+            ExitCode::from(if e.is::<args::UsageError>() { 2 } else { 1 })
         }
     }
 }

@@ -12,7 +12,7 @@ use dmover_net::tcp::{self, SocketOptions};
 use dmover_net::tls::{KeyOrigin, ServerIdentity};
 use tokio_util::sync::CancellationToken;
 
-use crate::args::ServeArgs;
+use crate::args::{ServeArgs, usage};
 use crate::env::Env;
 
 /// Reads a token file, refusing an empty one.
@@ -46,7 +46,7 @@ pub fn run(a: ServeArgs, env: &Env) -> anyhow::Result<ExitCode> {
             cfg.users = Some(users);
             cfg
         }
-        (None, None) => bail!("pass --root DIR or --config FILE"),
+        (None, None) => return Err(usage("pass --root DIR or --config FILE")),
     };
     let authenticated = cfg.users.is_some();
     let listen = a.listen.or(file.listen).unwrap_or_else(|| {
@@ -58,10 +58,10 @@ pub fn run(a: ServeArgs, env: &Env) -> anyhow::Result<ExitCode> {
         SocketAddr::from((ip, dmover_proto::DEFAULT_PORT))
     });
     if !authenticated && !listen.ip().is_loopback() {
-        bail!(
+        return Err(usage(format!(
             "refusing to listen on {listen} without authentication: pass --token-file FILE \
              or --config FILE, or listen on loopback (127.0.0.1)"
-        );
+        )));
     }
 
     // The TLS identity: operator's files, else the key in the state directory.
@@ -157,13 +157,41 @@ pub fn run(a: ServeArgs, env: &Env) -> anyhow::Result<ExitCode> {
     rt.block_on(async {
         let listener = tcp::listen(listen, &socket)?;
         let bound = listener.local_addr().context("reading the bound address")?;
+        // SIGINT or SIGTERM stops the server. The handlers are in place before anyone
+        // learns the server is up.
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        let notify = env.notify_socket.clone();
+        let signal = |kind| tokio::signal::unix::signal(kind).ok();
+        let mut int = signal(tokio::signal::unix::SignalKind::interrupt());
+        let mut term = signal(tokio::signal::unix::SignalKind::terminate());
+        tokio::spawn(async move {
+            async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            }
+            tokio::select! {
+                _ = recv(&mut int) => {}
+                _ = recv(&mut term) => {}
+            }
+            sd_notify(notify.as_deref(), "STOPPING=1");
+            stop.cancel();
+        });
         // The first line on stdout, so scripts and tests learn the port when asked for
         // port 0; the key's fingerprint follows.
         println!("dmover: listening on {bound}");
         {
             use std::io::Write;
             // Whoever read the first line may have closed the pipe: not an error.
-            let _ = writeln!(std::io::stdout(), "dmover: key fingerprint {}", identity.fingerprint());
+            let _ = writeln!(
+                std::io::stdout(),
+                "dmover: key fingerprint {}",
+                identity.fingerprint()
+            );
         }
         match &origin {
             KeyOrigin::Created(p) => eprintln!("created a new server key in {}", p.display()),
@@ -182,19 +210,75 @@ pub fn run(a: ServeArgs, env: &Env) -> anyhow::Result<ExitCode> {
             eprintln!("*** {banner} ***");
             tracing::warn!("{banner}");
         }
-        let shutdown = CancellationToken::new();
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-            }
-            stop.cancel();
-        });
+        // Under systemd (Type=notify): started once the socket listens and SIGTERM is
+        // handled.
+        sd_notify(
+            env.notify_socket.as_deref(),
+            &format!("READY=1\nSTATUS=listening on {bound}"),
+        );
+
         server.serve(listener, shutdown).await;
         eprintln!("dmover: server stopped");
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Sends `state` (`READY=1`, `STOPPING=1`, ...) to the service manager's notification
+/// socket `socket` (`NOTIFY_SOCKET`; `@name` is an abstract socket), as `sd_notify(3)`
+/// does. Without a socket it does nothing; a failure is logged, never fatal: the
+/// server serves either way.
+pub fn sd_notify(socket: Option<&std::ffi::OsStr>, state: &str) {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let Some(socket) = socket else { return };
+    let send = || -> std::io::Result<()> {
+        let addr = match socket.as_bytes().strip_prefix(b"@") {
+            Some(name) => {
+                use std::os::linux::net::SocketAddrExt;
+                SocketAddr::from_abstract_name(name)?
+            }
+            None => SocketAddr::from_pathname(socket)?,
+        };
+        let sent = UnixDatagram::unbound()?.send_to_addr(state.as_bytes(), &addr)?;
+        if sent != state.len() {
+            return Err(std::io::Error::other("short write"));
+        }
+        Ok(())
+    };
+    if let Err(e) = send() {
+        tracing::warn!(
+            "could not notify the service manager at {} ({state:?}): {e}",
+            socket.to_string_lossy()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixDatagram;
+
+    #[test]
+    fn sd_notify_sends_to_a_path_or_an_abstract_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        let rx = UnixDatagram::bind(&path).unwrap();
+        sd_notify(Some(path.as_os_str()), "READY=1");
+        let mut buf = [0u8; 64];
+        let n = rx.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"READY=1");
+
+        use std::os::linux::net::SocketAddrExt;
+        let name = format!("dmover-test-{}", std::process::id());
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let rx = UnixDatagram::bind_addr(&addr).unwrap();
+        sd_notify(Some(format!("@{name}").as_ref()), "STOPPING=1");
+        let n = rx.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"STOPPING=1");
+
+        // Nobody listening, or no socket: nothing happens.
+        sd_notify(Some(dir.path().join("none").as_os_str()), "READY=1");
+        sd_notify(None, "READY=1");
+    }
 }

@@ -392,10 +392,10 @@ fn read_only_server_refuses_pushes() {
 fn usage_errors() {
     let t = tmp();
     let o = cp(&[s(t.path()), s(&t.path().join("x"))]);
-    assert!(!o.status.success());
+    assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("both local"), "{}", stderr(&o));
     let o = cp(&["a:x", "b:y"]);
-    assert!(!o.status.success());
+    assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("third-party"), "{}", stderr(&o));
     let o = cp(&["--chunk", "1000", "a", "b:"]);
     assert_eq!(o.status.code(), Some(2));

@@ -23,7 +23,7 @@ pub struct CompareArgs {
     #[arg(required = true)]
     pub datasets: Vec<String>,
     /// Scale of generated datasets.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = crate::args::parse_scale, allow_negative_numbers = true)]
     pub scale: f64,
     /// Content seed of generated datasets.
     #[arg(long, default_value_t = 1)]

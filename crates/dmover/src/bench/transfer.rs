@@ -45,7 +45,7 @@ pub struct TransferBenchArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub repeats: u32,
     /// Scale of a generated dataset.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = crate::args::parse_scale, allow_negative_numbers = true)]
     pub scale: f64,
     /// Content seed of a generated dataset.
     #[arg(long, default_value_t = 1)]
