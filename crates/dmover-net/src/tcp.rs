@@ -113,10 +113,38 @@ pub fn listen(addr: SocketAddr, opts: &SocketOptions) -> Result<TcpListener, Net
     )
     .map_err(err)?;
     sock.set_reuse_address(true).map_err(err)?;
+    // `[::]` takes IPv4 too (as v4-mapped addresses), whatever the system's default.
+    if addr.is_ipv6() && addr.ip().is_unspecified() {
+        sock.set_only_v6(false).map_err(err)?;
+    }
     // Accepted sockets inherit buffer sizes from the listener.
     tune(SockRef::from(&sock), opts);
     sock.bind(&addr.into()).map_err(err)?;
     sock.listen(1024).map_err(err)?;
     sock.set_nonblocking(true).map_err(err)?;
     TcpListener::from_std(sock.into()).map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `[::]` takes IPv4 connections too (dual stack), so a server's default listen
+    /// address serves both families.
+    #[tokio::test]
+    async fn unspecified_ipv6_listens_for_ipv4_too() {
+        let any = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0));
+        let Ok(l) = listen(any, &SocketOptions::default()) else {
+            eprintln!("skipped: IPv6 is off on this host");
+            return;
+        };
+        let port = l.local_addr().unwrap().port();
+        for target in [format!("127.0.0.1:{port}"), format!("[::1]:{port}")] {
+            let opts = SocketOptions::default();
+            let c = connect(&target, &opts, Duration::from_secs(5));
+            let (c, a) = tokio::join!(c, l.accept());
+            c.unwrap_or_else(|e| panic!("{target}: {e}"));
+            a.unwrap();
+        }
+    }
 }

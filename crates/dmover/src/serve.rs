@@ -49,13 +49,17 @@ pub fn run(a: ServeArgs, env: &Env) -> anyhow::Result<ExitCode> {
         (None, None) => return Err(usage("pass --root DIR or --config FILE")),
     };
     let authenticated = cfg.users.is_some();
-    let listen = a.listen.or(file.listen).unwrap_or_else(|| {
-        let ip = if authenticated {
-            [0, 0, 0, 0]
+    // By default an authenticated server listens on every address, IPv6 and IPv4 on
+    // one socket ([::], dual stack), or on IPv4 alone where IPv6 is off; without
+    // credentials it listens on loopback only.
+    let chosen = a.listen.or(file.listen);
+    let any_v4 = SocketAddr::from(([0, 0, 0, 0], dmover_proto::DEFAULT_PORT));
+    let listen = chosen.unwrap_or_else(|| {
+        if authenticated {
+            SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, dmover_proto::DEFAULT_PORT))
         } else {
-            [127, 0, 0, 1]
-        };
-        SocketAddr::from((ip, dmover_proto::DEFAULT_PORT))
+            SocketAddr::from(([127, 0, 0, 1], dmover_proto::DEFAULT_PORT))
+        }
     });
     if !authenticated && !listen.ip().is_loopback() {
         return Err(usage(format!(
@@ -155,7 +159,13 @@ pub fn run(a: ServeArgs, env: &Env) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the network runtime")?;
     rt.block_on(async {
-        let listener = tcp::listen(listen, &socket)?;
+        let listener = match tcp::listen(listen, &socket) {
+            Err(e) if chosen.is_none() && listen.is_ipv6() => {
+                tracing::info!("IPv6 unavailable ({e}); listening on IPv4 only");
+                tcp::listen(any_v4, &socket)?
+            }
+            r => r?,
+        };
         let bound = listener.local_addr().context("reading the bound address")?;
         // SIGINT or SIGTERM stops the server. The handlers are in place before anyone
         // learns the server is up.

@@ -595,3 +595,28 @@ fn demo_runs() {
     assert!(e.contains("identical:"), "{e}");
     assert!(e.contains("checksums verified"), "{e}");
 }
+
+/// A server on IPv6 loopback: push and pull with `dmover://[::1]:PORT/…` and the scp
+/// form `[::1]:PATH` (the address with the default port would be `[::1]`).
+#[test]
+fn ipv6_loopback_end_to_end() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("skipped: this host has no IPv6 loopback");
+        return;
+    }
+    let t = tmp();
+    let src = t.path().join("tree");
+    make_tree(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let args: Vec<&std::ffi::OsStr> = vec!["--root".as_ref(), root.as_os_str()];
+    let srv = Server::start_on("[::1]:0", &args, &root, None, None);
+    assert!(srv.addr.starts_with("[::1]:"), "{}", srv.addr);
+    let o = cp(&["--json", s(&src), &srv.url("")]);
+    ok(&o);
+    same(&src, &root.join("tree"));
+    let back = t.path().join("back");
+    let o = cp(&[&srv.url("tree"), s(&back)]);
+    ok(&o);
+    same(&src, &back);
+}

@@ -36,6 +36,17 @@ impl Server {
         log: Option<&Path>,
         state_dir: Option<&Path>,
     ) -> Server {
+        Self::start_on("127.0.0.1:0", args, root, log, state_dir)
+    }
+
+    /// [`Server::start_with`], listening on `listen`.
+    pub fn start_on(
+        listen: &str,
+        args: &[&std::ffi::OsStr],
+        root: &Path,
+        log: Option<&Path>,
+        state_dir: Option<&Path>,
+    ) -> Server {
         let state = tempfile::Builder::new()
             .prefix("dmover-state-")
             .tempdir()
@@ -59,7 +70,7 @@ impl Server {
         let mut child = Command::new(bin())
             .arg("serve")
             .args(args)
-            .args(["--listen", "127.0.0.1:0", "--state-dir"])
+            .args(["--listen", listen, "--state-dir"])
             .arg(&state_path)
             .stdout(Stdio::piped())
             .stderr(stderr)
