@@ -4,21 +4,19 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use dmover_net::control::{ControlChannel, write_preamble};
+use dmover_net::join::{Dialer, Dials, JoinError, JoinWait, LinkMode};
 use dmover_net::stream::DataIo;
 use dmover_net::tcp;
 use dmover_net::tls::TlsConnector;
 use dmover_net::{ControlStream, NetError};
-use dmover_proto::auth::{self, Role};
+use dmover_proto::auth;
 use dmover_proto::control::{
-    Auth, AuthMethod, Control, Credential, DataProtection, ErrorCode, FailedFile, Hello, Op, Open,
-    SessionInfo, Summary,
+    Auth, AuthMethod, Control, Credential, ErrorCode, FailedFile, Hello, Op, Open, SessionInfo,
+    Summary,
 };
-use dmover_proto::data::{DataHello, HELLO_LEN, JOIN_PROOF_LEN};
 use dmover_proto::manifest::{Entry, Totals};
 use dmover_proto::preamble::{ConnKind, Preamble};
 use dmover_proto::{PROTOCOL_VERSION, control};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use dmover_store::Source;
 use dmover_store::paths::{self, Base};
@@ -160,175 +158,6 @@ impl Opening {
     }
 }
 
-/// A data connection made before its session was known: connected, preamble sent,
-/// the server's challenge read.
-pub(crate) struct Dialed {
-    io: TcpStream,
-    challenge: [u8; JOIN_PROOF_LEN],
-}
-
-/// Data connections being dialed in the background (aborted when dropped).
-#[derive(Default)]
-pub(crate) struct Dials(Vec<tokio::task::JoinHandle<Result<Dialed>>>);
-
-impl Drop for Dials {
-    fn drop(&mut self) {
-        for h in &self.0 {
-            h.abort();
-        }
-    }
-}
-
-/// Connects a data connection and reads the server's join challenge.
-async fn dial(
-    server: &str,
-    socket: &tcp::SocketOptions,
-    timeout: std::time::Duration,
-) -> Result<Dialed> {
-    let mut io = tcp::connect(server, socket, timeout).await?;
-    let pre = Preamble {
-        kind: ConnKind::Data,
-        version: PROTOCOL_VERSION,
-    };
-    write_preamble(&mut io, pre, server).await?;
-    let mut challenge = [0u8; JOIN_PROOF_LEN];
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, io.read_exact(&mut challenge))
-        .await
-        .map_err(|_| NetError::Timeout {
-            peer: server.into(),
-            what: "data stream challenge",
-            secs: HANDSHAKE_TIMEOUT.as_secs(),
-        })?
-        .map_err(|e| NetError::io("reading from", server, e))?;
-    Ok(Dialed { io, challenge })
-}
-
-/// Why a join failed: the connection (worth one fresh try) or the server's answer.
-enum JoinError {
-    Connection(Error),
-    Refused(Error),
-}
-
-/// How a data stream's join waits for the server's answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum JoinWait {
-    /// Before the stream is handed over (pull, memory test).
-    Answer,
-    /// Not at all: the source sends its first chunks right behind the proof, and the
-    /// stream reads and checks the answer before anything else it receives
-    /// ([`DataIo::awaiting_join`]).
-    Pipelined,
-}
-
-/// Whether a dialed connection still looks open, found without waiting: the server
-/// closes a data connection whose join does not come within its set-up limit.
-fn still_open(io: &TcpStream) -> bool {
-    let mut b = [0u8; 1];
-    let mut rb = tokio::io::ReadBuf::new(&mut b);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    io.poll_peek(&mut cx, &mut rb).is_pending()
-}
-
-/// A dialed data connection's side of the join: hello and proof in one write, then
-/// (with [`JoinWait::Answer`]) the server's status and proof.
-async fn join(
-    d: Dialed,
-    server: &str,
-    hello: &DataHello,
-    key: &[u8; 32],
-    mode: (DataProtection, std::time::Duration),
-    wait: JoinWait,
-) -> std::result::Result<DataIo, JoinError> {
-    let Dialed { mut io, challenge } = d;
-    let proof = auth::join_proof(
-        key,
-        Role::Client,
-        hello.session,
-        hello.stream,
-        &hello.nonce,
-        &challenge,
-    );
-    let mut first = Vec::with_capacity(HELLO_LEN + JOIN_PROOF_LEN);
-    first.extend_from_slice(&hello.encode());
-    first.extend_from_slice(&proof);
-    io.write_all(&first)
-        .await
-        .map_err(|e| JoinError::Connection(Error::Net(NetError::io("writing to", server, e))))?;
-    let want = auth::join_proof(
-        key,
-        Role::Server,
-        hello.session,
-        hello.stream,
-        &hello.nonce,
-        &challenge,
-    );
-    let (protection, idle) = mode;
-    let mut io = DataIo::new(io, protection, key, hello.stream, Role::Client, Some(idle))
-        .awaiting_join(hello.stream, want, HANDSHAKE_TIMEOUT);
-    if wait == JoinWait::Answer {
-        if let Err(e) = io.finish_join().await {
-            let err = Error::data("reading from", server, e);
-            return Err(match err {
-                Error::Net(NetError::Io { .. }) => JoinError::Connection(err),
-                _ => JoinError::Refused(err),
-            });
-        }
-    }
-    Ok(io)
-}
-
-/// Joins data stream `hello.stream` on the connection dialed during set-up (`dialed`),
-/// or on a new one if that failed (see [`Client::open_streams`]).
-#[allow(clippy::too_many_arguments)]
-async fn join_stream(
-    server: &str,
-    socket: &tcp::SocketOptions,
-    timeout: std::time::Duration,
-    dialed: Option<tokio::task::JoinHandle<Result<Dialed>>>,
-    hello: DataHello,
-    key: [u8; 32],
-    mode: (DataProtection, std::time::Duration),
-    wait: JoinWait,
-) -> Result<DataIo> {
-    let i = hello.stream;
-    let joined = async {
-        if let Some(h) = dialed {
-            let first = match h.await {
-                Ok(Ok(d)) if wait == JoinWait::Pipelined && !still_open(&d.io) => {
-                    Err(JoinError::Connection(Error::Net(NetError::Closed {
-                        peer: server.to_string(),
-                    })))
-                }
-                Ok(Ok(d)) => join(d, server, &hello, &key, mode, wait).await,
-                Ok(Err(e)) => Err(JoinError::Connection(e)),
-                Err(e) => Err(JoinError::Connection(Error::refused(
-                    ErrorCode::Aborted,
-                    format!("stream setup failed: {e}"),
-                ))),
-            };
-            match first {
-                Ok(io) => return Ok(io),
-                Err(JoinError::Refused(e)) => return Err(e),
-                Err(JoinError::Connection(e)) => {
-                    tracing::debug!("data stream {i}: early connection failed ({e}); dialing again")
-                }
-            }
-        }
-        let d = dial(server, socket, timeout).await?;
-        match join(d, server, &hello, &key, mode, wait).await {
-            Ok(io) => Ok(io),
-            Err(JoinError::Connection(e) | JoinError::Refused(e)) => Err(e),
-        }
-    };
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, joined)
-        .await
-        .map_err(|_| NetError::Timeout {
-            peer: server.to_string(),
-            what: crate::error::JOIN_WAIT,
-            secs: HANDSHAKE_TIMEOUT.as_secs(),
-        })?
-}
-
 /// A control connection with TLS up and the first flight ready, not sent.
 pub(crate) struct Connection {
     ch: ControlChannel<ControlStream>,
@@ -360,28 +189,18 @@ impl Connection {
 }
 
 /// The dialer's data streams: each opened when its machine asks, on the connection
-/// dialed during set-up when it is still good.
+/// dialed during set-up when it is still good (see [`Dialer::join`]).
 pub(crate) struct Dialing {
-    server: String,
-    socket: tcp::SocketOptions,
-    timeout: std::time::Duration,
-    mode: (DataProtection, std::time::Duration),
+    dialer: Dialer,
+    mode: LinkMode,
     wait: JoinWait,
     master: [u8; 32],
     /// The session and its key, once open.
     key: Option<(u64, [u8; 32])>,
     /// Streams asked for before the session's key was known.
     asked: Vec<u16>,
-    early: Vec<Option<tokio::task::JoinHandle<Result<Dialed>>>>,
+    early: Dials,
     set: tokio::task::JoinSet<(u16, Result<DataStream<DataIo>>)>,
-}
-
-impl Drop for Dialing {
-    fn drop(&mut self) {
-        for h in self.early.iter().flatten() {
-            h.abort();
-        }
-    }
 }
 
 impl drive::Joins for Dialing {
@@ -393,10 +212,7 @@ impl drive::Joins for Dialing {
             auth::session_key(&self.master, info.id, &info.salt),
         ));
         // Connections the session does not use (it granted fewer streams) close.
-        let keep = (info.streams as usize).min(self.early.len());
-        for h in self.early.drain(keep..).flatten() {
-            h.abort();
-        }
+        self.early.keep(info.streams);
         for stream in std::mem::take(&mut self.asked) {
             self.open(stream);
         }
@@ -407,22 +223,15 @@ impl drive::Joins for Dialing {
             self.asked.push(stream);
             return;
         };
-        let hello = DataHello {
-            session,
-            stream,
-            nonce: rand::random(),
-        };
-        let dialed = self.early.get_mut(stream as usize).and_then(Option::take);
-        let (server, socket, timeout, mode, wait) = (
-            self.server.clone(),
-            self.socket.clone(),
-            self.timeout,
-            self.mode,
-            self.wait,
-        );
+        let early = self.early.take(stream);
+        let (dialer, mode, wait) = (self.dialer.clone(), self.mode, self.wait);
         self.set.spawn(async move {
-            let r = join_stream(&server, &socket, timeout, dialed, hello, key, mode, wait).await;
-            (stream, r.map(|io| DataStream { io, peer: server }))
+            let r = dialer.join(early, session, stream, &key, mode, wait).await;
+            let peer = dialer.server().to_string();
+            (
+                stream,
+                r.map(|io| DataStream { io, peer }).map_err(join_error),
+            )
         });
     }
 
@@ -434,6 +243,14 @@ impl drive::Joins for Dialing {
                 None => std::future::pending::<()>().await,
             }
         }
+    }
+}
+
+/// The engine's error for a failed data stream join.
+fn join_error(e: JoinError) -> Error {
+    match e {
+        JoinError::Net(e) => Error::Net(e),
+        JoinError::Answer { peer, source } => Error::data("reading from", &peer, source),
     }
 }
 
@@ -458,20 +275,22 @@ impl Client {
         Ok(TlsConnector::new(trust)?)
     }
 
-    /// Starts dialing `n` data connections in the background.
-    fn dial(&self, server: &str, n: u16) -> Dials {
-        Dials(
-            (0..n.min(session::MAX_STREAMS))
-                .map(|_| {
-                    let (server, socket, timeout) = (
-                        server.to_string(),
-                        self.opts.socket.clone(),
-                        self.opts.connect_timeout,
-                    );
-                    tokio::spawn(async move { dial(&server, &socket, timeout).await })
-                })
-                .collect(),
+    /// How this client dials data connections to `server`.
+    fn dialer(&self, server: &str) -> Dialer {
+        Dialer::new(
+            server,
+            self.opts.socket.clone(),
+            self.opts.connect_timeout,
+            HANDSHAKE_TIMEOUT,
         )
+    }
+
+    /// The link mode of this client's data streams.
+    fn link_mode(&self) -> LinkMode {
+        LinkMode {
+            protection: self.opts.protection,
+            idle: self.opts.idle_timeout,
+        }
     }
 
     /// Connects and sets up TLS; the data connections are dialed meanwhile. Nothing of
@@ -487,7 +306,9 @@ impl Client {
         .await?;
         // The data connections need the server to be there, not the session: they
         // connect and collect their challenges while the control connection sets up.
-        let dials = self.dial(server, self.opts.streams);
+        let dials = self
+            .dialer(server)
+            .dial_ahead(self.opts.streams.min(session::MAX_STREAMS));
         write_preamble(
             &mut stream,
             Preamble {
@@ -594,17 +415,14 @@ impl Client {
 
     /// The session's data streams, opened when the machine asks (see [`Dialing`]).
     fn dialing(&self, server: &str, master: [u8; 32], dials: Dials, wait: JoinWait) -> Dialing {
-        let mut dials = dials;
         Dialing {
-            server: server.to_string(),
-            socket: self.opts.socket.clone(),
-            timeout: self.opts.connect_timeout,
-            mode: (self.opts.protection, self.opts.idle_timeout),
+            dialer: self.dialer(server),
+            mode: self.link_mode(),
             wait,
             master,
             key: None,
             asked: Vec::new(),
-            early: std::mem::take(&mut dials.0).into_iter().map(Some).collect(),
+            early: dials,
             set: tokio::task::JoinSet::new(),
         }
     }
@@ -621,12 +439,7 @@ impl Client {
 
     /// Joins the session's data streams, on the connections dialed during set-up
     /// (each proving it belongs to the session, see [`dmover_proto::data`]); a
-    /// connection that failed is dialed again once. With [`JoinWait::Pipelined`] the
-    /// streams come back before the server answered their joins; an early connection
-    /// is then only replaced when it is seen closed, or the write of its hello and
-    /// proof fails, before any record went out: once a stream may have carried
-    /// records, no other connection ever takes its index (its record keys and nonces
-    /// would repeat).
+    /// connection that failed is dialed again once (see [`Dialer::join`]).
     pub(crate) async fn open_streams(
         &self,
         server: &str,
@@ -636,30 +449,21 @@ impl Client {
         wait: JoinWait,
     ) -> Result<Vec<DataStream<DataIo>>> {
         let mut set = tokio::task::JoinSet::new();
-        let mut early = std::mem::take(&mut dials.0).into_iter();
+        // Connections the session does not use (it granted fewer streams) close.
+        dials.keep(s.streams);
+        let (dialer, mode) = (self.dialer(server), self.link_mode());
         for i in 0..s.streams {
-            let (server, socket, timeout, mode) = (
-                server.to_string(),
-                self.opts.socket.clone(),
-                self.opts.connect_timeout,
-                (self.opts.protection, self.opts.idle_timeout),
-            );
-            let hello = DataHello {
-                session: s.id,
-                stream: i,
-                nonce: rand::random(),
-            };
-            let dialed = early.next();
+            let (dialer, early, session) = (dialer.clone(), dials.take(i), s.id);
             set.spawn(async move {
-                let io =
-                    join_stream(&server, &socket, timeout, dialed, hello, key, mode, wait).await?;
-                Ok::<_, Error>((i, DataStream { io, peer: server }))
+                let io = dialer
+                    .join(early, session, i, &key, mode, wait)
+                    .await
+                    .map_err(join_error)?;
+                let peer = dialer.server().to_string();
+                Ok::<_, Error>((i, DataStream { io, peer }))
             });
         }
-        // Connections the session does not use (it granted fewer streams) close.
-        for h in early {
-            h.abort();
-        }
+        drop(dials);
         let mut streams = Vec::with_capacity(s.streams as usize);
         while let Some(r) = set.join_next().await {
             let r = r.map_err(|e| {

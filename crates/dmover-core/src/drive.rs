@@ -31,6 +31,8 @@ use std::time::Duration;
 
 use dmover_net::NetError;
 use dmover_net::control::ControlChannel;
+use dmover_net::join::Joined;
+use dmover_net::stream::DataIo;
 use dmover_net::transport::{AckRx, ChunkFrame, ChunkTx, DataLink};
 use dmover_proto::control::{
     Auth, AuthOk, Control, ErrorCode, FailedFile, Have, Hello, Open, Plan, SendReport, SessionInfo,
@@ -209,34 +211,34 @@ pub trait Joins: Send {
     fn next(&mut self) -> impl Future<Output = (u16, Result<DataStream<Self::Link>>)> + Send;
 }
 
-/// Data streams handed over by an acceptor's join listener, each wrapped on the way
-/// (fault injection).
-pub struct Accepted<R, L> {
-    rx: mpsc::Receiver<(u16, DataStream<R>)>,
-    wrap: Box<dyn Fn(R) -> L + Send>,
+/// Data streams handed over by an acceptor's join listener ([`JoinTable`]), each
+/// wrapped on the way (fault injection).
+///
+/// [`JoinTable`]: dmover_net::join::JoinTable
+pub struct Accepted<S, L> {
+    rx: mpsc::Receiver<Joined<S>>,
+    wrap: Box<dyn Fn(DataIo<S>) -> L + Send>,
 }
 
-impl<R, L> Accepted<R, L> {
+impl<S, L> Accepted<S, L> {
     /// Streams from `rx`, wrapped with `wrap`.
     pub fn new(
-        rx: mpsc::Receiver<(u16, DataStream<R>)>,
-        wrap: impl Fn(R) -> L + Send + 'static,
+        rx: mpsc::Receiver<Joined<S>>,
+        wrap: impl Fn(DataIo<S>) -> L + Send + 'static,
     ) -> Self {
         Accepted {
             rx,
             wrap: Box::new(wrap),
         }
     }
-}
 
-impl<R, L> Accepted<R, L> {
     /// The listener's channel, unwrapped (for sessions no machine drives).
-    pub fn into_inner(self) -> mpsc::Receiver<(u16, DataStream<R>)> {
+    pub fn into_inner(self) -> mpsc::Receiver<Joined<S>> {
         self.rx
     }
 }
 
-impl<R: Send, L: DataLink> Joins for Accepted<R, L> {
+impl<S: Send, L: DataLink> Joins for Accepted<S, L> {
     type Link = L;
 
     fn opened(&mut self, _info: &SessionInfo) {}
@@ -245,11 +247,11 @@ impl<R: Send, L: DataLink> Joins for Accepted<R, L> {
 
     async fn next(&mut self) -> (u16, Result<DataStream<L>>) {
         match self.rx.recv().await {
-            Some((i, s)) => (
-                i,
+            Some(j) => (
+                j.stream,
                 Ok(DataStream {
-                    io: (self.wrap)(s.io),
-                    peer: s.peer,
+                    io: (self.wrap)(j.io),
+                    peer: j.peer,
                 }),
             ),
             None => std::future::pending().await,
@@ -1349,7 +1351,7 @@ mod tests {
     /// The dialer's streams: an in-memory pipe per stream, the far end handed to the
     /// acceptor as its join listener would; `plan` cuts the dialer's ends.
     struct Pipes {
-        to_acceptor: mpsc::Sender<(u16, DataStream<DataIo<DuplexStream>>)>,
+        to_acceptor: mpsc::Sender<Joined<DuplexStream>>,
         plan: Option<Arc<FaultPlan>>,
         ready: Vec<u16>,
     }
@@ -1372,13 +1374,11 @@ mod tests {
             let far = DataIo::new(b, p, &KEY, i, Role::Server, None);
             let _ = self
                 .to_acceptor
-                .send((
-                    i,
-                    DataStream {
-                        io: far,
-                        peer: "source".into(),
-                    },
-                ))
+                .send(Joined {
+                    stream: i,
+                    io: far,
+                    peer: "source".into(),
+                })
                 .await;
             let near = DataIo::new(a, p, &KEY, i, Role::Client, None);
             let io = Faulty::new(near, self.plan.clone());

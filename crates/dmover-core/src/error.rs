@@ -6,8 +6,7 @@ use dmover_net::NetError;
 use dmover_net::stream::JoinFailed;
 use dmover_proto::control::{ErrorCode, ErrorMsg};
 
-/// What a [`NetError::Timeout`] of a data stream join says it waited for.
-pub(crate) const JOIN_WAIT: &str = "data stream join";
+use dmover_net::join::JOIN_WAIT;
 
 /// An engine error.
 #[derive(Debug, thiserror::Error)]

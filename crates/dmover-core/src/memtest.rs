@@ -447,7 +447,13 @@ impl Client {
         let s = conn.session.clone();
         let dials = std::mem::take(&mut conn.dials);
         let streams = self
-            .open_streams(server, &s, conn.key, dials, crate::client::JoinWait::Answer)
+            .open_streams(
+                server,
+                &s,
+                conn.key,
+                dials,
+                dmover_net::join::JoinWait::Answer,
+            )
             .await?;
         let checksum = self.opts.checksum;
         let hb = Heartbeat::default();

@@ -7,7 +7,8 @@
 //! accept ─ preamble ─┬─ control: preamble answer ─ TLS 1.3 ─ Hello/Welcome ─ Auth/AuthOk ─ Open
 //!                    │           (all within the handshake timeout) ─ the session
 //!                    └─ data:    challenge ─ DataHello + proof ─ status + server proof
-//!                                (within the handshake timeout) ─ handed to its session
+//!                                (within the handshake timeout, [`JoinTable::accept`])
+//!                                ─ handed to its session
 //! ```
 //! Connections still in setup are limited in number ([`ServerConfig::max_handshakes`]);
 //! control frames before authentication are limited to [`PRE_AUTH_MAX_FRAME`] bytes.
@@ -22,21 +23,21 @@ use std::time::{Duration, Instant};
 
 use dmover_net::control::{ControlChannel, read_preamble, write_preamble};
 use dmover_net::fault::{FaultPlan, Faulty};
+use dmover_net::join::{JoinTable, Joined};
 use dmover_net::stream::DataIo;
 use dmover_net::tcp::{self, SocketOptions};
 use dmover_net::tls::ServerIdentity;
 use dmover_net::{ControlStream, NetError};
-use dmover_proto::auth::{self, Role};
+use dmover_proto::auth;
 use dmover_proto::control::{
     AuthMethod, AuthOk, Control, Credential, DataProtection, ErrorCode, Op, Open, SessionInfo,
     Welcome,
 };
-use dmover_proto::data::{DataHello, HELLO_LEN, JOIN_PROOF_LEN, JoinStatus};
 use dmover_proto::preamble::{ConnKind, Preamble};
 use dmover_proto::{PROTOCOL_VERSION, control, negotiate_version};
 use parking_lot::Mutex;
 use rustix::fs::OFlags;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -154,13 +155,6 @@ impl ServerConfig {
 /// Budget unit for buffer memory.
 const MIB: u64 = 1 << 20;
 
-struct Slot {
-    key: [u8; 32],
-    protection: DataProtection,
-    joined: Vec<bool>,
-    tx: mpsc::Sender<(u16, DataStream<DataIo>)>,
-}
-
 struct Export {
     spec: ExportSpec,
     root: Arc<OwnedFd>,
@@ -175,7 +169,8 @@ pub struct Server {
     identity: ServerIdentity,
     tls: dmover_net::tls::TlsAcceptor,
     disk: Arc<DiskPool>,
-    sessions: Mutex<HashMap<u64, Slot>>,
+    /// The open sessions' data stream joins.
+    joins: JoinTable,
     active: AtomicUsize,
     per_user: Mutex<HashMap<String, usize>>,
     handshakes: Arc<Semaphore>,
@@ -195,7 +190,7 @@ struct SlotGuard<'a>(&'a Server, u64);
 
 impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
-        self.0.sessions.lock().remove(&self.1);
+        self.0.joins.close(self.1);
         self.0.active.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -266,7 +261,7 @@ impl Server {
             exports,
             identity,
             tls,
-            sessions: Mutex::new(HashMap::new()),
+            joins: JoinTable::new(cfg.idle_timeout),
             active: AtomicUsize::new(0),
             per_user: Mutex::new(HashMap::new()),
             handshakes: Arc::new(Semaphore::new(cfg.max_handshakes.max(1))),
@@ -340,7 +335,7 @@ impl Server {
                 );
             }
             ConnKind::Data => {
-                match tokio::time::timeout_at(deadline, self.join(stream, &p)).await {
+                match tokio::time::timeout_at(deadline, self.joins.accept(stream, &p)).await {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => tracing::warn!("refused data connection from {p}: {e}"),
                     Err(_) => tracing::warn!(
@@ -359,113 +354,6 @@ impl Server {
                 }
             }
         }
-    }
-
-    /// A data connection's join (see [`dmover_proto::data`]). A connection that cannot
-    /// prove the session key never takes a stream's place.
-    async fn join(&self, mut stream: TcpStream, peer: &str) -> Result<()> {
-        let io = |e| Error::Net(NetError::io("reading from", peer, e));
-        // The challenge goes out at once: the client may have connected before it
-        // knows its session, and sends hello and proof together when it does.
-        let nonce: [u8; 32] = rand::random();
-        stream
-            .write_all(&nonce)
-            .await
-            .map_err(|e| Error::Net(NetError::io("writing to", peer, e)))?;
-        let mut b = [0u8; HELLO_LEN + JOIN_PROOF_LEN];
-        stream.read_exact(&mut b).await.map_err(io)?;
-        let hello =
-            DataHello::decode(&b[..HELLO_LEN]).map_err(|e| Error::Net(NetError::proto(peer, e)))?;
-        let mut proof = [0u8; JOIN_PROOF_LEN];
-        proof.copy_from_slice(&b[HELLO_LEN..]);
-        let (status, accepted) = {
-            let mut sessions = self.sessions.lock();
-            match sessions.get_mut(&hello.session) {
-                None => (JoinStatus::UnknownSession, None),
-                Some(slot) => {
-                    let want = auth::join_proof(
-                        &slot.key,
-                        Role::Client,
-                        hello.session,
-                        hello.stream,
-                        &hello.nonce,
-                        &nonce,
-                    );
-                    if !auth::proofs_equal(&want, &proof) {
-                        (JoinStatus::BadProof, None)
-                    } else {
-                        match slot.joined.get_mut(hello.stream as usize) {
-                            Some(j) if !*j => {
-                                *j = true;
-                                (
-                                    JoinStatus::Accepted,
-                                    Some((slot.tx.clone(), slot.key, slot.protection)),
-                                )
-                            }
-                            _ => (JoinStatus::BadStream, None),
-                        }
-                    }
-                }
-            }
-        };
-        let Some((tx, key, protection)) = accepted else {
-            let _ = stream.write_all(&[status as u8]).await;
-            let _ = stream.shutdown().await;
-            // A client sends its first chunks right behind its proof: closing with them
-            // unread would reset the connection and could cost it our answer (it would
-            // see a broken pipe, not the refusal). Read until it closes, briefly and at
-            // most what a client sends before an answer.
-            let _ = tokio::time::timeout(Duration::from_secs(2), async {
-                let mut sink = [0u8; 16 << 10];
-                let mut left = 2 * dmover_net::stream::EARLY_BYTES;
-                while left > 0 {
-                    match stream.read(&mut sink).await {
-                        Ok(n) if n > 0 => left = left.saturating_sub(n),
-                        _ => break,
-                    }
-                }
-            })
-            .await;
-            return Err(Error::refused(
-                ErrorCode::Auth,
-                format!(
-                    "{status:?} (session {:016x}, stream {})",
-                    hello.session, hello.stream
-                ),
-            ));
-        };
-        let mut answer = [0u8; 1 + JOIN_PROOF_LEN];
-        answer[0] = status as u8;
-        answer[1..].copy_from_slice(&auth::join_proof(
-            &key,
-            Role::Server,
-            hello.session,
-            hello.stream,
-            &hello.nonce,
-            &nonce,
-        ));
-        stream
-            .write_all(&answer)
-            .await
-            .map_err(|e| Error::Net(NetError::io("writing to", peer, e)))?;
-        let io = DataIo::new(
-            stream,
-            protection,
-            &key,
-            hello.stream,
-            Role::Server,
-            Some(self.cfg.idle_timeout),
-        );
-        let _ = tx
-            .send((
-                hello.stream,
-                DataStream {
-                    io,
-                    peer: peer.to_string(),
-                },
-            ))
-            .await;
-        Ok(())
     }
 
     async fn control_connection(
@@ -805,16 +693,8 @@ impl Server {
         }
         let id: u64 = rand::random();
         let salt: [u8; 32] = rand::random();
-        let (tx, rx) = mpsc::channel(streams as usize);
-        self.sessions.lock().insert(
-            id,
-            Slot {
-                key: auth::session_key(&master, id, &salt),
-                protection: open.protection,
-                joined: vec![false; streams as usize],
-                tx,
-            },
-        );
+        let key = auth::session_key(&master, id, &salt);
+        let rx = self.joins.open(id, key, open.protection, streams);
         let _slot = SlotGuard(self, id);
 
         // Buffers: what the session wants if the budget has room now, else the
@@ -959,7 +839,7 @@ impl Server {
 }
 
 async fn collect_streams(
-    rx: &mut mpsc::Receiver<(u16, DataStream<DataIo>)>,
+    rx: &mut mpsc::Receiver<Joined>,
     n: u16,
     peer: &str,
 ) -> Result<Vec<DataStream<DataIo>>> {
@@ -967,7 +847,13 @@ async fn collect_streams(
     let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
     while got.len() < n as usize {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
-            Ok(Some(s)) => got.push(s),
+            Ok(Some(j)) => got.push((
+                j.stream,
+                DataStream {
+                    io: j.io,
+                    peer: j.peer,
+                },
+            )),
             _ => {
                 return Err(Error::refused(
                     ErrorCode::Protocol,

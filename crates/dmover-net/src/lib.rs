@@ -8,6 +8,10 @@
 //! - [`tls`]: TLS 1.3 for the control channel (rustls with aws-lc-rs): the server's
 //!   key pair, created on first start, and the client's trust in it (pinned on first
 //!   use in [`known_hosts`], or a CA).
+//! - [`join`]: joining data streams to a session, behind a small API: the dialer's
+//!   [`join::Dialer`] (connect, challenge, hello and proof, early data or not) and the
+//!   acceptor's [`join::JoinTable`] (challenge, proof checked, answer, stream handed
+//!   to its session). TCP with the join proof is the first implementation.
 //! - [`stream`]: what a data stream is after its join ([`stream::DataIo`]): plain TCP or
 //!   AES-256-GCM records ([`stream::Sealed`]), with idle timeouts either way.
 //! - [`chunkio`]: whole chunks written with their records sealed where the bytes lie
@@ -21,6 +25,7 @@
 pub mod chunkio;
 pub mod control;
 pub mod fault;
+pub mod join;
 pub mod known_hosts;
 pub mod stream;
 pub mod tcp;
