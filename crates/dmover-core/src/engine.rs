@@ -174,3 +174,51 @@ pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    fn lost(stream: u16) -> ProgressEvent {
+        ProgressEvent::StreamLost {
+            stream,
+            error: "cut".into(),
+            resent: None,
+        }
+    }
+
+    #[test]
+    fn events_carry_their_attempt_and_are_bounded() {
+        let p = Progress::default();
+        p.attempt.store(1, Relaxed);
+        p.event(lost(0));
+        p.attempt.store(2, Relaxed);
+        p.event(lost(1));
+        assert_eq!(p.take_events(), vec![(1, lost(0)), (2, lost(1))]);
+        assert!(p.take_events().is_empty());
+        // Nobody reading: the oldest go.
+        for i in 0..Progress::MAX_EVENTS + 5 {
+            p.event(lost(i as u16));
+        }
+        let e = p.take_events();
+        assert_eq!(e.len(), Progress::MAX_EVENTS);
+        assert_eq!(e[0], (2, lost(5)));
+    }
+
+    #[tokio::test]
+    async fn an_event_wakes_its_reader() {
+        let p = Arc::new(Progress::default());
+        let q = p.clone();
+        let reader = tokio::spawn(async move {
+            q.event_recorded().await;
+            q.take_events()
+        });
+        p.event(lost(3));
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), reader)
+            .await
+            .expect("woken")
+            .unwrap();
+        assert_eq!(got, vec![(0, lost(3))]);
+    }
+}

@@ -176,6 +176,23 @@ fn json_alone_prints_only_the_summary() {
 }
 
 #[test]
+fn bad_progress_options_are_usage_errors() {
+    for bad in [
+        &["--progress", "xml"][..],
+        &["--progress-interval", "5"],
+        &["--progress-interval", "0s"],
+        &["--progress-interval", "1ms"],
+        &["--log-format", "yaml"],
+    ] {
+        let mut a = bad.to_vec();
+        a.extend(["src", "localhost:dst"]);
+        let o = cp(&a);
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", stderr(&o));
+        assert!(o.stdout.is_empty(), "{bad:?}");
+    }
+}
+
+#[test]
 fn a_failed_pull_still_ends_with_a_summary() {
     let t = tmp();
     let root = t.path().join("root");
