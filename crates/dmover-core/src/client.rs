@@ -485,13 +485,11 @@ impl Client {
         let mut resume = self.opts.resume;
         let mut attempt = 1;
         loop {
+            run.progress.attempt.store(attempt, Relaxed);
             match once(run.attempt(), resume).await {
                 Ok(mut r) => {
                     r.attempts = attempt;
-                    r.bytes_sent = run
-                        .progress
-                        .bytes
-                        .load(std::sync::atomic::Ordering::Relaxed);
+                    r.bytes_sent = run.progress.bytes.load(Relaxed);
                     return Ok(r);
                 }
                 Err(e) => {
@@ -507,6 +505,11 @@ impl Client {
                         self.opts.retry_wait.as_secs_f64(),
                         self.opts.retries + 1 - attempt
                     );
+                    run.progress.event(crate::engine::ProgressEvent::Retry {
+                        attempt,
+                        error: e.to_string(),
+                        wait: self.opts.retry_wait,
+                    });
                     tokio::select! {
                         _ = run.cancelled() => return Err(run.take_error().unwrap_or(e)),
                         _ = tokio::time::sleep(self.opts.retry_wait) => {}

@@ -56,7 +56,7 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
 use crate::diskpool::DiskPool;
-use crate::engine::{DataStream, Progress, Run};
+use crate::engine::{DataStream, Progress, ProgressEvent, Run};
 use crate::error::{Error, Result};
 use crate::pool::{Pool, PoolBuf};
 
@@ -665,10 +665,20 @@ where
                         stream,
                         error,
                         resent,
-                    } => tracing::warn!(
-                        "data stream {stream} to {peer} broke ({error}); sending its {resent} \
-                         unacknowledged chunks on the others"
-                    ),
+                    } => {
+                        tracing::warn!(
+                            "data stream {stream} to {peer} broke ({error}); sending its {resent} \
+                             unacknowledged chunks on the others"
+                        );
+                        let p = &env.run.progress;
+                        p.streams_lost.fetch_add(1, Relaxed);
+                        p.chunks_resent.fetch_add(resent, Relaxed);
+                        p.event(ProgressEvent::StreamLost {
+                            stream,
+                            error: error.to_string(),
+                            resent: Some(resent),
+                        });
+                    }
                     SourceEvent::Drained => {
                         let failed = live.as_ref().map(|l| l.0.failed()).unwrap_or_default();
                         m.drained(failed);
@@ -1039,10 +1049,18 @@ where
                             let _ = tx.send(SinkIn::Finished(sink.finish().map_err(Error::from)));
                         });
                     }
-                    SinkEvent::StreamLost { stream, error } => tracing::warn!(
-                        "data stream {stream} from {peer} broke ({error}); waiting for its \
-                         chunks on the others"
-                    ),
+                    SinkEvent::StreamLost { stream, error } => {
+                        tracing::warn!(
+                            "data stream {stream} from {peer} broke ({error}); waiting for its \
+                             chunks on the others"
+                        );
+                        env.run.progress.streams_lost.fetch_add(1, Relaxed);
+                        env.run.progress.event(ProgressEvent::StreamLost {
+                            stream,
+                            error: error.to_string(),
+                            resent: None,
+                        });
+                    }
                     SinkEvent::Done(report) => {
                         let out: Vec<Control> = std::iter::from_fn(|| m.poll_transmit()).collect();
                         let _ = ctl.send_all(out).await;

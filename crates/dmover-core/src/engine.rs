@@ -3,9 +3,10 @@
 //! data stream with its peer's name ([`DataStream`]). The data pipelines themselves are
 //! the role drivers in [`crate::drive`].
 
+use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use parking_lot::Mutex;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -25,6 +26,69 @@ pub struct Progress {
     pub chunks: AtomicU64,
     /// Bytes the destination already held when the latest attempt started.
     pub held: AtomicU64,
+    /// Data streams that broke, all attempts.
+    pub streams_lost: AtomicU32,
+    /// Chunks a source sent again because their stream broke, all attempts.
+    pub chunks_resent: AtomicU64,
+    /// The attempt running (1 for the first; 0 before any started).
+    pub attempt: AtomicU32,
+    /// Events for a live view, oldest first (see [`Progress::event`]).
+    events: Mutex<VecDeque<(u32, ProgressEvent)>>,
+    /// Wakes a reader of the events.
+    notify: tokio::sync::Notify,
+}
+
+/// Something that happened during a transfer, beside its counters: for a live view
+/// (`dmover cp --progress ndjson`). Rare by nature (never per chunk).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProgressEvent {
+    /// An attempt failed and the transfer resumes after `wait`.
+    Retry {
+        /// The attempt that failed.
+        attempt: u32,
+        /// Why.
+        error: String,
+        /// The pause before the next attempt.
+        wait: std::time::Duration,
+    },
+    /// A data stream broke; its chunks go on the others.
+    StreamLost {
+        /// The stream's index.
+        stream: u16,
+        /// Why.
+        error: String,
+        /// Chunks sent again on the other streams (a source knows; a sink does not).
+        resent: Option<u64>,
+    },
+}
+
+impl Progress {
+    /// Events kept for a reader; older ones are dropped beyond this (nobody may be
+    /// reading).
+    pub const MAX_EVENTS: usize = 1024;
+
+    /// Records an event of the running attempt for a live view and wakes its reader.
+    pub fn event(&self, e: ProgressEvent) {
+        let attempt = self.attempt.load(std::sync::atomic::Ordering::Relaxed);
+        let mut q = self.events.lock();
+        if q.len() >= Self::MAX_EVENTS {
+            q.pop_front();
+        }
+        q.push_back((attempt, e));
+        drop(q);
+        self.notify.notify_one();
+    }
+
+    /// Takes the events recorded so far, oldest first, each with the attempt it
+    /// happened in.
+    pub fn take_events(&self) -> Vec<(u32, ProgressEvent)> {
+        self.events.lock().drain(..).collect()
+    }
+
+    /// Resolves once an event was recorded since the last call (or is pending).
+    pub async fn event_recorded(&self) {
+        self.notify.notified().await
+    }
 }
 
 /// Shared state of one running session: cancellation, the first error, counters.
@@ -109,4 +173,52 @@ pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
         IoSlice::advance_slices(&mut bufs, n);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    fn lost(stream: u16) -> ProgressEvent {
+        ProgressEvent::StreamLost {
+            stream,
+            error: "cut".into(),
+            resent: None,
+        }
+    }
+
+    #[test]
+    fn events_carry_their_attempt_and_are_bounded() {
+        let p = Progress::default();
+        p.attempt.store(1, Relaxed);
+        p.event(lost(0));
+        p.attempt.store(2, Relaxed);
+        p.event(lost(1));
+        assert_eq!(p.take_events(), vec![(1, lost(0)), (2, lost(1))]);
+        assert!(p.take_events().is_empty());
+        // Nobody reading: the oldest go.
+        for i in 0..Progress::MAX_EVENTS + 5 {
+            p.event(lost(i as u16));
+        }
+        let e = p.take_events();
+        assert_eq!(e.len(), Progress::MAX_EVENTS);
+        assert_eq!(e[0], (2, lost(5)));
+    }
+
+    #[tokio::test]
+    async fn an_event_wakes_its_reader() {
+        let p = Arc::new(Progress::default());
+        let q = p.clone();
+        let reader = tokio::spawn(async move {
+            q.event_recorded().await;
+            q.take_events()
+        });
+        p.event(lost(3));
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), reader)
+            .await
+            .expect("woken")
+            .unwrap();
+        assert_eq!(got, vec![(0, lost(3))]);
+    }
 }

@@ -433,13 +433,24 @@ impl Server {
             Ok((grant, open)) => {
                 drop(permit);
                 ch.set_max_frame(control::MAX_FRAME);
-                match self.user_slot(&grant) {
+                let mut log = SessionLog::new(&open.op);
+                let r = match self.user_slot(&grant) {
                     Err(e) => Err(e),
                     Ok(_user) => {
-                        self.run_session(&mut ch, open, &peer, &grant, master, &mut reported)
-                            .await
+                        self.run_session(
+                            &mut ch,
+                            open,
+                            &peer,
+                            &grant,
+                            master,
+                            &mut reported,
+                            &mut log,
+                        )
+                        .await
                     }
-                }
+                };
+                log.emit(&peer, &grant.user, &r);
+                r
             }
         };
         if let Err(e) = &result {
@@ -622,6 +633,7 @@ impl Server {
         ))
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send>(
         &self,
         ch: &mut ControlChannel<S>,
@@ -630,6 +642,7 @@ impl Server {
         grant: &Grant,
         master: [u8; 32],
         reported: &mut bool,
+        log: &mut SessionLog,
     ) -> Result<()> {
         if open.streams == 0 {
             return Err(Error::refused(
@@ -746,9 +759,9 @@ impl Server {
                 dmover_proto::session::features::SUPPORTED,
             ),
         };
-        let started = Instant::now();
         let what;
         let bytes;
+        let mut files = 0;
         // The session proper: the role machine for the op, driven over this control
         // connection, the data streams the join listener hands over, and the disk.
         let now = tokio::time::Instant::now().into_std();
@@ -756,9 +769,12 @@ impl Server {
         let setup_by = now + self.cfg.handshake_timeout;
         let plan = self.faults.link.clone();
         let joins = drive::Accepted::new(rx, move |io| Faulty::new(io, plan.clone()));
+        let run = Run::new();
+        log.progress = Some(run.progress.clone());
+        log.protection = Some(open.protection);
         let env = drive::Env {
             disk: self.disk.clone(),
-            run: Run::new(),
+            run,
             buffers: Box::new(move |_| count),
             chunk_delay: self.faults.chunk_delay,
         };
@@ -802,6 +818,7 @@ impl Server {
                     );
                 }
                 bytes = r.summary.bytes;
+                files = r.summary.files;
             }
             Op::Pull { sources } => {
                 what = format!("pull of {} path(s)", sources.len());
@@ -825,16 +842,88 @@ impl Server {
                 *reported = true;
                 let r = drive::source(m, ch, joins, source, env).await?;
                 bytes = r.summary.bytes;
+                files = r.summary.files;
             }
         }
-        let secs = started.elapsed().as_secs_f64();
-        tracing::info!(
-            "{peer}: {what} as {:?}: {bytes} bytes in {secs:.2} s ({:.2} Gbit/s, {:?} data)",
-            grant.user,
-            bytes as f64 * 8.0 / secs.max(1e-9) / 1e9,
-            open.protection
-        );
+        log.what = what;
+        log.done = Some((bytes, files));
         Ok(())
+    }
+}
+
+/// What the server logs of a session when it ends: one event, `session finished` or
+/// `session failed`, with its fields (see docs/json.md).
+#[derive(Debug)]
+struct SessionLog {
+    started: Instant,
+    op: &'static str,
+    /// The op in words, once the session ran.
+    what: String,
+    protection: Option<DataProtection>,
+    /// The session's counters, once it has a run.
+    progress: Option<Arc<crate::engine::Progress>>,
+    /// Bytes and files of a finished session, from its summary.
+    done: Option<(u64, u64)>,
+}
+
+impl SessionLog {
+    fn new(op: &Op) -> Self {
+        SessionLog {
+            started: Instant::now(),
+            op: match op {
+                Op::Push { .. } => "push",
+                Op::Pull { .. } => "pull",
+                Op::MemTest(_) => "memtest",
+            },
+            what: String::new(),
+            protection: None,
+            progress: None,
+            done: None,
+        }
+    }
+
+    fn emit(&self, peer: &str, user: &str, result: &Result<()>) {
+        let seconds = self.started.elapsed().as_secs_f64();
+        // A failed session: the payload that crossed its data streams.
+        let (bytes, files) = match self.done {
+            Some((b, f)) => (b, Some(f)),
+            None => (
+                self.progress
+                    .as_ref()
+                    .map_or(0, |p| p.bytes.load(Ordering::Relaxed)),
+                None,
+            ),
+        };
+        let gbit_per_s = bytes as f64 * 8.0 / seconds.max(1e-9) / 1e9;
+        let data = self.protection.map(|p| format!("{p:?}"));
+        match result {
+            Ok(()) => tracing::info!(
+                peer,
+                user,
+                op = self.op,
+                what = self.what,
+                bytes,
+                files,
+                seconds,
+                gbit_per_s,
+                data,
+                result = "ok",
+                "session finished"
+            ),
+            Err(e) => tracing::warn!(
+                peer,
+                user,
+                op = self.op,
+                bytes,
+                files,
+                seconds,
+                gbit_per_s,
+                data,
+                result = "error",
+                error = %e,
+                "session failed"
+            ),
+        }
     }
 }
 

@@ -21,6 +21,10 @@ pub struct Cli {
     /// More log output (-v info, -vv debug); DMOVER_LOG overrides (e.g. DMOVER_LOG=debug).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
+    /// Log lines on stderr as `text`, or as `json`: one JSON object per line
+    /// (docs/json.md).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, value_name = "FORMAT")]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -30,6 +34,15 @@ impl Cli {
     pub fn quiet_logs(&self) -> bool {
         matches!(&self.command, Command::Cp(a) if a.quiet)
     }
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -185,12 +198,42 @@ pub struct CpArgs {
     pub transfer: TransferArgs,
     #[command(flatten)]
     pub reliability: ReliabilityArgs,
-    /// Print one JSON object with the results on stdout at the end.
+    /// Print one JSON object with the results on stdout at the end (fields:
+    /// docs/json.md).
     #[arg(long)]
     pub json: bool,
+    /// How to show progress: `bar` on stderr when it is a terminal, `ndjson` one JSON
+    /// line on stdout per --progress-interval and per event (retry, lost stream), the
+    /// last line being the --json summary (docs/json.md), or `none`.
+    #[arg(long, value_enum, default_value_t = ProgressMode::Bar, value_name = "MODE")]
+    pub progress: ProgressMode,
+    /// Time between two `--progress ndjson` lines: a duration with a unit (500ms, 1s,
+    /// 1m).
+    #[arg(long, default_value = "1s", value_parser = parse_interval, value_name = "D")]
+    pub progress_interval: std::time::Duration,
     /// No progress bar and no summary line (errors are still printed).
     #[arg(short, long)]
     pub quiet: bool,
+}
+
+/// `dmover cp --progress`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProgressMode {
+    /// A progress bar on stderr when it is a terminal.
+    Bar,
+    /// JSON lines on stdout.
+    Ndjson,
+    /// Nothing.
+    None,
+}
+
+/// Parses `--progress-interval`: a duration of at least 10 ms.
+fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
+    let d = parse_duration(s)?;
+    if d < std::time::Duration::from_millis(10) {
+        return Err(format!("{s:?} is too short: at least 10ms"));
+    }
+    Ok(d)
 }
 
 /// Resume, retries and error handling of `dmover cp`.

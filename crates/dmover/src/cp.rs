@@ -16,7 +16,7 @@ use dmover_net::tcp::SocketOptions;
 use dmover_net::tls::Trust;
 use dmover_proto::control::DataProtection;
 
-use crate::args::{CpArgs, TransferArgs, usage};
+use crate::args::{CpArgs, ProgressMode, TransferArgs, usage};
 use crate::endpoint::{self, Endpoint};
 use crate::env::Env;
 use crate::output::{self, Direction, ProgressBar};
@@ -168,10 +168,14 @@ pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
     let client = Client::new(opts.clone(), a.transfer.io_threads as usize);
     let run = Run::new();
     cancel_on_interrupt(&rt, &run);
-    let bar = (!a.quiet && !a.json && std::io::stderr().is_terminal())
-        .then(|| ProgressBar::start(&rt, run.clone()));
+    let ndjson = a.progress == ProgressMode::Ndjson;
+    let bar =
+        (a.progress == ProgressMode::Bar && !a.quiet && !a.json && std::io::stderr().is_terminal())
+            .then(|| ProgressBar::start(&rt, run.clone()));
     let started = Instant::now();
     let sampler = output::Sampler::start(&rt, run.clone());
+    let lines =
+        ndjson.then(|| output::Ndjson::start(&rt, run.clone(), started, a.progress_interval));
     let result = rt.block_on(async {
         match direction {
             Direction::Push => client.push(&sources, &server, &dest, run.clone()).await,
@@ -183,10 +187,19 @@ pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
     if let Some(bar) = bar {
         bar.finish();
     }
+    if let Some(lines) = lines {
+        lines.finish(&rt);
+    }
     // Join the disk threads: an aborted transfer's staging files are gone after this.
     drop(client);
     drop(rt);
     Ok(output::report(
-        result, direction, secs, timing, a.json, a.quiet,
+        result,
+        direction,
+        secs,
+        timing,
+        a.json || ndjson,
+        a.quiet,
+        &run.progress,
     ))
 }

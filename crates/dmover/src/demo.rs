@@ -65,7 +65,7 @@ pub fn run(a: DemoArgs, env: &Env) -> anyhow::Result<ExitCode> {
         &[src.as_os_str().as_bytes().to_vec()],
         &addr.to_string(),
         b"",
-        run,
+        run.clone(),
     ));
     let secs = started.elapsed().as_secs_f64();
     drop(client);
@@ -77,6 +77,7 @@ pub fn run(a: DemoArgs, env: &Env) -> anyhow::Result<ExitCode> {
         Default::default(),
         false,
         false,
+        &run.progress,
     );
     shutdown.cancel();
     if !ok {

@@ -28,14 +28,19 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The one read of the environment: everything below takes its values from `env`.
     let env = Env::capture();
-    init_logging(cli.verbose, cli.quiet_logs(), env.log.as_deref());
+    init_logging(
+        cli.verbose,
+        cli.quiet_logs(),
+        env.log.as_deref(),
+        cli.log_format,
+    );
     // `doctor` reports the open-file limit it was started with.
     if !matches!(cli.command, Command::Doctor(_)) {
         dmover_store::sys::raise_fd_limit();
     }
     let result = match cli.command {
         Command::Cp(a) => cp::run(a, &env),
-        Command::Serve(a) => serve::run(a, &env),
+        Command::Serve(a) => serve::run(a, &env, cli.log_format),
         Command::Demo(a) => demo::run(a, &env),
         Command::Bench(a) => bench::run(a, &env),
         Command::Credential(a) => credential::run(a),
@@ -53,13 +58,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr: `log` (`DMOVER_LOG`'s directives) if set and valid, else the level
-/// `verbose` and `quiet` ask for.
-fn init_logging(verbose: u8, quiet: bool, log: Option<&str>) {
+/// Logs to stderr in `format`: `log` (`DMOVER_LOG`'s directives) if set and valid,
+/// else the level `verbose` and `quiet` ask for.
+fn init_logging(verbose: u8, quiet: bool, log: Option<&str>, format: args::LogFormat) {
     use tracing_subscriber::EnvFilter;
     let default = match (quiet, verbose) {
         (true, 0) => "error",
-        (_, 0) => "warn,dmover_core::server=info",
+        (_, 0) => "warn,dmover_core::server=info,dmover::serve=info",
         (_, 1) => "info",
         (_, 2) => "debug",
         _ => "trace",
@@ -67,10 +72,22 @@ fn init_logging(verbose: u8, quiet: bool, log: Option<&str>) {
     let filter = log
         .and_then(|l| EnvFilter::try_new(l).ok())
         .unwrap_or_else(|| EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        args::LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_target(false)
+            .init(),
+        // One object per line: timestamp, level, target, message and the event's
+        // fields at the top level (docs/json.md).
+        args::LogFormat::Json => logs
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .with_ansi(false)
+            .init(),
+    }
 }

@@ -1,14 +1,16 @@
-//! What the user sees: a progress bar while data moves, then one summary line or one
-//! JSON object.
+//! What the user sees: a progress bar while data moves (or JSON lines, see
+//! [`Ndjson`]), then one summary line or one JSON object. Every JSON field is
+//! documented in docs/json.md.
 
+use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dmover_core::Error;
 use dmover_core::client::Report;
-use dmover_core::engine::Run;
+use dmover_core::engine::{Progress, ProgressEvent, Run};
 use dmover_net::NetError;
 use dmover_proto::control::ErrorCode;
 use serde::Serialize;
@@ -157,8 +159,187 @@ impl ProgressBar {
     }
 }
 
+/// The version of the JSON lines' schema (docs/json.md): raised when a field changes
+/// meaning or goes away; new fields may appear without it.
+pub const SCHEMA: u32 = 1;
+
+/// Writes one JSON line on stdout (a closed stdout is not worth a panic).
+fn print_line(v: &impl Serialize) {
+    let line = serde_json::to_string(v).expect("serialisable");
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// A `"type": "progress"` line of `--progress ndjson`.
+#[derive(Debug, Serialize)]
+struct ProgressLine {
+    schema: u32,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    seconds: f64,
+    bytes_sent: u64,
+    bytes_total: u64,
+    bytes_resumed: u64,
+    chunks: u64,
+    bit_per_s: f64,
+    avg_bit_per_s: f64,
+    streams_lost: u32,
+    attempt: u32,
+}
+
+/// An event line of `--progress ndjson`.
+#[derive(Debug, Serialize)]
+struct EventLine<'a> {
+    schema: u32,
+    #[serde(flatten)]
+    event: EventKind<'a>,
+    seconds: f64,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum EventKind<'a> {
+    Retry {
+        attempt: u32,
+        error: &'a str,
+        wait_seconds: f64,
+    },
+    StreamLost {
+        attempt: u32,
+        stream: u16,
+        error: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        resent: Option<u64>,
+    },
+}
+
+/// What the last progress line said, for the rate over the next interval.
+#[derive(Debug, Clone, Copy, Default)]
+struct Mark {
+    seconds: f64,
+    bytes: u64,
+}
+
+/// `--progress ndjson`: a JSON line on stdout every interval and one per event (a
+/// retry, a lost stream) as it happens; the caller prints the summary last.
+pub struct Ndjson {
+    task: tokio::task::JoinHandle<()>,
+    started: Instant,
+    run: Arc<Run>,
+    mark: Arc<std::sync::Mutex<Mark>>,
+}
+
+impl Ndjson {
+    /// Starts printing; times count from `started`.
+    pub fn start(
+        rt: &tokio::runtime::Runtime,
+        run: Arc<Run>,
+        started: Instant,
+        interval: Duration,
+    ) -> Self {
+        let mark = Arc::new(std::sync::Mutex::new(Mark::default()));
+        let (r, m) = (run.clone(), mark.clone());
+        let task = rt.spawn(async move {
+            let mut tick = tokio::time::interval_at(
+                tokio::time::Instant::from_std(started) + interval,
+                interval,
+            );
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        print_events(&r.progress, started);
+                        progress_line(&r.progress, started, &m);
+                    }
+                    _ = r.progress.event_recorded() => print_events(&r.progress, started),
+                }
+            }
+        });
+        Ndjson {
+            task,
+            started,
+            run,
+            mark,
+        }
+    }
+
+    /// Stops the lines: the events not printed yet and a last progress line follow.
+    pub fn finish(self, rt: &tokio::runtime::Runtime) {
+        self.task.abort();
+        // Once the task is gone, none of its lines can follow ours.
+        let _ = rt.block_on(self.task);
+        print_events(&self.run.progress, self.started);
+        progress_line(&self.run.progress, self.started, &self.mark);
+    }
+}
+
+fn print_events(p: &Progress, started: Instant) {
+    for (attempt, e) in p.take_events() {
+        let seconds = started.elapsed().as_secs_f64();
+        let event = match &e {
+            ProgressEvent::Retry {
+                attempt: failed,
+                error,
+                wait,
+            } => EventKind::Retry {
+                attempt: *failed,
+                error,
+                wait_seconds: wait.as_secs_f64(),
+            },
+            ProgressEvent::StreamLost {
+                stream,
+                error,
+                resent,
+            } => EventKind::StreamLost {
+                attempt,
+                stream: *stream,
+                error,
+                resent: *resent,
+            },
+        };
+        print_line(&EventLine {
+            schema: SCHEMA,
+            event,
+            seconds,
+        });
+    }
+}
+
+fn progress_line(p: &Progress, started: Instant, mark: &std::sync::Mutex<Mark>) {
+    let seconds = started.elapsed().as_secs_f64();
+    let bytes = p.bytes.load(Ordering::Relaxed);
+    let mut m = mark.lock().expect("progress lock");
+    let span = seconds - m.seconds;
+    let bit_per_s = if span > 0.0 {
+        bytes.saturating_sub(m.bytes) as f64 * 8.0 / span
+    } else {
+        0.0
+    };
+    *m = Mark { seconds, bytes };
+    drop(m);
+    print_line(&ProgressLine {
+        schema: SCHEMA,
+        kind: "progress",
+        seconds,
+        bytes_sent: bytes,
+        bytes_total: p.total.load(Ordering::Relaxed),
+        bytes_resumed: p.held.load(Ordering::Relaxed),
+        chunks: p.chunks.load(Ordering::Relaxed),
+        bit_per_s,
+        avg_bit_per_s: bytes as f64 * 8.0 / seconds.max(1e-9),
+        streams_lost: p.streams_lost.load(Ordering::Relaxed),
+        attempt: p.attempt.load(Ordering::Relaxed),
+    });
+}
+
 #[derive(Serialize)]
 struct JsonReport {
+    /// The schema version ([`SCHEMA`]).
+    schema: u32,
+    /// `"summary"`: the last line of `--progress ndjson`.
+    #[serde(rename = "type")]
+    kind: &'static str,
     ok: bool,
     direction: Direction,
     /// Dataset size: the regular files' bytes in the source's manifest.
@@ -256,7 +437,8 @@ fn resilience(r: &Report) -> String {
     }
 }
 
-/// Prints the outcome and returns the exit code.
+/// Prints the outcome and returns the exit code. A failed run's JSON summary reports
+/// what it achieved from `progress`, the run's counters.
 pub fn report(
     result: Result<Report, Error>,
     direction: Direction,
@@ -264,6 +446,7 @@ pub fn report(
     timing: Timing,
     json: bool,
     quiet: bool,
+    progress: &Progress,
 ) -> ExitCode {
     match result {
         Ok(r) => {
@@ -273,6 +456,8 @@ pub fn report(
             let failed = r.failed.len() as u64;
             if json {
                 let j = JsonReport {
+                    schema: SCHEMA,
+                    kind: "summary",
                     ok: failed == 0,
                     direction,
                     bytes: r.totals.bytes,
@@ -297,7 +482,7 @@ pub fn report(
                     error: None,
                     timing,
                 };
-                println!("{}", serde_json::to_string(&j).expect("serialisable"));
+                print_line(&j);
             } else if !quiet {
                 let verb = match direction {
                     Direction::Push => "pushed",
@@ -338,32 +523,37 @@ pub fn report(
         }
         Err(e) => {
             if json {
+                // What the run achieved before it failed (all attempts); what only a
+                // finished session reports (files, streams, chunk size) stays 0.
+                let bytes_sent = progress.bytes.load(Ordering::Relaxed);
                 let j = JsonReport {
+                    schema: SCHEMA,
+                    kind: "summary",
                     ok: false,
                     direction,
-                    bytes: 0,
-                    bytes_sent: 0,
-                    bytes_resumed: 0,
+                    bytes: progress.total.load(Ordering::Relaxed),
+                    bytes_sent,
+                    bytes_resumed: progress.held.load(Ordering::Relaxed),
                     files: 0,
                     files_sent: 0,
                     dirs: 0,
                     symlinks: 0,
                     seconds: secs,
-                    gbit_per_s: 0.0,
+                    gbit_per_s: bytes_sent as f64 * 8.0 / secs.max(1e-9) / 1e9,
                     files_per_s: 0.0,
                     streams: 0,
                     chunk: 0,
                     verified: false,
                     skipped: 0,
-                    retries: 0,
-                    streams_lost: 0,
-                    attempts: 0,
+                    retries: progress.chunks_resent.load(Ordering::Relaxed),
+                    streams_lost: progress.streams_lost.load(Ordering::Relaxed),
+                    attempts: progress.attempt.load(Ordering::Relaxed),
                     errors: 1,
                     failed: Vec::new(),
                     error: Some(e.to_string()),
                     timing,
                 };
-                println!("{}", serde_json::to_string(&j).expect("serialisable"));
+                print_line(&j);
             }
             eprintln!("dmover: error: {e}");
             ExitCode::from(exit_code(&e))

@@ -12,7 +12,7 @@ use dmover_net::tcp::{self, SocketOptions};
 use dmover_net::tls::{KeyOrigin, ServerIdentity};
 use tokio_util::sync::CancellationToken;
 
-use crate::args::{ServeArgs, usage};
+use crate::args::{LogFormat, ServeArgs, usage};
 use crate::env::Env;
 
 /// Reads a token file, refusing an empty one.
@@ -24,7 +24,18 @@ pub fn read_token(f: &std::path::Path) -> anyhow::Result<Vec<u8>> {
     Ok(t)
 }
 
-pub fn run(a: ServeArgs, env: &Env) -> anyhow::Result<ExitCode> {
+/// A line for the operator on stderr: plain text, or with `--log-format json` a log
+/// event like every other line there.
+fn say(json: bool, msg: &str) {
+    if json {
+        tracing::info!("{msg}");
+    } else {
+        eprintln!("{msg}");
+    }
+}
+
+pub fn run(a: ServeArgs, env: &Env, log_format: LogFormat) -> anyhow::Result<ExitCode> {
+    let json = log_format == LogFormat::Json;
     let file = match &a.config {
         Some(p) => ConfigFile::load(p)?,
         None => ConfigFile::default(),
@@ -204,20 +215,28 @@ pub fn run(a: ServeArgs, env: &Env) -> anyhow::Result<ExitCode> {
             );
         }
         match &origin {
-            KeyOrigin::Created(p) => eprintln!("created a new server key in {}", p.display()),
-            KeyOrigin::Loaded(p) => eprintln!("server key: {}", p.display()),
+            KeyOrigin::Created(p) => say(
+                json,
+                &format!("created a new server key in {}", p.display()),
+            ),
+            KeyOrigin::Loaded(p) => say(json, &format!("server key: {}", p.display())),
             KeyOrigin::Files | KeyOrigin::Ephemeral => {}
         }
-        eprintln!(
-            "serving {} on {bound} (TLS key {})",
-            exports.join(", "),
-            identity.fingerprint()
+        say(
+            json,
+            &format!(
+                "serving {} on {bound} (TLS key {})",
+                exports.join(", "),
+                identity.fingerprint()
+            ),
         );
         if !authenticated {
             let banner = "NO AUTHENTICATION: any local user can read and write the exports \
                           through this server (loopback only; use --token-file or --config \
                           to require credentials)";
-            eprintln!("*** {banner} ***");
+            if !json {
+                eprintln!("*** {banner} ***");
+            }
             tracing::warn!("{banner}");
         }
         // Under systemd (Type=notify): started once the socket listens and SIGTERM is
@@ -228,7 +247,7 @@ pub fn run(a: ServeArgs, env: &Env) -> anyhow::Result<ExitCode> {
         );
 
         server.serve(listener, shutdown).await;
-        eprintln!("dmover: server stopped");
+        say(json, "dmover: server stopped");
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)

@@ -1,0 +1,477 @@
+//! Machine-readable output (docs/json.md): `dmover cp --progress ndjson` and `--json`,
+//! a failed run's summary, and `dmover serve --log-format json`'s session lines. The
+//! real binary against real servers on loopback.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("dmover-json-")
+        .tempdir()
+        .unwrap()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Every line of stdout, each parsed as JSON (panics on one that is not).
+fn lines(o: &Output) -> Vec<Value> {
+    let out = String::from_utf8_lossy(&o.stdout);
+    out.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}\n{out}")))
+        .collect()
+}
+
+fn of_type<'a>(ls: &'a [Value], t: &str) -> Vec<&'a Value> {
+    ls.iter().filter(|l| l["type"] == t).collect()
+}
+
+/// A tree of a few MiB: 40 small files and two of 1.5 MiB.
+fn small_tree(root: &Path) {
+    make_small_files(root, 40, 2);
+    for i in 0..2 {
+        write_file(
+            &root.join(format!("big{i}")),
+            90 + i,
+            3 << 19,
+            0o644,
+            1_700_000_000,
+        );
+    }
+}
+
+/// The summary's fields as `--json` has always printed them, plus the schema.
+fn assert_summary_fields(j: &Value) {
+    assert_eq!(j["schema"], 1, "{j}");
+    assert_eq!(j["type"], "summary", "{j}");
+    for f in [
+        "ok",
+        "direction",
+        "bytes",
+        "bytes_sent",
+        "bytes_resumed",
+        "files",
+        "files_sent",
+        "dirs",
+        "symlinks",
+        "seconds",
+        "gbit_per_s",
+        "files_per_s",
+        "streams",
+        "chunk",
+        "verified",
+        "skipped",
+        "retries",
+        "streams_lost",
+        "attempts",
+        "errors",
+        "failed",
+        "first_chunk_seconds",
+        "steady_gbit_per_s",
+    ] {
+        assert!(j.get(f).is_some(), "the summary lacks {f}: {j}");
+    }
+}
+
+#[test]
+fn ndjson_progress_lines_are_monotone_and_end_with_the_summary() {
+    let t = tmp();
+    let src = t.path().join("src");
+    small_tree(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    // Slow storage on the server: the copy lasts long enough for several lines.
+    let srv = Server::start(&root, &["--debug-chunk-delay-ms", "15"]);
+    let o = cp(&[
+        "--progress",
+        "ndjson",
+        "--progress-interval",
+        "50ms",
+        "--chunk",
+        "64K",
+        "-P",
+        "2",
+        s(&src),
+        &srv.url(""),
+    ]);
+    ok(&o);
+    same(&src, &root.join("src"));
+    let ls = lines(&o);
+    for l in &ls {
+        assert_eq!(l["schema"], 1, "{l}");
+    }
+    let progress = of_type(&ls, "progress");
+    assert!(progress.len() >= 3, "too few progress lines: {ls:?}");
+    let mut last = (-1.0, 0);
+    for p in &progress {
+        let (secs, bytes) = (
+            p["seconds"].as_f64().unwrap(),
+            p["bytes_sent"].as_u64().unwrap(),
+        );
+        assert!(secs > last.0, "seconds went back: {p} after {last:?}");
+        assert!(bytes >= last.1, "bytes went back: {p} after {last:?}");
+        last = (secs, bytes);
+        assert_eq!(p["attempt"], 1, "{p}");
+        assert_eq!(p["streams_lost"], 0, "{p}");
+        for f in [
+            "bytes_total",
+            "bytes_resumed",
+            "chunks",
+            "bit_per_s",
+            "avg_bit_per_s",
+        ] {
+            assert!(p.get(f).is_some(), "a progress line lacks {f}: {p}");
+        }
+    }
+    let j = ls.last().unwrap();
+    assert_summary_fields(j);
+    assert_eq!(j["ok"], true);
+    assert_eq!(j["direction"], "push");
+    assert_eq!(j["files"], 42);
+    assert_eq!(j["attempts"], 1);
+    // The last progress line counts what the summary does.
+    let end = progress.last().unwrap();
+    assert_eq!(end["bytes_sent"], j["bytes_sent"], "{end} vs {j}");
+    assert_eq!(end["bytes_total"], j["bytes"], "{end} vs {j}");
+    assert!(j["bytes_sent"].as_u64().unwrap() >= j["bytes"].as_u64().unwrap());
+    // Some line saw the copy under way.
+    assert!(
+        progress
+            .iter()
+            .any(|p| p["bytes_sent"].as_u64().unwrap() > 0 && p["bytes_sent"] != j["bytes_sent"]),
+        "no line saw the copy under way: {ls:?}"
+    );
+}
+
+#[test]
+fn json_alone_prints_only_the_summary() {
+    let t = tmp();
+    let src = t.path().join("src");
+    small_tree(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = Server::start(&root, &[]);
+    let o = cp(&["--json", s(&src), &srv.url("")]);
+    ok(&o);
+    let ls = lines(&o);
+    assert_eq!(ls.len(), 1, "{ls:?}");
+    assert_summary_fields(&ls[0]);
+    assert_eq!(ls[0]["ok"], true);
+    // And without either, stdout stays empty.
+    let o = cp(&["--quiet", s(&src), &srv.url("again")]);
+    ok(&o);
+    assert!(
+        o.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+}
+
+#[test]
+fn bad_progress_options_are_usage_errors() {
+    for bad in [
+        &["--progress", "xml"][..],
+        &["--progress-interval", "5"],
+        &["--progress-interval", "0s"],
+        &["--progress-interval", "1ms"],
+        &["--log-format", "yaml"],
+    ] {
+        let mut a = bad.to_vec();
+        a.extend(["src", "localhost:dst"]);
+        let o = cp(&a);
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", stderr(&o));
+        assert!(o.stdout.is_empty(), "{bad:?}");
+    }
+}
+
+#[test]
+fn a_failed_pull_still_ends_with_a_summary() {
+    let t = tmp();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = Server::start(&root, &[]);
+    let o = cp(&[
+        "--progress",
+        "ndjson",
+        &srv.url("missing"),
+        s(&t.path().join("dest")),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let ls = lines(&o);
+    let j = ls.last().unwrap();
+    assert_summary_fields(j);
+    assert_eq!(j["ok"], false);
+    assert_eq!(j["direction"], "pull");
+    assert_eq!(j["attempts"], 1, "{j}");
+    assert_eq!(j["errors"], 1);
+    assert!(
+        j["error"].as_str().unwrap().contains("missing"),
+        "{}",
+        j["error"]
+    );
+}
+
+/// A client started by hand, its stdout and stderr captured.
+fn spawn_cp(dir: &Path, args: &[&str]) -> std::process::Child {
+    Command::new(bin())
+        .env("DMOVER_KNOWN_HOSTS", known_hosts_in(dir))
+        .env_remove("DMOVER_TOKEN")
+        .env_remove("DMOVER_KEY")
+        .env_remove("DMOVER_USER")
+        .arg("cp")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn a_server_killed_mid_pull_leaves_a_summary_of_what_was_done() {
+    let t = tmp();
+    let root = t.path().join("root");
+    let src = root.join("src");
+    make_small_files(&src, 100, 2);
+    for i in 0..3 {
+        write_file(
+            &src.join(format!("big{i}")),
+            50 + i,
+            6 << 20,
+            0o644,
+            1_700_000_000,
+        );
+    }
+    let mut srv = Server::start(&root, &["--debug-chunk-delay-ms", "30"]);
+    let dest = t.path().join("dest");
+    // One retry: the second attempt finds the server gone.
+    let client = spawn_cp(
+        t.path(),
+        &[
+            "--progress",
+            "ndjson",
+            "--progress-interval",
+            "100ms",
+            "--retries",
+            "1",
+            "--retry-wait",
+            "100ms",
+            "--chunk",
+            "64K",
+            &srv.url("src"),
+            s(&dest),
+        ],
+    );
+    assert!(
+        wait_for(Duration::from_secs(20), || !staging_files(&dest).is_empty()),
+        "no data arrived"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    srv.kill();
+    let o = client.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
+    let ls = lines(&o);
+    let j = ls.last().unwrap();
+    assert_summary_fields(j);
+    assert_eq!(j["ok"], false);
+    assert!(j["error"].as_str().is_some_and(|e| !e.is_empty()), "{j}");
+    // What it achieved before the server died, not zeros.
+    assert!(j["bytes_sent"].as_u64().unwrap() > 0, "{j}");
+    assert!(j["bytes"].as_u64().unwrap() > 18 << 20, "{j}");
+    assert!(j["gbit_per_s"].as_f64().unwrap() > 0.0, "{j}");
+    assert_eq!(j["attempts"], 2, "{j}");
+    // The retry was announced, and the progress lines name the attempt running.
+    let retries = of_type(&ls, "retry");
+    assert_eq!(retries.len(), 1, "{ls:?}");
+    assert_eq!(retries[0]["attempt"], 1);
+    assert_eq!(retries[0]["wait_seconds"], 0.1);
+    assert!(retries[0]["error"].as_str().is_some_and(|e| !e.is_empty()));
+    let attempts: Vec<u64> = of_type(&ls, "progress")
+        .iter()
+        .map(|p| p["attempt"].as_u64().unwrap())
+        .collect();
+    assert!(attempts.windows(2).all(|w| w[0] <= w[1]), "{attempts:?}");
+    assert_eq!(attempts.first(), Some(&1));
+    assert_eq!(attempts.last(), Some(&2));
+    // --json alone: the same failure in a single line.
+    let srv2 = Server::start(&root, &[]);
+    let o = cp(&["--json", &srv2.url("nothing-here"), s(&dest)]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(lines(&o).len(), 1);
+}
+
+#[test]
+fn a_lost_stream_is_an_event() {
+    let t = tmp();
+    let src = t.path().join("src");
+    small_tree(&src);
+    // More than a megabyte on each of two streams.
+    for i in 0..2 {
+        write_file(
+            &src.join(format!("large{i}")),
+            70 + i,
+            3 << 20,
+            0o644,
+            1_700_000_000,
+        );
+    }
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    // The server cuts the data stream it receives on after a megabyte and a bit.
+    let cut = format!("{}", (1 << 20) + 1000);
+    let srv = Server::start(
+        &root,
+        &[
+            "--debug-chunk-delay-ms",
+            "5",
+            "--debug-cut-stream-after",
+            &cut,
+        ],
+    );
+    let o = cp(&[
+        "--progress",
+        "ndjson",
+        "--progress-interval",
+        "50ms",
+        "--chunk",
+        "64K",
+        "-P",
+        "2",
+        s(&src),
+        &srv.url(""),
+    ]);
+    ok(&o);
+    same(&src, &root.join("src"));
+    let ls = lines(&o);
+    let lost = of_type(&ls, "stream_lost");
+    assert!(!lost.is_empty(), "{ls:?}");
+    let e = lost[0];
+    assert_eq!(e["schema"], 1);
+    assert_eq!(e["attempt"], 1);
+    assert!(e["stream"].as_u64().unwrap() < 2, "{e}");
+    assert!(e["error"].as_str().is_some_and(|e| !e.is_empty()), "{e}");
+    assert!(e["resent"].as_u64().is_some(), "{e}");
+    let j = ls.last().unwrap();
+    assert_summary_fields(j);
+    assert!(j["streams_lost"].as_u64().unwrap() >= 1, "{j}");
+    let end = of_type(&ls, "progress").last().copied().unwrap();
+    assert_eq!(end["streams_lost"], j["streams_lost"], "{end} vs {j}");
+}
+
+/// Reads `log` until a line holds `message`, up to 10 s; every line must be JSON.
+fn wait_for_log(log: &Path, message: &str) -> Vec<Value> {
+    let mut found = Vec::new();
+    wait_for(Duration::from_secs(10), || {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        // The last line may be half written.
+        let complete = text.rsplit_once('\n').map_or("", |(a, _)| a);
+        found = complete
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<Value>(l)
+                    .unwrap_or_else(|e| panic!("a log line is not JSON ({e}): {l:?}"))
+            })
+            .collect();
+        found.iter().any(|l| l["message"] == message)
+    });
+    found
+}
+
+#[test]
+fn serve_logs_json_lines_with_one_line_per_session() {
+    let t = tmp();
+    let src = t.path().join("src");
+    small_tree(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let log = t.path().join("server.log");
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "--log-format".as_ref(),
+        "json".as_ref(),
+        "--root".as_ref(),
+        root.as_os_str(),
+    ];
+    let mut srv = Server::start_with(&args, &root, Some(&log), None);
+    ok(&cp(&["--quiet", s(&src), &srv.url("")]));
+    let o = cp(&["--quiet", &srv.url("missing"), s(&t.path().join("back"))]);
+    assert_eq!(o.status.code(), Some(1));
+    let ls = wait_for_log(&log, "session failed");
+    srv.kill();
+    for l in &ls {
+        for f in ["timestamp", "level", "message", "target"] {
+            assert!(l.get(f).is_some(), "a log line lacks {f}: {l}");
+        }
+    }
+    let done: Vec<&Value> = ls
+        .iter()
+        .filter(|l| l["message"] == "session finished")
+        .collect();
+    assert_eq!(done.len(), 1, "{ls:?}");
+    let d = done[0];
+    assert_eq!(d["level"], "INFO");
+    assert_eq!(d["op"], "push");
+    assert_eq!(d["result"], "ok");
+    assert_eq!(d["user"], "");
+    assert_eq!(d["files"], 42);
+    assert_eq!(d["bytes"], walk_bytes(&src));
+    assert!(d["peer"].as_str().unwrap().starts_with("127.0.0.1:"), "{d}");
+    assert!(d["seconds"].as_f64().unwrap() > 0.0, "{d}");
+    let failed: Vec<&Value> = ls
+        .iter()
+        .filter(|l| l["message"] == "session failed")
+        .collect();
+    assert_eq!(failed.len(), 1, "{ls:?}");
+    let f = failed[0];
+    assert_eq!(f["level"], "WARN");
+    assert_eq!(f["op"], "pull");
+    assert_eq!(f["result"], "error");
+    assert!(
+        f["error"].as_str().unwrap().contains("missing"),
+        "{}",
+        f["error"]
+    );
+    for k in ["peer", "user", "bytes", "seconds"] {
+        assert!(
+            f.get(k).is_some(),
+            "the failed session's line lacks {k}: {f}"
+        );
+    }
+    // The start-up lines are log lines too.
+    assert!(
+        ls.iter()
+            .any(|l| l["message"].as_str().unwrap().starts_with("serving ")),
+        "{ls:?}"
+    );
+}
+
+fn walk_bytes(p: &Path) -> u64 {
+    let mut n = 0;
+    for e in std::fs::read_dir(p).unwrap() {
+        let e = e.unwrap();
+        let ft = e.file_type().unwrap();
+        if ft.is_dir() {
+            n += walk_bytes(&e.path());
+        } else if ft.is_file() {
+            n += e.metadata().unwrap().len();
+        }
+    }
+    n
+}
