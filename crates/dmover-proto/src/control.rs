@@ -56,6 +56,21 @@
 //! a fresh journal. `Ping` may arrive at any point after `Go`; a receiver ignores it
 //! beyond noting that the peer is alive.
 //!
+//! # Optional features (appended variants, same protocol version)
+//! Switched on by bits of `Open.features`/`Session.features`
+//! ([`crate::session::features`]); without its bit a message is a protocol violation.
+//! ```text
+//! source                                   sink
+//! -- GROWING_MANIFEST: each part ends with Grow, the first in place of ManifestEnd --
+//! Manifest* Grow{chunks, last}       ->                  (7) then Go as usual
+//! Manifest* Grow{chunks, last}       ->                  any time, until `last`
+//!                                    <-    Grown(chunks) the sink's layout covers them
+//! -- RANGES --------------------------------------------------------------------
+//!                                    <-    Want{chunks}  after Go: these first
+//!                                    <-    OnDemand      in place of Go: request-driven,
+//!                                                        only wanted chunks, until Done
+//! ```
+//!
 //! Either side may send [`Control::Error`] at any point after the preamble and then
 //! close; the other side aborts the session. Data connections may be opened at any
 //! time (the server answers their preamble with a challenge) and joined as soon as

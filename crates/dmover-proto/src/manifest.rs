@@ -310,3 +310,43 @@ impl Validator {
         Ok(self.totals)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(parent: u32, name: &str, kind: EntryKind) -> Entry {
+        Entry {
+            parent,
+            name: name.as_bytes().to_vec(),
+            kind,
+            mode: 0o644,
+            mtime: Mtime::default(),
+        }
+    }
+
+    #[test]
+    fn a_manifest_checked_in_parts_is_checked_as_a_whole() {
+        let all = vec![
+            entry(NO_PARENT, "r", EntryKind::Dir),
+            entry(0, "a", EntryKind::File { size: 10 }),
+            entry(0, "d", EntryKind::Dir),
+            entry(2, "a", EntryKind::File { size: 5 }),
+            entry(1, "x", EntryKind::File { size: 1 }),
+        ];
+        // Valid up to entry 4, whose parent is a file.
+        let whole = validate(&all[..4], 100).unwrap();
+        let mut v = Validator::new();
+        v.extend(&all[..2], 100).unwrap();
+        assert_eq!(v.extend(&all[2..4], 100).unwrap(), whole);
+        let e = v.extend(&all[4..], 100).unwrap_err();
+        assert_eq!(e, validate(&all, 100).unwrap_err());
+        // A name twice in a directory, across parts; and the entry limit over all parts.
+        let mut v = Validator::new();
+        v.extend(&all[..2], 100).unwrap();
+        assert!(v.extend(&all[1..2], 100).is_err());
+        let mut v = Validator::new();
+        v.extend(&all[..2], 3).unwrap();
+        assert!(v.extend(&all[2..4], 3).is_err());
+    }
+}

@@ -40,6 +40,35 @@
 //! source:  SendReport (all acknowledged)   sink: Done (all written and finalised)
 //! Ping both ways once the session is open; Error either way, then close
 //! ```
+//!
+//! ## Optional features
+//! Negotiated in `Open`/`Session` ([`features`]); a message that needs a feature the
+//! session does not use is a protocol violation ([`features::needed`]).
+//! ```text
+//! growing manifest (GROWING_MANIFEST): each part ends with Grow instead of one ManifestEnd
+//! source:  Manifest* Grow{chunks: n1}                  ->  sink: SinkEvent::Manifest
+//! sink:    Go (or OnDemand)                            ->  source sends chunks 0..n1
+//! source:  Manifest* Grow{chunks: n2}                  ->  sink: SinkEvent::Grown(n1..n2)
+//! sink:    Grown(n2)  (its layout covers n2 chunks)    ->  source sends n1..n2 too
+//! source:  ... Manifest* Grow{last}                    ->  no more parts
+//! the session ends as above once the last part is sent, confirmed and acknowledged
+//!
+//! chunk requests (RANGES):
+//! sink:    Want{chunks}  (after Go)                    ->  source reads those first
+//! request-driven (a mount), RANGES:
+//! sink:    OnDemand instead of Go                      ->  source sends nothing unasked
+//! sink:    Want{chunks}*                               ->  each chunk sent, again if it was
+//! sink:    Done  (whenever it is done)                 ->  source: SendReport once the
+//!                                                          chunks on their way are acknowledged
+//! ```
+//! A later part's chunks are sent only after the sink's `Grown`, because the data
+//! streams are not ordered with the control connection: a chunk must never arrive
+//! before the part that lays it out. Each part's files start on a fresh chunk, so the
+//! layout only ever grows at its end. In an ordinary session `Want` only reorders (a
+//! chunk already sent is not sent again, and the sink asks only for chunks it lacks);
+//! in a request-driven one every wanted chunk is sent, and a chunk the sink wants
+//! again after it arrived is written again.
+//!
 //! The dialer opens the data streams ([`SourceCommand::Open`], [`SinkCommand::Open`]);
 //! the acceptor learns of each join from its driver. A session ends for a side when it
 //! has sent its own final message and received the peer's: the source after

@@ -12,6 +12,11 @@
 //! [`Config::read`], writes it on its stream in [`Config::send`] (the buffer is free
 //! again then) and the sink writes it to storage in [`Config::write`]; closing a data
 //! stream is seen by the other side one latency later, unless the stream is silent.
+//!
+//! The optional features: [`Config::parts`] sends a growing manifest in parts (the
+//! simulated sink prepares for each part at once), [`Config::wants`] has the sink ask
+//! for chunks, and [`Config::on_demand`] makes the session request-driven, the sink
+//! closing it once everything it wanted is written.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};

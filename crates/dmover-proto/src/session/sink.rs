@@ -13,6 +13,21 @@
 //!                                 Finishing ─(finished: Done)─▶ Reporting ─(SendReport)─▶ Finished
 //! any state ─(error, silence, every stream lost)─▶ Failed
 //! ```
+//! With a growing manifest ([`super::features::GROWING_MANIFEST`]) the first `Grow`
+//! ends `Listing` as `ManifestEnd` does; later parts come in any state up to
+//! `Receiving` as [`SinkEvent::Grown`], each answered by [`SinkSession::grown`]
+//! (`Grown` to the source), and `Receiving` leads to `Finishing` only once the last
+//! part came, is prepared for, and every chunk is written. With
+//! [`super::features::RANGES`]:
+//! ```text
+//! Preparing | Planning ─(ready_on_demand: OnDemand)─▶ Receiving (request-driven) ─(finished: Done)─▶ Reporting ─(SendReport)─▶ Finished
+//! Receiving ─(want: Want)─▶ Receiving
+//! ```
+//! A request-driven session expects only the chunks [`SinkSession::want`] asked for
+//! (a chunk that arrived before and is wanted again is expected, and written, again),
+//! never completes by itself, and lasts until the sink closes it with
+//! [`SinkSession::finished`].
+//!
 //! Frames are acknowledged as they arrive, duplicates too, until the source's report
 //! says it has every acknowledgement: a chunk sent again after a stream was lost may
 //! arrive twice, and the source waits for an acknowledgement of each copy it sent.

@@ -9,6 +9,19 @@
 //!                               Sending ─(all acknowledged)─▶ Draining ─(drained)─▶ Reporting ─(Done)─▶ Finished
 //! any state ─(error, silence, all streams lost)─▶ Failed
 //! ```
+//! With a growing manifest ([`super::features::GROWING_MANIFEST`]) `Go` may come
+//! after the first part ([`SourceSession::grow_manifest`]); `Sending` then goes on
+//! taking parts, each part's chunks joining those to send when the sink's `Grown`
+//! confirms it, and leads to `Draining` only once the last part is sent and
+//! confirmed and everything is acknowledged. With [`super::features::RANGES`]:
+//! ```text
+//! Announcing ─(OnDemand)─▶ Sending (request-driven: only wanted chunks) ─(Done, all acknowledged)─▶ Draining ─▶ Reporting ─▶ Finished
+//! Sending ─(Want)─▶ Sending (wanted chunks read first)
+//! ```
+//! [`SourceSession::poll_read`] yields chunks of lost streams first, then wanted ones
+//! (in an ordinary session only those still to send; request-driven, every one, again
+//! if it was sent before), then the ordinary order.
+//!
 //! In `Sending` the driver asks [`SourceSession::poll_read`] what to read whenever it
 //! has a free buffer (chunks to send again first), reports each read with
 //! [`SourceSession::chunk_read`], and gets [`SourceCommand::Send`] naming the stream for
