@@ -257,6 +257,8 @@ pub struct Report {
     pub steps: u64,
     /// The chunks the sink was told to write, in order.
     pub write_order: Vec<u64>,
+    /// When each of those arrived, after the start.
+    pub write_times: Vec<Duration>,
     /// The chunk ranges the sink's manifest grew by after its first part.
     pub grown: Vec<Range<u64>>,
 }
@@ -455,6 +457,7 @@ impl Sim {
                 messages: (Vec::new(), Vec::new()),
                 steps: 0,
                 write_order: Vec::new(),
+                write_times: Vec::new(),
                 grown: Vec::new(),
             },
             cfg,
@@ -666,6 +669,7 @@ impl Sim {
                 if let Some(Role::Sink(s)) = self.role(p) {
                     if s.arrived(now, stream, chunk) == Arrival::Write {
                         self.report.write_order.push(chunk);
+                        self.report.write_times.push(now - self.t0);
                         *self.report.writes.entry(chunk).or_default() += 1;
                         self.after(write, Ev::WriteDone(chunk));
                     }
