@@ -14,8 +14,8 @@
 //! any state ─(error, silence, every stream lost)─▶ Failed
 //! ```
 //! With a growing manifest ([`super::features::GROWING_MANIFEST`]) the first `Grow`
-//! ends `Listing` as `ManifestEnd` does; later parts come in any state up to
-//! `Receiving` as [`SinkEvent::Grown`], each answered by [`SinkSession::grown`]
+//! ends `Listing` as `ManifestEnd` does; later parts come in any state after it, until
+//! the one marked last, as [`SinkEvent::Grown`], each answered by [`SinkSession::grown`]
 //! (`Grown` to the source), and `Receiving` leads to `Finishing` only once the last
 //! part came, is prepared for, and every chunk is written. With
 //! [`super::features::RANGES`]:
