@@ -5,6 +5,8 @@
 //! Mode 1: one machine (source or sink, dialer or acceptor) fed arbitrary control
 //! messages, stream events and driver calls at arbitrary times: it never panics, and
 //! while it runs it always has a deadline (nothing can leave it waiting forever).
+//! Both modes cover the optional features (a growing manifest, chunk requests and
+//! request-driven sessions) as well as sessions without them.
 #![no_main]
 
 use std::time::{Duration, Instant};
@@ -16,7 +18,7 @@ use dmover_proto::control::{
 };
 use dmover_proto::session::sim::{Config, Fault, Outcome, Sim, SimError, manifest, totals};
 use dmover_proto::session::{
-    ChunkMeta, ChunkSet, Dial, Limits, SinkSession, SourceSession, State, Timing,
+    ChunkMeta, ChunkSet, Dial, Limits, SinkSession, SourceSession, State, Timing, features,
 };
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
@@ -64,6 +66,33 @@ fn simulated(u: &mut Unstructured<'_>) -> Result<()> {
     for _ in 0..u.int_in_range(0..=20)? {
         held.push(u.int_in_range(0..=200)?);
     }
+    let features = u.int_in_range(0..=features::MACHINES)?;
+    let parts = if features & features::GROWING_MANIFEST != 0 {
+        u.int_in_range(0..=4)?
+    } else {
+        0
+    };
+    let (ranges, on_demand) = (features & features::RANGES != 0, u.arbitrary()?);
+    let mut wants = Vec::new();
+    for _ in 0..u.int_in_range(0..=3)? {
+        let mut w = Vec::new();
+        for _ in 0..u.int_in_range(0..=6)? {
+            w.push(u.int_in_range(0..=200)?);
+        }
+        wants.push((ms(u, 500)?, w));
+    }
+    // Wants name chunks of the first part (later ones may not be known yet).
+    let first = if parts == 0 {
+        chunks
+    } else {
+        chunks / u64::from(parts)
+    };
+    if !ranges || first == 0 {
+        wants.clear();
+    }
+    for (_, w) in &mut wants {
+        w.iter_mut().for_each(|k| *k %= first.max(1));
+    }
     let cfg = Config {
         push: u.arbitrary()?,
         streams,
@@ -86,6 +115,11 @@ fn simulated(u: &mut Unstructured<'_>) -> Result<()> {
         },
         limits: Limits::default(),
         files: u.int_in_range(0..=5)?,
+        features,
+        parts,
+        part_every: ms(u, 200)?,
+        wants,
+        on_demand: ranges && on_demand,
     };
     let r = Sim::new(cfg.clone()).run(Duration::from_secs(3600));
     assert!(
@@ -100,8 +134,9 @@ fn simulated(u: &mut Unstructured<'_>) -> Result<()> {
         "{cfg:?}"
     );
     let (missing, extra) = r.write_errors();
+    // A request-driven sink writes a chunk again when it wants it again.
     assert!(
-        extra.iter().all(|k| r.writes[k] == 1),
+        cfg.on_demand || extra.iter().all(|k| r.writes[k] == 1),
         "a chunk written twice: {cfg:?}"
     );
     if r.source == Outcome::Finished || r.sink == Outcome::Finished {
@@ -144,7 +179,7 @@ fn dial(u: &mut Unstructured<'_>, push: bool) -> Result<Dial> {
             checksum: true,
             direct_io: DirectIo::Never,
             protection: DataProtection::Authenticated,
-            features: 0,
+            features: u.int_in_range(0..=features::MACHINES)?,
         },
         options: SessionOptions {
             resume: u.arbitrary()?,
@@ -164,7 +199,7 @@ fn info(u: &mut Unstructured<'_>) -> Result<SessionInfo> {
         salt: [0; 32],
         streams: u.int_in_range(1..=4)?,
         chunk_size: 1 << 20,
-        features: 0,
+        features: u.int_in_range(0..=features::MACHINES)?,
     })
 }
 
@@ -200,13 +235,23 @@ fn single(u: &mut Unstructured<'_>) -> Result<()> {
         };
         let entries = manifest(2);
         m.push_manifest(&entries);
-        m.end_manifest(totals(&entries), ChunkSet::all(chunks));
+        let mut layout = chunks;
+        if u.arbitrary()? {
+            m.end_manifest(totals(&entries), ChunkSet::all(chunks));
+            m.set_layout_chunks(chunks);
+        } else {
+            m.grow_manifest(now, totals(&entries), chunks, u.arbitrary()?);
+        }
         settle!(m);
         while !u.is_empty() {
             now += ms(u, 3000)?;
             let stream = u.int_in_range(0..=4)?;
             let chunk = u.int_in_range(0..=70)?;
-            match u.int_in_range(0..=9u8)? {
+            match u.int_in_range(0..=10u8)? {
+                10 => {
+                    layout += u.int_in_range(0..=8)?;
+                    m.grow_manifest(now, totals(&entries), layout, u.arbitrary()?);
+                }
                 0..=2 => m.handle_control(now, arbitrary_control(u)?),
                 3 => m.stream_joined(now, stream),
                 4 => m.stream_failed(now, stream, err(u)?),
@@ -244,7 +289,7 @@ fn single(u: &mut Unstructured<'_>) -> Result<()> {
             now += ms(u, 3000)?;
             let stream = u.int_in_range(0..=4)?;
             let chunk = u.int_in_range(0..=70)?;
-            match u.int_in_range(0..=9u8)? {
+            match u.int_in_range(0..=12u8)? {
                 0..=2 => m.handle_control(now, arbitrary_control(u)?),
                 3 => m.stream_joined(now, stream),
                 4 => m.stream_failed(now, stream, err(u)?),
@@ -253,6 +298,12 @@ fn single(u: &mut Unstructured<'_>) -> Result<()> {
                 }
                 6 => m.chunk_written(now, chunk),
                 7 => m.ready(now, ChunkSet::all(chunks), chunks),
+                10 => m.ready_on_demand(now, chunks),
+                11 => m.grown(now, u.int_in_range(0..=80)?),
+                12 => {
+                    let start = u.int_in_range(0..=70)?;
+                    m.want(now, &[start..start + u.int_in_range(0..=8)?]);
+                }
                 8 => m.finished(Summary {
                     bytes: 0,
                     files: 0,

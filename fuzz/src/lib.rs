@@ -6,8 +6,8 @@
 use dmover_proto::Error;
 use dmover_proto::control::{
     Auth, AuthMethod, AuthOk, Control, Credential, DataProtection, DirectIo, EntryRange, ErrorCode,
-    ErrorMsg, FailedFile, Have, Hello, LEN_PREFIX, MAX_FRAME, ManifestEnd, ManifestPart, Op, Open,
-    PartialFile, Plan, SendReport, SessionInfo, SessionOptions, Summary, Welcome,
+    ErrorMsg, FailedFile, Growth, Have, Hello, LEN_PREFIX, MAX_FRAME, ManifestEnd, ManifestPart,
+    Op, Open, PartialFile, Plan, SendReport, SessionInfo, SessionOptions, Summary, Want, Welcome,
 };
 use dmover_proto::layout::{ALIGN, Layout, Piece, align_up};
 use dmover_proto::manifest::{Entry, EntryKind, Mtime, Totals};
@@ -229,7 +229,7 @@ fn entry(u: &mut Unstructured<'_>) -> Result<Entry> {
 
 /// Any control message, valid or not as far as the protocol goes.
 pub fn arbitrary_control(u: &mut Unstructured<'_>) -> Result<Control> {
-    Ok(match u.int_in_range(0..=15u8)? {
+    Ok(match u.int_in_range(0..=19u8)? {
         0 => Control::Hello(Hello {
             software: u.arbitrary()?,
             nonce: u.arbitrary()?,
@@ -355,6 +355,29 @@ pub fn arbitrary_control(u: &mut Unstructured<'_>) -> Result<Control> {
                 message: u.arbitrary()?,
             }],
         }),
+        16 => Control::Grow(Growth {
+            totals: Totals {
+                entries: u.arbitrary()?,
+                files: u.arbitrary()?,
+                dirs: u.arbitrary()?,
+                symlinks: u.arbitrary()?,
+                bytes: u.arbitrary()?,
+            },
+            chunks: u.int_in_range(0..=80)?,
+            last: u.arbitrary()?,
+        }),
+        17 => {
+            let n = u.int_in_range(0..=8)?;
+            let chunks = (0..n)
+                .map(|_| {
+                    let start = u.int_in_range(0..=80)?;
+                    Ok(start..start + u.int_in_range(0..=8)?)
+                })
+                .collect::<Result<_>>()?;
+            Control::Want(Want { chunks })
+        }
+        18 => Control::OnDemand,
+        19 => Control::Grown(u.int_in_range(0..=80)?),
         _ => Control::Error(ErrorMsg {
             code: *u.choose(&[
                 ErrorCode::Protocol,

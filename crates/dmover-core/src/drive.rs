@@ -1042,6 +1042,16 @@ where
                             Err(e) => m.fail(now(), Fault::new(e)),
                         }
                     }
+                    // The drivers do not offer the growing manifest yet
+                    // (`features::SUPPORTED`), so the machine refuses its messages
+                    // before this could come.
+                    SinkEvent::Grown { chunks, .. } => m.fail(
+                        now(),
+                        Fault::new(Error::protocol(
+                            &peer,
+                            format!("manifest growth (chunks {chunks:?}) is not supported"),
+                        )),
+                    ),
                     SinkEvent::Complete => {
                         let Some((_, sink, _)) = &live else { continue };
                         let (sink, tx) = (sink.clone(), tx.clone());

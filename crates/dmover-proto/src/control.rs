@@ -56,6 +56,21 @@
 //! a fresh journal. `Ping` may arrive at any point after `Go`; a receiver ignores it
 //! beyond noting that the peer is alive.
 //!
+//! # Optional features (appended variants, same protocol version)
+//! Switched on by bits of `Open.features`/`Session.features`
+//! ([`crate::session::features`]); without its bit a message is a protocol violation.
+//! ```text
+//! source                                   sink
+//! -- GROWING_MANIFEST: each part ends with Grow, the first in place of ManifestEnd --
+//! Manifest* Grow{chunks, last}       ->                  (7) then Go as usual
+//! Manifest* Grow{chunks, last}       ->                  any time, until `last`
+//!                                    <-    Grown(chunks) the sink's layout covers them
+//! -- RANGES --------------------------------------------------------------------
+//!                                    <-    Want{chunks}  after Go: these first
+//!                                    <-    OnDemand      in place of Go: request-driven,
+//!                                                        only wanted chunks, until Done
+//! ```
+//!
 //! Either side may send [`Control::Error`] at any point after the preamble and then
 //! close; the other side aborts the session. Data connections may be opened at any
 //! time (the server answers their preamble with a challenge) and joined as soon as
@@ -109,6 +124,22 @@ pub enum Control {
     /// (8a) The source's account of its sending, sent by a server that is the source
     /// (pull) once all chunks are acknowledged, before the client's `Done`.
     SendReport(SendReport),
+    /// (7, feature `GROWING_MANIFEST`) Ends a part of a growing manifest, in place of
+    /// `ManifestEnd`: the entries of the `Manifest` parts since the previous `Grow`
+    /// are added, and the layout grows at its end (source to sink).
+    Grow(Growth),
+    /// (feature `RANGES`) The sink asks for chunks ahead of the ordinary order, or in
+    /// a session it made request-driven with `OnDemand`, for the only chunks it gets
+    /// (sink to source).
+    Want(Want),
+    /// (8, feature `RANGES`) In place of `Go`: the sink is prepared and the session is
+    /// request-driven; the source sends only the chunks named by `Want`, until the
+    /// sink's `Done` (sink to source).
+    OnDemand,
+    /// (8, feature `GROWING_MANIFEST`) The answer to a later `Grow`, as `Go` is to the
+    /// first part: the sink's layout covers the chunks up to this count, so the
+    /// source may send them (sink to source).
+    Grown(u64),
 }
 
 impl Control {
@@ -131,6 +162,10 @@ impl Control {
             Control::Plan(_) => "Plan",
             Control::Ping => "Ping",
             Control::SendReport(_) => "SendReport",
+            Control::Grow(_) => "Grow",
+            Control::Want(_) => "Want",
+            Control::OnDemand => "OnDemand",
+            Control::Grown(_) => "Grown",
         }
     }
 
@@ -391,6 +426,36 @@ pub struct ManifestPart {
 pub struct ManifestEnd {
     /// Totals over all entries sent.
     pub totals: Totals,
+}
+
+/// (7, feature `GROWING_MANIFEST`) The end of a part of a growing manifest.
+///
+/// A source that streams its walk sends `Manifest* Grow` for each part instead of
+/// `Manifest* ManifestEnd` once; the first `Grow` stands for `ManifestEnd` (the sink
+/// answers it with `Go`), later ones may come at any time until the one marked `last`.
+/// Each part's files start on a fresh chunk, so a part's chunks are exactly
+/// `previous chunks..chunks` and earlier chunks never change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Growth {
+    /// Totals over every entry sent so far, all parts included.
+    pub totals: Totals,
+    /// Chunks in the layout of every entry sent so far (never fewer than before).
+    pub chunks: u64,
+    /// Whether the manifest is complete: nothing is added after this part.
+    pub last: bool,
+}
+
+/// (feature `RANGES`) Chunks the sink wants, by index in the layout.
+///
+/// A mount reading a byte range of a file maps it to chunks with the layout
+/// ([`crate::layout::Layout`]) and asks for those. In an ordinary session the source
+/// sends them before the rest of its order (chunks already sent are not sent again);
+/// in a request-driven one (`OnDemand`) it sends each chunk named, again if it was
+/// sent before.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Want {
+    /// Half-open ranges of chunk indices, in the order wanted.
+    pub chunks: Vec<std::ops::Range<u64>>,
 }
 
 /// (9) What the destination side did.

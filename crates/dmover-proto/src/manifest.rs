@@ -173,68 +173,46 @@ pub fn validate_name(name: &[u8]) -> Result<()> {
 /// parent and a name, modes, times and link targets are in range, and sizes add up
 /// without overflow. A receiver must call this before acting on any entry.
 pub fn validate(entries: &[Entry], max_entries: u64) -> Result<Totals> {
-    if entries.len() as u64 > max_entries {
-        return Err(Error::TooLarge {
-            what: "manifest entries",
-            value: entries.len() as u64,
-            limit: max_entries,
-        });
-    }
-    if entries.len() >= NO_PARENT as usize {
-        return Err(Error::TooLarge {
-            what: "manifest entries",
-            value: entries.len() as u64,
-            limit: u64::from(NO_PARENT) - 1,
-        });
-    }
+    check_count(entries.len() as u64, max_entries)?;
     let mut total: u64 = 0;
     let mut seen = std::collections::HashSet::with_capacity(entries.len());
     for (i, e) in entries.iter().enumerate() {
         validate_name(&e.name)?;
         if !seen.insert((e.parent, e.name.as_slice())) {
-            return Err(Error::Violation(format!(
-                "entry {i} ({:?}) appears twice in the same directory",
-                String::from_utf8_lossy(&e.name)
-            )));
+            return Err(twice(i, e));
         }
-        if e.parent != NO_PARENT {
-            let p = e.parent as usize;
-            if p >= i {
-                return Err(Error::Violation(format!(
-                    "entry {i} names parent {p}, which does not precede it"
-                )));
-            }
-            if entries[p].kind != EntryKind::Dir {
-                return Err(Error::Violation(format!(
-                    "entry {i} names parent {p}, which is not a directory"
-                )));
-            }
-        }
-        if e.mode > 0o7777 {
-            return Err(Error::Violation(format!("entry {i} has mode {:o}", e.mode)));
-        }
-        if e.mtime.nsec >= 1_000_000_000 {
-            return Err(Error::Violation(format!(
-                "entry {i} has {} nanoseconds",
-                e.mtime.nsec
-            )));
-        }
-        match &e.kind {
-            EntryKind::File { size } => {
-                total = total.checked_add(*size).ok_or_else(|| {
-                    Error::Violation("total dataset size overflows 64 bits".into())
-                })?;
-            }
-            EntryKind::Symlink { target } => {
-                if target.is_empty() || target.len() > MAX_LINK_TARGET || target.contains(&0) {
-                    return Err(Error::Violation(format!(
-                        "entry {i} has an invalid symlink target"
-                    )));
-                }
-            }
-            EntryKind::Dir => {}
-        }
+        check_entry(i, e, |p| entries[p].kind == EntryKind::Dir, &mut total)?;
     }
+    check_total(total)?;
+    Ok(Totals::of(entries))
+}
+
+fn check_count(n: u64, max_entries: u64) -> Result<()> {
+    if n > max_entries {
+        return Err(Error::TooLarge {
+            what: "manifest entries",
+            value: n,
+            limit: max_entries,
+        });
+    }
+    if n >= u64::from(NO_PARENT) {
+        return Err(Error::TooLarge {
+            what: "manifest entries",
+            value: n,
+            limit: u64::from(NO_PARENT) - 1,
+        });
+    }
+    Ok(())
+}
+
+fn twice(i: usize, e: &Entry) -> Error {
+    Error::Violation(format!(
+        "entry {i} ({:?}) appears twice in the same directory",
+        String::from_utf8_lossy(&e.name)
+    ))
+}
+
+fn check_total(total: u64) -> Result<()> {
     // Sizes below 2^62 leave room for alignment padding in the layout.
     if total > 1 << 62 {
         return Err(Error::TooLarge {
@@ -243,5 +221,132 @@ pub fn validate(entries: &[Entry], max_entries: u64) -> Result<Totals> {
             limit: 1 << 62,
         });
     }
-    Ok(Totals::of(entries))
+    Ok(())
+}
+
+/// The checks of one entry, `i`, after its name's (valid, unique in its directory).
+fn check_entry(i: usize, e: &Entry, is_dir: impl Fn(usize) -> bool, total: &mut u64) -> Result<()> {
+    if e.parent != NO_PARENT {
+        let p = e.parent as usize;
+        if p >= i {
+            return Err(Error::Violation(format!(
+                "entry {i} names parent {p}, which does not precede it"
+            )));
+        }
+        if !is_dir(p) {
+            return Err(Error::Violation(format!(
+                "entry {i} names parent {p}, which is not a directory"
+            )));
+        }
+    }
+    if e.mode > 0o7777 {
+        return Err(Error::Violation(format!("entry {i} has mode {:o}", e.mode)));
+    }
+    if e.mtime.nsec >= 1_000_000_000 {
+        return Err(Error::Violation(format!(
+            "entry {i} has {} nanoseconds",
+            e.mtime.nsec
+        )));
+    }
+    match &e.kind {
+        EntryKind::File { size } => {
+            *total = total
+                .checked_add(*size)
+                .ok_or_else(|| Error::Violation("total dataset size overflows 64 bits".into()))?;
+        }
+        EntryKind::Symlink { target } => {
+            if target.is_empty() || target.len() > MAX_LINK_TARGET || target.contains(&0) {
+                return Err(Error::Violation(format!(
+                    "entry {i} has an invalid symlink target"
+                )));
+            }
+        }
+        EntryKind::Dir => {}
+    }
+    Ok(())
+}
+
+/// [`validate`] for a manifest that arrives in parts (a growing manifest): each part
+/// is checked against the parts before it without holding their entries, only which
+/// are directories and the names in each directory.
+#[derive(Debug, Default)]
+pub struct Validator {
+    seen: std::collections::HashSet<(u32, Vec<u8>)>,
+    dirs: Vec<bool>,
+    total: u64,
+    totals: Totals,
+}
+
+impl Validator {
+    /// A validator of an empty manifest.
+    pub fn new() -> Self {
+        Validator::default()
+    }
+
+    /// Checks the next part and returns the totals of every part so far. After an
+    /// error the validator is not to be used again.
+    pub fn extend(&mut self, part: &[Entry], max_entries: u64) -> Result<Totals> {
+        let first = self.dirs.len();
+        check_count((first + part.len()) as u64, max_entries)?;
+        for (j, e) in part.iter().enumerate() {
+            let i = first + j;
+            validate_name(&e.name)?;
+            if !self.seen.insert((e.parent, e.name.clone())) {
+                return Err(twice(i, e));
+            }
+            let dirs = &self.dirs;
+            check_entry(i, e, |p| dirs[p], &mut self.total)?;
+            self.dirs.push(e.kind == EntryKind::Dir);
+        }
+        check_total(self.total)?;
+        let t = Totals::of(part);
+        self.totals = Totals {
+            entries: self.totals.entries + t.entries,
+            files: self.totals.files + t.files,
+            dirs: self.totals.dirs + t.dirs,
+            symlinks: self.totals.symlinks + t.symlinks,
+            bytes: self.totals.bytes.saturating_add(t.bytes),
+        };
+        Ok(self.totals)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(parent: u32, name: &str, kind: EntryKind) -> Entry {
+        Entry {
+            parent,
+            name: name.as_bytes().to_vec(),
+            kind,
+            mode: 0o644,
+            mtime: Mtime::default(),
+        }
+    }
+
+    #[test]
+    fn a_manifest_checked_in_parts_is_checked_as_a_whole() {
+        let all = vec![
+            entry(NO_PARENT, "r", EntryKind::Dir),
+            entry(0, "a", EntryKind::File { size: 10 }),
+            entry(0, "d", EntryKind::Dir),
+            entry(2, "a", EntryKind::File { size: 5 }),
+            entry(1, "x", EntryKind::File { size: 1 }),
+        ];
+        // Valid up to entry 4, whose parent is a file.
+        let whole = validate(&all[..4], 100).unwrap();
+        let mut v = Validator::new();
+        v.extend(&all[..2], 100).unwrap();
+        assert_eq!(v.extend(&all[2..4], 100).unwrap(), whole);
+        let e = v.extend(&all[4..], 100).unwrap_err();
+        assert_eq!(e, validate(&all, 100).unwrap_err());
+        // A name twice in a directory, across parts; and the entry limit over all parts.
+        let mut v = Validator::new();
+        v.extend(&all[..2], 100).unwrap();
+        assert!(v.extend(&all[1..2], 100).is_err());
+        let mut v = Validator::new();
+        v.extend(&all[..2], 3).unwrap();
+        assert!(v.extend(&all[2..4], 3).is_err());
+    }
 }

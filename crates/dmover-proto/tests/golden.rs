@@ -16,8 +16,8 @@
 
 use dmover_proto::control::{
     Auth, AuthMethod, AuthOk, Control, Credential, DataProtection, DirectIo, EntryRange, ErrorCode,
-    ErrorMsg, FailedFile, Have, Hello, MAX_FRAME, ManifestEnd, ManifestPart, Op, Open, PartialFile,
-    Plan, SendReport, SessionInfo, SessionOptions, Summary, Welcome,
+    ErrorMsg, FailedFile, Growth, Have, Hello, MAX_FRAME, ManifestEnd, ManifestPart, Op, Open,
+    PartialFile, Plan, SendReport, SessionInfo, SessionOptions, Summary, Want, Welcome,
 };
 use dmover_proto::control::{MemDirection, MemTest};
 use dmover_proto::data::{
@@ -827,6 +827,59 @@ fn control_plan_ping_and_send_report() {
         04             #   entry: 4
         04             #   message: 4 bytes
         67 6f 6e 65    #     \"gone\"
+        ",
+    );
+}
+
+#[test]
+fn control_growth_and_requests() {
+    // Features GROWING_MANIFEST and RANGES (appended variants 16 to 19).
+    golden_control(
+        Control::Grow(Growth {
+            totals: Totals {
+                entries: 3,
+                files: 2,
+                dirs: 1,
+                symlinks: 0,
+                bytes: 300,
+            },
+            chunks: 5,
+            last: true,
+        }),
+        "
+        00 00 00 09   # frame length: 9
+        10            # Control::Grow (variant 16)
+        03 02 01 00   # totals: entries 3, files 2, dirs 1, symlinks 0
+        ac 02         #   bytes: 300 (varint)
+        05            # chunks: 5
+        01            # last: true
+        ",
+    );
+    golden_control(
+        Control::Want(Want {
+            chunks: vec![1..3, 200..201],
+        }),
+        "
+        00 00 00 08   # frame length: 8
+        11            # Control::Want (variant 17)
+        02            # chunks: 2 ranges
+        01 03         #   1..3 (start, end)
+        c8 01 c9 01   #   200..201
+        ",
+    );
+    golden_control(
+        Control::OnDemand,
+        "
+        00 00 00 01   # frame length: 1
+        12            # Control::OnDemand (variant 18, no fields)
+        ",
+    );
+    golden_control(
+        Control::Grown(300),
+        "
+        00 00 00 03   # frame length: 3
+        13            # Control::Grown (variant 19)
+        ac 02         # chunks: 300 (varint)
         ",
     );
 }

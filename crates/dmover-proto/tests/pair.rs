@@ -3,6 +3,7 @@
 //! protocol, faults both ways, and randomized schedules. No sockets, no wall clock:
 //! each test runs in milliseconds and always the same way.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use dmover_proto::control::ErrorCode;
@@ -552,6 +553,470 @@ proptest! {
         }
         if r.sink == Outcome::Finished {
             prop_assert!(missing.is_empty(), "the sink finished without {missing:?}");
+        }
+    }
+}
+
+// ---- Growing manifests and chunk requests (features GROWING_MANIFEST and RANGES) ----
+
+use dmover_proto::control::{
+    Control, Growth, ManifestEnd, ManifestPart, SessionInfo, SessionOptions, Want,
+};
+use dmover_proto::session::sim::{manifest, totals};
+use dmover_proto::session::{ChunkSet, SinkEvent, SinkSession, SourceSession, features};
+use std::time::Instant;
+
+fn growing(push: bool, parts: u32) -> Config {
+    Config {
+        push,
+        features: features::MACHINES,
+        parts,
+        files: 8,
+        ..Config::default()
+    }
+}
+
+#[test]
+fn a_growing_manifest_sends_each_part_as_it_comes() {
+    for push in [true, false] {
+        let r = run(growing(push, 4));
+        assert_finished(&r);
+        assert_eq!(r.reads, 64, "push {push}: each chunk read once");
+        assert_eq!(r.grown, vec![16..32, 32..48, 48..64], "push {push}");
+        let (to_acceptor, to_dialer) = &r.messages;
+        let (from_source, from_sink) = if push {
+            (to_acceptor, to_dialer)
+        } else {
+            (to_dialer, to_acceptor)
+        };
+        assert_eq!(
+            from_source.iter().filter(|m| **m == "Grow").count(),
+            4,
+            "push {push}"
+        );
+        assert!(!from_source.contains(&"ManifestEnd"));
+        assert_eq!(from_sink.iter().filter(|m| **m == "Grown").count(), 3);
+        // Data flowed before the manifest was complete: the first part's chunks
+        // arrived before the last part was sent (3 × 50 ms after the first), and each
+        // part's after the one before.
+        for (k, at) in r.write_order.iter().zip(&r.write_times) {
+            if *k < 16 {
+                assert!(*at < ms(150), "push {push}: chunk {k} at {at:?}");
+            }
+        }
+        assert!(r.write_order.is_sorted_by_key(|k| k / 16), "push {push}");
+        // The session ends only after the last part.
+        assert!(r.source_at.unwrap() >= ms(150), "push {push}");
+    }
+}
+
+#[test]
+fn a_growing_manifest_with_empty_parts_and_one_part_finishes() {
+    for (push, parts, chunks, files) in [
+        (true, 1, 64, 3),
+        (false, 1, 64, 3),
+        (true, 5, 2, 1),
+        (false, 5, 0, 0),
+        (true, 3, 0, 4),
+    ] {
+        let r = run(Config {
+            chunks,
+            files,
+            ..growing(push, parts)
+        });
+        assert_finished(&r);
+        assert_eq!(r.reads, chunks, "push {push}, {parts} parts");
+    }
+}
+
+#[test]
+fn a_growing_manifest_resumes_its_first_part_and_survives_a_broken_stream() {
+    for push in [true, false] {
+        let r = run(Config {
+            chunks: 400,
+            held: (0..100).filter(|k| k % 2 == 0).collect(),
+            faults: vec![Fault::Break {
+                stream: 2,
+                at: ms(120),
+            }],
+            ..growing(push, 4)
+        });
+        assert_finished(&r);
+        assert_eq!(r.expected.len(), 350);
+        assert_eq!(r.source_stats.streams_lost, 1, "push {push}");
+        assert!((0..100).step_by(2).all(|k| !r.writes.contains_key(&k)));
+    }
+}
+
+#[test]
+fn wanted_chunks_go_ahead_of_the_ordinary_order() {
+    for push in [true, false] {
+        let r = run(Config {
+            push,
+            chunks: 400,
+            features: features::RANGES,
+            wants: vec![(Duration::ZERO, vec![390, 5, 200, 391])],
+            ..Config::default()
+        });
+        assert_finished(&r);
+        assert_eq!(r.reads, 400, "push {push}: nothing is read twice");
+        for k in [390, 391, 200] {
+            let at = r.write_order.iter().position(|&w| w == k).unwrap();
+            assert!(at < 40, "push {push}: chunk {k} written {at}th");
+        }
+    }
+}
+
+#[test]
+fn a_request_driven_session_sends_only_what_is_wanted() {
+    for push in [true, false] {
+        let wants = vec![
+            (ms(0), vec![17, 3, 150]),
+            (ms(30), vec![99, 0, 1, 2]),
+            // Wanted again long after they arrived (a mount's cache dropped them).
+            (ms(5000), vec![3, 150]),
+            // Wanted twice while on their way: asked for once.
+            (ms(6000), vec![42, 42, 43]),
+        ];
+        let r = run(Config {
+            push,
+            chunks: 200,
+            features: features::RANGES,
+            on_demand: true,
+            wants,
+            ..Config::default()
+        });
+        assert!(r.finished(), "source {:?}, sink {:?}", r.source, r.sink);
+        let mut want_writes = BTreeMap::new();
+        for k in [17, 99, 0, 1, 2, 42, 43] {
+            want_writes.insert(k, 1);
+        }
+        want_writes.insert(3, 2);
+        want_writes.insert(150, 2);
+        assert_eq!(r.writes, want_writes, "push {push}");
+        assert_eq!(r.reads, 11, "push {push}");
+        let from_sink = if push { &r.messages.1 } else { &r.messages.0 };
+        assert!(from_sink.contains(&"OnDemand") && !from_sink.contains(&"Go"));
+        assert_eq!(from_sink.iter().filter(|m| **m == "Want").count(), 4);
+        assert!(r.sink_at.unwrap() >= ms(6000));
+    }
+}
+
+#[test]
+fn a_request_driven_session_without_wants_closes_at_once() {
+    let r = run(Config {
+        features: features::RANGES,
+        on_demand: true,
+        ..Config::default()
+    });
+    assert!(r.finished(), "source {:?}, sink {:?}", r.source, r.sink);
+    assert_eq!(r.reads, 0);
+    assert!(r.writes.is_empty());
+}
+
+#[test]
+fn a_request_driven_mount_of_a_growing_manifest() {
+    let r = run(Config {
+        push: false,
+        chunks: 90,
+        features: features::MACHINES,
+        parts: 3,
+        on_demand: true,
+        wants: vec![(ms(10), vec![5, 2]), (ms(500), vec![80, 31, 60])],
+        ..growing(false, 3)
+    });
+    assert!(r.finished(), "source {:?}, sink {:?}", r.source, r.sink);
+    assert_eq!(
+        r.writes.keys().copied().collect::<Vec<_>>(),
+        [2, 5, 31, 60, 80]
+    );
+    assert_eq!(r.reads, 5);
+    assert_eq!(r.grown, vec![30..60, 60..90]);
+}
+
+#[test]
+fn features_not_offered_are_not_used() {
+    // A dialer that does not offer them: the session uses none, and the machines
+    // refuse to send what needs them.
+    let r = run(Config {
+        features: 0,
+        parts: 2,
+        ..Config::default()
+    });
+    let src = failed(&r.source);
+    assert!(
+        src.to_string()
+            .contains("growing manifest in a session without"),
+        "{src}"
+    );
+    assert!(matches!(failed(&r.sink), SessionError::Remote { .. }));
+    let r = run(Config {
+        features: features::GROWING_MANIFEST,
+        wants: vec![(ms(0), vec![1])],
+        ..Config::default()
+    });
+    let sink = failed(&r.sink);
+    assert!(
+        sink.to_string().contains("without the ranges feature"),
+        "{sink}"
+    );
+}
+
+fn options() -> SessionOptions {
+    SessionOptions {
+        resume: false,
+        journal: true,
+        fsync: false,
+        verify: true,
+        continue_on_error: false,
+        heartbeat_ms: 1000,
+    }
+}
+
+fn info(features: u64) -> SessionInfo {
+    SessionInfo {
+        id: 1,
+        salt: [0; 32],
+        streams: 2,
+        chunk_size: 1 << 20,
+        features,
+    }
+}
+
+/// A sink acceptor in a session using `features`, with a manifest part received.
+fn sink_with(features: u64) -> (SinkSession<dmover_proto::session::sim::SimError>, Instant) {
+    let now = Instant::now();
+    let mut m = SinkSession::accept(
+        now,
+        "peer",
+        Timing::default(),
+        Limits::default(),
+        now + HOUR,
+    );
+    m.grant(now, info(features));
+    m.handle_control(now, Control::Options(options()));
+    m.handle_control(
+        now,
+        Control::Manifest(ManifestPart {
+            entries: manifest(2),
+        }),
+    );
+    (m, now)
+}
+
+/// A source acceptor in a session using `features` that has had `Go`.
+fn source_with(features: u64) -> (SourceSession<dmover_proto::session::sim::SimError>, Instant) {
+    let now = Instant::now();
+    let mut m = SourceSession::accept(now, "peer", Timing::default(), now + HOUR);
+    m.grant(now, info(features));
+    m.handle_control(now, Control::Options(options()));
+    let entries = manifest(2);
+    m.push_manifest(&entries);
+    m.end_manifest(totals(&entries), ChunkSet::all(8));
+    m.handle_control(now, Control::Go);
+    (m, now)
+}
+
+/// A request for one range of chunks.
+fn want(r: std::ops::Range<u64>) -> Control {
+    Control::Want(Want {
+        chunks: std::iter::once(r).collect(),
+    })
+}
+
+fn protocol_failure<E: std::fmt::Debug>(events: Vec<E>) -> String {
+    let last = format!("{:?}", events.last().expect("an event"));
+    assert!(last.starts_with("Failed(Protocol"), "{events:?}");
+    last
+}
+
+#[test]
+fn a_message_needing_a_feature_the_session_does_not_use_is_a_protocol_error() {
+    let grow = Control::Grow(Growth {
+        totals: totals(&manifest(2)),
+        chunks: 2,
+        last: true,
+    });
+    // The sink, sent a growing manifest's part without the feature.
+    let (mut m, now) = sink_with(features::RANGES);
+    m.handle_control(now, grow.clone());
+    // Not a root cause: the machine waits briefly for the peer's report first.
+    m.handle_timeout(now + Timing::default().report_wait);
+    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+    let e = protocol_failure(events);
+    assert!(e.contains("Grow needs the growing manifest feature"), "{e}");
+    let sent: Vec<_> = std::iter::from_fn(|| m.poll_transmit()).collect();
+    assert!(
+        matches!(sent.last(), Some(Control::Error(_))),
+        "the peer is told: {sent:?}"
+    );
+    // With it, the same part is the manifest.
+    let (mut m, now) = sink_with(features::GROWING_MANIFEST);
+    m.handle_control(now, grow);
+    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+    assert!(matches!(events.last(), Some(SinkEvent::Manifest(e)) if e.len() == 3));
+    // A growing manifest's message after a whole one is out of order.
+    let (mut m, now) = sink_with(features::GROWING_MANIFEST);
+    m.handle_control(
+        now,
+        Control::ManifestEnd(ManifestEnd {
+            totals: totals(&manifest(2)),
+        }),
+    );
+    m.handle_control(now, Control::Grown(4));
+    m.handle_timeout(now + Timing::default().report_wait);
+    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+    assert!(
+        format!("{events:?}").contains("Failed(Unexpected"),
+        "{events:?}"
+    );
+
+    // The source, sent requests without the feature.
+    for msg in [want(1..2), Control::Grown(8)] {
+        let (mut m, now) = source_with(features::GROWING_MANIFEST & !features::needed(&msg));
+        while m.poll_event().is_some() {}
+        m.handle_control(now, msg.clone());
+        m.handle_timeout(now + Timing::default().report_wait);
+        let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+        let e = protocol_failure(events);
+        assert!(e.contains(&format!("{} needs the", msg.name())), "{e}");
+    }
+    let now = Instant::now();
+    let mut m = SourceSession::<dmover_proto::session::sim::SimError>::accept(
+        now,
+        "peer",
+        Timing::default(),
+        now + HOUR,
+    );
+    m.grant(now, info(0));
+    m.handle_control(now, Control::Options(options()));
+    m.end_manifest(totals(&[]), ChunkSet::new());
+    m.handle_control(now, Control::OnDemand);
+    m.handle_timeout(now + Timing::default().report_wait);
+    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+    let e = protocol_failure(events);
+    assert!(e.contains("OnDemand needs the ranges feature"), "{e}");
+}
+
+#[test]
+fn a_want_beyond_the_layout_is_a_protocol_error() {
+    let (mut m, now) = source_with(features::RANGES);
+    m.set_layout_chunks(8);
+    while m.poll_event().is_some() {}
+    m.handle_control(now, want(7..8));
+    assert_eq!(m.poll_read().map(|j| j.chunk), Some(7), "wanted first");
+    assert_eq!(m.poll_read().map(|j| j.chunk), Some(0));
+    m.handle_control(now, want(7..9));
+    m.handle_timeout(now + Timing::default().report_wait);
+    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+    let e = protocol_failure(events);
+    assert!(e.contains("beyond the layout's 8"), "{e}");
+}
+
+fn extended() -> impl Strategy<Value = Config> {
+    (
+        schedule(),
+        0u32..5,
+        0u64..120,
+        any::<bool>(),
+        proptest::collection::vec(
+            (0u64..400, proptest::collection::vec(0u64..1000, 0..6)),
+            0..4,
+        ),
+    )
+        .prop_map(|(cfg, parts, every, on_demand, wants)| {
+            let first = if parts == 0 {
+                cfg.chunks
+            } else {
+                cfg.chunks / u64::from(parts)
+            };
+            // Wants name chunks of the first part: later ones may not be known yet.
+            let wants: Vec<(Duration, Vec<u64>)> = if first == 0 {
+                Vec::new()
+            } else {
+                wants
+                    .into_iter()
+                    .map(|(at, ks)| (ms(at), ks.into_iter().map(|k| k % first).collect()))
+                    .collect()
+            };
+            Config {
+                features: features::MACHINES,
+                parts,
+                part_every: ms(every),
+                on_demand,
+                wants,
+                files: 6,
+                ..cfg
+            }
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// Growing manifests, requests and request-driven sessions, with at least one
+    /// stream left: every schedule finishes, with every chunk asked for written and
+    /// nothing else; an ordinary session writes each chunk exactly once.
+    #[test]
+    fn any_growing_or_wanting_schedule_finishes(cfg in extended()) {
+        let r = run(cfg.clone());
+        prop_assert!(r.finished(), "{:?} / {:?} for {cfg:?}", r.source, r.sink);
+        let (missing, extra) = r.write_errors();
+        prop_assert!(missing.is_empty(), "missing {missing:?} for {cfg:?}");
+        if cfg.on_demand {
+            // A chunk wanted again after it arrived is written again, at most once
+            // per want.
+            for (k, n) in &r.writes {
+                let asked = cfg.wants.iter().map(|(_, w)| w.iter().filter(|&&w| w == *k).count()).sum::<usize>();
+                prop_assert!(*n as usize <= asked.max(1), "chunk {k} written {n} times, wanted {asked}");
+                prop_assert!(asked > 0, "chunk {k} never wanted");
+            }
+        } else {
+            prop_assert!(extra.is_empty(), "extra {extra:?} for {cfg:?}");
+        }
+        prop_assert!(r.source_at.unwrap() < Duration::from_secs(60));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// Whatever breaks in a growing or request-driven session, both sides end in
+    /// bounded time, and a side that finished means every chunk asked for came.
+    #[test]
+    fn any_faults_end_growing_and_wanting_sessions(cfg in extended(), extra in proptest::collection::vec(
+        prop_oneof![
+            (0u16..6, 0u64..300).prop_map(|(stream, at)| Fault::Break { stream, at: Duration::from_millis(at) }),
+            (0u16..6, 0u64..300).prop_map(|(stream, at)| Fault::Silence { stream, at: Duration::from_millis(at) }),
+            (0u64..300).prop_map(|at| Fault::ControlSilence { at: Duration::from_millis(at) }),
+            (0u64..300).prop_map(|at| Fault::ControlBreak { at: Duration::from_millis(at) }),
+            (0u16..6).prop_map(|stream| Fault::NoJoin { stream }),
+            (0u64..150).prop_map(|chunk| Fault::WriteError { chunk }),
+            (0u64..150).prop_map(|chunk| Fault::ReadError { chunk }),
+        ], 0..3)) {
+        let mut cfg = cfg;
+        cfg.faults.extend(extra);
+        cfg.timing = Timing {
+            heartbeat: Duration::from_secs(1),
+            stall: Duration::from_secs(10),
+            idle: Some(Duration::from_secs(10)),
+            join: Duration::from_secs(10),
+            handshake: Duration::from_secs(10),
+            ..Timing::default()
+        };
+        let r = run(cfg.clone());
+        prop_assert!(r.source != Outcome::Running && r.sink != Outcome::Running,
+            "still running: {:?} / {:?} for {cfg:?}", r.source, r.sink);
+        let bound = Duration::from_secs(60);
+        prop_assert!(r.source_at.unwrap() < bound && r.sink_at.unwrap() < bound,
+            "ended at {:?} / {:?} for {cfg:?}", r.source_at, r.sink_at);
+        let (missing, _) = r.write_errors();
+        if r.source == Outcome::Finished || r.sink == Outcome::Finished {
+            prop_assert!(missing.is_empty(), "finished without {missing:?} for {cfg:?}");
+        }
+        if !cfg.on_demand {
+            let twice: Vec<_> = r.writes.iter().filter(|(_, n)| **n > 1).collect();
+            prop_assert!(twice.is_empty(), "written twice: {twice:?}");
         }
     }
 }

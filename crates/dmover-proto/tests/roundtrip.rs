@@ -4,8 +4,8 @@
 
 use dmover_proto::control::{
     Auth, AuthMethod, AuthOk, Control, Credential, DataProtection, DirectIo, EntryRange, ErrorCode,
-    ErrorMsg, FailedFile, Have, Hello, LEN_PREFIX, MAX_FRAME, ManifestEnd, ManifestPart, Op, Open,
-    PartialFile, Plan, SendReport, SessionInfo, SessionOptions, Summary, Welcome,
+    ErrorMsg, FailedFile, Growth, Have, Hello, LEN_PREFIX, MAX_FRAME, ManifestEnd, ManifestPart,
+    Op, Open, PartialFile, Plan, SendReport, SessionInfo, SessionOptions, Summary, Want, Welcome,
 };
 use dmover_proto::control::{MemDirection, MemTest};
 use dmover_proto::data::{
@@ -241,6 +241,18 @@ fn reliability_control() -> impl Strategy<Value = Control> {
                         .collect(),
                 }
             )),
+        (totals(), any::<u64>(), any::<bool>()).prop_map(|(totals, chunks, last)| {
+            Control::Grow(Growth {
+                totals,
+                chunks,
+                last,
+            })
+        }),
+        vec(any::<(u64, u64)>(), 0..8).prop_map(|r| Control::Want(Want {
+            chunks: r.into_iter().map(|(a, b)| a..b).collect(),
+        })),
+        Just(Control::OnDemand),
+        any::<u64>().prop_map(Control::Grown),
     ]
 }
 

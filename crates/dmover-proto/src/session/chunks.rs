@@ -99,6 +99,12 @@ impl ChunkSet {
         self.ranges.iter().flat_map(|r| r.clone())
     }
 
+    /// The smallest chunk of the set at or after `k`.
+    pub fn next_from(&self, k: u64) -> Option<u64> {
+        let i = self.ranges.partition_point(|r| r.end <= k);
+        self.ranges.get(i).map(|r| r.start.max(k))
+    }
+
     /// One past the largest chunk (0 when empty).
     pub fn end(&self) -> u64 {
         self.ranges.last().map_or(0, |r| r.end)
@@ -115,7 +121,8 @@ impl FromIterator<u64> for ChunkSet {
     }
 }
 
-/// A position in a [`ChunkSet`], for walking it once in order.
+/// A position in a [`ChunkSet`], for walking it once in order. The set may grow at
+/// its end meanwhile (a growing manifest): the walk goes on into what was added.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Cursor {
     range: usize,
@@ -131,9 +138,18 @@ impl Cursor {
                 self.next = k + 1;
                 return Some(k);
             }
+            // Stay on the last range: it may be extended.
+            if self.range + 1 == set.ranges.len() {
+                return None;
+            }
             self.range += 1;
         }
         None
+    }
+
+    /// Every chunk of the set below this has been walked.
+    pub(crate) fn position(&self) -> u64 {
+        self.next
     }
 }
 
@@ -156,5 +172,21 @@ mod tests {
         let mut c = Cursor::default();
         let walked: Vec<u64> = std::iter::from_fn(|| c.next(&s)).collect();
         assert_eq!(walked, vec![0, 1, 2, 5, 6, 9]);
+        assert_eq!(s.next_from(3), Some(5));
+        assert_eq!(s.next_from(6), Some(6));
+        assert_eq!(s.next_from(10), None);
+    }
+
+    #[test]
+    fn a_cursor_walks_on_into_a_grown_set() {
+        let mut s = ChunkSet::all(3);
+        let mut c = Cursor::default();
+        let walked: Vec<u64> = std::iter::from_fn(|| c.next(&s)).collect();
+        assert_eq!(walked, vec![0, 1, 2]);
+        s.insert_range(3..5);
+        s.insert_range(7..8);
+        let walked: Vec<u64> = std::iter::from_fn(|| c.next(&s)).collect();
+        assert_eq!(walked, vec![3, 4, 7]);
+        assert_eq!(c.position(), 8);
     }
 }

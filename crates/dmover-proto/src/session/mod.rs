@@ -40,6 +40,35 @@
 //! source:  SendReport (all acknowledged)   sink: Done (all written and finalised)
 //! Ping both ways once the session is open; Error either way, then close
 //! ```
+//!
+//! ## Optional features
+//! Negotiated in `Open`/`Session` ([`features`]); a message that needs a feature the
+//! session does not use is a protocol violation ([`features::needed`]).
+//! ```text
+//! growing manifest (GROWING_MANIFEST): each part ends with Grow instead of one ManifestEnd
+//! source:  Manifest* Grow{chunks: n1}                  ->  sink: SinkEvent::Manifest
+//! sink:    Go (or OnDemand)                            ->  source sends chunks 0..n1
+//! source:  Manifest* Grow{chunks: n2}                  ->  sink: SinkEvent::Grown(n1..n2)
+//! sink:    Grown(n2)  (its layout covers n2 chunks)    ->  source sends n1..n2 too
+//! source:  ... Manifest* Grow{last}                    ->  no more parts
+//! the session ends as above once the last part is sent, confirmed and acknowledged
+//!
+//! chunk requests (RANGES):
+//! sink:    Want{chunks}  (after Go)                    ->  source reads those first
+//! request-driven (a mount), RANGES:
+//! sink:    OnDemand instead of Go                      ->  source sends nothing unasked
+//! sink:    Want{chunks}*                               ->  each chunk sent, again if it was
+//! sink:    Done  (whenever it is done)                 ->  source: SendReport once the
+//!                                                          chunks on their way are acknowledged
+//! ```
+//! A later part's chunks are sent only after the sink's `Grown`, because the data
+//! streams are not ordered with the control connection: a chunk must never arrive
+//! before the part that lays it out. Each part's files start on a fresh chunk, so the
+//! layout only ever grows at its end. In an ordinary session `Want` only reorders (a
+//! chunk already sent is not sent again, and the sink asks only for chunks it lacks);
+//! in a request-driven one every wanted chunk is sent, and a chunk the sink wants
+//! again after it arrived is written again.
+//!
 //! The dialer opens the data streams ([`SourceCommand::Open`], [`SinkCommand::Open`]);
 //! the acceptor learns of each join from its driver. A session ends for a side when it
 //! has sent its own final message and received the peer's: the source after
@@ -87,14 +116,67 @@ pub enum Side {
 /// (the ones both speak): later messages are added behind a bit here instead of a new
 /// protocol version each.
 pub mod features {
-    /// The features this build speaks.
+    use crate::control::Control;
+
+    /// A manifest that grows during the session (a streamed walk, continuous mode):
+    /// the source ends each part with [`Control::Grow`] instead of one `ManifestEnd`,
+    /// and data flows from the first part on.
+    pub const GROWING_MANIFEST: u64 = 1;
+    /// Chunk requests from the sink ([`Control::Want`]), served ahead of the ordinary
+    /// order, and request-driven sessions ([`Control::OnDemand`]) for a mount.
+    pub const RANGES: u64 = 2;
+
+    /// The features this build's drivers (`dmover_core::drive`) speak and offer.
     pub const SUPPORTED: u64 = 0;
 
-    /// The features a session uses: those both sides speak. Bits a side does not know
-    /// are never granted.
+    /// The features the role machines implement: what a driver may offer once it
+    /// handles their events too (the simulator and the pair tests offer these).
+    pub const MACHINES: u64 = GROWING_MANIFEST | RANGES;
+
+    /// The features a session uses: those both sides speak. Bits the machines do not
+    /// know are never granted.
     pub fn negotiate(dialer: u64, acceptor: u64) -> u64 {
-        dialer & acceptor & SUPPORTED
+        dialer & acceptor & MACHINES
     }
+
+    /// The feature a message needs (0: none). A peer that sends a message whose
+    /// feature the session does not use breaks the protocol.
+    pub fn needed(msg: &Control) -> u64 {
+        match msg {
+            Control::Grow(_) | Control::Grown(_) => GROWING_MANIFEST,
+            Control::Want(_) | Control::OnDemand => RANGES,
+            _ => 0,
+        }
+    }
+
+    /// A readable name of a feature bit, for errors.
+    pub fn name(bit: u64) -> &'static str {
+        match bit {
+            GROWING_MANIFEST => "growing manifest",
+            RANGES => "ranges",
+            _ => "unknown",
+        }
+    }
+}
+
+/// Fails a message that needs a feature the session does not use.
+fn check_feature<E>(
+    peer: &str,
+    info: Option<&crate::control::SessionInfo>,
+    msg: &Control,
+) -> Result<(), SessionError<E>> {
+    let bit = features::needed(msg);
+    if bit != 0 && info.is_none_or(|i| i.features & bit == 0) {
+        return Err(SessionError::Protocol {
+            peer: peer.to_string(),
+            what: format!(
+                "{} needs the {} feature, which the session does not use",
+                msg.name(),
+                features::name(bit)
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// The time limits of a session.

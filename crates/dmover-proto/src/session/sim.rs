@@ -12,10 +12,16 @@
 //! [`Config::read`], writes it on its stream in [`Config::send`] (the buffer is free
 //! again then) and the sink writes it to storage in [`Config::write`]; closing a data
 //! stream is seen by the other side one latency later, unless the stream is silent.
+//!
+//! The optional features: [`Config::parts`] sends a growing manifest in parts (the
+//! simulated sink prepares for each part at once), [`Config::wants`] has the sink ask
+//! for chunks, and [`Config::on_demand`] makes the session request-driven, the sink
+//! closing it once everything it wanted is written.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt;
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use super::{
@@ -165,6 +171,22 @@ pub struct Config {
     pub limits: Limits,
     /// Regular files in the manifest (besides its root directory).
     pub files: u32,
+    /// The features the dialer offers and the acceptor speaks (see
+    /// [`super::features`]).
+    pub features: u64,
+    /// A growing manifest in this many parts (0: one whole manifest; needs
+    /// [`super::features::GROWING_MANIFEST`]): the chunks and files are split evenly
+    /// between the parts, the first sent as soon as the session is open, each next one
+    /// [`Config::part_every`] later. Held chunks are those of the first part.
+    pub parts: u32,
+    /// Time between the parts of a growing manifest.
+    pub part_every: Duration,
+    /// Chunks the sink asks for ([`SinkSession::want`]), each list at its time after
+    /// the sink is prepared (needs [`super::features::RANGES`]).
+    pub wants: Vec<(Duration, Vec<u64>)>,
+    /// The session is request-driven ([`SinkSession::ready_on_demand`]): the sink
+    /// closes it once its last wants are written.
+    pub on_demand: bool,
 }
 
 impl Default for Config {
@@ -184,6 +206,11 @@ impl Default for Config {
             timing: Timing::default(),
             limits: Limits::default(),
             files: 3,
+            features: 0,
+            parts: 0,
+            part_every: Duration::from_millis(50),
+            wants: Vec::new(),
+            on_demand: false,
         }
     }
 }
@@ -228,6 +255,12 @@ pub struct Report {
     pub messages: (Vec<&'static str>, Vec<&'static str>),
     /// Simulation steps taken.
     pub steps: u64,
+    /// The chunks the sink was told to write, in order.
+    pub write_order: Vec<u64>,
+    /// When each of those arrived, after the start.
+    pub write_times: Vec<Duration>,
+    /// The chunk ranges the sink's manifest grew by after its first part.
+    pub grown: Vec<Range<u64>>,
 }
 
 impl Report {
@@ -282,6 +315,8 @@ enum Ev {
     StreamFailed(Party, u16, SimError),
     WriteDone(u64),
     Fault(usize),
+    Part(u32),
+    Want(usize),
 }
 
 enum Role {
@@ -314,6 +349,11 @@ pub struct Sim {
     report: Report,
     expected: ChunkSet,
     resume: bool,
+    /// The chunks of the first part (all of them without growth).
+    first: u64,
+    /// Wants made so far; the sink closed a request-driven session.
+    wants_made: usize,
+    closed: bool,
 }
 
 const SOURCE: usize = 0;
@@ -324,13 +364,18 @@ impl Sim {
     pub fn new(cfg: Config) -> Self {
         let t0 = Instant::now();
         let all = ChunkSet::all(cfg.chunks);
-        let held: ChunkSet = cfg
-            .held
-            .iter()
-            .copied()
-            .filter(|&k| k < cfg.chunks)
-            .collect();
-        let expected: ChunkSet = all.iter().filter(|k| !held.contains(*k)).collect();
+        let first = part_bounds(&cfg, 0).0;
+        let held: ChunkSet = cfg.held.iter().copied().filter(|&k| k < first).collect();
+        let expected: ChunkSet = if cfg.on_demand {
+            cfg.wants
+                .iter()
+                .flat_map(|(_, w)| w.iter().copied())
+                .collect::<std::collections::BTreeSet<u64>>()
+                .into_iter()
+                .collect()
+        } else {
+            all.iter().filter(|k| !held.contains(*k)).collect()
+        };
         let resume = !cfg.held.is_empty();
         let open = Open {
             op: if cfg.push {
@@ -347,7 +392,7 @@ impl Sim {
             checksum: true,
             direct_io: crate::control::DirectIo::Never,
             protection: crate::control::DataProtection::Authenticated,
-            features: super::features::SUPPORTED,
+            features: cfg.features,
         };
         let dial = Dial {
             hello: Hello {
@@ -372,9 +417,12 @@ impl Sim {
         let dialer = if cfg.push {
             let mut s = SourceSession::dial(t0, "acceptor", cfg.timing, dial);
             s.set_window(cfg.window);
-            let entries = manifest(cfg.files);
-            s.push_manifest(&entries);
-            s.end_manifest(totals(&entries), all.clone());
+            if cfg.parts == 0 {
+                let entries = manifest(cfg.files);
+                s.push_manifest(&entries);
+                s.end_manifest(totals(&entries), all.clone());
+                s.set_layout_chunks(cfg.chunks);
+            }
             Role::Source(s)
         } else {
             Role::Sink(SinkSession::dial(
@@ -408,6 +456,9 @@ impl Sim {
                 reads: 0,
                 messages: (Vec::new(), Vec::new()),
                 steps: 0,
+                write_order: Vec::new(),
+                write_times: Vec::new(),
+                grown: Vec::new(),
             },
             cfg,
             t0,
@@ -421,6 +472,9 @@ impl Sim {
             control_closed: [false; 2],
             expected,
             resume,
+            first,
+            wants_made: 0,
+            closed: false,
         };
         for (i, f) in sim.cfg.faults.clone().iter().enumerate() {
             let at = match f {
@@ -614,6 +668,8 @@ impl Sim {
                 let write = self.cfg.write;
                 if let Some(Role::Sink(s)) = self.role(p) {
                     if s.arrived(now, stream, chunk) == Arrival::Write {
+                        self.report.write_order.push(chunk);
+                        self.report.write_times.push(now - self.t0);
                         *self.report.writes.entry(chunk).or_default() += 1;
                         self.after(write, Ev::WriteDone(chunk));
                     }
@@ -663,6 +719,18 @@ impl Sim {
                         s.chunk_written(now, chunk);
                     }
                 }
+                self.maybe_close();
+            }
+            Ev::Part(i) => self.send_part(i),
+            Ev::Want(i) => {
+                let ranges: Vec<Range<u64>> =
+                    self.cfg.wants[i].1.iter().map(|&k| k..k + 1).collect();
+                self.wants_made += 1;
+                let p = self.party_of_source().other();
+                if let Some(Role::Sink(s)) = self.role(p) {
+                    s.want(now, &ranges);
+                }
+                self.maybe_close();
             }
             Ev::Fault(i) => match self.cfg.faults[i].clone() {
                 Fault::Break { stream, .. } | Fault::Corrupt { stream, .. } => {
@@ -794,7 +862,7 @@ impl Sim {
                     salt: [5; 32],
                     streams: open.streams.min(128),
                     chunk_size: open.chunk_size,
-                    features: super::features::negotiate(open.features, super::features::SUPPORTED),
+                    features: super::features::negotiate(open.features, self.cfg.features),
                 };
                 let deadline = self.t0 + self.cfg.timing.handshake;
                 let timing = self.cfg.timing;
@@ -809,13 +877,19 @@ impl Sim {
                         let mut s = SourceSession::accept(now, "dialer", timing, deadline);
                         s.set_window(self.cfg.window);
                         s.grant(now, info);
-                        let entries = manifest(self.cfg.files);
-                        s.push_manifest(&entries);
-                        s.end_manifest(totals(&entries), ChunkSet::all(self.cfg.chunks));
+                        if self.cfg.parts == 0 {
+                            let entries = manifest(self.cfg.files);
+                            s.push_manifest(&entries);
+                            s.end_manifest(totals(&entries), ChunkSet::all(self.cfg.chunks));
+                            s.set_layout_chunks(self.cfg.chunks);
+                        }
                         Role::Source(s)
                     }
                 };
                 self.acceptor = Some(role);
+                if self.cfg.parts > 0 && !self.cfg.push {
+                    self.send_part(0);
+                }
             }
             AcceptEvent::Failed(e) => {
                 let at = Some(now - self.t0);
@@ -896,11 +970,13 @@ impl Sim {
             let Some(ev) = s.poll_event() else { break };
             any = true;
             match ev {
+                SourceEvent::Opened(_) if self.cfg.parts > 0 => self.send_part(0),
                 SourceEvent::Opened(_)
                 | SourceEvent::Options(_)
                 | SourceEvent::StreamLost { .. } => {}
                 SourceEvent::Held(_) => {
-                    let expected = self.expected.clone();
+                    let first = self.first;
+                    let expected: ChunkSet = self.expected.iter().filter(|&k| k < first).collect();
                     if let Some(Role::Source(s)) = self.role(p) {
                         s.planned(now, Plan { stale: Vec::new() }, expected);
                     }
@@ -970,7 +1046,6 @@ impl Sim {
             let Some(ev) = s.poll_event() else { break };
             any = true;
             let n = self.cfg.chunks;
-            let expected = self.expected.clone();
             let resume = self.resume;
             let Some(Role::Sink(s)) = self.role(p) else {
                 return any;
@@ -981,10 +1056,14 @@ impl Sim {
                     if resume {
                         s.resume(now, vec![Have::default()]);
                     } else {
-                        s.ready(now, expected, n);
+                        self.sink_ready(p);
                     }
                 }
-                SinkEvent::Plan(_) => s.ready(now, expected, n),
+                SinkEvent::Plan(_) => self.sink_ready(p),
+                SinkEvent::Grown { chunks, .. } => {
+                    s.grown(now, chunks.end);
+                    self.report.grown.push(chunks);
+                }
                 SinkEvent::Complete => s.finished(Summary {
                     bytes: n << 20,
                     files: 3,
@@ -1012,6 +1091,68 @@ impl Sim {
             }
         }
         any
+    }
+
+    /// The sink is prepared: `Go` (or `OnDemand`) for the first part's chunks, and its
+    /// wants are scheduled.
+    fn sink_ready(&mut self, p: Party) {
+        let now = self.now;
+        let first = self.first;
+        let expected: ChunkSet = self.expected.iter().filter(|&k| k < first).collect();
+        let on_demand = self.cfg.on_demand;
+        if let Some(Role::Sink(s)) = self.role(p) {
+            if on_demand {
+                s.ready_on_demand(now, first);
+            } else {
+                s.ready(now, expected, first);
+            }
+        }
+        for i in 0..self.cfg.wants.len() {
+            let at = self.cfg.wants[i].0;
+            self.after(at, Ev::Want(i));
+        }
+        self.maybe_close();
+    }
+
+    /// A request-driven sink closes the session once it made its last wants and has
+    /// every chunk it wanted written.
+    fn maybe_close(&mut self) {
+        if !self.cfg.on_demand || self.closed || self.wants_made < self.cfg.wants.len() {
+            return;
+        }
+        let p = self.party_of_source().other();
+        let n = self.cfg.chunks;
+        if let Some(Role::Sink(s)) = self.role(p) {
+            if s.outstanding() == 0 && s.state() == State::Running {
+                s.finished(Summary {
+                    chunks: n,
+                    ..Summary::default()
+                });
+                self.closed = true;
+            }
+        }
+    }
+
+    /// The source sends part `i` of a growing manifest, and schedules the next.
+    fn send_part(&mut self, i: u32) {
+        let now = self.now;
+        let parts = self.cfg.parts;
+        let all = manifest(self.cfg.files);
+        let (_, prev_entries) = if i == 0 {
+            (0, 0)
+        } else {
+            part_bounds(&self.cfg, i - 1)
+        };
+        let (chunks, entries) = part_bounds(&self.cfg, i);
+        let src = self.party_of_source();
+        if let Some(Role::Source(s)) = self.role(src) {
+            s.push_manifest(&all[prev_entries..entries]);
+            s.grow_manifest(now, totals(&all[..entries]), chunks, i + 1 == parts);
+        }
+        if i + 1 < parts {
+            let every = self.cfg.part_every;
+            self.after(every, Ev::Part(i + 1));
+        }
     }
 
     /// A side that ended sends what it still has and closes its control connection.
@@ -1045,6 +1186,17 @@ fn state(r: &Role) -> State {
         Role::Source(s) => s.state(),
         Role::Sink(s) => s.state(),
     }
+}
+
+/// The end of part `i` of a growing manifest: (chunks, entries of [`manifest`]) of
+/// the parts up to it; the whole dataset without growth.
+fn part_bounds(cfg: &Config, i: u32) -> (u64, usize) {
+    if cfg.parts == 0 {
+        return (cfg.chunks, cfg.files as usize + 1);
+    }
+    let (i, parts) = (u64::from(i) + 1, u64::from(cfg.parts));
+    let files = u64::from(cfg.files) * i / parts;
+    (cfg.chunks * i / parts, files as usize + 1)
 }
 
 /// A manifest of one directory holding `files` files.

@@ -13,16 +13,34 @@
 //!                                 Finishing ─(finished: Done)─▶ Reporting ─(SendReport)─▶ Finished
 //! any state ─(error, silence, every stream lost)─▶ Failed
 //! ```
+//! With a growing manifest ([`super::features::GROWING_MANIFEST`]) the first `Grow`
+//! ends `Listing` as `ManifestEnd` does; later parts come in any state after it, until
+//! the one marked last, as [`SinkEvent::Grown`], each answered by [`SinkSession::grown`]
+//! (`Grown` to the source), and `Receiving` leads to `Finishing` only once the last
+//! part came, is prepared for, and every chunk is written. With
+//! [`super::features::RANGES`]:
+//! ```text
+//! Preparing | Planning ─(ready_on_demand: OnDemand)─▶ Receiving (request-driven) ─(finished: Done)─▶ Reporting ─(SendReport)─▶ Finished
+//! Receiving ─(want: Want)─▶ Receiving
+//! ```
+//! A request-driven session expects only the chunks [`SinkSession::want`] asked for
+//! (a chunk that arrived before and is wanted again is expected, and written, again),
+//! never completes by itself, and lasts until the sink closes it with
+//! [`SinkSession::finished`].
+//!
 //! Frames are acknowledged as they arrive, duplicates too, until the source's report
 //! says it has every acknowledgement: a chunk sent again after a stream was lost may
 //! arrive twice, and the source waits for an acknowledgement of each copy it sent.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use super::link::{Dial, Link, Setup};
-use super::{Cause, ChunkSet, SessionError, Side, State, StreamStats, Timing};
-use crate::control::{Control, Have, Plan, SendReport, SessionInfo, SessionOptions, Summary};
+use super::{Cause, ChunkSet, SessionError, Side, State, StreamStats, Timing, features};
+use crate::control::{
+    Control, Growth, Have, Plan, SendReport, SessionInfo, SessionOptions, Summary, Want,
+};
 use crate::manifest::{self, Entry};
 
 /// What the driver is to do for the sink.
@@ -70,6 +88,15 @@ pub enum SinkEvent<E> {
     Manifest(Vec<Entry>),
     /// The source's answer to a resume: apply it, then call [`SinkSession::ready`].
     Plan(Plan),
+    /// (feature [`features::GROWING_MANIFEST`]) A later part of a growing manifest,
+    /// checked with the parts before it: extend the layout (its chunks `chunks` come
+    /// after every earlier one), then call [`SinkSession::grown`] with `chunks.end`.
+    Grown {
+        /// The part's entries, numbered after every earlier entry.
+        entries: Vec<Entry>,
+        /// The chunks the part adds to the layout.
+        chunks: Range<u64>,
+    },
     /// Every expected chunk arrived and is written: finalise, then call
     /// [`SinkSession::finished`].
     Complete,
@@ -131,6 +158,9 @@ impl Default for Limits {
     }
 }
 
+/// Most chunk ranges in one `Want` message.
+const WANT_RANGES: usize = 1 << 16;
+
 /// The sink role of a session (see the module docs).
 #[derive(Debug)]
 pub struct SinkSession<E> {
@@ -141,6 +171,20 @@ pub struct SinkSession<E> {
     streams: Vec<Stream>,
     entries: Vec<Entry>,
     entry_bytes: u64,
+    /// Entries received in all.
+    n_entries: u64,
+    /// A growing manifest: the parts checked so far.
+    growth: Option<manifest::Validator>,
+    /// Growing: the last part came.
+    sealed: bool,
+    /// Growing: the layout's chunks as announced by the parts.
+    announced: u64,
+    /// Growing: the chunks of the first part.
+    first_chunks: u64,
+    /// Growing: the chunks of later parts prepared for before [`SinkSession::ready`].
+    grown: ChunkSet,
+    /// The session is request-driven (`OnDemand`).
+    on_demand: bool,
     expected: ChunkSet,
     seen: Vec<u64>,
     n_chunks: u64,
@@ -162,6 +206,13 @@ impl<E: Cause + Clone> SinkSession<E> {
             streams: Vec::new(),
             entries: Vec::new(),
             entry_bytes: 0,
+            n_entries: 0,
+            growth: None,
+            sealed: false,
+            announced: 0,
+            first_chunks: 0,
+            grown: ChunkSet::new(),
+            on_demand: false,
             expected: ChunkSet::new(),
             seen: Vec::new(),
             n_chunks: 0,
@@ -274,9 +325,11 @@ impl<E: Cause + Clone> SinkSession<E> {
             Setup::Session(msg) => msg,
         };
         let peer = self.link.peer.clone();
+        super::check_feature(&peer, self.info.as_ref(), &msg)?;
+        let growing = self.growth.is_some() && !self.sealed;
         match (self.phase, msg) {
-            (Phase::Listing, Control::Manifest(part)) => {
-                let n = self.entries.len() as u64 + part.entries.len() as u64;
+            (phase, Control::Manifest(part)) if phase == Phase::Listing || growing => {
+                let n = self.n_entries + part.entries.len() as u64;
                 if n > self.limits.max_entries {
                     return Err(SessionError::Limit(format!(
                         "manifest exceeds {} entries",
@@ -290,9 +343,11 @@ impl<E: Cause + Clone> SinkSession<E> {
                         self.limits.max_manifest_bytes
                     )));
                 }
+                self.n_entries = n;
                 self.entries.extend(part.entries);
                 Ok(())
             }
+            (phase, Control::Grow(g)) if phase == Phase::Listing || growing => self.on_grow(now, g),
             (Phase::Listing, Control::ManifestEnd(end)) => {
                 let totals = manifest::validate(&self.entries, self.limits.max_entries).map_err(
                     |source| SessionError::Malformed {
@@ -338,6 +393,94 @@ impl<E: Cause + Clone> SinkSession<E> {
         }
     }
 
+    /// A part of a growing manifest ends.
+    fn on_grow(&mut self, now: Instant, g: Growth) -> Result<(), SessionError<E>> {
+        let peer = self.link.peer.clone();
+        let part = std::mem::take(&mut self.entries);
+        let v = self.growth.get_or_insert_with(manifest::Validator::new);
+        let totals =
+            v.extend(&part, self.limits.max_entries)
+                .map_err(|source| SessionError::Malformed {
+                    peer: peer.clone(),
+                    source,
+                })?;
+        if totals != g.totals {
+            return Err(SessionError::Protocol {
+                peer,
+                what: format!(
+                    "manifest totals {:?} do not match its entries {totals:?}",
+                    g.totals
+                ),
+            });
+        }
+        if g.chunks < self.announced {
+            return Err(SessionError::Protocol {
+                peer,
+                what: format!(
+                    "the layout shrinks from {} to {} chunks",
+                    self.announced, g.chunks
+                ),
+            });
+        }
+        let chunks = self.announced..g.chunks;
+        self.announced = g.chunks;
+        self.sealed = g.last;
+        if self.phase == Phase::Listing {
+            self.first_chunks = g.chunks;
+            self.phase = Phase::Preparing;
+            self.events.push_back(SinkEvent::Manifest(part));
+        } else {
+            self.events.push_back(SinkEvent::Grown {
+                entries: part,
+                chunks,
+            });
+            self.check_complete();
+            if self.phase >= Phase::Receiving {
+                self.check_streams_left(now, None);
+            }
+        }
+        Ok(())
+    }
+
+    /// (feature [`features::GROWING_MANIFEST`]) The answer to [`SinkEvent::Grown`]:
+    /// the layout covers `n_chunks` chunks now; the source may send them (a part's
+    /// chunks are expected from here on, unless the session is request-driven).
+    pub fn grown(&mut self, now: Instant, n_chunks: u64) {
+        if self.growth.is_none() || self.phase < Phase::Preparing || !self.link.live() {
+            return;
+        }
+        let have = self.n_chunks.max(self.first_chunks + self.grown.len());
+        if n_chunks < have || n_chunks > self.announced {
+            let e = SessionError::Protocol {
+                peer: "this side".into(),
+                what: format!(
+                    "prepared for {n_chunks} chunks, with {have} before and {} announced",
+                    self.announced
+                ),
+            };
+            self.link.fail(now, e);
+            return self.flush_failure();
+        }
+        if n_chunks == have {
+            return;
+        }
+        self.link.send(Control::Grown(n_chunks));
+        if self.phase >= Phase::Receiving {
+            self.extend_layout(have..n_chunks);
+            self.check_streams_left(now, None);
+        } else {
+            self.grown.insert_range(have..n_chunks);
+        }
+    }
+
+    fn extend_layout(&mut self, r: Range<u64>) {
+        self.n_chunks = self.n_chunks.max(r.end);
+        self.seen.resize(self.n_chunks.div_ceil(64) as usize, 0);
+        if !self.on_demand {
+            self.expected.insert_range(r);
+        }
+    }
+
     /// Answers the manifest with what an earlier attempt left (resume): the `Have`
     /// parts, the last marked. The source answers with a plan ([`SinkEvent::Plan`]).
     pub fn resume(&mut self, now: Instant, parts: Vec<Have>) {
@@ -359,32 +502,133 @@ impl<E: Cause + Clone> SinkSession<E> {
     }
 
     /// The sink is prepared for `expected` of the layout's `n_chunks` chunks: says
-    /// `Go`.
+    /// `Go`. (Of a growing manifest: the first part's layout.)
     pub fn ready(&mut self, now: Instant, expected: ChunkSet, n_chunks: u64) {
+        self.start(now, expected, n_chunks, false);
+    }
+
+    /// (feature [`features::RANGES`]) In place of [`SinkSession::ready`]: the sink is
+    /// prepared for the layout's `n_chunks` chunks and makes the session
+    /// request-driven (`OnDemand`): the source sends only what
+    /// [`SinkSession::want`] asks for, and the session lasts until
+    /// [`SinkSession::finished`] (a mount until it is unmounted).
+    pub fn ready_on_demand(&mut self, now: Instant, n_chunks: u64) {
+        self.start(now, ChunkSet::new(), n_chunks, true);
+    }
+
+    fn uses(&self, bit: u64) -> bool {
+        self.info.as_ref().is_some_and(|i| i.features & bit != 0)
+    }
+
+    fn start(&mut self, now: Instant, expected: ChunkSet, n_chunks: u64, on_demand: bool) {
         if !matches!(self.phase, Phase::Preparing | Phase::Planning) || !self.link.live() {
             return;
         }
-        if expected.end() > n_chunks {
+        let what = if expected.end() > n_chunks {
+            Some(format!(
+                "expects chunk {} of a layout of {n_chunks}",
+                expected.end() - 1
+            ))
+        } else if self.growth.is_some() && n_chunks != self.first_chunks {
+            Some(format!(
+                "a layout of {n_chunks} chunks for a first part of {}",
+                self.first_chunks
+            ))
+        } else if on_demand && !self.uses(features::RANGES) {
+            Some("a request-driven session without the ranges feature".into())
+        } else {
+            None
+        };
+        if let Some(what) = what {
             let e = SessionError::Protocol {
                 peer: "this side".into(),
-                what: format!(
-                    "expects chunk {} of a layout of {n_chunks}",
-                    expected.end() - 1
-                ),
+                what,
             };
             self.link.fail(now, e);
             return self.flush_failure();
         }
+        self.on_demand = on_demand;
         self.expected = expected;
         self.seen = vec![0; n_chunks.div_ceil(64) as usize];
         self.n_chunks = n_chunks;
+        for r in self.grown.ranges().to_vec() {
+            self.extend_layout(r);
+        }
         self.phase = Phase::Receiving;
-        self.link.send(Control::Go);
+        self.link.send(if on_demand {
+            Control::OnDemand
+        } else {
+            Control::Go
+        });
         for s in &mut self.streams {
             s.last_frame = now;
         }
         self.link.await_joins(now);
         self.check_complete();
+    }
+
+    /// (feature [`features::RANGES`]) Asks for chunks, in this order (a mount maps
+    /// the byte ranges it reads to chunks with the layout). In an ordinary session the
+    /// source sends those still expected first (chunks that arrived are not asked for
+    /// again); in a request-driven one each chunk named comes, again if it came before
+    /// (its next copy is to be written), unless it is already on its way.
+    pub fn want(&mut self, now: Instant, chunks: &[Range<u64>]) {
+        if self.phase != Phase::Receiving || !self.link.live() {
+            return;
+        }
+        let beyond = chunks
+            .iter()
+            .find(|r| r.end > self.n_chunks && r.start < r.end);
+        let what = if !self.uses(features::RANGES) {
+            Some("chunk requests without the ranges feature".to_string())
+        } else {
+            beyond.map(|r| format!("wants chunks {r:?} of a layout of {}", self.n_chunks))
+        };
+        if let Some(what) = what {
+            let e = SessionError::Protocol {
+                peer: "this side".into(),
+                what,
+            };
+            self.link.fail(now, e);
+            return self.flush_failure();
+        }
+        let mut ask: Vec<Range<u64>> = Vec::new();
+        for r in chunks {
+            for k in r.clone() {
+                let (word, bit) = ((k / 64) as usize, 1u64 << (k % 64));
+                let seen = self.seen[word] & bit != 0;
+                let take = if self.on_demand {
+                    if seen {
+                        self.seen[word] &= !bit;
+                        self.distinct -= 1;
+                        true
+                    } else if self.expected.contains(k) {
+                        false
+                    } else {
+                        self.expected.insert(k);
+                        true
+                    }
+                } else {
+                    !seen && self.expected.contains(k)
+                };
+                if take {
+                    match ask.last_mut() {
+                        Some(last) if last.end == k => last.end += 1,
+                        _ => ask.push(k..k + 1),
+                    }
+                }
+            }
+        }
+        for part in ask.chunks(WANT_RANGES) {
+            self.link.send(Control::Want(Want {
+                chunks: part.to_vec(),
+            }));
+        }
+    }
+
+    /// Chunks expected that have not arrived or are being written.
+    pub fn outstanding(&self) -> u64 {
+        self.expected.len() - self.distinct + self.writing
     }
 
     /// Data stream `stream` joined the session.
@@ -452,13 +696,26 @@ impl<E: Cause + Clone> SinkSession<E> {
         self.check_complete();
     }
 
+    /// Every chunk expected so far arrived.
     fn all_arrived(&self) -> bool {
         self.phase >= Phase::Receiving && self.distinct >= self.expected.len()
     }
 
+    /// Nothing a stream brings can matter any more: every chunk arrived and no more
+    /// can be expected (a growing manifest is complete and prepared for; a
+    /// request-driven session is closed).
+    fn settled(&self) -> bool {
+        if self.on_demand {
+            return self.phase >= Phase::Reporting;
+        }
+        self.all_arrived()
+            && (self.growth.is_none() || self.sealed && self.n_chunks >= self.announced)
+    }
+
     fn check_complete(&mut self) {
         if self.phase == Phase::Receiving
-            && self.all_arrived()
+            && !self.on_demand
+            && self.settled()
             && self.writing == 0
             && self.link.live()
         {
@@ -468,10 +725,16 @@ impl<E: Cause + Clone> SinkSession<E> {
         }
     }
 
-    /// The sink is finalised: sends `Done`.
+    /// The sink is finalised: sends `Done`. A request-driven session is closed with it
+    /// whenever the sink is done with it (chunks on their way are acknowledged, not
+    /// expected any more).
     pub fn finished(&mut self, summary: Summary) {
-        if self.phase != Phase::Finishing || !self.link.live() {
+        let closing = self.on_demand && self.phase == Phase::Receiving;
+        if self.phase != Phase::Finishing && !closing || !self.link.live() {
             return;
+        }
+        if closing {
+            self.link.joins_done();
         }
         self.link.send(Control::Done(summary));
         self.phase = Phase::Reporting;
@@ -523,7 +786,7 @@ impl<E: Cause + Clone> SinkSession<E> {
         if matches!(s.join, Join::Lost | Join::Ended) || !self.link.live() {
             return;
         }
-        if self.all_arrived() {
+        if self.settled() {
             // What happens on a stream now cannot change the data.
             self.streams[stream as usize].join = Join::Lost;
             self.commands.push_back(SinkCommand::Close { stream });
@@ -545,7 +808,7 @@ impl<E: Cause + Clone> SinkSession<E> {
 
     /// Fails the session when no stream is left to bring the chunks still expected.
     fn check_streams_left(&mut self, now: Instant, lost: Option<(u16, SessionError<E>)>) {
-        if self.all_arrived() {
+        if self.settled() {
             return;
         }
         let left = self
@@ -558,6 +821,9 @@ impl<E: Cause + Clone> SinkSession<E> {
             Some((stream, error)) => self
                 .events
                 .push_back(SinkEvent::StreamLost { stream, error }),
+            // The source ended its streams before its last part's `Grow` arrived: that
+            // part adds no chunks (else the source could not have ended them).
+            None if left == 0 && self.growth.is_some() && !self.sealed && self.all_arrived() => {}
             None if left == 0 => {
                 let e = SessionError::Protocol {
                     peer: self.link.peer.clone(),

@@ -9,6 +9,19 @@
 //!                               Sending ─(all acknowledged)─▶ Draining ─(drained)─▶ Reporting ─(Done)─▶ Finished
 //! any state ─(error, silence, all streams lost)─▶ Failed
 //! ```
+//! With a growing manifest ([`super::features::GROWING_MANIFEST`]) `Go` may come
+//! after the first part ([`SourceSession::grow_manifest`]); `Sending` then goes on
+//! taking parts, each part's chunks joining those to send when the sink's `Grown`
+//! confirms it, and leads to `Draining` only once the last part is sent and
+//! confirmed and everything is acknowledged. With [`super::features::RANGES`]:
+//! ```text
+//! Announcing ─(OnDemand)─▶ Sending (request-driven: only wanted chunks) ─(Done, all acknowledged)─▶ Draining ─▶ Reporting ─▶ Finished
+//! Sending ─(Want)─▶ Sending (wanted chunks read first)
+//! ```
+//! [`SourceSession::poll_read`] yields chunks of lost streams first, then wanted ones
+//! (in an ordinary session only those still to send; request-driven, every one, again
+//! if it was sent before), then the ordinary order.
+//!
 //! In `Sending` the driver asks [`SourceSession::poll_read`] what to read whenever it
 //! has a free buffer (chunks to send again first), reports each read with
 //! [`SourceSession::chunk_read`], and gets [`SourceCommand::Send`] naming the stream for
@@ -17,15 +30,16 @@
 //! unacknowledged chunks and no progress for [`super::Timing::stall`]; its
 //! unacknowledged chunks are read again and sent on the others.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
+use std::ops::Range;
 use std::time::Instant;
 
 use super::chunks::Cursor;
 use super::link::{Dial, Link, Setup};
-use super::{Cause, ChunkMeta, ChunkSet, SessionError, Side, State, StreamStats, Timing};
+use super::{Cause, ChunkMeta, ChunkSet, SessionError, Side, State, StreamStats, Timing, features};
 use crate::control::{
-    Control, FailedFile, Have, ManifestEnd, ManifestPart, Plan, SendReport, SessionInfo,
-    SessionOptions, Summary,
+    Control, FailedFile, Growth, Have, ManifestEnd, ManifestPart, Plan, SendReport, SessionInfo,
+    SessionOptions, Summary, Want,
 };
 use crate::data::decode_ack;
 use crate::manifest::{Entry, Totals};
@@ -139,6 +153,9 @@ struct Stream {
     since: Instant,
 }
 
+/// Most chunk ranges a sink may have waiting in its requests.
+const MAX_WANTED: usize = 1 << 20;
+
 /// The source role of a session (see the module docs).
 #[derive(Debug)]
 pub struct SourceSession<E> {
@@ -146,10 +163,32 @@ pub struct SourceSession<E> {
     phase: Phase,
     info: Option<SessionInfo>,
     streams: Vec<Stream>,
-    /// Chunks to send (set by the driver with the manifest, or after a resume plan).
+    /// Chunks to send (set by the driver with the manifest, or after a resume plan,
+    /// and grown by the parts of a growing manifest the sink confirmed).
     chunks: ChunkSet,
     fresh: Cursor,
+    /// The manifest, or the first part of a growing one, is ended: `Go` may come.
+    manifest_ended: bool,
+    /// The manifest is complete.
     manifest_done: bool,
+    /// The manifest grows (its parts end with `Grow`).
+    growing: bool,
+    /// The layout's chunks, as far as announced.
+    layout_chunks: Option<u64>,
+    /// Growing: the layout's chunks the sink is prepared for (`Go`, then `Grown`).
+    confirmed: u64,
+    /// Growing: chunks of later parts the sink confirmed (kept across a resume plan).
+    grown: ChunkSet,
+    /// Chunks the sink wants, in its order, ahead of `fresh`.
+    wanted: VecDeque<Range<u64>>,
+    /// Chunks of `chunks` read ahead of `fresh` because they were wanted.
+    jumped: BTreeSet<u64>,
+    /// Chunk sends besides `chunks` (request-driven: every wanted chunk).
+    extra: u64,
+    /// The session is request-driven (`OnDemand`).
+    on_demand: bool,
+    /// Request-driven: the sink closed it (`Done`).
+    closed: bool,
     /// Chunks of lost streams, to read again.
     again: VecDeque<(u64, ChunkMeta)>,
     /// Chunks being read.
@@ -176,7 +215,17 @@ impl<E: Cause + Clone> SourceSession<E> {
             streams: Vec::new(),
             chunks: ChunkSet::new(),
             fresh: Cursor::default(),
+            manifest_ended: false,
             manifest_done: false,
+            growing: false,
+            layout_chunks: None,
+            confirmed: 0,
+            grown: ChunkSet::new(),
+            wanted: VecDeque::new(),
+            jumped: BTreeSet::new(),
+            extra: 0,
+            on_demand: false,
+            closed: false,
             again: VecDeque::new(),
             reading: Vec::new(),
             ready: VecDeque::new(),
@@ -271,10 +320,91 @@ impl<E: Cause + Clone> SourceSession<E> {
     /// sink holds some ([`SourceEvent::Held`]).
     pub fn end_manifest(&mut self, totals: Totals, chunks: ChunkSet) {
         self.link.send(Control::ManifestEnd(ManifestEnd { totals }));
+        self.manifest_ended = true;
         self.manifest_done = true;
         self.set_chunks(chunks);
     }
 
+    /// The layout's number of chunks, against which the sink's requests
+    /// ([`Control::Want`]) are checked (without it: the chunks to send).
+    pub fn set_layout_chunks(&mut self, chunks: u64) {
+        self.layout_chunks = Some(chunks);
+    }
+
+    /// (feature [`features::GROWING_MANIFEST`]) Ends a part of a growing manifest: the
+    /// entries queued with [`SourceSession::push_manifest`] since the previous part,
+    /// `totals` over every part, the layout now `chunks` long (each part's files start
+    /// on a fresh chunk, so its chunks are `previous..chunks`); `last`: the manifest is
+    /// complete. The first part stands for [`SourceSession::end_manifest`] (its chunks
+    /// are to send unless the sink holds some, and the sink answers it with `Go`);
+    /// a later part's chunks are sent once the sink confirms it is prepared for them.
+    /// The session must use the feature: a dialer calls this once it is open
+    /// ([`SourceEvent::Opened`]); otherwise the session fails.
+    pub fn grow_manifest(&mut self, now: Instant, totals: Totals, chunks: u64, last: bool) {
+        if !self.link.live() || self.manifest_done {
+            return;
+        }
+        let uses = self
+            .info
+            .as_ref()
+            .is_some_and(|i| i.features & features::GROWING_MANIFEST != 0);
+        let prev = if self.growing {
+            self.layout_chunks.unwrap_or(0)
+        } else {
+            0
+        };
+        let what = if !uses {
+            Some("a growing manifest in a session without the feature".to_string())
+        } else if chunks < prev {
+            Some(format!("the layout shrinks from {prev} to {chunks} chunks"))
+        } else {
+            None
+        };
+        if let Some(what) = what {
+            let e = SessionError::Protocol {
+                peer: "this side".into(),
+                what,
+            };
+            self.link.fail(now, e);
+            return self.flush_failure();
+        }
+        self.link.send(Control::Grow(Growth {
+            totals,
+            chunks,
+            last,
+        }));
+        if !self.growing {
+            self.set_chunks(ChunkSet::all(chunks));
+            self.confirmed = chunks;
+        }
+        self.growing = true;
+        self.manifest_ended = true;
+        self.manifest_done = last;
+        self.layout_chunks = Some(chunks);
+        self.check_drained();
+    }
+
+    /// Whether the sink made the session request-driven ([`Control::OnDemand`]).
+    pub fn on_demand(&self) -> bool {
+        self.on_demand
+    }
+
+    /// Chunk sends the session owes the sink.
+    fn owed(&self) -> u64 {
+        self.chunks.len() + self.extra
+    }
+
+    /// Whether the session still needs a stream: chunks unacknowledged, or more to
+    /// come (a growing manifest, an open request-driven session).
+    fn owes_more(&self) -> bool {
+        self.acked < self.owed()
+            || self.growing && !(self.manifest_done && self.confirmed >= self.layout_end())
+            || self.on_demand && !self.closed
+    }
+
+    fn layout_end(&self) -> u64 {
+        self.layout_chunks.unwrap_or(0)
+    }
     fn set_chunks(&mut self, chunks: ChunkSet) {
         self.chunks = chunks;
         self.fresh = Cursor::default();
@@ -289,6 +419,10 @@ impl<E: Cause + Clone> SourceSession<E> {
         self.link.send(Control::Plan(plan));
         self.plan_sent = true;
         self.set_chunks(chunks);
+        // The plan covers the first part of a growing manifest; later parts are new.
+        for r in self.grown.ranges().to_vec() {
+            self.chunks.insert_range(r);
+        }
         self.phase = Phase::Announcing;
         self.link.expect(now, "Go");
     }
@@ -326,6 +460,7 @@ impl<E: Cause + Clone> SourceSession<E> {
             Setup::Session(msg) => msg,
         };
         let peer = self.link.peer.clone();
+        super::check_feature(&peer, self.info.as_ref(), &msg)?;
         match (self.phase, msg) {
             (Phase::Announcing, Control::Have(h)) if !self.plan_sent => {
                 let last = h.last;
@@ -337,7 +472,12 @@ impl<E: Cause + Clone> SourceSession<E> {
                 }
                 Ok(())
             }
-            (Phase::Announcing, Control::Go) if self.manifest_done => {
+            (Phase::Announcing, msg @ (Control::Go | Control::OnDemand)) if self.manifest_ended => {
+                if msg == Control::OnDemand {
+                    // Only what the sink asks for is sent.
+                    self.on_demand = true;
+                    self.set_chunks(ChunkSet::new());
+                }
                 self.phase = Phase::Sending;
                 self.link.await_joins(now);
                 self.events.push_back(SourceEvent::Go);
@@ -350,7 +490,29 @@ impl<E: Cause + Clone> SourceSession<E> {
                 if self.done.is_none() =>
             {
                 self.done = Some(s);
+                if self.on_demand {
+                    // The sink closed the session: what it wanted and was not read yet
+                    // is dropped, what is read goes out and is acknowledged.
+                    self.closed = true;
+                    self.wanted.clear();
+                    self.check_drained();
+                }
                 self.check_finished();
+                Ok(())
+            }
+            (Phase::Sending, Control::Want(w)) if !self.closed => self.on_want(w),
+            // A request that crossed the last acknowledgements: everything is here.
+            (Phase::Draining | Phase::Reporting, Control::Want(_)) if !self.on_demand => Ok(()),
+            (_, Control::Grown(n))
+                if self.growing && n >= self.confirmed && n <= self.layout_end() =>
+            {
+                let r = self.confirmed..n;
+                self.confirmed = n;
+                self.grown.insert_range(r.clone());
+                if !self.on_demand {
+                    self.chunks.insert_range(r);
+                }
+                self.check_drained();
                 Ok(())
             }
             (_, other) => {
@@ -362,6 +524,62 @@ impl<E: Cause + Clone> SourceSession<E> {
                 Err(super::unexpected(&peer, &other, wanted))
             }
         }
+    }
+
+    fn on_want(&mut self, w: Want) -> Result<(), SessionError<E>> {
+        let limit = if self.growing {
+            self.confirmed
+        } else {
+            self.layout_chunks.unwrap_or_else(|| self.chunks.end())
+        };
+        for r in w.chunks {
+            if r.start >= r.end {
+                continue;
+            }
+            if r.end > limit {
+                return Err(SessionError::Protocol {
+                    peer: self.link.peer.clone(),
+                    what: format!("Want of chunks {r:?} beyond the layout's {limit}"),
+                });
+            }
+            if self.wanted.len() >= MAX_WANTED {
+                return Err(SessionError::Limit(format!(
+                    "more than {MAX_WANTED} chunk ranges wanted at once"
+                )));
+            }
+            self.wanted.push_back(r);
+        }
+        Ok(())
+    }
+
+    /// The next wanted chunk to read: request-driven, each one named; else those still
+    /// to send and not read yet.
+    fn next_wanted(&mut self) -> Option<u64> {
+        while let Some(r) = self.wanted.front_mut() {
+            if r.start >= r.end {
+                self.wanted.pop_front();
+                continue;
+            }
+            if self.on_demand {
+                let k = r.start;
+                r.start += 1;
+                self.extra += 1;
+                return Some(k);
+            }
+            let from = r.start.max(self.fresh.position());
+            match self.chunks.next_from(from) {
+                Some(k) if k < r.end => {
+                    r.start = k + 1;
+                    if self.jumped.insert(k) {
+                        return Some(k);
+                    }
+                }
+                _ => {
+                    self.wanted.pop_front();
+                }
+            }
+        }
+        None
     }
 
     /// Data stream `stream` joined the session (an acceptor's driver accepted its join,
@@ -423,7 +641,7 @@ impl<E: Cause + Clone> SourceSession<E> {
             .iter()
             .filter(|s| matches!(s.join, Join::Live | Join::Pending))
             .count();
-        if live == 0 && self.acked < self.chunks.len() {
+        if live == 0 && self.owes_more() {
             self.link.fail(now, error);
             return self.flush_failure();
         }
@@ -445,11 +663,16 @@ impl<E: Cause + Clone> SourceSession<E> {
                 chunk,
                 again: Some(meta),
             }
+        } else if let Some(chunk) = self.next_wanted() {
+            ReadJob { chunk, again: None }
         } else {
-            ReadJob {
-                chunk: self.fresh.next(&self.chunks)?,
-                again: None,
-            }
+            let chunk = loop {
+                let k = self.fresh.next(&self.chunks)?;
+                if !self.jumped.remove(&k) {
+                    break k;
+                }
+            };
+            ReadJob { chunk, again: None }
         };
         self.reading.push(job.chunk);
         Some(job)
@@ -522,7 +745,12 @@ impl<E: Cause + Clone> SourceSession<E> {
     }
 
     fn check_drained(&mut self) {
-        if self.phase == Phase::Sending && self.manifest_done && self.acked >= self.chunks.len() {
+        let ended = if self.on_demand {
+            self.closed
+        } else {
+            self.manifest_done && (!self.growing || self.confirmed >= self.layout_end())
+        };
+        if self.phase == Phase::Sending && ended && self.acked >= self.owed() {
             self.phase = Phase::Draining;
             for (i, s) in self.streams.iter_mut().enumerate() {
                 if s.join == Join::Live {
