@@ -386,14 +386,58 @@ fn send_limit(t: &Timing) -> Duration {
     t.silence().max(Duration::from_secs(1))
 }
 
+/// What a driver loop needs of any of the machines to run their control connection.
+trait Machine {
+    fn poll_transmit(&mut self) -> Option<Control>;
+    fn control_closed(&mut self, now: std::time::Instant, error: Fault);
+}
+
+macro_rules! machine {
+    ($t:ty) => {
+        impl Machine for $t {
+            fn poll_transmit(&mut self) -> Option<Control> {
+                <$t>::poll_transmit(self)
+            }
+            fn control_closed(&mut self, now: std::time::Instant, error: Fault) {
+                <$t>::control_closed(self, now, error)
+            }
+        }
+    };
+}
+machine!(Acceptance<Fault>);
+machine!(SourceSession<Fault>);
+machine!(SinkSession<Fault>);
+
 /// The control channel's side of a driver loop.
-struct Control_<'a, C> {
+struct ControlLink<'a, C> {
     ch: &'a mut ControlChannel<C>,
     open: bool,
     limit: Duration,
 }
 
-impl<C: AsyncRead + AsyncWrite + Unpin + Send> Control_<'_, C> {
+impl<'a, C: AsyncRead + AsyncWrite + Unpin + Send> ControlLink<'a, C> {
+    fn new(ch: &'a mut ControlChannel<C>) -> Self {
+        let limit = send_limit(&timing(
+            Duration::from_secs(5),
+            crate::session::HANDSHAKE_TIMEOUT,
+        ));
+        ControlLink {
+            ch,
+            open: true,
+            limit,
+        }
+    }
+
+    /// Sends what `m` has to send; a broken connection is the machine's to handle.
+    async fn flush(&mut self, m: &mut impl Machine) {
+        let out: Vec<Control> = std::iter::from_fn(|| m.poll_transmit()).collect();
+        if !out.is_empty() {
+            if let Some(e) = self.send_all(out).await {
+                m.control_closed(now(), Fault::new(e));
+            }
+        }
+    }
+
     /// Sends `msgs`; the connection's failure, if it failed. A peer that refused the
     /// session closes the connection after its `Error`: a failed send is explained by
     /// that report when one came.
@@ -466,22 +510,9 @@ pub async fn accept<C>(
 where
     C: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let limit = send_limit(&timing(
-        Duration::from_secs(5),
-        crate::session::HANDSHAKE_TIMEOUT,
-    ));
-    let mut ctl = Control_ {
-        ch,
-        open: true,
-        limit,
-    };
+    let mut ctl = ControlLink::new(ch);
     loop {
-        let out: Vec<Control> = std::iter::from_fn(|| m.poll_transmit()).collect();
-        if !out.is_empty() {
-            if let Some(e) = ctl.send_all(out).await {
-                m.control_closed(now(), Fault::new(e));
-            }
-        }
+        ctl.flush(&mut m).await;
         if let Some(ev) = m.poll_event() {
             match ev {
                 AcceptEvent::Verify { hello, auth } => match verify(&hello, &auth) {
@@ -490,8 +521,7 @@ where
                 },
                 AcceptEvent::Opened(open) => return Ok(open),
                 AcceptEvent::Failed(e) => {
-                    let out: Vec<Control> = std::iter::from_fn(|| m.poll_transmit()).collect();
-                    let _ = ctl.send_all(out).await;
+                    ctl.flush(&mut m).await;
                     return Err(session_error(e));
                 }
             }
@@ -570,15 +600,7 @@ where
     J: Joins,
     K: SourceStore,
 {
-    let limit = send_limit(&timing(
-        Duration::from_secs(5),
-        crate::session::HANDSHAKE_TIMEOUT,
-    ));
-    let mut ctl = Control_ {
-        ch,
-        open: true,
-        limit,
-    };
+    let mut ctl = ControlLink::new(ch);
     let peer = ctl.ch.peer().to_string();
     let (tx, mut rx) = mpsc::unbounded_channel::<SrcIn<K>>();
     let mut prep = Some(store);
@@ -591,12 +613,7 @@ where
     loop {
         // What the machine asks, until it asks nothing more.
         loop {
-            let out: Vec<Control> = std::iter::from_fn(|| m.poll_transmit()).collect();
-            if !out.is_empty() {
-                if let Some(e) = ctl.send_all(out).await {
-                    m.control_closed(now(), Fault::new(e));
-                }
-            }
+            ctl.flush(&mut m).await;
             let mut busy = false;
             while let Some(c) = m.poll_command() {
                 busy = true;
@@ -684,8 +701,7 @@ where
                         m.drained(failed);
                     }
                     SourceEvent::Done(summary) => {
-                        let out: Vec<Control> = std::iter::from_fn(|| m.poll_transmit()).collect();
-                        let _ = ctl.send_all(out).await;
+                        ctl.flush(&mut m).await;
                         let store = match live {
                             Some((k, ..)) => k,
                             None => Arc::new(prep.take().expect("the store is here")),
@@ -698,8 +714,7 @@ where
                         });
                     }
                     SourceEvent::Failed(e) => {
-                        let out: Vec<Control> = std::iter::from_fn(|| m.poll_transmit()).collect();
-                        let _ = ctl.send_all(out).await;
+                        ctl.flush(&mut m).await;
                         return Err(env.run.take_error().unwrap_or_else(|| session_error(e)));
                     }
                 }
@@ -936,15 +951,7 @@ where
     J: Joins,
     K: SinkStore,
 {
-    let limit = send_limit(&timing(
-        Duration::from_secs(5),
-        crate::session::HANDSHAKE_TIMEOUT,
-    ));
-    let mut ctl = Control_ {
-        ch,
-        open: true,
-        limit,
-    };
+    let mut ctl = ControlLink::new(ch);
     let peer = ctl.ch.peer().to_string();
     let (tx, mut rx) = mpsc::unbounded_channel::<SinkIn<K>>();
     let mut prepare = Some(prepare);
@@ -958,12 +965,7 @@ where
     let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
     loop {
         loop {
-            let out: Vec<Control> = std::iter::from_fn(|| m.poll_transmit()).collect();
-            if !out.is_empty() {
-                if let Some(e) = ctl.send_all(out).await {
-                    m.control_closed(now(), Fault::new(e));
-                }
-            }
+            ctl.flush(&mut m).await;
             let mut busy = false;
             while let Some(c) = m.poll_command() {
                 busy = true;
@@ -1072,8 +1074,7 @@ where
                         });
                     }
                     SinkEvent::Done(report) => {
-                        let out: Vec<Control> = std::iter::from_fn(|| m.poll_transmit()).collect();
-                        let _ = ctl.send_all(out).await;
+                        ctl.flush(&mut m).await;
                         let (Some(summary), Some((store, ..))) = (summary.take(), live.take())
                         else {
                             return Err(Error::protocol(&peer, "session ended before its data"));
@@ -1087,8 +1088,7 @@ where
                         });
                     }
                     SinkEvent::Failed(e) => {
-                        let out: Vec<Control> = std::iter::from_fn(|| m.poll_transmit()).collect();
-                        let _ = ctl.send_all(out).await;
+                        ctl.flush(&mut m).await;
                         tasks.clear();
                         // Writes still queued are skipped; the sink gives up (nothing
                         // incomplete under a final name) when the last of those that
