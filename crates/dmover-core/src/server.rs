@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::num::NonZeroU8;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use dmover_net::control::{ControlChannel, read_preamble, write_preamble};
 use dmover_net::fault::{FaultPlan, Faulty};
-use dmover_net::join::{JoinTable, Joined};
+use dmover_net::join::{AcceptError, JoinTable, Joined};
 use dmover_net::stream::DataIo;
 use dmover_net::tcp::{self, SocketOptions};
 use dmover_net::tls::ServerIdentity;
@@ -152,6 +153,57 @@ impl ServerConfig {
     }
 }
 
+/// Connections beyond the set-up limit that may wait for their preamble, as a
+/// multiple of [`ServerConfig::max_handshakes`] (and at least [`OVERFLOW_MIN`]).
+pub const OVERFLOW_FACTOR: usize = 4;
+
+/// The fewest connections beyond the set-up limit that may wait for their preamble.
+pub const OVERFLOW_MIN: usize = 256;
+
+/// How long a connection beyond the set-up limit may take to send its preamble.
+pub const BUSY_PREAMBLE_WAIT: Duration = Duration::from_secs(2);
+
+/// The longest "retry after" a busy answer names, in seconds.
+pub const MAX_RETRY_AFTER: u8 = 8;
+
+/// How long a connection closed for load is read (and what it sent discarded) after
+/// our side is shut down, so that the close is no reset.
+const DRAIN_WAIT: Duration = Duration::from_secs(1);
+
+/// Where a new connection stands against the set-up limits.
+enum Setup {
+    /// Within [`ServerConfig::max_handshakes`].
+    Slot(tokio::sync::OwnedSemaphorePermit),
+    /// Beyond it, within [`OVERFLOW_FACTOR`] times it.
+    Overflow(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit),
+}
+
+/// Connections that may wait beyond a set-up limit of `max_handshakes`.
+fn overflow_limit(max_handshakes: usize) -> usize {
+    max_handshakes
+        .max(1)
+        .saturating_mul(OVERFLOW_FACTOR)
+        .clamp(OVERFLOW_MIN, Semaphore::MAX_PERMITS)
+}
+
+/// Closes a connection without a reset: our side shut down, then what the peer sent
+/// read and discarded until it closes too (briefly, and at most 64 KiB).
+async fn close_gracefully(mut stream: TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let _ = stream.shutdown().await;
+    let _ = tokio::time::timeout(DRAIN_WAIT, async {
+        let mut sink = [0u8; 4096];
+        let mut left = 64usize << 10;
+        while left > 0 {
+            match stream.read(&mut sink).await {
+                Ok(n) if n > 0 => left = left.saturating_sub(n),
+                _ => break,
+            }
+        }
+    })
+    .await;
+}
+
 /// Budget unit for buffer memory.
 const MIB: u64 = 1 << 20;
 
@@ -174,6 +226,9 @@ pub struct Server {
     active: AtomicUsize,
     per_user: Mutex<HashMap<String, usize>>,
     handshakes: Arc<Semaphore>,
+    /// Connections beyond `handshakes`, waiting for their preamble to be answered busy
+    /// (control) or joining (data); more are closed at once.
+    overflow: Arc<Semaphore>,
     memory: Arc<Semaphore>,
     /// Faults injected into every session (tests).
     faults: Faults,
@@ -265,6 +320,7 @@ impl Server {
             active: AtomicUsize::new(0),
             per_user: Mutex::new(HashMap::new()),
             handshakes: Arc::new(Semaphore::new(cfg.max_handshakes.max(1))),
+            overflow: Arc::new(Semaphore::new(overflow_limit(cfg.max_handshakes))),
             memory: Arc::new(Semaphore::new(units)),
             faults,
             cfg,
@@ -291,38 +347,72 @@ impl Server {
                     }
                 },
             };
-            let Ok(permit) = self.handshakes.clone().try_acquire_owned() else {
-                tracing::warn!(
-                    "refused {peer}: {} connections already in setup",
-                    self.cfg.max_handshakes
-                );
-                continue;
-            };
             tcp::tune_stream(&stream, &self.cfg.socket);
+            let setup = match self.handshakes.clone().try_acquire_owned() {
+                Ok(p) => Setup::Slot(p),
+                Err(_) => match self.overflow.clone().try_acquire_owned() {
+                    Ok(p) => Setup::Overflow(p),
+                    Err(_) => {
+                        tracing::info!(
+                            "busy: closed {peer} unanswered: {} connections already wait \
+                             beyond the set-up limit",
+                            self.overflow_limit()
+                        );
+                        continue;
+                    }
+                },
+            };
             let me = self.clone();
-            tokio::spawn(async move { me.connection(stream, peer, permit).await });
+            tokio::spawn(async move { me.connection(stream, peer, setup).await });
         }
     }
 
-    async fn connection(
-        self: Arc<Self>,
-        mut stream: TcpStream,
-        peer: SocketAddr,
-        permit: tokio::sync::OwnedSemaphorePermit,
-    ) {
+    /// Connections beyond [`ServerConfig::max_handshakes`] that may wait for their
+    /// preamble (to be answered busy, or, data connections, to join).
+    fn overflow_limit(&self) -> usize {
+        overflow_limit(self.cfg.max_handshakes)
+    }
+
+    /// How long a control connection refused as busy is asked to wait: 1 s when few
+    /// connections wait beyond the set-up limit, up to [`MAX_RETRY_AFTER`] as they
+    /// near the overflow bound.
+    fn retry_after(&self) -> NonZeroU8 {
+        let limit = self.overflow_limit();
+        let waiting = limit - self.overflow.available_permits().min(limit);
+        let extra = (MAX_RETRY_AFTER as usize - 1) * waiting / limit;
+        NonZeroU8::new((1 + extra).min(MAX_RETRY_AFTER as usize) as u8).unwrap_or(NonZeroU8::MIN)
+    }
+
+    /// A control connection that came beyond the set-up limit: answered "busy, retry
+    /// after N s" and closed gracefully (what the client sent behind its preamble is
+    /// read and discarded, so the close is no reset).
+    async fn answer_busy(&self, mut stream: TcpStream, peer: &str) {
+        let n = self.retry_after();
+        let answer = Preamble::busy(n);
+        if write_preamble(&mut stream, answer, peer).await.is_ok() {
+            tracing::info!(
+                "busy: answered {peer} \"retry after {n} s\": {} connections already in set-up",
+                self.cfg.max_handshakes
+            );
+        }
+        close_gracefully(stream).await;
+    }
+    async fn connection(self: Arc<Self>, mut stream: TcpStream, peer: SocketAddr, setup: Setup) {
         let p = peer.to_string();
+        // A connection beyond the set-up limit waits for its preamble briefly.
+        let wait = match setup {
+            Setup::Slot(_) => self.cfg.handshake_timeout,
+            Setup::Overflow(_) => self.cfg.handshake_timeout.min(BUSY_PREAMBLE_WAIT),
+        };
         let deadline = tokio::time::Instant::now() + self.cfg.handshake_timeout;
-        let pre = match tokio::time::timeout_at(deadline, read_preamble(&mut stream, &p)).await {
+        let pre = match tokio::time::timeout(wait, read_preamble(&mut stream, &p)).await {
             Ok(Ok(pre)) => pre,
             Ok(Err(e)) => {
                 tracing::warn!("refused {p}: {e}");
                 return;
             }
             Err(_) => {
-                tracing::warn!(
-                    "refused {p}: no greeting within {} s",
-                    self.cfg.handshake_timeout.as_secs()
-                );
+                tracing::warn!("refused {p}: no greeting within {} s", wait.as_secs());
                 return;
             }
         };
@@ -334,18 +424,41 @@ impl Server {
                     dmover_proto::MIN_PROTOCOL_VERSION
                 );
             }
+            // A data connection costs a challenge and one read (no TLS): beyond the
+            // set-up limit it still joins, on an overflow slot.
             ConnKind::Data => {
                 match tokio::time::timeout_at(deadline, self.joins.accept(stream, &p)).await {
                     Ok(Ok(())) => {}
+                    // Its client went away before joining (e.g. answered busy on its
+                    // control connection, it dropped the data connections it dialed).
+                    Ok(Err(AcceptError::Net(NetError::Closed { .. }))) => {
+                        tracing::info!("data connection from {p} closed before joining")
+                    }
                     Ok(Err(e)) => tracing::warn!("refused data connection from {p}: {e}"),
                     Err(_) => tracing::warn!(
                         "refused data connection from {p}: no join within {} s",
                         self.cfg.handshake_timeout.as_secs()
                     ),
                 }
-                drop(permit);
+                drop(setup);
             }
             ConnKind::Control => {
+                let permit = match setup {
+                    Setup::Slot(permit) => permit,
+                    // A slot may have come free while the preamble came.
+                    Setup::Overflow(overflow) => {
+                        match self.handshakes.clone().try_acquire_owned() {
+                            Ok(permit) => {
+                                drop(overflow);
+                                permit
+                            }
+                            Err(_) => {
+                                self.answer_busy(stream, &p).await;
+                                return;
+                            }
+                        }
+                    }
+                };
                 if let Err(e) = self
                     .control_connection(stream, &p, pre, deadline, permit)
                     .await
@@ -370,6 +483,7 @@ impl Server {
             Preamble {
                 kind: ConnKind::Control,
                 version,
+                busy: None,
             },
             peer,
         )
