@@ -10,8 +10,13 @@
 //!                                (within the handshake timeout, [`JoinTable::accept`])
 //!                                ─ handed to its session
 //! ```
-//! Connections still in setup are limited in number ([`ServerConfig::max_handshakes`]);
-//! control frames before authentication are limited to [`PRE_AUTH_MAX_FRAME`] bytes.
+//! Connections still in setup are limited in number ([`ServerConfig::max_handshakes`]):
+//! beyond the limit a connection takes an overflow place (at most
+//! `max(OVERFLOW_FACTOR × max_handshakes, OVERFLOW_MIN)`, more are closed at once), its
+//! preamble is read within [`BUSY_PREAMBLE_WAIT`], a control connection is answered
+//! busy ([`Preamble::busy`]: retry after 1 to [`MAX_RETRY_AFTER`] s) and closed
+//! gracefully, a data connection still joins. Control frames before authentication are
+//! limited to [`PRE_AUTH_MAX_FRAME`] bytes.
 //! Every refusal is logged with the peer's address.
 
 use std::collections::{BTreeMap, HashMap};
@@ -82,7 +87,9 @@ pub struct ServerConfig {
     pub max_sessions: usize,
     /// Sessions one user may run at once.
     pub max_sessions_per_user: usize,
-    /// Connections in setup (before their session or join) at once; more are closed.
+    /// Connections in setup (before their session or join) at once; more control
+    /// connections are answered busy, more data connections still join, up to the
+    /// overflow bound (see the module docs).
     pub max_handshakes: usize,
     /// Time from accepting a control connection to its open session, and for a data
     /// connection's join.
