@@ -311,8 +311,9 @@ impl Client {
     /// A server that answers busy (too many connections in set-up) is connected to
     /// again after the time it asks for, doubled on each busy answer (at most
     /// [`MAX_BUSY_BACKOFF`]) and jittered up by half, for at most
-    /// [`TransferOptions::busy_wait`] in all (whatever [`TransferOptions::retries`]
-    /// says); then the error is a refusal with [`ErrorCode::Busy`].
+    /// [`TransferOptions::busy_wait`] in all (the last wait cut to end there, for a last
+    /// try; whatever [`TransferOptions::retries`] says); then the error is a refusal
+    /// with [`ErrorCode::Busy`].
     pub(crate) async fn connect(&self, server: &str) -> Result<Connection> {
         let started = tokio::time::Instant::now();
         let mut backoff = Duration::ZERO;
@@ -325,9 +326,8 @@ impl Client {
                 .max(backoff * 2)
                 .min(MAX_BUSY_BACKOFF)
                 .max(Duration::from_millis(100));
-            let wait = backoff.mul_f64(1.0 + rand::random::<f64>() / 2.0);
             let spent = started.elapsed();
-            if spent + wait > self.opts.busy_wait {
+            if spent >= self.opts.busy_wait {
                 return Err(Error::refused(
                     ErrorCode::Busy,
                     format!(
@@ -338,6 +338,10 @@ impl Client {
                     ),
                 ));
             }
+            // The last wait ends at the bound, for one more try.
+            let wait = backoff
+                .mul_f64(1.0 + rand::random::<f64>() / 2.0)
+                .min(self.opts.busy_wait - spent);
             tracing::warn!(
                 "{server} is busy (too many connections in set-up); retrying in {:.1} s",
                 wait.as_secs_f64()
@@ -641,7 +645,11 @@ impl Client {
         )?;
         let totals = Totals::of(source.tree().entries());
         run.progress.total.store(totals.bytes, Relaxed);
-        let mut conn = self.connect(server).await?;
+        // A busy server may keep us waiting: an interrupt ends the wait.
+        let mut conn = tokio::select! {
+            r = self.connect(server) => r?,
+            _ = run.cancelled() => return Err(Error::Aborted),
+        };
         // The options and the whole manifest follow the first flight at once: the
         // server reads them once it has opened the session (with the chunk size we
         // asked for; a server never changes a push's).
@@ -696,7 +704,11 @@ impl Client {
         run: Arc<Run>,
         resume: bool,
     ) -> Result<Report> {
-        let mut conn = self.connect(server).await?;
+        // A busy server may keep us waiting: an interrupt ends the wait.
+        let mut conn = tokio::select! {
+            r = self.connect(server) => r?,
+            _ = run.cancelled() => return Err(Error::Aborted),
+        };
         let open = self.open_request(
             Op::Pull {
                 sources: sources.to_vec(),

@@ -181,7 +181,7 @@ const DRAIN_WAIT: Duration = Duration::from_secs(1);
 enum Setup {
     /// Within [`ServerConfig::max_handshakes`].
     Slot(tokio::sync::OwnedSemaphorePermit),
-    /// Beyond it, within [`OVERFLOW_FACTOR`] times it.
+    /// Beyond it, within the overflow bound ([`OVERFLOW_FACTOR`], [`OVERFLOW_MIN`]).
     Overflow(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit),
 }
 
@@ -404,6 +404,7 @@ impl Server {
         }
         close_gracefully(stream).await;
     }
+
     async fn connection(self: Arc<Self>, mut stream: TcpStream, peer: SocketAddr, setup: Setup) {
         let p = peer.to_string();
         // A connection beyond the set-up limit waits for its preamble briefly.
