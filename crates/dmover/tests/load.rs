@@ -70,6 +70,37 @@ fn a_busy_server_answers_busy_and_clients_come_back() {
     assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
     assert!(stderr(&o).contains("is busy"), "{}", stderr(&o));
 
+    // A client waiting for a busy server stops at once when interrupted.
+    let mut waiting = std::process::Command::new(bin())
+        .args(["cp", s(&src), &srv.url("interrupted")])
+        .env("DMOVER_KNOWN_HOSTS", t.path().join("kh-interrupted"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let sent = Instant::now();
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &waiting.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let mut err = String::new();
+    waiting
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let status = waiting.wait().unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("is busy"), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+    assert!(
+        sent.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        sent.elapsed()
+    );
+
     // 24 clients at once, each answered busy while the slots are held, coming back
     // by themselves (no --retries) once they free.
     let started = Instant::now();
