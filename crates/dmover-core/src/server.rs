@@ -83,7 +83,8 @@ pub struct ServerConfig {
     pub require_encryption: bool,
     /// Disk threads shared by all sessions.
     pub io_threads: usize,
-    /// Sessions running at once; more are refused as busy.
+    /// Sessions running at once (a control connection takes its place at its
+    /// preamble); more are answered busy before TLS.
     pub max_sessions: usize,
     /// Sessions one user may run at once.
     pub max_sessions_per_user: usize,
@@ -247,12 +248,21 @@ impl std::fmt::Debug for Server {
     }
 }
 
-/// Removes a session's slot when its handler ends, however it ends.
+/// Closes a session's joins when its handler ends, however it ends.
 struct SlotGuard<'a>(&'a Server, u64);
 
 impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
         self.0.joins.close(self.1);
+    }
+}
+
+/// One of the [`ServerConfig::max_sessions`] places, held from a control connection's
+/// preamble (or its `Open`, in memory) to the end of its session.
+struct SessionPlace<'a>(&'a Server);
+
+impl Drop for SessionPlace<'_> {
+    fn drop(&mut self) {
         self.0.active.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -374,6 +384,15 @@ impl Server {
         }
     }
 
+    /// A session place, if one is free.
+    fn session_place(&self) -> Option<SessionPlace<'_>> {
+        if self.active.fetch_add(1, Ordering::AcqRel) >= self.cfg.max_sessions {
+            self.active.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(SessionPlace(self))
+    }
+
     /// Connections beyond [`ServerConfig::max_handshakes`] that may wait for their
     /// preamble (to be answered busy, or, data connections, to join).
     fn overflow_limit(&self) -> usize {
@@ -393,14 +412,11 @@ impl Server {
     /// A control connection that came beyond the set-up limit: answered "busy, retry
     /// after N s" and closed gracefully (what the client sent behind its preamble is
     /// read and discarded, so the close is no reset).
-    async fn answer_busy(&self, mut stream: TcpStream, peer: &str) {
+    async fn answer_busy(&self, mut stream: TcpStream, peer: &str, why: String) {
         let n = self.retry_after();
         let answer = Preamble::busy(n);
         if write_preamble(&mut stream, answer, peer).await.is_ok() {
-            tracing::info!(
-                "busy: answered {peer} \"retry after {n} s\": {} connections already in set-up",
-                self.cfg.max_handshakes
-            );
+            tracing::info!("busy: answered {peer} \"retry after {n} s\": {why}");
         }
         close_gracefully(stream).await;
     }
@@ -461,14 +477,25 @@ impl Server {
                                 permit
                             }
                             Err(_) => {
-                                self.answer_busy(stream, &p).await;
+                                let why = format!(
+                                    "{} connections already in set-up",
+                                    self.cfg.max_handshakes
+                                );
+                                self.answer_busy(stream, &p, why).await;
                                 return;
                             }
                         }
                     }
                 };
+                // The session's place is taken now: a client the server has no room
+                // for learns it before TLS, and comes back.
+                let Some(place) = self.session_place() else {
+                    let why = format!("{} sessions running", self.cfg.max_sessions);
+                    self.answer_busy(stream, &p, why).await;
+                    return;
+                };
                 if let Err(e) = self
-                    .control_connection(stream, &p, pre, deadline, permit)
+                    .control_connection(stream, &p, pre, deadline, permit, place)
                     .await
                 {
                     tracing::warn!("session with {p} failed: {e:#}");
@@ -484,6 +511,7 @@ impl Server {
         pre: Preamble,
         deadline: tokio::time::Instant,
         permit: tokio::sync::OwnedSemaphorePermit,
+        place: SessionPlace<'_>,
     ) -> Result<()> {
         let version = negotiate_version(PROTOCOL_VERSION, pre.version).unwrap_or(0);
         write_preamble(
@@ -528,7 +556,7 @@ impl Server {
         let binding = dmover_net::tls::export(&tls, auth::AUTH_EXPORTER_LABEL, None)?;
         let master = dmover_net::tls::export(&tls, auth::SESSION_EXPORTER_LABEL, None)?;
         let ch = ControlChannel::new(tls, peer, PRE_AUTH_MAX_FRAME);
-        self.control_session(ch, binding, master, deadline, Some(permit))
+        self.control_session_in(ch, binding, master, deadline, Some(permit), Some(place))
             .await
     }
 
@@ -538,11 +566,26 @@ impl Server {
     /// so the session logic can be driven in memory (fuzzing, tests) without TLS.
     pub async fn control_session<S: AsyncRead + AsyncWrite + Unpin + Send>(
         &self,
+        ch: ControlChannel<S>,
+        binding: [u8; 32],
+        master: [u8; 32],
+        deadline: tokio::time::Instant,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Result<()> {
+        self.control_session_in(ch, binding, master, deadline, permit, None)
+            .await
+    }
+
+    /// [`Server::control_session`], with the session's place if it was taken at the
+    /// preamble (else it is taken at `Open`, or the session refused as busy).
+    async fn control_session_in<S: AsyncRead + AsyncWrite + Unpin + Send>(
+        &self,
         mut ch: ControlChannel<S>,
         binding: [u8; 32],
         master: [u8; 32],
         deadline: tokio::time::Instant,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
+        place: Option<SessionPlace<'_>>,
     ) -> Result<()> {
         let peer = ch.peer().to_string();
         // Errors the machines reported to the client themselves.
@@ -562,6 +605,7 @@ impl Server {
                         self.run_session(
                             &mut ch,
                             open,
+                            place,
                             &peer,
                             &grant,
                             master,
@@ -760,6 +804,7 @@ impl Server {
         &self,
         ch: &mut ControlChannel<S>,
         open: Open,
+        place: Option<SessionPlace<'_>>,
         peer: &str,
         grant: &Grant,
         master: [u8; 32],
@@ -819,13 +864,12 @@ impl Server {
         };
         dmover_proto::layout::validate_chunk_size(chunk)
             .map_err(|e| Error::refused(ErrorCode::Protocol, e.to_string()))?;
-        if self.active.fetch_add(1, Ordering::AcqRel) >= self.cfg.max_sessions {
-            self.active.fetch_sub(1, Ordering::AcqRel);
+        let Some(_place) = place.or_else(|| self.session_place()) else {
             return Err(Error::refused(
                 ErrorCode::Busy,
                 format!("server busy: {} sessions running", self.cfg.max_sessions),
             ));
-        }
+        };
         let id: u64 = rand::random();
         let salt: [u8; 32] = rand::random();
         let key = auth::session_key(&master, id, &salt);

@@ -311,7 +311,8 @@ pub struct ServeArgs {
     /// Network threads shared by all sessions [default: number of cores].
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub net_threads: Option<u16>,
-    /// Sessions at once; more are refused as busy [default: 64, or the config's].
+    /// Sessions at once; more are answered busy (clients come back, see `cp
+    /// --busy-wait`) [default: 64, or the config's].
     #[arg(long, value_parser = parse_at_least_one)]
     pub max_sessions: Option<usize>,
     /// Connections in set-up (before TLS and authentication are done, or a data

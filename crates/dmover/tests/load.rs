@@ -141,3 +141,49 @@ fn a_busy_server_answers_busy_and_clients_come_back() {
     assert!(took < Duration::from_secs(50), "took {took:?}");
     eprintln!("24 clients done in {took:?}, {busy} of them answered busy at least once");
 }
+
+/// A server running all the sessions it may (`--max-sessions`) answers a new control
+/// connection busy before TLS too; the client comes back and gets in when one ends.
+#[test]
+fn a_server_at_its_session_limit_answers_busy_and_the_client_comes_back() {
+    let t = tempfile::Builder::new()
+        .prefix("dmover-load-")
+        .tempdir()
+        .unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let big = t.path().join("big");
+    write_file(&big, 7, 1 << 20, 0o644, 1_600_000_000);
+    let small = t.path().join("small");
+    make_small_files(&small, 5, 1);
+    let log = t.path().join("server.log");
+    let srv = Server::start_with(
+        &[
+            "--root".as_ref(),
+            root.as_os_str(),
+            "--max-sessions".as_ref(),
+            "1".as_ref(),
+            "--io-threads".as_ref(),
+            "1".as_ref(),
+            "--debug-chunk-delay-ms".as_ref(),
+            "500".as_ref(),
+        ],
+        &root,
+        Some(&log),
+        None,
+    );
+    // Four chunks at 500 ms each on one disk thread: the only session for 2 s.
+    let slow = {
+        let (big, url) = (big.clone(), srv.url("big"));
+        std::thread::spawn(move || cp(&["--chunk", "256K", s(&big), &url]))
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let o = cp(&[s(&small), &srv.url("small")]);
+    ok(&o);
+    assert!(stderr(&o).contains("is busy"), "{}", stderr(&o));
+    ok(&slow.join().unwrap());
+    same(&big, &root.join("big"));
+    same(&small, &root.join("small"));
+    let l = std::fs::read_to_string(&log).unwrap();
+    assert!(l.contains("1 sessions running"), "{l}");
+}
