@@ -76,7 +76,7 @@ pub enum Command {
 const AFTER_LONG_HELP: &str = "\
 Exit status: 0 success; 1 the transfer failed (I/O, checksum, refused path, ...); 2 usage \
 error; 3 authentication refused, or the server's key is not the pinned one; 4 network \
-failure (unreachable server, dropped connection).
+failure (unreachable server, dropped connection, a server still busy after --busy-wait).
 
 Environment: DMOVER_TOKEN (the token when no --token-file is given), DMOVER_USER \
 (--user), DMOVER_KEY (--key), DMOVER_KNOWN_HOSTS (--known-hosts), DMOVER_LOG (log \
