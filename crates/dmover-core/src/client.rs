@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
 
 use dmover_net::control::{ControlChannel, write_preamble};
 use dmover_net::join::{Dialer, Dials, JoinError, JoinWait, LinkMode};
@@ -188,6 +189,17 @@ impl Connection {
     }
 }
 
+/// What one try to connect came to.
+enum Dialed {
+    /// TLS is up.
+    Up(Box<Connection>),
+    /// The server answered busy: connect again after this long.
+    Busy(Duration),
+}
+
+/// The longest a client waits between two tries at a busy server.
+pub const MAX_BUSY_BACKOFF: Duration = Duration::from_secs(8);
+
 /// The dialer's data streams: each opened when its machine asks, on the connection
 /// dialed during set-up when it is still good (see [`Dialer::join`]).
 pub(crate) struct Dialing {
@@ -295,7 +307,51 @@ impl Client {
 
     /// Connects and sets up TLS; the data connections are dialed meanwhile. Nothing of
     /// the session has gone out yet ([`Connection::dial`]).
+    ///
+    /// A server that answers busy (too many connections in set-up) is connected to
+    /// again after the time it asks for, doubled on each busy answer (at most
+    /// [`MAX_BUSY_BACKOFF`]) and jittered up by half, for at most
+    /// [`TransferOptions::busy_wait`] in all (the last wait cut to end there, for a last
+    /// try; whatever [`TransferOptions::retries`] says); then the error is a refusal
+    /// with [`ErrorCode::Busy`].
     pub(crate) async fn connect(&self, server: &str) -> Result<Connection> {
+        let started = tokio::time::Instant::now();
+        let mut backoff = Duration::ZERO;
+        loop {
+            let retry_after = match self.connect_once(server).await? {
+                Dialed::Up(c) => return Ok(*c),
+                Dialed::Busy(after) => after,
+            };
+            backoff = retry_after
+                .max(backoff * 2)
+                .min(MAX_BUSY_BACKOFF)
+                .max(Duration::from_millis(100));
+            let spent = started.elapsed();
+            if spent >= self.opts.busy_wait {
+                return Err(Error::refused(
+                    ErrorCode::Busy,
+                    format!(
+                        "{server} is busy (too many connections in set-up); gave up after \
+                         {:.0} s (--busy-wait {:.0}s)",
+                        spent.as_secs_f64(),
+                        self.opts.busy_wait.as_secs_f64()
+                    ),
+                ));
+            }
+            // The last wait ends at the bound, for one more try.
+            let wait = backoff
+                .mul_f64(1.0 + rand::random::<f64>() / 2.0)
+                .min(self.opts.busy_wait - spent);
+            tracing::warn!(
+                "{server} is busy (too many connections in set-up); retrying in {:.1} s",
+                wait.as_secs_f64()
+            );
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// One try of [`Client::connect`].
+    async fn connect_once(&self, server: &str) -> Result<Dialed> {
         dmover_net::tls::warm_up();
         let connector = self.connector()?;
         let mut stream = tcp::connect(
@@ -314,6 +370,7 @@ impl Client {
             Preamble {
                 kind: ConnKind::Control,
                 version: PROTOCOL_VERSION,
+                busy: None,
             },
             server,
         )
@@ -330,6 +387,12 @@ impl Client {
                     what: "TLS handshake",
                     secs: HANDSHAKE_TIMEOUT.as_secs(),
                 }));
+            }
+            Ok(Err(NetError::Tls { source, .. }))
+                if dmover_net::control::Busy::of(&source).is_some() =>
+            {
+                let busy = dmover_net::control::Busy::of(&source).expect("checked");
+                return Ok(Dialed::Busy(busy.retry_after));
             }
             Ok(Err(NetError::Tls { source, .. }))
                 if source
@@ -366,7 +429,7 @@ impl Client {
             },
             (None, None) => Credential::None,
         };
-        Ok(Connection {
+        Ok(Dialed::Up(Box::new(Connection {
             ch,
             master,
             transcript,
@@ -377,7 +440,7 @@ impl Client {
             },
             auth: Auth { user, credential },
             dials,
-        })
+        })))
     }
 
     /// The `Open` of a session for `op`.
@@ -582,7 +645,11 @@ impl Client {
         )?;
         let totals = Totals::of(source.tree().entries());
         run.progress.total.store(totals.bytes, Relaxed);
-        let mut conn = self.connect(server).await?;
+        // A busy server may keep us waiting: an interrupt ends the wait.
+        let mut conn = tokio::select! {
+            r = self.connect(server) => r?,
+            _ = run.cancelled() => return Err(Error::Aborted),
+        };
         // The options and the whole manifest follow the first flight at once: the
         // server reads them once it has opened the session (with the chunk size we
         // asked for; a server never changes a push's).
@@ -637,7 +704,11 @@ impl Client {
         run: Arc<Run>,
         resume: bool,
     ) -> Result<Report> {
-        let mut conn = self.connect(server).await?;
+        // A busy server may keep us waiting: an interrupt ends the wait.
+        let mut conn = tokio::select! {
+            r = self.connect(server) => r?,
+            _ = run.cancelled() => return Err(Error::Aborted),
+        };
         let open = self.open_request(
             Op::Pull {
                 sources: sources.to_vec(),

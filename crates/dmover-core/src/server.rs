@@ -10,12 +10,18 @@
 //!                                (within the handshake timeout, [`JoinTable::accept`])
 //!                                ─ handed to its session
 //! ```
-//! Connections still in setup are limited in number ([`ServerConfig::max_handshakes`]);
-//! control frames before authentication are limited to [`PRE_AUTH_MAX_FRAME`] bytes.
+//! Connections still in setup are limited in number ([`ServerConfig::max_handshakes`]):
+//! beyond the limit a connection takes an overflow place (at most
+//! `max(OVERFLOW_FACTOR × max_handshakes, OVERFLOW_MIN)`, more are closed at once), its
+//! preamble is read within [`BUSY_PREAMBLE_WAIT`], a control connection is answered
+//! busy ([`Preamble::busy`]: retry after 1 to [`MAX_RETRY_AFTER`] s) and closed
+//! gracefully, a data connection still joins. Control frames before authentication are
+//! limited to [`PRE_AUTH_MAX_FRAME`] bytes.
 //! Every refusal is logged with the peer's address.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::num::NonZeroU8;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use dmover_net::control::{ControlChannel, read_preamble, write_preamble};
 use dmover_net::fault::{FaultPlan, Faulty};
-use dmover_net::join::{JoinTable, Joined};
+use dmover_net::join::{AcceptError, JoinTable, Joined};
 use dmover_net::stream::DataIo;
 use dmover_net::tcp::{self, SocketOptions};
 use dmover_net::tls::ServerIdentity;
@@ -77,11 +83,14 @@ pub struct ServerConfig {
     pub require_encryption: bool,
     /// Disk threads shared by all sessions.
     pub io_threads: usize,
-    /// Sessions running at once; more are refused as busy.
+    /// Sessions running at once (a control connection takes its place at its
+    /// preamble); more are answered busy before TLS.
     pub max_sessions: usize,
     /// Sessions one user may run at once.
     pub max_sessions_per_user: usize,
-    /// Connections in setup (before their session or join) at once; more are closed.
+    /// Connections in setup (before their session or join) at once; more control
+    /// connections are answered busy, more data connections still join, up to the
+    /// overflow bound (see the module docs).
     pub max_handshakes: usize,
     /// Time from accepting a control connection to its open session, and for a data
     /// connection's join.
@@ -152,6 +161,57 @@ impl ServerConfig {
     }
 }
 
+/// Connections beyond the set-up limit that may wait for their preamble, as a
+/// multiple of [`ServerConfig::max_handshakes`] (and at least [`OVERFLOW_MIN`]).
+pub const OVERFLOW_FACTOR: usize = 4;
+
+/// The fewest connections beyond the set-up limit that may wait for their preamble.
+pub const OVERFLOW_MIN: usize = 256;
+
+/// How long a connection beyond the set-up limit may take to send its preamble.
+pub const BUSY_PREAMBLE_WAIT: Duration = Duration::from_secs(2);
+
+/// The longest "retry after" a busy answer names, in seconds.
+pub const MAX_RETRY_AFTER: u8 = 8;
+
+/// How long a connection closed for load is read (and what it sent discarded) after
+/// our side is shut down, so that the close is no reset.
+const DRAIN_WAIT: Duration = Duration::from_secs(1);
+
+/// Where a new connection stands against the set-up limits.
+enum Setup {
+    /// Within [`ServerConfig::max_handshakes`].
+    Slot(tokio::sync::OwnedSemaphorePermit),
+    /// Beyond it, within the overflow bound ([`OVERFLOW_FACTOR`], [`OVERFLOW_MIN`]).
+    Overflow(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit),
+}
+
+/// Connections that may wait beyond a set-up limit of `max_handshakes`.
+fn overflow_limit(max_handshakes: usize) -> usize {
+    max_handshakes
+        .max(1)
+        .saturating_mul(OVERFLOW_FACTOR)
+        .clamp(OVERFLOW_MIN, Semaphore::MAX_PERMITS)
+}
+
+/// Closes a connection without a reset: our side shut down, then what the peer sent
+/// read and discarded until it closes too (briefly, and at most 64 KiB).
+async fn close_gracefully(mut stream: TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let _ = stream.shutdown().await;
+    let _ = tokio::time::timeout(DRAIN_WAIT, async {
+        let mut sink = [0u8; 4096];
+        let mut left = 64usize << 10;
+        while left > 0 {
+            match stream.read(&mut sink).await {
+                Ok(n) if n > 0 => left = left.saturating_sub(n),
+                _ => break,
+            }
+        }
+    })
+    .await;
+}
+
 /// Budget unit for buffer memory.
 const MIB: u64 = 1 << 20;
 
@@ -174,6 +234,9 @@ pub struct Server {
     active: AtomicUsize,
     per_user: Mutex<HashMap<String, usize>>,
     handshakes: Arc<Semaphore>,
+    /// Connections beyond `handshakes`, waiting for their preamble to be answered busy
+    /// (control) or joining (data); more are closed at once.
+    overflow: Arc<Semaphore>,
     memory: Arc<Semaphore>,
     /// Faults injected into every session (tests).
     faults: Faults,
@@ -185,12 +248,21 @@ impl std::fmt::Debug for Server {
     }
 }
 
-/// Removes a session's slot when its handler ends, however it ends.
+/// Closes a session's joins when its handler ends, however it ends.
 struct SlotGuard<'a>(&'a Server, u64);
 
 impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
         self.0.joins.close(self.1);
+    }
+}
+
+/// One of the [`ServerConfig::max_sessions`] places, held from a control connection's
+/// preamble (or its `Open`, in memory) to the end of its session.
+struct SessionPlace<'a>(&'a Server);
+
+impl Drop for SessionPlace<'_> {
+    fn drop(&mut self) {
         self.0.active.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -265,6 +337,7 @@ impl Server {
             active: AtomicUsize::new(0),
             per_user: Mutex::new(HashMap::new()),
             handshakes: Arc::new(Semaphore::new(cfg.max_handshakes.max(1))),
+            overflow: Arc::new(Semaphore::new(overflow_limit(cfg.max_handshakes))),
             memory: Arc::new(Semaphore::new(units)),
             faults,
             cfg,
@@ -291,38 +364,79 @@ impl Server {
                     }
                 },
             };
-            let Ok(permit) = self.handshakes.clone().try_acquire_owned() else {
-                tracing::warn!(
-                    "refused {peer}: {} connections already in setup",
-                    self.cfg.max_handshakes
-                );
-                continue;
-            };
             tcp::tune_stream(&stream, &self.cfg.socket);
+            let setup = match self.handshakes.clone().try_acquire_owned() {
+                Ok(p) => Setup::Slot(p),
+                Err(_) => match self.overflow.clone().try_acquire_owned() {
+                    Ok(p) => Setup::Overflow(p),
+                    Err(_) => {
+                        tracing::info!(
+                            "busy: closed {peer} unanswered: {} connections already wait \
+                             beyond the set-up limit",
+                            self.overflow_limit()
+                        );
+                        continue;
+                    }
+                },
+            };
             let me = self.clone();
-            tokio::spawn(async move { me.connection(stream, peer, permit).await });
+            tokio::spawn(async move { me.connection(stream, peer, setup).await });
         }
     }
 
-    async fn connection(
-        self: Arc<Self>,
-        mut stream: TcpStream,
-        peer: SocketAddr,
-        permit: tokio::sync::OwnedSemaphorePermit,
-    ) {
+    /// A session place, if one is free.
+    fn session_place(&self) -> Option<SessionPlace<'_>> {
+        if self.active.fetch_add(1, Ordering::AcqRel) >= self.cfg.max_sessions {
+            self.active.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(SessionPlace(self))
+    }
+
+    /// Connections beyond [`ServerConfig::max_handshakes`] that may wait for their
+    /// preamble (to be answered busy, or, data connections, to join).
+    fn overflow_limit(&self) -> usize {
+        overflow_limit(self.cfg.max_handshakes)
+    }
+
+    /// How long a control connection refused as busy is asked to wait: 1 s when few
+    /// connections wait beyond the set-up limit, up to [`MAX_RETRY_AFTER`] as they
+    /// near the overflow bound.
+    fn retry_after(&self) -> NonZeroU8 {
+        let limit = self.overflow_limit();
+        let waiting = limit - self.overflow.available_permits().min(limit);
+        let extra = (MAX_RETRY_AFTER as usize - 1) * waiting / limit;
+        NonZeroU8::new((1 + extra).min(MAX_RETRY_AFTER as usize) as u8).unwrap_or(NonZeroU8::MIN)
+    }
+
+    /// A control connection that came beyond the set-up limit: answered "busy, retry
+    /// after N s" and closed gracefully (what the client sent behind its preamble is
+    /// read and discarded, so the close is no reset).
+    async fn answer_busy(&self, mut stream: TcpStream, peer: &str, why: String) {
+        let n = self.retry_after();
+        let answer = Preamble::busy(n);
+        if write_preamble(&mut stream, answer, peer).await.is_ok() {
+            tracing::info!("busy: answered {peer} \"retry after {n} s\": {why}");
+        }
+        close_gracefully(stream).await;
+    }
+
+    async fn connection(self: Arc<Self>, mut stream: TcpStream, peer: SocketAddr, setup: Setup) {
         let p = peer.to_string();
+        // A connection beyond the set-up limit waits for its preamble briefly.
+        let wait = match setup {
+            Setup::Slot(_) => self.cfg.handshake_timeout,
+            Setup::Overflow(_) => self.cfg.handshake_timeout.min(BUSY_PREAMBLE_WAIT),
+        };
         let deadline = tokio::time::Instant::now() + self.cfg.handshake_timeout;
-        let pre = match tokio::time::timeout_at(deadline, read_preamble(&mut stream, &p)).await {
+        let pre = match tokio::time::timeout(wait, read_preamble(&mut stream, &p)).await {
             Ok(Ok(pre)) => pre,
             Ok(Err(e)) => {
                 tracing::warn!("refused {p}: {e}");
                 return;
             }
             Err(_) => {
-                tracing::warn!(
-                    "refused {p}: no greeting within {} s",
-                    self.cfg.handshake_timeout.as_secs()
-                );
+                tracing::warn!("refused {p}: no greeting within {} s", wait.as_secs());
                 return;
             }
         };
@@ -334,20 +448,54 @@ impl Server {
                     dmover_proto::MIN_PROTOCOL_VERSION
                 );
             }
+            // A data connection costs a challenge and one read (no TLS): beyond the
+            // set-up limit it still joins, on an overflow slot.
             ConnKind::Data => {
                 match tokio::time::timeout_at(deadline, self.joins.accept(stream, &p)).await {
                     Ok(Ok(())) => {}
+                    // Its client went away before joining (e.g. answered busy on its
+                    // control connection, it dropped the data connections it dialed).
+                    Ok(Err(AcceptError::Net(NetError::Closed { .. }))) => {
+                        tracing::info!("data connection from {p} closed before joining")
+                    }
                     Ok(Err(e)) => tracing::warn!("refused data connection from {p}: {e}"),
                     Err(_) => tracing::warn!(
                         "refused data connection from {p}: no join within {} s",
                         self.cfg.handshake_timeout.as_secs()
                     ),
                 }
-                drop(permit);
+                drop(setup);
             }
             ConnKind::Control => {
+                let permit = match setup {
+                    Setup::Slot(permit) => permit,
+                    // A slot may have come free while the preamble came.
+                    Setup::Overflow(overflow) => {
+                        match self.handshakes.clone().try_acquire_owned() {
+                            Ok(permit) => {
+                                drop(overflow);
+                                permit
+                            }
+                            Err(_) => {
+                                let why = format!(
+                                    "{} connections already in set-up",
+                                    self.cfg.max_handshakes
+                                );
+                                self.answer_busy(stream, &p, why).await;
+                                return;
+                            }
+                        }
+                    }
+                };
+                // The session's place is taken now: a client the server has no room
+                // for learns it before TLS, and comes back.
+                let Some(place) = self.session_place() else {
+                    let why = format!("{} sessions running", self.cfg.max_sessions);
+                    self.answer_busy(stream, &p, why).await;
+                    return;
+                };
                 if let Err(e) = self
-                    .control_connection(stream, &p, pre, deadline, permit)
+                    .control_connection(stream, &p, pre, deadline, permit, place)
                     .await
                 {
                     tracing::warn!("session with {p} failed: {e:#}");
@@ -363,6 +511,7 @@ impl Server {
         pre: Preamble,
         deadline: tokio::time::Instant,
         permit: tokio::sync::OwnedSemaphorePermit,
+        place: SessionPlace<'_>,
     ) -> Result<()> {
         let version = negotiate_version(PROTOCOL_VERSION, pre.version).unwrap_or(0);
         write_preamble(
@@ -370,6 +519,7 @@ impl Server {
             Preamble {
                 kind: ConnKind::Control,
                 version,
+                busy: None,
             },
             peer,
         )
@@ -406,7 +556,7 @@ impl Server {
         let binding = dmover_net::tls::export(&tls, auth::AUTH_EXPORTER_LABEL, None)?;
         let master = dmover_net::tls::export(&tls, auth::SESSION_EXPORTER_LABEL, None)?;
         let ch = ControlChannel::new(tls, peer, PRE_AUTH_MAX_FRAME);
-        self.control_session(ch, binding, master, deadline, Some(permit))
+        self.control_session_in(ch, binding, master, deadline, Some(permit), Some(place))
             .await
     }
 
@@ -416,11 +566,26 @@ impl Server {
     /// so the session logic can be driven in memory (fuzzing, tests) without TLS.
     pub async fn control_session<S: AsyncRead + AsyncWrite + Unpin + Send>(
         &self,
+        ch: ControlChannel<S>,
+        binding: [u8; 32],
+        master: [u8; 32],
+        deadline: tokio::time::Instant,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Result<()> {
+        self.control_session_in(ch, binding, master, deadline, permit, None)
+            .await
+    }
+
+    /// [`Server::control_session`], with the session's place if it was taken at the
+    /// preamble (else it is taken at `Open`, or the session refused as busy).
+    async fn control_session_in<S: AsyncRead + AsyncWrite + Unpin + Send>(
+        &self,
         mut ch: ControlChannel<S>,
         binding: [u8; 32],
         master: [u8; 32],
         deadline: tokio::time::Instant,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
+        place: Option<SessionPlace<'_>>,
     ) -> Result<()> {
         let peer = ch.peer().to_string();
         // Errors the machines reported to the client themselves.
@@ -440,6 +605,7 @@ impl Server {
                         self.run_session(
                             &mut ch,
                             open,
+                            place,
                             &peer,
                             &grant,
                             master,
@@ -638,6 +804,7 @@ impl Server {
         &self,
         ch: &mut ControlChannel<S>,
         open: Open,
+        place: Option<SessionPlace<'_>>,
         peer: &str,
         grant: &Grant,
         master: [u8; 32],
@@ -697,13 +864,12 @@ impl Server {
         };
         dmover_proto::layout::validate_chunk_size(chunk)
             .map_err(|e| Error::refused(ErrorCode::Protocol, e.to_string()))?;
-        if self.active.fetch_add(1, Ordering::AcqRel) >= self.cfg.max_sessions {
-            self.active.fetch_sub(1, Ordering::AcqRel);
+        let Some(_place) = place.or_else(|| self.session_place()) else {
             return Err(Error::refused(
                 ErrorCode::Busy,
                 format!("server busy: {} sessions running", self.cfg.max_sessions),
             ));
-        }
+        };
         let id: u64 = rand::random();
         let salt: [u8; 32] = rand::random();
         let key = auth::session_key(&master, id, &salt);

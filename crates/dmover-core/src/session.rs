@@ -18,6 +18,8 @@ pub const SOFTWARE: &str = concat!("dmover ", env!("CARGO_PKG_VERSION"));
 
 /// How long a peer may take to answer a handshake step.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a client keeps connecting again to a busy server by default.
+pub const DEFAULT_BUSY_WAIT: Duration = Duration::from_secs(60);
 /// Most data streams a session may use.
 pub const MAX_STREAMS: u16 = 128;
 pub use dmover_proto::manifest::{MAX_ENTRIES, MAX_MANIFEST_BYTES, entry_bytes};
@@ -102,6 +104,10 @@ pub struct TransferOptions {
     pub retries: u32,
     /// Pause before each retry.
     pub retry_wait: Duration,
+    /// How long to keep connecting again to a server that answers busy (too many
+    /// connections in set-up), whatever `retries` says; zero: fail at the first busy
+    /// answer. See [`crate::client`].
+    pub busy_wait: Duration,
     /// The destination keeps a resume journal.
     pub journal: bool,
     /// The destination re-reads every file after fsync and compares digests.
@@ -146,6 +152,7 @@ impl Default for TransferOptions {
             resume: false,
             retries: 0,
             retry_wait: Duration::from_secs(5),
+            busy_wait: DEFAULT_BUSY_WAIT,
             journal: true,
             verify: false,
             continue_on_error: false,

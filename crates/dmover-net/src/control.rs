@@ -18,6 +18,23 @@ use crate::NetError;
 #[error("the server answered with protocol version {0}, which this side does not speak")]
 pub struct VersionRefused(pub u16);
 
+/// The server answered a control preamble with "busy, connect again after
+/// `retry_after`" ([`Preamble::busy`]): the error inside the `io::Error` a
+/// [`ControlTcp`] returns. The server closes the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the server is busy (too many connections in set-up); retry after {} s", retry_after.as_secs())]
+pub struct Busy {
+    /// How long the server asked the client to wait before connecting again.
+    pub retry_after: Duration,
+}
+
+impl Busy {
+    /// The [`Busy`] inside `e`, if that is what it is.
+    pub fn of(e: &io::Error) -> Option<Busy> {
+        e.get_ref().and_then(|e| e.downcast_ref::<Busy>()).copied()
+    }
+}
+
 /// The control connection's TCP stream. A client that has written its preamble starts
 /// TLS at once ([`ControlTcp::awaiting_answer`]) instead of waiting a round trip for
 /// the server's answer: the first read takes the answer's 8 bytes off the stream and
@@ -57,6 +74,14 @@ impl ControlTcp {
     fn check_answer(&self) -> io::Result<()> {
         let p = Preamble::decode(&self.answer)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        if let Some(n) = p.busy {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                Busy {
+                    retry_after: Duration::from_secs(n.get().into()),
+                },
+            ));
+        }
         if p.kind != ConnKind::Control
             || p.version < dmover_proto::MIN_PROTOCOL_VERSION
             || p.version > dmover_proto::PROTOCOL_VERSION
@@ -290,6 +315,7 @@ mod tests {
                 let reply = Preamble {
                     kind: ConnKind::Control,
                     version: answer,
+                    busy: None,
                 };
                 write_preamble(&mut s, reply, "client").await.unwrap();
                 // The ClientHello arrived behind the preamble, unanswered.
@@ -301,6 +327,7 @@ mod tests {
             let pre = Preamble {
                 kind: ConnKind::Control,
                 version: dmover_proto::PROTOCOL_VERSION,
+                busy: None,
             };
             write_preamble(&mut tcp, pre, &addr).await.unwrap();
             let c = crate::tls::TlsConnector::new(crate::tls::Trust::KnownHosts(
@@ -325,5 +352,48 @@ mod tests {
             }
             server.await.unwrap();
         }
+    }
+
+    /// A busy answer stops the pipelined TLS handshake with [`Busy`] and the time the
+    /// server asked for.
+    #[tokio::test]
+    async fn a_busy_answer_is_its_own_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            read_preamble(&mut s, "client").await.unwrap();
+            let busy = Preamble::busy(std::num::NonZeroU8::new(3).unwrap());
+            write_preamble(&mut s, busy, "client").await.unwrap();
+            s.shutdown().await.unwrap();
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest).await;
+        });
+        let mut tcp = TcpStream::connect(&addr).await.unwrap();
+        let pre = Preamble::new(ConnKind::Control, dmover_proto::PROTOCOL_VERSION);
+        write_preamble(&mut tcp, pre, &addr).await.unwrap();
+        let c = crate::tls::TlsConnector::new(crate::tls::Trust::KnownHosts(
+            dir.path().join("known_hosts"),
+        ))
+        .unwrap();
+        let r = tokio::time::timeout(
+            Duration::from_secs(30),
+            c.connect(ControlTcp::awaiting_answer(tcp), &addr),
+        )
+        .await
+        .expect("the handshake ends");
+        match r {
+            Err(NetError::Tls { source, .. }) => assert_eq!(
+                Busy::of(&source),
+                Some(Busy {
+                    retry_after: Duration::from_secs(3)
+                }),
+                "{source}"
+            ),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("TLS went on"),
+        }
+        server.await.unwrap();
     }
 }

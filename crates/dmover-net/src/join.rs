@@ -126,6 +126,7 @@ impl Dialer {
         let pre = Preamble {
             kind: ConnKind::Data,
             version: PROTOCOL_VERSION,
+            busy: None,
         };
         write_preamble(&mut io, pre, server).await?;
         let mut challenge = [0u8; JOIN_PROOF_LEN];

@@ -80,6 +80,7 @@ fn preamble_control() {
     let p = Preamble {
         kind: ConnKind::Control,
         version: 1,
+        busy: None,
     };
     let expected = hexdump(
         "
@@ -98,6 +99,7 @@ fn preamble_data() {
     let p = Preamble {
         kind: ConnKind::Data,
         version: 0x0102,
+        busy: None,
     };
     let expected = hexdump(
         "
@@ -112,11 +114,28 @@ fn preamble_data() {
 }
 
 #[test]
+fn preamble_busy() {
+    // The server's answer when it cannot take the connection yet.
+    let p = Preamble::busy(std::num::NonZeroU8::new(2).unwrap());
+    let expected = hexdump(
+        "
+        44 4d 4f 56   # magic \"DMOV\"
+        01            # connection kind: 1 = control
+        02            # busy: retry after 2 seconds
+        00 00         # version 0: no session on this connection, the server closes
+        ",
+    );
+    assert_eq!(hex(&p.encode()), hex(&expected));
+    assert_eq!(Preamble::decode(&expected), Ok(p));
+}
+
+#[test]
 fn preamble_no_common_version() {
     // The server's answer when the versions do not overlap.
     let p = Preamble {
         kind: ConnKind::Control,
         version: 0,
+        busy: None,
     };
     let expected = hexdump(
         "

@@ -177,6 +177,7 @@ fn preamble_unknown_conn_kind() {
         let mut b = Preamble {
             kind: ConnKind::Control,
             version: 1,
+            busy: None,
         }
         .encode();
         b[4] = kind;
@@ -196,6 +197,7 @@ fn preamble_reserved_byte() {
         let mut b = Preamble {
             kind: ConnKind::Data,
             version: 1,
+            busy: None,
         }
         .encode();
         b[5] = v;
@@ -211,6 +213,7 @@ fn preamble_truncated() {
     let b = Preamble {
         kind: ConnKind::Control,
         version: 1,
+        busy: None,
     }
     .encode();
     for n in 0..preamble::LEN {

@@ -453,7 +453,7 @@ proptest! {
 
     #[test]
     fn preamble_roundtrip(kind in conn_kind(), version in any::<u16>(), tail in bytes(8)) {
-        let p = Preamble { kind, version };
+        let p = Preamble::new(kind, version);
         let mut b = p.encode().to_vec();
         prop_assert_eq!(b.len(), preamble::LEN);
         prop_assert_eq!(Preamble::decode(&b), Ok(p));

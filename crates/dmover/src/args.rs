@@ -76,7 +76,7 @@ pub enum Command {
 const AFTER_LONG_HELP: &str = "\
 Exit status: 0 success; 1 the transfer failed (I/O, checksum, refused path, ...); 2 usage \
 error; 3 authentication refused, or the server's key is not the pinned one; 4 network \
-failure (unreachable server, dropped connection).
+failure (unreachable server, dropped connection, a server still busy after --busy-wait).
 
 Environment: DMOVER_TOKEN (the token when no --token-file is given), DMOVER_USER \
 (--user), DMOVER_KEY (--key), DMOVER_KNOWN_HOSTS (--known-hosts), DMOVER_LOG (log \
@@ -251,6 +251,11 @@ pub struct ReliabilityArgs {
     /// ms, s, m, h).
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "D")]
     pub retry_wait: std::time::Duration,
+    /// How long to keep connecting again to a server that answers busy (too many
+    /// connections in set-up), whatever --retries says: after the wait it asks for,
+    /// doubled each time (at most 8s), jittered; 0 fails at once (exit 4).
+    #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "D")]
+    pub busy_wait: std::time::Duration,
     /// Skip source files that cannot be read (vanished, unreadable, changed while
     /// read), copy the rest, list the skipped ones and exit with 1.
     #[arg(long)]
@@ -306,9 +311,16 @@ pub struct ServeArgs {
     /// Network threads shared by all sessions [default: number of cores].
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub net_threads: Option<u16>,
-    /// Sessions at once; more are refused as busy [default: 64, or the config's].
+    /// Sessions at once; more are answered busy (clients come back, see `cp
+    /// --busy-wait`) [default: 64, or the config's].
     #[arg(long, value_parser = parse_at_least_one)]
     pub max_sessions: Option<usize>,
+    /// Connections in set-up (before TLS and authentication are done, or a data
+    /// stream joined) at once. Beyond it a client's control connection is answered
+    /// "busy, retry after N s" before TLS (clients wait and connect again by
+    /// themselves, see `cp --busy-wait`); beyond 4 times it connections are closed.
+    #[arg(long, default_value_t = 256, value_parser = parse_at_least_one, value_name = "N")]
+    pub max_handshakes: usize,
     /// Memory for chunk buffers shared by all sessions (e.g. 512M, 2G; binary units;
     /// at least 2M). A session needs two buffers of its chunk size, and is refused if
     /// they do not fit.

@@ -113,6 +113,7 @@ pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
     opts.resume = r.resume;
     opts.retries = r.retries;
     opts.retry_wait = r.retry_wait;
+    opts.busy_wait = r.busy_wait;
     opts.continue_on_error = r.continue_on_error;
     opts.verify = r.verify;
     opts.journal = !r.no_journal;

@@ -2,7 +2,7 @@
 //!
 //! Exit codes: 0 success; 1 the transfer failed (I/O, checksum, refused path, ...);
 //! 2 usage error; 3 authentication refused (or the server's key is not the pinned one); 4 network failure (unreachable server,
-//! dropped connection). `dmover doctor` exits with 1 when a check warns.
+//! dropped connection, a server still busy after `--busy-wait`). `dmover doctor` exits with 1 when a check warns.
 
 mod args;
 mod bench;

@@ -392,6 +392,12 @@ pub fn exit_code(e: &Error) -> u8 {
         Error::Net(NetError::HostKeyChanged { .. }) => 3,
         Error::Net(NetError::Proto { .. }) => 1,
         Error::Net(_) => 4,
+        // A server still busy after --busy-wait: a failure that may pass, like the
+        // network's.
+        Error::Refused {
+            code: ErrorCode::Busy,
+            ..
+        } => 4,
         _ => 1,
     }
 }
