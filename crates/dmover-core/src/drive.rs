@@ -381,10 +381,10 @@ pub struct Env {
 }
 
 /// How long a control message may take to go out before the connection counts as
-/// broken (the peer stopped reading).
-fn send_limit(t: &Timing) -> Duration {
-    t.silence().max(Duration::from_secs(1))
-}
+/// broken (the peer stopped reading): the default heartbeat silence.
+const SEND_LIMIT: Duration = Duration::from_secs(
+    crate::session::HEARTBEAT.as_secs() * crate::session::SILENT_INTERVALS as u64,
+);
 
 /// What a driver loop needs of any of the machines to run their control connection.
 trait Machine {
@@ -412,20 +412,11 @@ machine!(SinkSession<Fault>);
 struct ControlLink<'a, C> {
     ch: &'a mut ControlChannel<C>,
     open: bool,
-    limit: Duration,
 }
 
 impl<'a, C: AsyncRead + AsyncWrite + Unpin + Send> ControlLink<'a, C> {
     fn new(ch: &'a mut ControlChannel<C>) -> Self {
-        let limit = send_limit(&timing(
-            Duration::from_secs(5),
-            crate::session::HANDSHAKE_TIMEOUT,
-        ));
-        ControlLink {
-            ch,
-            open: true,
-            limit,
-        }
+        ControlLink { ch, open: true }
     }
 
     /// Sends what `m` has to send; a broken connection is the machine's to handle.
@@ -446,7 +437,7 @@ impl<'a, C: AsyncRead + AsyncWrite + Unpin + Send> ControlLink<'a, C> {
             if !self.open {
                 return None;
             }
-            match tokio::time::timeout(self.limit, self.ch.send(&m)).await {
+            match tokio::time::timeout(SEND_LIMIT, self.ch.send(&m)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     self.open = false;
@@ -457,7 +448,7 @@ impl<'a, C: AsyncRead + AsyncWrite + Unpin + Send> ControlLink<'a, C> {
                     return Some(Error::Net(NetError::Timeout {
                         peer: self.ch.peer().to_string(),
                         what: "heartbeat: the peer went silent",
-                        secs: self.limit.as_secs().max(1),
+                        secs: SEND_LIMIT.as_secs().max(1),
                     }));
                 }
             }
@@ -609,7 +600,6 @@ where
     let mut bufs: HashMap<u64, PoolBuf> = HashMap::new();
     let mut tasks: HashMap<u16, Task<SrcOut>> = HashMap::new();
     let mut cancelled = false;
-    let mut segments = Vec::new();
     loop {
         // What the machine asks, until it asks nothing more.
         loop {
@@ -627,13 +617,14 @@ where
                         let (Some(buf), Some((_, src, _))) = (bufs.remove(&chunk), &live) else {
                             continue;
                         };
-                        src.layout().segments(chunk, &mut segments);
                         if let Some(t) = tasks.get(&stream) {
+                            let mut segments = Vec::new();
+                            src.layout().segments(chunk, &mut segments);
                             let _ = t.tx.send(SrcOut::Chunk {
                                 chunk,
                                 buf,
                                 meta,
-                                segments: segments.clone(),
+                                segments,
                             });
                         }
                     }
