@@ -12,8 +12,7 @@ use dmover_net::tls::TlsConnector;
 use dmover_net::{ControlStream, NetError};
 use dmover_proto::auth;
 use dmover_proto::control::{
-    Auth, AuthMethod, Control, Credential, ErrorCode, FailedFile, Hello, Op, Open, SessionInfo,
-    Summary,
+    Auth, Credential, ErrorCode, FailedFile, Hello, Op, Open, SessionInfo, Summary,
 };
 use dmover_proto::manifest::{Entry, Totals};
 use dmover_proto::preamble::{ConnKind, Preamble};
@@ -29,7 +28,7 @@ use crate::diskpool::DiskPool;
 use crate::drive;
 use crate::engine::{DataStream, Run};
 use crate::error::{Error, Result};
-use crate::session::{self, HANDSHAKE_TIMEOUT, TransferOptions, unexpected};
+use crate::session::{self, HANDSHAKE_TIMEOUT, TransferOptions};
 use dmover_proto::session::{Dial, Limits, SinkSession, SourceSession};
 
 pub use crate::session::SOFTWARE;
@@ -71,94 +70,6 @@ pub struct Client {
     pub(crate) opts: TransferOptions,
 }
 
-pub(crate) struct Connected {
-    pub(crate) ch: ControlChannel<ControlStream>,
-    pub(crate) session: SessionInfo,
-    /// The session key (see [`dmover_proto::auth::session_key`]).
-    pub(crate) key: [u8; 32],
-    /// The data connections, dialed while the control connection was set up.
-    pub(crate) dials: Dials,
-}
-
-/// A control connection whose first flight (`Hello`, `Auth`, `Open`) has gone out; the
-/// caller may send more (`Options`, a push's manifest) before taking the server's
-/// answers with [`Opening::accepted`].
-pub(crate) struct Opening {
-    pub(crate) ch: ControlChannel<ControlStream>,
-    /// Exported for the session key.
-    master: [u8; 32],
-    transcript: [u8; 32],
-    /// The token's keys when the credential sent was a token proof.
-    token: Option<auth::TokenKeys>,
-    /// No credential was sent (the client has none).
-    anonymous: bool,
-    dials: Dials,
-}
-
-impl Opening {
-    /// Takes the server's `Welcome`, `AuthOk` and `Session`, checking its token proof.
-    pub(crate) async fn accepted(mut self, server: &str) -> Result<Connected> {
-        let ch = &mut self.ch;
-        let welcome = match ch.recv_timeout(HANDSHAKE_TIMEOUT, "welcome").await {
-            Ok(Control::Welcome(w)) => w,
-            Ok(other) => return Err(unexpected(server, other, "Welcome")),
-            Err(e) => return Err(e.into()),
-        };
-        if self.anonymous && welcome.auth == AuthMethod::Required {
-            return Err(Error::refused(
-                ErrorCode::Auth,
-                format!(
-                    "{server} requires authentication: pass --key FILE (or DMOVER_KEY) or \
-                     --token-file FILE (or DMOVER_TOKEN), and --user NAME if it has several users"
-                ),
-            ));
-        }
-        match ch.recv_timeout(HANDSHAKE_TIMEOUT, "authentication").await? {
-            Control::AuthOk(ok) => {
-                // A server without authentication ignores the credential and proves
-                // nothing (as when the client had none to send).
-                if let (AuthMethod::Required, Some(t)) = (welcome.auth, &self.token) {
-                    let want = auth::server_token_proof(&t.verifier, &self.transcript);
-                    if !ok.proof.is_some_and(|p| auth::proofs_equal(&p, &want)) {
-                        return Err(Error::refused(
-                            ErrorCode::Auth,
-                            format!(
-                                "{server} could not prove it knows the token; refusing to talk to it"
-                            ),
-                        ));
-                    }
-                }
-            }
-            other => return Err(unexpected(server, other, "AuthOk")),
-        }
-        let session = match ch.recv_timeout(HANDSHAKE_TIMEOUT, "session").await? {
-            Control::Session(s) => s,
-            other => return Err(unexpected(server, other, "Session")),
-        };
-        if session.streams == 0 {
-            return Err(Error::protocol(server, "session with zero streams"));
-        }
-        dmover_proto::layout::validate_chunk_size(session.chunk_size)
-            .map_err(|e| Error::Net(NetError::proto(server, e)))?;
-        let key = auth::session_key(&self.master, session.id, &session.salt);
-        Ok(Connected {
-            ch: self.ch,
-            session,
-            key,
-            dials: self.dials,
-        })
-    }
-
-    /// Sends `msg` behind the first flight. A server that refused the session closes
-    /// the connection, so a failed send is explained by its `Error` when one came.
-    pub(crate) async fn send(&mut self, msg: &Control) -> Result<()> {
-        match self.ch.send(msg).await {
-            Ok(()) => Ok(()),
-            Err(e) => Err(crate::session::peer_report(&mut self.ch, Error::Net(e)).await),
-        }
-    }
-}
-
 /// A control connection with TLS up and the first flight ready, not sent.
 pub(crate) struct Connection {
     ch: ControlChannel<ControlStream>,
@@ -187,6 +98,17 @@ impl Connection {
                 .map(|t| auth::server_token_proof(&t.verifier, &self.transcript)),
         }
     }
+}
+
+/// A session set up to be driven (see [`Client::memtest_session`]).
+pub(crate) struct Prepared {
+    pub(crate) ch: ControlChannel<ControlStream>,
+    /// The dialer's first flight and its checks.
+    pub(crate) dial: Dial,
+    pub(crate) options: dmover_proto::control::SessionOptions,
+    pub(crate) timing: dmover_proto::session::Timing,
+    pub(crate) joins: Dialing,
+    pub(crate) env: drive::Env,
 }
 
 /// What one try to connect came to.
@@ -456,26 +378,6 @@ impl Client {
         }
     }
 
-    /// Connects, and sends the first flight of a session for `op`: `Hello`, `Auth`
-    /// and `Open`, without waiting for answers (the authentication transcript needs
-    /// no server nonce). The data connections are dialed meanwhile.
-    pub(crate) async fn open(&self, server: &str, op: Op, chunk_size: u32) -> Result<Opening> {
-        let c = self.connect(server).await?;
-        let mut opening = Opening {
-            ch: c.ch,
-            master: c.master,
-            transcript: c.transcript,
-            anonymous: matches!(c.auth.credential, Credential::None),
-            token: c.token,
-            dials: c.dials,
-        };
-        opening.send(&Control::Hello(c.hello)).await?;
-        opening.send(&Control::Auth(c.auth)).await?;
-        let open = self.open_request(op, chunk_size);
-        opening.send(&Control::Open(open)).await?;
-        Ok(opening)
-    }
-
     /// The session's data streams, opened when the machine asks (see [`Dialing`]).
     fn dialing(&self, server: &str, master: [u8; 32], dials: Dials, wait: JoinWait) -> Dialing {
         Dialing {
@@ -490,6 +392,36 @@ impl Client {
         }
     }
 
+    /// A memory test's session with `server`, set up to be driven: connected, the
+    /// first flight for `op` ready, the data streams to be joined when asked.
+    pub(crate) async fn memtest_session(
+        &self,
+        server: &str,
+        op: Op,
+        chunk: u32,
+        run: &Arc<Run>,
+    ) -> Result<Prepared> {
+        let mut conn = tokio::select! {
+            r = self.connect(server) => r?,
+            _ = run.cancelled() => return Err(Error::Aborted),
+        };
+        let options = self.opts.session_options(false);
+        let dial = conn.dial(self.open_request(op, chunk), options);
+        let (fixed, threads) = (self.opts.buffers, self.disk.threads());
+        let buffers = Box::new(move |streams| {
+            fixed.unwrap_or_else(|| session::default_buffers(streams, threads))
+        });
+        let dials = std::mem::take(&mut conn.dials);
+        Ok(Prepared {
+            joins: self.dialing(server, conn.master, dials, JoinWait::Answer),
+            ch: conn.ch,
+            dial,
+            options,
+            timing: drive::timing(self.opts.heartbeat, self.opts.idle_timeout),
+            env: self.env(run, buffers),
+        })
+    }
+
     /// What a driver needs of this client for a session.
     fn env(&self, run: &Arc<Run>, buffers: Box<dyn Fn(u16) -> usize + Send>) -> drive::Env {
         drive::Env {
@@ -497,45 +429,8 @@ impl Client {
             run: run.clone(),
             buffers,
             chunk_delay: None,
+            zerocopy: None,
         }
-    }
-
-    /// Joins the session's data streams, on the connections dialed during set-up
-    /// (each proving it belongs to the session, see [`dmover_proto::data`]); a
-    /// connection that failed is dialed again once (see [`Dialer::join`]).
-    pub(crate) async fn open_streams(
-        &self,
-        server: &str,
-        s: &SessionInfo,
-        key: [u8; 32],
-        mut dials: Dials,
-        wait: JoinWait,
-    ) -> Result<Vec<DataStream<DataIo>>> {
-        let mut set = tokio::task::JoinSet::new();
-        // Connections the session does not use (it granted fewer streams) close.
-        dials.keep(s.streams);
-        let (dialer, mode) = (self.dialer(server), self.link_mode());
-        for i in 0..s.streams {
-            let (dialer, early, session) = (dialer.clone(), dials.take(i), s.id);
-            set.spawn(async move {
-                let io = dialer
-                    .join(early, session, i, &key, mode, wait)
-                    .await
-                    .map_err(join_error)?;
-                let peer = dialer.server().to_string();
-                Ok::<_, Error>((i, DataStream { io, peer }))
-            });
-        }
-        drop(dials);
-        let mut streams = Vec::with_capacity(s.streams as usize);
-        while let Some(r) = set.join_next().await {
-            let r = r.map_err(|e| {
-                Error::refused(ErrorCode::Aborted, format!("stream setup failed: {e}"))
-            })?;
-            streams.push(r?);
-        }
-        streams.sort_by_key(|(i, _)| *i);
-        Ok(streams.into_iter().map(|(_, s)| s).collect())
     }
 
     /// Runs attempts of a transfer until one succeeds, retrying (and resuming) after

@@ -34,12 +34,13 @@ use dmover_net::control::ControlChannel;
 use dmover_net::join::Joined;
 use dmover_net::stream::DataIo;
 use dmover_net::transport::{AckRx, ChunkFrame, ChunkTx, DataLink};
+use dmover_net::zerocopy::ZeroCopyStats;
 use dmover_proto::control::{
     Auth, AuthOk, Control, ErrorCode, FailedFile, Have, Hello, Open, Plan, SendReport, SessionInfo,
     SessionOptions, Summary,
 };
 use dmover_proto::data::{DIGEST_LEN, FrameHeader, FrameKind, FrameLimits};
-use dmover_proto::manifest::Entry;
+use dmover_proto::manifest::{Entry, Totals};
 use dmover_proto::session::{
     AcceptEvent, Acceptance, Arrival, Cause, ChunkMeta, ChunkSet, ReadJob, SessionError,
     SinkCommand, SinkEvent, SinkSession, SourceCommand, SourceEvent, SourceSession, StreamStats,
@@ -314,6 +315,21 @@ impl SourceStore for dmover_store::mem::MemSource {}
 
 /// A sink's storage before data flows: what an earlier attempt left, and the resume.
 pub trait SinkStore: Sink + Sized + 'static {
+    /// (growing manifest) Makes room for a later part of the manifest: `entries`,
+    /// whose data are the layout's `chunks`. Storage that cannot grow refuses.
+    fn grow(&self, entries: Vec<Entry>, chunks: std::ops::Range<u64>) -> Result<()> {
+        let _ = entries;
+        Err(Error::refused(
+            ErrorCode::Unsupported,
+            format!("this destination cannot take a growing manifest (chunks {chunks:?})"),
+        ))
+    }
+
+    /// The layout's length in chunks (of a growing manifest: so far).
+    fn layout_chunks(&self) -> u64 {
+        self.layout().n_chunks()
+    }
+
     /// What an earlier attempt left (reads the journal).
     fn held(&self) -> Held;
 
@@ -378,6 +394,34 @@ pub struct Env {
     pub buffers: Box<dyn Fn(u16) -> usize + Send>,
     /// Injected slowness of every chunk read or write (fault tests).
     pub chunk_delay: Option<Duration>,
+    /// A source's data streams send zero-copy ([`ChunkTx::zerocopy`]): only for
+    /// storage that never rewrites a buffer the kernel may still read (the memory test).
+    pub zerocopy: Option<Arc<ZeroCopyUse>>,
+}
+
+/// What a source's zero-copy sends did, over all its data streams.
+#[derive(Debug, Default)]
+pub struct ZeroCopyUse {
+    /// The counters of the streams that ended.
+    pub stats: Mutex<ZeroCopyStats>,
+    /// Why a stream could not send zero-copy (it sent the ordinary way).
+    pub refused: Mutex<Option<String>>,
+}
+
+/// A part of a manifest that grows while the session runs (feature
+/// [`dmover_proto::session::features::GROWING_MANIFEST`]; see
+/// [`SourceSession::grow_manifest`]): fed to [`source_growing`] by whatever produces
+/// the entries, once the source storage can read the part's chunks.
+#[derive(Debug, Clone)]
+pub struct GrowPart {
+    /// The part's entries, numbered after every earlier part's.
+    pub entries: Vec<Entry>,
+    /// Totals over every part so far.
+    pub totals: Totals,
+    /// The layout's length in chunks with this part.
+    pub chunks: u64,
+    /// The manifest is complete.
+    pub last: bool,
 }
 
 /// How long a control message may take to go out before the connection counts as
@@ -580,11 +624,31 @@ enum SrcOut {
 /// Drives the source role `m` until the session ends. The manifest must already be
 /// queued on `m` (see [`SourceSession::push_manifest`]).
 pub async fn source<C, J, K>(
+    m: SourceSession<Fault>,
+    ch: &mut ControlChannel<C>,
+    joins: J,
+    store: K,
+    env: Env,
+) -> Result<SourceRun<K>>
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send,
+    J: Joins,
+    K: SourceStore,
+{
+    source_growing(m, ch, joins, store, env, None).await
+}
+
+/// [`source`] of a manifest that grows while the session runs: the parts come from
+/// `growth` (the first of them stands for the whole manifest of [`source`]); the
+/// session must use [`dmover_proto::session::features::GROWING_MANIFEST`]. The
+/// storage must read a part's chunks by the time the part comes.
+pub async fn source_growing<C, J, K>(
     mut m: SourceSession<Fault>,
     ch: &mut ControlChannel<C>,
     mut joins: J,
     store: K,
     env: Env,
+    mut growth: Option<mpsc::UnboundedReceiver<GrowPart>>,
 ) -> Result<SourceRun<K>>
 where
     C: AsyncRead + AsyncWrite + Unpin + Send,
@@ -732,6 +796,23 @@ where
                 cancelled = true;
                 m.fail(now(), Fault::new(Error::Aborted));
             }
+            part = next_part(&mut growth), if growth.is_some() && m.info().is_some() => match part {
+                Some(p) => {
+                    m.push_manifest(&p.entries);
+                    env.run.progress.total.store(p.totals.bytes, Relaxed);
+                    m.grow_manifest(now(), p.totals, p.chunks, p.last);
+                    if p.last {
+                        growth = None;
+                    }
+                }
+                None => {
+                    growth = None;
+                    m.fail(now(), Fault::new(Error::refused(
+                        ErrorCode::Aborted,
+                        "the manifest's producer stopped before its last part",
+                    )));
+                }
+            },
             Some(input) = rx.recv() => match input {
                 SrcIn::Read { chunk, read: Ok((buf, meta)) } => {
                     bufs.insert(chunk, buf);
@@ -756,7 +837,14 @@ where
             (i, r) = joins.next() => match r {
                 Ok(s) => {
                     let (ttx, trx) = mpsc::unbounded_channel();
-                    let h = tokio::spawn(source_stream(i, s, trx, tx.clone(), env.run.progress.clone()));
+                    let h = tokio::spawn(source_stream(
+                        i,
+                        s,
+                        trx,
+                        tx.clone(),
+                        env.run.progress.clone(),
+                        env.zerocopy.clone(),
+                    ));
                     tasks.insert(i, Task { tx: ttx, abort: h.abort_handle() });
                     m.stream_joined(now(), i);
                 }
@@ -774,6 +862,14 @@ where
             }
             _ = sleep_until(deadline) => m.handle_timeout(now()),
         }
+    }
+}
+
+/// The next part of a growing manifest (never, without one).
+async fn next_part(g: &mut Option<mpsc::UnboundedReceiver<GrowPart>>) -> Option<GrowPart> {
+    match g {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -818,9 +914,15 @@ async fn source_stream<L: DataLink, K>(
     mut work: mpsc::UnboundedReceiver<SrcOut>,
     tx: mpsc::UnboundedSender<SrcIn<K>>,
     progress: Arc<Progress>,
+    zerocopy: Option<Arc<ZeroCopyUse>>,
 ) {
     let peer = s.peer;
     let (mut out, mut acks) = s.io.into_source();
+    if let Some(z) = &zerocopy {
+        if let Err(e) = out.zerocopy() {
+            *z.refused.lock() = Some(e);
+        }
+    }
     // A stream that sent its first chunks before its join's answer reports a failed
     // join as the join would have (see `Error::data`).
     let io_err = |what, e| Error::data(what, &peer, e);
@@ -848,12 +950,19 @@ async fn source_stream<L: DataLink, K>(
                     drop(buf);
                     progress.bytes.fetch_add(payload, Relaxed);
                     progress.chunks.fetch_add(1, Relaxed);
+                    progress.data_flowing();
                     let _ = tx.send(SrcIn::Written { stream: i, chunk });
                 }
                 SrcOut::End(sent) => {
                     out.send_end(sent)
                         .await
                         .map_err(|e| io_err("sending data to", e))?;
+                    if let (Some(z), Some(st)) = (&zerocopy, out.zerocopy_stats()) {
+                        let mut t = z.stats.lock();
+                        t.sends += st.sends;
+                        t.completed += st.completed;
+                        t.copied += st.copied;
+                    }
                     return Ok(());
                 }
             }
@@ -952,6 +1061,7 @@ where
     let mut waiting: Vec<(u16, DataStream<J::Link>)> = Vec::new();
     let mut tasks: HashMap<u16, Task<u64>> = HashMap::new();
     let mut summary: Option<Summary> = None;
+    let mut grown: Vec<(Vec<Entry>, std::ops::Range<u64>)> = Vec::new();
     let mut cancelled = false;
     let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
     loop {
@@ -1031,20 +1141,16 @@ where
                                 &mut waiting,
                                 &mut tasks,
                                 &tx,
+                                &mut grown,
                             ),
                             Err(e) => m.fail(now(), Fault::new(e)),
                         }
                     }
-                    // The drivers do not offer the growing manifest yet
-                    // (`features::SUPPORTED`), so the machine refuses its messages
-                    // before this could come.
-                    SinkEvent::Grown { chunks, .. } => m.fail(
-                        now(),
-                        Fault::new(Error::protocol(
-                            &peer,
-                            format!("manifest growth (chunks {chunks:?}) is not supported"),
-                        )),
-                    ),
+                    SinkEvent::Grown { entries, chunks } => match &live {
+                        Some((k, ..)) => grow_sink(&mut m, &**k, entries, chunks),
+                        // Before the sink is prepared: when it is.
+                        None => grown.push((entries, chunks)),
+                    },
                     SinkEvent::Complete => {
                         let Some((_, sink, _)) = &live else { continue };
                         let (sink, tx) = (sink.clone(), tx.clone());
@@ -1133,7 +1239,7 @@ where
                         m.resume(now(), parts);
                     } else {
                         match k.resume(&held) {
-                            Ok(()) => start_sink(&mut m, k, &env, &mut live, &mut waiting, &mut tasks, &tx),
+                            Ok(()) => start_sink(&mut m, k, &env, &mut live, &mut waiting, &mut tasks, &tx, &mut grown),
                             Err(e) => m.fail(now(), Fault::new(e)),
                         }
                     }
@@ -1170,7 +1276,23 @@ where
     }
 }
 
-/// The sink is prepared: says `Go`, and starts reading the streams that joined.
+/// A later part of a growing manifest: the storage makes room, the machine hears it.
+fn grow_sink<K: SinkStore>(
+    m: &mut SinkSession<Fault>,
+    k: &K,
+    entries: Vec<Entry>,
+    chunks: std::ops::Range<u64>,
+) {
+    let end = chunks.end;
+    match k.grow(entries, chunks) {
+        Ok(()) => m.grown(now(), end),
+        Err(e) => m.fail(now(), Fault::new(e)),
+    }
+}
+
+/// The sink is prepared: says `Go`, and starts reading the streams that joined; then
+/// the parts of a growing manifest that came meanwhile.
+#[allow(clippy::too_many_arguments)]
 fn start_sink<K: SinkStore, L: DataLink>(
     m: &mut SinkSession<Fault>,
     k: K,
@@ -1179,6 +1301,7 @@ fn start_sink<K: SinkStore, L: DataLink>(
     waiting: &mut Vec<(u16, DataStream<L>)>,
     tasks: &mut HashMap<u16, Task<u64>>,
     tx: &mpsc::UnboundedSender<SinkIn<K>>,
+    grown: &mut Vec<(Vec<Entry>, std::ops::Range<u64>)>,
 ) {
     let info = m.info().expect("open before the manifest").clone();
     env.run.progress.held.store(k.held_bytes(), Relaxed);
@@ -1189,13 +1312,16 @@ fn start_sink<K: SinkStore, L: DataLink>(
     }
     let pool = Pool::new((env.buffers)(info.streams), info.chunk_size as usize);
     let expected = chunk_set(sink.chunks());
-    let n = sink.layout().n_chunks();
+    let n = k.layout_chunks();
     for (i, s) in waiting.drain(..) {
         let t = spawn_sink_stream(i, s, sink.clone(), pool.clone(), tx, &env.run.progress);
         tasks.insert(i, t);
     }
-    *live = Some((k, sink, pool));
     m.ready(now(), expected, n);
+    for (entries, chunks) in grown.drain(..) {
+        grow_sink(m, &*k, entries, chunks);
+    }
+    *live = Some((k, sink, pool));
 }
 
 fn spawn_sink_stream<L: DataLink, K: Send + 'static>(
@@ -1298,6 +1424,7 @@ async fn sink_stream<L: DataLink, K>(
         }
         progress.bytes.fetch_add(expected, Relaxed);
         progress.chunks.fetch_add(1, Relaxed);
+        progress.data_flowing();
         let _ = tx.send(SinkIn::Arrived {
             stream: i,
             chunk: k,
@@ -1412,6 +1539,7 @@ mod tests {
             run: Run::new(),
             buffers: Box::new(move |_| buffers),
             chunk_delay: None,
+            zerocopy: None,
         }
     }
 
@@ -1434,6 +1562,30 @@ mod tests {
         streams: u16,
         plan: Option<Arc<FaultPlan>>,
     ) -> (Result<SourceRun<K>>, Result<SinkRun<MemSink>>) {
+        let entries = source.layout_entries().to_vec();
+        let chunks = chunk_set(source.chunks());
+        let prepare: Prepare<MemSink> =
+            Box::new(move |entries, chunk, _| Ok(MemSink::new(entries, chunk, checksum)?));
+        pair(source, checksum, streams, plan, 0, prepare, |m| {
+            m.push_manifest(&entries);
+            m.end_manifest(Totals::of(&entries), chunks);
+            None
+        })
+        .await
+    }
+
+    /// A session between both drivers: `source` dials with `features`, `manifest`
+    /// queues the manifest on its machine (or returns the feed of a growing one), the
+    /// sink accepts with the storage `prepare` makes.
+    async fn pair<K: SourceStore, S: SinkStore>(
+        source: K,
+        checksum: bool,
+        streams: u16,
+        plan: Option<Arc<FaultPlan>>,
+        features: u64,
+        prepare: Prepare<S>,
+        manifest: impl FnOnce(&mut SourceSession<Fault>) -> Option<mpsc::UnboundedReceiver<GrowPart>>,
+    ) -> (Result<SourceRun<K>>, Result<SinkRun<S>>) {
         let (a, b) = tokio::io::duplex(1 << 16);
         let max = dmover_proto::control::MAX_FRAME;
         let mut dialer = ControlChannel::new(a, "sink", max);
@@ -1458,22 +1610,21 @@ mod tests {
                 checksum,
                 direct_io: DirectIo::Auto,
                 protection: DataProtection::Authenticated,
-                features: 0,
+                features,
             },
             options: options(),
             server_proof: None,
         };
         let mut m = SourceSession::dial(start, "sink", timing, d);
-        m.push_manifest(source.layout_entries());
-        let entries = source.layout_entries().to_vec();
-        m.end_manifest(Totals::of(&entries), chunk_set(source.chunks()));
+        let growth = manifest(&mut m);
         let (tx, rx) = mpsc::channel(streams as usize);
         let pipes = Pipes {
             to_acceptor: tx,
             plan,
             ready: Vec::new(),
         };
-        let sending = async { self::source(m, &mut dialer, pipes, source, env(6)).await };
+        let sending =
+            async { self::source_growing(m, &mut dialer, pipes, source, env(6), growth).await };
         let receiving = async {
             let welcome = Welcome {
                 software: "test".into(),
@@ -1491,15 +1642,143 @@ mod tests {
                     salt: [3; 32],
                     streams: open.streams,
                     chunk_size: open.chunk_size,
-                    features: 0,
+                    features: dmover_proto::session::features::negotiate(
+                        open.features,
+                        dmover_proto::session::features::SUPPORTED,
+                    ),
                 },
             );
-            let prepare: Prepare<MemSink> =
-                Box::new(move |entries, chunk, _| Ok(MemSink::new(entries, chunk, checksum)?));
             let joins = Accepted::new(rx, |io| io);
             sink(m, &mut acceptor, joins, prepare, None, env(4)).await
         };
         tokio::join!(sending, receiving)
+    }
+
+    /// A manifest that grows in parts, some sent before the sink is prepared and some
+    /// while data flows, over the memory test's storage: every chunk of every part
+    /// arrives once, and the session ends after the last part.
+    #[test]
+    fn a_growing_manifest_through_both_drivers() {
+        use crate::memtest::{Discard, Pattern};
+        use dmover_proto::session::features::GROWING_MANIFEST;
+        for (checksum, cut) in [(true, None), (false, None), (true, Some(300_000))] {
+            let plan = cut.map(|at| FaultPlan::new(Some((at, false))));
+            let (tx, rx) = mpsc::unbounded_channel();
+            let source = Pattern::new(CHUNK, checksum).unwrap();
+            let prepare: Prepare<Discard> =
+                Box::new(move |entries, chunk, _| Discard::new(entries, chunk, checksum));
+            let rt = runtime();
+            let parts = [3u64, 1, 7, 0, 5];
+            let feeding = async {
+                let mut totals = Totals::default();
+                let mut chunks = 0;
+                for (i, &n) in parts.iter().enumerate() {
+                    let mut entries = Vec::new();
+                    if n > 0 {
+                        entries.push(Entry {
+                            parent: NO_PARENT,
+                            name: format!("p{i}").into_bytes(),
+                            kind: EntryKind::File {
+                                size: n * u64::from(CHUNK),
+                            },
+                            mode: 0o644,
+                            mtime: Mtime { sec: 0, nsec: 0 },
+                        });
+                    }
+                    totals.entries += entries.len() as u64;
+                    totals.files += entries.len() as u64;
+                    totals.bytes += n * u64::from(CHUNK);
+                    chunks += n;
+                    let last = i + 1 == parts.len();
+                    tx.send(GrowPart {
+                        entries,
+                        totals,
+                        chunks,
+                        last,
+                    })
+                    .unwrap();
+                    tokio::time::sleep(Duration::from_millis(if i == 0 { 0 } else { 20 })).await;
+                }
+            };
+            let session = pair(
+                source,
+                checksum,
+                3,
+                plan.clone(),
+                GROWING_MANIFEST,
+                prepare,
+                |_| Some(rx),
+            );
+            let ((sent, received), ()) = rt.block_on(async { tokio::join!(session, feeding) });
+            let sent = sent.unwrap();
+            let r = received.unwrap();
+            let total: u64 = parts.iter().sum();
+            assert_eq!(r.summary.chunks, total, "each chunk written once");
+            assert_eq!(r.summary.bytes, r.summary.chunks * u64::from(CHUNK));
+            assert_eq!(r.summary.verified, checksum);
+            assert_eq!(sent.summary, r.summary);
+            if let Some(p) = plan {
+                assert!(p.cut_done());
+                assert_eq!(sent.stats.streams_lost, 1, "{:?}", sent.stats);
+            }
+        }
+    }
+
+    /// A sink whose storage cannot grow refuses a growing manifest's later parts: the
+    /// session fails at both ends with that reason.
+    #[test]
+    fn storage_that_cannot_grow_fails_a_growing_session() {
+        use crate::memtest::Pattern;
+        use dmover_proto::session::features::GROWING_MANIFEST;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let source = Pattern::new(CHUNK, true).unwrap();
+        let prepare: Prepare<MemSink> =
+            Box::new(move |entries, chunk, _| Ok(MemSink::new(entries, chunk, true)?));
+        let file = |i: u64| Entry {
+            parent: NO_PARENT,
+            name: format!("p{i}").into_bytes(),
+            kind: EntryKind::File {
+                size: u64::from(CHUNK),
+            },
+            mode: 0o644,
+            mtime: Mtime { sec: 0, nsec: 0 },
+        };
+        let mut t = Totals {
+            entries: 1,
+            files: 1,
+            bytes: u64::from(CHUNK),
+            ..Totals::default()
+        };
+        tx.send(GrowPart {
+            entries: vec![file(0)],
+            totals: t,
+            chunks: 1,
+            last: false,
+        })
+        .unwrap();
+        t.entries += 1;
+        t.files += 1;
+        t.bytes += u64::from(CHUNK);
+        tx.send(GrowPart {
+            entries: vec![file(1)],
+            totals: t,
+            chunks: 2,
+            last: true,
+        })
+        .unwrap();
+        let (sent, received) = runtime().block_on(pair(
+            source,
+            true,
+            2,
+            None,
+            GROWING_MANIFEST,
+            prepare,
+            |_| Some(rx),
+        ));
+        let e = received.err().expect("the sink refuses").to_string();
+        assert!(e.contains("cannot take a growing manifest"), "{e}");
+        let e = sent.err().expect("the source hears it").to_string();
+        assert!(e.contains("cannot take a growing manifest"), "{e}");
     }
 
     /// The manifest a memory source was made with.

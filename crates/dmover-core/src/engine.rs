@@ -4,12 +4,10 @@
 //! the role drivers in [`crate::drive`].
 
 use std::collections::VecDeque;
-use std::io::IoSlice;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use parking_lot::Mutex;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
@@ -32,6 +30,8 @@ pub struct Progress {
     pub chunks_resent: AtomicU64,
     /// The attempt running (1 for the first; 0 before any started).
     pub attempt: AtomicU32,
+    /// When the first chunk crossed a data stream (see [`Progress::data_flowing`]).
+    first_data: std::sync::OnceLock<std::time::Instant>,
     /// Events for a live view, oldest first (see [`Progress::event`]).
     events: Mutex<VecDeque<(u32, ProgressEvent)>>,
     /// Wakes a reader of the events.
@@ -66,6 +66,19 @@ impl Progress {
     /// Events kept for a reader; older ones are dropped beyond this (nobody may be
     /// reading).
     pub const MAX_EVENTS: usize = 1024;
+
+    /// Notes that a chunk crossed a data stream (a load, after the first).
+    #[inline]
+    pub fn data_flowing(&self) {
+        if self.first_data.get().is_none() {
+            let _ = self.first_data.set(std::time::Instant::now());
+        }
+    }
+
+    /// When the first chunk crossed a data stream, once one did.
+    pub fn first_data(&self) -> Option<std::time::Instant> {
+        self.first_data.get().copied()
+    }
 
     /// Records an event of the running attempt for a live view and wakes its reader.
     pub fn event(&self, e: ProgressEvent) {
@@ -159,20 +172,6 @@ pub struct DataStream<S> {
     pub io: S,
     /// The peer, for messages.
     pub peer: String,
-}
-
-pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
-    w: &mut W,
-    mut bufs: &mut [IoSlice<'_>],
-) -> std::io::Result<()> {
-    while !bufs.is_empty() {
-        let n = w.write_vectored(bufs).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        IoSlice::advance_slices(&mut bufs, n);
-    }
-    Ok(())
 }
 
 #[cfg(test)]

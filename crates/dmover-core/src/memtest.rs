@@ -1,40 +1,49 @@
 //! The memory-to-memory network test ([`Op::MemTest`], `dmover bench net`): dmover's own
-//! control channel, session, data streams and chunk frames, with no disk on either end,
-//! so the gap between what the network carries and what file transfers reach is visible.
+//! control channel, session machines, data streams and chunk frames, with no disk on
+//! either end, so the gap between what the network carries and what file transfers
+//! reach is visible.
 //!
-//! The sending side writes `Chunk` frames of the session's chunk size from one buffer on
-//! every stream until the test's time is up, then `END`; with zero-copy it sends the
-//! payload with `MSG_ZEROCOPY` (the 24-byte headers are copied) and reaps the completions
-//! ([`dmover_net::zerocopy`]). The receiving side checks every frame (and its CRC32C when
-//! the session has checksums), discards the payload and reports what arrived in `Done`.
+//! A test is an ordinary session of the role drivers ([`crate::drive`]) over a manifest
+//! that grows while the test runs ([`features::GROWING_MANIFEST`]): the sending side's
+//! storage is [`Pattern`] (a chunk is a pool buffer as it is, never written, so with
+//! zero-copy the kernel sends it from there), its manifest is fed about a tenth of a
+//! second ahead of the sending ([`feed`]) until the test's time is up, and the receiving
+//! side's storage is [`Discard`] (checks each chunk's CRC32C when the session has
+//! checksums, keeps nothing). Acknowledgements, resends after a lost stream, heartbeats
+//! and errors are those of a file transfer.
 
-use std::io::IoSlice;
+use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use dmover_net::NetError;
-use dmover_net::control::ControlChannel;
-use dmover_net::stream::DataIo;
-use dmover_net::tcp::{self, SocketOptions};
-use dmover_net::zerocopy::{ZeroCopy, ZeroCopyStats};
-use dmover_proto::control::{Control, MemDirection, MemTest, Op, Summary};
-use dmover_proto::data::{FrameHeader, FrameKind, FrameLimits, HEADER_LEN};
+use dmover_net::zerocopy::ZeroCopyStats;
+use dmover_proto::control::{ErrorCode, MemDirection, MemTest, Op, Summary};
 use dmover_proto::digest::crc32c_append;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
+use dmover_proto::layout::Layout;
+use dmover_proto::manifest::{Entry, EntryKind, Mtime, NO_PARENT, Totals};
+use dmover_proto::session::{Limits, SinkSession, SourceSession, features};
+use dmover_store::resume::Held;
+use dmover_store::{ChunkRead, Sink, Source};
+use tokio::sync::mpsc;
 
 use crate::client::Client;
-use crate::engine::{DataStream, Run};
+use crate::drive::{self, GrowPart, SinkStore, SourceStore, ZeroCopyUse};
+use crate::engine::{Progress, Run};
 use crate::error::{Error, Result};
-use crate::session::{self, Heartbeat, unexpected};
 
 /// Longest test a server runs, whatever the client asks.
 pub const MAX_MILLIS: u32 = 120_000;
 /// Chunk size of a test when the client leaves it to us.
 pub const DEFAULT_CHUNK: u32 = 4 << 20;
-/// How long a sender waits for its last zero-copy completions.
-const DRAIN_LIMIT: Duration = Duration::from_secs(10);
+/// How far ahead of the sending the manifest grows: long enough for the feeder's
+/// looks ([`FEED_TICK`]) to keep every stream busy, short enough that a test ends
+/// close to its time.
+const FEED_AHEAD: Duration = Duration::from_millis(100);
+/// How often the feeder looks at the sending.
+const FEED_TICK: Duration = Duration::from_millis(5);
+/// Chunks of the (virtual) file the test's storage lays out: more than any test sends.
+const LAYOUT_CHUNKS: u64 = 1 << 32;
 
 /// What a client asks of a test.
 #[derive(Debug, Clone)]
@@ -63,6 +72,18 @@ pub enum ZeroCopyOutcome {
     Remote,
 }
 
+impl ZeroCopyOutcome {
+    fn of(z: Option<&ZeroCopyUse>) -> Self {
+        match z {
+            None => ZeroCopyOutcome::Off,
+            Some(z) => match z.refused.lock().clone() {
+                Some(why) => ZeroCopyOutcome::Unsupported(why),
+                None => ZeroCopyOutcome::Used(*z.stats.lock()),
+            },
+        }
+    }
+}
+
 /// What a test measured.
 #[derive(Debug, Clone)]
 pub struct MemTestReport {
@@ -70,8 +91,8 @@ pub struct MemTestReport {
     pub bytes: u64,
     /// Frames the receiver got.
     pub frames: u64,
-    /// Seconds from the start signal (`Go`) until the receiver had every stream's `END`,
-    /// as seen by the client.
+    /// Seconds from the first chunk on a data stream until the session ended, as seen
+    /// by the client.
     pub seconds: f64,
     /// Data streams used.
     pub streams: u16,
@@ -88,339 +109,340 @@ impl MemTestReport {
     }
 }
 
-/// A data stream whose TCP socket may be used directly: for zero-copy sends and for
-/// per-stream congestion control. Streams that transform their bytes (encryption,
-/// authentication records) return `None`, and the test falls back to ordinary sends.
-pub trait RawTcp {
-    /// The socket, when bytes written to it arrive unchanged.
-    fn raw_tcp(&self) -> Option<&TcpStream>;
+/// The layout both ends' storage uses: one file far larger than any test, so every
+/// chunk is a whole chunk of payload and needs no digest. The session machines check
+/// chunk numbers against the manifest as it grows; this layout only says how a chunk
+/// lies in its buffer.
+fn test_layout(chunk: u32) -> Result<Layout> {
+    let e = entry(0, u64::from(chunk) * LAYOUT_CHUNKS);
+    Layout::new(&[e], chunk).map_err(layout_error)
 }
 
-impl RawTcp for TcpStream {
-    fn raw_tcp(&self) -> Option<&TcpStream> {
-        Some(self)
+fn layout_error(e: dmover_proto::Error) -> Error {
+    Error::refused(ErrorCode::Protocol, e.to_string())
+}
+
+/// The manifest entry of the test's part `i`: a file of `size` bytes.
+fn entry(i: u64, size: u64) -> Entry {
+    Entry {
+        parent: NO_PARENT,
+        name: format!("memtest-{i}").into_bytes(),
+        kind: EntryKind::File { size },
+        mode: 0o644,
+        mtime: Mtime { sec: 0, nsec: 0 },
     }
 }
 
-impl RawTcp for DataIo<TcpStream> {
-    fn raw_tcp(&self) -> Option<&TcpStream> {
-        self.plain()
-    }
-}
-
-/// Bounds of a data stream the test can use.
-pub trait TestStream: AsyncRead + AsyncWrite + RawTcp + Unpin + Send + 'static {}
-impl<T: AsyncRead + AsyncWrite + RawTcp + Unpin + Send + 'static> TestStream for T {}
-
-/// What one sending stream did.
-struct Sent {
-    zc: Option<ZeroCopyStats>,
-}
-
-/// Sends frames on `s` until `deadline`, then `END`.
-async fn send_stream<D: TestStream>(
-    s: &mut DataStream<D>,
-    payload: &[u8],
+/// The sending side's storage: every chunk is zeros, sent from a pool buffer that is
+/// never written while it holds them, so the kernel may send it zero-copy. (Only a
+/// buffer an encrypting stream sealed in place is zeroed again, found by its CRC32C;
+/// without checksums its bytes are sent as they are.)
+pub struct Pattern {
+    layout: Layout,
     checksum: bool,
-    zerocopy: Option<ZeroCopy>,
-    deadline: Instant,
-    run: &Run,
-) -> Result<Sent> {
-    let peer = s.peer.clone();
-    let io_err = |e| Error::Net(NetError::io("sending data to", &peer, e));
-    let mut zc = zerocopy;
-    let mut seq = 0u64;
-    while Instant::now() < deadline && !run.is_cancelled() {
-        let crc = checksum.then(|| crc32c_append(0, payload));
-        let header = FrameHeader {
-            kind: FrameKind::Chunk,
-            chunk: seq,
-            n_digests: 0,
-            payload_len: payload.len() as u32,
-            crc,
-        }
-        .encode();
-        match zc.as_mut() {
-            // The header changes every frame, so it is copied; the payload never changes.
-            // Once zero-copy is on, every write must go through it (see dmover_net::zerocopy).
-            Some(z) => {
-                z.send_copied(&[IoSlice::new(&header)])
-                    .await
-                    .map_err(io_err)?;
-                z.send_all(&[IoSlice::new(payload)]).await.map_err(io_err)?;
-            }
-            None => {
-                let mut iov = [IoSlice::new(&header), IoSlice::new(payload)];
-                crate::engine::write_all_vectored(&mut s.io, &mut iov)
-                    .await
-                    .map_err(io_err)?;
-            }
-        }
-        run.progress
-            .bytes
-            .fetch_add(payload.len() as u64, Ordering::Relaxed);
-        seq += 1;
-    }
-    if run.is_cancelled() {
-        return Err(Error::Aborted);
-    }
-    let end = FrameHeader::end(seq).encode();
-    let zc = match zc {
-        Some(mut z) => {
-            z.send_copied(&[IoSlice::new(&end)]).await.map_err(io_err)?;
-            z.drain(DRAIN_LIMIT).await.map_err(io_err)?;
-            Some(z.stats())
-        }
-        None => {
-            s.io.write_all(&end).await.map_err(io_err)?;
-            s.io.flush().await.map_err(io_err)?;
-            None
-        }
-    };
-    Ok(Sent { zc })
+    /// CRC32C of a chunk of zeros.
+    zeros: u32,
 }
 
-/// Receives frames on `s` until `END`; returns (bytes, frames).
-async fn recv_stream<D: TestStream>(
-    s: &mut DataStream<D>,
-    chunk: u32,
-    run: &Run,
-) -> Result<(u64, u64)> {
-    let peer = s.peer.clone();
-    let io_err = |e| Error::Net(NetError::io("receiving data from", &peer, e));
-    let limits = FrameLimits {
-        max_payload: chunk,
-        max_digests: 0,
-    };
-    let mut buf = vec![0u8; chunk as usize];
-    let (mut bytes, mut frames) = (0u64, 0u64);
-    loop {
-        let mut hb = [0u8; HEADER_LEN];
-        s.io.read_exact(&mut hb).await.map_err(io_err)?;
-        let h =
-            FrameHeader::decode(&hb, &limits).map_err(|e| Error::Net(NetError::proto(&peer, e)))?;
-        if h.kind == FrameKind::End {
-            if h.chunk != frames {
-                return Err(Error::protocol(
-                    &peer,
-                    format!("stream says it sent {} frames, {frames} arrived", h.chunk),
-                ));
-            }
-            return Ok((bytes, frames));
-        }
-        if h.chunk != frames {
-            return Err(Error::protocol(
-                &peer,
-                format!("frame {} arrived where {frames} was due", h.chunk),
-            ));
-        }
-        let p = &mut buf[..h.payload_len as usize];
-        s.io.read_exact(p).await.map_err(io_err)?;
-        if let Some(crc) = h.crc {
-            if crc32c_append(0, p) != crc {
-                return Err(Error::protocol(
-                    &peer,
-                    format!("frame {frames} fails its CRC32C"),
-                ));
-            }
-        }
-        bytes += u64::from(h.payload_len);
-        frames += 1;
-        run.progress
-            .bytes
-            .fetch_add(u64::from(h.payload_len), Ordering::Relaxed);
-        if run.is_cancelled() {
-            return Err(Error::Aborted);
-        }
-    }
-}
-
-fn task_failed(e: tokio::task::JoinError) -> Error {
-    Error::refused(
-        dmover_proto::control::ErrorCode::Aborted,
-        format!("a stream task failed: {e}"),
-    )
-}
-
-/// A payload buffer of `len` pseudo-random bytes.
-fn payload(len: u32) -> Vec<u8> {
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut v = Vec::with_capacity(len as usize + 8);
-    while v.len() < len as usize {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len as usize);
-    v
-}
-
-/// Sends on every stream for `duration`; zero-copy if asked and available.
-async fn send_all<D: TestStream>(
-    streams: Vec<DataStream<D>>,
-    chunk: u32,
-    checksum: bool,
-    zerocopy: bool,
-    duration: Duration,
-    run: &Arc<Run>,
-) -> Result<ZeroCopyOutcome> {
-    let buf = Arc::new(payload(chunk));
-    let mut outcome = if zerocopy {
-        ZeroCopyOutcome::Used(ZeroCopyStats::default())
-    } else {
-        ZeroCopyOutcome::Off
-    };
-    let deadline = Instant::now() + duration;
-    let mut tasks = Vec::with_capacity(streams.len());
-    for mut s in streams {
-        let zc = if zerocopy {
-            match s.io.raw_tcp().map(ZeroCopy::enable) {
-                Some(Ok(z)) => Some(z),
-                Some(Err(e)) => {
-                    outcome = ZeroCopyOutcome::Unsupported(e.to_string());
-                    None
-                }
-                None => {
-                    outcome = ZeroCopyOutcome::Unsupported(
-                        "the data streams transform their bytes (not raw TCP)".into(),
-                    );
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        let (buf, run) = (buf.clone(), run.clone());
-        tasks.push(tokio::spawn(async move {
-            match send_stream(&mut s, &buf, checksum, zc, deadline, &run).await {
-                Ok(sent) => Some(sent),
-                Err(e) => {
-                    run.fail(e);
-                    None
-                }
-            }
-        }));
-    }
-    for t in tasks {
-        let sent = t.await.map_err(task_failed)?;
-        if let (ZeroCopyOutcome::Used(total), Some(z)) = (&mut outcome, sent.and_then(|s| s.zc)) {
-            total.sends += z.sends;
-            total.completed += z.completed;
-            total.copied += z.copied;
-        }
-    }
-    run.check()?;
-    Ok(outcome)
-}
-
-/// Receives on every stream until each has sent `END`; returns (bytes, frames).
-async fn recv_all<D: TestStream>(
-    streams: Vec<DataStream<D>>,
-    chunk: u32,
-    run: &Arc<Run>,
-) -> Result<(u64, u64)> {
-    let tasks: Vec<_> = streams
-        .into_iter()
-        .map(|mut s| {
-            let run = run.clone();
-            tokio::spawn(async move {
-                match recv_stream(&mut s, chunk, &run).await {
-                    Ok(got) => got,
-                    Err(e) => {
-                        run.fail(e);
-                        (0, 0)
-                    }
-                }
-            })
+impl Pattern {
+    /// Storage for a test of `chunk`-byte chunks; `checksum`: a CRC32C with each.
+    pub fn new(chunk: u32, checksum: bool) -> Result<Self> {
+        Ok(Pattern {
+            layout: test_layout(chunk)?,
+            checksum,
+            zeros: crc32c_append(0, &vec![0; chunk as usize]),
         })
-        .collect();
-    let (mut bytes, mut frames) = (0, 0);
-    for t in tasks {
-        let (b, f) = t.await.map_err(task_failed)?;
-        bytes += b;
-        frames += f;
     }
-    run.check()?;
-    Ok((bytes, frames))
+
+    /// The chunk's CRC32C, with its bytes made zeros if they were not.
+    fn settle(&self, buf: &mut [u8]) -> Option<u32> {
+        if !self.checksum {
+            return None;
+        }
+        let chunk = &mut buf[..self.layout.chunk_size() as usize];
+        if crc32c_append(0, chunk) != self.zeros {
+            chunk.fill(0);
+        }
+        Some(self.zeros)
+    }
 }
 
-/// The server's side of a test whose streams have joined.
-pub(crate) async fn serve<C, D>(
-    ch: &mut ControlChannel<C>,
-    m: &MemTest,
+impl Source for Pattern {
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The chunks come with the manifest's parts ([`feed`]).
+    fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
+        Box::new(std::iter::empty())
+    }
+
+    fn read_chunk(
+        &self,
+        _k: u64,
+        buf: &mut [u8],
+        _trailer: &mut Vec<u8>,
+    ) -> dmover_store::Result<ChunkRead> {
+        Ok(ChunkRead {
+            crc: self.settle(buf),
+            n_digests: 0,
+        })
+    }
+
+    fn reread_chunk(&self, _k: u64, buf: &mut [u8], _crc: Option<u32>) -> dmover_store::Result<()> {
+        self.settle(buf);
+        Ok(())
+    }
+}
+
+impl SourceStore for Pattern {}
+
+/// The receiving side's storage: checks each chunk's CRC32C (with checksums on),
+/// counts it and forgets it.
+pub struct Discard {
+    layout: Layout,
+    entries: Vec<Entry>,
+    /// Chunks of the first part of the manifest.
+    first: u64,
     checksum: bool,
+    bytes: AtomicU64,
+    chunks: AtomicU64,
+}
+
+impl Discard {
+    /// Storage for the first part of a test's manifest, `entries`, in `chunk`-byte
+    /// chunks.
+    pub fn new(entries: Vec<Entry>, chunk: u32, checksum: bool) -> Result<Self> {
+        let first = Layout::new(&entries, chunk)
+            .map_err(layout_error)?
+            .n_chunks();
+        Ok(Discard {
+            layout: test_layout(chunk)?,
+            entries,
+            first,
+            checksum,
+            bytes: AtomicU64::new(0),
+            chunks: AtomicU64::new(0),
+        })
+    }
+}
+
+impl Sink for Discard {
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
+        Box::new(0..self.first)
+    }
+
+    fn write_chunk(
+        &self,
+        k: u64,
+        buf: &[u8],
+        _trailer: &[u8],
+        crc: Option<u32>,
+    ) -> dmover_store::Result<()> {
+        let len = self.layout.wire_len(k) as usize;
+        if self.checksum {
+            let got = crc32c_append(0, &buf[..len]);
+            if crc != Some(got) {
+                return Err(dmover_store::Error::Checksum(format!(
+                    "chunk {k} fails its CRC32C"
+                )));
+            }
+        }
+        self.bytes.fetch_add(len as u64, Relaxed);
+        self.chunks.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    fn finish(&self) -> dmover_store::Result<Summary> {
+        Ok(Summary {
+            bytes: self.bytes.load(Relaxed),
+            chunks: self.chunks.load(Relaxed),
+            verified: self.checksum,
+            ..Summary::default()
+        })
+    }
+
+    fn abort(&self) {}
+}
+
+impl SinkStore for Discard {
+    fn held(&self) -> Held {
+        Held::none(&self.entries)
+    }
+
+    fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    fn resume(&mut self, held: &Held) -> Result<()> {
+        if held.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::refused(
+                ErrorCode::Unsupported,
+                "a memory test has nothing to resume",
+            ))
+        }
+    }
+
+    fn grow(&self, _entries: Vec<Entry>, _chunks: Range<u64>) -> Result<()> {
+        Ok(())
+    }
+
+    fn layout_chunks(&self) -> u64 {
+        self.first
+    }
+}
+
+/// The parts of a test's manifest so far.
+struct Parts {
+    chunk: u64,
+    totals: Totals,
+    /// Chunks announced.
+    announced: u64,
+}
+
+impl Parts {
+    /// The next part: a file of `n` chunks (none: no entry), `last` or not.
+    fn grow(&mut self, n: u64, last: bool) -> GrowPart {
+        let mut entries = Vec::new();
+        if n > 0 {
+            entries.push(entry(self.totals.entries, n * self.chunk));
+            self.totals.entries += 1;
+            self.totals.files += 1;
+            self.totals.bytes += n * self.chunk;
+            self.announced += n;
+        }
+        GrowPart {
+            entries,
+            totals: self.totals,
+            chunks: self.announced,
+            last,
+        }
+    }
+}
+
+/// Feeds the sending side's growing manifest: a first part of two chunks per stream,
+/// then parts that keep about [`FEED_AHEAD`] of sending announced at the rate so far,
+/// until `duration` after the first chunk went out; then the last part.
+pub fn feed(
     chunk: u32,
-    streams: Vec<DataStream<D>>,
-    run: &Arc<Run>,
+    streams: u16,
+    duration: Duration,
+    progress: Arc<Progress>,
+) -> mpsc::UnboundedReceiver<GrowPart> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let c = u64::from(chunk);
+    tokio::spawn(async move {
+        let mut parts = Parts {
+            chunk: c,
+            totals: Totals::default(),
+            announced: 0,
+        };
+        let first = u64::from(streams) * 2;
+        if tx.send(parts.grow(first.max(2), false)).is_err() {
+            return;
+        }
+        let mut tick = tokio::time::interval(FEED_TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if tx.is_closed() {
+                return;
+            }
+            let Some(t0) = progress.first_data() else {
+                continue;
+            };
+            let elapsed = t0.elapsed();
+            if elapsed >= duration {
+                let _ = tx.send(parts.grow(0, true));
+                return;
+            }
+            let sent = progress.chunks.load(Relaxed);
+            let rate = sent as f64 / elapsed.as_secs_f64().max(1e-3);
+            let ahead = ((rate * FEED_AHEAD.as_secs_f64()) as u64).max(u64::from(streams) * 2);
+            let left = parts.announced.saturating_sub(sent);
+            if left < ahead && tx.send(parts.grow(ahead * 2 - left, false)).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// The server's side of a test: the op `m`, the session granted with `info` (which
+/// must use the growing manifest), the driver's environment.
+pub(crate) async fn serve<C>(
+    ch: &mut dmover_net::control::ControlChannel<C>,
+    m: &MemTest,
+    machine: ServeRole,
+    checksum: bool,
+    joins: impl drive::Joins,
+    mut env: drive::Env,
 ) -> Result<u64>
 where
-    C: AsyncRead + AsyncWrite + Unpin,
-    D: TestStream,
+    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send,
 {
-    if !m.congestion.is_empty() {
-        let opts = SocketOptions {
-            congestion: Some(m.congestion.clone()),
-            ..SocketOptions::default()
-        };
-        for tcp in streams.iter().filter_map(|s| s.io.raw_tcp()) {
-            tcp::tune_stream(tcp, &opts);
-        }
-    }
     let peer = ch.peer().to_string();
-    let hb = Heartbeat::default();
-    match m.direction {
-        MemDirection::ToServer => {
-            ch.send(&Control::Go).await?;
-            let ((bytes, frames), _) =
-                session::watch_control(ch, run, hb, recv_all(streams, chunk, run)).await?;
-            ch.send(&Control::Done(Summary {
-                bytes,
-                chunks: frames,
-                verified: checksum,
-                ..Summary::default()
-            }))
-            .await?;
-            Ok(bytes)
-        }
-        MemDirection::FromServer => {
-            match session::recv_live(ch, hb).await? {
-                Control::Go => {}
-                other => return Err(unexpected(&peer, other, "Go")),
-            }
+    match machine {
+        ServeRole::Source(s) => {
+            let info = s.info().expect("granted").clone();
             let millis = m.millis.min(MAX_MILLIS);
-            let (outcome, early) = session::watch_control(
-                ch,
-                run,
-                hb,
-                send_all(
-                    streams,
-                    chunk,
-                    checksum,
-                    m.zerocopy,
-                    Duration::from_millis(u64::from(millis)),
-                    run,
-                ),
-            )
-            .await?;
-            if let ZeroCopyOutcome::Used(z) = &outcome {
-                tracing::info!(
+            let z = m.zerocopy.then(|| Arc::new(ZeroCopyUse::default()));
+            env.zerocopy = z.clone();
+            let growth = feed(
+                info.chunk_size,
+                info.streams,
+                Duration::from_millis(u64::from(millis)),
+                env.run.progress.clone(),
+            );
+            let store = Pattern::new(info.chunk_size, checksum)?;
+            let r = drive::source_growing(s, ch, joins, store, env, Some(growth)).await?;
+            match ZeroCopyOutcome::of(z.as_deref()) {
+                ZeroCopyOutcome::Used(z) => tracing::info!(
                     "{peer}: memtest zero-copy: {} sends, {} completed, {} copied by the kernel",
                     z.sends,
                     z.completed,
                     z.copied
-                );
+                ),
+                ZeroCopyOutcome::Unsupported(why) => {
+                    tracing::info!("{peer}: memtest without zero-copy: {why}")
+                }
+                _ => {}
             }
-            let done = match early.into_iter().next() {
-                Some(m) => m,
-                None => session::recv_live(ch, hb).await?,
-            };
-            match done {
-                Control::Done(s) => Ok(s.bytes),
-                other => Err(unexpected(&peer, other, "Done")),
-            }
+            Ok(r.summary.bytes)
+        }
+        ServeRole::Sink(s) => {
+            let prepare: drive::Prepare<Discard> =
+                Box::new(move |entries, chunk, _| Discard::new(entries, chunk, checksum));
+            let r = drive::sink(s, ch, joins, prepare, None, env).await?;
+            Ok(r.summary.bytes)
         }
     }
+}
+
+/// The server's role in a test, its machine made and granted.
+pub(crate) enum ServeRole {
+    /// The server sends ([`MemDirection::FromServer`]).
+    Source(SourceSession<drive::Fault>),
+    /// The server receives.
+    Sink(SinkSession<drive::Fault>),
+}
+
+/// Whether a session may run a test: it must use the growing manifest.
+pub(crate) fn check_features(features: u64) -> Result<()> {
+    if features & features::GROWING_MANIFEST == 0 {
+        return Err(Error::refused(
+            ErrorCode::Unsupported,
+            "the memory-to-memory test needs a dmover that speaks the growing manifest \
+             (upgrade the client)",
+        ));
+    }
+    Ok(())
 }
 
 impl Client {
@@ -443,84 +465,68 @@ impl Client {
             zerocopy: t.zerocopy,
             congestion: t.congestion.clone().unwrap_or_default(),
         });
-        let mut conn = self.open(server, op, chunk).await?.accepted(server).await?;
-        let s = conn.session.clone();
-        let dials = std::mem::take(&mut conn.dials);
-        let streams = self
-            .open_streams(
-                server,
-                &s,
-                conn.key,
-                dials,
-                dmover_net::join::JoinWait::Answer,
-            )
-            .await?;
+        let mut s = self.memtest_session(server, op, chunk, &run).await?;
         let checksum = self.opts.checksum;
-        let hb = Heartbeat::default();
-        let (bytes, frames, seconds, zerocopy) = match t.direction {
+        let (bytes, frames, streams, chunk_size, zerocopy) = match t.direction {
             MemDirection::ToServer => {
-                match session::recv_live(&mut conn.ch, hb).await? {
-                    Control::Go => {}
-                    other => return Err(unexpected(server, other, "Go")),
-                }
-                let started = Instant::now();
-                let (outcome, early) = session::watch_control(
-                    &mut conn.ch,
-                    &run,
-                    hb,
-                    send_all(
-                        streams,
-                        s.chunk_size,
-                        checksum,
-                        t.zerocopy,
-                        Duration::from_millis(u64::from(millis)),
-                        &run,
-                    ),
+                let z = t.zerocopy.then(|| Arc::new(ZeroCopyUse::default()));
+                s.env.zerocopy = z.clone();
+                let m = SourceSession::dial(std::time::Instant::now(), server, s.timing, s.dial);
+                // The streams are as many as the client asked for until the session says
+                // otherwise: the feed's first part only sizes itself by them.
+                let growth = feed(
+                    chunk,
+                    self.opts.streams,
+                    Duration::from_millis(u64::from(millis)),
+                    run.progress.clone(),
+                );
+                let store = Pattern::new(chunk, checksum)?;
+                let r = drive::source_growing(m, &mut s.ch, s.joins, store, s.env, Some(growth))
+                    .await?;
+                let zc = ZeroCopyOutcome::of(z.as_deref());
+                (
+                    r.summary.bytes,
+                    r.summary.chunks,
+                    r.info.streams,
+                    r.info.chunk_size,
+                    zc,
                 )
-                .await?;
-                let done = match early.into_iter().next() {
-                    Some(m) => m,
-                    None => session::recv_live(&mut conn.ch, hb).await?,
-                };
-                let secs = started.elapsed().as_secs_f64();
-                match done {
-                    Control::Done(sum) => (sum.bytes, sum.chunks, secs, outcome),
-                    other => return Err(unexpected(server, other, "Done")),
-                }
             }
             MemDirection::FromServer => {
-                conn.ch.send(&Control::Go).await?;
-                let started = Instant::now();
-                let ((bytes, frames), _) = session::watch_control(
-                    &mut conn.ch,
-                    &run,
-                    hb,
-                    recv_all(streams, s.chunk_size, &run),
-                )
-                .await?;
-                let secs = started.elapsed().as_secs_f64();
-                conn.ch
-                    .send(&Control::Done(Summary {
-                        bytes,
-                        chunks: frames,
-                        verified: checksum,
-                        ..Summary::default()
-                    }))
-                    .await?;
+                let m = SinkSession::dial(
+                    std::time::Instant::now(),
+                    server,
+                    s.timing,
+                    Limits::default(),
+                    s.dial,
+                );
+                let prepare: drive::Prepare<Discard> =
+                    Box::new(move |entries, chunk, _| Discard::new(entries, chunk, checksum));
+                let r = drive::sink(m, &mut s.ch, s.joins, prepare, Some(s.options), s.env).await?;
                 let zc = if t.zerocopy {
                     ZeroCopyOutcome::Remote
                 } else {
                     ZeroCopyOutcome::Off
                 };
-                (bytes, frames, secs, zc)
+                (
+                    r.summary.bytes,
+                    r.summary.chunks,
+                    r.info.streams,
+                    r.info.chunk_size,
+                    zc,
+                )
             }
         };
+        let seconds = run
+            .progress
+            .first_data()
+            .map_or(0.0, |t0| Instant::now().duration_since(t0).as_secs_f64());
         Ok(MemTestReport {
             bytes,
             frames,
             seconds,
-            streams: s.streams,
-            chunk_size: s.chunk_size,
+            streams,
+            chunk_size,
             zerocopy,
         })
     }

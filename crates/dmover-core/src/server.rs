@@ -29,15 +29,15 @@ use std::time::{Duration, Instant};
 
 use dmover_net::control::{ControlChannel, read_preamble, write_preamble};
 use dmover_net::fault::{FaultPlan, Faulty};
-use dmover_net::join::{AcceptError, JoinTable, Joined};
+use dmover_net::join::{AcceptError, JoinTable};
 use dmover_net::stream::DataIo;
 use dmover_net::tcp::{self, SocketOptions};
 use dmover_net::tls::ServerIdentity;
 use dmover_net::{ControlStream, NetError};
 use dmover_proto::auth;
 use dmover_proto::control::{
-    AuthMethod, AuthOk, Control, Credential, DataProtection, ErrorCode, Op, Open, SessionInfo,
-    Welcome,
+    AuthMethod, AuthOk, Control, Credential, DataProtection, ErrorCode, MemDirection, Op, Open,
+    SessionInfo, Welcome,
 };
 use dmover_proto::preamble::{ConnKind, Preamble};
 use dmover_proto::{PROTOCOL_VERSION, control, negotiate_version};
@@ -45,7 +45,7 @@ use parking_lot::Mutex;
 use rustix::fs::OFlags;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use dmover_store::Source;
@@ -57,7 +57,7 @@ use dmover_store::walk;
 use crate::access::{ExportSpec, Grant, Rights, User, verify_signature};
 use crate::diskpool::DiskPool;
 use crate::drive;
-use crate::engine::{DataStream, Run};
+use crate::engine::Run;
 use crate::error::{Error, Result};
 use crate::session::{self, HANDSHAKE_TIMEOUT, MAX_STREAMS, SOFTWARE};
 use dmover_proto::manifest::Totals;
@@ -934,7 +934,20 @@ impl Server {
         let timing = drive::timing(session::HEARTBEAT, self.cfg.idle_timeout);
         let setup_by = now + self.cfg.handshake_timeout;
         let plan = self.faults.link.clone();
-        let joins = drive::Accepted::new(rx, move |io| Faulty::new(io, plan.clone()));
+        // A memory test may name the congestion control of the server's ends.
+        let congestion = match &open.op {
+            Op::MemTest(m) if !m.congestion.is_empty() => Some(SocketOptions {
+                congestion: Some(m.congestion.clone()),
+                ..SocketOptions::default()
+            }),
+            _ => None,
+        };
+        let joins = drive::Accepted::new(rx, move |io: DataIo| {
+            if let Some(o) = &congestion {
+                dmover_net::tcp::tune_stream(io.get_ref(), o);
+            }
+            Faulty::new(io, plan.clone())
+        });
         let run = Run::new();
         log.progress = Some(run.progress.clone());
         log.protection = Some(open.protection);
@@ -943,15 +956,27 @@ impl Server {
             run,
             buffers: Box::new(move |_| count),
             chunk_delay: self.faults.chunk_delay,
+            zerocopy: None,
         };
         match open.op {
             Op::MemTest(m) => {
-                ch.send(&Control::Session(info)).await?;
+                crate::memtest::check_features(info.features)?;
                 what = format!("memory-to-memory test ({:?})", m.direction);
-                let mut rx = joins.into_inner();
-                let streams = collect_streams(&mut rx, streams, peer).await?;
-                let run = Run::new();
-                bytes = crate::memtest::serve(ch, &m, open.checksum, chunk, streams, &run).await?;
+                let role = match m.direction {
+                    MemDirection::FromServer => {
+                        let mut s = SourceSession::accept(now, peer, timing, setup_by);
+                        s.grant(now, info);
+                        crate::memtest::ServeRole::Source(s)
+                    }
+                    MemDirection::ToServer => {
+                        let mut s =
+                            SinkSession::accept(now, peer, timing, Limits::default(), setup_by);
+                        s.grant(now, info);
+                        crate::memtest::ServeRole::Sink(s)
+                    }
+                };
+                *reported = true;
+                bytes = crate::memtest::serve(ch, &m, role, open.checksum, joins, env).await?;
             }
             Op::Push { dest: shown } => {
                 what = format!("push to {:?}", String::from_utf8_lossy(&shown));
@@ -1091,34 +1116,6 @@ impl SessionLog {
             ),
         }
     }
-}
-
-async fn collect_streams(
-    rx: &mut mpsc::Receiver<Joined>,
-    n: u16,
-    peer: &str,
-) -> Result<Vec<DataStream<DataIo>>> {
-    let mut got: Vec<(u16, DataStream<DataIo>)> = Vec::with_capacity(n as usize);
-    let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
-    while got.len() < n as usize {
-        match tokio::time::timeout_at(deadline, rx.recv()).await {
-            Ok(Some(j)) => got.push((
-                j.stream,
-                DataStream {
-                    io: j.io,
-                    peer: j.peer,
-                },
-            )),
-            _ => {
-                return Err(Error::refused(
-                    ErrorCode::Protocol,
-                    format!("{peer} opened {} of {n} data streams in time", got.len()),
-                ));
-            }
-        }
-    }
-    got.sort_by_key(|(i, _)| *i);
-    Ok(got.into_iter().map(|(_, s)| s).collect())
 }
 
 /// Checks a credential against the configured users (a user named `*` stands for any

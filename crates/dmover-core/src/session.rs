@@ -10,8 +10,7 @@ use dmover_proto::layout::DEFAULT_CHUNK;
 use dmover_proto::manifest::{self, Entry};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::engine::Run;
-use crate::error::{Error, Result};
+use crate::error::Error;
 
 /// The software name sent in greetings.
 pub const SOFTWARE: &str = concat!("dmover ", env!("CARGO_PKG_VERSION"));
@@ -27,43 +26,6 @@ pub use dmover_proto::manifest::{MAX_ENTRIES, MAX_MANIFEST_BYTES, entry_bytes};
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
 /// A peer silent for this many heartbeat intervals is declared gone.
 pub const SILENT_INTERVALS: u32 = 4;
-
-/// Heartbeats on the control channel: while data flows (and while one side works or
-/// waits for the other after the manifest) both sides send [`Control::Ping`] every
-/// interval; a side that hears nothing at all for [`SILENT_INTERVALS`] intervals
-/// declares the peer gone. Silence is checked at every interval, so a silent peer is
-/// detected within `SILENT_INTERVALS + 1` intervals (25 s by default).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Heartbeat {
-    /// Interval between pings.
-    pub interval: Duration,
-}
-
-impl Heartbeat {
-    /// From the interval in milliseconds a client announced (0: the default).
-    pub fn from_ms(ms: u32) -> Self {
-        Heartbeat {
-            interval: if ms == 0 {
-                HEARTBEAT
-            } else {
-                Duration::from_millis(ms.into()).max(Duration::from_millis(50))
-            },
-        }
-    }
-
-    /// Silence after which the peer is declared gone.
-    pub fn limit(&self) -> Duration {
-        self.interval * SILENT_INTERVALS
-    }
-}
-
-impl Default for Heartbeat {
-    fn default() -> Self {
-        Heartbeat {
-            interval: HEARTBEAT,
-        }
-    }
-}
 
 /// Options of a transfer, as the user sets them.
 #[derive(Debug, Clone)]
@@ -248,89 +210,6 @@ pub fn unexpected(peer: &str, msg: Control, wanted: &str) -> Error {
     }
 }
 
-/// Runs `transfer` while keeping the control channel alive: pings the peer every
-/// heartbeat interval, fails `run` if the peer goes silent (see [`Heartbeat`]) or
-/// reports an error or the connection drops. Other messages (such as the peer's
-/// `Done`, which can race the end of our own sending) are handed back in order.
-pub async fn watch_control<S, F, T>(
-    ch: &mut ControlChannel<S>,
-    run: &Run,
-    hb: Heartbeat,
-    transfer: F,
-) -> Result<(T, Vec<Control>)>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-    F: std::future::Future<Output = Result<T>>,
-{
-    tokio::pin!(transfer);
-    let mut early = Vec::new();
-    let mut listening = true;
-    let mut heard = tokio::time::Instant::now();
-    let mut tick = tokio::time::interval(hb.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.reset();
-    loop {
-        tokio::select! {
-            biased;
-            r = &mut transfer => {
-                return match r {
-                    Ok(t) => Ok((t, early)),
-                    // A peer that fails closes its data streams and reports why on the
-                    // control channel: prefer its report to the broken streams.
-                    Err(e) if listening && e.rank() < 3 => Err(peer_report(ch, e).await),
-                    Err(e) => Err(e),
-                };
-            }
-            _ = tick.tick(), if listening => {
-                if heard.elapsed() > hb.limit() {
-                    listening = false;
-                    run.fail(silent(ch.peer(), hb));
-                    continue;
-                }
-                let sent = tokio::time::timeout(hb.limit(), ch.send(&Control::Ping)).await;
-                match sent {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => {
-                        listening = false;
-                        run.fail(Error::Net(e));
-                    }
-                    Err(_) => {
-                        listening = false;
-                        run.fail(silent(ch.peer(), hb));
-                    }
-                }
-            }
-            // Cancel-safe: a tick in the middle of a frame keeps what arrived.
-            m = ch.recv(), if listening => {
-                heard = tokio::time::Instant::now();
-                match m {
-                    Ok(Control::Ping) => {}
-                    Ok(Control::Error(e)) => {
-                        listening = false;
-                        run.fail(Error::Remote {
-                            peer: ch.peer().to_string(),
-                            code: e.code,
-                            message: e.message,
-                        });
-                    }
-                    Ok(msg) => {
-                        // After its summary the peer neither sends nor listens: its
-                        // closing the connection is not an error, and pings would be.
-                        if matches!(msg, Control::Done(_)) {
-                            listening = false;
-                        }
-                        early.push(msg);
-                    }
-                    Err(e) => {
-                        listening = false;
-                        run.fail(Error::Net(e));
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// Waits briefly for the peer's `Error` after our side failed with `e`; returns the
 /// peer's report if one comes, else `e`. Messages before it (answers to earlier
 /// pipelined requests, e.g. `Welcome` before a refused `Auth`) are skipped.
@@ -350,46 +229,6 @@ pub(crate) async fn peer_report<S: AsyncRead + AsyncWrite + Unpin>(
             }
             Ok(Ok(_)) => {}
             _ => return e,
-        }
-    }
-}
-
-fn silent(peer: &str, hb: Heartbeat) -> Error {
-    Error::Net(dmover_net::NetError::Timeout {
-        peer: peer.to_string(),
-        what: "heartbeat: the peer went silent",
-        secs: hb.limit().as_secs().max(1),
-    })
-}
-
-/// Receives the next message other than `Ping`, pinging the peer meanwhile; fails
-/// when the peer stays silent for the heartbeat limit.
-pub async fn recv_live<S: AsyncRead + AsyncWrite + Unpin>(
-    ch: &mut ControlChannel<S>,
-    hb: Heartbeat,
-) -> Result<Control> {
-    let mut heard = tokio::time::Instant::now();
-    let mut tick = tokio::time::interval(hb.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.reset();
-    loop {
-        tokio::select! {
-            biased;
-            m = ch.recv() => {
-                heard = tokio::time::Instant::now();
-                match m? {
-                    Control::Ping => {}
-                    other => return Ok(other),
-                }
-            }
-            _ = tick.tick() => {
-                if heard.elapsed() > hb.limit() {
-                    return Err(silent(ch.peer(), hb));
-                }
-                tokio::time::timeout(hb.limit(), ch.send(&Control::Ping))
-                    .await
-                    .map_err(|_| silent(ch.peer(), hb))??;
-            }
         }
     }
 }

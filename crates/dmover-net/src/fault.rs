@@ -168,4 +168,12 @@ impl<T: ChunkTx> ChunkTx for FaultyTx<T> {
         self.cut = true;
         self.inner.cut(reset);
     }
+
+    fn zerocopy(&mut self) -> Result<(), String> {
+        self.inner.zerocopy()
+    }
+
+    fn zerocopy_stats(&self) -> Option<crate::zerocopy::ZeroCopyStats> {
+        self.inner.zerocopy_stats()
+    }
 }

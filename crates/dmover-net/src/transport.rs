@@ -15,7 +15,7 @@
 //! caller's buffer straight from the stream (a sealing stream opens records in it).
 
 use std::future::Future;
-use std::io;
+use std::io::{self, IoSlice};
 
 use dmover_proto::data::{
     ACK_LEN, DIGEST_LEN, FrameHeader, FrameKind, HEADER_LEN, decode_ack, encode_ack,
@@ -24,6 +24,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::chunkio::{ChunkOut, DataWrite, Locked, ReadSide, WriteSide, write_sealed};
 use crate::stream::{DataIo, DataRead};
+use crate::zerocopy::{ZeroCopy, ZeroCopyStats};
 
 /// Payload bytes sealed and written at a time: well inside a core's L2 cache, so a
 /// window's records are still in the cache when the socket copies them (a 16 MiB chunk
@@ -105,12 +106,30 @@ pub trait ChunkTx: Send + 'static {
         buf: &mut [u8],
     ) -> impl Future<Output = io::Result<()>> + Send;
 
-    /// Writes the `END` frame after `sent` chunks, and flushes.
+    /// Writes the `END` frame after `sent` chunks, and flushes (with zero-copy on: and
+    /// waits, within [`ZEROCOPY_DRAIN`], for the kernel to be done with every payload).
     fn send_end(&mut self, sent: u64) -> impl Future<Output = io::Result<()>> + Send;
 
     /// Breaks the connection at once (see [`DataLink::cut`]).
     fn cut(&mut self, reset: bool);
+
+    /// Sends chunk payloads with `MSG_ZEROCOPY` from here on ([`crate::zerocopy`]): the
+    /// kernel reads them from the caller's buffers after [`ChunkTx::send_chunk`]
+    /// returns, so this is only for a source that never rewrites a buffer while the
+    /// kernel may still read it (the memory-to-memory test's pattern). `Err`: why not
+    /// (the stream transforms its bytes, or the kernel refuses); sends stay ordinary.
+    fn zerocopy(&mut self) -> Result<(), String> {
+        Err("this transport has no zero-copy sends".into())
+    }
+
+    /// The zero-copy counters, when zero-copy is on.
+    fn zerocopy_stats(&self) -> Option<ZeroCopyStats> {
+        None
+    }
 }
+
+/// How long [`ChunkTx::send_end`] waits for a zero-copy stream's last completions.
+pub const ZEROCOPY_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The half of a source's data stream that reads acknowledgements.
 pub trait AckRx: Send + 'static {
@@ -124,9 +143,18 @@ pub trait AckRx: Send + 'static {
 pub trait Cut {
     /// Shuts the connection down both ways (`reset`: with a TCP reset).
     fn cut(&self, reset: bool);
+
+    /// The TCP socket under the connection, when there is one (for zero-copy sends).
+    fn raw_tcp(&self) -> Option<&tokio::net::TcpStream> {
+        None
+    }
 }
 
 impl Cut for tokio::net::TcpStream {
+    fn raw_tcp(&self) -> Option<&tokio::net::TcpStream> {
+        Some(self)
+    }
+
     fn cut(&self, reset: bool) {
         let s = socket2::SockRef::from(self);
         if reset {
@@ -179,6 +207,8 @@ pub struct IoTx<S> {
     out: ChunkOut,
     pieces: Vec<(usize, usize)>,
     bounds: Vec<usize>,
+    /// Zero-copy sending, once on: every write goes through it from then on.
+    zc: Option<ZeroCopy>,
 }
 
 /// The acknowledgement-reading half of a split [`DataIo`].
@@ -204,6 +234,7 @@ where
                 out: ChunkOut::default(),
                 pieces: Vec::new(),
                 bounds: Vec::new(),
+                zc: None,
             },
             IoAcks {
                 r,
@@ -242,6 +273,18 @@ where
 {
     async fn send_chunk(&mut self, f: ChunkFrame<'_>, buf: &mut [u8]) -> io::Result<()> {
         let header = f.header();
+        if let Some(zc) = &mut self.zc {
+            // The header and trailer change every frame: copied. The payload is sent
+            // from the buffer.
+            zc.send_copied(&[IoSlice::new(&header), IoSlice::new(f.trailer)])
+                .await?;
+            let iov: Vec<IoSlice<'_>> = f
+                .segments
+                .iter()
+                .map(|&(o, l)| IoSlice::new(&buf[o..o + l]))
+                .collect();
+            return zc.send_all(&iov).await;
+        }
         send_windows(f.segments, &mut self.pieces, &mut self.bounds);
         for (i, b) in self.bounds.windows(2).enumerate() {
             let head: &[&[u8]] = if i == 0 { &[&header, f.trailer] } else { &[] };
@@ -259,12 +302,38 @@ where
     }
 
     async fn send_end(&mut self, sent: u64) -> io::Result<()> {
-        self.w.write_all(&FrameHeader::end(sent).encode()).await?;
+        let end = FrameHeader::end(sent).encode();
+        if let Some(zc) = &mut self.zc {
+            zc.send_copied(&[IoSlice::new(&end)]).await?;
+            if !zc.drain(ZEROCOPY_DRAIN).await? {
+                tracing::debug!("zero-copy sends still outstanding after {ZEROCOPY_DRAIN:?}");
+            }
+            return Ok(());
+        }
+        self.w.write_all(&end).await?;
         self.w.flush().await
     }
 
     fn cut(&mut self, reset: bool) {
         self.w.with(|s| s.get_ref().cut(reset));
+    }
+
+    fn zerocopy(&mut self) -> Result<(), String> {
+        if self.zc.is_some() {
+            return Ok(());
+        }
+        // Only a plain stream (no records, no join answer pending) carries the frame's
+        // bytes unchanged.
+        let zc = self.w.with(|s| match s.plain().and_then(|s| s.raw_tcp()) {
+            Some(tcp) => ZeroCopy::enable(tcp).map_err(|e| e.to_string()),
+            None => Err("the data streams transform their bytes (not raw TCP)".to_string()),
+        })?;
+        self.zc = Some(zc);
+        Ok(())
+    }
+
+    fn zerocopy_stats(&self) -> Option<ZeroCopyStats> {
+        self.zc.as_ref().map(ZeroCopy::stats)
     }
 }
 
