@@ -320,12 +320,12 @@ pub enum Op {
 
 /// A memory-to-memory test of the data streams (`dmover bench net`).
 ///
-/// After `Session`, the client opens the data streams. The receiving side sends `Go`
-/// (server: once its streams have joined; client: once it has opened them); the sender
-/// then writes `Chunk` frames of `chunk_size` payload bytes (the `chunk` field numbers
-/// them per stream; a CRC32C when the session's `checksum` is set; no digests) on every
-/// stream for `millis` milliseconds, then `END` on each. The receiver checks the frames,
-/// discards the payload and answers `Done` with the bytes and frames it received.
+/// An ordinary session of the role machines over a growing manifest
+/// ([`crate::session::features::GROWING_MANIFEST`], required): the sender is the source,
+/// its manifest's parts are files of whole chunks of zeros announced ahead of the data
+/// until `millis` after the first chunk, then a last, empty part; the receiver checks
+/// each chunk's CRC32C (when the session's `checksum` is set), keeps nothing and answers
+/// `Done` with the bytes and chunks it received.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemTest {
     /// Which way the data flows.
