@@ -22,6 +22,7 @@
 //! - [`zerocopy`]: `MSG_ZEROCOPY` sends with completion reaping, reporting when the
 //!   kernel copied after all.
 
+pub mod capability;
 pub mod chunkio;
 pub mod control;
 pub mod fault;

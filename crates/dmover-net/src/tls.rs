@@ -187,6 +187,16 @@ impl ServerIdentity {
         &self.fingerprint
     }
 
+    /// The leaf certificate (DER).
+    pub fn certificate(&self) -> &CertificateDer<'static> {
+        &self.certs[0]
+    }
+
+    /// The private key (to sign capabilities, [`crate::capability`]).
+    pub(crate) fn private_key(&self) -> &PrivateKeyDer<'static> {
+        &self.key
+    }
+
     /// A TLS 1.3 acceptor presenting this identity.
     pub fn acceptor(&self) -> Result<tokio_rustls::TlsAcceptor, NetError> {
         let cfg = rustls::ServerConfig::builder_with_provider(provider())

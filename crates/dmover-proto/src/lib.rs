@@ -23,7 +23,7 @@
 //!   encrypted records ([`record`]).
 //!
 //! # Non-goals (for this version)
-//! Third-party transfers. Resume journals live at the destination (`dmover-core`); the
+//! Resume journals live at the destination (`dmover-core`); the
 //! protocol only carries what they hold ([`control::Have`], [`control::Plan`]).
 //!
 //! # Connections
@@ -67,6 +67,7 @@
 //! Decoders return [`Error`]; each variant says what was wrong with the input.
 
 pub mod auth;
+pub mod capability;
 pub mod control;
 pub mod data;
 pub mod digest;
