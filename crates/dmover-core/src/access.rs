@@ -55,6 +55,8 @@ pub struct ExportSpec {
     pub path: PathBuf,
     /// Nobody may write to it.
     pub read_only: bool,
+    /// Third-party copies may read from or write to it (docs/third-party.md).
+    pub third_party: bool,
 }
 
 /// What a user may do with an export.
@@ -89,6 +91,8 @@ pub struct Grant {
     pub user: String,
     /// Rights per export name.
     pub exports: BTreeMap<String, Rights>,
+    /// Granted by a third-party capability: the one session it allows.
+    pub scope: Option<dmover_proto::capability::Scope>,
 }
 
 /// The users of a server: `None` is the loopback-only mode without authentication.
@@ -255,6 +259,9 @@ pub struct ExportEntry {
     /// Read-only for everyone.
     #[serde(default)]
     pub read_only: bool,
+    /// Third-party copies may use it (off by default).
+    #[serde(default)]
+    pub third_party: bool,
 }
 
 /// A user in the configuration file.
@@ -317,6 +324,7 @@ impl ConfigFile {
                 name: name.clone(),
                 path: e.path.clone(),
                 read_only: e.read_only,
+                third_party: e.third_party,
             });
         }
         let mut users = BTreeMap::new();

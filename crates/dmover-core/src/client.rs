@@ -68,7 +68,26 @@ pub struct Report {
 pub struct Client {
     disk: Arc<DiskPool>,
     pub(crate) opts: TransferOptions,
+    /// Set when a server dials another server for a third-party copy.
+    as_server: Option<Arc<AsServer>>,
 }
+
+/// How a server dialing another server (a third-party copy) differs from a client: it
+/// proves its key in TLS, trusts exactly the key the steering client pinned, and
+/// authenticates with the other server's capability.
+#[derive(Debug)]
+pub(crate) struct AsServer {
+    /// This server's identity, presented as TLS client certificate.
+    pub(crate) identity: dmover_net::tls::ServerIdentity,
+    /// The other server's key fingerprint.
+    pub(crate) peer_key: String,
+    /// The other server's capability for this one.
+    pub(crate) capability: dmover_proto::capability::Capability,
+}
+
+/// A source root: a base, a path under it, and the name the root gets when the path
+/// names the base itself (a server's whole export).
+pub(crate) type Root = (Base, Vec<u8>, Vec<u8>);
 
 /// A control connection with TLS up and the first flight ready, not sent.
 pub(crate) struct Connection {
@@ -194,11 +213,26 @@ impl Client {
         Client {
             disk: Arc::new(DiskPool::new(io_threads, "dmover-disk")),
             opts,
+            as_server: None,
+        }
+    }
+
+    /// A server's client toward another server (a third-party copy), on the server's
+    /// disk threads.
+    pub(crate) fn as_server(opts: TransferOptions, disk: Arc<DiskPool>, s: AsServer) -> Self {
+        Client {
+            disk,
+            opts,
+            as_server: Some(Arc::new(s)),
         }
     }
 
     /// The TLS settings for connecting.
     fn connector(&self) -> Result<TlsConnector> {
+        if let Some(s) = &self.as_server {
+            let trust = dmover_net::tls::Trust::Key(s.peer_key.clone());
+            return Ok(TlsConnector::with_identity(trust, &s.identity)?);
+        }
         // The caller resolves the default known-hosts file (it knows the home directory).
         let trust = self.opts.trust.clone().ok_or_else(|| {
             Error::refused(
@@ -342,6 +376,13 @@ impl Client {
         // Whatever credential we have goes out at once; a server without
         // authentication ignores it.
         let credential = match (&self.opts.key, &token) {
+            _ if self.as_server.is_some() => Credential::Capability(
+                self.as_server
+                    .as_ref()
+                    .expect("checked")
+                    .capability
+                    .clone(),
+            ),
             (Some(key), _) => Credential::Key {
                 public: key.public(),
                 signature: key.sign(&auth::key_auth_message(&transcript)),
@@ -487,8 +528,24 @@ impl Client {
         dest: &[u8],
         run: Arc<Run>,
     ) -> Result<Report> {
+        let roots: Vec<Root> = sources
+            .iter()
+            .map(|p| (Base::Local, p.clone(), Vec::new()))
+            .collect();
+        self.push_roots(&roots, server, dest, run).await
+    }
+
+    /// [`Client::push`] of `roots`: each a base, a path under it and the name the
+    /// root gets when the path names the base itself (see [`paths::source_root`]).
+    pub(crate) async fn push_roots(
+        &self,
+        roots: &[Root],
+        server: &str,
+        dest: &[u8],
+        run: Arc<Run>,
+    ) -> Result<Report> {
         self.with_retries(&run, |r, resume| {
-            self.push_once(sources, server, dest, r, resume)
+            self.push_once(roots, server, dest, r, resume)
         })
         .await
     }
@@ -501,23 +558,35 @@ impl Client {
         dest: &[u8],
         run: Arc<Run>,
     ) -> Result<Report> {
+        self.pull_into(server, sources, &Base::Local, dest, run).await
+    }
+
+    /// [`Client::pull`] into `dest` under `base`.
+    pub(crate) async fn pull_into(
+        &self,
+        server: &str,
+        sources: &[Vec<u8>],
+        base: &Base,
+        dest: &[u8],
+        run: Arc<Run>,
+    ) -> Result<Report> {
         self.with_retries(&run, |r, resume| {
-            self.pull_once(server, sources, dest, r, resume)
+            self.pull_once(server, sources, base, dest, r, resume)
         })
         .await
     }
 
     async fn push_once(
         &self,
-        sources: &[Vec<u8>],
+        roots: &[Root],
         server: &str,
         dest: &[u8],
         run: Arc<Run>,
         resume: bool,
     ) -> Result<Report> {
-        let roots = sources
+        let roots = roots
             .iter()
-            .map(|p| paths::source_root(&Base::Local, p, b""))
+            .map(|(base, p, name)| paths::source_root(base, p, name))
             .collect::<dmover_store::Result<Vec<_>>>()?;
         let walked = self
             .disk
@@ -595,6 +664,7 @@ impl Client {
         &self,
         server: &str,
         sources: &[Vec<u8>],
+        base: &Base,
         dest: &[u8],
         run: Arc<Run>,
         resume: bool,
@@ -614,7 +684,7 @@ impl Client {
         let d = conn.dial(open, options);
         let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
         let m = SinkSession::dial(now(), server, timing, Limits::default(), d);
-        let dest = dest.to_vec();
+        let (dest, base) = (dest.to_vec(), base.clone());
         let o = &self.opts;
         let (checksum, direct_io, fsync, verify, journal) =
             (o.checksum, o.direct_io, o.fsync, o.verify, o.journal);
@@ -627,7 +697,7 @@ impl Client {
                 journal,
                 resume: so.resume,
             };
-            Ok(prepare_sink(&Base::Local, &dest, entries, chunk, opts)?)
+            Ok(prepare_sink(&base, &dest, entries, chunk, opts)?)
         });
         let (fixed, threads) = (self.opts.buffers, self.disk.threads());
         let buffers = Box::new(move |streams| {

@@ -63,6 +63,8 @@ use crate::session::{self, HANDSHAKE_TIMEOUT, MAX_STREAMS, SOFTWARE};
 use dmover_proto::manifest::Totals;
 use dmover_proto::session::{Acceptance, Limits, SinkSession, SourceSession};
 
+mod tpc;
+
 /// Largest control frame accepted before the client has authenticated.
 pub const PRE_AUTH_MAX_FRAME: usize = 64 << 10;
 
@@ -105,6 +107,11 @@ pub struct ServerConfig {
     pub max_entries: u64,
     /// Most memory a session's manifest may take (see [`session::entry_bytes`]).
     pub max_manifest_bytes: u64,
+    /// The address other servers should dial for third-party copies, besides the one
+    /// the steering client used (docs/third-party.md).
+    pub tpc_address: Option<String>,
+    /// How long a third-party capability this server issues stays valid.
+    pub tpc_capability_ttl: Duration,
 }
 
 /// Faults a server injects into its sessions, for tests (never set in production):
@@ -125,6 +132,7 @@ impl ServerConfig {
                 name: String::new(),
                 path: root.into(),
                 read_only: false,
+                third_party: false,
             }],
             read_only: false,
             users: None,
@@ -140,6 +148,8 @@ impl ServerConfig {
             socket: SocketOptions::default(),
             max_entries: session::MAX_ENTRIES,
             max_manifest_bytes: session::MAX_MANIFEST_BYTES,
+            tpc_address: None,
+            tpc_capability_ttl: Duration::from_secs(60),
         }
     }
 
@@ -240,6 +250,8 @@ pub struct Server {
     memory: Arc<Semaphore>,
     /// Faults injected into every session (tests).
     faults: Faults,
+    /// Third-party capabilities accepted (single use).
+    nonces: tpc::Nonces,
 }
 
 impl std::fmt::Debug for Server {
@@ -326,7 +338,9 @@ impl Server {
             Some(id) => id.clone(),
             None => ServerIdentity::ephemeral()?,
         };
-        let tls = identity.acceptor()?;
+        // Asks for a client certificate, optionally: a server dialing this one for a
+        // third-party copy proves its key with one (docs/third-party.md).
+        let tls = identity.mutual_acceptor()?;
         let units = (cfg.memory_budget / MIB).clamp(1, Semaphore::MAX_PERMITS as u64) as usize;
         Ok(Arc::new(Server {
             disk: Arc::new(DiskPool::new(cfg.io_threads, "dmover-disk")),
@@ -340,6 +354,7 @@ impl Server {
             overflow: Arc::new(Semaphore::new(overflow_limit(cfg.max_handshakes))),
             memory: Arc::new(Semaphore::new(units)),
             faults,
+            nonces: tpc::Nonces::default(),
             cfg,
         }))
     }
@@ -537,8 +552,11 @@ impl Server {
         let accepted = self
             .tls
             .accept(dmover_net::control::ControlTcp::new(stream));
-        let tls = match tokio::time::timeout_at(deadline, accepted).await {
-            Ok(Ok(tls)) => ControlStream::Server(tls),
+        let (tls, peer_key) = match tokio::time::timeout_at(deadline, accepted).await {
+            Ok(Ok(tls)) => {
+                let key = dmover_net::tls::peer_fingerprint(&tls);
+                (ControlStream::Server(tls), key)
+            }
             Ok(Err(source)) => {
                 return Err(Error::Net(NetError::Tls {
                     peer: peer.to_string(),
@@ -556,7 +574,13 @@ impl Server {
         let binding = dmover_net::tls::export(&tls, auth::AUTH_EXPORTER_LABEL, None)?;
         let master = dmover_net::tls::export(&tls, auth::SESSION_EXPORTER_LABEL, None)?;
         let ch = ControlChannel::new(tls, peer, PRE_AUTH_MAX_FRAME);
-        self.control_session_in(ch, binding, master, deadline, Some(permit), Some(place))
+        let conn = Conn {
+            binding,
+            master,
+            deadline,
+            peer_key,
+        };
+        self.control_session_in(ch, conn, Some(permit), Some(place))
             .await
     }
 
@@ -572,8 +596,13 @@ impl Server {
         deadline: tokio::time::Instant,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> Result<()> {
-        self.control_session_in(ch, binding, master, deadline, permit, None)
-            .await
+        let conn = Conn {
+            binding,
+            master,
+            deadline,
+            peer_key: None,
+        };
+        self.control_session_in(ch, conn, permit, None).await
     }
 
     /// [`Server::control_session`], with the session's place if it was taken at the
@@ -581,16 +610,23 @@ impl Server {
     async fn control_session_in<S: AsyncRead + AsyncWrite + Unpin + Send>(
         &self,
         mut ch: ControlChannel<S>,
-        binding: [u8; 32],
-        master: [u8; 32],
-        deadline: tokio::time::Instant,
+        conn: Conn,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
         place: Option<SessionPlace<'_>>,
     ) -> Result<()> {
+        let Conn {
+            binding,
+            master,
+            deadline,
+            peer_key,
+        } = conn;
         let peer = ch.peer().to_string();
         // Errors the machines reported to the client themselves.
         let mut reported = false;
-        let result = match self.authenticate(&mut ch, &binding, deadline).await {
+        let result = match self
+            .authenticate(&mut ch, &binding, deadline, peer_key.as_deref())
+            .await
+        {
             Err(e) => {
                 reported = true;
                 Err(e)
@@ -601,8 +637,19 @@ impl Server {
                 let mut log = SessionLog::new(&open.op);
                 let r = match self.user_slot(&grant) {
                     Err(e) => Err(e),
-                    Ok(_user) => {
-                        self.run_session(
+                    Ok(_user) => match open.op.clone() {
+                        Op::Grant(req) => self.grant_capability(&mut ch, &grant, req).await,
+                        Op::ThirdParty(tp) => {
+                            match self.third_party(&mut ch, &grant, &open, tp, &mut log).await {
+                                Ok(done) => {
+                                    log.done = Some(done);
+                                    Ok(())
+                                }
+                                Err(e) => Err(e),
+                            }
+                        }
+                        _ => {
+                            self.run_session(
                             &mut ch,
                             open,
                             place,
@@ -610,10 +657,11 @@ impl Server {
                             &grant,
                             master,
                             &mut reported,
-                            &mut log,
-                        )
-                        .await
-                    }
+                                &mut log,
+                            )
+                            .await
+                        }
+                    },
                 };
                 log.emit(&peer, &grant.user, &r);
                 r
@@ -668,6 +716,7 @@ impl Server {
         ch: &mut ControlChannel<S>,
         binding: &[u8; 32],
         deadline: tokio::time::Instant,
+        peer_key: Option<&str>,
     ) -> Result<(Grant, Open)> {
         let peer = ch.peer().to_string();
         let welcome = Welcome {
@@ -685,6 +734,27 @@ impl Server {
         let mut granted = None;
         let open = drive::accept(m, ch, |hello, a| {
             let transcript = auth::transcript(binding, &a.user, &hello.nonce);
+            if let Credential::Capability(c) = &a.credential {
+                return match self.accept_capability(c, peer_key) {
+                    Ok(grant) => {
+                        tracing::info!(
+                            "{peer}: capability accepted from {} for user {:?} ({:?})",
+                            peer_key.unwrap_or("?"),
+                            grant.user,
+                            grant.scope
+                        );
+                        granted = Some(grant);
+                        Ok(AuthOk { proof: None })
+                    }
+                    Err(why) => {
+                        tracing::warn!("capability refused for {peer} ({}): {why}", hello.software);
+                        Err(Error::refused(
+                            ErrorCode::Auth,
+                            format!("third-party capability refused: {why}"),
+                        ))
+                    }
+                };
+            }
             let (grant, proof) = match &self.cfg.users {
                 None => (
                     Grant {
@@ -694,6 +764,7 @@ impl Server {
                             .iter()
                             .map(|e| (e.spec.name.clone(), Rights::ReadWrite))
                             .collect(),
+                        scope: None,
                     },
                     None,
                 ),
@@ -817,6 +888,7 @@ impl Server {
                 "zero data streams requested",
             ));
         }
+        Self::check_scope(grant, &open.op)?;
         if self.cfg.require_encryption && open.protection != DataProtection::Encrypted {
             return Err(Error::refused(
                 ErrorCode::Unsupported,
@@ -829,7 +901,7 @@ impl Server {
                 let (base, rest, _) = self.resolve(grant, dest, true)?;
                 Some((base, rest.to_vec()))
             }
-            Op::Pull { .. } | Op::MemTest(_) => None,
+            Op::Pull { .. } | Op::MemTest(_) | Op::Grant(_) | Op::ThirdParty(_) => None,
         };
         let streams = open.streams.min(MAX_STREAMS);
         // A pull's source is here: walk it first, so an automatic chunk size can fit
@@ -856,7 +928,7 @@ impl Server {
                     .ok_or(Error::Aborted)??;
                 Some(walked)
             }
-            Op::Push { .. } | Op::MemTest(_) => None,
+            Op::Push { .. } | Op::MemTest(_) | Op::Grant(_) | Op::ThirdParty(_) => None,
         };
         let chunk = match (open.chunk_size, &walked) {
             (0, Some(w)) => session::auto_chunk(w.tree.entries()),
@@ -959,6 +1031,9 @@ impl Server {
             zerocopy: None,
         };
         match open.op {
+            Op::Grant(_) | Op::ThirdParty(_) => {
+                unreachable!("control_session_in runs these ops, not run_session")
+            }
             Op::MemTest(m) => {
                 crate::memtest::check_features(info.features)?;
                 what = format!("memory-to-memory test ({:?})", m.direction);
@@ -1042,6 +1117,16 @@ impl Server {
     }
 }
 
+/// What a control connection brought from TLS: its exported secrets (see
+/// [`dmover_proto::auth`]), the deadline of everything up to the session, and the key
+/// the client proved in TLS (a server dialing for a third-party copy).
+struct Conn {
+    binding: [u8; 32],
+    master: [u8; 32],
+    deadline: tokio::time::Instant,
+    peer_key: Option<String>,
+}
+
 /// What the server logs of a session when it ends: one event, `session finished` or
 /// `session failed`, with its fields (see docs/json.md).
 #[derive(Debug)]
@@ -1065,6 +1150,8 @@ impl SessionLog {
                 Op::Push { .. } => "push",
                 Op::Pull { .. } => "pull",
                 Op::MemTest(_) => "memtest",
+                Op::Grant(_) => "grant",
+                Op::ThirdParty(_) => "third-party",
             },
             what: String::new(),
             protection: None,
@@ -1133,6 +1220,7 @@ pub fn check_credential(
         .ok_or("unknown user")?;
     let proof = match credential {
         Credential::None => return Err("no credential given"),
+        Credential::Capability(_) => return Err("a capability, checked elsewhere"),
         Credential::Token { proof } => {
             let v = user.token.as_ref().ok_or("the user has no token")?;
             if !auth::verify_token_proof(v, transcript, proof) {
@@ -1154,6 +1242,7 @@ pub fn check_credential(
         Grant {
             user: user.name.clone(),
             exports: user.exports.clone(),
+            scope: None,
         },
         proof,
     ))

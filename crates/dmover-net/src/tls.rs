@@ -321,6 +321,9 @@ pub enum Trust {
     KnownHosts(PathBuf),
     /// WebPKI verification against the CA certificates in this PEM file.
     Ca(PathBuf),
+    /// Exactly the key with this fingerprint, which someone the caller trusts vouched
+    /// for (a third-party copy's peer, as the steering client pinned it).
+    Key(String),
 }
 
 /// Accepts any certificate whose key signed the handshake; the key is pinned after the
@@ -417,7 +420,7 @@ impl TlsConnector {
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| NetError::file("setting up", Path::new("TLS"), e))?;
         let cfg = match &trust {
-            Trust::KnownHosts(_) => builder
+            Trust::KnownHosts(_) | Trust::Key(_) => builder
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(PinAfterHandshake(p))),
             Trust::Ca(file) => {
@@ -485,7 +488,7 @@ impl TlsConnector {
                 peer: server.to_string(),
                 source,
             })?;
-        if let Trust::KnownHosts(file) = &self.trust {
+        if let Trust::KnownHosts(_) | Trust::Key(_) = &self.trust {
             let cert = tls
                 .get_ref()
                 .1
@@ -499,15 +502,34 @@ impl TlsConnector {
                 peer: server.to_string(),
                 source: std::io::Error::other(e),
             })?;
-            if let known_hosts::Pin::Added = known_hosts::check(file, server, &fp)? {
-                tracing::warn!(
-                    "pinned the key of {server} ({fp}) in {} on first use",
-                    file.display()
-                );
+            match &self.trust {
+                Trust::KnownHosts(file) => {
+                    if let known_hosts::Pin::Added = known_hosts::check(file, server, &fp)? {
+                        tracing::warn!(
+                            "pinned the key of {server} ({fp}) in {} on first use",
+                            file.display()
+                        );
+                    }
+                }
+                Trust::Key(want) if *want != fp => {
+                    return Err(NetError::Tls {
+                        peer: server.to_string(),
+                        source: std::io::Error::other(format!(
+                            "the server presented the key {fp}, not {want}"
+                        )),
+                    });
+                }
+                _ => {}
             }
         }
         Ok(tls)
     }
+}
+
+/// The fingerprint of the key the server proved it holds on a client connection.
+pub fn server_fingerprint<IO>(stream: &tokio_rustls::client::TlsStream<IO>) -> Option<String> {
+    let cert = stream.get_ref().1.peer_certificates()?.first()?;
+    spki_fingerprint(cert).ok()
 }
 
 /// Exports 32 bytes of keying material from the control connection's TLS session

@@ -140,6 +140,14 @@ pub enum Control {
     /// first part: the sink's layout covers the chunks up to this count, so the
     /// source may send them (sink to source).
     Grown(u64),
+    /// (20) Server → client, answering [`Op::Grant`]: a capability for the dialer it
+    /// names (third-party transfers, [`crate::capability`]).
+    Capability(crate::capability::Capability),
+    /// (21) Third-party dialer → steering client ([`Op::ThirdParty`]): the copy's
+    /// counters so far, about every second.
+    TpcProgress(TpcProgress),
+    /// (22) Third-party dialer → steering client: the copy ended, as reported.
+    TpcDone(TpcReport),
 }
 
 impl Control {
@@ -166,6 +174,9 @@ impl Control {
             Control::Want(_) => "Want",
             Control::OnDemand => "OnDemand",
             Control::Grown(_) => "Grown",
+            Control::Capability(_) => "Capability",
+            Control::TpcProgress(_) => "TpcProgress",
+            Control::TpcDone(_) => "TpcDone",
         }
     }
 
@@ -290,6 +301,9 @@ pub enum Credential {
         /// The signature (64 bytes).
         signature: Vec<u8>,
     },
+    /// A third-party capability issued by this server ([`crate::capability`]): valid
+    /// only from the TLS peer whose key it names, once, for its scope.
+    Capability(crate::capability::Capability),
 }
 
 /// (4) Authentication succeeded.
@@ -316,6 +330,92 @@ pub enum Op {
     },
     /// A memory-to-memory network test: no files on either end (see [`MemTest`]).
     MemTest(MemTest),
+    /// Asks for a capability that lets another server run one session here (a
+    /// third-party transfer); answered with [`Control::Capability`], no session.
+    Grant(GrantRequest),
+    /// Runs one session with another server, as its dialer, for the client (a
+    /// third-party transfer); reported with [`Control::TpcProgress`] and
+    /// [`Control::TpcDone`]. `Open`'s streams, chunk size, checksums, direct I/O and
+    /// protection, and `Options`, are those of that session.
+    ThirdParty(ThirdParty),
+}
+
+/// What a client asks of the server that will accept a third-party session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantRequest {
+    /// The session the capability allows.
+    pub scope: crate::capability::Scope,
+    /// The key fingerprint of the server that will dial (the client's pin for it).
+    pub dialer: String,
+    /// The address (`host:port`) the client named this server by, which the dialer
+    /// will use unless this server advertises another.
+    pub addr: String,
+}
+
+/// Which server dials in a third-party transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TpcMode {
+    /// The source dials the destination and pushes.
+    Push,
+    /// The destination dials the source and pulls.
+    Pull,
+}
+
+/// What a client asks of the dialing server of a third-party transfer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThirdParty {
+    /// Push (this server is the source) or pull (the destination).
+    pub mode: TpcMode,
+    /// The other server's address, one the capability names.
+    pub peer: String,
+    /// The other server's key fingerprint (the client's pin for it).
+    pub peer_key: String,
+    /// The other server's capability for this one.
+    pub capability: crate::capability::Capability,
+    /// Paths here: the sources (push) or the destination, one path (pull).
+    pub paths: Vec<Vec<u8>>,
+}
+
+/// A third-party copy's counters so far (all attempts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TpcProgress {
+    /// Payload bytes that crossed the data streams.
+    pub bytes: u64,
+    /// Bytes the copy moves, once known.
+    pub total: u64,
+    /// Bytes the destination already held.
+    pub held: u64,
+    /// Data streams that broke.
+    pub streams_lost: u32,
+    /// The attempt running.
+    pub attempt: u32,
+}
+
+/// How a third-party copy ended (the dialer's report of its session).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TpcReport {
+    /// The sink's summary (the destination's verification).
+    pub summary: Summary,
+    /// Totals of the manifest.
+    pub totals: crate::manifest::Totals,
+    /// Data streams and chunk size used.
+    pub streams: u16,
+    /// Chunk size used.
+    pub chunk_size: u32,
+    /// Bytes and files the destination already held (resume).
+    pub held_bytes: u64,
+    /// Files the destination already held.
+    pub held_files: u64,
+    /// Chunks sent again after stream losses.
+    pub chunks_resent: u64,
+    /// Data streams that broke.
+    pub streams_lost: u32,
+    /// Sessions the copy took.
+    pub attempts: u32,
+    /// Files the source could not read (`path: why`).
+    pub failed: Vec<String>,
+    /// Which server dialed the other (its address as the client named it).
+    pub dialer: String,
 }
 
 /// A memory-to-memory test of the data streams (`dmover bench net`).

@@ -1,0 +1,367 @@
+//! Third-party transfers, the server's part (docs/third-party.md): issuing capabilities
+//! ([`Op::Grant`]), accepting them as credentials, and dialing another server for a
+//! client ([`Op::ThirdParty`]).
+
+use std::collections::HashMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use dmover_proto::capability::{self as cap, Capability, CapabilityError, Scope};
+use dmover_proto::control::{
+    GrantRequest, SessionOptions, ThirdParty, TpcMode, TpcProgress, TpcReport,
+};
+
+use super::*;
+use crate::client::{AsServer, Client, Root};
+
+/// How long a client may stay silent on a third-party control connection before the
+/// dialer gives up on it and stops the copy (it pings every [`session::HEARTBEAT`]).
+const STEER_SILENCE: Duration = Duration::from_secs(
+    session::HEARTBEAT.as_secs() * session::SILENT_INTERVALS as u64,
+);
+
+/// Nonces of the capabilities this server accepted, kept until they expire: each is
+/// accepted once.
+#[derive(Debug, Default)]
+pub(super) struct Nonces(Mutex<HashMap<[u8; 16], u64>>);
+
+impl Nonces {
+    /// Takes `nonce` (valid until `expires`); `false` if it was taken before.
+    fn take(&self, nonce: [u8; 16], expires: u64, now: u64) -> bool {
+        let mut m = self.0.lock();
+        m.retain(|_, e| *e >= now);
+        m.insert(nonce, expires).is_none()
+    }
+}
+
+/// Seconds since the Unix epoch.
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn refused(code: ErrorCode, what: impl Into<String>) -> Error {
+    Error::refused(code, what)
+}
+
+fn cap_error(e: CapabilityError) -> Error {
+    let code = match e {
+        CapabilityError::WrongAddress { .. } => ErrorCode::PermissionDenied,
+        _ => ErrorCode::Auth,
+    };
+    refused(code, format!("third-party copy refused: {e}"))
+}
+
+impl Server {
+    /// The export a path the user may use lies in (after [`Server::resolve`]).
+    fn export_for(&self, path: &[u8]) -> Option<&Export> {
+        match self.exports.as_slice() {
+            [only] if only.spec.name.is_empty() => Some(only),
+            all => {
+                let trimmed = path.strip_prefix(b"./").unwrap_or(path);
+                let first = trimmed.split(|&b| b == b'/').next().unwrap_or(b"");
+                all.iter().find(|e| e.spec.name.as_bytes() == first)
+            }
+        }
+    }
+
+    /// Resolves `path` for a third-party copy: the user's rights as for a two-party
+    /// session, and the export's `third_party` switch.
+    fn resolve_tpc(&self, grant: &Grant, path: &[u8], write: bool) -> Result<Root> {
+        let (base, rest, name) = self.resolve(grant, path, write)?;
+        let export = self.export_for(path).expect("resolved above");
+        if !export.spec.third_party {
+            let what = if export.spec.name.is_empty() {
+                "this server's export".to_string()
+            } else {
+                format!("export {:?}", export.spec.name)
+            };
+            return Err(refused(
+                ErrorCode::PermissionDenied,
+                format!("{what} does not allow third-party copies (third_party = true in its config)"),
+            ));
+        }
+        Ok((base, rest.to_vec(), name))
+    }
+
+    /// The grant of a capability presented as credential by the TLS peer with key
+    /// `peer_key`, or why it is refused (for the log; the client learns that it
+    /// failed).
+    pub(super) fn accept_capability(
+        &self,
+        c: &Capability,
+        peer_key: Option<&str>,
+    ) -> std::result::Result<Grant, String> {
+        let g = dmover_net::capability::verify(c, self.identity.fingerprint())
+            .map_err(|e| e.to_string())?;
+        let Some(pk) = peer_key else {
+            return Err("a capability without a TLS client certificate".into());
+        };
+        let now = unix_now();
+        g.check(now, pk).map_err(|e| e.to_string())?;
+        if !self.nonces.take(g.nonce, g.expires, now) {
+            return Err(CapabilityError::Replayed.to_string());
+        }
+        // The user's rights as they are now (a user removed since is refused).
+        let exports = match &self.cfg.users {
+            None => self
+                .exports
+                .iter()
+                .map(|e| (e.spec.name.clone(), Rights::ReadWrite))
+                .collect(),
+            Some(users) => users
+                .values()
+                .find(|u| u.name == g.user)
+                .ok_or_else(|| format!("user {:?} of the capability is gone", g.user))?
+                .exports
+                .clone(),
+        };
+        Ok(Grant {
+            user: g.user,
+            exports,
+            scope: Some(g.scope),
+        })
+    }
+
+    /// Whether `op` is what the session's capability allows (always, without one).
+    pub(super) fn check_scope(grant: &Grant, op: &Op) -> Result<()> {
+        let Some(scope) = &grant.scope else {
+            return Ok(());
+        };
+        let ok = match (scope, op) {
+            (Scope::Push { dest }, Op::Push { dest: d }) => dest == d,
+            (Scope::Pull { sources }, Op::Pull { sources: s }) => sources == s,
+            _ => false,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(refused(
+                ErrorCode::PermissionDenied,
+                "the capability does not allow this session (another op or path)",
+            ))
+        }
+    }
+
+    /// `Options` behind `Open`, for the ops that are not sessions.
+    async fn options<S: AsyncRead + AsyncWrite + Unpin + Send>(
+        &self,
+        ch: &mut ControlChannel<S>,
+    ) -> Result<SessionOptions> {
+        let peer = ch.peer().to_string();
+        match ch
+            .recv_timeout(self.cfg.handshake_timeout, "options")
+            .await?
+        {
+            Control::Options(o) => Ok(o),
+            other => Err(session::unexpected(&peer, other, "Options")),
+        }
+    }
+
+    /// [`Op::Grant`]: a capability for the dialer the client names, for a session the
+    /// client could run itself.
+    pub(super) async fn grant_capability<S: AsyncRead + AsyncWrite + Unpin + Send>(
+        &self,
+        ch: &mut ControlChannel<S>,
+        grant: &Grant,
+        req: GrantRequest,
+    ) -> Result<()> {
+        self.options(ch).await?;
+        if grant.scope.is_some() {
+            return Err(refused(
+                ErrorCode::PermissionDenied,
+                "a capability cannot ask for another",
+            ));
+        }
+        match &req.scope {
+            Scope::Push { dest } => {
+                self.resolve_tpc(grant, dest, true)?;
+            }
+            Scope::Pull { sources } => {
+                for p in sources {
+                    self.resolve_tpc(grant, p, false)?;
+                }
+            }
+        }
+        if !req.dialer.starts_with("sha256:") {
+            return Err(refused(
+                ErrorCode::Protocol,
+                format!("{:?} is not a key fingerprint", req.dialer),
+            ));
+        }
+        let mut addrs = vec![req.addr.clone()];
+        if let Some(a) = &self.cfg.tpc_address {
+            addrs.push(a.clone());
+        }
+        let ttl = self.cfg.tpc_capability_ttl.as_secs().min(cap::MAX_TTL_SECS);
+        let g = cap::Grant {
+            version: cap::GRANT_VERSION,
+            issuer: self.identity.fingerprint().to_string(),
+            addrs,
+            dialer: req.dialer.clone(),
+            user: grant.user.clone(),
+            scope: req.scope,
+            expires: unix_now() + ttl,
+            nonce: rand::random(),
+        };
+        let c = dmover_net::capability::issue(&self.identity, &g)?;
+        tracing::info!(
+            "{}: capability for {} ({:?}) issued to user {:?}, valid {ttl} s",
+            ch.peer(),
+            g.dialer,
+            g.scope,
+            grant.user
+        );
+        ch.send(&Control::Capability(c)).await?;
+        Ok(())
+    }
+
+    /// [`Op::ThirdParty`]: dials the other server with its capability and runs the
+    /// session for the client, reporting progress to it; returns (bytes, files).
+    pub(super) async fn third_party<S: AsyncRead + AsyncWrite + Unpin + Send>(
+        &self,
+        ch: &mut ControlChannel<S>,
+        grant: &Grant,
+        open: &Open,
+        tp: ThirdParty,
+        log: &mut SessionLog,
+    ) -> Result<(u64, u64)> {
+        let options = self.options(ch).await?;
+        if grant.scope.is_some() {
+            return Err(refused(
+                ErrorCode::PermissionDenied,
+                "a capability cannot start a third-party copy",
+            ));
+        }
+        // The capability is checked before anything is dialed: this server connects
+        // only to a server that asked to be dialed, by it, at that address.
+        let g = dmover_net::capability::verify(&tp.capability, &tp.peer_key).map_err(cap_error)?;
+        g.check(unix_now(), self.identity.fingerprint())
+            .and_then(|()| g.check_addr(&tp.peer))
+            .map_err(cap_error)?;
+        let streams = open.streams.clamp(1, MAX_STREAMS);
+        let opts = crate::session::TransferOptions {
+            streams,
+            chunk_size: open.chunk_size,
+            checksum: open.checksum,
+            direct_io: open.direct_io,
+            protection: open.protection,
+            fsync: options.fsync,
+            verify: options.verify,
+            journal: options.journal,
+            resume: options.resume,
+            continue_on_error: options.continue_on_error,
+            socket: self.cfg.socket.clone(),
+            idle_timeout: self.cfg.idle_timeout,
+            retries: 0,
+            busy_wait: Duration::from_secs(10),
+            ..Default::default()
+        };
+        let client = Client::as_server(
+            opts,
+            self.disk.clone(),
+            AsServer {
+                identity: self.identity.clone(),
+                peer_key: tp.peer_key.clone(),
+                capability: tp.capability.clone(),
+            },
+        );
+        let run = Run::new();
+        log.progress = Some(run.progress.clone());
+        log.protection = Some(open.protection);
+        let work = async {
+            match (tp.mode, &g.scope) {
+                (TpcMode::Push, Scope::Push { dest }) => {
+                    let roots = tp
+                        .paths
+                        .iter()
+                        .map(|p| self.resolve_tpc(grant, p, false))
+                        .collect::<Result<Vec<_>>>()?;
+                    log.what = format!(
+                        "third-party push of {} path(s) to {}",
+                        roots.len(),
+                        tp.peer
+                    );
+                    client.push_roots(&roots, &tp.peer, dest, run.clone()).await
+                }
+                (TpcMode::Pull, Scope::Pull { sources }) => {
+                    let [dest] = tp.paths.as_slice() else {
+                        return Err(refused(
+                            ErrorCode::Protocol,
+                            "a third-party pull names one destination",
+                        ));
+                    };
+                    let (base, rest, _) = self.resolve_tpc(grant, dest, true)?;
+                    log.what = format!("third-party pull from {}", tp.peer);
+                    client
+                        .pull_into(&tp.peer, sources, &base, &rest, run.clone())
+                        .await
+                }
+                _ => Err(refused(
+                    ErrorCode::Protocol,
+                    "the capability's scope does not match the third-party mode",
+                )),
+            }
+        };
+        tokio::pin!(work);
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut heard = tokio::time::Instant::now();
+        let peer = ch.peer().to_string();
+        let r = loop {
+            tokio::select! {
+                r = &mut work => break r,
+                _ = tick.tick() => {
+                    if heard.elapsed() > STEER_SILENCE {
+                        run.fail(refused(ErrorCode::Aborted, format!("{peer} went silent")));
+                        continue;
+                    }
+                    let p = &run.progress;
+                    let msg = Control::TpcProgress(TpcProgress {
+                        bytes: p.bytes.load(Ordering::Relaxed),
+                        total: p.total.load(Ordering::Relaxed),
+                        held: p.held.load(Ordering::Relaxed),
+                        streams_lost: p.streams_lost.load(Ordering::Relaxed),
+                        attempt: p.attempt.load(Ordering::Relaxed),
+                    });
+                    if ch.send(&msg).await.is_err() {
+                        run.fail(refused(ErrorCode::Aborted, format!("{peer} is gone")));
+                    }
+                }
+                msg = ch.recv() => match msg {
+                    Ok(Control::Ping) => heard = tokio::time::Instant::now(),
+                    Ok(Control::Error(e)) => run.fail(Error::Remote {
+                        peer: peer.clone(),
+                        code: e.code,
+                        message: e.message,
+                    }),
+                    Ok(other) => run.fail(session::unexpected(&peer, other, "Ping")),
+                    Err(_) => run.fail(refused(
+                        ErrorCode::Aborted,
+                        format!("{peer} closed the connection"),
+                    )),
+                },
+            }
+        };
+        let report = match r {
+            Ok(r) => r,
+            // The other server's refusal is this copy's error, named as its.
+            Err(e) => return Err(e),
+        };
+        let (bytes, files) = (report.summary.bytes, report.summary.files);
+        ch.send(&Control::TpcDone(TpcReport {
+            summary: report.summary,
+            totals: report.totals,
+            streams: report.streams,
+            chunk_size: report.chunk_size,
+            held_bytes: report.held_bytes,
+            held_files: report.held_files,
+            chunks_resent: report.chunks_resent,
+            streams_lost: report.streams_lost,
+            attempts: report.attempts,
+            failed: report.failed,
+            dialer: String::new(),
+        }))
+        .await?;
+        Ok((bytes, files))
+    }
+}
