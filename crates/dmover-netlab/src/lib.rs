@@ -62,6 +62,7 @@ pub mod packet;
 pub mod ring;
 pub mod shaper;
 pub mod state;
+pub mod topology;
 pub mod tun;
 
 use std::ffi::OsStr;
@@ -76,6 +77,7 @@ pub use crate::error::NetlabError;
 use crate::forwarder::{DirectionConfig, Forwarder};
 pub use crate::forwarder::{DirectionStats, ForwarderStats};
 use crate::state::{LabKind, LabRecord};
+pub use crate::topology::{IfCounters, TopoHost, TopoLink, TopoLinkKind, Topology, TopologySpec};
 
 /// Name of the TUN device inside each namespace.
 pub const DEVICE: &str = "dmnl0";
