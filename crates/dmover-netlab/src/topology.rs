@@ -702,6 +702,33 @@ mod tests {
     }
 
     #[test]
+    fn a_kernel_without_tbf_is_said_so() {
+        let link = &triangle().links[2];
+        let e = no_tbf(
+            NetlabError::Command {
+                command: "tc -n x qdisc add dev dm-b root handle 2: tbf rate 20000000bit".into(),
+                stderr: "Error: Specified qdisc kind is unknown.".into(),
+            },
+            link,
+        );
+        match e {
+            NetlabError::Unavailable(m) => {
+                assert!(m.contains("tbf qdisc") && m.contains("a–b"), "{m}")
+            }
+            e => panic!("{e}"),
+        }
+        // Other failures pass through as they are.
+        let e = no_tbf(
+            NetlabError::Command {
+                command: "tc".into(),
+                stderr: "RTNETLINK answers: Invalid argument".into(),
+            },
+            link,
+        );
+        assert!(matches!(e, NetlabError::Command { .. }), "{e}");
+    }
+
+    #[test]
     fn proc_net_dev_parses() {
         let text = "Inter-|   Receive                                                |  Transmit\n \
              face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n    \
