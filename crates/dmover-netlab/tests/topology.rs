@@ -354,3 +354,28 @@ fn remove_spares_a_live_topology_and_removes_all_hosts_of_a_dead_one() {
     }
     assert!(!state::lab_dir(&lab).exists());
 }
+
+#[test]
+fn a_panic_inside_a_topology_leaves_nothing_behind() {
+    let Some(_g) = guard("a_panic_inside_a_topology_leaves_nothing_behind") else {
+        return;
+    };
+    let lab = name("panic");
+    let result = std::panic::catch_unwind(|| {
+        let t = Topology::up(
+            &lab,
+            &triangle(TopoLinkKind::Tbf {
+                rate_bps: RATE,
+                queue_bytes: None,
+            }),
+        )
+        .unwrap();
+        assert!(ns::exists(&t.host("c").unwrap().netns));
+        panic!("a test failing inside a topology");
+    });
+    assert!(result.is_err());
+    for h in ["c", "a", "b"] {
+        assert!(!ns::exists(&netns_name(&lab, h)), "{h} removed");
+    }
+    assert!(!state::lab_dir(&lab).exists(), "state removed");
+}
