@@ -1,10 +1,13 @@
-//! dmover netlab: emulated long-haul links between two network namespaces.
+//! dmover netlab: emulated long-haul links between network namespaces.
 //!
 //! A [`Lab`] is two network namespaces, host `a` and host `b`, joined by an emulated
 //! link with a round-trip time (0 to a few hundred ms), an optional bottleneck rate
 //! with a tail-drop queue, and random loss. Tests and benchmarks run a server in one
 //! host and a client in the other ([`Host::command`], [`Host::in_netns`]) and see the
 //! link as a real long-haul path.
+//!
+//! A [`Topology`] is more hosts (e.g. `c`, `a`, `b`) joined pairwise by plain veth,
+//! tbf-shaped veth or emulated links, with per-interface counters; see [`topology`].
 //!
 //! # How the link is made
 //!
@@ -62,6 +65,7 @@ pub mod packet;
 pub mod ring;
 pub mod shaper;
 pub mod state;
+pub mod topology;
 pub mod tun;
 
 use std::ffi::OsStr;
@@ -76,6 +80,7 @@ pub use crate::error::NetlabError;
 use crate::forwarder::{DirectionConfig, Forwarder};
 pub use crate::forwarder::{DirectionStats, ForwarderStats};
 use crate::state::{LabKind, LabRecord};
+pub use crate::topology::{IfCounters, TopoHost, TopoLink, TopoLinkKind, Topology, TopologySpec};
 
 /// Name of the TUN device inside each namespace.
 pub const DEVICE: &str = "dmnl0";

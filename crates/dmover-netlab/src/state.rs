@@ -14,7 +14,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ForwarderStats, Host, LinkSpec, NetlabError, netns_names, ns, validate_name};
+use crate::{
+    ForwarderStats, Host, LinkSpec, NETNS_PREFIX, NetlabError, TopologySpec, ns, topology,
+    validate_name,
+};
 
 /// Where labs are recorded.
 pub const STATE_ROOT: &str = "/run/dmover-netlab";
@@ -48,6 +51,10 @@ pub struct LabRecord {
     pub spec: LinkSpec,
     /// When the lab was created (seconds since the Unix epoch).
     pub created_unix: u64,
+    /// For a [`crate::Topology`], its hosts and links (then `a` and `b` are the ends
+    /// of its first link and `spec` is unused); absent for a two-host lab.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<TopologySpec>,
 }
 
 impl LabRecord {
@@ -65,6 +72,7 @@ impl LabRecord {
             created_unix: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
+            topology: None,
         }
     }
 
@@ -127,8 +135,7 @@ pub(crate) fn claim(rec: &LabRecord) -> Result<PathBuf, NetlabError> {
         }
         Err(e) => return Err(io(format!("creating {}", dir.display()))(e)),
     }
-    let (a, b) = netns_names(&rec.name);
-    for n in [a, b] {
+    for n in namespaces_of(&rec.name) {
         if ns::exists(&n) {
             tracing::info!("netlab: removing namespace {n} left without a record");
             ns::delete(&n)?;
@@ -177,11 +184,28 @@ pub fn read_stats(name: &str) -> Option<ForwarderStats> {
     serde_json::from_str(&text).ok()
 }
 
+/// The lab a namespace of ours belongs to: `dmnl-LAB-HOST` with `HOST` a host name
+/// (`a`, `b` or a topology's, none holding a `-`), so `LAB` is all before the last `-`.
+pub fn lab_of_netns(netns: &str) -> Option<&str> {
+    let rest = netns.strip_prefix(NETNS_PREFIX)?;
+    let (lab, host) = rest.rsplit_once('-')?;
+    (topology::valid_host_name(host) && validate_name(lab).is_ok()).then_some(lab)
+}
+
+/// The namespaces of lab `name` that exist: `dmnl-NAME-a`, `dmnl-NAME-b` of a two-host
+/// lab, `dmnl-NAME-HOST` of a topology.
+pub fn namespaces_of(name: &str) -> Vec<String> {
+    ns::list(&format!("{NETNS_PREFIX}{name}-"))
+        .into_iter()
+        .filter(|n| lab_of_netns(n) == Some(name))
+        .collect()
+}
+
 /// Removes lab `name`'s namespaces (ending the processes in them) and directory.
 fn clean(name: &str) -> Result<(), NetlabError> {
-    let (a, b) = netns_names(name);
-    ns::delete(&a)?;
-    ns::delete(&b)?;
+    for n in namespaces_of(name) {
+        ns::delete(&n)?;
+    }
     release(&lab_dir(name));
     Ok(())
 }
@@ -189,9 +213,8 @@ fn clean(name: &str) -> Result<(), NetlabError> {
 /// See [`crate::remove`].
 pub(crate) fn remove(name: &str) -> Result<(), NetlabError> {
     validate_name(name)?;
-    let (a, b) = netns_names(name);
     let Some(rec) = read_record(name) else {
-        if lab_dir(name).exists() || ns::exists(&a) || ns::exists(&b) {
+        if lab_dir(name).exists() || !namespaces_of(name).is_empty() {
             return clean(name);
         }
         return Err(NetlabError::NotFound(name.to_string()));
@@ -255,10 +278,7 @@ pub(crate) fn remove_all() -> Result<Vec<String>, NetlabError> {
     }
     // Namespaces of ours that no lab claims.
     for n in ns::list(crate::NETNS_PREFIX) {
-        let claimed = kept.iter().any(|k| {
-            let (a, b) = netns_names(k);
-            n == a || n == b
-        });
+        let claimed = lab_of_netns(&n).is_some_and(|lab| kept.iter().any(|k| k == lab));
         if !claimed {
             match ns::delete(&n) {
                 Ok(()) => removed.push(n),
@@ -292,4 +312,20 @@ fn names() -> Vec<String> {
 /// See [`crate::list`].
 pub(crate) fn list() -> Vec<LabRecord> {
     names().iter().filter_map(|n| read_record(n)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_namespace_names_its_lab() {
+        assert_eq!(lab_of_netns("dmnl-x-a"), Some("x"));
+        assert_eq!(lab_of_netns("dmnl-x-y-c"), Some("x-y"));
+        assert_eq!(lab_of_netns("dmnl-t1-tri-host2"), Some("t1-tri"));
+        assert_eq!(lab_of_netns("dmnl-x-Y"), None);
+        assert_eq!(lab_of_netns("dmnl-x"), None);
+        assert_eq!(lab_of_netns("dmnl--a"), None);
+        assert_eq!(lab_of_netns("other-x-a"), None);
+    }
 }
