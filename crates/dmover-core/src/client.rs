@@ -11,8 +11,12 @@ use dmover_net::tcp;
 use dmover_net::tls::TlsConnector;
 use dmover_net::{ControlStream, NetError};
 use dmover_proto::auth;
+use dmover_proto::capability::Scope;
 use dmover_proto::control::{
     Auth, Credential, ErrorCode, FailedFile, Hello, Op, Open, SessionInfo, Summary,
+};
+use dmover_proto::control::{
+    AuthMethod, Control, GrantRequest, SessionOptions, ThirdParty, TpcMode,
 };
 use dmover_proto::manifest::{Entry, Totals};
 use dmover_proto::preamble::{ConnKind, Preamble};
@@ -85,6 +89,21 @@ pub(crate) struct AsServer {
     pub(crate) capability: dmover_proto::capability::Capability,
 }
 
+/// A copy between two servers ([`Client::third_party`]).
+#[derive(Debug, Clone)]
+pub struct ThirdPartyCopy {
+    /// Which server dials the other.
+    pub mode: TpcMode,
+    /// The source server (`host:port`).
+    pub source_server: String,
+    /// Paths on it.
+    pub sources: Vec<Vec<u8>>,
+    /// The destination server.
+    pub dest_server: String,
+    /// The destination path on it.
+    pub dest: Vec<u8>,
+}
+
 /// A source root: a base, a path under it, and the name the root gets when the path
 /// names the base itself (a server's whole export).
 pub(crate) type Root = (Base, Vec<u8>, Vec<u8>);
@@ -100,9 +119,67 @@ pub(crate) struct Connection {
     hello: Hello,
     auth: Auth,
     dials: Dials,
+    /// The key the server proved it holds.
+    server_key: String,
 }
 
 impl Connection {
+    /// For a request that is not a session ([`Op::Grant`], [`Op::ThirdParty`]): sends
+    /// the first flight and takes the answers up to `AuthOk`, checking the server's
+    /// token proof; the channel is then the op's.
+    async fn request(
+        mut self,
+        server: &str,
+        open: Open,
+        options: SessionOptions,
+    ) -> Result<ControlChannel<ControlStream>> {
+        let proof = self
+            .token
+            .as_ref()
+            .map(|t| auth::server_token_proof(&t.verifier, &self.transcript));
+        let anonymous = matches!(self.auth.credential, Credential::None);
+        let ch = &mut self.ch;
+        for msg in [
+            Control::Hello(self.hello),
+            Control::Auth(self.auth),
+            Control::Open(open),
+            Control::Options(options),
+        ] {
+            if let Err(e) = ch.send(&msg).await {
+                return Err(crate::session::peer_report(ch, Error::Net(e)).await);
+            }
+        }
+        let welcome = match ch.recv_timeout(HANDSHAKE_TIMEOUT, "welcome").await? {
+            Control::Welcome(w) => w,
+            other => return Err(session::unexpected(server, other, "Welcome")),
+        };
+        if anonymous && welcome.auth == AuthMethod::Required {
+            return Err(Error::refused(
+                ErrorCode::Auth,
+                format!(
+                    "{server} requires authentication: pass --key FILE (or DMOVER_KEY) or \
+                     --token-file FILE (or DMOVER_TOKEN), and --user NAME if it has several users"
+                ),
+            ));
+        }
+        match ch.recv_timeout(HANDSHAKE_TIMEOUT, "authentication").await? {
+            Control::AuthOk(ok) => {
+                if let (AuthMethod::Required, Some(want)) = (welcome.auth, proof) {
+                    if !ok.proof.is_some_and(|p| auth::proofs_equal(&p, &want)) {
+                        return Err(Error::refused(
+                            ErrorCode::Auth,
+                            format!(
+                                "{server} could not prove it knows the token; refusing to talk to it"
+                            ),
+                        ));
+                    }
+                }
+            }
+            other => return Err(session::unexpected(server, other, "AuthOk")),
+        }
+        Ok(self.ch)
+    }
+
     /// The dialer's first flight for `open` with `options`, and what it checks in the
     /// answers.
     fn dial(&mut self, open: Open, options: dmover_proto::control::SessionOptions) -> Dial {
@@ -365,6 +442,7 @@ impl Client {
             }
             Ok(r) => r?,
         };
+        let server_key = dmover_net::tls::server_fingerprint(&tls).unwrap_or_default();
         let tls = ControlStream::Client(tls);
         let binding = dmover_net::tls::export(&tls, auth::AUTH_EXPORTER_LABEL, None)?;
         let master = dmover_net::tls::export(&tls, auth::SESSION_EXPORTER_LABEL, None)?;
@@ -376,13 +454,9 @@ impl Client {
         // Whatever credential we have goes out at once; a server without
         // authentication ignores it.
         let credential = match (&self.opts.key, &token) {
-            _ if self.as_server.is_some() => Credential::Capability(
-                self.as_server
-                    .as_ref()
-                    .expect("checked")
-                    .capability
-                    .clone(),
-            ),
+            _ if self.as_server.is_some() => {
+                Credential::Capability(self.as_server.as_ref().expect("checked").capability.clone())
+            }
             (Some(key), _) => Credential::Key {
                 public: key.public(),
                 signature: key.sign(&auth::key_auth_message(&transcript)),
@@ -403,7 +477,113 @@ impl Client {
             },
             auth: Auth { user, credential },
             dials,
+            server_key,
         })))
+    }
+
+    /// Copies between two servers, the data going from one to the other directly
+    /// (docs/third-party.md): this client asks the server that will accept for a
+    /// capability for the other, and the other to dial it and run the session,
+    /// reporting progress here.
+    pub async fn third_party(&self, c: &ThirdPartyCopy, run: Arc<Run>) -> Result<Report> {
+        self.with_retries(&run, |r, resume| self.third_party_once(c, r, resume))
+            .await
+    }
+
+    async fn third_party_once(
+        &self,
+        c: &ThirdPartyCopy,
+        run: Arc<Run>,
+        resume: bool,
+    ) -> Result<Report> {
+        let (dialer, acceptor) = match c.mode {
+            TpcMode::Push => (&c.source_server, &c.dest_server),
+            TpcMode::Pull => (&c.dest_server, &c.source_server),
+        };
+        // Both servers' keys are pinned (or checked) before either is asked anything.
+        let (d, a) = tokio::select! {
+            r = async { tokio::try_join!(self.connect(dialer), self.connect(acceptor)) } => r?,
+            _ = run.cancelled() => return Err(Error::Aborted),
+        };
+        let scope = match c.mode {
+            TpcMode::Push => Scope::Push {
+                dest: c.dest.clone(),
+            },
+            TpcMode::Pull => Scope::Pull {
+                sources: c.sources.clone(),
+            },
+        };
+        let grant = Op::Grant(GrantRequest {
+            scope,
+            dialer: d.server_key.clone(),
+            addr: acceptor.clone(),
+        });
+        let acceptor_key = a.server_key.clone();
+        let mut ach = a
+            .request(
+                acceptor,
+                self.open_request(grant, 0),
+                self.opts.session_options(false),
+            )
+            .await?;
+        let capability = match ach.recv_timeout(HANDSHAKE_TIMEOUT, "capability").await? {
+            Control::Capability(c) => c,
+            other => return Err(session::unexpected(acceptor, other, "Capability")),
+        };
+        drop(ach);
+        let paths = match c.mode {
+            TpcMode::Push => c.sources.clone(),
+            TpcMode::Pull => vec![c.dest.clone()],
+        };
+        let op = Op::ThirdParty(ThirdParty {
+            mode: c.mode,
+            peer: acceptor.clone(),
+            peer_key: acceptor_key,
+            capability,
+            paths,
+        });
+        let open = self.open_request(op, self.opts.chunk_size);
+        let mut ch = d
+            .request(dialer, open, self.opts.session_options(resume))
+            .await?;
+        let mut ping = tokio::time::interval(self.opts.heartbeat);
+        let silence = self.opts.heartbeat * session::SILENT_INTERVALS;
+        let p = &run.progress;
+        loop {
+            tokio::select! {
+                _ = run.cancelled() => {
+                    let _ = ch.send(&Control::Error(Error::Aborted.to_msg())).await;
+                    return Err(Error::Aborted);
+                }
+                _ = ping.tick() => ch.send(&Control::Ping).await?,
+                msg = ch.recv_timeout(silence, "progress") => match msg? {
+                    Control::TpcProgress(t) => {
+                        // Counters of the dialer's session; this client's own are these.
+                        p.bytes.store(t.bytes, Relaxed);
+                        p.total.store(t.total, Relaxed);
+                        p.held.store(t.held, Relaxed);
+                    }
+                    Control::TpcDone(r) => {
+                        p.bytes.store(p.bytes.load(Relaxed).max(r.summary.bytes), Relaxed);
+                        return Ok(Report {
+                            summary: r.summary,
+                            totals: r.totals,
+                            streams: r.streams,
+                            chunk_size: r.chunk_size,
+                            skipped: 0,
+                            held_bytes: r.held_bytes,
+                            held_files: r.held_files,
+                            bytes_sent: 0,
+                            chunks_resent: r.chunks_resent,
+                            streams_lost: r.streams_lost,
+                            attempts: 1,
+                            failed: r.failed,
+                        });
+                    }
+                    other => return Err(session::unexpected(dialer, other, "TpcProgress")),
+                },
+            }
+        }
     }
 
     /// The `Open` of a session for `op`.
@@ -558,7 +738,8 @@ impl Client {
         dest: &[u8],
         run: Arc<Run>,
     ) -> Result<Report> {
-        self.pull_into(server, sources, &Base::Local, dest, run).await
+        self.pull_into(server, sources, &Base::Local, dest, run)
+            .await
     }
 
     /// [`Client::pull`] into `dest` under `base`.

@@ -650,13 +650,13 @@ impl Server {
                         }
                         _ => {
                             self.run_session(
-                            &mut ch,
-                            open,
-                            place,
-                            &peer,
-                            &grant,
-                            master,
-                            &mut reported,
+                                &mut ch,
+                                open,
+                                place,
+                                &peer,
+                                &grant,
+                                master,
+                                &mut reported,
                                 &mut log,
                             )
                             .await

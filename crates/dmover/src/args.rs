@@ -214,6 +214,20 @@ pub struct CpArgs {
     /// No progress bar and no summary line (errors are still printed).
     #[arg(short, long)]
     pub quiet: bool,
+    /// A copy between two servers: `push` (the source server dials the destination,
+    /// the default) or `pull` (the destination dials the source), for sites where only
+    /// one side accepts connections (docs/third-party.md).
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub tpc: Option<TpcArg>,
+}
+
+/// `dmover cp --tpc`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TpcArg {
+    /// The source server dials the destination.
+    Push,
+    /// The destination server dials the source.
+    Pull,
 }
 
 /// `dmover cp --progress`.
@@ -301,6 +315,15 @@ pub struct ServeArgs {
     /// Refuse pushes.
     #[arg(long)]
     pub read_only: bool,
+    /// Allow third-party copies (`dmover cp dmover://A/.. dmover://B/..`) to read from
+    /// and write to every export; with --config, per export `third_party = true`.
+    #[arg(long)]
+    pub third_party: bool,
+    /// The address other servers dial for third-party copies, besides the one the
+    /// steering client named (e.g. an address on a data network); config
+    /// `tpc_address`.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub tpc_address: Option<String>,
     /// File holding the shared token clients must prove. Without one (or --config) the
     /// server only listens on loopback.
     #[arg(long, conflicts_with = "config")]

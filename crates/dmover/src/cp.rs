@@ -16,7 +16,7 @@ use dmover_net::tcp::SocketOptions;
 use dmover_net::tls::Trust;
 use dmover_proto::control::DataProtection;
 
-use crate::args::{CpArgs, ProgressMode, TransferArgs, usage};
+use crate::args::{CpArgs, ProgressMode, TpcArg, TransferArgs, usage};
 use crate::endpoint::{self, Endpoint};
 use crate::env::Env;
 use crate::output::{self, Direction, ProgressBar};
@@ -121,17 +121,25 @@ pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
     if let Some(ms) = r.debug_heartbeat_ms {
         opts.heartbeat = std::time::Duration::from_millis(ms.max(50));
     }
+    // Two servers: a third-party copy, the data going from one to the other.
+    if let Endpoint::Remote {
+        server: dest_server,
+        path: dest,
+    } = &dst
+    {
+        if srcs.iter().any(|s| matches!(s, Endpoint::Remote { .. })) {
+            return third_party(&a, env, opts, srcs, dest_server.clone(), dest.clone());
+        }
+    } else if a.tpc.is_some() {
+        return Err(usage("--tpc is for copies between two servers"));
+    }
     let (direction, server, sources, dest) = match dst {
         Endpoint::Remote { server, path } => {
             let mut local = Vec::new();
             for s in srcs {
                 match s {
                     Endpoint::Local(p) => local.push(p),
-                    Endpoint::Remote { .. } => {
-                        return Err(usage(
-                            "copying from one server to another (third-party transfer) is not supported yet",
-                        ));
-                    }
+                    Endpoint::Remote { .. } => unreachable!("a third-party copy, above"),
                 }
             }
             (Direction::Push, server, local, path)
@@ -181,6 +189,7 @@ pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
         match direction {
             Direction::Push => client.push(&sources, &server, &dest, run.clone()).await,
             Direction::Pull => client.pull(&server, &sources, &dest, run.clone()).await,
+            Direction::TpcPush | Direction::TpcPull => unreachable!("run by `third_party`"),
         }
     });
     let secs = started.elapsed().as_secs_f64();
@@ -197,6 +206,89 @@ pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
     Ok(output::report(
         result,
         direction,
+        None,
+        secs,
+        timing,
+        a.json || ndjson,
+        a.quiet,
+        &run.progress,
+    ))
+}
+
+/// `dmover cp dmover://A/PATH... dmover://B/PATH`: server A to server B, the data going
+/// directly (docs/third-party.md).
+fn third_party(
+    a: &CpArgs,
+    _env: &Env,
+    opts: dmover_core::session::TransferOptions,
+    srcs: Vec<Endpoint>,
+    dest_server: String,
+    dest: Vec<u8>,
+) -> anyhow::Result<ExitCode> {
+    use dmover_core::client::ThirdPartyCopy;
+    use dmover_proto::control::TpcMode;
+    let mut source_server: Option<String> = None;
+    let mut sources = Vec::new();
+    for s in srcs {
+        match s {
+            Endpoint::Remote { server, path } => {
+                if source_server.as_ref().is_some_and(|h| *h != server) {
+                    return Err(usage("all sources must be on the same server"));
+                }
+                source_server = Some(server);
+                sources.push(path);
+            }
+            Endpoint::Local(p) => {
+                return Err(usage(format!(
+                    "{}: a copy between two servers takes sources on one server only",
+                    String::from_utf8_lossy(&p)
+                )));
+            }
+        }
+    }
+    let source_server = source_server.expect("a remote source");
+    let mode = match a.tpc.unwrap_or(TpcArg::Push) {
+        TpcArg::Push => TpcMode::Push,
+        TpcArg::Pull => TpcMode::Pull,
+    };
+    let (direction, dialer) = match mode {
+        TpcMode::Push => (Direction::TpcPush, source_server.clone()),
+        TpcMode::Pull => (Direction::TpcPull, dest_server.clone()),
+    };
+    let copy = ThirdPartyCopy {
+        mode,
+        source_server,
+        sources,
+        dest_server,
+        dest,
+    };
+    let rt = runtime(opts.streams)?;
+    let client = Client::new(opts, 1);
+    let run = Run::new();
+    cancel_on_interrupt(&rt, &run);
+    let ndjson = a.progress == ProgressMode::Ndjson;
+    let bar =
+        (a.progress == ProgressMode::Bar && !a.quiet && !a.json && std::io::stderr().is_terminal())
+            .then(|| ProgressBar::start(&rt, run.clone()));
+    let started = Instant::now();
+    let sampler = output::Sampler::start(&rt, run.clone());
+    let lines =
+        ndjson.then(|| output::Ndjson::start(&rt, run.clone(), started, a.progress_interval));
+    let result = rt.block_on(client.third_party(&copy, run.clone()));
+    let secs = started.elapsed().as_secs_f64();
+    let timing = sampler.finish();
+    if let Some(bar) = bar {
+        bar.finish();
+    }
+    if let Some(lines) = lines {
+        lines.finish(&rt);
+    }
+    drop(client);
+    drop(rt);
+    Ok(output::report(
+        result,
+        direction,
+        Some(&dialer),
         secs,
         timing,
         a.json || ndjson,

@@ -73,6 +73,7 @@ pub fn run(a: DemoArgs, env: &Env) -> anyhow::Result<ExitCode> {
     let code = output::report(
         result,
         Direction::Push,
+        None,
         secs,
         Default::default(),
         false,

@@ -23,6 +23,12 @@ pub enum Direction {
     Push,
     /// Server to local.
     Pull,
+    /// Server to server, the source dialing the destination (`--tpc push`).
+    #[serde(rename = "third-party-push")]
+    TpcPush,
+    /// Server to server, the destination dialing the source (`--tpc pull`).
+    #[serde(rename = "third-party-pull")]
+    TpcPull,
 }
 
 /// Where a transfer's time went, beside its end-to-end rate: from samples of the bytes
@@ -342,6 +348,9 @@ struct JsonReport {
     kind: &'static str,
     ok: bool,
     direction: Direction,
+    /// A third-party copy: the server that dialed the other (as named).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dialer: Option<String>,
     /// Dataset size: the regular files' bytes in the source's manifest.
     bytes: u64,
     /// Payload bytes that crossed the data streams in this run (all attempts).
@@ -445,9 +454,11 @@ fn resilience(r: &Report) -> String {
 
 /// Prints the outcome and returns the exit code. A failed run's JSON summary reports
 /// what it achieved from `progress`, the run's counters.
+#[allow(clippy::too_many_arguments)]
 pub fn report(
     result: Result<Report, Error>,
     direction: Direction,
+    dialer: Option<&str>,
     secs: f64,
     timing: Timing,
     json: bool,
@@ -466,6 +477,7 @@ pub fn report(
                     kind: "summary",
                     ok: failed == 0,
                     direction,
+                    dialer: dialer.map(str::to_string),
                     bytes: r.totals.bytes,
                     bytes_sent: r.bytes_sent,
                     bytes_resumed: r.held_bytes,
@@ -493,6 +505,7 @@ pub fn report(
                 let verb = match direction {
                     Direction::Push => "pushed",
                     Direction::Pull => "pulled",
+                    Direction::TpcPush | Direction::TpcPull => "copied server to server",
                 };
                 eprintln!(
                     "{verb} {} in {} files, {} dirs, {} symlinks in {secs:.2} s: {gbps:.2} Gbit/s, {fps:.0} files/s ({} streams, {} chunks{}){}{}",
@@ -537,6 +550,7 @@ pub fn report(
                     kind: "summary",
                     ok: false,
                     direction,
+                    dialer: dialer.map(str::to_string),
                     bytes: progress.total.load(Ordering::Relaxed),
                     bytes_sent,
                     bytes_resumed: progress.held.load(Ordering::Relaxed),

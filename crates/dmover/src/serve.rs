@@ -119,6 +119,16 @@ pub fn run(a: ServeArgs, env: &Env, log_format: LogFormat) -> anyhow::Result<Exi
     if let Some(n) = file.max_manifest_bytes {
         cfg.max_manifest_bytes = n;
     }
+    cfg.tpc_address = a.tpc_address.clone().or(file.tpc_address.clone());
+    if let Some(s) = file.tpc_capability_ttl_secs {
+        cfg.tpc_capability_ttl =
+            Duration::from_secs(s.clamp(1, dmover_proto::capability::MAX_TTL_SECS));
+    }
+    if a.third_party {
+        for e in &mut cfg.exports {
+            e.third_party = true;
+        }
+    }
     cfg.memory_budget = a.memory;
     let socket = SocketOptions {
         send_buffer: a.tcp_buffer.map(|b| b as usize),

@@ -15,9 +15,8 @@ use crate::client::{AsServer, Client, Root};
 
 /// How long a client may stay silent on a third-party control connection before the
 /// dialer gives up on it and stops the copy (it pings every [`session::HEARTBEAT`]).
-const STEER_SILENCE: Duration = Duration::from_secs(
-    session::HEARTBEAT.as_secs() * session::SILENT_INTERVALS as u64,
-);
+const STEER_SILENCE: Duration =
+    Duration::from_secs(session::HEARTBEAT.as_secs() * session::SILENT_INTERVALS as u64);
 
 /// Nonces of the capabilities this server accepted, kept until they expire: each is
 /// accepted once.
@@ -78,7 +77,9 @@ impl Server {
             };
             return Err(refused(
                 ErrorCode::PermissionDenied,
-                format!("{what} does not allow third-party copies (third_party = true in its config)"),
+                format!(
+                    "{what} does not allow third-party copies (third_party = true in its config)"
+                ),
             ));
         }
         Ok((base, rest.to_vec(), name))
@@ -277,11 +278,8 @@ impl Server {
                         .iter()
                         .map(|p| self.resolve_tpc(grant, p, false))
                         .collect::<Result<Vec<_>>>()?;
-                    log.what = format!(
-                        "third-party push of {} path(s) to {}",
-                        roots.len(),
-                        tp.peer
-                    );
+                    log.what =
+                        format!("third-party push of {} path(s) to {}", roots.len(), tp.peer);
                     client.push_roots(&roots, &tp.peer, dest, run.clone()).await
                 }
                 (TpcMode::Pull, Scope::Pull { sources }) => {
