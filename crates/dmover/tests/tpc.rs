@@ -90,3 +90,155 @@ fn servers_that_do_not_allow_third_party_copies_refuse_and_nothing_is_written() 
     assert_eq!(std::fs::read_dir(&b_root).unwrap().count(), 0);
     let _ = s(t.path());
 }
+
+/// A `dmover serve` inside a netlab host, listening on port 7700 of every address of
+/// the host (each host has its own ports).
+struct NsServer(std::process::Child, tempfile::TempDir);
+
+impl Drop for NsServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn ns_server(
+    t: &dmover_netlab::Topology,
+    host: &str,
+    root: &std::path::Path,
+    token: &std::path::Path,
+    advertise: String,
+) -> NsServer {
+    use std::io::BufRead;
+    let state = tempfile::Builder::new()
+        .prefix("dmover-state-")
+        .tempdir()
+        .unwrap();
+    let mut child = t
+        .host(host)
+        .unwrap()
+        .command(bin())
+        .args([
+            "serve",
+            "--third-party",
+            "--listen",
+            "0.0.0.0:7700",
+            "--root",
+        ])
+        .arg(root)
+        .arg("--token-file")
+        .arg(token)
+        .arg("--state-dir")
+        .arg(state.path())
+        .args(["--tpc-address", &advertise])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains(":7700"), "{line:?}");
+    NsServer(child, state)
+}
+
+/// Three hosts: client C on slow links (kernel tbf, 20 Mbit/s) to servers A and B, A
+/// and B on a plain veth. A tree of small and large files copies A → B byte-identical
+/// with either server dialing (each advertises its address on the A–B link), and C's
+/// interfaces carry under 1 % of the bytes.
+#[test]
+fn three_hosts_the_data_bypass_the_client() {
+    use dmover_netlab::{TopoLinkKind, Topology, TopologySpec};
+    if !netlab_available("three_hosts_the_data_bypass_the_client") {
+        return;
+    }
+    let t = tmp();
+    let a_root = t.path().join("a");
+    let b_root = t.path().join("b");
+    std::fs::create_dir_all(a_root.join("data")).unwrap();
+    std::fs::create_dir(&b_root).unwrap();
+    make_small_files(&a_root.join("data/small"), 2000, 20);
+    for i in 0..3u64 {
+        write_file(
+            &a_root.join(format!("data/big{i}")),
+            i,
+            40 << 20,
+            0o644,
+            1_000_000,
+        );
+    }
+    let total: u64 = walk_bytes(&a_root.join("data"));
+    let token = t.path().join("token");
+    std::fs::write(&token, "a shared token for the three hosts\n").unwrap();
+    let kh = known_hosts_in(t.path());
+    let slow = TopoLinkKind::Tbf {
+        rate_bps: 20_000_000,
+        queue_bytes: None,
+    };
+    let spec = TopologySpec::new(&["c", "a", "b"])
+        .link("c", "a", slow.clone())
+        .link("c", "b", slow)
+        .link("a", "b", TopoLinkKind::Veth);
+    let lab = format!("tpc{}", std::process::id() % 100_000);
+    let topo = Topology::up(&lab, &spec).unwrap();
+    let a_srv = ns_server(
+        &topo,
+        "a",
+        &a_root,
+        &token,
+        format!("{}:7700", topo.addr("a", "b").unwrap()),
+    );
+    let b_srv = ns_server(
+        &topo,
+        "b",
+        &b_root,
+        &token,
+        format!("{}:7700", topo.addr("b", "a").unwrap()),
+    );
+    let a_url = |p: &str| format!("dmover://{}:7700/{p}", topo.addr("a", "c").unwrap());
+    let b_url = |p: &str| format!("dmover://{}:7700/{p}", topo.addr("b", "c").unwrap());
+    for (mode, dest) in [("push", "pushed"), ("pull", "pulled")] {
+        let before = topo.host_counters("c").unwrap();
+        let o = topo
+            .host("c")
+            .unwrap()
+            .command(bin())
+            .args(["cp", "--json", "--tpc", mode, "--token-file"])
+            .arg(&token)
+            .args([&a_url("data"), &b_url(dest)])
+            .env("DMOVER_KNOWN_HOSTS", &kh)
+            .output()
+            .unwrap();
+        ok(&o);
+        let c_bytes = topo.host_counters("c").unwrap().since(&before).bytes();
+        same(&a_root.join("data"), &b_root.join(dest));
+        let j = json(&o);
+        eprintln!(
+            "{mode}: {total} bytes A -> B, {c_bytes} bytes on the client's links, {} s",
+            j["seconds"]
+        );
+        assert_eq!(j["direction"], format!("third-party-{mode}"), "{j}");
+        assert!(
+            (c_bytes as f64) < total as f64 * 0.01,
+            "{mode}: the client's links carried {c_bytes} bytes of a {total}-byte copy"
+        );
+    }
+    drop((a_srv, b_srv));
+    topo.down().unwrap();
+}
+
+/// Bytes of the regular files under `dir`.
+fn walk_bytes(dir: &std::path::Path) -> u64 {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let m = e.metadata().unwrap();
+        if m.is_dir() {
+            n += walk_bytes(&e.path());
+        } else if m.is_file() {
+            n += m.len();
+        }
+    }
+    n
+}

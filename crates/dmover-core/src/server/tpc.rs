@@ -240,6 +240,14 @@ impl Server {
         g.check(unix_now(), self.identity.fingerprint())
             .and_then(|()| g.check_addr(&tp.peer))
             .map_err(cap_error)?;
+        // The address the issuer advertises for servers, when it gives one (the grant's
+        // later addresses), else the one the client named.
+        let target = g
+            .addrs
+            .get(1..)
+            .and_then(<[String]>::last)
+            .unwrap_or(&tp.peer)
+            .clone();
         let streams = open.streams.clamp(1, MAX_STREAMS);
         let opts = crate::session::TransferOptions {
             streams,
@@ -278,9 +286,8 @@ impl Server {
                         .iter()
                         .map(|p| self.resolve_tpc(grant, p, false))
                         .collect::<Result<Vec<_>>>()?;
-                    log.what =
-                        format!("third-party push of {} path(s) to {}", roots.len(), tp.peer);
-                    client.push_roots(&roots, &tp.peer, dest, run.clone()).await
+                    log.what = format!("third-party push of {} path(s) to {target}", roots.len());
+                    client.push_roots(&roots, &target, dest, run.clone()).await
                 }
                 (TpcMode::Pull, Scope::Pull { sources }) => {
                     let [dest] = tp.paths.as_slice() else {
@@ -290,9 +297,9 @@ impl Server {
                         ));
                     };
                     let (base, rest, _) = self.resolve_tpc(grant, dest, true)?;
-                    log.what = format!("third-party pull from {}", tp.peer);
+                    log.what = format!("third-party pull from {target}");
                     client
-                        .pull_into(&tp.peer, sources, &base, &rest, run.clone())
+                        .pull_into(&target, sources, &base, &rest, run.clone())
                         .await
                 }
                 _ => Err(refused(
