@@ -513,12 +513,52 @@ impl Client {
                 sources: c.sources.clone(),
             },
         };
+        let dialer_key = d.server_key.clone();
+        let acceptor_key = a.server_key.clone();
+        let capability = self.grant_on(a, acceptor, scope, &dialer_key).await?;
+        let paths = match c.mode {
+            TpcMode::Push => c.sources.clone(),
+            TpcMode::Pull => vec![c.dest.clone()],
+        };
+        let tp = ThirdParty {
+            mode: c.mode,
+            peer: acceptor.clone(),
+            peer_key: acceptor_key,
+            capability,
+            paths,
+        };
+        self.steer_on(d, dialer, tp, run, resume).await
+    }
+
+    /// The fingerprint of `server`'s key (checked against this client's trust).
+    pub async fn server_key(&self, server: &str) -> Result<String> {
+        Ok(self.connect(server).await?.server_key.clone())
+    }
+
+    /// Asks `acceptor` for a capability that lets the server with key `dialer_key`
+    /// run the session `scope` there (the first half of [`Client::third_party`]).
+    pub async fn request_capability(
+        &self,
+        acceptor: &str,
+        scope: Scope,
+        dialer_key: &str,
+    ) -> Result<dmover_proto::capability::Capability> {
+        let a = self.connect(acceptor).await?;
+        self.grant_on(a, acceptor, scope, dialer_key).await
+    }
+
+    async fn grant_on(
+        &self,
+        a: Connection,
+        acceptor: &str,
+        scope: Scope,
+        dialer_key: &str,
+    ) -> Result<dmover_proto::capability::Capability> {
         let grant = Op::Grant(GrantRequest {
             scope,
-            dialer: d.server_key.clone(),
-            addr: acceptor.clone(),
+            dialer: dialer_key.to_string(),
+            addr: acceptor.to_string(),
         });
-        let acceptor_key = a.server_key.clone();
         let mut ach = a
             .request(
                 acceptor,
@@ -526,23 +566,28 @@ impl Client {
                 self.opts.session_options(false),
             )
             .await?;
-        let capability = match ach.recv_timeout(HANDSHAKE_TIMEOUT, "capability").await? {
-            Control::Capability(c) => c,
-            other => return Err(session::unexpected(acceptor, other, "Capability")),
-        };
-        drop(ach);
-        let paths = match c.mode {
-            TpcMode::Push => c.sources.clone(),
-            TpcMode::Pull => vec![c.dest.clone()],
-        };
-        let op = Op::ThirdParty(ThirdParty {
-            mode: c.mode,
-            peer: acceptor.clone(),
-            peer_key: acceptor_key,
-            capability,
-            paths,
-        });
-        let open = self.open_request(op, self.opts.chunk_size);
+        match ach.recv_timeout(HANDSHAKE_TIMEOUT, "capability").await? {
+            Control::Capability(c) => Ok(c),
+            other => Err(session::unexpected(acceptor, other, "Capability")),
+        }
+    }
+
+    /// Asks `dialer` to run the third-party session `tp` and follows it to its end (the
+    /// second half of [`Client::third_party`]).
+    pub async fn steer(&self, dialer: &str, tp: ThirdParty, run: Arc<Run>) -> Result<Report> {
+        let d = self.connect(dialer).await?;
+        self.steer_on(d, dialer, tp, run, self.opts.resume).await
+    }
+
+    async fn steer_on(
+        &self,
+        d: Connection,
+        dialer: &str,
+        tp: ThirdParty,
+        run: Arc<Run>,
+        resume: bool,
+    ) -> Result<Report> {
+        let open = self.open_request(Op::ThirdParty(tp), self.opts.chunk_size);
         let mut ch = d
             .request(dialer, open, self.opts.session_options(resume))
             .await?;

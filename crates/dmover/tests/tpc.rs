@@ -92,8 +92,8 @@ fn servers_that_do_not_allow_third_party_copies_refuse_and_nothing_is_written() 
 }
 
 /// A `dmover serve` inside a netlab host, listening on port 7700 of every address of
-/// the host (each host has its own ports).
-struct NsServer(std::process::Child, tempfile::TempDir);
+/// the host (each host has its own ports); its state directory goes with it.
+struct NsServer(std::process::Child, #[allow(dead_code)] tempfile::TempDir);
 
 impl Drop for NsServer {
     fn drop(&mut self) {

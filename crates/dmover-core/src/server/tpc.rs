@@ -349,7 +349,14 @@ impl Server {
         };
         let report = match r {
             Ok(r) => r,
-            // The other server's refusal is this copy's error, named as its.
+            // The other server's error goes to the client as this copy's, naming that
+            // server (a `Remote` error is otherwise taken for the client's own, and
+            // not sent back to it).
+            Err(Error::Remote {
+                peer,
+                code,
+                message,
+            }) => return Err(refused(code, format!("{peer}: {message}"))),
             Err(e) => return Err(e),
         };
         let (bytes, files) = (report.summary.bytes, report.summary.files);
@@ -368,5 +375,84 @@ impl Server {
         }))
         .await?;
         Ok((bytes, files))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn granted(scope: Option<Scope>) -> Grant {
+        Grant {
+            user: "alice".into(),
+            exports: Default::default(),
+            scope,
+        }
+    }
+
+    #[test]
+    fn a_capability_allows_its_one_session_only() {
+        let push = Some(Scope::Push {
+            dest: b"data/x".to_vec(),
+        });
+        let g = granted(push);
+        assert!(
+            Server::check_scope(
+                &g,
+                &Op::Push {
+                    dest: b"data/x".to_vec()
+                }
+            )
+            .is_ok()
+        );
+        for op in [
+            Op::Push {
+                dest: b"data/y".to_vec(),
+            },
+            Op::Push {
+                dest: b"data".to_vec(),
+            },
+            Op::Pull {
+                sources: vec![b"data/x".to_vec()],
+            },
+        ] {
+            let e = Server::check_scope(&g, &op).unwrap_err();
+            assert!(e.to_string().contains("does not allow this session"), "{e}");
+        }
+        let pull = granted(Some(Scope::Pull {
+            sources: vec![b"a".to_vec(), b"b".to_vec()],
+        }));
+        assert!(
+            Server::check_scope(
+                &pull,
+                &Op::Pull {
+                    sources: vec![b"a".to_vec(), b"b".to_vec()]
+                }
+            )
+            .is_ok()
+        );
+        assert!(
+            Server::check_scope(
+                &pull,
+                &Op::Pull {
+                    sources: vec![b"a".to_vec()]
+                }
+            )
+            .is_err()
+        );
+        // Without a capability, the user's rights decide (elsewhere).
+        assert!(Server::check_scope(&granted(None), &Op::Pull { sources: vec![] }).is_ok());
+    }
+
+    #[test]
+    fn nonces_are_taken_once_and_forgotten_after_they_expire() {
+        let n = Nonces::default();
+        assert!(n.take([1; 16], 100, 50));
+        assert!(!n.take([1; 16], 100, 60));
+        assert!(n.take([2; 16], 100, 60));
+        // Past its expiry a nonce is dropped (a capability that old is refused as
+        // expired before its nonce is looked at).
+        assert!(n.take([1; 16], 300, 200));
+        assert_eq!(n.0.lock().len(), 1);
     }
 }
