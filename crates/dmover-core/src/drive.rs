@@ -85,6 +85,16 @@ impl Fault {
         }
     }
 
+    /// This side's run was cancelled (the user, a steering client gone, a revoked
+    /// credential): the root cause, so the machine fails at once instead of waiting
+    /// briefly for the peer's report as it does for a broken connection.
+    fn cancelled() -> Self {
+        Fault {
+            rank: 3,
+            ..Fault::new(Error::Aborted)
+        }
+    }
+
     /// The error (once; a copy of its class and text after that).
     pub fn into_error(self) -> Error {
         self.error.lock().take().unwrap_or_else(|| Error::Refused {
@@ -794,7 +804,7 @@ where
             biased;
             _ = env.run.cancelled(), if !cancelled => {
                 cancelled = true;
-                m.fail(now(), Fault::new(Error::Aborted));
+                m.fail(now(), Fault::cancelled());
             }
             part = next_part(&mut growth), if growth.is_some() && m.info().is_some() => match part {
                 Some(p) => {
@@ -1205,7 +1215,7 @@ where
             biased;
             _ = env.run.cancelled(), if !cancelled => {
                 cancelled = true;
-                m.fail(now(), Fault::new(Error::Aborted));
+                m.fail(now(), Fault::cancelled());
             }
             Some(input) = rx.recv() => match input {
                 SinkIn::Arrived { stream, chunk, buf, trailer, crc } => {

@@ -242,3 +242,89 @@ fn walk_bytes(dir: &std::path::Path) -> u64 {
     }
     n
 }
+
+/// Files under `dir`, staging files included.
+fn count_files(dir: &std::path::Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.map(|e| e.unwrap())
+        .map(|e| {
+            if e.file_type().unwrap().is_dir() {
+                count_files(&e.path())
+            } else {
+                1
+            }
+        })
+        .sum()
+}
+
+/// The steering client killed mid-copy: the dialer stops the copy at once (its control
+/// connection closed), both servers keep what they have, and the same command with
+/// `--resume` finishes it, nothing lost or corrupted.
+#[test]
+fn a_killed_client_stops_the_copy_and_resume_finishes_it() {
+    let t = tmp();
+    let a_root = t.path().join("a");
+    let b_root = t.path().join("b");
+    std::fs::create_dir_all(a_root.join("src")).unwrap();
+    std::fs::create_dir(&b_root).unwrap();
+    for i in 0..48u64 {
+        write_file(
+            &a_root.join(format!("src/f{i:02}")),
+            i,
+            512 << 10,
+            0o644,
+            1_000_000,
+        );
+    }
+    // Every chunk takes 40 ms to read at A: the copy lasts seconds.
+    let slow = ["--third-party", "--debug-chunk-delay-ms", "40"];
+    let a = Server::start(&a_root, &slow);
+    let b = Server::start(&b_root, &["--third-party"]);
+    let kh = known_hosts_in(t.path());
+    let args = [
+        "cp",
+        "--chunk",
+        "256K",
+        "-P",
+        "2",
+        &a.url("src"),
+        &b.url("dst"),
+    ];
+    let mut child = std::process::Command::new(bin())
+        .args(args)
+        .env("DMOVER_KNOWN_HOSTS", &kh)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let dst = b_root.join("dst");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while count_files(&dst) < 8 {
+        assert!(std::time::Instant::now() < until, "no progress at B");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // A sees its control connection close and stops: B's tree stops growing.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let settled = count_files(&dst);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert_eq!(
+        count_files(&dst),
+        settled,
+        "the copy went on without its client"
+    );
+    assert!(settled < 48, "the copy was interrupted ({settled} files)");
+    let o = std::process::Command::new(bin())
+        .args(["cp", "--json", "--resume", "--chunk", "256K", "-P", "2"])
+        .args([&a.url("src"), &b.url("dst")])
+        .env("DMOVER_KNOWN_HOSTS", &kh)
+        .output()
+        .unwrap();
+    ok(&o);
+    same(&a_root.join("src"), &dst);
+    let j = json(&o);
+    assert!(j["bytes_resumed"].as_u64().unwrap() > 0, "{j}");
+}

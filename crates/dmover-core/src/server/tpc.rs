@@ -312,6 +312,9 @@ impl Server {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let mut heard = tokio::time::Instant::now();
         let peer = ch.peer().to_string();
+        // Once the client is gone, its connection is not read again (it would answer
+        // at once, forever) while the copy winds down.
+        let mut gone = false;
         let r = loop {
             tokio::select! {
                 r = &mut work => break r,
@@ -328,11 +331,12 @@ impl Server {
                         streams_lost: p.streams_lost.load(Ordering::Relaxed),
                         attempt: p.attempt.load(Ordering::Relaxed),
                     });
-                    if ch.send(&msg).await.is_err() {
+                    if !gone && ch.send(&msg).await.is_err() {
+                        gone = true;
                         run.fail(refused(ErrorCode::Aborted, format!("{peer} is gone")));
                     }
                 }
-                msg = ch.recv() => match msg {
+                msg = ch.recv(), if !gone => match msg {
                     Ok(Control::Ping) => heard = tokio::time::Instant::now(),
                     Ok(Control::Error(e)) => run.fail(Error::Remote {
                         peer: peer.clone(),
@@ -340,10 +344,13 @@ impl Server {
                         message: e.message,
                     }),
                     Ok(other) => run.fail(session::unexpected(&peer, other, "Ping")),
-                    Err(_) => run.fail(refused(
-                        ErrorCode::Aborted,
-                        format!("{peer} closed the connection"),
-                    )),
+                    Err(_) => {
+                        gone = true;
+                        run.fail(refused(
+                            ErrorCode::Aborted,
+                            format!("{peer} closed the connection"),
+                        ));
+                    }
                 },
             }
         };
