@@ -26,6 +26,12 @@ pub struct Progress {
     pub chunks: AtomicU64,
     /// Bytes the destination already held when the latest attempt started.
     pub held: AtomicU64,
+    /// Regular files the transfer will move, once known (0 before).
+    pub total_files: AtomicU64,
+    /// Files whose last byte crossed the data streams (a receiver: was written; a
+    /// sender: was sent, a chunk sent again counting again). Files of no bytes are
+    /// not counted (they travel in the manifest).
+    pub files: AtomicU64,
     /// Data streams that broke, all attempts.
     pub streams_lost: AtomicU32,
     /// Chunks a source sent again because their stream broke, all attempts.

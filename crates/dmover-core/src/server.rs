@@ -240,6 +240,8 @@ pub struct Server {
     memory: Arc<Semaphore>,
     /// Faults injected into every session (tests).
     faults: Faults,
+    /// The sessions and counters `dmover serve --metrics` shows.
+    monitor: Arc<crate::monitor::Monitor>,
 }
 
 impl std::fmt::Debug for Server {
@@ -328,8 +330,12 @@ impl Server {
         };
         let tls = identity.acceptor()?;
         let units = (cfg.memory_budget / MIB).clamp(1, Semaphore::MAX_PERMITS as u64) as usize;
+        let disk = Arc::new(DiskPool::new(cfg.io_threads, "dmover-disk"));
+        let memory = Arc::new(Semaphore::new(units));
+        let monitor = crate::monitor::Monitor::new(disk.clone(), memory.clone(), units, MIB);
         Ok(Arc::new(Server {
-            disk: Arc::new(DiskPool::new(cfg.io_threads, "dmover-disk")),
+            disk,
+            monitor: Arc::new(monitor),
             exports,
             identity,
             tls,
@@ -338,7 +344,7 @@ impl Server {
             per_user: Mutex::new(HashMap::new()),
             handshakes: Arc::new(Semaphore::new(cfg.max_handshakes.max(1))),
             overflow: Arc::new(Semaphore::new(overflow_limit(cfg.max_handshakes))),
-            memory: Arc::new(Semaphore::new(units)),
+            memory,
             faults,
             cfg,
         }))
@@ -347,6 +353,11 @@ impl Server {
     /// The fingerprint of the key clients pin.
     pub fn fingerprint(&self) -> &str {
         self.identity.fingerprint()
+    }
+
+    /// The live view of the sessions (`dmover serve --metrics`).
+    pub fn monitor(&self) -> &Arc<crate::monitor::Monitor> {
+        &self.monitor
     }
 
     /// Accepts connections until `shutdown` is cancelled.
@@ -418,6 +429,7 @@ impl Server {
         if write_preamble(&mut stream, answer, peer).await.is_ok() {
             tracing::info!("busy: answered {peer} \"retry after {n} s\": {why}");
         }
+        self.monitor.busy_refused();
         close_gracefully(stream).await;
     }
 
@@ -811,6 +823,7 @@ impl Server {
         reported: &mut bool,
         log: &mut SessionLog,
     ) -> Result<()> {
+        log.live = Some(self.monitor.start(peer, &grant.user, log.op));
         if open.streams == 0 {
             return Err(Error::refused(
                 ErrorCode::Protocol,
@@ -937,6 +950,9 @@ impl Server {
         let joins = drive::Accepted::new(rx, move |io| Faulty::new(io, plan.clone()));
         let run = Run::new();
         log.progress = Some(run.progress.clone());
+        if let Some(live) = &log.live {
+            live.attach(&run.progress);
+        }
         log.protection = Some(open.protection);
         let env = drive::Env {
             disk: self.disk.clone(),
@@ -1001,10 +1017,16 @@ impl Server {
                 let mut m = SourceSession::accept(now, peer, timing, setup_by);
                 m.grant(now, info);
                 m.push_manifest(source.tree().entries());
-                m.end_manifest(
-                    Totals::of(source.tree().entries()),
-                    drive::chunk_set(source.chunks()),
-                );
+                let totals = Totals::of(source.tree().entries());
+                env.run
+                    .progress
+                    .total
+                    .store(totals.bytes, Ordering::Relaxed);
+                env.run
+                    .progress
+                    .total_files
+                    .store(totals.files, Ordering::Relaxed);
+                m.end_manifest(totals, drive::chunk_set(source.chunks()));
                 *reported = true;
                 let r = drive::source(m, ch, joins, source, env).await?;
                 bytes = r.summary.bytes;
@@ -1030,6 +1052,8 @@ struct SessionLog {
     progress: Option<Arc<crate::engine::Progress>>,
     /// Bytes and files of a finished session, from its summary.
     done: Option<(u64, u64)>,
+    /// Its entry in the server's monitor, once it asked for something.
+    live: Option<crate::monitor::Live>,
 }
 
 impl SessionLog {
@@ -1045,10 +1069,14 @@ impl SessionLog {
             protection: None,
             progress: None,
             done: None,
+            live: None,
         }
     }
 
     fn emit(&self, peer: &str, user: &str, result: &Result<()>) {
+        if let Some(live) = &self.live {
+            live.finish(result, self.done);
+        }
         let seconds = self.started.elapsed().as_secs_f64();
         // A failed session: the payload that crossed its data streams.
         let (bytes, files) = match self.done {
