@@ -238,6 +238,11 @@ pub struct ConfigFile {
     pub max_manifest_entries: Option<u64>,
     /// Most memory (bytes) a session's manifest may take.
     pub max_manifest_bytes: Option<u64>,
+    /// Address of the metrics, the live page and its JSON (`--metrics`).
+    pub metrics: Option<SocketAddr>,
+    /// Users whose bearer tokens may read the metrics; needed for a metrics address
+    /// that is not loopback (which then also takes TLS).
+    pub metrics_users: Option<Vec<String>>,
     /// Exports by name.
     #[serde(default)]
     pub exports: BTreeMap<String, ExportEntry>,
