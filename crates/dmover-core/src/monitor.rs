@@ -44,6 +44,10 @@ pub const RECENT: usize = 50;
 /// Rate samples kept per session (one a second: the last ten minutes).
 pub const HISTORY: usize = 600;
 
+/// Points of a session's rate history in [`Monitor::transfers`] (averaged over
+/// stretches of samples beyond it), so the page's JSON stays small.
+pub const HISTORY_POINTS: usize = 120;
+
 /// Samples the page's "current rate" and the ETA average over.
 const RATE_WINDOW: usize = 5;
 
@@ -384,6 +388,20 @@ fn rate(a: (f64, u64), b: (f64, u64)) -> f64 {
     b.1.saturating_sub(a.1) as f64 * 8.0 / dt
 }
 
+/// The rates of a session's samples, at most [`HISTORY_POINTS`]: each
+/// `[seconds, bit/s]` the average over its stretch of samples.
+fn rates(h: &VecDeque<(f64, u64)>) -> Vec<[f64; 2]> {
+    let step = h.len().saturating_sub(1).div_ceil(HISTORY_POINTS).max(1);
+    let mut picked: Vec<(f64, u64)> = h.iter().step_by(step).copied().collect();
+    let tail = (h.back().copied()).filter(|l| picked.last().is_some_and(|k| l.0 > k.0));
+    picked.extend(tail);
+    picked
+        .iter()
+        .zip(picked.iter().skip(1))
+        .map(|(&a, &b)| [b.0, rate(a, b)])
+        .collect()
+}
+
 impl Session {
     fn view(&self) -> TransferView {
         let p = self.progress.get();
@@ -400,11 +418,7 @@ impl Session {
             .as_ref()
             .map_or_else(|| load(|p| p.files.load(Relaxed)), |e| e.files);
         let h = &st.history;
-        let history: Vec<[f64; 2]> = h
-            .iter()
-            .zip(h.iter().skip(1))
-            .map(|(&a, &b)| [b.0, rate(a, b)])
-            .collect();
+        let history = rates(h);
         let window = h.len().saturating_sub(RATE_WINDOW + 1);
         let bit_per_s = match (h.get(window), h.back()) {
             (Some(&a), Some(&b)) if end.is_none() => rate(a, b),
@@ -790,6 +804,33 @@ mod tests {
     }
 
     #[test]
+    fn long_histories_are_averaged_over_stretches() {
+        // 1000 bytes a second for 300 s, then 2000 a second for 299 s.
+        let h: VecDeque<(f64, u64)> = (0..HISTORY as u64)
+            .map(|t| {
+                (
+                    t as f64,
+                    if t <= 300 {
+                        t * 1000
+                    } else {
+                        300_000 + (t - 300) * 2000
+                    },
+                )
+            })
+            .collect();
+        let r = rates(&h);
+        assert_eq!(r.len(), HISTORY_POINTS);
+        assert_eq!(r[0], [5.0, 8000.0]);
+        assert_eq!(r[59], [300.0, 8000.0]);
+        assert_eq!(r[60], [305.0, 16000.0]);
+        assert_eq!(r[HISTORY_POINTS - 1], [599.0, 16000.0]);
+        // Short ones are kept whole.
+        let h: VecDeque<(f64, u64)> = [(0.0, 0), (1.0, 10), (2.0, 30)].into();
+        assert_eq!(rates(&h), vec![[1.0, 80.0], [2.0, 160.0]]);
+        assert!(rates(&VecDeque::new()).is_empty());
+    }
+
+    #[test]
     fn recent_sessions_and_histories_are_bounded() {
         let m = monitor();
         let live = m.start("p", "u", "pull");
@@ -803,7 +844,9 @@ mod tests {
         let v = m.transfers();
         assert_eq!(v.transfers.len(), 1);
         assert_eq!(v.transfers[0].state, "running");
-        assert_eq!(v.transfers[0].history.len(), HISTORY - 1);
+        let history = &v.transfers[0].history;
+        assert!(history.len() <= HISTORY_POINTS + 1, "{}", history.len());
+        assert!(history.len() >= HISTORY_POINTS / 2, "{}", history.len());
         drop(live);
         for _ in 0..RECENT + 5 {
             m.start("p", "u", "push").finish(&Ok(()), Some((0, 0)));
