@@ -248,6 +248,38 @@ fn counters_move_during_a_transfer_and_equal_its_summary_after() {
     assert_eq!(done["state"], "ok", "{j}");
     assert_eq!(done["bytes"], summary["bytes_sent"], "{j}");
     assert_eq!(done["files"], 18, "{j}");
+
+    // A pull counts as sent, the same way.
+    let back = t.path().join("back");
+    let out = cp_env(
+        &[
+            "--json",
+            &format!("dmover://{}/dest", server.addr),
+            s(&back),
+        ],
+        &[("DMOVER_KNOWN_HOSTS", s(&known_hosts_in(t.path())))],
+    );
+    ok(&out);
+    let pulled = json(&out);
+    let after = scrape(&server.metrics);
+    let sent = |m: &str| format!("dmover_{m}_total{{direction=\"sent\",user=\"\"}}");
+    assert_eq!(
+        value(&after, &sent("bytes")),
+        pulled["bytes_sent"].as_f64(),
+        "{after}\n{pulled}"
+    );
+    assert_eq!(
+        value(&after, &sent("files")),
+        pulled["files_sent"].as_f64(),
+        "{after}\n{pulled}"
+    );
+    assert_eq!(
+        value(&after, "dmover_sessions_total{op=\"pull\",result=\"ok\"}"),
+        Some(1.0)
+    );
+    // Received is unchanged.
+    assert_eq!(value(&after, BYTES), summary["bytes_sent"].as_f64());
+
     // Anything else: 404; the page itself is static.
     assert_eq!(get(&server.metrics, "/nope", None).0, 404);
     let (status, page) = get(&server.metrics, "/", None);
