@@ -852,6 +852,7 @@ async fn source_stream<L: DataLink, K>(
                         .map_err(|e| io_err("sending data to", e))?;
                     drop(buf);
                     progress.bytes.fetch_add(payload, Relaxed);
+                    progress.stream_bytes.add(i, payload);
                     progress.chunks.fetch_add(1, Relaxed);
                     let _ = tx.send(SrcIn::Written { stream: i, chunk });
                 }
@@ -1308,6 +1309,7 @@ async fn sink_stream<L: DataLink, K>(
                 .map_err(lost)?;
         }
         progress.bytes.fetch_add(expected, Relaxed);
+        progress.stream_bytes.add(i, expected);
         progress.chunks.fetch_add(1, Relaxed);
         let _ = tx.send(SinkIn::Arrived {
             stream: i,

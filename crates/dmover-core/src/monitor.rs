@@ -133,6 +133,10 @@ pub struct Session {
 struct SessionState {
     /// (seconds since the start, bytes) once a second.
     history: VecDeque<(f64, u64)>,
+    /// The latest sample's bytes per data stream, and their rates since the one
+    /// before.
+    streams: (f64, Vec<u64>),
+    stream_rates: Vec<f64>,
     end: Option<End>,
 }
 
@@ -318,7 +322,17 @@ impl Monitor {
         for s in active {
             if let Some(p) = s.progress.get() {
                 let t = s.started.elapsed().as_secs_f64();
-                push_sample(&mut s.state.lock().history, t, p.bytes.load(Relaxed));
+                let per_stream = p.stream_bytes.snapshot();
+                let mut st = s.state.lock();
+                push_sample(&mut st.history, t, p.bytes.load(Relaxed));
+                let (t0, before) = &st.streams;
+                let rates = per_stream
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &b)| rate((*t0, before.get(i).copied().unwrap_or(0)), (t, b)))
+                    .collect();
+                st.stream_rates = rates;
+                st.streams = (t, per_stream);
             }
         }
     }
@@ -452,6 +466,10 @@ impl Session {
             bit_per_s,
             avg_bit_per_s: bytes as f64 * 8.0 / seconds.max(1e-9),
             eta_seconds,
+            streams: match &end {
+                None => st.stream_rates.clone(),
+                Some(_) => Vec::new(),
+            },
             streams_lost: load(|p| u64::from(p.streams_lost.load(Relaxed))),
             chunks_resent: load(|p| p.chunks_resent.load(Relaxed)),
             error: end.and_then(|e| e.error),
@@ -523,6 +541,9 @@ pub struct TransferView {
     pub avg_bit_per_s: f64,
     /// Seconds left at the current rate, when known.
     pub eta_seconds: Option<f64>,
+    /// Each data stream's rate over the last second (stream 0 first; empty once
+    /// finished).
+    pub streams: Vec<f64>,
     /// Data streams that broke.
     pub streams_lost: u64,
     /// Chunks sent again (a sending server).
@@ -837,6 +858,14 @@ mod tests {
         let p = Arc::new(Progress::default());
         live.attach(&p);
         p.total.store(10_000, Relaxed);
+        // Per-stream rates: up to the last stream that moved bytes.
+        p.stream_bytes.add(0, 10);
+        p.stream_bytes.add(2, 10);
+        m.sample();
+        let v = m.transfers();
+        assert_eq!(v.transfers[0].streams.len(), 3);
+        assert!(v.transfers[0].streams[0] > 0.0);
+        assert_eq!(v.transfers[0].streams[1], 0.0);
         for i in 0..HISTORY + 10 {
             p.bytes.store(i as u64, Relaxed);
             m.sample();
