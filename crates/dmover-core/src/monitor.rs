@@ -69,13 +69,35 @@ pub struct Monitor {
     inner: Mutex<Inner>,
     next_id: AtomicU64,
     busy_refused: AtomicU64,
-    disk: Arc<DiskPool>,
-    memory: Arc<Semaphore>,
-    /// The buffer memory budget, in units of `memory_unit` bytes.
-    memory_units: usize,
-    memory_unit: u64,
+    /// The server's disk threads and buffer memory, once watched.
+    resources: OnceLock<Resources>,
     started: Instant,
     started_unix: f64,
+}
+
+#[derive(Debug)]
+struct Resources {
+    disk: Arc<DiskPool>,
+    memory: Arc<Semaphore>,
+    /// The buffer memory budget, in permits of `unit` bytes.
+    units: usize,
+    unit: u64,
+}
+
+/// What the server's shared resources are doing.
+#[derive(Debug, Default, Clone, Copy)]
+struct Usage {
+    disk_busy: f64,
+    disk_jobs: u64,
+    disk_threads: usize,
+    memory_budget: u64,
+    memory_reserved: u64,
+}
+
+impl Default for Monitor {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -228,19 +250,41 @@ impl Drop for Live {
 }
 
 impl Monitor {
-    /// A monitor of a server whose disk threads are `disk` and whose buffer memory is
-    /// `memory`, `units` permits of `unit` bytes.
-    pub fn new(disk: Arc<DiskPool>, memory: Arc<Semaphore>, units: usize, unit: u64) -> Self {
+    /// A monitor with no session yet.
+    pub fn new() -> Self {
         Monitor {
             inner: Mutex::default(),
             next_id: AtomicU64::new(1),
             busy_refused: AtomicU64::new(0),
-            disk,
-            memory,
-            memory_units: units,
-            memory_unit: unit,
+            resources: OnceLock::new(),
             started: Instant::now(),
             started_unix: unix_now(),
+        }
+    }
+
+    /// Watches the server's disk threads and its buffer memory, `units` permits of
+    /// `unit` bytes (the first call counts; before it, both read as 0).
+    pub fn watch(&self, disk: &Arc<DiskPool>, memory: &Arc<Semaphore>, units: usize, unit: u64) {
+        let _ = self.resources.get_or_init(|| Resources {
+            disk: disk.clone(),
+            memory: memory.clone(),
+            units,
+            unit,
+        });
+    }
+
+    fn usage(&self) -> Usage {
+        let Some(r) = self.resources.get() else {
+            return Usage::default();
+        };
+        let (disk_busy, disk_jobs) = r.disk.busy();
+        let reserved = r.units.saturating_sub(r.memory.available_permits()) as u64;
+        Usage {
+            disk_busy,
+            disk_jobs,
+            disk_threads: r.disk.threads(),
+            memory_budget: r.units as u64 * r.unit,
+            memory_reserved: reserved * r.unit,
         }
     }
 
@@ -351,20 +395,17 @@ impl Monitor {
             let r: Vec<_> = inner.recent.iter().rev().cloned().collect();
             (a, r)
         };
-        let (disk_busy, _) = self.disk.busy();
-        let reserved = self
-            .memory_units
-            .saturating_sub(self.memory.available_permits()) as u64;
+        let u = self.usage();
         Transfers {
             now_unix: unix_now(),
             server: ServerView {
                 started_unix: self.started_unix,
                 uptime_seconds: self.started.elapsed().as_secs_f64(),
                 active: active.len(),
-                memory_budget_bytes: self.memory_units as u64 * self.memory_unit,
-                memory_reserved_bytes: reserved * self.memory_unit,
-                disk_threads: self.disk.threads(),
-                disk_busy_seconds: disk_busy,
+                memory_budget_bytes: u.memory_budget,
+                memory_reserved_bytes: u.memory_reserved,
+                disk_threads: u.disk_threads,
+                disk_busy_seconds: u.disk_busy,
             },
             transfers: active
                 .iter()
@@ -701,38 +742,37 @@ impl Collector for Collect {
             "Control connections answered busy (session or set-up limit).",
             m.busy_refused.load(Relaxed),
         )?;
-        let (busy, jobs) = m.disk.busy();
+        let u = m.usage();
         counter(
             &mut enc,
             "dmover_disk_busy_seconds",
             "Seconds the disk threads spent on jobs (reads, writes, walks), all threads \
              together; divide its rate by dmover_disk_threads for utilisation.",
-            busy,
+            u.disk_busy,
         )?;
         counter(
             &mut enc,
             "dmover_disk_jobs",
             "Jobs the disk threads ran.",
-            jobs,
+            u.disk_jobs,
         )?;
         gauge(
             &mut enc,
             "dmover_disk_threads",
             "Disk I/O threads shared by all sessions.",
-            m.disk.threads() as i64,
+            u.disk_threads as i64,
         )?;
         gauge(
             &mut enc,
             "dmover_buffer_memory_budget_bytes",
             "Bytes of chunk buffers all sessions may hold together (--memory).",
-            (m.memory_units as u64 * m.memory_unit) as i64,
+            u.memory_budget as i64,
         )?;
-        let reserved = m.memory_units.saturating_sub(m.memory.available_permits()) as u64;
         gauge(
             &mut enc,
             "dmover_buffer_memory_reserved_bytes",
             "Bytes of the buffer budget the running sessions hold.",
-            (reserved * m.memory_unit) as i64,
+            u.memory_reserved as i64,
         )?;
         gauge(
             &mut enc,
@@ -749,12 +789,16 @@ mod tests {
     use super::*;
 
     fn monitor() -> Arc<Monitor> {
-        Arc::new(Monitor::new(
-            Arc::new(DiskPool::new(1, "test-disk")),
-            Arc::new(Semaphore::new(64)),
+        let m = Monitor::new();
+        let memory = Arc::new(Semaphore::new(64));
+        m.watch(
+            &Arc::new(DiskPool::new(1, "test-disk")),
+            &memory,
             64,
             1 << 20,
-        ))
+        );
+        memory.try_acquire_many(4).unwrap().forget();
+        Arc::new(m)
     }
 
     fn value(text: &str, series: &str) -> f64 {
@@ -768,6 +812,15 @@ mod tests {
         let m = monitor();
         let t = m.prometheus();
         assert_eq!(value(&t, "dmover_sessions_active{op=\"push\"}"), 0.0);
+        assert_eq!(
+            value(&t, "dmover_buffer_memory_budget_bytes"),
+            64.0 * 1048576.0
+        );
+        assert_eq!(
+            value(&t, "dmover_buffer_memory_reserved_bytes"),
+            4.0 * 1048576.0
+        );
+        assert_eq!(value(&t, "dmover_disk_threads"), 1.0);
         assert_eq!(
             value(&t, "dmover_sessions_total{op=\"pull\",result=\"ok\"}"),
             0.0

@@ -330,12 +330,8 @@ impl Server {
         };
         let tls = identity.acceptor()?;
         let units = (cfg.memory_budget / MIB).clamp(1, Semaphore::MAX_PERMITS as u64) as usize;
-        let disk = Arc::new(DiskPool::new(cfg.io_threads, "dmover-disk"));
-        let memory = Arc::new(Semaphore::new(units));
-        let monitor = crate::monitor::Monitor::new(disk.clone(), memory.clone(), units, MIB);
         Ok(Arc::new(Server {
-            disk,
-            monitor: Arc::new(monitor),
+            disk: Arc::new(DiskPool::new(cfg.io_threads, "dmover-disk")),
             exports,
             identity,
             tls,
@@ -344,8 +340,9 @@ impl Server {
             per_user: Mutex::new(HashMap::new()),
             handshakes: Arc::new(Semaphore::new(cfg.max_handshakes.max(1))),
             overflow: Arc::new(Semaphore::new(overflow_limit(cfg.max_handshakes))),
-            memory,
+            memory: Arc::new(Semaphore::new(units)),
             faults,
+            monitor: Arc::default(),
             cfg,
         }))
     }
@@ -353,11 +350,6 @@ impl Server {
     /// The fingerprint of the key clients pin.
     pub fn fingerprint(&self) -> &str {
         self.identity.fingerprint()
-    }
-
-    /// The live view of the sessions (`dmover serve --metrics`).
-    pub fn monitor(&self) -> &Arc<crate::monitor::Monitor> {
-        &self.monitor
     }
 
     /// Accepts connections until `shutdown` is cancelled.
@@ -393,6 +385,15 @@ impl Server {
             let me = self.clone();
             tokio::spawn(async move { me.connection(stream, peer, setup).await });
         }
+    }
+
+    /// The live view of the sessions (`dmover serve --metrics`), watching this server's
+    /// disk threads and buffer memory.
+    pub fn monitor(&self) -> &Arc<crate::monitor::Monitor> {
+        let units = (self.cfg.memory_budget / MIB).clamp(1, Semaphore::MAX_PERMITS as u64);
+        self.monitor
+            .watch(&self.disk, &self.memory, units as usize, MIB);
+        &self.monitor
     }
 
     /// A session place, if one is free.
