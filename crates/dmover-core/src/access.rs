@@ -247,6 +247,11 @@ pub struct ConfigFile {
     pub tpc_address: Option<String>,
     /// Seconds a third-party capability this server issues stays valid.
     pub tpc_capability_ttl_secs: Option<u64>,
+    /// Address of the metrics, the live page and its JSON (`--metrics`).
+    pub metrics: Option<SocketAddr>,
+    /// Users whose bearer tokens may read the metrics; needed for a metrics address
+    /// that is not loopback (which then also takes TLS).
+    pub metrics_users: Option<Vec<String>>,
     /// Exports by name.
     #[serde(default)]
     pub exports: BTreeMap<String, ExportEntry>,

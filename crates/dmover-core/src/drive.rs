@@ -829,7 +829,12 @@ where
                     m.chunk_read(now(), chunk, meta);
                 }
                 SrcIn::Read { read: Err(e), .. } => m.fail(now(), Fault::new(e)),
-                SrcIn::Written { stream, chunk } => m.chunk_written(now(), stream, chunk),
+                SrcIn::Written { stream, chunk } => {
+                    if let Some((_, src, _)) = &live {
+                        crate::monitor::count_files(&env.run.progress, src.layout(), chunk);
+                    }
+                    m.chunk_written(now(), stream, chunk)
+                }
                 SrcIn::Acked { stream, frames } => m.acked(now(), stream, frames),
                 SrcIn::Failed { stream, error } => {
                     tasks.remove(&stream);
@@ -959,6 +964,7 @@ async fn source_stream<L: DataLink, K>(
                         .map_err(|e| io_err("sending data to", e))?;
                     drop(buf);
                     progress.bytes.fetch_add(payload, Relaxed);
+                    progress.stream_bytes.add(i, payload);
                     progress.chunks.fetch_add(1, Relaxed);
                     progress.data_flowing();
                     let _ = tx.send(SrcIn::Written { stream: i, chunk });
@@ -1104,6 +1110,7 @@ where
                         };
                         let totals = dmover_proto::manifest::Totals::of(&entries);
                         env.run.progress.total.store(totals.bytes, Relaxed);
+                        env.run.progress.total_files.store(totals.files, Relaxed);
                         let o = options.unwrap_or(SessionOptions {
                             resume: false,
                             journal: true,
@@ -1240,7 +1247,12 @@ where
                     tasks.remove(&stream);
                     m.stream_failed(now(), stream, Fault::new(error));
                 }
-                SinkIn::Written { chunk, result: Ok(()) } => m.chunk_written(now(), chunk),
+                SinkIn::Written { chunk, result: Ok(()) } => {
+                    if let Some((_, sink, _)) = &live {
+                        crate::monitor::count_files(&env.run.progress, sink.layout(), chunk);
+                    }
+                    m.chunk_written(now(), chunk)
+                }
                 SinkIn::Written { result: Err(e), .. } => m.fail(now(), Fault::new(e)),
                 SinkIn::Prepared(Ok((mut k, held))) => {
                     if options.as_ref().is_some_and(|o| o.resume) {
@@ -1433,6 +1445,7 @@ async fn sink_stream<L: DataLink, K>(
                 .map_err(lost)?;
         }
         progress.bytes.fetch_add(expected, Relaxed);
+        progress.stream_bytes.add(i, expected);
         progress.chunks.fetch_add(1, Relaxed);
         progress.data_flowing();
         let _ = tx.send(SinkIn::Arrived {

@@ -24,6 +24,14 @@ pub struct Progress {
     pub chunks: AtomicU64,
     /// Bytes the destination already held when the latest attempt started.
     pub held: AtomicU64,
+    /// Regular files the transfer will move, once known (0 before).
+    pub total_files: AtomicU64,
+    /// Files whose last byte crossed the data streams (a receiver: was written; a
+    /// sender: was sent, a chunk sent again counting again). Files of no bytes are
+    /// not counted (they travel in the manifest).
+    pub files: AtomicU64,
+    /// `bytes` by data stream.
+    pub stream_bytes: StreamBytes,
     /// Data streams that broke, all attempts.
     pub streams_lost: AtomicU32,
     /// Chunks a source sent again because their stream broke, all attempts.
@@ -36,6 +44,43 @@ pub struct Progress {
     events: Mutex<VecDeque<(u32, ProgressEvent)>>,
     /// Wakes a reader of the events.
     notify: tokio::sync::Notify,
+}
+
+/// Payload bytes per data stream, for per-stream rates: one counter per possible
+/// stream ([`crate::session::MAX_STREAMS`]).
+#[derive(Debug)]
+pub struct StreamBytes(Box<[AtomicU64]>);
+
+impl Default for StreamBytes {
+    fn default() -> Self {
+        StreamBytes(
+            (0..crate::session::MAX_STREAMS)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        )
+    }
+}
+
+impl StreamBytes {
+    /// Counts `n` bytes of stream `stream`.
+    pub fn add(&self, stream: u16, n: u64) {
+        if let Some(c) = self.0.get(usize::from(stream)) {
+            c.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// The counters up to the last stream that moved bytes.
+    pub fn snapshot(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self
+            .0
+            .iter()
+            .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+            .collect();
+        while v.last() == Some(&0) {
+            v.pop();
+        }
+        v
+    }
 }
 
 /// Something that happened during a transfer, beside its counters: for a live view

@@ -12,6 +12,7 @@
 //! - [`client::Client`] pushes or pulls; [`server::Server`] serves many clients at once.
 //! - [`access`]: exports, users, credentials and the server's configuration file.
 //! - [`memtest`]: the memory-to-memory network test (`dmover bench net`).
+//! - [`monitor`]: the server's live sessions and counters (`dmover serve --metrics`).
 //! - Storage (trees, paths, walks, sources and sinks, the resume journal) is
 //!   [`dmover_store`]; its errors arrive here as [`Error::Store`].
 
@@ -22,6 +23,7 @@ pub mod drive;
 pub mod engine;
 pub mod error;
 pub mod memtest;
+pub mod monitor;
 pub mod pool;
 pub mod server;
 pub mod session;

@@ -252,6 +252,8 @@ pub struct Server {
     faults: Faults,
     /// Third-party capabilities accepted (single use).
     nonces: tpc::Nonces,
+    /// The sessions and counters `dmover serve --metrics` shows.
+    monitor: Arc<crate::monitor::Monitor>,
 }
 
 impl std::fmt::Debug for Server {
@@ -355,6 +357,7 @@ impl Server {
             memory: Arc::new(Semaphore::new(units)),
             faults,
             nonces: tpc::Nonces::default(),
+            monitor: Arc::default(),
             cfg,
         }))
     }
@@ -399,6 +402,15 @@ impl Server {
         }
     }
 
+    /// The live view of the sessions (`dmover serve --metrics`), watching this server's
+    /// disk threads and buffer memory.
+    pub fn monitor(&self) -> &Arc<crate::monitor::Monitor> {
+        let units = (self.cfg.memory_budget / MIB).clamp(1, Semaphore::MAX_PERMITS as u64);
+        self.monitor
+            .watch(&self.disk, &self.memory, units as usize, MIB);
+        &self.monitor
+    }
+
     /// A session place, if one is free.
     fn session_place(&self) -> Option<SessionPlace<'_>> {
         if self.active.fetch_add(1, Ordering::AcqRel) >= self.cfg.max_sessions {
@@ -433,6 +445,7 @@ impl Server {
         if write_preamble(&mut stream, answer, peer).await.is_ok() {
             tracing::info!("busy: answered {peer} \"retry after {n} s\": {why}");
         }
+        self.monitor.busy_refused();
         close_gracefully(stream).await;
     }
 
@@ -882,6 +895,7 @@ impl Server {
         reported: &mut bool,
         log: &mut SessionLog,
     ) -> Result<()> {
+        log.live = Some(self.monitor.start(peer, &grant.user, log.op));
         if open.streams == 0 {
             return Err(Error::refused(
                 ErrorCode::Protocol,
@@ -1022,6 +1036,9 @@ impl Server {
         });
         let run = Run::new();
         log.progress = Some(run.progress.clone());
+        if let Some(live) = &log.live {
+            live.attach(&run.progress);
+        }
         log.protection = Some(open.protection);
         let env = drive::Env {
             disk: self.disk.clone(),
@@ -1101,10 +1118,16 @@ impl Server {
                 let mut m = SourceSession::accept(now, peer, timing, setup_by);
                 m.grant(now, info);
                 m.push_manifest(source.tree().entries());
-                m.end_manifest(
-                    Totals::of(source.tree().entries()),
-                    drive::chunk_set(source.chunks()),
-                );
+                let totals = Totals::of(source.tree().entries());
+                env.run
+                    .progress
+                    .total
+                    .store(totals.bytes, Ordering::Relaxed);
+                env.run
+                    .progress
+                    .total_files
+                    .store(totals.files, Ordering::Relaxed);
+                m.end_manifest(totals, drive::chunk_set(source.chunks()));
                 *reported = true;
                 let r = drive::source(m, ch, joins, source, env).await?;
                 bytes = r.summary.bytes;
@@ -1140,6 +1163,8 @@ struct SessionLog {
     progress: Option<Arc<crate::engine::Progress>>,
     /// Bytes and files of a finished session, from its summary.
     done: Option<(u64, u64)>,
+    /// Its entry in the server's monitor, once it asked for something.
+    live: Option<crate::monitor::Live>,
 }
 
 impl SessionLog {
@@ -1157,10 +1182,14 @@ impl SessionLog {
             protection: None,
             progress: None,
             done: None,
+            live: None,
         }
     }
 
     fn emit(&self, peer: &str, user: &str, result: &Result<()>) {
+        if let Some(live) = &self.live {
+            live.finish(result, self.done);
+        }
         let seconds = self.started.elapsed().as_secs_f64();
         // A failed session: the payload that crossed its data streams.
         let (bytes, files) = match self.done {

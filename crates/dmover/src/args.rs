@@ -356,6 +356,12 @@ pub struct ServeArgs {
     /// TCP congestion control for accepted connections.
     #[arg(long)]
     pub congestion: Option<String>,
+    /// Serve Prometheus metrics (/metrics), a live page of the transfers (/) and its
+    /// JSON (/api/transfers) on this address, e.g. 127.0.0.1:9770 [default: the
+    /// config's `metrics`, else none]. Loopback only, unless the config names
+    /// `metrics_users` (then TLS and bearer tokens; docs/metrics.md).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<SocketAddr>,
     /// Fault injection for tests: sleep this many milliseconds per chunk read or written.
     #[arg(long, hide = true)]
     pub debug_chunk_delay_ms: Option<u64>,

@@ -13,6 +13,7 @@ mod doctor;
 mod endpoint;
 mod env;
 mod manual;
+mod metrics;
 mod netlab;
 mod output;
 mod serve;

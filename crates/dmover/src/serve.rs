@@ -79,6 +79,20 @@ pub fn run(a: ServeArgs, env: &Env, log_format: LogFormat) -> anyhow::Result<Exi
         )));
     }
 
+    // Metrics: loopback, or TLS and bearer tokens (docs/metrics.md).
+    let metrics = a.metrics.or(file.metrics);
+    let metrics_users = file.metrics_users.clone().unwrap_or_default();
+    let metrics_tokens = crate::metrics::Access::tokens_of(&metrics_users, cfg.users.as_ref())
+        .map_err(|e| usage(format!("config: {e}")))?;
+    let open_metrics = metrics.filter(|m| !crate::metrics::is_local(m));
+    if let (Some(m), true) = (open_metrics, metrics_tokens.is_empty()) {
+        return Err(usage(format!(
+            "refusing to serve metrics on {m}, which is not loopback: name the users whose \
+             bearer tokens may read them in the config's metrics_users (the metrics then \
+             take TLS with the server's key), or serve them on 127.0.0.1"
+        )));
+    }
+
     // The TLS identity: operator's files, else the key in the state directory.
     let (cert, key) = (
         a.tls_cert.clone().or(file.tls_cert.clone()),
@@ -181,6 +195,21 @@ pub fn run(a: ServeArgs, env: &Env, log_format: LogFormat) -> anyhow::Result<Exi
         .build()
         .context("starting the network runtime")?;
     rt.block_on(async {
+        let metrics = match metrics {
+            None => None,
+            Some(m) => {
+                let l = tokio::net::TcpListener::bind(m)
+                    .await
+                    .with_context(|| format!("listening on {m} for metrics"))?;
+                let bound = l.local_addr().context("reading the metrics address")?;
+                let tls = if crate::metrics::is_local(&m) {
+                    None
+                } else {
+                    Some(identity.acceptor()?)
+                };
+                Some((l, bound, tls))
+            }
+        };
         let listener = match tcp::listen(listen, &socket) {
             Err(e) if chosen.is_none() && listen.is_ipv6() => {
                 tracing::info!("IPv6 unavailable ({e}); listening on IPv4 only");
@@ -224,6 +253,34 @@ pub fn run(a: ServeArgs, env: &Env, log_format: LogFormat) -> anyhow::Result<Exi
                 "dmover: key fingerprint {}",
                 identity.fingerprint()
             );
+        }
+        if let Some((l, bound, tls)) = metrics {
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            {
+                use std::io::Write;
+                let _ = writeln!(std::io::stdout(), "dmover: metrics on {scheme}://{bound}/");
+            }
+            say(
+                json,
+                &format!(
+                    "metrics on {scheme}://{bound}/metrics, transfers on {scheme}://{bound}/{}",
+                    if metrics_tokens.is_empty() {
+                        ""
+                    } else {
+                        " (bearer tokens of metrics_users)"
+                    }
+                ),
+            );
+            let access = crate::metrics::Access {
+                tls,
+                tokens: metrics_tokens,
+            };
+            tokio::spawn(crate::metrics::serve(
+                l,
+                server.monitor().clone(),
+                access,
+                shutdown.clone(),
+            ));
         }
         match &origin {
             KeyOrigin::Created(p) => say(

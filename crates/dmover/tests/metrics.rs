@@ -1,0 +1,489 @@
+//! `dmover serve --metrics` (docs/metrics.md): Prometheus counters that move during a
+//! transfer and equal the client's summary after it, the access rules (loopback, else
+//! TLS and bearer tokens), and the live page rendered by a headless browser. The real
+//! binary against real servers on loopback.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("dmover-metrics-")
+        .tempdir()
+        .unwrap()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A `dmover serve` with `--metrics`; killed when dropped.
+struct Served {
+    child: Child,
+    addr: String,
+    /// `http://ADDR` or `https://ADDR` of the metrics.
+    metrics: String,
+    _state: tempfile::TempDir,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `dmover serve ARGS --listen 127.0.0.1:0 --state-dir DIR`, its three first stdout
+/// lines read: the address, the key, the metrics' address.
+fn serve(args: &[&str]) -> Served {
+    let state = tempfile::Builder::new()
+        .prefix("dmover-state-")
+        .tempdir()
+        .unwrap();
+    let mut child = Command::new(bin())
+        .arg("serve")
+        .args(args)
+        .args(["--listen", "127.0.0.1:0", "--state-dir", s(state.path())])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting dmover serve");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = || {
+        let mut l = String::new();
+        out.read_line(&mut l).expect("reading a start-up line");
+        l.trim().to_string()
+    };
+    let addr = line()
+        .strip_prefix("dmover: listening on ")
+        .expect("the listen line")
+        .to_string();
+    let _key = line();
+    let metrics = line();
+    let metrics = metrics
+        .strip_prefix("dmover: metrics on ")
+        .unwrap_or_else(|| panic!("no metrics line: {metrics:?}"))
+        .trim_end_matches('/')
+        .to_string();
+    Served {
+        child,
+        addr,
+        metrics,
+        _state: state,
+    }
+}
+
+/// A plain HTTP GET: (status, body).
+fn get(base: &str, path: &str, token: Option<&str>) -> (u16, String) {
+    let host = base.strip_prefix("http://").expect("plain http");
+    let mut c = TcpStream::connect(host).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    c.read_to_string(&mut answer).unwrap();
+    parse_answer(&answer)
+}
+
+fn parse_answer(answer: &str) -> (u16, String) {
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("not HTTP: {answer:?}"));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status: {head}"));
+    (status, body.to_string())
+}
+
+/// The value of the series `series` (name and labels, exactly as exposed).
+fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+fn scrape(base: &str) -> String {
+    let (status, body) = get(base, "/metrics", None);
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// A dataset of `n` files of 256 KiB and two empty ones.
+fn dataset(root: &Path, n: usize) {
+    for i in 0..n {
+        write_file(
+            &root.join(format!("f{i:03}")),
+            i as u64,
+            256 << 10,
+            0o644,
+            1_700_000_000,
+        );
+    }
+    for i in 0..2 {
+        write_file(&root.join(format!("empty{i}")), 0, 0, 0o644, 1_700_000_000);
+    }
+}
+
+/// `dmover cp --json SRC dmover://ADDR/dest` in the background, 256 KiB chunks.
+fn push(src: &Path, server: &Served, dir: &Path) -> Child {
+    Command::new(bin())
+        .args(["cp", "--json", "-P", "2", "--chunk", "256K"])
+        .arg(src)
+        .arg(format!("dmover://{}/dest", server.addr))
+        .env("DMOVER_KNOWN_HOSTS", known_hosts_in(dir))
+        .env_remove("DMOVER_TOKEN")
+        .env_remove("DMOVER_USER")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting dmover cp")
+}
+
+/// Polls `f` every 50 ms until it returns `Some`, for at most `limit`.
+fn wait_for<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+const BYTES: &str = "dmover_bytes_total{direction=\"received\",user=\"\"}";
+const FILES: &str = "dmover_files_total{direction=\"received\",user=\"\"}";
+const ACTIVE: &str = "dmover_sessions_active{op=\"push\"}";
+const PUSHES_OK: &str = "dmover_sessions_total{op=\"push\",result=\"ok\"}";
+
+#[test]
+fn counters_move_during_a_transfer_and_equal_its_summary_after() {
+    let t = tmp();
+    let (src, root) = (t.path().join("src"), t.path().join("root"));
+    dataset(&src, 16);
+    std::fs::create_dir_all(&root).unwrap();
+    // One disk thread, 100 ms per chunk written: 16 chunks take 1.6 s or more.
+    let server = serve(&[
+        "--root",
+        s(&root),
+        "--metrics",
+        "127.0.0.1:0",
+        "--io-threads",
+        "1",
+        "--debug-chunk-delay-ms",
+        "100",
+    ]);
+    assert!(server.metrics.starts_with("http://127.0.0.1:"));
+    let before = scrape(&server.metrics);
+    assert_eq!(value(&before, ACTIVE), Some(0.0), "{before}");
+    assert_eq!(value(&before, PUSHES_OK), Some(0.0), "{before}");
+    assert_eq!(value(&before, BYTES), None, "no user seen yet: {before}");
+    assert!(
+        before.contains("# TYPE dmover_bytes_total counter"),
+        "{before}"
+    );
+    assert!(
+        value(&before, "dmover_buffer_memory_budget_bytes").unwrap() > 0.0,
+        "{before}"
+    );
+
+    let client = push(&src, &server, t.path());
+    // During the transfer: one push running, bytes counted, some files written but
+    // not all (the writes take 100 ms each, one after the other).
+    let during = wait_for(Duration::from_secs(30), "bytes during the push", || {
+        let m = scrape(&server.metrics);
+        let (b, f) = (value(&m, BYTES)?, value(&m, FILES)?);
+        (b > 0.0 && f < 12.0 && value(&m, ACTIVE) == Some(1.0)).then_some(f)
+    });
+    let (status, body) = get(&server.metrics, "/api/transfers", None);
+    assert_eq!(status, 200);
+    let j: Value = serde_json::from_str(&body).unwrap();
+    let first = &j["transfers"][0];
+    assert_eq!(first["op"], "push", "{j}");
+    assert_eq!(first["user"], "", "{j}");
+    assert!(first["peer"].as_str().unwrap().starts_with("127.0.0.1:"));
+    assert_eq!(first["files_total"], 18, "{j}");
+    assert_eq!(first["bytes_total"], 16 * (256 << 10), "{j}");
+    // The files counter moves on while the transfer runs.
+    wait_for(Duration::from_secs(30), "files to grow", || {
+        let m = scrape(&server.metrics);
+        (value(&m, FILES)? > during && value(&m, ACTIVE) == Some(1.0)).then_some(())
+    });
+
+    let out = client.wait_with_output().unwrap();
+    ok(&out);
+    let summary = json(&out);
+    let after = scrape(&server.metrics);
+    assert_eq!(value(&after, ACTIVE), Some(0.0), "{after}");
+    assert_eq!(value(&after, PUSHES_OK), Some(1.0), "{after}");
+    assert_eq!(
+        value(&after, BYTES),
+        summary["bytes_sent"].as_f64(),
+        "{after}\n{summary}"
+    );
+    assert_eq!(
+        value(&after, FILES),
+        summary["files_sent"].as_f64(),
+        "{after}\n{summary}"
+    );
+    assert_eq!(summary["files_sent"], 18, "{summary}");
+    assert!(value(&after, "dmover_disk_busy_seconds_total").unwrap() >= 1.6);
+    // The finished session stays on the page's list.
+    let (_, body) = get(&server.metrics, "/api/transfers", None);
+    let j: Value = serde_json::from_str(&body).unwrap();
+    let done = &j["transfers"][0];
+    assert_eq!(done["state"], "ok", "{j}");
+    assert_eq!(done["bytes"], summary["bytes_sent"], "{j}");
+    assert_eq!(done["files"], 18, "{j}");
+
+    // A pull counts as sent, the same way.
+    let back = t.path().join("back");
+    let out = cp_env(
+        &[
+            "--json",
+            &format!("dmover://{}/dest", server.addr),
+            s(&back),
+        ],
+        &[("DMOVER_KNOWN_HOSTS", s(&known_hosts_in(t.path())))],
+    );
+    ok(&out);
+    let pulled = json(&out);
+    let after = scrape(&server.metrics);
+    let sent = |m: &str| format!("dmover_{m}_total{{direction=\"sent\",user=\"\"}}");
+    assert_eq!(
+        value(&after, &sent("bytes")),
+        pulled["bytes_sent"].as_f64(),
+        "{after}\n{pulled}"
+    );
+    assert_eq!(
+        value(&after, &sent("files")),
+        pulled["files_sent"].as_f64(),
+        "{after}\n{pulled}"
+    );
+    assert_eq!(
+        value(&after, "dmover_sessions_total{op=\"pull\",result=\"ok\"}"),
+        Some(1.0)
+    );
+    // Received is unchanged.
+    assert_eq!(value(&after, BYTES), summary["bytes_sent"].as_f64());
+
+    // Anything else: 404; the page itself is static.
+    assert_eq!(get(&server.metrics, "/nope", None).0, 404);
+    let (status, page) = get(&server.metrics, "/", None);
+    assert_eq!(status, 200);
+    assert!(page.contains("api/transfers") && !page.contains("127.0.0.1"));
+}
+
+#[test]
+fn metrics_off_loopback_are_refused_unless_the_config_names_their_users() {
+    let t = tmp();
+    let token = t.path().join("token");
+    std::fs::write(&token, "sekrit\n").unwrap();
+    let out = Command::new(bin())
+        .args(["serve", "--root", s(t.path()), "--token-file", s(&token)])
+        .args(["--listen", "127.0.0.1:0", "--metrics", "0.0.0.0:0"])
+        .args(["--state-dir", s(t.path())])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("metrics_users"), "{}", stderr(&out));
+
+    // A config with the address but no metrics_users: refused too.
+    let cfg = t.path().join("server.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "metrics = \"0.0.0.0:0\"\n[exports.data]\npath = \"{}\"\n[users.alice]\n\
+             token = \"{}\"\nexports = {{ data = \"rw\" }}\n",
+            s(t.path()),
+            dmover_proto::auth::token_keys(b"sekrit").verifier.to_text()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(bin())
+        .args(["serve", "--config", s(&cfg), "--listen", "127.0.0.1:0"])
+        .args(["--state-dir", s(t.path())])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("metrics_users"), "{}", stderr(&out));
+}
+
+/// GET over TLS (the key pinned in a fresh known-hosts file): (status, body).
+fn get_tls(addr: &str, path: &str, token: Option<&str>, kh: &Path) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let c = dmover_net::tls::TlsConnector::new(dmover_net::tls::Trust::KnownHosts(
+            kh.to_path_buf(),
+        ))
+        .unwrap();
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut tls = c.connect(tcp, addr).await.expect("TLS");
+        let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n");
+        tls.write_all(req.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        let _ = tls.read_to_end(&mut answer).await;
+        parse_answer(&String::from_utf8_lossy(&answer))
+    })
+}
+
+#[test]
+fn metrics_off_loopback_take_tls_and_a_bearer_token() {
+    let t = tmp();
+    let cfg = t.path().join("server.toml");
+    let verifier = |tok: &[u8]| dmover_proto::auth::token_keys(tok).verifier.to_text();
+    std::fs::write(
+        &cfg,
+        format!(
+            "metrics = \"0.0.0.0:0\"\nmetrics_users = [\"ops\"]\n\
+             [exports.data]\npath = \"{}\"\n\
+             [users.alice]\ntoken = \"{}\"\nexports = {{ data = \"rw\" }}\n\
+             [users.ops]\ntoken = \"{}\"\n",
+            s(t.path()),
+            verifier(b"alice-token"),
+            verifier(b"ops-token"),
+        ),
+    )
+    .unwrap();
+    let server = serve(&["--config", s(&cfg)]);
+    let port = server
+        .metrics
+        .strip_prefix("https://0.0.0.0:")
+        .unwrap_or_else(|| panic!("not TLS: {}", server.metrics));
+    let addr = format!("127.0.0.1:{port}");
+    // Plain HTTP gets no answer.
+    let mut c = TcpStream::connect(&addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = c.read_to_end(&mut answer);
+    assert!(!answer.starts_with(b"HTTP/"), "plain HTTP was answered");
+
+    let kh = known_hosts_in(t.path());
+    assert_eq!(get_tls(&addr, "/metrics", None, &kh).0, 401);
+    // A user of the transfers who is not in metrics_users: refused.
+    assert_eq!(get_tls(&addr, "/metrics", Some("alice-token"), &kh).0, 401);
+    assert_eq!(get_tls(&addr, "/api/transfers", Some("wrong"), &kh).0, 401);
+    let (status, body) = get_tls(&addr, "/metrics", Some("ops-token"), &kh);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("dmover_sessions_active"), "{body}");
+    let (status, body) = get_tls(&addr, "/api/transfers", Some("ops-token"), &kh);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"transfers\""), "{body}");
+    // The page is static (its script sends the token).
+    assert_eq!(get_tls(&addr, "/", None, &kh).0, 200);
+}
+
+/// Debian's chromium, if installed.
+fn chromium() -> Option<&'static str> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|b| {
+            Command::new(b)
+                .arg("--version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+}
+
+#[test]
+fn the_page_shows_a_running_transfer_in_a_headless_browser() {
+    let Some(browser) = chromium() else {
+        if std::env::var("DMOVER_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1") {
+            panic!("chromium is not installed but DMOVER_REQUIRE_CHROMIUM=1");
+        }
+        eprintln!("\n!!! SKIPPING the page test: chromium is not installed !!!\n");
+        return;
+    };
+    let t = tmp();
+    let (src, root) = (t.path().join("src"), t.path().join("root"));
+    // 100 chunks at 300 ms each on one disk thread: 30 s, far longer than the test
+    // needs (a browser start takes seconds); the client is killed once the page was
+    // seen.
+    dataset(&src, 100);
+    std::fs::create_dir_all(&root).unwrap();
+    let server = serve(&[
+        "--root",
+        s(&root),
+        "--metrics",
+        "127.0.0.1:0",
+        "--io-threads",
+        "1",
+        "--debug-chunk-delay-ms",
+        "300",
+    ]);
+    let (status, page) = get(&server.metrics, "/", None);
+    assert_eq!(status, 200);
+    assert!(
+        !page.contains("class=\"transfer"),
+        "rows come from the script"
+    );
+    let mut client = push(&src, &server, t.path());
+    let peer = wait_for(Duration::from_secs(30), "the running push", || {
+        let (_, body) = get(&server.metrics, "/api/transfers", None);
+        let j: Value = serde_json::from_str(&body).ok()?;
+        let r = &j["transfers"][0];
+        (r["state"] == "running" && r["bytes"].as_u64()? > 0).then(|| {
+            (
+                r["id"].as_u64().unwrap(),
+                r["peer"].as_str().unwrap().to_string(),
+            )
+        })
+    });
+    let profile = t.path().join("chromium-profile");
+    let started = Instant::now();
+    let dom = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--virtual-time-budget=3000",
+            "--dump-dom",
+        ])
+        .arg(format!("--user-data-dir={}", s(&profile)))
+        .arg(format!("{}/", server.metrics))
+        .output()
+        .expect("running chromium");
+    let took = started.elapsed();
+    let _ = client.kill();
+    let _ = client.wait();
+    let html = String::from_utf8_lossy(&dom.stdout);
+    eprintln!("chromium rendered the page in {took:?}");
+    let row = format!("data-id=\"{}\"", peer.0);
+    let start = html
+        .find(&row)
+        .unwrap_or_else(|| panic!("no row {row} in the rendered page:\n{html}"));
+    let tr = &html[start..start + html[start..].find("</tr>").unwrap()];
+    assert!(tr.contains(&format!(">{}<", peer.1)), "no peer in {tr}");
+    assert!(tr.contains(">push<") && tr.contains(">running<"), "{tr}");
+    let bytes: u64 = tr
+        .split("data-bytes=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .and_then(|b| b.parse().ok())
+        .unwrap_or_else(|| panic!("no bytes in {tr}"));
+    assert!(bytes > 0, "{tr}");
+}
