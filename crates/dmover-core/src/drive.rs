@@ -730,7 +730,10 @@ where
             biased;
             _ = env.run.cancelled(), if !cancelled => {
                 cancelled = true;
-                m.fail(now(), Fault::new(Error::Aborted));
+                // Why the run was cancelled (an interrupt, a revoked credential) is
+                // what the peer learns; without a reason, the session was aborted.
+                let why = env.run.take_error().unwrap_or(Error::Aborted);
+                m.fail(now(), Fault::new(why));
             }
             Some(input) = rx.recv() => match input {
                 SrcIn::Read { chunk, read: Ok((buf, meta)) } => {
@@ -1099,7 +1102,10 @@ where
             biased;
             _ = env.run.cancelled(), if !cancelled => {
                 cancelled = true;
-                m.fail(now(), Fault::new(Error::Aborted));
+                // Why the run was cancelled (an interrupt, a revoked credential) is
+                // what the peer learns; without a reason, the session was aborted.
+                let why = env.run.take_error().unwrap_or(Error::Aborted);
+                m.fail(now(), Fault::new(why));
             }
             Some(input) = rx.recv() => match input {
                 SinkIn::Arrived { stream, chunk, buf, trailer, crc } => {

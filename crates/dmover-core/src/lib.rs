@@ -22,6 +22,7 @@ pub mod drive;
 pub mod engine;
 pub mod error;
 pub mod memtest;
+pub mod policy;
 pub mod pool;
 pub mod server;
 pub mod session;

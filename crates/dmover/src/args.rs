@@ -277,12 +277,16 @@ pub struct ReliabilityArgs {
     pub debug_heartbeat_ms: Option<u64>,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Directory to serve; clients' paths are relative to it and cannot leave it.
     #[arg(long, required_unless_present = "config", conflicts_with = "config")]
     pub root: Option<PathBuf>,
     /// Configuration file (TOML): exports, users with tokens or keys and rights, limits.
+    /// SIGHUP reads its users and exports again (the token of --token-file too): the
+    /// sessions of a user removed, or whose credential or rights changed, end with
+    /// "credential revoked"; the others go on. A file that does not parse keeps the
+    /// users and exports in force.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Directory of the server's TLS key, created on first start
