@@ -479,25 +479,43 @@ impl Server {
                     self.answer_busy(stream, &p, why).await;
                     return;
                 };
-                if let Err(e) = self
+                // A failure is logged once, where it happens: before the session in
+                // `control_connection`, after it in the session's own line.
+                let _ = self
                     .control_connection(stream, &p, pre, deadline, permit, place)
-                    .await
-                {
-                    tracing::warn!("session with {p} failed: {e:#}");
-                }
+                    .await;
             }
         }
     }
 
     async fn control_connection(
         &self,
-        mut stream: TcpStream,
+        stream: TcpStream,
         peer: &str,
         pre: Preamble,
         deadline: tokio::time::Instant,
         permit: tokio::sync::OwnedSemaphorePermit,
         place: SessionPlace<'_>,
     ) -> Result<()> {
+        let (ch, binding, master) = match self.control_setup(stream, peer, pre, deadline).await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!("session with {peer} failed: {e:#}");
+                return Err(e);
+            }
+        };
+        self.control_session_in(ch, binding, master, deadline, Some(permit), Some(place))
+            .await
+    }
+
+    /// The preamble's answer, TLS and the connection's exported secrets.
+    async fn control_setup(
+        &self,
+        mut stream: TcpStream,
+        peer: &str,
+        pre: Preamble,
+        deadline: tokio::time::Instant,
+    ) -> Result<(ControlChannel<ControlStream>, [u8; 32], [u8; 32])> {
         let version = negotiate_version(PROTOCOL_VERSION, pre.version).unwrap_or(0);
         write_preamble(
             &mut stream,
@@ -541,8 +559,7 @@ impl Server {
         let binding = dmover_net::tls::export(&tls, auth::AUTH_EXPORTER_LABEL, None)?;
         let master = dmover_net::tls::export(&tls, auth::SESSION_EXPORTER_LABEL, None)?;
         let ch = ControlChannel::new(tls, peer, PRE_AUTH_MAX_FRAME);
-        self.control_session_in(ch, binding, master, deadline, Some(permit), Some(place))
-            .await
+        Ok((ch, binding, master))
     }
 
     /// Runs a control connection after TLS: authentication, `Open`, the session.
@@ -577,6 +594,7 @@ impl Server {
         let mut reported = false;
         let result = match self.authenticate(&mut ch, &binding, deadline).await {
             Err(e) => {
+                tracing::warn!("session with {peer} failed: {e:#}");
                 reported = true;
                 Err(e)
             }

@@ -274,7 +274,16 @@ fn sighup_revokes_a_removed_user_and_keeps_the_others() {
     let l = read_log(&st.log);
     assert!(l.contains("users added: \"c\""), "{l}");
     assert!(l.contains("users removed: \"a\""), "{l}");
-    assert!(l.contains("credential revoked"), "{l}");
+    // One line per failed session, carrying peer, user, op and error (no second
+    // "session with PEER failed" line).
+    assert_eq!(l.matches("credential revoked").count(), 1, "{l}");
+    let line = l
+        .lines()
+        .find(|x| x.contains("credential revoked"))
+        .unwrap();
+    for field in ["session failed", "peer=", "user=\"a\"", "op=\"push\""] {
+        assert!(line.contains(field), "{line}");
+    }
 }
 
 #[test]
