@@ -12,6 +12,7 @@
 //! require_encryption = false       # refuse sessions without --encrypt
 //! max_sessions = 64                # all users together
 //! max_sessions_per_user = 8
+//! max_handshakes = 256             # connections in set-up; more answered busy
 //! handshake_timeout_secs = 30      # connection to session, and each data join
 //! idle_timeout_secs = 120          # a data stream without progress
 //! max_manifest_entries = 50000000
@@ -279,6 +280,8 @@ pub struct ConfigFile {
     pub max_sessions: Option<usize>,
     /// Sessions at once per user.
     pub max_sessions_per_user: Option<usize>,
+    /// Connections in set-up (before their session or join) at once.
+    pub max_handshakes: Option<usize>,
     /// Seconds from connecting to an open session, and for each data join.
     pub handshake_timeout_secs: Option<u64>,
     /// Seconds a data stream may go without progress.

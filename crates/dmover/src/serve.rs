@@ -103,7 +103,7 @@ pub fn run(a: ServeArgs, env: &Env, log_format: LogFormat) -> anyhow::Result<Exi
     cfg.require_encryption = file.require_encryption;
     cfg.io_threads = a.io_threads as usize;
     cfg.max_sessions = a.max_sessions.or(file.max_sessions).unwrap_or(64);
-    cfg.max_handshakes = a.max_handshakes;
+    cfg.max_handshakes = a.max_handshakes.or(file.max_handshakes).unwrap_or(256);
     if let Some(n) = file.max_sessions_per_user {
         cfg.max_sessions_per_user = n;
     }
