@@ -190,7 +190,7 @@ pub struct TransferArgs {
 #[derive(Debug, Args)]
 #[command(override_usage = "dmover cp [OPTIONS] SRC... DST")]
 pub struct CpArgs {
-    /// Sources and destination: local paths, HOST:PATH, or dmover://HOST[:PORT]/PATH.
+    /// Sources and destination: local paths, `HOST:PATH`, or `dmover://HOST[:PORT]/PATH`.
     /// Paths on a server are relative to its root.
     #[arg(required = true, num_args = 2.., value_name = "PATH")]
     pub paths: Vec<OsString>,
