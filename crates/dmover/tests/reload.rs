@@ -340,3 +340,115 @@ fn a_broken_file_on_sighup_keeps_the_users_that_were() {
     assert!(l.contains("no export named \"nowhere\""), "{l}");
     srv.kill();
 }
+
+#[test]
+fn a_removed_key_ends_its_pull_and_the_same_users_token_session_goes_on() {
+    let st = setup();
+    let dir = st.t.path();
+    let (token, key) = (dir.join("u.token"), dir.join("u.key"));
+    let (token_line, key_line) = (credential("token", &token), credential("key", &key));
+    std::fs::write(
+        &st.config,
+        config(&st.data, &[("u", &format!("{token_line}{key_line}"), "rw")]),
+    )
+    .unwrap();
+    let srv = Server::start_with(
+        &[
+            "--config".as_ref(),
+            st.config.as_os_str(),
+            "--io-threads".as_ref(),
+            "4".as_ref(),
+            "--debug-chunk-delay-ms".as_ref(),
+            "500".as_ref(),
+        ],
+        &st.data,
+        Some(&st.log),
+        None,
+    );
+    // The pull (with the key) has 16 files of 4 MiB, the push (with the token) 64 MiB.
+    let tree = st.data.join("tree");
+    for i in 0..16 {
+        write_file(
+            &tree.join(format!("g{i:02}")),
+            200 + i,
+            4 << 20,
+            0o644,
+            1_600_000_000,
+        );
+    }
+    let pulled = dir.join("pulled");
+    let big = dir.join("big");
+    write_file(&big, 11, 64 << 20, 0o644, 1_600_000_000);
+    let writing = |dir: &Path| {
+        staging_files(dir).iter().any(|p| {
+            !p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(".dmv.journal")
+        })
+    };
+    // The push first, then the pull once the push writes: the disk threads take the
+    // sessions' chunks first come, first served, and the pull's reads, queued first,
+    // could hold every thread until they are done.
+    let mut push = spawn_cp(
+        &["--chunk", "1M", s(&big), &srv.url("data/big")],
+        &st.kh,
+        "u",
+        ("--token-file", &token),
+    );
+    let push_started = eventually(Duration::from_secs(30), || writing(&st.data));
+    let mut pull = spawn_cp(
+        &["--chunk", "1M", &srv.url("data/tree"), s(&pulled)],
+        &st.kh,
+        "u",
+        ("--key", &key),
+    );
+    let started = push_started && eventually(Duration::from_secs(30), || writing(&pulled));
+    if !started {
+        let _ = pull.kill();
+        let o = pull.wait_with_output().unwrap();
+        panic!(
+            "the transfers did not start; pull: {}\nserver log:\n{}",
+            stderr(&o),
+            read_log(&st.log)
+        );
+    }
+    assert!(
+        pull.try_wait().unwrap().is_none(),
+        "the pull is still running"
+    );
+    assert!(
+        push.try_wait().unwrap().is_none(),
+        "the push is still running"
+    );
+
+    // The key is removed; the token stays.
+    std::fs::write(&st.config, config(&st.data, &[("u", &token_line, "rw")])).unwrap();
+    sighup(&srv);
+
+    let (o, _) = wait_within(pull, Duration::from_secs(20), "the pull");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(err.contains("credential revoked"), "{err}");
+    assert!(err.contains("key"), "{err}");
+    // Under the pull's final names: each file absent or complete, not all there.
+    let mut absent = 0;
+    for i in 0..16 {
+        let name = format!("g{i:02}");
+        match std::fs::read(pulled.join(&name)) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => absent += 1,
+            Err(e) => panic!("{name}: {e}"),
+            Ok(got) => assert!(
+                got == std::fs::read(tree.join(&name)).unwrap(),
+                "{name} is under its final name but incomplete"
+            ),
+        }
+    }
+    assert!(absent > 0, "the pull ended before the reload");
+
+    let (o, _) = wait_within(push, Duration::from_secs(120), "the push");
+    ok(&o);
+    same(&big, &st.data.join("big"));
+    let l = read_log(&st.log);
+    assert!(l.contains("users changed: \"u\""), "{l}");
+}
