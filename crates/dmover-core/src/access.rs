@@ -12,6 +12,7 @@
 //! require_encryption = false       # refuse sessions without --encrypt
 //! max_sessions = 64                # all users together
 //! max_sessions_per_user = 8
+//! max_handshakes = 256             # connections in set-up; more answered busy
 //! handshake_timeout_secs = 30      # connection to session, and each data join
 //! idle_timeout_secs = 120          # a data stream without progress
 //! max_manifest_entries = 50000000
@@ -89,10 +90,59 @@ pub struct Grant {
     /// The user's name as configured (`*` for a shared token; empty without
     /// authentication).
     pub user: String,
+    /// The name the client gave (`user` unless it matched `*`).
+    pub login: String,
+    /// The credential the client proved.
+    pub proven: Proven,
     /// Rights per export name.
     pub exports: BTreeMap<String, Rights>,
     /// Granted by a third-party capability: the one session it allows.
     pub scope: Option<dmover_proto::capability::Scope>,
+}
+
+/// Which of a user's credentials a session proved: checked again when the users are
+/// reloaded ([`Grant::recheck`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Proven {
+    /// None (a server without authentication).
+    Nothing,
+    /// The token this verifier checks.
+    Token(TokenVerifier),
+    /// The private half of this Ed25519 public key.
+    Key([u8; 32]),
+}
+
+impl Grant {
+    /// The grant `users` (reloaded) give this session now: the same user entry, the
+    /// credential it proved still that user's, and the entry's rights as they are now;
+    /// or why not.
+    pub fn recheck(&self, users: &BTreeMap<String, User>) -> std::result::Result<Grant, String> {
+        let Some(user) = users.get(&self.login).or_else(|| users.get("*")) else {
+            return Err(format!("user {:?} was removed", self.user));
+        };
+        if user.name != self.user {
+            return Err(format!(
+                "user {:?} is now configured as {:?}",
+                self.login, user.name
+            ));
+        }
+        let kept = match &self.proven {
+            Proven::Nothing => true,
+            Proven::Token(v) => user.token.as_ref() == Some(v),
+            Proven::Key(k) => user.keys.contains(k),
+        };
+        if !kept {
+            let what = match self.proven {
+                Proven::Key(_) => "key",
+                _ => "token",
+            };
+            return Err(format!("the {what} of user {:?} changed", self.user));
+        }
+        Ok(Grant {
+            exports: user.exports.clone(),
+            ..self.clone()
+        })
+    }
 }
 
 /// The users of a server: `None` is the loopback-only mode without authentication.
@@ -216,7 +266,7 @@ impl ClientKey {
 }
 
 /// The configuration file's contents (see the module docs).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
     /// Address to listen on.
@@ -234,6 +284,8 @@ pub struct ConfigFile {
     pub max_sessions: Option<usize>,
     /// Sessions at once per user.
     pub max_sessions_per_user: Option<usize>,
+    /// Connections in set-up (before their session or join) at once.
+    pub max_handshakes: Option<usize>,
     /// Seconds from connecting to an open session, and for each data join.
     pub handshake_timeout_secs: Option<u64>,
     /// Seconds a data stream may go without progress.
@@ -261,7 +313,7 @@ pub struct ConfigFile {
 }
 
 /// An export in the configuration file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExportEntry {
     /// The directory.
@@ -275,7 +327,7 @@ pub struct ExportEntry {
 }
 
 /// A user in the configuration file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UserEntry {
     /// A token verifier (`dmover-token-v2:…`).
@@ -438,5 +490,52 @@ mod tests {
             let r = ConfigFile::parse(&bad, p).and_then(|c| c.access(p).map(|_| ()));
             assert!(r.is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_grant_is_checked_again_against_reloaded_users() {
+        let v = |t: &[u8]| dmover_proto::auth::token_keys(t).verifier;
+        let user = |name: &str, token: Option<&[u8]>, keys: Vec<[u8; 32]>| User {
+            name: name.into(),
+            token: token.map(v),
+            keys,
+            exports: BTreeMap::from([("data".to_string(), Rights::ReadWrite)]),
+        };
+        let users = |us: Vec<User>| -> BTreeMap<String, User> {
+            us.into_iter().map(|u| (u.name.clone(), u)).collect()
+        };
+        let token = Grant {
+            user: "a".into(),
+            login: "a".into(),
+            proven: Proven::Token(v(b"t")),
+            exports: BTreeMap::new(),
+            scope: None,
+        };
+        let key = Grant {
+            proven: Proven::Key([7; 32]),
+            ..token.clone()
+        };
+        let both = users(vec![user("a", Some(b"t"), vec![[7; 32]])]);
+        // Still allowed, with the rights as they are now.
+        assert_eq!(token.recheck(&both).unwrap().exports.len(), 1);
+        assert!(key.recheck(&both).is_ok());
+        // The key removed: key sessions end, token sessions go on.
+        let no_key = users(vec![user("a", Some(b"t"), vec![])]);
+        assert!(key.recheck(&no_key).unwrap_err().contains("key"));
+        assert!(token.recheck(&no_key).is_ok());
+        // A new token.
+        let new = users(vec![user("a", Some(b"u"), vec![[7; 32]])]);
+        assert!(token.recheck(&new).unwrap_err().contains("token"));
+        // Gone, or now matched by `*` only.
+        let other = users(vec![user("b", Some(b"t"), vec![])]);
+        assert!(token.recheck(&other).unwrap_err().contains("removed"));
+        let star = users(vec![user("*", Some(b"t"), vec![])]);
+        assert!(token.recheck(&star).is_err());
+        // A `*` session stays `*`.
+        let shared = Grant {
+            user: "*".into(),
+            ..token.clone()
+        };
+        assert!(shared.recheck(&star).is_ok());
     }
 }

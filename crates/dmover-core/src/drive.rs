@@ -88,10 +88,11 @@ impl Fault {
     /// This side's run was cancelled (the user, a steering client gone, a revoked
     /// credential): the root cause, so the machine fails at once instead of waiting
     /// briefly for the peer's report as it does for a broken connection.
-    fn cancelled() -> Self {
+    fn cancelled(why: Error) -> Self {
+        let rank = why.rank().max(3);
         Fault {
-            rank: 3,
-            ..Fault::new(Error::Aborted)
+            rank,
+            ..Fault::new(why)
         }
     }
 
@@ -804,7 +805,10 @@ where
             biased;
             _ = env.run.cancelled(), if !cancelled => {
                 cancelled = true;
-                m.fail(now(), Fault::cancelled());
+                // Why the run was cancelled (an interrupt, a revoked credential) is
+                // what the peer learns; without a reason, the session was aborted.
+                let why = env.run.take_error().unwrap_or(Error::Aborted);
+                m.fail(now(), Fault::cancelled(why));
             }
             part = next_part(&mut growth), if growth.is_some() && m.info().is_some() => match part {
                 Some(p) => {
@@ -1222,7 +1226,10 @@ where
             biased;
             _ = env.run.cancelled(), if !cancelled => {
                 cancelled = true;
-                m.fail(now(), Fault::cancelled());
+                // Why the run was cancelled (an interrupt, a revoked credential) is
+                // what the peer learns; without a reason, the session was aborted.
+                let why = env.run.take_error().unwrap_or(Error::Aborted);
+                m.fail(now(), Fault::cancelled(why));
             }
             Some(input) = rx.recv() => match input {
                 SinkIn::Arrived { stream, chunk, buf, trailer, crc } => {

@@ -24,6 +24,7 @@ pub mod engine;
 pub mod error;
 pub mod memtest;
 pub mod monitor;
+pub mod policy;
 pub mod pool;
 pub mod server;
 pub mod session;

@@ -22,7 +22,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::num::NonZeroU8;
-use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -42,10 +41,9 @@ use dmover_proto::control::{
 use dmover_proto::preamble::{ConnKind, Preamble};
 use dmover_proto::{PROTOCOL_VERSION, control, negotiate_version};
 use parking_lot::Mutex;
-use rustix::fs::OFlags;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
 use dmover_store::Source;
@@ -54,11 +52,12 @@ use dmover_store::sink::{FileSink, SinkOptions, prepare_sink};
 use dmover_store::source::{FileSource, SourceOptions};
 use dmover_store::walk;
 
-use crate::access::{ExportSpec, Grant, Rights, User, verify_signature};
+use crate::access::{ExportSpec, Grant, Proven, Rights, User, Users, verify_signature};
 use crate::diskpool::DiskPool;
 use crate::drive;
 use crate::engine::Run;
 use crate::error::{Error, Result};
+use crate::policy::{self, Policy, Reloaded, Use, open_exports};
 use crate::session::{self, HANDSHAKE_TIMEOUT, MAX_STREAMS, SOFTWARE};
 use dmover_proto::manifest::Totals;
 use dmover_proto::session::{Acceptance, Limits, SinkSession, SourceSession};
@@ -225,17 +224,11 @@ async fn close_gracefully(mut stream: TcpStream) {
 /// Budget unit for buffer memory.
 const MIB: u64 = 1 << 20;
 
-struct Export {
-    spec: ExportSpec,
-    root: Arc<OwnedFd>,
-    /// What a pull of the whole export calls it.
-    root_name: Vec<u8>,
-}
-
 /// A running server.
 pub struct Server {
     cfg: ServerConfig,
-    exports: Vec<Export>,
+    /// The exports and users in force (`cfg`'s at start, then each reload's).
+    pub(crate) policy: watch::Sender<Arc<Policy>>,
     identity: ServerIdentity,
     tls: dmover_net::tls::TlsAcceptor,
     disk: Arc<DiskPool>,
@@ -311,31 +304,10 @@ impl Server {
         if cfg.exports.is_empty() {
             return Err(refused(ErrorCode::NotFound, "no export to serve"));
         }
-        let mut exports = Vec::new();
-        for spec in &cfg.exports {
-            let shown = spec.path.display().to_string();
-            let root = dmover_store::sys::open_local(
-                std::os::unix::ffi::OsStrExt::as_bytes(spec.path.as_os_str()),
-                OFlags::PATH | OFlags::DIRECTORY,
-            )
-            .map_err(|e| Error::io("opening the export", &shown, e))?;
-            let root_name = if spec.name.is_empty() {
-                std::fs::canonicalize(&spec.path)
-                    .ok()
-                    .and_then(|p| {
-                        p.file_name()
-                            .map(|n| std::os::unix::ffi::OsStrExt::as_bytes(n).to_vec())
-                    })
-                    .unwrap_or_else(|| b"root".to_vec())
-            } else {
-                spec.name.clone().into_bytes()
-            };
-            exports.push(Export {
-                spec: spec.clone(),
-                root: Arc::new(root),
-                root_name,
-            });
-        }
+        let policy = Policy {
+            exports: open_exports(&cfg.exports, &[])?,
+            users: cfg.users.clone(),
+        };
         let identity = match &cfg.identity {
             Some(id) => id.clone(),
             None => ServerIdentity::ephemeral()?,
@@ -346,7 +318,7 @@ impl Server {
         let units = (cfg.memory_budget / MIB).clamp(1, Semaphore::MAX_PERMITS as u64) as usize;
         Ok(Arc::new(Server {
             disk: Arc::new(DiskPool::new(cfg.io_threads, "dmover-disk")),
-            exports,
+            policy: watch::Sender::new(Arc::new(policy)),
             identity,
             tls,
             joins: JoinTable::new(cfg.idle_timeout),
@@ -365,6 +337,19 @@ impl Server {
     /// The fingerprint of the key clients pin.
     pub fn fingerprint(&self) -> &str {
         self.identity.fingerprint()
+    }
+
+    /// Puts `exports` and `users` in force (the listener and everything else stay):
+    /// new connections authenticate against them at once, and each running session
+    /// checks them at once and ends with "credential revoked" if its user is gone, the
+    /// credential it proved is no longer its user's, or its user may no longer do what
+    /// it does on the paths it does it to (see [`crate::policy`]). An export that
+    /// cannot be opened fails the reload, and the old policy stays in force.
+    pub fn reload(&self, exports: Vec<ExportSpec>, users: Users) -> Result<Reloaded> {
+        let old = self.policy.borrow().clone();
+        let (policy, changed) = old.replaced(exports, users)?;
+        self.policy.send_replace(Arc::new(policy));
+        Ok(changed)
     }
 
     /// Accepts connections until `shutdown` is cancelled.
@@ -522,25 +507,43 @@ impl Server {
                     self.answer_busy(stream, &p, why).await;
                     return;
                 };
-                if let Err(e) = self
+                // A failure is logged once, where it happens: before the session in
+                // `control_connection`, after it in the session's own line.
+                let _ = self
                     .control_connection(stream, &p, pre, deadline, permit, place)
-                    .await
-                {
-                    tracing::warn!("session with {p} failed: {e:#}");
-                }
+                    .await;
             }
         }
     }
 
     async fn control_connection(
         &self,
-        mut stream: TcpStream,
+        stream: TcpStream,
         peer: &str,
         pre: Preamble,
         deadline: tokio::time::Instant,
         permit: tokio::sync::OwnedSemaphorePermit,
         place: SessionPlace<'_>,
     ) -> Result<()> {
+        let (ch, conn) = match self.control_setup(stream, peer, pre, deadline).await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!("session with {peer} failed: {e:#}");
+                return Err(e);
+            }
+        };
+        self.control_session_in(ch, conn, Some(permit), Some(place))
+            .await
+    }
+
+    /// The preamble's answer, TLS and the connection's exported secrets.
+    async fn control_setup(
+        &self,
+        mut stream: TcpStream,
+        peer: &str,
+        pre: Preamble,
+        deadline: tokio::time::Instant,
+    ) -> Result<(ControlChannel<ControlStream>, Conn)> {
         let version = negotiate_version(PROTOCOL_VERSION, pre.version).unwrap_or(0);
         write_preamble(
             &mut stream,
@@ -587,14 +590,15 @@ impl Server {
         let binding = dmover_net::tls::export(&tls, auth::AUTH_EXPORTER_LABEL, None)?;
         let master = dmover_net::tls::export(&tls, auth::SESSION_EXPORTER_LABEL, None)?;
         let ch = ControlChannel::new(tls, peer, PRE_AUTH_MAX_FRAME);
-        let conn = Conn {
-            binding,
-            master,
-            deadline,
-            peer_key,
-        };
-        self.control_session_in(ch, conn, Some(permit), Some(place))
-            .await
+        Ok((
+            ch,
+            Conn {
+                binding,
+                master,
+                deadline,
+                peer_key,
+            },
+        ))
     }
 
     /// Runs a control connection after TLS: authentication, `Open`, the session.
@@ -641,6 +645,7 @@ impl Server {
             .await
         {
             Err(e) => {
+                tracing::warn!("session with {peer} failed: {e:#}");
                 reported = true;
                 Err(e)
             }
@@ -732,10 +737,12 @@ impl Server {
         peer_key: Option<&str>,
     ) -> Result<(Grant, Open)> {
         let peer = ch.peer().to_string();
+        // The policy in force now; a reload later is checked by the session itself.
+        let policy = self.policy.borrow().clone();
         let welcome = Welcome {
             software: SOFTWARE.into(),
             nonce: rand::random(),
-            auth: if self.cfg.users.is_some() {
+            auth: if policy.users.is_some() {
                 AuthMethod::Required
             } else {
                 AuthMethod::None
@@ -748,7 +755,7 @@ impl Server {
         let open = drive::accept(m, ch, |hello, a| {
             let transcript = auth::transcript(binding, &a.user, &hello.nonce);
             if let Credential::Capability(c) = &a.credential {
-                return match self.accept_capability(c, peer_key) {
+                return match self.accept_capability(&policy, c, peer_key) {
                     Ok(grant) => {
                         tracing::info!(
                             "{peer}: capability accepted from {} for user {:?} ({:?})",
@@ -768,15 +775,13 @@ impl Server {
                     }
                 };
             }
-            let (grant, proof) = match &self.cfg.users {
+            let (grant, proof) = match &policy.users {
                 None => (
                     Grant {
                         user: String::new(),
-                        exports: self
-                            .exports
-                            .iter()
-                            .map(|e| (e.spec.name.clone(), Rights::ReadWrite))
-                            .collect(),
+                        login: a.user.clone(),
+                        proven: Proven::Nothing,
+                        exports: policy.all_exports(),
                         scope: None,
                     },
                     None,
@@ -796,7 +801,7 @@ impl Server {
                     }
                 },
             };
-            if self.cfg.users.is_some() {
+            if policy.users.is_some() {
                 tracing::info!(
                     "{peer}: authenticated as {:?} ({})",
                     grant.user,
@@ -818,14 +823,15 @@ impl Server {
 
     /// Resolves a path a client named to its export: the export's base, the path
     /// within it, and the name a pull of the whole export gets. `write`: the session
-    /// writes there.
-    fn resolve<'p>(
-        &self,
+    /// writes there; `read_only`: the whole server is. `policy`: the one in force.
+    pub(crate) fn resolve<'s, 'p>(
+        policy: &'s Policy,
+        read_only: bool,
         grant: &Grant,
         path: &'p [u8],
         write: bool,
-    ) -> Result<(Base, &'p [u8], Vec<u8>)> {
-        let (export, rest) = match self.exports.as_slice() {
+    ) -> Result<(&'s ExportSpec, Base, &'p [u8], Vec<u8>)> {
+        let (export, rest) = match policy.exports.as_slice() {
             [only] if only.spec.name.is_empty() => (only, path),
             all => {
                 let trimmed = path.strip_prefix(b"./").unwrap_or(path);
@@ -863,9 +869,7 @@ impl Server {
                 format!("user {:?} has no access to this export", grant.user),
             ));
         }
-        if write
-            && (self.cfg.read_only || export.spec.read_only || rights != Some(Rights::ReadWrite))
-        {
+        if write && (read_only || export.spec.read_only || rights != Some(Rights::ReadWrite)) {
             let what = if export.spec.name.is_empty() {
                 "this server".to_string()
             } else {
@@ -877,6 +881,7 @@ impl Server {
             ));
         }
         Ok((
+            &export.spec,
             Base::Export(export.root.clone()),
             rest,
             export.root_name.clone(),
@@ -909,10 +914,19 @@ impl Server {
                 "this server requires encrypted data streams: use --encrypt",
             ));
         }
-        // Where the paths go, checked against the user's rights before anything else.
+        // Where the paths go, checked against the user's rights before anything else;
+        // what they resolve to is checked again at every reload (`policy::watch`).
+        let policy = self.policy.borrow().clone();
+        let read_only = self.cfg.read_only;
+        let mut uses = Vec::new();
         let push_dest = match &open.op {
             Op::Push { dest } => {
-                let (base, rest, _) = self.resolve(grant, dest, true)?;
+                let (export, base, rest, _) = Self::resolve(&policy, read_only, grant, dest, true)?;
+                uses.push(Use {
+                    path: dest.clone(),
+                    write: true,
+                    export: export.clone(),
+                });
                 Some((base, rest.to_vec()))
             }
             Op::Pull { .. } | Op::MemTest(_) | Op::Grant(_) | Op::ThirdParty(_) => None,
@@ -925,8 +939,14 @@ impl Server {
                 let resolved = sources
                     .iter()
                     .map(|p| {
-                        self.resolve(grant, p, false)
-                            .map(|(base, rest, name)| (base, rest.to_vec(), name))
+                        let (export, base, rest, name) =
+                            Self::resolve(&policy, read_only, grant, p, false)?;
+                        uses.push(Use {
+                            path: p.clone(),
+                            write: false,
+                            export: export.clone(),
+                        });
+                        Ok((base, rest.to_vec(), name))
                     })
                     .collect::<Result<Vec<_>>>()?;
                 let walked = self
@@ -1035,6 +1055,13 @@ impl Server {
             Faulty::new(io, plan.clone())
         });
         let run = Run::new();
+        let _policy = policy::watch(
+            self.policy.subscribe(),
+            self.cfg.read_only,
+            run.clone(),
+            grant.clone(),
+            uses,
+        );
         log.progress = Some(run.progress.clone());
         if let Some(live) = &log.live {
             live.attach(&run.progress);
@@ -1247,7 +1274,7 @@ pub fn check_credential(
         .get(name)
         .or_else(|| users.get("*"))
         .ok_or("unknown user")?;
-    let proof = match credential {
+    let (proof, proven) = match credential {
         Credential::None => return Err("no credential given"),
         Credential::Capability(_) => return Err("a capability, checked elsewhere"),
         Credential::Token { proof } => {
@@ -1255,7 +1282,10 @@ pub fn check_credential(
             if !auth::verify_token_proof(v, transcript, proof) {
                 return Err("wrong token");
             }
-            Some(auth::server_token_proof(v, transcript))
+            (
+                Some(auth::server_token_proof(v, transcript)),
+                Proven::Token(v.clone()),
+            )
         }
         Credential::Key { public, signature } => {
             if !user.keys.contains(public) {
@@ -1264,12 +1294,14 @@ pub fn check_credential(
             if !verify_signature(public, &auth::key_auth_message(transcript), signature) {
                 return Err("bad signature");
             }
-            None
+            (None, Proven::Key(*public))
         }
     };
     Ok((
         Grant {
             user: user.name.clone(),
+            login: name.to_string(),
+            proven,
             exports: user.exports.clone(),
             scope: None,
         },

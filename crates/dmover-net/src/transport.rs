@@ -5,14 +5,16 @@
 //! ([`DataIo::awaiting_join`]) or a fault injector ([`crate::fault`]) is the
 //! implementation's business: the engine names none of them.
 //!
-//! A data stream ([`DataLink`]) splits into a sending half ([`LinkTx`]) and a receiving
-//! half ([`LinkRx`]) that two tasks, or two branches of one `select!`, may drive at
-//! once. [`DataIo`] over any byte stream is the first implementation.
+//! A sink uses a data stream ([`DataLink`]) whole; a source splits it
+//! ([`DataLink::into_source`]) into a half that writes chunk frames ([`ChunkTx`]) and
+//! one that reads acknowledgements ([`AckRx`]), which two tasks, or two branches of one
+//! `select!`, may drive at once. [`DataIo`] over any byte stream is the first
+//! implementation.
 //!
-//! Chunk payloads are never copied for the seam's sake: [`LinkTx::send_chunk`] takes
+//! Chunk payloads are never copied for the seam's sake: [`ChunkTx::send_chunk`] takes
 //! the pool buffer the chunk was read into and the segments of it that travel (a
-//! sealing stream seals its records in that buffer), and [`LinkRx::recv_into`] fills a
-//! caller's buffer straight from the stream (a sealing stream opens records in it).
+//! sealing stream seals its records in that buffer), and [`DataLink::recv_into`] fills
+//! a caller's buffer straight from the stream (a sealing stream opens records in it).
 
 use std::future::Future;
 use std::io::{self, IoSlice};

@@ -190,7 +190,7 @@ pub struct TransferArgs {
 #[derive(Debug, Args)]
 #[command(override_usage = "dmover cp [OPTIONS] SRC... DST")]
 pub struct CpArgs {
-    /// Sources and destination: local paths, HOST:PATH, or dmover://HOST[:PORT]/PATH.
+    /// Sources and destination: local paths, `HOST:PATH`, or `dmover://HOST[:PORT]/PATH`.
     /// Paths on a server are relative to its root.
     #[arg(required = true, num_args = 2.., value_name = "PATH")]
     pub paths: Vec<OsString>,
@@ -291,12 +291,16 @@ pub struct ReliabilityArgs {
     pub debug_heartbeat_ms: Option<u64>,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Directory to serve; clients' paths are relative to it and cannot leave it.
     #[arg(long, required_unless_present = "config", conflicts_with = "config")]
     pub root: Option<PathBuf>,
     /// Configuration file (TOML): exports, users with tokens or keys and rights, limits.
+    /// SIGHUP reads its users and exports again (the token of --token-file too): the
+    /// sessions of a user removed, or whose credential or rights changed, end with
+    /// "credential revoked"; the others go on. A file that does not parse keeps the
+    /// users and exports in force.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Directory of the server's TLS key, created on first start
@@ -341,9 +345,10 @@ pub struct ServeArgs {
     /// Connections in set-up (before TLS and authentication are done, or a data
     /// stream joined) at once. Beyond it a client's control connection is answered
     /// "busy, retry after N s" before TLS (clients wait and connect again by
-    /// themselves, see `cp --busy-wait`); beyond 4 times it connections are closed.
-    #[arg(long, default_value_t = 256, value_parser = parse_at_least_one, value_name = "N")]
-    pub max_handshakes: usize,
+    /// themselves, see `cp --busy-wait`); beyond 4 times it connections are closed
+    /// [default: 256, or the config's].
+    #[arg(long, value_parser = parse_at_least_one, value_name = "N")]
+    pub max_handshakes: Option<usize>,
     /// Memory for chunk buffers shared by all sessions (e.g. 512M, 2G; binary units;
     /// at least 2M). A session needs two buffers of its chunk size, and is refused if
     /// they do not fit.

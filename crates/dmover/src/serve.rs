@@ -117,7 +117,7 @@ pub fn run(a: ServeArgs, env: &Env, log_format: LogFormat) -> anyhow::Result<Exi
     cfg.require_encryption = file.require_encryption;
     cfg.io_threads = a.io_threads as usize;
     cfg.max_sessions = a.max_sessions.or(file.max_sessions).unwrap_or(64);
-    cfg.max_handshakes = a.max_handshakes;
+    cfg.max_handshakes = a.max_handshakes.or(file.max_handshakes).unwrap_or(256);
     if let Some(n) = file.max_sessions_per_user {
         cfg.max_sessions_per_user = n;
     }
@@ -226,6 +226,15 @@ pub fn run(a: ServeArgs, env: &Env, log_format: LogFormat) -> anyhow::Result<Exi
         let signal = |kind| tokio::signal::unix::signal(kind).ok();
         let mut int = signal(tokio::signal::unix::SignalKind::interrupt());
         let mut term = signal(tokio::signal::unix::SignalKind::terminate());
+        // SIGHUP reloads the users and exports (see `reload`).
+        if let Some(mut hup) = signal(tokio::signal::unix::SignalKind::hangup()) {
+            let (server, a, started) = (server.clone(), a.clone(), file.clone());
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    reload(&server, &a, &started);
+                }
+            });
+        }
         tokio::spawn(async move {
             async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
                 match s {
@@ -319,6 +328,62 @@ pub fn run(a: ServeArgs, env: &Env, log_format: LogFormat) -> anyhow::Result<Exi
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a SIGHUP does: reads the configuration file again (`--config`; the token file
+/// with `--root --token-file`) and puts its users and exports in force
+/// ([`Server::reload`]): running sessions that lose their rights end with "credential
+/// revoked", the others go on. A file that does not parse or check keeps the old
+/// users and exports; either way the outcome is logged, and the server goes on.
+fn reload(server: &Server, a: &ServeArgs, started: &ConfigFile) {
+    let what = match (&a.root, &a.config, &a.token_file) {
+        (Some(_), _, Some(f)) | (None, Some(f), _) => f.display().to_string(),
+        _ => {
+            tracing::warn!("SIGHUP: nothing to reload (no --config or --token-file)");
+            return;
+        }
+    };
+    let loaded = || -> anyhow::Result<_> {
+        match (&a.root, &a.config, &a.token_file) {
+            (Some(root), _, Some(f)) => {
+                let mut cfg = ServerConfig::new(root);
+                cfg.shared_token(&read_token(f)?);
+                Ok((cfg.exports, cfg.users, None))
+            }
+            (None, Some(p), _) => {
+                let file = ConfigFile::load(p)?;
+                let (exports, users) = file.access(p)?;
+                Ok((exports, Some(users), Some(file)))
+            }
+            _ => unreachable!("checked above"),
+        }
+    };
+    let result = loaded().and_then(|(exports, users, file)| {
+        let changed = server.reload(exports, users)?;
+        Ok((changed, file))
+    });
+    match result {
+        Ok((changed, file)) => {
+            tracing::info!("reloaded {what}: {changed}");
+            // Only the users and exports are reloaded; say so if more changed.
+            if let Some(file) = file {
+                let rest = |f: &ConfigFile| ConfigFile {
+                    exports: Default::default(),
+                    users: Default::default(),
+                    ..f.clone()
+                };
+                if rest(&file) != rest(started) {
+                    tracing::warn!(
+                        "{what}: keys other than [exports] and [users] changed; they take \
+                         effect when the server restarts"
+                    );
+                }
+            }
+        }
+        Err(e) => tracing::error!(
+            "reload of {what} failed, the users and exports stay as they were: {e:#}"
+        ),
+    }
 }
 
 /// Sends `state` (`READY=1`, `STOPPING=1`, ...) to the service manager's notification

@@ -209,6 +209,7 @@ fn the_unit_starts_the_packaged_config_hardened() {
             "ExecStart",
             "/usr/bin/dmover serve --config /etc/dmover/server.toml",
         ),
+        ("ExecReload", "/bin/kill -HUP $MAINPID"),
         ("NoNewPrivileges", "yes"),
         ("ProtectSystem", "strict"),
         ("ProtectHome", "yes"),

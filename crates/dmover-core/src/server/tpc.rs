@@ -12,6 +12,7 @@ use dmover_proto::control::{
 
 use super::*;
 use crate::client::{AsServer, Client, Root};
+use crate::policy::Use;
 
 /// How long a client may stay silent on a third-party control connection before the
 /// dialer gives up on it and stops the copy (it pings every [`session::HEARTBEAT`]).
@@ -52,28 +53,23 @@ fn cap_error(e: CapabilityError) -> Error {
 }
 
 impl Server {
-    /// The export a path the user may use lies in (after [`Server::resolve`]).
-    fn export_for(&self, path: &[u8]) -> Option<&Export> {
-        match self.exports.as_slice() {
-            [only] if only.spec.name.is_empty() => Some(only),
-            all => {
-                let trimmed = path.strip_prefix(b"./").unwrap_or(path);
-                let first = trimmed.split(|&b| b == b'/').next().unwrap_or(b"");
-                all.iter().find(|e| e.spec.name.as_bytes() == first)
-            }
-        }
-    }
-
     /// Resolves `path` for a third-party copy: the user's rights as for a two-party
-    /// session, and the export's `third_party` switch.
-    fn resolve_tpc(&self, grant: &Grant, path: &[u8], write: bool) -> Result<Root> {
-        let (base, rest, name) = self.resolve(grant, path, write)?;
-        let export = self.export_for(path).expect("resolved above");
-        if !export.spec.third_party {
-            let what = if export.spec.name.is_empty() {
+    /// session, and the export's `third_party` switch; with what the session uses, for
+    /// the reload's re-check ([`crate::policy::watch`]).
+    fn resolve_tpc(
+        &self,
+        policy: &Policy,
+        grant: &Grant,
+        path: &[u8],
+        write: bool,
+    ) -> Result<(Root, Use)> {
+        let (export, base, rest, name) =
+            Self::resolve(policy, self.cfg.read_only, grant, path, write)?;
+        if !export.third_party {
+            let what = if export.name.is_empty() {
                 "this server's export".to_string()
             } else {
-                format!("export {:?}", export.spec.name)
+                format!("export {:?}", export.name)
             };
             return Err(refused(
                 ErrorCode::PermissionDenied,
@@ -82,7 +78,12 @@ impl Server {
                 ),
             ));
         }
-        Ok((base, rest.to_vec(), name))
+        let used = Use {
+            path: path.to_vec(),
+            write,
+            export: export.clone(),
+        };
+        Ok(((base, rest.to_vec(), name), used))
     }
 
     /// The grant of a capability presented as credential by the TLS peer with key
@@ -90,6 +91,7 @@ impl Server {
     /// failed).
     pub(super) fn accept_capability(
         &self,
+        policy: &Policy,
         c: &Capability,
         peer_key: Option<&str>,
     ) -> std::result::Result<Grant, String> {
@@ -103,13 +105,10 @@ impl Server {
         if !self.nonces.take(g.nonce, g.expires, now) {
             return Err(CapabilityError::Replayed.to_string());
         }
-        // The user's rights as they are now (a user removed since is refused).
-        let exports = match &self.cfg.users {
-            None => self
-                .exports
-                .iter()
-                .map(|e| (e.spec.name.clone(), Rights::ReadWrite))
-                .collect(),
+        // The user's rights as they are now (a user removed since is refused); a reload
+        // re-checks them as for any session (the user by name, no credential).
+        let exports = match &policy.users {
+            None => policy.all_exports(),
             Some(users) => users
                 .values()
                 .find(|u| u.name == g.user)
@@ -118,7 +117,9 @@ impl Server {
                 .clone(),
         };
         Ok(Grant {
+            login: g.user.clone(),
             user: g.user,
+            proven: crate::access::Proven::Nothing,
             exports,
             scope: Some(g.scope),
         })
@@ -174,13 +175,14 @@ impl Server {
                 "a capability cannot ask for another",
             ));
         }
+        let policy = self.policy.borrow().clone();
         match &req.scope {
             Scope::Push { dest } => {
-                self.resolve_tpc(grant, dest, true)?;
+                self.resolve_tpc(&policy, grant, dest, true)?;
             }
             Scope::Pull { sources } => {
                 for p in sources {
-                    self.resolve_tpc(grant, p, false)?;
+                    self.resolve_tpc(&policy, grant, p, false)?;
                 }
             }
         }
@@ -275,31 +277,43 @@ impl Server {
                 capability: tp.capability.clone(),
             },
         );
+        // The local paths, checked now and at every reload, as for any session.
+        let policy = self.policy.borrow().clone();
+        let write = tp.mode == TpcMode::Pull;
+        if write && tp.paths.len() != 1 {
+            return Err(refused(
+                ErrorCode::Protocol,
+                "a third-party pull names one destination",
+            ));
+        }
+        let (roots, uses): (Vec<Root>, Vec<Use>) = tp
+            .paths
+            .iter()
+            .map(|p| self.resolve_tpc(&policy, grant, p, write))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .unzip();
         let run = Run::new();
+        let _policy = crate::policy::watch(
+            self.policy.subscribe(),
+            self.cfg.read_only,
+            run.clone(),
+            grant.clone(),
+            uses,
+        );
         log.progress = Some(run.progress.clone());
         log.protection = Some(open.protection);
         let work = async {
             match (tp.mode, &g.scope) {
                 (TpcMode::Push, Scope::Push { dest }) => {
-                    let roots = tp
-                        .paths
-                        .iter()
-                        .map(|p| self.resolve_tpc(grant, p, false))
-                        .collect::<Result<Vec<_>>>()?;
                     log.what = format!("third-party push of {} path(s) to {target}", roots.len());
                     client.push_roots(&roots, &target, dest, run.clone()).await
                 }
                 (TpcMode::Pull, Scope::Pull { sources }) => {
-                    let [dest] = tp.paths.as_slice() else {
-                        return Err(refused(
-                            ErrorCode::Protocol,
-                            "a third-party pull names one destination",
-                        ));
-                    };
-                    let (base, rest, _) = self.resolve_tpc(grant, dest, true)?;
+                    let (base, rest, _) = &roots[0];
                     log.what = format!("third-party pull from {target}");
                     client
-                        .pull_into(&target, sources, &base, &rest, run.clone())
+                        .pull_into(&target, sources, base, rest, run.clone())
                         .await
                 }
                 _ => Err(refused(
@@ -392,6 +406,8 @@ mod tests {
     fn granted(scope: Option<Scope>) -> Grant {
         Grant {
             user: "alice".into(),
+            login: "alice".into(),
+            proven: crate::access::Proven::Nothing,
             exports: Default::default(),
             scope,
         }

@@ -16,7 +16,7 @@ use serde_json::{Map, Value, json};
 #[derive(Debug, Clone, Args)]
 pub struct OutputArgs {
     /// Directory for results.csv and results.json [default: a new
-    /// bench-out/<command>-<YYYYmmdd-HHMMSS>].
+    /// bench-out/COMMAND-YYYYmmdd-HHMMSS].
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Also draw the results into this file (.svg or .png).

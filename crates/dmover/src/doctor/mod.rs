@@ -26,7 +26,7 @@ use checks::Host;
 /// `dmover doctor [HOST[:PORT]]`
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
-    /// A dmover server to measure the path to (HOST, HOST:PORT or [V6]:PORT; port 7700 by
+    /// A dmover server to measure the path to (HOST, HOST:PORT or `[V6]:PORT`; port 7700 by
     /// default): the median TCP connect time becomes the RTT of the buffer checks unless
     /// --rtt is given, and the route's MTU is reported.
     #[arg(value_name = "HOST[:PORT]", value_parser = crate::endpoint::with_port)]
