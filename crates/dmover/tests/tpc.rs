@@ -328,3 +328,102 @@ fn a_killed_client_stops_the_copy_and_resume_finishes_it() {
     let j = json(&o);
     assert!(j["bytes_resumed"].as_u64().unwrap() > 0, "{j}");
 }
+
+/// A copy within one server (A = B) works, through that server alone; a destination
+/// that advertises an address the source cannot reach gives an error that says so.
+#[test]
+fn a_copy_within_one_server_and_an_unreachable_peer() {
+    let t = tmp();
+    let a_root = t.path().join("a");
+    std::fs::create_dir(&a_root).unwrap();
+    make_tree(&a_root.join("tree"));
+    let a = Server::start(&a_root, &["--third-party"]);
+    let o = cp(&["--json", &a.url("tree"), &a.url("copy")]);
+    ok(&o);
+    same(&a_root.join("tree"), &a_root.join("copy"));
+
+    let b_root = t.path().join("b");
+    std::fs::create_dir(&b_root).unwrap();
+    // B tells servers to dial it at a port nobody listens on.
+    let b = Server::start(&b_root, &["--third-party", "--tpc-address", "127.0.0.1:1"]);
+    let o = cp(&[&a.url("tree"), &b.url("")]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("could not reach 127.0.0.1:1"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read_dir(&b_root).unwrap().count(), 0);
+}
+
+/// The source server killed mid-copy and started again (same key, same files): the
+/// copy fails, and the same command with `--resume` finishes it from what the
+/// destination kept.
+#[test]
+fn a_server_killed_mid_copy_then_resume() {
+    let t = tmp();
+    let a_root = t.path().join("a");
+    let b_root = t.path().join("b");
+    std::fs::create_dir_all(a_root.join("src")).unwrap();
+    std::fs::create_dir(&b_root).unwrap();
+    for i in 0..48u64 {
+        write_file(
+            &a_root.join(format!("src/f{i:02}")),
+            i,
+            512 << 10,
+            0o644,
+            1_000_000,
+        );
+    }
+    let a_state = tempfile::Builder::new()
+        .prefix("dmover-state-")
+        .tempdir()
+        .unwrap();
+    let root = a_root.to_str().unwrap();
+    let slow_args = [
+        "--root",
+        root,
+        "--third-party",
+        "--debug-chunk-delay-ms",
+        "40",
+    ];
+    let slow: Vec<&std::ffi::OsStr> = slow_args.iter().map(std::ffi::OsStr::new).collect();
+    let mut a = Server::start_with(&slow, &a_root, None, Some(a_state.path()));
+    let b = Server::start(&b_root, &["--third-party"]);
+    let kh = known_hosts_in(t.path());
+    let copy = |a: &Server, resume: bool| {
+        let mut c = std::process::Command::new(bin());
+        c.args(["cp", "--json", "--chunk", "256K", "-P", "2"]);
+        if resume {
+            c.arg("--resume");
+        }
+        c.args([&a.url("src"), &b.url("dst")])
+            .env("DMOVER_KNOWN_HOSTS", &kh)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        c
+    };
+    let child = copy(&a, false).spawn().unwrap();
+    let dst = b_root.join("dst");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while count_files(&dst) < 8 {
+        assert!(std::time::Instant::now() < until, "no progress at B");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    a.kill();
+    let o = child.wait_with_output().unwrap();
+    assert_ne!(
+        o.status.code(),
+        Some(0),
+        "the copy cannot succeed without its source"
+    );
+    // Started again with its key: the client's pin still holds.
+    let plain_args = ["--root", root, "--third-party"];
+    let plain: Vec<&std::ffi::OsStr> = plain_args.iter().map(std::ffi::OsStr::new).collect();
+    let a = Server::start_with(&plain, &a_root, None, Some(a_state.path()));
+    let o = copy(&a, true).output().unwrap();
+    ok(&o);
+    same(&a_root.join("src"), &dst);
+    let j = json(&o);
+    assert!(j["bytes_resumed"].as_u64().unwrap() > 0, "{j}");
+}

@@ -378,6 +378,25 @@ impl Server {
                 code,
                 message,
             }) => return Err(refused(code, format!("{peer}: {message}"))),
+            // Servers that cannot reach each other: say so, and what to try.
+            Err(
+                e @ Error::Net(NetError::Io {
+                    what: "connecting to" | "resolving",
+                    ..
+                }),
+            )
+            | Err(e @ Error::Net(NetError::Timeout { .. }))
+                if run.progress.bytes.load(Ordering::Relaxed) == 0 =>
+            {
+                return Err(refused(
+                    ErrorCode::Unsupported,
+                    format!(
+                        "this server could not reach {target} ({e}); if only one of the two \
+                         servers accepts connections, the other mode may work (--tpc push or \
+                         pull)"
+                    ),
+                ));
+            }
             Err(e) => return Err(e),
         };
         let (bytes, files) = (report.summary.bytes, report.summary.files);
