@@ -130,8 +130,11 @@ pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
         if srcs.iter().any(|s| matches!(s, Endpoint::Remote { .. })) {
             return third_party(&a, env, opts, srcs, dest_server.clone(), dest.clone());
         }
-    } else if a.tpc.is_some() {
-        return Err(usage("--tpc is for copies between two servers"));
+    }
+    if a.tpc.is_some() {
+        return Err(usage(
+            "--tpc is for copies between two servers (dmover://A/PATH dmover://B/PATH)",
+        ));
     }
     let (direction, server, sources, dest) = match dst {
         Endpoint::Remote { server, path } => {

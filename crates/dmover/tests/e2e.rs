@@ -394,9 +394,14 @@ fn usage_errors() {
     let o = cp(&[s(t.path()), s(&t.path().join("x"))]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("both local"), "{}", stderr(&o));
-    let o = cp(&["a:x", "b:y"]);
+    // --tpc is for copies between two servers (tests/tpc.rs has those).
+    let o = cp(&["--tpc", "pull", "a", "b:y"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("third-party"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--tpc is for copies between two servers"),
+        "{}",
+        stderr(&o)
+    );
     let o = cp(&["--chunk", "1000", "a", "b:"]);
     assert_eq!(o.status.code(), Some(2));
     // Sizes and durations: one parser each; a bad value is a usage error that names it
