@@ -97,7 +97,18 @@ fn malformed_endpoints_are_usage_errors() {
             &["cp", "h1:a", "h2:b", "c"],
             "all sources must be on the same server",
         ),
-        (&["cp", "h1:a", "h2:b"], "third-party"),
+        (
+            &["cp", "h1:a", "h2:b", "h3:c"],
+            "all sources must be on the same server",
+        ),
+        (
+            &["cp", "h1:a", "./b", "h2:c"],
+            "a copy between two servers takes sources on one server only",
+        ),
+        (
+            &["cp", "--tpc", "push", "a", "h:b"],
+            "--tpc is for copies between two servers",
+        ),
     ] {
         usage_error(args, says);
     }
