@@ -368,7 +368,8 @@ impl Filter {
                     .enumerate()
                     .filter(|(_, b)| **b == b'/')
                     .any(|(i, _)| listed.contains(&path[..i]));
-            if !below_listed && !(is_dir && self.ancestors.contains(path)) {
+            let leads_to_listed = is_dir && self.ancestors.contains(path);
+            if !(below_listed || leads_to_listed) {
                 return false;
             }
         }
