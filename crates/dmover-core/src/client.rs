@@ -18,7 +18,7 @@ use dmover_proto::control::{
 use dmover_proto::control::{
     AuthMethod, Control, GrantRequest, SessionOptions, ThirdParty, TpcMode,
 };
-use dmover_proto::manifest::{Entry, Totals};
+use dmover_proto::manifest::{Entry, NO_PARENT, Totals};
 use dmover_proto::preamble::{ConnKind, Preamble};
 use dmover_proto::{PROTOCOL_VERSION, control};
 
@@ -810,15 +810,30 @@ impl Client {
         run: Arc<Run>,
         resume: bool,
     ) -> Result<Report> {
-        let roots = roots
+        let mut roots = roots
             .iter()
             .map(|(base, p, name)| paths::source_root(base, p, name))
             .collect::<dmover_store::Result<Vec<_>>>()?;
+        let mut dest = dest;
+        let mirror;
+        if self.opts.mirror {
+            // `dmover sync`: the source becomes `dest` itself, in `dest`'s parent.
+            let (parent, name) = mirror_dest(dest, false)?;
+            if let [root] = roots.as_mut_slice() {
+                root.name = name;
+            }
+            mirror = parent;
+            dest = &mirror;
+        }
+        let filter = self.opts.filter.clone().unwrap_or_default();
         let walked = self
             .disk
-            .run(move || walk::walk(roots))
+            .run(move || walk::walk_filtered(roots, &filter))
             .await
             .ok_or(Error::Aborted)??;
+        if walked.filtered > 0 {
+            tracing::info!("the filters left out {} entries", walked.filtered);
+        }
         let skipped = walked.skipped;
         let chunk = match self.opts.chunk_size {
             0 => session::auto_chunk(walked.tree.entries()),
@@ -910,11 +925,24 @@ impl Client {
         let d = conn.dial(open, options);
         let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
         let m = SinkSession::dial(now(), server, timing, Limits::default(), d);
-        let (dest, base) = (dest.to_vec(), base.clone());
+        let (mut dest, base) = (dest.to_vec(), base.clone());
+        let mut rename = None;
+        if self.opts.mirror {
+            // `dmover sync`: the source becomes `dest` itself, in `dest`'s parent.
+            let (parent, name) = mirror_dest(&dest, matches!(base, Base::Local))?;
+            dest = parent;
+            rename = Some(name);
+        }
         let o = &self.opts;
         let (checksum, direct_io, fsync, verify, journal) =
             (o.checksum, o.direct_io, o.fsync, o.verify, o.journal);
-        let prepare: drive::Prepare<FileSink> = Box::new(move |entries, chunk, so| {
+        let prepare: drive::Prepare<FileSink> = Box::new(move |mut entries, chunk, so| {
+            if let Some(name) = rename {
+                let mut roots = entries.iter_mut().filter(|e| e.parent == NO_PARENT);
+                if let (Some(root), None) = (roots.next(), roots.next()) {
+                    root.name = name;
+                }
+            }
             let opts = SinkOptions {
                 checksum,
                 direct_io,
@@ -922,6 +950,9 @@ impl Client {
                 verify: verify && checksum,
                 journal,
                 resume: so.resume,
+                // Files already there with the manifest's size and mtime are
+                // kept (a re-run or `dmover sync` sends only what changed).
+                unchanged: so.resume,
             };
             Ok(prepare_sink(&base, &dest, entries, chunk, opts)?)
         });
@@ -957,6 +988,31 @@ impl Client {
                 .collect(),
         })
     }
+}
+
+/// `dmover sync`'s destination `dest` split into the directory that receives the
+/// mirror (with a trailing `/`: it must exist) and the mirror's name.
+fn mirror_dest(dest: &[u8], local: bool) -> Result<(Vec<u8>, Vec<u8>)> {
+    let mut d = dest;
+    while d.len() > 1 && d.ends_with(b"/") {
+        d = &d[..d.len() - 1];
+    }
+    let (parent, name) = match d.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&d[..=i], &d[i + 1..]),
+        None if local => (&b"./"[..], d),
+        None => (&b""[..], d),
+    };
+    if name.is_empty() || name == b"." || name == b".." {
+        return Err(Error::refused(
+            ErrorCode::NotFound,
+            format!(
+                "sync: the destination {:?} must name the mirror directory itself \
+                 (DST is the copy, not its parent)",
+                String::from_utf8_lossy(dest)
+            ),
+        ));
+    }
+    Ok((parent.to_vec(), name.to_vec()))
 }
 
 fn now() -> std::time::Instant {

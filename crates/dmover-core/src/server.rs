@@ -1115,6 +1115,9 @@ impl Server {
                         verify: so.verify && checksum,
                         journal: so.journal,
                         resume: so.resume,
+                        // Files already there with the manifest's size and mtime are
+                        // kept (a re-run or `dmover sync` sends only what changed).
+                        unchanged: so.resume,
                     };
                     Ok(prepare_sink(&base, &dest, entries, chunk, opts)?)
                 });

@@ -76,6 +76,12 @@ pub struct TransferOptions {
     pub verify: bool,
     /// Files the source cannot read are reported, and the rest is sent.
     pub continue_on_error: bool,
+    /// `dmover sync`: the destination path is the copy of the (single) source itself,
+    /// never its parent (the root is renamed to the destination's last component and
+    /// lands in the destination's parent, which must exist).
+    pub mirror: bool,
+    /// The walk's filters (`--exclude`, `--include`, `--files-from`; a push's sources).
+    pub filter: Option<std::sync::Arc<dmover_store::filter::Filter>>,
     /// Heartbeat interval on the control channel.
     pub heartbeat: Duration,
 }
@@ -118,6 +124,8 @@ impl Default for TransferOptions {
             journal: true,
             verify: false,
             continue_on_error: false,
+            mirror: false,
+            filter: None,
             heartbeat: HEARTBEAT,
         }
     }

@@ -67,6 +67,10 @@ pub struct SinkOptions {
     pub journal: bool,
     /// Read back the journal of an earlier attempt (otherwise start over).
     pub resume: bool,
+    /// Take a file under its final name with the manifest's size and mtime (a regular
+    /// file) as held, journaled or not: the quick check of `dmover sync` (and of
+    /// `--resume` after a copy that finished, whose journal is gone).
+    pub unchanged: bool,
 }
 
 /// A staging file just written.
@@ -180,36 +184,44 @@ impl FileSink {
     pub fn held(&self) -> Held {
         let entries = self.tree.entries();
         let mut held = Held::none(entries);
-        let Some(contents) = &self.contents else {
-            return held;
-        };
-        if contents.files.is_empty() {
+        let contents = self.contents.as_ref().filter(|c| !c.files.is_empty());
+        if contents.is_none() && !self.opts.unchanged {
             return held;
         }
         for (f, slot) in self.layout.files().iter().enumerate() {
             let entry = slot.entry;
             let e = &entries[entry as usize];
-            let id = self.file_id(entry);
-            let Some(st) = contents.files.get(&id.path) else {
-                continue;
-            };
-            if st.size != id.size || st.mtime != id.mtime {
-                continue;
-            }
             let Ok((dir, name)) = self.tree.locate(entry) else {
                 continue;
             };
-            if st.done.is_some() {
-                if let Ok(s) = rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-                    if FileType::from_raw_mode(s.st_mode) == FileType::RegularFile
+            let on_disk = || {
+                rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|s| {
+                    FileType::from_raw_mode(s.st_mode) == FileType::RegularFile
                         && s.st_size as u64 == e.file_size()
                         && s.st_mtime == e.mtime.sec
                         && s.st_mtime_nsec as u32 == e.mtime.nsec
-                    {
-                        held.done[entry as usize] = true;
-                    }
+                })
+            };
+            let id = self.file_id(entry);
+            let st = contents
+                .and_then(|c| c.files.get(&id.path))
+                .filter(|st| st.size == id.size && st.mtime == id.mtime);
+            let Some(st) = st else {
+                // Not journaled: with `unchanged`, a file under its final name with
+                // the manifest's size and mtime is taken as it is (the quick check).
+                if self.opts.unchanged && on_disk() {
+                    held.done[entry as usize] = true;
                 }
                 continue;
+            };
+            if st.done.is_some() || self.opts.unchanged {
+                if on_disk() {
+                    held.done[entry as usize] = true;
+                    continue;
+                }
+                if st.done.is_some() {
+                    continue;
+                }
             }
             let f = f as u32;
             let n = self.layout.n_pieces(f);
@@ -867,6 +879,7 @@ impl Drop for FileSink {
 fn continued_dest(
     base: &Base,
     dest: &[u8],
+    entries: &[Entry],
     roots: &[(u32, &Entry)],
     opts: SinkOptions,
 ) -> Result<Option<HashMap<u32, (RootRef, String)>>> {
@@ -881,10 +894,18 @@ fn continued_dest(
     };
     let key = journal::transfer_key([(name.as_slice(), &root.kind)]);
     let journal = journal::journal_name(key);
-    if rustix::fs::statat(&parent, journal.as_slice(), AtFlags::SYMLINK_NOFOLLOW).is_err() {
-        return Ok(None);
-    }
     let shown = String::from_utf8_lossy(dest).into_owned();
+    if rustix::fs::statat(&parent, journal.as_slice(), AtFlags::SYMLINK_NOFOLLOW).is_err() {
+        if !opts.resume || dest.ends_with(b"/") {
+            return Ok(None);
+        }
+        // No interrupted attempt made `dest` the root. If `dest` is a directory that
+        // is a finished copy of the root itself, `cp -r` would now nest a second copy
+        // in it: continue it in place instead, or refuse.
+        if !finished_copy_of(&parent, &name, *idx, entries, &shown)? {
+            return Ok(None);
+        }
+    }
     Ok(Some(HashMap::from([(
         *idx,
         (
@@ -895,6 +916,52 @@ fn continued_dest(
             shown,
         ),
     )])))
+}
+
+/// Whether `dir` in `parent` is a finished copy of the directory root `idx` (so a
+/// `--resume` continues in it rather than nesting a second copy): it is a directory
+/// without a `NAME` of the root's inside and without a journal of a copy into it, and
+/// has the root's mtime (a finished copy set it). Refuses when it holds entries named
+/// like the root's children but its mtime differs (modified since): ambiguous.
+fn finished_copy_of(
+    parent: &std::os::fd::OwnedFd,
+    dir: &[u8],
+    idx: u32,
+    entries: &[Entry],
+    shown: &str,
+) -> Result<bool> {
+    let root = &entries[idx as usize];
+    let Ok(st) = rustix::fs::statat(parent, dir, AtFlags::SYMLINK_NOFOLLOW) else {
+        return Ok(false);
+    };
+    if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+        return Ok(false);
+    }
+    let Ok(fd) = sys::open_in(parent, dir, OFlags::PATH | OFlags::DIRECTORY, 0) else {
+        return Ok(false);
+    };
+    let exists = |name: &[u8]| rustix::fs::statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW).is_ok();
+    let key = journal::transfer_key([(root.name.as_slice(), &root.kind)]);
+    if exists(&root.name) || exists(&journal::journal_name(key)) {
+        return Ok(false);
+    }
+    if st.st_mtime == root.mtime.sec && st.st_mtime_nsec as u32 == root.mtime.nsec {
+        return Ok(true);
+    }
+    let looks_copied = entries.iter().any(|e| e.parent == idx && exists(&e.name));
+    if looks_copied {
+        let name = String::from_utf8_lossy(&root.name);
+        return Err(Error::refused(
+            ErrorCode::Io,
+            format!(
+                "--resume: {shown} holds no interrupted copy (no {shown}/{name}, no \
+                 journal) but looks like a finished copy of {name} itself; resuming would \
+                 nest a second copy in it. `dmover sync SRC {shown}` updates it in place; \
+                 without --resume the copy goes into {shown}/{name}"
+            ),
+        ));
+    }
+    Ok(false)
 }
 
 /// Binds an incoming manifest to its destination `dest` under `base` (continuing an
@@ -912,7 +979,18 @@ pub fn prepare_sink(
         .filter(|(_, e)| e.parent == NO_PARENT)
         .map(|(i, e)| (i as u32, e))
         .collect();
-    let bound = match continued_dest(base, dest, &roots, opts)? {
+    if opts.resume && dest.ends_with(b"/") && base.open_dir(dest).is_err() {
+        // `DST/` names a directory that receives the roots (`dmover sync` names the
+        // mirror's parent so): it must exist, or the copy would land in its place.
+        return Err(Error::refused(
+            ErrorCode::NotFound,
+            format!(
+                "{}: no such directory",
+                String::from_utf8_lossy(dest).trim_end_matches('/')
+            ),
+        ));
+    }
+    let bound = match continued_dest(base, dest, &entries, &roots, opts)? {
         Some(b) => b,
         None => paths::resolve_dest(base, dest, &roots)?,
     };

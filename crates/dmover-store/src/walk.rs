@@ -15,6 +15,7 @@ use rustix::fs::{AtFlags, FileType, OFlags, Stat};
 use rustix::io::Errno;
 
 use crate::error::{Error, Result};
+use crate::filter::Filter;
 use crate::paths::SourceRoot;
 use crate::sys;
 use crate::tree::{RootRef, Tree};
@@ -26,6 +27,8 @@ pub struct Walked {
     pub tree: Tree,
     /// Entries skipped: sockets, FIFOs, devices, or files that vanished mid-walk.
     pub skipped: u64,
+    /// Entries the filters left out (an excluded directory counts once).
+    pub filtered: u64,
 }
 
 fn entry_of(parent: u32, name: Vec<u8>, st: &Stat, target: Option<Vec<u8>>) -> Option<Entry> {
@@ -64,10 +67,28 @@ fn path_of(entries: &[Entry], labels: &HashMap<u32, String>, mut idx: u32) -> St
     names.join("/")
 }
 
+/// The path of entry `idx` below its root (empty for a root).
+fn rel_path(entries: &[Entry], mut idx: u32) -> Vec<u8> {
+    let mut names: Vec<&[u8]> = Vec::new();
+    while entries[idx as usize].parent != NO_PARENT {
+        names.push(&entries[idx as usize].name);
+        idx = entries[idx as usize].parent;
+    }
+    names.reverse();
+    names.join(&b'/')
+}
+
 const READ_DIR: OFlags = OFlags::RDONLY.union(OFlags::DIRECTORY);
 
 /// Walks every source root into one manifest.
 pub fn walk(sources: Vec<SourceRoot>) -> Result<Walked> {
+    walk_filtered(sources, &Filter::none())
+}
+
+/// [`walk`], sending only what `filter` admits (paths relative to each root; the
+/// roots themselves are always sent).
+pub fn walk_filtered(sources: Vec<SourceRoot>, filter: &Filter) -> Result<Walked> {
+    let mut filtered = 0;
     let mut entries: Vec<Entry> = Vec::new();
     let mut roots = HashMap::new();
     let mut labels = HashMap::new();
@@ -116,12 +137,14 @@ pub fn walk(sources: Vec<SourceRoot>) -> Result<Walked> {
         labels.insert(idx, src.label.clone());
         roots.insert(idx, (src.root, src.label));
         if let Some(reader) = reader {
-            walk_dir(idx, reader, &mut entries, &labels, &mut skipped)?;
+            let counts = (&mut skipped, &mut filtered);
+            walk_dir(idx, reader, &mut entries, &labels, counts, filter)?;
         }
     }
     Ok(Walked {
         tree: Tree::new(entries, roots),
         skipped,
+        filtered,
     })
 }
 
@@ -131,7 +154,8 @@ fn walk_dir(
     root: OwnedFd,
     entries: &mut Vec<Entry>,
     labels: &HashMap<u32, String>,
-    skipped: &mut u64,
+    (skipped, filtered): (&mut u64, &mut u64),
+    filter: &Filter,
 ) -> Result<()> {
     // Pending directories: (entry, parent handle, name); opened when popped so a wide
     // tree does not hold a descriptor per pending directory.
@@ -162,6 +186,12 @@ fn walk_dir(
         }
         kids.sort_unstable_by_key(|k| k.0);
         let first_subdir = stack.len();
+        // The directory's path below its root, for the filters.
+        let rel = if filter.is_empty() {
+            Vec::new()
+        } else {
+            rel_path(entries, dir_idx)
+        };
         for (_, name) in kids.drain(..) {
             let child = || {
                 format!(
@@ -202,6 +232,17 @@ fn walk_dir(
             } else {
                 None
             };
+            if !filter.is_empty() {
+                let mut path = rel.clone();
+                if !path.is_empty() {
+                    path.push(b'/');
+                }
+                path.extend_from_slice(&name);
+                if !filter.admits(&path, ft == FileType::Directory) {
+                    *filtered += 1;
+                    continue;
+                }
+            }
             let Some(entry) = entry_of(dir_idx, name, &st, target) else {
                 continue;
             };

@@ -32,7 +32,7 @@ pub struct Cli {
 impl Cli {
     /// Whether the command asked for quiet output.
     pub fn quiet_logs(&self) -> bool {
-        matches!(&self.command, Command::Cp(a) if a.quiet)
+        matches!(&self.command, Command::Cp(a) | Command::Sync(a) if a.quiet)
     }
 }
 
@@ -49,6 +49,11 @@ pub enum LogFormat {
 pub enum Command {
     /// Copy files and trees to or from a dmover server.
     Cp(CpArgs),
+    /// Make DST a mirror of SRC: DST is the copy itself (never its parent), so a re-run
+    /// converges on one tree and sends only files whose size or mtime changed
+    /// (docs/sync.md). Takes cp's options.
+    #[command(override_usage = "dmover sync [OPTIONS] SRC DST")]
+    Sync(CpArgs),
     /// Serve a directory to dmover clients.
     Serve(ServeArgs),
     /// Start a server on loopback, push a generated dataset to it, verify, clean up.
@@ -198,6 +203,8 @@ pub struct CpArgs {
     pub transfer: TransferArgs,
     #[command(flatten)]
     pub reliability: ReliabilityArgs,
+    #[command(flatten)]
+    pub filters: FilterArgs,
     /// Print one JSON object with the results on stdout at the end (fields:
     /// docs/json.md).
     #[arg(long)]
@@ -219,6 +226,87 @@ pub struct CpArgs {
     /// one side accepts connections (docs/third-party.md).
     #[arg(long, value_enum, value_name = "MODE")]
     pub tpc: Option<TpcArg>,
+}
+
+/// Which source entries travel, with rsync's pattern rules (docs/sync.md): the first
+/// matching `--include`/`--exclude` wins, in the order given on the command line
+/// (which clap's derive loses, hence the hand-written parts below). Sources of a push.
+#[derive(Debug, Default)]
+pub struct FilterArgs {
+    /// `(include, pattern)` in command-line order.
+    pub rules: Vec<(bool, OsString)>,
+    /// `--files-from FILE`.
+    pub files_from: Option<PathBuf>,
+}
+
+impl FilterArgs {
+    /// Whether any filter is set.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty() && self.files_from.is_none()
+    }
+}
+
+impl clap::FromArgMatches for FilterArgs {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut rules: Vec<(usize, bool, OsString)> = Vec::new();
+        for (id, include) in [("exclude", false), ("include", true)] {
+            if let (Some(vals), Some(idx)) = (m.get_many::<OsString>(id), m.indices_of(id)) {
+                rules.extend(idx.zip(vals).map(|(i, v)| (i, include, v.clone())));
+            }
+        }
+        rules.sort_by_key(|r| r.0);
+        Ok(FilterArgs {
+            rules: rules.into_iter().map(|(_, i, v)| (i, v)).collect(),
+            files_from: m.get_one::<PathBuf>("files_from").cloned(),
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl clap::Args for FilterArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        use clap::{Arg, ArgAction, value_parser};
+        cmd.arg(
+            Arg::new("exclude")
+                .long("exclude")
+                .value_name("PATTERN")
+                .action(ArgAction::Append)
+                .value_parser(value_parser!(OsString))
+                .help(
+                    "Leave out entries matching PATTERN (rsync rules: a leading `/` anchors \
+                     to the source root, `*` and `?` stay within a name, `**` crosses `/`, \
+                     a trailing `/` matches directories only; an excluded directory is not \
+                     descended into)",
+                ),
+        )
+        .arg(
+            Arg::new("include")
+                .long("include")
+                .value_name("PATTERN")
+                .action(ArgAction::Append)
+                .value_parser(value_parser!(OsString))
+                .help("Send entries matching PATTERN (the first matching rule wins)"),
+        )
+        .arg(
+            Arg::new("files_from")
+                .long("files-from")
+                .value_name("FILE")
+                .value_parser(value_parser!(PathBuf))
+                .help(
+                    "Send only the paths listed in FILE (relative to the source, one per \
+                     line), the directories leading to them and what is below listed \
+                     directories",
+                ),
+        )
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
 }
 
 /// `dmover cp --tpc`.

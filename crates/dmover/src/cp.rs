@@ -1,4 +1,5 @@
-//! `dmover cp`: push local sources to a server or pull a server's sources here.
+//! `dmover cp`: push local sources to a server or pull a server's sources here;
+//! `dmover sync`: the same with the destination as the mirror itself.
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -16,7 +17,9 @@ use dmover_net::tcp::SocketOptions;
 use dmover_net::tls::Trust;
 use dmover_proto::control::DataProtection;
 
-use crate::args::{CpArgs, ProgressMode, TpcArg, TransferArgs, usage};
+use dmover_store::filter::{Action, Filter, Rule};
+
+use crate::args::{CpArgs, FilterArgs, ProgressMode, TpcArg, TransferArgs, usage};
 use crate::endpoint::{self, Endpoint};
 use crate::env::Env;
 use crate::output::{self, Direction, ProgressBar};
@@ -99,7 +102,62 @@ pub fn cancel_on_interrupt(rt: &tokio::runtime::Runtime, run: &Arc<Run>) {
     });
 }
 
+/// The walk's filters from `--exclude`, `--include` and `--files-from`.
+fn filter_of(f: &FilterArgs) -> anyhow::Result<Option<Arc<Filter>>> {
+    use std::os::unix::ffi::OsStrExt;
+    if f.is_empty() {
+        return Ok(None);
+    }
+    let mut filter = Filter::none();
+    for (include, pattern) in &f.rules {
+        let action = if *include {
+            Action::Include
+        } else {
+            Action::Exclude
+        };
+        let rule = Rule::new(action, pattern.as_bytes()).map_err(|e| {
+            usage(format!(
+                "--{} {}: {e}",
+                if *include { "include" } else { "exclude" },
+                pattern.to_string_lossy()
+            ))
+        })?;
+        filter.push(rule);
+    }
+    if let Some(file) = &f.files_from {
+        let list = if file.as_os_str() == "-" {
+            let mut v = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut v)
+                .context("reading --files-from from stdin")?;
+            v
+        } else {
+            std::fs::read(file).with_context(|| format!("reading {}", file.display()))?
+        };
+        filter.set_files_from(&list).map_err(usage)?;
+    }
+    Ok(Some(Arc::new(filter)))
+}
+
+/// `dmover cp`.
 pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
+    run_copy(a, env, false)
+}
+
+/// `dmover sync SRC DST`: DST is the mirror itself; unchanged files are not sent
+/// (docs/sync.md).
+pub fn sync(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
+    if a.paths.len() != 2 {
+        return Err(usage(
+            "sync takes one source and the destination: dmover sync SRC DST",
+        ));
+    }
+    if a.tpc.is_some() {
+        return Err(usage("sync between two servers is not supported yet"));
+    }
+    run_copy(a, env, true)
+}
+
+fn run_copy(a: CpArgs, env: &Env, sync: bool) -> anyhow::Result<ExitCode> {
     let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
     let dst = endpoint::parse(dst).map_err(|e| usage(format!("destination: {e}")))?;
     let srcs = srcs
@@ -120,6 +178,38 @@ pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
     opts.idle_timeout = r.stream_timeout.max(std::time::Duration::from_secs(1));
     if let Some(ms) = r.debug_heartbeat_ms {
         opts.heartbeat = std::time::Duration::from_millis(ms.max(50));
+    }
+    opts.filter = filter_of(&a.filters)?;
+    if sync {
+        // The destination's files are looked at (size, mtime) as a resume does.
+        opts.mirror = true;
+        opts.resume = true;
+    }
+    let remote_source = srcs.iter().any(|s| matches!(s, Endpoint::Remote { .. }));
+    if remote_source && opts.filter.is_some() {
+        return Err(usage(
+            "--exclude, --include and --files-from apply to local sources (a push) only, \
+             not yet to a server's sources",
+        ));
+    }
+    if sync {
+        match (&dst, srcs.first()) {
+            (Endpoint::Remote { .. }, Some(Endpoint::Remote { .. })) => {
+                return Err(usage("sync between two servers is not supported yet"));
+            }
+            (Endpoint::Local(d), _) | (Endpoint::Remote { path: d, .. }, _) => {
+                let name = d
+                    .split(|&b| b == b'/')
+                    .rfind(|c| !c.is_empty())
+                    .unwrap_or_default();
+                if name.is_empty() || name == b"." || name == b".." {
+                    return Err(usage(
+                        "sync: DST must name the mirror directory itself (not '.', '..' or a \
+                         server's root)",
+                    ));
+                }
+            }
+        }
     }
     // Two servers: a third-party copy, the data going from one to the other.
     if let Endpoint::Remote {
@@ -206,7 +296,7 @@ pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
     // Join the disk threads: an aborted transfer's staging files are gone after this.
     drop(client);
     drop(rt);
-    Ok(output::report(
+    Ok(output::report_with(
         result,
         direction,
         None,
@@ -215,6 +305,7 @@ pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
         a.json || ndjson,
         a.quiet,
         &run.progress,
+        sync,
     ))
 }
 

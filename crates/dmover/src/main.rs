@@ -41,6 +41,7 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Cp(a) => cp::run(a, &env),
+        Command::Sync(a) => cp::sync(a, &env),
         Command::Serve(a) => serve::run(a, &env, cli.log_format),
         Command::Demo(a) => demo::run(a, &env),
         Command::Bench(a) => bench::run(a, &env),

@@ -357,6 +357,14 @@ struct JsonReport {
     bytes_sent: u64,
     /// Bytes the destination already held from an earlier attempt (resumed).
     bytes_resumed: u64,
+    /// `dmover sync`: files the destination already had whole (unchanged size and
+    /// mtime, or complete from an interrupted attempt), not sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    files_unchanged: Option<u64>,
+    /// `dmover sync`: the bytes of those files (and of pieces an interrupted attempt
+    /// left), not sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bytes_unchanged: Option<u64>,
     /// Regular files of the dataset (without those that could not be copied).
     files: u64,
     /// Regular files written by the last attempt (resumed files not counted).
@@ -465,6 +473,24 @@ pub fn report(
     quiet: bool,
     progress: &Progress,
 ) -> ExitCode {
+    report_with(
+        result, direction, dialer, secs, timing, json, quiet, progress, false,
+    )
+}
+
+/// [`report`]; `sync`: a `dmover sync`, whose summary counts the unchanged files.
+#[allow(clippy::too_many_arguments)]
+pub fn report_with(
+    result: Result<Report, Error>,
+    direction: Direction,
+    dialer: Option<&str>,
+    secs: f64,
+    timing: Timing,
+    json: bool,
+    quiet: bool,
+    progress: &Progress,
+    sync: bool,
+) -> ExitCode {
     match result {
         Ok(r) => {
             let s = r.summary;
@@ -481,6 +507,8 @@ pub fn report(
                     bytes: r.totals.bytes,
                     bytes_sent: r.bytes_sent,
                     bytes_resumed: r.held_bytes,
+                    files_unchanged: sync.then_some(r.held_files),
+                    bytes_unchanged: sync.then_some(r.held_bytes),
                     files: r.totals.files - failed,
                     files_sent: s.files,
                     dirs: s.dirs,
@@ -554,6 +582,8 @@ pub fn report(
                     bytes: progress.total.load(Ordering::Relaxed),
                     bytes_sent,
                     bytes_resumed: progress.held.load(Ordering::Relaxed),
+                    files_unchanged: None,
+                    bytes_unchanged: None,
                     files: 0,
                     files_sent: 0,
                     dirs: 0,
