@@ -675,6 +675,7 @@ where
     let mut bufs: HashMap<u64, PoolBuf> = HashMap::new();
     let mut tasks: HashMap<u16, Task<SrcOut>> = HashMap::new();
     let mut cancelled = false;
+    let growing = growth.is_some();
     loop {
         // What the machine asks, until it asks nothing more.
         loop {
@@ -742,6 +743,11 @@ where
                             src = Arc::new(Slow::new(src, d));
                         }
                         let n = (env.buffers)(info.streams);
+                        // The sink's chunk requests (feature RANGES) are checked against
+                        // the whole layout; a growing manifest's against what it confirmed.
+                        if !growing {
+                            m.set_layout_chunks(src.layout().n_chunks());
+                        }
                         live = Some((k, src, Pool::new(n, info.chunk_size as usize)));
                     }
                     SourceEvent::StreamLost {
@@ -1059,9 +1065,9 @@ enum SinkIn<K> {
 /// Drives the sink role `m` until the session ends. `options`: the session's options
 /// when this side dialed (an acceptor takes the dialer's).
 pub async fn sink<C, J, K>(
-    mut m: SinkSession<Fault>,
+    m: SinkSession<Fault>,
     ch: &mut ControlChannel<C>,
-    mut joins: J,
+    joins: J,
     prepare: Prepare<K>,
     options: Option<SessionOptions>,
     env: Env,
@@ -1071,6 +1077,87 @@ where
     J: Joins,
     K: SinkStore,
 {
+    sink_with(m, ch, joins, prepare, options, env, None).await
+}
+
+/// What the owner of a request-driven sink ([`sink_on_demand`]) asks of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DemandAsk {
+    /// Send these chunks of the layout (each again if it came before: its next copy
+    /// is written again; one already on its way is not asked for twice).
+    Want(Vec<std::ops::Range<u64>>),
+    /// Close the session: the storage's `finish`, then `Done` (dropping the sender
+    /// does the same).
+    Close,
+}
+
+/// What a request-driven sink tells its owner.
+#[derive(Debug)]
+pub enum DemandEvent<K> {
+    /// The storage is prepared and `OnDemand` went out: requests may follow.
+    Ready(Arc<K>),
+    /// Chunk `k` arrived whole and is written into the storage.
+    Written(u64),
+}
+
+/// The owner's side of a request-driven sink: its requests in, the sink's news out.
+#[derive(Debug)]
+pub struct Demand<K> {
+    /// Requests, taken once the storage is prepared ([`DemandEvent::Ready`]).
+    pub asks: mpsc::UnboundedReceiver<DemandAsk>,
+    /// News for the owner.
+    pub events: mpsc::UnboundedSender<DemandEvent<K>>,
+}
+
+/// [`sink`] of a request-driven session (feature
+/// [`dmover_proto::session::features::RANGES`], which the session must use): the
+/// manifest is answered with `OnDemand`, the source sends only the chunks `demand`
+/// asks for, and the session lasts until the owner closes it ([`DemandAsk::Close`]).
+pub async fn sink_on_demand<C, J, K>(
+    m: SinkSession<Fault>,
+    ch: &mut ControlChannel<C>,
+    joins: J,
+    prepare: Prepare<K>,
+    options: Option<SessionOptions>,
+    env: Env,
+    demand: Demand<K>,
+) -> Result<SinkRun<K>>
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send,
+    J: Joins,
+    K: SinkStore,
+{
+    sink_with(m, ch, joins, prepare, options, env, Some(demand)).await
+}
+
+/// The next request of a request-driven sink's owner (never, without one); `None`: the
+/// owner is gone.
+async fn next_ask(d: &mut Option<mpsc::UnboundedReceiver<DemandAsk>>) -> Option<DemandAsk> {
+    match d {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sink_with<C, J, K>(
+    mut m: SinkSession<Fault>,
+    ch: &mut ControlChannel<C>,
+    mut joins: J,
+    prepare: Prepare<K>,
+    options: Option<SessionOptions>,
+    env: Env,
+    demand: Option<Demand<K>>,
+) -> Result<SinkRun<K>>
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send,
+    J: Joins,
+    K: SinkStore,
+{
+    let (mut asks, news) = match demand {
+        Some(d) => (Some(d.asks), Some(d.events)),
+        None => (None, None),
+    };
+    let mut closing = false;
     let mut ctl = ControlLink::new(ch);
     let peer = ctl.ch.peer().to_string();
     let (tx, mut rx) = mpsc::unbounded_channel::<SinkIn<K>>();
@@ -1163,6 +1250,7 @@ where
                                 &mut tasks,
                                 &tx,
                                 &mut grown,
+                                news.as_ref(),
                             ),
                             Err(e) => m.fail(now(), Fault::new(e)),
                         }
@@ -1258,7 +1346,10 @@ where
                     if let Some((_, sink, _)) = &live {
                         crate::monitor::count_files(&env.run.progress, sink.layout(), chunk);
                     }
-                    m.chunk_written(now(), chunk)
+                    m.chunk_written(now(), chunk);
+                    if let Some(n) = &news {
+                        let _ = n.send(DemandEvent::Written(chunk));
+                    }
                 }
                 SinkIn::Written { result: Err(e), .. } => m.fail(now(), Fault::new(e)),
                 SinkIn::Prepared(Ok((mut k, held))) => {
@@ -1268,7 +1359,7 @@ where
                         m.resume(now(), parts);
                     } else {
                         match k.resume(&held) {
-                            Ok(()) => start_sink(&mut m, k, &env, &mut live, &mut waiting, &mut tasks, &tx, &mut grown),
+                            Ok(()) => start_sink(&mut m, k, &env, &mut live, &mut waiting, &mut tasks, &tx, &mut grown, news.as_ref()),
                             Err(e) => m.fail(now(), Fault::new(e)),
                         }
                     }
@@ -1280,12 +1371,24 @@ where
                 }
                 SinkIn::Finished(Err(e)) => m.fail(now(), Fault::new(e)),
             },
+            // A request-driven sink's owner, once the sink is prepared.
+            ask = next_ask(&mut asks), if asks.is_some() && live.is_some() && !closing => match ask {
+                Some(DemandAsk::Want(chunks)) => m.want(now(), &chunks),
+                Some(DemandAsk::Close) | None => {
+                    closing = true;
+                    let Some((_, sink, _)) = &live else { continue };
+                    let (sink, tx) = (sink.clone(), tx.clone());
+                    env.disk.spawn(move || {
+                        let _ = tx.send(SinkIn::Finished(sink.finish().map_err(Error::from)));
+                    });
+                }
+            },
             (i, r) = joins.next() => match r {
                 Ok(s) => {
                     m.stream_joined(now(), i);
                     match &live {
                         Some((_, sink, pool)) => {
-                            let t = spawn_sink_stream(i, s, sink.clone(), pool.clone(), &tx, &env.run.progress);
+                            let t = spawn_sink_stream(i, s, sink.clone(), pool.clone(), &tx, &env.run.progress, news.is_some());
                             tasks.insert(i, t);
                         }
                         None => waiting.push((i, s)),
@@ -1319,8 +1422,9 @@ fn grow_sink<K: SinkStore>(
     }
 }
 
-/// The sink is prepared: says `Go`, and starts reading the streams that joined; then
-/// the parts of a growing manifest that came meanwhile.
+/// The sink is prepared: says `Go` (`OnDemand` for a request-driven sink, whose owner
+/// hears of it), and starts reading the streams that joined; then the parts of a
+/// growing manifest that came meanwhile.
 #[allow(clippy::too_many_arguments)]
 fn start_sink<K: SinkStore, L: DataLink>(
     m: &mut SinkSession<Fault>,
@@ -1331,6 +1435,7 @@ fn start_sink<K: SinkStore, L: DataLink>(
     tasks: &mut HashMap<u16, Task<u64>>,
     tx: &mpsc::UnboundedSender<SinkIn<K>>,
     grown: &mut Vec<(Vec<Entry>, std::ops::Range<u64>)>,
+    demand: Option<&mpsc::UnboundedSender<DemandEvent<K>>>,
 ) {
     let info = m.info().expect("open before the manifest").clone();
     env.run.progress.held.store(k.held_bytes(), Relaxed);
@@ -1343,10 +1448,24 @@ fn start_sink<K: SinkStore, L: DataLink>(
     let expected = chunk_set(sink.chunks());
     let n = k.layout_chunks();
     for (i, s) in waiting.drain(..) {
-        let t = spawn_sink_stream(i, s, sink.clone(), pool.clone(), tx, &env.run.progress);
+        let t = spawn_sink_stream(
+            i,
+            s,
+            sink.clone(),
+            pool.clone(),
+            tx,
+            &env.run.progress,
+            demand.is_some(),
+        );
         tasks.insert(i, t);
     }
-    m.ready(now(), expected, n);
+    match demand {
+        Some(d) => {
+            m.ready_on_demand(now(), n);
+            let _ = d.send(DemandEvent::Ready(k.clone()));
+        }
+        None => m.ready(now(), expected, n),
+    }
     for (entries, chunks) in grown.drain(..) {
         grow_sink(m, &*k, entries, chunks);
     }
@@ -1355,12 +1474,17 @@ fn start_sink<K: SinkStore, L: DataLink>(
 
 fn spawn_sink_stream<L: DataLink, K: Send + 'static>(
     i: u16,
-    s: DataStream<L>,
+    mut s: DataStream<L>,
     sink: Arc<dyn Sink>,
     pool: Pool,
     tx: &mpsc::UnboundedSender<SinkIn<K>>,
     progress: &Arc<Progress>,
+    on_demand: bool,
 ) -> Task<u64> {
+    if on_demand {
+        // Idle while nothing is asked for; the machine times the streams instead.
+        s.io.reads_timed_by_caller();
+    }
     let (atx, arx) = mpsc::unbounded_channel();
     let (tx, progress) = (tx.clone(), progress.clone());
     let h = tokio::spawn(async move {

@@ -13,6 +13,7 @@
 //! - [`access`]: exports, users, credentials and the server's configuration file.
 //! - [`memtest`]: the memory-to-memory network test (`dmover bench net`).
 //! - [`monitor`]: the server's live sessions and counters (`dmover serve --metrics`).
+//! - [`remote`]: reading a server's files in place, chunk by chunk (issue 14).
 //! - Storage (trees, paths, walks, sources and sinks, the resume journal) is
 //!   [`dmover_store`]; its errors arrive here as [`Error::Store`].
 
@@ -26,6 +27,7 @@ pub mod memtest;
 pub mod monitor;
 pub mod policy;
 pub mod pool;
+pub mod remote;
 pub mod server;
 pub mod session;
 

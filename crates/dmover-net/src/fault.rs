@@ -111,6 +111,10 @@ impl<L: DataLink> DataLink for Faulty<L> {
         self.inner.recv_header().await
     }
 
+    fn reads_timed_by_caller(&mut self) {
+        self.inner.reads_timed_by_caller();
+    }
+
     async fn recv_into(&mut self, dst: &mut [u8]) -> io::Result<()> {
         if self.cut {
             return Err(cut_error());

@@ -96,6 +96,11 @@ pub trait DataLink: Send + 'static {
     /// Breaks the connection at once, both ways (`reset`: with a TCP reset, losing
     /// what is unread), for fault injection.
     fn cut(&mut self, reset: bool);
+
+    /// A sink's reads are timed by the caller from now on (a request-driven session's
+    /// streams are rightly idle while nothing is asked for): the stream's own idle
+    /// limit no longer applies to them; writes keep theirs.
+    fn reads_timed_by_caller(&mut self) {}
 }
 
 /// The half of a source's data stream that writes chunk frames.
@@ -228,7 +233,7 @@ where
     type Acks = IoAcks<DataIo<S>>;
 
     fn into_source(mut self) -> (Self::Tx, Self::Acks) {
-        self.reads_timed_by_caller();
+        DataRead::reads_timed_by_caller(&mut self);
         let (r, w) = Locked::split(self);
         (
             IoTx {
@@ -266,6 +271,10 @@ where
 
     fn cut(&mut self, reset: bool) {
         self.get_ref().cut(reset);
+    }
+
+    fn reads_timed_by_caller(&mut self) {
+        DataRead::reads_timed_by_caller(self);
     }
 }
 

@@ -703,6 +703,32 @@ fn a_request_driven_session_sends_only_what_is_wanted() {
 }
 
 #[test]
+fn a_request_driven_session_outlives_the_join_and_idle_limits() {
+    // A mount read now and then: quiet spells longer than the streams' idle limit,
+    // and a session much longer than the join limit, with every stream joined.
+    for push in [true, false] {
+        let t = Timing::default();
+        let later = t.join + t.idle.unwrap() * 2;
+        let r = run(Config {
+            push,
+            chunks: 50,
+            features: features::RANGES,
+            on_demand: true,
+            wants: vec![(ms(0), vec![1]), (later, vec![2]), (later * 2, vec![3])],
+            ..Config::default()
+        });
+        assert!(
+            r.finished(),
+            "push {push}: source {:?}, sink {:?}",
+            r.source,
+            r.sink
+        );
+        assert_eq!(r.writes.keys().copied().collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(r.sink_stats.streams_lost, 0, "push {push}");
+    }
+}
+
+#[test]
 fn a_request_driven_session_without_wants_closes_at_once() {
     let r = run(Config {
         features: features::RANGES,

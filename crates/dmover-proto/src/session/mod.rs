@@ -127,7 +127,7 @@ pub mod features {
     pub const RANGES: u64 = 2;
 
     /// The features this build's drivers (`dmover_core::drive`) speak and offer.
-    pub const SUPPORTED: u64 = GROWING_MANIFEST;
+    pub const SUPPORTED: u64 = GROWING_MANIFEST | RANGES;
 
     /// The features the role machines implement: what a driver may offer once it
     /// handles their events too (the simulator and the pair tests offer these).

@@ -185,6 +185,9 @@ pub struct SinkSession<E> {
     grown: ChunkSet,
     /// The session is request-driven (`OnDemand`).
     on_demand: bool,
+    /// Request-driven: the last frame on any stream, or the request that ended a
+    /// quiet spell (nothing outstanding): the streams' idle limit counts from here.
+    progress: Instant,
     expected: ChunkSet,
     seen: Vec<u64>,
     n_chunks: u64,
@@ -213,6 +216,7 @@ impl<E: Cause + Clone> SinkSession<E> {
             first_chunks: 0,
             grown: ChunkSet::new(),
             on_demand: false,
+            progress: Instant::now(),
             expected: ChunkSet::new(),
             seen: Vec::new(),
             n_chunks: 0,
@@ -564,6 +568,10 @@ impl<E: Cause + Clone> SinkSession<E> {
             s.last_frame = now;
         }
         self.link.await_joins(now);
+        // Streams that joined before `Go` count.
+        if self.streams.iter().all(|s| s.join != Join::Pending) {
+            self.link.joins_done();
+        }
         self.check_complete();
     }
 
@@ -591,6 +599,10 @@ impl<E: Cause + Clone> SinkSession<E> {
             };
             self.link.fail(now, e);
             return self.flush_failure();
+        }
+        if self.on_demand && self.all_arrived() && self.writing == 0 {
+            // A quiet spell ends: no stream was idle while nothing was asked for.
+            self.progress = now;
         }
         let mut ask: Vec<Range<u64>> = Vec::new();
         for r in chunks {
@@ -671,6 +683,7 @@ impl<E: Cause + Clone> SinkSession<E> {
         let s = &mut self.streams[stream as usize];
         s.frames += 1;
         s.last_frame = now;
+        self.progress = now;
         self.commands.push_back(SinkCommand::Ack {
             stream,
             frames: s.frames,
@@ -857,8 +870,16 @@ impl<E: Cause + Clone> SinkSession<E> {
 
     fn idle_deadline(&self, s: &Stream) -> Option<Instant> {
         let idle: Duration = self.link.timing.idle?;
+        // Request-driven, the source sends on the streams it likes (often one): a
+        // stream is idle only when none brings anything; a stream stuck with a chunk
+        // while others deliver is the source's to find (its stall limit).
+        let last = if self.on_demand {
+            s.last_frame.max(self.progress)
+        } else {
+            s.last_frame
+        };
         (s.join == Join::Live && self.phase >= Phase::Receiving && !self.all_arrived())
-            .then(|| s.last_frame + idle)
+            .then(|| last + idle)
     }
 
     /// When [`SinkSession::handle_timeout`] is due.

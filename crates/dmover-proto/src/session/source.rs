@@ -480,6 +480,9 @@ impl<E: Cause + Clone> SourceSession<E> {
                 }
                 self.phase = Phase::Sending;
                 self.link.await_joins(now);
+                // Streams that joined before `Go` count (else a session of over the
+                // join limit failed with all of them joined).
+                self.check_joins_complete();
                 self.events.push_back(SourceEvent::Go);
                 self.check_drained();
                 Ok(())

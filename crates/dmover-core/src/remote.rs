@@ -1,0 +1,633 @@
+//! Remote access (issue 14, first step): read a server's files in place, chunk by chunk,
+//! without copying them whole. No FUSE yet; the mount will sit on this API.
+//!
+//! [`Remote::open`] starts an ordinary pull session of one path (a file or a tree: the
+//! server walks it and sends the manifest as for `dmover cp`), whose sink answers the
+//! manifest with `OnDemand` (feature `RANGES`, see docs/protocol.md): the server then
+//! sends only the chunks asked for. [`Remote::stat`], [`Remote::list`] and
+//! [`Remote::lookup`] answer from the manifest; [`Remote::read_at`] maps a byte range of
+//! a file to chunks with the layout, asks for those it lacks (`Want`), waits for them and
+//! returns the bytes. Chunks are kept in a bounded in-memory cache ([`ChunkCache`], LRU
+//! by bytes), so a repeated read costs no round trip; a sequential read also asks for
+//! the next [`RemoteOptions::read_ahead`] chunks of the file.
+//!
+//! ```text
+//! read_at (any task) ──Want──▶ driver task (drive::sink_on_demand) ──Want──▶ server
+//!      ▲                                                                      │
+//!      └── waiter woken ◀── ChunkCache::write_chunk (disk thread) ◀── chunk ──┘
+//! ```
+//!
+//! Bounds: a server that dies fails every pending and later read at once (the control
+//! connection closes; at most [`dmover_proto::session::Timing::report_wait`], 2 s, is
+//! spent waiting for its report); one that goes silent fails them after the heartbeat
+//! silence, [`TransferOptions::heartbeat`] × 4, plus that wait ([`Remote::bound`]);
+//! data streams that bring nothing while chunks are outstanding are lost after
+//! [`TransferOptions::idle_timeout`]. A read never waits for ever.
+//!
+//! [`TransferOptions::heartbeat`]: crate::session::TransferOptions::heartbeat
+//! [`TransferOptions::idle_timeout`]: crate::session::TransferOptions::idle_timeout
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use dmover_proto::control::{ErrorCode, Op, Summary};
+use dmover_proto::data::DigestEntry;
+use dmover_proto::digest::crc32c_append;
+use dmover_proto::layout::{FileSlot, Layout};
+use dmover_proto::manifest::{Entry, EntryKind, NO_PARENT};
+use dmover_proto::session::{Limits, SinkSession};
+use dmover_store::Sink;
+use dmover_store::resume::Held;
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::client::{Client, Prepared};
+use crate::drive::{self, Demand, DemandAsk, DemandEvent, Fault, SinkStore};
+use crate::engine::Run;
+use crate::error::{Error, Result};
+
+/// How a remote session caches and reads ahead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteOptions {
+    /// Most bytes of chunks kept in memory (the least recently used go first; the
+    /// chunks a read is using stay until it is done, whatever the bound).
+    pub cache_bytes: u64,
+    /// Chunks asked for beyond a sequential read (one that starts at 0 or where the
+    /// previous read of the file ended), within the file.
+    pub read_ahead: u64,
+}
+
+impl Default for RemoteOptions {
+    fn default() -> Self {
+        RemoteOptions {
+            cache_bytes: 256 << 20,
+            read_ahead: 4,
+        }
+    }
+}
+
+/// What a remote session did so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RemoteStats {
+    /// Chunk requests (`Want` messages) sent.
+    pub requests: u64,
+    /// Chunks asked for, read-ahead included.
+    pub chunks_wanted: u64,
+    /// Chunks that arrived and were kept.
+    pub chunks_received: u64,
+    /// Chunks a read found in the cache.
+    pub cache_hits: u64,
+    /// Chunks dropped from the cache for room.
+    pub evicted: u64,
+}
+
+type Data = Arc<[u8]>;
+type Waiter = oneshot::Sender<std::result::Result<Data, Fault>>;
+
+/// Chunks in memory, least recently used first out.
+#[derive(Debug, Default)]
+struct Lru {
+    map: HashMap<u64, (Data, u64)>,
+    order: BTreeMap<u64, u64>,
+    tick: u64,
+    bytes: u64,
+}
+
+impl Lru {
+    fn get(&mut self, k: u64) -> Option<Data> {
+        let (d, t) = self.map.get_mut(&k)?;
+        self.order.remove(t);
+        self.tick += 1;
+        *t = self.tick;
+        self.order.insert(self.tick, k);
+        Some(d.clone())
+    }
+
+    fn contains(&self, k: u64) -> bool {
+        self.map.contains_key(&k)
+    }
+
+    /// Keeps `d` as chunk `k`; drops the oldest others while over `cap`. Returns how
+    /// many it dropped.
+    fn insert(&mut self, k: u64, d: Data, cap: u64) -> u64 {
+        if let Some((old, t)) = self.map.remove(&k) {
+            self.order.remove(&t);
+            self.bytes -= old.len() as u64;
+        }
+        self.tick += 1;
+        self.bytes += d.len() as u64;
+        self.map.insert(k, (d, self.tick));
+        self.order.insert(self.tick, k);
+        let mut dropped = 0;
+        while self.bytes > cap && self.map.len() > 1 {
+            let Some((_, old)) = self.order.pop_first() else {
+                break;
+            };
+            if let Some((d, _)) = self.map.remove(&old) {
+                self.bytes -= d.len() as u64;
+                dropped += 1;
+            }
+        }
+        dropped
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    cache: Lru,
+    /// Chunks asked for and not arrived, with the reads waiting for each.
+    inflight: HashMap<u64, Vec<Waiter>>,
+    /// The session ended (its error, or that it was closed).
+    failed: Option<Fault>,
+    /// Where the last read of each file ended (read-ahead).
+    last_end: HashMap<u32, u64>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    cap: u64,
+    requests: AtomicU64,
+    wanted: AtomicU64,
+    received: AtomicU64,
+    hits: AtomicU64,
+    evicted: AtomicU64,
+}
+
+impl Shared {
+    /// Chunk `k` is here: the reads waiting for it get it, the cache keeps it.
+    fn arrived(&self, k: u64, d: Data) {
+        let mut st = self.state.lock();
+        self.received.fetch_add(1, Relaxed);
+        let dropped = st.cache.insert(k, d.clone(), self.cap);
+        self.evicted.fetch_add(dropped, Relaxed);
+        for w in st.inflight.remove(&k).unwrap_or_default() {
+            let _ = w.send(Ok(d.clone()));
+        }
+    }
+
+    /// The session ended: every waiting and later read fails with `f`.
+    fn fail(&self, f: Fault) {
+        let mut st = self.state.lock();
+        if st.failed.is_none() {
+            st.failed = Some(f.clone());
+        }
+        let f = st.failed.clone().expect("set");
+        for (_, ws) in st.inflight.drain() {
+            for w in ws {
+                let _ = w.send(Err(f.clone()));
+            }
+        }
+    }
+}
+
+/// The sink storage of a remote session: keeps the chunks that arrive in memory
+/// (bounded, least recently used out) and hands them to the reads waiting for them.
+/// It checks each chunk's CRC (with checksums on); whole-file digests are not checked,
+/// since a file is seldom read whole.
+#[derive(Debug)]
+pub struct ChunkCache {
+    entries: Vec<Entry>,
+    layout: Layout,
+    checksum: bool,
+    shared: Arc<Shared>,
+}
+
+impl ChunkCache {
+    fn new(entries: Vec<Entry>, chunk: u32, checksum: bool, shared: Arc<Shared>) -> Result<Self> {
+        let layout = Layout::new(&entries, chunk)
+            .map_err(|e| Error::protocol("the source", format!("layout: {e}")))?;
+        Ok(ChunkCache {
+            entries,
+            layout,
+            checksum,
+            shared,
+        })
+    }
+
+    /// The manifest's entries.
+    pub fn manifest(&self) -> &[Entry] {
+        &self.entries
+    }
+}
+
+impl Sink for ChunkCache {
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
+        // Request-driven: nothing is expected unasked.
+        Box::new(std::iter::empty())
+    }
+
+    fn write_chunk(
+        &self,
+        k: u64,
+        buf: &[u8],
+        trailer: &[u8],
+        crc: Option<u32>,
+    ) -> dmover_store::Result<()> {
+        use dmover_store::Error as E;
+        if self.checksum {
+            let want =
+                crc.ok_or_else(|| E::protocol("the source", format!("chunk {k} carries no CRC")))?;
+            let got = self.layout.pieces(k).fold(0, |c, p| {
+                crc32c_append(c, &buf[p.buf_offset..p.buf_offset + p.len])
+            });
+            if got != want {
+                return Err(E::Checksum(format!(
+                    "chunk {k} arrived corrupted (CRC32C {got:08x}, sent as {want:08x})"
+                )));
+            }
+        }
+        let mut digests = DigestEntry::decode_all(trailer)
+            .map_err(|e| E::protocol("the source", format!("chunk {k} digest trailer: {e}")))?;
+        if let Some(d) = digests.find(|d| d.is_failure()) {
+            return Err(E::protocol(
+                "the source",
+                format!("chunk {k}: file {} could not be read there", d.index()),
+            ));
+        }
+        let (lo, hi) = self.layout.chunk_bounds(k);
+        self.shared.arrived(k, buf[..(hi - lo) as usize].into());
+        Ok(())
+    }
+
+    fn finish(&self) -> dmover_store::Result<Summary> {
+        let chunks = self.shared.received.load(Relaxed);
+        Ok(Summary {
+            bytes: 0,
+            files: 0,
+            dirs: 0,
+            symlinks: 0,
+            chunks,
+            verified: false,
+        })
+    }
+
+    fn abort(&self) {}
+}
+
+impl SinkStore for ChunkCache {
+    fn held(&self) -> Held {
+        Held::none(&self.entries)
+    }
+
+    fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    fn resume(&mut self, held: &Held) -> Result<()> {
+        if held.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::refused(
+                ErrorCode::Unsupported,
+                "a remote session holds nothing to resume",
+            ))
+        }
+    }
+}
+
+/// A chunk a read needs: here, or on its way.
+enum Need {
+    Here(Data),
+    Coming(oneshot::Receiver<std::result::Result<Data, Fault>>),
+}
+
+/// A request-driven session with a server: its files read in place (see the module
+/// docs). `read_at` may be called from many tasks at once (`&self`); the session runs
+/// as a task of its own until [`Remote::close`] (or until the `Remote` is dropped,
+/// which closes it in the background).
+#[derive(Debug)]
+pub struct Remote {
+    store: Arc<ChunkCache>,
+    shared: Arc<Shared>,
+    asks: mpsc::UnboundedSender<DemandAsk>,
+    task: Option<JoinHandle<Result<()>>>,
+    children: HashMap<u32, Vec<u32>>,
+    opts: RemoteOptions,
+    bound: Duration,
+    run: Arc<Run>,
+}
+
+impl Remote {
+    /// Opens `path` on `server` (`host:port`) with the default [`RemoteOptions`].
+    pub async fn open(client: &Client, server: &str, path: &[u8]) -> Result<Remote> {
+        Self::open_with(client, server, path, RemoteOptions::default()).await
+    }
+
+    /// Opens `path` on `server`: connects and authenticates as `client` does for a
+    /// pull (its streams, chunk size, checksums, protection, heartbeat), takes the
+    /// manifest and answers it with `OnDemand`. The server must speak the ranges
+    /// feature.
+    pub async fn open_with(
+        client: &Client,
+        server: &str,
+        path: &[u8],
+        opts: RemoteOptions,
+    ) -> Result<Remote> {
+        let run = Run::new();
+        let op = Op::Pull {
+            sources: vec![path.to_vec()],
+        };
+        let Prepared {
+            mut ch,
+            dial,
+            options,
+            timing,
+            joins,
+            env,
+        } = client
+            .memtest_session(server, op, client.opts.chunk_size, &run)
+            .await?;
+        let bound = timing.silence() + timing.report_wait;
+        let m = SinkSession::dial(now(), server, timing, Limits::default(), dial);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            cap: opts.cache_bytes,
+            requests: AtomicU64::new(0),
+            wanted: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+        });
+        let (sh, checksum) = (shared.clone(), client.opts.checksum);
+        let prepare: drive::Prepare<ChunkCache> =
+            Box::new(move |entries, chunk, _| ChunkCache::new(entries, chunk, checksum, sh));
+        let (asks, asks_rx) = mpsc::unbounded_channel();
+        let (events, mut events_rx) = mpsc::unbounded_channel();
+        let demand = Demand {
+            asks: asks_rx,
+            events,
+        };
+        let sh = shared.clone();
+        let mut task = tokio::spawn(async move {
+            let r =
+                drive::sink_on_demand(m, &mut ch, joins, prepare, Some(options), env, demand).await;
+            match r {
+                Ok(_) => {
+                    sh.fail(Fault::new(Error::refused(
+                        ErrorCode::Aborted,
+                        "the remote session is closed",
+                    )));
+                    Ok(())
+                }
+                Err(e) => {
+                    let f = Fault::new(e);
+                    sh.fail(f.clone());
+                    Err(f.into_error())
+                }
+            }
+        });
+        let store = match events_rx.recv().await {
+            Some(DemandEvent::Ready(k)) => k,
+            _ => {
+                return Err(match (&mut task).await {
+                    Ok(Err(e)) => e,
+                    Ok(Ok(())) => Error::protocol(server, "session ended before it was ready"),
+                    Err(e) => Error::protocol("this side", format!("remote session task: {e}")),
+                });
+            }
+        };
+        // The driver's news after `Ready` (chunks written) are not needed here: the
+        // store hands chunks over itself.
+        tokio::spawn(async move { while events_rx.recv().await.is_some() {} });
+        let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+        for (i, e) in store.manifest().iter().enumerate() {
+            children.entry(e.parent).or_default().push(i as u32);
+        }
+        Ok(Remote {
+            store,
+            shared,
+            asks,
+            task: Some(task),
+            children,
+            opts,
+            bound,
+            run,
+        })
+    }
+
+    /// The longest a read waits once the server died or went silent (the heartbeat
+    /// silence plus the wait for the server's report).
+    pub fn bound(&self) -> Duration {
+        self.bound
+    }
+
+    /// The manifest's entries, indexed by entry number.
+    pub fn entries(&self) -> &[Entry] {
+        self.store.manifest()
+    }
+
+    /// The layout the chunks are cut from.
+    pub fn layout(&self) -> &Layout {
+        self.store.layout()
+    }
+
+    /// Entry `entry`, if there is one.
+    pub fn stat(&self, entry: u32) -> Option<&Entry> {
+        self.entries().get(entry as usize)
+    }
+
+    /// The roots of the manifest (the path opened: one entry).
+    pub fn roots(&self) -> &[u32] {
+        self.children.get(&NO_PARENT).map_or(&[], |v| v)
+    }
+
+    /// The entries of directory `dir`, in manifest order (empty for anything else).
+    pub fn list(&self, dir: u32) -> &[u32] {
+        if dir == NO_PARENT {
+            return &[];
+        }
+        self.children.get(&dir).map_or(&[], |v| v)
+    }
+
+    /// The entry at `path`: names joined by `/`, starting with the root's name.
+    pub fn lookup(&self, path: &str) -> Option<u32> {
+        let mut at = NO_PARENT;
+        for name in path.split('/').filter(|n| !n.is_empty()) {
+            let kids = self.children.get(&at)?;
+            at = *kids
+                .iter()
+                .find(|&&i| self.entries()[i as usize].name == name.as_bytes())?;
+        }
+        (at != NO_PARENT).then_some(at)
+    }
+
+    /// The path of `entry`, names joined by `/`.
+    pub fn path(&self, entry: u32) -> String {
+        crate::session::entry_path(self.entries(), entry)
+    }
+
+    /// What the session did so far.
+    pub fn stats(&self) -> RemoteStats {
+        let s = &self.shared;
+        RemoteStats {
+            requests: s.requests.load(Relaxed),
+            chunks_wanted: s.wanted.load(Relaxed),
+            chunks_received: s.received.load(Relaxed),
+            cache_hits: s.hits.load(Relaxed),
+            evicted: s.evicted.load(Relaxed),
+        }
+    }
+
+    fn slot(&self, entry: u32) -> Result<Option<FileSlot>> {
+        let e = self.stat(entry).ok_or_else(|| {
+            Error::refused(
+                ErrorCode::NotFound,
+                format!("no entry {entry} in the manifest"),
+            )
+        })?;
+        if !matches!(e.kind, EntryKind::File { .. }) {
+            return Err(Error::refused(
+                ErrorCode::Unsupported,
+                format!("{} is not a regular file", self.path(entry)),
+            ));
+        }
+        let files = self.layout().files();
+        let i = files.partition_point(|f| f.entry < entry);
+        Ok(files.get(i).filter(|f| f.entry == entry).copied())
+    }
+
+    /// Up to `len` bytes of file `entry` from `offset` (fewer at its end; none past
+    /// it). Chunks not in the cache are asked for and waited for; a sequential read
+    /// also asks for the next chunks of the file.
+    pub async fn read_at(&self, entry: u32, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let Some(slot) = self.slot(entry)? else {
+            return Ok(Vec::new()); // an empty file
+        };
+        let end = offset.saturating_add(len).min(slot.size);
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        let cs = self.layout().chunk_size();
+        let (lo, hi) = (slot.start + offset, slot.start + end);
+        let need = lo / cs..(hi - 1) / cs + 1;
+        let file_end = (slot.end() - 1) / cs + 1;
+        let needs = self.request(entry, offset, end, need.clone(), file_end)?;
+        let mut out = Vec::with_capacity((hi - lo) as usize);
+        for (k, n) in need.zip(needs) {
+            let d = match n {
+                Need::Here(d) => d,
+                Need::Coming(rx) => match rx.await {
+                    Ok(Ok(d)) => d,
+                    Ok(Err(f)) => return Err(f.into_error()),
+                    Err(_) => return Err(self.failure()),
+                },
+            };
+            let base = k * cs;
+            let from = (lo.max(base) - base) as usize;
+            let to = (hi.min(base + cs) - base) as usize;
+            out.extend_from_slice(&d[from..to]);
+        }
+        Ok(out)
+    }
+
+    /// What a read gives when the session is gone.
+    fn failure(&self) -> Error {
+        match &self.shared.state.lock().failed {
+            Some(f) => f.clone().into_error(),
+            None => Error::protocol("this side", "the remote session's driver stopped"),
+        }
+    }
+
+    /// The chunks `need` of a read of `entry` (`offset..end`): from the cache, or
+    /// asked for (with read-ahead up to `file_end` when the read is sequential).
+    fn request(
+        &self,
+        entry: u32,
+        offset: u64,
+        end: u64,
+        need: Range<u64>,
+        file_end: u64,
+    ) -> Result<Vec<Need>> {
+        let mut st = self.shared.state.lock();
+        if let Some(f) = &st.failed {
+            return Err(f.clone().into_error());
+        }
+        let sequential = offset == 0 || st.last_end.get(&entry) == Some(&offset);
+        if st.last_end.len() >= 4096 {
+            st.last_end.clear();
+        }
+        st.last_end.insert(entry, end);
+        let mut want: Vec<Range<u64>> = Vec::new();
+        let mut add = |k: u64| match want.last_mut() {
+            Some(r) if r.end == k => r.end += 1,
+            _ => want.push(k..k + 1),
+        };
+        let mut needs = Vec::with_capacity((need.end - need.start) as usize);
+        let mut hits = 0;
+        for k in need.clone() {
+            if let Some(d) = st.cache.get(k) {
+                hits += 1;
+                needs.push(Need::Here(d));
+                continue;
+            }
+            let (tx, rx) = oneshot::channel();
+            match st.inflight.get_mut(&k) {
+                Some(ws) => ws.push(tx),
+                None => {
+                    st.inflight.insert(k, vec![tx]);
+                    add(k);
+                }
+            }
+            needs.push(Need::Coming(rx));
+        }
+        if sequential {
+            let ahead = need.end..file_end.min(need.end + self.opts.read_ahead);
+            for k in ahead {
+                if !st.cache.contains(k) && !st.inflight.contains_key(&k) {
+                    st.inflight.insert(k, Vec::new());
+                    add(k);
+                }
+            }
+        }
+        self.shared.hits.fetch_add(hits, Relaxed);
+        if !want.is_empty() {
+            let n: u64 = want.iter().map(|r| r.end - r.start).sum();
+            self.shared.requests.fetch_add(1, Relaxed);
+            self.shared.wanted.fetch_add(n, Relaxed);
+            // A driver that is gone fails the waiters itself (`Shared::fail`).
+            let _ = self.asks.send(DemandAsk::Want(want));
+        }
+        Ok(needs)
+    }
+
+    /// Ends the session cleanly (`Done`; the server then reports and closes), and
+    /// returns its error if it had failed. Reads still waiting fail.
+    pub async fn close(mut self) -> Result<()> {
+        let _ = self.asks.send(DemandAsk::Close);
+        let task = self.task.take().expect("closed once");
+        let r = tokio::select! {
+            r = task => r,
+            _ = tokio::time::sleep(self.bound + Duration::from_secs(5)) => {
+                self.run.fail(Error::Aborted);
+                return Err(Error::protocol("this side", "the remote session did not close in time"));
+            }
+        };
+        match r {
+            Ok(r) => r,
+            Err(e) => Err(Error::protocol(
+                "this side",
+                format!("remote session task: {e}"),
+            )),
+        }
+    }
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        // The driver closes the session when its requests' channel closes.
+        let _ = self.asks.send(DemandAsk::Close);
+    }
+}
+
+fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}

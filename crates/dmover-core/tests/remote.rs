@@ -1,0 +1,346 @@
+//! Remote access (`dmover_core::remote`): a server in this process on loopback, a tree
+//! read in place through request-driven sessions and compared with the local bytes;
+//! the cache, concurrent readers, a quiet spell longer than the idle limit, and a
+//! server that dies or goes silent (through a TCP proxy this test controls).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dmover_core::client::Client;
+use dmover_core::remote::{Remote, RemoteOptions};
+use dmover_core::server::{Server, ServerConfig};
+use dmover_core::session::TransferOptions;
+use dmover_proto::manifest::EntryKind;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+const CHUNK: u32 = 64 << 10;
+
+/// Deterministic bytes (an LCG), different per file.
+fn bytes(seed: u64, n: usize) -> Vec<u8> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) as u8
+        })
+        .collect()
+}
+
+/// The files of the tree: big ones over several chunks with a partial last one, and
+/// small ones that share chunks.
+const FILES: &[(&str, usize)] = &[
+    ("big", 3 * CHUNK as usize + 12_345),
+    ("a", 100),
+    ("b", 5_000),
+    ("sub/mid", 70_000),
+    ("sub/c", 1),
+    ("sub/exact", CHUNK as usize),
+    ("empty", 0),
+    ("z", 40_000),
+];
+
+struct Setup {
+    t: tempfile::TempDir,
+    addr: String,
+    stop: CancellationToken,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Setup {
+    fn local(&self, rel: &str) -> Vec<u8> {
+        std::fs::read(self.t.path().join("root/tree").join(rel)).unwrap()
+    }
+
+    fn client(&self, tune: impl FnOnce(&mut TransferOptions)) -> Client {
+        let mut opts = TransferOptions {
+            trust: Some(dmover_net::tls::Trust::KnownHosts(self.known_hosts())),
+            chunk_size: CHUNK,
+            streams: 2,
+            ..TransferOptions::default()
+        };
+        tune(&mut opts);
+        Client::new(opts, 1)
+    }
+
+    fn known_hosts(&self) -> PathBuf {
+        self.t.path().join("known_hosts")
+    }
+}
+
+async fn setup() -> Setup {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("root");
+    for (i, (name, n)) in FILES.iter().enumerate() {
+        let p = root.join("tree").join(name);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, bytes(i as u64, *n)).unwrap();
+    }
+    let mut cfg = ServerConfig::new(&root);
+    // Two sessions at once (a 64 KiB buffer counts as 1 MiB of the budget).
+    cfg.memory_budget = 8 << 30;
+    let srv = Server::new(cfg).unwrap();
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    tokio::spawn(async move { srv.serve(l, s).await });
+    Setup { t, addr, stop }
+}
+
+/// A TCP proxy in front of the server: `kill` drops every connection, `freeze` stops
+/// moving bytes and keeps the connections open (a silent server).
+struct Proxy {
+    addr: String,
+    kill: CancellationToken,
+    freeze: CancellationToken,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.kill.cancel();
+    }
+}
+
+async fn proxy(target: String) -> Proxy {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let (kill, freeze) = (CancellationToken::new(), CancellationToken::new());
+    let (k, f) = (kill.clone(), freeze.clone());
+    tokio::spawn(async move {
+        loop {
+            let (mut c, _) = tokio::select! {
+                _ = k.cancelled() => return,
+                r = l.accept() => r.unwrap(),
+            };
+            let (k, f, target) = (k.clone(), f.clone(), target.clone());
+            tokio::spawn(async move {
+                let Ok(mut s) = TcpStream::connect(&target).await else {
+                    return;
+                };
+                tokio::select! {
+                    _ = k.cancelled() => {}
+                    _ = tokio::io::copy_bidirectional(&mut c, &mut s) => {}
+                    // Frozen: nothing moves, the connections stay open.
+                    _ = f.cancelled() => k.cancelled().await,
+                }
+            });
+        }
+    });
+    Proxy { addr, kill, freeze }
+}
+
+/// Reads of `len` at `off` of `rel` through `r` equal the local bytes.
+async fn check(r: &Remote, s: &Setup, rel: &str, off: u64, len: u64) {
+    let e = r.lookup(&format!("tree/{rel}")).unwrap();
+    let local = s.local(rel);
+    let got = r.read_at(e, off, len).await.unwrap();
+    let from = (off as usize).min(local.len());
+    let to = (off.saturating_add(len) as usize).min(local.len());
+    assert_eq!(got.len(), to - from, "{rel} at {off}+{len}");
+    assert!(got == local[from..to], "{rel} at {off}+{len}: bytes differ");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_reads_of_a_tree_equal_the_local_bytes() {
+    let s = setup().await;
+    let c = s.client(|_| {});
+    let r = Remote::open(&c, &s.addr, b"tree").await.unwrap();
+    // The manifest: stat and list.
+    let root = r.lookup("tree").unwrap();
+    assert_eq!(r.roots(), &[root]);
+    assert!(matches!(r.stat(root).unwrap().kind, EntryKind::Dir));
+    let mut names: Vec<String> = r
+        .list(root)
+        .iter()
+        .map(|&i| String::from_utf8_lossy(&r.stat(i).unwrap().name).into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["a", "b", "big", "empty", "sub", "z"]);
+    for (name, n) in FILES {
+        let e = r.lookup(&format!("tree/{name}")).unwrap();
+        assert_eq!(r.stat(e).unwrap().file_size(), *n as u64, "{name}");
+        assert_eq!(r.path(e), format!("tree/{name}"));
+    }
+    assert!(r.lookup("tree/nope").is_none());
+    // Whole files, ranges across chunk boundaries, the last partial chunk, past the end.
+    let cs = u64::from(CHUNK);
+    for (name, _) in FILES {
+        check(&r, &s, name, 0, u64::MAX).await;
+    }
+    let r2 = Remote::open_with(
+        &c,
+        &s.addr,
+        b"tree",
+        RemoteOptions {
+            cache_bytes: 2 * cs,
+            read_ahead: 0,
+        },
+    )
+    .await
+    .unwrap();
+    for (off, len) in [
+        (cs - 10, 20),
+        (2 * cs - 1, cs + 2),
+        (3 * cs, 12_345),
+        (3 * cs + 12_000, 10_000),
+        (3 * cs + 12_345, 1),
+        (0, 1),
+        (17, 3 * cs),
+    ] {
+        check(&r2, &s, "big", off, len).await;
+    }
+    // Random ranges of random files, through a cache of two chunks (evictions).
+    let mut x = 12345u64;
+    let mut next = move || {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        x >> 20
+    };
+    for _ in 0..150 {
+        let (name, n) = FILES[(next() % FILES.len() as u64) as usize];
+        let off = next() % (n as u64 + 10);
+        let len = next() % (cs + 5000);
+        check(&r2, &s, name, off, len).await;
+    }
+    assert!(r2.stats().evicted > 0);
+    // Concurrent readers of one session.
+    let r = Arc::new(r);
+    let s = Arc::new(s);
+    let mut tasks = Vec::new();
+    for t in 0..4u64 {
+        let (r, s) = (r.clone(), s.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut x = t + 1;
+            for _ in 0..40 {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                let (name, n) = FILES[((x >> 33) % FILES.len() as u64) as usize];
+                let off = (x >> 13) % (n as u64 + 1);
+                check(&r, &s, name, off, 3 * cs / 2).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    Arc::try_unwrap(r).unwrap().close().await.unwrap();
+    r2.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_read_costs_no_request() {
+    let s = setup().await;
+    let c = s.client(|_| {});
+    let opts = RemoteOptions {
+        read_ahead: 0,
+        ..RemoteOptions::default()
+    };
+    // One file opened by itself: the manifest is that file.
+    let r = Remote::open_with(&c, &s.addr, b"tree/big", opts)
+        .await
+        .unwrap();
+    let e = r.lookup("big").unwrap();
+    assert_eq!(r.roots(), &[e]);
+    let cs = u64::from(CHUNK);
+    let first = r.read_at(e, cs - 100, 200).await.unwrap();
+    let st = r.stats();
+    assert_eq!(
+        (st.requests, st.chunks_wanted, st.chunks_received),
+        (1, 2, 2)
+    );
+    for _ in 0..3 {
+        assert_eq!(r.read_at(e, cs - 100, 200).await.unwrap(), first);
+        assert_eq!(r.read_at(e, cs, 50).await.unwrap(), first[100..150]);
+    }
+    let st = r.stats();
+    assert_eq!(
+        (st.requests, st.chunks_wanted, st.chunks_received),
+        (1, 2, 2)
+    );
+    assert_eq!(st.cache_hits, 3 * 3);
+    r.close().await.unwrap();
+
+    // Read-ahead: a sequential read of chunk 0 also asks for the next ones, and the
+    // reads of those cost no request of their own.
+    let opts = RemoteOptions {
+        read_ahead: 2,
+        ..RemoteOptions::default()
+    };
+    let r = Remote::open_with(&c, &s.addr, b"tree/big", opts)
+        .await
+        .unwrap();
+    let local = s.local("big");
+    let a = r.read_at(e, 0, cs).await.unwrap();
+    assert_eq!(r.stats().chunks_wanted, 3);
+    let b = r.read_at(e, cs, cs).await.unwrap();
+    assert_eq!(a, local[..cs as usize]);
+    assert_eq!(b, local[cs as usize..2 * cs as usize]);
+    // The second read found chunk 1 in the cache or on its way; it asked only for
+    // chunk 3 (read-ahead within the file's four chunks).
+    let st = r.stats();
+    assert_eq!((st.requests, st.chunks_wanted), (2, 4));
+    r.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_spell_longer_than_the_idle_limit_keeps_the_session() {
+    let s = setup().await;
+    let c = s.client(|o| o.idle_timeout = Duration::from_secs(1));
+    let r = Remote::open(&c, &s.addr, b"tree").await.unwrap();
+    check(&r, &s, "a", 0, 100).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    check(&r, &s, "big", 70_000, 100_000).await;
+    r.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_server_fails_reads_within_the_bound() {
+    let s = setup().await;
+    let p = proxy(s.addr.clone()).await;
+    let c = s.client(|o| o.heartbeat = Duration::from_millis(250));
+    let r = Remote::open(&c, &p.addr, b"tree").await.unwrap();
+    let bound = r.bound();
+    assert_eq!(bound, Duration::from_secs(3));
+    check(&r, &s, "b", 0, 5000).await;
+    p.kill.cancel();
+    let t = Instant::now();
+    let e = r.read_at(r.lookup("tree/big").unwrap(), 0, 10).await;
+    assert!(e.is_err(), "a read after the server died");
+    assert!(
+        t.elapsed() <= bound + Duration::from_secs(1),
+        "{:?}",
+        t.elapsed()
+    );
+    // Later reads fail at once, cached or not; close reports the failure.
+    let t = Instant::now();
+    assert!(r.read_at(r.lookup("tree/b").unwrap(), 0, 10).await.is_err());
+    assert!(t.elapsed() < Duration::from_secs(1));
+    assert!(r.close().await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_server_fails_a_waiting_read_within_the_bound() {
+    let s = setup().await;
+    let p = proxy(s.addr.clone()).await;
+    let c = s.client(|o| o.heartbeat = Duration::from_millis(250));
+    let r = Remote::open(&c, &p.addr, b"tree").await.unwrap();
+    let bound = r.bound();
+    check(&r, &s, "a", 0, 100).await;
+    p.freeze.cancel();
+    let t = Instant::now();
+    // Chunk 1 of the big file: no read asked for it or anything near.
+    let big = r.lookup("tree/big").unwrap();
+    let e = r.read_at(big, u64::from(CHUNK), 10).await.unwrap_err();
+    let took = t.elapsed();
+    assert!(took <= bound + Duration::from_secs(1), "{took:?}: {e}");
+    assert!(e.to_string().contains("did not answer"), "{e}");
+}
