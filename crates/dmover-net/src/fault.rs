@@ -165,16 +165,14 @@ impl<T: ChunkTx> ChunkTx for FaultyTx<T> {
         self.inner.send_chunk(f, buf).await
     }
 
-    fn send_chunk_paced<'a>(
+    async fn send_chunk_paced<'a>(
         &'a mut self,
         f: ChunkFrame<'a>,
         buf: &'a mut [u8],
         pacer: &'a Pacer,
-    ) -> impl Future<Output = io::Result<()>> + Send + 'a {
-        async move {
-            self.cuts(f.payload_len() as u64)?;
-            self.inner.send_chunk_paced(f, buf, pacer).await
-        }
+    ) -> io::Result<()> {
+        self.cuts(f.payload_len() as u64)?;
+        self.inner.send_chunk_paced(f, buf, pacer).await
     }
 
     async fn send_end(&mut self, sent: u64) -> io::Result<()> {
