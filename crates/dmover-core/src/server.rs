@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use dmover_net::control::{ControlChannel, read_preamble, write_preamble};
 use dmover_net::fault::{FaultPlan, Faulty};
 use dmover_net::join::{AcceptError, JoinTable};
+use dmover_net::pace::{Paced, Pacer};
 use dmover_net::stream::DataIo;
 use dmover_net::tcp::{self, SocketOptions};
 use dmover_net::tls::ServerIdentity;
@@ -132,6 +133,7 @@ impl ServerConfig {
                 path: root.into(),
                 read_only: false,
                 third_party: false,
+                bwlimit: None,
             }],
             read_only: false,
             users: None,
@@ -165,6 +167,7 @@ impl ServerConfig {
             token: Some(auth::token_keys(token).verifier),
             keys: Vec::new(),
             exports,
+            bwlimit: None,
         };
         self.users = Some(BTreeMap::from([("*".to_string(), user)]));
     }
@@ -1048,11 +1051,18 @@ impl Server {
             }),
             _ => None,
         };
+        let pacer = session_bwlimit(&policy, grant, &uses).map(|(rate, by)| {
+            tracing::info!(
+                "{peer}: session limited to {} ({rate} bytes/s) by {by}",
+                dmover_proto::units::format_rate(rate.saturating_mul(8))
+            );
+            Pacer::new(rate)
+        });
         let joins = drive::Accepted::new(rx, move |io: DataIo| {
             if let Some(o) = &congestion {
                 dmover_net::tcp::tune_stream(io.get_ref(), o);
             }
-            Faulty::new(io, plan.clone())
+            Paced::new(Faulty::new(io, plan.clone()), pacer.clone())
         });
         let run = Run::new();
         let _policy = policy::watch(
@@ -1165,6 +1175,20 @@ impl Server {
         log.done = Some((bytes, files));
         Ok(())
     }
+}
+
+/// The bandwidth limit of a session (bytes per second) and what sets it: the lowest of
+/// its user's `bwlimit` and those of the exports it uses.
+fn session_bwlimit(policy: &Policy, grant: &Grant, uses: &[Use]) -> Option<(u64, String)> {
+    let user = policy
+        .users
+        .as_ref()
+        .and_then(|u| u.get(&grant.user))
+        .and_then(|u| Some((u.bwlimit?, format!("user {:?}", u.name))));
+    let exports = uses
+        .iter()
+        .filter_map(|u| Some((u.export.bwlimit?, format!("export {:?}", u.export.name))));
+    user.into_iter().chain(exports).min_by_key(|l| l.0)
 }
 
 /// What a control connection brought from TLS: its exported secrets (see

@@ -78,6 +78,10 @@ pub struct TransferOptions {
     pub continue_on_error: bool,
     /// Heartbeat interval on the control channel.
     pub heartbeat: Duration,
+    /// Bandwidth limit of the transfer, all data streams together, in bytes per
+    /// second, applied on this side ([`dmover_net::pace`]): a source paces its sends,
+    /// a sink its reads.
+    pub bwlimit: Option<u64>,
 }
 
 impl TransferOptions {
@@ -119,6 +123,7 @@ impl Default for TransferOptions {
             verify: false,
             continue_on_error: false,
             heartbeat: HEARTBEAT,
+            bwlimit: None,
         }
     }
 }

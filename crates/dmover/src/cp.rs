@@ -46,6 +46,7 @@ pub fn transfer_options(a: &TransferArgs, env: &Env) -> anyhow::Result<TransferO
             recv_buffer: a.tcp_buffer.map(|b| b as usize),
             congestion: a.congestion.clone(),
         },
+        bwlimit: a.bwlimit,
         token,
         key,
         user: a.user.clone(),
@@ -128,6 +129,12 @@ pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
     } = &dst
     {
         if srcs.iter().any(|s| matches!(s, Endpoint::Remote { .. })) {
+            if a.transfer.bwlimit.is_some() {
+                return Err(usage(
+                    "--bwlimit does not apply to a copy between two servers (the data does \
+                     not pass through this client; the servers' own limits apply)",
+                ));
+            }
             return third_party(&a, env, opts, srcs, dest_server.clone(), dest.clone());
         }
     } else if a.tpc.is_some() {
@@ -212,6 +219,7 @@ pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
         a.json || ndjson,
         a.quiet,
         &run.progress,
+        a.transfer.bwlimit,
     ))
 }
 
@@ -294,5 +302,6 @@ fn third_party(
         a.json || ndjson,
         a.quiet,
         &run.progress,
+        a.transfer.bwlimit,
     ))
 }

@@ -381,6 +381,8 @@ struct JsonReport {
     failed: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+    /// This side's bandwidth limit (`--bwlimit`), bytes per second; null without.
+    bwlimit: Option<u64>,
     /// Set-up time and steady-state rate (see [`Timing`]).
     #[serde(flatten)]
     timing: Timing,
@@ -464,6 +466,7 @@ pub fn report(
     json: bool,
     quiet: bool,
     progress: &Progress,
+    bwlimit: Option<u64>,
 ) -> ExitCode {
     match result {
         Ok(r) => {
@@ -498,6 +501,7 @@ pub fn report(
                     errors: failed,
                     failed: r.failed.clone(),
                     error: None,
+                    bwlimit,
                     timing,
                 };
                 print_line(&j);
@@ -571,6 +575,7 @@ pub fn report(
                     errors: 1,
                     failed: Vec::new(),
                     error: Some(e.to_string()),
+                    bwlimit,
                     timing,
                 };
                 print_line(&j);
