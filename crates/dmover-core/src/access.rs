@@ -527,7 +527,10 @@ mod tests {
         assert_eq!(exports[1].bwlimit, Some(60_000_000));
         assert_eq!(users["alice"].bwlimit, Some(125_000_000));
         for (bad, why) in [
-            ("bwlimit = \"fast\"", "user alice: bwlimit: unknown unit"),
+            (
+                "bwlimit = \"fast\"",
+                "user alice: bwlimit: rate \"fast\" is not a number",
+            ),
             ("bwlimit = \"100\"", "needs a unit"),
             ("bwlimit = \"1gb\"", "bits or bytes"),
             ("bwlimit = \"0gbit\"", "leave it out for no limit"),
