@@ -1056,6 +1056,7 @@ impl Server {
                 "{peer}: session limited to {} ({rate} bytes/s) by {by}",
                 dmover_proto::units::format_rate(rate.saturating_mul(8))
             );
+            log.bwlimit = Some(rate);
             Pacer::new(rate)
         });
         let joins = drive::Accepted::new(rx, move |io: DataIo| {
@@ -1216,6 +1217,8 @@ struct SessionLog {
     done: Option<(u64, u64)>,
     /// Its entry in the server's monitor, once it asked for something.
     live: Option<crate::monitor::Live>,
+    /// The session's bandwidth limit (bytes per second), if it had one.
+    bwlimit: Option<u64>,
 }
 
 impl SessionLog {
@@ -1234,6 +1237,7 @@ impl SessionLog {
             progress: None,
             done: None,
             live: None,
+            bwlimit: None,
         }
     }
 
@@ -1265,6 +1269,7 @@ impl SessionLog {
                 seconds,
                 gbit_per_s,
                 data,
+                bwlimit = self.bwlimit,
                 result = "ok",
                 "session finished"
             ),
@@ -1277,6 +1282,7 @@ impl SessionLog {
                 seconds,
                 gbit_per_s,
                 data,
+                bwlimit = self.bwlimit,
                 result = "error",
                 error = %e,
                 "session failed"

@@ -78,7 +78,12 @@ fn a_server_export_limit_paces_a_push() {
     .unwrap();
     let log = t.path().join("server.log");
     let srv = Server::start_with(
-        &["--config".as_ref(), config.as_os_str()],
+        &[
+            "--config".as_ref(),
+            config.as_os_str(),
+            "--log-format".as_ref(),
+            "json".as_ref(),
+        ],
         &data,
         Some(&log),
         None,
@@ -101,18 +106,30 @@ fn a_server_export_limit_paces_a_push() {
         "a push into a 40 Mbit/s export took {took:?}"
     );
     same(&src, &data.join("big"));
-    // The server logs the limit that holds: the export's, the lower.
+    // The server logs the limit that holds, the export's (the lower), when the session
+    // starts and in its session line.
     let end = Instant::now() + Duration::from_secs(5);
-    let mut text = String::new();
+    let mut lines: Vec<serde_json::Value> = Vec::new();
     while Instant::now() < end {
-        text = std::fs::read_to_string(&log).unwrap_or_default();
-        if text.contains("session limited to") {
+        lines = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        if lines.iter().any(|l| l["message"] == "session finished") {
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(
-        text.contains("session limited to 40mbit (5000000 bytes/s) by export \"data\""),
-        "{text}"
+        lines.iter().any(|l| l["message"].as_str().is_some_and(
+            |m| m.ends_with("session limited to 40mbit (5000000 bytes/s) by export \"data\"")
+        )),
+        "{lines:?}"
     );
+    let done = lines
+        .iter()
+        .find(|l| l["message"] == "session finished")
+        .unwrap_or_else(|| panic!("no session line: {lines:?}"));
+    assert_eq!(done["bwlimit"], 5_000_000, "{done}");
 }
