@@ -21,11 +21,13 @@
 //! [exports.data]
 //! path = "/data"
 //! read_only = false                # optional: read-only for everyone
+//! bwlimit = "10gbit"               # optional: per session on it (a rate with a unit)
 //!
 //! [users.alice]
 //! token = "dmover-token-v2:…"      # from `dmover credential token FILE`
 //! keys = ["ed25519:…"]             # from `dmover credential key FILE`
 //! exports = { data = "rw" }        # "ro" or "rw"
+//! bwlimit = "1gbit"                # optional: per session of the user
 //! ```
 //! A user named `*` matches any user name. Paths on a server with named exports start
 //! with the export's name (`data/run1`); a server with one unnamed export (`--root`)

@@ -1338,3 +1338,65 @@ pub fn check_credential(
         proof,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A session's limit is the lowest of its user's and those of the exports it uses,
+    /// named; none of them set: no limit.
+    #[test]
+    fn the_lowest_of_the_users_and_the_exports_limits_holds() {
+        let spec = |name: &str, bwlimit| ExportSpec {
+            name: name.into(),
+            path: "/x".into(),
+            read_only: false,
+            third_party: false,
+            bwlimit,
+        };
+        let use_of = |e: ExportSpec| Use {
+            path: Vec::new(),
+            write: false,
+            export: e,
+        };
+        let policy = |bwlimit| Policy {
+            exports: Vec::new(),
+            users: Some(BTreeMap::from([(
+                "alice".to_string(),
+                User {
+                    name: "alice".into(),
+                    token: None,
+                    keys: Vec::new(),
+                    exports: BTreeMap::new(),
+                    bwlimit,
+                },
+            )])),
+        };
+        let grant = Grant {
+            user: "alice".into(),
+            login: "alice".into(),
+            proven: Proven::Nothing,
+            exports: BTreeMap::new(),
+            scope: None,
+        };
+        let uses = [use_of(spec("a", Some(300))), use_of(spec("b", Some(200)))];
+        assert_eq!(
+            session_bwlimit(&policy(Some(1000)), &grant, &uses),
+            Some((200, "export \"b\"".into()))
+        );
+        assert_eq!(
+            session_bwlimit(&policy(Some(100)), &grant, &uses),
+            Some((100, "user \"alice\"".into()))
+        );
+        let free = [use_of(spec("a", None))];
+        assert_eq!(session_bwlimit(&policy(None), &grant, &free), None);
+        let unauthenticated = Policy {
+            exports: Vec::new(),
+            users: None,
+        };
+        assert_eq!(
+            session_bwlimit(&unauthenticated, &grant, &uses[..1]),
+            Some((300, "export \"a\"".into()))
+        );
+    }
+}
