@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -132,4 +132,67 @@ fn a_server_export_limit_paces_a_push() {
         .find(|l| l["message"] == "session finished")
         .unwrap_or_else(|| panic!("no session line: {lines:?}"));
     assert_eq!(done["bwlimit"], 5_000_000, "{done}");
+}
+
+/// A server with a token user alice and one export `data` (third-party copies allowed,
+/// `extra` added to it).
+fn config_server(t: &Path, name: &str, token_line: &str, extra: &str) -> (Server, PathBuf) {
+    let data = t.join(name);
+    std::fs::create_dir_all(&data).unwrap();
+    let config = t.join(format!("{name}.toml"));
+    std::fs::write(
+        &config,
+        format!(
+            "[exports.data]\npath = \"{}\"\nthird_party = true\n{extra}\n\
+             [users.alice]\n{token_line}exports = {{ data = \"rw\" }}\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let srv = Server::start_with(
+        &["--config".as_ref(), config.as_os_str()],
+        &data,
+        None,
+        None,
+    );
+    (srv, data)
+}
+
+/// A third-party copy is paced by the limit of the server whose export has one, whether
+/// that server dials (push) or accepts (pull).
+#[test]
+fn a_server_export_limit_paces_a_third_party_copy_both_ways() {
+    let t = tempfile::tempdir().unwrap();
+    let token = t.path().join("token");
+    let o = std::process::Command::new(bin())
+        .args(["credential", "token", s(&token)])
+        .output()
+        .unwrap();
+    ok(&o);
+    let token_line = String::from_utf8(o.stdout).unwrap();
+    let (a, a_data) = config_server(t.path(), "a", &token_line, "bwlimit = \"40mbit\"");
+    let (b, b_data) = config_server(t.path(), "b", &token_line, "");
+    write_file(&a_data.join("big"), 9, SIZE, 0o644, 1_600_000_000);
+    let env = [("DMOVER_USER", "alice")];
+    for (mode, dest) in [("push", "pushed"), ("pull", "pulled")] {
+        let dest_url = b.url(&format!("data/{dest}"));
+        let (j, took) = timed(
+            &[
+                "--json",
+                "--tpc",
+                mode,
+                "--token-file",
+                s(&token),
+                &a.url("data/big"),
+                &dest_url,
+            ],
+            &env,
+        );
+        assert!(j["bwlimit"].is_null(), "{j}");
+        assert!(
+            took >= LEAST,
+            "a third-party {mode} from a 40 Mbit/s export took {took:?}"
+        );
+        same(&a_data.join("big"), &b_data.join(dest));
+    }
 }
