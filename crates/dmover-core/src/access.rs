@@ -21,11 +21,13 @@
 //! [exports.data]
 //! path = "/data"
 //! read_only = false                # optional: read-only for everyone
+//! bwlimit = "10gbit"               # optional: per session on it (a rate with a unit)
 //!
 //! [users.alice]
 //! token = "dmover-token-v2:…"      # from `dmover credential token FILE`
 //! keys = ["ed25519:…"]             # from `dmover credential key FILE`
 //! exports = { data = "rw" }        # "ro" or "rw"
+//! bwlimit = "1gbit"                # optional: per session of the user
 //! ```
 //! A user named `*` matches any user name. Paths on a server with named exports start
 //! with the export's name (`data/run1`); a server with one unnamed export (`--root`)
@@ -58,6 +60,8 @@ pub struct ExportSpec {
     pub read_only: bool,
     /// Third-party copies may read from or write to it (docs/third-party.md).
     pub third_party: bool,
+    /// Bandwidth limit of each session on it, in bytes per second.
+    pub bwlimit: Option<u64>,
 }
 
 /// What a user may do with an export.
@@ -82,6 +86,8 @@ pub struct User {
     pub keys: Vec<[u8; 32]>,
     /// Rights per export name.
     pub exports: BTreeMap<String, Rights>,
+    /// Bandwidth limit of each of the user's sessions, in bytes per second.
+    pub bwlimit: Option<u64>,
 }
 
 /// The identity a session runs as, after authentication.
@@ -324,6 +330,8 @@ pub struct ExportEntry {
     /// Third-party copies may use it (off by default).
     #[serde(default)]
     pub third_party: bool,
+    /// Bandwidth limit of each session on it: a rate with a unit (`1gbit`, `100MB/s`).
+    pub bwlimit: Option<String>,
 }
 
 /// A user in the configuration file.
@@ -338,6 +346,20 @@ pub struct UserEntry {
     /// Rights per export.
     #[serde(default)]
     pub exports: BTreeMap<String, Rights>,
+    /// Bandwidth limit of each of the user's sessions: a rate with a unit.
+    pub bwlimit: Option<String>,
+}
+
+/// Parses a `bwlimit` key: a rate with a unit ([`dmover_proto::units::parse_rate`]),
+/// above zero, as bytes per second.
+pub fn parse_bwlimit(s: &str) -> std::result::Result<u64, String> {
+    let bits = dmover_proto::units::parse_rate(s)?;
+    if bits < 8 {
+        return Err(format!(
+            "bandwidth limit {s:?} is below one byte per second (leave it out for no limit)"
+        ));
+    }
+    Ok(bits / 8)
 }
 
 /// A configuration error, naming the file and the entry.
@@ -382,11 +404,18 @@ impl ConfigFile {
                     format!("export name {name:?} must be one path component"),
                 ));
             }
+            let bwlimit = e
+                .bwlimit
+                .as_deref()
+                .map(parse_bwlimit)
+                .transpose()
+                .map_err(|why| config_err(path, format!("export {name}: bwlimit: {why}")))?;
             exports.push(ExportSpec {
                 name: name.clone(),
                 path: e.path.clone(),
                 read_only: e.read_only,
                 third_party: e.third_party,
+                bwlimit,
             });
         }
         let mut users = BTreeMap::new();
@@ -426,6 +455,12 @@ impl ConfigFile {
                     ));
                 }
             }
+            let bwlimit = u
+                .bwlimit
+                .as_deref()
+                .map(parse_bwlimit)
+                .transpose()
+                .map_err(|why| config_err(path, format!("user {name}: bwlimit: {why}")))?;
             users.insert(
                 name.clone(),
                 User {
@@ -433,6 +468,7 @@ impl ConfigFile {
                     token,
                     keys,
                     exports: u.exports.clone(),
+                    bwlimit,
                 },
             );
         }
@@ -481,6 +517,33 @@ mod tests {
         let alice = &users["alice"];
         assert_eq!(alice.exports["data"], Rights::ReadWrite);
         assert_eq!(alice.keys, vec![key.public()]);
+        assert_eq!((alice.bwlimit, exports[0].bwlimit), (None, None));
+        // Bandwidth limits: rates with units, as bytes per second.
+        let limited = text
+            .replace(
+                "read_only = true\n",
+                "read_only = true\nbwlimit = \"60MB/s\"\n",
+            )
+            .replace("exports = {", "bwlimit = \"1Gbit\"\nexports = {");
+        let (exports, users) = ConfigFile::parse(&limited, p).unwrap().access(p).unwrap();
+        assert_eq!(exports[1].bwlimit, Some(60_000_000));
+        assert_eq!(users["alice"].bwlimit, Some(125_000_000));
+        for (bad, why) in [
+            (
+                "bwlimit = \"fast\"",
+                "user alice: bwlimit: rate \"fast\" is not a number",
+            ),
+            ("bwlimit = \"100\"", "needs a unit"),
+            ("bwlimit = \"1gb\"", "bits or bytes"),
+            ("bwlimit = \"0gbit\"", "leave it out for no limit"),
+        ] {
+            let t = limited.replace("bwlimit = \"1Gbit\"", bad);
+            let e = ConfigFile::parse(&t, p)
+                .and_then(|c| c.access(p).map(|_| ()))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(why) && e.contains("test.toml"), "{bad}: {e}");
+        }
         for bad in [
             text.replace("data = \"rw\"", "nope = \"rw\""),
             text.replace("\"rw\"", "\"rx\""),
@@ -500,6 +563,7 @@ mod tests {
             token: token.map(v),
             keys,
             exports: BTreeMap::from([("data".to_string(), Rights::ReadWrite)]),
+            bwlimit: None,
         };
         let users = |us: Vec<User>| -> BTreeMap<String, User> {
             us.into_iter().map(|u| (u.name.clone(), u)).collect()

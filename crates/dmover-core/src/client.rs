@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use dmover_net::control::{ControlChannel, write_preamble};
 use dmover_net::join::{Dialer, Dials, JoinError, JoinWait, LinkMode};
+use dmover_net::pace::{Paced, Pacer};
 use dmover_net::stream::DataIo;
 use dmover_net::tcp;
 use dmover_net::tls::TlsConnector;
@@ -230,11 +231,13 @@ pub(crate) struct Dialing {
     /// Streams asked for before the session's key was known.
     asked: Vec<u16>,
     early: Dials,
-    set: tokio::task::JoinSet<(u16, Result<DataStream<DataIo>>)>,
+    /// The transfer's bandwidth limit, shared by its streams.
+    pacer: Option<Arc<Pacer>>,
+    set: tokio::task::JoinSet<(u16, Result<DataStream<Paced<DataIo>>>)>,
 }
 
 impl drive::Joins for Dialing {
-    type Link = DataIo;
+    type Link = Paced<DataIo>;
 
     fn opened(&mut self, info: &SessionInfo) {
         self.key = Some((
@@ -255,17 +258,22 @@ impl drive::Joins for Dialing {
         };
         let early = self.early.take(stream);
         let (dialer, mode, wait) = (self.dialer.clone(), self.mode, self.wait);
+        let pacer = self.pacer.clone();
         self.set.spawn(async move {
             let r = dialer.join(early, session, stream, &key, mode, wait).await;
             let peer = dialer.server().to_string();
             (
                 stream,
-                r.map(|io| DataStream { io, peer }).map_err(join_error),
+                r.map(|io| DataStream {
+                    io: Paced::new(io, pacer),
+                    peer,
+                })
+                .map_err(join_error),
             )
         });
     }
 
-    async fn next(&mut self) -> (u16, Result<DataStream<DataIo>>) {
+    async fn next(&mut self) -> (u16, Result<DataStream<Paced<DataIo>>>) {
         loop {
             match self.set.join_next().await {
                 Some(Ok(r)) => return r,
@@ -654,6 +662,7 @@ impl Client {
             key: None,
             asked: Vec::new(),
             early: dials,
+            pacer: self.opts.bwlimit.map(Pacer::new),
             set: tokio::task::JoinSet::new(),
         }
     }

@@ -286,6 +286,7 @@ mod tests {
             token: Some(auth::token_keys(token).verifier),
             keys: Vec::new(),
             exports: rights.iter().map(|(e, r)| (e.to_string(), *r)).collect(),
+            bwlimit: None,
         }
     }
 
@@ -295,6 +296,7 @@ mod tests {
             path: path.into(),
             read_only,
             third_party: false,
+            bwlimit: None,
         }
     }
 

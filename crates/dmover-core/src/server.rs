@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use dmover_net::control::{ControlChannel, read_preamble, write_preamble};
 use dmover_net::fault::{FaultPlan, Faulty};
 use dmover_net::join::{AcceptError, JoinTable};
+use dmover_net::pace::{Paced, Pacer};
 use dmover_net::stream::DataIo;
 use dmover_net::tcp::{self, SocketOptions};
 use dmover_net::tls::ServerIdentity;
@@ -132,6 +133,7 @@ impl ServerConfig {
                 path: root.into(),
                 read_only: false,
                 third_party: false,
+                bwlimit: None,
             }],
             read_only: false,
             users: None,
@@ -165,6 +167,7 @@ impl ServerConfig {
             token: Some(auth::token_keys(token).verifier),
             keys: Vec::new(),
             exports,
+            bwlimit: None,
         };
         self.users = Some(BTreeMap::from([("*".to_string(), user)]));
     }
@@ -1048,11 +1051,19 @@ impl Server {
             }),
             _ => None,
         };
+        let pacer = session_bwlimit(&policy, grant, &uses).map(|(rate, by)| {
+            tracing::info!(
+                "{peer}: session limited to {} ({rate} bytes/s) by {by}",
+                dmover_proto::units::format_rate(rate.saturating_mul(8))
+            );
+            log.bwlimit = Some(rate);
+            Pacer::new(rate)
+        });
         let joins = drive::Accepted::new(rx, move |io: DataIo| {
             if let Some(o) = &congestion {
                 dmover_net::tcp::tune_stream(io.get_ref(), o);
             }
-            Faulty::new(io, plan.clone())
+            Paced::new(Faulty::new(io, plan.clone()), pacer.clone())
         });
         let run = Run::new();
         let _policy = policy::watch(
@@ -1170,6 +1181,20 @@ impl Server {
     }
 }
 
+/// The bandwidth limit of a session (bytes per second) and what sets it: the lowest of
+/// its user's `bwlimit` and those of the exports it uses.
+fn session_bwlimit(policy: &Policy, grant: &Grant, uses: &[Use]) -> Option<(u64, String)> {
+    let user = policy
+        .users
+        .as_ref()
+        .and_then(|u| u.get(&grant.user))
+        .and_then(|u| Some((u.bwlimit?, format!("user {:?}", u.name))));
+    let exports = uses
+        .iter()
+        .filter_map(|u| Some((u.export.bwlimit?, format!("export {:?}", u.export.name))));
+    user.into_iter().chain(exports).min_by_key(|l| l.0)
+}
+
 /// What a control connection brought from TLS: its exported secrets (see
 /// [`dmover_proto::auth`]), the deadline of everything up to the session, and the key
 /// the client proved in TLS (a server dialing for a third-party copy).
@@ -1195,6 +1220,8 @@ struct SessionLog {
     done: Option<(u64, u64)>,
     /// Its entry in the server's monitor, once it asked for something.
     live: Option<crate::monitor::Live>,
+    /// The session's bandwidth limit (bytes per second), if it had one.
+    bwlimit: Option<u64>,
 }
 
 impl SessionLog {
@@ -1213,6 +1240,7 @@ impl SessionLog {
             progress: None,
             done: None,
             live: None,
+            bwlimit: None,
         }
     }
 
@@ -1244,6 +1272,7 @@ impl SessionLog {
                 seconds,
                 gbit_per_s,
                 data,
+                bwlimit = self.bwlimit,
                 result = "ok",
                 "session finished"
             ),
@@ -1256,6 +1285,7 @@ impl SessionLog {
                 seconds,
                 gbit_per_s,
                 data,
+                bwlimit = self.bwlimit,
                 result = "error",
                 error = %e,
                 "session failed"
@@ -1310,4 +1340,66 @@ pub fn check_credential(
         },
         proof,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A session's limit is the lowest of its user's and those of the exports it uses,
+    /// named; none of them set: no limit.
+    #[test]
+    fn the_lowest_of_the_users_and_the_exports_limits_holds() {
+        let spec = |name: &str, bwlimit| ExportSpec {
+            name: name.into(),
+            path: "/x".into(),
+            read_only: false,
+            third_party: false,
+            bwlimit,
+        };
+        let use_of = |e: ExportSpec| Use {
+            path: Vec::new(),
+            write: false,
+            export: e,
+        };
+        let policy = |bwlimit| Policy {
+            exports: Vec::new(),
+            users: Some(BTreeMap::from([(
+                "alice".to_string(),
+                User {
+                    name: "alice".into(),
+                    token: None,
+                    keys: Vec::new(),
+                    exports: BTreeMap::new(),
+                    bwlimit,
+                },
+            )])),
+        };
+        let grant = Grant {
+            user: "alice".into(),
+            login: "alice".into(),
+            proven: Proven::Nothing,
+            exports: BTreeMap::new(),
+            scope: None,
+        };
+        let uses = [use_of(spec("a", Some(300))), use_of(spec("b", Some(200)))];
+        assert_eq!(
+            session_bwlimit(&policy(Some(1000)), &grant, &uses),
+            Some((200, "export \"b\"".into()))
+        );
+        assert_eq!(
+            session_bwlimit(&policy(Some(100)), &grant, &uses),
+            Some((100, "user \"alice\"".into()))
+        );
+        let free = [use_of(spec("a", None))];
+        assert_eq!(session_bwlimit(&policy(None), &grant, &free), None);
+        let unauthenticated = Policy {
+            exports: Vec::new(),
+            users: None,
+        };
+        assert_eq!(
+            session_bwlimit(&unauthenticated, &grant, &uses[..1]),
+            Some((300, "export \"a\"".into()))
+        );
+    }
 }

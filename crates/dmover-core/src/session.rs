@@ -84,6 +84,10 @@ pub struct TransferOptions {
     pub filter: Option<std::sync::Arc<dmover_store::filter::Filter>>,
     /// Heartbeat interval on the control channel.
     pub heartbeat: Duration,
+    /// Bandwidth limit of the transfer, all data streams together, in bytes per
+    /// second, applied on this side ([`dmover_net::pace`]): a source paces its sends,
+    /// a sink its reads.
+    pub bwlimit: Option<u64>,
 }
 
 impl TransferOptions {
@@ -127,6 +131,7 @@ impl Default for TransferOptions {
             mirror: false,
             filter: None,
             heartbeat: HEARTBEAT,
+            bwlimit: None,
         }
     }
 }

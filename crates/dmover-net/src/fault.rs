@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use dmover_proto::data::HEADER_LEN;
 
+use crate::pace::Pacer;
 use crate::transport::{ChunkFrame, ChunkTx, DataLink};
 
 /// What goes wrong, shared by every data stream it is given to.
@@ -144,13 +145,13 @@ impl<L: DataLink> DataLink for Faulty<L> {
     }
 }
 
-impl<T: ChunkTx> ChunkTx for FaultyTx<T> {
-    async fn send_chunk(&mut self, f: ChunkFrame<'_>, buf: &mut [u8]) -> io::Result<()> {
+impl<T: ChunkTx> FaultyTx<T> {
+    /// Whether the stream is (now) cut before a chunk of `more` payload bytes.
+    fn cuts(&mut self, more: u64) -> io::Result<()> {
         if self.cut {
             return Err(cut_error());
         }
         if let Some(p) = &self.plan {
-            let more = f.payload_len() as u64;
             if let Some(reset) = p.cuts(self.moved, more) {
                 self.cut = true;
                 self.inner.cut(reset);
@@ -158,7 +159,24 @@ impl<T: ChunkTx> ChunkTx for FaultyTx<T> {
             }
             self.moved += more;
         }
+        Ok(())
+    }
+}
+
+impl<T: ChunkTx> ChunkTx for FaultyTx<T> {
+    async fn send_chunk(&mut self, f: ChunkFrame<'_>, buf: &mut [u8]) -> io::Result<()> {
+        self.cuts(f.payload_len() as u64)?;
         self.inner.send_chunk(f, buf).await
+    }
+
+    async fn send_chunk_paced<'a>(
+        &'a mut self,
+        f: ChunkFrame<'a>,
+        buf: &'a mut [u8],
+        pacer: &'a Pacer,
+    ) -> io::Result<()> {
+        self.cuts(f.payload_len() as u64)?;
+        self.inner.send_chunk_paced(f, buf, pacer).await
     }
 
     async fn send_end(&mut self, sent: u64) -> io::Result<()> {

@@ -18,7 +18,9 @@
 //!   (no copy into a record buffer), and a lock-shared read/write split that reaches it.
 //! - [`transport`]: the seam the engine writes and reads chunks through
 //!   ([`transport::DataLink`]), with [`stream::DataIo`] as its first implementation;
-//!   [`fault`] wraps any of them with injected delays and cuts, for tests.
+//!   [`fault`] wraps any of them with injected delays and cuts, for tests; [`pace`]
+//!   wraps any of them with a bandwidth limit (a token bucket shared by a transfer's
+//!   streams).
 //! - [`zerocopy`]: `MSG_ZEROCOPY` sends with completion reaping, reporting when the
 //!   kernel copied after all.
 
@@ -28,6 +30,7 @@ pub mod control;
 pub mod fault;
 pub mod join;
 pub mod known_hosts;
+pub mod pace;
 pub mod stream;
 pub mod tcp;
 pub mod tls;

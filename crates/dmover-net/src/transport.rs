@@ -25,6 +25,7 @@ use dmover_proto::data::{
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::chunkio::{ChunkOut, DataWrite, Locked, ReadSide, WriteSide, write_sealed};
+use crate::pace::Pacer;
 use crate::stream::{DataIo, DataRead};
 use crate::zerocopy::{ZeroCopy, ZeroCopyStats};
 
@@ -112,6 +113,21 @@ pub trait ChunkTx: Send + 'static {
         f: ChunkFrame<'_>,
         buf: &mut [u8],
     ) -> impl Future<Output = io::Result<()>> + Send;
+
+    /// [`ChunkTx::send_chunk`] within a bandwidth limit: waits on `pacer` for the
+    /// payload's bytes. A transport that sends in windows waits before each (at most
+    /// [`SEND_WINDOW`] bytes); this default waits for the whole payload first.
+    fn send_chunk_paced<'a>(
+        &'a mut self,
+        f: ChunkFrame<'a>,
+        buf: &'a mut [u8],
+        pacer: &'a Pacer,
+    ) -> impl Future<Output = io::Result<()>> + Send + 'a {
+        async move {
+            pacer.take(f.payload_len() as u64).await;
+            self.send_chunk(f, buf).await
+        }
+    }
 
     /// Writes the `END` frame after `sent` chunks, and flushes (with zero-copy on: and
     /// waits, within [`ZEROCOPY_DRAIN`], for the kernel to be done with every payload).
@@ -278,13 +294,22 @@ where
     }
 }
 
-impl<S> ChunkTx for IoTx<DataIo<S>>
+impl<S> IoTx<DataIo<S>>
 where
     S: AsyncRead + AsyncWrite + Cut + Unpin + Send + 'static,
 {
-    async fn send_chunk(&mut self, f: ChunkFrame<'_>, buf: &mut [u8]) -> io::Result<()> {
+    /// Sends a chunk frame, waiting on `pacer` (if any) before each window.
+    async fn send(
+        &mut self,
+        f: ChunkFrame<'_>,
+        buf: &mut [u8],
+        pacer: Option<&Pacer>,
+    ) -> io::Result<()> {
         let header = f.header();
         if let Some(zc) = &mut self.zc {
+            if let Some(p) = pacer {
+                p.take(f.payload_len() as u64).await;
+            }
             // The header and trailer change every frame: copied. The payload is sent
             // from the buffer.
             zc.send_copied(&[IoSlice::new(&header), IoSlice::new(f.trailer)])
@@ -300,6 +325,9 @@ where
         for (i, b) in self.bounds.windows(2).enumerate() {
             let head: &[&[u8]] = if i == 0 { &[&header, f.trailer] } else { &[] };
             let window = &self.pieces[b[0]..b[1]];
+            if let Some(p) = pacer {
+                p.take(window.iter().map(|w| w.1 as u64).sum()).await;
+            }
             let out = &mut self.out;
             self.w.with(|s| s.seal_chunk(head, buf, window, out));
             let mut iov = Vec::with_capacity(2 + 3 * window.len());
@@ -310,6 +338,28 @@ where
         // half in such a buffer while this stream waits for the next one would never be
         // acknowledged.
         self.w.flush().await
+    }
+}
+
+impl<S> ChunkTx for IoTx<DataIo<S>>
+where
+    S: AsyncRead + AsyncWrite + Cut + Unpin + Send + 'static,
+{
+    fn send_chunk(
+        &mut self,
+        f: ChunkFrame<'_>,
+        buf: &mut [u8],
+    ) -> impl Future<Output = io::Result<()>> + Send {
+        self.send(f, buf, None)
+    }
+
+    fn send_chunk_paced<'a>(
+        &'a mut self,
+        f: ChunkFrame<'a>,
+        buf: &'a mut [u8],
+        pacer: &'a Pacer,
+    ) -> impl Future<Output = io::Result<()>> + Send + 'a {
+        self.send(f, buf, Some(pacer))
     }
 
     async fn send_end(&mut self, sent: u64) -> io::Result<()> {

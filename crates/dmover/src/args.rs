@@ -166,6 +166,11 @@ pub struct TransferArgs {
     /// TCP congestion control for data streams (e.g. bbr, cubic) [default: system's].
     #[arg(long)]
     pub congestion: Option<String>,
+    /// Bandwidth limit of the transfer, all streams together, paced on this side: a
+    /// rate that says bits or bytes (500Mbit, 1gbit, 60MB/s, 100MiB/s; a bare number
+    /// is refused). A server's own limit for the user or export holds if lower.
+    #[arg(long, value_parser = dmover_core::access::parse_bwlimit, value_name = "RATE")]
+    pub bwlimit: Option<u64>,
     /// File holding the token the server requires (or set DMOVER_TOKEN).
     #[arg(long)]
     pub token_file: Option<PathBuf>,

@@ -49,6 +49,7 @@ pub fn transfer_options(a: &TransferArgs, env: &Env) -> anyhow::Result<TransferO
             recv_buffer: a.tcp_buffer.map(|b| b as usize),
             congestion: a.congestion.clone(),
         },
+        bwlimit: a.bwlimit,
         token,
         key,
         user: a.user.clone(),
@@ -218,6 +219,12 @@ fn run_copy(a: CpArgs, env: &Env, sync: bool) -> anyhow::Result<ExitCode> {
     } = &dst
     {
         if srcs.iter().any(|s| matches!(s, Endpoint::Remote { .. })) {
+            if a.transfer.bwlimit.is_some() {
+                return Err(usage(
+                    "--bwlimit does not apply to a copy between two servers (the data does \
+                     not pass through this client; the servers' own limits apply)",
+                ));
+            }
             return third_party(&a, env, opts, srcs, dest_server.clone(), dest.clone());
         }
     }
@@ -305,6 +312,7 @@ fn run_copy(a: CpArgs, env: &Env, sync: bool) -> anyhow::Result<ExitCode> {
         a.json || ndjson,
         a.quiet,
         &run.progress,
+        a.transfer.bwlimit,
         sync,
     ))
 }
@@ -388,5 +396,6 @@ fn third_party(
         a.json || ndjson,
         a.quiet,
         &run.progress,
+        a.transfer.bwlimit,
     ))
 }

@@ -79,6 +79,7 @@ pub fn run(a: DemoArgs, env: &Env) -> anyhow::Result<ExitCode> {
         false,
         false,
         &run.progress,
+        None,
     );
     shutdown.cancel();
     if !ok {

@@ -389,6 +389,8 @@ struct JsonReport {
     failed: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+    /// This side's bandwidth limit (`--bwlimit`), bytes per second; null without.
+    bwlimit: Option<u64>,
     /// Set-up time and steady-state rate (see [`Timing`]).
     #[serde(flatten)]
     timing: Timing,
@@ -472,9 +474,10 @@ pub fn report(
     json: bool,
     quiet: bool,
     progress: &Progress,
+    bwlimit: Option<u64>,
 ) -> ExitCode {
     report_with(
-        result, direction, dialer, secs, timing, json, quiet, progress, false,
+        result, direction, dialer, secs, timing, json, quiet, progress, bwlimit, false,
     )
 }
 
@@ -489,6 +492,7 @@ pub fn report_with(
     json: bool,
     quiet: bool,
     progress: &Progress,
+    bwlimit: Option<u64>,
     sync: bool,
 ) -> ExitCode {
     match result {
@@ -526,6 +530,7 @@ pub fn report_with(
                     errors: failed,
                     failed: r.failed.clone(),
                     error: None,
+                    bwlimit,
                     timing,
                 };
                 print_line(&j);
@@ -601,6 +606,7 @@ pub fn report_with(
                     errors: 1,
                     failed: Vec::new(),
                     error: Some(e.to_string()),
+                    bwlimit,
                     timing,
                 };
                 print_line(&j);

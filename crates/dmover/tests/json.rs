@@ -76,6 +76,7 @@ fn assert_summary_fields(j: &Value) {
         "failed",
         "first_chunk_seconds",
         "steady_gbit_per_s",
+        "bwlimit",
     ] {
         assert!(j.get(f).is_some(), "the summary lacks {f}: {j}");
     }

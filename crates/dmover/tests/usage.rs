@@ -46,6 +46,19 @@ fn bad_values_are_usage_errors() {
         ),
         (&["cp", "--retries", "-1", "a", "h:"], "-1"),
         (
+            &["cp", "--bwlimit", "fast", "a", "h:"],
+            "invalid value 'fast' for '--bwlimit <RATE>': rate \"fast\" is not a number",
+        ),
+        (
+            &["cp", "--bwlimit", "100", "a", "h:"],
+            "needs a unit, e.g. 100gbit or 100MB/s",
+        ),
+        (&["cp", "--bwlimit", "1gb", "a", "h:"], "write 1gbit"),
+        (
+            &["cp", "--bwlimit", "0mbit", "a", "h:"],
+            "below one byte per second",
+        ),
+        (
             &["serve", "--root", ".", "--listen", "dtn1"],
             "invalid socket address",
         ),
@@ -128,6 +141,10 @@ fn contradicting_options_are_usage_errors() {
         (
             &["cp", "--resume", "--no-journal", "a", "h:"],
             "cannot be used with",
+        ),
+        (
+            &["cp", "--bwlimit", "1gbit", "h:a", "g:b"],
+            "--bwlimit does not apply to a copy between two servers",
         ),
         (&["serve"], "--root"),
         (

@@ -251,7 +251,7 @@ impl Server {
             .unwrap_or(&tp.peer)
             .clone();
         let streams = open.streams.clamp(1, MAX_STREAMS);
-        let opts = crate::session::TransferOptions {
+        let mut opts = crate::session::TransferOptions {
             streams,
             chunk_size: open.chunk_size,
             checksum: open.checksum,
@@ -268,15 +268,6 @@ impl Server {
             busy_wait: Duration::from_secs(10),
             ..Default::default()
         };
-        let client = Client::as_server(
-            opts,
-            self.disk.clone(),
-            AsServer {
-                identity: self.identity.clone(),
-                peer_key: tp.peer_key.clone(),
-                capability: tp.capability.clone(),
-            },
-        );
         // The local paths, checked now and at every reload, as for any session.
         let policy = self.policy.borrow().clone();
         let write = tp.mode == TpcMode::Pull;
@@ -293,6 +284,24 @@ impl Server {
             .collect::<Result<Vec<_>>>()?
             .into_iter()
             .unzip();
+        // This server's own limit for the user and the exports, paced on its side.
+        if let Some((rate, by)) = super::session_bwlimit(&policy, grant, &uses) {
+            tracing::info!(
+                "third-party copy with {target}: limited to {} ({rate} bytes/s) by {by}",
+                dmover_proto::units::format_rate(rate.saturating_mul(8))
+            );
+            log.bwlimit = Some(rate);
+            opts.bwlimit = Some(rate);
+        }
+        let client = Client::as_server(
+            opts,
+            self.disk.clone(),
+            AsServer {
+                identity: self.identity.clone(),
+                peer_key: tp.peer_key.clone(),
+                capability: tp.capability.clone(),
+            },
+        );
         let run = Run::new();
         let _policy = crate::policy::watch(
             self.policy.subscribe(),
