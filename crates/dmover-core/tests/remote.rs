@@ -294,10 +294,12 @@ async fn a_repeated_read_costs_no_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_spell_longer_than_the_idle_limit_keeps_the_session() {
     let s = setup().await;
-    let c = s.client(|o| o.idle_timeout = Duration::from_secs(1));
+    // An idle limit of 2 s: short enough for a quick test, long enough for a loaded
+    // machine to answer a request within it.
+    let c = s.client(|o| o.idle_timeout = Duration::from_secs(2));
     let r = Remote::open(&c, &s.addr, b"tree").await.unwrap();
     check(&r, &s, "a", 0, 100).await;
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_millis(4500)).await;
     check(&r, &s, "big", 70_000, 100_000).await;
     r.close().await.unwrap();
 }
@@ -316,7 +318,7 @@ async fn a_killed_server_fails_reads_within_the_bound() {
     let e = r.read_at(r.lookup("tree/big").unwrap(), 0, 10).await;
     assert!(e.is_err(), "a read after the server died");
     assert!(
-        t.elapsed() <= bound + Duration::from_secs(1),
+        t.elapsed() <= bound + Duration::from_secs(3),
         "{:?}",
         t.elapsed()
     );
@@ -341,6 +343,6 @@ async fn a_silent_server_fails_a_waiting_read_within_the_bound() {
     let big = r.lookup("tree/big").unwrap();
     let e = r.read_at(big, u64::from(CHUNK), 10).await.unwrap_err();
     let took = t.elapsed();
-    assert!(took <= bound + Duration::from_secs(1), "{took:?}: {e}");
+    assert!(took <= bound + Duration::from_secs(3), "{took:?}: {e}");
     assert!(e.to_string().contains("did not answer"), "{e}");
 }

@@ -131,6 +131,10 @@ impl<L: DataLink> DataLink for Paced<L> {
         self.inner.recv_header()
     }
 
+    fn reads_timed_by_caller(&mut self) {
+        self.inner.reads_timed_by_caller();
+    }
+
     async fn recv_into(&mut self, dst: &mut [u8]) -> io::Result<()> {
         let Some(p) = &self.pacer else {
             return self.inner.recv_into(dst).await;

@@ -100,8 +100,9 @@ pub trait DataLink: Send + 'static {
 
     /// A sink's reads are timed by the caller from now on (a request-driven session's
     /// streams are rightly idle while nothing is asked for): the stream's own idle
-    /// limit no longer applies to them; writes keep theirs.
-    fn reads_timed_by_caller(&mut self) {}
+    /// limit no longer applies to them; writes keep theirs. (No default: a wrapper
+    /// must pass it on.)
+    fn reads_timed_by_caller(&mut self);
 }
 
 /// The half of a source's data stream that writes chunk frames.
@@ -141,14 +142,11 @@ pub trait ChunkTx: Send + 'static {
     /// returns, so this is only for a source that never rewrites a buffer while the
     /// kernel may still read it (the memory-to-memory test's pattern). `Err`: why not
     /// (the stream transforms its bytes, or the kernel refuses); sends stay ordinary.
-    fn zerocopy(&mut self) -> Result<(), String> {
-        Err("this transport has no zero-copy sends".into())
-    }
+    /// (No default: a wrapper must pass it on; a transport without zero-copy says why.)
+    fn zerocopy(&mut self) -> Result<(), String>;
 
     /// The zero-copy counters, when zero-copy is on.
-    fn zerocopy_stats(&self) -> Option<ZeroCopyStats> {
-        None
-    }
+    fn zerocopy_stats(&self) -> Option<ZeroCopyStats>;
 }
 
 /// How long [`ChunkTx::send_end`] waits for a zero-copy stream's last completions.
