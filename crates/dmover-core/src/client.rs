@@ -859,6 +859,8 @@ impl Client {
         )?;
         let totals = Totals::of(source.tree().entries());
         run.progress.total.store(totals.bytes, Relaxed);
+        let files = crate::engine::files_with_data(source.tree().entries());
+        run.progress.total_files.store(files, Relaxed);
         // A busy server may keep us waiting: an interrupt ends the wait.
         let mut conn = tokio::select! {
             r = self.connect(server) => r?,

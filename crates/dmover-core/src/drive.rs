@@ -1201,7 +1201,8 @@ where
                         };
                         let totals = dmover_proto::manifest::Totals::of(&entries);
                         env.run.progress.total.store(totals.bytes, Relaxed);
-                        env.run.progress.total_files.store(totals.files, Relaxed);
+                        let files = crate::engine::files_with_data(&entries);
+                        env.run.progress.total_files.store(files, Relaxed);
                         let o = options.unwrap_or(SessionOptions {
                             resume: false,
                             journal: true,

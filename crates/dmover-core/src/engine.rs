@@ -24,7 +24,8 @@ pub struct Progress {
     pub chunks: AtomicU64,
     /// Bytes the destination already held when the latest attempt started.
     pub held: AtomicU64,
-    /// Regular files the transfer will move, once known (0 before).
+    /// Regular files with data the transfer will move, once known (0 before): the
+    /// files [`Progress::files`] counts to (see [`files_with_data`]).
     pub total_files: AtomicU64,
     /// Files whose last byte crossed the data streams (a receiver: was written; a
     /// sender: was sent, a chunk sent again counting again). Files of no bytes are
@@ -105,6 +106,12 @@ pub enum ProgressEvent {
         /// Chunks sent again on the other streams (a source knows; a sink does not).
         resent: Option<u64>,
     },
+}
+
+/// The regular files of `entries` that have data (empty files travel in the manifest,
+/// not in chunks): what [`Progress::total_files`] counts.
+pub fn files_with_data(entries: &[dmover_proto::manifest::Entry]) -> u64 {
+    entries.iter().filter(|e| e.file_size() > 0).count() as u64
 }
 
 impl Progress {

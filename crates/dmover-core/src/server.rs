@@ -1164,10 +1164,10 @@ impl Server {
                     .progress
                     .total
                     .store(totals.bytes, Ordering::Relaxed);
-                env.run
-                    .progress
-                    .total_files
-                    .store(totals.files, Ordering::Relaxed);
+                env.run.progress.total_files.store(
+                    crate::engine::files_with_data(source.tree().entries()),
+                    Ordering::Relaxed,
+                );
                 m.end_manifest(totals, drive::chunk_set(source.chunks()));
                 *reported = true;
                 let r = drive::source(m, ch, joins, source, env).await?;

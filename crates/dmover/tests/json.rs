@@ -111,15 +111,17 @@ fn ndjson_progress_lines_are_monotone_and_end_with_the_summary() {
     }
     let progress = of_type(&ls, "progress");
     assert!(!progress.is_empty(), "no progress line: {ls:?}");
-    let mut last = (-1.0, 0);
+    let mut last = (-1.0, 0, 0);
     for p in &progress {
-        let (secs, bytes) = (
+        let (secs, bytes, files) = (
             p["seconds"].as_f64().unwrap(),
             p["bytes_sent"].as_u64().unwrap(),
+            p["files"].as_u64().unwrap(),
         );
         assert!(secs > last.0, "seconds went back: {p} after {last:?}");
         assert!(bytes >= last.1, "bytes went back: {p} after {last:?}");
-        last = (secs, bytes);
+        assert!(files >= last.2, "files went back: {p} after {last:?}");
+        last = (secs, bytes, files);
         assert_eq!(p["attempt"], 1, "{p}");
         assert_eq!(p["streams_lost"], 0, "{p}");
         for f in [
@@ -131,6 +133,12 @@ fn ndjson_progress_lines_are_monotone_and_end_with_the_summary() {
         ] {
             assert!(p.get(f).is_some(), "a progress line lacks {f}: {p}");
         }
+    }
+    // The last progress line, at the end: every file with data was sent.
+    let files_with_data = walk_files_with_data(&src);
+    assert_eq!(last.2, files_with_data, "{:?}", progress.last());
+    for p in &progress {
+        assert_eq!(p["files_total"], files_with_data, "{p}");
     }
     let j = ls.last().unwrap();
     assert_summary_fields(j);
@@ -465,6 +473,21 @@ fn walk_bytes(p: &Path) -> u64 {
             n += walk_bytes(&e.path());
         } else if ft.is_file() {
             n += e.metadata().unwrap().len();
+        }
+    }
+    n
+}
+
+/// Regular files with at least one byte under `dir`.
+fn walk_files_with_data(dir: &std::path::Path) -> u64 {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let m = std::fs::symlink_metadata(e.path()).unwrap();
+        if m.is_dir() {
+            n += walk_files_with_data(&e.path());
+        } else if m.is_file() && m.len() > 0 {
+            n += 1;
         }
     }
     n
