@@ -23,12 +23,17 @@ use std::time::{Duration, Instant};
 use common::*;
 use dmover_netlab::{LinkSpec, TopoLinkKind, Topology, TopologySpec};
 
-struct Srv(std::process::Child);
+/// A server process; with the namespace's `/etc/netns` directory it made, removed
+/// with it.
+struct Srv(std::process::Child, Option<PathBuf>);
 
 impl Drop for Srv {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+        if let Some(dir) = &self.1 {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -101,7 +106,7 @@ fn serve(topo: &Topology, host: &str, root: &Path, token: &Path, advertise: Stri
     std::io::BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    Srv(child)
+    Srv(child, None)
 }
 
 fn timed(mut c: Command) -> f64 {
@@ -161,7 +166,7 @@ fn gridftp(topo: &Topology, host: &str, data: &str, dir: &Path) -> Srv {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
-    Srv(child)
+    Srv(child, Some(etc))
 }
 
 #[test]
