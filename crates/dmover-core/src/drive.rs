@@ -341,14 +341,27 @@ pub trait SinkStore: Sink + Sized + 'static {
         self.layout().n_chunks()
     }
 
-    /// What an earlier attempt left (reads the journal).
-    fn held(&self) -> Held;
+    /// What an earlier attempt left (reads the journal); by default nothing (storage
+    /// that keeps nothing between sessions).
+    fn held(&self) -> Held {
+        Held::none(self.entries())
+    }
 
     /// The manifest's entries.
     fn entries(&self) -> &[Entry];
 
-    /// Leaves out what is held.
-    fn resume(&mut self, held: &Held) -> Result<()>;
+    /// Leaves out what is held; by default only nothing can be (see
+    /// [`SinkStore::held`]).
+    fn resume(&mut self, held: &Held) -> Result<()> {
+        if held.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::refused(
+                ErrorCode::Unsupported,
+                "this destination keeps nothing to resume from",
+            ))
+        }
+    }
 
     /// Bytes an earlier attempt left.
     fn held_bytes(&self) -> u64 {
@@ -375,23 +388,8 @@ impl SinkStore for FileSink {
 }
 
 impl SinkStore for dmover_store::mem::MemSink {
-    fn held(&self) -> Held {
-        Held::none(self.entries())
-    }
-
     fn entries(&self) -> &[Entry] {
         dmover_store::mem::MemSink::entries(self)
-    }
-
-    fn resume(&mut self, held: &Held) -> Result<()> {
-        if held.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::refused(
-                ErrorCode::Unsupported,
-                "a memory sink holds nothing to resume",
-            ))
-        }
     }
 }
 

@@ -23,7 +23,6 @@ use dmover_proto::digest::crc32c_append;
 use dmover_proto::layout::Layout;
 use dmover_proto::manifest::{Entry, EntryKind, Mtime, NO_PARENT, Totals};
 use dmover_proto::session::{Limits, SinkSession, SourceSession, features};
-use dmover_store::resume::Held;
 use dmover_store::{ChunkRead, Sink, Source};
 use tokio::sync::mpsc;
 
@@ -270,23 +269,8 @@ impl Sink for Discard {
 }
 
 impl SinkStore for Discard {
-    fn held(&self) -> Held {
-        Held::none(&self.entries)
-    }
-
     fn entries(&self) -> &[Entry] {
         &self.entries
-    }
-
-    fn resume(&mut self, held: &Held) -> Result<()> {
-        if held.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::refused(
-                ErrorCode::Unsupported,
-                "a memory test has nothing to resume",
-            ))
-        }
     }
 
     fn grow(&self, _entries: Vec<Entry>, _chunks: Range<u64>) -> Result<()> {

@@ -40,7 +40,6 @@ use dmover_proto::layout::{FileSlot, Layout};
 use dmover_proto::manifest::{Entry, EntryKind, NO_PARENT};
 use dmover_proto::session::{Limits, SinkSession};
 use dmover_store::Sink;
-use dmover_store::resume::Held;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -274,23 +273,8 @@ impl Sink for ChunkCache {
 }
 
 impl SinkStore for ChunkCache {
-    fn held(&self) -> Held {
-        Held::none(&self.entries)
-    }
-
     fn entries(&self) -> &[Entry] {
         &self.entries
-    }
-
-    fn resume(&mut self, held: &Held) -> Result<()> {
-        if held.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::refused(
-                ErrorCode::Unsupported,
-                "a remote session holds nothing to resume",
-            ))
-        }
     }
 }
 

@@ -261,9 +261,7 @@ impl Host {
     /// A command that runs `program` inside this host's namespace (through `ip netns
     /// exec`); add arguments and spawn it as usual.
     pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec"]).arg(&self.netns).arg(program);
-        c
+        ns::command(&self.netns, program)
     }
 
     /// Runs `f` on a thread inside this host's namespace: sockets it creates belong

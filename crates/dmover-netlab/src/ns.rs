@@ -22,6 +22,13 @@ pub fn netns_path(name: &str) -> PathBuf {
     Path::new(NETNS_DIR).join(name)
 }
 
+/// A command that runs `program` inside namespace `name` (through `ip netns exec`).
+pub fn command(name: &str, program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
+    let mut c = std::process::Command::new("ip");
+    c.args(["netns", "exec"]).arg(name).arg(program);
+    c
+}
+
 /// Whether a named namespace exists.
 pub fn exists(name: &str) -> bool {
     netns_path(name).exists()

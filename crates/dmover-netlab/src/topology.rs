@@ -215,9 +215,7 @@ impl TopoHost {
     /// A command that runs `program` inside this host's namespace (through `ip netns
     /// exec`).
     pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec"]).arg(&self.netns).arg(program);
-        c
+        ns::command(&self.netns, program)
     }
 
     /// Runs `f` on a thread inside this host's namespace (see [`Host::in_netns`]).

@@ -48,20 +48,6 @@ fn push_preserves_every_kind_of_entry() {
     assert!(staging_files(&root).is_empty());
 }
 
-fn walk_bytes(p: &Path) -> u64 {
-    let m = std::fs::symlink_metadata(p).unwrap();
-    if m.is_dir() {
-        std::fs::read_dir(p)
-            .unwrap()
-            .map(|e| walk_bytes(&e.unwrap().path()))
-            .sum()
-    } else if m.is_file() {
-        m.len()
-    } else {
-        0
-    }
-}
-
 #[test]
 fn pull_preserves_every_kind_of_entry() {
     let t = tmp();

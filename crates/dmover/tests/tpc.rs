@@ -91,58 +91,6 @@ fn servers_that_do_not_allow_third_party_copies_refuse_and_nothing_is_written() 
     let _ = s(t.path());
 }
 
-/// A `dmover serve` inside a netlab host, listening on port 7700 of every address of
-/// the host (each host has its own ports); its state directory goes with it.
-struct NsServer(std::process::Child, #[allow(dead_code)] tempfile::TempDir);
-
-impl Drop for NsServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn ns_server(
-    t: &dmover_netlab::Topology,
-    host: &str,
-    root: &std::path::Path,
-    token: &std::path::Path,
-    advertise: String,
-) -> NsServer {
-    use std::io::BufRead;
-    let state = tempfile::Builder::new()
-        .prefix("dmover-state-")
-        .tempdir()
-        .unwrap();
-    let mut child = t
-        .host(host)
-        .unwrap()
-        .command(bin())
-        .args([
-            "serve",
-            "--third-party",
-            "--listen",
-            "0.0.0.0:7700",
-            "--root",
-        ])
-        .arg(root)
-        .arg("--token-file")
-        .arg(token)
-        .arg("--state-dir")
-        .arg(state.path())
-        .args(["--tpc-address", &advertise])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains(":7700"), "{line:?}");
-    NsServer(child, state)
-}
-
 /// Three hosts: client C on slow links (kernel tbf, 20 Mbit/s) to servers A and B, A
 /// and B on a plain veth. A tree of small and large files copies A → B byte-identical
 /// with either server dialing (each advertises its address on the A–B link), and C's
@@ -182,19 +130,19 @@ fn three_hosts_the_data_bypass_the_client() {
         .link("a", "b", TopoLinkKind::Veth);
     let lab = format!("tpc{}", std::process::id() % 100_000);
     let topo = Topology::up(&lab, &spec).unwrap();
-    let a_srv = ns_server(
+    let a_srv = ns_serve(
         &topo,
         "a",
         &a_root,
         &token,
-        format!("{}:7700", topo.addr("a", "b").unwrap()),
+        &format!("{}:7700", topo.addr("a", "b").unwrap()),
     );
-    let b_srv = ns_server(
+    let b_srv = ns_serve(
         &topo,
         "b",
         &b_root,
         &token,
-        format!("{}:7700", topo.addr("b", "a").unwrap()),
+        &format!("{}:7700", topo.addr("b", "a").unwrap()),
     );
     let a_url = |p: &str| format!("dmover://{}:7700/{p}", topo.addr("a", "c").unwrap());
     let b_url = |p: &str| format!("dmover://{}:7700/{p}", topo.addr("b", "c").unwrap());
@@ -226,37 +174,6 @@ fn three_hosts_the_data_bypass_the_client() {
     }
     drop((a_srv, b_srv));
     topo.down().unwrap();
-}
-
-/// Bytes of the regular files under `dir`.
-fn walk_bytes(dir: &std::path::Path) -> u64 {
-    let mut n = 0;
-    for e in std::fs::read_dir(dir).unwrap() {
-        let e = e.unwrap();
-        let m = e.metadata().unwrap();
-        if m.is_dir() {
-            n += walk_bytes(&e.path());
-        } else if m.is_file() {
-            n += m.len();
-        }
-    }
-    n
-}
-
-/// Files under `dir`, staging files included.
-fn count_files(dir: &std::path::Path) -> usize {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    rd.map(|e| e.unwrap())
-        .map(|e| {
-            if e.file_type().unwrap().is_dir() {
-                count_files(&e.path())
-            } else {
-                1
-            }
-        })
-        .sum()
 }
 
 /// The steering client killed mid-copy: the dialer stops the copy at once (its control
@@ -301,7 +218,7 @@ fn a_killed_client_stops_the_copy_and_resume_finishes_it() {
         .unwrap();
     let dst = b_root.join("dst");
     let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while count_files(&dst) < 8 {
+    while regular_file_sizes(&dst).len() < 8 {
         assert!(std::time::Instant::now() < until, "no progress at B");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
@@ -309,10 +226,10 @@ fn a_killed_client_stops_the_copy_and_resume_finishes_it() {
     child.wait().unwrap();
     // A sees its control connection close and stops: B's tree stops growing.
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    let settled = count_files(&dst);
+    let settled = regular_file_sizes(&dst).len();
     std::thread::sleep(std::time::Duration::from_millis(1500));
     assert_eq!(
-        count_files(&dst),
+        regular_file_sizes(&dst).len(),
         settled,
         "the copy went on without its client"
     );
@@ -406,7 +323,7 @@ fn a_server_killed_mid_copy_then_resume() {
     let child = copy(&a, false).spawn().unwrap();
     let dst = b_root.join("dst");
     let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while count_files(&dst) < 8 {
+    while regular_file_sizes(&dst).len() < 8 {
         assert!(std::time::Instant::now() < until, "no progress at B");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }

@@ -23,17 +23,15 @@ use std::time::{Duration, Instant};
 use common::*;
 use dmover_netlab::{LinkSpec, TopoLinkKind, Topology, TopologySpec};
 
-/// A server process; with the namespace's `/etc/netns` directory it made, removed
-/// with it.
-struct Srv(std::process::Child, Option<PathBuf>);
+/// A GridFTP server process, with the namespace's `/etc/netns` directory it made,
+/// removed with it.
+struct Srv(std::process::Child, PathBuf);
 
 impl Drop for Srv {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-        if let Some(dir) = &self.1 {
-            let _ = std::fs::remove_dir_all(dir);
-        }
+        let _ = std::fs::remove_dir_all(&self.1);
     }
 }
 
@@ -76,37 +74,6 @@ fn datasets(root: &Path, names: &[String]) -> Vec<(String, usize, u64)> {
 fn drop_caches() {
     let _ = Command::new("sync").status();
     let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
-}
-
-fn serve(topo: &Topology, host: &str, root: &Path, token: &Path, advertise: String) -> Srv {
-    use std::io::BufRead;
-    let state = root.parent().unwrap().join(format!("state-{host}"));
-    let mut child = topo
-        .host(host)
-        .unwrap()
-        .command(bin())
-        .args([
-            "serve",
-            "--third-party",
-            "--listen",
-            "0.0.0.0:7700",
-            "--root",
-        ])
-        .arg(root)
-        .arg("--token-file")
-        .arg(token)
-        .arg("--state-dir")
-        .arg(&state)
-        .args(["--tpc-address", &advertise])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    Srv(child, None)
 }
 
 fn timed(mut c: Command) -> f64 {
@@ -166,7 +133,7 @@ fn gridftp(topo: &Topology, host: &str, data: &str, dir: &Path) -> Srv {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
-    Srv(child, Some(etc))
+    Srv(child, etc)
 }
 
 #[test]
@@ -220,8 +187,8 @@ fn third_party_against_two_party_and_gridftp() {
         let b_ab = topo.addr("b", "a").unwrap().to_string();
         let a_c = topo.addr("a", "c").unwrap().to_string();
         let b_c = topo.addr("b", "c").unwrap().to_string();
-        let _a = serve(&topo, "a", &a_root, &token, format!("{a_ab}:7700"));
-        let _b = serve(&topo, "b", &b_root, &token, format!("{b_ab}:7700"));
+        let _a = ns_serve(&topo, "a", &a_root, &token, &format!("{a_ab}:7700"));
+        let _b = ns_serve(&topo, "b", &b_root, &token, &format!("{b_ab}:7700"));
         let grid = with_gridftp.then(|| {
             (
                 gridftp(&topo, "a", &a_ab, base.path()),

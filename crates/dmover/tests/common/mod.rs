@@ -357,3 +357,87 @@ pub fn dmover_netlab_available() -> Result<(), String> {
     }
     Ok(())
 }
+
+/// The sizes of the regular files under `dir`, at any depth (symlinks not followed;
+/// none when `dir` does not exist).
+pub fn regular_file_sizes(dir: &Path) -> Vec<u64> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd {
+        let p = e.unwrap().path();
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        if m.is_dir() {
+            out.extend(regular_file_sizes(&p));
+        } else if m.is_file() {
+            out.push(m.len());
+        }
+    }
+    out
+}
+
+/// Bytes of the regular files under `dir`.
+pub fn walk_bytes(dir: &Path) -> u64 {
+    regular_file_sizes(dir).iter().sum()
+}
+
+/// A `dmover serve` inside a netlab host, listening on port 7700 of all its addresses
+/// (each host has its own ports); killed, and its state directory removed, when
+/// dropped.
+pub struct NsServer {
+    child: Child,
+    _state: tempfile::TempDir,
+}
+
+impl Drop for NsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `dmover serve --third-party --root ROOT --token-file TOKEN --tpc-address
+/// ADVERTISE` in `host` of `topo`, and waits until it listens.
+pub fn ns_serve(
+    topo: &dmover_netlab::Topology,
+    host: &str,
+    root: &Path,
+    token: &Path,
+    advertise: &str,
+) -> NsServer {
+    let state = tempfile::Builder::new()
+        .prefix("dmover-state-")
+        .tempdir()
+        .unwrap();
+    let mut child = topo
+        .host(host)
+        .unwrap()
+        .command(bin())
+        .args([
+            "serve",
+            "--third-party",
+            "--listen",
+            "0.0.0.0:7700",
+            "--root",
+        ])
+        .arg(root)
+        .arg("--token-file")
+        .arg(token)
+        .arg("--state-dir")
+        .arg(state.path())
+        .args(["--tpc-address", advertise])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains(":7700"), "{line:?}");
+    NsServer {
+        child,
+        _state: state,
+    }
+}
