@@ -120,6 +120,11 @@ fn simulated(u: &mut Unstructured<'_>) -> Result<()> {
         part_every: ms(u, 200)?,
         wants,
         on_demand: ranges && on_demand,
+        active: if u.arbitrary()? {
+            Some(u.int_in_range(1..=streams.max(1))?)
+        } else {
+            None
+        },
     };
     let r = Sim::new(cfg.clone()).run(Duration::from_secs(3600));
     assert!(

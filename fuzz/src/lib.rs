@@ -229,7 +229,7 @@ fn entry(u: &mut Unstructured<'_>) -> Result<Entry> {
 
 /// Any control message, valid or not as far as the protocol goes.
 pub fn arbitrary_control(u: &mut Unstructured<'_>) -> Result<Control> {
-    Ok(match u.int_in_range(0..=19u8)? {
+    Ok(match u.int_in_range(0..=20u8)? {
         0 => Control::Hello(Hello {
             software: u.arbitrary()?,
             nonce: u.arbitrary()?,
@@ -378,6 +378,12 @@ pub fn arbitrary_control(u: &mut Unstructured<'_>) -> Result<Control> {
         }
         18 => Control::OnDemand,
         19 => Control::Grown(u.int_in_range(0..=80)?),
+        20 => Control::Tuned(dmover_proto::control::Tuned {
+            at_ms: u.arbitrary()?,
+            streams: u.int_in_range(0..=16)?,
+            rate: u.arbitrary()?,
+            reason: u.arbitrary()?,
+        }),
         _ => Control::Error(ErrorMsg {
             code: *u.choose(&[
                 ErrorCode::Protocol,

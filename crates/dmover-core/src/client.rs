@@ -648,7 +648,12 @@ impl Client {
             checksum: self.opts.checksum,
             direct_io: self.opts.direct_io,
             protection: self.opts.protection,
-            features: dmover_proto::session::features::SUPPORTED,
+            features: if self.opts.tune {
+                dmover_proto::session::features::SUPPORTED
+            } else {
+                dmover_proto::session::features::SUPPORTED
+                    & !dmover_proto::session::features::TUNING
+            },
         }
     }
 

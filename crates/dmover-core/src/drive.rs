@@ -33,18 +33,20 @@ use dmover_net::NetError;
 use dmover_net::control::ControlChannel;
 use dmover_net::join::Joined;
 use dmover_net::stream::DataIo;
+use dmover_net::tcpinfo::TcpMeter;
 use dmover_net::transport::{AckRx, ChunkFrame, ChunkTx, DataLink};
 use dmover_net::zerocopy::ZeroCopyStats;
 use dmover_proto::control::{
     Auth, AuthOk, Control, ErrorCode, FailedFile, Have, Hello, Open, Plan, SendReport, SessionInfo,
-    SessionOptions, Summary,
+    SessionOptions, Summary, Tuned,
 };
 use dmover_proto::data::{DIGEST_LEN, FrameHeader, FrameKind, FrameLimits};
 use dmover_proto::manifest::{Entry, Totals};
+use dmover_proto::session::tune::{TuneConfig, Tuner};
 use dmover_proto::session::{
     AcceptEvent, Acceptance, Arrival, Cause, ChunkMeta, ChunkSet, ReadJob, SessionError,
     SinkCommand, SinkEvent, SinkSession, SourceCommand, SourceEvent, SourceSession, StreamStats,
-    Timing,
+    Timing, features,
 };
 use dmover_store::fault::Slow;
 use dmover_store::resume::Held;
@@ -57,7 +59,7 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
 use crate::diskpool::DiskPool;
-use crate::engine::{DataStream, Progress, ProgressEvent, Run};
+use crate::engine::{DataStream, Progress, ProgressEvent, Run, Tuning};
 use crate::error::{Error, Result};
 use crate::pool::{Pool, PoolBuf};
 
@@ -674,7 +676,12 @@ where
     let mut tasks: HashMap<u16, Task<SrcOut>> = HashMap::new();
     let mut cancelled = false;
     let growing = growth.is_some();
+    let mut tuner: Option<Tuner> = None;
+    let mut meters = Meters::default();
     loop {
+        if let Some(t) = tuner.as_mut() {
+            tune_step(t, &mut m, &meters, &env.run.progress, &peer);
+        }
         // What the machine asks, until it asks nothing more.
         loop {
             ctl.flush(&mut m).await;
@@ -709,6 +716,7 @@ where
                     }
                     SourceCommand::Close { stream } => {
                         tasks.remove(&stream);
+                        meters.retire(stream);
                     }
                 }
             }
@@ -740,7 +748,38 @@ where
                         if let Some(d) = env.chunk_delay {
                             src = Arc::new(Slow::new(src, d));
                         }
-                        let n = (env.buffers)(info.streams);
+                        let tuned = info.features & features::TUNING != 0;
+                        let n = (env.buffers)(crate::session::buffer_streams(info.streams, tuned));
+                        if tuned {
+                            let t = Tuner::new(TuneConfig::new(
+                                crate::session::TUNED_START,
+                                info.streams,
+                            ));
+                            m.set_active(now(), t.streams());
+                            let reason = format!(
+                                "starting with {} of {} streams",
+                                t.streams(),
+                                info.streams
+                            );
+                            m.tuned(Tuned {
+                                at_ms: 0,
+                                streams: t.streams(),
+                                rate: 0,
+                                reason: reason.clone(),
+                            });
+                            env.run.progress.event(ProgressEvent::Tuned {
+                                streams: t.streams(),
+                                rate: 0,
+                                reason,
+                            });
+                            *env.run.progress.tuning.lock() = Some(Tuning {
+                                streams: t.streams(),
+                                of: info.streams,
+                                changes: 0,
+                                settled_ms: None,
+                            });
+                            tuner = Some(t);
+                        }
                         // The sink's chunk requests (feature RANGES) are checked against
                         // the whole layout; a growing manifest's against what it confirmed.
                         if !growing {
@@ -767,6 +806,8 @@ where
                         });
                     }
                     SourceEvent::Drained => {
+                        // The streams end: their connections must close with them.
+                        meters.retire_all();
                         let failed = live.as_ref().map(|l| l.0.failed()).unwrap_or_default();
                         m.drained(failed);
                     }
@@ -803,7 +844,10 @@ where
                 break;
             }
         }
-        let deadline = m.poll_timeout();
+        let mut deadline = m.poll_timeout();
+        if let Some(t) = tuner.as_ref().and_then(Tuner::poll_timeout) {
+            deadline = Some(deadline.map_or(t, |d| d.min(t)));
+        }
         let pool = live.as_ref().map(|l| l.2.clone());
         tokio::select! {
             biased;
@@ -846,6 +890,7 @@ where
                 SrcIn::Acked { stream, frames } => m.acked(now(), stream, frames),
                 SrcIn::Failed { stream, error } => {
                     tasks.remove(&stream);
+                    meters.retire(stream);
                     m.stream_failed(now(), stream, Fault::new(error));
                 }
                 SrcIn::Checked(b) => {
@@ -859,6 +904,9 @@ where
             },
             (i, r) = joins.next() => match r {
                 Ok(s) => {
+                    if m.uses(features::TUNING) {
+                        meters.add(i, s.io.meter());
+                    }
                     let (ttx, trx) = mpsc::unbounded_channel();
                     let h = tokio::spawn(source_stream(
                         i,
@@ -886,6 +934,109 @@ where
             _ = sleep_until(deadline) => m.handle_timeout(now()),
         }
     }
+}
+
+/// The TCP counters of a tuned source's data streams ([`TcpMeter`]), which its tuner
+/// measures with. A meter holds its stream's connection open: it goes when the
+/// stream ends or is lost.
+#[derive(Default)]
+struct Meters {
+    live: HashMap<u16, TcpMeter>,
+    /// Bytes acknowledged on streams whose meters went.
+    retired: u64,
+    /// A stream joined without one (not TCP): measure with the chunks sent instead.
+    unmetered: bool,
+}
+
+impl Meters {
+    fn add(&mut self, stream: u16, meter: Option<TcpMeter>) {
+        match meter {
+            Some(mt) => {
+                self.live.insert(stream, mt);
+            }
+            None => self.unmetered = true,
+        }
+    }
+
+    fn retire(&mut self, stream: u16) {
+        if let Some(mt) = self.live.remove(&stream) {
+            self.retired += mt.read().map_or(0, |s| s.bytes_acked);
+        }
+    }
+
+    fn retire_all(&mut self) {
+        let streams: Vec<u16> = self.live.keys().copied().collect();
+        for i in streams {
+            self.retire(i);
+        }
+    }
+
+    /// Bytes acknowledged on every stream so far, and the smallest round trip seen.
+    fn read(&self) -> Option<(u64, Option<Duration>)> {
+        if self.unmetered || self.live.is_empty() {
+            return None;
+        }
+        let (mut bytes, mut rtt) = (self.retired, None::<Duration>);
+        for mt in self.live.values() {
+            let s = mt.read().ok()?;
+            bytes += s.bytes_acked;
+            if !s.min_rtt.is_zero() {
+                rtt = Some(rtt.map_or(s.min_rtt, |r| r.min(s.min_rtt)));
+            }
+        }
+        Some((bytes, rtt))
+    }
+}
+
+/// Feeds the source's tuner the clock and the bytes sent (as the streams' TCP
+/// counters have them acknowledged, or else as written), and applies its decision:
+/// the machine sends on that many streams and tells the sink; the progress says so.
+fn tune_step(
+    t: &mut Tuner,
+    m: &mut SourceSession<Fault>,
+    meters: &Meters,
+    p: &Progress,
+    peer: &str,
+) {
+    let at = now();
+    let decision = if m.has_work() {
+        let (bytes, rtt) = match meters.read() {
+            Some((b, rtt)) => (b, rtt.or(m.ack_rtt())),
+            None => (p.bytes.load(Relaxed), m.ack_rtt()),
+        };
+        if let Some(rtt) = rtt {
+            t.set_rtt(rtt);
+        }
+        t.tick(at, bytes)
+    } else {
+        t.pause();
+        None
+    };
+    let first = p.first_data();
+    let since_first = |i: std::time::Instant| {
+        first.map_or(0, |f| i.saturating_duration_since(f).as_millis() as u64)
+    };
+    let mut tuning = p.tuning.lock();
+    if let Some(s) = tuning.as_mut() {
+        s.streams = t.kept();
+        s.changes = t.changes();
+        s.settled_ms = t.settled_after().map(|d| d.as_millis() as u64);
+    }
+    drop(tuning);
+    let Some(d) = decision else { return };
+    tracing::info!("tuning the transfer to {peer}: {}", d.reason);
+    m.set_active(at, d.streams);
+    m.tuned(Tuned {
+        at_ms: since_first(at),
+        streams: d.streams,
+        rate: d.rate,
+        reason: d.reason.clone(),
+    });
+    p.event(ProgressEvent::Tuned {
+        streams: d.streams,
+        rate: d.rate,
+        reason: d.reason,
+    });
 }
 
 /// The next part of a growing manifest (never, without one).
@@ -1266,6 +1417,34 @@ where
                             let _ = tx.send(SinkIn::Finished(sink.finish().map_err(Error::from)));
                         });
                     }
+                    SinkEvent::Tuned(t) => {
+                        tracing::info!("{peer} tuned the transfer: {}", t.reason);
+                        let p = &env.run.progress;
+                        let of = m.info().map_or(t.streams, |i| i.streams);
+                        // The first decision is where the tuner starts; changes follow.
+                        let mut tuning = p.tuning.lock();
+                        match tuning.as_mut() {
+                            None => {
+                                *tuning = Some(Tuning {
+                                    streams: t.streams,
+                                    of,
+                                    changes: 0,
+                                    settled_ms: None,
+                                })
+                            }
+                            Some(s) => {
+                                s.streams = t.streams;
+                                s.changes += 1;
+                                s.settled_ms = Some(t.at_ms);
+                            }
+                        }
+                        drop(tuning);
+                        p.event(ProgressEvent::Tuned {
+                            streams: t.streams,
+                            rate: t.rate,
+                            reason: t.reason,
+                        });
+                    }
                     SinkEvent::StreamLost { stream, error } => {
                         tracing::warn!(
                             "data stream {stream} from {peer} broke ({error}); waiting for its \
@@ -1387,7 +1566,8 @@ where
                     m.stream_joined(now(), i);
                     match &live {
                         Some((_, sink, pool)) => {
-                            let t = spawn_sink_stream(i, s, sink.clone(), pool.clone(), &tx, &env.run.progress, news.is_some());
+                            let timed = news.is_some() || m.uses(features::TUNING);
+                            let t = spawn_sink_stream(i, s, sink.clone(), pool.clone(), &tx, &env.run.progress, timed);
                             tasks.insert(i, t);
                         }
                         None => waiting.push((i, s)),
@@ -1443,7 +1623,11 @@ fn start_sink<K: SinkStore, L: DataLink>(
     if let Some(d) = env.chunk_delay {
         sink = Arc::new(Slow::new(sink, d));
     }
-    let pool = Pool::new((env.buffers)(info.streams), info.chunk_size as usize);
+    let tuned = info.features & features::TUNING != 0;
+    let pool = Pool::new(
+        (env.buffers)(crate::session::buffer_streams(info.streams, tuned)),
+        info.chunk_size as usize,
+    );
     let expected = chunk_set(sink.chunks());
     let n = k.layout_chunks();
     for (i, s) in waiting.drain(..) {
@@ -1454,7 +1638,7 @@ fn start_sink<K: SinkStore, L: DataLink>(
             pool.clone(),
             tx,
             &env.run.progress,
-            demand.is_some(),
+            demand.is_some() || tuned,
         );
         tasks.insert(i, t);
     }
@@ -1478,10 +1662,11 @@ fn spawn_sink_stream<L: DataLink, K: Send + 'static>(
     pool: Pool,
     tx: &mpsc::UnboundedSender<SinkIn<K>>,
     progress: &Arc<Progress>,
-    on_demand: bool,
+    timed_by_machine: bool,
 ) -> Task<u64> {
-    if on_demand {
-        // Idle while nothing is asked for; the machine times the streams instead.
+    if timed_by_machine {
+        // Idle while nothing is asked for (request-driven) or while the source's tuner
+        // leaves it out (tuning); the machine times the streams instead.
         s.io.reads_timed_by_caller();
     }
     let (atx, arx) = mpsc::unbounded_channel();

@@ -39,6 +39,8 @@ pub struct Progress {
     pub chunks_resent: AtomicU64,
     /// The attempt running (1 for the first; 0 before any started).
     pub attempt: AtomicU32,
+    /// The tuner's state, in a session that tunes itself.
+    pub tuning: Mutex<Option<Tuning>>,
     /// When the first chunk crossed a data stream (see [`Progress::data_flowing`]).
     first_data: std::sync::OnceLock<std::time::Instant>,
     /// Events for a live view, oldest first (see [`Progress::event`]).
@@ -106,6 +108,30 @@ pub enum ProgressEvent {
         /// Chunks sent again on the other streams (a source knows; a sink does not).
         resent: Option<u64>,
     },
+    /// The source's tuner changed the data streams it sends on.
+    Tuned {
+        /// Streams in use from now on.
+        streams: u16,
+        /// The rate measured before, in bytes per second (0: none yet).
+        rate: u64,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Where the source's tuner stands (feature `TUNING`), as this side knows it: its own
+/// tuner when it is the source, the source's decisions when it is the sink.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tuning {
+    /// Streams in use (when a probe runs: those it started from).
+    pub streams: u16,
+    /// The session's streams, the most it may use.
+    pub of: u16,
+    /// Changes so far.
+    pub changes: u32,
+    /// Milliseconds after the first chunk when the search first settled, or (as a
+    /// sink knows it) when the last change came.
+    pub settled_ms: Option<u64>,
 }
 
 /// The regular files of `entries` that have data (empty files travel in the manifest,

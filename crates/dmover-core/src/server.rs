@@ -987,11 +987,20 @@ impl Server {
 
         // Buffers: what the session wants if the budget has room now, else the
         // minimum it needs (waiting for that much, within limits).
-        let minimum = session::default_buffers(streams, self.disk.threads());
+        let tuned = dmover_proto::session::features::negotiate(
+            open.features,
+            dmover_proto::session::features::SUPPORTED,
+        ) & dmover_proto::session::features::TUNING
+            != 0;
+        let buffer_streams = session::buffer_streams(streams, tuned);
+        let minimum = session::default_buffers(buffer_streams, self.disk.threads());
         let want = match &walked {
-            Some(w) => {
-                session::source_buffers(w.tree.entries(), chunk, streams, self.disk.threads())
-            }
+            Some(w) => session::source_buffers(
+                w.tree.entries(),
+                chunk,
+                buffer_streams,
+                self.disk.threads(),
+            ),
             None => minimum,
         };
         let per_buf = u64::from(chunk).div_ceil(MIB) as u32;

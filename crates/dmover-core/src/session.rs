@@ -21,6 +21,23 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_BUSY_WAIT: Duration = Duration::from_secs(60);
 /// Most data streams a session may use.
 pub const MAX_STREAMS: u16 = 128;
+/// Streams a self-tuning transfer (no `-P`) asks for: the most its tuner may use.
+pub const TUNED_MAX: u16 = 16;
+/// Streams a self-tuning transfer starts with (the untuned default).
+pub const TUNED_START: u16 = 4;
+/// A self-tuning session's buffers are sized for at most this many streams: a chunk
+/// holds its buffer only while it is written into the socket, so more streams do not
+/// need more buffers (the data in flight waits in the sockets' buffers).
+pub const TUNED_BUFFER_STREAMS: u16 = 8;
+
+/// The streams to size a session's buffers for (see [`TUNED_BUFFER_STREAMS`]).
+pub fn buffer_streams(streams: u16, tuned: bool) -> u16 {
+    if tuned {
+        streams.min(TUNED_BUFFER_STREAMS)
+    } else {
+        streams
+    }
+}
 pub use dmover_proto::manifest::{MAX_ENTRIES, MAX_MANIFEST_BYTES, entry_bytes};
 /// Default interval between heartbeats on the control channel.
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
@@ -30,8 +47,11 @@ pub const SILENT_INTERVALS: u32 = 4;
 /// Options of a transfer, as the user sets them.
 #[derive(Debug, Clone)]
 pub struct TransferOptions {
-    /// Parallel TCP data streams.
+    /// Parallel TCP data streams (with `tune`: the most the tuner may use).
     pub streams: u16,
+    /// The source tunes how many of the streams it sends on, while it sends (feature
+    /// `TUNING`; offered to the server only then).
+    pub tune: bool,
     /// Chunk size in bytes; 0 lets the source side choose ([`auto_chunk`]).
     pub chunk_size: u32,
     /// Per-chunk CRC32C and per-file digests.
@@ -108,6 +128,7 @@ impl Default for TransferOptions {
     fn default() -> Self {
         TransferOptions {
             streams: 4,
+            tune: false,
             chunk_size: 0,
             checksum: true,
             direct_io: crate::DirectIo::Auto,

@@ -116,6 +116,10 @@ impl<L: DataLink> DataLink for Faulty<L> {
         self.inner.reads_timed_by_caller();
     }
 
+    fn meter(&self) -> Option<crate::tcpinfo::TcpMeter> {
+        self.inner.meter()
+    }
+
     async fn recv_into(&mut self, dst: &mut [u8]) -> io::Result<()> {
         if self.cut {
             return Err(cut_error());

@@ -21,6 +21,8 @@
 //!   [`fault`] wraps any of them with injected delays and cuts, for tests; [`pace`]
 //!   wraps any of them with a bandwidth limit (a token bucket shared by a transfer's
 //!   streams).
+//! - [`tcpinfo`]: a data stream's TCP counters (`TCP_INFO`: bytes acknowledged,
+//!   round-trip times), which a source's tuner measures its rate with.
 //! - [`zerocopy`]: `MSG_ZEROCOPY` sends with completion reaping, reporting when the
 //!   kernel copied after all.
 
@@ -33,6 +35,7 @@ pub mod known_hosts;
 pub mod pace;
 pub mod stream;
 pub mod tcp;
+pub mod tcpinfo;
 pub mod tls;
 pub mod transport;
 pub mod zerocopy;

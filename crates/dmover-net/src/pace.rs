@@ -135,6 +135,10 @@ impl<L: DataLink> DataLink for Paced<L> {
         self.inner.reads_timed_by_caller();
     }
 
+    fn meter(&self) -> Option<crate::tcpinfo::TcpMeter> {
+        self.inner.meter()
+    }
+
     async fn recv_into(&mut self, dst: &mut [u8]) -> io::Result<()> {
         let Some(p) = &self.pacer else {
             return self.inner.recv_into(dst).await;

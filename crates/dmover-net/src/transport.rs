@@ -103,6 +103,11 @@ pub trait DataLink: Send + 'static {
     /// limit no longer applies to them; writes keep theirs. (No default: a wrapper
     /// must pass it on.)
     fn reads_timed_by_caller(&mut self);
+
+    /// A meter of the stream's TCP connection, when it is one (see
+    /// [`crate::tcpinfo::TcpMeter`]: drop it when the stream ends). (No default: a
+    /// wrapper must pass it on.)
+    fn meter(&self) -> Option<crate::tcpinfo::TcpMeter>;
 }
 
 /// The half of a source's data stream that writes chunk frames.
@@ -289,6 +294,11 @@ where
 
     fn reads_timed_by_caller(&mut self) {
         DataRead::reads_timed_by_caller(self);
+    }
+
+    fn meter(&self) -> Option<crate::tcpinfo::TcpMeter> {
+        let tcp = self.get_ref().raw_tcp()?;
+        crate::tcpinfo::TcpMeter::of(tcp).ok()
     }
 }
 

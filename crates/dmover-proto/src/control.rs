@@ -148,6 +148,9 @@ pub enum Control {
     TpcProgress(TpcProgress),
     /// (22) Third-party dialer → steering client: the copy ended, as reported.
     TpcDone(TpcReport),
+    /// (23, feature `TUNING`) A decision of the source's tuner: the data streams it
+    /// now uses and why (source to sink, for the sink's user to see).
+    Tuned(Tuned),
 }
 
 impl Control {
@@ -177,6 +180,7 @@ impl Control {
             Control::Capability(_) => "Capability",
             Control::TpcProgress(_) => "TpcProgress",
             Control::TpcDone(_) => "TpcDone",
+            Control::Tuned(_) => "Tuned",
         }
     }
 
@@ -375,6 +379,24 @@ pub struct ThirdParty {
     /// Paths here: the sources (push) or the destination, one path (pull).
     pub paths: Vec<Vec<u8>>,
 }
+
+/// (feature `TUNING`) A decision of the source's tuner
+/// ([`crate::session::tune::Tuner`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tuned {
+    /// Milliseconds since the first chunk went out.
+    pub at_ms: u64,
+    /// Data streams the source sends on from now on (of the session's streams).
+    pub streams: u16,
+    /// The rate measured with the settings before this decision, in bytes per second
+    /// (0: none measured yet).
+    pub rate: u64,
+    /// Why, in a few words (at most [`MAX_TUNED_REASON`] bytes).
+    pub reason: String,
+}
+
+/// Longest [`Tuned::reason`] a sink accepts.
+pub const MAX_TUNED_REASON: usize = 256;
 
 /// A third-party copy's counters so far (all attempts).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

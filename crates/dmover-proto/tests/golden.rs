@@ -901,6 +901,23 @@ fn control_growth_and_requests() {
         ac 02         # chunks: 300 (varint)
         ",
     );
+    // Feature TUNING (bit 4).
+    golden_control(
+        Control::Tuned(dmover_proto::control::Tuned {
+            at_ms: 1000,
+            streams: 8,
+            rate: 300,
+            reason: "up".into(),
+        }),
+        "
+        00 00 00 09   # frame length: 9
+        17            # Control::Tuned (variant 23)
+        e8 07         # at_ms: 1000 (varint)
+        08            # streams: 8
+        ac 02         # rate: 300 (varint)
+        02 75 70      # reason: \"up\"
+        ",
+    );
 }
 
 #[test]

@@ -1046,3 +1046,54 @@ proptest! {
         }
     }
 }
+
+// ---- Tuning (feature TUNING) ----
+
+/// A session whose source sends on one of its four streams for longer than the
+/// sink's idle limit.
+fn tuned(features: u64, push: bool) -> Config {
+    Config {
+        push,
+        features,
+        active: Some(1),
+        timing: Timing {
+            idle: Some(ms(30)),
+            ..Timing::default()
+        },
+        ..Config::default()
+    }
+}
+
+#[test]
+fn a_tuned_source_leaves_streams_idle_and_the_sink_keeps_them() {
+    for push in [true, false] {
+        let r = run(tuned(features::TUNING, push));
+        assert_finished(&r);
+        assert!(
+            r.sink_at.unwrap() > ms(60),
+            "push {push}: long enough to idle"
+        );
+        assert_eq!(
+            r.frames.keys().copied().collect::<Vec<_>>(),
+            vec![0],
+            "push {push}"
+        );
+        assert_eq!(r.frames[&0], 64);
+        assert_eq!(r.sink_stats.streams_lost, 0, "push {push}");
+        assert_eq!(r.source_stats.streams_lost, 0, "push {push}");
+        assert_eq!(r.tuned.len(), 1);
+        assert_eq!(r.tuned[0].streams, 1);
+    }
+}
+
+#[test]
+fn without_the_tuning_feature_every_stream_carries_chunks() {
+    for push in [true, false] {
+        let r = run(tuned(0, push));
+        assert_finished(&r);
+        assert_eq!(r.frames.len(), 4, "push {push}: {:?}", r.frames);
+        assert!(r.tuned.is_empty());
+        let (a, b) = &r.messages;
+        assert!(!a.contains(&"Tuned") && !b.contains(&"Tuned"));
+    }
+}

@@ -132,9 +132,10 @@ pub struct ManArgs {
 /// Options shared by everything that moves data.
 #[derive(Debug, Clone, Args)]
 pub struct TransferArgs {
-    /// Parallel TCP data streams.
-    #[arg(short = 'P', long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=128))]
-    pub streams: u16,
+    /// Parallel TCP data streams, pinned [default: tuned while the data flows: starts
+    /// with 4 of 16 and keeps the count that sends fastest; docs/tuning.md].
+    #[arg(short = 'P', long, value_parser = clap::value_parser!(u16).range(1..=128))]
+    pub streams: Option<u16>,
     /// Chunk size: the unit of I/O, sending and checksumming (64K..64M, a multiple of
     /// 4K; binary units: 4M = 4MB = 4 MiB), or auto: 16M when files average 16 MiB or
     /// more, else 4M.

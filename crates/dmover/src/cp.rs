@@ -34,7 +34,8 @@ pub fn transfer_options(a: &TransferArgs, env: &Env) -> anyhow::Result<TransferO
         (None, None) => env.known_hosts().map(Trust::KnownHosts),
     };
     Ok(TransferOptions {
-        streams: a.streams,
+        streams: a.streams.unwrap_or(dmover_core::session::TUNED_MAX),
+        tune: a.streams.is_none(),
         chunk_size: a.chunk,
         checksum: !a.no_checksum,
         direct_io: match (a.direct_io, a.buffered_io) {

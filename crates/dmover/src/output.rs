@@ -220,6 +220,12 @@ enum EventKind<'a> {
         #[serde(skip_serializing_if = "Option::is_none")]
         resent: Option<u64>,
     },
+    Tuning {
+        attempt: u32,
+        streams: u16,
+        gbit_per_s: f64,
+        reason: &'a str,
+    },
 }
 
 /// What the last progress line said, for the rate over the next interval.
@@ -304,6 +310,16 @@ fn print_events(p: &Progress, started: Instant) {
                 stream: *stream,
                 error,
                 resent: *resent,
+            },
+            ProgressEvent::Tuned {
+                streams,
+                rate,
+                reason,
+            } => EventKind::Tuning {
+                attempt,
+                streams: *streams,
+                gbit_per_s: *rate as f64 * 8.0 / 1e9,
+                reason,
             },
         };
         print_line(&EventLine {
@@ -395,9 +411,34 @@ struct JsonReport {
     error: Option<String>,
     /// This side's bandwidth limit (`--bwlimit`), bytes per second; null without.
     bwlimit: Option<u64>,
+    /// The source's tuner, in a self-tuning transfer (no `-P`); null otherwise.
+    tuning: Option<TuningJson>,
     /// Set-up time and steady-state rate (see [`Timing`]).
     #[serde(flatten)]
     timing: Timing,
+}
+
+/// Where the source's tuner ended (see docs/json.md).
+#[derive(Debug, Clone, Copy, Serialize)]
+struct TuningJson {
+    /// Data streams it sent on at the end (while a probe ran: those it kept).
+    streams: u16,
+    /// The session's streams: the most it could use.
+    of: u16,
+    /// Changes it made.
+    changes: u32,
+    /// Seconds after the first chunk until its search settled (as the source's
+    /// decisions tell it, for a pull: when the last change came); null: it had not.
+    settled_seconds: Option<f64>,
+}
+
+fn tuning_json(p: &Progress) -> Option<TuningJson> {
+    p.tuning.lock().map(|t| TuningJson {
+        streams: t.streams,
+        of: t.of,
+        changes: t.changes,
+        settled_seconds: t.settled_ms.map(|ms| ms as f64 / 1000.0),
+    })
 }
 
 /// The process exit code for an error.
@@ -535,6 +576,7 @@ pub fn report_with(
                     failed: r.failed.clone(),
                     error: None,
                     bwlimit,
+                    tuning: tuning_json(progress),
                     timing,
                 };
                 print_line(&j);
@@ -550,7 +592,10 @@ pub fn report_with(
                     s.files,
                     s.dirs,
                     s.symlinks,
-                    r.streams,
+                    match *progress.tuning.lock() {
+                        Some(t) => format!("{} of {} tuned", t.streams, t.of),
+                        None => r.streams.to_string(),
+                    },
                     human_bytes(r.chunk_size.into()),
                     if s.verified {
                         ", checksums verified"
@@ -611,6 +656,7 @@ pub fn report_with(
                     failed: Vec::new(),
                     error: Some(e.to_string()),
                     bwlimit,
+                    tuning: tuning_json(progress),
                     timing,
                 };
                 print_line(&j);

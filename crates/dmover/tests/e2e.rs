@@ -39,7 +39,11 @@ fn push_preserves_every_kind_of_entry() {
     assert_eq!(j["dirs"], 4);
     assert_eq!(j["verified"], true);
     assert_eq!(j["errors"], 0);
-    assert_eq!(j["streams"], 4);
+    // Self-tuning (no -P): 16 streams to choose from, 4 to start with.
+    assert_eq!(j["streams"], 16);
+    assert_eq!(j["tuning"]["of"], 16);
+    let used = j["tuning"]["streams"].as_u64().unwrap();
+    assert!((1..=16).contains(&used), "{j}");
     assert_eq!(j["chunk"], 65536);
     let expected_bytes: u64 = walk_bytes(&src);
     assert_eq!(j["bytes"], expected_bytes);

@@ -77,6 +77,7 @@ fn assert_summary_fields(j: &Value) {
         "first_chunk_seconds",
         "steady_gbit_per_s",
         "bwlimit",
+        "tuning",
     ] {
         assert!(j.get(f).is_some(), "the summary lacks {f}: {j}");
     }
@@ -151,6 +152,62 @@ fn ndjson_progress_lines_are_monotone_and_end_with_the_summary() {
     assert_eq!(end["bytes_sent"], j["bytes_sent"], "{end} vs {j}");
     assert_eq!(end["bytes_total"], j["bytes"], "{end} vs {j}");
     assert!(j["bytes_sent"].as_u64().unwrap() >= j["bytes"].as_u64().unwrap());
+}
+
+#[test]
+fn a_self_tuning_copy_reports_its_tuner_both_ways() {
+    // Without -P the source tunes (docs/tuning.md): 16 streams to choose from, 4 to
+    // start with, and the start is an event in both directions (a pull hears it from
+    // the server). With -P nothing is tuned.
+    let t = tmp();
+    let src = t.path().join("src");
+    small_tree(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = Server::start(&root, &[]);
+    let back = t.path().join("back");
+    std::fs::create_dir(&back).unwrap();
+    let (to, from) = (srv.url(""), srv.url("src"));
+    let runs: [(&str, [&str; 2]); 2] = [("push", [s(&src), &to]), ("pull", [&from, s(&back)])];
+    for (dir, ends) in runs {
+        let mut args = vec!["--progress", "ndjson", "--chunk", "64K"];
+        args.extend(ends);
+        let o = cp(&args);
+        ok(&o);
+        let ls = lines(&o);
+        let tuning = of_type(&ls, "tuning");
+        assert!(!tuning.is_empty(), "{dir}: no tuning line: {ls:?}");
+        assert_eq!(tuning[0]["streams"], 4, "{dir}: {}", tuning[0]);
+        assert!(
+            tuning[0]["reason"]
+                .as_str()
+                .unwrap()
+                .contains("starting with 4 of 16 streams"),
+            "{dir}: {}",
+            tuning[0]
+        );
+        let j = ls.last().unwrap();
+        assert_eq!(j["direction"], dir);
+        assert_eq!(j["streams"], 16, "{dir}: {j}");
+        assert_eq!(j["tuning"]["of"], 16, "{dir}: {j}");
+        let used = j["tuning"]["streams"].as_u64().unwrap();
+        assert!((1..=16).contains(&used), "{dir}: {j}");
+    }
+    same(&src, &back.join("src"));
+    let o = cp(&[
+        "--progress",
+        "ndjson",
+        "-P",
+        "3",
+        s(&src),
+        &srv.url("pinned"),
+    ]);
+    ok(&o);
+    let ls = lines(&o);
+    assert!(of_type(&ls, "tuning").is_empty(), "{ls:?}");
+    let j = ls.last().unwrap();
+    assert_eq!(j["streams"], 3, "{j}");
+    assert!(j["tuning"].is_null(), "{j}");
 }
 
 #[test]

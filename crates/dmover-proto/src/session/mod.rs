@@ -88,6 +88,7 @@ mod link;
 pub mod sim;
 mod sink;
 mod source;
+pub mod tune;
 
 pub use accept::{AcceptEvent, Acceptance};
 pub use chunks::ChunkSet;
@@ -125,13 +126,17 @@ pub mod features {
     /// Chunk requests from the sink ([`Control::Want`]), served ahead of the ordinary
     /// order, and request-driven sessions ([`Control::OnDemand`]) for a mount.
     pub const RANGES: u64 = 2;
+    /// The source tunes itself while it sends ([`super::tune`]): it may leave some
+    /// data streams idle (the sink counts a stream idle only when none brings
+    /// anything) and tells the sink its decisions ([`Control::Tuned`]).
+    pub const TUNING: u64 = 4;
 
     /// The features this build's drivers (`dmover_core::drive`) speak and offer.
-    pub const SUPPORTED: u64 = GROWING_MANIFEST | RANGES;
+    pub const SUPPORTED: u64 = GROWING_MANIFEST | RANGES | TUNING;
 
     /// The features the role machines implement: what a driver may offer once it
     /// handles their events too (the simulator and the pair tests offer these).
-    pub const MACHINES: u64 = GROWING_MANIFEST | RANGES;
+    pub const MACHINES: u64 = GROWING_MANIFEST | RANGES | TUNING;
 
     /// The features a session uses: those both sides speak. Bits the machines do not
     /// know are never granted.
@@ -145,6 +150,7 @@ pub mod features {
         match msg {
             Control::Grow(_) | Control::Grown(_) => GROWING_MANIFEST,
             Control::Want(_) | Control::OnDemand => RANGES,
+            Control::Tuned(_) => TUNING,
             _ => 0,
         }
     }
@@ -154,6 +160,7 @@ pub mod features {
         match bit {
             GROWING_MANIFEST => "growing manifest",
             RANGES => "ranges",
+            TUNING => "tuning",
             _ => "unknown",
         }
     }

@@ -187,6 +187,9 @@ pub struct Config {
     /// The session is request-driven ([`SinkSession::ready_on_demand`]): the sink
     /// closes it once its last wants are written.
     pub on_demand: bool,
+    /// At `Go`, the source sends on this many streams only and tells the sink
+    /// ([`SourceSession::set_active`], [`SourceSession::tuned`]; feature `TUNING`).
+    pub active: Option<u16>,
 }
 
 impl Default for Config {
@@ -211,6 +214,7 @@ impl Default for Config {
             part_every: Duration::from_millis(50),
             wants: Vec::new(),
             on_demand: false,
+            active: None,
         }
     }
 }
@@ -261,6 +265,10 @@ pub struct Report {
     pub write_times: Vec<Duration>,
     /// The chunk ranges the sink's manifest grew by after its first part.
     pub grown: Vec<Range<u64>>,
+    /// Frames the sink received on each stream.
+    pub frames: BTreeMap<u16, u64>,
+    /// The tuning decisions the sink heard of.
+    pub tuned: Vec<crate::control::Tuned>,
 }
 
 impl Report {
@@ -459,6 +467,8 @@ impl Sim {
                 write_order: Vec::new(),
                 write_times: Vec::new(),
                 grown: Vec::new(),
+                frames: BTreeMap::new(),
+                tuned: Vec::new(),
             },
             cfg,
             t0,
@@ -666,6 +676,7 @@ impl Sim {
                 }
                 let p = self.party_of_source().other();
                 let write = self.cfg.write;
+                *self.report.frames.entry(stream).or_default() += 1;
                 if let Some(Role::Sink(s)) = self.role(p) {
                     if s.arrived(now, stream, chunk) == Arrival::Write {
                         self.report.write_order.push(chunk);
@@ -981,7 +992,17 @@ impl Sim {
                         s.planned(now, Plan { stale: Vec::new() }, expected);
                     }
                 }
-                SourceEvent::Go => {}
+                SourceEvent::Go => {
+                    if let (Some(n), Some(Role::Source(s))) = (self.cfg.active, self.role(p)) {
+                        s.set_active(now, n);
+                        s.tuned(crate::control::Tuned {
+                            at_ms: 0,
+                            streams: n,
+                            rate: 0,
+                            reason: "simulated".into(),
+                        });
+                    }
+                }
                 SourceEvent::Drained => {
                     if let Some(Role::Source(s)) = self.role(p) {
                         s.drained(Vec::new());
@@ -1052,6 +1073,7 @@ impl Sim {
             };
             match ev {
                 SinkEvent::Opened(_) | SinkEvent::Options(_) | SinkEvent::StreamLost { .. } => {}
+                SinkEvent::Tuned(t) => self.report.tuned.push(t),
                 SinkEvent::Manifest(_) => {
                     if resume {
                         s.resume(now, vec![Have::default()]);

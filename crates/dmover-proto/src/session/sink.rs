@@ -107,6 +107,8 @@ pub enum SinkEvent<E> {
         /// Why.
         error: SessionError<E>,
     },
+    /// (feature [`features::TUNING`]) The source changed the data streams it sends on.
+    Tuned(crate::control::Tuned),
     /// The session is over; the source's account of its sending.
     Done(SendReport),
     /// The session failed.
@@ -378,6 +380,23 @@ impl<E: Cause + Clone> SinkSession<E> {
                 self.events.push_back(SinkEvent::Plan(plan));
                 Ok(())
             }
+            (Phase::Receiving | Phase::Finishing | Phase::Reporting, Control::Tuned(t)) => {
+                if t.reason.len() > crate::control::MAX_TUNED_REASON
+                    || t.streams == 0
+                    || self.info.as_ref().is_some_and(|i| t.streams > i.streams)
+                {
+                    return Err(SessionError::Protocol {
+                        peer,
+                        what: format!(
+                            "tuning decision for {} streams with a {}-byte reason",
+                            t.streams,
+                            t.reason.len()
+                        ),
+                    });
+                }
+                self.events.push_back(SinkEvent::Tuned(t));
+                Ok(())
+            }
             (Phase::Receiving | Phase::Finishing | Phase::Reporting, Control::SendReport(r))
                 if self.report.is_none() =>
             {
@@ -520,7 +539,8 @@ impl<E: Cause + Clone> SinkSession<E> {
         self.start(now, ChunkSet::new(), n_chunks, true);
     }
 
-    fn uses(&self, bit: u64) -> bool {
+    /// Whether the session uses `bit` (see [`features`]).
+    pub fn uses(&self, bit: u64) -> bool {
         self.info.as_ref().is_some_and(|i| i.features & bit != 0)
     }
 
@@ -870,10 +890,11 @@ impl<E: Cause + Clone> SinkSession<E> {
 
     fn idle_deadline(&self, s: &Stream) -> Option<Instant> {
         let idle: Duration = self.link.timing.idle?;
-        // Request-driven, the source sends on the streams it likes (often one): a
-        // stream is idle only when none brings anything; a stream stuck with a chunk
-        // while others deliver is the source's to find (its stall limit).
-        let last = if self.on_demand {
+        // Request-driven, the source sends on the streams it likes (often one), and a
+        // tuned source on those its tuner chose: a stream is idle only when none
+        // brings anything; a stream stuck with a chunk while others deliver is the
+        // source's to find (its stall limit).
+        let last = if self.on_demand || self.uses(features::TUNING) {
             s.last_frame.max(self.progress)
         } else {
             s.last_frame

@@ -32,7 +32,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 use std::ops::Range;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::chunks::Cursor;
 use super::link::{Dial, Link, Setup};
@@ -151,6 +151,8 @@ struct Stream {
     acked: u64,
     /// Last progress while chunks were unacknowledged.
     since: Instant,
+    /// When the writes of the unacknowledged chunks ended, as far as reported.
+    written_at: VecDeque<Instant>,
 }
 
 /// Most chunk ranges a sink may have waiting in its requests.
@@ -197,6 +199,10 @@ pub struct SourceSession<E> {
     ready: VecDeque<(u64, ChunkMeta)>,
     acked: u64,
     window: usize,
+    /// Live streams that get chunks (the first ones by index): all, unless tuned.
+    active: usize,
+    /// The shortest time from a chunk's write to its acknowledgement.
+    ack_rtt: Option<Duration>,
     held: Vec<Have>,
     plan_sent: bool,
     stats: StreamStats,
@@ -231,6 +237,8 @@ impl<E: Cause + Clone> SourceSession<E> {
             ready: VecDeque::new(),
             acked: 0,
             window: usize::MAX,
+            active: usize::MAX,
+            ack_rtt: None,
             held: Vec::new(),
             plan_sent: false,
             stats: StreamStats::default(),
@@ -281,6 +289,7 @@ impl<E: Cause + Clone> SourceSession<E> {
                 sent: 0,
                 acked: 0,
                 since: now,
+                written_at: VecDeque::new(),
             })
             .collect();
         self.info = Some(info);
@@ -305,6 +314,52 @@ impl<E: Cause + Clone> SourceSession<E> {
     /// Caps the unacknowledged chunks per stream (default: no cap but the buffers).
     pub fn set_window(&mut self, window: usize) {
         self.window = window.max(1);
+    }
+
+    /// Sends chunks on the first `streams` live streams only (at least one): the
+    /// others finish what they carry and then idle. Only in a session that uses
+    /// [`features::TUNING`], where the sink does not take an idle stream for a lost
+    /// one (elsewhere this does nothing).
+    pub fn set_active(&mut self, now: Instant, streams: u16) {
+        if self.uses(features::TUNING) {
+            self.active = usize::from(streams.max(1));
+            self.assign(now);
+        }
+    }
+
+    /// Live streams that get chunks.
+    pub fn active(&self) -> u16 {
+        let live = self.streams.iter().filter(|s| s.join == Join::Live).count();
+        live.min(self.active) as u16
+    }
+
+    /// Whether chunks wait to be read or sent (a tuner measures only then: at the
+    /// tail, or while a growing manifest waits for its next part, the rate says
+    /// nothing of the settings).
+    pub fn has_work(&self) -> bool {
+        self.phase == Phase::Sending
+            && (!self.again.is_empty()
+                || !self.ready.is_empty()
+                || !self.wanted.is_empty()
+                || self.fresh.clone().next(&self.chunks).is_some())
+    }
+
+    /// Whether the session uses `bit` (see [`features`]).
+    pub fn uses(&self, bit: u64) -> bool {
+        self.info.as_ref().is_some_and(|i| i.features & bit != 0)
+    }
+
+    /// (feature [`features::TUNING`]) Tells the sink of a tuning decision.
+    pub fn tuned(&mut self, t: crate::control::Tuned) {
+        if self.uses(features::TUNING) && self.phase == Phase::Sending {
+            self.link.send(Control::Tuned(t));
+        }
+    }
+
+    /// The shortest time from the end of a chunk's write to its acknowledgement seen so
+    /// far: the round trip, plus what waited in the socket before it.
+    pub fn ack_rtt(&self) -> Option<Duration> {
+        self.ack_rtt
     }
 
     /// Queues manifest entries, in parts of about a megabyte.
@@ -630,6 +685,7 @@ impl<E: Cause + Clone> SourceSession<E> {
         let s = &mut self.streams[stream as usize];
         s.join = Join::Lost;
         s.writing = None;
+        s.written_at.clear();
         let unacked = std::mem::take(&mut s.unacked);
         let n = unacked.len() as u64;
         // Chunks of the lost stream go before anything else.
@@ -706,6 +762,7 @@ impl<E: Cause + Clone> SourceSession<E> {
         };
         if s.writing == Some(chunk) {
             s.writing = None;
+            s.written_at.push_back(now);
             self.assign(now);
         }
     }
@@ -735,6 +792,10 @@ impl<E: Cause + Clone> SourceSession<E> {
         s.acked = frames;
         for _ in 0..n {
             s.unacked.pop_front();
+            if let Some(w) = s.written_at.pop_front() {
+                let rtt = now.saturating_duration_since(w);
+                self.ack_rtt = Some(self.ack_rtt.map_or(rtt, |r| r.min(rtt)));
+            }
         }
         s.since = now;
         self.acked += n;
@@ -805,7 +866,9 @@ impl<E: Cause + Clone> SourceSession<E> {
                 .streams
                 .iter()
                 .enumerate()
-                .filter(|(_, s)| s.join == Join::Live && s.writing.is_none())
+                .filter(|(_, s)| s.join == Join::Live)
+                .take(self.active)
+                .filter(|(_, s)| s.writing.is_none())
                 .filter(|(_, s)| s.unacked.len() < window)
                 .min_by_key(|(i, s)| (s.unacked.len(), *i))
                 .map(|(i, _)| i);

@@ -1,0 +1,117 @@
+//! What the kernel knows of a data stream's TCP connection (`TCP_INFO`): the bytes
+//! the peer acknowledged and the round-trip times, read while the stream runs.
+//!
+//! A source's tuner measures its rate with these, not with the chunks it handed to
+//! its sockets: a chunk (up to 64 MiB) leaves the application at once and then drains
+//! for seconds, so counting whole chunks over a period of a second or two is off by
+//! a chunk either way, while the kernel counts acknowledged bytes exactly.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::Duration;
+
+/// A data stream's TCP connection, for reading its counters. It holds a duplicate of
+/// the socket's descriptor: while it lives, closing the stream does not close the
+/// connection (no FIN), so its owner drops it as soon as the stream ends.
+#[derive(Debug)]
+pub struct TcpMeter {
+    fd: OwnedFd,
+}
+
+/// One reading of [`TcpMeter`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpSample {
+    /// Bytes the peer acknowledged, since the connection was made.
+    pub bytes_acked: u64,
+    /// The smallest round-trip time seen (zero: none yet).
+    pub min_rtt: Duration,
+    /// The smoothed round-trip time.
+    pub rtt: Duration,
+}
+
+impl TcpMeter {
+    /// A meter of `socket` (a TCP socket).
+    pub fn of(socket: &impl AsFd) -> io::Result<Self> {
+        let fd = rustix::io::fcntl_dupfd_cloexec(socket.as_fd(), 0)?;
+        Ok(TcpMeter { fd })
+    }
+
+    /// Reads the counters.
+    pub fn read(&self) -> io::Result<TcpSample> {
+        // SAFETY: tcp_info is plain old data; zeroed is a valid value.
+        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        // SAFETY: the buffer and its length describe `info`; the fd is open.
+        let r = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                (&raw mut info).cast(),
+                &mut len,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // Kernels before 4.6 end the structure before tcpi_min_rtt; before 4.1,
+        // before tcpi_bytes_acked.
+        let has = |end: usize| len as usize >= end;
+        let acked_end = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_acked) + 8;
+        let min_rtt_end = std::mem::offset_of!(libc::tcp_info, tcpi_min_rtt) + 4;
+        if !has(acked_end) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "this kernel's TCP_INFO has no acknowledged byte count",
+            ));
+        }
+        let min_rtt = if has(min_rtt_end) {
+            info.tcpi_min_rtt
+        } else {
+            0
+        };
+        Ok(TcpSample {
+            bytes_acked: info.tcpi_bytes_acked,
+            min_rtt: Duration::from_micros(u64::from(min_rtt)),
+            rtt: Duration::from_micros(u64::from(info.tcpi_rtt)),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    #[test]
+    fn counts_what_the_peer_acknowledged() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut b, _) = l.accept().unwrap();
+        let m = TcpMeter::of(&a).unwrap();
+        let before = m.read().unwrap();
+        let data = vec![7u8; 1 << 20];
+        let reader = std::thread::spawn(move || {
+            let mut got = vec![0u8; 1 << 20];
+            b.read_exact(&mut got).unwrap();
+            b
+        });
+        a.write_all(&data).unwrap();
+        let b = reader.join().unwrap();
+        // Acknowledgements may trail the reader by a moment.
+        let mut after = m.read().unwrap();
+        for _ in 0..100 {
+            if after.bytes_acked >= before.bytes_acked + (1 << 20) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            after = m.read().unwrap();
+        }
+        assert_eq!(after.bytes_acked - before.bytes_acked, 1 << 20);
+        assert!(after.rtt > Duration::ZERO);
+        drop((b, a));
+        // A meter of something that is not a TCP socket says so.
+        let f = std::fs::File::open("/dev/null").unwrap();
+        assert!(TcpMeter::of(&f).unwrap().read().is_err());
+    }
+}

@@ -1,0 +1,537 @@
+//! The source's tuner (feature [`super::features::TUNING`]): how many of a session's
+//! data streams carry chunks, chosen while the data flows.
+//!
+//! Why streams: on a long link each TCP connection carries at most its socket buffer
+//! per round trip (Linux autotunes a socket's buffers up to `tcp_wmem`/`tcp_rmem`'s
+//! maximum, 4 MiB for sending by default: 4 MiB / 200 ms = 168 Mbit/s per stream), and
+//! one loss halves one stream's window, not all of them; on a short link or a busy CPU
+//! more streams cost more than they bring. The best count depends on the path and the
+//! hosts, so it is measured in place (seed 004; FTS3's optimizer and Falcon search the
+//! same way, by throughput trend, without sweeping the whole space).
+//!
+//! How: a session opens all the streams it was granted, and the tuner starts with a
+//! few ([`TuneConfig::start`]). It measures the rate the source sends at over a period
+//! (after a settling time, so a stream that was just added has left slow start), then
+//! probes: doubles the streams while each doubling gains at least
+//! [`GAIN_UP`] (10 %); a probe that gains less goes back. Once settled it holds the
+//! count, and every [`HOLD_PERIODS`] periods probes again, alternately up (half as
+//! many more) and down (a quarter fewer; kept when the rate stays within
+//! [`KEEP_DOWN`] of what it was), so it follows a path whose capacity changes and
+//! sheds streams that bring nothing. Periods scale with the round-trip time the
+//! caller measures (slow start takes a number of round trips), between fixed bounds.
+//!
+//! Sans-IO: the caller feeds it the clock and the bytes sent so far and applies the
+//! decisions ([`super::SourceSession::set_active`]); it is tested alone against a
+//! model of a link (below) and in the drivers.
+
+use std::time::{Duration, Instant};
+
+/// A probe up must raise the rate by this fraction to be kept.
+pub const GAIN_UP: f64 = 0.10;
+/// A probe down is kept when the rate stays above this fraction of the rate before.
+pub const KEEP_DOWN: f64 = 0.95;
+/// Measurement periods between two probes once settled.
+pub const HOLD_PERIODS: u32 = 8;
+/// Bounds of the settling time after a change and of a measurement period.
+pub const PERIOD_MIN: Duration = Duration::from_secs(1);
+/// See [`PERIOD_MIN`].
+pub const PERIOD_MAX: Duration = Duration::from_secs(3);
+/// A period lasts this many round trips (within the bounds).
+pub const PERIOD_RTTS: u32 = 10;
+
+/// What the tuner may choose from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TuneConfig {
+    /// Streams to start with.
+    pub start: u16,
+    /// Fewest streams.
+    pub min: u16,
+    /// Most streams (the session's).
+    pub max: u16,
+}
+
+impl TuneConfig {
+    /// Starts with `start` (the untuned default), between 1 and `max`.
+    pub fn new(start: u16, max: u16) -> Self {
+        let max = max.max(1);
+        TuneConfig {
+            start: start.clamp(1, max),
+            min: 1,
+            max,
+        }
+    }
+}
+
+/// A change of the streams in use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Streams to send on from now on.
+    pub streams: u16,
+    /// The rate measured before it, in bytes per second.
+    pub rate: u64,
+    /// Why, for logs and the sink.
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Probe {
+    /// No probe running: measuring the current count.
+    None,
+    /// Trying more streams than `from` (which measured `base`).
+    Up { from: u16, base: f64 },
+    /// Trying fewer streams than `from`.
+    Down { from: u16, base: f64 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Phase {
+    /// Waiting for the first byte.
+    Idle,
+    /// Letting a change take effect until then.
+    Settling(Instant),
+    /// Measuring since `(time, bytes)`.
+    Measuring(Instant, u64),
+}
+
+/// The tuner (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Tuner {
+    cfg: TuneConfig,
+    streams: u16,
+    phase: Phase,
+    probe: Probe,
+    /// Probes so far settled: hold, then probe again.
+    settled: bool,
+    holds: u32,
+    /// Periods to hold before the next probe: [`HOLD_PERIODS`], doubled after each
+    /// probe that went back (up to 8 times as long), reset by one that was kept.
+    hold_for: u32,
+    /// The next re-probe goes up (else down).
+    next_up: bool,
+    /// The rate of the last period at the current count.
+    last_rate: Option<f64>,
+    rtt: Option<Duration>,
+    changes: u32,
+    settled_at: Option<Instant>,
+    started: Option<Instant>,
+}
+
+impl Tuner {
+    /// A tuner within `cfg`; it starts with `cfg.start` streams.
+    pub fn new(cfg: TuneConfig) -> Self {
+        Tuner {
+            cfg,
+            streams: cfg.start,
+            phase: Phase::Idle,
+            probe: Probe::None,
+            settled: false,
+            holds: 0,
+            hold_for: HOLD_PERIODS,
+            next_up: true,
+            last_rate: None,
+            rtt: None,
+            changes: 0,
+            settled_at: None,
+            started: None,
+        }
+    }
+
+    /// Streams in use now.
+    pub fn streams(&self) -> u16 {
+        self.streams
+    }
+
+    /// The streams the search settled on: those in use, or while a probe runs, those
+    /// it started from.
+    pub fn kept(&self) -> u16 {
+        match self.probe {
+            Probe::Up { from, .. } | Probe::Down { from, .. } if self.settled => from,
+            _ => self.streams,
+        }
+    }
+
+    /// Changes made so far.
+    pub fn changes(&self) -> u32 {
+        self.changes
+    }
+
+    /// How long after the first byte the search first settled (`None`: not yet).
+    pub fn settled_after(&self) -> Option<Duration> {
+        match (self.started, self.settled_at) {
+            (Some(s), Some(c)) => Some(c.saturating_duration_since(s)),
+            _ => None,
+        }
+    }
+
+    /// The last rate measured with the streams in use, in bytes per second.
+    pub fn rate(&self) -> Option<u64> {
+        self.last_rate.map(|r| r as u64)
+    }
+
+    /// The round-trip time seen on the data streams (the smallest so far), which sets
+    /// the length of the periods.
+    pub fn set_rtt(&mut self, rtt: Duration) {
+        self.rtt = Some(rtt);
+    }
+
+    fn period(&self) -> Duration {
+        let base = self.rtt.map_or(Duration::from_secs(1), |r| r * PERIOD_RTTS);
+        base.clamp(PERIOD_MIN, PERIOD_MAX)
+    }
+
+    /// When [`Tuner::tick`] is next due (`None`: before the first byte, call it
+    /// whenever bytes went out).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Idle => None,
+            Phase::Settling(t) => Some(t),
+            Phase::Measuring(t, _) => Some(t + self.period()),
+        }
+    }
+
+    /// The source has nothing to send for now: the current period is dropped, and
+    /// measuring starts again (after settling) once bytes flow.
+    pub fn pause(&mut self) {
+        self.phase = Phase::Idle;
+    }
+
+    /// The clock and the bytes sent so far (all streams); returns a change to apply.
+    pub fn tick(&mut self, now: Instant, bytes: u64) -> Option<Decision> {
+        match self.phase {
+            Phase::Idle => {
+                if bytes > 0 {
+                    self.started.get_or_insert(now);
+                    self.phase = Phase::Settling(now + self.period());
+                }
+                None
+            }
+            Phase::Settling(t) => {
+                if now >= t {
+                    self.phase = Phase::Measuring(now, bytes);
+                }
+                None
+            }
+            Phase::Measuring(t, b) => {
+                let took = now.saturating_duration_since(t);
+                if took < self.period() {
+                    return None;
+                }
+                let rate = bytes.saturating_sub(b) as f64 / took.as_secs_f64();
+                self.phase = Phase::Measuring(now, bytes);
+                self.decide(now, rate)
+            }
+        }
+    }
+
+    fn change(&mut self, now: Instant, to: u16, rate: f64, reason: String) -> Option<Decision> {
+        let to = to.clamp(self.cfg.min, self.cfg.max);
+        if to == self.streams {
+            return None;
+        }
+        self.streams = to;
+        self.changes += 1;
+        self.phase = Phase::Settling(now + self.period());
+        Some(Decision {
+            streams: to,
+            rate: rate as u64,
+            reason,
+        })
+    }
+
+    fn decide(&mut self, now: Instant, rate: f64) -> Option<Decision> {
+        let n = self.streams;
+        let probe = self.probe;
+        self.probe = Probe::None;
+        self.last_rate = Some(rate);
+        match probe {
+            Probe::Up { from, base } => {
+                let gain = rate / base.max(1.0) - 1.0;
+                if gain >= GAIN_UP {
+                    if n < self.cfg.max {
+                        // Searching: double; settled: the path changed, climb by half.
+                        let step = if self.settled { (n / 2).max(1) } else { n };
+                        let to = n.saturating_add(step).min(self.cfg.max);
+                        self.probe = Probe::Up {
+                            from: n,
+                            base: rate,
+                        };
+                        return self.change(
+                            now,
+                            to,
+                            rate,
+                            format!(
+                                "{n} streams sent {} more than {from}: trying {to}",
+                                pct(gain)
+                            ),
+                        );
+                    }
+                    self.hold(now, false, true);
+                    return None;
+                }
+                self.hold(now, false, false);
+                self.last_rate = Some(base);
+                self.change(
+                    now,
+                    from,
+                    rate,
+                    format!(
+                        "{n} streams sent {} against {from}'s {}: back to {from}",
+                        pct(gain),
+                        rate_text(base)
+                    ),
+                )
+            }
+            Probe::Down { from, base } => {
+                if rate >= base * KEEP_DOWN {
+                    self.hold(now, true, true);
+                    return None;
+                }
+                self.hold(now, true, false);
+                self.last_rate = Some(base);
+                self.change(
+                    now,
+                    from,
+                    rate,
+                    format!(
+                        "{n} streams sent {} against {from}'s {}: back to {from}",
+                        pct(rate / base.max(1.0) - 1.0),
+                        rate_text(base)
+                    ),
+                )
+            }
+            Probe::None if !self.settled => {
+                // The first measurement: probe up when there is room.
+                if n < self.cfg.max {
+                    let to = n.saturating_mul(2).min(self.cfg.max);
+                    self.probe = Probe::Up {
+                        from: n,
+                        base: rate,
+                    };
+                    return self.change(
+                        now,
+                        to,
+                        rate,
+                        format!("{n} streams send {}: trying {to}", rate_text(rate)),
+                    );
+                }
+                self.hold(now, false, true);
+                None
+            }
+            Probe::None => {
+                self.holds += 1;
+                if self.holds < self.hold_for {
+                    return None;
+                }
+                self.holds = 0;
+                let up = self.next_up;
+                self.next_up = !up;
+                if up && n < self.cfg.max {
+                    let to = n.saturating_add((n / 2).max(1)).min(self.cfg.max);
+                    self.probe = Probe::Up {
+                        from: n,
+                        base: rate,
+                    };
+                    self.change(
+                        now,
+                        to,
+                        rate,
+                        format!(
+                            "checking again: {n} streams send {}: trying {to}",
+                            rate_text(rate)
+                        ),
+                    )
+                } else if n > self.cfg.min {
+                    let to = n - (n / 4).max(1);
+                    self.probe = Probe::Down {
+                        from: n,
+                        base: rate,
+                    };
+                    self.change(
+                        now,
+                        to,
+                        rate,
+                        format!(
+                            "checking again: {n} streams send {}: trying {to}",
+                            rate_text(rate)
+                        ),
+                    )
+                } else {
+                    None
+                }
+            }
+        }
+    }
+
+    /// The search settled (for now); `down`: the probe was down, so the next one goes
+    /// up; `kept`: the probe's setting was kept (else it went back, and the next probe
+    /// waits longer).
+    fn hold(&mut self, now: Instant, down: bool, kept: bool) {
+        self.settled_at.get_or_insert(now);
+        if !self.settled || kept {
+            self.hold_for = HOLD_PERIODS;
+        } else {
+            self.hold_for = (self.hold_for * 2).min(HOLD_PERIODS * 8);
+        }
+        self.settled = true;
+        self.holds = 0;
+        self.next_up = down;
+    }
+}
+
+fn pct(f: f64) -> String {
+    format!("{:+.0} %", f * 100.0)
+}
+
+/// A rate in bytes per second as text, in bits per second.
+pub fn rate_text(bytes_per_s: f64) -> String {
+    let bits = bytes_per_s * 8.0;
+    if bits >= 1e9 {
+        format!("{:.2} Gbit/s", bits / 1e9)
+    } else {
+        format!("{:.0} Mbit/s", bits / 1e6)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A link where each stream carries at most `per_stream` bytes/s (its window per
+    /// round trip), all together at most `cap`, and each stream beyond `knee` costs
+    /// `overhead` of the total (a busy CPU).
+    #[derive(Clone, Copy)]
+    struct Model {
+        per_stream: f64,
+        cap: f64,
+        knee: u16,
+        overhead: f64,
+    }
+
+    impl Model {
+        fn rate(&self, n: u16) -> f64 {
+            let r = (n as f64 * self.per_stream).min(self.cap);
+            let extra = n.saturating_sub(self.knee) as f64;
+            r * (1.0 - self.overhead * extra).max(0.1)
+        }
+    }
+
+    /// Runs the tuner for `secs` against `model` (noise: ± `noise` per period, from a
+    /// fixed sequence), in 50 ms steps; returns the streams at the end and the changes.
+    fn run(cfg: TuneConfig, model: impl Fn(u16, f64) -> f64, secs: f64) -> (Tuner, Vec<Decision>) {
+        let t0 = Instant::now();
+        let mut t = Tuner::new(cfg);
+        t.set_rtt(Duration::from_millis(100));
+        let (mut bytes, mut now, mut out) = (0f64, t0, Vec::new());
+        let step = Duration::from_millis(50);
+        while (now - t0).as_secs_f64() < secs {
+            now += step;
+            let at = (now - t0).as_secs_f64();
+            bytes += model(t.streams(), at) * step.as_secs_f64();
+            if let Some(d) = t.tick(now, bytes as u64) {
+                out.push(d);
+            }
+        }
+        (t, out)
+    }
+
+    #[test]
+    fn finds_the_knee_of_a_window_limited_link() {
+        // 4 MiB per stream per 200 ms round trip, a 1 Gbit/s link: 6 streams fill it.
+        let m = Model {
+            per_stream: 21e6,
+            cap: 125e6,
+            knee: 64,
+            overhead: 0.0,
+        };
+        let (t, d) = run(TuneConfig::new(4, 32), |n, _| m.rate(n), 30.0);
+        assert!(
+            (6..=16).contains(&t.kept()),
+            "{} streams after {d:?}",
+            t.kept()
+        );
+        assert!(d[0].streams == 8, "first probe doubles: {d:?}");
+        // It settled: no more than the probes of the search and two re-checks.
+        assert!(d.len() <= 8, "{d:?}");
+        let settled = t.settled_after().expect("settled");
+        assert!(settled < Duration::from_secs(10), "{settled:?}");
+    }
+
+    #[test]
+    fn goes_back_when_more_streams_bring_nothing() {
+        // One stream already fills the link; more cost 5 % each.
+        let m = Model {
+            per_stream: 200e6,
+            cap: 125e6,
+            knee: 4,
+            overhead: 0.05,
+        };
+        let (t, d) = run(TuneConfig::new(4, 16), |n, _| m.rate(n), 20.0);
+        assert_eq!(d[0].streams, 8);
+        assert_eq!(d[1].streams, 4, "{d:?}");
+        assert!(d[1].reason.contains("back to 4"), "{}", d[1].reason);
+        // Later re-checks may try fewer (as good: kept) but never keep more.
+        assert!(t.kept() <= 4, "{d:?}");
+    }
+
+    #[test]
+    fn sheds_streams_that_bring_nothing() {
+        // Flat: any count gives the same rate; a probe down is kept.
+        let (t, d) = run(TuneConfig::new(8, 8), |_, _| 100e6, 60.0);
+        assert!(t.kept() < 8, "{d:?}");
+        assert!(t.kept() >= 1);
+    }
+
+    #[test]
+    fn follows_a_path_that_gets_longer() {
+        // After 30 s each stream carries a quarter as much (the round trip quadrupled):
+        // the re-checks raise the count.
+        let fast = Model {
+            per_stream: 60e6,
+            cap: 125e6,
+            knee: 64,
+            overhead: 0.0,
+        };
+        let slow = Model {
+            per_stream: 15e6,
+            ..fast
+        };
+        let (t, d) = run(
+            TuneConfig::new(2, 32),
+            |n, at| {
+                if at < 30.0 {
+                    fast.rate(n)
+                } else {
+                    slow.rate(n)
+                }
+            },
+            120.0,
+        );
+        assert!(t.kept() >= 6, "{} streams after {d:?}", t.kept());
+    }
+
+    #[test]
+    fn stays_within_its_bounds_and_waits_for_data() {
+        let mut t = Tuner::new(TuneConfig::new(4, 2));
+        assert_eq!(t.streams(), 2);
+        let now = Instant::now();
+        assert_eq!(t.poll_timeout(), None);
+        assert_eq!(t.tick(now, 0), None);
+        assert_eq!(t.poll_timeout(), None, "no data, no clock");
+        assert_eq!(t.tick(now, 1), None);
+        assert!(t.poll_timeout().is_some());
+        let (t, d) = run(TuneConfig::new(1, 1), |n, _| n as f64 * 1e6, 30.0);
+        assert_eq!(t.streams(), 1);
+        assert!(d.is_empty(), "{d:?}");
+    }
+
+    #[test]
+    fn periods_follow_the_round_trip() {
+        let mut t = Tuner::new(TuneConfig::new(4, 8));
+        t.set_rtt(Duration::from_millis(1));
+        assert_eq!(t.period(), PERIOD_MIN);
+        t.set_rtt(Duration::from_millis(200));
+        assert_eq!(t.period(), Duration::from_secs(2));
+        t.set_rtt(Duration::from_secs(2));
+        assert_eq!(t.period(), PERIOD_MAX);
+    }
+}
