@@ -450,8 +450,14 @@ fn sessions_per_user_are_limited() {
         })
     };
     std::thread::sleep(Duration::from_millis(1000));
+    // (A client comes back within --busy-wait; this one will not wait.)
     let o = cpk(
-        &[&srv.url("data/big"), s(&t.path().join("second"))],
+        &[
+            "--busy-wait",
+            "0",
+            &srv.url("data/big"),
+            s(&t.path().join("second")),
+        ],
         &kh,
         &env,
     );
