@@ -297,6 +297,19 @@ fn counters_move_during_a_transfer_and_equal_its_summary_after() {
     // Received is unchanged.
     assert_eq!(value(&after, BYTES), summary["bytes_sent"].as_f64());
 
+    // Every metric exposed is documented (docs/metrics.md), under its exposed name.
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/metrics.md"),
+    )
+    .unwrap();
+    for l in after.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+        let name = l.split(' ').next().unwrap();
+        assert!(
+            doc.contains(&format!("| `{name}` |")),
+            "{name} not in docs/metrics.md"
+        );
+    }
+
     // Anything else: 404; the page itself is static.
     assert_eq!(get(&server.metrics, "/nope", None).0, 404);
     let (status, page) = get(&server.metrics, "/", None);

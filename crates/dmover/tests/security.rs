@@ -461,7 +461,8 @@ fn sessions_per_user_are_limited() {
         &kh,
         &env,
     );
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    // Still busy after --busy-wait: a failure that may pass (4).
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("already runs 1 sessions"),
         "{}",
