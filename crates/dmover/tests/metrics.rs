@@ -870,3 +870,85 @@ fn auth_failures_and_refusals_are_counted_by_kind() {
     }
     assert_eq!(auth("bad_credential"), Some(1.0));
 }
+
+#[test]
+fn a_session_revoked_by_a_reload_counts_as_an_auth_failure() {
+    let t = tmp();
+    let data = t.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let src = t.path().join("src");
+    dataset(&src, 40);
+    let cfg = t.path().join("server.toml");
+    let export = format!("[exports.data]\npath = \"{}\"\n", s(&data));
+    let alice = format!(
+        "[users.alice]\ntoken = \"{}\"\nexports = {{ data = \"rw\" }}\n",
+        dmover_proto::auth::token_keys(b"alice-token")
+            .verifier
+            .to_text()
+    );
+    std::fs::write(&cfg, format!("{export}{alice}")).unwrap();
+    let token = t.path().join("token");
+    std::fs::write(&token, "alice-token\n").unwrap();
+    // One disk thread, 300 ms per chunk: the push of 40 chunks takes 12 s or more.
+    let server = serve(&[
+        "--config",
+        s(&cfg),
+        "--metrics",
+        "127.0.0.1:0",
+        "--io-threads",
+        "1",
+        "--debug-chunk-delay-ms",
+        "300",
+    ]);
+    let client = Command::new(bin())
+        .args(["cp", "--chunk", "256K", "--user", "alice", "--token-file"])
+        .arg(&token)
+        .arg(&src)
+        .arg(format!("dmover://{}/data/dest", server.addr))
+        .env("DMOVER_KNOWN_HOSTS", known_hosts_in(t.path()))
+        .env_remove("DMOVER_TOKEN")
+        .env_remove("DMOVER_USER")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let moving = "dmover_bytes_total{direction=\"received\",user=\"alice\"}";
+    wait_for(Duration::from_secs(30), "alice's push", || {
+        (value(&scrape(&server.metrics), moving)? > 0.0).then_some(())
+    });
+    // Alice is removed from the configuration (Bob stays: a file without users would
+    // open the server to anyone), which is reloaded.
+    let bob = format!(
+        "[users.bob]\ntoken = \"{}\"\nexports = {{ data = \"rw\" }}\n",
+        dmover_proto::auth::token_keys(b"bob-token")
+            .verifier
+            .to_text()
+    );
+    std::fs::write(&cfg, format!("{export}{bob}")).unwrap();
+    let hup = Command::new("kill")
+        .args(["-HUP", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    let out = client.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("credential revoked"),
+        "{}",
+        stderr(&out)
+    );
+    let m = wait_for(Duration::from_secs(10), "the revocation counted", || {
+        let m = scrape(&server.metrics);
+        (value(&m, "dmover_auth_failures_total{kind=\"revoked\"}")? == 1.0).then_some(m)
+    });
+    assert_eq!(
+        value(&m, "dmover_auth_failures_total{kind=\"bad_credential\"}"),
+        Some(0.0),
+        "{m}"
+    );
+    assert_eq!(
+        value(&m, "dmover_session_errors_total{kind=\"auth\"}"),
+        Some(1.0),
+        "{m}"
+    );
+}
