@@ -1041,7 +1041,7 @@ impl Server {
             Ok(permit) => (want, permit),
             Err(_) => {
                 let permit = tokio::time::timeout(
-                    HANDSHAKE_TIMEOUT,
+                    self.cfg.handshake_timeout,
                     self.memory
                         .clone()
                         .acquire_many_owned(per_buf * minimum as u32),

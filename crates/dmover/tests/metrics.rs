@@ -952,3 +952,93 @@ fn a_session_revoked_by_a_reload_counts_as_an_auth_failure() {
         "{m}"
     );
 }
+
+/// A server whose buffer memory one session holds whole: a second session waits for
+/// it (the handshake timeout), is refused as busy for the memory budget, counted, and
+/// its client comes back by itself until it gets in.
+#[test]
+fn a_refusal_for_the_memory_budget_is_counted_and_the_client_comes_back() {
+    let t = tmp();
+    let (src, root) = (t.path().join("src"), t.path().join("root"));
+    // 16 MiB: 16 chunks of 1 MiB at 300 ms each on one disk thread, 4.8 s or more.
+    dataset(&src, 64);
+    std::fs::create_dir_all(&root).unwrap();
+    let cfg = t.path().join("server.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "handshake_timeout_secs = 1\n[exports.data]\npath = \"{}\"\n\
+             [users.alice]\ntoken = \"{}\"\nexports = {{ data = \"rw\" }}\n",
+            s(&root),
+            dmover_proto::auth::token_keys(b"alice-token")
+                .verifier
+                .to_text()
+        ),
+    )
+    .unwrap();
+    let token = t.path().join("token");
+    std::fs::write(&token, "alice-token\n").unwrap();
+    let server = serve(&[
+        "--config",
+        s(&cfg),
+        "--memory",
+        "2M",
+        "--metrics",
+        "127.0.0.1:0",
+        "--io-threads",
+        "1",
+        "--debug-chunk-delay-ms",
+        "300",
+    ]);
+    let push = |dest: &str| {
+        let (src, url, kh, token) = (
+            src.clone(),
+            format!("dmover://{}/data/{dest}", server.addr),
+            known_hosts_in(t.path()),
+            token.clone(),
+        );
+        std::thread::spawn(move || {
+            cp_env(
+                &[
+                    "--user",
+                    "alice",
+                    "--token-file",
+                    s(&token),
+                    "--chunk",
+                    "1M",
+                    "-P",
+                    "1",
+                    s(&src),
+                    &url,
+                ],
+                &[("DMOVER_KNOWN_HOSTS", s(&kh))],
+            )
+        })
+    };
+    let first = push("first");
+    let alice = "dmover_bytes_total{direction=\"received\",user=\"alice\"}";
+    wait_for(Duration::from_secs(30), "the first push", || {
+        let m = scrape(&server.metrics);
+        (value(&m, alice)? > 0.0).then_some(())
+    });
+    let m = scrape(&server.metrics);
+    assert_eq!(
+        value(&m, "dmover_buffer_memory_reserved_bytes"),
+        Some((2 << 20) as f64),
+        "{m}"
+    );
+    let second = push("second");
+    let o = second.join().unwrap();
+    ok(&o);
+    assert!(stderr(&o).contains("memory budget"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("trying again"), "{}", stderr(&o));
+    ok(&first.join().unwrap());
+    same(&src, &root.join("first"));
+    same(&src, &root.join("second"));
+    let m = scrape(&server.metrics);
+    assert!(
+        value(&m, "dmover_refusals_total{reason=\"memory_budget\"}").unwrap() >= 1.0,
+        "{m}"
+    );
+    assert_eq!(value(&m, PUSHES_OK), Some(2.0), "{m}");
+}
