@@ -592,9 +592,7 @@ impl Session {
         let bytes = end
             .as_ref()
             .map_or_else(|| load(|p| p.bytes.load(Relaxed)), |e| e.bytes);
-        let files = end
-            .as_ref()
-            .map_or_else(|| load(|p| p.files.load(Relaxed)), |e| e.files);
+        let files = end.as_ref().map_or_else(|| self.moved().files, |e| e.files);
         let h = &st.history;
         let history = rates(h);
         let window = h.len().saturating_sub(RATE_WINDOW + 1);
