@@ -722,6 +722,10 @@ impl Client {
     {
         let mut resume = self.opts.resume;
         let mut attempt = 1;
+        // Refusals after authentication by a server that cannot take the session yet:
+        // since when, and the last wait.
+        let mut not_yet: Option<tokio::time::Instant> = None;
+        let mut backoff = Duration::ZERO;
         loop {
             run.progress.attempt.store(attempt, Relaxed);
             match once(run.attempt(), resume).await {
@@ -734,6 +738,29 @@ impl Client {
                     // The user interrupted: that is the error, and no retry.
                     if let Some(top) = run.take_error() {
                         return Err(top);
+                    }
+                    // The server cannot take the session yet (its user's session
+                    // limit, its memory budget): come back, as for a busy answer before
+                    // TLS, within --busy-wait and whatever --retries says.
+                    if e.server_busy() && !run.is_cancelled() {
+                        let since = *not_yet.get_or_insert_with(tokio::time::Instant::now);
+                        let spent = since.elapsed();
+                        if spent < self.opts.busy_wait {
+                            backoff = (backoff * 2).clamp(Duration::from_secs(1), MAX_BUSY_BACKOFF);
+                            let wait = backoff
+                                .mul_f64(1.0 + rand::random::<f64>() / 2.0)
+                                .min(self.opts.busy_wait - spent);
+                            tracing::warn!(
+                                "{e}; trying again in {:.1} s (for at most --busy-wait {:.0}s)",
+                                wait.as_secs_f64(),
+                                self.opts.busy_wait.as_secs_f64()
+                            );
+                            tokio::select! {
+                                _ = run.cancelled() => return Err(run.take_error().unwrap_or(e)),
+                                _ = tokio::time::sleep(wait) => {}
+                            }
+                            continue;
+                        }
                     }
                     if attempt > self.opts.retries || !e.retryable() || run.is_cancelled() {
                         return Err(e);

@@ -158,6 +158,21 @@ impl Error {
         }
     }
 
+    /// The server could not take the session yet and said so after authentication
+    /// (its user's session limit, its memory budget, its session places): a client
+    /// comes back within its `busy_wait` without counting a retry. A busy answer
+    /// before TLS is handled where it is read ([`crate::client`]'s connect), and a
+    /// permanent refusal (credentials, a read-only export) has another code.
+    pub fn server_busy(&self) -> bool {
+        matches!(
+            self,
+            Error::Remote {
+                code: ErrorCode::Busy,
+                ..
+            }
+        )
+    }
+
     /// How telling an error is when several streams fail at once: the root cause
     /// (a local file error, a checksum, a refusal) beats the peer's report, which
     /// beats a dropped connection, which beats the aborts it caused.

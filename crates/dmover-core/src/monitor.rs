@@ -48,11 +48,57 @@ pub const HISTORY: usize = 600;
 /// stretches of samples beyond it), so the page's JSON stays small.
 pub const HISTORY_POINTS: usize = 120;
 
+/// How often [`Monitor::tick`] is to be called: the resolution of the network busy
+/// time.
+pub const NET_TICK: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Samples the page's "current rate" and the ETA average over.
 const RATE_WINDOW: usize = 5;
 
-/// The ops a session can run, as labels.
-const OPS: [&str; 3] = ["push", "pull", "memtest"];
+/// The ops a session can run, as labels (`third_party`: this server dialed another
+/// for a steering client).
+const OPS: [&str; 4] = ["push", "pull", "memtest", "third_party"];
+
+/// Where a session's bytes went, from the server's side, as labels: with a client
+/// (`received`: a push, `sent`: a pull), with another server in a third-party copy
+/// (either side of it), or in a memory-to-memory test (`dmover bench net`).
+pub const DIRECTIONS: [&str; 6] = [
+    "received",
+    "sent",
+    "third_party_received",
+    "third_party_sent",
+    "memtest_received",
+    "memtest_sent",
+];
+
+/// Authentication failures, by kind (the labels of `dmover_auth_failures_total`).
+pub const AUTH_FAILURES: [&str; 5] = [
+    // A known user with a wrong token, key or signature, or none.
+    "bad_credential",
+    // A user name the configuration does not know.
+    "unknown_user",
+    // A session ended because a reload took its user's credential or rights away.
+    "revoked",
+    // A control connection whose TLS handshake failed.
+    "tls",
+    // A third-party capability refused (expired, replayed, another key or address).
+    "capability",
+];
+
+/// Why the server could not take a session (yet), as labels of
+/// `dmover_refusals_total`: the limit that was reached.
+pub const REFUSALS: [&str; 5] = [
+    // Set-up places taken: the control connection was answered busy before TLS.
+    "max_handshakes",
+    // Beyond the set-up places and their overflow: closed unanswered.
+    "max_handshakes_overflow",
+    // All session places taken (answered busy before TLS, or at `Open`).
+    "max_sessions",
+    // The user's sessions at their limit (after authentication).
+    "max_sessions_per_user",
+    // No room in the buffer memory budget in time.
+    "memory_budget",
+];
 
 /// Counts the files chunk `k` completes (those whose last piece it carries) into
 /// `p.files`: called once per chunk written (a receiver) or sent (a sender).
@@ -69,6 +115,11 @@ pub struct Monitor {
     inner: Mutex<Inner>,
     next_id: AtomicU64,
     busy_refused: AtomicU64,
+    /// Authentication failures and refusals, by label.
+    failures: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    /// Network busy time: the last reading of all payload bytes, and the seconds
+    /// counted busy so far ([`Monitor::tick`]).
+    net: Mutex<NetBusy>,
     /// The server's disk threads and buffer memory, once watched.
     resources: OnceLock<Resources>,
     started: Instant,
@@ -101,6 +152,12 @@ impl Default for Monitor {
 }
 
 #[derive(Debug, Default)]
+struct NetBusy {
+    last: Option<(Instant, u64)>,
+    seconds: f64,
+}
+
+#[derive(Debug, Default)]
 struct Inner {
     active: BTreeMap<u64, Arc<Session>>,
     recent: VecDeque<Arc<Session>>,
@@ -110,6 +167,8 @@ struct Inner {
     sessions: BTreeMap<(&'static str, &'static str), u64>,
     /// Failed sessions by error class.
     errors: BTreeMap<&'static str, u64>,
+    /// Payload bytes of finished sessions, all directions (for network busy time).
+    finished_bytes: u64,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -145,6 +204,8 @@ pub struct Session {
     peer: String,
     user: String,
     op: &'static str,
+    /// Where its bytes go (one of [`DIRECTIONS`]).
+    direction: &'static str,
     started: Instant,
     started_unix: f64,
     progress: OnceLock<Arc<Progress>>,
@@ -170,12 +231,18 @@ struct End {
     files: u64,
 }
 
-/// Where a session's data goes, from the server's side.
-fn direction(op: &str) -> Option<&'static str> {
-    match op {
-        "push" => Some("received"),
-        "pull" => Some("sent"),
-        _ => None,
+impl Session {
+    /// What the session moved so far (a memory test's parts are no files).
+    fn moved(&self) -> Moved {
+        let mut m = self
+            .progress
+            .get()
+            .map(|p| Moved::of(p))
+            .unwrap_or_default();
+        if self.op == "memtest" {
+            m.files = 0;
+        }
+        m
     }
 }
 
@@ -230,6 +297,9 @@ impl Live {
             Ok(()) => (true, None, None),
             Err(e) => (false, Some(e.to_string()), Some(error_kind(e))),
         };
+        if result.as_ref().is_err_and(crate::policy::is_revoked) {
+            self.monitor.auth_failed("revoked");
+        }
         self.monitor.end(&self.session, ok, error, kind, done);
     }
 }
@@ -256,6 +326,8 @@ impl Monitor {
             inner: Mutex::default(),
             next_id: AtomicU64::new(1),
             busy_refused: AtomicU64::new(0),
+            failures: Mutex::default(),
+            net: Mutex::default(),
             resources: OnceLock::new(),
             started: Instant::now(),
             started_unix: unix_now(),
@@ -289,13 +361,22 @@ impl Monitor {
     }
 
     /// Registers a session of `user` (a configured name) from `peer` running `op`
-    /// (`push`, `pull` or `memtest`).
-    pub fn start(self: &Arc<Self>, peer: &str, user: &str, op: &'static str) -> Live {
+    /// (one of [`OPS`]: `push`, `pull`, `memtest` or `third_party`), its bytes going
+    /// `direction` (one of [`DIRECTIONS`]).
+    pub fn start(
+        self: &Arc<Self>,
+        peer: &str,
+        user: &str,
+        op: &'static str,
+        direction: &'static str,
+    ) -> Live {
+        debug_assert!(OPS.contains(&op) && DIRECTIONS.contains(&direction));
         let session = Arc::new(Session {
             id: self.next_id.fetch_add(1, Relaxed),
             peer: peer.to_string(),
             user: user.to_string(),
             op,
+            direction,
             started: Instant::now(),
             started_unix: unix_now(),
             progress: OnceLock::new(),
@@ -309,9 +390,51 @@ impl Monitor {
         }
     }
 
-    /// Counts a control connection answered busy.
+    /// Counts a control connection answered busy before TLS.
     pub fn busy_refused(&self) {
         self.busy_refused.fetch_add(1, Relaxed);
+    }
+
+    /// Counts an authentication failure of `kind` (one of [`AUTH_FAILURES`]).
+    pub fn auth_failed(&self, kind: &'static str) {
+        debug_assert!(AUTH_FAILURES.contains(&kind));
+        *self.failures.lock().entry(("auth", kind)).or_default() += 1;
+    }
+
+    /// Counts a session or connection the server could not take, for `reason` (one
+    /// of [`REFUSALS`]).
+    pub fn refused(&self, reason: &'static str) {
+        debug_assert!(REFUSALS.contains(&reason));
+        *self.failures.lock().entry(("refusal", reason)).or_default() += 1;
+    }
+
+    /// Counts network busy time: call every [`NET_TICK`]. The interval since the
+    /// previous call counts as busy when the payload bytes of all sessions (running
+    /// and finished) grew in it.
+    pub fn tick(&self) {
+        let total = {
+            let inner = self.inner.lock();
+            inner.finished_bytes
+                + inner
+                    .active
+                    .values()
+                    .filter_map(|s| s.progress.get())
+                    .map(|p| p.bytes.load(Relaxed))
+                    .sum::<u64>()
+        };
+        let now = Instant::now();
+        let mut net = self.net.lock();
+        if let Some((t, bytes)) = net.last {
+            if total > bytes {
+                net.seconds += now.duration_since(t).as_secs_f64();
+            }
+        }
+        net.last = Some((now, total));
+    }
+
+    /// Seconds counted busy by [`Monitor::tick`].
+    pub fn network_busy_seconds(&self) -> f64 {
+        self.net.lock().seconds
     }
 
     fn end(
@@ -323,8 +446,8 @@ impl Monitor {
         done: Option<(u64, u64)>,
     ) {
         let seconds = s.started.elapsed().as_secs_f64();
-        let mut moved = s.progress.get().map(|p| Moved::of(p)).unwrap_or_default();
-        if let (true, Some((_, files))) = (ok, done) {
+        let mut moved = s.moved();
+        if let (true, Some((_, files)), false) = (ok, done, s.op == "memtest") {
             // Files of no bytes count at the end; the counter never goes back.
             moved.files = moved.files.max(files);
         }
@@ -340,13 +463,12 @@ impl Monitor {
         }
         let mut inner = self.inner.lock();
         inner.active.remove(&s.id);
-        if let Some(dir) = direction(s.op) {
-            inner
-                .moved
-                .entry((dir, s.user.clone()))
-                .or_default()
-                .add(moved);
-        }
+        inner.finished_bytes += moved.bytes;
+        inner
+            .moved
+            .entry((s.direction, s.user.clone()))
+            .or_default()
+            .add(moved);
         *inner
             .sessions
             .entry((s.op, if ok { "ok" } else { "error" }))
@@ -406,6 +528,7 @@ impl Monitor {
                 memory_reserved_bytes: u.memory_reserved,
                 disk_threads: u.disk_threads,
                 disk_busy_seconds: u.disk_busy,
+                network_busy_seconds: self.network_busy_seconds(),
             },
             transfers: active
                 .iter()
@@ -469,9 +592,7 @@ impl Session {
         let bytes = end
             .as_ref()
             .map_or_else(|| load(|p| p.bytes.load(Relaxed)), |e| e.bytes);
-        let files = end
-            .as_ref()
-            .map_or_else(|| load(|p| p.files.load(Relaxed)), |e| e.files);
+        let files = end.as_ref().map_or_else(|| self.moved().files, |e| e.files);
         let h = &st.history;
         let history = rates(h);
         let window = h.len().saturating_sub(RATE_WINDOW + 1);
@@ -492,6 +613,7 @@ impl Session {
             peer: self.peer.clone(),
             user: self.user.clone(),
             op: self.op,
+            direction: self.direction,
             state: match &end {
                 None => "running",
                 Some(e) if e.error.is_none() => "ok",
@@ -547,6 +669,9 @@ pub struct ServerView {
     pub disk_threads: usize,
     /// Seconds the disk threads spent on jobs, all together.
     pub disk_busy_seconds: f64,
+    /// Seconds during which some session's data streams moved payload bytes
+    /// (docs/metrics.md).
+    pub network_busy_seconds: f64,
 }
 
 /// One session (docs/json.md).
@@ -558,8 +683,12 @@ pub struct TransferView {
     pub peer: String,
     /// The authenticated user.
     pub user: String,
-    /// `push`, `pull` or `memtest`.
+    /// `push`, `pull`, `memtest` or `third_party` (this server dialed another).
     pub op: &'static str,
+    /// Where its bytes go, from the server's side: `received`, `sent`,
+    /// `third_party_received`, `third_party_sent`, `memtest_received` or
+    /// `memtest_sent`.
+    pub direction: &'static str,
     /// `running`, `ok` or `error`.
     pub state: &'static str,
     /// Unix seconds.
@@ -648,12 +777,10 @@ impl Collector for Collect {
                 OPS.iter().map(|&o| (o, 0)).collect();
             for s in inner.active.values() {
                 *active_by_op.entry(s.op).or_default() += 1;
-                if let (Some(dir), Some(p)) = (direction(s.op), s.progress.get()) {
-                    moved
-                        .entry((dir, s.user.clone()))
-                        .or_default()
-                        .add(Moved::of(p));
-                }
+                moved
+                    .entry((s.direction, s.user.clone()))
+                    .or_default()
+                    .add(s.moved());
             }
             (
                 moved,
@@ -662,10 +789,10 @@ impl Collector for Collect {
                 active_by_op,
             )
         };
-        // Both directions appear for every user seen, so rates start from 0.
+        // Every direction appears for every user seen, so rates start from 0.
         let users: Vec<String> = moved.keys().map(|(_, u)| u.clone()).collect();
         for u in users {
-            for dir in ["received", "sent"] {
+            for dir in DIRECTIONS {
                 moved.entry((dir, u.clone())).or_default();
             }
         }
@@ -715,7 +842,8 @@ impl Collector for Collect {
             &mut enc,
             "dmover_bytes",
             "Payload bytes that crossed the data streams (chunks sent again count again), \
-             by direction (received: pushes, sent: pulls) and user.",
+             by direction (received: pushes, sent: pulls, third_party_received/sent: \
+             third-party copies, memtest_received/sent: memory-to-memory tests) and user.",
             series(|v| v.bytes),
         )?;
         counter_family(
@@ -739,8 +867,39 @@ impl Collector for Collect {
         counter(
             &mut enc,
             "dmover_busy_refusals",
-            "Control connections answered busy (session or set-up limit).",
+            "Control connections answered busy before TLS (session or set-up limit).",
             m.busy_refused.load(Relaxed),
+        )?;
+        let failures = m.failures.lock().clone();
+        let of = |class: &'static str, labels: &'static [&'static str]| {
+            labels
+                .iter()
+                .map(|&l| (l, failures.get(&(class, l)).copied().unwrap_or(0)))
+                .collect::<Vec<_>>()
+        };
+        counter_family(
+            &mut enc,
+            "dmover_auth_failures",
+            "Authentication failures, by kind (bad_credential, unknown_user, revoked, tls, \
+             capability).",
+            of("auth", &AUTH_FAILURES)
+                .into_iter()
+                .map(|(k, v)| ([("kind", k)], v)),
+        )?;
+        counter_family(
+            &mut enc,
+            "dmover_refusals",
+            "Sessions or connections the server could not take (yet), by the limit reached.",
+            of("refusal", &REFUSALS)
+                .into_iter()
+                .map(|(k, v)| ([("reason", k)], v)),
+        )?;
+        counter(
+            &mut enc,
+            "dmover_network_busy_seconds",
+            "Seconds during which some session's data streams moved payload bytes (0.25 s \
+             resolution); its rate is the fraction of time data was moving.",
+            m.network_busy_seconds(),
         )?;
         let u = m.usage();
         counter(
@@ -826,7 +985,7 @@ mod tests {
             0.0
         );
 
-        let live = m.start("10.0.0.1:5000", "alice", "push");
+        let live = m.start("10.0.0.1:5000", "alice", "push", "received");
         let p = Arc::new(Progress::default());
         live.attach(&p);
         p.bytes.store(1000, Relaxed);
@@ -863,7 +1022,7 @@ mod tests {
         );
 
         // Dropped unfinished: counted as aborted.
-        let live = m.start("10.0.0.2:5000", "bob", "pull");
+        let live = m.start("10.0.0.2:5000", "bob", "pull", "sent");
         drop(live);
         let t = m.prometheus();
         assert_eq!(
@@ -875,6 +1034,120 @@ mod tests {
             1.0
         );
         assert_eq!(m.active(), 0);
+    }
+
+    #[test]
+    fn third_party_memtest_failures_and_busy_time_have_their_series() {
+        let m = monitor();
+        let t = m.prometheus();
+        // Every kind and reason from the start, at 0.
+        for k in AUTH_FAILURES {
+            assert_eq!(
+                value(&t, &format!("dmover_auth_failures_total{{kind=\"{k}\"}}")),
+                0.0
+            );
+        }
+        for r in REFUSALS {
+            assert_eq!(
+                value(&t, &format!("dmover_refusals_total{{reason=\"{r}\"}}")),
+                0.0
+            );
+        }
+        assert_eq!(value(&t, "dmover_network_busy_seconds_total"), 0.0);
+        assert_eq!(value(&t, "dmover_sessions_active{op=\"third_party\"}"), 0.0);
+
+        m.auth_failed("tls");
+        m.auth_failed("unknown_user");
+        m.auth_failed("unknown_user");
+        m.refused("max_sessions_per_user");
+        let tpc = m.start("c:1", "alice", "third_party", "third_party_sent");
+        let p = Arc::new(Progress::default());
+        tpc.attach(&p);
+        let mt = m.start("c:2", "alice", "memtest", "memtest_received");
+        let q = Arc::new(Progress::default());
+        mt.attach(&q);
+        m.tick();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // Nothing moved: idle.
+        m.tick();
+        assert_eq!(m.network_busy_seconds(), 0.0);
+        p.bytes.store(700, Relaxed);
+        p.files.store(3, Relaxed);
+        q.bytes.store(500, Relaxed);
+        q.files.store(9, Relaxed);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        m.tick();
+        let busy = m.network_busy_seconds();
+        assert!((0.05..1.0).contains(&busy), "{busy}");
+        let t = m.prometheus();
+        assert_eq!(
+            value(&t, "dmover_auth_failures_total{kind=\"unknown_user\"}"),
+            2.0
+        );
+        assert_eq!(value(&t, "dmover_auth_failures_total{kind=\"tls\"}"), 1.0);
+        assert_eq!(
+            value(
+                &t,
+                "dmover_refusals_total{reason=\"max_sessions_per_user\"}"
+            ),
+            1.0
+        );
+        assert_eq!(value(&t, "dmover_sessions_active{op=\"third_party\"}"), 1.0);
+        let tps = "dmover_bytes_total{direction=\"third_party_sent\",user=\"alice\"}";
+        assert_eq!(value(&t, tps), 700.0);
+        let tpf = "dmover_files_total{direction=\"third_party_sent\",user=\"alice\"}";
+        assert_eq!(value(&t, tpf), 3.0);
+        let mtb = "dmover_bytes_total{direction=\"memtest_received\",user=\"alice\"}";
+        assert_eq!(value(&t, mtb), 500.0);
+        // A memory test's parts are no files.
+        let mtf = "dmover_files_total{direction=\"memtest_received\",user=\"alice\"}";
+        assert_eq!(value(&t, mtf), 0.0);
+        assert_eq!(
+            value(
+                &t,
+                "dmover_bytes_total{direction=\"received\",user=\"alice\"}"
+            ),
+            0.0
+        );
+        let v = m.transfers();
+        assert_eq!(v.transfers.len(), 2);
+        assert!(
+            v.transfers
+                .iter()
+                .any(|t| t.op == "third_party" && t.direction == "third_party_sent")
+        );
+        // Finished sessions keep their bytes in the busy reading: no busy time when
+        // nothing more moves.
+        tpc.finish(&Ok(()), Some((700, 3)));
+        drop(mt);
+        m.tick();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        m.tick();
+        assert_eq!(m.network_busy_seconds(), busy);
+        let t = m.prometheus();
+        assert_eq!(value(&t, tps), 700.0);
+        assert_eq!(value(&t, mtb), 500.0);
+        assert_eq!(
+            value(
+                &t,
+                "dmover_sessions_total{op=\"third_party\",result=\"ok\"}"
+            ),
+            1.0
+        );
+        // A session ended by a reload counts as revoked.
+        let r = m.start("c:3", "bob", "push", "received");
+        r.finish(
+            &Err(Error::refused(
+                ErrorCode::Auth,
+                "credential revoked by the server's configuration reload: gone",
+            )),
+            None,
+        );
+        let t = m.prometheus();
+        assert_eq!(
+            value(&t, "dmover_auth_failures_total{kind=\"revoked\"}"),
+            1.0
+        );
     }
 
     #[test]
@@ -907,7 +1180,7 @@ mod tests {
     #[test]
     fn recent_sessions_and_histories_are_bounded() {
         let m = monitor();
-        let live = m.start("p", "u", "pull");
+        let live = m.start("p", "u", "pull", "sent");
         let p = Arc::new(Progress::default());
         live.attach(&p);
         p.total.store(10_000, Relaxed);
@@ -931,7 +1204,8 @@ mod tests {
         assert!(history.len() >= HISTORY_POINTS / 2, "{}", history.len());
         drop(live);
         for _ in 0..RECENT + 5 {
-            m.start("p", "u", "push").finish(&Ok(()), Some((0, 0)));
+            m.start("p", "u", "push", "received")
+                .finish(&Ok(()), Some((0, 0)));
         }
         let v = m.transfers();
         assert_eq!(v.transfers.len(), RECENT);

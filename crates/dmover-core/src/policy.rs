@@ -203,12 +203,17 @@ pub(crate) struct Use {
     pub(crate) export: ExportSpec,
 }
 
+/// How the error a session ends with when a reload takes away what it runs on starts.
+const REVOKED: &str = "credential revoked by the server's configuration reload";
+
 /// The error a session ends with when a reload takes away what it runs on.
 fn revoked(why: &str) -> Error {
-    Error::refused(
-        ErrorCode::Auth,
-        format!("credential revoked by the server's configuration reload: {why}"),
-    )
+    Error::refused(ErrorCode::Auth, format!("{REVOKED}: {why}"))
+}
+
+/// Whether `e` is the error of a session a reload ended ([`watch`]).
+pub(crate) fn is_revoked(e: &Error) -> bool {
+    matches!(e, Error::Refused { code: ErrorCode::Auth, message } if message.starts_with(REVOKED))
 }
 
 /// Why the policy `p` no longer allows a session that runs as `grant` on `uses`, if it

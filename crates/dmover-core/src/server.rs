@@ -381,6 +381,7 @@ impl Server {
                              beyond the set-up limit",
                             self.overflow_limit()
                         );
+                        self.monitor.refused("max_handshakes_overflow");
                         continue;
                     }
                 },
@@ -427,13 +428,21 @@ impl Server {
     /// A control connection that came beyond the set-up limit: answered "busy, retry
     /// after N s" and closed gracefully (what the client sent behind its preamble is
     /// read and discarded, so the close is no reset).
-    async fn answer_busy(&self, mut stream: TcpStream, peer: &str, why: String) {
+    /// `reason`: the limit reached, for the metrics (see [`crate::monitor::REFUSALS`]).
+    async fn answer_busy(
+        &self,
+        mut stream: TcpStream,
+        peer: &str,
+        why: String,
+        reason: &'static str,
+    ) {
         let n = self.retry_after();
         let answer = Preamble::busy(n);
         if write_preamble(&mut stream, answer, peer).await.is_ok() {
             tracing::info!("busy: answered {peer} \"retry after {n} s\": {why}");
         }
         self.monitor.busy_refused();
+        self.monitor.refused(reason);
         close_gracefully(stream).await;
     }
 
@@ -497,7 +506,7 @@ impl Server {
                                     "{} connections already in set-up",
                                     self.cfg.max_handshakes
                                 );
-                                self.answer_busy(stream, &p, why).await;
+                                self.answer_busy(stream, &p, why, "max_handshakes").await;
                                 return;
                             }
                         }
@@ -507,7 +516,7 @@ impl Server {
                 // for learns it before TLS, and comes back.
                 let Some(place) = self.session_place() else {
                     let why = format!("{} sessions running", self.cfg.max_sessions);
-                    self.answer_busy(stream, &p, why).await;
+                    self.answer_busy(stream, &p, why, "max_sessions").await;
                     return;
                 };
                 // A failure is logged once, where it happens: before the session in
@@ -577,6 +586,7 @@ impl Server {
                 (ControlStream::Server(tls), key)
             }
             Ok(Err(source)) => {
+                self.monitor.auth_failed("tls");
                 return Err(Error::Net(NetError::Tls {
                     peer: peer.to_string(),
                     source,
@@ -717,6 +727,7 @@ impl Server {
         let n = m.entry(grant.user.clone()).or_insert(0);
         if *n >= self.cfg.max_sessions_per_user {
             let n = *n;
+            self.monitor.refused("max_sessions_per_user");
             return Err(Error::refused(
                 ErrorCode::Busy,
                 format!(
@@ -771,6 +782,7 @@ impl Server {
                     }
                     Err(why) => {
                         tracing::warn!("capability refused for {peer} ({}): {why}", hello.software);
+                        self.monitor.auth_failed("capability");
                         Err(Error::refused(
                             ErrorCode::Auth,
                             format!("third-party capability refused: {why}"),
@@ -797,6 +809,11 @@ impl Server {
                             hello.software,
                             a.user
                         );
+                        self.monitor.auth_failed(if why == UNKNOWN_USER {
+                            "unknown_user"
+                        } else {
+                            "bad_credential"
+                        });
                         return Err(Error::refused(
                             ErrorCode::Auth,
                             "authentication failed: unknown user or wrong credential",
@@ -903,7 +920,17 @@ impl Server {
         reported: &mut bool,
         log: &mut SessionLog,
     ) -> Result<()> {
-        log.live = Some(self.monitor.start(peer, &grant.user, log.op));
+        // Bytes pushed or pulled by a capability are the other half of a third-party
+        // copy.
+        let direction = match (&open.op, grant.scope.is_some()) {
+            (Op::Push { .. }, false) => "received",
+            (Op::Push { .. }, true) => "third_party_received",
+            (Op::Pull { .. }, false) => "sent",
+            (Op::Pull { .. }, true) => "third_party_sent",
+            (Op::MemTest(m), _) if m.direction == MemDirection::ToServer => "memtest_received",
+            _ => "memtest_sent",
+        };
+        log.live = Some(self.monitor.start(peer, &grant.user, log.op, direction));
         if open.streams == 0 {
             return Err(Error::refused(
                 ErrorCode::Protocol,
@@ -974,6 +1001,7 @@ impl Server {
         dmover_proto::layout::validate_chunk_size(chunk)
             .map_err(|e| Error::refused(ErrorCode::Protocol, e.to_string()))?;
         let Some(_place) = place.or_else(|| self.session_place()) else {
+            self.monitor.refused("max_sessions");
             return Err(Error::refused(
                 ErrorCode::Busy,
                 format!("server busy: {} sessions running", self.cfg.max_sessions),
@@ -1007,8 +1035,9 @@ impl Server {
         let budget_bufs = (self.cfg.memory_budget / (u64::from(per_buf) * MIB)) as usize;
         let minimum = minimum.min(budget_bufs);
         if minimum < 2 {
+            // No wait would help: not "busy", which clients come back for.
             return Err(Error::refused(
-                ErrorCode::Busy,
+                ErrorCode::Unsupported,
                 "chunk size exceeds the server's memory budget",
             ));
         }
@@ -1021,13 +1050,16 @@ impl Server {
             Ok(permit) => (want, permit),
             Err(_) => {
                 let permit = tokio::time::timeout(
-                    HANDSHAKE_TIMEOUT,
+                    self.cfg.handshake_timeout,
                     self.memory
                         .clone()
                         .acquire_many_owned(per_buf * minimum as u32),
                 )
                 .await
-                .map_err(|_| Error::refused(ErrorCode::Busy, "server busy: memory budget in use"))?
+                .map_err(|_| {
+                    self.monitor.refused("memory_budget");
+                    Error::refused(ErrorCode::Busy, "server busy: memory budget in use")
+                })?
                 .map_err(|_| Error::Aborted)?;
                 (minimum, permit)
             }
@@ -1303,6 +1335,9 @@ impl SessionLog {
     }
 }
 
+/// Why [`check_credential`] fails for a name no user (and no `*` entry) has.
+const UNKNOWN_USER: &str = "unknown user";
+
 /// Checks a credential against the configured users (a user named `*` stands for any
 /// name): the session's grant and the server's token proof, or why it failed (for the
 /// log; the client only learns that it failed).
@@ -1315,7 +1350,7 @@ pub fn check_credential(
     let user = users
         .get(name)
         .or_else(|| users.get("*"))
-        .ok_or("unknown user")?;
+        .ok_or(UNKNOWN_USER)?;
     let (proof, proven) = match credential {
         Credential::None => return Err("no credential given"),
         Credential::Capability(_) => return Err("a capability, checked elsewhere"),

@@ -360,8 +360,10 @@ pub struct ReliabilityArgs {
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "D")]
     pub retry_wait: std::time::Duration,
     /// How long to keep connecting again to a server that answers busy (too many
-    /// connections in set-up), whatever --retries says: after the wait it asks for,
-    /// doubled each time (at most 8s), jittered; 0 fails at once (exit 4).
+    /// connections in set-up or sessions) or refuses the session for now (your user's
+    /// session limit, its memory budget), whatever --retries says: after the wait it
+    /// asks for (1s for a refusal), doubled each time (at most 8s), jittered; 0 fails
+    /// at once (exit 4).
     #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "D")]
     pub busy_wait: std::time::Duration,
     /// Skip source files that cannot be read (vanished, unreadable, changed while

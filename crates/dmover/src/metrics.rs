@@ -61,7 +61,8 @@ pub fn is_local(addr: &SocketAddr) -> bool {
     addr.ip().is_loopback()
 }
 
-/// Serves until `shutdown`, sampling the sessions' rates once a second.
+/// Serves until `shutdown`, sampling the sessions' rates once a second (and the
+/// network busy time every [`dmover_core::monitor::NET_TICK`]).
 pub async fn serve(
     listener: TcpListener,
     monitor: Arc<Monitor>,
@@ -72,12 +73,23 @@ pub async fn serve(
     let sampler = {
         let (monitor, shutdown) = (monitor.clone(), shutdown.clone());
         async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            // Network busy time every tick, the rates every second.
+            let mut tick = tokio::time::interval(dmover_core::monitor::NET_TICK);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let per_second = (Duration::from_secs(1).as_millis()
+                / dmover_core::monitor::NET_TICK.as_millis())
+            .max(1);
+            let mut n = 0u128;
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    _ = tick.tick() => monitor.sample(),
+                    _ = tick.tick() => {
+                        monitor.tick();
+                        if n % per_second == 0 {
+                            monitor.sample();
+                        }
+                        n += 1;
+                    }
                 }
             }
         }

@@ -456,9 +456,14 @@ pub fn exit_code(e: &Error) -> u8 {
         Error::Net(NetError::HostKeyChanged { .. }) => 3,
         Error::Net(NetError::Proto { .. }) => 1,
         Error::Net(_) => 4,
-        // A server still busy after --busy-wait: a failure that may pass, like the
-        // network's.
+        // A server still busy after --busy-wait (before TLS, or refusing the session
+        // for its user's limit or its memory budget): a failure that may pass, like
+        // the network's.
         Error::Refused {
+            code: ErrorCode::Busy,
+            ..
+        }
+        | Error::Remote {
             code: ErrorCode::Busy,
             ..
         } => 4,

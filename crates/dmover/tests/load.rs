@@ -187,3 +187,111 @@ fn a_server_at_its_session_limit_answers_busy_and_the_client_comes_back() {
     let l = std::fs::read_to_string(&log).unwrap();
     assert!(l.contains("1 sessions running"), "{l}");
 }
+
+/// A session refused after authentication because its user runs all the sessions the
+/// server allows them (`max_sessions_per_user`) is one the server cannot take *yet*:
+/// the client comes back by itself within `--busy-wait` (no `--retries`), so two
+/// clients of the same user started at once both complete. A permanent refusal (a
+/// wrong credential) is not retried.
+#[test]
+fn a_user_at_their_session_limit_is_taken_later_without_retries() {
+    let t = tempfile::Builder::new()
+        .prefix("dmover-load-")
+        .tempdir()
+        .unwrap();
+    let data = t.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let src = t.path().join("src");
+    for i in 0..6u64 {
+        write_file(
+            &src.join(format!("f{i}")),
+            i,
+            256 << 10,
+            0o644,
+            1_600_000_000,
+        );
+    }
+    let cfg = t.path().join("server.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "max_sessions_per_user = 1\n[exports.data]\npath = \"{}\"\n\
+             [users.alice]\ntoken = \"{}\"\nexports = {{ data = \"rw\" }}\n",
+            s(&data),
+            dmover_proto::auth::token_keys(b"alice-token")
+                .verifier
+                .to_text()
+        ),
+    )
+    .unwrap();
+    let (good, wrong) = (t.path().join("good"), t.path().join("wrong"));
+    std::fs::write(&good, "alice-token\n").unwrap();
+    std::fs::write(&wrong, "not-the-token\n").unwrap();
+    let log = t.path().join("server.log");
+    // Six chunks at 300 ms each on one disk thread: each push holds alice's one
+    // session place for 1.8 s or more.
+    let srv = Server::start_with(
+        &[
+            "--config".as_ref(),
+            cfg.as_os_str(),
+            "--io-threads".as_ref(),
+            "1".as_ref(),
+            "--debug-chunk-delay-ms".as_ref(),
+            "300".as_ref(),
+        ],
+        &data,
+        Some(&log),
+        None,
+    );
+    let started = Instant::now();
+    let clients: Vec<_> = (0..2)
+        .map(|i| {
+            let (src, url, good) = (src.clone(), srv.url(&format!("data/dst{i}")), good.clone());
+            std::thread::spawn(move || {
+                cp(&[
+                    "--user",
+                    "alice",
+                    "--token-file",
+                    s(&good),
+                    "--chunk",
+                    "256K",
+                    s(&src),
+                    &url,
+                ])
+            })
+        })
+        .collect();
+    let outs: Vec<_> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    let took = started.elapsed();
+    let mut waited = 0;
+    for o in &outs {
+        ok(o);
+        let e = stderr(o);
+        if e.contains("already runs 1 sessions") {
+            assert!(e.contains("trying again"), "{e}");
+            waited += 1;
+        }
+    }
+    assert_eq!(waited, 1, "one of the two came back for alice's place");
+    for i in 0..2 {
+        same(&src, &data.join(format!("dst{i}")));
+    }
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+    let l = std::fs::read_to_string(&log).unwrap();
+    assert!(l.contains("already runs 1 sessions"), "{l}");
+
+    // A wrong credential is final: no wait, no second try.
+    let started = Instant::now();
+    let o = cp(&[
+        "--user",
+        "alice",
+        "--token-file",
+        s(&wrong),
+        s(&src),
+        &srv.url("data/never"),
+    ]);
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("trying again"), "{}", stderr(&o));
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(!data.join("never").exists());
+}

@@ -200,6 +200,8 @@ fn counters_move_during_a_transfer_and_equal_its_summary_after() {
         "{before}"
     );
 
+    let busy_before = value(&before, "dmover_network_busy_seconds_total").unwrap();
+    let wall = Instant::now();
     let client = push(&src, &server, t.path());
     // During the transfer: one push running, bytes counted, some files written but
     // not all (the writes take 100 ms each, one after the other).
@@ -218,10 +220,15 @@ fn counters_move_during_a_transfer_and_equal_its_summary_after() {
     // Files with data (the two empty ones travel in the manifest, not counted).
     assert_eq!(first["files_total"], 16, "{j}");
     assert_eq!(first["bytes_total"], 16 * (256 << 10), "{j}");
-    // The files counter moves on while the transfer runs.
+    // The files counter and the network busy time move on while the transfer runs.
     wait_for(Duration::from_secs(30), "files to grow", || {
         let m = scrape(&server.metrics);
         (value(&m, FILES)? > during && value(&m, ACTIVE) == Some(1.0)).then_some(())
+    });
+    wait_for(Duration::from_secs(30), "network busy time to grow", || {
+        let m = scrape(&server.metrics);
+        let busy = value(&m, "dmover_network_busy_seconds_total")?;
+        (busy > busy_before && value(&m, ACTIVE) == Some(1.0)).then_some(())
     });
 
     let out = client.wait_with_output().unwrap();
@@ -242,6 +249,15 @@ fn counters_move_during_a_transfer_and_equal_its_summary_after() {
     );
     assert_eq!(summary["files_sent"], 18, "{summary}");
     assert!(value(&after, "dmover_disk_busy_seconds_total").unwrap() >= 1.6);
+    // Data moved through most of the push (16 chunks written 100 ms apart, the
+    // receive paced by the writes), and never longer than it took (plus one tick
+    // before it started).
+    let busy = busy_within_uptime(&after) - busy_before;
+    let took = wall.elapsed().as_secs_f64();
+    assert!(
+        busy >= 0.8 && busy <= took + 0.3,
+        "busy {busy} s of {took} s\n{after}"
+    );
     // The finished session stays on the page's list.
     let (_, body) = get(&server.metrics, "/api/transfers", None);
     let j: Value = serde_json::from_str(&body).unwrap();
@@ -280,6 +296,19 @@ fn counters_move_during_a_transfer_and_equal_its_summary_after() {
     );
     // Received is unchanged.
     assert_eq!(value(&after, BYTES), summary["bytes_sent"].as_f64());
+
+    // Every metric exposed is documented (docs/metrics.md), under its exposed name.
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/metrics.md"),
+    )
+    .unwrap();
+    for l in after.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+        let name = l.split(' ').next().unwrap();
+        assert!(
+            doc.contains(&format!("| `{name}` |")),
+            "{name} not in docs/metrics.md"
+        );
+    }
 
     // Anything else: 404; the page itself is static.
     assert_eq!(get(&server.metrics, "/nope", None).0, 404);
@@ -487,4 +516,529 @@ fn the_page_shows_a_running_transfer_in_a_headless_browser() {
         .and_then(|b| b.parse().ok())
         .unwrap_or_else(|| panic!("no bytes in {tr}"));
     assert!(bytes > 0, "{tr}");
+}
+
+/// `dmover cp --json ARGS` with a fresh known-hosts file under `dir`.
+fn cp_in(dir: &Path, args: &[&str]) -> std::process::Output {
+    cp_env(args, &[("DMOVER_KNOWN_HOSTS", s(&known_hosts_in(dir)))])
+}
+
+/// The page's JSON.
+fn transfers(server: &Served) -> Value {
+    let (status, body) = get(&server.metrics, "/api/transfers", None);
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// `dmover_NAME_total{direction="DIR",user=""}`
+fn moved(name: &str, dir: &str) -> String {
+    format!("dmover_{name}_total{{direction=\"{dir}\",user=\"\"}}")
+}
+
+/// Network busy time is counted, and within the server's life.
+fn busy_within_uptime(m: &str) -> f64 {
+    let busy = value(m, "dmover_network_busy_seconds_total").expect("network busy time");
+    let started = value(m, "dmover_start_time_seconds").unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        busy <= now - started + 0.5,
+        "busy {busy} s, up {} s",
+        now - started
+    );
+    busy
+}
+
+#[test]
+fn a_third_party_copy_counts_on_both_servers_and_memory_tests_apart() {
+    let t = tmp();
+    let (a_root, b_root) = (t.path().join("a"), t.path().join("b"));
+    dataset(&a_root.join("src"), 8);
+    std::fs::create_dir_all(&b_root).unwrap();
+    let data = (8 * (256 << 10)) as f64;
+    let metrics = ["--third-party", "--metrics", "127.0.0.1:0"];
+    let a = serve(&[&["--root", s(&a_root)][..], &metrics].concat());
+    let b = serve(&[&["--root", s(&b_root)][..], &metrics].concat());
+
+    // Push (the default): A dials B and sends, B receives.
+    let out = cp_in(
+        t.path(),
+        &[
+            "--json",
+            &format!("dmover://{}/src", a.addr),
+            &format!("dmover://{}/", b.addr),
+        ],
+    );
+    ok(&out);
+    assert_eq!(json(&out)["dialer"], a.addr.as_str());
+    let (ma, mb) = (scrape(&a.metrics), scrape(&b.metrics));
+    assert_eq!(
+        value(&ma, &moved("bytes", "third_party_sent")),
+        Some(data),
+        "{ma}"
+    );
+    // 8 files with data and 2 empty ones.
+    assert_eq!(
+        value(&ma, &moved("files", "third_party_sent")),
+        Some(10.0),
+        "{ma}"
+    );
+    assert_eq!(
+        value(&mb, &moved("bytes", "third_party_received")),
+        Some(data),
+        "{mb}"
+    );
+    assert_eq!(
+        value(&mb, &moved("files", "third_party_received")),
+        Some(10.0),
+        "{mb}"
+    );
+    // Not counted as a client's push or pull.
+    for (m, dir) in [
+        (&ma, "sent"),
+        (&ma, "received"),
+        (&mb, "received"),
+        (&mb, "sent"),
+    ] {
+        assert_eq!(value(m, &moved("bytes", dir)), Some(0.0), "{dir}: {m}");
+    }
+    assert_eq!(
+        value(
+            &ma,
+            "dmover_sessions_total{op=\"third_party\",result=\"ok\"}"
+        ),
+        Some(1.0),
+        "{ma}"
+    );
+    assert_eq!(value(&mb, PUSHES_OK), Some(1.0), "{mb}");
+    // Both servers list the copy, saying which side they were.
+    let ja = transfers(&a);
+    let r = &ja["transfers"][0];
+    assert_eq!(r["op"], "third_party", "{ja}");
+    assert_eq!(r["direction"], "third_party_sent", "{ja}");
+    assert_eq!(r["state"], "ok", "{ja}");
+    assert_eq!(r["bytes"].as_f64(), Some(data), "{ja}");
+    let jb = transfers(&b);
+    let r = &jb["transfers"][0];
+    assert_eq!(r["op"], "push", "{jb}");
+    assert_eq!(r["direction"], "third_party_received", "{jb}");
+    assert_eq!(r["bytes"].as_f64(), Some(data), "{jb}");
+
+    // Pull: B dials A; A still sends, B still receives.
+    let out = cp_in(
+        t.path(),
+        &[
+            "--json",
+            "--tpc",
+            "pull",
+            &format!("dmover://{}/src", a.addr),
+            &format!("dmover://{}/pulled", b.addr),
+        ],
+    );
+    ok(&out);
+    let (ma, mb) = (scrape(&a.metrics), scrape(&b.metrics));
+    assert_eq!(
+        value(&ma, &moved("bytes", "third_party_sent")),
+        Some(2.0 * data),
+        "{ma}"
+    );
+    assert_eq!(
+        value(&mb, &moved("bytes", "third_party_received")),
+        Some(2.0 * data),
+        "{mb}"
+    );
+    assert_eq!(
+        value(&mb, &moved("files", "third_party_received")),
+        Some(20.0),
+        "{mb}"
+    );
+    assert_eq!(
+        value(
+            &mb,
+            "dmover_sessions_total{op=\"third_party\",result=\"ok\"}"
+        ),
+        Some(1.0),
+        "{mb}"
+    );
+    assert_eq!(transfers(&b)["transfers"][0]["op"], "third_party");
+    assert!(busy_within_uptime(&ma) > 0.0, "{ma}");
+    assert!(busy_within_uptime(&mb) > 0.0, "{mb}");
+
+    // A memory-to-memory test against A, both ways: counted apart, as memtest.
+    let out_dir = t.path().join("bench");
+    let o = Command::new(bin())
+        .args([
+            "bench",
+            "net",
+            &a.addr,
+            "--streams",
+            "1",
+            "--seconds",
+            "0.3",
+        ])
+        .args(["--repeats", "1", "--zerocopy", "off", "--iperf3", "off"])
+        .args([
+            "--direction",
+            "push,pull",
+            "--chunk",
+            "1M",
+            "--out",
+            s(&out_dir),
+        ])
+        .env_remove("DMOVER_TOKEN")
+        .env("DMOVER_KNOWN_HOSTS", known_hosts_in(t.path()))
+        .output()
+        .unwrap();
+    ok(&o);
+    let ma = scrape(&a.metrics);
+    for dir in ["memtest_received", "memtest_sent"] {
+        let b = value(&ma, &moved("bytes", dir)).unwrap();
+        assert!(b >= (1 << 20) as f64, "{dir}: {b} bytes\n{ma}");
+        assert_eq!(value(&ma, &moved("files", dir)), Some(0.0), "{ma}");
+    }
+    assert!(
+        value(&ma, "dmover_sessions_total{op=\"memtest\",result=\"ok\"}").unwrap() >= 2.0,
+        "{ma}"
+    );
+    // The copies' counters did not move.
+    assert_eq!(
+        value(&ma, &moved("bytes", "third_party_sent")),
+        Some(2.0 * data),
+        "{ma}"
+    );
+    assert_eq!(value(&ma, &moved("bytes", "sent")), Some(0.0), "{ma}");
+    let ja = transfers(&a);
+    let dirs: Vec<&str> = ja["transfers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["op"] == "memtest")
+        .map(|r| r["direction"].as_str().unwrap())
+        .collect();
+    assert!(
+        dirs.contains(&"memtest_received") && dirs.contains(&"memtest_sent"),
+        "{ja}"
+    );
+}
+
+#[test]
+fn auth_failures_and_refusals_are_counted_by_kind() {
+    let t = tmp();
+    let data = t.path().join("data");
+    dataset(&data.join("src"), 8);
+    dataset(&data.join("big"), 24);
+    let cfg = t.path().join("server.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "max_sessions_per_user = 1\n[exports.data]\npath = \"{}\"\n\
+             [users.alice]\ntoken = \"{}\"\nexports = {{ data = \"rw\" }}\n",
+            s(&data),
+            dmover_proto::auth::token_keys(b"alice-token")
+                .verifier
+                .to_text()
+        ),
+    )
+    .unwrap();
+    let (good, wrong) = (t.path().join("good"), t.path().join("wrong"));
+    std::fs::write(&good, "alice-token\n").unwrap();
+    std::fs::write(&wrong, "not-the-token\n").unwrap();
+    // One disk thread, 300 ms per chunk: a pull of `big` takes 7.2 s or more.
+    let server = serve(&[
+        "--config",
+        s(&cfg),
+        "--metrics",
+        "127.0.0.1:0",
+        "--io-threads",
+        "1",
+        "--debug-chunk-delay-ms",
+        "300",
+    ]);
+    let auth = |kind: &str| {
+        value(
+            &scrape(&server.metrics),
+            &format!("dmover_auth_failures_total{{kind=\"{kind}\"}}"),
+        )
+    };
+    let refusals = |reason: &str| {
+        value(
+            &scrape(&server.metrics),
+            &format!("dmover_refusals_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    for kind in [
+        "bad_credential",
+        "unknown_user",
+        "revoked",
+        "tls",
+        "capability",
+    ] {
+        assert_eq!(auth(kind), Some(0.0), "{kind}");
+    }
+    let url = |p: &str| format!("dmover://{}/data/{p}", server.addr);
+    let pull = |user: &str, token: &Path, dest: &str, extra: &[&str]| {
+        let mut args = vec!["--user", user, "--token-file", s(token)];
+        args.extend_from_slice(extra);
+        let (src, dst) = (url("src"), t.path().join(dest));
+        args.push(&src);
+        args.push(s(&dst));
+        cp_in(t.path(), &args)
+    };
+
+    // A wrong token, then a name no user has: refused, each counted as what it was.
+    let o = pull("alice", &wrong, "x1", &[]);
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(auth("bad_credential"), Some(1.0));
+    assert_eq!(auth("unknown_user"), Some(0.0));
+    let o = pull("mallory", &good, "x2", &[]);
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(auth("unknown_user"), Some(1.0));
+    assert_eq!(auth("bad_credential"), Some(1.0));
+
+    // A control connection whose TLS fails (garbage after the preamble).
+    let mut c = TcpStream::connect(&server.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let pre = dmover_proto::preamble::Preamble::new(
+        dmover_proto::preamble::ConnKind::Control,
+        dmover_proto::PROTOCOL_VERSION,
+    );
+    c.write_all(&pre.encode()).unwrap();
+    c.write_all(b"this is no TLS client hello, not at all\r\n\r\n")
+        .unwrap();
+    let _ = c.read_to_end(&mut Vec::new());
+    wait_for(Duration::from_secs(10), "the TLS failure counted", || {
+        (auth("tls") == Some(1.0)).then_some(())
+    });
+
+    // Alice's one session place taken by a slow pull: a second session of hers is
+    // refused for the limit (this client will not wait), and counted.
+    assert_eq!(refusals("max_sessions_per_user"), Some(0.0));
+    let slow = {
+        let (src, dst, kh, good) = (
+            url("big"),
+            t.path().join("slow"),
+            known_hosts_in(t.path()),
+            good.clone(),
+        );
+        std::thread::spawn(move || {
+            cp_env(
+                &[
+                    "--user",
+                    "alice",
+                    "--token-file",
+                    s(&good),
+                    "--chunk",
+                    "256K",
+                    &src,
+                    s(&dst),
+                ],
+                &[("DMOVER_KNOWN_HOSTS", s(&kh))],
+            )
+        })
+    };
+    wait_for(Duration::from_secs(30), "the slow pull", || {
+        let m = scrape(&server.metrics);
+        (value(&m, "dmover_sessions_active{op=\"pull\"}")? == 1.0).then_some(())
+    });
+    let o = pull("alice", &good, "refused", &["--busy-wait", "0"]);
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("already runs 1 sessions"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(refusals("max_sessions_per_user"), Some(1.0));
+    // One that waits (the default --busy-wait) gets in once the first is done.
+    let m = scrape(&server.metrics);
+    assert_eq!(
+        value(&m, "dmover_sessions_active{op=\"pull\"}"),
+        Some(1.0),
+        "the slow pull ended too soon for this test: {m}"
+    );
+    let o = pull("alice", &good, "waited", &[]);
+    ok(&o);
+    assert!(stderr(&o).contains("trying again"), "{}", stderr(&o));
+    ok(&slow.join().unwrap());
+    same(&data.join("big"), &t.path().join("slow"));
+    assert!(refusals("max_sessions_per_user").unwrap() >= 2.0);
+    same(&data.join("src"), &t.path().join("waited"));
+    // No other refusal and no other failure.
+    for r in ["max_handshakes", "max_sessions", "memory_budget"] {
+        assert_eq!(refusals(r), Some(0.0), "{r}");
+    }
+    assert_eq!(auth("bad_credential"), Some(1.0));
+}
+
+#[test]
+fn a_session_revoked_by_a_reload_counts_as_an_auth_failure() {
+    let t = tmp();
+    let data = t.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let src = t.path().join("src");
+    dataset(&src, 40);
+    let cfg = t.path().join("server.toml");
+    let export = format!("[exports.data]\npath = \"{}\"\n", s(&data));
+    let alice = format!(
+        "[users.alice]\ntoken = \"{}\"\nexports = {{ data = \"rw\" }}\n",
+        dmover_proto::auth::token_keys(b"alice-token")
+            .verifier
+            .to_text()
+    );
+    std::fs::write(&cfg, format!("{export}{alice}")).unwrap();
+    let token = t.path().join("token");
+    std::fs::write(&token, "alice-token\n").unwrap();
+    // One disk thread, 300 ms per chunk: the push of 40 chunks takes 12 s or more.
+    let server = serve(&[
+        "--config",
+        s(&cfg),
+        "--metrics",
+        "127.0.0.1:0",
+        "--io-threads",
+        "1",
+        "--debug-chunk-delay-ms",
+        "300",
+    ]);
+    let client = Command::new(bin())
+        .args(["cp", "--chunk", "256K", "--user", "alice", "--token-file"])
+        .arg(&token)
+        .arg(&src)
+        .arg(format!("dmover://{}/data/dest", server.addr))
+        .env("DMOVER_KNOWN_HOSTS", known_hosts_in(t.path()))
+        .env_remove("DMOVER_TOKEN")
+        .env_remove("DMOVER_USER")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let moving = "dmover_bytes_total{direction=\"received\",user=\"alice\"}";
+    wait_for(Duration::from_secs(30), "alice's push", || {
+        (value(&scrape(&server.metrics), moving)? > 0.0).then_some(())
+    });
+    // Alice is removed from the configuration (Bob stays: a file without users would
+    // open the server to anyone), which is reloaded.
+    let bob = format!(
+        "[users.bob]\ntoken = \"{}\"\nexports = {{ data = \"rw\" }}\n",
+        dmover_proto::auth::token_keys(b"bob-token")
+            .verifier
+            .to_text()
+    );
+    std::fs::write(&cfg, format!("{export}{bob}")).unwrap();
+    let hup = Command::new("kill")
+        .args(["-HUP", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    let out = client.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("credential revoked"),
+        "{}",
+        stderr(&out)
+    );
+    let m = wait_for(Duration::from_secs(10), "the revocation counted", || {
+        let m = scrape(&server.metrics);
+        (value(&m, "dmover_auth_failures_total{kind=\"revoked\"}")? == 1.0).then_some(m)
+    });
+    assert_eq!(
+        value(&m, "dmover_auth_failures_total{kind=\"bad_credential\"}"),
+        Some(0.0),
+        "{m}"
+    );
+    assert_eq!(
+        value(&m, "dmover_session_errors_total{kind=\"auth\"}"),
+        Some(1.0),
+        "{m}"
+    );
+}
+
+/// A server whose buffer memory one session holds whole: a second session waits for
+/// it (the handshake timeout), is refused as busy for the memory budget, counted, and
+/// its client comes back by itself until it gets in.
+#[test]
+fn a_refusal_for_the_memory_budget_is_counted_and_the_client_comes_back() {
+    let t = tmp();
+    let (src, root) = (t.path().join("src"), t.path().join("root"));
+    // 16 MiB: 16 chunks of 1 MiB at 300 ms each on one disk thread, 4.8 s or more.
+    dataset(&src, 64);
+    std::fs::create_dir_all(&root).unwrap();
+    let cfg = t.path().join("server.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "handshake_timeout_secs = 1\n[exports.data]\npath = \"{}\"\n\
+             [users.alice]\ntoken = \"{}\"\nexports = {{ data = \"rw\" }}\n",
+            s(&root),
+            dmover_proto::auth::token_keys(b"alice-token")
+                .verifier
+                .to_text()
+        ),
+    )
+    .unwrap();
+    let token = t.path().join("token");
+    std::fs::write(&token, "alice-token\n").unwrap();
+    let server = serve(&[
+        "--config",
+        s(&cfg),
+        "--memory",
+        "2M",
+        "--metrics",
+        "127.0.0.1:0",
+        "--io-threads",
+        "1",
+        "--debug-chunk-delay-ms",
+        "300",
+    ]);
+    let push = |dest: &str| {
+        let (src, url, kh, token) = (
+            src.clone(),
+            format!("dmover://{}/data/{dest}", server.addr),
+            known_hosts_in(t.path()),
+            token.clone(),
+        );
+        std::thread::spawn(move || {
+            cp_env(
+                &[
+                    "--user",
+                    "alice",
+                    "--token-file",
+                    s(&token),
+                    "--chunk",
+                    "1M",
+                    "-P",
+                    "1",
+                    s(&src),
+                    &url,
+                ],
+                &[("DMOVER_KNOWN_HOSTS", s(&kh))],
+            )
+        })
+    };
+    let first = push("first");
+    let alice = "dmover_bytes_total{direction=\"received\",user=\"alice\"}";
+    wait_for(Duration::from_secs(30), "the first push", || {
+        let m = scrape(&server.metrics);
+        (value(&m, alice)? > 0.0).then_some(())
+    });
+    let m = scrape(&server.metrics);
+    assert_eq!(
+        value(&m, "dmover_buffer_memory_reserved_bytes"),
+        Some((2 << 20) as f64),
+        "{m}"
+    );
+    let second = push("second");
+    let o = second.join().unwrap();
+    ok(&o);
+    assert!(stderr(&o).contains("memory budget"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("trying again"), "{}", stderr(&o));
+    ok(&first.join().unwrap());
+    same(&src, &root.join("first"));
+    same(&src, &root.join("second"));
+    let m = scrape(&server.metrics);
+    assert!(
+        value(&m, "dmover_refusals_total{reason=\"memory_budget\"}").unwrap() >= 1.0,
+        "{m}"
+    );
+    assert_eq!(value(&m, PUSHES_OK), Some(2.0), "{m}");
 }

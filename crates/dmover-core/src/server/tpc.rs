@@ -303,6 +303,15 @@ impl Server {
             },
         );
         let run = Run::new();
+        let direction = match tp.mode {
+            TpcMode::Push => "third_party_sent",
+            TpcMode::Pull => "third_party_received",
+        };
+        let live = self
+            .monitor
+            .start(ch.peer(), &grant.user, "third_party", direction);
+        live.attach(&run.progress);
+        log.live = Some(live);
         let _policy = crate::policy::watch(
             self.policy.subscribe(),
             self.cfg.read_only,
