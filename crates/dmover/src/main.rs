@@ -14,6 +14,7 @@ mod endpoint;
 mod env;
 mod manual;
 mod metrics;
+mod mount;
 mod netlab;
 mod output;
 mod serve;
@@ -43,6 +44,7 @@ fn main() -> ExitCode {
         Command::Cp(a) => cp::run(a, &env),
         Command::Sync(a) => cp::sync(a, &env),
         Command::Serve(a) => serve::run(a, &env, cli.log_format),
+        Command::Mount(a) => mount::run(a, &env),
         Command::Demo(a) => demo::run(a, &env),
         Command::Bench(a) => bench::run(a, &env),
         Command::Credential(a) => credential::run(a),
