@@ -94,13 +94,13 @@ pub fn run(a: MountArgs, env: &Env) -> anyhow::Result<ExitCode> {
     // The first snapshot before mounting: a refused path, a bad credential or a server
     // that is not there fail here, with nothing mounted.
     let snap = rt.block_on(inner.snapshot_now())?;
-    let root = &snap.remote.entries()[snap.root as usize];
-    if !matches!(root.kind, EntryKind::Dir) {
+    if !matches!(snap.entry(snap.root).kind, EntryKind::Dir) {
         bail!(
             "{}: not a directory on the server (a mount needs a directory)",
             String::from_utf8_lossy(&path)
         );
     }
+    rt.block_on(inner.tree.lock()).snap = Some(snap);
     let fs = Fs {
         inner: inner.clone(),
         rt: rt.handle().clone(),
@@ -363,6 +363,29 @@ impl Inner {
             .ok_or(Errno::EBADF)
     }
 
+    /// Open file `fh`, moved to the newest snapshot if its file is unchanged there
+    /// (same kind, size and mtime): sessions that only old handles used then close.
+    fn file(&self, fh: FileHandle) -> Result<Arc<Handle>, Errno> {
+        let h = self.handle(fh)?;
+        let Some(last) = self.last.lock().unwrap().clone() else {
+            return Ok(h);
+        };
+        if Arc::ptr_eq(&last, &h.snap) {
+            return Ok(h);
+        }
+        let path = &h.snap.paths[h.entry as usize];
+        let Some(&entry) = last.by_path.get(path) else {
+            return Ok(h);
+        };
+        let (a, b) = (last.entry(entry), h.snap.entry(h.entry));
+        if (&a.kind, a.mode, a.mtime) != (&b.kind, b.mode, b.mtime) {
+            return Ok(h);
+        }
+        let moved = Arc::new(Handle { snap: last, entry });
+        self.handles.lock().unwrap().insert(fh.0, moved.clone());
+        Ok(moved)
+    }
+
     fn add_handle(&self, h: Handle) -> FileHandle {
         let fh = self.next_fh.fetch_add(1, Relaxed);
         self.handles.lock().unwrap().insert(fh, Arc::new(h));
@@ -536,7 +559,7 @@ impl fuser::Filesystem for Fs {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
-        let h = match self.inner.handle(fh) {
+        let h = match self.inner.file(fh) {
             Ok(h) => h,
             Err(e) => return reply.error(e),
         };
