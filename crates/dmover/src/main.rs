@@ -68,7 +68,8 @@ fn init_logging(verbose: u8, quiet: bool, log: Option<&str>, format: args::LogFo
     use tracing_subscriber::EnvFilter;
     let default = match (quiet, verbose) {
         (true, 0) => "error",
-        (_, 0) => "warn,dmover_core::server=info,dmover::serve=info",
+        // fuser logs every request it has no handler for as a warning.
+        (_, 0) => "warn,dmover_core::server=info,dmover::serve=info,fuser=error",
         (_, 1) => "info",
         (_, 2) => "debug",
         _ => "trace",

@@ -5,10 +5,9 @@
 //! manifest gives every name, attribute and listing. A snapshot older than
 //! `--attr-timeout` is replaced by a fresh session at the next lookup, getattr or
 //! readdir that needs one, so a change on the server shows after that time. An open
-//! file keeps reading through the session it was opened in (its data as the server
-//! reads it then; a file changed on the server in between fails with EIO rather than
-//! mixing versions, see docs/remote.md). Inode numbers stay with paths for the whole
-//! mount.
+//! file reads through the session it was opened in, and moves to a newer one when the
+//! file is unchanged there (what happens to a file changed while open: docs/remote.md).
+//! Inode numbers stay with paths for the whole mount.
 //!
 //! Every FUSE request that needs the network is answered from a task on the tokio
 //! runtime, never on the FUSE thread, and within `--timeout`: a dead or silent server
@@ -691,6 +690,20 @@ impl fuser::Filesystem for Fs {
 
     fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: fuser::ReplyXattr) {
         reply.error(Errno::ENOSYS);
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
