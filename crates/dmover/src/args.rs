@@ -56,8 +56,8 @@ pub enum Command {
     Sync(CpArgs),
     /// Serve a directory to dmover clients.
     Serve(ServeArgs),
-    /// Mount a server's directory here, read-only (FUSE): its files are read in place,
-    /// chunk by chunk (docs/remote.md). Runs in the foreground until unmounted
+    /// Mount a server's directory here (FUSE; read-only unless --rw): its files are read
+    /// in place, chunk by chunk (docs/remote.md). Runs in the foreground until unmounted
     /// (`umount DIR`, Ctrl-C or SIGTERM).
     #[command(override_usage = "dmover mount [OPTIONS] dmover://HOST[:PORT]/PATH DIR")]
     Mount(MountArgs),
@@ -412,7 +412,10 @@ pub struct MountArgs {
     /// Chunks asked for ahead of a sequential read.
     #[arg(long, default_value_t = 8, value_name = "N")]
     pub read_ahead: u64,
-    /// Read-write mount (not supported yet: refused).
+    /// Read-write, whole files: new files are written locally and uploaded complete at
+    /// close (staging and rename on the server, as copies do; close reports a failed
+    /// upload); mkdir works; rewriting existing files, unlink and rename fail with
+    /// EOPNOTSUPP (docs/remote.md).
     #[arg(long)]
     pub rw: bool,
     #[command(flatten)]

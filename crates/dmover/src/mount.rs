@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -53,11 +54,6 @@ pub fn run(a: MountArgs, env: &Env) -> anyhow::Result<ExitCode> {
             )));
         }
     };
-    if a.rw {
-        return Err(usage(
-            "--rw is not supported yet: the mount is read-only (docs/remote.md)",
-        ));
-    }
     match std::fs::metadata(&a.dir) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => return Err(usage(format!("{} is not a directory", a.dir.display()))),
@@ -87,6 +83,17 @@ pub fn run(a: MountArgs, env: &Env) -> anyhow::Result<ExitCode> {
         inodes: Mutex::new(Inodes::new()),
         handles: Mutex::new(HashMap::new()),
         next_fh: AtomicU64::new(1),
+        rw: a
+            .rw
+            .then(|| {
+                tempfile::Builder::new()
+                    .prefix("dmover-mount-")
+                    .tempdir()
+                    .context("a directory for the files being written")
+            })
+            .transpose()?,
+        writers: Mutex::new(HashMap::new()),
+        writer_fhs: Mutex::new(HashMap::new()),
         uid: rustix::process::getuid().as_raw(),
         gid: rustix::process::getgid().as_raw(),
     });
@@ -111,7 +118,11 @@ pub fn run(a: MountArgs, env: &Env) -> anyhow::Result<ExitCode> {
             String::from_utf8_lossy(&path)
         )),
         MountOption::Subtype("dmover".into()),
-        MountOption::RO,
+        if a.rw {
+            MountOption::RW
+        } else {
+            MountOption::RO
+        },
         MountOption::NoSuid,
         MountOption::NoDev,
         MountOption::DefaultPermissions,
@@ -127,9 +138,10 @@ pub fn run(a: MountArgs, env: &Env) -> anyhow::Result<ExitCode> {
     let unmounter = session.unmount_callable();
     unmount_on_signal(&rt, unmounter, dir.clone());
     println!(
-        "dmover: mounted dmover://{server}/{} on {} (read-only)",
+        "dmover: mounted dmover://{server}/{} on {} ({})",
         String::from_utf8_lossy(&path),
-        dir.display()
+        dir.display(),
+        if a.rw { "read-write" } else { "read-only" }
     );
     let _ = std::io::Write::flush(&mut std::io::stdout());
     let r = session.run();
@@ -268,6 +280,22 @@ impl Inodes {
     }
 }
 
+/// A file created through the mount (`--rw`): written into a local staging file,
+/// uploaded whole (an ordinary push: staging and rename on the server) at each flush
+/// that follows a change, so the server's copy appears complete or not at all.
+struct Writer {
+    path: Vec<u8>,
+    ino: INodeNo,
+    file: std::fs::File,
+    staging: std::path::PathBuf,
+    /// Changed since the last upload (or never uploaded).
+    dirty: std::sync::atomic::AtomicBool,
+    /// One upload at a time.
+    upload: tokio::sync::Mutex<()>,
+    /// Open handles on it.
+    opens: AtomicU64,
+}
+
 /// An open file or directory: the snapshot it was opened in and its entry there.
 struct Handle {
     snap: Arc<Snapshot>,
@@ -287,6 +315,12 @@ struct Inner {
     inodes: Mutex<Inodes>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
+    /// With `--rw`: where new files are written before they are uploaded.
+    rw: Option<tempfile::TempDir>,
+    /// Files created through the mount and not yet released: path → the file.
+    writers: Mutex<HashMap<Vec<u8>, Arc<Writer>>>,
+    /// Open handles on those files.
+    writer_fhs: Mutex<HashMap<u64, Arc<Writer>>>,
     uid: u32,
     gid: u32,
 }
@@ -343,6 +377,110 @@ impl Inner {
                 Err(Errno::EIO)
             }
         }
+    }
+
+    fn writer_fhs(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Writer>>> {
+        self.writer_fhs.lock().unwrap()
+    }
+
+    fn writer_fh(&self, fh: FileHandle) -> Option<Arc<Writer>> {
+        self.writer_fhs().get(&fh.0).cloned()
+    }
+
+    /// What a change the mount cannot make fails with: EROFS read-only, else
+    /// EOPNOTSUPP (docs/remote.md).
+    fn unsupported(&self) -> Errno {
+        if self.rw.is_some() {
+            Errno::EOPNOTSUPP
+        } else {
+            Errno::EROFS
+        }
+    }
+
+    fn writer_at(&self, path: &[u8]) -> Option<Arc<Writer>> {
+        self.writers.lock().unwrap().get(path).cloned()
+    }
+
+    fn writer_of(&self, ino: INodeNo) -> Option<Arc<Writer>> {
+        let path = self.path_of(ino).ok()?;
+        self.writer_at(&path)
+    }
+
+    /// The attributes of a file being written: its staging file's.
+    fn writer_attr(&self, w: &Writer) -> Result<FileAttr, Errno> {
+        use std::os::unix::fs::MetadataExt;
+        let m = w.file.metadata().map_err(Errno::from)?;
+        let mtime = m.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+        Ok(FileAttr {
+            ino: w.ino,
+            size: m.len(),
+            blocks: m.len().div_ceil(512),
+            atime: mtime,
+            mtime,
+            ctime: mtime,
+            crtime: mtime,
+            kind: FileType::RegularFile,
+            perm: (m.mode() & 0o7777) as u16,
+            nlink: 1,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: 128 << 10,
+            flags: 0,
+        })
+    }
+
+    /// The server's path of `path` below the mount's root.
+    fn remote_path(&self, path: &[u8]) -> Vec<u8> {
+        let mut p = self.path.clone();
+        while p.last() == Some(&b'/') {
+            p.pop();
+        }
+        if !path.is_empty() {
+            if !p.is_empty() {
+                p.push(b'/');
+            }
+            p.extend_from_slice(path);
+        }
+        p
+    }
+
+    /// Pushes local `src` (a file or an empty directory) to `path` below the root, as
+    /// `dmover cp` does (staging and rename on the server), within the timeout; the
+    /// next lookup takes a fresh snapshot.
+    async fn upload(&self, src: &std::path::Path, path: &[u8]) -> Result<(), Errno> {
+        let run = dmover_core::engine::Run::new();
+        let sources = [src.as_os_str().as_bytes().to_vec()];
+        let dest = self.remote_path(path);
+        let push = self.client.push(&sources, &self.server, &dest, run.clone());
+        let r = match tokio::time::timeout(self.timeout, push).await {
+            Ok(r) => r.map(|_| ()).map_err(|e| e.to_string()),
+            Err(_) => {
+                run.fail(dmover_core::Error::Aborted);
+                Err(format!("no answer within {:?}", self.timeout))
+            }
+        };
+        self.tree.lock().await.snap = None;
+        r.map_err(|e| {
+            tracing::warn!(
+                "uploading {} to the server: {e}",
+                String::from_utf8_lossy(path)
+            );
+            Errno::EIO
+        })
+    }
+
+    /// Uploads `w` if it changed since its last upload.
+    async fn flush_writer(&self, w: &Writer) -> Result<(), Errno> {
+        let _one = w.upload.lock().await;
+        if !w.dirty.swap(false, Relaxed) {
+            return Ok(());
+        }
+        let r = self.upload(&w.staging, &w.path).await;
+        if r.is_err() {
+            w.dirty.store(true, Relaxed);
+        }
+        r
     }
 
     fn ino(&self, path: &[u8]) -> INodeNo {
@@ -486,6 +624,9 @@ impl fuser::Filesystem for Fs {
             let r = async {
                 let dir = i.path_of(parent)?;
                 let path = join(&dir, &name);
+                if let Some(w) = i.writer_at(&path) {
+                    return i.writer_attr(&w);
+                }
                 let snap = i.snapshot().await?;
                 let entry = *snap.by_path.get(&path).ok_or(Errno::ENOENT)?;
                 Ok::<_, Errno>(i.attr(i.ino(&path), snap.entry(entry)))
@@ -501,6 +642,9 @@ impl fuser::Filesystem for Fs {
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         self.spawn(|i| async move {
             let r = async {
+                if let Some(w) = i.writer_of(ino) {
+                    return i.writer_attr(&w);
+                }
                 if let Some(h) = fh.and_then(|fh| i.handle(fh).ok()) {
                     return Ok(i.attr(ino, h.snap.entry(h.entry)));
                 }
@@ -528,9 +672,21 @@ impl fuser::Filesystem for Fs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if let Some(w) = self.inner.writer_of(ino) {
+            // A file created here and still open: its staging file, read or written.
+            w.opens.fetch_add(1, Relaxed);
+            let fh = self.inner.next_fh.fetch_add(1, Relaxed);
+            self.inner.writer_fhs().insert(fh, w);
+            return reply.opened(FileHandle(fh), FopenFlags::empty());
+        }
         if flags.acc_mode() != OpenAccMode::O_RDONLY {
-            reply.error(Errno::EROFS);
-            return;
+            // Existing remote files are not rewritten in place (docs/remote.md).
+            let e = if self.inner.rw.is_some() {
+                Errno::EOPNOTSUPP
+            } else {
+                Errno::EROFS
+            };
+            return reply.error(e);
         }
         self.spawn(|i| async move {
             match i.resolve(ino).await {
@@ -558,6 +714,18 @@ impl fuser::Filesystem for Fs {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
+        if let Some(w) = self.inner.writer_fh(fh) {
+            let mut buf = vec![0; size as usize];
+            let mut n = 0;
+            while n < buf.len() {
+                match w.file.read_at(&mut buf[n..], offset + n as u64) {
+                    Ok(0) => break,
+                    Ok(k) => n += k,
+                    Err(e) => return reply.error(e.into()),
+                }
+            }
+            return reply.data(&buf[..n]);
+        }
         let h = match self.inner.file(fh) {
             Ok(h) => h,
             Err(e) => return reply.error(e),
@@ -591,8 +759,229 @@ impl fuser::Filesystem for Fs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.inner.handles.lock().unwrap().remove(&fh.0);
-        reply.ok();
+        let w = self.inner.writer_fhs().remove(&fh.0);
+        let Some(w) = w else {
+            self.inner.handles.lock().unwrap().remove(&fh.0);
+            return reply.ok();
+        };
+        if w.opens.fetch_sub(1, Relaxed) > 1 {
+            return reply.ok();
+        }
+        // The last handle: upload what no flush did, then forget the staging file (the
+        // server's copy is what lookups see from now on).
+        self.spawn(|i| async move {
+            let r = i.flush_writer(&w).await;
+            i.writers.lock().unwrap().remove(&w.path);
+            let _ = std::fs::remove_file(&w.staging);
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: fuser::ReplyCreate,
+    ) {
+        let Some(dir) = self.inner.rw.as_ref().map(|d| d.path().to_path_buf()) else {
+            return reply.error(Errno::EROFS);
+        };
+        let name = name.as_bytes().to_vec();
+        self.spawn(|i| async move {
+            let r = async {
+                let path = join(&i.path_of(parent)?, &name);
+                if i.writer_at(&path).is_some() {
+                    return Err(Errno::EEXIST);
+                }
+                let (file, staging) = tempfile::Builder::new()
+                    .prefix(".new-")
+                    .tempfile_in(&dir)
+                    .map_err(Errno::from)?
+                    .keep()
+                    .map_err(|e| Errno::from(e.error))?;
+                use std::os::unix::fs::PermissionsExt;
+                let perm = std::fs::Permissions::from_mode(mode & !umask & 0o7777);
+                file.set_permissions(perm).map_err(Errno::from)?;
+                let w = Arc::new(Writer {
+                    ino: i.ino(&path),
+                    path: path.clone(),
+                    file,
+                    staging,
+                    dirty: std::sync::atomic::AtomicBool::new(true),
+                    upload: tokio::sync::Mutex::new(()),
+                    opens: AtomicU64::new(1),
+                });
+                i.writers.lock().unwrap().insert(path, w.clone());
+                let fh = i.next_fh.fetch_add(1, Relaxed);
+                i.writer_fhs().insert(fh, w.clone());
+                Ok((i.writer_attr(&w)?, FileHandle(fh)))
+            }
+            .await;
+            match r {
+                Ok((attr, fh)) => {
+                    reply.created(&i.ttl, &attr, Generation(0), fh, FopenFlags::empty())
+                }
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: fuser::WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: fuser::ReplyWrite,
+    ) {
+        let Some(w) = self.inner.writer_fh(fh) else {
+            return reply.error(self.inner.unsupported());
+        };
+        match w.file.write_all_at(data, offset) {
+            Ok(()) => {
+                w.dirty.store(true, Relaxed);
+                reply.written(data.len() as u32)
+            }
+            Err(e) => reply.error(e.into()),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<fuser::TimeOrNow>,
+        mtime: Option<fuser::TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        // Only files being written change (size, mode, mtime travel with the upload).
+        let Some(w) = self.inner.writer_of(ino) else {
+            return reply.error(self.inner.unsupported());
+        };
+        if uid.is_some_and(|u| u != self.inner.uid) || gid.is_some_and(|g| g != self.inner.gid) {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        let r = (|| {
+            if let Some(size) = size {
+                w.file.set_len(size)?;
+            }
+            if let Some(mode) = mode {
+                use std::os::unix::fs::PermissionsExt;
+                w.file
+                    .set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))?;
+            }
+            if let Some(t) = mtime {
+                w.file.set_modified(match t {
+                    fuser::TimeOrNow::SpecificTime(t) => t,
+                    fuser::TimeOrNow::Now => SystemTime::now(),
+                })?;
+            }
+            Ok::<_, std::io::Error>(())
+        })();
+        match r.map_err(Errno::from).and_then(|()| {
+            w.dirty.store(true, Relaxed);
+            self.inner.writer_attr(&w)
+        }) {
+            Ok(attr) => reply.attr(&self.inner.ttl, &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let Some(dir) = self.inner.rw.as_ref().map(|d| d.path().to_path_buf()) else {
+            return reply.error(Errno::EROFS);
+        };
+        let name = name.as_bytes().to_vec();
+        self.spawn(|i| async move {
+            let r = async {
+                let path = join(&i.path_of(parent)?, &name);
+                let snap = i.snapshot().await?;
+                if snap.by_path.contains_key(&path) || i.writer_at(&path).is_some() {
+                    return Err(Errno::EEXIST);
+                }
+                // An empty directory pushed to the path creates it there.
+                let empty = tempfile::Builder::new()
+                    .prefix(".dir-")
+                    .tempdir_in(&dir)
+                    .map_err(Errno::from)?;
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(
+                    empty.path(),
+                    std::fs::Permissions::from_mode(mode & !umask & 0o7777),
+                )
+                .map_err(Errno::from)?;
+                i.upload(empty.path(), &path).await?;
+                let snap = i.snapshot().await?;
+                let entry = *snap.by_path.get(&path).ok_or(Errno::EIO)?;
+                Ok(i.attr(i.ino(&path), snap.entry(entry)))
+            }
+            .await;
+            match r {
+                Ok(attr) => reply.entry(&i.ttl, &attr, Generation(0)),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(self.inner.unsupported());
+    }
+
+    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(self.inner.unsupported());
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(self.inner.unsupported());
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _link_name: &OsStr,
+        _target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
+        reply.error(self.inner.unsupported());
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -669,11 +1058,21 @@ impl fuser::Filesystem for Fs {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lock_owner: fuser::LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        // close() waits for the flush: a new file is uploaded here, and a failed upload
+        // is close()'s error.
+        let Some(w) = self.inner.writer_fh(fh) else {
+            return reply.ok();
+        };
+        self.spawn(|i| async move {
+            match i.flush_writer(&w).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            }
+        });
     }
 
     fn getxattr(
@@ -716,7 +1115,7 @@ impl fuser::Filesystem for Fs {
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        if mask.contains(fuser::AccessFlags::W_OK) {
+        if mask.contains(fuser::AccessFlags::W_OK) && self.inner.rw.is_none() {
             reply.error(Errno::EROFS);
         } else {
             reply.ok();

@@ -481,3 +481,75 @@ fn mount_usage_errors_exit_2() {
         assert!(err.contains(says), "{args:?} should say {says:?}: {err}");
     }
 }
+
+/// `--rw`: new files and directories written through the mount appear on the server
+/// complete at close (never partial under their final name); what the protocol cannot do
+/// fails with EOPNOTSUPP; a failed upload is close()'s error.
+#[test]
+fn rw_uploads_new_files_whole_at_close() {
+    if !fuse_available("rw_uploads_new_files_whole_at_close") {
+        return;
+    }
+    let mut s = Setup::new();
+    let m = s.mount("data/tree", &["--rw"]).unwrap();
+    let (src, dir) = (s.src(), m.dir.clone());
+    within(Duration::from_secs(120), move || {
+        use std::io::Write;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir(dir.join("new")).unwrap();
+        std::fs::create_dir(dir.join("new/deeper")).unwrap();
+        assert!(src.join("new/deeper").is_dir());
+        for (i, (name, len)) in [("a", 0usize), ("b", 1), ("deeper/c", 3 << 20 | 17)]
+            .into_iter()
+            .enumerate()
+        {
+            let data = bytes(100 + i as u64, len);
+            let mut f = std::fs::File::create(dir.join("new").join(name)).unwrap();
+            f.write_all(&data).unwrap();
+            if len > 0 {
+                // Not under its final name before the close.
+                assert!(!src.join("new").join(name).exists(), "{name} before close");
+            }
+            f.set_permissions(std::fs::Permissions::from_mode(0o640))
+                .unwrap();
+            drop(f);
+            let got = std::fs::read(src.join("new").join(name)).unwrap();
+            assert_eq!(got, data, "{name}");
+            let mode = std::fs::metadata(src.join("new").join(name))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o7777, 0o640, "{name}");
+            // And read back through the mount once the tree is refreshed.
+            assert_eq!(std::fs::read(dir.join("new").join(name)).unwrap(), data);
+        }
+        assert!(staging_files(&src).is_empty(), "{:?}", staging_files(&src));
+        let notsup = Some(95);
+        assert_eq!(errno(std::fs::remove_file(dir.join("one"))), notsup);
+        assert_eq!(
+            errno(std::fs::rename(dir.join("one"), dir.join("two"))),
+            notsup
+        );
+        assert_eq!(
+            errno(
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(dir.join("one"))
+            ),
+            notsup
+        );
+        assert_eq!(errno(std::fs::remove_dir(dir.join("empty-dir"))), notsup);
+    });
+    // The server gone before the close: the close says so.
+    let mut f = std::fs::File::create(m.dir.join("lost")).unwrap();
+    std::io::Write::write_all(&mut f, b"never uploaded").unwrap();
+    s.server.kill();
+    let r = within(Duration::from_secs(60), move || {
+        let fd = std::os::fd::IntoRawFd::into_raw_fd(f);
+        // SAFETY: `fd` was just taken from the File, which no longer owns it.
+        let rc = unsafe { libc::close(fd) };
+        (rc, std::io::Error::last_os_error().raw_os_error())
+    });
+    assert_eq!(r, (-1, Some(5)), "close after a failed upload: EIO");
+    assert!(!s.src().join("lost").exists());
+}
