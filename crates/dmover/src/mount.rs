@@ -136,7 +136,7 @@ pub fn run(a: MountArgs, env: &Env) -> anyhow::Result<ExitCode> {
         )
     })?;
     let unmounter = session.unmount_callable();
-    unmount_on_signal(&rt, unmounter, dir.clone());
+    unmount_on_signal(&rt, unmounter, dir.clone(), inner.clone());
     println!(
         "dmover: mounted dmover://{server}/{} on {} ({})",
         String::from_utf8_lossy(&path),
@@ -159,6 +159,7 @@ fn unmount_on_signal(
     rt: &tokio::runtime::Runtime,
     mut unmounter: fuser::SessionUnmounter,
     dir: std::path::PathBuf,
+    inner: Arc<Inner>,
 ) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut int), Ok(mut term)) = rt.block_on(async {
@@ -176,6 +177,20 @@ fn unmount_on_signal(
             _ = term.recv() => {}
         }
         tracing::info!("signal: unmounting {}", dir.display());
+        // Files still open for writing are not uploaded half-written: say which.
+        let open: Vec<String> = inner
+            .writers
+            .lock()
+            .unwrap()
+            .keys()
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .collect();
+        for p in &open {
+            eprintln!(
+                "dmover: {p}: still open for writing at the unmount (uploaded only if \
+                 closed within 3 s)"
+            );
+        }
         // The unmount is a system call that may wait for the kernel: off the runtime.
         let _ = tokio::task::spawn_blocking(move || {
             if let Err(e) = unmounter.unmount() {
@@ -188,7 +203,7 @@ fn unmount_on_signal(
         .await;
         tokio::time::sleep(Duration::from_secs(3)).await;
         eprintln!("dmover: files were still open; exiting (the mount is detached)");
-        std::process::exit(0);
+        std::process::exit(if open.is_empty() { 0 } else { 1 });
     });
 }
 

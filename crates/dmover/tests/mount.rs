@@ -543,6 +543,8 @@ fn rw_uploads_new_files_whole_at_close() {
     // The server gone before the close: the close says so.
     let mut f = std::fs::File::create(m.dir.join("lost")).unwrap();
     std::io::Write::write_all(&mut f, b"never uploaded").unwrap();
+    let mut pending = std::fs::File::create(m.dir.join("pending")).unwrap();
+    std::io::Write::write_all(&mut pending, b"still open").unwrap();
     s.server.kill();
     let r = within(Duration::from_secs(60), move || {
         let fd = std::os::fd::IntoRawFd::into_raw_fd(f);
@@ -552,4 +554,49 @@ fn rw_uploads_new_files_whole_at_close() {
     });
     assert_eq!(r, (-1, Some(5)), "close after a failed upload: EIO");
     assert!(!s.src().join("lost").exists());
+    // SIGTERM with a file still open for writing: reported, not uploaded, exit 1, and
+    // nothing left mounted.
+    let mut m = m;
+    m.signal(rustix::process::Signal::TERM);
+    let st = wait_exit(&mut m.child, Duration::from_secs(30)).expect("mount did not exit");
+    let err = m.stderr();
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert!(err.contains("pending: still open for writing"), "{err}");
+    assert!(mounted(&m.dir).is_none(), "still mounted");
+    assert!(!s.src().join("pending").exists());
+    drop(pending);
+}
+
+/// `--rw` on a read-only server: the upload at close is refused, close() fails with
+/// EIO and nothing appears there.
+#[test]
+fn rw_on_a_read_only_server_fails_at_close() {
+    if !fuse_available("rw_on_a_read_only_server_fails_at_close") {
+        return;
+    }
+    let t = tempfile::Builder::new()
+        .prefix("dmover-mount-ro-")
+        .tempdir()
+        .unwrap();
+    make_tree(&t.path().join("root/data/tree"));
+    let server = Server::start(&t.path().join("root"), &["--read-only"]);
+    let m = Mount::start(
+        &server.url("data/tree"),
+        &t.path().join("mnt"),
+        &known_hosts_in(t.path()),
+        &["--rw"],
+    )
+    .unwrap();
+    let dir = m.dir.clone();
+    let r = within(Duration::from_secs(60), move || {
+        let mut f = std::fs::File::create(dir.join("new")).unwrap();
+        std::io::Write::write_all(&mut f, b"refused").unwrap();
+        let fd = std::os::fd::IntoRawFd::into_raw_fd(f);
+        // SAFETY: `fd` was just taken from the File, which no longer owns it.
+        let rc = unsafe { libc::close(fd) };
+        (rc, std::io::Error::last_os_error().raw_os_error())
+    });
+    assert_eq!(r, (-1, Some(5)), "close of a refused upload: EIO");
+    assert!(!t.path().join("root/data/tree/new").exists());
+    assert!(m.stderr().contains("read-only"), "{}", m.stderr());
 }
