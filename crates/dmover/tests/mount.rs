@@ -88,10 +88,21 @@ struct Mount {
 impl Mount {
     /// Mounts `url` on `dir`; `Err` with the process's stderr if it did not mount.
     fn start(url: &str, dir: &Path, kh: &Path, extra: &[&str]) -> Result<Mount, String> {
+        Self::start_as(Command::new(bin()), url, dir, kh, extra)
+    }
+
+    /// [`Mount::start`] with `cmd` (a binary, a user to run as).
+    fn start_as(
+        mut cmd: Command,
+        url: &str,
+        dir: &Path,
+        kh: &Path,
+        extra: &[&str],
+    ) -> Result<Mount, String> {
         std::fs::create_dir_all(dir).unwrap();
         let dir = dir.canonicalize().unwrap();
         let log = dir.with_extension("log");
-        let mut child = Command::new(bin())
+        let mut child = cmd
             .arg("mount")
             .arg(url)
             .arg(&dir)
@@ -599,4 +610,74 @@ fn rw_on_a_read_only_server_fails_at_close() {
     assert_eq!(r, (-1, Some(5)), "close of a refused upload: EIO");
     assert!(!t.path().join("root/data/tree/new").exists());
     assert!(m.stderr().contains("read-only"), "{}", m.stderr());
+}
+
+/// A user who is not root mounts through fusermount3 (Debian's fuse3), sees the files,
+/// and SIGTERM unmounts (fusermount3 -u). Runs as root, starting the mount as `nobody`.
+#[test]
+fn a_user_mounts_through_fusermount3() {
+    if !fuse_available("a_user_mounts_through_fusermount3") {
+        return;
+    }
+    if !["/usr/bin/fusermount3", "/bin/fusermount3"]
+        .into_iter()
+        .any(|p| Path::new(p).exists())
+    {
+        eprintln!("skipping a_user_mounts_through_fusermount3: no fusermount3 (apt install fuse3)");
+        return;
+    };
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let (uid, gid) = (65534u32, 65534u32); // nobody, nogroup
+    let s = Setup::new();
+    // Everything the user touches in a directory of its own.
+    let home = s.t.path().join("user");
+    std::fs::create_dir_all(home.join("mnt")).unwrap();
+    let exe = home.join("dmover");
+    std::fs::copy(bin(), &exe).unwrap();
+    for p in [s.t.path(), &home] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    for p in [&home, &home.join("mnt")] {
+        rustix::fs::chown(
+            p.as_path(),
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(gid)),
+        )
+        .unwrap();
+    }
+    let mut cmd = Command::new(&exe);
+    cmd.uid(uid).gid(gid).env("HOME", &home);
+    let m = Mount::start_as(
+        cmd,
+        &s.server.url("data/tree"),
+        &home.join("mnt"),
+        &home.join("known_hosts"),
+        &[],
+    )
+    .unwrap_or_else(|e| panic!("a user's mount failed: {e}"));
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.contains(m.dir.to_str().unwrap()))
+        .unwrap();
+    assert!(line.contains("user_id=65534"), "{line}");
+    // Only that user sees the files (no allow_other); read them as that user.
+    let cat = Command::new("cat")
+        .arg(m.dir.join("meg-plus"))
+        .uid(uid)
+        .gid(gid)
+        .output()
+        .unwrap();
+    assert!(
+        cat.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cat.stderr)
+    );
+    assert_eq!(cat.stdout, std::fs::read(s.src().join("meg-plus")).unwrap());
+    let mut m = m;
+    m.signal(rustix::process::Signal::TERM);
+    let st = wait_exit(&mut m.child, Duration::from_secs(30)).expect("mount did not exit");
+    assert!(st.success(), "{st:?}: {}", m.stderr());
+    assert!(mounted(&m.dir).is_none(), "still mounted");
 }
