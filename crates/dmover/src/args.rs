@@ -56,6 +56,11 @@ pub enum Command {
     Sync(CpArgs),
     /// Serve a directory to dmover clients.
     Serve(ServeArgs),
+    /// Mount a server's directory here (FUSE; read-only unless --rw): its files are read
+    /// in place, chunk by chunk (docs/remote.md). Runs in the foreground until unmounted
+    /// (`umount DIR`, Ctrl-C or SIGTERM).
+    #[command(override_usage = "dmover mount [OPTIONS] dmover://HOST[:PORT]/PATH DIR")]
+    Mount(MountArgs),
     /// Start a server on loopback, push a generated dataset to it, verify, clean up.
     Demo(DemoArgs),
     /// Measurement tools.
@@ -385,6 +390,51 @@ pub struct ReliabilityArgs {
     /// Heartbeat interval on the control channel, in milliseconds (tests).
     #[arg(long, hide = true)]
     pub debug_heartbeat_ms: Option<u64>,
+}
+
+/// `dmover mount`.
+#[derive(Debug, Clone, Args)]
+pub struct MountArgs {
+    /// The server's directory: `dmover://HOST[:PORT]/PATH` or `HOST:PATH` (relative to
+    /// its root).
+    #[arg(value_name = "SOURCE")]
+    pub source: OsString,
+    /// The mount point: an existing directory.
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+    /// How long names, attributes and listings are trusted: after it, the next lookup
+    /// sees the server's changes (a duration with a unit: 500ms, 1s, 1m).
+    #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "D")]
+    pub attr_timeout: std::time::Duration,
+    /// The longest any file system call waits for the server before it fails with EIO.
+    #[arg(long, default_value = "30s", value_parser = parse_timeout, value_name = "D")]
+    pub timeout: std::time::Duration,
+    /// Most bytes of file data kept in memory per session (least recently used out).
+    #[arg(long, default_value = "256M", value_parser = parse_size, value_name = "SIZE")]
+    pub cache: u64,
+    /// Chunks asked for ahead of a sequential read.
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub read_ahead: u64,
+    /// Read-write, whole files: new files are written locally and uploaded complete at
+    /// close (staging and rename on the server, as copies do; close reports a failed
+    /// upload); mkdir works; rewriting existing files, unlink and rename fail with
+    /// EOPNOTSUPP (docs/remote.md).
+    #[arg(long)]
+    pub rw: bool,
+    #[command(flatten)]
+    pub transfer: TransferArgs,
+    /// Heartbeat interval on the control channel, in milliseconds (tests).
+    #[arg(long, hide = true)]
+    pub debug_heartbeat_ms: Option<u64>,
+}
+
+/// Parses `--timeout`: at least 1s.
+fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
+    let d = parse_duration(s)?;
+    if d < std::time::Duration::from_secs(1) {
+        return Err(format!("{s:?} is too short: at least 1s"));
+    }
+    Ok(d)
 }
 
 #[derive(Debug, Clone, Args)]

@@ -14,6 +14,7 @@ mod endpoint;
 mod env;
 mod manual;
 mod metrics;
+mod mount;
 mod netlab;
 mod output;
 mod serve;
@@ -43,6 +44,7 @@ fn main() -> ExitCode {
         Command::Cp(a) => cp::run(a, &env),
         Command::Sync(a) => cp::sync(a, &env),
         Command::Serve(a) => serve::run(a, &env, cli.log_format),
+        Command::Mount(a) => mount::run(a, &env),
         Command::Demo(a) => demo::run(a, &env),
         Command::Bench(a) => bench::run(a, &env),
         Command::Credential(a) => credential::run(a),
@@ -66,7 +68,8 @@ fn init_logging(verbose: u8, quiet: bool, log: Option<&str>, format: args::LogFo
     use tracing_subscriber::EnvFilter;
     let default = match (quiet, verbose) {
         (true, 0) => "error",
-        (_, 0) => "warn,dmover_core::server=info,dmover::serve=info",
+        // fuser logs every request it has no handler for as a warning.
+        (_, 0) => "warn,dmover_core::server=info,dmover::serve=info,fuser=error",
         (_, 1) => "info",
         (_, 2) => "debug",
         _ => "trace",
