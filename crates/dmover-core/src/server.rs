@@ -63,6 +63,7 @@ use crate::session::{self, HANDSHAKE_TIMEOUT, MAX_STREAMS, SOFTWARE};
 use dmover_proto::manifest::Totals;
 use dmover_proto::session::{Acceptance, Limits, SinkSession, SourceSession};
 
+mod prune;
 mod tpc;
 
 /// Largest control frame accepted before the client has authenticated.
@@ -660,6 +661,7 @@ impl Server {
                     Err(e) => Err(e),
                     Ok(_user) => match open.op.clone() {
                         Op::Grant(req) => self.grant_capability(&mut ch, &grant, req).await,
+                        Op::Prune(req) => self.prune(&mut ch, &grant, req, &mut log).await,
                         Op::ThirdParty(tp) => {
                             match self.third_party(&mut ch, &grant, &open, tp, &mut log).await {
                                 Ok(done) => {
@@ -904,6 +906,13 @@ impl Server {
         log: &mut SessionLog,
     ) -> Result<()> {
         log.live = Some(self.monitor.start(peer, &grant.user, log.op));
+        // A filtered pull is a pull whose walk goes through the client's rules.
+        let mut open = open;
+        let mut filter = dmover_store::filter::Filter::none();
+        if let Op::PullFiltered(p) = open.op {
+            filter = session::filter_of_rules(&p.rules)?;
+            open.op = Op::Pull { sources: p.sources };
+        }
         if open.streams == 0 {
             return Err(Error::refused(
                 ErrorCode::Protocol,
@@ -932,7 +941,12 @@ impl Server {
                 });
                 Some((base, rest.to_vec()))
             }
-            Op::Pull { .. } | Op::MemTest(_) | Op::Grant(_) | Op::ThirdParty(_) => None,
+            Op::Pull { .. }
+            | Op::PullFiltered(_)
+            | Op::MemTest(_)
+            | Op::Grant(_)
+            | Op::ThirdParty(_)
+            | Op::Prune(_) => None,
         };
         let streams = open.streams.min(MAX_STREAMS);
         // A pull's source is here: walk it first, so an automatic chunk size can fit
@@ -959,13 +973,18 @@ impl Server {
                             .iter()
                             .map(|(base, p, name)| paths::source_root(base, p, name))
                             .collect::<dmover_store::Result<Vec<_>>>()?;
-                        walk::walk(roots)
+                        walk::walk_filtered(roots, &filter)
                     })
                     .await
                     .ok_or(Error::Aborted)??;
                 Some(walked)
             }
-            Op::Push { .. } | Op::MemTest(_) | Op::Grant(_) | Op::ThirdParty(_) => None,
+            Op::Push { .. }
+            | Op::PullFiltered(_)
+            | Op::MemTest(_)
+            | Op::Grant(_)
+            | Op::ThirdParty(_)
+            | Op::Prune(_) => None,
         };
         let chunk = match (open.chunk_size, &walked) {
             (0, Some(w)) => session::auto_chunk(w.tree.entries()),
@@ -1086,7 +1105,7 @@ impl Server {
             zerocopy: None,
         };
         match open.op {
-            Op::Grant(_) | Op::ThirdParty(_) => {
+            Op::Grant(_) | Op::ThirdParty(_) | Op::Prune(_) | Op::PullFiltered(_) => {
                 unreachable!("control_session_in runs these ops, not run_session")
             }
             Op::MemTest(m) => {
@@ -1230,10 +1249,11 @@ impl SessionLog {
             started: Instant::now(),
             op: match op {
                 Op::Push { .. } => "push",
-                Op::Pull { .. } => "pull",
+                Op::Pull { .. } | Op::PullFiltered(_) => "pull",
                 Op::MemTest(_) => "memtest",
                 Op::Grant(_) => "grant",
                 Op::ThirdParty(_) => "third-party",
+                Op::Prune(_) => "prune",
             },
             what: String::new(),
             protection: None,

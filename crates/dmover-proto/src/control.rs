@@ -148,6 +148,9 @@ pub enum Control {
     TpcProgress(TpcProgress),
     /// (22) Third-party dialer → steering client: the copy ended, as reported.
     TpcDone(TpcReport),
+    /// (23) Server → client, answering [`Op::Prune`]: what was (or, in a dry run, would
+    /// be) deleted, and which files the server holds unchanged.
+    Pruned(PruneReport),
 }
 
 impl Control {
@@ -177,6 +180,7 @@ impl Control {
             Control::Capability(_) => "Capability",
             Control::TpcProgress(_) => "TpcProgress",
             Control::TpcDone(_) => "TpcDone",
+            Control::Pruned(_) => "Pruned",
         }
     }
 
@@ -338,6 +342,70 @@ pub enum Op {
     /// [`Control::TpcDone`]. `Open`'s streams, chunk size, checksums, direct I/O and
     /// protection, and `Options`, are those of that session.
     ThirdParty(ThirdParty),
+    /// `dmover sync --delete` / `--dry-run` (appended, 5): after `Options`, the client
+    /// sends its source's manifest (`Manifest* ManifestEnd`, one root, the mirror's
+    /// source); the server deletes what the mirror holds that the manifest does not
+    /// list (see [`Prune`]) and answers [`Control::Pruned`]; no session.
+    Prune(Prune),
+    /// A pull whose sources the server walks through filters (appended, 6): what the
+    /// rules exclude is not in the manifest. A plain pull is [`Op::Pull`].
+    PullFiltered(PullFiltered),
+}
+
+/// What [`Op::PullFiltered`] asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PullFiltered {
+    /// Source paths on the server, as [`Op::Pull`]'s.
+    pub sources: Vec<Vec<u8>>,
+    /// `--include`/`--exclude` rules, in order, applied to the server's walk (paths
+    /// relative to each source root).
+    pub rules: Vec<FilterRule>,
+}
+
+/// One `--include` / `--exclude` rule as the user wrote it (rsync's pattern syntax).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilterRule {
+    /// `--include` (else `--exclude`).
+    pub include: bool,
+    /// The pattern.
+    pub pattern: Vec<u8>,
+}
+
+/// What a client asks of [`Op::Prune`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prune {
+    /// The mirror, a path relative to the server's root (the directory itself, not
+    /// its parent).
+    pub dest: Vec<u8>,
+    /// The transfer's filters, in order: entries they exclude are neither sent nor
+    /// deleted.
+    pub rules: Vec<FilterRule>,
+    /// Delete at most this many entries (`u64::MAX`: no limit).
+    pub max_delete: u64,
+    /// Change nothing: report what would be deleted and which files are unchanged.
+    pub dry_run: bool,
+    /// Delete only entries whose kind conflicts with the manifest's (a directory where
+    /// the source has a file, or the reverse), before the transfer.
+    pub conflicts_only: bool,
+}
+
+/// What [`Op::Prune`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PruneReport {
+    /// Entries deleted (each file, symlink and directory counts one).
+    pub deleted: u64,
+    /// Bytes of the regular files deleted.
+    pub deleted_bytes: u64,
+    /// Entries left because of `max_delete`.
+    pub over_limit: u64,
+    /// Entries kept because the filters exclude them.
+    pub protected: u64,
+    /// The paths deleted, relative to the mirror (directories end with `/`); at most
+    /// the first 10 000.
+    pub paths: Vec<Vec<u8>>,
+    /// Dry run: manifest entries of the regular files the server holds with the
+    /// manifest's size and mtime (not sent by a sync), as ranges.
+    pub unchanged: Vec<EntryRange>,
 }
 
 /// What a client asks of the server that will accept a third-party session.

@@ -19,7 +19,7 @@ use dmover_proto::control::{
     ErrorMsg, FailedFile, Growth, Have, Hello, MAX_FRAME, ManifestEnd, ManifestPart, Op, Open,
     PartialFile, Plan, SendReport, SessionInfo, SessionOptions, Summary, Want, Welcome,
 };
-use dmover_proto::control::{MemDirection, MemTest};
+use dmover_proto::control::{FilterRule, MemDirection, MemTest, Prune, PruneReport, PullFiltered};
 use dmover_proto::data::{
     DataHello, DigestEntry, FILE_FAILED, FrameHeader, FrameKind, FrameLimits, JoinStatus,
     decode_ack, encode_ack,
@@ -500,6 +500,102 @@ fn control_open_pull() {
         02            # direct_io: DirectIo::Always (variant 2)
         02            # protection: DataProtection::Encrypted (variant 2)
         81 01         # features: bits 0 and 7 = 0x01 | 0x01 << 7 (varint)
+        ",
+    );
+}
+
+#[test]
+fn control_open_prune() {
+    golden_control(
+        Control::Open(Open {
+            op: Op::Prune(Prune {
+                dest: b"m".to_vec(),
+                rules: vec![FilterRule {
+                    include: false,
+                    pattern: b"*.o".to_vec(),
+                }],
+                max_delete: u64::MAX,
+                dry_run: true,
+                conflicts_only: false,
+            }),
+            streams: 4,
+            chunk_size: 0,
+            checksum: true,
+            direct_io: DirectIo::Auto,
+            protection: DataProtection::Authenticated,
+            features: 3,
+        }),
+        "
+        00 00 00 1c   # frame length: 28
+        04            # Control::Open (variant 4)
+        05            # op: Op::Prune (variant 5, appended)
+        01 6d         #   dest: 1 byte, \"m\"
+        01            #   rules: 1
+        00            #     include: false (an --exclude)
+        03 2a 2e 6f   #     pattern: 3 bytes, \"*.o\"
+        ff ff ff ff ff ff ff ff ff 01   # max_delete: u64::MAX (no limit; varint)
+        01            #   dry_run: true
+        00            #   conflicts_only: false
+        04            # streams: 4
+        00            # chunk_size: 0
+        01            # checksum: true
+        01            # direct_io: DirectIo::Auto (variant 1)
+        01            # protection: DataProtection::Authenticated (variant 1)
+        03            # features: 3
+        ",
+    );
+}
+
+#[test]
+fn control_open_pull_filtered() {
+    golden_control(
+        Control::Open(Open {
+            op: Op::PullFiltered(PullFiltered {
+                sources: vec![b"a".to_vec()],
+                rules: vec![FilterRule {
+                    include: true,
+                    pattern: b"k".to_vec(),
+                }],
+            }),
+            streams: 1,
+            chunk_size: 0,
+            checksum: true,
+            direct_io: DirectIo::Auto,
+            protection: DataProtection::Authenticated,
+            features: 0,
+        }),
+        "
+        00 00 00 0f   # frame length: 15
+        04            # Control::Open (variant 4)
+        06            # op: Op::PullFiltered (variant 6, appended)
+        01 01 61      #   sources: 1 path of 1 byte, \"a\"
+        01            #   rules: 1
+        01 01 6b      #     include: true, pattern: 1 byte, \"k\"
+        01 00 01 01 01 00   # streams 1, chunk 0, checksum, Auto, Authenticated, features 0
+        ",
+    );
+}
+
+#[test]
+fn control_pruned() {
+    golden_control(
+        Control::Pruned(PruneReport {
+            deleted: 3,
+            deleted_bytes: 300,
+            over_limit: 0,
+            protected: 1,
+            paths: vec![b"d/".to_vec()],
+            unchanged: vec![EntryRange { first: 2, count: 5 }],
+        }),
+        "
+        00 00 00 0d   # frame length: 13
+        17            # Control::Pruned (variant 23, appended)
+        03            # deleted: 3
+        ac 02         # deleted_bytes: 300 (varint)
+        00            # over_limit: 0
+        01            # protected: 1
+        01 02 64 2f   # paths: 1 of 2 bytes, \"d/\"
+        01 02 05      # unchanged: 1 range, first 2, count 5
         ",
     );
 }
