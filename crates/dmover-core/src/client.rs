@@ -95,6 +95,34 @@ fn merge_pruned(a: &mut PruneReport, b: PruneReport) {
     a.unchanged = b.unchanged;
 }
 
+/// `sync --checksum`: the files among `digests` (`(entry, the destination's content
+/// digest)`) whose content here has the same digest. A file that cannot be read is
+/// not among them (the transfer will say why).
+fn same_content(
+    tree: dmover_store::tree::Tree,
+    digests: &[(u32, u64)],
+) -> (dmover_store::tree::Tree, std::collections::HashSet<u32>) {
+    use rustix::fs::OFlags;
+    let mut same = std::collections::HashSet::new();
+    for &(i, d) in digests {
+        if i as usize >= tree.entries().len() || tree.entries()[i as usize].file_size() == 0 {
+            continue;
+        }
+        let Ok((dir, name)) = tree.locate(i) else {
+            continue;
+        };
+        let Ok(fd) = dmover_store::sys::open_in(&*dir, name, OFlags::RDONLY, 0) else {
+            continue;
+        };
+        let size_ok = rustix::fs::fstat(&fd)
+            .is_ok_and(|st| st.st_size as u64 == tree.entries()[i as usize].file_size());
+        if size_ok && dmover_store::prune::content_digest(&fd).is_ok_and(|x| x == d) {
+            same.insert(i);
+        }
+    }
+    (tree, same)
+}
+
 /// Why `sync --delete` must not delete after a transfer whose source listing missed
 /// `skipped` entries and could not read `failed` files.
 fn delete_refusal(skipped: u64, failed: usize) -> Option<String> {
@@ -921,27 +949,29 @@ impl Client {
         }
     }
 
-    /// [`Op::Prune`] of the mirror `mirror` on `server` against `entries`.
+    /// [`Op::Prune`] `req` on `server` against `entries`.
     async fn prune_remote(
         &self,
         server: &str,
-        mirror: &[u8],
         entries: &[Entry],
-        dry_run: bool,
-        conflicts_only: bool,
-        max_delete: Option<u64>,
+        req: Prune,
     ) -> Result<PruneReport> {
         let conn = self.connect(server).await?;
-        let op = Op::Prune(Prune {
-            dest: mirror.to_vec(),
-            rules: self.opts.rules.clone(),
-            max_delete: max_delete.unwrap_or(u64::MAX),
-            dry_run,
-            conflicts_only,
-        });
-        let open = self.open_request(op, 0);
+        let open = self.open_request(Op::Prune(req), 0);
         conn.prune(server, open, self.opts.session_options(false), entries)
             .await
+    }
+
+    /// A [`Prune`] request of the mirror `dest` with this client's filters.
+    fn prune_request(&self, dest: &[u8], max_delete: Option<u64>) -> Prune {
+        Prune {
+            dest: dest.to_vec(),
+            rules: self.opts.rules.clone(),
+            max_delete: max_delete.unwrap_or(u64::MAX),
+            dry_run: false,
+            conflicts_only: false,
+            checksum: false,
+        }
     }
 
     /// `dmover sync --dry-run`: the source's manifest, and what the destination holds
@@ -967,16 +997,12 @@ impl Client {
                 .await
                 .ok_or(Error::Aborted)??;
             let entries = walked.tree.entries().to_vec();
-            let report = self
-                .prune_remote(
-                    server,
-                    dest,
-                    &entries,
-                    true,
-                    conflicts_only,
-                    self.opts.max_delete,
-                )
-                .await?;
+            let req = Prune {
+                dry_run: true,
+                conflicts_only,
+                ..self.prune_request(dest, self.opts.max_delete)
+            };
+            let report = self.prune_remote(server, &entries, req).await?;
             return Ok(DryRun {
                 entries,
                 report,
@@ -991,6 +1017,7 @@ impl Client {
             max_delete: self.opts.max_delete,
             dry_run: true,
             conflicts_only,
+            checksum: false,
         };
         let dest = dest.to_vec();
         let (e2, o2) = (entries.clone(), opts);
@@ -1045,12 +1072,52 @@ impl Client {
             tracing::info!("the filters left out {} entries", walked.filtered);
         }
         let skipped = walked.skipped;
+        let mut tree = walked.tree;
+        let full_totals = Totals::of(tree.entries());
+        let delete = self.opts.mirror && self.opts.delete;
+        let compare = self.opts.mirror && self.opts.compare_content;
+        // `--delete`: entries of another kind where the source's go (a directory where
+        // a file comes, or the reverse) must go first; the rest once all is in place.
+        // `--checksum`: the destination's digests of its files of the right size.
+        let mut pruned = None;
+        let mut full = None;
+        let (mut same_files, mut same_bytes) = (0u64, 0u64);
+        if delete || compare {
+            let req = Prune {
+                dry_run: !delete,
+                conflicts_only: true,
+                checksum: compare,
+                ..self.prune_request(mirror_path, self.opts.max_delete)
+            };
+            let mut r = self.prune_remote(server, tree.entries(), req).await?;
+            let digests = std::mem::take(&mut r.digests);
+            if delete {
+                pruned = Some(r);
+                full = Some(tree.entries().to_vec());
+            }
+            if !digests.is_empty() {
+                let (t, same) = self
+                    .disk
+                    .run(move || same_content(tree, &digests))
+                    .await
+                    .ok_or(Error::Aborted)?;
+                tree = t;
+                for &i in &same {
+                    same_files += 1;
+                    same_bytes += tree.entries()[i as usize].file_size();
+                }
+                if !same.is_empty() {
+                    tracing::info!("{same_files} files hold the same content at the destination");
+                    tree = tree.without(&same);
+                }
+            }
+        }
         let chunk = match self.opts.chunk_size {
-            0 => session::auto_chunk(walked.tree.entries()),
+            0 => session::auto_chunk(tree.entries()),
             c => c,
         };
         let source = FileSource::new(
-            walked.tree,
+            tree,
             chunk,
             SourceOptions {
                 checksum: self.opts.checksum,
@@ -1059,23 +1126,6 @@ impl Client {
             },
         )?;
         let totals = Totals::of(source.tree().entries());
-        let delete = self.opts.mirror && self.opts.delete;
-        // `--delete`: entries of another kind where the source's go (a directory where
-        // a file comes, or the reverse) must go first; the rest once all is in place.
-        let mut pruned = None;
-        if delete {
-            let r = self
-                .prune_remote(
-                    server,
-                    mirror_path,
-                    source.tree().entries(),
-                    false,
-                    true,
-                    self.opts.max_delete,
-                )
-                .await?;
-            pruned = Some(r);
-        }
         run.progress.total.store(totals.bytes, Relaxed);
         let files = crate::engine::files_with_data(source.tree().entries());
         run.progress.total_files.store(files, Relaxed);
@@ -1093,6 +1143,11 @@ impl Client {
             },
             chunk,
         );
+        // `--checksum`: the manifest holds only files whose content differs (or that
+        // the destination lacks), and the quick check (same size and mtime: held)
+        // must not skip them, so the session does not resume (a retry sends the
+        // reduced manifest again whole).
+        let resume = resume && !compare;
         let d = conn.dial(open, self.opts.session_options(resume));
         let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
         let mut m = SourceSession::dial(now(), server, timing, d);
@@ -1109,35 +1164,32 @@ impl Client {
         let joins = self.dialing(server, conn.master, dials, JoinWait::Pipelined);
         let r = drive::source(m, &mut conn.ch, joins, source, self.env(&run, buffers)).await?;
         let entries = r.store.tree().entries();
+        // What the mirror must hold: every entry walked (also those `--checksum` found
+        // there already).
+        let listed = full.as_deref().unwrap_or(entries);
         let failed = r.store.failed();
         let mut delete_refused = None;
         if delete {
             delete_refused = delete_refusal(skipped, failed.len());
             if delete_refused.is_none() {
                 // Every file is verified and under its final name (the sink's `Done`).
-                let after = self
-                    .prune_remote(
-                        server,
-                        mirror_path,
-                        entries,
-                        false,
-                        false,
-                        self.opts
-                            .max_delete
-                            .map(|m| m.saturating_sub(pruned.as_ref().map_or(0, |p| p.deleted))),
-                    )
-                    .await?;
+                let max = self
+                    .opts
+                    .max_delete
+                    .map(|m| m.saturating_sub(pruned.as_ref().map_or(0, |p| p.deleted)));
+                let req = self.prune_request(mirror_path, max);
+                let after = self.prune_remote(server, listed, req).await?;
                 merge_pruned(pruned.get_or_insert_with(Default::default), after);
             }
         }
         Ok(Report {
             summary: r.summary,
-            totals,
+            totals: full_totals,
             streams: r.info.streams,
             chunk_size: r.info.chunk_size,
             skipped,
-            held_bytes: r.store.held_bytes(),
-            held_files: r.store.held_files(),
+            held_bytes: r.store.held_bytes() + same_bytes,
+            held_files: r.store.held_files() + same_files,
             bytes_sent: 0,
             chunks_resent: r.stats.chunks_resent,
             streams_lost: r.stats.streams_lost,
@@ -1179,6 +1231,7 @@ impl Client {
             max_delete: self.opts.max_delete,
             dry_run: false,
             conflicts_only: true,
+            checksum: false,
         };
         // What `--delete` removed before the transfer (entries of another kind where
         // the source's go), from the preparation (a disk thread).

@@ -90,6 +90,9 @@ pub struct TransferOptions {
     pub delete: bool,
     /// `--max-delete N`: delete at most N entries.
     pub max_delete: Option<u64>,
+    /// `sync --checksum`: files of equal size are compared by content, not mtime
+    /// (pushes).
+    pub compare_content: bool,
     /// Heartbeat interval on the control channel.
     pub heartbeat: Duration,
     /// Bandwidth limit of the transfer, all data streams together, in bytes per
@@ -141,6 +144,7 @@ impl Default for TransferOptions {
             rules: Vec::new(),
             delete: false,
             max_delete: None,
+            compare_content: false,
             heartbeat: HEARTBEAT,
             bwlimit: None,
         }
@@ -188,6 +192,7 @@ pub(crate) fn prune_report(p: dmover_store::prune::Pruned) -> dmover_proto::cont
         protected: p.protected,
         paths: p.paths,
         unchanged,
+        digests: p.digests,
     }
 }
 

@@ -387,6 +387,9 @@ pub struct Prune {
     /// Delete only entries whose kind conflicts with the manifest's (a directory where
     /// the source has a file, or the reverse), before the transfer.
     pub conflicts_only: bool,
+    /// `--checksum`: also answer the content digest of each regular file the mirror
+    /// holds with the manifest's size ([`PruneReport::digests`]).
+    pub checksum: bool,
 }
 
 /// What [`Op::Prune`] did.
@@ -406,6 +409,10 @@ pub struct PruneReport {
     /// Dry run: manifest entries of the regular files the server holds with the
     /// manifest's size and mtime (not sent by a sync), as ranges.
     pub unchanged: Vec<EntryRange>,
+    /// With `checksum`: `(manifest entry, content digest)` of each regular file the
+    /// mirror holds with the manifest's size (the digest: 4 MiB pieces' xxh3-64 hashes
+    /// combined as a transfer's file digest, `dmover_store::prune::content_digest`).
+    pub digests: Vec<(u32, u64)>,
 }
 
 /// What a client asks of the server that will accept a third-party session.

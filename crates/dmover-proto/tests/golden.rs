@@ -517,6 +517,7 @@ fn control_open_prune() {
                 max_delete: u64::MAX,
                 dry_run: true,
                 conflicts_only: false,
+                checksum: true,
             }),
             streams: 4,
             chunk_size: 0,
@@ -526,7 +527,7 @@ fn control_open_prune() {
             features: 3,
         }),
         "
-        00 00 00 1c   # frame length: 28
+        00 00 00 1d   # frame length: 29
         04            # Control::Open (variant 4)
         05            # op: Op::Prune (variant 5, appended)
         01 6d         #   dest: 1 byte, \"m\"
@@ -536,6 +537,7 @@ fn control_open_prune() {
         ff ff ff ff ff ff ff ff ff 01   # max_delete: u64::MAX (no limit; varint)
         01            #   dry_run: true
         00            #   conflicts_only: false
+        01            #   checksum: true
         04            # streams: 4
         00            # chunk_size: 0
         01            # checksum: true
@@ -586,9 +588,10 @@ fn control_pruned() {
             protected: 1,
             paths: vec![b"d/".to_vec()],
             unchanged: vec![EntryRange { first: 2, count: 5 }],
+            digests: vec![(7, 0x81)],
         }),
         "
-        00 00 00 0d   # frame length: 13
+        00 00 00 11   # frame length: 17
         17            # Control::Pruned (variant 23, appended)
         03            # deleted: 3
         ac 02         # deleted_bytes: 300 (varint)
@@ -596,6 +599,7 @@ fn control_pruned() {
         01            # protected: 1
         01 02 64 2f   # paths: 1 of 2 bytes, \"d/\"
         01 02 05      # unchanged: 1 range, first 2, count 5
+        01 07 81 01   # digests: 1, (entry 7, digest 0x81 as a varint)
         ",
     );
 }

@@ -43,6 +43,33 @@ pub struct PruneOptions {
     pub dry_run: bool,
     /// Delete only entries whose kind conflicts with the manifest's.
     pub conflicts_only: bool,
+    /// `--checksum`: compute the [`content_digest`] of every regular file that has
+    /// the size the manifest gives it (whatever its mtime), into [`Pruned::digests`].
+    pub checksum: bool,
+}
+
+/// The piece size of [`content_digest`].
+pub const CONTENT_PIECE: usize = 4 << 20;
+
+/// A file's content digest for `--checksum`, independent of any transfer's layout: the
+/// transfer's per-file digest ([`dmover_proto::digest::file_digest`]) over xxh3-64
+/// hashes of 4 MiB pieces read from offset 0.
+pub fn content_digest(fd: impl AsFd) -> std::io::Result<u64> {
+    let mut buf = vec![0u8; CONTENT_PIECE];
+    let mut hashes = Vec::new();
+    let mut off = 0u64;
+    loop {
+        let n = sys::pread_full(&fd, &mut buf, off)?;
+        if n == 0 {
+            break;
+        }
+        hashes.push(dmover_proto::digest::piece_hash(&buf[..n]));
+        off += n as u64;
+        if n < buf.len() {
+            break;
+        }
+    }
+    Ok(dmover_proto::digest::file_digest(&hashes))
 }
 
 /// How many deleted paths a report lists (the counts are always whole).
@@ -66,6 +93,9 @@ pub struct Pruned {
     /// Manifest entries of regular files with data the destination holds with the
     /// manifest's size and mtime (dry runs only).
     pub unchanged: Vec<u32>,
+    /// `checksum`: `(manifest entry, content digest)` of the destination's regular
+    /// files of the manifest's size.
+    pub digests: Vec<(u32, u64)>,
 }
 
 impl Pruned {
@@ -171,6 +201,16 @@ impl Pruner<'_> {
                         self.dir(&sub, &path, c)?;
                     } else if src_dir != is_dir {
                         self.remove(dir, &name, &path, is_dir, size_of(&st))?;
+                    } else if self.opts.checksum
+                        && ft == FileType::RegularFile
+                        && e.file_size() > 0
+                        && st.st_size as u64 == e.file_size()
+                    {
+                        let fd = sys::open_in(dir, &name, OFlags::RDONLY, 0)
+                            .map_err(|e| Error::io("opening", lossy(&path), e))?;
+                        let d = content_digest(&fd)
+                            .map_err(|e| Error::io("reading", lossy(&path), e))?;
+                        self.out.digests.push((c, d));
                     } else if self.opts.dry_run
                         && ft == FileType::RegularFile
                         && e.file_size() > 0

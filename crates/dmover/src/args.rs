@@ -244,6 +244,10 @@ pub struct CpArgs {
     /// nothing on either side.
     #[arg(long)]
     pub dry_run: bool,
+    /// `sync` (push): compare files of equal size by content (a digest each side
+    /// computes) instead of size and mtime; files with the same content are not sent.
+    #[arg(short = 'c', long)]
+    pub checksum: bool,
 }
 
 /// Which source entries travel, with rsync's pattern rules (docs/sync.md): the first

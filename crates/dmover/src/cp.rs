@@ -180,10 +180,13 @@ fn run_copy(a: CpArgs, env: &Env, sync: bool) -> anyhow::Result<ExitCode> {
     if let Some(ms) = r.debug_heartbeat_ms {
         opts.heartbeat = std::time::Duration::from_millis(ms.max(50));
     }
-    if !sync && (a.delete || a.max_delete.is_some() || a.dry_run) {
+    if !sync && (a.delete || a.max_delete.is_some() || a.dry_run || a.checksum) {
         return Err(usage(
-            "--delete, --max-delete and --dry-run are options of dmover sync",
+            "--delete, --max-delete, --dry-run and --checksum are options of dmover sync",
         ));
+    }
+    if a.checksum && a.dry_run {
+        return Err(usage("--checksum with --dry-run is not supported yet"));
     }
     if a.max_delete.is_some() && !a.delete {
         return Err(usage("--max-delete limits --delete: add --delete"));
@@ -209,12 +212,19 @@ fn run_copy(a: CpArgs, env: &Env, sync: bool) -> anyhow::Result<ExitCode> {
     }
     opts.delete = a.delete;
     opts.max_delete = a.max_delete;
+    opts.compare_content = a.checksum;
     if sync {
         // The destination's files are looked at (size, mtime) as a resume does.
         opts.mirror = true;
         opts.resume = true;
     }
     let remote_source = srcs.iter().any(|s| matches!(s, Endpoint::Remote { .. }));
+    if remote_source && a.checksum {
+        return Err(usage(
+            "--checksum applies to a push for now (the server would have to digest its \
+             sources)",
+        ));
+    }
     if remote_source && a.filters.files_from.is_some() {
         return Err(usage(
             "--files-from applies to local sources (a push) only, not yet to a server's \

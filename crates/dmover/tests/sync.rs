@@ -589,3 +589,45 @@ fn dry_run_changes_nothing_and_counts_right() {
         same(&e.src, &e.mirror);
     }
 }
+
+#[test]
+fn checksum_compares_content_not_mtime() {
+    let e = Ends::new(true, &[]);
+    write_file(&e.src.join("a"), 1, 100_000, 0o644, 1_600_000_000);
+    write_file(&e.src.join("d/b"), 2, 200_000, 0o644, 1_600_000_000);
+    ok(&e.sync(&["--quiet"]));
+    // a: other content, same size and mtime (the quick check misses it); b: same
+    // content, a new mtime (the quick check would resend it).
+    write_file(&e.src.join("a"), 3, 100_000, 0o644, 1_600_000_000);
+    write_file(&e.src.join("d/b"), 2, 200_000, 0o644, 1_700_000_000);
+    write_file(&e.mirror.join("extra"), 4, 10, 0o644, 1_600_000_000);
+    let o = e.sync(&["--json", "--checksum", "--delete"]);
+    ok(&o);
+    let j = json(&o);
+    assert_eq!(j["bytes_sent"], 100_000, "only a: {j}");
+    assert_eq!(j["files_unchanged"], 1, "b: {j}");
+    assert_eq!(j["bytes_unchanged"], 200_000, "{j}");
+    assert_eq!(j["files_deleted"], 1, "extra only, not b: {j}");
+    assert_eq!(
+        std::fs::read(e.mirror.join("a")).unwrap(),
+        std::fs::read(e.src.join("a")).unwrap()
+    );
+    assert_eq!(
+        std::fs::read(e.mirror.join("d/b")).unwrap(),
+        std::fs::read(e.src.join("d/b")).unwrap()
+    );
+    assert!(!exists(&e.mirror.join("extra")));
+    // Again: nothing sent.
+    let o = e.sync(&["--json", "-c"]);
+    ok(&o);
+    assert_eq!(json(&o)["bytes_sent"], 0);
+    // Not on a pull or a cp yet, nor with --dry-run: usage errors.
+    let p = Ends::new(false, &[]);
+    for o in [
+        p.sync(&["--checksum"]),
+        e.sync(&["--checksum", "--dry-run"]),
+        cp(&["--checksum", s(&e.src), &e.srv.url("x")]),
+    ] {
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    }
+}

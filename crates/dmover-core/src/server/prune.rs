@@ -41,6 +41,7 @@ impl Server {
             max_delete: (req.max_delete != u64::MAX).then_some(req.max_delete),
             dry_run: req.dry_run,
             conflicts_only: req.conflicts_only,
+            checksum: req.checksum,
         };
         let pruned = self
             .disk
