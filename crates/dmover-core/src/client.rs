@@ -997,12 +997,30 @@ impl Client {
                 .await
                 .ok_or(Error::Aborted)??;
             let entries = walked.tree.entries().to_vec();
+            let compare = self.opts.compare_content;
             let req = Prune {
                 dry_run: true,
                 conflicts_only,
+                checksum: compare,
                 ..self.prune_request(dest, self.opts.max_delete)
             };
-            let report = self.prune_remote(server, &entries, req).await?;
+            let mut report = self.prune_remote(server, &entries, req).await?;
+            if compare {
+                // `--checksum`: unchanged means the same content, whatever the mtime.
+                let digests = std::mem::take(&mut report.digests);
+                let tree = walked.tree;
+                let (_, same) = self
+                    .disk
+                    .run(move || same_content(tree, &digests))
+                    .await
+                    .ok_or(Error::Aborted)?;
+                let mut pruned = dmover_store::prune::Pruned {
+                    unchanged: same.into_iter().collect(),
+                    ..Default::default()
+                };
+                pruned.unchanged.sort_unstable();
+                report.unchanged = session::prune_report(pruned).unchanged;
+            }
             return Ok(DryRun {
                 entries,
                 report,

@@ -185,9 +185,6 @@ fn run_copy(a: CpArgs, env: &Env, sync: bool) -> anyhow::Result<ExitCode> {
             "--delete, --max-delete, --dry-run and --checksum are options of dmover sync",
         ));
     }
-    if a.checksum && a.dry_run {
-        return Err(usage("--checksum with --dry-run is not supported yet"));
-    }
     if a.max_delete.is_some() && !a.delete {
         return Err(usage("--max-delete limits --delete: add --delete"));
     }

@@ -601,6 +601,16 @@ fn checksum_compares_content_not_mtime() {
     write_file(&e.src.join("a"), 3, 100_000, 0o644, 1_600_000_000);
     write_file(&e.src.join("d/b"), 2, 200_000, 0o644, 1_700_000_000);
     write_file(&e.mirror.join("extra"), 4, 10, 0o644, 1_600_000_000);
+    // The dry run says so first, and changes nothing.
+    let before = listing(&e.mirror);
+    let o = e.sync(&["--json", "--checksum", "--delete", "--dry-run"]);
+    ok(&o);
+    let j = json(&o);
+    assert_eq!(j["files_to_send"], 1, "{j}");
+    assert_eq!(j["bytes_to_send"], 100_000, "{j}");
+    assert_eq!(j["files_unchanged"], 1, "{j}");
+    assert_eq!(j["files_deleted"], 1, "{j}");
+    assert_eq!(listing(&e.mirror), before);
     let o = e.sync(&["--json", "--checksum", "--delete"]);
     ok(&o);
     let j = json(&o);
@@ -621,11 +631,10 @@ fn checksum_compares_content_not_mtime() {
     let o = e.sync(&["--json", "-c"]);
     ok(&o);
     assert_eq!(json(&o)["bytes_sent"], 0);
-    // Not on a pull or a cp yet, nor with --dry-run: usage errors.
+    // Not on a pull or a cp yet: usage errors.
     let p = Ends::new(false, &[]);
     for o in [
         p.sync(&["--checksum"]),
-        e.sync(&["--checksum", "--dry-run"]),
         cp(&["--checksum", s(&e.src), &e.srv.url("x")]),
     ] {
         assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
