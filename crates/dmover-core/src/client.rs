@@ -938,13 +938,15 @@ impl Client {
 
     /// The op of a pull of `sources`: with filters, [`Op::PullFiltered`] (the server
     /// walks through them; a server older than it refuses the op).
-    pub(crate) fn pull_op(&self, sources: Vec<Vec<u8>>) -> Op {
-        if self.opts.rules.is_empty() {
+    /// `report_skipped`: the server reports what its walk skipped (`sync --delete`).
+    pub(crate) fn pull_op(&self, sources: Vec<Vec<u8>>, report_skipped: bool) -> Op {
+        if self.opts.rules.is_empty() && !report_skipped {
             Op::Pull { sources }
         } else {
             Op::PullFiltered(control::PullFiltered {
                 sources,
                 rules: self.opts.rules.clone(),
+                report_skipped,
             })
         }
     }
@@ -1235,7 +1237,11 @@ impl Client {
             r = self.connect(server) => r?,
             _ = run.cancelled() => return Err(Error::Aborted),
         };
-        let open = self.open_request(self.pull_op(sources.to_vec()), self.opts.chunk_size);
+        let report_skipped = self.opts.mirror && self.opts.delete;
+        let open = self.open_request(
+            self.pull_op(sources.to_vec(), report_skipped),
+            self.opts.chunk_size,
+        );
         let options = self.opts.session_options(resume);
         let d = conn.dial(open, options);
         let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
@@ -1303,11 +1309,21 @@ impl Client {
         let totals = Totals::of(names);
         let held_files = names.iter().filter(|e| e.file_size() > 0).count() as u64
             - r.store.layout().files().len() as u64;
+        // The server's count of entries its walk skipped, if it was asked for it.
+        let (skips, failed): (Vec<FailedFile>, Vec<FailedFile>) = r
+            .report
+            .failed
+            .into_iter()
+            .partition(|f| f.entry == dmover_store::source::SKIPPED_MARKER);
+        let skipped: u64 = skips
+            .iter()
+            .map(|f| f.message.parse::<u64>().unwrap_or(1))
+            .sum();
         let mut pruned = None;
         let mut delete_refused = None;
         if delete {
             pruned = early.lock().take().map(session::prune_report);
-            delete_refused = delete_refusal(0, r.report.failed.len());
+            delete_refused = delete_refusal(skipped, failed.len());
             if delete_refused.is_none() {
                 // Every file is verified and under its final name (our own `Done`).
                 let entries = names.to_vec();
@@ -1340,19 +1356,14 @@ impl Client {
             totals,
             streams: r.info.streams,
             chunk_size: r.info.chunk_size,
-            skipped: 0,
+            skipped,
             held_bytes: r.store.held_bytes(),
             held_files,
             bytes_sent: 0,
             chunks_resent: r.report.chunks_resent,
             streams_lost: r.report.streams_lost,
             attempts: 1,
-            failed: r
-                .report
-                .failed
-                .into_iter()
-                .map(|f| failed_line(names, f))
-                .collect(),
+            failed: failed.into_iter().map(|f| failed_line(names, f)).collect(),
             pruned,
             delete_refused,
         })

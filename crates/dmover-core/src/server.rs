@@ -909,8 +909,10 @@ impl Server {
         // A filtered pull is a pull whose walk goes through the client's rules.
         let mut open = open;
         let mut filter = dmover_store::filter::Filter::none();
+        let mut report_skipped = false;
         if let Op::PullFiltered(p) = open.op {
             filter = session::filter_of_rules(&p.rules)?;
+            report_skipped = p.report_skipped;
             open.op = Op::Pull { sources: p.sources };
         }
         if open.streams == 0 {
@@ -1166,7 +1168,7 @@ impl Server {
             Op::Pull { sources } => {
                 what = format!("pull of {} path(s)", sources.len());
                 let walked = walked.expect("walked above");
-                let source = FileSource::new(
+                let mut source = FileSource::new(
                     walked.tree,
                     chunk,
                     SourceOptions {
@@ -1175,6 +1177,9 @@ impl Server {
                         continue_on_error: false,
                     },
                 )?;
+                if report_skipped {
+                    source.report_skipped(walked.skipped);
+                }
                 let mut m = SourceSession::accept(now, peer, timing, setup_by);
                 m.grant(now, info);
                 m.push_manifest(source.tree().entries());

@@ -360,6 +360,11 @@ pub struct PullFiltered {
     /// `--include`/`--exclude` rules, in order, applied to the server's walk (paths
     /// relative to each source root).
     pub rules: Vec<FilterRule>,
+    /// The client will delete what the manifest does not list (`sync --delete`), so
+    /// the server reports the count of entries its walk skipped (special files,
+    /// vanished files) in `SendReport.failed`, as one `FailedFile` with entry
+    /// `u32::MAX` and the count in decimal as its message (none when 0).
+    pub report_skipped: bool,
 }
 
 /// One `--include` / `--exclude` rule as the user wrote it (rsync's pattern syntax).

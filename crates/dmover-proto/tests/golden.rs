@@ -558,6 +558,7 @@ fn control_open_pull_filtered() {
                     include: true,
                     pattern: b"k".to_vec(),
                 }],
+                report_skipped: true,
             }),
             streams: 1,
             chunk_size: 0,
@@ -567,12 +568,13 @@ fn control_open_pull_filtered() {
             features: 0,
         }),
         "
-        00 00 00 0f   # frame length: 15
+        00 00 00 10   # frame length: 16
         04            # Control::Open (variant 4)
         06            # op: Op::PullFiltered (variant 6, appended)
         01 01 61      #   sources: 1 path of 1 byte, \"a\"
         01            #   rules: 1
         01 01 6b      #     include: true, pattern: 1 byte, \"k\"
+        01            #   report_skipped: true
         01 00 01 01 01 00   # streams 1, chunk 0, checksum, Auto, Authenticated, features 0
         ",
     );

@@ -475,31 +475,42 @@ fn max_delete_stops_and_fails() {
 #[test]
 fn delete_refused_after_an_incomplete_source_walk_or_on_a_read_only_server() {
     // A FIFO in the source is skipped by the walk: the destination cannot tell it from
-    // a deleted entry, so nothing is deleted.
+    // a deleted entry, so nothing is deleted. On a pull the server reports the count.
+    for push in [false, true] {
+        let e = Ends::new(push, &[]);
+        let w = e.what();
+        write_file(&e.src.join("a"), 1, 100, 0o644, 1_600_000_000);
+        ok(&e.sync(&["--quiet"]));
+        write_file(&e.mirror.join("extra"), 3, 10, 0o644, 1_600_000_000);
+        write_file(&e.mirror.join("fifo"), 3, 10, 0o644, 1_600_000_000);
+        let fifo = e.src.join("fifo");
+        assert!(
+            Command::new("mkfifo")
+                .arg(&fifo)
+                .status()
+                .unwrap()
+                .success()
+        );
+        let o = e.sync(&["--json", "--delete"]);
+        assert_eq!(o.status.code(), Some(1), "{w}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("not deleting anything"),
+            "{w}: {}",
+            stderr(&o)
+        );
+        assert!(exists(&e.mirror.join("extra")), "{w}");
+        assert!(exists(&e.mirror.join("fifo")), "{w}");
+        let j = json(&o);
+        assert_eq!(j["files_deleted"], 0, "{w}: {j}");
+        assert_eq!(j["skipped"], 1, "{w}: {j}");
+        assert_eq!(j["failed"].as_array().unwrap().len(), 0, "{w}: {j}");
+        // Excluded, the FIFO no longer matters (and its namesake is protected).
+        ok(&e.sync(&["--quiet", "--delete", "--exclude", "fifo"]));
+        assert!(!exists(&e.mirror.join("extra")), "{w}");
+        assert!(exists(&e.mirror.join("fifo")), "{w}");
+    }
     let e = Ends::new(true, &[]);
     write_file(&e.src.join("a"), 1, 100, 0o644, 1_600_000_000);
-    ok(&e.sync(&["--quiet"]));
-    write_file(&e.mirror.join("extra"), 3, 10, 0o644, 1_600_000_000);
-    let fifo = e.src.join("fifo");
-    assert!(
-        Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap()
-            .success()
-    );
-    let o = e.sync(&["--json", "--delete"]);
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("not deleting anything"),
-        "{}",
-        stderr(&o)
-    );
-    assert!(exists(&e.mirror.join("extra")));
-    assert_eq!(json(&o)["files_deleted"], 0);
-    // Excluded, the FIFO no longer matters.
-    ok(&e.sync(&["--quiet", "--delete", "--exclude", "fifo"]));
-    assert!(!exists(&e.mirror.join("extra")));
 
     // A read-only server refuses, and nothing is deleted.
     let t = tmp();
