@@ -287,19 +287,17 @@ impl Connection {
             .await?
         {
             Control::Pruned(r) => Ok(r),
-            Control::Error(e)
-                if e.code == ErrorCode::Protocol
-                    && (e.message.contains("Open") || e.message.contains("variant")) =>
-            {
-                Err(Error::refused(
-                    ErrorCode::Unsupported,
-                    format!(
-                        "{server} does not support sync --delete/--dry-run (an older dmover \
-                         server; upgrade it): {}",
-                        e.message
-                    ),
-                ))
-            }
+            // A server older than `Op::Prune` cannot decode the request: it answers a
+            // protocol error about it (its wording is the decoder's).
+            Control::Error(e) if e.code == ErrorCode::Protocol => Err(Error::Remote {
+                peer: server.to_string(),
+                code: ErrorCode::Protocol,
+                message: format!(
+                    "{} (sync --delete/--dry-run/--checksum need a server that knows them: \
+                     an older dmover server must be upgraded)",
+                    e.message
+                ),
+            }),
             other => Err(session::unexpected(server, other, "Pruned")),
         }
     }
