@@ -17,7 +17,8 @@ use dmover_proto::control::{
     Auth, Credential, ErrorCode, FailedFile, Hello, Op, Open, SessionInfo, Summary,
 };
 use dmover_proto::control::{
-    AuthMethod, Control, GrantRequest, SessionOptions, ThirdParty, TpcMode,
+    AuthMethod, Control, GrantRequest, ManifestEnd, ManifestPart, Prune, PruneReport,
+    SessionOptions, ThirdParty, TpcMode,
 };
 use dmover_proto::manifest::{Entry, NO_PARENT, Totals};
 use dmover_proto::preamble::{ConnKind, Preamble};
@@ -66,7 +67,81 @@ pub struct Report {
     pub attempts: u32,
     /// Files the source could not read (with `continue_on_error`), as `path: why`.
     pub failed: Vec<String>,
+    /// `sync --delete`: what was deleted (`None`: nothing was to be deleted).
+    pub pruned: Option<PruneReport>,
+    /// `sync --delete` deleted nothing because the source's listing was incomplete:
+    /// why.
+    pub delete_refused: Option<String>,
 }
+
+/// What `dmover sync --dry-run` found ([`Client::sync_dry_run`]).
+#[derive(Debug, Clone)]
+pub struct DryRun {
+    /// The source's manifest (one root, the mirror's source).
+    pub entries: Vec<Entry>,
+    /// What the destination holds unchanged, and what `--delete` would delete.
+    pub report: PruneReport,
+    /// Entries the source walk skipped (a push's local walk).
+    pub skipped: u64,
+}
+
+/// Adds what a later prune did to an earlier one's counts.
+fn merge_pruned(a: &mut PruneReport, b: PruneReport) {
+    a.deleted += b.deleted;
+    a.deleted_bytes += b.deleted_bytes;
+    a.over_limit += b.over_limit;
+    a.protected = b.protected;
+    a.paths.extend(b.paths);
+    a.unchanged = b.unchanged;
+}
+
+/// `sync --checksum`: the files among `digests` (`(entry, the destination's content
+/// digest)`) whose content here has the same digest. A file that cannot be read is
+/// not among them (the transfer will say why).
+fn same_content(
+    tree: dmover_store::tree::Tree,
+    digests: &[(u32, u64)],
+) -> (dmover_store::tree::Tree, std::collections::HashSet<u32>) {
+    use rustix::fs::OFlags;
+    let mut same = std::collections::HashSet::new();
+    for &(i, d) in digests {
+        if i as usize >= tree.entries().len() || tree.entries()[i as usize].file_size() == 0 {
+            continue;
+        }
+        let Ok((dir, name)) = tree.locate(i) else {
+            continue;
+        };
+        let Ok(fd) = dmover_store::sys::open_in(&*dir, name, OFlags::RDONLY, 0) else {
+            continue;
+        };
+        let size_ok = rustix::fs::fstat(&fd)
+            .is_ok_and(|st| st.st_size as u64 == tree.entries()[i as usize].file_size());
+        if size_ok && dmover_store::prune::content_digest(&fd).is_ok_and(|x| x == d) {
+            same.insert(i);
+        }
+    }
+    (tree, same)
+}
+
+/// Why `sync --delete` must not delete after a transfer whose source listing missed
+/// `skipped` entries and could not read `failed` files.
+fn delete_refusal(skipped: u64, failed: usize) -> Option<String> {
+    match (skipped, failed) {
+        (0, 0) => None,
+        (s, 0) => Some(format!(
+            "not deleting anything: the source walk skipped {s} entries (special files, or \
+             files that vanished while listed), so the destination cannot tell them from \
+             deleted ones; exclude them with --exclude to delete the rest"
+        )),
+        (_, f) => Some(format!(
+            "not deleting anything: {f} source files could not be read (an incomplete \
+             source listing must not delete their copies)"
+        )),
+    }
+}
+
+/// How long a client waits for a server's [`Op::Prune`] answer.
+const PRUNE_WAIT: Duration = Duration::from_secs(3600);
 
 /// A client with its own disk threads.
 #[derive(Debug)]
@@ -179,6 +254,52 @@ impl Connection {
             other => return Err(session::unexpected(server, other, "AuthOk")),
         }
         Ok(self.ch)
+    }
+
+    /// [`Op::Prune`] on this connection: the request, the manifest, the answer.
+    async fn prune(
+        self,
+        server: &str,
+        open: Open,
+        options: SessionOptions,
+        entries: &[Entry],
+    ) -> Result<PruneReport> {
+        let mut ch = self.request(server, open, options).await?;
+        let sent = async {
+            for r in dmover_proto::manifest::parts(entries) {
+                ch.send(&Control::Manifest(ManifestPart {
+                    entries: entries[r].to_vec(),
+                }))
+                .await?;
+            }
+            ch.send(&Control::ManifestEnd(ManifestEnd {
+                totals: Totals::of(entries),
+            }))
+            .await
+        };
+        if let Err(e) = sent.await {
+            return Err(crate::session::peer_report(&mut ch, Error::Net(e)).await);
+        }
+        // Walking (and deleting in) a large tree takes time, and the server sends
+        // nothing meanwhile.
+        match ch
+            .recv_timeout(PRUNE_WAIT, "the destination's deletions")
+            .await?
+        {
+            Control::Pruned(r) => Ok(r),
+            // A server older than `Op::Prune` cannot decode the request: it answers a
+            // protocol error about it (its wording is the decoder's).
+            Control::Error(e) if e.code == ErrorCode::Protocol => Err(Error::Remote {
+                peer: server.to_string(),
+                code: ErrorCode::Protocol,
+                message: format!(
+                    "{} (sync --delete/--dry-run/--checksum need a server that knows them: \
+                     an older dmover server must be upgraded)",
+                    e.message
+                ),
+            }),
+            other => Err(session::unexpected(server, other, "Pruned")),
+        }
     }
 
     /// The dialer's first flight for `open` with `options`, and what it checks in the
@@ -631,6 +752,8 @@ impl Client {
                             streams_lost: r.streams_lost,
                             attempts: 1,
                             failed: r.failed,
+                            pruned: None,
+                            delete_refused: None,
                         });
                     }
                     other => return Err(session::unexpected(dialer, other, "TpcProgress")),
@@ -843,6 +966,128 @@ impl Client {
         .await
     }
 
+    /// The op of a pull of `sources`: with filters, [`Op::PullFiltered`] (the server
+    /// walks through them; a server older than it refuses the op).
+    /// `report_skipped`: the server reports what its walk skipped (`sync --delete`).
+    pub(crate) fn pull_op(&self, sources: Vec<Vec<u8>>, report_skipped: bool) -> Op {
+        if self.opts.rules.is_empty() && !report_skipped {
+            Op::Pull { sources }
+        } else {
+            Op::PullFiltered(control::PullFiltered {
+                sources,
+                rules: self.opts.rules.clone(),
+                report_skipped,
+            })
+        }
+    }
+
+    /// [`Op::Prune`] `req` on `server` against `entries`.
+    async fn prune_remote(
+        &self,
+        server: &str,
+        entries: &[Entry],
+        req: Prune,
+    ) -> Result<PruneReport> {
+        let conn = self.connect(server).await?;
+        let open = self.open_request(Op::Prune(req), 0);
+        conn.prune(server, open, self.opts.session_options(false), entries)
+            .await
+    }
+
+    /// A [`Prune`] request of the mirror `dest` with this client's filters.
+    fn prune_request(&self, dest: &[u8], max_delete: Option<u64>) -> Prune {
+        Prune {
+            dest: dest.to_vec(),
+            rules: self.opts.rules.clone(),
+            max_delete: max_delete.unwrap_or(u64::MAX),
+            dry_run: false,
+            conflicts_only: false,
+            checksum: false,
+        }
+    }
+
+    /// `dmover sync --dry-run`: the source's manifest, and what the destination holds
+    /// unchanged and (with `--delete`) would delete; nothing is changed on either side.
+    /// `push`: the local `source` to the mirror `dest` on `server`; else the server's
+    /// `source` to the local `dest`.
+    pub async fn sync_dry_run(
+        &self,
+        push: bool,
+        server: &str,
+        source: &[u8],
+        dest: &[u8],
+    ) -> Result<DryRun> {
+        let conflicts_only = !self.opts.delete;
+        if push {
+            let (_, name) = mirror_dest(dest, false)?;
+            let mut root = paths::source_root(&Base::Local, source, b"")?;
+            root.name = name;
+            let filter = self.opts.filter.clone().unwrap_or_default();
+            let walked = self
+                .disk
+                .run(move || walk::walk_filtered(vec![root], &filter))
+                .await
+                .ok_or(Error::Aborted)??;
+            let entries = walked.tree.entries().to_vec();
+            let compare = self.opts.compare_content;
+            let req = Prune {
+                dry_run: true,
+                conflicts_only,
+                checksum: compare,
+                ..self.prune_request(dest, self.opts.max_delete)
+            };
+            let mut report = self.prune_remote(server, &entries, req).await?;
+            if compare {
+                // `--checksum`: unchanged means the same content, whatever the mtime.
+                let digests = std::mem::take(&mut report.digests);
+                let tree = walked.tree;
+                let (_, same) = self
+                    .disk
+                    .run(move || same_content(tree, &digests))
+                    .await
+                    .ok_or(Error::Aborted)?;
+                let mut pruned = dmover_store::prune::Pruned {
+                    unchanged: same.into_iter().collect(),
+                    ..Default::default()
+                };
+                pruned.unchanged.sort_unstable();
+                report.unchanged = session::prune_report(pruned).unchanged;
+            }
+            return Ok(DryRun {
+                entries,
+                report,
+                skipped: walked.skipped,
+            });
+        }
+        let remote = crate::remote::Remote::open(self, server, source).await?;
+        let entries = remote.entries().to_vec();
+        remote.close().await?;
+        let opts = dmover_store::prune::PruneOptions {
+            filter: self.opts.filter.as_deref().cloned().unwrap_or_default(),
+            max_delete: self.opts.max_delete,
+            dry_run: true,
+            conflicts_only,
+            checksum: false,
+        };
+        let dest = dest.to_vec();
+        let (e2, o2) = (entries.clone(), opts);
+        let pruned = self
+            .disk
+            .run(move || {
+                let Some((parent, name)) = paths::dest_parent(&Base::Local, &dest)? else {
+                    return Ok(dmover_store::prune::Pruned::default());
+                };
+                dmover_store::prune::prune(&parent, &name, &e2, &o2)
+            })
+            .await
+            .ok_or(Error::Aborted)??;
+        Ok(DryRun {
+            entries,
+            report: session::prune_report(pruned),
+            skipped: 0,
+        })
+    }
+
     async fn push_once(
         &self,
         roots: &[Root],
@@ -855,6 +1100,7 @@ impl Client {
             .iter()
             .map(|(base, p, name)| paths::source_root(base, p, name))
             .collect::<dmover_store::Result<Vec<_>>>()?;
+        let mirror_path = dest;
         let mut dest = dest;
         let mirror;
         if self.opts.mirror {
@@ -876,12 +1122,52 @@ impl Client {
             tracing::info!("the filters left out {} entries", walked.filtered);
         }
         let skipped = walked.skipped;
+        let mut tree = walked.tree;
+        let full_totals = Totals::of(tree.entries());
+        let delete = self.opts.mirror && self.opts.delete;
+        let compare = self.opts.mirror && self.opts.compare_content;
+        // `--delete`: entries of another kind where the source's go (a directory where
+        // a file comes, or the reverse) must go first; the rest once all is in place.
+        // `--checksum`: the destination's digests of its files of the right size.
+        let mut pruned = None;
+        let mut full = None;
+        let (mut same_files, mut same_bytes) = (0u64, 0u64);
+        if delete || compare {
+            let req = Prune {
+                dry_run: !delete,
+                conflicts_only: true,
+                checksum: compare,
+                ..self.prune_request(mirror_path, self.opts.max_delete)
+            };
+            let mut r = self.prune_remote(server, tree.entries(), req).await?;
+            let digests = std::mem::take(&mut r.digests);
+            if delete {
+                pruned = Some(r);
+                full = Some(tree.entries().to_vec());
+            }
+            if !digests.is_empty() {
+                let (t, same) = self
+                    .disk
+                    .run(move || same_content(tree, &digests))
+                    .await
+                    .ok_or(Error::Aborted)?;
+                tree = t;
+                for &i in &same {
+                    same_files += 1;
+                    same_bytes += tree.entries()[i as usize].file_size();
+                }
+                if !same.is_empty() {
+                    tracing::info!("{same_files} files hold the same content at the destination");
+                    tree = tree.without(&same);
+                }
+            }
+        }
         let chunk = match self.opts.chunk_size {
-            0 => session::auto_chunk(walked.tree.entries()),
+            0 => session::auto_chunk(tree.entries()),
             c => c,
         };
         let source = FileSource::new(
-            walked.tree,
+            tree,
             chunk,
             SourceOptions {
                 checksum: self.opts.checksum,
@@ -907,6 +1193,11 @@ impl Client {
             },
             chunk,
         );
+        // `--checksum`: the manifest holds only files whose content differs (or that
+        // the destination lacks), and the quick check (same size and mtime: held)
+        // must not skip them, so the session does not resume (a retry sends the
+        // reduced manifest again whole).
+        let resume = resume && !compare;
         let d = conn.dial(open, self.opts.session_options(resume));
         let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
         let mut m = SourceSession::dial(now(), server, timing, d);
@@ -923,24 +1214,42 @@ impl Client {
         let joins = self.dialing(server, conn.master, dials, JoinWait::Pipelined);
         let r = drive::source(m, &mut conn.ch, joins, source, self.env(&run, buffers)).await?;
         let entries = r.store.tree().entries();
+        // What the mirror must hold: every entry walked (also those `--checksum` found
+        // there already).
+        let listed = full.as_deref().unwrap_or(entries);
+        let failed = r.store.failed();
+        let mut delete_refused = None;
+        if delete {
+            delete_refused = delete_refusal(skipped, failed.len());
+            if delete_refused.is_none() {
+                // Every file is verified and under its final name (the sink's `Done`).
+                let max = self
+                    .opts
+                    .max_delete
+                    .map(|m| m.saturating_sub(pruned.as_ref().map_or(0, |p| p.deleted)));
+                let req = self.prune_request(mirror_path, max);
+                let after = self.prune_remote(server, listed, req).await?;
+                merge_pruned(pruned.get_or_insert_with(Default::default), after);
+            }
+        }
         Ok(Report {
             summary: r.summary,
-            totals,
+            totals: full_totals,
             streams: r.info.streams,
             chunk_size: r.info.chunk_size,
             skipped,
-            held_bytes: r.store.held_bytes(),
-            held_files: r.store.held_files(),
+            held_bytes: r.store.held_bytes() + same_bytes,
+            held_files: r.store.held_files() + same_files,
             bytes_sent: 0,
             chunks_resent: r.stats.chunks_resent,
             streams_lost: r.stats.streams_lost,
             attempts: 1,
-            failed: r
-                .store
-                .failed()
+            failed: failed
                 .into_iter()
                 .map(|f| failed_line(entries, f))
                 .collect(),
+            pruned,
+            delete_refused,
         })
     }
 
@@ -958,10 +1267,9 @@ impl Client {
             r = self.connect(server) => r?,
             _ = run.cancelled() => return Err(Error::Aborted),
         };
+        let report_skipped = self.opts.mirror && self.opts.delete;
         let open = self.open_request(
-            Op::Pull {
-                sources: sources.to_vec(),
-            },
+            self.pull_op(sources.to_vec(), report_skipped),
             self.opts.chunk_size,
         );
         let options = self.opts.session_options(resume);
@@ -970,6 +1278,19 @@ impl Client {
         let m = SinkSession::dial(now(), server, timing, Limits::default(), d);
         let (mut dest, base) = (dest.to_vec(), base.clone());
         let mut rename = None;
+        let mirror_path = dest.clone();
+        let delete = self.opts.mirror && self.opts.delete;
+        let prune_opts = dmover_store::prune::PruneOptions {
+            filter: self.opts.filter.as_deref().cloned().unwrap_or_default(),
+            max_delete: self.opts.max_delete,
+            dry_run: false,
+            conflicts_only: true,
+            checksum: false,
+        };
+        // What `--delete` removed before the transfer (entries of another kind where
+        // the source's go), from the preparation (a disk thread).
+        let early: Arc<parking_lot::Mutex<Option<dmover_store::prune::Pruned>>> =
+            Default::default();
         if self.opts.mirror {
             // `dmover sync`: the source becomes `dest` itself, in `dest`'s parent.
             let (parent, name) = mirror_dest(&dest, matches!(base, Base::Local))?;
@@ -979,11 +1300,18 @@ impl Client {
         let o = &self.opts;
         let (checksum, direct_io, fsync, verify, journal) =
             (o.checksum, o.direct_io, o.fsync, o.verify, o.journal);
+        let (pre, early_in, mirror_in) = (prune_opts.clone(), early.clone(), mirror_path.clone());
         let prepare: drive::Prepare<FileSink> = Box::new(move |mut entries, chunk, so| {
             if let Some(name) = rename {
                 let mut roots = entries.iter_mut().filter(|e| e.parent == NO_PARENT);
                 if let (Some(root), None) = (roots.next(), roots.next()) {
                     root.name = name;
+                }
+            }
+            if delete {
+                if let Some((parent, name)) = paths::dest_parent(&base, &mirror_in)? {
+                    let p = dmover_store::prune::prune(&parent, &name, &entries, &pre)?;
+                    *early_in.lock() = Some(p);
                 }
             }
             let opts = SinkOptions {
@@ -1011,24 +1339,63 @@ impl Client {
         let totals = Totals::of(names);
         let held_files = names.iter().filter(|e| e.file_size() > 0).count() as u64
             - r.store.layout().files().len() as u64;
+        // The server's count of entries its walk skipped, if it was asked for it.
+        let (skips, failed): (Vec<FailedFile>, Vec<FailedFile>) = r
+            .report
+            .failed
+            .into_iter()
+            .partition(|f| f.entry == dmover_store::source::SKIPPED_MARKER);
+        let skipped: u64 = skips
+            .iter()
+            .map(|f| f.message.parse::<u64>().unwrap_or(1))
+            .sum();
+        let mut pruned = None;
+        let mut delete_refused = None;
+        if delete {
+            pruned = early.lock().take().map(session::prune_report);
+            delete_refused = delete_refusal(skipped, failed.len());
+            if delete_refused.is_none() {
+                // Every file is verified and under its final name (our own `Done`).
+                let entries = names.to_vec();
+                let opts = dmover_store::prune::PruneOptions {
+                    conflicts_only: false,
+                    max_delete: prune_opts
+                        .max_delete
+                        .map(|m| m.saturating_sub(pruned.as_ref().map_or(0, |p| p.deleted))),
+                    ..prune_opts
+                };
+                let after = self
+                    .disk
+                    .run(move || {
+                        let Some((parent, name)) = paths::dest_parent(&Base::Local, &mirror_path)?
+                        else {
+                            return Ok(dmover_store::prune::Pruned::default());
+                        };
+                        dmover_store::prune::prune(&parent, &name, &entries, &opts)
+                    })
+                    .await
+                    .ok_or(Error::Aborted)??;
+                merge_pruned(
+                    pruned.get_or_insert_with(Default::default),
+                    session::prune_report(after),
+                );
+            }
+        }
         Ok(Report {
             summary: r.summary,
             totals,
             streams: r.info.streams,
             chunk_size: r.info.chunk_size,
-            skipped: 0,
+            skipped,
             held_bytes: r.store.held_bytes(),
             held_files,
             bytes_sent: 0,
             chunks_resent: r.report.chunks_resent,
             streams_lost: r.report.streams_lost,
             attempts: 1,
-            failed: r
-                .report
-                .failed
-                .into_iter()
-                .map(|f| failed_line(names, f))
-                .collect(),
+            failed: failed.into_iter().map(|f| failed_line(names, f)).collect(),
+            pruned,
+            delete_refused,
         })
     }
 }

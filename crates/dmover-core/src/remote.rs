@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use dmover_proto::control::{ErrorCode, Op, Summary};
+use dmover_proto::control::{ErrorCode, Summary};
 use dmover_proto::data::DigestEntry;
 use dmover_proto::digest::crc32c_append;
 use dmover_proto::layout::{FileSlot, Layout};
@@ -317,9 +317,7 @@ impl Remote {
         opts: RemoteOptions,
     ) -> Result<Remote> {
         let run = Run::new();
-        let op = Op::Pull {
-            sources: vec![path.to_vec()],
-        };
+        let op = client.pull_op(vec![path.to_vec()], false);
         let Prepared {
             mut ch,
             dial,

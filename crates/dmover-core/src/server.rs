@@ -63,6 +63,7 @@ use crate::session::{self, HANDSHAKE_TIMEOUT, MAX_STREAMS, SOFTWARE};
 use dmover_proto::manifest::Totals;
 use dmover_proto::session::{Acceptance, Limits, SinkSession, SourceSession};
 
+mod prune;
 mod tpc;
 
 /// Largest control frame accepted before the client has authenticated.
@@ -670,6 +671,7 @@ impl Server {
                     Err(e) => Err(e),
                     Ok(_user) => match open.op.clone() {
                         Op::Grant(req) => self.grant_capability(&mut ch, &grant, req).await,
+                        Op::Prune(req) => self.prune(&mut ch, &grant, req, &mut log).await,
                         Op::ThirdParty(tp) => {
                             match self.third_party(&mut ch, &grant, &open, tp, &mut log).await {
                                 Ok(done) => {
@@ -920,6 +922,15 @@ impl Server {
         reported: &mut bool,
         log: &mut SessionLog,
     ) -> Result<()> {
+        // A filtered pull is a pull whose walk goes through the client's rules.
+        let mut open = open;
+        let mut filter = dmover_store::filter::Filter::none();
+        let mut report_skipped = false;
+        if let Op::PullFiltered(p) = open.op {
+            filter = session::filter_of_rules(&p.rules)?;
+            report_skipped = p.report_skipped;
+            open.op = Op::Pull { sources: p.sources };
+        }
         // Bytes pushed or pulled by a capability are the other half of a third-party
         // copy.
         let direction = match (&open.op, grant.scope.is_some()) {
@@ -959,7 +970,12 @@ impl Server {
                 });
                 Some((base, rest.to_vec()))
             }
-            Op::Pull { .. } | Op::MemTest(_) | Op::Grant(_) | Op::ThirdParty(_) => None,
+            Op::Pull { .. }
+            | Op::PullFiltered(_)
+            | Op::MemTest(_)
+            | Op::Grant(_)
+            | Op::ThirdParty(_)
+            | Op::Prune(_) => None,
         };
         let streams = open.streams.min(MAX_STREAMS);
         // A pull's source is here: walk it first, so an automatic chunk size can fit
@@ -986,13 +1002,18 @@ impl Server {
                             .iter()
                             .map(|(base, p, name)| paths::source_root(base, p, name))
                             .collect::<dmover_store::Result<Vec<_>>>()?;
-                        walk::walk(roots)
+                        walk::walk_filtered(roots, &filter)
                     })
                     .await
                     .ok_or(Error::Aborted)??;
                 Some(walked)
             }
-            Op::Push { .. } | Op::MemTest(_) | Op::Grant(_) | Op::ThirdParty(_) => None,
+            Op::Push { .. }
+            | Op::PullFiltered(_)
+            | Op::MemTest(_)
+            | Op::Grant(_)
+            | Op::ThirdParty(_)
+            | Op::Prune(_) => None,
         };
         let chunk = match (open.chunk_size, &walked) {
             (0, Some(w)) => session::auto_chunk(w.tree.entries()),
@@ -1127,7 +1148,7 @@ impl Server {
             zerocopy: None,
         };
         match open.op {
-            Op::Grant(_) | Op::ThirdParty(_) => {
+            Op::Grant(_) | Op::ThirdParty(_) | Op::Prune(_) | Op::PullFiltered(_) => {
                 unreachable!("control_session_in runs these ops, not run_session")
             }
             Op::MemTest(m) => {
@@ -1188,7 +1209,7 @@ impl Server {
             Op::Pull { sources } => {
                 what = format!("pull of {} path(s)", sources.len());
                 let walked = walked.expect("walked above");
-                let source = FileSource::new(
+                let mut source = FileSource::new(
                     walked.tree,
                     chunk,
                     SourceOptions {
@@ -1197,6 +1218,9 @@ impl Server {
                         continue_on_error: false,
                     },
                 )?;
+                if report_skipped {
+                    source.report_skipped(walked.skipped);
+                }
                 let mut m = SourceSession::accept(now, peer, timing, setup_by);
                 m.grant(now, info);
                 m.push_manifest(source.tree().entries());
@@ -1271,10 +1295,11 @@ impl SessionLog {
             started: Instant::now(),
             op: match op {
                 Op::Push { .. } => "push",
-                Op::Pull { .. } => "pull",
+                Op::Pull { .. } | Op::PullFiltered(_) => "pull",
                 Op::MemTest(_) => "memtest",
                 Op::Grant(_) => "grant",
                 Op::ThirdParty(_) => "third-party",
+                Op::Prune(_) => "prune",
             },
             what: String::new(),
             protection: None,

@@ -102,6 +102,17 @@ pub struct TransferOptions {
     pub mirror: bool,
     /// The walk's filters (`--exclude`, `--include`, `--files-from`; a push's sources).
     pub filter: Option<std::sync::Arc<dmover_store::filter::Filter>>,
+    /// The `--include`/`--exclude` rules as given, for a server that applies them
+    /// (a push's `sync --delete`: what they exclude is not deleted there).
+    pub rules: Vec<dmover_proto::control::FilterRule>,
+    /// `dmover sync --delete`: after a successful transfer, delete what the mirror
+    /// holds that the source does not (docs/sync.md).
+    pub delete: bool,
+    /// `--max-delete N`: delete at most N entries.
+    pub max_delete: Option<u64>,
+    /// `sync --checksum`: files of equal size are compared by content, not mtime
+    /// (pushes).
+    pub compare_content: bool,
     /// Heartbeat interval on the control channel.
     pub heartbeat: Duration,
     /// Bandwidth limit of the transfer, all data streams together, in bytes per
@@ -151,9 +162,58 @@ impl Default for TransferOptions {
             continue_on_error: false,
             mirror: false,
             filter: None,
+            rules: Vec::new(),
+            delete: false,
+            max_delete: None,
+            compare_content: false,
             heartbeat: HEARTBEAT,
             bwlimit: None,
         }
+    }
+}
+
+/// The filter of rules a client sent ([`dmover_proto::control::Prune`]).
+pub fn filter_of_rules(
+    rules: &[dmover_proto::control::FilterRule],
+) -> Result<dmover_store::filter::Filter, Error> {
+    use dmover_store::filter::{Action, Filter, Rule};
+    let mut f = Filter::none();
+    for r in rules {
+        let action = if r.include {
+            Action::Include
+        } else {
+            Action::Exclude
+        };
+        let rule = Rule::new(action, &r.pattern).map_err(|e| {
+            Error::refused(
+                dmover_proto::control::ErrorCode::Protocol,
+                format!("filter {:?}: {e}", String::from_utf8_lossy(&r.pattern)),
+            )
+        })?;
+        f.push(rule);
+    }
+    Ok(f)
+}
+
+/// The wire form of a prune's result.
+pub(crate) fn prune_report(p: dmover_store::prune::Pruned) -> dmover_proto::control::PruneReport {
+    let mut unchanged: Vec<dmover_proto::control::EntryRange> = Vec::new();
+    let mut idx = p.unchanged;
+    idx.sort_unstable();
+    for i in idx {
+        match unchanged.last_mut() {
+            Some(r) if r.first + r.count == i => r.count += 1,
+            _ => unchanged.push(dmover_proto::control::EntryRange { first: i, count: 1 }),
+        }
+    }
+    dmover_proto::control::PruneReport {
+        deleted: p.deleted,
+        deleted_bytes: p.deleted_bytes,
+        over_limit: p.over_limit,
+        protected: p.protected,
+        paths: p.paths,
+        unchanged,
+        digests: p.digests,
     }
 }
 

@@ -148,7 +148,10 @@ pub enum Control {
     TpcProgress(TpcProgress),
     /// (22) Third-party dialer → steering client: the copy ended, as reported.
     TpcDone(TpcReport),
-    /// (23, feature `TUNING`) A decision of the source's tuner: the data streams it
+    /// (23) Server → client, answering [`Op::Prune`]: what was (or, in a dry run, would
+    /// be) deleted, and which files the server holds unchanged.
+    Pruned(PruneReport),
+    /// (24, feature `TUNING`) A decision of the source's tuner: the data streams it
     /// now uses and why (source to sink, for the sink's user to see).
     Tuned(Tuned),
 }
@@ -180,6 +183,7 @@ impl Control {
             Control::Capability(_) => "Capability",
             Control::TpcProgress(_) => "TpcProgress",
             Control::TpcDone(_) => "TpcDone",
+            Control::Pruned(_) => "Pruned",
             Control::Tuned(_) => "Tuned",
         }
     }
@@ -342,6 +346,82 @@ pub enum Op {
     /// [`Control::TpcDone`]. `Open`'s streams, chunk size, checksums, direct I/O and
     /// protection, and `Options`, are those of that session.
     ThirdParty(ThirdParty),
+    /// `dmover sync --delete` / `--dry-run` (appended, 5): after `Options`, the client
+    /// sends its source's manifest (`Manifest* ManifestEnd`, one root, the mirror's
+    /// source); the server deletes what the mirror holds that the manifest does not
+    /// list (see [`Prune`]) and answers [`Control::Pruned`]; no session.
+    Prune(Prune),
+    /// A pull whose sources the server walks through filters (appended, 6): what the
+    /// rules exclude is not in the manifest. A plain pull is [`Op::Pull`].
+    PullFiltered(PullFiltered),
+}
+
+/// What [`Op::PullFiltered`] asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PullFiltered {
+    /// Source paths on the server, as [`Op::Pull`]'s.
+    pub sources: Vec<Vec<u8>>,
+    /// `--include`/`--exclude` rules, in order, applied to the server's walk (paths
+    /// relative to each source root).
+    pub rules: Vec<FilterRule>,
+    /// The client will delete what the manifest does not list (`sync --delete`), so
+    /// the server reports the count of entries its walk skipped (special files,
+    /// vanished files) in `SendReport.failed`, as one `FailedFile` with entry
+    /// `u32::MAX` and the count in decimal as its message (none when 0).
+    pub report_skipped: bool,
+}
+
+/// One `--include` / `--exclude` rule as the user wrote it (rsync's pattern syntax).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilterRule {
+    /// `--include` (else `--exclude`).
+    pub include: bool,
+    /// The pattern.
+    pub pattern: Vec<u8>,
+}
+
+/// What a client asks of [`Op::Prune`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prune {
+    /// The mirror, a path relative to the server's root (the directory itself, not
+    /// its parent).
+    pub dest: Vec<u8>,
+    /// The transfer's filters, in order: entries they exclude are neither sent nor
+    /// deleted.
+    pub rules: Vec<FilterRule>,
+    /// Delete at most this many entries (`u64::MAX`: no limit).
+    pub max_delete: u64,
+    /// Change nothing: report what would be deleted and which files are unchanged.
+    pub dry_run: bool,
+    /// Delete only entries whose kind conflicts with the manifest's (a directory where
+    /// the source has a file, or the reverse), before the transfer.
+    pub conflicts_only: bool,
+    /// `--checksum`: also answer the content digest of each regular file the mirror
+    /// holds with the manifest's size ([`PruneReport::digests`]).
+    pub checksum: bool,
+}
+
+/// What [`Op::Prune`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PruneReport {
+    /// Entries deleted (each file, symlink and directory counts one).
+    pub deleted: u64,
+    /// Bytes of the regular files deleted.
+    pub deleted_bytes: u64,
+    /// Entries left because of `max_delete`.
+    pub over_limit: u64,
+    /// Entries kept because the filters exclude them.
+    pub protected: u64,
+    /// The paths deleted, relative to the mirror (directories end with `/`); at most
+    /// the first 10 000.
+    pub paths: Vec<Vec<u8>>,
+    /// Dry run: manifest entries of the regular files the server holds with the
+    /// manifest's size and mtime (not sent by a sync), as ranges.
+    pub unchanged: Vec<EntryRange>,
+    /// With `checksum`: `(manifest entry, content digest)` of each regular file the
+    /// mirror holds with the manifest's size (the digest: 4 MiB pieces' xxh3-64 hashes
+    /// combined as a transfer's file digest, `dmover_store::prune::content_digest`).
+    pub digests: Vec<(u32, u64)>,
 }
 
 /// What a client asks of the server that will accept a third-party session.

@@ -19,7 +19,7 @@ use dmover_proto::control::{
     ErrorMsg, FailedFile, Growth, Have, Hello, MAX_FRAME, ManifestEnd, ManifestPart, Op, Open,
     PartialFile, Plan, SendReport, SessionInfo, SessionOptions, Summary, Want, Welcome,
 };
-use dmover_proto::control::{MemDirection, MemTest};
+use dmover_proto::control::{FilterRule, MemDirection, MemTest, Prune, PruneReport, PullFiltered};
 use dmover_proto::data::{
     DataHello, DigestEntry, FILE_FAILED, FrameHeader, FrameKind, FrameLimits, JoinStatus,
     decode_ack, encode_ack,
@@ -505,6 +505,108 @@ fn control_open_pull() {
 }
 
 #[test]
+fn control_open_prune() {
+    golden_control(
+        Control::Open(Open {
+            op: Op::Prune(Prune {
+                dest: b"m".to_vec(),
+                rules: vec![FilterRule {
+                    include: false,
+                    pattern: b"*.o".to_vec(),
+                }],
+                max_delete: u64::MAX,
+                dry_run: true,
+                conflicts_only: false,
+                checksum: true,
+            }),
+            streams: 4,
+            chunk_size: 0,
+            checksum: true,
+            direct_io: DirectIo::Auto,
+            protection: DataProtection::Authenticated,
+            features: 3,
+        }),
+        "
+        00 00 00 1d   # frame length: 29
+        04            # Control::Open (variant 4)
+        05            # op: Op::Prune (variant 5, appended)
+        01 6d         #   dest: 1 byte, \"m\"
+        01            #   rules: 1
+        00            #     include: false (an --exclude)
+        03 2a 2e 6f   #     pattern: 3 bytes, \"*.o\"
+        ff ff ff ff ff ff ff ff ff 01   # max_delete: u64::MAX (no limit; varint)
+        01            #   dry_run: true
+        00            #   conflicts_only: false
+        01            #   checksum: true
+        04            # streams: 4
+        00            # chunk_size: 0
+        01            # checksum: true
+        01            # direct_io: DirectIo::Auto (variant 1)
+        01            # protection: DataProtection::Authenticated (variant 1)
+        03            # features: 3
+        ",
+    );
+}
+
+#[test]
+fn control_open_pull_filtered() {
+    golden_control(
+        Control::Open(Open {
+            op: Op::PullFiltered(PullFiltered {
+                sources: vec![b"a".to_vec()],
+                rules: vec![FilterRule {
+                    include: true,
+                    pattern: b"k".to_vec(),
+                }],
+                report_skipped: true,
+            }),
+            streams: 1,
+            chunk_size: 0,
+            checksum: true,
+            direct_io: DirectIo::Auto,
+            protection: DataProtection::Authenticated,
+            features: 0,
+        }),
+        "
+        00 00 00 10   # frame length: 16
+        04            # Control::Open (variant 4)
+        06            # op: Op::PullFiltered (variant 6, appended)
+        01 01 61      #   sources: 1 path of 1 byte, \"a\"
+        01            #   rules: 1
+        01 01 6b      #     include: true, pattern: 1 byte, \"k\"
+        01            #   report_skipped: true
+        01 00 01 01 01 00   # streams 1, chunk 0, checksum, Auto, Authenticated, features 0
+        ",
+    );
+}
+
+#[test]
+fn control_pruned() {
+    golden_control(
+        Control::Pruned(PruneReport {
+            deleted: 3,
+            deleted_bytes: 300,
+            over_limit: 0,
+            protected: 1,
+            paths: vec![b"d/".to_vec()],
+            unchanged: vec![EntryRange { first: 2, count: 5 }],
+            digests: vec![(7, 0x81)],
+        }),
+        "
+        00 00 00 11   # frame length: 17
+        17            # Control::Pruned (variant 23, appended)
+        03            # deleted: 3
+        ac 02         # deleted_bytes: 300 (varint)
+        00            # over_limit: 0
+        01            # protected: 1
+        01 02 64 2f   # paths: 1 of 2 bytes, \"d/\"
+        01 02 05      # unchanged: 1 range, first 2, count 5
+        01 07 81 01   # digests: 1, (entry 7, digest 0x81 as a varint)
+        ",
+    );
+}
+
+#[test]
 fn control_open_memtest() {
     golden_control(
         Control::Open(Open {
@@ -911,7 +1013,7 @@ fn control_growth_and_requests() {
         }),
         "
         00 00 00 09   # frame length: 9
-        17            # Control::Tuned (variant 23)
+        18            # Control::Tuned (variant 24)
         e8 07         # at_ms: 1000 (varint)
         08            # streams: 8
         ac 02         # rate: 300 (varint)

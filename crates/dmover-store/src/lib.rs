@@ -4,7 +4,7 @@
 //! - [`tree`], [`paths`], [`sys`]: every file operation goes through directory handles,
 //!   so a server never follows a path out of its root.
 //! - [`walk`]: a source tree into a manifest; [`filter`]: rsync-style include/exclude
-//!   rules and `--files-from`, applied during the walk.
+//!   rules and `--files-from`, applied during the walk; [`prune`]: `sync --delete`.
 //! - [`Source`] and [`Sink`] ([`chunk`]): the two sides of the chunk pipeline. A source
 //!   fills a caller's chunk buffer with the pieces the layout puts in it and hashes them;
 //!   a sink writes a received chunk at the layout's offsets, verifies each file as it
@@ -23,6 +23,7 @@ pub mod filter;
 pub mod journal;
 pub mod mem;
 pub mod paths;
+pub mod prune;
 pub mod resume;
 pub mod sink;
 pub mod source;

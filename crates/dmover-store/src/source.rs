@@ -37,6 +37,10 @@ pub struct SourceOptions {
 }
 
 /// The file-backed [`Source`]: a walked tree, its layout and options.
+/// The entry index of the send report's marker of entries the walk skipped.
+pub const SKIPPED_MARKER: u32 = u32::MAX;
+
+/// A file-backed source.
 #[derive(Debug)]
 pub struct FileSource {
     tree: Tree,
@@ -49,6 +53,8 @@ pub struct FileSource {
     held_files: u64,
     /// Layout file → why it could not be sent.
     failed: Mutex<BTreeMap<u32, String>>,
+    /// Entries the walk skipped, reported in [`FileSource::failed`] when nonzero.
+    skipped_report: u64,
 }
 
 impl FileSource {
@@ -67,6 +73,7 @@ impl FileSource {
             held_bytes: 0,
             held_files: 0,
             failed: Mutex::default(),
+            skipped_report: 0,
         })
     }
 
@@ -132,16 +139,32 @@ impl FileSource {
         self.held_files
     }
 
-    /// Files that could not be sent, with why, in layout order.
+    /// Files that could not be sent, with why, in layout order; then, when
+    /// [`FileSource::report_skipped`] was given a count, the marker
+    /// `FailedFile { entry: u32::MAX, message: count }` (docs/protocol.md, "Sync").
     pub fn failed(&self) -> Vec<FailedFile> {
-        self.failed
+        let mut v: Vec<FailedFile> = self
+            .failed
             .lock()
             .iter()
             .map(|(&f, m)| FailedFile {
                 entry: self.layout.files()[f as usize].entry,
                 message: m.clone(),
             })
-            .collect()
+            .collect();
+        if self.skipped_report > 0 {
+            v.push(FailedFile {
+                entry: SKIPPED_MARKER,
+                message: self.skipped_report.to_string(),
+            });
+        }
+        v
+    }
+
+    /// Reports `n` entries the walk skipped (special files, vanished files) in the
+    /// send report, for a client that asked ([`dmover_proto::control::PullFiltered`]).
+    pub fn report_skipped(&mut self, n: u64) {
+        self.skipped_report = n;
     }
 
     /// Reports unreadable files and goes on (see the module docs).

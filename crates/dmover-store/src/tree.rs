@@ -53,6 +53,31 @@ impl Tree {
         }
     }
 
+    /// The same tree without the entries `drop` (regular files: no entry's parent),
+    /// indices renumbered (`sync --checksum` leaves out files the destination holds).
+    pub fn without(self, drop: &std::collections::HashSet<u32>) -> Tree {
+        let mut new_index = vec![NO_PARENT; self.entries.len()];
+        let mut entries = Vec::with_capacity(self.entries.len() - drop.len());
+        for (i, e) in self.entries.into_iter().enumerate() {
+            if drop.contains(&(i as u32)) {
+                continue;
+            }
+            new_index[i] = entries.len() as u32;
+            let mut e = e;
+            if e.parent != NO_PARENT {
+                e.parent = new_index[e.parent as usize];
+            }
+            entries.push(e);
+        }
+        let roots = self
+            .roots
+            .into_iter()
+            .filter(|(i, _)| new_index[*i as usize] != NO_PARENT)
+            .map(|(i, r)| (new_index[i as usize], r))
+            .collect();
+        Tree::new(entries, roots)
+    }
+
     /// The manifest entries.
     pub fn entries(&self) -> &[Entry] {
         &self.entries

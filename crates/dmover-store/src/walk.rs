@@ -209,6 +209,19 @@ fn walk_dir(
                 Err(e) => return Err(Error::io("reading", child(), e)),
             };
             let ft = FileType::from_raw_mode(st.st_mode);
+            // Filters first: an excluded entry is not the walk's business at all (an
+            // excluded special file is not "skipped").
+            if !filter.is_empty() {
+                let mut path = rel.clone();
+                if !path.is_empty() {
+                    path.push(b'/');
+                }
+                path.extend_from_slice(&name);
+                if !filter.admits(&path, ft == FileType::Directory) {
+                    *filtered += 1;
+                    continue;
+                }
+            }
             if !matches!(
                 ft,
                 FileType::RegularFile | FileType::Directory | FileType::Symlink
@@ -232,17 +245,6 @@ fn walk_dir(
             } else {
                 None
             };
-            if !filter.is_empty() {
-                let mut path = rel.clone();
-                if !path.is_empty() {
-                    path.push(b'/');
-                }
-                path.extend_from_slice(&name);
-                if !filter.admits(&path, ft == FileType::Directory) {
-                    *filtered += 1;
-                    continue;
-                }
-            }
             let Some(entry) = entry_of(dir_idx, name, &st, target) else {
                 continue;
             };

@@ -237,6 +237,23 @@ pub struct CpArgs {
     /// one side accepts connections (docs/third-party.md).
     #[arg(long, value_enum, value_name = "MODE")]
     pub tpc: Option<TpcArg>,
+    /// `sync`: after a successful transfer, delete destination entries the source does
+    /// not have (never outside DST; entries the filters exclude are kept; nothing is
+    /// deleted when the source walk was incomplete). docs/sync.md.
+    #[arg(long)]
+    pub delete: bool,
+    /// `sync --delete`: delete at most N entries; the rest are reported and the exit
+    /// code is 1.
+    #[arg(long, value_name = "N")]
+    pub max_delete: Option<u64>,
+    /// `sync`: show what would be sent, skipped (unchanged) and deleted, changing
+    /// nothing on either side.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// `sync` (push): compare files of equal size by content (a digest each side
+    /// computes) instead of size and mtime; files with the same content are not sent.
+    #[arg(short = 'c', long)]
+    pub checksum: bool,
 }
 
 /// Which source entries travel, with rsync's pattern rules (docs/sync.md): the first

@@ -181,17 +181,57 @@ fn run_copy(a: CpArgs, env: &Env, sync: bool) -> anyhow::Result<ExitCode> {
     if let Some(ms) = r.debug_heartbeat_ms {
         opts.heartbeat = std::time::Duration::from_millis(ms.max(50));
     }
+    if !sync && (a.delete || a.max_delete.is_some() || a.dry_run || a.checksum) {
+        return Err(usage(
+            "--delete, --max-delete, --dry-run and --checksum are options of dmover sync",
+        ));
+    }
+    if a.max_delete.is_some() && !a.delete {
+        return Err(usage("--max-delete limits --delete: add --delete"));
+    }
+    if a.delete && a.filters.files_from.is_some() {
+        return Err(usage(
+            "--delete with --files-from is not supported yet (which destination entries \
+             the list protects is not defined)",
+        ));
+    }
     opts.filter = filter_of(&a.filters)?;
+    {
+        use std::os::unix::ffi::OsStrExt;
+        opts.rules = a
+            .filters
+            .rules
+            .iter()
+            .map(|(include, p)| dmover_proto::control::FilterRule {
+                include: *include,
+                pattern: p.as_bytes().to_vec(),
+            })
+            .collect();
+    }
+    opts.delete = a.delete;
+    opts.max_delete = a.max_delete;
+    opts.compare_content = a.checksum;
     if sync {
         // The destination's files are looked at (size, mtime) as a resume does.
         opts.mirror = true;
         opts.resume = true;
     }
     let remote_source = srcs.iter().any(|s| matches!(s, Endpoint::Remote { .. }));
-    if remote_source && opts.filter.is_some() {
+    if remote_source && a.checksum {
         return Err(usage(
-            "--exclude, --include and --files-from apply to local sources (a push) only, \
-             not yet to a server's sources",
+            "--checksum applies to a push for now (the server would have to digest its \
+             sources)",
+        ));
+    }
+    if remote_source && a.filters.files_from.is_some() {
+        return Err(usage(
+            "--files-from applies to local sources (a push) only, not yet to a server's \
+             sources (--exclude and --include do)",
+        ));
+    }
+    if remote_source && !opts.rules.is_empty() && matches!(dst, Endpoint::Remote { .. }) {
+        return Err(usage(
+            "--exclude and --include do not apply to a copy between two servers yet",
         ));
     }
     if sync {
@@ -274,6 +314,9 @@ fn run_copy(a: CpArgs, env: &Env, sync: bool) -> anyhow::Result<ExitCode> {
         }
     };
 
+    if a.dry_run {
+        return dry_run(&a, opts, direction, &server, &sources, &dest);
+    }
     let rt = runtime(opts.streams)?;
     let client = Client::new(opts.clone(), a.transfer.io_threads as usize);
     let run = Run::new();
@@ -316,6 +359,113 @@ fn run_copy(a: CpArgs, env: &Env, sync: bool) -> anyhow::Result<ExitCode> {
         a.transfer.bwlimit,
         sync,
     ))
+}
+
+/// `dmover sync --dry-run`: what would be sent, skipped and deleted (docs/sync.md).
+fn dry_run(
+    a: &CpArgs,
+    opts: TransferOptions,
+    direction: Direction,
+    server: &str,
+    sources: &[Vec<u8>],
+    dest: &[u8],
+) -> anyhow::Result<ExitCode> {
+    use dmover_proto::manifest::EntryKind;
+    let rt = runtime(opts.streams)?;
+    let delete = opts.delete;
+    let client = Client::new(opts, a.transfer.io_threads as usize);
+    let push = direction == Direction::Push;
+    let result = rt.block_on(client.sync_dry_run(push, server, &sources[0], dest));
+    drop(client);
+    drop(rt);
+    let plan = match result {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("dmover: error: {e}");
+            return Ok(ExitCode::from(output::exit_code(&e)));
+        }
+    };
+    let r = &plan.report;
+    let mut unchanged = vec![false; plan.entries.len()];
+    for range in &r.unchanged {
+        for i in range.first..range.first + range.count {
+            if let Some(u) = unchanged.get_mut(i as usize) {
+                *u = true;
+            }
+        }
+    }
+    let (mut send_files, mut send_bytes, mut same_files, mut same_bytes) = (0u64, 0u64, 0u64, 0u64);
+    let mut lines = Vec::new();
+    for (i, e) in plan.entries.iter().enumerate() {
+        if let EntryKind::File { size } = e.kind {
+            if unchanged[i] {
+                same_files += 1;
+                same_bytes += size;
+            } else {
+                send_files += 1;
+                send_bytes += size;
+                let path = dmover_core::session::entry_path(&plan.entries, i as u32);
+                // The path below the mirror (the root's name is the mirror's).
+                let rel = path.split_once('/').map_or("", |(_, r)| r).to_string();
+                lines.push(format!("send {rel}"));
+            }
+        }
+    }
+    let (deleted, deleted_bytes, over) = if delete {
+        for p in &r.paths {
+            lines.push(format!("delete {}", String::from_utf8_lossy(p)));
+        }
+        (r.deleted, r.deleted_bytes, r.over_limit)
+    } else {
+        (0, 0, 0)
+    };
+    if a.json {
+        let j = serde_json::json!({
+            "schema": output::SCHEMA,
+            "type": "dry_run",
+            "ok": over == 0,
+            "direction": direction,
+            "files_to_send": send_files,
+            "bytes_to_send": send_bytes,
+            "files_unchanged": same_files,
+            "bytes_unchanged": same_bytes,
+            "files_deleted": delete.then_some(deleted),
+            "bytes_deleted": delete.then_some(deleted_bytes),
+            "delete_over_limit": delete.then_some(over),
+            "skipped": plan.skipped,
+        });
+        println!("{j}");
+    } else {
+        if !a.quiet {
+            for l in &lines {
+                println!("{l}");
+            }
+        }
+        eprintln!(
+            "dry run: would send {send_files} files ({send_bytes} bytes), skip {same_files} \
+             unchanged ({same_bytes} bytes){}; nothing was changed",
+            if delete {
+                format!(", delete {deleted} entries ({deleted_bytes} bytes)")
+            } else {
+                String::new()
+            }
+        );
+    }
+    if delete && plan.skipped > 0 {
+        eprintln!(
+            "dmover: error: the source walk skipped {} entries: a real run would delete nothing",
+            plan.skipped
+        );
+        return Ok(ExitCode::from(1));
+    }
+    if over > 0 {
+        eprintln!(
+            "dmover: error: --max-delete would stop deletions: {over} more entries would not \
+             be deleted"
+        );
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `dmover cp dmover://A/PATH... dmover://B/PATH`: server A to server B, the data going

@@ -385,6 +385,16 @@ struct JsonReport {
     /// left), not sent.
     #[serde(skip_serializing_if = "Option::is_none")]
     bytes_unchanged: Option<u64>,
+    /// `dmover sync --delete`: destination entries deleted (files, symlinks and
+    /// directories; 0 when deleting was refused).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    files_deleted: Option<u64>,
+    /// `dmover sync --delete`: bytes of the regular files deleted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bytes_deleted: Option<u64>,
+    /// `dmover sync --delete --max-delete N`: entries left because of the limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delete_over_limit: Option<u64>,
     /// Regular files of the dataset (without those that could not be copied).
     files: u64,
     /// Regular files written by the last attempt (resumed files not counted).
@@ -551,11 +561,15 @@ pub fn report_with(
             let gbps = r.bytes_sent as f64 * 8.0 / secs.max(1e-9) / 1e9;
             let fps = s.files as f64 / secs.max(1e-9);
             let failed = r.failed.len() as u64;
+            let pruned = r.pruned.clone().unwrap_or_default();
+            let deleting = r.pruned.is_some() || r.delete_refused.is_some();
+            let over = pruned.over_limit;
+            let ok = failed == 0 && r.delete_refused.is_none() && over == 0;
             if json {
                 let j = JsonReport {
                     schema: SCHEMA,
                     kind: "summary",
-                    ok: failed == 0,
+                    ok,
                     direction,
                     dialer: dialer.map(str::to_string),
                     bytes: r.totals.bytes,
@@ -563,6 +577,9 @@ pub fn report_with(
                     bytes_resumed: r.held_bytes,
                     files_unchanged: sync.then_some(r.held_files),
                     bytes_unchanged: sync.then_some(r.held_bytes),
+                    files_deleted: deleting.then_some(pruned.deleted),
+                    bytes_deleted: deleting.then_some(pruned.deleted_bytes),
+                    delete_over_limit: deleting.then_some(over),
                     files: r.totals.files - failed,
                     files_sent: s.files,
                     dirs: s.dirs,
@@ -618,7 +635,30 @@ pub fn report_with(
             for f in &r.failed {
                 eprintln!("dmover: not copied: {f}");
             }
-            if failed > 0 {
+            if r.pruned.is_some() && !quiet && !json {
+                eprintln!(
+                    "deleted {} entries ({}) the source does not have{}",
+                    pruned.deleted,
+                    human_bytes(pruned.deleted_bytes),
+                    if pruned.protected > 0 {
+                        format!("; kept {} excluded by the filters", pruned.protected)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+            if let Some(why) = &r.delete_refused {
+                eprintln!("dmover: error: {why}");
+            }
+            if over > 0 {
+                eprintln!(
+                    "dmover: error: --max-delete stopped deletions: {over} more entries the \
+                     source does not have were not deleted"
+                );
+            }
+            if failed == 0 && !ok {
+                ExitCode::from(1)
+            } else if failed > 0 {
                 eprintln!(
                     "dmover: error: {failed} files could not be copied; the rest was (rerun with --resume to retry them)"
                 );
@@ -643,6 +683,9 @@ pub fn report_with(
                     bytes_resumed: progress.held.load(Ordering::Relaxed),
                     files_unchanged: None,
                     bytes_unchanged: None,
+                    files_deleted: None,
+                    bytes_deleted: None,
+                    delete_over_limit: None,
                     files: 0,
                     files_sent: 0,
                     dirs: 0,

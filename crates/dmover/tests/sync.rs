@@ -125,9 +125,59 @@ fn sync_refuses_what_it_cannot_do() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("no such directory"), "{}", stderr(&o));
     assert!(!exists(&root.join("nope")));
-    // Filters on a pull: not yet (a usage error).
-    let o = cp(&["--exclude", "*.o", &srv.url("x"), s(&t.path().join("d"))]);
+    // --files-from on a pull: not yet (a usage error).
+    let o = cp(&[
+        "--files-from",
+        "/dev/null",
+        &srv.url("x"),
+        s(&t.path().join("d")),
+    ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+#[test]
+fn filters_on_a_pull_are_applied_by_the_server() {
+    let t = tmp();
+    let root = t.path().join("root");
+    for f in [
+        "a.o", "a.c", "keep.o", "d/x.c", "d/e/y.o", "tmp/t", "e/tmp", "top",
+    ] {
+        write_file(&root.join("src").join(f), 1, 10, 0o644, 1_600_000_000);
+    }
+    let srv = Server::start(&root, &[]);
+    let got = t.path().join("got");
+    let o = cp(&[
+        "--json",
+        "--include",
+        "keep.o",
+        "--exclude",
+        "*.o",
+        "--exclude",
+        "tmp/",
+        "--exclude",
+        "/top",
+        &srv.url("src"),
+        s(&got),
+    ]);
+    ok(&o);
+    for (f, want) in [
+        ("a.o", false),
+        ("a.c", true),
+        ("keep.o", true),
+        ("d/x.c", true),
+        ("d/e/y.o", false),
+        ("d/e", true),
+        ("tmp", false),
+        ("e/tmp", true),
+        ("top", false),
+    ] {
+        assert_eq!(exists(&got.join(f)), want, "{f}");
+    }
+    assert_eq!(
+        json(&o)["files"],
+        4,
+        "only what the filters let through was listed"
+    );
 }
 
 #[test]
@@ -217,4 +267,387 @@ fn cp_resume_after_a_finished_copy_never_nests() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("dmover sync"), "{}", stderr(&o));
     assert!(!exists(&root.join("dst/tree")));
+}
+
+/// A sync's two ends: the source tree and the mirror, pushed (`push`: local source,
+/// mirror on the server) or pulled (source on the server, local mirror).
+struct Ends {
+    t: tempfile::TempDir,
+    src: std::path::PathBuf,
+    mirror: std::path::PathBuf,
+    srv: Server,
+    push: bool,
+}
+
+impl Ends {
+    fn new(push: bool, server_args: &[&str]) -> Ends {
+        let t = tmp();
+        let root = t.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::create_dir(t.path().join("here")).unwrap();
+        let (src, mirror) = if push {
+            (t.path().join("src"), root.join("mirror"))
+        } else {
+            (root.join("src"), t.path().join("here/mirror"))
+        };
+        std::fs::create_dir(&src).unwrap();
+        let srv = Server::start(&root, server_args);
+        Ends {
+            t,
+            src,
+            mirror,
+            srv,
+            push,
+        }
+    }
+
+    /// `dmover sync OPTS SRC DST`.
+    fn sync(&self, opts: &[&str]) -> Output {
+        let (a, b) = if self.push {
+            (s(&self.src).to_string(), self.srv.url("mirror"))
+        } else {
+            (self.srv.url("src"), s(&self.mirror).to_string())
+        };
+        let mut args: Vec<&str> = opts.to_vec();
+        args.push(&a);
+        args.push(&b);
+        sync(&args)
+    }
+
+    fn what(&self) -> &'static str {
+        if self.push { "push" } else { "pull" }
+    }
+}
+
+/// Every path below `dir` (symlinks not followed), relative, sorted; with each
+/// regular file's contents.
+fn listing(dir: &Path) -> Vec<(String, Option<Vec<u8>>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(dir).unwrap().to_str().unwrap().to_string();
+            if m.is_dir() {
+                stack.push(p.clone());
+                out.push((rel + "/", None));
+            } else if m.is_file() {
+                out.push((rel, Some(std::fs::read(&p).unwrap())));
+            } else {
+                out.push((
+                    rel + "@",
+                    std::fs::read_link(&p)
+                        .ok()
+                        .map(|l| l.into_os_string().into_encoded_bytes()),
+                ));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn names(l: &[(String, Option<Vec<u8>>)]) -> Vec<&str> {
+    l.iter().map(|(n, _)| n.as_str()).collect()
+}
+
+#[test]
+fn delete_removes_extras_keeps_excluded_and_never_follows_links() {
+    for push in [true, false] {
+        let e = Ends::new(push, &[]);
+        let w = e.what();
+        for f in ["a", "d/b", "d/c", "x", "y/f", "z.tmp"] {
+            write_file(&e.src.join(f), 1, 100, 0o644, 1_600_000_000);
+        }
+        ok(&e.sync(&["--quiet"]));
+        // Outside the mirror: must survive whatever links point at it.
+        let outside = e.t.path().join("outside");
+        write_file(&outside.join("secret"), 2, 50, 0o644, 1_600_000_000);
+        let m = &e.mirror;
+        // Extras: files, a tree, excluded names, links pointing out.
+        write_file(&m.join("old"), 3, 10, 0o644, 1_600_000_000);
+        write_file(&m.join("olddir/sub/f"), 3, 20, 0o644, 1_600_000_000);
+        write_file(&m.join("d/extra"), 3, 30, 0o644, 1_600_000_000);
+        write_file(&m.join("keep.tmp"), 3, 40, 0o644, 1_600_000_000);
+        write_file(&m.join("olddir2/keep.tmp"), 3, 40, 0o644, 1_600_000_000);
+        write_file(&m.join("olddir2/gone"), 3, 40, 0o644, 1_600_000_000);
+        std::os::unix::fs::symlink(&outside, m.join("link")).unwrap();
+        std::os::unix::fs::symlink("../../../outside/secret", m.join("d/link2")).unwrap();
+        std::os::unix::fs::symlink(&outside, m.join("olddir/out")).unwrap();
+        // Kinds swapped at the source: x a directory, y a file.
+        std::fs::remove_file(e.src.join("x")).unwrap();
+        write_file(&e.src.join("x/inner"), 4, 60, 0o644, 1_600_000_000);
+        std::fs::remove_dir_all(e.src.join("y")).unwrap();
+        write_file(&e.src.join("y"), 4, 70, 0o644, 1_600_000_000);
+        // z.tmp is excluded now: it is neither sent nor deleted.
+        let outside_before = listing(&outside);
+
+        let o = e.sync(&["--json", "--delete", "--exclude", "*.tmp"]);
+        ok(&o);
+        let j = json(&o);
+        // old, olddir/{sub/f, sub, out, }, d/extra, link, d/link2, olddir2/gone,
+        // x (a file), y/f and y (a directory).
+        assert_eq!(j["files_deleted"], 12, "{w}: {j}");
+        assert_eq!(
+            j["bytes_deleted"],
+            10 + 20 + 30 + 40 + 100 + 100,
+            "{w}: {j}"
+        );
+        assert_eq!(j["delete_over_limit"], 0, "{w}: {j}");
+        let got = listing(m);
+        assert_eq!(
+            names(&got),
+            [
+                "a",
+                "d/",
+                "d/b",
+                "d/c",
+                "keep.tmp",
+                "olddir2/",
+                "olddir2/keep.tmp",
+                "x/",
+                "x/inner",
+                "y",
+                "z.tmp"
+            ],
+            "{w}"
+        );
+        assert_eq!(
+            std::fs::read(m.join("y")).unwrap(),
+            std::fs::read(e.src.join("y")).unwrap()
+        );
+        assert_eq!(
+            listing(&outside),
+            outside_before,
+            "{w}: followed a link out"
+        );
+        assert!(staging_files(m).is_empty(), "{w}");
+
+        // Again: nothing left to delete, nothing sent.
+        let o = e.sync(&["--json", "--delete", "--exclude", "*.tmp"]);
+        ok(&o);
+        let j = json(&o);
+        assert_eq!(j["files_deleted"], 0, "{w}: {j}");
+        assert_eq!(j["bytes_sent"], 0, "{w}: {j}");
+        // Without the filter, the excluded ones go too (z.tmp is sent: the source has it).
+        let o = e.sync(&["--json", "--delete"]);
+        ok(&o);
+        let j = json(&o);
+        assert_eq!(
+            j["files_deleted"], 3,
+            "keep.tmp, olddir2/keep.tmp, olddir2: {w}: {j}"
+        );
+        same(&e.src, m);
+    }
+}
+
+#[test]
+fn max_delete_stops_and_fails() {
+    for push in [true, false] {
+        let e = Ends::new(push, &[]);
+        let w = e.what();
+        write_file(&e.src.join("a"), 1, 100, 0o644, 1_600_000_000);
+        ok(&e.sync(&["--quiet"]));
+        for i in 0..5 {
+            write_file(
+                &e.mirror.join(format!("extra{i}")),
+                3,
+                10,
+                0o644,
+                1_600_000_000,
+            );
+        }
+        let o = e.sync(&["--json", "--delete", "--max-delete", "2"]);
+        assert_eq!(o.status.code(), Some(1), "{w}: {}", stderr(&o));
+        assert!(stderr(&o).contains("--max-delete"), "{w}: {}", stderr(&o));
+        let j = json(&o);
+        assert_eq!(j["ok"], false, "{w}: {j}");
+        assert_eq!(j["files_deleted"], 2, "{w}: {j}");
+        assert_eq!(j["delete_over_limit"], 3, "{w}: {j}");
+        assert_eq!(std::fs::read_dir(&e.mirror).unwrap().count(), 1 + 3, "{w}");
+        // Without the limit the rest goes.
+        ok(&e.sync(&["--quiet", "--delete"]));
+        same(&e.src, &e.mirror);
+    }
+}
+
+#[test]
+fn delete_refused_after_an_incomplete_source_walk_or_on_a_read_only_server() {
+    // A FIFO in the source is skipped by the walk: the destination cannot tell it from
+    // a deleted entry, so nothing is deleted. On a pull the server reports the count.
+    for push in [false, true] {
+        let e = Ends::new(push, &[]);
+        let w = e.what();
+        write_file(&e.src.join("a"), 1, 100, 0o644, 1_600_000_000);
+        ok(&e.sync(&["--quiet"]));
+        write_file(&e.mirror.join("extra"), 3, 10, 0o644, 1_600_000_000);
+        write_file(&e.mirror.join("fifo"), 3, 10, 0o644, 1_600_000_000);
+        let fifo = e.src.join("fifo");
+        assert!(
+            Command::new("mkfifo")
+                .arg(&fifo)
+                .status()
+                .unwrap()
+                .success()
+        );
+        let o = e.sync(&["--json", "--delete"]);
+        assert_eq!(o.status.code(), Some(1), "{w}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("not deleting anything"),
+            "{w}: {}",
+            stderr(&o)
+        );
+        assert!(exists(&e.mirror.join("extra")), "{w}");
+        assert!(exists(&e.mirror.join("fifo")), "{w}");
+        let j = json(&o);
+        assert_eq!(j["files_deleted"], 0, "{w}: {j}");
+        assert_eq!(j["skipped"], 1, "{w}: {j}");
+        assert_eq!(j["failed"].as_array().unwrap().len(), 0, "{w}: {j}");
+        // Excluded, the FIFO no longer matters (and its namesake is protected).
+        ok(&e.sync(&["--quiet", "--delete", "--exclude", "fifo"]));
+        assert!(!exists(&e.mirror.join("extra")), "{w}");
+        assert!(exists(&e.mirror.join("fifo")), "{w}");
+    }
+    let e = Ends::new(true, &[]);
+    write_file(&e.src.join("a"), 1, 100, 0o644, 1_600_000_000);
+
+    // A read-only server refuses, and nothing is deleted.
+    let t = tmp();
+    let root = t.path().join("root");
+    write_file(&root.join("mirror/extra"), 3, 10, 0o644, 1_600_000_000);
+    let srv = Server::start(&root, &["--read-only"]);
+    let o = sync(&["--delete", s(&e.src), &srv.url("mirror")]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("read-only"), "{}", stderr(&o));
+    assert!(exists(&root.join("mirror/extra")));
+    let o = sync(&["--delete", "--dry-run", s(&e.src), &srv.url("mirror")]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("read-only"), "{}", stderr(&o));
+
+    // Usage errors.
+    for args in [
+        &["--max-delete", "3"][..],
+        &["--delete", "--files-from", "/dev/null"][..],
+    ] {
+        let o = e.sync(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+    }
+    let o = cp(&["--delete", s(&e.src), &e.srv.url("m2")]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+#[test]
+fn dry_run_changes_nothing_and_counts_right() {
+    for push in [true, false] {
+        let e = Ends::new(push, &[]);
+        let w = e.what();
+        for f in ["a", "d/b", "d/c"] {
+            write_file(&e.src.join(f), 1, 100, 0o644, 1_600_000_000);
+        }
+        ok(&e.sync(&["--quiet"]));
+        // Changes: one file changed, one new; extras in the mirror.
+        write_file(&e.src.join("d/b"), 2, 150, 0o644, 1_600_000_001);
+        write_file(&e.src.join("new"), 2, 70, 0o644, 1_600_000_001);
+        write_file(&e.mirror.join("old"), 3, 10, 0o644, 1_600_000_000);
+        write_file(&e.mirror.join("gone/f"), 3, 20, 0o644, 1_600_000_000);
+        let parent = e.mirror.parent().unwrap();
+        let before = listing(parent);
+        let src_before = listing(&e.src);
+
+        let o = e.sync(&["--json", "--dry-run", "--delete"]);
+        ok(&o);
+        let j = json(&o);
+        assert_eq!(j["type"], "dry_run", "{w}: {j}");
+        assert_eq!(j["files_to_send"], 2, "{w}: {j}");
+        assert_eq!(j["bytes_to_send"], 150 + 70, "{w}: {j}");
+        assert_eq!(j["files_unchanged"], 2, "{w}: {j}");
+        assert_eq!(j["bytes_unchanged"], 200, "{w}: {j}");
+        assert_eq!(j["files_deleted"], 3, "{w}: old, gone/f, gone: {j}");
+        assert_eq!(j["bytes_deleted"], 30, "{w}: {j}");
+        let o = e.sync(&["--dry-run", "--delete"]);
+        ok(&o);
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        let mut lines: Vec<&str> = text.lines().collect();
+        lines.sort();
+        assert_eq!(
+            lines,
+            [
+                "delete gone/",
+                "delete gone/f",
+                "delete old",
+                "send d/b",
+                "send new"
+            ],
+            "{w}"
+        );
+        // Without --delete: no deletions shown.
+        let o = e.sync(&["--json", "--dry-run"]);
+        ok(&o);
+        assert!(
+            json(&o).get("files_deleted").is_none_or(|v| v.is_null()),
+            "{w}"
+        );
+        // Nothing changed on either side: no staging files, no journal.
+        assert_eq!(listing(parent), before, "{w}");
+        assert_eq!(listing(&e.src), src_before, "{w}");
+        // The real run does what the dry run said.
+        let o = e.sync(&["--json", "--delete"]);
+        ok(&o);
+        let j = json(&o);
+        assert_eq!(j["bytes_sent"], 150 + 70, "{w}: {j}");
+        assert_eq!(j["files_deleted"], 3, "{w}: {j}");
+        same(&e.src, &e.mirror);
+    }
+}
+
+#[test]
+fn checksum_compares_content_not_mtime() {
+    let e = Ends::new(true, &[]);
+    write_file(&e.src.join("a"), 1, 100_000, 0o644, 1_600_000_000);
+    write_file(&e.src.join("d/b"), 2, 200_000, 0o644, 1_600_000_000);
+    ok(&e.sync(&["--quiet"]));
+    // a: other content, same size and mtime (the quick check misses it); b: same
+    // content, a new mtime (the quick check would resend it).
+    write_file(&e.src.join("a"), 3, 100_000, 0o644, 1_600_000_000);
+    write_file(&e.src.join("d/b"), 2, 200_000, 0o644, 1_700_000_000);
+    write_file(&e.mirror.join("extra"), 4, 10, 0o644, 1_600_000_000);
+    // The dry run says so first, and changes nothing.
+    let before = listing(&e.mirror);
+    let o = e.sync(&["--json", "--checksum", "--delete", "--dry-run"]);
+    ok(&o);
+    let j = json(&o);
+    assert_eq!(j["files_to_send"], 1, "{j}");
+    assert_eq!(j["bytes_to_send"], 100_000, "{j}");
+    assert_eq!(j["files_unchanged"], 1, "{j}");
+    assert_eq!(j["files_deleted"], 1, "{j}");
+    assert_eq!(listing(&e.mirror), before);
+    let o = e.sync(&["--json", "--checksum", "--delete"]);
+    ok(&o);
+    let j = json(&o);
+    assert_eq!(j["bytes_sent"], 100_000, "only a: {j}");
+    assert_eq!(j["files_unchanged"], 1, "b: {j}");
+    assert_eq!(j["bytes_unchanged"], 200_000, "{j}");
+    assert_eq!(j["files_deleted"], 1, "extra only, not b: {j}");
+    assert_eq!(
+        std::fs::read(e.mirror.join("a")).unwrap(),
+        std::fs::read(e.src.join("a")).unwrap()
+    );
+    assert_eq!(
+        std::fs::read(e.mirror.join("d/b")).unwrap(),
+        std::fs::read(e.src.join("d/b")).unwrap()
+    );
+    assert!(!exists(&e.mirror.join("extra")));
+    // Again: nothing sent.
+    let o = e.sync(&["--json", "-c"]);
+    ok(&o);
+    assert_eq!(json(&o)["bytes_sent"], 0);
+    // Not on a pull or a cp yet: usage errors.
+    let p = Ends::new(false, &[]);
+    for o in [
+        p.sync(&["--checksum"]),
+        cp(&["--checksum", s(&e.src), &e.srv.url("x")]),
+    ] {
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    }
 }

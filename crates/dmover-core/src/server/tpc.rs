@@ -146,7 +146,7 @@ impl Server {
     }
 
     /// `Options` behind `Open`, for the ops that are not sessions.
-    async fn options<S: AsyncRead + AsyncWrite + Unpin + Send>(
+    pub(super) async fn options<S: AsyncRead + AsyncWrite + Unpin + Send>(
         &self,
         ch: &mut ControlChannel<S>,
     ) -> Result<SessionOptions> {

@@ -1,0 +1,116 @@
+//! `dmover sync --delete` and `--dry-run` on a push, the server's part ([`Op::Prune`],
+//! docs/sync.md): the client sends its source's manifest; the server deletes what the
+//! mirror holds that the manifest does not list, or in a dry run only reports it.
+
+use dmover_proto::control::Prune;
+use dmover_proto::manifest::{self, Entry, Validator};
+
+use super::*;
+
+impl Server {
+    /// [`Op::Prune`]: reads the manifest behind `Options`, prunes the mirror
+    /// `req.dest` (the user needs write rights on a writable export, also for a dry
+    /// run, which tells what the real run would do) and answers [`Control::Pruned`].
+    pub(super) async fn prune<S: AsyncRead + AsyncWrite + Unpin + Send>(
+        &self,
+        ch: &mut ControlChannel<S>,
+        grant: &Grant,
+        req: Prune,
+        log: &mut SessionLog,
+    ) -> Result<()> {
+        self.options(ch).await?;
+        if grant.scope.is_some() {
+            return Err(refused(
+                ErrorCode::PermissionDenied,
+                "a third-party capability does not allow deleting",
+            ));
+        }
+        let filter = crate::session::filter_of_rules(&req.rules)?;
+        let policy = self.policy.borrow().clone();
+        let (_, base, rest, _) =
+            Self::resolve(&policy, self.cfg.read_only, grant, &req.dest, true)?;
+        let rest = rest.to_vec();
+        log.what = format!(
+            "{}prune of {:?}",
+            if req.dry_run { "dry-run " } else { "" },
+            String::from_utf8_lossy(&req.dest)
+        );
+        let entries = self.read_manifest(ch).await?;
+        let opts = dmover_store::prune::PruneOptions {
+            filter,
+            max_delete: (req.max_delete != u64::MAX).then_some(req.max_delete),
+            dry_run: req.dry_run,
+            conflicts_only: req.conflicts_only,
+            checksum: req.checksum,
+        };
+        let pruned = self
+            .disk
+            .run(move || {
+                let Some((parent, name)) = paths::dest_parent(&base, &rest)? else {
+                    return Err(dmover_store::Error::refused(
+                        ErrorCode::PermissionDenied,
+                        "sync: the mirror cannot be an export's root",
+                    ));
+                };
+                dmover_store::prune::prune(&parent, &name, &entries, &opts)
+            })
+            .await
+            .ok_or(Error::Aborted)??;
+        if !req.dry_run && pruned.deleted > 0 {
+            tracing::info!(
+                "{}: deleted {} entries ({} bytes) in {:?} for user {:?}",
+                ch.peer(),
+                pruned.deleted,
+                pruned.deleted_bytes,
+                String::from_utf8_lossy(&req.dest),
+                grant.user
+            );
+        }
+        ch.send(&Control::Pruned(session::prune_report(pruned)))
+            .await?;
+        Ok(())
+    }
+
+    /// `Manifest* ManifestEnd`, checked as a session's sink checks it.
+    async fn read_manifest<S: AsyncRead + AsyncWrite + Unpin + Send>(
+        &self,
+        ch: &mut ControlChannel<S>,
+    ) -> Result<Vec<Entry>> {
+        let peer = ch.peer().to_string();
+        let mut v = Validator::new();
+        let mut entries = Vec::new();
+        let mut bytes = 0u64;
+        loop {
+            match ch
+                .recv_timeout(self.cfg.handshake_timeout, "manifest")
+                .await?
+            {
+                Control::Manifest(part) => {
+                    v.extend(&part.entries, self.cfg.max_entries)
+                        .map_err(|e| refused(ErrorCode::Protocol, e.to_string()))?;
+                    bytes += part.entries.iter().map(manifest::entry_bytes).sum::<u64>();
+                    if bytes > self.cfg.max_manifest_bytes {
+                        return Err(refused(
+                            ErrorCode::Busy,
+                            format!(
+                                "manifest larger than this server's limit ({} bytes)",
+                                self.cfg.max_manifest_bytes
+                            ),
+                        ));
+                    }
+                    entries.extend(part.entries);
+                }
+                Control::ManifestEnd(end) => {
+                    if end.totals != manifest::Totals::of(&entries) {
+                        return Err(refused(
+                            ErrorCode::Protocol,
+                            "the manifest's totals do not match its entries",
+                        ));
+                    }
+                    return Ok(entries);
+                }
+                other => return Err(session::unexpected(&peer, other, "Manifest")),
+            }
+        }
+    }
+}

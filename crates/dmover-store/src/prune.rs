@@ -1,0 +1,366 @@
+//! `dmover sync --delete`: removing what a mirror holds that its source no longer has.
+//!
+//! [`prune`] walks the destination tree of one mirror (the directory `name` in
+//! `parent`) next to the source's manifest, directory by directory, and removes every
+//! entry the manifest does not list, with rsync's rules:
+//! - only below the mirror: every step is an `*at` call on a directory handle, and a
+//!   directory is opened with `O_NOFOLLOW`, so a symlink is removed as a link and never
+//!   followed (on a server the mirror itself is opened beneath its export);
+//! - an entry the filters exclude (as the source's walk would: the same rules, paths
+//!   relative to the mirror) is neither sent nor deleted; an excluded directory is not
+//!   looked into; a directory to delete that holds excluded entries keeps them (and
+//!   stays);
+//! - an entry whose kind conflicts with the manifest's (a directory where the source
+//!   has a file or symlink, or the reverse) is deleted too: the transfer could not put
+//!   the source's entry there otherwise. [`PruneOptions::conflicts_only`] deletes only
+//!   those (run before the transfer; the rest is deleted after it succeeded);
+//! - names starting with `.dmv.` (dmover's staging files and journals) are left alone;
+//! - at most [`PruneOptions::max_delete`] entries are deleted; the rest are counted in
+//!   [`Pruned::over_limit`];
+//! - with [`PruneOptions::dry_run`] nothing is changed: what would be deleted is
+//!   reported, and the regular files the destination already holds with the manifest's
+//!   size and mtime (the quick check of a re-run) are listed.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+
+use dmover_proto::manifest::{Entry, EntryKind, NO_PARENT};
+use rustix::fs::{AtFlags, FileType, OFlags};
+use rustix::io::Errno;
+
+use crate::error::{Error, Result};
+use crate::filter::Filter;
+use crate::sys;
+
+/// How [`prune`] runs.
+#[derive(Debug, Clone, Default)]
+pub struct PruneOptions {
+    /// The transfer's filters: what they exclude is protected.
+    pub filter: Filter,
+    /// Delete at most this many entries (each file, link and directory counts one).
+    pub max_delete: Option<u64>,
+    /// Change nothing; report what would be deleted and which files are unchanged.
+    pub dry_run: bool,
+    /// Delete only entries whose kind conflicts with the manifest's.
+    pub conflicts_only: bool,
+    /// `--checksum`: compute the [`content_digest`] of every regular file that has
+    /// the size the manifest gives it (whatever its mtime), into [`Pruned::digests`].
+    pub checksum: bool,
+}
+
+/// The piece size of [`content_digest`].
+pub const CONTENT_PIECE: usize = 4 << 20;
+
+/// A file's content digest for `--checksum`, independent of any transfer's layout: the
+/// transfer's per-file digest ([`dmover_proto::digest::file_digest`]) over xxh3-64
+/// hashes of 4 MiB pieces read from offset 0.
+pub fn content_digest(fd: impl AsFd) -> std::io::Result<u64> {
+    let mut buf = vec![0u8; CONTENT_PIECE];
+    let mut hashes = Vec::new();
+    let mut off = 0u64;
+    loop {
+        let n = sys::pread_full(&fd, &mut buf, off)?;
+        if n == 0 {
+            break;
+        }
+        hashes.push(dmover_proto::digest::piece_hash(&buf[..n]));
+        off += n as u64;
+        if n < buf.len() {
+            break;
+        }
+    }
+    Ok(dmover_proto::digest::file_digest(&hashes))
+}
+
+/// How many deleted paths a report lists (the counts are always whole).
+pub const MAX_LISTED: usize = 10_000;
+
+/// What [`prune`] did (or, in a dry run, would do).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pruned {
+    /// Entries deleted (each file, symlink and directory).
+    pub deleted: u64,
+    /// Bytes of the regular files deleted.
+    pub deleted_bytes: u64,
+    /// Entries not deleted because of `max_delete`.
+    pub over_limit: u64,
+    /// Entries kept because the filters exclude them (and directories kept because
+    /// they hold such entries).
+    pub protected: u64,
+    /// The paths deleted, relative to the mirror (directories end with `/`), the first
+    /// [`MAX_LISTED`].
+    pub paths: Vec<Vec<u8>>,
+    /// Manifest entries of regular files with data the destination holds with the
+    /// manifest's size and mtime (dry runs only).
+    pub unchanged: Vec<u32>,
+    /// `checksum`: `(manifest entry, content digest)` of the destination's regular
+    /// files of the manifest's size.
+    pub digests: Vec<(u32, u64)>,
+}
+
+impl Pruned {
+    fn note(&mut self, path: &[u8], dir: bool) {
+        if self.paths.len() < MAX_LISTED {
+            let mut p = path.to_vec();
+            if dir {
+                p.push(b'/');
+            }
+            self.paths.push(p);
+        }
+    }
+}
+
+struct Pruner<'a> {
+    entries: &'a [Entry],
+    /// Children of each manifest directory by name.
+    kids: HashMap<u32, HashMap<&'a [u8], u32>>,
+    opts: &'a PruneOptions,
+    out: Pruned,
+}
+
+fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = rel.to_vec();
+    if !p.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+fn lossy(p: &[u8]) -> String {
+    String::from_utf8_lossy(p).into_owned()
+}
+
+/// A regular file's size (0 for anything else).
+fn size_of(st: &rustix::fs::Stat) -> u64 {
+    if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile {
+        st.st_size as u64
+    } else {
+        0
+    }
+}
+
+const READ_DIR: OFlags = OFlags::RDONLY.union(OFlags::DIRECTORY);
+
+/// Names in `dir`, sorted (`.` and `..` left out).
+fn list(dir: &OwnedFd, rel: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let d = rustix::fs::Dir::read_from(dir).map_err(|e| Error::io("listing", lossy(rel), e))?;
+    let mut names = Vec::new();
+    for de in d {
+        let de = de.map_err(|e| Error::io("listing", lossy(rel), e))?;
+        let n = de.file_name().to_bytes();
+        if n != b"." && n != b".." {
+            names.push(n.to_vec());
+        }
+    }
+    names.sort_unstable();
+    Ok(names)
+}
+
+impl Pruner<'_> {
+    fn may_delete(&mut self) -> bool {
+        if self
+            .opts
+            .max_delete
+            .is_some_and(|max| self.out.deleted >= max)
+        {
+            self.out.over_limit += 1;
+            return false;
+        }
+        true
+    }
+
+    /// Walks the destination directory `dir` (`rel` below the mirror), which the
+    /// manifest's directory `m` describes.
+    fn dir(&mut self, dir: &OwnedFd, rel: &[u8], m: u32) -> Result<()> {
+        let deleted_before = self.out.deleted;
+        for name in list(dir, rel)? {
+            if name.starts_with(b".dmv.") {
+                continue;
+            }
+            let path = join(rel, &name);
+            let st = match rustix::fs::statat(dir, name.as_slice(), AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => st,
+                Err(Errno::NOENT) => continue,
+                Err(e) => return Err(Error::io("reading", lossy(&path), e)),
+            };
+            let ft = FileType::from_raw_mode(st.st_mode);
+            let is_dir = ft == FileType::Directory;
+            let listed = self
+                .kids
+                .get(&m)
+                .and_then(|k| k.get(name.as_slice()))
+                .copied();
+            match listed {
+                Some(c) => {
+                    let e = &self.entries[c as usize];
+                    let src_dir = e.kind == EntryKind::Dir;
+                    if src_dir && is_dir {
+                        let sub = sys::open_in(dir, &name, READ_DIR, 0)
+                            .map_err(|e| Error::io("opening", lossy(&path), e))?;
+                        self.dir(&sub, &path, c)?;
+                    } else if src_dir != is_dir {
+                        self.remove(dir, &name, &path, is_dir, size_of(&st))?;
+                    } else if self.opts.checksum
+                        && ft == FileType::RegularFile
+                        && e.file_size() > 0
+                        && st.st_size as u64 == e.file_size()
+                    {
+                        let fd = sys::open_in(dir, &name, OFlags::RDONLY, 0)
+                            .map_err(|e| Error::io("opening", lossy(&path), e))?;
+                        let d = content_digest(&fd)
+                            .map_err(|e| Error::io("reading", lossy(&path), e))?;
+                        self.out.digests.push((c, d));
+                    } else if self.opts.dry_run
+                        && ft == FileType::RegularFile
+                        && e.file_size() > 0
+                        && st.st_size as u64 == e.file_size()
+                        && st.st_mtime == e.mtime.sec
+                        && st.st_mtime_nsec as u32 == e.mtime.nsec
+                    {
+                        self.out.unchanged.push(c);
+                    }
+                }
+                None => {
+                    if !self.opts.filter.admits(&path, is_dir) {
+                        self.out.protected += 1;
+                    } else if !self.opts.conflicts_only {
+                        self.remove(dir, &name, &path, is_dir, size_of(&st))?;
+                    }
+                }
+            }
+        }
+        if self.out.deleted > deleted_before && !self.opts.dry_run {
+            // The transfer gave the directory the source's mtime; deleting changed it.
+            let t = self.entries[m as usize].mtime;
+            sys::set_mtime_fd(dir, t.sec, t.nsec)
+                .map_err(|e| Error::io("setting the mtime of", lossy(rel), e))?;
+        }
+        Ok(())
+    }
+
+    /// Deletes `name` in `dir` (a directory with what it holds, but for excluded
+    /// entries); returns whether it is gone.
+    fn remove(
+        &mut self,
+        dir: &OwnedFd,
+        name: &[u8],
+        path: &[u8],
+        is_dir: bool,
+        size: u64,
+    ) -> Result<bool> {
+        if !is_dir {
+            if !self.may_delete() {
+                return Ok(false);
+            }
+            if !self.opts.dry_run {
+                match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
+                    Ok(()) | Err(Errno::NOENT) => {}
+                    Err(e) => return Err(Error::io("deleting", lossy(path), e)),
+                }
+            }
+            self.out.deleted += 1;
+            self.out.deleted_bytes += size;
+            self.out.note(path, false);
+            return Ok(true);
+        }
+        // A directory: what it holds first, then itself if it is then empty.
+        let sub = match sys::open_in(dir, name, READ_DIR, 0) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(Errno::NOENT.raw_os_error()) => return Ok(true),
+            Err(e) => return Err(Error::io("opening", lossy(path), e)),
+        };
+        let mut empty = true;
+        for child in list(&sub, path)? {
+            let cpath = join(path, &child);
+            let st = match rustix::fs::statat(&sub, child.as_slice(), AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => st,
+                Err(Errno::NOENT) => continue,
+                Err(e) => return Err(Error::io("reading", lossy(&cpath), e)),
+            };
+            let cdir = FileType::from_raw_mode(st.st_mode) == FileType::Directory;
+            if !self.opts.filter.admits(&cpath, cdir) {
+                self.out.protected += 1;
+                empty = false;
+                continue;
+            }
+            if !self.remove(&sub, &child, &cpath, cdir, size_of(&st))? {
+                empty = false;
+            }
+        }
+        drop(sub);
+        if !empty {
+            if self.opts.max_delete.is_some_and(|m| self.out.deleted >= m) {
+                self.out.over_limit += 1;
+            } else {
+                self.out.protected += 1;
+            }
+            return Ok(false);
+        }
+        if !self.may_delete() {
+            return Ok(false);
+        }
+        if !self.opts.dry_run {
+            match rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(e) => return Err(Error::io("deleting", lossy(path), e)),
+            }
+        }
+        self.out.deleted += 1;
+        self.out.note(path, true);
+        Ok(true)
+    }
+}
+
+/// Deletes what the mirror `name` in `parent` holds and `entries` (a manifest of one
+/// root, the mirror's source) do not list, as [`PruneOptions`] says. A mirror that does
+/// not exist, or is not a directory while the source is one, holds nothing to delete
+/// (the transfer replaces it).
+pub fn prune(
+    parent: impl AsFd,
+    name: &[u8],
+    entries: &[Entry],
+    opts: &PruneOptions,
+) -> Result<Pruned> {
+    let mut roots = entries
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.parent == NO_PARENT);
+    let (root, one) = (roots.next(), roots.next());
+    let (Some((root, root_entry)), None) = (root, one) else {
+        return Err(Error::refused(
+            dmover_proto::control::ErrorCode::Protocol,
+            "a mirror's manifest has exactly one root",
+        ));
+    };
+    let mut kids: HashMap<u32, HashMap<&[u8], u32>> = HashMap::new();
+    for (i, e) in entries.iter().enumerate() {
+        if e.parent != NO_PARENT {
+            kids.entry(e.parent)
+                .or_default()
+                .insert(e.name.as_slice(), i as u32);
+        }
+    }
+    let mut p = Pruner {
+        entries,
+        kids,
+        opts,
+        out: Pruned::default(),
+    };
+    if root_entry.kind != EntryKind::Dir {
+        return Ok(p.out);
+    }
+    let dir = match sys::open_in(&parent, name, READ_DIR, 0) {
+        Ok(fd) => fd,
+        Err(e)
+            if [Errno::NOENT, Errno::NOTDIR, Errno::LOOP]
+                .iter()
+                .any(|n| e.raw_os_error() == Some(n.raw_os_error())) =>
+        {
+            return Ok(p.out);
+        }
+        Err(e) => return Err(Error::io("opening", lossy(name), e)),
+    };
+    p.dir(&dir, b"", root as u32)?;
+    Ok(p.out)
+}
