@@ -1179,6 +1179,7 @@ impl Client {
         run.progress.total.store(totals.bytes, Relaxed);
         let files = crate::engine::files_with_data(source.tree().entries());
         run.progress.total_files.store(files, Relaxed);
+        run.progress.set_manifest(source.tree().entries());
         // A busy server may keep us waiting: an interrupt ends the wait.
         let mut conn = tokio::select! {
             r = self.connect(server) => r?,

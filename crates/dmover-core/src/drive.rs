@@ -1352,6 +1352,7 @@ where
                         env.run.progress.total.store(totals.bytes, Relaxed);
                         let files = crate::engine::files_with_data(&entries);
                         env.run.progress.total_files.store(files, Relaxed);
+                        env.run.progress.set_manifest(&entries);
                         let o = options.unwrap_or(SessionOptions {
                             resume: false,
                             journal: true,

@@ -41,6 +41,12 @@ pub struct Progress {
     pub attempt: AtomicU32,
     /// The tuner's state, in a session that tunes itself.
     pub tuning: Mutex<Option<Tuning>>,
+    /// Files done are named ([`Progress::take_files_done`]): a reader asked for them.
+    pub file_events: std::sync::atomic::AtomicBool,
+    /// The running attempt's manifest, kept while `file_events` is on (to name files).
+    manifest: Mutex<Option<Arc<Vec<dmover_proto::manifest::Entry>>>>,
+    /// Paths of the files done since the reader last took them.
+    files_done: Mutex<Vec<String>>,
     /// When the first chunk crossed a data stream (see [`Progress::data_flowing`]).
     first_data: std::sync::OnceLock<std::time::Instant>,
     /// Events for a live view, oldest first (see [`Progress::event`]).
@@ -168,6 +174,35 @@ impl Progress {
         q.push_back((attempt, e));
         drop(q);
         self.notify.notify_one();
+    }
+
+    /// The running attempt's manifest, for naming files done (kept only while
+    /// [`Progress::file_events`] is on).
+    pub fn set_manifest(&self, entries: &[dmover_proto::manifest::Entry]) {
+        if self.file_events.load(std::sync::atomic::Ordering::Relaxed) {
+            *self.manifest.lock() = Some(Arc::new(entries.to_vec()));
+        }
+    }
+
+    /// Notes that the file of manifest entry `entry` is done (its last byte crossed
+    /// the data streams), when files are named.
+    pub fn file_done(&self, entry: u32) {
+        if !self.file_events.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let m = self.manifest.lock().clone();
+        if let Some(m) = m {
+            if (entry as usize) < m.len() {
+                let path = crate::session::entry_path(&m, entry);
+                self.files_done.lock().push(path);
+            }
+        }
+    }
+
+    /// Takes the paths of the files done since the last call, in the order they
+    /// were done.
+    pub fn take_files_done(&self) -> Vec<String> {
+        std::mem::take(&mut *self.files_done.lock())
     }
 
     /// Takes the events recorded so far, oldest first, each with the attempt it

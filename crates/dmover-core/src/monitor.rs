@@ -103,7 +103,13 @@ pub const REFUSALS: [&str; 5] = [
 /// Counts the files chunk `k` completes (those whose last piece it carries) into
 /// `p.files`: called once per chunk written (a receiver) or sent (a sender).
 pub fn count_files(p: &Progress, layout: &Layout, k: u64) {
-    let n = layout.pieces(k).filter(|piece| piece.last).count() as u64;
+    let mut n = 0;
+    for piece in layout.pieces(k).filter(|piece| piece.last) {
+        n += 1;
+        if let Some(f) = layout.files().get(piece.file as usize) {
+            p.file_done(f.entry);
+        }
+    }
     if n > 0 {
         p.files.fetch_add(n, Relaxed);
     }
@@ -177,6 +183,8 @@ struct Moved {
     files: u64,
     streams_lost: u64,
     chunks_resent: u64,
+    /// Sessions whose destination held part of the data already (0 or 1 per session).
+    resumed: u64,
 }
 
 impl Moved {
@@ -186,6 +194,7 @@ impl Moved {
             files: p.files.load(Relaxed),
             streams_lost: u64::from(p.streams_lost.load(Relaxed)),
             chunks_resent: p.chunks_resent.load(Relaxed),
+            resumed: u64::from(p.held.load(Relaxed) > 0),
         }
     }
 
@@ -194,6 +203,7 @@ impl Moved {
         self.files += o.files;
         self.streams_lost += o.streams_lost;
         self.chunks_resent += o.chunks_resent;
+        self.resumed += o.resumed;
     }
 }
 
@@ -857,6 +867,13 @@ impl Collector for Collect {
             "dmover_streams_lost",
             "Data streams that broke mid-session (their chunks went on the others).",
             series(|v| v.streams_lost),
+        )?;
+        counter_family(
+            &mut enc,
+            "dmover_sessions_resumed",
+            "Sessions whose destination already held part of the data: a resumed or \
+             retried copy (--resume, --retries), or a sync re-run.",
+            series(|v| v.resumed),
         )?;
         counter_family(
             &mut enc,

@@ -1052,8 +1052,10 @@ impl Server {
             ),
             None => minimum,
         };
-        let per_buf = u64::from(chunk).div_ceil(MIB) as u32;
-        let budget_bufs = (self.cfg.memory_budget / (u64::from(per_buf) * MIB)) as usize;
+        // The budget counts whole MiB of buffers: a session's buffers together, rounded
+        // up (not each buffer: 2560 × 64 KiB would count as 2.5 GiB).
+        let budget_bufs = (self.cfg.memory_budget / MIB * MIB / u64::from(chunk).max(1)) as usize;
+        let permits = |bufs: usize| (bufs as u64 * u64::from(chunk)).div_ceil(MIB) as u32;
         let minimum = minimum.min(budget_bufs);
         if minimum < 2 {
             // No wait would help: not "busy", which clients come back for.
@@ -1063,18 +1065,12 @@ impl Server {
             ));
         }
         let want = want.min(budget_bufs);
-        let (count, _memory) = match self
-            .memory
-            .clone()
-            .try_acquire_many_owned(per_buf * want as u32)
-        {
+        let (count, _memory) = match self.memory.clone().try_acquire_many_owned(permits(want)) {
             Ok(permit) => (want, permit),
             Err(_) => {
                 let permit = tokio::time::timeout(
                     self.cfg.handshake_timeout,
-                    self.memory
-                        .clone()
-                        .acquire_many_owned(per_buf * minimum as u32),
+                    self.memory.clone().acquire_many_owned(permits(minimum)),
                 )
                 .await
                 .map_err(|_| {

@@ -63,6 +63,12 @@ pub fn run(a: MountArgs, env: &Env) -> anyhow::Result<ExitCode> {
     if opts.chunk_size == 0 {
         opts.chunk_size = MOUNT_CHUNK;
     }
+    // A request-driven session sends only the chunks asked for: nothing to tune, and
+    // no need for more than the untuned default of streams.
+    if opts.tune {
+        opts.tune = false;
+        opts.streams = dmover_core::session::TUNED_START;
+    }
     if let Some(ms) = a.debug_heartbeat_ms {
         opts.heartbeat = Duration::from_millis(ms.max(50));
     }

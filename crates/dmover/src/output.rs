@@ -253,6 +253,8 @@ impl Ndjson {
         interval: Duration,
     ) -> Self {
         let mark = Arc::new(std::sync::Mutex::new(Mark::default()));
+        // Name the files as they are done (a `files_done` line per interval).
+        run.progress.file_events.store(true, Ordering::Relaxed);
         let (r, m) = (run.clone(), mark.clone());
         let task = rt.spawn(async move {
             let mut tick = tokio::time::interval_at(
@@ -264,6 +266,7 @@ impl Ndjson {
                 tokio::select! {
                     _ = tick.tick() => {
                         print_events(&r.progress, started);
+                        print_files(&r.progress, started);
                         progress_line(&r.progress, started, &m);
                     }
                     _ = r.progress.event_recorded() => print_events(&r.progress, started),
@@ -284,8 +287,37 @@ impl Ndjson {
         // Once the task is gone, none of its lines can follow ours.
         let _ = rt.block_on(self.task);
         print_events(&self.run.progress, self.started);
+        print_files(&self.run.progress, self.started);
         progress_line(&self.run.progress, self.started, &self.mark);
     }
+}
+
+/// A `files_done` line naming the files done since the last one, if any.
+fn print_files(p: &Progress, started: Instant) {
+    let files = p.take_files_done();
+    if files.is_empty() {
+        return;
+    }
+    print_line(&FilesLine {
+        schema: SCHEMA,
+        kind: "files_done",
+        attempt: p.attempt.load(Ordering::Relaxed),
+        seconds: started.elapsed().as_secs_f64(),
+        count: files.len(),
+        files: &files,
+    });
+}
+
+/// A `files_done` line of `--progress ndjson`.
+#[derive(Debug, Serialize)]
+struct FilesLine<'a> {
+    schema: u32,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    attempt: u32,
+    seconds: f64,
+    count: usize,
+    files: &'a [String],
 }
 
 fn print_events(p: &Progress, started: Instant) {

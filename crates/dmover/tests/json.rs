@@ -210,6 +210,65 @@ fn a_self_tuning_copy_reports_its_tuner_both_ways() {
     assert!(j["tuning"].is_null(), "{j}");
 }
 
+/// Paths (relative to `base`) of the regular files with data under `dir`.
+fn files_with_data(base: &Path, dir: &Path, out: &mut Vec<String>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        if m.is_dir() {
+            files_with_data(base, &p, out);
+        } else if m.is_file() && m.len() > 0 {
+            out.push(p.strip_prefix(base).unwrap().to_str().unwrap().to_string());
+        }
+    }
+}
+
+#[test]
+fn ndjson_names_every_file_done_once_both_ways() {
+    // `files_done` lines name the files whose last byte crossed, as they go: every
+    // file with data once, under its path in the transfer, pushing and pulling.
+    let t = tmp();
+    let src = t.path().join("src");
+    small_tree(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = Server::start(&root, &["--debug-chunk-delay-ms", "5"]);
+    let back = t.path().join("back");
+    std::fs::create_dir(&back).unwrap();
+    let mut want = Vec::new();
+    files_with_data(t.path(), &src, &mut want);
+    want.sort();
+    let (to, from) = (srv.url(""), srv.url("src"));
+    let runs: [(&str, [&str; 2]); 2] = [("push", [s(&src), &to]), ("pull", [&from, s(&back)])];
+    for (dir, ends) in runs {
+        let mut args = vec![
+            "--progress",
+            "ndjson",
+            "--progress-interval",
+            "50ms",
+            "--chunk",
+            "64K",
+            "-P",
+            "2",
+        ];
+        args.extend(ends);
+        let o = cp(&args);
+        ok(&o);
+        let ls = lines(&o);
+        let mut got: Vec<String> = Vec::new();
+        for l in of_type(&ls, "files_done") {
+            let files = l["files"].as_array().unwrap();
+            assert_eq!(l["count"], files.len(), "{dir}: {l}");
+            assert_eq!(l["attempt"], 1, "{dir}: {l}");
+            got.extend(files.iter().map(|f| f.as_str().unwrap().to_string()));
+        }
+        got.sort();
+        assert_eq!(got, want, "{dir}");
+        // The summary is still the last line.
+        assert_eq!(ls.last().unwrap()["type"], "summary", "{dir}");
+    }
+}
+
 #[test]
 fn json_alone_prints_only_the_summary() {
     let t = tmp();

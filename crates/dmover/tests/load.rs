@@ -295,3 +295,75 @@ fn a_user_at_their_session_limit_is_taken_later_without_retries() {
     assert!(started.elapsed() < Duration::from_secs(20));
     assert!(!data.join("never").exists());
 }
+
+/// The memory budget counts a session's buffers together: a pull with small chunks of
+/// a tree of large files (a deep pool: ~160 MiB of 64 KiB buffers) takes its share,
+/// not the whole budget, so a second session gets in at once (it once counted each
+/// buffer as a whole MiB: 2560 buffers of 64 KiB took 2.5 GiB, all of a 256 MiB
+/// budget, and the second session was refused busy).
+#[test]
+fn small_chunk_sessions_share_the_memory_budget() {
+    let t = tempfile::Builder::new()
+        .prefix("dmover-load-")
+        .tempdir()
+        .unwrap();
+    let root = t.path().join("root");
+    for i in 0..4 {
+        write_file(
+            &root.join(format!("tree/f{i}")),
+            i,
+            1 << 20,
+            0o644,
+            1_600_000_000,
+        );
+    }
+    let srv = Server::start_with(
+        &[
+            "--root".as_ref(),
+            root.as_os_str(),
+            "--memory".as_ref(),
+            "256M".as_ref(),
+            "--io-threads".as_ref(),
+            "1".as_ref(),
+            "--debug-chunk-delay-ms".as_ref(),
+            "100".as_ref(),
+        ],
+        &root,
+        None,
+        None,
+    );
+    // 64 chunks at 100 ms each on one disk thread: the first pull holds its
+    // buffers for seconds.
+    let first_dst = t.path().join("first");
+    std::fs::create_dir(&first_dst).unwrap();
+    let first = {
+        let (url, dst) = (srv.url("tree"), first_dst.clone());
+        std::thread::spawn(move || {
+            let o = cp(&["-P", "1", "--chunk", "64K", &url, s(&dst)]);
+            (o, Instant::now())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    // One file (16 chunks): done long before the first pull, unless it had to wait
+    // for the first pull's memory.
+    let second_dst = t.path().join("second");
+    std::fs::create_dir(&second_dst).unwrap();
+    let o = cp(&[
+        "-P",
+        "1",
+        "--chunk",
+        "64K",
+        &srv.url("tree/f0"),
+        s(&second_dst),
+    ]);
+    let second_done = Instant::now();
+    ok(&o);
+    let (o, first_done) = first.join().unwrap();
+    ok(&o);
+    assert!(
+        second_done < first_done,
+        "the second pull waited for the first one's memory"
+    );
+    same(&root.join("tree"), &first_dst.join("tree"));
+    same(&root.join("tree/f0"), &second_dst.join("f0"));
+}

@@ -296,6 +296,28 @@ fn counters_move_during_a_transfer_and_equal_its_summary_after() {
     );
     // Received is unchanged.
     assert_eq!(value(&after, BYTES), summary["bytes_sent"].as_f64());
+    // Nothing was held by either session; a sync re-run of the push holds it all.
+    assert_eq!(
+        value(&after, &moved("sessions_resumed", "received")),
+        Some(0.0)
+    );
+    let out = Command::new(bin())
+        .args(["sync", "--json"])
+        .arg(&src)
+        .arg(format!("dmover://{}/dest", server.addr))
+        .env("DMOVER_KNOWN_HOSTS", known_hosts_in(t.path()))
+        .env_remove("DMOVER_TOKEN")
+        .env_remove("DMOVER_USER")
+        .output()
+        .unwrap();
+    ok(&out);
+    let again = scrape(&server.metrics);
+    assert_eq!(
+        value(&again, &moved("sessions_resumed", "received")),
+        Some(1.0),
+        "{again}"
+    );
+    assert_eq!(value(&again, &moved("sessions_resumed", "sent")), Some(0.0));
 
     // Every metric exposed is documented (docs/metrics.md), under its exposed name.
     let doc = std::fs::read_to_string(
