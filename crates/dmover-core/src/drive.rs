@@ -775,6 +775,7 @@ where
                             *env.run.progress.tuning.lock() = Some(Tuning {
                                 streams: t.streams(),
                                 of: info.streams,
+                                active: t.streams(),
                                 changes: 0,
                                 settled_ms: None,
                             });
@@ -1006,6 +1007,7 @@ fn tune_step(
         };
         if let Some(rtt) = rtt {
             t.set_rtt(rtt);
+            p.note_rtt(rtt);
         }
         t.tick(at, bytes)
     } else {
@@ -1019,6 +1021,7 @@ fn tune_step(
     let mut tuning = p.tuning.lock();
     if let Some(s) = tuning.as_mut() {
         s.streams = t.kept();
+        s.active = t.streams();
         s.changes = t.changes();
         s.settled_ms = t.settled_after().map(|d| d.as_millis() as u64);
     }
@@ -1428,12 +1431,14 @@ where
                                 *tuning = Some(Tuning {
                                     streams: t.streams,
                                     of,
+                                    active: t.streams,
                                     changes: 0,
                                     settled_ms: None,
                                 })
                             }
                             Some(s) => {
                                 s.streams = t.streams;
+                                s.active = t.streams;
                                 s.changes += 1;
                                 s.settled_ms = Some(t.at_ms);
                             }
