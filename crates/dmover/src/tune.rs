@@ -155,8 +155,14 @@ impl Storage {
 
 /// A failure with the exit code it gives (a session's error keeps its code).
 enum Failed {
-    Core(String, dmover_core::Error),
+    Core(String, Box<dmover_core::Error>),
     Other(anyhow::Error),
+}
+
+impl Failed {
+    fn core(what: String, e: dmover_core::Error) -> Self {
+        Failed::Core(what, Box::new(e))
+    }
 }
 
 impl From<anyhow::Error> for Failed {
@@ -291,8 +297,9 @@ fn probe(a: &TuneArgs, env: &Env, server: &str, place: Option<Endpoint>) -> Resu
                     String::from_utf8_lossy(path)
                 );
             }
+            let client = Client::new(opts.clone(), io_threads);
             Some(remote_storage(
-                &rt, &opts, io_threads, at, path, &name, dir_mtime, size,
+                &rt, &client, at, path, &name, dir_mtime, size,
             )?)
         }
     };
@@ -304,6 +311,8 @@ fn probe(a: &TuneArgs, env: &Env, server: &str, place: Option<Endpoint>) -> Resu
     let settings = settings(&net, &opts);
     if a.json {
         let out = json!({
+            "schema": 1,
+            "type": "tune",
             "server": server,
             "seconds": round(total, 3),
             "budget_seconds": a.seconds,
@@ -344,7 +353,7 @@ fn network(
     let wall = w0.elapsed().as_secs_f64();
     let cpu_seconds = dmover_bench::report::cpu_seconds() - c0;
     let r = r.map_err(|e| {
-        Failed::Core(
+        Failed::core(
             format!("the memory-to-memory test with {server}"),
             run.take_error().unwrap_or(e),
         )
@@ -359,7 +368,11 @@ fn network(
                 streams,
                 rate,
                 reason,
-            } => Some(json!({"streams": streams, "rate": rate, "reason": reason})),
+            } => Some(json!({
+                "streams": streams,
+                "gbit_per_s": round(rate as f64 * 8.0 / 1e9, 4),
+                "reason": reason,
+            })),
             _ => None,
         })
         .collect();
@@ -587,7 +600,7 @@ fn check_remote(
         let _ = r.close().await;
         Ok::<_, dmover_core::Error>(root)
     });
-    let root = root.map_err(|e| Failed::Core(format!("looking at {shown}"), e))?;
+    let root = root.map_err(|e| Failed::core(format!("looking at {shown}"), e))?;
     let Some(root) = root.filter(|e| e.kind == EntryKind::Dir) else {
         return Err(Failed::Other(anyhow::anyhow!(
             "{shown} is not a directory (the storage test writes a file into one)"
@@ -603,7 +616,7 @@ fn check_remote(
                      you may write and delete"
                 ),
             };
-            Failed::Core(what, e)
+            Failed::core(what, e)
         })?;
     Ok(root.mtime)
 }
@@ -612,15 +625,13 @@ fn check_remote(
 /// there again (also after a failure or an interrupt).
 fn remote_storage(
     rt: &tokio::runtime::Runtime,
-    opts: &dmover_core::session::TransferOptions,
-    io_threads: usize,
+    client: &Client,
     server: &str,
     dir: &[u8],
     name: &str,
     dir_mtime: Mtime,
     size: u64,
 ) -> Result<Storage, Failed> {
-    let client = Client::new(opts.clone(), io_threads);
     let shown = format!("{server}:{}", String::from_utf8_lossy(dir));
     let tmp = tempfile::Builder::new()
         .prefix(PREFIX)
@@ -659,13 +670,13 @@ fn remote_storage(
             rt.block_on(client.remove_remote(server, dir, name.as_bytes(), dir_mtime, 1, false));
     }
     let report = pushed.map_err(|e| {
-        Failed::Core(
+        Failed::core(
             format!("the test push to {shown}"),
             run.take_error().unwrap_or(e),
         )
     })?;
     let removed = removed.map_err(|e| {
-        Failed::Core(
+        Failed::core(
             format!("deleting the test file {name} in {shown} (remove it by hand)"),
             e,
         )
@@ -828,7 +839,7 @@ fn net_json(n: &Net) -> Value {
         "direction": "push",
         "bytes": n.bytes,
         "seconds": round(n.seconds, 4),
-        "bytes_per_s": n.rate().round() as u64,
+        "bit_per_s": (n.rate() * 8.0).round() as u64,
         "gbit_per_s": round(n.rate() * 8.0 / 1e9, 4),
         "streams": n.streams,
         "streams_max": n.of,
@@ -852,10 +863,10 @@ fn storage_json(s: &Storage) -> Value {
         "direct_io": s.direct_io,
         "write_bytes": s.write_bytes,
         "write_seconds": round(s.write_seconds, 4),
-        "write_bytes_per_s": s.write_rate().round() as u64,
+        "write_bit_per_s": (s.write_rate() * 8.0).round() as u64,
         "read_bytes": (s.place == "local").then_some(s.read_bytes),
         "read_seconds": (s.place == "local").then(|| round(s.read_seconds, 4)),
-        "read_bytes_per_s": s.read_rate().map(|r| r.round() as u64),
+        "read_bit_per_s": s.read_rate().map(|r| (r * 8.0).round() as u64),
         "removed": s.removed,
         "note": s.note,
     })
