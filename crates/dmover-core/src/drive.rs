@@ -1011,6 +1011,11 @@ fn tune_step(
         }
         t.tick(at, bytes)
     } else {
+        if t.poll_timeout().is_some() {
+            tracing::debug!(
+                "tuning the transfer to {peer}: nothing to send, the period is dropped"
+            );
+        }
         t.pause();
         None
     };

@@ -317,9 +317,15 @@ impl Parts {
 /// Feeds the sending side's growing manifest: a first part of two chunks per stream,
 /// then parts that keep about [`FEED_AHEAD`] of sending announced at the rate so far,
 /// until `duration` after the first chunk went out; then the last part.
+///
+/// `pool`: in a tuned session, the source's chunk buffers, kept announced on top: its
+/// tuner measures only while chunks wait to be read or sent, and a source that has
+/// read every announced chunk into its buffers has none waiting, though its streams
+/// are busy (0 otherwise: the test's tail stays short).
 pub fn feed(
     chunk: u32,
     streams: u16,
+    pool: u64,
     duration: Duration,
     progress: Arc<Progress>,
 ) -> mpsc::UnboundedReceiver<GrowPart> {
@@ -355,7 +361,7 @@ pub fn feed(
             let active = progress.tuning.lock().map_or(streams, |t| t.active);
             let ahead = feed_ahead(sent, elapsed, active);
             let left = parts.announced.saturating_sub(sent);
-            if left < ahead && tx.send(parts.grow(ahead * 2 - left, false)).is_err() {
+            if left < ahead + pool && tx.send(parts.grow(ahead * 2 + pool - left, false)).is_err() {
                 return;
             }
         }
@@ -403,9 +409,15 @@ where
             env.zerocopy = z.clone();
             // A tuned session starts on a few of its streams.
             let tuned = info.features & features::TUNING != 0;
+            let pool = if tuned {
+                (env.buffers)(crate::session::buffer_streams(info.streams, tuned)) as u64
+            } else {
+                0
+            };
             let growth = feed(
                 info.chunk_size,
                 first_streams(info.streams, tuned),
+                pool,
                 Duration::from_millis(u64::from(millis)),
                 env.run.progress.clone(),
             );
@@ -483,9 +495,16 @@ impl Client {
                 let m = SourceSession::dial(std::time::Instant::now(), server, s.timing, s.dial);
                 // The streams are as many as the client asked for until the session says
                 // otherwise: the feed's first part only sizes itself by them.
+                let tuned = self.opts.tune;
+                let pool = if tuned {
+                    (s.env.buffers)(crate::session::buffer_streams(self.opts.streams, tuned)) as u64
+                } else {
+                    0
+                };
                 let growth = feed(
                     chunk,
-                    first_streams(self.opts.streams, self.opts.tune),
+                    first_streams(self.opts.streams, tuned),
+                    pool,
                     Duration::from_millis(u64::from(millis)),
                     run.progress.clone(),
                 );

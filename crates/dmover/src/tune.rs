@@ -241,7 +241,7 @@ fn probe(a: &TuneArgs, env: &Env, server: &str, place: Option<Endpoint>) -> Resu
     // The network, memory to memory.
     let net_share = if place.is_some() { 0.5 } else { 0.9 };
     // Set-up and the end of the session come on top of the sending time.
-    let send_for = (budget.mul_f64(net_share)).saturating_sub(Duration::from_secs(1));
+    let send_for = (budget.mul_f64(net_share)).saturating_sub(Duration::from_millis(1500));
     let send_for = send_for.max(Duration::from_secs(1));
     if !a.json {
         eprintln!(
