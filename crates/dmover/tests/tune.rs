@@ -312,3 +312,24 @@ fn usage_errors_exit_2() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("not a directory"), "{}", stderr(&o));
 }
+
+/// Without PATH the network test has the budget: long enough for the tuner to measure
+/// its start and decide (a memory-to-memory source that read every announced chunk
+/// into its buffers had nothing waiting, and its tuner never finished a period).
+#[test]
+fn the_tuner_decides_within_a_network_only_budget() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = Server::start(&root, &[]);
+    let (o, took) = tune(t.path(), &[&srv.addr, "--seconds", "6", "--json"]);
+    ok(&o);
+    assert!(took < Duration::from_secs(6) + SLACK, "took {took:?}");
+    let j = json(&o);
+    check_network(&j);
+    assert!(j["storage"].is_null(), "{j}");
+    let decisions = j["network"]["decisions"].as_array().unwrap();
+    assert!(decisions.len() >= 2, "no decision after the start: {j}");
+    assert!(decisions[1]["gbit_per_s"].as_f64().unwrap() > 0.0, "{j}");
+    assert_eq!(j["network"]["changes"], decisions.len() as u64 - 1, "{j}");
+}
