@@ -139,6 +139,8 @@ struct Storage {
     write_seconds: f64,
     read_bytes: u64,
     read_seconds: f64,
+    /// A push's walk and session set-up, before its first chunk.
+    setup_seconds: Option<f64>,
     removed: bool,
     note: Option<String>,
 }
@@ -298,8 +300,19 @@ fn probe(a: &TuneArgs, env: &Env, server: &str, place: Option<Endpoint>) -> Resu
                 );
             }
             let client = Client::new(opts.clone(), io_threads);
+            // The push stops when the budget is spent, but for a second to clean up
+            // (it has at least 2 s).
+            let time = left
+                .saturating_sub(Duration::from_secs(1))
+                .max(Duration::from_secs(2));
             Some(remote_storage(
-                &rt, &client, at, path, &name, dir_mtime, size,
+                &rt,
+                &client,
+                at,
+                path,
+                &name,
+                dir_mtime,
+                (size, time),
             )?)
         }
     };
@@ -570,6 +583,7 @@ fn local_storage(
         write_seconds,
         read_bytes,
         read_seconds,
+        setup_seconds: None,
         removed,
         note,
     })
@@ -621,8 +635,9 @@ fn check_remote(
     Ok(root.mtime)
 }
 
-/// Pushes a sparse file of `size` bytes into `dir` on `server`, timed, and deletes it
-/// there again (also after a failure or an interrupt).
+/// Pushes a sparse file of `cap.0` bytes into `dir` on `server`, timed, and deletes it
+/// there again (also after a failure or an interrupt). A push still running after
+/// `cap.1` is stopped and measured by the bytes it sent until then.
 fn remote_storage(
     rt: &tokio::runtime::Runtime,
     client: &Client,
@@ -630,8 +645,9 @@ fn remote_storage(
     dir: &[u8],
     name: &str,
     dir_mtime: Mtime,
-    size: u64,
+    cap: (u64, Duration),
 ) -> Result<Storage, Failed> {
+    let (size, time) = cap;
     let shown = format!("{server}:{}", String::from_utf8_lossy(dir));
     let tmp = tempfile::Builder::new()
         .prefix(PREFIX)
@@ -651,6 +667,18 @@ fn remote_storage(
     dest.extend_from_slice(name.as_bytes());
     let run = Run::new();
     watch_interrupt(rt, &run);
+    let timed_out = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let (run, timed_out) = (run.clone(), timed_out.clone());
+        rt.spawn(async move {
+            tokio::time::sleep(time).await;
+            timed_out.store(true, Ordering::SeqCst);
+            run.fail(dmover_core::Error::refused(
+                ErrorCode::Aborted,
+                "the time budget is spent",
+            ));
+        });
+    }
     let t0 = Instant::now();
     let pushed = rt.block_on(client.push(
         &[local.as_os_str().as_bytes().to_vec()],
@@ -658,7 +686,12 @@ fn remote_storage(
         &dest,
         run.clone(),
     ));
-    let seconds = t0.elapsed().as_secs_f64();
+    let end = Instant::now();
+    // From the first chunk on: the walk and the session's set-up are not the
+    // storage's (the memory-to-memory rate is timed the same way).
+    let first = run.progress.first_data().unwrap_or(t0);
+    let seconds = end.saturating_duration_since(first).as_secs_f64();
+    let setup = first.saturating_duration_since(t0).as_secs_f64();
     drop(tmp);
     // Deleted in any case; after a failure the server may still be winding the
     // session down: once more a moment later.
@@ -669,19 +702,27 @@ fn remote_storage(
         removed =
             rt.block_on(client.remove_remote(server, dir, name.as_bytes(), dir_mtime, 1, false));
     }
-    let report = pushed.map_err(|e| {
-        Failed::core(
-            format!("the test push to {shown}"),
-            run.take_error().unwrap_or(e),
-        )
-    })?;
+    // Stopped at the budget (not by an interrupt): measured by the bytes sent.
+    let stopped = pushed.is_err() && timed_out.load(Ordering::SeqCst) && !interrupt::requested();
+    let written = match pushed {
+        Ok(report) => report.summary.bytes,
+        Err(_) if stopped => run.progress.bytes.load(Ordering::Relaxed),
+        Err(e) => {
+            return Err(Failed::core(
+                format!("the test push to {shown}"),
+                run.take_error().unwrap_or(e),
+            ));
+        }
+    };
     let removed = removed.map_err(|e| {
         Failed::core(
             format!("deleting the test file {name} in {shown} (remove it by hand)"),
             e,
         )
     })?;
-    if removed.deleted != 1 {
+    // A push that was stopped never gave the file its name (the server removes its
+    // staging file): nothing to delete then.
+    if removed.deleted != 1 && !stopped {
         return Err(Failed::Other(anyhow::anyhow!(
             "the test file {name} was not found in {shown} to delete"
         )));
@@ -690,16 +731,23 @@ fn remote_storage(
         place: "remote",
         path: shown,
         direct_io: None,
-        write_bytes: report.summary.bytes,
+        write_bytes: written,
         write_seconds: seconds,
         read_bytes: 0,
         read_seconds: 0.0,
+        setup_seconds: Some(setup),
         removed: true,
-        note: Some(
-            "a push through the network into the server's storage, its set-up included: \
-             the server's write rate when below the network's"
-                .into(),
-        ),
+        note: Some(if stopped {
+            format!(
+                "a push through the network into the server's storage, timed from its first \
+                 chunk, stopped after {:.1} s (the budget): measured by the bytes sent",
+                time.as_secs_f64()
+            )
+        } else {
+            "a push through the network into the server's storage, timed from its first \
+             chunk: the server's write rate when below the network's"
+                .into()
+        }),
     })
 }
 
@@ -754,7 +802,8 @@ fn verdict(net: &Net, storage: Option<&Storage>) -> (&'static str, String) {
             limit = (
                 "disk write",
                 format!(
-                    "the push into {} wrote {}, the network carries {}",
+                    "the push into {} (the server writing to its storage) ran at {}, the \
+                 network carries {}",
                     s.path,
                     rate_text(w),
                     rate_text(net_rate)
@@ -810,11 +859,19 @@ fn verdict(net: &Net, storage: Option<&Storage>) -> (&'static str, String) {
 
 /// The settings `dmover tune` would use, and what it cannot choose yet.
 fn settings(net: &Net, opts: &dmover_core::session::TransferOptions) -> Value {
+    // A search that had not settled ended in a probe ("trying N") whose result is
+    // unknown: the count it started from is the best one measured.
+    let streams = match net.decisions.as_slice() {
+        [.., before, _] if opts.tune && net.settled_ms.is_none() => {
+            before["streams"].as_u64().map_or(net.streams, |n| n as u16)
+        }
+        _ => net.streams,
+    };
     let bdp = net
         .rtt
-        .map(|r| (net.rate() * r.as_secs_f64()) as u64 / net.streams.max(1) as u64);
+        .map(|r| (net.rate() * r.as_secs_f64()) as u64 / u64::from(streams.max(1)));
     json!({
-        "streams": net.streams,
+        "streams": streams,
         "streams_pinned": !opts.tune,
         "streams_settled": !opts.tune || net.settled_ms.is_some(),
         "chunk_size": if opts.chunk_size == 0 { Value::Null } else { json!(opts.chunk_size) },
@@ -867,6 +924,7 @@ fn storage_json(s: &Storage) -> Value {
         "read_bytes": (s.place == "local").then_some(s.read_bytes),
         "read_seconds": (s.place == "local").then(|| round(s.read_seconds, 4)),
         "read_bit_per_s": s.read_rate().map(|r| (r * 8.0).round() as u64),
+        "setup_seconds": s.setup_seconds.map(|x| round(x, 4)),
         "removed": s.removed,
         "note": s.note,
     })
