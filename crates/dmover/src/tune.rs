@@ -706,6 +706,13 @@ fn remote_storage(
     let stopped = pushed.is_err() && timed_out.load(Ordering::SeqCst) && !interrupt::requested();
     let written = match pushed {
         Ok(report) => report.summary.bytes,
+        Err(_) if stopped && run.progress.first_data().is_none() => {
+            return Err(Failed::Other(anyhow::anyhow!(
+                "the test push to {shown} sent nothing within the budget (its set-up took \
+                 {:.1} s): give more --seconds",
+                time.as_secs_f64()
+            )));
+        }
         Err(_) if stopped => run.progress.bytes.load(Ordering::Relaxed),
         Err(e) => {
             return Err(Failed::core(
