@@ -994,6 +994,65 @@ impl Client {
             .await
     }
 
+    /// Deletes the entry `name` (a file, or a directory with what it holds) directly in
+    /// the directory `dir` on `server`, and nothing else, with [`Op::Prune`]: the
+    /// mirror is `dir`, the manifest its root alone, the filters include `/name` (and
+    /// what is below it) and exclude everything else, and at most `max_delete`
+    /// entries go. `dry_run`: only checks that the server would let this client delete
+    /// there (a writable export, write rights, `dir` below an export's root). After a
+    /// deletion the server gives `dir` the mtime `dir_mtime` (as a sync's mirror gets
+    /// its source's): pass the one it had. For `dmover tune`'s test files.
+    pub async fn remove_remote(
+        &self,
+        server: &str,
+        dir: &[u8],
+        name: &[u8],
+        dir_mtime: dmover_proto::manifest::Mtime,
+        max_delete: u64,
+        dry_run: bool,
+    ) -> Result<PruneReport> {
+        if name.is_empty() || name.contains(&b'/') || name == b"." || name == b".." {
+            return Err(Error::refused(
+                ErrorCode::Protocol,
+                format!("{:?} is not a name", String::from_utf8_lossy(name)),
+            ));
+        }
+        let mut anchored = b"/".to_vec();
+        anchored.extend_from_slice(name);
+        let mut below = anchored.clone();
+        below.extend_from_slice(b"/***");
+        let req = Prune {
+            dest: dir.to_vec(),
+            // `/name/***` matches `name` only as a directory.
+            rules: vec![
+                control::FilterRule {
+                    include: true,
+                    pattern: anchored,
+                },
+                control::FilterRule {
+                    include: true,
+                    pattern: below,
+                },
+                control::FilterRule {
+                    include: false,
+                    pattern: b"*".to_vec(),
+                },
+            ],
+            max_delete,
+            dry_run,
+            conflicts_only: false,
+            checksum: false,
+        };
+        let root = Entry {
+            parent: NO_PARENT,
+            name: b"dir".to_vec(),
+            kind: dmover_proto::manifest::EntryKind::Dir,
+            mode: 0o755,
+            mtime: dir_mtime,
+        };
+        self.prune_remote(server, &[root], req).await
+    }
+
     /// A [`Prune`] request of the mirror `dest` with this client's filters.
     fn prune_request(&self, dest: &[u8], max_delete: Option<u64>) -> Prune {
         Prune {

@@ -775,6 +775,7 @@ where
                             *env.run.progress.tuning.lock() = Some(Tuning {
                                 streams: t.streams(),
                                 of: info.streams,
+                                active: t.streams(),
                                 changes: 0,
                                 settled_ms: None,
                             });
@@ -1006,9 +1007,15 @@ fn tune_step(
         };
         if let Some(rtt) = rtt {
             t.set_rtt(rtt);
+            p.note_rtt(rtt);
         }
         t.tick(at, bytes)
     } else {
+        if t.poll_timeout().is_some() {
+            tracing::debug!(
+                "tuning the transfer to {peer}: nothing to send, the period is dropped"
+            );
+        }
         t.pause();
         None
     };
@@ -1019,6 +1026,7 @@ fn tune_step(
     let mut tuning = p.tuning.lock();
     if let Some(s) = tuning.as_mut() {
         s.streams = t.kept();
+        s.active = t.streams();
         s.changes = t.changes();
         s.settled_ms = t.settled_after().map(|d| d.as_millis() as u64);
     }
@@ -1429,12 +1437,14 @@ where
                                 *tuning = Some(Tuning {
                                     streams: t.streams,
                                     of,
+                                    active: t.streams,
                                     changes: 0,
                                     settled_ms: None,
                                 })
                             }
                             Some(s) => {
                                 s.streams = t.streams;
+                                s.active = t.streams;
                                 s.changes += 1;
                                 s.settled_ms = Some(t.at_ms);
                             }

@@ -47,6 +47,10 @@ pub struct Progress {
     manifest: Mutex<Option<Arc<Vec<dmover_proto::manifest::Entry>>>>,
     /// Paths of the files done since the reader last took them.
     files_done: Mutex<Vec<String>>,
+    /// The smallest round trip a tuning source's data streams measured (their
+    /// `TCP_INFO` `tcpi_min_rtt`, or the acknowledgements' when not TCP), in
+    /// microseconds; 0 while unknown (see [`Progress::note_rtt`]).
+    pub min_rtt_us: AtomicU64,
     /// When the first chunk crossed a data stream (see [`Progress::data_flowing`]).
     first_data: std::sync::OnceLock<std::time::Instant>,
     /// Events for a live view, oldest first (see [`Progress::event`]).
@@ -133,6 +137,8 @@ pub struct Tuning {
     pub streams: u16,
     /// The session's streams, the most it may use.
     pub of: u16,
+    /// Streams sending now (while a probe runs: the probe's count).
+    pub active: u16,
     /// Changes so far.
     pub changes: u32,
     /// Milliseconds after the first chunk when the search first settled, or (as a
@@ -156,6 +162,30 @@ impl Progress {
     pub fn data_flowing(&self) {
         if self.first_data.get().is_none() {
             let _ = self.first_data.set(std::time::Instant::now());
+        }
+    }
+
+    /// Notes a round trip measured by the data streams: [`Progress::min_rtt`] keeps
+    /// the smallest (a zero is no measurement).
+    pub fn note_rtt(&self, rtt: std::time::Duration) {
+        if rtt.is_zero() {
+            return;
+        }
+        let us = (rtt.as_micros() as u64).max(1);
+        self.min_rtt_us
+            .fetch_update(
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+                |old| (old == 0 || us < old).then_some(us),
+            )
+            .ok();
+    }
+
+    /// The smallest round trip the data streams measured so far, if any.
+    pub fn min_rtt(&self) -> Option<std::time::Duration> {
+        match self.min_rtt_us.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => None,
+            us => Some(std::time::Duration::from_micros(us)),
         }
     }
 
@@ -291,6 +321,23 @@ pub struct DataStream<S> {
 mod tests {
     use super::*;
     use std::sync::atomic::Ordering::Relaxed;
+
+    #[test]
+    fn the_smallest_round_trip_is_kept() {
+        let p = Progress::default();
+        assert_eq!(p.min_rtt(), None);
+        p.note_rtt(std::time::Duration::ZERO);
+        assert_eq!(p.min_rtt(), None, "a zero is no measurement");
+        p.note_rtt(std::time::Duration::from_micros(900));
+        p.note_rtt(std::time::Duration::from_millis(3));
+        assert_eq!(p.min_rtt(), Some(std::time::Duration::from_micros(900)));
+        p.note_rtt(std::time::Duration::from_nanos(10));
+        assert_eq!(
+            p.min_rtt(),
+            Some(std::time::Duration::from_micros(1)),
+            "below a microsecond counts as one"
+        );
+    }
 
     fn lost(stream: u16) -> ProgressEvent {
         ProgressEvent::StreamLost {

@@ -41,6 +41,10 @@ pub const DEFAULT_CHUNK: u32 = 4 << 20;
 const FEED_AHEAD: Duration = Duration::from_millis(100);
 /// How often the feeder looks at the sending.
 const FEED_TICK: Duration = Duration::from_millis(5);
+/// The feeder's rate is the chunks sent over at least this long: the first chunks
+/// "cross" as fast as the sockets' buffers take them, and a rate from a few
+/// milliseconds would announce seconds of sending that the test must then finish.
+const RATE_OVER: Duration = Duration::from_millis(250);
 /// Chunks of the (virtual) file the test's storage lays out: more than any test sends.
 const LAYOUT_CHUNKS: u64 = 1 << 32;
 
@@ -313,9 +317,15 @@ impl Parts {
 /// Feeds the sending side's growing manifest: a first part of two chunks per stream,
 /// then parts that keep about [`FEED_AHEAD`] of sending announced at the rate so far,
 /// until `duration` after the first chunk went out; then the last part.
+///
+/// `pool`: in a tuned session, the source's chunk buffers, kept announced on top: its
+/// tuner measures only while chunks wait to be read or sent, and a source that has
+/// read every announced chunk into its buffers has none waiting, though its streams
+/// are busy (0 otherwise: the test's tail stays short).
 pub fn feed(
     chunk: u32,
     streams: u16,
+    pool: u64,
     duration: Duration,
     progress: Arc<Progress>,
 ) -> mpsc::UnboundedReceiver<GrowPart> {
@@ -347,15 +357,34 @@ pub fn feed(
                 return;
             }
             let sent = progress.chunks.load(Relaxed);
-            let rate = sent as f64 / elapsed.as_secs_f64().max(1e-3);
-            let ahead = ((rate * FEED_AHEAD.as_secs_f64()) as u64).max(u64::from(streams) * 2);
+            // A tuned session sends on the tuner's streams, not on all it has.
+            let active = progress.tuning.lock().map_or(streams, |t| t.active);
+            let ahead = feed_ahead(sent, elapsed, active);
             let left = parts.announced.saturating_sub(sent);
-            if left < ahead && tx.send(parts.grow(ahead * 2 - left, false)).is_err() {
+            if left < ahead + pool && tx.send(parts.grow(ahead * 2 + pool - left, false)).is_err() {
                 return;
             }
         }
     });
     rx
+}
+
+/// The streams a test's first part is sized for: a tuned session starts on
+/// [`crate::session::TUNED_START`] of them.
+fn first_streams(streams: u16, tuned: bool) -> u16 {
+    if tuned {
+        streams.min(crate::session::TUNED_START)
+    } else {
+        streams
+    }
+}
+
+/// Chunks to keep announced ahead of the sending: [`FEED_AHEAD`] of it at the rate so
+/// far (`sent` chunks in `elapsed`, over at least [`RATE_OVER`]), and at least two per
+/// stream sending.
+fn feed_ahead(sent: u64, elapsed: Duration, streams: u16) -> u64 {
+    let rate = sent as f64 / elapsed.max(RATE_OVER).as_secs_f64();
+    ((rate * FEED_AHEAD.as_secs_f64()) as u64).max(u64::from(streams.max(1)) * 2)
 }
 
 /// The server's side of a test: the op `m`, the session granted with `info` (which
@@ -378,9 +407,17 @@ where
             let millis = m.millis.min(MAX_MILLIS);
             let z = m.zerocopy.then(|| Arc::new(ZeroCopyUse::default()));
             env.zerocopy = z.clone();
+            // A tuned session starts on a few of its streams.
+            let tuned = info.features & features::TUNING != 0;
+            let pool = if tuned {
+                (env.buffers)(crate::session::buffer_streams(info.streams, tuned)) as u64
+            } else {
+                0
+            };
             let growth = feed(
                 info.chunk_size,
-                info.streams,
+                first_streams(info.streams, tuned),
+                pool,
                 Duration::from_millis(u64::from(millis)),
                 env.run.progress.clone(),
             );
@@ -458,9 +495,16 @@ impl Client {
                 let m = SourceSession::dial(std::time::Instant::now(), server, s.timing, s.dial);
                 // The streams are as many as the client asked for until the session says
                 // otherwise: the feed's first part only sizes itself by them.
+                let tuned = self.opts.tune;
+                let pool = if tuned {
+                    (s.env.buffers)(crate::session::buffer_streams(self.opts.streams, tuned)) as u64
+                } else {
+                    0
+                };
                 let growth = feed(
                     chunk,
-                    self.opts.streams,
+                    first_streams(self.opts.streams, tuned),
+                    pool,
                     Duration::from_millis(u64::from(millis)),
                     run.progress.clone(),
                 );
@@ -513,5 +557,29 @@ impl Client {
             chunk_size,
             zerocopy,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_feed_keeps_a_tenth_of_a_second_ahead() {
+        // 1000 chunks a second: 100 ahead.
+        assert_eq!(feed_ahead(2000, Duration::from_secs(2), 4), 100);
+        // Slow: two per stream sending.
+        assert_eq!(feed_ahead(10, Duration::from_secs(2), 4), 8);
+        assert_eq!(feed_ahead(10, Duration::from_secs(2), 16), 32);
+        assert_eq!(feed_ahead(0, Duration::ZERO, 0), 2);
+    }
+
+    #[test]
+    fn the_first_chunks_do_not_inflate_the_feed() {
+        // 32 chunks "sent" in 5 ms went into socket buffers: counted over 250 ms, they
+        // announce 12 chunks ahead (two per stream: 32), not 640 (20 s of sending at
+        // the real rate of a slow link).
+        assert_eq!(feed_ahead(32, Duration::from_millis(5), 16), 32);
+        assert_eq!(feed_ahead(32, Duration::from_millis(5), 4), 12);
     }
 }

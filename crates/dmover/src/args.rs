@@ -69,6 +69,11 @@ pub enum Command {
     Credential(CredentialArgs),
     /// Emulated long-haul links (RTT, rate, loss) between two network namespaces.
     Netlab(crate::netlab::NetlabArgs),
+    /// Probe a link (and a storage path) within a time and size cap, clean up, and
+    /// print the settings it would use and what limits a transfer: disk read, disk
+    /// write, network or CPU (docs/tuning.md).
+    #[command(override_usage = "dmover tune [OPTIONS] HOST[:PORT] [PATH]")]
+    Tune(crate::tune::TuneArgs),
     /// Check this host's tuning for a DTN and print the fixes (changes nothing).
     ///
     /// Checks against ESnet fasterdata's host tuning: TCP buffer limits for --rtt x

@@ -18,6 +18,7 @@ mod mount;
 mod netlab;
 mod output;
 mod serve;
+mod tune;
 
 use std::process::ExitCode;
 
@@ -50,6 +51,7 @@ fn main() -> ExitCode {
         Command::Credential(a) => credential::run(a),
         Command::Netlab(a) => netlab::run(a),
         Command::Doctor(a) => doctor::run(a),
+        Command::Tune(a) => tune::run(a, &env),
         Command::Completions(a) => manual::completions(a),
         Command::Man(a) => manual::man(a),
     };

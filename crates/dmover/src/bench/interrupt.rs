@@ -1,4 +1,4 @@
-//! Ctrl-C (SIGINT), SIGTERM and SIGHUP during a long benchmark: the first one ends the
+//! Ctrl-C (SIGINT), SIGTERM and SIGHUP during a long benchmark (or `dmover tune`): the first one ends the
 //! copy that runs now and asks the sweep to stop, so emulated links and servers are
 //! torn down by their destructors on the way out; a second one exits at once.
 
@@ -37,8 +37,9 @@ pub fn install() -> anyhow::Result<()> {
                     }
                     if REQUESTED.swap(true, Ordering::SeqCst) {
                         eprintln!(
-                            "\ndmover: second interrupt, exiting without cleanup (remove left-over \
-                             labs with `dmover netlab down --all`)"
+                            "\ndmover: second interrupt, exiting without cleanup (left-over \
+                             emulated links: `dmover netlab down --all`; `dmover tune`'s test \
+                             files are named dmover-tune-PID-*)"
                         );
                         std::process::exit(130);
                     }

@@ -3,7 +3,7 @@
 
 mod common;
 pub mod compare;
-mod interrupt;
+pub(crate) mod interrupt;
 pub mod net;
 pub mod storage;
 pub mod transfer;
