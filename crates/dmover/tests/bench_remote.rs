@@ -269,3 +269,48 @@ fn bad_arguments_exit_2_and_touch_nothing() {
     s.assert_clean();
     assert!(!s.t.path().join("root/nothere").exists());
 }
+
+#[test]
+fn interrupted_run_cleans_up() {
+    let s = Setup::new();
+    let via = if fuse_available("interrupted_run_cleans_up (through the mount)") {
+        "mount"
+    } else {
+        "api"
+    };
+    let mut child = Command::new(bin())
+        .args(["bench", "remote", &s.server.url("data")])
+        .args(["--workload", "B", "--file-size", "256K", "--seconds", "60"])
+        .args(["--via", via])
+        .env("DMOVER_KNOWN_HOSTS", known_hosts_in(s.t.path()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the test files are on the server and the run has begun.
+    let data = s.t.path().join("root/data");
+    let t0 = std::time::Instant::now();
+    while std::fs::read_dir(&data).unwrap().count() < 2 {
+        assert!(t0.elapsed().as_secs() < 30, "no test directory appeared");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let pid = rustix::process::Pid::from_child(&child);
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+    let t1 = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t1.elapsed().as_secs() > 20 {
+            let _ = child.kill();
+            panic!("still running 20 s after SIGINT");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let err = std::io::read_to_string(child.stderr.take().unwrap()).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+    assert!(err.contains("removed the test directory"), "{err}");
+    s.assert_clean();
+}
