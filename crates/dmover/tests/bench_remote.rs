@@ -252,6 +252,8 @@ fn bad_arguments_exit_2_and_touch_nothing() {
         vec![&url, "--workload", "A", "--seconds", "0"],
         vec![&url, "--workload", "A", "--queue-depth", "0"],
         vec!["/tmp", "--workload", "A"],
+        vec![&url, "--workload", "A", "--via", "dir"],
+        vec![&url, "--workload", "A", "--dir", "/tmp"],
         vec![&s.server.url(""), "--workload", "A"],
     ] {
         let o = s.bench(&args);
@@ -312,5 +314,41 @@ fn interrupted_run_cleans_up() {
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("interrupted"), "{err}");
     assert!(err.contains("removed the test directory"), "{err}");
+    s.assert_clean();
+}
+
+#[test]
+fn the_same_workload_on_the_servers_own_disk() {
+    // `--via dir`: plain file I/O in another view of the target (here the server's own
+    // directory), the comparison column for sshfs or local disk.
+    let s = Setup::new();
+    let data = s.t.path().join("root/data");
+    let o = s.bench(&[
+        &s.server.url("data"),
+        "--workload",
+        "B",
+        "--via",
+        "dir",
+        "--dir",
+        data.to_str().unwrap(),
+        "--mix",
+        "50/50",
+        "--file-size",
+        "128K",
+        "--block",
+        "32K",
+        "--ops",
+        "4",
+        "--json",
+    ]);
+    let r = rows(&o);
+    assert_eq!(r.len(), 3, "{r:?}");
+    assert_eq!(f(&r[0], "ops"), 40.0);
+    assert_eq!(f(&r[1], "ops"), 40.0);
+    assert_eq!(f(&r[2], "ops"), 10.0, "one whole file per writer");
+    for r in &r {
+        assert_eq!(r["via"], "dir");
+        sane(r);
+    }
     s.assert_clean();
 }

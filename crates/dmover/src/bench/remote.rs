@@ -80,6 +80,9 @@ pub enum Via {
     Api,
     /// A `dmover mount` per client (this binary), plain file I/O from threads.
     Mount,
+    /// Plain file I/O from threads in `--dir`: the target directory reached another
+    /// way (sshfs, `rclone mount`, NFS, or the server's own disk), for comparison.
+    Dir,
 }
 
 /// Reads, writes, or both at once (on separate files).
@@ -117,7 +120,11 @@ pub struct RemoteBenchArgs {
     /// Through the library API or through a `dmover mount` (FUSE).
     #[arg(long, value_enum, default_value_t = Via::Api)]
     pub via: Via,
-    /// Reads, writes of new files (through the mount only), or both (separate files).
+    /// With `--via dir`: where TARGET's directory is seen here (a mount of it, or the
+    /// directory itself on the server's machine).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Reads, writes of new files (through a mount only), or both (separate files).
     #[arg(long, value_enum, default_value_t = Mix::Read)]
     pub mix: Mix,
     /// Where reads land: random block-aligned offsets, or sequential.
@@ -251,9 +258,19 @@ pub fn run(a: RemoteBenchArgs, env: &Env) -> anyhow::Result<()> {
     }
     if a.via == Via::Api && a.mix != Mix::Read {
         return Err(usage(
-            "writes go through the mount only (--via mount): the library API has no write \
-             path for new files yet",
+            "writes go through a mount only (--via mount or dir): the library API has no \
+             write path for new files yet",
         ));
+    }
+    if (a.via == Via::Dir) != a.dir.is_some() {
+        return Err(usage(
+            "--dir DIR goes with --via dir (and --via dir needs --dir)",
+        ));
+    }
+    if let Some(d) = &a.dir {
+        if !d.is_dir() {
+            return Err(usage(format!("--dir {}: not a directory", d.display())));
+        }
     }
     if a.block > a.file_size {
         return Err(usage(format!(
@@ -333,7 +350,32 @@ pub fn run(a: RemoteBenchArgs, env: &Env) -> anyhow::Result<()> {
                     "{}/{name}",
                     a.target.to_string_lossy().trim_end_matches('/')
                 );
-                via_mount(&url, local.path(), &a, n, reads, writes)
+                let mut mounts = Vec::new();
+                for c in 0..a.clients {
+                    let dir = local.path().join(format!("mnt{c}"));
+                    mounts.push(MountGuard::start(&url, &dir, &a, writes)?);
+                }
+                let dirs = mounts.iter().map(|m| m.dir.clone()).collect();
+                let m = via_files(dirs, &a, n, reads, writes);
+                if writes {
+                    // A close returns after the upload (flush); the release that
+                    // follows reaches the mount a moment later: let it, so the
+                    // unmount finds no file open.
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                drop(mounts);
+                m
+            }
+            Via::Dir => {
+                let d = a.dir.as_ref().expect("checked").join(&name);
+                if !d.join("w").is_dir() {
+                    bail!(
+                        "{} is not there: --dir must show the target directory {shown}",
+                        d.display()
+                    );
+                }
+                let dirs = (0..a.clients).map(|_| d.clone()).collect();
+                via_files(dirs, &a, n, reads, writes)
             }
         }
     })();
@@ -776,25 +818,15 @@ fn close_file(f: std::fs::File) -> std::io::Result<()> {
     }
 }
 
-/// Reads and writes through `clients` mounts of `url`: `queue_depth` threads per file
-/// and kind, plain `pread`/`write`/`close`.
-fn via_mount(
-    url: &str,
-    tmp: &Path,
+/// Reads and writes in `dirs` (one per client: each a view of the test directory):
+/// `queue_depth` threads per file and kind, plain `pread`/`write`/`close`.
+fn via_files(
+    dirs: Vec<PathBuf>,
     a: &RemoteBenchArgs,
     n: usize,
     reads: bool,
     writes: bool,
 ) -> anyhow::Result<Measured> {
-    let mut mounts = Vec::new();
-    for c in 0..a.clients {
-        mounts.push(MountGuard::start(
-            url,
-            &tmp.join(format!("mnt{c}")),
-            a,
-            writes,
-        )?);
-    }
     let slots = (a.file_size / a.block).max(1);
     let started = Instant::now();
     let end = started + Duration::from_secs_f64(a.seconds);
@@ -802,14 +834,14 @@ fn via_mount(
     let cap = a.ops.unwrap_or(u64::MAX);
     let mut readers = Vec::new();
     let mut writers = Vec::new();
-    for (c, m) in mounts.iter().enumerate() {
+    for (c, dir) in dirs.iter().enumerate() {
         for i in 0..n {
             let cursor = Arc::new(AtomicU64::new(0));
             for q in 0..a.queue_depth {
                 let seed = ((c as u64) << 40) ^ ((i as u64) << 8) ^ q as u64;
                 let b = std::thread::Builder::new().stack_size(256 << 10);
                 if reads {
-                    let p = m.dir.join(format!("r/r{i:04}"));
+                    let p = dir.join(format!("r/r{i:04}"));
                     let cursor = cursor.clone();
                     readers.push(b.spawn(move || {
                         let mut t = Tally::default();
@@ -842,7 +874,7 @@ fn via_mount(
                     })?);
                 }
                 if writes {
-                    let dir = m.dir.join("w");
+                    let dir = dir.join("w");
                     let b = std::thread::Builder::new().stack_size(256 << 10);
                     writers.push(b.spawn(move || {
                         let (mut w, mut cl) = (Tally::default(), Tally::default());
@@ -914,11 +946,5 @@ fn via_mount(
         }
     }
     m.seconds = started.elapsed().as_secs_f64();
-    if writes {
-        // A close returns after the upload (flush); the release that follows reaches
-        // the mount a moment later: let it, so the unmount finds no file open.
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    drop(mounts);
     Ok(m)
 }
