@@ -255,6 +255,18 @@ fn bad_arguments_exit_2_and_touch_nothing() {
         vec![&url, "--workload", "A", "--via", "dir"],
         vec![&url, "--workload", "A", "--dir", "/tmp"],
         vec![&s.server.url(""), "--workload", "A"],
+        vec![&url, "--workload", "A", "--rtt", "10"],
+        vec![&url, "--workload", "A", "--rate", "1gbit"],
+        vec![
+            "--workload",
+            "A",
+            "--rtt",
+            "10",
+            "--via",
+            "dir",
+            "--dir",
+            "/tmp",
+        ],
     ] {
         let o = s.bench(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
@@ -351,4 +363,46 @@ fn the_same_workload_on_the_servers_own_disk() {
         sane(r);
     }
     s.assert_clean();
+}
+
+#[test]
+fn over_an_emulated_link() {
+    if !netlab_available("over_an_emulated_link") {
+        return;
+    }
+    // No TARGET: the command makes a lab, a server in its far namespace and runs
+    // itself in the near one; a sequential read of the one file, 8 reads.
+    let t = tempfile::tempdir().unwrap();
+    let child = Command::new(bin())
+        .args(["bench", "remote", "--rtt", "20", "--workload", "A"])
+        .args([
+            "--file-size",
+            "1M",
+            "--block",
+            "128K",
+            "--pattern",
+            "sequential",
+        ])
+        .args(["--ops", "8", "--seconds", "30", "--json"])
+        .env("DMOVER_KNOWN_HOSTS", known_hosts_in(t.path()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lab = format!("brem{}", child.id());
+    let o = child.wait_with_output().unwrap();
+    let r = rows(&o);
+    assert_eq!(r.len(), 1);
+    let r = &r[0];
+    assert_eq!(f(r, "rtt_ms"), 20.0);
+    assert_eq!(f(r, "ops"), 8.0);
+    sane(r);
+    // The first read waits for the link at least once: one round trip or more.
+    assert!(f(r, "max_us") >= 20_000.0, "{r}");
+    let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&netns.stdout).contains(&lab),
+        "a lab namespace is left: {}",
+        String::from_utf8_lossy(&netns.stdout)
+    );
 }

@@ -112,8 +112,26 @@ pub struct RemoteBenchArgs {
     /// A writable directory on the server, below its export's root:
     /// `dmover://HOST[:PORT]/PATH`. The test files go into a new directory in it,
     /// removed afterwards.
-    #[arg(value_name = "TARGET")]
-    pub target: OsString,
+    /// (Not with `--rtt`, which makes its own server.)
+    #[arg(
+        value_name = "TARGET",
+        required_unless_present = "rtt",
+        conflicts_with = "rtt"
+    )]
+    pub target: Option<OsString>,
+    /// Run over an emulated link of this round-trip time instead (bare numbers are ms;
+    /// root and /dev/net/tun, as `bench transfer --rtt`): the command starts a `dmover
+    /// serve` of a temporary directory in the far namespace of a `dmover netlab` link
+    /// and runs itself in the near one against it (its mounts too).
+    #[arg(long, value_parser = super::transfer::rtt_item, value_name = "RTT")]
+    pub rtt: Option<super::transfer::Rtt>,
+    /// Bottleneck rate of the `--rtt` link, each way (1gbit, 500mbit, unlimited)
+    /// [default: 1gbit].
+    #[arg(long, value_parser = super::transfer::link_rate, value_name = "RATE")]
+    pub rate: Option<super::transfer::LinkRate>,
+    /// The RTT in ms a row reports (set by `--rtt` for its run in the namespace).
+    #[arg(long, hide = true)]
+    pub debug_rtt_ms: Option<f64>,
     /// Seed 000's workload: A, B, C, D = 1, 10, 100, 1000 files at once.
     #[arg(long, value_enum, ignore_case = true)]
     pub workload: Workload,
@@ -210,7 +228,8 @@ struct Measured {
 }
 
 /// Columns of the CSV and the JSON rows, in order.
-const COLUMNS: [&str; 23] = [
+const COLUMNS: [&str; 24] = [
+    "rtt_ms",
     "workload",
     "via",
     "op",
@@ -238,14 +257,21 @@ const COLUMNS: [&str; 23] = [
 
 /// `dmover bench remote`.
 pub fn run(a: RemoteBenchArgs, env: &Env) -> anyhow::Result<()> {
-    let (server, path) = match endpoint::parse(&a.target)
-        .map_err(|e| usage(format!("{}: {e}", a.target.to_string_lossy())))?
+    if a.rate.is_some() && a.rtt.is_none() {
+        return Err(usage("--rate goes with --rtt"));
+    }
+    if let Some(rtt) = a.rtt {
+        return over_link(a, rtt);
+    }
+    let target = a.target.clone().expect("clap: TARGET or --rtt");
+    let (server, path) = match endpoint::parse(&target)
+        .map_err(|e| usage(format!("{}: {e}", target.to_string_lossy())))?
     {
         Endpoint::Remote { server, path } => (server, path),
         Endpoint::Local(_) => {
             return Err(usage(format!(
                 "{}: the target must be a directory on a server: dmover://HOST[:PORT]/PATH",
-                a.target.to_string_lossy()
+                target.to_string_lossy()
             )));
         }
     };
@@ -253,7 +279,7 @@ pub fn run(a: RemoteBenchArgs, env: &Env) -> anyhow::Result<()> {
         return Err(usage(format!(
             "{}: name a directory below the export's root (the test directory is removed \
              with a prune of it, which the root does not allow)",
-            a.target.to_string_lossy()
+            target.to_string_lossy()
         )));
     }
     if a.via == Via::Api && a.mix != Mix::Read {
@@ -346,10 +372,7 @@ pub fn run(a: RemoteBenchArgs, env: &Env) -> anyhow::Result<()> {
         match a.via {
             Via::Api => via_api(&rt, &client, &server, &remote_dir, &name, &a, n),
             Via::Mount => {
-                let url = format!(
-                    "{}/{name}",
-                    a.target.to_string_lossy().trim_end_matches('/')
-                );
+                let url = format!("{}/{name}", target.to_string_lossy().trim_end_matches('/'));
                 let mut mounts = Vec::new();
                 for c in 0..a.clients {
                     let dir = local.path().join(format!("mnt{c}"));
@@ -405,7 +428,7 @@ pub fn run(a: RemoteBenchArgs, env: &Env) -> anyhow::Result<()> {
     if a.json {
         let out = json!({
             "command": "bench remote",
-            "target": a.target.to_string_lossy(),
+            "target": target.to_string_lossy(),
             "workload": a.workload.name(),
             "via": format!("{:?}", a.via).to_lowercase(),
             "mix": mix_name(a.mix),
@@ -505,6 +528,9 @@ fn make_row(
         ("errors", json!(t.errors)),
         ("chunk_size", json!(chunk_size)),
     ]);
+    if let Some(ms) = a.debug_rtt_ms {
+        m.insert("rtt_ms".into(), json!(ms));
+    }
     if let (Some((recv, hits)), "read") = (chunks, op) {
         m.insert("chunks_received".into(), json!(recv));
         m.insert("cache_hits".into(), json!(hits));
@@ -947,4 +973,109 @@ fn via_files(
     }
     m.seconds = started.elapsed().as_secs_f64();
     Ok(m)
+}
+
+/// `--rtt`: a `dmover netlab` link; `dmover serve` of a temporary directory (with
+/// `data/` in it, a token required) in its far namespace; this command again, without
+/// `--rtt`, in the near one against `dmover://FAR/data`. Its output is this command's;
+/// the lab and the server are torn down whatever happens.
+fn over_link(a: RemoteBenchArgs, rtt: super::transfer::Rtt) -> anyhow::Result<()> {
+    use super::transfer::{DmoverServer, Place, Rtt, link_settings, write_token};
+    if a.via == Via::Dir {
+        return Err(usage(
+            "--via dir does not go with --rtt (the far side is a namespace)",
+        ));
+    }
+    let Rtt::Lab(d) = rtt else {
+        return Err(usage(
+            "--rtt loopback: give no --rtt, and a TARGET, instead",
+        ));
+    };
+    let rate = match a.rate {
+        Some(r) => r,
+        None => super::transfer::link_rate("1gbit").map_err(anyhow::Error::msg)?,
+    };
+    let spec = link_settings(&[rtt], rate, 0.0, a.transfer.congestion.as_deref())?
+        .pop()
+        .flatten()
+        .context("a link")?;
+    interrupt::install().context("watching for Ctrl-C")?;
+    let t = tempfile::Builder::new()
+        .prefix("dmover-bench-remote-lab-")
+        .tempdir()
+        .context("a temporary directory")?;
+    std::fs::create_dir_all(t.path().join("root/data"))?;
+    let token = t.path().join("token");
+    write_token(&token)?;
+    let lab_name = format!("brem{}", std::process::id());
+    // Declared before the server, so it is torn down after it.
+    let lab = dmover_netlab::Lab::up(&lab_name, &spec)
+        .with_context(|| format!("bringing up an emulated link (RTT {d:?})"))?;
+    let far = Place {
+        netns: Some(lab.b().netns.clone()),
+    };
+    let near = Place {
+        netns: Some(lab.a().netns.clone()),
+    };
+    let srv = DmoverServer::start(
+        &far,
+        &lab.b().addr.to_string(),
+        &t.path().join("root"),
+        false,
+        &token,
+        &t.path().join("server.log"),
+    )?;
+    interrupt::check()?;
+    let exe = std::env::current_exe().context("locating the dmover binary")?;
+    let mut c = near.command(exe);
+    c.args(["bench", "remote"])
+        .arg(format!("dmover://{}/data", srv.addr))
+        .args(["--workload", a.workload.name()])
+        .args(["--via", if a.via == Via::Api { "api" } else { "mount" }])
+        .args(["--mix", mix_name(a.mix)])
+        .args([
+            "--pattern",
+            if a.pattern == Pattern::Random {
+                "random"
+            } else {
+                "sequential"
+            },
+        ])
+        .args(["--file-size", &a.file_size.to_string()])
+        .args(["--block", &a.block.to_string()])
+        .args(["--queue-depth", &a.queue_depth.to_string()])
+        .args(["--seconds", &a.seconds.to_string()])
+        .args(["--clients", &a.clients.to_string()])
+        .args(["--cache", &a.cache.to_string()])
+        .args(["--debug-rtt-ms", &(d.as_secs_f64() * 1000.0).to_string()]);
+    if let Some(n) = a.ops {
+        c.args(["--ops", &n.to_string()]);
+    }
+    if let Some(p) = &a.csv {
+        c.arg("--csv").arg(std::path::absolute(p)?);
+    }
+    if a.json {
+        c.arg("--json");
+    }
+    let mut t2 = a.transfer.clone();
+    t2.token_file = Some(token.clone());
+    t2.known_hosts = Some(t.path().join("known_hosts"));
+    t2.key = None;
+    t2.ca = None;
+    forward_transfer_args(&mut c, &t2);
+    c.env_remove("DMOVER_TOKEN").env_remove("DMOVER_KEY");
+    let mut child = c
+        .spawn()
+        .context("running the bench in the near namespace")?;
+    super::interrupt::set_child(Some(child.id()));
+    let status = child.wait();
+    super::interrupt::set_child(None);
+    drop(srv);
+    drop(lab);
+    let status = status.context("waiting for the bench in the near namespace")?;
+    interrupt::check()?;
+    if !status.success() {
+        bail!("the bench over the emulated link failed ({status})");
+    }
+    Ok(())
 }
