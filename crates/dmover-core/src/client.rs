@@ -1053,6 +1053,118 @@ impl Client {
         self.prune_remote(server, &[root], req).await
     }
 
+    /// Deletes `name` (a directory and everything below it) in the directory `dir` on
+    /// `server`: an [`Op::Prune`] of `dir` against a manifest of `dir` alone, whose
+    /// filters protect everything but `name`. A dry run goes first and must list
+    /// nothing outside `name`, else nothing is deleted. `dir` cannot be an export's
+    /// root (the server refuses a prune there). `dir` gets `mtime` when something was
+    /// deleted (a prune gives a directory it changed the manifest's mtime: pass the one
+    /// `dir` had before, see [`Client::dir_mtime`]). Returns the entries deleted; with
+    /// nothing to delete it only checks that the server would allow it.
+    /// (`dmover bench remote` removes its test files with it.)
+    pub async fn remove_in(
+        &self,
+        server: &str,
+        dir: &[u8],
+        name: &[u8],
+        mtime: dmover_proto::manifest::Mtime,
+    ) -> Result<u64> {
+        if name.is_empty()
+            || name == b"."
+            || name == b".."
+            || name.iter().any(|b| b"/*?[]\\".contains(b))
+        {
+            return Err(Error::refused(
+                control::ErrorCode::Unsupported,
+                format!(
+                    "{:?}: not a plain name to remove",
+                    String::from_utf8_lossy(name)
+                ),
+            ));
+        }
+        let dir_name = dir
+            .rsplit(|&b| b == b'/')
+            .find(|n| !n.is_empty())
+            .unwrap_or(b"")
+            .to_vec();
+        let root = Entry {
+            parent: NO_PARENT,
+            name: dir_name,
+            kind: dmover_proto::manifest::EntryKind::Dir,
+            mode: 0o755,
+            mtime,
+        };
+        let mut only = b"/".to_vec();
+        only.extend_from_slice(name);
+        only.extend_from_slice(b"/***");
+        let req = Prune {
+            dest: dir.to_vec(),
+            rules: vec![
+                control::FilterRule {
+                    include: true,
+                    pattern: only,
+                },
+                control::FilterRule {
+                    include: false,
+                    pattern: b"*".to_vec(),
+                },
+            ],
+            max_delete: u64::MAX,
+            dry_run: true,
+            conflicts_only: false,
+            checksum: false,
+        };
+        let entries = std::slice::from_ref(&root);
+        let dry = self.prune_remote(server, entries, req.clone()).await?;
+        let inside =
+            |p: &[u8]| p.starts_with(name) && matches!(p.get(name.len()), None | Some(b'/'));
+        if let Some(p) = dry.paths.iter().find(|p| !inside(p)) {
+            return Err(Error::protocol(
+                server,
+                format!(
+                    "removing {:?} would also delete {:?}: nothing deleted",
+                    String::from_utf8_lossy(name),
+                    String::from_utf8_lossy(p)
+                ),
+            ));
+        }
+        if dry.deleted == 0 {
+            return Ok(0);
+        }
+        let req = Prune {
+            dry_run: false,
+            max_delete: dry.deleted,
+            ..req
+        };
+        Ok(self.prune_remote(server, entries, req).await?.deleted)
+    }
+
+    /// The modification time of the directory `dir` on `server` (its manifest without
+    /// its contents: a pull whose filters exclude everything below it), or an error if
+    /// it is not a directory.
+    pub async fn dir_mtime(
+        &self,
+        server: &str,
+        dir: &[u8],
+    ) -> Result<dmover_proto::manifest::Mtime> {
+        let mut opts = self.opts.clone();
+        opts.rules = vec![control::FilterRule {
+            include: false,
+            pattern: b"*".to_vec(),
+        }];
+        let c = Client::new(opts, 1);
+        let r = crate::remote::Remote::open(&c, server, dir).await?;
+        let root = r.roots().first().and_then(|&i| r.stat(i)).cloned();
+        let _ = r.close().await;
+        match root {
+            Some(e) if e.kind == dmover_proto::manifest::EntryKind::Dir => Ok(e.mtime),
+            _ => Err(Error::refused(
+                control::ErrorCode::Unsupported,
+                format!("{}: not a directory", String::from_utf8_lossy(dir)),
+            )),
+        }
+    }
+
     /// A [`Prune`] request of the mirror `dest` with this client's filters.
     fn prune_request(&self, dest: &[u8], max_delete: Option<u64>) -> Prune {
         Prune {

@@ -346,3 +346,62 @@ async fn a_silent_server_fails_a_waiting_read_within_the_bound() {
     assert!(took <= bound + Duration::from_secs(3), "{took:?}: {e}");
     assert!(e.to_string().contains("did not answer"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remove_in_deletes_one_tree_and_gives_the_mtime_back() {
+    let s = setup().await;
+    let c = s.client(|_| {});
+    let root = s.t.path().join("root");
+    // `tree` holds the user's files; `tree/bench` a tree to remove, `tree/bench2` a
+    // sibling whose name starts the same.
+    for p in ["bench/r/x", "bench/w/y", "bench2/keep"] {
+        let p = root.join("tree").join(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, b"data").unwrap();
+    }
+    let mtime = c.dir_mtime(&s.addr, b"tree").await.unwrap();
+    let before: Vec<_> = {
+        let mut v: Vec<_> = std::fs::read_dir(root.join("tree"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        c.remove_in(&s.addr, b"tree", b"bench", mtime)
+            .await
+            .unwrap(),
+        5
+    );
+    assert!(!root.join("tree/bench").exists());
+    assert!(root.join("tree/bench2/keep").exists());
+    for (name, _) in FILES {
+        assert!(root.join("tree").join(name).exists(), "{name} was deleted");
+    }
+    let mut after: Vec<_> = std::fs::read_dir(root.join("tree"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    after.sort();
+    assert_eq!(after.len() + 1, before.len());
+    assert_eq!(c.dir_mtime(&s.addr, b"tree").await.unwrap(), mtime);
+    // Nothing there: nothing to do. Names that are not one plain component: refused.
+    assert_eq!(
+        c.remove_in(&s.addr, b"tree", b"bench", mtime)
+            .await
+            .unwrap(),
+        0
+    );
+    for bad in [&b""[..], b".", b"..", b"sub/c", b"*", b"b?", b"[ab]"] {
+        assert!(
+            c.remove_in(&s.addr, b"tree", bad, mtime).await.is_err(),
+            "{bad:?}"
+        );
+    }
+    assert!(root.join("tree/sub/c").exists() && root.join("tree/b").exists());
+    // The export's root cannot be pruned; a file is not a directory.
+    assert!(c.remove_in(&s.addr, b"", b"tree", mtime).await.is_err());
+    assert!(root.join("tree/big").exists());
+    assert!(c.dir_mtime(&s.addr, b"tree/big").await.is_err());
+}

@@ -605,6 +605,10 @@ pub enum BenchCommand {
     /// xdd-style sweep of end-to-end transfer rate over streams x chunk size, push and
     /// pull, against a `dmover serve` this command starts.
     Transfer(crate::bench::transfer::TransferBenchArgs),
+    /// Seed 000's workloads A-D (1, 10, 100, 1000 files at once) read or written on a
+    /// server through the library API or a `dmover mount`: per-I/O latency percentiles
+    /// and throughput (docs/remote.md).
+    Remote(crate::bench::remote::RemoteBenchArgs),
 }
 
 #[derive(Debug, Args)]

@@ -39,7 +39,7 @@ use crate::env::Env;
 
 /// The chunk size of a mount when `--chunk` says auto: small enough that a random
 /// read of a few KiB costs little more than a round trip.
-const MOUNT_CHUNK: u32 = 1 << 20;
+pub(crate) const MOUNT_CHUNK: u32 = 1 << 20;
 
 /// `dmover mount`.
 pub fn run(a: MountArgs, env: &Env) -> anyhow::Result<ExitCode> {

@@ -210,8 +210,13 @@ pub fn finish(
 
 /// Prints `(column, header)` of every row as an aligned text table on stdout.
 pub fn print_table(report: &Report, cols: &[(&str, &str)]) {
+    print_rows(&report.rows, cols)
+}
+
+/// Prints `(column, header)` of `rows` as an aligned text table on stdout.
+pub fn print_rows(rows: &[Map<String, Value>], cols: &[(&str, &str)]) {
     let mut cells: Vec<Vec<String>> = vec![cols.iter().map(|(_, h)| h.to_string()).collect()];
-    for r in &report.rows {
+    for r in rows {
         cells.push(
             cols.iter()
                 .map(|(k, _)| match r.get(*k) {

@@ -5,6 +5,7 @@ mod common;
 pub mod compare;
 pub(crate) mod interrupt;
 pub mod net;
+pub mod remote;
 pub mod storage;
 pub mod transfer;
 
@@ -23,6 +24,7 @@ pub fn run(a: BenchArgs, env: &Env) -> anyhow::Result<ExitCode> {
         BenchCommand::Net(n) => net::run(n, env).map(|()| ExitCode::SUCCESS),
         BenchCommand::Compare(c) => compare::run(c, env).map(|()| ExitCode::SUCCESS),
         BenchCommand::Transfer(t) => transfer::run(t, env).map(|()| ExitCode::SUCCESS),
+        BenchCommand::Remote(r) => remote::run(r, env).map(|()| ExitCode::SUCCESS),
     }
 }
 
