@@ -427,3 +427,66 @@ fn a_relay_to_a_read_only_destination_fails_and_writes_nothing() {
     ok(&o);
     same(&a_root.join("tree"), &b_root.join("copy"));
 }
+
+/// The source server killed mid-relay: the relay fails (B's session ends with it),
+/// nothing incomplete is visible under a final name at B, and the same relay run again
+/// against the restarted server completes.
+#[test]
+fn a_relay_whose_source_dies_fails_cleanly_and_runs_again() {
+    let t = tmp();
+    let a_root = t.path().join("a");
+    let b_root = t.path().join("b");
+    std::fs::create_dir_all(a_root.join("src")).unwrap();
+    std::fs::create_dir(&b_root).unwrap();
+    for i in 0..32u64 {
+        write_file(
+            &a_root.join(format!("src/f{i:02}")),
+            i,
+            512 << 10,
+            0o644,
+            1_000_000,
+        );
+    }
+    let mut a = Server::start(&a_root, &["--debug-chunk-delay-ms", "40"]);
+    let b = Server::start(&b_root, &[]);
+    let kh = known_hosts_in(t.path());
+    let child = std::process::Command::new(bin())
+        .args(["cp", "--via-client", "--chunk", "256K", "-P", "2"])
+        .args([&a.url("src"), &b.url("dst")])
+        .env("DMOVER_KNOWN_HOSTS", &kh)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let dst = b_root.join("dst");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while regular_file_sizes(&dst).len() < 4 {
+        assert!(std::time::Instant::now() < until, "no progress at B");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    a.kill();
+    let started = std::time::Instant::now();
+    let o = child.wait_with_output().unwrap();
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "the relay stops soon after its source"
+    );
+    assert!(
+        stderr(&o).contains(&a.addr),
+        "names the source: {}",
+        stderr(&o)
+    );
+    no_partial_files(&a_root.join("src"), &dst);
+    let a = Server::start(&a_root, &[]);
+    let o = cp(&[
+        "--via-client",
+        "--chunk",
+        "256K",
+        &a.url("src"),
+        &b.url("dst"),
+    ]);
+    ok(&o);
+    same(&a_root.join("src"), &dst);
+    assert!(staging_files(&dst).is_empty());
+}
