@@ -701,7 +701,12 @@ impl Client {
         use crate::relay::{RelaySink, RelaySource, Ring, Side};
         let inbound = run.side();
         let ring = Ring::new(cap);
-        // Whatever happens to this attempt, nothing waits on the ring after it.
+        // Disk threads of each session's own: the push's reads wait for chunks the
+        // pull's writes bring.
+        let in_disk = Arc::new(DiskPool::new(2, "dmover-relay-in"));
+        let out_disk = Arc::new(DiskPool::new(2, "dmover-relay-out"));
+        // Whatever happens to this attempt, nothing waits on the ring after it (this
+        // goes before the disk threads are joined).
         struct Release(Arc<Ring>);
         impl Drop for Release {
             fn drop(&mut self) {
@@ -709,10 +714,6 @@ impl Client {
             }
         }
         let _release = Release(ring.clone());
-        // Disk threads of each session's own: the push's reads wait for chunks the
-        // pull's writes bring.
-        let in_disk = Arc::new(DiskPool::new(2, "dmover-relay-in"));
-        let out_disk = Arc::new(DiskPool::new(2, "dmover-relay-out"));
         let (from, to) = (c.source_server.as_str(), c.dest_server.as_str());
         // Without resume on either side, and without continue-on-error (a file A cannot
         // read would reach B as a failure marker no source here can explain).
