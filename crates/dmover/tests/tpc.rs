@@ -490,3 +490,55 @@ fn a_relay_whose_source_dies_fails_cleanly_and_runs_again() {
     same(&a_root.join("src"), &dst);
     assert!(staging_files(&dst).is_empty());
 }
+
+/// The destination server killed mid-relay: the relay fails soon, naming it (the pull
+/// from A stops with it instead of waiting for room), and A serves the next relay.
+#[test]
+fn a_relay_whose_destination_dies_fails_soon() {
+    let t = tmp();
+    let a_root = t.path().join("a");
+    let b_root = t.path().join("b");
+    std::fs::create_dir_all(a_root.join("src")).unwrap();
+    std::fs::create_dir(&b_root).unwrap();
+    for i in 0..32u64 {
+        write_file(
+            &a_root.join(format!("src/f{i:02}")),
+            i,
+            512 << 10,
+            0o644,
+            1_000_000,
+        );
+    }
+    let a = Server::start(&a_root, &[]);
+    let mut b = Server::start(&b_root, &["--debug-chunk-delay-ms", "40"]);
+    let kh = known_hosts_in(t.path());
+    let child = std::process::Command::new(bin())
+        .args(["cp", "--via-client", "--chunk", "256K", "-P", "2"])
+        .args(["--debug-relay-bytes", "1048576"])
+        .args([&a.url("src"), &b.url("dst")])
+        .env("DMOVER_KNOWN_HOSTS", &kh)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let dst = b_root.join("dst");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while regular_file_sizes(&dst).len() < 4 {
+        assert!(std::time::Instant::now() < until, "no progress at B");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    b.kill();
+    let started = std::time::Instant::now();
+    let o = child.wait_with_output().unwrap();
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "the relay stops soon after its destination"
+    );
+    assert!(stderr(&o).contains(&b.addr), "names B: {}", stderr(&o));
+    no_partial_files(&a_root.join("src"), &dst);
+    let b2 = Server::start(&b_root, &[]);
+    let o = cp(&["--via-client", &a.url("src"), &b2.url("again")]);
+    ok(&o);
+    same(&a_root.join("src"), &b_root.join("again"));
+}
