@@ -72,6 +72,18 @@ pub struct Report {
     /// `sync --delete` deleted nothing because the source's listing was incomplete:
     /// why.
     pub delete_refused: Option<String>,
+    /// A relay through this client (`cp --via-client`): what it received from the
+    /// source server.
+    pub relayed: Option<Relayed>,
+}
+
+/// What a relay through this client moved besides what it sent on ([`Report::relayed`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Relayed {
+    /// Payload bytes received from the source server, all attempts.
+    pub bytes_received: u64,
+    /// The most bytes of chunks the client held at once (the last attempt).
+    pub peak_buffered: u64,
 }
 
 /// What `dmover sync --dry-run` found ([`Client::sync_dry_run`]).
@@ -659,6 +671,191 @@ impl Client {
         self.steer_on(d, dialer, tp, run, resume).await
     }
 
+    /// Copies between two servers through this client (`cp --via-client`, for servers
+    /// that cannot reach each other): a pull from the source server and a push to the
+    /// destination run at once, chunks passing through a bounded ring in memory
+    /// ([`crate::relay`]); the destination checks the source's digests. Every attempt
+    /// starts over (nothing is resumed: this client keeps no journal of what passed).
+    /// `ring`: the bytes of chunks held for the destination (at least two chunks; see
+    /// [`crate::relay::RELAY_BYTES`]).
+    pub async fn relay(&self, c: &ThirdPartyCopy, ring: usize, run: Arc<Run>) -> Result<Report> {
+        let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mut r = self
+            .with_retries(&run, |r, _resume| {
+                self.relay_once(c, ring, r, received.clone())
+            })
+            .await?;
+        if let Some(x) = r.relayed.as_mut() {
+            x.bytes_received = received.load(Relaxed);
+        }
+        Ok(r)
+    }
+
+    async fn relay_once(
+        &self,
+        c: &ThirdPartyCopy,
+        cap: usize,
+        run: Arc<Run>,
+        received: Arc<std::sync::atomic::AtomicU64>,
+    ) -> Result<Report> {
+        use crate::relay::{RelaySink, RelaySource, Ring, Side};
+        let inbound = run.side();
+        let ring = Ring::new(cap);
+        // Disk threads of each session's own: the push's reads wait for chunks the
+        // pull's writes bring.
+        let in_disk = Arc::new(DiskPool::new(2, "dmover-relay-in"));
+        let out_disk = Arc::new(DiskPool::new(2, "dmover-relay-out"));
+        // Whatever happens to this attempt, nothing waits on the ring after it (this
+        // goes before the disk threads are joined).
+        struct Release(Arc<Ring>);
+        impl Drop for Release {
+            fn drop(&mut self) {
+                self.0.fail(Side::In, "the relay ended");
+            }
+        }
+        let _release = Release(ring.clone());
+        let (from, to) = (c.source_server.as_str(), c.dest_server.as_str());
+        // Without resume on either side, and without continue-on-error (a file A cannot
+        // read would reach B as a failure marker no source here can explain).
+        let options = SessionOptions {
+            continue_on_error: false,
+            ..self.opts.session_options(false)
+        };
+        let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
+        let (tx, rx) = tokio::sync::oneshot::channel::<(Vec<Entry>, u32)>();
+        let pulling = async {
+            let mut conn = tokio::select! {
+                r = self.connect(from) => r?,
+                _ = run.cancelled() => return Err(Error::Aborted),
+            };
+            let open =
+                self.open_request(self.pull_op(c.sources.clone(), false), self.opts.chunk_size);
+            let d = conn.dial(open, options);
+            let m = SinkSession::dial(now(), from, timing, Limits::default(), d);
+            let (checksum, r, name) = (self.opts.checksum, ring.clone(), from.to_string());
+            let prepare: drive::Prepare<RelaySink> = Box::new(move |entries, chunk, _| {
+                r.set_cap(cap.max(2 * chunk as usize));
+                let sink = RelaySink::new(entries.clone(), chunk, checksum, r, &name)?;
+                let _ = tx.send((entries, chunk));
+                Ok(sink)
+            });
+            let (fixed, threads) = (self.opts.buffers, in_disk.threads());
+            let buffers = Box::new(move |streams| {
+                fixed.unwrap_or_else(|| session::default_buffers(streams, threads))
+            });
+            let dials = std::mem::take(&mut conn.dials);
+            let joins = self.dialing(from, conn.master, dials, JoinWait::Answer);
+            let env = drive::Env {
+                disk: in_disk.clone(),
+                run: inbound.clone(),
+                buffers,
+                chunk_delay: None,
+                zerocopy: None,
+            };
+            drive::sink(m, &mut conn.ch, joins, prepare, Some(options), env).await
+        };
+        let pulling = async {
+            let r = pulling.await;
+            received.fetch_add(inbound.progress.bytes.load(Relaxed), Relaxed);
+            if let Err(e) = &r {
+                ring.fail(Side::In, format!("the copy from {from} failed: {e}"));
+            }
+            r
+        };
+        let pushing = async {
+            // The manifest and chunk size are A's (none: the pull failed first).
+            let Ok((entries, chunk)) = rx.await else {
+                return Ok(None);
+            };
+            let r = async {
+                let source = RelaySource::new(&entries, chunk, ring.clone())?;
+                let totals = Totals::of(&entries);
+                run.progress.total.store(totals.bytes, Relaxed);
+                run.progress
+                    .total_files
+                    .store(crate::engine::files_with_data(&entries), Relaxed);
+                let mut conn = tokio::select! {
+                    r = self.connect(to) => r?,
+                    _ = run.cancelled() => return Err(Error::Aborted),
+                };
+                let open = self.open_request(
+                    Op::Push {
+                        dest: c.dest.clone(),
+                    },
+                    chunk,
+                );
+                let d = conn.dial(open, options);
+                let mut m = SourceSession::dial(now(), to, timing, d);
+                m.push_manifest(&entries);
+                m.end_manifest(totals, drive::chunk_set(source.chunks()));
+                let (fixed, threads) = (self.opts.buffers, out_disk.threads());
+                let buffers = Box::new(move |streams| {
+                    fixed.unwrap_or_else(|| session::default_buffers(streams, threads))
+                });
+                let dials = std::mem::take(&mut conn.dials);
+                let joins = self.dialing(to, conn.master, dials, JoinWait::Pipelined);
+                let env = drive::Env {
+                    disk: out_disk.clone(),
+                    run: run.clone(),
+                    buffers,
+                    chunk_delay: None,
+                    zerocopy: None,
+                };
+                let r = drive::source(m, &mut conn.ch, joins, source, env).await?;
+                Ok((r, entries))
+            }
+            .await;
+            if let Err(e) = &r {
+                ring.fail(Side::Out, format!("the copy to {to} failed: {e}"));
+                // The pull stops at once, telling A why.
+                inbound.fail(Error::refused(
+                    ErrorCode::Aborted,
+                    format!("the relay's copy to {to} failed"),
+                ));
+            }
+            r.map(Some)
+        };
+        let (pulled, pushed) = tokio::join!(pulling, pushing);
+        let (pulled, (sent, entries)) = match (pulled, pushed) {
+            (Ok(p), Ok(Some(q))) => (p, q),
+            (Err(e), Ok(None)) | (Err(e), Ok(Some(_))) => return Err(e),
+            (Ok(_), Ok(None)) => {
+                return Err(Error::protocol(
+                    from,
+                    "the session ended without a manifest",
+                ));
+            }
+            (Ok(_), Err(e)) => return Err(e),
+            (Err(a), Err(b)) => {
+                return Err(if ring.failed_side() == Some(Side::In) {
+                    a
+                } else {
+                    b
+                });
+            }
+        };
+        Ok(Report {
+            summary: sent.summary,
+            totals: Totals::of(&entries),
+            streams: sent.info.streams,
+            chunk_size: sent.info.chunk_size,
+            skipped: 0,
+            held_bytes: 0,
+            held_files: 0,
+            bytes_sent: 0,
+            chunks_resent: sent.stats.chunks_resent + pulled.report.chunks_resent,
+            streams_lost: sent.stats.streams_lost + pulled.report.streams_lost,
+            attempts: 1,
+            failed: Vec::new(),
+            pruned: None,
+            delete_refused: None,
+            relayed: Some(Relayed {
+                bytes_received: 0,
+                peak_buffered: ring.peak() as u64,
+            }),
+        })
+    }
+
     /// The fingerprint of `server`'s key (checked against this client's trust).
     pub async fn server_key(&self, server: &str) -> Result<String> {
         Ok(self.connect(server).await?.server_key.clone())
@@ -754,6 +951,7 @@ impl Client {
                             failed: r.failed,
                             pruned: None,
                             delete_refused: None,
+                            relayed: None,
                         });
                     }
                     other => return Err(session::unexpected(dialer, other, "TpcProgress")),
@@ -1422,6 +1620,7 @@ impl Client {
                 .collect(),
             pruned,
             delete_refused,
+            relayed: None,
         })
     }
 
@@ -1568,6 +1767,7 @@ impl Client {
             failed: failed.into_iter().map(|f| failed_line(names, f)).collect(),
             pruned,
             delete_refused,
+            relayed: None,
         })
     }
 }

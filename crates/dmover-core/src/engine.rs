@@ -272,6 +272,16 @@ impl Run {
         })
     }
 
+    /// A run beside this one (the other session of a relay): cancelled when this one
+    /// is, with its own error and counters.
+    pub fn side(&self) -> Arc<Self> {
+        Arc::new(Run {
+            cancel: self.cancel.child_token(),
+            error: Mutex::new(None),
+            progress: Arc::default(),
+        })
+    }
+
     /// Records an error and cancels the session. Of several errors the most telling
     /// is kept (see [`Error::rank`]); ties keep the first.
     pub fn fail(&self, e: Error) {

@@ -14,6 +14,7 @@
 //! - [`memtest`]: the memory-to-memory network test (`dmover bench net`).
 //! - [`monitor`]: the server's live sessions and counters (`dmover serve --metrics`).
 //! - [`remote`]: reading a server's files in place, chunk by chunk (issue 14).
+//! - [`relay`]: a copy between two servers through the client (`cp --via-client`).
 //! - Storage (trees, paths, walks, sources and sinks, the resume journal) is
 //!   [`dmover_store`]; its errors arrive here as [`Error::Store`].
 
@@ -27,6 +28,7 @@ pub mod memtest;
 pub mod monitor;
 pub mod policy;
 pub mod pool;
+pub mod relay;
 pub mod remote;
 pub mod server;
 pub mod session;

@@ -242,6 +242,15 @@ pub struct CpArgs {
     /// one side accepts connections (docs/third-party.md).
     #[arg(long, value_enum, value_name = "MODE")]
     pub tpc: Option<TpcArg>,
+    /// A copy between two servers that cannot reach each other: the data goes through
+    /// this client (pulled from the source and pushed to the destination at once, in
+    /// bounded memory; this client's link carries it twice). docs/third-party.md.
+    #[arg(long, conflicts_with = "tpc")]
+    pub via_client: bool,
+    /// `--via-client`: the bytes of chunks the client holds for the destination
+    /// (tests; at least two chunks).
+    #[arg(long, hide = true, value_name = "BYTES")]
+    pub debug_relay_bytes: Option<usize>,
     /// `sync`: after a successful transfer, delete destination entries the source does
     /// not have (never outside DST; entries the filters exclude are kept; nothing is
     /// deleted when the source walk was incomplete). docs/sync.md.

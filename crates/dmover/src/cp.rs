@@ -153,7 +153,7 @@ pub fn sync(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
             "sync takes one source and the destination: dmover sync SRC DST",
         ));
     }
-    if a.tpc.is_some() {
+    if a.tpc.is_some() || a.via_client {
         return Err(usage("sync between two servers is not supported yet"));
     }
     run_copy(a, env, true)
@@ -269,9 +269,10 @@ fn run_copy(a: CpArgs, env: &Env, sync: bool) -> anyhow::Result<ExitCode> {
             return third_party(&a, env, opts, srcs, dest_server.clone(), dest.clone());
         }
     }
-    if a.tpc.is_some() {
+    if a.tpc.is_some() || a.via_client {
         return Err(usage(
-            "--tpc is for copies between two servers (dmover://A/PATH dmover://B/PATH)",
+            "--tpc and --via-client are for copies between two servers \
+             (dmover://A/PATH dmover://B/PATH)",
         ));
     }
     let (direction, server, sources, dest) = match dst {
@@ -333,7 +334,9 @@ fn run_copy(a: CpArgs, env: &Env, sync: bool) -> anyhow::Result<ExitCode> {
         match direction {
             Direction::Push => client.push(&sources, &server, &dest, run.clone()).await,
             Direction::Pull => client.pull(&server, &sources, &dest, run.clone()).await,
-            Direction::TpcPush | Direction::TpcPull => unreachable!("run by `third_party`"),
+            Direction::TpcPush | Direction::TpcPull | Direction::TpcRelay => {
+                unreachable!("run by `third_party`")
+            }
         }
     });
     let secs = started.elapsed().as_secs_f64();
@@ -504,9 +507,16 @@ fn third_party(
         TpcArg::Push => TpcMode::Push,
         TpcArg::Pull => TpcMode::Pull,
     };
+    if a.via_client && opts.continue_on_error {
+        return Err(usage(
+            "--continue-on-error is not supported with --via-client (a relay copies every \
+             file or fails)",
+        ));
+    }
     let (direction, dialer) = match mode {
-        TpcMode::Push => (Direction::TpcPush, source_server.clone()),
-        TpcMode::Pull => (Direction::TpcPull, dest_server.clone()),
+        _ if a.via_client => (Direction::TpcRelay, None),
+        TpcMode::Push => (Direction::TpcPush, Some(source_server.clone())),
+        TpcMode::Pull => (Direction::TpcPull, Some(dest_server.clone())),
     };
     let copy = ThirdPartyCopy {
         mode,
@@ -515,6 +525,7 @@ fn third_party(
         dest_server,
         dest,
     };
+    let opts_resume = opts.resume;
     let rt = runtime(opts.streams)?;
     let client = Client::new(opts, 1);
     let run = Run::new();
@@ -527,7 +538,19 @@ fn third_party(
     let sampler = output::Sampler::start(&rt, run.clone());
     let lines =
         ndjson.then(|| output::Ndjson::start(&rt, run.clone(), started, a.progress_interval));
-    let result = rt.block_on(client.third_party(&copy, run.clone()));
+    let result = if a.via_client {
+        if opts_resume {
+            tracing::warn!(
+                "--resume: a relay through this client starts over (docs/third-party.md)"
+            );
+        }
+        let ring = a
+            .debug_relay_bytes
+            .unwrap_or(dmover_core::relay::RELAY_BYTES);
+        rt.block_on(client.relay(&copy, ring, run.clone()))
+    } else {
+        rt.block_on(client.third_party(&copy, run.clone()))
+    };
     let secs = started.elapsed().as_secs_f64();
     let timing = sampler.finish();
     if let Some(bar) = bar {
@@ -541,7 +564,7 @@ fn third_party(
     Ok(output::report(
         result,
         direction,
-        Some(&dialer),
+        dialer.as_deref(),
         secs,
         timing,
         a.json || ndjson,

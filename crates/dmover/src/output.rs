@@ -29,6 +29,9 @@ pub enum Direction {
     /// Server to server, the destination dialing the source (`--tpc pull`).
     #[serde(rename = "third-party-pull")]
     TpcPull,
+    /// Server to server through this client (`--via-client`).
+    #[serde(rename = "third-party-relay")]
+    TpcRelay,
 }
 
 /// Where a transfer's time went, beside its end-to-end rate: from samples of the bytes
@@ -455,6 +458,13 @@ struct JsonReport {
     bwlimit: Option<u64>,
     /// The source's tuner, in a self-tuning transfer (no `-P`); null otherwise.
     tuning: Option<TuningJson>,
+    /// `--via-client`: payload bytes this client received from the source server
+    /// (`bytes_sent`: what it sent on to the destination).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bytes_received: Option<u64>,
+    /// `--via-client`: the most bytes of chunks this client held at once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    relay_peak_bytes: Option<u64>,
     /// Set-up time and steady-state rate (see [`Timing`]).
     #[serde(flatten)]
     timing: Timing,
@@ -631,6 +641,8 @@ pub fn report_with(
                     error: None,
                     bwlimit,
                     tuning: tuning_json(progress),
+                    bytes_received: r.relayed.map(|x| x.bytes_received),
+                    relay_peak_bytes: r.relayed.map(|x| x.peak_buffered),
                     timing,
                 };
                 print_line(&j);
@@ -639,6 +651,7 @@ pub fn report_with(
                     Direction::Push => "pushed",
                     Direction::Pull => "pulled",
                     Direction::TpcPush | Direction::TpcPull => "copied server to server",
+                    Direction::TpcRelay => "relayed server to server",
                 };
                 eprintln!(
                     "{verb} {} in {} files, {} dirs, {} symlinks in {secs:.2} s: {gbps:.2} Gbit/s, {fps:.0} files/s ({} streams, {} chunks{}){}{}",
@@ -737,6 +750,8 @@ pub fn report_with(
                     error: Some(e.to_string()),
                     bwlimit,
                     tuning: tuning_json(progress),
+                    bytes_received: None,
+                    relay_peak_bytes: None,
                     timing,
                 };
                 print_line(&j);

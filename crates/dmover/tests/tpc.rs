@@ -1,5 +1,6 @@
 //! Third-party copies (docs/third-party.md): a client steers server A → server B, the
-//! data going from A to B directly. Real servers on loopback, real files.
+//! data going from A to B directly, or relayed through the client (`--via-client`).
+//! Real servers on loopback, real files.
 
 mod common;
 
@@ -270,7 +271,13 @@ fn a_copy_within_one_server_and_an_unreachable_peer() {
         "{}",
         stderr(&o)
     );
+    // The error names the way out: a relay through the client.
+    assert!(stderr(&o).contains("--via-client"), "{}", stderr(&o));
     assert_eq!(std::fs::read_dir(&b_root).unwrap().count(), 0);
+    // And it works: the client reaches both.
+    let o = cp(&["--via-client", &a.url("tree"), &b.url("")]);
+    ok(&o);
+    same(&a_root.join("tree"), &b_root.join("tree"));
 }
 
 /// The source server killed mid-copy and started again (same key, same files): the
@@ -343,4 +350,195 @@ fn a_server_killed_mid_copy_then_resume() {
     same(&a_root.join("src"), &dst);
     let j = json(&o);
     assert!(j["bytes_resumed"].as_u64().unwrap() > 0, "{j}");
+}
+
+/// `--via-client`: the data goes A → client → B (servers that cannot reach each other
+/// need no third-party switch: the client pulls and pushes at once). A tree of small
+/// files, multi-MiB files, an empty file and symlinks arrives byte-identical, through
+/// a ring of a few chunks (so puts wait for room and the push waits for chunks).
+#[test]
+fn a_relay_through_the_client_copies_a_tree() {
+    let t = tmp();
+    let a_root = t.path().join("a");
+    let b_root = t.path().join("b");
+    std::fs::create_dir(&a_root).unwrap();
+    std::fs::create_dir(&b_root).unwrap();
+    make_tree(&a_root.join("tree"));
+    make_small_files(&a_root.join("tree/small"), 200, 5);
+    write_file(
+        &a_root.join("tree/large"),
+        99,
+        12 << 20,
+        0o644,
+        1_700_000_000,
+    );
+    let a = Server::start(&a_root, &[]);
+    let b = Server::start(&b_root, &[]);
+    let o = cp(&[
+        "--json",
+        "--via-client",
+        "--chunk",
+        "256K",
+        "-P",
+        "3",
+        "--debug-relay-bytes",
+        "786432",
+        &a.url("tree"),
+        &b.url("copy"),
+    ]);
+    ok(&o);
+    same(&a_root.join("tree"), &b_root.join("copy"));
+    assert!(staging_files(&b_root).is_empty());
+    let j = json(&o);
+    assert_eq!(j["direction"], "third-party-relay", "{j}");
+    assert_eq!(j["verified"], true, "{j}");
+    let total = walk_bytes(&a_root.join("tree"));
+    assert_eq!(j["bytes"].as_u64(), Some(total), "{j}");
+    assert_eq!(j["bytes_received"].as_u64(), Some(total), "{j}");
+    assert_eq!(j["bytes_sent"].as_u64(), Some(total), "{j}");
+    // Never the whole dataset at once: the ring holds 3 chunks, more only while the
+    // push waits for a chunk that A's streams deliver behind later ones.
+    let peak = j["relay_peak_bytes"].as_u64().unwrap();
+    assert!(peak > 0 && peak < total, "{j}");
+}
+
+/// A relay to a destination that refuses (a read-only export) fails with B's reason,
+/// writes nothing at B, and leaves A serving.
+#[test]
+fn a_relay_to_a_read_only_destination_fails_and_writes_nothing() {
+    let t = tmp();
+    let a_root = t.path().join("a");
+    let b_root = t.path().join("b");
+    std::fs::create_dir(&a_root).unwrap();
+    std::fs::create_dir(&b_root).unwrap();
+    make_tree(&a_root.join("tree"));
+    let a = Server::start(&a_root, &[]);
+    let b = Server::start(&b_root, &["--read-only"]);
+    let o = cp(&["--json", "--via-client", &a.url("tree"), &b.url("copy")]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("read-only"), "{}", stderr(&o));
+    let j = json(&o);
+    assert_eq!(j["ok"], false, "{j}");
+    assert_eq!(j["direction"], "third-party-relay", "{j}");
+    assert_eq!(std::fs::read_dir(&b_root).unwrap().count(), 0);
+    // A is fine: the same relay to a writable B works.
+    let b2 = Server::start(&b_root, &[]);
+    let o = cp(&["--via-client", &a.url("tree"), &b2.url("copy")]);
+    ok(&o);
+    same(&a_root.join("tree"), &b_root.join("copy"));
+}
+
+/// The source server killed mid-relay: the relay fails (B's session ends with it),
+/// nothing incomplete is visible under a final name at B, and the same relay run again
+/// against the restarted server completes.
+#[test]
+fn a_relay_whose_source_dies_fails_cleanly_and_runs_again() {
+    let t = tmp();
+    let a_root = t.path().join("a");
+    let b_root = t.path().join("b");
+    std::fs::create_dir_all(a_root.join("src")).unwrap();
+    std::fs::create_dir(&b_root).unwrap();
+    for i in 0..32u64 {
+        write_file(
+            &a_root.join(format!("src/f{i:02}")),
+            i,
+            512 << 10,
+            0o644,
+            1_000_000,
+        );
+    }
+    let mut a = Server::start(&a_root, &["--debug-chunk-delay-ms", "40"]);
+    let b = Server::start(&b_root, &[]);
+    let kh = known_hosts_in(t.path());
+    let child = std::process::Command::new(bin())
+        .args(["cp", "--via-client", "--chunk", "256K", "-P", "2"])
+        .args([&a.url("src"), &b.url("dst")])
+        .env("DMOVER_KNOWN_HOSTS", &kh)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let dst = b_root.join("dst");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while regular_file_sizes(&dst).len() < 4 {
+        assert!(std::time::Instant::now() < until, "no progress at B");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    a.kill();
+    let started = std::time::Instant::now();
+    let o = child.wait_with_output().unwrap();
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "the relay stops soon after its source"
+    );
+    assert!(
+        stderr(&o).contains(&a.addr),
+        "names the source: {}",
+        stderr(&o)
+    );
+    no_partial_files(&a_root.join("src"), &dst);
+    let a = Server::start(&a_root, &[]);
+    let o = cp(&[
+        "--via-client",
+        "--chunk",
+        "256K",
+        &a.url("src"),
+        &b.url("dst"),
+    ]);
+    ok(&o);
+    same(&a_root.join("src"), &dst);
+    assert!(staging_files(&dst).is_empty());
+}
+
+/// The destination server killed mid-relay: the relay fails soon, naming it (the pull
+/// from A stops with it instead of waiting for room), and A serves the next relay.
+#[test]
+fn a_relay_whose_destination_dies_fails_soon() {
+    let t = tmp();
+    let a_root = t.path().join("a");
+    let b_root = t.path().join("b");
+    std::fs::create_dir_all(a_root.join("src")).unwrap();
+    std::fs::create_dir(&b_root).unwrap();
+    for i in 0..32u64 {
+        write_file(
+            &a_root.join(format!("src/f{i:02}")),
+            i,
+            512 << 10,
+            0o644,
+            1_000_000,
+        );
+    }
+    let a = Server::start(&a_root, &[]);
+    let mut b = Server::start(&b_root, &["--debug-chunk-delay-ms", "40"]);
+    let kh = known_hosts_in(t.path());
+    let child = std::process::Command::new(bin())
+        .args(["cp", "--via-client", "--chunk", "256K", "-P", "2"])
+        .args(["--debug-relay-bytes", "1048576"])
+        .args([&a.url("src"), &b.url("dst")])
+        .env("DMOVER_KNOWN_HOSTS", &kh)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let dst = b_root.join("dst");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while regular_file_sizes(&dst).len() < 4 {
+        assert!(std::time::Instant::now() < until, "no progress at B");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    b.kill();
+    let started = std::time::Instant::now();
+    let o = child.wait_with_output().unwrap();
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "the relay stops soon after its destination"
+    );
+    assert!(stderr(&o).contains(&b.addr), "names B: {}", stderr(&o));
+    no_partial_files(&a_root.join("src"), &dst);
+    let b2 = Server::start(&b_root, &[]);
+    let o = cp(&["--via-client", &a.url("src"), &b2.url("again")]);
+    ok(&o);
+    same(&a_root.join("src"), &b_root.join("again"));
 }

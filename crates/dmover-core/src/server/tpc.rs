@@ -411,7 +411,8 @@ impl Server {
                     format!(
                         "this server could not reach {target} ({e}); if only one of the two \
                          servers accepts connections, the other mode may work (--tpc push or \
-                         pull)"
+                         pull); if neither can reach the other, --via-client relays the data \
+                         through the client (slower: its link carries the data twice)"
                     ),
                 ));
             }

@@ -1,0 +1,469 @@
+//! `dmover cp --via-client`: a copy between two servers that cannot reach each other,
+//! the data going A → this client → B (docs/third-party.md).
+//!
+//! Two sessions run at once: a pull from A whose sink storage is a [`RelaySink`], and
+//! a push to B (with A's manifest and chunk size) whose source storage is a
+//! [`RelaySource`]. Both share a [`Ring`]: the sink puts each chunk it receives (its
+//! CRC checked) with A's CRC and digest trailer, the source takes chunk `k` when its
+//! machine reads it and sends it with that same trailer, so B checks A's file digests
+//! end to end. Nothing is written on the client's disk.
+//!
+//! Memory is bounded: the ring holds at most its capacity of chunks not yet sent to B
+//! (a put waits for room), plus chunks already sent that it keeps while room lasts, for
+//! resends when a data stream to B breaks. The push reads chunks in layout order and
+//! A sends them in about that order; when the push waits for a chunk the ring does not
+//! hold (it is still on its way from A, behind later ones), puts stop waiting, so a
+//! full ring of later chunks never blocks the one the push needs. Each session has its
+//! own disk threads: the push's reads wait for chunks on threads of their own, never
+//! on those that write what comes from A.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Condvar, Mutex};
+
+use dmover_proto::control::{ErrorCode, Summary};
+use dmover_proto::data::DigestEntry;
+use dmover_proto::digest::crc32c_append;
+use dmover_proto::layout::Layout;
+use dmover_proto::manifest::{Entry, EntryKind};
+use dmover_store::{ChunkRead, Sink, Source};
+
+use crate::drive::{SinkStore, SourceStore};
+
+/// The ring's capacity: at least this many bytes of chunks not yet sent on.
+pub const RELAY_BYTES: usize = 64 << 20;
+
+/// Which side of the relay failed first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The pull from the source server.
+    In,
+    /// The push to the destination server.
+    Out,
+}
+
+struct Held {
+    data: Vec<u8>,
+    trailer: Vec<u8>,
+    crc: Option<u32>,
+}
+
+#[derive(Default)]
+struct State {
+    cap: usize,
+    /// Chunks received and not yet taken by the push.
+    ready: HashMap<u64, Held>,
+    ready_bytes: usize,
+    /// Chunks taken, kept for resends while there is room (oldest first).
+    kept: VecDeque<(u64, Held)>,
+    kept_bytes: usize,
+    /// Reads waiting for a chunk the ring does not hold.
+    starving: usize,
+    failed: Option<(Side, String)>,
+    /// Buffers of chunks dropped from `kept`, for the next puts.
+    spare: Vec<Vec<u8>>,
+    /// The most bytes held at once.
+    peak: usize,
+}
+
+/// Chunks between the pull from A and the push to B (see the module's description).
+#[derive(Default)]
+pub struct Ring {
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl std::fmt::Debug for Ring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.state.lock();
+        f.debug_struct("Ring")
+            .field("cap", &s.cap)
+            .field("ready", &s.ready.len())
+            .field("kept", &s.kept.len())
+            .finish()
+    }
+}
+
+impl Ring {
+    /// An empty ring of `cap` bytes.
+    pub fn new(cap: usize) -> Arc<Self> {
+        let r = Ring::default();
+        r.state.lock().cap = cap;
+        Arc::new(r)
+    }
+
+    /// Sets the capacity (once the chunk size is known).
+    pub fn set_cap(&self, cap: usize) {
+        self.state.lock().cap = cap;
+    }
+
+    /// Gives up: every waiting and later put and take fails with `why`. The first
+    /// failure is the one kept; `true` if this was it.
+    pub fn fail(&self, side: Side, why: impl Into<String>) -> bool {
+        let mut s = self.state.lock();
+        let first = s.failed.is_none();
+        if first {
+            s.failed = Some((side, why.into()));
+        }
+        drop(s);
+        self.cv.notify_all();
+        first
+    }
+
+    /// Which side failed first, if one did.
+    pub fn failed_side(&self) -> Option<Side> {
+        self.state.lock().failed.as_ref().map(|f| f.0)
+    }
+
+    /// The most bytes the ring held at once.
+    pub fn peak(&self) -> usize {
+        self.state.lock().peak
+    }
+
+    fn failure(s: &State) -> Option<String> {
+        s.failed.as_ref().map(|f| f.1.clone())
+    }
+
+    /// Puts chunk `k` (`payload`: its bytes at the layout's offsets), waiting while
+    /// the ring is full and no read waits for a chunk it lacks.
+    pub fn put(
+        &self,
+        k: u64,
+        payload: &[u8],
+        trailer: &[u8],
+        crc: Option<u32>,
+    ) -> Result<(), String> {
+        let mut s = self.state.lock();
+        loop {
+            if let Some(why) = Self::failure(&s) {
+                return Err(why);
+            }
+            if s.ready_bytes < s.cap || s.starving > 0 {
+                break;
+            }
+            self.cv.wait(&mut s);
+        }
+        // Room for it: the oldest chunks kept for resends go first.
+        while s.ready_bytes + s.kept_bytes + payload.len() > s.cap {
+            let Some((_, old)) = s.kept.pop_front() else {
+                break;
+            };
+            s.kept_bytes -= old.data.len();
+            if s.spare.len() < 4 {
+                s.spare.push(old.data);
+            }
+        }
+        let mut data = s.spare.pop().unwrap_or_default();
+        drop(s);
+        data.clear();
+        data.extend_from_slice(payload);
+        let mut s = self.state.lock();
+        if let Some(why) = Self::failure(&s) {
+            return Err(why);
+        }
+        s.ready_bytes += data.len();
+        if let Some(old) = s.ready.insert(
+            k,
+            Held {
+                data,
+                trailer: trailer.to_vec(),
+                crc,
+            },
+        ) {
+            s.ready_bytes -= old.data.len();
+        }
+        s.peak = s.peak.max(s.ready_bytes + s.kept_bytes);
+        drop(s);
+        self.cv.notify_all();
+        Ok(())
+    }
+
+    /// Takes chunk `k` into `buf` and its trailer into `trailer`, waiting until it
+    /// came; its CRC.
+    pub fn take(
+        &self,
+        k: u64,
+        buf: &mut [u8],
+        trailer: &mut Vec<u8>,
+    ) -> Result<Option<u32>, String> {
+        let mut s = self.state.lock();
+        let held = loop {
+            if let Some(why) = Self::failure(&s) {
+                return Err(why);
+            }
+            if let Some(h) = s.ready.remove(&k) {
+                s.ready_bytes -= h.data.len();
+                break h;
+            }
+            if let Some(i) = s.kept.iter().position(|(c, _)| *c == k) {
+                let (_, h) = s.kept.remove(i).expect("found");
+                s.kept_bytes -= h.data.len();
+                break h;
+            }
+            // Later chunks may fill the ring: let them in until this one comes.
+            s.starving += 1;
+            self.cv.notify_all();
+            self.cv.wait(&mut s);
+            s.starving -= 1;
+        };
+        drop(s);
+        // Room freed for a put.
+        self.cv.notify_all();
+        buf[..held.data.len()].copy_from_slice(&held.data);
+        trailer.clear();
+        trailer.extend_from_slice(&held.trailer);
+        let crc = held.crc;
+        let mut s = self.state.lock();
+        s.kept_bytes += held.data.len();
+        s.kept.push_back((k, held));
+        Ok(crc)
+    }
+
+    /// Chunk `k` again (a resend), if the ring still keeps it.
+    pub fn again(&self, k: u64, buf: &mut [u8]) -> Result<Option<u32>, String> {
+        let s = self.state.lock();
+        if let Some(why) = Self::failure(&s) {
+            return Err(why);
+        }
+        match s.kept.iter().find(|(c, _)| *c == k) {
+            Some((_, h)) => {
+                buf[..h.data.len()].copy_from_slice(&h.data);
+                Ok(h.crc)
+            }
+            None => Err(format!(
+                "chunk {k} must be sent again (a data stream broke) and this client no \
+                 longer holds it"
+            )),
+        }
+    }
+}
+
+/// The length of chunk `k`'s payload: up to the end of its last piece.
+fn payload_len(layout: &Layout, k: u64) -> usize {
+    layout
+        .pieces(k)
+        .map(|p| p.buf_offset + p.len)
+        .max()
+        .unwrap_or(0)
+}
+
+fn layout_of(entries: &[Entry], chunk: u32) -> dmover_store::Result<Layout> {
+    Layout::new(entries, chunk)
+        .map_err(|e| dmover_store::Error::refused(ErrorCode::Protocol, e.to_string()))
+}
+
+/// The pull's storage: chunks from A into the [`Ring`].
+#[derive(Debug)]
+pub struct RelaySink {
+    entries: Vec<Entry>,
+    layout: Layout,
+    checksum: bool,
+    ring: Arc<Ring>,
+    from: String,
+    bytes: AtomicU64,
+    chunks: AtomicU64,
+}
+
+impl RelaySink {
+    /// The sink of manifest `entries` from server `from` in `chunk` chunks.
+    pub fn new(
+        entries: Vec<Entry>,
+        chunk: u32,
+        checksum: bool,
+        ring: Arc<Ring>,
+        from: &str,
+    ) -> dmover_store::Result<Self> {
+        let layout = layout_of(&entries, chunk)?;
+        Ok(RelaySink {
+            entries,
+            layout,
+            checksum,
+            ring,
+            from: from.to_string(),
+            bytes: AtomicU64::new(0),
+            chunks: AtomicU64::new(0),
+        })
+    }
+}
+
+impl Sink for RelaySink {
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
+        Box::new(0..self.layout.n_chunks())
+    }
+
+    fn write_chunk(
+        &self,
+        k: u64,
+        buf: &[u8],
+        trailer: &[u8],
+        crc: Option<u32>,
+    ) -> dmover_store::Result<()> {
+        if self.checksum {
+            let want = crc.ok_or_else(|| {
+                dmover_store::Error::protocol(&self.from, format!("chunk {k} carries no CRC"))
+            })?;
+            let got = self.layout.pieces(k).fold(0, |c, p| {
+                crc32c_append(c, &buf[p.buf_offset..p.buf_offset + p.len])
+            });
+            if got != want {
+                return Err(dmover_store::Error::Checksum(format!(
+                    "chunk {k} from {} arrived corrupted (CRC32C {got:08x}, sent as {want:08x})",
+                    self.from
+                )));
+            }
+        }
+        // The digests go on to B with the chunk (B checks them): only their form here.
+        for d in DigestEntry::decode_all(trailer).map_err(|e| {
+            dmover_store::Error::protocol(&self.from, format!("chunk {k} digest trailer: {e}"))
+        })? {
+            if d.is_failure() || !self.layout.pieces(k).any(|p| p.file == d.index()) {
+                return Err(dmover_store::Error::protocol(
+                    &self.from,
+                    format!("chunk {k}: unexpected digest entry for file {}", d.index()),
+                ));
+            }
+        }
+        let len = payload_len(&self.layout, k);
+        self.ring
+            .put(k, &buf[..len], trailer, crc)
+            .map_err(|why| dmover_store::Error::refused(ErrorCode::Aborted, why))?;
+        self.bytes.fetch_add(len as u64, Ordering::Relaxed);
+        self.chunks.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn finish(&self) -> dmover_store::Result<Summary> {
+        let mut s = Summary {
+            bytes: self.bytes.load(Ordering::Relaxed),
+            chunks: self.chunks.load(Ordering::Relaxed),
+            verified: self.checksum,
+            ..Summary::default()
+        };
+        for e in &self.entries {
+            match e.kind {
+                EntryKind::File { .. } => s.files += 1,
+                EntryKind::Dir => s.dirs += 1,
+                EntryKind::Symlink { .. } => s.symlinks += 1,
+            }
+        }
+        Ok(s)
+    }
+
+    fn abort(&self) {
+        self.ring.fail(
+            Side::In,
+            format!("the copy from {} was given up", self.from),
+        );
+    }
+}
+
+impl SinkStore for RelaySink {
+    fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+}
+
+/// The push's storage: chunks from the [`Ring`], with A's CRCs and digests.
+#[derive(Debug)]
+pub struct RelaySource {
+    layout: Layout,
+    ring: Arc<Ring>,
+}
+
+impl RelaySource {
+    /// The source of manifest `entries` in `chunk` chunks, from `ring`.
+    pub fn new(entries: &[Entry], chunk: u32, ring: Arc<Ring>) -> dmover_store::Result<Self> {
+        Ok(RelaySource {
+            layout: layout_of(entries, chunk)?,
+            ring,
+        })
+    }
+}
+
+fn relay_error(why: String) -> dmover_store::Error {
+    dmover_store::Error::refused(ErrorCode::Aborted, why)
+}
+
+impl Source for RelaySource {
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
+        Box::new(0..self.layout.n_chunks())
+    }
+
+    fn read_chunk(
+        &self,
+        k: u64,
+        buf: &mut [u8],
+        trailer: &mut Vec<u8>,
+    ) -> dmover_store::Result<ChunkRead> {
+        let crc = self.ring.take(k, buf, trailer).map_err(relay_error)?;
+        Ok(ChunkRead {
+            crc,
+            n_digests: (trailer.len() / dmover_proto::data::DIGEST_LEN) as u32,
+        })
+    }
+
+    fn reread_chunk(&self, k: u64, buf: &mut [u8], crc: Option<u32>) -> dmover_store::Result<()> {
+        let kept = self.ring.again(k, buf).map_err(relay_error)?;
+        if kept != crc {
+            return Err(relay_error(format!(
+                "chunk {k}: the copy kept for a resend has another CRC"
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl SourceStore for RelaySource {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full ring of later chunks lets in the chunk a read waits for; puts wait while
+    /// the ring is full and nothing waits; a failure wakes every waiter.
+    #[test]
+    fn a_full_ring_never_blocks_the_chunk_a_read_waits_for() {
+        let ring = Ring::new(4);
+        for k in 1..5 {
+            ring.put(k, &[k as u8], &[], None).unwrap();
+        }
+        // Full: a put of chunk 5 waits until chunk 0 is wanted.
+        let r = ring.clone();
+        let late = std::thread::spawn(move || r.put(5, &[5], &[], Some(5)));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!late.is_finished(), "a put into a full ring waits");
+        let r = ring.clone();
+        let reader = std::thread::spawn(move || {
+            let mut buf = [0u8; 1];
+            let mut t = Vec::new();
+            r.take(0, &mut buf, &mut t).map(|_| buf[0])
+        });
+        late.join().unwrap().unwrap();
+        ring.put(0, &[42], &[], None).unwrap();
+        assert_eq!(reader.join().unwrap().unwrap(), 42);
+        let mut buf = [0u8; 1];
+        let mut t = Vec::new();
+        assert_eq!(ring.take(5, &mut buf, &mut t).unwrap(), Some(5));
+        assert_eq!(ring.again(5, &mut buf).unwrap(), Some(5));
+        let r = ring.clone();
+        let stuck = std::thread::spawn(move || {
+            let mut buf = [0u8; 1];
+            r.take(99, &mut buf, &mut Vec::new())
+        });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(ring.fail(Side::Out, "B refused"));
+        assert!(!ring.fail(Side::In, "later"));
+        assert_eq!(stuck.join().unwrap().unwrap_err(), "B refused");
+        assert_eq!(ring.failed_side(), Some(Side::Out));
+    }
+}
