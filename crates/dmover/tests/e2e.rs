@@ -388,7 +388,7 @@ fn usage_errors() {
     let o = cp(&["--tpc", "pull", "a", "b:y"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(
-        stderr(&o).contains("--tpc is for copies between two servers"),
+        stderr(&o).contains("--tpc and --via-client are for copies between two servers"),
         "{}",
         stderr(&o)
     );
