@@ -323,29 +323,34 @@ fn small_chunk_sessions_share_the_memory_budget() {
             root.as_os_str(),
             "--memory".as_ref(),
             "256M".as_ref(),
-            "--io-threads".as_ref(),
-            "1".as_ref(),
-            "--debug-chunk-delay-ms".as_ref(),
-            "100".as_ref(),
         ],
         &root,
         None,
         None,
     );
-    // 64 chunks at 100 ms each on one disk thread: the first pull holds its
-    // buffers for seconds.
+    // 4 MiB received at 8 Mbit/s (the client paces its reads): the first pull holds
+    // its buffers for 4 s, while the server's disk is free for the second.
     let first_dst = t.path().join("first");
     std::fs::create_dir(&first_dst).unwrap();
     let first = {
         let (url, dst) = (srv.url("tree"), first_dst.clone());
         std::thread::spawn(move || {
-            let o = cp(&["-P", "1", "--chunk", "64K", &url, s(&dst)]);
+            let o = cp(&[
+                "-P",
+                "1",
+                "--chunk",
+                "64K",
+                "--bwlimit",
+                "8mbit",
+                &url,
+                s(&dst),
+            ]);
             (o, Instant::now())
         })
     };
     std::thread::sleep(Duration::from_millis(1500));
-    // One file (16 chunks): done long before the first pull, unless it had to wait
-    // for the first pull's memory.
+    // One file, unpaced: done long before the first pull, unless it had to wait for
+    // the first pull's memory.
     let second_dst = t.path().join("second");
     std::fs::create_dir(&second_dst).unwrap();
     let o = cp(&[
