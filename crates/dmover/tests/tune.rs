@@ -281,8 +281,9 @@ fn a_read_only_server_refuses_before_anything_is_written() {
     let e = stderr(&o);
     assert!(e.contains("where you may write and delete"), "{e}");
     assert!(e.contains("read-only") || e.contains("read only"), "{e}");
-    // Refused before the network test ran.
-    assert!(took < Duration::from_secs(3), "took {took:?}");
+    // Refused before the network test ran (no network line); the time is only a
+    // guard against a hang (3.3 s was seen on a loaded machine, so no tighter bound).
+    assert!(took < Duration::from_secs(20), "took {took:?}");
     assert!(!e.contains("network:"), "{e}");
     assert!(entries(&root.join("sub")).is_empty());
 }

@@ -120,7 +120,7 @@ fn malformed_endpoints_are_usage_errors() {
         ),
         (
             &["cp", "--tpc", "push", "a", "h:b"],
-            "--tpc is for copies between two servers",
+            "--tpc and --via-client are for copies between two servers",
         ),
     ] {
         usage_error(args, says);
