@@ -1209,10 +1209,18 @@ impl Client {
         max_delete: u64,
         dry_run: bool,
     ) -> Result<PruneReport> {
-        if name.is_empty() || name.contains(&b'/') || name == b"." || name == b".." {
+        // The name goes into filter rules: no path, and nothing a pattern would read.
+        if name.is_empty()
+            || name == b"."
+            || name == b".."
+            || name.iter().any(|b| b"/*?[]\\".contains(b))
+        {
             return Err(Error::refused(
-                ErrorCode::Protocol,
-                format!("{:?} is not a name", String::from_utf8_lossy(name)),
+                ErrorCode::Unsupported,
+                format!(
+                    "{:?}: not a plain name to remove",
+                    String::from_utf8_lossy(name)
+                ),
             ));
         }
         let mut anchored = b"/".to_vec();
@@ -1251,7 +1259,7 @@ impl Client {
         self.prune_remote(server, &[root], req).await
     }
 
-    /// Deletes `name` (a directory and everything below it) in the directory `dir` on
+    /// Deletes `name` (a file, or a directory and everything below it) in the directory `dir` on
     /// `server`: an [`Op::Prune`] of `dir` against a manifest of `dir` alone, whose
     /// filters protect everything but `name`. A dry run goes first and must list
     /// nothing outside `name`, else nothing is deleted. `dir` cannot be an export's
@@ -1267,53 +1275,9 @@ impl Client {
         name: &[u8],
         mtime: dmover_proto::manifest::Mtime,
     ) -> Result<u64> {
-        if name.is_empty()
-            || name == b"."
-            || name == b".."
-            || name.iter().any(|b| b"/*?[]\\".contains(b))
-        {
-            return Err(Error::refused(
-                control::ErrorCode::Unsupported,
-                format!(
-                    "{:?}: not a plain name to remove",
-                    String::from_utf8_lossy(name)
-                ),
-            ));
-        }
-        let dir_name = dir
-            .rsplit(|&b| b == b'/')
-            .find(|n| !n.is_empty())
-            .unwrap_or(b"")
-            .to_vec();
-        let root = Entry {
-            parent: NO_PARENT,
-            name: dir_name,
-            kind: dmover_proto::manifest::EntryKind::Dir,
-            mode: 0o755,
-            mtime,
-        };
-        let mut only = b"/".to_vec();
-        only.extend_from_slice(name);
-        only.extend_from_slice(b"/***");
-        let req = Prune {
-            dest: dir.to_vec(),
-            rules: vec![
-                control::FilterRule {
-                    include: true,
-                    pattern: only,
-                },
-                control::FilterRule {
-                    include: false,
-                    pattern: b"*".to_vec(),
-                },
-            ],
-            max_delete: u64::MAX,
-            dry_run: true,
-            conflicts_only: false,
-            checksum: false,
-        };
-        let entries = std::slice::from_ref(&root);
-        let dry = self.prune_remote(server, entries, req.clone()).await?;
+        let dry = self
+            .remove_remote(server, dir, name, mtime, u64::MAX, true)
+            .await?;
         let inside =
             |p: &[u8]| p.starts_with(name) && matches!(p.get(name.len()), None | Some(b'/'));
         if let Some(p) = dry.paths.iter().find(|p| !inside(p)) {
@@ -1329,12 +1293,10 @@ impl Client {
         if dry.deleted == 0 {
             return Ok(0);
         }
-        let req = Prune {
-            dry_run: false,
-            max_delete: dry.deleted,
-            ..req
-        };
-        Ok(self.prune_remote(server, entries, req).await?.deleted)
+        let done = self
+            .remove_remote(server, dir, name, mtime, dry.deleted, false)
+            .await?;
+        Ok(done.deleted)
     }
 
     /// The modification time of the directory `dir` on `server` (its manifest without

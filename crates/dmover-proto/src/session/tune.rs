@@ -238,6 +238,45 @@ impl Tuner {
         })
     }
 
+    /// Starts a probe from the streams in use (which sent `rate`) to `to`.
+    fn probe(
+        &mut self,
+        now: Instant,
+        to: u16,
+        up: bool,
+        rate: f64,
+        reason: String,
+    ) -> Option<Decision> {
+        let (from, base) = (self.streams, rate);
+        self.probe = if up {
+            Probe::Up { from, base }
+        } else {
+            Probe::Down { from, base }
+        };
+        self.change(now, to, rate, reason)
+    }
+
+    /// A probe from `from` (which sent `base`) did not pay, sending `rate`: back to
+    /// `from`, and hold (`down`: the probe was down).
+    fn back(
+        &mut self,
+        now: Instant,
+        from: u16,
+        base: f64,
+        rate: f64,
+        down: bool,
+    ) -> Option<Decision> {
+        let n = self.streams;
+        self.hold(now, down, false);
+        self.last_rate = Some(base);
+        let reason = format!(
+            "{n} streams sent {} against {from}'s {}: back to {from}",
+            pct(rate / base.max(1.0) - 1.0),
+            rate_text(base)
+        );
+        self.change(now, from, rate, reason)
+    }
+
     fn decide(&mut self, now: Instant, rate: f64) -> Option<Decision> {
         let n = self.streams;
         let probe = self.probe;
@@ -246,76 +285,38 @@ impl Tuner {
         match probe {
             Probe::Up { from, base } => {
                 let gain = rate / base.max(1.0) - 1.0;
-                if gain >= GAIN_UP {
-                    if n < self.cfg.max {
-                        // Searching: double; settled: the path changed, climb by half.
-                        let step = if self.settled { (n / 2).max(1) } else { n };
-                        let to = n.saturating_add(step).min(self.cfg.max);
-                        self.probe = Probe::Up {
-                            from: n,
-                            base: rate,
-                        };
-                        return self.change(
-                            now,
-                            to,
-                            rate,
-                            format!(
-                                "{n} streams sent {} more than {from}: trying {to}",
-                                pct(gain)
-                            ),
-                        );
-                    }
+                if gain < GAIN_UP {
+                    return self.back(now, from, base, rate, false);
+                }
+                if n >= self.cfg.max {
                     self.hold(now, false, true);
                     return None;
                 }
-                self.hold(now, false, false);
-                self.last_rate = Some(base);
-                self.change(
-                    now,
-                    from,
-                    rate,
-                    format!(
-                        "{n} streams sent {} against {from}'s {}: back to {from}",
-                        pct(gain),
-                        rate_text(base)
-                    ),
-                )
+                // Searching: double; settled: the path changed, climb by half.
+                let step = if self.settled { (n / 2).max(1) } else { n };
+                let to = n.saturating_add(step).min(self.cfg.max);
+                let reason = format!(
+                    "{n} streams sent {} more than {from}: trying {to}",
+                    pct(gain)
+                );
+                self.probe(now, to, true, rate, reason)
             }
             Probe::Down { from, base } => {
-                if rate >= base * KEEP_DOWN {
-                    self.hold(now, true, true);
-                    return None;
+                if rate < base * KEEP_DOWN {
+                    return self.back(now, from, base, rate, true);
                 }
-                self.hold(now, true, false);
-                self.last_rate = Some(base);
-                self.change(
-                    now,
-                    from,
-                    rate,
-                    format!(
-                        "{n} streams sent {} against {from}'s {}: back to {from}",
-                        pct(rate / base.max(1.0) - 1.0),
-                        rate_text(base)
-                    ),
-                )
+                self.hold(now, true, true);
+                None
             }
             Probe::None if !self.settled => {
                 // The first measurement: probe up when there is room.
-                if n < self.cfg.max {
-                    let to = n.saturating_mul(2).min(self.cfg.max);
-                    self.probe = Probe::Up {
-                        from: n,
-                        base: rate,
-                    };
-                    return self.change(
-                        now,
-                        to,
-                        rate,
-                        format!("{n} streams send {}: trying {to}", rate_text(rate)),
-                    );
+                if n >= self.cfg.max {
+                    self.hold(now, false, true);
+                    return None;
                 }
-                self.hold(now, false, true);
-                None
+                let to = n.saturating_mul(2).min(self.cfg.max);
+                let reason = format!("{n} streams send {}: trying {to}", rate_text(rate));
+                self.probe(now, to, true, rate, reason)
             }
             Probe::None => {
                 self.holds += 1;
@@ -325,39 +326,18 @@ impl Tuner {
                 self.holds = 0;
                 let up = self.next_up;
                 self.next_up = !up;
-                if up && n < self.cfg.max {
-                    let to = n.saturating_add((n / 2).max(1)).min(self.cfg.max);
-                    self.probe = Probe::Up {
-                        from: n,
-                        base: rate,
-                    };
-                    self.change(
-                        now,
-                        to,
-                        rate,
-                        format!(
-                            "checking again: {n} streams send {}: trying {to}",
-                            rate_text(rate)
-                        ),
-                    )
+                let to = if up && n < self.cfg.max {
+                    n.saturating_add((n / 2).max(1)).min(self.cfg.max)
                 } else if n > self.cfg.min {
-                    let to = n - (n / 4).max(1);
-                    self.probe = Probe::Down {
-                        from: n,
-                        base: rate,
-                    };
-                    self.change(
-                        now,
-                        to,
-                        rate,
-                        format!(
-                            "checking again: {n} streams send {}: trying {to}",
-                            rate_text(rate)
-                        ),
-                    )
+                    n - (n / 4).max(1)
                 } else {
-                    None
-                }
+                    return None;
+                };
+                let reason = format!(
+                    "checking again: {n} streams send {}: trying {to}",
+                    rate_text(rate)
+                );
+                self.probe(now, to, to > n, rate, reason)
             }
         }
     }
