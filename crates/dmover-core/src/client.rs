@@ -197,6 +197,11 @@ pub struct ThirdPartyCopy {
 pub(crate) type Root = (Base, Vec<u8>, Vec<u8>);
 
 /// A control connection with TLS up and the first flight ready, not sent.
+/// How long a connection set up while a push's walk runs may wait for it: a walk
+/// that takes longer connects again once done (the server drops a connection that
+/// does not authenticate within its handshake timeout, 30 s by default).
+const EARLY_CONNECTION_FRESH: Duration = Duration::from_secs(10);
+
 pub(crate) struct Connection {
     ch: ControlChannel<ControlStream>,
     /// Exported for the session key.
@@ -1444,19 +1449,25 @@ impl Client {
             dest = &mirror;
         }
         let filter = self.opts.filter.clone().unwrap_or_default();
-        let walked = self
-            .disk
-            .run(move || walk::walk_filtered(roots, &filter))
-            .await
-            .ok_or(Error::Aborted)??;
+        let delete = self.opts.mirror && self.opts.delete;
+        let compare = self.opts.mirror && self.opts.compare_content;
+        // The connection (TCP, TLS, the data connections dialed ahead) is set up while
+        // the tree is walked: on a long link that is two round trips off every push, and
+        // off a re-run that sends nothing even more in proportion. Not with `--delete`
+        // or `--checksum`, whose prune request comes between the walk and the session.
+        let walking = self.disk.run(move || walk::walk_filtered(roots, &filter));
+        let (walked, mut early) = if delete || compare {
+            (walking.await, None)
+        } else {
+            self.walk_connected(walking, server, &run).await?
+        };
+        let walked = walked.ok_or(Error::Aborted)??;
         if walked.filtered > 0 {
             tracing::info!("the filters left out {} entries", walked.filtered);
         }
         let skipped = walked.skipped;
         let mut tree = walked.tree;
         let full_totals = Totals::of(tree.entries());
-        let delete = self.opts.mirror && self.opts.delete;
-        let compare = self.opts.mirror && self.opts.compare_content;
         // `--delete`: entries of another kind where the source's go (a directory where
         // a file comes, or the reverse) must go first; the rest once all is in place.
         // `--checksum`: the destination's digests of its files of the right size.
@@ -1512,9 +1523,12 @@ impl Client {
         run.progress.total_files.store(files, Relaxed);
         run.progress.set_manifest(source.tree().entries());
         // A busy server may keep us waiting: an interrupt ends the wait.
-        let mut conn = tokio::select! {
-            r = self.connect(server) => r?,
-            _ = run.cancelled() => return Err(Error::Aborted),
+        let mut conn = match early.take() {
+            Some(c) => c,
+            None => tokio::select! {
+                r = self.connect(server) => r?,
+                _ = run.cancelled() => return Err(Error::Aborted),
+            },
         };
         // The options and the whole manifest follow the first flight at once: the
         // server reads them once it has opened the session (with the chunk size we
@@ -1584,6 +1598,51 @@ impl Client {
             delete_refused,
             relayed: None,
         })
+    }
+
+    /// Awaits `walking` (a push's walk) while connecting to `server`, and gives the
+    /// walk's result with the connection when both succeeded. A connection that has
+    /// waited for the walk longer than [`EARLY_CONNECTION_FRESH`] is dropped (`None`:
+    /// connect again), well before the server gives up on a connection that does not
+    /// open its session ([`HANDSHAKE_TIMEOUT`]). A failed walk is returned without a
+    /// connection; a failed connection is the error, as it would have been after the
+    /// walk.
+    async fn walk_connected<F>(
+        &self,
+        walking: F,
+        server: &str,
+        run: &Run,
+    ) -> Result<(
+        Option<dmover_store::Result<walk::Walked>>,
+        Option<Connection>,
+    )>
+    where
+        F: std::future::Future<Output = Option<dmover_store::Result<walk::Walked>>>,
+    {
+        let connecting = self.connect(server);
+        tokio::pin!(walking, connecting);
+        let mut early = None;
+        let walked = loop {
+            tokio::select! {
+                w = &mut walking => break w,
+                c = &mut connecting, if early.is_none() => {
+                    early = Some(c.map(|c| (c, tokio::time::Instant::now())));
+                }
+                _ = run.cancelled() => return Err(Error::Aborted),
+            }
+        };
+        if !matches!(walked, Some(Ok(_))) {
+            return Ok((walked, None));
+        }
+        let conn = match early {
+            Some(Ok((c, at))) => (at.elapsed() < EARLY_CONNECTION_FRESH).then_some(c),
+            Some(Err(e)) => return Err(e),
+            None => Some(tokio::select! {
+                c = connecting => c?,
+                _ = run.cancelled() => return Err(Error::Aborted),
+            }),
+        };
+        Ok((walked, conn))
     }
 
     async fn pull_once(

@@ -23,7 +23,7 @@
 //! existed it also sweeps that attempt's staging files from the tree's directories.
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -33,7 +33,7 @@ use dmover_proto::control::{ErrorCode, Summary};
 use dmover_proto::data::DigestEntry;
 use dmover_proto::digest::{FileDigest, crc32c_append, piece_hash};
 use dmover_proto::layout::{Layout, Piece};
-use dmover_proto::manifest::{Entry, EntryKind, MAX_NAME, NO_PARENT};
+use dmover_proto::manifest::{Entry, EntryKind, MAX_NAME, Mtime, NO_PARENT};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
@@ -106,6 +106,19 @@ pub struct FileSink {
     /// Files the source could not read.
     failed: Mutex<HashSet<u32>>,
     any_failed: AtomicBool,
+}
+
+/// Size and mtime of `name` in `dir` when it is a regular file (not followed if a
+/// symlink).
+fn final_stat(dir: &OwnedFd, name: &[u8]) -> Option<(u64, Mtime)> {
+    let s = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
+    (FileType::from_raw_mode(s.st_mode) == FileType::RegularFile).then_some((
+        s.st_size as u64,
+        Mtime {
+            sec: s.st_mtime,
+            nsec: s.st_mtime_nsec as u32,
+        },
+    ))
 }
 
 impl FileSink {
@@ -188,6 +201,8 @@ impl FileSink {
         if contents.is_none() && !self.opts.unchanged {
             return held;
         }
+        // The quick check looks at every file: on several threads, ahead.
+        let looked = self.opts.unchanged.then(|| self.final_stats());
         for (f, slot) in self.layout.files().iter().enumerate() {
             let entry = slot.entry;
             let e = &entries[entry as usize];
@@ -195,12 +210,11 @@ impl FileSink {
                 continue;
             };
             let on_disk = || {
-                rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|s| {
-                    FileType::from_raw_mode(s.st_mode) == FileType::RegularFile
-                        && s.st_size as u64 == e.file_size()
-                        && s.st_mtime == e.mtime.sec
-                        && s.st_mtime_nsec as u32 == e.mtime.nsec
-                })
+                let found = match &looked {
+                    Some(looked) => looked[f],
+                    None => final_stat(&dir, name),
+                };
+                found.is_some_and(|(size, mtime)| size == e.file_size() && mtime == e.mtime)
             };
             let id = self.file_id(entry);
             let st = contents
@@ -276,6 +290,41 @@ impl FileSink {
         self.layout = layout;
         self.skips = skips;
         Ok(())
+    }
+
+    /// [`final_stat`] of every layout file, in layout order, on up to 8 threads for
+    /// trees of more than a few thousand files: a re-run that sends nothing costs
+    /// one `statat` per file on the destination, and with a cold cache each of them
+    /// waits for the disk; several at once keep the device's queue busy.
+    fn final_stats(&self) -> Vec<Option<(u64, Mtime)>> {
+        let files = self.layout.files();
+        let look = |slots: &[dmover_proto::layout::FileSlot]| -> Vec<Option<(u64, Mtime)>> {
+            slots
+                .iter()
+                .map(|slot| {
+                    let (dir, name) = self.tree.locate(slot.entry).ok()?;
+                    final_stat(&dir, name)
+                })
+                .collect()
+        };
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(8)
+            .min(files.len() / 2048);
+        if threads < 2 {
+            return look(files);
+        }
+        let per = files.len().div_ceil(threads);
+        std::thread::scope(|s| {
+            let parts: Vec<_> = files
+                .chunks(per)
+                .map(|part| s.spawn(move || look(part)))
+                .collect();
+            parts
+                .into_iter()
+                .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        })
     }
 
     /// Bytes of file data an earlier attempt left that this session keeps.
