@@ -283,6 +283,7 @@ fn watch_with_delete_mirrors_deletions_and_renames() {
     std::fs::create_dir_all(src.join("d/e")).unwrap();
     write_file(&src.join("keep"), 1, 1000, 0o644, 1_700_000_000);
     write_file(&src.join("d/e/x"), 2, 1000, 0o644, 1_700_000_000);
+    write_file(&src.join("g/y"), 3, 1000, 0o644, 1_700_000_000);
     let root = dir.join("root");
     std::fs::create_dir(&root).unwrap();
     let srv = Server::start(&root, &[]);
@@ -307,6 +308,11 @@ fn watch_with_delete_mirrors_deletions_and_renames() {
     std::fs::remove_file(src.join("a")).unwrap();
     std::fs::rename(src.join("b"), src.join("c")).unwrap();
     std::fs::remove_dir_all(src.join("d")).unwrap();
+    // A directory renamed within the tree: watched under its new name, and a file
+    // written into it afterwards ships there.
+    std::fs::rename(src.join("g"), src.join("h")).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    std::fs::write(src.join("h/z"), b"z").unwrap();
     let ctx = || format!("{}\nhave {:?}", w.stderr(), files(&mirror));
     wait_for(
         60,
@@ -316,6 +322,9 @@ fn watch_with_delete_mirrors_deletions_and_renames() {
                 && !mirror.join("b").exists()
                 && mirror.join("c").exists()
                 && !mirror.join("d").exists()
+                && !mirror.join("g").exists()
+                && mirror.join("h/y").exists()
+                && mirror.join("h/z").exists()
         },
         ctx,
     );

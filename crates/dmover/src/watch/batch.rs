@@ -99,7 +99,10 @@ impl Batcher {
         match change {
             Change::Created(rel) => {
                 self.drop_dir_ancestors(&rel);
-                self.unshipped.insert(rel);
+                // A name whose deletion is queued may still be there.
+                if !self.deletes.contains_key(&rel) {
+                    self.unshipped.insert(rel);
+                }
             }
             Change::Modified(rel) => {
                 self.drop_dir_ancestors(&rel);
@@ -132,6 +135,8 @@ impl Batcher {
         // a directory's deletion stays (it may hold entries the new one lacks).
         if self.deletes.get(&rel) == Some(&false) {
             self.deletes.remove(&rel);
+            // The old file is still there until this one replaces it.
+            self.unshipped.remove(&rel);
         }
         self.pending.insert(
             rel,
@@ -352,6 +357,27 @@ mod tests {
         let batch = b.take(ms(t, 500));
         assert_eq!(batch.delete, [r("d")]);
         assert_eq!(names(&batch), ["d/new", "f"]);
+    }
+
+    #[test]
+    fn a_name_deleted_recreated_and_deleted_again_is_still_deleted() {
+        let t = Instant::now();
+        let mut b = Batcher::new(Q, true);
+        let gone = || Change::Gone {
+            rel: r("f"),
+            dir: false,
+        };
+        b.note(gone(), t);
+        b.note(Change::Created(r("f")), t);
+        b.note(Change::Closed(r("f")), t);
+        b.note(gone(), t);
+        let batch = b.take(ms(t, 500));
+        assert_eq!(
+            batch.delete,
+            [r("f")],
+            "the old f is still at the destination"
+        );
+        assert!(batch.ship.is_empty());
     }
 
     #[test]
