@@ -289,7 +289,7 @@ fn watch_with_delete_mirrors_deletions_and_renames() {
     let srv = Server::start(&root, &[]);
     let mirror = root.join("mirror");
     let url = srv.url("mirror");
-    let mut w = Watcher::start(dir, 1, &["--delete", s(&src), &url]);
+    let mut w = Watcher::start(dir, 1, &["--delete", "--exclude", "*.skip", s(&src), &url]);
     wait_for(
         60,
         "the catch-up sync",
@@ -298,6 +298,7 @@ fn watch_with_delete_mirrors_deletions_and_renames() {
     );
 
     std::fs::write(src.join("a"), b"a").unwrap();
+    std::fs::write(src.join("n.skip"), b"excluded").unwrap();
     std::fs::write(src.join("b"), b"b").unwrap();
     wait_for(
         60,
@@ -305,6 +306,11 @@ fn watch_with_delete_mirrors_deletions_and_renames() {
         || mirror.join("b").exists() && mirror.join("a").exists(),
         || w.stderr(),
     );
+    assert!(
+        !mirror.join("n.skip").exists(),
+        "--exclude applies to the watch"
+    );
+    std::fs::remove_file(src.join("n.skip")).unwrap();
     std::fs::remove_file(src.join("a")).unwrap();
     std::fs::rename(src.join("b"), src.join("c")).unwrap();
     std::fs::remove_dir_all(src.join("d")).unwrap();
