@@ -100,6 +100,21 @@ fn wait_for(secs: u64, what: &str, mut cond: impl FnMut() -> bool, ctx: impl Fn(
     }
 }
 
+/// Waits (up to `secs`) for `mirror` to be the same tree as `src` (contents, modes,
+/// mtimes): the watch converges, the last batch may still be on its way.
+fn wait_same(secs: u64, src: &Path, mirror: &Path, w: &Watcher) {
+    let t = Instant::now();
+    while let Err(e) = dmover_store::verify::compare_trees(src, mirror) {
+        assert!(
+            t.elapsed() < Duration::from_secs(secs),
+            "the trees still differ: {e}
+{}",
+            w.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Every file under `dir`, relative, sorted.
 fn files(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
@@ -221,7 +236,7 @@ fn watch_ships_every_file_once_through_restarts_of_both_ends() {
         || files(&mirror) == want,
         ctx,
     );
-    same(&src, &mirror);
+    wait_same(30, &src, &mirror, &w);
     assert!(
         !files(&mirror).iter().any(|f| f.ends_with(".tmp")),
         "a temporary name arrived: {:?}",
@@ -334,7 +349,7 @@ fn watch_with_delete_mirrors_deletions_and_renames() {
         },
         ctx,
     );
-    same(&src, &mirror);
+    wait_same(30, &src, &mirror, &w);
     assert!(w.lines().iter().any(|l| l["deleted"].as_u64() > Some(0)));
     assert_eq!(
         w.stop(rustix::process::Signal::INT),

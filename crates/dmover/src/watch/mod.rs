@@ -336,7 +336,7 @@ impl Tree {
         }
     }
 
-    /// Turns an event into changes for the batcher. `Err(())`: events were lost
+    /// Turns an event into changes for the batcher. `Ok(false)`: events were lost
     /// (the kernel's queue overflowed): a catch-up sync is needed.
     fn translate(&mut self, ev: Raw, b: &mut Batcher, now: Instant) -> anyhow::Result<bool> {
         use inotify::ReadFlags as R;
@@ -501,22 +501,12 @@ impl Watch {
             tokio::select! {
                 ev = self.rx.recv() => {
                     let Some(ev) = ev else { break };
-                    let mut evs = vec![ev];
-                    while let Ok(ev) = self.rx.try_recv() {
-                        evs.push(ev);
-                    }
-                    let now = Instant::now();
-                    for ev in evs {
-                        match self.tree.translate(ev, &mut self.batcher, now) {
-                            Ok(true) => {}
-                            Ok(false) => {
-                                tracing::warn!("inotify lost events: a catch-up sync follows");
-                                catch_up = true;
-                            }
-                            Err(e) => {
-                                eprintln!("dmover: error: {e:#}");
-                                return ExitCode::from(1);
-                            }
+                    match self.take_events(ev) {
+                        Ok(true) => {}
+                        Ok(false) => catch_up = true,
+                        Err(e) => {
+                            eprintln!("dmover: error: {e:#}");
+                            return ExitCode::from(1);
                         }
                     }
                 }
@@ -531,6 +521,30 @@ impl Watch {
             );
         }
         ExitCode::SUCCESS
+    }
+
+    /// Queues `first` and the events that came with it. `Ok(false)`: events were
+    /// lost, a catch-up sync must follow. An error (a directory that cannot be
+    /// watched) ends the watch: what is below it would silently not be mirrored.
+    fn take_events(&mut self, first: Raw) -> anyhow::Result<bool> {
+        let now = Instant::now();
+        let mut complete = true;
+        let mut next = Some(first);
+        // At most a few thousand at once: a flood of events does not hold batches up.
+        for _ in 0..4096 {
+            let Some(ev) = next.take() else { break };
+            if !self.tree.translate(ev, &mut self.batcher, now)? {
+                tracing::warn!("inotify lost events: a catch-up sync follows");
+                complete = false;
+            }
+            next = self.rx.try_recv().ok();
+        }
+        if let Some(ev) = next
+            && !self.tree.translate(ev, &mut self.batcher, now)?
+        {
+            complete = false;
+        }
+        Ok(complete)
     }
 
     /// A sync of the whole tree: what is durable at the destination is not sent
