@@ -89,6 +89,7 @@ pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
         stop,
         json: a.json,
         quiet: a.quiet,
+        quiet_time: a.quiet_time,
         started: Instant::now(),
     };
     let code = rt.block_on(w.run());
@@ -268,6 +269,39 @@ impl Tree {
         !rel.starts_with(b".dmv.") && self.filter.as_ref().is_none_or(|f| f.admits(rel, dir))
     }
 
+    /// Queues the files below `rel` modified less than `quiet` before `now`: probably
+    /// still being written, so a catch-up leaves them to their batch (which waits for
+    /// the writer's close) instead of shipping them mid-way.
+    fn queue_recent(&self, rel: Rel, b: &mut Batcher, quiet: Duration, now: Instant) {
+        let Some(cutoff) = std::time::SystemTime::now().checked_sub(quiet) else {
+            return;
+        };
+        let mut stack = vec![rel];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(self.path(&dir)) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let Ok(md) = e.metadata() else { continue };
+                let child = join(&dir, e.file_name().as_bytes());
+                if !self.admits(&child, md.is_dir()) {
+                    continue;
+                }
+                if md.is_dir() {
+                    stack.push(child);
+                } else if md.modified().is_ok_and(|m| m > cutoff) {
+                    b.note(
+                        Change::Appeared {
+                            rel: child,
+                            dir: false,
+                        },
+                        now,
+                    );
+                }
+            }
+        }
+    }
+
     /// Watches the directory `rel` and those below it. `found`: a new directory, so
     /// what it holds is queued (it may have been made before its watch existed).
     fn add(&mut self, rel: Rel, mut found: Option<(&mut Batcher, Instant)>) -> anyhow::Result<()> {
@@ -438,6 +472,7 @@ struct Watch {
     stop: Arc<Stop>,
     json: bool,
     quiet: bool,
+    quiet_time: Duration,
     started: Instant,
 }
 
@@ -551,6 +586,14 @@ impl Watch {
     /// again. Files queued (perhaps still being written) are left to their batch.
     async fn catch_up(&mut self) -> CoreResult<()> {
         let t = Instant::now();
+        // What the events say first, then what looks written just now.
+        if let Ok(ev) = self.rx.try_recv()
+            && let Err(e) = self.take_events(ev)
+        {
+            return Err(Error::refused(ErrorCode::Io, format!("{e:#}")));
+        }
+        self.tree
+            .queue_recent(Vec::new(), &mut self.batcher, self.quiet_time, t);
         let mut opts = self.opts.clone();
         // Queued files are excluded (and so never deleted): exclusions first, since
         // the first matching rule wins, then the user's rules.
