@@ -115,6 +115,15 @@ fn wait_same(secs: u64, src: &Path, mirror: &Path, w: &Watcher) {
     }
 }
 
+/// User and system CPU time of `child` so far, in clock ticks (/proc/PID/stat).
+fn cpu_ticks(child: &Child) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
+    // After the command name in parentheses: state is field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
 /// Every file under `dir`, relative, sorted.
 fn files(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
@@ -357,6 +366,11 @@ fn watch_with_delete_mirrors_deletions_and_renames() {
     );
     wait_same(30, &src, &mirror, &w);
     assert!(w.lines().iter().any(|l| l["deleted"].as_u64() > Some(0)));
+    // An idle watch sleeps (no polling): well under a tenth of a core over 2 s.
+    let before = cpu_ticks(&w.child);
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_ticks(&w.child) - before;
+    assert!(used < 20, "an idle watch used {used} ticks of CPU in 2 s");
     assert_eq!(
         w.stop(rustix::process::Signal::INT),
         Some(0),
