@@ -274,9 +274,9 @@ pub struct CpArgs {
     #[arg(long)]
     pub watch: bool,
     /// `sync --watch`: how long a closed file must stay untouched before it ships (a
-    /// writer that reopens it within that time is waited for).
-    #[arg(long, default_value = "200ms", value_parser = parse_interval, value_name = "D")]
-    pub quiet_time: std::time::Duration,
+    /// writer that reopens it within that time is waited for). Default 200ms.
+    #[arg(long, value_parser = parse_interval, value_name = "D")]
+    pub quiet_time: Option<std::time::Duration>,
 }
 
 /// Which source entries travel, with rsync's pattern rules (docs/sync.md): the first

@@ -159,6 +159,9 @@ pub fn sync(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
     if a.watch {
         return crate::watch::run(a, env);
     }
+    if a.quiet_time.is_some() {
+        return Err(usage("--quiet-time applies to sync --watch"));
+    }
     run_copy(a, env, true)
 }
 
@@ -184,9 +187,17 @@ fn run_copy(a: CpArgs, env: &Env, sync: bool) -> anyhow::Result<ExitCode> {
     if let Some(ms) = r.debug_heartbeat_ms {
         opts.heartbeat = std::time::Duration::from_millis(ms.max(50));
     }
-    if !sync && (a.delete || a.max_delete.is_some() || a.dry_run || a.checksum || a.watch) {
+    if !sync
+        && (a.delete
+            || a.max_delete.is_some()
+            || a.dry_run
+            || a.checksum
+            || a.watch
+            || a.quiet_time.is_some())
+    {
         return Err(usage(
-            "--delete, --max-delete, --dry-run, --checksum and --watch are options of dmover sync",
+            "--delete, --max-delete, --dry-run, --checksum, --watch and --quiet-time are \
+             options of dmover sync",
         ));
     }
     if a.max_delete.is_some() && !a.delete {

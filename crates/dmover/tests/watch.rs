@@ -402,4 +402,7 @@ fn watch_needs_a_local_source_and_is_a_sync_option() {
     assert!(stderr(&o).contains("--watch"), "{}", stderr(&o));
     let o = run(&["sync", "--watch", "--dry-run", s(t.path()), "host:dst"]);
     assert_eq!(o.status.code(), Some(2));
+    let o = run(&["sync", "--quiet-time", "1s", s(t.path()), "host:dst"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("sync --watch"), "{}", stderr(&o));
 }

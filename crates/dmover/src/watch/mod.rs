@@ -44,6 +44,10 @@ use crate::env::Env;
 use crate::output;
 use batch::{Batch, Batcher, Change, Rel};
 
+/// `--quiet-time`'s default: short enough for a close-to-remote-rename lag under a
+/// second plus the wire time, long enough for a writer's close-and-reopen.
+pub const QUIET_TIME: Duration = Duration::from_millis(200);
+
 /// The first wait after a failure; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(8);
@@ -69,6 +73,7 @@ pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
             root.display()
         )));
     }
+    let quiet_time = a.quiet_time.unwrap_or(QUIET_TIME);
     let opts = options(&a, env)?;
     let filter = opts.filter.clone();
     let rt = crate::cp::runtime(opts.streams)?;
@@ -83,13 +88,13 @@ pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
         server,
         src,
         dest,
-        batcher: Batcher::new(a.quiet_time, a.delete),
+        batcher: Batcher::new(quiet_time, a.delete),
         tree,
         rx,
         stop,
         json: a.json,
         quiet: a.quiet,
-        quiet_time: a.quiet_time,
+        quiet_time,
         started: Instant::now(),
     };
     let code = rt.block_on(w.run());
