@@ -20,6 +20,7 @@
 mod batch;
 
 use std::ffi::OsStr;
+use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -797,7 +798,8 @@ impl Watch {
         if self.json {
             j["schema"] = output::SCHEMA.into();
             j["seconds"] = self.started.elapsed().as_secs_f64().into();
-            println!("{j}");
+            // A reader that went away does not stop the watch (println! would panic).
+            let _ = writeln!(std::io::stdout().lock(), "{j}");
         } else if !self.quiet {
             eprintln!("{text}");
         }
