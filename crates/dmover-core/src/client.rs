@@ -440,6 +440,16 @@ impl Client {
         }
     }
 
+    /// A client with other options on this one's disk threads (`sync --watch` runs
+    /// each batch with the batch's file list as its filter).
+    pub fn with_options(&self, opts: TransferOptions) -> Self {
+        Client {
+            disk: self.disk.clone(),
+            opts,
+            as_server: self.as_server.clone(),
+        }
+    }
+
     /// A server's client toward another server (a third-party copy), on the server's
     /// disk threads.
     pub(crate) fn as_server(opts: TransferOptions, disk: Arc<DiskPool>, s: AsServer) -> Self {

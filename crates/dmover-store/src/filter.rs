@@ -356,6 +356,23 @@ impl Filter {
         Ok(())
     }
 
+    /// Whether `--files-from` excludes `path` whatever its kind: not listed, not
+    /// below a listed path, not leading to one. Lets the walk skip such names without
+    /// a stat; [`Filter::admits`] decides the rest.
+    pub fn listed_rules_out(&self, path: &[u8]) -> bool {
+        let Some(listed) = &self.listed else {
+            return false;
+        };
+        let below_listed = listed.contains(&Vec::new())
+            || listed.contains(path)
+            || path
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| **b == b'/')
+                .any(|(i, _)| listed.contains(&path[..i]));
+        !below_listed && !self.ancestors.contains(path)
+    }
+
     /// Whether the entry at `path` (relative to the source root, components joined by
     /// `/`) is sent; for a directory, `false` also means "not descended into". The
     /// walk asks for every entry whose parent was sent, parents first.
@@ -508,6 +525,12 @@ mod tests {
         assert!(!f.admits(b"f", false));
         assert!(!f.admits(b"a", false), "an ancestor must be a directory");
         assert!(f.set_files_from(b"../x\n").is_err());
+        let mut f = Filter::none();
+        f.set_files_from(b"a/b/c\n").unwrap();
+        assert!(!f.listed_rules_out(b"a") && !f.listed_rules_out(b"a/b"));
+        assert!(!f.listed_rules_out(b"a/b/c") && !f.listed_rules_out(b"a/b/c/d"));
+        assert!(f.listed_rules_out(b"a/x") && f.listed_rules_out(b"z"));
+        assert!(!Filter::none().listed_rules_out(b"z"));
         // Rules apply to listed paths too.
         f.push(Rule::new(Action::Exclude, b"*.txt").unwrap());
         assert!(!f.admits(b"e.txt", false));

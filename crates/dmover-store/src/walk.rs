@@ -193,6 +193,12 @@ fn walk_dir(
             rel_path(entries, dir_idx)
         };
         for (_, name) in kids.drain(..) {
+            // A `--files-from` list rules most names out by name alone: no stat for
+            // them (a `sync --watch` batch lists a few files in a large directory).
+            if !filter.is_empty() && filter.listed_rules_out(&join_rel(&rel, &name)) {
+                *filtered += 1;
+                continue;
+            }
             let child = || {
                 format!(
                     "{}/{}",
@@ -212,11 +218,7 @@ fn walk_dir(
             // Filters first: an excluded entry is not the walk's business at all (an
             // excluded special file is not "skipped").
             if !filter.is_empty() {
-                let mut path = rel.clone();
-                if !path.is_empty() {
-                    path.push(b'/');
-                }
-                path.extend_from_slice(&name);
+                let path = join_rel(&rel, &name);
                 if !filter.admits(&path, ft == FileType::Directory) {
                     *filtered += 1;
                     continue;
@@ -256,4 +258,15 @@ fn walk_dir(
         // Visit subdirectories in listing order.
         stack[first_subdir..].reverse();
     }
+}
+
+/// `rel/name` (`name` at the root).
+fn join_rel(rel: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut path = Vec::with_capacity(rel.len() + 1 + name.len());
+    path.extend_from_slice(rel);
+    if !path.is_empty() {
+        path.push(b'/');
+    }
+    path.extend_from_slice(name);
+    path
 }

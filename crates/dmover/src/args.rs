@@ -268,6 +268,15 @@ pub struct CpArgs {
     /// computes) instead of size and mtime; files with the same content are not sent.
     #[arg(short = 'c', long)]
     pub checksum: bool,
+    /// `sync` (push): after the sync, keep watching SRC and ship each file once it is
+    /// closed after writing and quiet for `--quiet-time`; with `--delete`, deletes and
+    /// renames are mirrored too. Runs until SIGINT/SIGTERM. docs/sync.md.
+    #[arg(long)]
+    pub watch: bool,
+    /// `sync --watch`: how long a closed file must stay untouched before it ships (a
+    /// writer that reopens it within that time is waited for). Default 200ms.
+    #[arg(long, value_parser = parse_interval, value_name = "D")]
+    pub quiet_time: Option<std::time::Duration>,
 }
 
 /// Which source entries travel, with rsync's pattern rules (docs/sync.md): the first

@@ -105,7 +105,7 @@ pub fn cancel_on_interrupt(rt: &tokio::runtime::Runtime, run: &Arc<Run>) {
 }
 
 /// The walk's filters from `--exclude`, `--include` and `--files-from`.
-fn filter_of(f: &FilterArgs) -> anyhow::Result<Option<Arc<Filter>>> {
+pub(crate) fn filter_of(f: &FilterArgs) -> anyhow::Result<Option<Arc<Filter>>> {
     use std::os::unix::ffi::OsStrExt;
     if f.is_empty() {
         return Ok(None);
@@ -156,6 +156,12 @@ pub fn sync(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
     if a.tpc.is_some() || a.via_client {
         return Err(usage("sync between two servers is not supported yet"));
     }
+    if a.watch {
+        return crate::watch::run(a, env);
+    }
+    if a.quiet_time.is_some() {
+        return Err(usage("--quiet-time applies to sync --watch"));
+    }
     run_copy(a, env, true)
 }
 
@@ -181,9 +187,17 @@ fn run_copy(a: CpArgs, env: &Env, sync: bool) -> anyhow::Result<ExitCode> {
     if let Some(ms) = r.debug_heartbeat_ms {
         opts.heartbeat = std::time::Duration::from_millis(ms.max(50));
     }
-    if !sync && (a.delete || a.max_delete.is_some() || a.dry_run || a.checksum) {
+    if !sync
+        && (a.delete
+            || a.max_delete.is_some()
+            || a.dry_run
+            || a.checksum
+            || a.watch
+            || a.quiet_time.is_some())
+    {
         return Err(usage(
-            "--delete, --max-delete, --dry-run and --checksum are options of dmover sync",
+            "--delete, --max-delete, --dry-run, --checksum, --watch and --quiet-time are \
+             options of dmover sync",
         ));
     }
     if a.max_delete.is_some() && !a.delete {

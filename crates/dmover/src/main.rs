@@ -19,6 +19,7 @@ mod netlab;
 mod output;
 mod serve;
 mod tune;
+mod watch;
 
 use std::process::ExitCode;
 

@@ -1,0 +1,833 @@
+//! `dmover sync --watch SRC HOST:DST`: a sync that keeps going. It watches every
+//! directory of SRC with inotify, ships each file once it was closed after writing and
+//! stayed quiet for `--quiet-time`, mirrors deletions and renames with `--delete`, and
+//! reports each batch's lag (close → final name on the server) — docs/sync.md,
+//! "Continuous mode".
+//!
+//! Why a session per batch rather than one session whose manifest grows: file storage
+//! cannot take later manifest parts yet (`SinkStore::grow`, protocol.md "Growing
+//! manifest"), and a file rewritten after it shipped could not join the same manifest
+//! anyway (names are unique per directory). A batch is an ordinary `sync` restricted
+//! to the batch's paths (the `--files-from` filter): the walk reads only the
+//! directories leading to them, the destination stats only them, and its resume mode
+//! makes whatever is already durable there count as held. So the work of a batch
+//! grows with the batch, not with the tree, and a restart of either end needs no
+//! state of ours: a catch-up sync (the first thing a watch does, and again after a
+//! failure or a lost event) sends only what is missing.
+//!
+//! The rules of what ships when are in [`batch`], free of I/O.
+
+mod batch;
+
+use std::ffi::OsStr;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use dmover_core::client::{Client, Report};
+use dmover_core::engine::Run;
+use dmover_core::session::TransferOptions;
+use dmover_core::{Error, error::Result as CoreResult};
+use dmover_proto::control::ErrorCode;
+use dmover_store::filter::{Action, Filter, Rule};
+use rustix::fs::inotify;
+use tokio::sync::{Notify, mpsc};
+
+use crate::args::{CpArgs, usage};
+use crate::endpoint::{self, Endpoint};
+use crate::env::Env;
+use crate::output;
+use batch::{Batch, Batcher, Change, Rel};
+
+/// `--quiet-time`'s default: short enough for a close-to-remote-rename lag under a
+/// second plus the wire time, long enough for a writer's close-and-reopen.
+pub const QUIET_TIME: Duration = Duration::from_millis(200);
+
+/// The first wait after a failure; it doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_BACKOFF: Duration = Duration::from_secs(8);
+
+/// `dmover sync --watch` (called by `dmover sync` with `--watch`).
+pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
+    let (src, server, dest) = endpoints(&a)?;
+    if a.dry_run || a.checksum || a.filters.files_from.is_some() {
+        return Err(usage(
+            "--watch does not take --dry-run, --checksum or --files-from",
+        ));
+    }
+    if a.max_delete.is_some() && !a.delete {
+        return Err(usage("--max-delete limits --delete: add --delete"));
+    }
+    let root = PathBuf::from(OsStr::from_bytes(&src));
+    if !std::fs::metadata(&root)
+        .with_context(|| format!("watching {}", root.display()))?
+        .is_dir()
+    {
+        return Err(usage(format!(
+            "--watch: {} is not a directory",
+            root.display()
+        )));
+    }
+    let quiet_time = a.quiet_time.unwrap_or(QUIET_TIME);
+    let opts = options(&a, env)?;
+    let filter = opts.filter.clone();
+    let rt = crate::cp::runtime(opts.streams)?;
+    let client = Client::new(opts.clone(), a.transfer.io_threads as usize);
+    let stop = Arc::new(Stop::default());
+    stop_on_signals(&rt, &stop)?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let tree = Tree::new(root, filter, tx)?;
+    let w = Watch {
+        client,
+        opts,
+        server,
+        src,
+        dest,
+        batcher: Batcher::new(quiet_time, a.delete),
+        tree,
+        rx,
+        stop,
+        json: a.json,
+        quiet: a.quiet,
+        quiet_time,
+        started: Instant::now(),
+    };
+    let code = rt.block_on(w.run());
+    drop(rt);
+    Ok(code)
+}
+
+/// The local source, the server and the mirror's path on it.
+fn endpoints(a: &CpArgs) -> anyhow::Result<(Vec<u8>, String, Vec<u8>)> {
+    let parse = |p: &std::ffi::OsString| {
+        endpoint::parse(p).map_err(|e| usage(format!("{}: {e}", p.to_string_lossy())))
+    };
+    let (src, dst) = (parse(&a.paths[0])?, parse(&a.paths[1])?);
+    let Endpoint::Local(src) = src else {
+        return Err(usage("watch needs a local source"));
+    };
+    let Endpoint::Remote { server, path } = dst else {
+        return Err(usage(
+            "watch needs a server as destination (HOST:PATH) for now",
+        ));
+    };
+    let name = path
+        .split(|&b| b == b'/')
+        .rfind(|c| !c.is_empty())
+        .unwrap_or_default();
+    if name.is_empty() || name == b"." || name == b".." {
+        return Err(usage(
+            "sync: DST must name the mirror directory itself (not '.', '..' or a server's root)",
+        ));
+    }
+    Ok((src, server, path))
+}
+
+/// A sync's options (`cp::run_copy` builds the same for a one-off sync).
+fn options(a: &CpArgs, env: &Env) -> anyhow::Result<TransferOptions> {
+    let mut opts = crate::cp::transfer_options(&a.transfer, env)?;
+    let r = &a.reliability;
+    opts.retries = r.retries;
+    opts.retry_wait = r.retry_wait;
+    opts.busy_wait = r.busy_wait;
+    opts.verify = r.verify;
+    opts.journal = !r.no_journal;
+    opts.idle_timeout = r.stream_timeout.max(Duration::from_secs(1));
+    if let Some(ms) = r.debug_heartbeat_ms {
+        opts.heartbeat = Duration::from_millis(ms.max(50));
+    }
+    opts.filter = crate::cp::filter_of(&a.filters)?;
+    opts.rules = a
+        .filters
+        .rules
+        .iter()
+        .map(|(include, p)| dmover_proto::control::FilterRule {
+            include: *include,
+            pattern: p.as_bytes().to_vec(),
+        })
+        .collect();
+    opts.delete = a.delete;
+    opts.max_delete = a.max_delete;
+    // A file being written when read is left for its next close, not a failure.
+    opts.continue_on_error = true;
+    opts.mirror = true;
+    opts.resume = true;
+    Ok(opts)
+}
+
+/// Set by SIGINT/SIGTERM: the operation running is cancelled (its staging files
+/// removed, the destination's journal kept) and the watch ends with exit code 0.
+#[derive(Default)]
+struct Stop {
+    set: AtomicBool,
+    notify: Notify,
+    running: Mutex<Option<Arc<Run>>>,
+}
+
+impl Stop {
+    fn is_set(&self) -> bool {
+        self.set.load(Ordering::SeqCst)
+    }
+
+    fn trigger(&self) {
+        self.set.store(true, Ordering::SeqCst);
+        self.notify.notify_one();
+        if let Some(run) = self.running.lock().unwrap().as_ref() {
+            run.fail(Error::refused(ErrorCode::Aborted, "interrupted"));
+        }
+    }
+
+    /// A run for the next operation, cancelled by a stop.
+    fn run(&self) -> Arc<Run> {
+        let run = Run::new();
+        *self.running.lock().unwrap() = Some(run.clone());
+        if self.is_set() {
+            run.fail(Error::refused(ErrorCode::Aborted, "interrupted"));
+        }
+        run
+    }
+}
+
+fn stop_on_signals(rt: &tokio::runtime::Runtime, stop: &Arc<Stop>) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let _guard = rt.enter();
+    let mut term = signal(SignalKind::terminate()).context("catching SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("catching SIGINT")?;
+    let stop = stop.clone();
+    rt.spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        stop.trigger();
+    });
+    Ok(())
+}
+
+/// An event as read from inotify.
+struct Raw {
+    wd: i32,
+    mask: inotify::ReadFlags,
+    name: Option<Vec<u8>>,
+}
+
+/// The watched tree: a watch on every directory, by descriptor.
+struct Tree {
+    fd: Arc<OwnedFd>,
+    root: PathBuf,
+    filter: Option<Arc<Filter>>,
+    dirs: std::collections::HashMap<i32, Rel>,
+}
+
+/// What a watch on a directory asks to hear.
+fn watch_flags() -> inotify::WatchFlags {
+    use inotify::WatchFlags as W;
+    W::CLOSE_WRITE
+        | W::MODIFY
+        | W::ATTRIB
+        | W::CREATE
+        | W::DELETE
+        | W::MOVED_FROM
+        | W::MOVED_TO
+        | W::ONLYDIR
+        | W::DONT_FOLLOW
+}
+
+impl Tree {
+    /// Watches every directory below `root` (the filters' excluded ones not) and
+    /// starts the thread that reads the events into `tx`.
+    fn new(
+        root: PathBuf,
+        filter: Option<Arc<Filter>>,
+        tx: mpsc::UnboundedSender<Raw>,
+    ) -> anyhow::Result<Tree> {
+        let fd = inotify::init(inotify::CreateFlags::CLOEXEC).context("starting inotify")?;
+        let mut tree = Tree {
+            fd: Arc::new(fd),
+            root,
+            filter,
+            dirs: Default::default(),
+        };
+        tree.add(Vec::new(), None)?;
+        let fd = tree.fd.clone();
+        std::thread::Builder::new()
+            .name("dmover-watch".into())
+            .spawn(move || read_events(&fd, &tx))
+            .context("starting the watch thread")?;
+        Ok(tree)
+    }
+
+    fn path(&self, rel: &[u8]) -> PathBuf {
+        if rel.is_empty() {
+            self.root.clone()
+        } else {
+            self.root.join(OsStr::from_bytes(rel))
+        }
+    }
+
+    fn admits(&self, rel: &[u8], dir: bool) -> bool {
+        !rel.starts_with(b".dmv.") && self.filter.as_ref().is_none_or(|f| f.admits(rel, dir))
+    }
+
+    /// Queues the files below `rel` modified less than `quiet` before `now`: probably
+    /// still being written, so a catch-up leaves them to their batch (which waits for
+    /// the writer's close) instead of shipping them mid-way.
+    fn queue_recent(&self, rel: Rel, b: &mut Batcher, quiet: Duration, now: Instant) {
+        let Some(cutoff) = std::time::SystemTime::now().checked_sub(quiet) else {
+            return;
+        };
+        let mut stack = vec![rel];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(self.path(&dir)) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let Ok(md) = e.metadata() else { continue };
+                let child = join(&dir, e.file_name().as_bytes());
+                if !self.admits(&child, md.is_dir()) {
+                    continue;
+                }
+                if md.is_dir() {
+                    stack.push(child);
+                } else if md.modified().is_ok_and(|m| m > cutoff) {
+                    b.note(
+                        Change::Appeared {
+                            rel: child,
+                            dir: false,
+                        },
+                        now,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Watches the directory `rel` and those below it. `found`: a new directory, so
+    /// what it holds is queued (it may have been made before its watch existed).
+    fn add(&mut self, rel: Rel, mut found: Option<(&mut Batcher, Instant)>) -> anyhow::Result<()> {
+        let path = self.path(&rel);
+        let wd = match inotify::add_watch(&*self.fd, &path, watch_flags()) {
+            Ok(wd) => wd,
+            // Gone or replaced meanwhile: its own event tells.
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR) => return Ok(()),
+            Err(rustix::io::Errno::NOSPC) => anyhow::bail!(
+                "watching {}: too many directories for inotify (raise \
+                 fs.inotify.max_user_watches)",
+                path.display()
+            ),
+            Err(e) => return Err(e).with_context(|| format!("watching {}", path.display())),
+        };
+        self.dirs.insert(wd, rel.clone());
+        if let Some((b, now)) = found.as_mut()
+            && !rel.is_empty()
+        {
+            b.note(
+                Change::Appeared {
+                    rel: rel.clone(),
+                    dir: true,
+                },
+                *now,
+            );
+        }
+        let entries = match std::fs::read_dir(&path) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        for e in entries {
+            let Ok(e) = e else { continue };
+            let Ok(ft) = e.file_type() else { continue };
+            let child = join(&rel, e.file_name().as_bytes());
+            if !self.admits(&child, ft.is_dir()) {
+                continue;
+            }
+            if ft.is_dir() {
+                self.add(child, found.as_mut().map(|(b, n)| (&mut **b, *n)))?;
+            } else if let Some((b, now)) = found.as_mut() {
+                b.note(
+                    Change::Appeared {
+                        rel: child,
+                        dir: false,
+                    },
+                    *now,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops watching `rel` and what is below it (moved away or deleted).
+    fn forget(&mut self, rel: &[u8]) {
+        let gone: Vec<i32> = self
+            .dirs
+            .iter()
+            .filter(|(_, d)| d.starts_with(rel) && matches!(d.get(rel.len()), None | Some(b'/')))
+            .map(|(wd, _)| *wd)
+            .collect();
+        for wd in gone {
+            self.dirs.remove(&wd);
+            let _ = inotify::remove_watch(&*self.fd, wd);
+        }
+    }
+
+    /// Turns an event into changes for the batcher. `Ok(false)`: events were lost
+    /// (the kernel's queue overflowed): a catch-up sync is needed.
+    fn translate(&mut self, ev: Raw, b: &mut Batcher, now: Instant) -> anyhow::Result<bool> {
+        use inotify::ReadFlags as R;
+        if ev.mask.contains(R::QUEUE_OVERFLOW) {
+            return Ok(false);
+        }
+        if ev.mask.contains(R::IGNORED) {
+            self.dirs.remove(&ev.wd);
+            return Ok(true);
+        }
+        let (Some(dir), Some(name)) = (self.dirs.get(&ev.wd), ev.name) else {
+            return Ok(true);
+        };
+        let rel = join(dir, &name);
+        let is_dir = ev.mask.contains(R::ISDIR);
+        if !self.admits(&rel, is_dir) {
+            return Ok(true);
+        }
+        let m = ev.mask;
+        if m.intersects(R::DELETE | R::MOVED_FROM) {
+            if is_dir {
+                self.forget(&rel);
+            }
+            b.note(Change::Gone { rel, dir: is_dir }, now);
+        } else if is_dir {
+            if m.intersects(R::CREATE | R::MOVED_TO) {
+                self.add(rel, Some((b, now)))?;
+            }
+        } else if m.contains(R::MOVED_TO) {
+            b.note(Change::Appeared { rel, dir: false }, now);
+        } else if m.contains(R::CREATE) {
+            // A symlink is made whole, with no close to wait for.
+            let link = std::fs::symlink_metadata(self.path(&rel))
+                .is_ok_and(|md| md.file_type().is_symlink());
+            if link {
+                b.note(Change::Appeared { rel, dir: false }, now);
+            } else {
+                b.note(Change::Created(rel), now);
+            }
+        } else if m.contains(R::MODIFY) {
+            b.note(Change::Modified(rel), now);
+        } else if m.intersects(R::CLOSE_WRITE | R::ATTRIB) {
+            b.note(Change::Closed(rel), now);
+        }
+        Ok(true)
+    }
+}
+
+fn join(dir: &[u8], name: &[u8]) -> Rel {
+    if dir.is_empty() {
+        name.to_vec()
+    } else {
+        [dir, b"/", name].concat()
+    }
+}
+
+/// The reading thread: blocks on the inotify descriptor, forwards every event; ends
+/// when the watch is dropped (the process exits with it blocked: nothing to clean up).
+fn read_events(fd: &OwnedFd, tx: &mpsc::UnboundedSender<Raw>) {
+    let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 64 * 1024];
+    let mut r = inotify::Reader::new(fd, &mut buf);
+    loop {
+        match r.next() {
+            Ok(e) => {
+                let raw = Raw {
+                    wd: e.wd(),
+                    mask: e.events(),
+                    name: e.file_name().map(|n| n.to_bytes().to_vec()),
+                };
+                if tx.send(raw).is_err() {
+                    return;
+                }
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => {
+                tracing::error!("reading inotify events: {e}");
+                // As lost events: the watch does a catch-up sync, then waits on.
+                let _ = tx.send(Raw {
+                    wd: -1,
+                    mask: inotify::ReadFlags::QUEUE_OVERFLOW,
+                    name: None,
+                });
+                return;
+            }
+        }
+    }
+}
+
+/// A running watch.
+struct Watch {
+    client: Client,
+    opts: TransferOptions,
+    server: String,
+    src: Vec<u8>,
+    dest: Vec<u8>,
+    batcher: Batcher,
+    tree: Tree,
+    rx: mpsc::UnboundedReceiver<Raw>,
+    stop: Arc<Stop>,
+    json: bool,
+    quiet: bool,
+    quiet_time: Duration,
+    started: Instant,
+}
+
+impl Watch {
+    async fn run(mut self) -> ExitCode {
+        // The watches exist already: nothing written from now on is missed, and the
+        // catch-up sends what was written before (or while the watch was down).
+        let mut catch_up = true;
+        let mut first = true;
+        let mut backoff = FIRST_BACKOFF;
+        let mut not_before = Instant::now();
+        let mut batches = 0u64;
+        loop {
+            if self.stop.is_set() {
+                break;
+            }
+            let now = Instant::now();
+            if now >= not_before {
+                let done = if catch_up {
+                    self.catch_up().await.map(|()| catch_up = false)
+                } else {
+                    let batch = self.batcher.take(now);
+                    if batch.is_empty() {
+                        Ok(())
+                    } else {
+                        batches += 1;
+                        self.ship(batch, batches).await
+                    }
+                };
+                match done {
+                    Ok(()) => {
+                        backoff = FIRST_BACKOFF;
+                        first = false;
+                    }
+                    Err(_) if self.stop.is_set() => break,
+                    Err(e) if first && !e.retryable() => {
+                        eprintln!("dmover: error: {e}");
+                        return ExitCode::from(output::exit_code(&e));
+                    }
+                    Err(e) => {
+                        self.say_retry(&e, backoff);
+                        catch_up = true;
+                        not_before = Instant::now() + backoff;
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                    }
+                }
+            }
+            let due = if catch_up {
+                Some(not_before)
+            } else {
+                self.batcher
+                    .next_due(Instant::now())
+                    .map(|d| d.max(not_before))
+            };
+            let sleep = async {
+                match due {
+                    Some(d) => tokio::time::sleep_until(d.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                ev = self.rx.recv() => {
+                    let Some(ev) = ev else { break };
+                    match self.take_events(ev) {
+                        Ok(true) => {}
+                        Ok(false) => catch_up = true,
+                        Err(e) => {
+                            eprintln!("dmover: error: {e:#}");
+                            return ExitCode::from(1);
+                        }
+                    }
+                }
+                _ = sleep => {}
+                _ = self.stop.notify.notified() => {}
+            }
+        }
+        if !self.quiet {
+            eprintln!(
+                "watch: stopped ({} changes queued; the next start catches up)",
+                self.batcher.len()
+            );
+        }
+        ExitCode::SUCCESS
+    }
+
+    /// Queues `first` and the events that came with it. `Ok(false)`: events were
+    /// lost, a catch-up sync must follow. An error (a directory that cannot be
+    /// watched) ends the watch: what is below it would silently not be mirrored.
+    fn take_events(&mut self, first: Raw) -> anyhow::Result<bool> {
+        let now = Instant::now();
+        let mut complete = true;
+        let mut next = Some(first);
+        // At most a few thousand at once: a flood of events does not hold batches up.
+        for _ in 0..4096 {
+            let Some(ev) = next.take() else { break };
+            if !self.tree.translate(ev, &mut self.batcher, now)? {
+                tracing::warn!("inotify lost events: a catch-up sync follows");
+                complete = false;
+            }
+            next = self.rx.try_recv().ok();
+        }
+        if let Some(ev) = next
+            && !self.tree.translate(ev, &mut self.batcher, now)?
+        {
+            complete = false;
+        }
+        Ok(complete)
+    }
+
+    /// A sync of the whole tree: what is durable at the destination is not sent
+    /// again. Files queued (perhaps still being written) are left to their batch.
+    async fn catch_up(&mut self) -> CoreResult<()> {
+        let t = Instant::now();
+        // What the events say first, then what looks written just now.
+        if let Ok(ev) = self.rx.try_recv()
+            && let Err(e) = self.take_events(ev)
+        {
+            return Err(Error::refused(ErrorCode::Io, format!("{e:#}")));
+        }
+        self.tree
+            .queue_recent(Vec::new(), &mut self.batcher, self.quiet_time, t);
+        let mut opts = self.opts.clone();
+        // Queued files are excluded (and so never deleted): exclusions first, since
+        // the first matching rule wins, then the user's rules.
+        opts.rules = self
+            .batcher
+            .queued()
+            .map(|rel| dmover_proto::control::FilterRule {
+                include: false,
+                pattern: anchored(rel),
+            })
+            .chain(opts.rules)
+            .collect();
+        let mut filter = Filter::none();
+        for r in &opts.rules {
+            let action = if r.include {
+                Action::Include
+            } else {
+                Action::Exclude
+            };
+            filter.push(
+                Rule::new(action, &r.pattern)
+                    .map_err(|e| Error::refused(ErrorCode::Unsupported, e))?,
+            );
+        }
+        opts.filter = Some(Arc::new(filter));
+        let r = self.push(opts).await?;
+        let pruned = r.pruned.clone().unwrap_or_default();
+        if let Some(why) = &r.delete_refused {
+            tracing::warn!("catch-up: not deleting anything: {why}");
+        }
+        self.say(
+            serde_json::json!({
+                "type": "watch_catch_up",
+                "files": r.summary.files,
+                "files_unchanged": r.held_files,
+                "bytes_sent": r.bytes_sent,
+                "deleted": pruned.deleted,
+                "seconds_taken": t.elapsed().as_secs_f64(),
+            }),
+            format!(
+                "watch: catch-up sync: sent {} bytes, {} files unchanged, {} deleted ({:.2} s)",
+                r.bytes_sent,
+                r.held_files,
+                pruned.deleted,
+                t.elapsed().as_secs_f64()
+            ),
+        );
+        Ok(())
+    }
+
+    /// Ships a batch: its deletions, then its files in one session.
+    async fn ship(&mut self, batch: Batch, n: u64) -> CoreResult<()> {
+        let t = Instant::now();
+        let mut deleted = 0;
+        for rel in &batch.delete {
+            match self.delete(rel).await {
+                Ok(d) => deleted += d,
+                Err(e) if e.retryable() => {
+                    // The catch-up that follows mirrors it (it runs with --delete).
+                    self.batcher.requeue(Batch {
+                        delete: Vec::new(),
+                        ship: batch.ship,
+                    });
+                    return Err(e);
+                }
+                Err(e) => tracing::warn!("not deleting {}: {e}", String::from_utf8_lossy(rel)),
+            }
+        }
+        let (mut files, mut bytes, mut lags) = (0, 0, Vec::new());
+        if !batch.ship.is_empty() {
+            let mut list = Vec::new();
+            for (rel, _) in &batch.ship {
+                if rel.contains(&b'\n') {
+                    tracing::warn!(
+                        "not shipping {:?}: a newline in its name",
+                        String::from_utf8_lossy(rel)
+                    );
+                    continue;
+                }
+                // `./` keeps a name starting with `#` or `;` from reading as a comment.
+                list.extend_from_slice(b"./");
+                list.extend_from_slice(rel);
+                list.push(b'\n');
+            }
+            let mut filter = self.opts.filter.as_deref().cloned().unwrap_or_default();
+            filter
+                .set_files_from(&list)
+                .map_err(|e| Error::refused(ErrorCode::Unsupported, e))?;
+            let mut opts = self.opts.clone();
+            opts.filter = Some(Arc::new(filter));
+            // Deletions are this batch's own (above), not a prune of the whole mirror.
+            opts.delete = false;
+            let r = match self.push(opts).await {
+                Ok(r) => r,
+                Err(e) => {
+                    self.batcher.requeue(batch);
+                    return Err(e);
+                }
+            };
+            let done = Instant::now();
+            for f in &r.failed {
+                tracing::info!("{f}: changed while read; it ships after its next close");
+            }
+            files = r.summary.files;
+            bytes = r.bytes_sent;
+            lags = batch
+                .ship
+                .iter()
+                .map(|(_, closed)| done.duration_since(*closed).as_secs_f64())
+                .collect();
+            lags.sort_by(f64::total_cmp);
+        }
+        let p50 = lags.get(lags.len() / 2).copied().unwrap_or(0.0);
+        let max = lags.last().copied().unwrap_or(0.0);
+        self.say(
+            serde_json::json!({
+                "type": "watch_batch",
+                "batch": n,
+                "files": files,
+                "bytes_sent": bytes,
+                "deleted": deleted,
+                "lag_p50_ms": (p50 * 1e3).round() as u64,
+                "lag_max_ms": (max * 1e3).round() as u64,
+                "queued": self.batcher.len(),
+                "seconds_taken": t.elapsed().as_secs_f64(),
+            }),
+            format!(
+                "watch: batch {n}: {files} files, {} bytes sent, {deleted} deleted, lag p50 {:.0} ms, max {:.0} ms",
+                bytes,
+                p50 * 1e3,
+                max * 1e3
+            ),
+        );
+        Ok(())
+    }
+
+    /// Deletes `rel` at the destination (it left the source): an `Op::Prune` of that
+    /// one name in its directory (`Client::remove_in`). Returns the entries deleted.
+    async fn delete(&self, rel: &[u8]) -> CoreResult<u64> {
+        let (parent, name) = match rel.iter().rposition(|&b| b == b'/') {
+            Some(i) => (&rel[..i], &rel[i + 1..]),
+            None => (&rel[..0], rel),
+        };
+        // The directory gets back its source's mtime; a directory gone at the source
+        // too is deleted with what it holds by its own event.
+        let Ok(md) = std::fs::symlink_metadata(self.tree.path(parent)) else {
+            return Ok(0);
+        };
+        use std::os::unix::fs::MetadataExt;
+        let mtime = dmover_proto::manifest::Mtime {
+            sec: md.mtime(),
+            nsec: md.mtime_nsec() as u32,
+        };
+        let dir = if parent.is_empty() {
+            self.dest.clone()
+        } else {
+            [self.dest.as_slice(), b"/", parent].concat()
+        };
+        match self.client.remove_in(&self.server, &dir, name, mtime).await {
+            // The directory was never shipped: nothing there to delete.
+            Err(Error::Remote {
+                code: ErrorCode::NotFound,
+                ..
+            }) => Ok(0),
+            r => r,
+        }
+    }
+
+    /// One sync session of the source with `opts`.
+    async fn push(&self, opts: TransferOptions) -> CoreResult<Report> {
+        let client = self.client.with_options(opts);
+        let run = self.stop.run();
+        client
+            .push(
+                std::slice::from_ref(&self.src),
+                &self.server,
+                &self.dest,
+                run,
+            )
+            .await
+    }
+
+    fn say_retry(&self, e: &Error, wait: Duration) {
+        self.say(
+            serde_json::json!({
+                "type": "watch_retry",
+                "error": e.to_string(),
+                "wait_ms": wait.as_millis() as u64,
+            }),
+            format!("watch: {e}; catching up in {:.1} s", wait.as_secs_f64()),
+        );
+    }
+
+    /// A line on stderr, or with `--json` an ndjson line on stdout.
+    fn say(&self, mut j: serde_json::Value, text: String) {
+        if self.json {
+            j["schema"] = output::SCHEMA.into();
+            j["seconds"] = self.started.elapsed().as_secs_f64().into();
+            // A reader that went away does not stop the watch (println! would panic).
+            let _ = writeln!(std::io::stdout().lock(), "{j}");
+        } else if !self.quiet {
+            eprintln!("{text}");
+        }
+    }
+}
+
+/// An rsync pattern matching exactly `rel` below the source root.
+fn anchored(rel: &[u8]) -> Vec<u8> {
+    let mut p = b"/".to_vec();
+    for &b in rel {
+        if b"*?[\\".contains(&b) {
+            p.push(b'\\');
+        }
+        p.push(b);
+    }
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anchored_patterns_match_only_their_path() {
+        let mut f = Filter::none();
+        f.push(Rule::new(Action::Exclude, &anchored(b"d/a*[1]?")).unwrap());
+        assert!(!f.admits(b"d/a*[1]?", false));
+        assert!(f.admits(b"d/ab[1]c", false));
+        assert!(f.admits(b"x/d/a*[1]?", false));
+    }
+}
