@@ -159,3 +159,23 @@ fn a_link_whose_first_path_is_excluded_is_sent_as_the_file() {
     assert_eq!(ino(&m.join("b/link")).1, 1);
     assert_eq!(ino(&m.join("b/small")), ino(&m.join("small")));
 }
+
+#[test]
+fn hard_links_survive_server_to_server_copies_and_the_relay() {
+    let t = tmp();
+    let a_root = t.path().join("a");
+    let b_root = t.path().join("b");
+    make_linked_tree(&a_root.join("tree"));
+    std::fs::create_dir(&b_root).unwrap();
+    let a = Server::start(&a_root, &["--third-party"]);
+    let b = Server::start(&b_root, &["--third-party"]);
+    let src = a_root.join("tree");
+
+    // A dials B (a push from A's side), B dials A (a pull by B), through the client.
+    ok(&cp(&[&a.url("tree"), &b.url("pushed")]));
+    assert_linked(&src, &b_root.join("pushed"));
+    ok(&cp(&["--tpc", "pull", &a.url("tree"), &b.url("pulled")]));
+    assert_linked(&src, &b_root.join("pulled"));
+    ok(&cp(&["--via-client", &a.url("tree"), &b.url("relayed")]));
+    assert_linked(&src, &b_root.join("relayed"));
+}
