@@ -1022,7 +1022,11 @@ impl Client {
             _ = run.cancelled() => return Err(Error::Aborted),
         };
         let options = self.opts.session_options(false);
-        let dial = conn.dial(self.open_request(op, chunk), options);
+        // A mount reads each path by its own layout slot: no hard links (each path of
+        // an inode comes as a file of its own).
+        let mut open = self.open_request(op, chunk);
+        open.features &= !dmover_proto::session::features::LINKS;
+        let dial = conn.dial(open, options);
         let (fixed, threads) = (self.opts.buffers, self.disk.threads());
         let buffers = Box::new(move |streams| {
             fixed.unwrap_or_else(|| session::default_buffers(streams, threads))

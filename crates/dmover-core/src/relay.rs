@@ -350,6 +350,7 @@ impl Sink for RelaySink {
                 EntryKind::File { .. } => s.files += 1,
                 EntryKind::Dir => s.dirs += 1,
                 EntryKind::Symlink { .. } => s.symlinks += 1,
+                EntryKind::HardLink { .. } => {}
             }
         }
         Ok(s)

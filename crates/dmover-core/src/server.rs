@@ -1204,7 +1204,11 @@ impl Server {
             }
             Op::Pull { sources } => {
                 what = format!("pull of {} path(s)", sources.len());
-                let walked = walked.expect("walked above");
+                let mut walked = walked.expect("walked above");
+                if info.features & dmover_proto::session::features::LINKS == 0 {
+                    // A client without hard links gets each path of an inode whole.
+                    walked.tree.links_as_files();
+                }
                 let mut source = FileSource::new(
                     walked.tree,
                     chunk,

@@ -339,6 +339,24 @@ mod tests {
     }
 
     #[test]
+    fn hard_links_take_no_bytes() {
+        let mut entries = files(&[100, 200_000, 10]);
+        let plain = Layout::new(&entries, 64 * 1024).unwrap();
+        entries.insert(
+            2,
+            Entry {
+                kind: EntryKind::HardLink { first: 1 },
+                ..entries[1].clone()
+            },
+        );
+        let l = Layout::new(&entries, 64 * 1024).unwrap();
+        assert_eq!(l.files().len(), 3, "the link has no slot");
+        assert_eq!(l.files()[2].entry, 3);
+        assert_eq!(l.total(), plain.total());
+        assert_eq!(l.n_chunks(), plain.n_chunks());
+    }
+
+    #[test]
     fn pieces_cover_every_byte_once() {
         let sizes = [1, 5000, 300_000, 7, 0, 65_536, 131_072, 131_071, 1 << 20, 3];
         for chunk in [64 * 1024, 128 * 1024, 1 << 20] {

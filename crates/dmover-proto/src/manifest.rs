@@ -31,6 +31,14 @@ pub enum EntryKind {
         /// The link's target, verbatim.
         target: Vec<u8>,
     },
+    /// (feature [`crate::session::features::LINKS`]) Another path of the inode whose
+    /// first path is entry `first`: an earlier regular file, itself no link. It carries
+    /// no data (no bytes in the layout); the sink links it to `first`'s copy. Its own
+    /// mode and mtime are the inode's, so equal to `first`'s.
+    HardLink {
+        /// Manifest index of the inode's first path.
+        first: u32,
+    },
 }
 
 /// A modification time: seconds and nanoseconds since the Unix epoch.
@@ -67,6 +75,26 @@ impl Entry {
     }
 }
 
+/// Whether any entry is a [`EntryKind::HardLink`] (such a manifest needs
+/// [`crate::session::features::LINKS`]).
+pub fn has_links(entries: &[Entry]) -> bool {
+    entries
+        .iter()
+        .any(|e| matches!(e.kind, EntryKind::HardLink { .. }))
+}
+
+/// Turns every hard link into a regular file of its first path's size, for a session
+/// without [`crate::session::features::LINKS`]: each path of an inode is then sent
+/// as a file of its own (read from its own path, which holds the same bytes).
+pub fn links_as_files(entries: &mut [Entry]) {
+    for i in 0..entries.len() {
+        if let EntryKind::HardLink { first } = entries[i].kind {
+            let size = entries.get(first as usize).map_or(0, Entry::file_size);
+            entries[i].kind = EntryKind::File { size };
+        }
+    }
+}
+
 /// Totals of a manifest, sent in [`crate::control::ManifestEnd`] as a cross-check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Totals {
@@ -97,6 +125,8 @@ impl Totals {
                 }
                 EntryKind::Dir => t.dirs += 1,
                 EntryKind::Symlink { .. } => t.symlinks += 1,
+                // An entry only: its bytes are its first path's.
+                EntryKind::HardLink { .. } => {}
             }
         }
         t
@@ -181,7 +211,7 @@ pub fn validate(entries: &[Entry], max_entries: u64) -> Result<Totals> {
         if !seen.insert((e.parent, e.name.as_slice())) {
             return Err(twice(i, e));
         }
-        check_entry(i, e, |p| entries[p].kind == EntryKind::Dir, &mut total)?;
+        check_entry(i, e, |p| Kind::of(&entries[p].kind), &mut total)?;
     }
     check_total(total)?;
     Ok(Totals::of(entries))
@@ -224,8 +254,33 @@ fn check_total(total: u64) -> Result<()> {
     Ok(())
 }
 
+/// What the checks of later entries need to know of an earlier one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Dir,
+    File,
+    Other,
+}
+
+impl Kind {
+    fn of(k: &EntryKind) -> Kind {
+        match k {
+            EntryKind::Dir => Kind::Dir,
+            EntryKind::File { .. } => Kind::File,
+            _ => Kind::Other,
+        }
+    }
+}
+
 /// The checks of one entry, `i`, after its name's (valid, unique in its directory).
-fn check_entry(i: usize, e: &Entry, is_dir: impl Fn(usize) -> bool, total: &mut u64) -> Result<()> {
+/// `kind_of(p)` is the kind of an earlier entry `p`.
+fn check_entry(
+    i: usize,
+    e: &Entry,
+    kind_of: impl Fn(usize) -> Kind,
+    total: &mut u64,
+) -> Result<()> {
+    let is_dir = |p| kind_of(p) == Kind::Dir;
     if e.parent != NO_PARENT {
         let p = e.parent as usize;
         if p >= i {
@@ -261,6 +316,14 @@ fn check_entry(i: usize, e: &Entry, is_dir: impl Fn(usize) -> bool, total: &mut 
                 )));
             }
         }
+        EntryKind::HardLink { first } => {
+            let f = *first as usize;
+            if f >= i || kind_of(f) != Kind::File {
+                return Err(Error::Violation(format!(
+                    "entry {i} is a hard link to entry {f}, which is not an earlier regular file"
+                )));
+            }
+        }
         EntryKind::Dir => {}
     }
     Ok(())
@@ -272,7 +335,7 @@ fn check_entry(i: usize, e: &Entry, is_dir: impl Fn(usize) -> bool, total: &mut 
 #[derive(Debug, Default)]
 pub struct Validator {
     seen: std::collections::HashSet<(u32, Vec<u8>)>,
-    dirs: Vec<bool>,
+    kinds: Vec<Kind>,
     total: u64,
     totals: Totals,
 }
@@ -286,7 +349,7 @@ impl Validator {
     /// Checks the next part and returns the totals of every part so far. After an
     /// error the validator is not to be used again.
     pub fn extend(&mut self, part: &[Entry], max_entries: u64) -> Result<Totals> {
-        let first = self.dirs.len();
+        let first = self.kinds.len();
         check_count((first + part.len()) as u64, max_entries)?;
         for (j, e) in part.iter().enumerate() {
             let i = first + j;
@@ -294,9 +357,9 @@ impl Validator {
             if !self.seen.insert((e.parent, e.name.clone())) {
                 return Err(twice(i, e));
             }
-            let dirs = &self.dirs;
-            check_entry(i, e, |p| dirs[p], &mut self.total)?;
-            self.dirs.push(e.kind == EntryKind::Dir);
+            let kinds = &self.kinds;
+            check_entry(i, e, |p| kinds[p], &mut self.total)?;
+            self.kinds.push(Kind::of(&e.kind));
         }
         check_total(self.total)?;
         let t = Totals::of(part);
@@ -348,5 +411,48 @@ mod tests {
         let mut v = Validator::new();
         v.extend(&all[..2], 3).unwrap();
         assert!(v.extend(&all[2..4], 3).is_err());
+    }
+
+    #[test]
+    fn a_hard_link_names_an_earlier_regular_file() {
+        let link = |first| EntryKind::HardLink { first };
+        let good = vec![
+            entry(NO_PARENT, "r", EntryKind::Dir),
+            entry(0, "a", EntryKind::File { size: 10 }),
+            entry(
+                0,
+                "s",
+                EntryKind::Symlink {
+                    target: b"a".to_vec(),
+                },
+            ),
+            entry(0, "b", link(1)),
+            entry(0, "c", link(1)),
+        ];
+        let t = validate(&good, 100).unwrap();
+        // A link is an entry only: its bytes are its first path's.
+        assert_eq!((t.entries, t.files, t.bytes), (5, 1, 10));
+        let mut v = Validator::new();
+        v.extend(&good[..2], 100).unwrap();
+        assert_eq!(v.extend(&good[2..], 100).unwrap(), t);
+        assert!(has_links(&good) && !has_links(&good[..3]));
+        // To a directory, a symlink, a link, itself, a later entry, out of range.
+        for first in [0, 2, 3, 4, 5, u32::MAX] {
+            let mut bad = good.clone();
+            bad[4].kind = link(first);
+            assert!(validate(&bad, 100).is_err(), "link to {first}");
+            let mut v = Validator::new();
+            v.extend(&bad[..4], 100).unwrap();
+            assert!(
+                v.extend(&bad[4..], 100).is_err(),
+                "link to {first} in parts"
+            );
+        }
+        // Without the feature: every path a file of its own, of the first's size.
+        let mut plain = good.clone();
+        links_as_files(&mut plain);
+        assert!(!has_links(&plain));
+        assert_eq!(plain[4].kind, EntryKind::File { size: 10 });
+        assert_eq!(validate(&plain, 100).unwrap().bytes, 30);
     }
 }

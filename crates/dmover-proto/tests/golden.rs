@@ -775,6 +775,36 @@ fn control_manifest_part() {
 }
 
 #[test]
+fn control_manifest_part_with_a_hard_link() {
+    // `d/h`, a second path of `d/f`'s inode (feature LINKS).
+    let mut entries = small_tree();
+    entries.push(Entry {
+        parent: 0,
+        name: b"h".to_vec(),
+        kind: EntryKind::HardLink { first: 1 },
+        mode: 0o644,
+        mtime: Mtime { sec: 0, nsec: 0 },
+    });
+    assert!(manifest::validate(&entries, 10).is_ok());
+    let entries = entries.split_off(3);
+    golden_control(
+        Control::Manifest(ManifestPart { entries }),
+        "
+        00 00 00 0b        # frame length: 11
+        06                 # Control::Manifest (variant 6)
+        01                 # entries: 1
+        00                 #   parent: entry 0
+        01 68              #   name: 1 byte, \"h\"
+        03                 #   kind: EntryKind::HardLink (variant 3)
+        01                 #     first: entry 1
+        a4 03              #   mode: 0o644 = 420 (varint)
+        00                 #   mtime.sec: 0
+        00                 #   mtime.nsec: 0
+        ",
+    );
+}
+
+#[test]
 fn control_manifest_end() {
     let totals = Totals::of(&small_tree());
     assert_eq!(

@@ -82,6 +82,7 @@ pub fn transfer_key<'a>(roots: impl IntoIterator<Item = (&'a [u8], &'a EntryKind
             EntryKind::File { .. } => b'f',
             EntryKind::Dir => b'd',
             EntryKind::Symlink { .. } => b'l',
+            EntryKind::HardLink { .. } => b'h',
         });
     }
     XxHash3_64::oneshot(&v)

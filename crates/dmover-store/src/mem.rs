@@ -282,7 +282,7 @@ impl Sink for MemSink {
                 }
                 EntryKind::Dir => summary.dirs += 1,
                 EntryKind::Symlink { .. } => summary.symlinks += 1,
-                EntryKind::File { .. } => {}
+                EntryKind::File { .. } | EntryKind::HardLink { .. } => {}
             }
         }
         Ok(summary)

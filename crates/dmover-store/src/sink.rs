@@ -12,7 +12,8 @@
 //!    into the file's digest, record digests the source sent. A file whose pieces are
 //!    all written and whose digests match is finalised at once: truncated to size
 //!    (after rounded direct-I/O writes), mode and mtime set, renamed into place.
-//! 3. [`Sink::finish`] creates empty files and symlinks (also via staging names), sets
+//! 3. [`Sink::finish`] creates empty files, symlinks and hard links (to the first path
+//!    of their inode, complete by then; also via staging names), sets
 //!    directory modes and mtimes deepest first, and checks that every file arrived.
 //!
 //! Completed files, and pieces of files of a chunk or more, are recorded in the journal.
@@ -629,6 +630,55 @@ impl FileSink {
         Ok(())
     }
 
+    /// Makes entry `i` a hard link to entry `first`'s copy, which is complete under
+    /// its final name: linked under a staging name, then renamed over whatever is
+    /// there. A path that already is that inode (a re-run) is left alone. Both paths
+    /// are reached through the tree's confined directory handles, and `linkat` without
+    /// `AT_SYMLINK_FOLLOW` never follows a symlink.
+    fn link(&self, i: u32, first: u32) -> Result<()> {
+        let path = || self.tree.display(i);
+        let (fdir, fname) = self
+            .tree
+            .locate(first)
+            .map_err(|e| Error::io("opening the directory of", self.tree.display(first), e))?;
+        let (dir, name) = self
+            .tree
+            .locate(i)
+            .map_err(|e| Error::io("opening the directory of", path(), e))?;
+        let st = match rustix::fs::statat(&*fdir, fname, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => st,
+            // The source could not send the first path: nothing to link to.
+            _ if self.any_failed.load(Ordering::Acquire) => {
+                tracing::warn!(
+                    "not linking {} to {}, which was not copied",
+                    path(),
+                    self.tree.display(first)
+                );
+                return Ok(());
+            }
+            Ok(_) => {
+                return Err(Error::refused(
+                    ErrorCode::Io,
+                    format!("{} is not a regular file", self.tree.display(first)),
+                ));
+            }
+            Err(e) => return Err(Error::io("checking", self.tree.display(first), e)),
+        };
+        if rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|s| s.st_dev == st.st_dev && s.st_ino == st.st_ino)
+        {
+            return Ok(());
+        }
+        let staging = self.staging_name(name);
+        let _ = rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
+        rustix::fs::linkat(&*fdir, fname, &*dir, staging.as_slice(), AtFlags::empty())
+            .map_err(|e| Error::io("creating hard link", path(), e))?;
+        rustix::fs::renameat(&*dir, staging.as_slice(), &*dir, name).map_err(|e| {
+            let _ = rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
+            Error::io("finalising", path(), e)
+        })
+    }
+
     /// Removes staging files an earlier attempt of this transfer left in the tree's
     /// directories (files since removed from the source, or left by a crash).
     fn sweep(&self) {
@@ -833,6 +883,7 @@ impl Sink for FileSink {
                         })?;
                     summary.symlinks += 1;
                 }
+                EntryKind::HardLink { first } => self.link(i, *first)?,
                 _ => {}
             }
         }

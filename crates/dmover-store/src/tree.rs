@@ -57,6 +57,11 @@ impl Tree {
     /// indices renumbered (`sync --checksum` leaves out files the destination holds).
     pub fn without(self, drop: &std::collections::HashSet<u32>) -> Tree {
         let mut new_index = vec![NO_PARENT; self.entries.len()];
+        // Sizes of the dropped files, for links to them.
+        let sizes: HashMap<u32, u64> = drop
+            .iter()
+            .map(|&i| (i, self.entries[i as usize].file_size()))
+            .collect();
         let mut entries = Vec::with_capacity(self.entries.len() - drop.len());
         for (i, e) in self.entries.into_iter().enumerate() {
             if drop.contains(&(i as u32)) {
@@ -67,6 +72,18 @@ impl Tree {
             if e.parent != NO_PARENT {
                 e.parent = new_index[e.parent as usize];
             }
+            if let EntryKind::HardLink { first } = e.kind {
+                let f = new_index[first as usize];
+                if f == NO_PARENT {
+                    // Its first path left out: this one becomes the inode's first path
+                    // (later links to the old first follow it).
+                    let size = sizes.get(&first).copied().unwrap_or(0);
+                    e.kind = EntryKind::File { size };
+                    new_index[first as usize] = entries.len() as u32;
+                } else {
+                    e.kind = EntryKind::HardLink { first: f };
+                }
+            }
             entries.push(e);
         }
         let roots = self
@@ -76,6 +93,12 @@ impl Tree {
             .map(|(i, r)| (new_index[i as usize], r))
             .collect();
         Tree::new(entries, roots)
+    }
+
+    /// Turns hard links into files of their own (a session without
+    /// [`dmover_proto::session::features::LINKS`]).
+    pub fn links_as_files(&mut self) {
+        dmover_proto::manifest::links_as_files(&mut self.entries);
     }
 
     /// The manifest entries.

@@ -5,6 +5,12 @@
 //! files seeks less than in hash order), stat each without following symlinks. A
 //! directory's children are contiguous in the manifest, right after the directories
 //! listed before it, so the parent of every entry precedes it.
+//!
+//! Hard links: a regular file with more than one link is remembered by (device,
+//! inode); a later path of the same inode becomes an [`EntryKind::HardLink`] to the
+//! first, with no data of its own. Only files with `st_nlink > 1` are remembered, so a
+//! tree without links costs one comparison per file. A path the filters leave out is
+//! never seen, so a link whose first path is excluded is sent as the file itself.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -52,6 +58,25 @@ fn entry_of(parent: u32, name: Vec<u8>, st: &Stat, target: Option<Vec<u8>>) -> O
     })
 }
 
+/// The first paths of inodes with more than one link, by (device, inode).
+type Links = HashMap<(u64, u64), u32>;
+
+/// Makes `entry` (about to be pushed as index `idx`) a hard link to an earlier path
+/// of its inode, or remembers it as the first path of a linked inode.
+fn note_link(links: &mut Links, idx: u32, st: &Stat, entry: &mut Entry) {
+    if st.st_nlink < 2 || !matches!(entry.kind, EntryKind::File { .. }) {
+        return;
+    }
+    match links.entry((st.st_dev, st.st_ino)) {
+        std::collections::hash_map::Entry::Occupied(o) => {
+            entry.kind = EntryKind::HardLink { first: *o.get() };
+        }
+        std::collections::hash_map::Entry::Vacant(v) => {
+            v.insert(idx);
+        }
+    }
+}
+
 fn path_of(entries: &[Entry], labels: &HashMap<u32, String>, mut idx: u32) -> String {
     let mut names = Vec::new();
     loop {
@@ -93,6 +118,7 @@ pub fn walk_filtered(sources: Vec<SourceRoot>, filter: &Filter) -> Result<Walked
     let mut roots = HashMap::new();
     let mut labels = HashMap::new();
     let mut skipped = 0;
+    let mut links = Links::new();
     for src in sources {
         let idx = entries.len() as u32;
         let (st, target, reader) = match &src.root {
@@ -127,18 +153,27 @@ pub fn walk_filtered(sources: Vec<SourceRoot>, filter: &Filter) -> Result<Walked
                 (st, None, Some(reader))
             }
         };
-        let Some(entry) = entry_of(NO_PARENT, src.name.clone(), &st, target) else {
+        let Some(mut entry) = entry_of(NO_PARENT, src.name.clone(), &st, target) else {
             return Err(Error::refused(
                 dmover_proto::control::ErrorCode::Unsupported,
                 format!("{} is not a regular file, directory or symlink", src.label),
             ));
         };
+        note_link(&mut links, idx, &st, &mut entry);
         entries.push(entry);
         labels.insert(idx, src.label.clone());
         roots.insert(idx, (src.root, src.label));
         if let Some(reader) = reader {
             let counts = (&mut skipped, &mut filtered);
-            walk_dir(idx, reader, &mut entries, &labels, counts, filter)?;
+            walk_dir(
+                idx,
+                reader,
+                &mut entries,
+                &labels,
+                counts,
+                filter,
+                &mut links,
+            )?;
         }
     }
     Ok(Walked {
@@ -156,6 +191,7 @@ fn walk_dir(
     labels: &HashMap<u32, String>,
     (skipped, filtered): (&mut u64, &mut u64),
     filter: &Filter,
+    links: &mut Links,
 ) -> Result<()> {
     // Pending directories: (entry, parent handle, name); opened when popped so a wide
     // tree does not hold a descriptor per pending directory.
@@ -247,9 +283,10 @@ fn walk_dir(
             } else {
                 None
             };
-            let Some(entry) = entry_of(dir_idx, name, &st, target) else {
+            let Some(mut entry) = entry_of(dir_idx, name, &st, target) else {
                 continue;
             };
+            note_link(links, entries.len() as u32, &st, &mut entry);
             if entry.kind == EntryKind::Dir {
                 stack.push((entries.len() as u32, fd.clone(), entry.name.clone()));
             }

@@ -569,6 +569,8 @@ impl Inner {
             EntryKind::File { size } => (FileType::RegularFile, *size, 1),
             EntryKind::Dir => (FileType::Directory, 0, 2),
             EntryKind::Symlink { target } => (FileType::Symlink, target.len() as u64, 1),
+            // Not offered by a mount's session (each path comes as a file).
+            EntryKind::HardLink { .. } => (FileType::RegularFile, 0, 1),
         };
         FileAttr {
             ino,
@@ -592,7 +594,7 @@ impl Inner {
 
 fn file_type(e: &Entry) -> FileType {
     match e.kind {
-        EntryKind::File { .. } => FileType::RegularFile,
+        EntryKind::File { .. } | EntryKind::HardLink { .. } => FileType::RegularFile,
         EntryKind::Dir => FileType::Directory,
         EntryKind::Symlink { .. } => FileType::Symlink,
     }
@@ -718,6 +720,7 @@ impl fuser::Filesystem for Fs {
                     }
                     EntryKind::Dir => reply.error(Errno::EISDIR),
                     EntryKind::Symlink { .. } => reply.error(Errno::ELOOP),
+                    EntryKind::HardLink { .. } => reply.error(Errno::EOPNOTSUPP),
                 },
                 Err(e) => reply.error(e),
             }

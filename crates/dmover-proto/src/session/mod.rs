@@ -130,13 +130,18 @@ pub mod features {
     /// data streams idle (the sink counts a stream idle only when none brings
     /// anything) and tells the sink its decisions ([`Control::Tuned`]).
     pub const TUNING: u64 = 4;
+    /// Hard links within the transfer: the manifest may hold
+    /// [`crate::manifest::EntryKind::HardLink`] entries (a later path of an inode
+    /// whose first path is an earlier regular file), which carry no data. Without it
+    /// a source sends every path of an inode as a file of its own.
+    pub const LINKS: u64 = 16;
 
     /// The features this build's drivers (`dmover_core::drive`) speak and offer.
-    pub const SUPPORTED: u64 = GROWING_MANIFEST | RANGES | TUNING;
+    pub const SUPPORTED: u64 = GROWING_MANIFEST | RANGES | TUNING | LINKS;
 
     /// The features the role machines implement: what a driver may offer once it
     /// handles their events too (the simulator and the pair tests offer these).
-    pub const MACHINES: u64 = GROWING_MANIFEST | RANGES | TUNING;
+    pub const MACHINES: u64 = GROWING_MANIFEST | RANGES | TUNING | LINKS;
 
     /// The features a session uses: those both sides speak. Bits the machines do not
     /// know are never granted.
@@ -151,6 +156,7 @@ pub mod features {
             Control::Grow(_) | Control::Grown(_) => GROWING_MANIFEST,
             Control::Want(_) | Control::OnDemand => RANGES,
             Control::Tuned(_) => TUNING,
+            Control::Manifest(p) if crate::manifest::has_links(&p.entries) => LINKS,
             _ => 0,
         }
     }
@@ -161,6 +167,7 @@ pub mod features {
             GROWING_MANIFEST => "growing manifest",
             RANGES => "ranges",
             TUNING => "tuning",
+            LINKS => "hard links",
             _ => "unknown",
         }
     }
