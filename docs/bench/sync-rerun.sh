@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Re-run of an unchanged tree: `dmover sync` against `rsync -a` to an rsync daemon
+# (issue 15). The tree is the `tiny` profile (20000 files of 8 KiB in 100 directories) on
+# this host's disk. Each lab: both mirrors are made once, then ROUNDS rounds of, for
+# warm and cold cache (cold: `sync` and drop_caches before each run, both ends on this
+# host), dmover then rsync, interleaved, each a push of the unchanged tree.
+# Labs: "loopback" (servers on 127.0.0.1) and netlab RTT:RATE links (client in netns a,
+# both servers in netns b).
+# Prints CSV: lab,cache,tool,round,seconds,bytes_sent (dmover's file bytes; rsync's
+# "Total bytes sent" on the wire, protocol included)
+# Usage: docs/bench/sync-rerun.sh [DMOVER_BINARY]   (as root; env ROUNDS, LABS, SCALE)
+set -euo pipefail
+B=${1:-target/release/dmover}
+B=$(readlink -f "$B")
+ROUNDS=${ROUNDS:-5}
+SCALE=${SCALE:-1}
+LABS=${LABS:-"loopback 50ms:1gbit"}
+W=$(mktemp -d /var/tmp/dmover-rerun.XXXXXX)
+cleanup() {
+    pkill -f "serve --root $W/srv" 2>/dev/null || true
+    pkill -f "rsync --daemon --config=$W/rsyncd.conf" 2>/dev/null || true
+    "$B" netlab down --name rerun >/dev/null 2>&1 || true
+    rm -rf "$W"
+}
+trap cleanup EXIT
+mkdir -p "$W/srv" "$W/rs" "$W/home"
+"$B" bench mkdata --profile tiny --scale "$SCALE" "$W/src" >/dev/null
+head -c 32 /dev/urandom | base64 > "$W/token"
+chmod 600 "$W/token"
+export HOME=$W/home
+cat > "$W/rsyncd.conf" <<CONF
+use chroot = no
+uid = root
+gid = root
+pid file = $W/rsyncd.pid
+[w]
+path = $W/rs
+read only = false
+CONF
+echo "lab,cache,tool,round,seconds,bytes_sent"
+for lab in $LABS; do
+    ns_a=() ; ns_b=()
+    host=127.0.0.1
+    "$B" netlab down --name rerun >/dev/null 2>&1 || true
+    if [ "$lab" != loopback ]; then
+        IFS=: read -r rtt rate <<<"$lab"
+        "$B" netlab up --name rerun --rtt "$rtt" --rate "$rate" >/dev/null
+        ns_a=(ip netns exec dmnl-rerun-a)
+        ns_b=(ip netns exec dmnl-rerun-b)
+        host=10.200.0.2
+    fi
+    rm -rf "${W:?}/srv/mirror" "${W:?}/rs/mirror" "$W/kh"
+    "${ns_b[@]}" "$B" serve --root "$W/srv" --listen "$host:7700" --token-file "$W/token" \
+        >"$W/serve.log" 2>&1 &
+    "${ns_b[@]}" rsync --daemon --config="$W/rsyncd.conf" --address="$host" --port=8873
+    sleep 1
+    dm() { "${ns_a[@]}" "$B" sync --token-file "$W/token" --known-hosts "$W/kh" --json \
+        "$W/src" "dmover://$host/mirror"; }
+    rs() { "${ns_a[@]}" rsync -a --stats "$W/src/" "rsync://$host:8873/w/mirror/"; }
+    dm >/dev/null
+    rs >/dev/null
+    for round in $(seq 1 "$ROUNDS"); do
+        for cache in warm cold; do
+            for tool in dmover rsync; do
+                if [ "$cache" = cold ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
+                t0=$(date +%s.%N)
+                if [ $tool = dmover ]; then
+                    out=$(dm)
+                    sent=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["bytes_sent"])' "$out")
+                else
+                    out=$(rs)
+                    sent=$(awk -F': ' '/^Total bytes sent/ {gsub(",","",$2); print $2}' <<<"$out")
+                fi
+                t1=$(date +%s.%N)
+                echo "$lab,$cache,$tool,$round,$(python3 -c "print(f'{$t1-$t0:.3f}')"),$sent"
+            done
+        done
+    done
+    pkill -f "serve --root $W/srv" || true
+    pkill -f "rsync --daemon --config=$W/rsyncd.conf" || true
+    sleep 0.5
+done
