@@ -546,3 +546,53 @@ async fn remove_entry_removes_one_entry_as_unlink_and_rmdir() {
     assert!(c.remove_entry(&s.addr, b"tree", true).await.is_err());
     assert!(tree.exists());
 }
+
+/// `StagedFile`: written at any offsets, uploaded whole (and again after more writes,
+/// replacing the server's file), an existing file fetched into one and rewritten; no
+/// staging file left on either side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staged_file_is_uploaded_whole() {
+    use dmover_core::remote::StagedFile;
+    let s = setup().await;
+    let c = s.client(|_| {});
+    let tree = s.t.path().join("root/tree");
+    let local = tempfile::tempdir().unwrap();
+    let f = StagedFile::create(local.path(), &s.addr, b"tree/new", 0o640).unwrap();
+    f.write_at(b"world", 6).unwrap();
+    f.write_at(b"hello ", 0).unwrap();
+    assert!(!tree.join("new").exists(), "before the upload");
+    f.upload(&c, dmover_core::engine::Run::new()).await.unwrap();
+    assert_eq!(std::fs::read(tree.join("new")).unwrap(), b"hello world");
+    f.write_at(b"!", 11).unwrap();
+    f.close(&c).await.unwrap();
+    assert_eq!(std::fs::read(tree.join("new")).unwrap(), b"hello world!");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(tree.join("new"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o640);
+    }
+    // Rewrite an existing file: fetched, patched, uploaded over it.
+    let r = Remote::open(&c, &s.addr, b"tree").await.unwrap();
+    let big = r.lookup("tree/big").unwrap();
+    let len = r.stat(big).unwrap().file_size();
+    let f = StagedFile::create(local.path(), &s.addr, b"tree/big", 0o644).unwrap();
+    f.fetch(&r, big, len, Duration::from_secs(30))
+        .await
+        .unwrap();
+    f.write_at(b"PATCH", 100).unwrap();
+    f.close(&c).await.unwrap();
+    let _ = r.close().await;
+    let mut want = bytes(0, FILES[0].1);
+    want[100..105].copy_from_slice(b"PATCH");
+    assert_eq!(std::fs::read(tree.join("big")).unwrap(), want);
+    assert_eq!(std::fs::read_dir(local.path()).unwrap().count(), 0);
+    let staged: Vec<_> = std::fs::read_dir(&tree)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".dmv."))
+        .collect();
+    assert!(staged.is_empty(), "{staged:?}");
+}

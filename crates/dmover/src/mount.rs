@@ -31,7 +31,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
 use dmover_core::client::Client;
-use dmover_core::remote::{Remote, RemoteOptions};
+use dmover_core::remote::{Remote, RemoteOptions, StagedFile};
 use dmover_proto::manifest::{Entry, EntryKind};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
@@ -335,8 +335,8 @@ impl Inodes {
 struct Writer {
     path: Vec<u8>,
     ino: INodeNo,
-    file: std::fs::File,
-    staging: std::path::PathBuf,
+    /// The library's staged file (its staging file goes when the writer does).
+    file: StagedFile,
     /// Changed since the last upload (or never uploaded).
     dirty: std::sync::atomic::AtomicBool,
     /// One upload at a time.
@@ -458,7 +458,7 @@ impl Inner {
     /// The attributes of a file being written: its staging file's.
     fn writer_attr(&self, w: &Writer) -> Result<FileAttr, Errno> {
         use std::os::unix::fs::MetadataExt;
-        let m = w.file.metadata().map_err(Errno::from)?;
+        let m = w.file.file().metadata().map_err(Errno::from)?;
         let mtime = m.modified().unwrap_or(SystemTime::UNIX_EPOCH);
         Ok(FileAttr {
             ino: w.ino,
@@ -498,12 +498,30 @@ impl Inner {
     /// `dmover cp` does (staging and rename on the server), within the timeout; the
     /// next lookup takes a fresh snapshot.
     async fn upload(&self, src: &std::path::Path, path: &[u8]) -> Result<(), Errno> {
-        let run = dmover_core::engine::Run::new();
         let sources = [src.as_os_str().as_bytes().to_vec()];
         let dest = self.remote_path(path);
-        let push = self.client.push(&sources, &self.server, &dest, run.clone());
-        let r = match tokio::time::timeout(self.timeout, push).await {
-            Ok(r) => r.map(|_| ()).map_err(|e| e.to_string()),
+        self.pushed(path, |run| async move {
+            self.client
+                .push(&sources, &self.server, &dest, run)
+                .await
+                .map(|_| ())
+        })
+        .await
+    }
+
+    /// Runs the push `push` makes (given its run) within the timeout; the next lookup
+    /// takes a fresh snapshot.
+    async fn pushed<F>(
+        &self,
+        path: &[u8],
+        push: impl FnOnce(Arc<dmover_core::engine::Run>) -> F,
+    ) -> Result<(), Errno>
+    where
+        F: std::future::Future<Output = dmover_core::Result<()>>,
+    {
+        let run = dmover_core::engine::Run::new();
+        let r = match tokio::time::timeout(self.timeout, push(run.clone())).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
             Err(_) => {
                 run.fail(dmover_core::Error::Aborted);
                 Err(format!("no answer within {:?}", self.timeout))
@@ -530,23 +548,12 @@ impl Inner {
         opens: u64,
     ) -> Result<Arc<Writer>, Errno> {
         let dir = self.rw.as_ref().ok_or(Errno::EROFS)?.path();
-        let (file, staging) = tempfile::Builder::new()
-            .prefix(".new-")
-            .tempfile_in(dir)
-            .map_err(Errno::from)?
-            .keep()
-            .map_err(|e| Errno::from(e.error))?;
-        use std::os::unix::fs::PermissionsExt;
-        let perm = std::fs::Permissions::from_mode(mode & 0o7777);
-        if let Err(e) = file.set_permissions(perm) {
-            let _ = std::fs::remove_file(&staging);
-            return Err(e.into());
-        }
+        let file = StagedFile::create(dir, &self.server, &self.remote_path(path), mode)
+            .map_err(|e| errno_of(&e))?;
         let w = Arc::new(Writer {
             ino: self.ino(path),
             path: path.to_vec(),
             file,
-            staging,
             dirty: std::sync::atomic::AtomicBool::new(dirty),
             upload: tokio::sync::Mutex::new(()),
             opens: AtomicU64::new(opens),
@@ -558,10 +565,10 @@ impl Inner {
         Ok(w)
     }
 
-    /// Forgets a writer no handle uses any more, and its staging file.
+    /// Forgets a writer no handle uses any more (its staging file goes with the last
+    /// reference).
     fn drop_writer(&self, w: &Writer) {
         self.writers.lock().unwrap().remove(&w.path);
-        let _ = std::fs::remove_file(&w.staging);
     }
 
     /// An existing remote file, to be rewritten whole at `path`: a writer holding
@@ -589,30 +596,17 @@ impl Inner {
         }
         let w = self.new_writer(path, e.mode, keep != size, opens)?;
         let r = async {
-            let mut off = 0;
-            while off < fetch {
-                let n = (fetch - off).min(4 << 20);
-                let read = snap.remote.read_at(entry, off, n);
-                let data = match tokio::time::timeout(self.timeout, read).await {
-                    Ok(Ok(d)) if !d.is_empty() => d,
-                    Ok(Ok(_)) => return Err(Errno::EIO),
-                    Ok(Err(err)) => {
-                        tracing::warn!(
-                            "fetching {} to rewrite it: {err}",
-                            String::from_utf8_lossy(path)
-                        );
-                        return Err(Errno::EIO);
-                    }
-                    Err(_) => return Err(Errno::EIO),
-                };
-                w.file.write_all_at(&data, off).map_err(Errno::from)?;
-                off += data.len() as u64;
+            if let Err(err) = w.file.fetch(&snap.remote, entry, fetch, self.timeout).await {
+                tracing::warn!(
+                    "fetching {} to rewrite it: {err}",
+                    String::from_utf8_lossy(path)
+                );
+                return Err(Errno::EIO);
             }
-            w.file.set_len(keep).map_err(Errno::from)?;
+            let f = w.file.file();
+            f.set_len(keep).map_err(Errno::from)?;
             if keep == size {
-                w.file
-                    .set_modified(system_time(e.mtime))
-                    .map_err(Errno::from)?;
+                f.set_modified(system_time(e.mtime)).map_err(Errno::from)?;
             }
             Ok(())
         }
@@ -630,7 +624,9 @@ impl Inner {
         if !w.dirty.swap(false, Relaxed) {
             return Ok(());
         }
-        let r = self.upload(&w.staging, &w.path).await;
+        let r = self
+            .pushed(&w.path, |run| w.file.upload(&self.client, run))
+            .await;
         if r.is_err() {
             w.dirty.store(true, Relaxed);
         }
@@ -995,7 +991,7 @@ impl fuser::Filesystem for Fs {
                         // Opened by another writer meanwhile.
                         w.opens.fetch_add(1, Relaxed);
                         if trunc {
-                            w.file.set_len(0).map_err(Errno::from)?;
+                            w.file.file().set_len(0).map_err(Errno::from)?;
                             w.dirty.store(true, Relaxed);
                         }
                         return Ok(w);
@@ -1043,7 +1039,7 @@ impl fuser::Filesystem for Fs {
             let mut buf = vec![0; size as usize];
             let mut n = 0;
             while n < buf.len() {
-                match w.file.read_at(&mut buf[n..], offset + n as u64) {
+                match w.file.file().read_at(&mut buf[n..], offset + n as u64) {
                     Ok(0) => break,
                     Ok(k) => n += k,
                     Err(e) => return reply.error(e.into()),
@@ -1154,7 +1150,7 @@ impl fuser::Filesystem for Fs {
         let Some(w) = self.inner.writer_fh(fh) else {
             return reply.error(self.inner.unsupported());
         };
-        match w.file.write_all_at(data, offset) {
+        match w.file.file().write_all_at(data, offset) {
             Ok(()) => {
                 w.dirty.store(true, Relaxed);
                 reply.written(data.len() as u32)
@@ -1195,15 +1191,16 @@ impl fuser::Filesystem for Fs {
         }
         let r = (|| {
             if let Some(size) = size {
-                w.file.set_len(size)?;
+                w.file.file().set_len(size)?;
             }
             if let Some(mode) = mode {
                 use std::os::unix::fs::PermissionsExt;
                 w.file
+                    .file()
                     .set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))?;
             }
             if let Some(t) = mtime {
-                w.file.set_modified(match t {
+                w.file.file().set_modified(match t {
                     fuser::TimeOrNow::SpecificTime(t) => t,
                     fuser::TimeOrNow::Now => SystemTime::now(),
                 })?;
