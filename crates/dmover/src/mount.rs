@@ -221,6 +221,10 @@ fn unmount_on_signal(
         .await;
         tokio::time::sleep(Duration::from_secs(3)).await;
         eprintln!("dmover: files were still open; exiting (the mount is detached)");
+        // `exit` runs no destructors: the staging directory goes here.
+        if let Some(d) = &inner.rw {
+            let _ = std::fs::remove_dir_all(d.path());
+        }
         std::process::exit(if open.is_empty() { 0 } else { 1 });
     });
 }

@@ -163,6 +163,12 @@ impl Drop for Mount {
                 let _ = std::fs::write(conns.join(minor).join("abort"), "1");
             }
         }
+        // Let it end by itself first (its `--rw` staging directory goes with it).
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let pid = rustix::process::Pid::from_child(&self.child);
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            let _ = wait_exit(&mut self.child, Duration::from_secs(5));
+        }
         let _ = self.child.kill();
         let _ = wait_exit(&mut self.child, Duration::from_secs(10));
         if mounted(&self.dir).is_some() {
