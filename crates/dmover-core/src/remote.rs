@@ -1,5 +1,7 @@
-//! Remote access (issue 14, first step): read a server's files in place, chunk by chunk,
-//! without copying them whole. No FUSE yet; the mount will sit on this API.
+//! Remote access (issue 14): read a server's files in place, chunk by chunk, without
+//! copying them whole; `dmover mount` sits on this API. The write side is whole files:
+//! [`StagedFile`] (written here, uploaded with staging + rename on the server), beside
+//! `Client::remove_entry` and `Client::rename_remote` (docs/remote.md, "Write API").
 //!
 //! [`Remote::open`] starts an ordinary pull session of one path (a file or a tree: the
 //! server walks it and sends the manifest as for `dmover cp`), whose sink answers the
