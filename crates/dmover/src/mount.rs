@@ -569,6 +569,21 @@ impl Inner {
         Ok(w)
     }
 
+    /// Waits (briefly) until no file is being written at `path`: a file closed and
+    /// uploaded is released right after its `close()` returns, so a `close` followed by
+    /// a rename or unlink of the name finds it on the server. A file with changes not
+    /// uploaded, or still open after 1 s: EBUSY (it is not on the server as it is).
+    async fn settled(&self, path: &[u8]) -> Result<(), Errno> {
+        let end = Instant::now() + Duration::from_secs(1);
+        while let Some(w) = self.writer_at(path) {
+            if w.dirty.load(Relaxed) || Instant::now() > end {
+                return Err(Errno::EBUSY);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
     /// Forgets a writer no handle uses any more (its staging file goes with the last
     /// reference).
     fn drop_writer(&self, w: &Writer) {
@@ -851,10 +866,7 @@ impl Fs {
         self.spawn(|i| async move {
             let r = async {
                 let path = join(&i.path_of(parent)?, &name);
-                if i.writer_at(&path).is_some() {
-                    // Still being written here: nothing on the server to remove yet.
-                    return Err(Errno::EBUSY);
-                }
+                i.settled(&path).await?;
                 let snap = i.snapshot().await?;
                 let entry = *snap.by_path.get(&path).ok_or(Errno::ENOENT)?;
                 match (&snap.entry(entry).kind, dir) {
@@ -1295,10 +1307,8 @@ impl fuser::Filesystem for Fs {
             let r = async {
                 let from = join(&i.path_of(parent)?, &name);
                 let to = join(&i.path_of(newparent)?, &newname);
-                if i.writer_at(&from).is_some() || i.writer_at(&to).is_some() {
-                    // Not on the server until its close.
-                    return Err(Errno::EBUSY);
-                }
+                i.settled(&from).await?;
+                i.settled(&to).await?;
                 let snap = i.snapshot().await?;
                 check_rename(&snap, &from, &to, noreplace)?;
                 if from == to {

@@ -825,6 +825,17 @@ fn rw_rename_renames_on_the_server() {
         assert_eq!(e("empty-dir", "align"), Some(libc::ENOTDIR));
         assert_eq!(e("empty-dir", "deep"), Some(libc::ENOTEMPTY));
         assert_eq!(e("deep", "deep/inside"), Some(libc::EINVAL));
+        // Written, closed, renamed at once (a tool's temporary file put in place).
+        std::fs::write(dir.join("tmp.part"), b"fresh").unwrap();
+        std::fs::rename(dir.join("tmp.part"), dir.join("fresh")).unwrap();
+        assert_eq!(std::fs::read(dir.join("fresh")).unwrap(), b"fresh");
+        std::fs::write(dir.join("gone"), b"x").unwrap();
+        std::fs::remove_file(dir.join("gone")).unwrap();
+        // Still open with changes not uploaded: EBUSY.
+        let mut f = std::fs::File::create(dir.join("open")).unwrap();
+        std::io::Write::write_all(&mut f, b"open").unwrap();
+        assert_eq!(e("open", "opened"), Some(libc::EBUSY));
+        drop(f);
         // The kernel follows the symlink itself: out of the mount, so EXDEV; the
         // server's own refusal of such a path: tests/remote.rs in dmover-core.
         assert_eq!(e("empty", "out/empty"), Some(libc::EXDEV));
@@ -837,7 +848,7 @@ fn rw_rename_renames_on_the_server() {
             Ok(rest) => Path::new("deep").join(rest),
             Err(_) => p,
         })
-        .chain([PathBuf::from("page"), PathBuf::from("deep/p")])
+        .chain(["page", "deep/p", "fresh", "open"].map(PathBuf::from))
         .collect();
     want.sort();
     assert_eq!(files(&src), want);
