@@ -319,6 +319,21 @@ impl Connection {
         }
     }
 
+    /// [`Op::Rename`] on this connection: the request and the answer (`Done`).
+    async fn rename(self, server: &str, open: Open, options: SessionOptions) -> Result<()> {
+        let mut ch = self.request(server, open, options).await?;
+        match ch.recv_timeout(HANDSHAKE_TIMEOUT, "the rename").await? {
+            Control::Done(_) => Ok(()),
+            // A server older than `Op::Rename` cannot decode the request.
+            Control::Error(e) if e.code == ErrorCode::Protocol => Err(Error::Remote {
+                peer: server.to_string(),
+                code: ErrorCode::Unsupported,
+                message: format!("{} (renaming needs a newer dmover server)", e.message),
+            }),
+            other => Err(session::unexpected(server, other, "Done")),
+        }
+    }
+
     /// The dialer's first flight for `open` with `options`, and what it checks in the
     /// answers.
     fn dial(&mut self, open: Open, options: dmover_proto::control::SessionOptions) -> Dial {
@@ -1316,6 +1331,75 @@ impl Client {
             .remove_remote(server, dir, name, mtime, dry.deleted, false)
             .await?;
         Ok(done.deleted)
+    }
+
+    /// Renames the entry `from` to `to` on `server` ([`Op::Rename`]): rename(2) there,
+    /// both paths in one export and confined beneath it, with the user's write rights;
+    /// an existing `to` is replaced atomically (a directory only if it is empty). For
+    /// `dmover mount --rw` (docs/remote.md).
+    pub async fn rename_remote(&self, server: &str, from: &[u8], to: &[u8]) -> Result<()> {
+        let conn = self.connect(server).await?;
+        let open = self.open_request(
+            Op::Rename(control::Rename {
+                from: from.to_vec(),
+                to: to.to_vec(),
+            }),
+            0,
+        );
+        conn.rename(server, open, self.opts.session_options(false))
+            .await
+    }
+
+    /// Removes the one entry `path` on `server` as unlink(2) (`dir` false: a file or a
+    /// symlink) or rmdir(2) (`dir`: an empty directory) would, with
+    /// [`Client::remove_remote`] in its parent: a dry run must list exactly that entry,
+    /// else nothing is deleted (missing: [`ErrorCode::NotFound`]; EISDIR, ENOTDIR or
+    /// ENOTEMPTY as an I/O error), then the prune deletes at most that one entry. The
+    /// parent gets the current time as its mtime, as unlink gives it. The parent cannot
+    /// be an export's root (the server refuses a prune there), and the name cannot hold
+    /// a pattern's characters (`*?[]\`, [`ErrorCode::Unsupported`]). For
+    /// `dmover mount --rw` (docs/remote.md).
+    pub async fn remove_entry(&self, server: &str, path: &[u8], dir: bool) -> Result<()> {
+        let (parent, name) = match path.iter().rposition(|&b| b == b'/') {
+            Some(i) => (&path[..i], &path[i + 1..]),
+            None => (&b""[..], path),
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let mtime = dmover_proto::manifest::Mtime {
+            sec: now.as_secs() as i64,
+            nsec: now.subsec_nanos(),
+        };
+        let dry = self
+            .remove_remote(server, parent, name, mtime, u64::MAX, true)
+            .await?;
+        let mut as_dir = name.to_vec();
+        as_dir.push(b'/');
+        let shown = String::from_utf8_lossy(path).into_owned();
+        let refuse = |errno: i32| {
+            Error::io(
+                "removing",
+                shown.clone(),
+                std::io::Error::from_raw_os_error(errno),
+            )
+        };
+        match (dry.paths.as_slice(), dir) {
+            ([], _) => {
+                return Err(Error::refused(
+                    ErrorCode::NotFound,
+                    format!("{shown}: no such file or directory"),
+                ));
+            }
+            ([p], false) if p == name => {}
+            ([p], true) if *p == as_dir => {}
+            (_, false) => return Err(refuse(libc::EISDIR)),
+            ([p], true) if p == name => return Err(refuse(libc::ENOTDIR)),
+            (_, true) => return Err(refuse(libc::ENOTEMPTY)),
+        }
+        self.remove_remote(server, parent, name, mtime, 1, false)
+            .await?;
+        Ok(())
     }
 
     /// The modification time of the directory `dir` on `server` (its manifest without

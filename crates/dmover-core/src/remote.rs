@@ -1,5 +1,7 @@
-//! Remote access (issue 14, first step): read a server's files in place, chunk by chunk,
-//! without copying them whole. No FUSE yet; the mount will sit on this API.
+//! Remote access (issue 14): read a server's files in place, chunk by chunk, without
+//! copying them whole; `dmover mount` sits on this API. The write side is whole files:
+//! [`StagedFile`] (written here, uploaded with staging + rename on the server), beside
+//! `Client::remove_entry` and `Client::rename_remote` (docs/remote.md, "Write API").
 //!
 //! [`Remote::open`] starts an ordinary pull session of one path (a file or a tree: the
 //! server walks it and sends the manifest as for `dmover cp`), whose sink answers the
@@ -612,4 +614,148 @@ impl Drop for Remote {
 
 fn now() -> std::time::Instant {
     tokio::time::Instant::now().into_std()
+}
+
+/// A file written here and uploaded whole to a server: the write side of remote access
+/// (docs/remote.md, "Write API"), what `dmover mount --rw` writes into.
+///
+/// The bytes go to a local staging file (in a directory the caller names); an upload
+/// pushes it to its path on the server as `dmover cp` does: to a staging name there,
+/// renamed into place once complete and its digest verified, so the server's file is
+/// the old one or the new one, never a part. Mode and mtime set on
+/// [`StagedFile::file`] travel with it. The staging file is removed on drop.
+#[derive(Debug)]
+pub struct StagedFile {
+    server: String,
+    dest: Vec<u8>,
+    file: std::fs::File,
+    staging: std::path::PathBuf,
+}
+
+impl StagedFile {
+    /// A new, empty file to become `dest` on `server` (a path relative to the server's
+    /// root, as `cp`'s destination), staged in the local directory `dir`, with
+    /// permission bits `mode`.
+    pub fn create(dir: &std::path::Path, server: &str, dest: &[u8], mode: u32) -> Result<Self> {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        for _ in 0..16 {
+            let staging = dir.join(format!(".new-{:016x}", rand::random::<u64>()));
+            match std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&staging)
+            {
+                Ok(file) => {
+                    let f = StagedFile {
+                        server: server.to_string(),
+                        dest: dest.to_vec(),
+                        file,
+                        staging,
+                    };
+                    f.file
+                        .set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))
+                        .map_err(|e| Error::io("creating", f.shown(), e))?;
+                    return Ok(f);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(Error::io("creating", staging.display().to_string(), e)),
+            }
+        }
+        Err(Error::refused(
+            ErrorCode::Io,
+            format!("{}: no free staging name", dir.display()),
+        ))
+    }
+
+    /// The server's path this file becomes.
+    pub fn dest(&self) -> &[u8] {
+        &self.dest
+    }
+
+    /// The local staging file (for its metadata, mode, mtime, length).
+    pub fn file(&self) -> &std::fs::File {
+        &self.file
+    }
+
+    /// Writes all of `data` at `offset` (any offset: the staging file is a whole file).
+    pub fn write_at(&self, data: &[u8], offset: u64) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file
+            .write_all_at(data, offset)
+            .map_err(|e| Error::io("writing", self.shown(), e))
+    }
+
+    /// Reads up to `buf.len()` bytes at `offset` (fewer at the end).
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let mut n = 0;
+        while n < buf.len() {
+            match self.file.read_at(&mut buf[n..], offset + n as u64) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io("reading", self.shown(), e)),
+            }
+        }
+        Ok(n)
+    }
+
+    /// Fills the staging file with the first `len` bytes of the regular file `entry`
+    /// of `remote` (to rewrite an existing file whole), each read bounded by `timeout`.
+    pub async fn fetch(
+        &self,
+        remote: &Remote,
+        entry: u32,
+        len: u64,
+        timeout: Duration,
+    ) -> Result<()> {
+        let mut off = 0;
+        while off < len {
+            let read = remote.read_at(entry, off, (len - off).min(4 << 20));
+            let data = tokio::time::timeout(timeout, read).await.map_err(|_| {
+                Error::refused(ErrorCode::Io, format!("no answer within {timeout:?}"))
+            })??;
+            if data.is_empty() {
+                return Err(Error::refused(
+                    ErrorCode::Changed,
+                    format!("{}: shorter than listed", self.shown()),
+                ));
+            }
+            self.write_at(&data, off)?;
+            off += data.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Pushes the file as it is now to its path on the server (staging + rename there,
+    /// verified); may run again after more writes. `run` cancels it.
+    pub async fn upload(&self, client: &Client, run: Arc<Run>) -> Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        let sources = [self.staging.as_os_str().as_bytes().to_vec()];
+        client
+            .push(&sources, &self.server, &self.dest, run)
+            .await
+            .map(|_| ())
+    }
+
+    /// [`StagedFile::upload`], then the staging file goes.
+    pub async fn close(self, client: &Client) -> Result<()> {
+        self.upload(client, Run::new()).await
+    }
+
+    fn shown(&self) -> String {
+        format!(
+            "{} (for {})",
+            self.staging.display(),
+            String::from_utf8_lossy(&self.dest)
+        )
+    }
+}
+
+impl Drop for StagedFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.staging);
+    }
 }

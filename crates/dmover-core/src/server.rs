@@ -64,6 +64,7 @@ use dmover_proto::manifest::Totals;
 use dmover_proto::session::{Acceptance, Limits, SinkSession, SourceSession};
 
 mod prune;
+mod rename;
 mod tpc;
 
 /// Largest control frame accepted before the client has authenticated.
@@ -672,6 +673,7 @@ impl Server {
                     Ok(_user) => match open.op.clone() {
                         Op::Grant(req) => self.grant_capability(&mut ch, &grant, req).await,
                         Op::Prune(req) => self.prune(&mut ch, &grant, req, &mut log).await,
+                        Op::Rename(req) => self.rename(&mut ch, &grant, req, &mut log).await,
                         Op::ThirdParty(tp) => {
                             match self.third_party(&mut ch, &grant, &open, tp, &mut log).await {
                                 Ok(done) => {
@@ -975,7 +977,8 @@ impl Server {
             | Op::MemTest(_)
             | Op::Grant(_)
             | Op::ThirdParty(_)
-            | Op::Prune(_) => None,
+            | Op::Prune(_)
+            | Op::Rename(_) => None,
         };
         let streams = open.streams.min(MAX_STREAMS);
         // A pull's source is here: walk it first, so an automatic chunk size can fit
@@ -1013,7 +1016,8 @@ impl Server {
             | Op::MemTest(_)
             | Op::Grant(_)
             | Op::ThirdParty(_)
-            | Op::Prune(_) => None,
+            | Op::Prune(_)
+            | Op::Rename(_) => None,
         };
         let chunk = match (open.chunk_size, &walked) {
             (0, Some(w)) => session::auto_chunk(w.tree.entries()),
@@ -1144,7 +1148,11 @@ impl Server {
             zerocopy: None,
         };
         match open.op {
-            Op::Grant(_) | Op::ThirdParty(_) | Op::Prune(_) | Op::PullFiltered(_) => {
+            Op::Grant(_)
+            | Op::ThirdParty(_)
+            | Op::Prune(_)
+            | Op::PullFiltered(_)
+            | Op::Rename(_) => {
                 unreachable!("control_session_in runs these ops, not run_session")
             }
             Op::MemTest(m) => {
@@ -1300,6 +1308,7 @@ impl SessionLog {
                 Op::Grant(_) => "grant",
                 Op::ThirdParty(_) => "third-party",
                 Op::Prune(_) => "prune",
+                Op::Rename(_) => "rename",
             },
             what: String::new(),
             protection: None,

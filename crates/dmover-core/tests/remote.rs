@@ -79,6 +79,10 @@ impl Setup {
 }
 
 async fn setup() -> Setup {
+    setup_with(|_| {}).await
+}
+
+async fn setup_with(tune: impl FnOnce(&mut ServerConfig)) -> Setup {
     let t = tempfile::tempdir().unwrap();
     let root = t.path().join("root");
     for (i, (name, n)) in FILES.iter().enumerate() {
@@ -89,6 +93,7 @@ async fn setup() -> Setup {
     let mut cfg = ServerConfig::new(&root);
     // Two sessions at once (a 64 KiB buffer counts as 1 MiB of the budget).
     cfg.memory_budget = 8 << 30;
+    tune(&mut cfg);
     let srv = Server::new(cfg).unwrap();
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap().to_string();
@@ -404,4 +409,190 @@ async fn remove_in_deletes_one_tree_and_gives_the_mtime_back() {
     assert!(c.remove_in(&s.addr, b"", b"tree", mtime).await.is_err());
     assert!(root.join("tree/big").exists());
     assert!(c.dir_mtime(&s.addr, b"tree/big").await.is_err());
+}
+
+/// `Client::rename_remote` (`Op::Rename`): rename(2) on the server, an existing file
+/// replaced, a non-empty directory not; both paths confined beneath the export (`..`,
+/// absolute paths and a symlink leading out refused, nothing moved); staging names
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rename_remote_renames_within_the_export_only() {
+    let s = setup().await;
+    let c = s.client(|_| {});
+    let root = s.t.path().join("root");
+    let tree = root.join("tree");
+    let outside = s.t.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, tree.join("out")).unwrap();
+    std::os::unix::fs::symlink("../../outside", tree.join("out-rel")).unwrap();
+    std::fs::write(tree.join(".dmv.0123.x"), b"staging").unwrap();
+    // A file, over an existing one, into another directory, and a directory.
+    let a = std::fs::read(tree.join("a")).unwrap();
+    c.rename_remote(&s.addr, b"tree/a", b"tree/b")
+        .await
+        .unwrap();
+    assert!(!tree.join("a").exists());
+    assert_eq!(std::fs::read(tree.join("b")).unwrap(), a);
+    c.rename_remote(&s.addr, b"tree/b", b"tree/sub/b2")
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(tree.join("sub/b2")).unwrap(), a);
+    c.rename_remote(&s.addr, b"tree/sub", b"tree/sub-moved")
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(tree.join("sub-moved/b2")).unwrap(), a);
+    // A missing source; a non-empty directory as the target.
+    let e = c
+        .rename_remote(&s.addr, b"tree/nothing", b"tree/x")
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), dmover_proto::control::ErrorCode::NotFound, "{e}");
+    std::fs::create_dir(tree.join("full")).unwrap();
+    std::fs::write(tree.join("full/f"), b"f").unwrap();
+    std::fs::create_dir(tree.join("emptied")).unwrap();
+    assert!(
+        c.rename_remote(&s.addr, b"tree/emptied", b"tree/full")
+            .await
+            .is_err()
+    );
+    assert!(tree.join("full/f").exists() && tree.join("emptied").exists());
+    // Escapes: nothing moves, nothing appears outside.
+    for (from, to) in [
+        (&b"tree/z"[..], &b"tree/../z"[..]),
+        (b"tree/z", b"../z"),
+        (b"tree/z", b"/tmp/z"),
+        (b"/etc/hostname", b"tree/hostname"),
+        (b"tree/z", b"tree/out/z"),
+        (b"tree/z", b"tree/out-rel/z"),
+        (b"tree/out/z", b"tree/z2"),
+        (b"tree/.dmv.0123.x", b"tree/y"),
+        (b"tree/z", b"tree/.dmv.0123.z"),
+        (b"tree/z", b""),
+        (b"", b"tree/r"),
+    ] {
+        let e = c.rename_remote(&s.addr, from, to).await.unwrap_err();
+        let code = e.code();
+        assert!(
+            matches!(
+                code,
+                dmover_proto::control::ErrorCode::PathEscape
+                    | dmover_proto::control::ErrorCode::PermissionDenied
+            ),
+            "{from:?} -> {to:?}: {code:?} {e}"
+        );
+        assert!(tree.join("z").exists(), "{from:?} -> {to:?} moved it");
+    }
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+    assert!(tree.join(".dmv.0123.x").exists());
+}
+
+/// A read-only server refuses `rename_remote` and `remove_entry` before touching
+/// anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_server_refuses_renames_and_removals() {
+    let s = setup_with(|cfg| cfg.read_only = true).await;
+    let c = s.client(|_| {});
+    let tree = s.t.path().join("root/tree");
+    let e = c
+        .rename_remote(&s.addr, b"tree/a", b"tree/b")
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), dmover_proto::control::ErrorCode::ReadOnly, "{e}");
+    let e = c.remove_entry(&s.addr, b"tree/a", false).await.unwrap_err();
+    assert_eq!(e.code(), dmover_proto::control::ErrorCode::ReadOnly, "{e}");
+    assert!(tree.join("a").exists() && tree.join("b").exists());
+}
+
+/// `Client::remove_entry`: unlink(2) and rmdir(2) of one entry, with their errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remove_entry_removes_one_entry_as_unlink_and_rmdir() {
+    let s = setup().await;
+    let c = s.client(|_| {});
+    let tree = s.t.path().join("root/tree");
+    std::fs::create_dir(tree.join("e")).unwrap();
+    let errno = |e: dmover_core::Error| {
+        let mut src: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+        while let Some(x) = src {
+            if let Some(n) = x
+                .downcast_ref::<std::io::Error>()
+                .and_then(|i| i.raw_os_error())
+            {
+                return Some(n);
+            }
+            src = x.source();
+        }
+        None
+    };
+    c.remove_entry(&s.addr, b"tree/a", false).await.unwrap();
+    assert!(!tree.join("a").exists() && tree.join("b").exists());
+    let e = c.remove_entry(&s.addr, b"tree/a", false).await.unwrap_err();
+    assert_eq!(e.code(), dmover_proto::control::ErrorCode::NotFound, "{e}");
+    let e = c
+        .remove_entry(&s.addr, b"tree/sub", false)
+        .await
+        .unwrap_err();
+    assert_eq!(errno(e), Some(libc::EISDIR));
+    let e = c
+        .remove_entry(&s.addr, b"tree/sub", true)
+        .await
+        .unwrap_err();
+    assert_eq!(errno(e), Some(libc::ENOTEMPTY));
+    let e = c.remove_entry(&s.addr, b"tree/b", true).await.unwrap_err();
+    assert_eq!(errno(e), Some(libc::ENOTDIR));
+    assert!(tree.join("sub/c").exists() && tree.join("b").exists());
+    c.remove_entry(&s.addr, b"tree/e", true).await.unwrap();
+    assert!(!tree.join("e").exists());
+    // The export's root is no prune's mirror: its own entries cannot go this way.
+    assert!(c.remove_entry(&s.addr, b"tree", true).await.is_err());
+    assert!(tree.exists());
+}
+
+/// `StagedFile`: written at any offsets, uploaded whole (and again after more writes,
+/// replacing the server's file), an existing file fetched into one and rewritten; no
+/// staging file left on either side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staged_file_is_uploaded_whole() {
+    use dmover_core::remote::StagedFile;
+    let s = setup().await;
+    let c = s.client(|_| {});
+    let tree = s.t.path().join("root/tree");
+    let local = tempfile::tempdir().unwrap();
+    let f = StagedFile::create(local.path(), &s.addr, b"tree/new", 0o640).unwrap();
+    f.write_at(b"world", 6).unwrap();
+    f.write_at(b"hello ", 0).unwrap();
+    assert!(!tree.join("new").exists(), "before the upload");
+    f.upload(&c, dmover_core::engine::Run::new()).await.unwrap();
+    assert_eq!(std::fs::read(tree.join("new")).unwrap(), b"hello world");
+    f.write_at(b"!", 11).unwrap();
+    f.close(&c).await.unwrap();
+    assert_eq!(std::fs::read(tree.join("new")).unwrap(), b"hello world!");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(tree.join("new"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o640);
+    }
+    // Rewrite an existing file: fetched, patched, uploaded over it.
+    let r = Remote::open(&c, &s.addr, b"tree").await.unwrap();
+    let big = r.lookup("tree/big").unwrap();
+    let len = r.stat(big).unwrap().file_size();
+    let f = StagedFile::create(local.path(), &s.addr, b"tree/big", 0o644).unwrap();
+    f.fetch(&r, big, len, Duration::from_secs(30))
+        .await
+        .unwrap();
+    f.write_at(b"PATCH", 100).unwrap();
+    f.close(&c).await.unwrap();
+    let _ = r.close().await;
+    let mut want = bytes(0, FILES[0].1);
+    want[100..105].copy_from_slice(b"PATCH");
+    assert_eq!(std::fs::read(tree.join("big")).unwrap(), want);
+    assert_eq!(std::fs::read_dir(local.path()).unwrap().count(), 0);
+    let staged: Vec<_> = std::fs::read_dir(&tree)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".dmv."))
+        .collect();
+    assert!(staged.is_empty(), "{staged:?}");
 }

@@ -354,6 +354,24 @@ pub enum Op {
     /// A pull whose sources the server walks through filters (appended, 6): what the
     /// rules exclude is not in the manifest. A plain pull is [`Op::Pull`].
     PullFiltered(PullFiltered),
+    /// Renames one entry on the server (appended, 7; `dmover mount --rw`): after
+    /// `Options`, the server renames `from` to `to` (see [`Rename`]) and answers
+    /// [`Control::Done`] with an empty [`Summary`], or [`Control::Error`]; no session.
+    Rename(Rename),
+}
+
+/// What [`Op::Rename`] asks for: rename(2) of `from` to `to`, both paths relative to
+/// the server's root and in the same export. POSIX semantics: an existing `to` is
+/// replaced atomically (a directory only by a directory, and only if it is empty).
+/// Both parents are resolved beneath the export (no `..`, no absolute path, no symlink
+/// leading out); the last components are not followed. Names starting with `.dmv.`
+/// (staging files, journals) are refused on either side.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rename {
+    /// The entry to rename.
+    pub from: Vec<u8>,
+    /// Its new path.
+    pub to: Vec<u8>,
 }
 
 /// What [`Op::PullFiltered`] asks for.

@@ -19,7 +19,9 @@ use dmover_proto::control::{
     ErrorMsg, FailedFile, Growth, Have, Hello, MAX_FRAME, ManifestEnd, ManifestPart, Op, Open,
     PartialFile, Plan, SendReport, SessionInfo, SessionOptions, Summary, Want, Welcome,
 };
-use dmover_proto::control::{FilterRule, MemDirection, MemTest, Prune, PruneReport, PullFiltered};
+use dmover_proto::control::{
+    FilterRule, MemDirection, MemTest, Prune, PruneReport, PullFiltered, Rename,
+};
 use dmover_proto::data::{
     DataHello, DigestEntry, FILE_FAILED, FrameHeader, FrameKind, FrameLimits, JoinStatus,
     decode_ack, encode_ack,
@@ -575,6 +577,32 @@ fn control_open_pull_filtered() {
         01            #   rules: 1
         01 01 6b      #     include: true, pattern: 1 byte, \"k\"
         01            #   report_skipped: true
+        01 00 01 01 01 00   # streams 1, chunk 0, checksum, Auto, Authenticated, features 0
+        ",
+    );
+}
+
+#[test]
+fn control_open_rename() {
+    golden_control(
+        Control::Open(Open {
+            op: Op::Rename(Rename {
+                from: b"d/a".to_vec(),
+                to: b"b".to_vec(),
+            }),
+            streams: 1,
+            chunk_size: 0,
+            checksum: true,
+            direct_io: DirectIo::Auto,
+            protection: DataProtection::Authenticated,
+            features: 0,
+        }),
+        "
+        00 00 00 0e   # frame length: 14
+        04            # Control::Open (variant 4)
+        07            # op: Op::Rename (variant 7, appended)
+        03 64 2f 61   #   from: 3 bytes, \"d/a\"
+        01 62         #   to: 1 byte, \"b\"
         01 00 01 01 01 00   # streams 1, chunk 0, checksum, Auto, Authenticated, features 0
         ",
     );

@@ -202,6 +202,36 @@ pub fn dest_parent(base: &Base, dest: &[u8]) -> Result<Option<(OwnedFd, Vec<u8>)
     Ok(Some((fd, name)))
 }
 
+/// rename(2) of `from` (beneath `from_base`) to `to` (beneath `to_base`): both parents
+/// are opened as [`dest_parent`] opens a destination's (on an export: no `..`, no
+/// absolute path, no symlink leading out), the last components are not followed, and
+/// the rename is one `renameat` between the two handles, so an existing `to` is
+/// replaced atomically (a directory only by a directory, and only when it is empty).
+/// An export's root cannot be renamed or replaced, and names starting with `.dmv.`
+/// (staging files and journals) are refused on either side.
+pub fn rename_beneath(from_base: &Base, from: &[u8], to_base: &Base, to: &[u8]) -> Result<()> {
+    let shown = format!("{} to {}", lossy(from), lossy(to));
+    let (Some((from_dir, from_name)), Some((to_dir, to_name))) =
+        (dest_parent(from_base, from)?, dest_parent(to_base, to)?)
+    else {
+        return Err(Error::refused(
+            ErrorCode::PermissionDenied,
+            format!("renaming {shown}: an export's root cannot be renamed or replaced"),
+        ));
+    };
+    if [&from_name, &to_name]
+        .iter()
+        .any(|n| n.starts_with(b".dmv."))
+    {
+        return Err(Error::refused(
+            ErrorCode::PermissionDenied,
+            format!("renaming {shown}: names starting with .dmv. are dmover's own"),
+        ));
+    }
+    rustix::fs::renameat(&from_dir, from_name.as_slice(), &to_dir, to_name.as_slice())
+        .map_err(|e| Error::io("renaming", shown, io::Error::from(e)))
+}
+
 /// Decides where each root of an incoming manifest goes, with `cp -r` semantics:
 /// into `dest` when it is an existing directory; as `dest` itself when it does not
 /// exist (one root only) or is a file being replaced by a file.

@@ -455,10 +455,11 @@ pub struct MountArgs {
     /// Chunks asked for ahead of a sequential read.
     #[arg(long, default_value_t = 8, value_name = "N")]
     pub read_ahead: u64,
-    /// Read-write, whole files: new files are written locally and uploaded complete at
-    /// close (staging and rename on the server, as copies do; close reports a failed
-    /// upload); mkdir works; rewriting existing files, unlink and rename fail with
-    /// EOPNOTSUPP (docs/remote.md).
+    /// Read-write, whole files: files created or rewritten are written locally and
+    /// uploaded complete at close (staging and rename on the server, as copies do;
+    /// close reports a failed upload; an existing file opened without O_TRUNC is
+    /// fetched first, up to 256 MiB); mkdir, unlink, rmdir, rename and truncate work on
+    /// the server (errno table: docs/remote.md).
     #[arg(long)]
     pub rw: bool,
     #[command(flatten)]

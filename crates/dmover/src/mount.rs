@@ -12,6 +12,13 @@
 //! Every FUSE request that needs the network is answered from a task on the tokio
 //! runtime, never on the FUSE thread, and within `--timeout`: a dead or silent server
 //! gives EIO, never a hung process.
+//!
+//! With `--rw` a file is written whole: a file created, or an existing one opened for
+//! writing (empty with `O_TRUNC`, else fetched first, up to [`REWRITE_CAP`]), lives in a
+//! local staging file and is pushed at close (staging + rename on the server, so a
+//! partial file never shows under its name). unlink, rmdir and rename change the
+//! server at once ([`Client::remove_entry`], [`Client::rename_remote`]) and drop the
+//! snapshot, so the next lookup sees the change.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -24,7 +31,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
 use dmover_core::client::Client;
-use dmover_core::remote::{Remote, RemoteOptions};
+use dmover_core::remote::{Remote, RemoteOptions, StagedFile};
 use dmover_proto::manifest::{Entry, EntryKind};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
@@ -40,6 +47,11 @@ use crate::env::Env;
 /// The chunk size of a mount when `--chunk` says auto: small enough that a random
 /// read of a few KiB costs little more than a round trip.
 pub(crate) const MOUNT_CHUNK: u32 = 1 << 20;
+
+/// The largest existing file `--rw` rewrites when it is opened for writing without
+/// `O_TRUNC` (or truncated to a length other than 0): it is fetched whole into the
+/// staging file first. Larger ones: EFBIG (docs/remote.md).
+pub(crate) const REWRITE_CAP: u64 = 256 << 20;
 
 /// `dmover mount`.
 pub fn run(a: MountArgs, env: &Env) -> anyhow::Result<ExitCode> {
@@ -209,6 +221,10 @@ fn unmount_on_signal(
         .await;
         tokio::time::sleep(Duration::from_secs(3)).await;
         eprintln!("dmover: files were still open; exiting (the mount is detached)");
+        // `exit` runs no destructors: the staging directory goes here.
+        if let Some(d) = &inner.rw {
+            let _ = std::fs::remove_dir_all(d.path());
+        }
         std::process::exit(if open.is_empty() { 0 } else { 1 });
     });
 }
@@ -299,6 +315,22 @@ impl Inodes {
     fn path(&self, ino: u64) -> Option<Vec<u8>> {
         self.paths.get((ino as usize).checked_sub(1)?).cloned()
     }
+
+    /// After a rename: the inode numbers of `from` and of what is below it go with
+    /// them to `to` (the kernel keeps its inodes across a rename).
+    fn rename(&mut self, from: &[u8], to: &[u8]) {
+        for (i, p) in self.paths.iter_mut().enumerate() {
+            let below = p.len() > from.len() && p.starts_with(from) && p[from.len()] == b'/';
+            if p.as_slice() != from && !below {
+                continue;
+            }
+            let mut moved = to.to_vec();
+            moved.extend_from_slice(&p[from.len()..]);
+            self.by_path.remove(p.as_slice());
+            self.by_path.insert(moved.clone(), i as u64 + 1);
+            *p = moved;
+        }
+    }
 }
 
 /// A file created through the mount (`--rw`): written into a local staging file,
@@ -307,8 +339,8 @@ impl Inodes {
 struct Writer {
     path: Vec<u8>,
     ino: INodeNo,
-    file: std::fs::File,
-    staging: std::path::PathBuf,
+    /// The library's staged file (its staging file goes when the writer does).
+    file: StagedFile,
     /// Changed since the last upload (or never uploaded).
     dirty: std::sync::atomic::AtomicBool,
     /// One upload at a time.
@@ -430,7 +462,7 @@ impl Inner {
     /// The attributes of a file being written: its staging file's.
     fn writer_attr(&self, w: &Writer) -> Result<FileAttr, Errno> {
         use std::os::unix::fs::MetadataExt;
-        let m = w.file.metadata().map_err(Errno::from)?;
+        let m = w.file.file().metadata().map_err(Errno::from)?;
         let mtime = m.modified().unwrap_or(SystemTime::UNIX_EPOCH);
         Ok(FileAttr {
             ino: w.ino,
@@ -470,12 +502,30 @@ impl Inner {
     /// `dmover cp` does (staging and rename on the server), within the timeout; the
     /// next lookup takes a fresh snapshot.
     async fn upload(&self, src: &std::path::Path, path: &[u8]) -> Result<(), Errno> {
-        let run = dmover_core::engine::Run::new();
         let sources = [src.as_os_str().as_bytes().to_vec()];
         let dest = self.remote_path(path);
-        let push = self.client.push(&sources, &self.server, &dest, run.clone());
-        let r = match tokio::time::timeout(self.timeout, push).await {
-            Ok(r) => r.map(|_| ()).map_err(|e| e.to_string()),
+        self.pushed(path, |run| async move {
+            self.client
+                .push(&sources, &self.server, &dest, run)
+                .await
+                .map(|_| ())
+        })
+        .await
+    }
+
+    /// Runs the push `push` makes (given its run) within the timeout; the next lookup
+    /// takes a fresh snapshot.
+    async fn pushed<F>(
+        &self,
+        path: &[u8],
+        push: impl FnOnce(Arc<dmover_core::engine::Run>) -> F,
+    ) -> Result<(), Errno>
+    where
+        F: std::future::Future<Output = dmover_core::Result<()>>,
+    {
+        let run = dmover_core::engine::Run::new();
+        let r = match tokio::time::timeout(self.timeout, push(run.clone())).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
             Err(_) => {
                 run.fail(dmover_core::Error::Aborted);
                 Err(format!("no answer within {:?}", self.timeout))
@@ -491,17 +541,136 @@ impl Inner {
         })
     }
 
+    /// A new file being written at `path`: an empty local staging file with `mode`,
+    /// registered (with `opens` handles) so lookups and opens find it. `dirty`: upload
+    /// it at the next flush even if nothing is written (a create, a truncation).
+    fn new_writer(
+        &self,
+        path: &[u8],
+        mode: u32,
+        dirty: bool,
+        opens: u64,
+    ) -> Result<Arc<Writer>, Errno> {
+        let dir = self.rw.as_ref().ok_or(Errno::EROFS)?.path();
+        let file = StagedFile::create(dir, &self.server, &self.remote_path(path), mode)
+            .map_err(|e| errno_of(&e))?;
+        let w = Arc::new(Writer {
+            ino: self.ino(path),
+            path: path.to_vec(),
+            file,
+            dirty: std::sync::atomic::AtomicBool::new(dirty),
+            upload: tokio::sync::Mutex::new(()),
+            opens: AtomicU64::new(opens),
+        });
+        self.writers
+            .lock()
+            .unwrap()
+            .insert(path.to_vec(), w.clone());
+        Ok(w)
+    }
+
+    /// Waits (briefly) until no file is being written at `path`: a file closed and
+    /// uploaded is released right after its `close()` returns, so a `close` followed by
+    /// a rename or unlink of the name finds it on the server. A file with changes not
+    /// uploaded, or still open after 1 s: EBUSY (it is not on the server as it is).
+    async fn settled(&self, path: &[u8]) -> Result<(), Errno> {
+        let end = Instant::now() + Duration::from_secs(1);
+        while let Some(w) = self.writer_at(path) {
+            if w.dirty.load(Relaxed) || Instant::now() > end {
+                return Err(Errno::EBUSY);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
+    /// Forgets a writer no handle uses any more (its staging file goes with the last
+    /// reference).
+    fn drop_writer(&self, w: &Writer) {
+        self.writers.lock().unwrap().remove(&w.path);
+    }
+
+    /// An existing remote file, to be rewritten whole at `path`: a writer holding
+    /// `keep` bytes of it (0: none, as `O_TRUNC`), fetched through `snap`, with its mode
+    /// and (when nothing was cut) its mtime, so an unchanged file is not uploaded again.
+    /// Files larger than [`REWRITE_CAP`] that would need fetching: EFBIG.
+    async fn rewrite(
+        &self,
+        snap: &Snapshot,
+        entry: u32,
+        path: &[u8],
+        keep: Option<u64>,
+        opens: u64,
+    ) -> Result<Arc<Writer>, Errno> {
+        let e = snap.entry(entry);
+        let size = match e.kind {
+            EntryKind::File { size } => size,
+            EntryKind::Dir => return Err(Errno::EISDIR),
+            EntryKind::Symlink { .. } => return Err(Errno::ELOOP),
+        };
+        let keep = keep.unwrap_or(size);
+        let fetch = keep.min(size);
+        if fetch > REWRITE_CAP {
+            return Err(Errno::EFBIG);
+        }
+        let w = self.new_writer(path, e.mode, keep != size, opens)?;
+        let r = async {
+            if let Err(err) = w.file.fetch(&snap.remote, entry, fetch, self.timeout).await {
+                tracing::warn!(
+                    "fetching {} to rewrite it: {err}",
+                    String::from_utf8_lossy(path)
+                );
+                return Err(Errno::EIO);
+            }
+            let f = w.file.file();
+            f.set_len(keep).map_err(Errno::from)?;
+            if keep == size {
+                f.set_modified(system_time(e.mtime)).map_err(Errno::from)?;
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(err) = r {
+            self.drop_writer(&w);
+            return Err(err);
+        }
+        Ok(w)
+    }
+
     /// Uploads `w` if it changed since its last upload.
     async fn flush_writer(&self, w: &Writer) -> Result<(), Errno> {
         let _one = w.upload.lock().await;
         if !w.dirty.swap(false, Relaxed) {
             return Ok(());
         }
-        let r = self.upload(&w.staging, &w.path).await;
+        let r = self
+            .pushed(&w.path, |run| w.file.upload(&self.client, run))
+            .await;
         if r.is_err() {
             w.dirty.store(true, Relaxed);
         }
         r
+    }
+
+    /// Runs a change on the server within the timeout; whatever the outcome, the
+    /// snapshot is dropped, so the next lookup sees the server's tree as it is now.
+    async fn changed(
+        &self,
+        change: impl std::future::Future<Output = dmover_core::Result<()>>,
+    ) -> Result<(), Errno> {
+        let r = tokio::time::timeout(self.timeout, change).await;
+        self.tree.lock().await.snap = None;
+        match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                tracing::warn!("{e}");
+                Err(errno_of(&e))
+            }
+            Err(_) => {
+                tracing::warn!("a change got no answer within {:?}", self.timeout);
+                Err(Errno::EIO)
+            }
+        }
     }
 
     fn ino(&self, path: &[u8]) -> INodeNo {
@@ -559,12 +728,7 @@ impl Inner {
     }
 
     fn attr(&self, ino: INodeNo, e: &Entry) -> FileAttr {
-        let mtime = if e.mtime.sec >= 0 {
-            SystemTime::UNIX_EPOCH + Duration::new(e.mtime.sec as u64, e.mtime.nsec)
-        } else {
-            SystemTime::UNIX_EPOCH - Duration::from_secs(e.mtime.sec.unsigned_abs())
-                + Duration::from_nanos(e.mtime.nsec.into())
-        };
+        let mtime = system_time(e.mtime);
         let (kind, size, nlink) = match &e.kind {
             EntryKind::File { size } => (FileType::RegularFile, *size, 1),
             EntryKind::Dir => (FileType::Directory, 0, 2),
@@ -589,6 +753,68 @@ impl Inner {
             blksize: 128 << 10,
             flags: 0,
         }
+    }
+}
+
+/// rename(2)'s errors for `from` → `to` as the snapshot shows them (the server checks
+/// again, but its refusals carry no errno).
+fn check_rename(snap: &Snapshot, from: &[u8], to: &[u8], noreplace: bool) -> Result<(), Errno> {
+    let src = *snap.by_path.get(from).ok_or(Errno::ENOENT)?;
+    if from.is_empty() || to.is_empty() {
+        return Err(Errno::EBUSY);
+    }
+    let to_parent = *snap.by_path.get(parent_of(to)).ok_or(Errno::ENOENT)?;
+    if snap.entry(to_parent).kind != EntryKind::Dir {
+        return Err(Errno::ENOTDIR);
+    }
+    let src_dir = snap.entry(src).kind == EntryKind::Dir;
+    if src_dir && to.len() > from.len() && to.starts_with(from) && to[from.len()] == b'/' {
+        // Into itself.
+        return Err(Errno::EINVAL);
+    }
+    let Some(&dst) = snap.by_path.get(to) else {
+        return Ok(());
+    };
+    if noreplace && from != to {
+        return Err(Errno::EEXIST);
+    }
+    match (src_dir, snap.entry(dst).kind == EntryKind::Dir) {
+        (true, false) => Err(Errno::ENOTDIR),
+        (false, true) => Err(Errno::EISDIR),
+        (true, true) if from != to && !snap.remote.list(dst).is_empty() => Err(Errno::ENOTEMPTY),
+        _ => Ok(()),
+    }
+}
+
+/// The errno a failed change on the server gives: the file system's own when the
+/// error carries one, else by the class of the server's refusal.
+fn errno_of(e: &dmover_core::Error) -> Errno {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(n) = s
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.raw_os_error())
+        {
+            return Errno::from_i32(n);
+        }
+        source = s.source();
+    }
+    use dmover_proto::control::ErrorCode;
+    match e.code() {
+        ErrorCode::NotFound => Errno::ENOENT,
+        ErrorCode::ReadOnly => Errno::EROFS,
+        ErrorCode::PermissionDenied | ErrorCode::PathEscape | ErrorCode::Auth => Errno::EACCES,
+        ErrorCode::Unsupported => Errno::EOPNOTSUPP,
+        _ => Errno::EIO,
+    }
+}
+
+fn system_time(t: dmover_proto::manifest::Mtime) -> SystemTime {
+    if t.sec >= 0 {
+        SystemTime::UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        SystemTime::UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs())
+            + Duration::from_nanos(t.nsec.into())
     }
 }
 
@@ -630,6 +856,67 @@ impl Fs {
     }
 }
 
+impl Fs {
+    /// unlink (`dir` false) or rmdir of `name` in `parent`: checked against the
+    /// snapshot first (ENOENT, EISDIR, ENOTDIR, ENOTEMPTY), then deleted on the server
+    /// ([`Client::remove_entry`], which checks again there).
+    fn remove(&self, parent: INodeNo, name: &OsStr, dir: bool, reply: ReplyEmpty) {
+        if self.inner.rw.is_none() {
+            return reply.error(Errno::EROFS);
+        }
+        let name = name.as_bytes().to_vec();
+        self.spawn(|i| async move {
+            let r = async {
+                let path = join(&i.path_of(parent)?, &name);
+                i.settled(&path).await?;
+                let snap = i.snapshot().await?;
+                let entry = *snap.by_path.get(&path).ok_or(Errno::ENOENT)?;
+                match (&snap.entry(entry).kind, dir) {
+                    (EntryKind::Dir, false) => return Err(Errno::EISDIR),
+                    (EntryKind::Dir, true) => {
+                        if !snap.remote.list(entry).is_empty() {
+                            return Err(Errno::ENOTEMPTY);
+                        }
+                    }
+                    (_, true) => return Err(Errno::ENOTDIR),
+                    (_, false) => {}
+                }
+                let remote = i.remote_path(&path);
+                i.changed(i.client.remove_entry(&i.server, &remote, dir))
+                    .await
+            }
+            .await;
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+}
+
+impl Fs {
+    /// truncate(2) of an existing remote file not open for writing here: rewritten
+    /// whole at once, empty (`size` 0) or fetched and cut (as an open without
+    /// `O_TRUNC`), and uploaded before the reply.
+    fn truncate(&self, ino: INodeNo, size: u64, reply: ReplyAttr) {
+        self.spawn(|i| async move {
+            let r = async {
+                let path = i.path_of(ino)?;
+                let (snap, entry) = i.resolve(ino).await?;
+                let w = i.rewrite(&snap, entry, &path, Some(size), 0).await?;
+                let r = i.flush_writer(&w).await.and_then(|()| i.writer_attr(&w));
+                i.drop_writer(&w);
+                r
+            }
+            .await;
+            match r {
+                Ok(attr) => reply.attr(&i.ttl, &attr),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+}
+
 impl fuser::Filesystem for Fs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Larger kernel read-ahead, so a sequential read asks for more at once (the
@@ -638,6 +925,11 @@ impl fuser::Filesystem for Fs {
             let _ = config.set_max_readahead(max);
         }
         let _ = config.set_max_background(64);
+        if self.inner.rw.is_some() {
+            // open(O_TRUNC) arrives as one open with the flag (else as a truncation
+            // followed by an open, which would upload an empty file first).
+            let _ = config.add_capabilities(fuser::InitFlags::FUSE_ATOMIC_O_TRUNC);
+        }
         Ok(())
     }
 
@@ -703,13 +995,37 @@ impl fuser::Filesystem for Fs {
             return reply.opened(FileHandle(fh), FopenFlags::empty());
         }
         if flags.acc_mode() != OpenAccMode::O_RDONLY {
-            // Existing remote files are not rewritten in place (docs/remote.md).
-            let e = if self.inner.rw.is_some() {
-                Errno::EOPNOTSUPP
-            } else {
-                Errno::EROFS
-            };
-            return reply.error(e);
+            if self.inner.rw.is_none() {
+                return reply.error(Errno::EROFS);
+            }
+            // An existing remote file is rewritten whole: into a staging file (empty
+            // with O_TRUNC, else fetched first), uploaded at close (docs/remote.md).
+            let trunc = flags.0 & libc::O_TRUNC != 0;
+            return self.spawn(|i| async move {
+                let r = async {
+                    let path = i.path_of(ino)?;
+                    let (snap, entry) = i.resolve(ino).await?;
+                    if let Some(w) = i.writer_at(&path) {
+                        // Opened by another writer meanwhile.
+                        w.opens.fetch_add(1, Relaxed);
+                        if trunc {
+                            w.file.file().set_len(0).map_err(Errno::from)?;
+                            w.dirty.store(true, Relaxed);
+                        }
+                        return Ok(w);
+                    }
+                    i.rewrite(&snap, entry, &path, trunc.then_some(0), 1).await
+                }
+                .await;
+                match r {
+                    Ok(w) => {
+                        let fh = i.next_fh.fetch_add(1, Relaxed);
+                        i.writer_fhs().insert(fh, w);
+                        reply.opened(FileHandle(fh), FopenFlags::empty())
+                    }
+                    Err(e) => reply.error(e),
+                }
+            });
         }
         self.spawn(|i| async move {
             match i.resolve(ino).await {
@@ -742,7 +1058,7 @@ impl fuser::Filesystem for Fs {
             let mut buf = vec![0; size as usize];
             let mut n = 0;
             while n < buf.len() {
-                match w.file.read_at(&mut buf[n..], offset + n as u64) {
+                match w.file.file().read_at(&mut buf[n..], offset + n as u64) {
                     Ok(0) => break,
                     Ok(k) => n += k,
                     Err(e) => return reply.error(e.into()),
@@ -795,8 +1111,7 @@ impl fuser::Filesystem for Fs {
         // server's copy is what lookups see from now on).
         self.spawn(|i| async move {
             let r = i.flush_writer(&w).await;
-            i.writers.lock().unwrap().remove(&w.path);
-            let _ = std::fs::remove_file(&w.staging);
+            i.drop_writer(&w);
             match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(e),
@@ -814,9 +1129,9 @@ impl fuser::Filesystem for Fs {
         _flags: i32,
         reply: fuser::ReplyCreate,
     ) {
-        let Some(dir) = self.inner.rw.as_ref().map(|d| d.path().to_path_buf()) else {
+        if self.inner.rw.is_none() {
             return reply.error(Errno::EROFS);
-        };
+        }
         let name = name.as_bytes().to_vec();
         self.spawn(|i| async move {
             let r = async {
@@ -824,25 +1139,7 @@ impl fuser::Filesystem for Fs {
                 if i.writer_at(&path).is_some() {
                     return Err(Errno::EEXIST);
                 }
-                let (file, staging) = tempfile::Builder::new()
-                    .prefix(".new-")
-                    .tempfile_in(&dir)
-                    .map_err(Errno::from)?
-                    .keep()
-                    .map_err(|e| Errno::from(e.error))?;
-                use std::os::unix::fs::PermissionsExt;
-                let perm = std::fs::Permissions::from_mode(mode & !umask & 0o7777);
-                file.set_permissions(perm).map_err(Errno::from)?;
-                let w = Arc::new(Writer {
-                    ino: i.ino(&path),
-                    path: path.clone(),
-                    file,
-                    staging,
-                    dirty: std::sync::atomic::AtomicBool::new(true),
-                    upload: tokio::sync::Mutex::new(()),
-                    opens: AtomicU64::new(1),
-                });
-                i.writers.lock().unwrap().insert(path, w.clone());
+                let w = i.new_writer(&path, mode & !umask, true, 1)?;
                 let fh = i.next_fh.fetch_add(1, Relaxed);
                 i.writer_fhs().insert(fh, w.clone());
                 Ok((i.writer_attr(&w)?, FileHandle(fh)))
@@ -872,7 +1169,7 @@ impl fuser::Filesystem for Fs {
         let Some(w) = self.inner.writer_fh(fh) else {
             return reply.error(self.inner.unsupported());
         };
-        match w.file.write_all_at(data, offset) {
+        match w.file.file().write_all_at(data, offset) {
             Ok(()) => {
                 w.dirty.store(true, Relaxed);
                 reply.written(data.len() as u32)
@@ -901,22 +1198,28 @@ impl fuser::Filesystem for Fs {
     ) {
         // Only files being written change (size, mode, mtime travel with the upload).
         let Some(w) = self.inner.writer_of(ino) else {
-            return reply.error(self.inner.unsupported());
+            return match (size, mode, uid, gid, mtime) {
+                (Some(size), None, None, None, None) if self.inner.rw.is_some() => {
+                    self.truncate(ino, size, reply)
+                }
+                _ => reply.error(self.inner.unsupported()),
+            };
         };
         if uid.is_some_and(|u| u != self.inner.uid) || gid.is_some_and(|g| g != self.inner.gid) {
             return reply.error(Errno::EOPNOTSUPP);
         }
         let r = (|| {
             if let Some(size) = size {
-                w.file.set_len(size)?;
+                w.file.file().set_len(size)?;
             }
             if let Some(mode) = mode {
                 use std::os::unix::fs::PermissionsExt;
                 w.file
+                    .file()
                     .set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))?;
             }
             if let Some(t) = mtime {
-                w.file.set_modified(match t {
+                w.file.file().set_modified(match t {
                     fuser::TimeOrNow::SpecificTime(t) => t,
                     fuser::TimeOrNow::Now => SystemTime::now(),
                 })?;
@@ -976,25 +1279,56 @@ impl fuser::Filesystem for Fs {
         });
     }
 
-    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(self.inner.unsupported());
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.remove(parent, name, false, reply);
     }
 
-    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(self.inner.unsupported());
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.remove(parent, name, true, reply);
     }
 
     fn rename(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _newparent: INodeNo,
-        _newname: &OsStr,
-        _flags: fuser::RenameFlags,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        reply.error(self.inner.unsupported());
+        if self.inner.rw.is_none() {
+            return reply.error(Errno::EROFS);
+        }
+        let noreplace = flags.contains(fuser::RenameFlags::RENAME_NOREPLACE);
+        if !(flags - fuser::RenameFlags::RENAME_NOREPLACE).is_empty() {
+            // RENAME_EXCHANGE, RENAME_WHITEOUT: not offered.
+            return reply.error(Errno::EINVAL);
+        }
+        let (name, newname) = (name.as_bytes().to_vec(), newname.as_bytes().to_vec());
+        self.spawn(|i| async move {
+            let r = async {
+                let from = join(&i.path_of(parent)?, &name);
+                let to = join(&i.path_of(newparent)?, &newname);
+                i.settled(&from).await?;
+                i.settled(&to).await?;
+                let snap = i.snapshot().await?;
+                check_rename(&snap, &from, &to, noreplace)?;
+                if from == to {
+                    return Ok(());
+                }
+                let (rfrom, rto) = (i.remote_path(&from), i.remote_path(&to));
+                i.changed(i.client.rename_remote(&i.server, &rfrom, &rto))
+                    .await?;
+                i.inodes.lock().unwrap().rename(&from, &to);
+                Ok(())
+            }
+            .await;
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            }
+        });
     }
 
     fn symlink(
