@@ -1231,7 +1231,8 @@ impl Client {
     /// mirror is `dir`, the manifest its root alone, the filters include `/name` (and
     /// what is below it) and exclude everything else, and at most `max_delete`
     /// entries go. `dry_run`: only checks that the server would let this client delete
-    /// there (a writable export, write rights, `dir` below an export's root). After a
+    /// there (a writable export, write rights). `dir` may be an export's root (the
+    /// server prunes one only for rules that name entries, as these do). After a
     /// deletion the server gives `dir` the mtime `dir_mtime` (as a sync's mirror gets
     /// its source's): pass the one it had. For `dmover tune`'s test files.
     pub async fn remove_remote(
@@ -1355,8 +1356,8 @@ impl Client {
     /// [`Client::remove_remote`] in its parent: a dry run must list exactly that entry,
     /// else nothing is deleted (missing: [`ErrorCode::NotFound`]; EISDIR, ENOTDIR or
     /// ENOTEMPTY as an I/O error), then the prune deletes at most that one entry. The
-    /// parent gets the current time as its mtime, as unlink gives it. The parent cannot
-    /// be an export's root (the server refuses a prune there), and the name cannot hold
+    /// parent gets the current time as its mtime, as unlink gives it. The parent may be
+    /// an export's root; the name cannot hold
     /// a pattern's characters (`*?[]\`, [`ErrorCode::Unsupported`]). For
     /// `dmover mount --rw` (docs/remote.md).
     pub async fn remove_entry(&self, server: &str, path: &[u8], dir: bool) -> Result<()> {

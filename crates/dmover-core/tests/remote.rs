@@ -542,9 +542,16 @@ async fn remove_entry_removes_one_entry_as_unlink_and_rmdir() {
     assert!(tree.join("sub/c").exists() && tree.join("b").exists());
     c.remove_entry(&s.addr, b"tree/e", true).await.unwrap();
     assert!(!tree.join("e").exists());
-    // The export's root is no prune's mirror: its own entries cannot go this way.
-    assert!(c.remove_entry(&s.addr, b"tree", true).await.is_err());
-    assert!(tree.exists());
+    // Entries directly in the export's root: one named entry goes, nothing else.
+    let root = s.t.path().join("root");
+    std::fs::write(root.join("top"), b"x").unwrap();
+    std::fs::create_dir(root.join("empty")).unwrap();
+    let e = c.remove_entry(&s.addr, b"tree", true).await.unwrap_err();
+    assert_eq!(errno(e), Some(libc::ENOTEMPTY));
+    c.remove_entry(&s.addr, b"top", false).await.unwrap();
+    c.remove_entry(&s.addr, b"empty", true).await.unwrap();
+    assert!(!root.join("top").exists() && !root.join("empty").exists());
+    assert!(tree.join("b").exists() && tree.join("sub/c").exists());
 }
 
 /// `StagedFile`: written at any offsets, uploaded whole (and again after more writes,

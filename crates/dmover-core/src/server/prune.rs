@@ -2,7 +2,7 @@
 //! docs/sync.md): the client sends its source's manifest; the server deletes what the
 //! mirror holds that the manifest does not list, or in a dry run only reports it.
 
-use dmover_proto::control::Prune;
+use dmover_proto::control::{FilterRule, Prune};
 use dmover_proto::manifest::{self, Entry, Validator};
 
 use super::*;
@@ -43,14 +43,23 @@ impl Server {
             conflicts_only: req.conflicts_only,
             checksum: req.checksum,
         };
+        let named_only = names_only(&req.rules);
         let pruned = self
             .disk
             .run(move || {
                 let Some((parent, name)) = paths::dest_parent(&base, &rest)? else {
-                    return Err(dmover_store::Error::refused(
-                        ErrorCode::PermissionDenied,
-                        "sync: the mirror cannot be an export's root",
-                    ));
+                    // An export's root is no mirror; but one named entry in it may be
+                    // deleted (unlink and rmdir through a mount).
+                    if !named_only {
+                        return Err(dmover_store::Error::refused(
+                            ErrorCode::PermissionDenied,
+                            "sync: the mirror cannot be an export's root",
+                        ));
+                    }
+                    let root = base
+                        .open_dir(b"")
+                        .map_err(|e| dmover_store::Error::io("opening", "the export", e))?;
+                    return dmover_store::prune::prune(&root, b".", &entries, &opts);
                 };
                 dmover_store::prune::prune(&parent, &name, &entries, &opts)
             })
@@ -111,6 +120,61 @@ impl Server {
                 }
                 other => return Err(session::unexpected(&peer, other, "Manifest")),
             }
+        }
+    }
+}
+
+/// Whether `rules` protect everything but entries they name in the mirror itself:
+/// includes of `/NAME` or `/NAME/***` (a plain name), then an exclude of `*` — what
+/// [`crate::client::Client::remove_remote`] sends. Only such a prune may run on an
+/// export's root: it cannot delete anything the client did not name.
+fn names_only(rules: &[FilterRule]) -> bool {
+    let Some((last, named)) = rules.split_last() else {
+        return false;
+    };
+    let plain = |p: &[u8]| {
+        let p = p.strip_suffix(b"/***").unwrap_or(p);
+        p.strip_prefix(b"/").is_some_and(|n| {
+            !n.is_empty()
+                && n != b"."
+                && n != b".."
+                && !n.iter().any(|b| b"/*?[]\\".contains(b))
+        })
+    };
+    !last.include
+        && last.pattern == b"*"
+        && !named.is_empty()
+        && named.iter().all(|r| r.include && plain(&r.pattern))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(include: bool, p: &str) -> FilterRule {
+        FilterRule {
+            include,
+            pattern: p.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn only_named_entries_may_be_pruned_at_an_export_root() {
+        let named = [rule(true, "/a"), rule(true, "/a/***"), rule(false, "*")];
+        assert!(names_only(&named));
+        for bad in [
+            vec![],
+            vec![rule(false, "*")],
+            vec![rule(true, "/a")],
+            vec![rule(true, "/a"), rule(false, "*.c")],
+            vec![rule(true, "a"), rule(false, "*")],
+            vec![rule(true, "/*"), rule(false, "*")],
+            vec![rule(true, "/a/b"), rule(false, "*")],
+            vec![rule(true, "/.."), rule(false, "*")],
+            vec![rule(true, "/a/**"), rule(false, "*")],
+            vec![rule(false, "/a"), rule(false, "*")],
+        ] {
+            assert!(!names_only(&bad), "{bad:?}");
         }
     }
 }
