@@ -284,8 +284,8 @@ pub fn run(a: RemoteBenchArgs, env: &Env) -> anyhow::Result<()> {
     }
     if a.via == Via::Api && a.mix != Mix::Read {
         return Err(usage(
-            "writes go through a mount only (--via mount or dir): the library API has no \
-             write path for new files yet",
+            "writes go through a mount only (--via mount or dir): the library's writer \
+             (remote::StagedFile) uploads whole files at close, not measured here yet",
         ));
     }
     if (a.via == Via::Dir) != a.dir.is_some() {
