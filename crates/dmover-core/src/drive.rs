@@ -369,6 +369,12 @@ pub trait SinkStore: Sink + Sized + 'static {
     fn held_bytes(&self) -> u64 {
         0
     }
+
+    /// Names the files that may have holes (the source's list, entry indices): file
+    /// storage keeps them sparse; by default nothing changes.
+    fn set_sparse(&mut self, entries: Vec<u32>) {
+        let _ = entries;
+    }
 }
 
 impl SinkStore for FileSink {
@@ -386,6 +392,10 @@ impl SinkStore for FileSink {
 
     fn held_bytes(&self) -> u64 {
         FileSink::held_bytes(self)
+    }
+
+    fn set_sparse(&mut self, entries: Vec<u32>) {
+        FileSink::set_sparse(self, entries)
     }
 }
 
@@ -1321,6 +1331,8 @@ where
     let mut prepare = Some(prepare);
     let mut options = options;
     let mut prep: Option<(K, Held)> = None;
+    // Files the source listed as sparse (before its manifest), for the storage.
+    let mut sparse: Vec<u32> = Vec::new();
     let mut live: Option<(Arc<K>, Arc<dyn Sink>, Pool)> = None;
     let mut waiting: Vec<(u16, DataStream<J::Link>)> = Vec::new();
     let mut tasks: HashMap<u16, Task<u64>> = HashMap::new();
@@ -1352,6 +1364,7 @@ where
                 match ev {
                     SinkEvent::Opened(info) => joins.opened(&info),
                     SinkEvent::Options(o) => options = Some(o),
+                    SinkEvent::Sparse(list) => sparse = list,
                     SinkEvent::Manifest(entries) => {
                         let (Some(f), Some(info)) = (prepare.take(), m.info()) else {
                             continue;
@@ -1370,8 +1383,12 @@ where
                             heartbeat_ms: 0,
                         });
                         let (chunk, tx) = (info.chunk_size, tx.clone());
+                        let sparse = std::mem::take(&mut sparse);
                         env.disk.spawn(move || {
-                            let r = f(entries, chunk, &o).map(|k| {
+                            let r = f(entries, chunk, &o).map(|mut k| {
+                                if !sparse.is_empty() {
+                                    k.set_sparse(sparse);
+                                }
                                 let held = if o.resume {
                                     k.held()
                                 } else {

@@ -1053,6 +1053,25 @@ fn control_growth_and_requests() {
 }
 
 #[test]
+fn control_sparse() {
+    // Feature LINKS (bit 16): the files with holes, before ManifestEnd. Written as the
+    // variant after Tuned (25 on this branch); 26 once merged behind the variant 25
+    // taken elsewhere, and this dump's tag byte with it (0x1a).
+    golden_control(
+        Control::Sparse(dmover_proto::control::SparseFiles {
+            entries: vec![3, 200],
+        }),
+        "
+        00 00 00 05   # frame length: 5
+        19            # Control::Sparse (variant 25 here, 26 merged)
+        02            # entries: 2
+        03            # entry 3
+        c8 01         # entry 200 (varint)
+        ",
+    );
+}
+
+#[test]
 fn error_code_tags() {
     // Every ErrorCode's variant index; a client maps these to exit codes.
     let codes = [
