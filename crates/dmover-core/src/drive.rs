@@ -926,6 +926,8 @@ where
                         tx.clone(),
                         env.run.progress.clone(),
                         env.zerocopy.clone(),
+                        // The sink knows the sparse files only under LINKS.
+                        m.uses(features::LINKS),
                     ));
                     tasks.insert(i, Task { tx: ttx, abort: h.abort_handle() });
                     m.stream_joined(now(), i);
@@ -1084,6 +1086,7 @@ fn spawn_read<K>(
                         ChunkMeta {
                             crc: r.crc,
                             trailer,
+                            zeros: r.zeros,
                         },
                     )
                 })
@@ -1107,6 +1110,7 @@ async fn source_stream<L: DataLink, K>(
     tx: mpsc::UnboundedSender<SrcIn<K>>,
     progress: Arc<Progress>,
     zerocopy: Option<Arc<ZeroCopyUse>>,
+    zero_frames: bool,
 ) {
     let peer = s.peer;
     let (mut out, mut acks) = s.io.into_source();
@@ -1127,11 +1131,13 @@ async fn source_stream<L: DataLink, K>(
                     meta,
                     segments,
                 } => {
+                    let zeros = meta.zeros && zero_frames;
                     let frame = ChunkFrame {
                         chunk,
                         crc: meta.crc,
                         trailer: &meta.trailer,
-                        segments: &segments,
+                        segments: if zeros { &[] } else { &segments },
+                        zeros,
                     };
                     let payload = frame.payload_len() as u64;
                     // The transport may seal the chunk's records in its buffer and
@@ -1764,7 +1770,7 @@ async fn sink_stream<L: DataLink, K>(
             )));
         }
         let expected = layout.wire_len(k);
-        if u64::from(h.payload_len) != expected {
+        if !h.zeros && u64::from(h.payload_len) != expected {
             return Err(fatal(format!(
                 "chunk {k} has {} bytes, the layout says {expected}",
                 h.payload_len
@@ -1777,18 +1783,29 @@ async fn sink_stream<L: DataLink, K>(
                 h.n_digests
             )));
         }
+        if h.zeros && !sink.sparse_chunk(k) {
+            return Err(fatal(format!(
+                "chunk {k} sent as zeros holds a file not listed as sparse"
+            )));
+        }
         let mut trailer = vec![0u8; h.n_digests as usize * DIGEST_LEN];
         s.io.recv_into(&mut trailer).await.map_err(lost)?;
         let mut buf = pool.get().await;
         layout.segments(k, &mut segments);
         for &(off, len) in &segments {
+            if h.zeros {
+                buf[off..off + len].fill(0);
+                continue;
+            }
             // Sealed records are opened straight into the pool buffer.
             s.io.recv_into(&mut buf[off..off + len])
                 .await
                 .map_err(lost)?;
         }
-        progress.bytes.fetch_add(expected, Relaxed);
-        progress.stream_bytes.add(i, expected);
+        // Bytes that crossed the stream (none for a zeros frame).
+        let wire = if h.zeros { 0 } else { expected };
+        progress.bytes.fetch_add(wire, Relaxed);
+        progress.stream_bytes.add(i, wire);
         progress.chunks.fetch_add(1, Relaxed);
         progress.data_flowing();
         let _ = tx.send(SinkIn::Arrived {
@@ -2246,6 +2263,7 @@ mod tests {
                 Ok(dmover_store::ChunkRead {
                     crc: sent.crc,
                     n_digests: honest.n_digests,
+                    zeros: false,
                 })
             }
             fn reread_chunk(

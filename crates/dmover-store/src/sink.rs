@@ -729,6 +729,14 @@ impl Sink for FileSink {
         Box::new(self.skips.chunks(&self.layout))
     }
 
+    fn sparse_chunk(&self, k: u64) -> bool {
+        !self.tree.sparse().is_empty()
+            && self.layout.pieces(k).all(|p| {
+                self.tree
+                    .is_sparse(self.layout.files()[p.file as usize].entry)
+            })
+    }
+
     fn write_chunk(&self, k: u64, buf: &[u8], trailer: &[u8], crc: Option<u32>) -> Result<()> {
         if self.opts.checksum {
             let Some(want) = crc else {

@@ -273,6 +273,16 @@ impl FileSource {
         !sys::has_data(extents, offset, offset + len)
     }
 
+    /// Whether piece `p`, just read, lay wholly in a hole of a sparse file (its extents
+    /// are known by then).
+    fn known_hole(&self, p: &Piece) -> bool {
+        let slot = self.layout.files()[p.file as usize];
+        self.extents
+            .get(&slot.entry)
+            .and_then(|c| c.get())
+            .is_some_and(|ext| !sys::has_data(ext, p.file_offset, p.file_offset + p.len as u64))
+    }
+
     /// Reads a piece's bytes (direct I/O where it pays).
     fn read_data(
         &self,
@@ -347,8 +357,10 @@ impl Source for FileSource {
         trailer.clear();
         let mut n_digests = 0;
         let mut crc = 0u32;
+        let mut zeros = !self.extents.is_empty();
         for p in self.layout.pieces(k) {
             let ok = self.read_or_fail(&p, buf)?;
+            zeros = zeros && ok && self.known_hole(&p);
             let data = &buf[p.buf_offset..p.buf_offset + p.len];
             if self.opts.checksum {
                 // The wire payload is the pieces back to back, so a running CRC over
@@ -373,6 +385,7 @@ impl Source for FileSource {
         Ok(ChunkRead {
             crc: self.opts.checksum.then_some(crc),
             n_digests,
+            zeros,
         })
     }
 

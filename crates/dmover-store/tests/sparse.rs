@@ -78,10 +78,26 @@ fn copy(direct: DirectIo, tell_sink: bool) -> (tempfile::TempDir, u64) {
     let off = raw.as_ptr().align_offset(4096);
     let buf = &mut raw[off..off + CHUNK as usize];
     let mut trailer = Vec::new();
+    let mut zero_chunks = 0;
     for k in source.chunks() {
         let read = source.read_chunk(k, buf, &mut trailer).unwrap();
+        // A chunk read as zeros lies in holes of a listed file: the sink told of the
+        // list takes it as a zeros frame, one not told refuses that.
+        if read.zeros {
+            zero_chunks += 1;
+            assert!(buf.iter().all(|&b| b == 0));
+        }
+        assert!(
+            !read.zeros || sink.sparse_chunk(k) == tell_sink,
+            "chunk {k}"
+        );
+        if !tell_sink {
+            assert!(!sink.sparse_chunk(k));
+        }
         sink.write_chunk(k, buf, &trailer, read.crc).unwrap();
     }
+    // 16 chunks of 1 MiB, data in chunks 2, 5 and 6: 13 of holes; the dense file none.
+    assert_eq!(zero_chunks, 13);
     let summary = sink.finish().unwrap();
     assert!(summary.verified);
     drop(sink);

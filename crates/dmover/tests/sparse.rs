@@ -1,6 +1,7 @@
 //! Sparse files, end to end: the real binary against a real server on loopback. A file
 //! with holes arrives with its holes (the copy allocates about its data, not its size),
-//! pushed and pulled, direct and buffered; a file without holes is written whole.
+//! pushed and pulled, direct and buffered, and its chunks that lie wholly in holes
+//! cross as zeros frames without payload; a file without holes is written whole.
 
 mod common;
 
@@ -66,10 +67,15 @@ fn holes_survive_push_and_pull() {
     let srv = Server::start(&root, &[]);
 
     // Pushed (direct writes at the server, the default for large files).
-    let o = cp(&["--json", s(&src), &srv.url("pushed")]);
+    let o = cp(&["--json", "--chunk", "4M", s(&src), &srv.url("pushed")]);
     ok(&o);
     assert_sparse(&src, &root.join("pushed"), data);
-    assert_eq!(json(&o)["bytes"], SIZE + (3 << 20), "{}", json(&o));
+    let j = json(&o);
+    assert_eq!(j["bytes"], SIZE + (3 << 20), "{j}");
+    // Chunks wholly in holes go as zeros frames without payload: only the file's
+    // 4 MiB chunks holding data (three) and the dense file carry bytes.
+    let sent = j["bytes_sent"].as_u64().unwrap();
+    assert!(sent <= 5 * 4 * MIB + (3 << 20), "{j}");
 
     // Pushed with buffered writes, in 1 MiB chunks.
     let o = cp(&[
@@ -84,7 +90,11 @@ fn holes_survive_push_and_pull() {
 
     // Pulled back.
     let pulled = t.path().join("pulled");
-    ok(&cp(&["--json", &srv.url("pushed"), s(&pulled)]));
+    let o = cp(&["--json", "--chunk", "4M", &srv.url("pushed"), s(&pulled)]);
+    ok(&o);
     assert_sparse(&src, &pulled, data);
+    let j = json(&o);
+    let sent = j["bytes_sent"].as_u64().unwrap();
+    assert!(sent <= 5 * 4 * MIB + (3 << 20), "{j}");
     assert!(staging_files(&pulled).is_empty());
 }

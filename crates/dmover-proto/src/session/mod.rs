@@ -263,6 +263,9 @@ pub struct ChunkMeta {
     pub crc: Option<u32>,
     /// The digest entries that follow the frame header ([`crate::data::DigestEntry`]).
     pub trailer: Vec<u8>,
+    /// The chunk lies wholly in holes of sparse files: it may go as a zeros frame
+    /// ([`crate::data::FLAG_ZEROS`]) in a session using [`features::LINKS`].
+    pub zeros: bool,
 }
 
 /// What a driver's error type tells the machines.
