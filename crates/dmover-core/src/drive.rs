@@ -1140,6 +1140,10 @@ async fn source_stream<L: DataLink, K>(
                         zeros,
                     };
                     let payload = frame.payload_len() as u64;
+                    if zeros {
+                        let len: usize = segments.iter().map(|s| s.1).sum();
+                        progress.holes.fetch_add(len as u64, Relaxed);
+                    }
                     // The transport may seal the chunk's records in its buffer and
                     // write them from there; the buffer is not used after this.
                     out.send_chunk(frame, &mut buf)
@@ -1803,7 +1807,12 @@ async fn sink_stream<L: DataLink, K>(
                 .map_err(lost)?;
         }
         // Bytes that crossed the stream (none for a zeros frame).
-        let wire = if h.zeros { 0 } else { expected };
+        let wire = if h.zeros {
+            progress.holes.fetch_add(expected, Relaxed);
+            0
+        } else {
+            expected
+        };
         progress.bytes.fetch_add(wire, Relaxed);
         progress.stream_bytes.add(i, wire);
         progress.chunks.fetch_add(1, Relaxed);
