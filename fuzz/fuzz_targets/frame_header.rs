@@ -31,8 +31,11 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(h.encode()[..], frame[..HEADER_LEN], "not canonical");
     assert!(h.payload_len <= limits.max_payload && h.n_digests <= limits.max_digests);
     match h.kind {
-        FrameKind::End => assert!(h.payload_len == 0 && h.n_digests == 0 && h.crc.is_none()),
-        FrameKind::Chunk => assert!(h.payload_len > 0),
+        FrameKind::End => {
+            assert!(h.payload_len == 0 && h.n_digests == 0 && h.crc.is_none() && !h.zeros)
+        }
+        // A zeros frame (feature LINKS) carries no payload; any other chunk does.
+        FrameKind::Chunk => assert!((h.payload_len > 0) != h.zeros),
     }
 
     // The trailer, as much of it as arrived.

@@ -1643,10 +1643,14 @@ impl Client {
         // must not skip them, so the session does not resume (a retry sends the
         // reduced manifest again whole).
         let resume = resume && !compare;
+        let open_features = open.features;
         let d = conn.dial(open, self.opts.session_options(resume));
         let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
         let mut m = SourceSession::dial(now(), server, timing, d);
         m.push_manifest(source.tree().entries());
+        if open_features & dmover_proto::session::features::LINKS != 0 {
+            m.sparse_files(source.tree().sparse());
+        }
         m.end_manifest(totals, drive::chunk_set(source.chunks()));
         let (fixed, threads) = (self.opts.buffers, self.disk.threads());
         let deep = session::mostly_aligned(source.tree().entries());

@@ -369,6 +369,12 @@ pub trait SinkStore: Sink + Sized + 'static {
     fn held_bytes(&self) -> u64 {
         0
     }
+
+    /// Names the files that may have holes (the source's list, entry indices): file
+    /// storage keeps them sparse; by default nothing changes.
+    fn set_sparse(&mut self, entries: Vec<u32>) {
+        let _ = entries;
+    }
 }
 
 impl SinkStore for FileSink {
@@ -386,6 +392,10 @@ impl SinkStore for FileSink {
 
     fn held_bytes(&self) -> u64 {
         FileSink::held_bytes(self)
+    }
+
+    fn set_sparse(&mut self, entries: Vec<u32>) {
+        FileSink::set_sparse(self, entries)
     }
 }
 
@@ -916,6 +926,8 @@ where
                         tx.clone(),
                         env.run.progress.clone(),
                         env.zerocopy.clone(),
+                        // The sink knows the sparse files only under LINKS.
+                        m.uses(features::LINKS),
                     ));
                     tasks.insert(i, Task { tx: ttx, abort: h.abort_handle() });
                     m.stream_joined(now(), i);
@@ -1074,6 +1086,7 @@ fn spawn_read<K>(
                         ChunkMeta {
                             crc: r.crc,
                             trailer,
+                            zeros: r.zeros,
                         },
                     )
                 })
@@ -1097,6 +1110,7 @@ async fn source_stream<L: DataLink, K>(
     tx: mpsc::UnboundedSender<SrcIn<K>>,
     progress: Arc<Progress>,
     zerocopy: Option<Arc<ZeroCopyUse>>,
+    zero_frames: bool,
 ) {
     let peer = s.peer;
     let (mut out, mut acks) = s.io.into_source();
@@ -1117,13 +1131,19 @@ async fn source_stream<L: DataLink, K>(
                     meta,
                     segments,
                 } => {
+                    let zeros = meta.zeros && zero_frames;
                     let frame = ChunkFrame {
                         chunk,
                         crc: meta.crc,
                         trailer: &meta.trailer,
-                        segments: &segments,
+                        segments: if zeros { &[] } else { &segments },
+                        zeros,
                     };
                     let payload = frame.payload_len() as u64;
+                    if zeros {
+                        let len: usize = segments.iter().map(|s| s.1).sum();
+                        progress.holes.fetch_add(len as u64, Relaxed);
+                    }
                     // The transport may seal the chunk's records in its buffer and
                     // write them from there; the buffer is not used after this.
                     out.send_chunk(frame, &mut buf)
@@ -1321,6 +1341,8 @@ where
     let mut prepare = Some(prepare);
     let mut options = options;
     let mut prep: Option<(K, Held)> = None;
+    // Files the source listed as sparse (before its manifest), for the storage.
+    let mut sparse: Vec<u32> = Vec::new();
     let mut live: Option<(Arc<K>, Arc<dyn Sink>, Pool)> = None;
     let mut waiting: Vec<(u16, DataStream<J::Link>)> = Vec::new();
     let mut tasks: HashMap<u16, Task<u64>> = HashMap::new();
@@ -1352,6 +1374,7 @@ where
                 match ev {
                     SinkEvent::Opened(info) => joins.opened(&info),
                     SinkEvent::Options(o) => options = Some(o),
+                    SinkEvent::Sparse(list) => sparse = list,
                     SinkEvent::Manifest(entries) => {
                         let (Some(f), Some(info)) = (prepare.take(), m.info()) else {
                             continue;
@@ -1370,8 +1393,12 @@ where
                             heartbeat_ms: 0,
                         });
                         let (chunk, tx) = (info.chunk_size, tx.clone());
+                        let sparse = std::mem::take(&mut sparse);
                         env.disk.spawn(move || {
-                            let r = f(entries, chunk, &o).map(|k| {
+                            let r = f(entries, chunk, &o).map(|mut k| {
+                                if !sparse.is_empty() {
+                                    k.set_sparse(sparse);
+                                }
                                 let held = if o.resume {
                                     k.held()
                                 } else {
@@ -1747,7 +1774,7 @@ async fn sink_stream<L: DataLink, K>(
             )));
         }
         let expected = layout.wire_len(k);
-        if u64::from(h.payload_len) != expected {
+        if !h.zeros && u64::from(h.payload_len) != expected {
             return Err(fatal(format!(
                 "chunk {k} has {} bytes, the layout says {expected}",
                 h.payload_len
@@ -1760,18 +1787,34 @@ async fn sink_stream<L: DataLink, K>(
                 h.n_digests
             )));
         }
+        if h.zeros && !sink.sparse_chunk(k) {
+            return Err(fatal(format!(
+                "chunk {k} sent as zeros holds a file not listed as sparse"
+            )));
+        }
         let mut trailer = vec![0u8; h.n_digests as usize * DIGEST_LEN];
         s.io.recv_into(&mut trailer).await.map_err(lost)?;
         let mut buf = pool.get().await;
         layout.segments(k, &mut segments);
         for &(off, len) in &segments {
+            if h.zeros {
+                buf[off..off + len].fill(0);
+                continue;
+            }
             // Sealed records are opened straight into the pool buffer.
             s.io.recv_into(&mut buf[off..off + len])
                 .await
                 .map_err(lost)?;
         }
-        progress.bytes.fetch_add(expected, Relaxed);
-        progress.stream_bytes.add(i, expected);
+        // Bytes that crossed the stream (none for a zeros frame).
+        let wire = if h.zeros {
+            progress.holes.fetch_add(expected, Relaxed);
+            0
+        } else {
+            expected
+        };
+        progress.bytes.fetch_add(wire, Relaxed);
+        progress.stream_bytes.add(i, wire);
         progress.chunks.fetch_add(1, Relaxed);
         progress.data_flowing();
         let _ = tx.send(SinkIn::Arrived {
@@ -2229,6 +2272,7 @@ mod tests {
                 Ok(dmover_store::ChunkRead {
                     crc: sent.crc,
                     n_digests: honest.n_digests,
+                    zeros: false,
                 })
             }
             fn reread_chunk(

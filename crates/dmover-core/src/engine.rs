@@ -22,6 +22,9 @@ pub struct Progress {
     pub bytes: AtomicU64,
     /// Chunks that crossed the data streams.
     pub chunks: AtomicU64,
+    /// Bytes of chunks that crossed as zeros frames (holes of sparse files: in the
+    /// total, not in `bytes`), so a progress bar reaches its end.
+    pub holes: AtomicU64,
     /// Bytes the destination already held when the latest attempt started.
     pub held: AtomicU64,
     /// Regular files with data the transfer will move, once known (0 before): the

@@ -189,6 +189,7 @@ impl Source for Pattern {
         Ok(ChunkRead {
             crc: self.settle(buf),
             n_digests: 0,
+            zeros: false,
         })
     }
 

@@ -264,6 +264,9 @@ pub struct RelaySink {
     from: String,
     bytes: AtomicU64,
     chunks: AtomicU64,
+    /// Files A listed as sparse (ascending entries): their all-zero chunks may come
+    /// as zeros frames (the push to B sends them as zeros again, in full).
+    sparse: Vec<u32>,
 }
 
 impl RelaySink {
@@ -284,6 +287,7 @@ impl RelaySink {
             from: from.to_string(),
             bytes: AtomicU64::new(0),
             chunks: AtomicU64::new(0),
+            sparse: Vec::new(),
         })
     }
 }
@@ -291,6 +295,14 @@ impl RelaySink {
 impl Sink for RelaySink {
     fn layout(&self) -> &Layout {
         &self.layout
+    }
+
+    fn sparse_chunk(&self, k: u64) -> bool {
+        !self.sparse.is_empty()
+            && self.layout.pieces(k).all(|p| {
+                let entry = self.layout.files()[p.file as usize].entry;
+                self.sparse.binary_search(&entry).is_ok()
+            })
     }
 
     fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
@@ -368,6 +380,10 @@ impl SinkStore for RelaySink {
     fn entries(&self) -> &[Entry] {
         &self.entries
     }
+
+    fn set_sparse(&mut self, entries: Vec<u32>) {
+        self.sparse = entries;
+    }
 }
 
 /// The push's storage: chunks from the [`Ring`], with A's CRCs and digests.
@@ -410,6 +426,7 @@ impl Source for RelaySource {
         Ok(ChunkRead {
             crc,
             n_digests: (trailer.len() / dmover_proto::data::DIGEST_LEN) as u32,
+            zeros: false,
         })
     }
 

@@ -1232,6 +1232,8 @@ impl Server {
                 let mut m = SourceSession::accept(now, peer, timing, setup_by);
                 m.grant(now, info);
                 m.push_manifest(source.tree().entries());
+                // Sent only in a session that uses LINKS (the machine knows).
+                m.sparse_files(source.tree().sparse());
                 let totals = Totals::of(source.tree().entries());
                 env.run
                     .progress

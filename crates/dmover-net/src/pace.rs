@@ -275,6 +275,7 @@ mod tests {
                     crc: None,
                     trailer: &[],
                     segments: &segs,
+                    zeros: false,
                 };
                 tx.send_chunk(f, &mut buf).await.unwrap();
             });

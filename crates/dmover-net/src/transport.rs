@@ -43,8 +43,11 @@ pub struct ChunkFrame<'a> {
     pub crc: Option<u32>,
     /// The digest entries that follow the header.
     pub trailer: &'a [u8],
-    /// `(offset, length)` runs of the buffer that make the payload, in order.
+    /// `(offset, length)` runs of the buffer that make the payload, in order; none
+    /// for a zeros frame.
     pub segments: &'a [(usize, usize)],
+    /// A zeros frame ([`dmover_proto::data::FLAG_ZEROS`]): no payload travels.
+    pub zeros: bool,
 }
 
 impl ChunkFrame<'_> {
@@ -61,6 +64,7 @@ impl ChunkFrame<'_> {
             n_digests: (self.trailer.len() / DIGEST_LEN) as u32,
             payload_len: self.payload_len() as u32,
             crc: self.crc,
+            zeros: self.zeros,
         }
         .encode()
     }
@@ -449,8 +453,8 @@ mod tests {
     }
 
     /// Chunks written through the seam arrive as frames with their trailer and payload
-    /// byte for byte, acknowledgements come back, and END closes the stream, for every
-    /// protection.
+    /// byte for byte (a zeros frame, chunk 1, with its trailer and no payload),
+    /// acknowledgements come back, and END closes the stream, for every protection.
     #[tokio::test]
     async fn chunks_and_acks_cross_the_seam_unchanged() {
         for p in [
@@ -476,7 +480,8 @@ mod tests {
                         chunk: k,
                         crc: Some(k as u32),
                         trailer: &trailer,
-                        segments: &segs,
+                        segments: if k == 1 { &[] } else { &segs },
+                        zeros: k == 1,
                     };
                     tx.send_chunk(f, &mut buf).await.unwrap();
                     assert_eq!(acks.recv_ack().await.unwrap(), k + 1);
@@ -496,6 +501,12 @@ mod tests {
                 let mut tr = vec![0u8; DIGEST_LEN * 2];
                 dst.recv_into(&mut tr).await.unwrap();
                 assert_eq!(tr, vec![7u8; DIGEST_LEN * 2]);
+                assert_eq!(h.zeros, k == 1);
+                if h.zeros {
+                    assert_eq!(h.payload_len, 0);
+                    dst.send_ack(k + 1).await.unwrap();
+                    continue;
+                }
                 let mut got = vec![0u8; h.payload_len as usize];
                 dst.recv_into(&mut got).await.unwrap();
                 assert!(got == want, "{p:?}: chunk {k} payload differs");
@@ -521,6 +532,7 @@ mod tests {
             crc: None,
             trailer: &[],
             segments: &segs,
+            zeros: false,
         };
         tx.send_chunk(f, &mut buf).await.unwrap();
         let e = tx.send_chunk(f, &mut buf).await.unwrap_err();

@@ -154,6 +154,10 @@ pub enum Control {
     /// (24, feature `TUNING`) A decision of the source's tuner: the data streams it
     /// now uses and why (source to sink, for the sink's user to see).
     Tuned(Tuned),
+    /// (7, feature `LINKS`; variant 26 once merged) Regular files of the manifest that
+    /// may have holes, sent before `ManifestEnd` (source to sink): the sink does not
+    /// preallocate them and leaves their zero blocks unwritten.
+    Sparse(SparseFiles),
 }
 
 impl Control {
@@ -185,6 +189,7 @@ impl Control {
             Control::TpcDone(_) => "TpcDone",
             Control::Pruned(_) => "Pruned",
             Control::Tuned(_) => "Tuned",
+            Control::Sparse(_) => "Sparse",
         }
     }
 
@@ -491,6 +496,15 @@ pub struct Tuned {
     pub rate: u64,
     /// Why, in a few words (at most [`MAX_TUNED_REASON`] bytes).
     pub reason: String,
+}
+
+/// (feature `LINKS`) Files that may have holes: manifest entry indices of regular
+/// files, strictly ascending. A long list comes in several messages, each ascending
+/// after the one before.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SparseFiles {
+    /// The entries.
+    pub entries: Vec<u32>,
 }
 
 /// Longest [`Tuned::reason`] a sink accepts.

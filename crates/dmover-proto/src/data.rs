@@ -35,7 +35,7 @@
 //! ```text
 //! offset size field
 //! 0      1    kind         1 = CHUNK, 2 = END
-//! 1      1    flags        bit 0: crc32c is set; other bits 0
+//! 1      1    flags        bit 0: crc32c is set; bit 1: zeros (no payload); other bits 0
 //! 2      2    reserved     0
 //! 4      4    n_digests    digest entries after the header (u32 BE)
 //! 8      8    chunk        CHUNK: chunk index; END: chunks sent on this stream (u64 BE)
@@ -172,6 +172,11 @@ pub enum FrameKind {
 
 /// Flag bit: the header's `crc32c` field is set.
 pub const FLAG_CRC: u8 = 1;
+/// Flag bit (feature `LINKS`): a CHUNK frame whose payload is all zeros and does not
+/// travel: `payload_len` is 0 and the receiver fills the chunk's layout length with
+/// zeros. The digest entries and the CRC (of the zero payload) are as for any chunk.
+/// Only for chunks whose pieces all belong to files listed as sparse.
+pub const FLAG_ZEROS: u8 = 2;
 
 /// Limits a receiver applies while decoding frame headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,6 +200,9 @@ pub struct FrameHeader {
     pub payload_len: u32,
     /// CRC32C of the payload, when checksums are on.
     pub crc: Option<u32>,
+    /// The payload is the chunk's length of zeros and does not travel
+    /// ([`FLAG_ZEROS`]; `payload_len` is 0).
+    pub zeros: bool,
 }
 
 impl FrameHeader {
@@ -206,6 +214,7 @@ impl FrameHeader {
             n_digests: 0,
             payload_len: 0,
             crc: None,
+            zeros: false,
         }
     }
 
@@ -213,7 +222,8 @@ impl FrameHeader {
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0] = self.kind as u8;
-        b[1] = if self.crc.is_some() { FLAG_CRC } else { 0 };
+        b[1] =
+            if self.crc.is_some() { FLAG_CRC } else { 0 } | if self.zeros { FLAG_ZEROS } else { 0 };
         b[4..8].copy_from_slice(&self.n_digests.to_be_bytes());
         b[8..16].copy_from_slice(&self.chunk.to_be_bytes());
         b[16..20].copy_from_slice(&self.payload_len.to_be_bytes());
@@ -234,7 +244,7 @@ impl FrameHeader {
                 });
             }
         };
-        if b[1] & !FLAG_CRC != 0 {
+        if b[1] & !(FLAG_CRC | FLAG_ZEROS) != 0 {
             return Err(Error::Reserved("frame flags"));
         }
         if b[2] != 0 || b[3] != 0 {
@@ -268,7 +278,14 @@ impl FrameHeader {
         if kind == FrameKind::End && (payload_len != 0 || n_digests != 0 || crc.is_some()) {
             return Err(Error::Violation("END frame with a payload".into()));
         }
-        if kind == FrameKind::Chunk && payload_len == 0 {
+        let zeros = b[1] & FLAG_ZEROS != 0;
+        if kind == FrameKind::End && zeros {
+            return Err(Error::Violation("END frame marked zeros".into()));
+        }
+        if zeros && payload_len != 0 {
+            return Err(Error::Violation("zeros CHUNK frame with a payload".into()));
+        }
+        if kind == FrameKind::Chunk && payload_len == 0 && !zeros {
             return Err(Error::Violation("empty CHUNK frame".into()));
         }
         Ok(FrameHeader {
@@ -277,6 +294,7 @@ impl FrameHeader {
             n_digests,
             payload_len,
             crc,
+            zeros,
         })
     }
 }

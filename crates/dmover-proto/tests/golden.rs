@@ -193,6 +193,7 @@ fn frame_header_chunk_with_crc() {
         n_digests: 2,
         payload_len: 1 << 20,
         crc: Some(0xdead_beef),
+        zeros: false,
     };
     let expected = hexdump(
         "
@@ -218,6 +219,7 @@ fn frame_header_chunk_without_crc() {
         n_digests: 0,
         payload_len: 4096,
         crc: None,
+        zeros: false,
     };
     let expected = hexdump(
         "
@@ -228,6 +230,32 @@ fn frame_header_chunk_without_crc() {
         00 00 00 00 00 00 00 07   # chunk index 7 (u64 BE)
         00 00 10 00               # payload_len: 4096 (u32 BE)
         00 00 00 00               # crc32c: 0, as the flag is clear
+        ",
+    );
+    assert_eq!(hex(&h.encode()), hex(&expected));
+    assert_eq!(FrameHeader::decode(&expected, &LIMITS), Ok(h));
+}
+
+#[test]
+fn frame_header_chunk_of_zeros() {
+    // Feature LINKS: a chunk wholly in holes of sparse files, its payload not sent.
+    let h = FrameHeader {
+        kind: FrameKind::Chunk,
+        chunk: 5,
+        n_digests: 1,
+        payload_len: 0,
+        crc: Some(0x0102_0304),
+        zeros: true,
+    };
+    let expected = hexdump(
+        "
+        01                        # kind: 1 = CHUNK
+        03                        # flags: bit 0 = crc32c, bit 1 = zeros (no payload)
+        00 00                     # reserved, 0
+        00 00 00 01               # n_digests: 1 (digest entries still follow)
+        00 00 00 00 00 00 00 05   # chunk index 5 (u64 BE)
+        00 00 00 00               # payload_len: 0 (the layout gives the length)
+        01 02 03 04               # crc32c of the chunk's zeros (u32 BE)
         ",
     );
     assert_eq!(hex(&h.encode()), hex(&expected));
@@ -1076,6 +1104,25 @@ fn control_growth_and_requests() {
         08            # streams: 8
         ac 02         # rate: 300 (varint)
         02 75 70      # reason: \"up\"
+        ",
+    );
+}
+
+#[test]
+fn control_sparse() {
+    // Feature LINKS (bit 16): the files with holes, before ManifestEnd. Written as the
+    // variant after Tuned (25 on this branch); 26 once merged behind the variant 25
+    // taken elsewhere, and this dump's tag byte with it (0x1a).
+    golden_control(
+        Control::Sparse(dmover_proto::control::SparseFiles {
+            entries: vec![3, 200],
+        }),
+        "
+        00 00 00 05   # frame length: 5
+        19            # Control::Sparse (variant 25 here, 26 merged)
+        02            # entries: 2
+        03            # entry 3
+        c8 01         # entry 200 (varint)
         ",
     );
 }

@@ -119,6 +119,7 @@ fn chunk_header() -> [u8; HEADER_LEN] {
         n_digests: 1,
         payload_len: 4096,
         crc: Some(0x1234_5678),
+        zeros: false,
     }
     .encode()
 }
@@ -301,7 +302,7 @@ fn frame_unknown_kind() {
 
 #[test]
 fn frame_unknown_flags() {
-    for flags in [0x02u8, 0x03, 0x80, 0xff] {
+    for flags in [0x04u8, 0x05, 0x80, 0xff] {
         let mut b = chunk_header();
         b[1] = flags;
         assert_eq!(
@@ -409,6 +410,24 @@ fn frame_empty_chunk() {
     // Otherwise valid: a CRC flag with the CRC of nothing, which is 0.
     set_u32(&mut b, 20, 0);
     is_violation(FrameHeader::decode(&b, &LIMITS), "empty CHUNK");
+}
+
+#[test]
+fn frame_zeros_with_a_payload_or_on_end() {
+    // A zeros frame carries no payload: a length is refused.
+    let mut b = chunk_header();
+    b[1] = FLAG_CRC | 2;
+    is_violation(
+        FrameHeader::decode(&b, &LIMITS),
+        "zeros CHUNK frame with a payload",
+    );
+    // Without one it is a chunk of zeros.
+    set_u32(&mut b, 16, 0);
+    let h = FrameHeader::decode(&b, &LIMITS).unwrap();
+    assert!(h.zeros && h.payload_len == 0 && h.crc == Some(0x1234_5678));
+    let mut b = FrameHeader::end(3).encode();
+    b[1] = 2;
+    is_violation(FrameHeader::decode(&b, &LIMITS), "END frame marked zeros");
 }
 
 #[test]

@@ -1097,3 +1097,68 @@ fn without_the_tuning_feature_every_stream_carries_chunks() {
         assert!(!a.contains(&"Tuned") && !b.contains(&"Tuned"));
     }
 }
+
+/// The sink of a `LINKS` session given `sparse` before `ManifestEnd` (manifest: a
+/// directory, entry 0, and two files, 1 and 2).
+fn sink_told_sparse(
+    features: u64,
+    sparse: Vec<u32>,
+) -> Vec<SinkEvent<dmover_proto::session::sim::SimError>> {
+    let (mut m, now) = sink_with(features);
+    m.handle_control(
+        now,
+        Control::Sparse(dmover_proto::control::SparseFiles { entries: sparse }),
+    );
+    m.handle_control(
+        now,
+        Control::ManifestEnd(ManifestEnd {
+            totals: totals(&manifest(2)),
+        }),
+    );
+    m.handle_timeout(now + Timing::default().report_wait);
+    std::iter::from_fn(|| m.poll_event()).collect()
+}
+
+#[test]
+fn a_sparse_file_list_reaches_the_sink_before_the_manifest() {
+    let events = sink_told_sparse(features::LINKS, vec![1, 2]);
+    let n = events.len();
+    assert!(
+        matches!(&events[n - 2], SinkEvent::Sparse(s) if *s == [1, 2]),
+        "{events:?}"
+    );
+    assert!(matches!(&events[n - 1], SinkEvent::Manifest(e) if e.len() == 3));
+    // A directory, an entry out of range, a list out of order: refused.
+    for bad in [vec![0], vec![3], vec![2, 1], vec![1, 1]] {
+        let e = protocol_failure(sink_told_sparse(features::LINKS, bad.clone()));
+        assert!(e.contains("sparse file list"), "{bad:?}: {e}");
+    }
+    // Without the feature the list is a protocol error.
+    let e = protocol_failure(sink_told_sparse(0, vec![1]));
+    assert!(e.contains("Sparse needs the hard links feature"), "{e}");
+
+    // A source in a session without the feature sends no list; with it, one.
+    for (f, sent) in [(0, false), (features::LINKS, true)] {
+        let now = Instant::now();
+        let mut m = SourceSession::<dmover_proto::session::sim::SimError>::accept(
+            now,
+            "peer",
+            Timing::default(),
+            now + HOUR,
+        );
+        m.grant(now, info(f));
+        m.handle_control(now, Control::Options(options()));
+        while m.poll_transmit().is_some() {}
+        let entries = manifest(2);
+        m.push_manifest(&entries);
+        m.sparse_files(&[2]);
+        m.end_manifest(totals(&entries), ChunkSet::all(8));
+        let msgs: Vec<_> = std::iter::from_fn(|| m.poll_transmit()).collect();
+        let names: Vec<_> = msgs.iter().map(|c| c.name()).collect();
+        assert_eq!(names.contains(&"Sparse"), sent, "{names:?}");
+        if sent {
+            let i = names.iter().position(|&n| n == "Sparse").unwrap();
+            assert_eq!(names[i + 1], "ManifestEnd", "{names:?}");
+        }
+    }
+}

@@ -300,6 +300,7 @@ fn frame_header() -> impl Strategy<Value = FrameHeader> {
                 n_digests,
                 payload_len,
                 crc,
+                zeros: false,
             }),
         any::<u64>().prop_map(FrameHeader::end),
     ]

@@ -18,6 +18,8 @@ pub struct ChunkRead {
     pub crc: Option<u32>,
     /// Digest entries appended to the trailer.
     pub n_digests: u32,
+    /// Every piece lies in a hole of a sparse file (the buffer holds zeros).
+    pub zeros: bool,
 }
 
 /// The read side: fills chunk buffers from storage.
@@ -51,6 +53,13 @@ pub trait Sink: Send + Sync {
     /// writes each piece at its file offset, and completes every file whose pieces are
     /// all written once its digest matches the source's.
     fn write_chunk(&self, k: u64, buf: &[u8], trailer: &[u8], crc: Option<u32>) -> Result<()>;
+
+    /// Whether every piece of chunk `k` belongs to a file the source listed as sparse
+    /// (only such a chunk may come as a zeros frame).
+    fn sparse_chunk(&self, k: u64) -> bool {
+        let _ = k;
+        false
+    }
 
     /// Completes the transfer once every chunk is written (entries without data,
     /// metadata, the check that every file arrived) and sums it up.

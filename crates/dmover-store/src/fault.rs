@@ -60,6 +60,10 @@ impl<T: Sink + ?Sized> Sink for Slow<T> {
         self.inner.write_chunk(k, buf, trailer, crc)
     }
 
+    fn sparse_chunk(&self, k: u64) -> bool {
+        self.inner.sparse_chunk(k)
+    }
+
     fn finish(&self) -> Result<Summary> {
         self.inner.finish()
     }

@@ -108,6 +108,7 @@ impl Source for MemSource {
         Ok(ChunkRead {
             crc: self.checksum.then_some(crc),
             n_digests,
+            zeros: false,
         })
     }
 

@@ -16,6 +16,11 @@
 //!    of their inode, complete by then; also via staging names), sets
 //!    directory modes and mtimes deepest first, and checks that every file arrived.
 //!
+//! Sparse files ([`FileSink::set_sparse`], the source's list): not preallocated, and
+//! whole 4 KiB blocks of zeros (aligned in the file) are not written, so they stay
+//! holes; the file is cut to its size when finalised, so a hole at the end is kept
+//! too. Other files are written as they come (one comparison per piece).
+//!
 //! Completed files, and pieces of files of a chunk or more, are recorded in the journal.
 //! A sink aborted ([`Sink::abort`]) or dropped before `finish` succeeded commits the
 //! journal and removes the staging files of every file in flight that the journal does
@@ -481,12 +486,15 @@ impl FileSink {
                 Err(e) => return Err(Error::io("creating", path(), e)),
             }
         };
-        if p.index == 0 && slot.size >= PREALLOC_MIN {
+        let sparse = self.tree.is_sparse(slot.entry);
+        if p.index == 0 && slot.size >= PREALLOC_MIN && !sparse {
             sys::preallocate(&fd, slot.size)
                 .map_err(|e| Error::io("allocating space for", path(), e))?;
         }
         let exact = &buf[p.buf_offset..p.buf_offset + p.len];
-        let r = if direct {
+        let r = if sparse {
+            self.write_sparse(&fd, p, buf, direct)
+        } else if direct {
             // Rounded up to the alignment: the bytes past the piece land beyond the end
             // of the file (only a last piece can be unaligned) and are cut off when the
             // file is finalised.
@@ -510,6 +518,47 @@ impl FileSink {
             fd,
             mode_set: final_mode,
         })
+    }
+
+    /// Writes a piece of a sparse file but its whole zero blocks. With direct I/O
+    /// every run starts block-aligned and a run that ends the piece is rounded up as
+    /// a whole piece would be (cut when the file is finalised).
+    fn write_sparse(
+        &self,
+        fd: &std::os::fd::OwnedFd,
+        p: &Piece,
+        buf: &[u8],
+        direct: bool,
+    ) -> std::io::Result<()> {
+        let exact = &buf[p.buf_offset..p.buf_offset + p.len];
+        for (start, end) in sys::data_runs(p.file_offset, exact) {
+            let end = if direct && end == p.len {
+                p.direct_len()
+            } else {
+                end
+            };
+            let run = &buf[p.buf_offset + start..p.buf_offset + end];
+            let at = p.file_offset + start as u64;
+            match sys::pwrite_all(fd, run, at) {
+                Err(e) if direct && sys::is_direct_unsupported(&e) => {
+                    self.note_direct_failed(
+                        &self
+                            .tree
+                            .display(self.layout.files()[p.file as usize].entry),
+                    );
+                    let _ = rustix::fs::fcntl_setfl(fd, OFlags::WRONLY);
+                    sys::pwrite_all(fd, &exact[start..end.min(p.len)], at)?;
+                }
+                r => r?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Names the files that may have holes (entry indices, from the source): they are
+    /// written without their zero blocks and not preallocated.
+    pub fn set_sparse(&mut self, entries: Vec<u32>) {
+        self.tree.set_sparse(entries);
     }
 
     fn note_direct_failed(&self, path: &str) {
@@ -549,7 +598,7 @@ impl FileSink {
         };
         let verify = self.opts.verify && self.opts.checksum;
         let meta = || -> std::io::Result<()> {
-            if slot.aligned() || self.layout.n_pieces(file) > 1 {
+            if slot.aligned() || self.layout.n_pieces(file) > 1 || self.tree.is_sparse(slot.entry) {
                 // Cut what rounded direct writes (of this or an earlier attempt) put
                 // past the end.
                 rustix::fs::ftruncate(&fd, slot.size)?;
@@ -727,6 +776,14 @@ impl Sink for FileSink {
 
     fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
         Box::new(self.skips.chunks(&self.layout))
+    }
+
+    fn sparse_chunk(&self, k: u64) -> bool {
+        !self.tree.sparse().is_empty()
+            && self.layout.pieces(k).all(|p| {
+                self.tree
+                    .is_sparse(self.layout.files()[p.file as usize].entry)
+            })
     }
 
     fn write_chunk(&self, k: u64, buf: &[u8], trailer: &[u8], crc: Option<u32>) -> Result<()> {

@@ -4,8 +4,15 @@
 //! A file that cannot be read (vanished, unreadable, changed while read) stops the
 //! session, or with [`SourceOptions::continue_on_error`] is reported and marked failed
 //! in the chunks that hold its pieces (see [`dmover_proto::data`]), and the rest goes on.
+//!
+//! Holes are not read: for a file the walk listed as sparse ([`Tree::sparse`]) the
+//! data extents are found once, at its first read (`SEEK_DATA`/`SEEK_HOLE`), and a
+//! piece lying wholly in a hole is zero-filled without a read. Other files pay one
+//! comparison (an empty map) per piece.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::OwnedFd;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
@@ -55,6 +62,8 @@ pub struct FileSource {
     failed: Mutex<BTreeMap<u32, String>>,
     /// Entries the walk skipped, reported in [`FileSource::failed`] when nonzero.
     skipped_report: u64,
+    /// Sparse files (by entry): their data extents, found at the first read.
+    extents: HashMap<u32, OnceLock<Vec<(u64, u64)>>>,
 }
 
 impl FileSource {
@@ -64,6 +73,11 @@ impl FileSource {
             Error::refused(dmover_proto::control::ErrorCode::Protocol, e.to_string())
         })?;
         Ok(FileSource {
+            extents: tree
+                .sparse()
+                .iter()
+                .map(|&e| (e, OnceLock::new()))
+                .collect(),
             tree,
             layout,
             opts,
@@ -220,47 +234,10 @@ impl FileSource {
             .map_err(|e| Error::io("opening", path(), e))?;
         let fd = sys::open_in(&*dir, name, OFlags::RDONLY, 0)
             .map_err(|e| Error::io("opening", path(), e))?;
-        let mut direct = p.aligned
-            && !self.direct_failed.load(Ordering::Relaxed)
-            && match self.opts.direct_io {
-                DirectIo::Never => false,
-                DirectIo::Always => true,
-                // Cold data: straight from the device, no page cache churn. Data
-                // already cached (just written, or read before) is cheaper to copy.
-                DirectIo::Auto => !sys::is_cached(&fd, p.file_offset),
-            };
-        if direct {
-            if let Err(e) = rustix::fs::fcntl_setfl(&fd, OFlags::RDONLY | OFlags::DIRECT) {
-                self.note_direct_failed(&path(), &e.into());
-                direct = false;
-            }
-        }
-        let want = if direct { p.direct_len() } else { p.len };
-        let got = match sys::pread_full(
-            &fd,
-            &mut buf[p.buf_offset..p.buf_offset + want],
-            p.file_offset,
-        ) {
-            Err(e) if direct && sys::is_direct_unsupported(&e) => {
-                self.note_direct_failed(&path(), &e);
-                let _ = rustix::fs::fcntl_setfl(&fd, OFlags::RDONLY);
-                sys::pread_full(
-                    &fd,
-                    &mut buf[p.buf_offset..p.buf_offset + p.len],
-                    p.file_offset,
-                )
-            }
-            r => r,
-        }
-        .map_err(|e| Error::io("reading", path(), e))?;
-        if got < p.len {
-            return Err(Error::Changed {
-                path: path(),
-                what: format!(
-                    "it is now shorter than the {} bytes it had when the transfer started",
-                    slot.size
-                ),
-            });
+        if self.in_hole(slot.entry, &fd, p.file_offset, p.len as u64, slot.size) {
+            buf[p.buf_offset..p.buf_offset + p.len].fill(0);
+        } else {
+            self.read_data(p, &fd, buf, &path)?;
         }
         if p.last {
             let st = rustix::fs::fstat(&fd).map_err(|e| Error::io("reading", path(), e))?;
@@ -277,6 +254,85 @@ impl FileSource {
                     what: "it was modified while being read".into(),
                 });
             }
+        }
+        Ok(())
+    }
+
+    /// Whether `[offset, offset + len)` of file `entry` (open as `fd`) lies wholly in
+    /// a hole: only a sparse file's can. Its extents are found at the first call; a
+    /// file that cannot be sought counts as all data.
+    fn in_hole(&self, entry: u32, fd: &OwnedFd, offset: u64, len: u64, size: u64) -> bool {
+        if self.extents.is_empty() {
+            return false;
+        }
+        let Some(cell) = self.extents.get(&entry) else {
+            return false;
+        };
+        let extents =
+            cell.get_or_init(|| sys::data_extents(fd, size).unwrap_or_else(|_| vec![(0, size)]));
+        !sys::has_data(extents, offset, offset + len)
+    }
+
+    /// Whether piece `p`, just read, lay wholly in a hole of a sparse file (its extents
+    /// are known by then).
+    fn known_hole(&self, p: &Piece) -> bool {
+        let slot = self.layout.files()[p.file as usize];
+        self.extents
+            .get(&slot.entry)
+            .and_then(|c| c.get())
+            .is_some_and(|ext| !sys::has_data(ext, p.file_offset, p.file_offset + p.len as u64))
+    }
+
+    /// Reads a piece's bytes (direct I/O where it pays).
+    fn read_data(
+        &self,
+        p: &Piece,
+        fd: &OwnedFd,
+        buf: &mut [u8],
+        path: &dyn Fn() -> String,
+    ) -> Result<()> {
+        let slot = self.layout.files()[p.file as usize];
+        let mut direct = p.aligned
+            && !self.direct_failed.load(Ordering::Relaxed)
+            && match self.opts.direct_io {
+                DirectIo::Never => false,
+                DirectIo::Always => true,
+                // Cold data: straight from the device, no page cache churn. Data
+                // already cached (just written, or read before) is cheaper to copy.
+                DirectIo::Auto => !sys::is_cached(fd, p.file_offset),
+            };
+        if direct {
+            if let Err(e) = rustix::fs::fcntl_setfl(fd, OFlags::RDONLY | OFlags::DIRECT) {
+                self.note_direct_failed(&path(), &e.into());
+                direct = false;
+            }
+        }
+        let want = if direct { p.direct_len() } else { p.len };
+        let got = match sys::pread_full(
+            fd,
+            &mut buf[p.buf_offset..p.buf_offset + want],
+            p.file_offset,
+        ) {
+            Err(e) if direct && sys::is_direct_unsupported(&e) => {
+                self.note_direct_failed(&path(), &e);
+                let _ = rustix::fs::fcntl_setfl(fd, OFlags::RDONLY);
+                sys::pread_full(
+                    fd,
+                    &mut buf[p.buf_offset..p.buf_offset + p.len],
+                    p.file_offset,
+                )
+            }
+            r => r,
+        }
+        .map_err(|e| Error::io("reading", path(), e))?;
+        if got < p.len {
+            return Err(Error::Changed {
+                path: path(),
+                what: format!(
+                    "it is now shorter than the {} bytes it had when the transfer started",
+                    slot.size
+                ),
+            });
         }
         Ok(())
     }
@@ -301,8 +357,10 @@ impl Source for FileSource {
         trailer.clear();
         let mut n_digests = 0;
         let mut crc = 0u32;
+        let mut zeros = !self.extents.is_empty();
         for p in self.layout.pieces(k) {
             let ok = self.read_or_fail(&p, buf)?;
+            zeros = zeros && ok && self.known_hole(&p);
             let data = &buf[p.buf_offset..p.buf_offset + p.len];
             if self.opts.checksum {
                 // The wire payload is the pieces back to back, so a running CRC over
@@ -327,6 +385,7 @@ impl Source for FileSource {
         Ok(ChunkRead {
             crc: self.opts.checksum.then_some(crc),
             n_digests,
+            zeros,
         })
     }
 

@@ -121,6 +121,64 @@ pub fn preallocate(fd: impl AsFd, len: u64) -> io::Result<()> {
     }
 }
 
+/// The data extents of a file of `size` bytes (`[start, end)`, ascending), found with
+/// `SEEK_DATA`/`SEEK_HOLE`: everything between them is a hole, which reads as zeros.
+/// A file system without them reports the whole file as data (the kernel's default).
+pub fn data_extents(fd: impl AsFd, size: u64) -> io::Result<Vec<(u64, u64)>> {
+    use rustix::fs::{SeekFrom, seek};
+    let mut extents = Vec::new();
+    let mut at = 0;
+    while at < size {
+        let start = match seek(&fd, SeekFrom::Data(at)) {
+            Ok(o) => o,
+            // No data at or after `at`: the rest is a hole.
+            Err(Errno::NXIO) => break,
+            Err(Errno::INVAL | Errno::OPNOTSUPP) => return Ok(vec![(0, size)]),
+            Err(e) => return Err(e.into()),
+        };
+        if start >= size {
+            break;
+        }
+        let end = seek(&fd, SeekFrom::Hole(start))?.min(size);
+        extents.push((start, end));
+        at = end;
+    }
+    Ok(extents)
+}
+
+/// Whether `[start, end)` holds any byte of the data extents `extents` (ascending).
+pub fn has_data(extents: &[(u64, u64)], start: u64, end: u64) -> bool {
+    let i = extents.partition_point(|&(_, e)| e <= start);
+    extents.get(i).is_some_and(|&(s, _)| s < end)
+}
+
+/// The block size of holes the sink leaves: whole blocks of zeros at this alignment
+/// are not written.
+pub const HOLE_BLOCK: usize = 4096;
+
+/// The runs of `data` (bytes to be written at file offset `offset`) worth writing:
+/// `[start, end)` ranges of `data`, leaving out every whole zero block aligned to
+/// [`HOLE_BLOCK`] in the file; bytes of partial blocks at either end are kept.
+pub fn data_runs(offset: u64, data: &[u8]) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    let mut at = 0;
+    while at < data.len() {
+        let block_end = (HOLE_BLOCK - ((offset + at as u64) % HOLE_BLOCK as u64) as usize)
+            .min(data.len() - at)
+            + at;
+        let block = &data[at..block_end];
+        let whole = block.len() == HOLE_BLOCK;
+        if !whole || block.iter().any(|&b| b != 0) {
+            match runs.last_mut() {
+                Some(r) if r.1 == at => r.1 = block_end,
+                _ => runs.push((at, block_end)),
+            }
+        }
+        at = block_end;
+    }
+    runs
+}
+
 /// Sets the modification time of `name` in `dir` (not following a symlink), leaving
 /// the access time alone.
 pub fn set_mtime(dir: impl AsFd, name: &[u8], sec: i64, nsec: u32) -> io::Result<()> {
@@ -188,5 +246,58 @@ pub fn raise_fd_limit() {
         if let Err(e) = setrlimit(Resource::Nofile, lim) {
             tracing::debug!("cannot raise RLIMIT_NOFILE: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn data_runs_leave_out_whole_zero_blocks() {
+        let b = HOLE_BLOCK;
+        let mut data = vec![0u8; 5 * b];
+        data[b + 7] = 1; // block 1
+        data[3 * b] = 2; // block 3
+        assert_eq!(data_runs(0, &data), vec![(b, 2 * b), (3 * b, 4 * b)]);
+        // Blocks are aligned in the file: at offset 100 the first 3996 bytes are a
+        // partial block, kept, and so is the partial block at the end.
+        let runs = data_runs(100, &vec![0u8; 3 * b]);
+        assert_eq!(runs, vec![(0, b - 100), (3 * b - 100, 3 * b)]);
+        assert!(data_runs(0, &vec![0u8; 4 * b]).is_empty());
+        let full = vec![9u8; 2 * b];
+        assert_eq!(data_runs(0, &full), vec![(0, 2 * b)]);
+    }
+
+    #[test]
+    fn extents_of_a_sparse_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = std::fs::File::create_new(dir.path().join("s")).unwrap();
+        let mib = 1u64 << 20;
+        f.set_len(16 * mib).unwrap();
+        f.write_all_at(&vec![1u8; mib as usize], 2 * mib).unwrap();
+        f.write_all_at(&vec![2u8; mib as usize], 5 * mib + 4096)
+            .unwrap();
+        let ext = data_extents(&f, 16 * mib).unwrap();
+        // File systems may round extents out to their blocks; they must cover the data
+        // and leave most of the file a hole.
+        assert!(has_data(&ext, 2 * mib, 3 * mib));
+        assert!(has_data(&ext, 5 * mib + 4096, 6 * mib + 4096));
+        assert!(!has_data(&ext, 0, mib), "{ext:?}");
+        assert!(!has_data(&ext, 8 * mib, 16 * mib), "{ext:?}");
+        let data: u64 = ext.iter().map(|(s, e)| e - s).sum();
+        assert!(data < 4 * mib, "{ext:?}");
+    }
+
+    #[test]
+    fn has_data_bounds() {
+        let ext = [(10, 20), (30, 40)];
+        assert!(!has_data(&ext, 0, 10));
+        assert!(has_data(&ext, 0, 11));
+        assert!(!has_data(&ext, 20, 30));
+        assert!(has_data(&ext, 39, 50));
+        assert!(!has_data(&ext, 40, 50));
+        assert!(!has_data(&[], 0, 50));
     }
 }

@@ -40,6 +40,8 @@ pub struct Tree {
     entries: Vec<Entry>,
     roots: HashMap<u32, (RootRef, String)>,
     dirs: Mutex<HashMap<u32, Arc<OwnedFd>>>,
+    /// Regular files that may have holes (entry indices, ascending).
+    sparse: Vec<u32>,
 }
 
 impl Tree {
@@ -50,7 +52,32 @@ impl Tree {
             entries,
             roots,
             dirs: Mutex::new(HashMap::new()),
+            sparse: Vec::new(),
         }
+    }
+
+    /// Names the regular files that may have holes (entry indices; the walk's
+    /// `st_blocks` check at the source, the source's list at the sink). Others are
+    /// ignored.
+    pub fn set_sparse(&mut self, mut entries: Vec<u32>) {
+        entries.sort_unstable();
+        entries.dedup();
+        entries.retain(|&i| {
+            self.entries
+                .get(i as usize)
+                .is_some_and(|e| matches!(e.kind, EntryKind::File { .. }))
+        });
+        self.sparse = entries;
+    }
+
+    /// The regular files that may have holes (entry indices, ascending).
+    pub fn sparse(&self) -> &[u32] {
+        &self.sparse
+    }
+
+    /// Whether entry `idx` may have holes: one comparison when no file has any.
+    pub fn is_sparse(&self, idx: u32) -> bool {
+        !self.sparse.is_empty() && self.sparse.binary_search(&idx).is_ok()
     }
 
     /// The same tree without the entries `drop` (regular files: no entry's parent),
@@ -92,7 +119,15 @@ impl Tree {
             .filter(|(i, _)| new_index[*i as usize] != NO_PARENT)
             .map(|(i, r)| (new_index[i as usize], r))
             .collect();
-        Tree::new(entries, roots)
+        let sparse = self
+            .sparse
+            .iter()
+            .map(|&i| new_index[i as usize])
+            .filter(|&i| i != NO_PARENT)
+            .collect();
+        let mut tree = Tree::new(entries, roots);
+        tree.set_sparse(sparse);
+        tree
     }
 
     /// Turns hard links into files of their own (a session without

@@ -11,6 +11,11 @@
 //! first, with no data of its own. Only files with `st_nlink > 1` are remembered, so a
 //! tree without links costs one comparison per file. A path the filters leave out is
 //! never seen, so a link whose first path is excluded is sent as the file itself.
+//!
+//! Sparse files: a regular file whose allocated blocks (`st_blocks · 512`) are fewer
+//! than its size may have holes; the walk lists it ([`Tree::sparse`]) so that the
+//! source finds its data extents before reading it and the sink does not fill its
+//! holes. A file without holes costs one more comparison, on the stat the walk made.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -58,18 +63,34 @@ fn entry_of(parent: u32, name: Vec<u8>, st: &Stat, target: Option<Vec<u8>>) -> O
     })
 }
 
-/// The first paths of inodes with more than one link, by (device, inode).
-type Links = HashMap<(u64, u64), u32>;
+/// What the walk notes about regular files besides their entries.
+#[derive(Default)]
+struct Links {
+    /// The first paths of inodes with more than one link, by (device, inode).
+    first: HashMap<(u64, u64), u32>,
+    /// Files with fewer allocated bytes than their size (maybe holes), in walk order.
+    sparse: Vec<u32>,
+}
 
 /// Makes `entry` (about to be pushed as index `idx`) a hard link to an earlier path
-/// of its inode, or remembers it as the first path of a linked inode.
+/// of its inode, or remembers it as the first path of a linked inode; notes it as
+/// sparse when its blocks do not cover its size.
 fn note_link(links: &mut Links, idx: u32, st: &Stat, entry: &mut Entry) {
-    if st.st_nlink < 2 || !matches!(entry.kind, EntryKind::File { .. }) {
+    let EntryKind::File { size } = entry.kind else {
+        return;
+    };
+    if (st.st_blocks as u64).saturating_mul(512) < size {
+        links.sparse.push(idx);
+    }
+    if st.st_nlink < 2 {
         return;
     }
-    match links.entry((st.st_dev, st.st_ino)) {
+    match links.first.entry((st.st_dev, st.st_ino)) {
         std::collections::hash_map::Entry::Occupied(o) => {
             entry.kind = EntryKind::HardLink { first: *o.get() };
+            if links.sparse.last() == Some(&idx) {
+                links.sparse.pop();
+            }
         }
         std::collections::hash_map::Entry::Vacant(v) => {
             v.insert(idx);
@@ -118,7 +139,7 @@ pub fn walk_filtered(sources: Vec<SourceRoot>, filter: &Filter) -> Result<Walked
     let mut roots = HashMap::new();
     let mut labels = HashMap::new();
     let mut skipped = 0;
-    let mut links = Links::new();
+    let mut links = Links::default();
     for src in sources {
         let idx = entries.len() as u32;
         let (st, target, reader) = match &src.root {
@@ -176,8 +197,10 @@ pub fn walk_filtered(sources: Vec<SourceRoot>, filter: &Filter) -> Result<Walked
             )?;
         }
     }
+    let mut tree = Tree::new(entries, roots);
+    tree.set_sparse(links.sparse);
     Ok(Walked {
-        tree: Tree::new(entries, roots),
+        tree,
         skipped,
         filtered,
     })

@@ -607,6 +607,8 @@ impl Inner {
             EntryKind::File { size } => size,
             EntryKind::Dir => return Err(Errno::EISDIR),
             EntryKind::Symlink { .. } => return Err(Errno::ELOOP),
+            // A mount's session does not use hard links (no `LINKS`): never listed.
+            EntryKind::HardLink { .. } => return Err(Errno::EOPNOTSUPP),
         };
         let keep = keep.unwrap_or(size);
         let fetch = keep.min(size);

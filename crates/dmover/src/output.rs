@@ -155,7 +155,11 @@ impl ProgressBar {
                     b.set_draw_target(indicatif::ProgressDrawTarget::stderr());
                 }
                 b.set_length(total);
-                b.set_position(p.held.load(Ordering::Relaxed) + p.bytes.load(Ordering::Relaxed));
+                b.set_position(
+                    p.held.load(Ordering::Relaxed)
+                        + p.bytes.load(Ordering::Relaxed)
+                        + p.holes.load(Ordering::Relaxed),
+                );
             }
         });
         ProgressBar { bar, task }

@@ -133,7 +133,9 @@ pub mod features {
     /// Hard links within the transfer: the manifest may hold
     /// [`crate::manifest::EntryKind::HardLink`] entries (a later path of an inode
     /// whose first path is an earlier regular file), which carry no data. Without it
-    /// a source sends every path of an inode as a file of its own.
+    /// a source sends every path of an inode as a file of its own. With it, too, the
+    /// source may list the files that have holes ([`Control::Sparse`]) before
+    /// `ManifestEnd`, so the sink keeps them sparse.
     pub const LINKS: u64 = 16;
 
     /// The features this build's drivers (`dmover_core::drive`) speak and offer.
@@ -157,6 +159,7 @@ pub mod features {
             Control::Want(_) | Control::OnDemand => RANGES,
             Control::Tuned(_) => TUNING,
             Control::Manifest(p) if crate::manifest::has_links(&p.entries) => LINKS,
+            Control::Sparse(_) => LINKS,
             _ => 0,
         }
     }
@@ -260,6 +263,9 @@ pub struct ChunkMeta {
     pub crc: Option<u32>,
     /// The digest entries that follow the frame header ([`crate::data::DigestEntry`]).
     pub trailer: Vec<u8>,
+    /// The chunk lies wholly in holes of sparse files: it may go as a zeros frame
+    /// ([`crate::data::FLAG_ZEROS`]) in a session using [`features::LINKS`].
+    pub zeros: bool,
 }
 
 /// What a driver's error type tells the machines.

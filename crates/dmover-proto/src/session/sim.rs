@@ -1072,7 +1072,10 @@ impl Sim {
                 return any;
             };
             match ev {
-                SinkEvent::Opened(_) | SinkEvent::Options(_) | SinkEvent::StreamLost { .. } => {}
+                SinkEvent::Opened(_)
+                | SinkEvent::Options(_)
+                | SinkEvent::Sparse(_)
+                | SinkEvent::StreamLost { .. } => {}
                 SinkEvent::Tuned(t) => self.report.tuned.push(t),
                 SinkEvent::Manifest(_) => {
                     if resume {

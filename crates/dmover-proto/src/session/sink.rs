@@ -86,6 +86,10 @@ pub enum SinkEvent<E> {
     /// The whole manifest, checked: bind it to the destination, then call
     /// [`SinkSession::resume`] (when the options ask for it) or [`SinkSession::ready`].
     Manifest(Vec<Entry>),
+    /// (feature [`features::LINKS`]) The files of the manifest that may have holes
+    /// (entry indices of regular files, ascending), checked; comes right before
+    /// [`SinkEvent::Manifest`], only when the source listed some: keep them sparse.
+    Sparse(Vec<u32>),
     /// The source's answer to a resume: apply it, then call [`SinkSession::ready`].
     Plan(Plan),
     /// (feature [`features::GROWING_MANIFEST`]) A later part of a growing manifest,
@@ -175,6 +179,8 @@ pub struct SinkSession<E> {
     entry_bytes: u64,
     /// Entries received in all.
     n_entries: u64,
+    /// Files the source listed as sparse ([`Control::Sparse`]).
+    sparse: Vec<u32>,
     /// A growing manifest: the parts checked so far.
     growth: Option<manifest::Validator>,
     /// Growing: the last part came.
@@ -201,6 +207,27 @@ pub struct SinkSession<E> {
     events: VecDeque<SinkEvent<E>>,
 }
 
+/// What is wrong with a sparse file list for `entries`, if anything: each must be a
+/// regular file, in strictly ascending order.
+fn sparse_error(entries: &[Entry], sparse: &[u32]) -> Option<String> {
+    let mut last = None;
+    for &i in sparse {
+        if last.is_some_and(|l| i <= l) {
+            return Some(format!("sparse file list not ascending at entry {i}"));
+        }
+        last = Some(i);
+        if !entries
+            .get(i as usize)
+            .is_some_and(|e| matches!(e.kind, manifest::EntryKind::File { .. }))
+        {
+            return Some(format!(
+                "sparse file list names entry {i}, not a regular file"
+            ));
+        }
+    }
+    None
+}
+
 impl<E: Cause + Clone> SinkSession<E> {
     fn new(peer: String, side: Side, timing: Timing, limits: Limits) -> Self {
         SinkSession {
@@ -212,6 +239,7 @@ impl<E: Cause + Clone> SinkSession<E> {
             entries: Vec::new(),
             entry_bytes: 0,
             n_entries: 0,
+            sparse: Vec::new(),
             growth: None,
             sealed: false,
             announced: 0,
@@ -353,6 +381,16 @@ impl<E: Cause + Clone> SinkSession<E> {
                 self.entries.extend(part.entries);
                 Ok(())
             }
+            (Phase::Listing, Control::Sparse(s)) => {
+                if self.sparse.len() + s.entries.len() > self.limits.max_entries as usize {
+                    return Err(SessionError::Limit(format!(
+                        "sparse file list exceeds {} entries",
+                        self.limits.max_entries
+                    )));
+                }
+                self.sparse.extend(s.entries);
+                Ok(())
+            }
             (phase, Control::Grow(g)) if phase == Phase::Listing || growing => self.on_grow(now, g),
             (Phase::Listing, Control::ManifestEnd(end)) => {
                 let totals = manifest::validate(&self.entries, self.limits.max_entries).map_err(
@@ -370,8 +408,15 @@ impl<E: Cause + Clone> SinkSession<E> {
                         ),
                     });
                 }
+                let sparse = std::mem::take(&mut self.sparse);
+                if let Some(bad) = sparse_error(&self.entries, &sparse) {
+                    return Err(SessionError::Protocol { peer, what: bad });
+                }
                 self.phase = Phase::Preparing;
                 let entries = std::mem::take(&mut self.entries);
+                if !sparse.is_empty() {
+                    self.events.push_back(SinkEvent::Sparse(sparse));
+                }
                 self.events.push_back(SinkEvent::Manifest(entries));
                 Ok(())
             }

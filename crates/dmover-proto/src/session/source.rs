@@ -44,6 +44,9 @@ use crate::control::{
 use crate::data::decode_ack;
 use crate::manifest::{Entry, Totals};
 
+/// Entries per [`Control::Sparse`] message (at most 5 bytes each: well under a frame).
+const SPARSE_PART: usize = 100_000;
+
 /// What the driver is to do for the source.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SourceCommand {
@@ -367,6 +370,23 @@ impl<E: Cause + Clone> SourceSession<E> {
         for r in crate::manifest::parts(entries) {
             self.link.send(Control::Manifest(ManifestPart {
                 entries: entries[r].to_vec(),
+            }));
+        }
+    }
+
+    /// (feature [`features::LINKS`]) Lists the files of the manifest that may have
+    /// holes (entry indices of regular files, ascending), after
+    /// [`SourceSession::push_manifest`] and before [`SourceSession::end_manifest`].
+    /// Nothing is sent for an empty list, nor in a session known not to use the
+    /// feature; a dialer, before the session is open, sends it as it does the
+    /// manifest (its caller offers the feature).
+    pub fn sparse_files(&mut self, entries: &[u32]) {
+        if entries.is_empty() || (self.info.is_some() && !self.uses(features::LINKS)) {
+            return;
+        }
+        for part in entries.chunks(SPARSE_PART) {
+            self.link.send(Control::Sparse(crate::control::SparseFiles {
+                entries: part.to_vec(),
             }));
         }
     }
