@@ -154,6 +154,10 @@ pub enum Control {
     /// (24, feature `TUNING`) A decision of the source's tuner: the data streams it
     /// now uses and why (source to sink, for the sink's user to see).
     Tuned(Tuned),
+    /// (25, feature `METADATA`) Owners and extended attributes of manifest entries
+    /// (source to sink), after `ManifestEnd`; the part marked `last` ends them, and
+    /// the sink prepares only then.
+    Meta(MetaPart),
 }
 
 impl Control {
@@ -185,6 +189,7 @@ impl Control {
             Control::TpcDone(_) => "TpcDone",
             Control::Pruned(_) => "Pruned",
             Control::Tuned(_) => "Tuned",
+            Control::Meta(_) => "Meta",
         }
     }
 
@@ -473,6 +478,16 @@ pub struct Tuned {
     pub rate: u64,
     /// Why, in a few words (at most [`MAX_TUNED_REASON`] bytes).
     pub reason: String,
+}
+
+/// (feature `METADATA`) Part of the manifest's metadata
+/// ([`crate::manifest::EntryMeta`]), in ascending entry order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaPart {
+    /// Entries' owners and extended attributes (entries without any may be absent).
+    pub entries: Vec<crate::manifest::EntryMeta>,
+    /// The last part.
+    pub last: bool,
 }
 
 /// Longest [`Tuned::reason`] a sink accepts.

@@ -130,13 +130,17 @@ pub mod features {
     /// data streams idle (the sink counts a stream idle only when none brings
     /// anything) and tells the sink its decisions ([`Control::Tuned`]).
     pub const TUNING: u64 = 4;
+    /// Owners and extended attributes (ACLs among them) travel with the manifest
+    /// ([`Control::Meta`] after `ManifestEnd`, the last part marked): the sink
+    /// prepares once it has them, and applies what its policy allows.
+    pub const METADATA: u64 = 8;
 
     /// The features this build's drivers (`dmover_core::drive`) speak and offer.
-    pub const SUPPORTED: u64 = GROWING_MANIFEST | RANGES | TUNING;
+    pub const SUPPORTED: u64 = GROWING_MANIFEST | RANGES | TUNING | METADATA;
 
     /// The features the role machines implement: what a driver may offer once it
     /// handles their events too (the simulator and the pair tests offer these).
-    pub const MACHINES: u64 = GROWING_MANIFEST | RANGES | TUNING;
+    pub const MACHINES: u64 = GROWING_MANIFEST | RANGES | TUNING | METADATA;
 
     /// The features a session uses: those both sides speak. Bits the machines do not
     /// know are never granted.
@@ -151,6 +155,7 @@ pub mod features {
             Control::Grow(_) | Control::Grown(_) => GROWING_MANIFEST,
             Control::Want(_) | Control::OnDemand => RANGES,
             Control::Tuned(_) => TUNING,
+            Control::Meta(_) => METADATA,
             _ => 0,
         }
     }
@@ -161,6 +166,7 @@ pub mod features {
             GROWING_MANIFEST => "growing manifest",
             RANGES => "ranges",
             TUNING => "tuning",
+            METADATA => "metadata",
             _ => "unknown",
         }
     }
