@@ -961,6 +961,20 @@ impl Client {
     }
 
     /// The `Open` of a session for `op`.
+    /// The owners and xattrs a push sends (feature `METADATA`), as far as the options
+    /// let them travel; a server without the feature never gets them. Read here, on
+    /// the task (one stat and one listxattr per entry: docs/sync.md).
+    fn read_meta(&self, source: &FileSource) -> Vec<dmover_proto::manifest::EntryMeta> {
+        let p = self.opts.meta;
+        let mut meta = source.read_meta(p.xattrs);
+        if !p.owner {
+            for m in &mut meta {
+                (m.uid, m.gid) = (u32::MAX, u32::MAX);
+            }
+        }
+        meta
+    }
+
     fn open_request(&self, op: Op, chunk_size: u32) -> Open {
         Open {
             op,
@@ -1534,6 +1548,7 @@ impl Client {
         let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
         let mut m = SourceSession::dial(now(), server, timing, d);
         m.push_manifest(source.tree().entries());
+        m.push_meta(self.read_meta(&source));
         m.end_manifest(totals, drive::chunk_set(source.chunks()));
         let (fixed, threads) = (self.opts.buffers, self.disk.threads());
         let deep = session::mostly_aligned(source.tree().entries());
@@ -1633,6 +1648,7 @@ impl Client {
         let o = &self.opts;
         let (checksum, direct_io, fsync, verify, journal) =
             (o.checksum, o.direct_io, o.fsync, o.verify, o.journal);
+        let meta = o.meta;
         let (pre, early_in, mirror_in) = (prune_opts.clone(), early.clone(), mirror_path.clone());
         let prepare: drive::Prepare<FileSink> = Box::new(move |mut entries, chunk, so| {
             if let Some(name) = rename {
@@ -1657,6 +1673,7 @@ impl Client {
                 // Files already there with the manifest's size and mtime are
                 // kept (a re-run or `dmover sync` sends only what changed).
                 unchanged: so.resume,
+                meta,
             };
             Ok(prepare_sink(&base, &dest, entries, chunk, opts)?)
         });

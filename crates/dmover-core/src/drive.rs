@@ -369,9 +369,19 @@ pub trait SinkStore: Sink + Sized + 'static {
     fn held_bytes(&self) -> u64 {
         0
     }
+
+    /// (feature `METADATA`) The source's owners and extended attributes of the
+    /// manifest's entries; storage that keeps none ignores them.
+    fn set_meta(&mut self, meta: Vec<dmover_proto::manifest::EntryMeta>) {
+        let _ = meta;
+    }
 }
 
 impl SinkStore for FileSink {
+    fn set_meta(&mut self, meta: Vec<dmover_proto::manifest::EntryMeta>) {
+        FileSink::set_meta(self, meta)
+    }
+
     fn held(&self) -> Held {
         FileSink::held(self)
     }
@@ -1326,6 +1336,7 @@ where
     let mut tasks: HashMap<u16, Task<u64>> = HashMap::new();
     let mut summary: Option<Summary> = None;
     let mut grown: Vec<(Vec<Entry>, std::ops::Range<u64>)> = Vec::new();
+    let mut meta = Vec::new();
     let mut cancelled = false;
     let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
     loop {
@@ -1352,6 +1363,7 @@ where
                 match ev {
                     SinkEvent::Opened(info) => joins.opened(&info),
                     SinkEvent::Options(o) => options = Some(o),
+                    SinkEvent::Meta(m) => meta = m,
                     SinkEvent::Manifest(entries) => {
                         let (Some(f), Some(info)) = (prepare.take(), m.info()) else {
                             continue;
@@ -1370,8 +1382,12 @@ where
                             heartbeat_ms: 0,
                         });
                         let (chunk, tx) = (info.chunk_size, tx.clone());
+                        let meta = std::mem::take(&mut meta);
                         env.disk.spawn(move || {
-                            let r = f(entries, chunk, &o).map(|k| {
+                            let r = f(entries, chunk, &o).map(|mut k| {
+                                if !meta.is_empty() {
+                                    k.set_meta(meta);
+                                }
                                 let held = if o.resume {
                                     k.held()
                                 } else {

@@ -47,7 +47,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
+use dmover_proto::manifest::XattrScope;
+use dmover_proto::session::features;
 use dmover_store::Source;
+use dmover_store::meta::MetaPolicy;
 use dmover_store::paths::{self, Base};
 use dmover_store::sink::{FileSink, SinkOptions, prepare_sink};
 use dmover_store::source::{FileSource, SourceOptions};
@@ -135,6 +138,7 @@ impl ServerConfig {
                 read_only: false,
                 third_party: false,
                 bwlimit: None,
+                preserve_owner: false,
             }],
             read_only: false,
             users: None,
@@ -968,7 +972,7 @@ impl Server {
                     write: true,
                     export: export.clone(),
                 });
-                Some((base, rest.to_vec()))
+                Some((base, rest.to_vec(), export.preserve_owner))
             }
             Op::Pull { .. }
             | Op::PullFiltered(_)
@@ -1168,10 +1172,11 @@ impl Server {
             }
             Op::Push { dest: shown } => {
                 what = format!("push to {:?}", String::from_utf8_lossy(&shown));
-                let (base, dest) = push_dest.expect("resolved above");
+                let (base, dest, preserve_owner) = push_dest.expect("resolved above");
                 let limits = Limits {
                     max_entries: self.cfg.max_entries,
                     max_manifest_bytes: self.cfg.max_manifest_bytes,
+                    ..Limits::default()
                 };
                 let mut m = SinkSession::accept(now, peer, timing, limits, setup_by);
                 m.grant(now, info);
@@ -1187,6 +1192,10 @@ impl Server {
                         // Files already there with the manifest's size and mtime are
                         // kept (a re-run or `dmover sync` sends only what changed).
                         unchanged: so.resume,
+                        meta: MetaPolicy {
+                            xattrs: XattrScope::DEFAULT,
+                            owner: preserve_owner,
+                        },
                     };
                     Ok(prepare_sink(&base, &dest, entries, chunk, opts)?)
                 });
@@ -1220,6 +1229,11 @@ impl Server {
                 let mut m = SourceSession::accept(now, peer, timing, setup_by);
                 m.grant(now, info);
                 m.push_manifest(source.tree().entries());
+                if m.uses(features::METADATA) {
+                    // One stat and listxattr per entry, here (the tree is not shared
+                    // with the disk threads yet): docs/sync.md has its cost.
+                    m.push_meta(source.read_meta(XattrScope::DEFAULT));
+                }
                 let totals = Totals::of(source.tree().entries());
                 env.run
                     .progress
@@ -1421,6 +1435,7 @@ mod tests {
             read_only: false,
             third_party: false,
             bwlimit,
+            preserve_owner: false,
         };
         let use_of = |e: ExportSpec| Use {
             path: Vec::new(),
