@@ -966,6 +966,9 @@ impl Client {
     /// the task (one stat and one listxattr per entry: docs/sync.md).
     fn read_meta(&self, source: &FileSource) -> Vec<dmover_proto::manifest::EntryMeta> {
         let p = self.opts.meta;
+        if !(p.owner || p.xattrs.user || p.xattrs.acls || p.xattrs.all) {
+            return Vec::new();
+        }
         let mut meta = source.read_meta(p.xattrs);
         if !p.owner {
             for m in &mut meta {
