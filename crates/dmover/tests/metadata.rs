@@ -282,3 +282,51 @@ fn owners_survive_push_and_pull_as_root() {
         assert_eq!((m.uid(), m.gid(), m.mode() & 0o7777), (0, 0, mode), "{p}");
     }
 }
+
+/// A copy between two servers runs the same push and pull: xattrs and ACLs travel
+/// both ways of dialing, and owners where B keeps them (as root, with
+/// `--preserve-owner`) and nowhere else.
+#[test]
+fn a_third_party_copy_keeps_metadata_both_ways_of_dialing() {
+    let t = tmp();
+    if !xattrs_supported(
+        t.path(),
+        "a_third_party_copy_keeps_metadata_both_ways_of_dialing",
+    ) {
+        return;
+    }
+    let (a_root, b_root, c_root) = (t.path().join("a"), t.path().join("b"), t.path().join("c"));
+    for r in [&a_root, &b_root, &c_root] {
+        std::fs::create_dir(r).unwrap();
+    }
+    let src = a_root.join("d");
+    make(&src);
+    let root = is_root();
+    if root {
+        std::os::unix::fs::lchown(src.join("f"), Some(1234), Some(2345)).unwrap();
+        // chown cleared nothing here (0664), but keep the ACL's mode honest.
+        assert_eq!(mode(&src.join("f")), 0o664);
+    }
+    let a = Server::start(&a_root, &["--third-party"]);
+    let b = Server::start(&b_root, &["--third-party", "--preserve-owner"]);
+    let c = Server::start(&c_root, &["--third-party"]);
+    let owner = |p: &Path| {
+        let m = std::fs::metadata(p).unwrap();
+        (m.uid(), m.gid())
+    };
+
+    // Push: A dials B.
+    ok(&cp(&[&a.url("d"), &b.url("")]));
+    same_meta(&src, &b_root.join("d"));
+    // Pull: B dials A.
+    ok(&cp(&["--tpc", "pull", &a.url("d"), &b.url("pulled")]));
+    same_meta(&src, &b_root.join("pulled"));
+    // Pull into C, which does not keep owners.
+    ok(&cp(&["--tpc", "pull", &a.url("d"), &c.url("pulled")]));
+    same_meta(&src, &c_root.join("pulled"));
+    if root {
+        assert_eq!(owner(&b_root.join("d/f")), (1234, 2345));
+        assert_eq!(owner(&b_root.join("pulled/f")), (1234, 2345));
+        assert_eq!(owner(&c_root.join("pulled/f")), (0, 0));
+    }
+}
