@@ -238,3 +238,64 @@ impl Applier {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(uid: u32, gid: u32) -> EntryMeta {
+        EntryMeta {
+            entry: 0,
+            uid,
+            gid,
+            xattrs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn setuid_and_setgid_only_where_the_owner_is_the_sources() {
+        let (euid, egid) = (
+            rustix::process::geteuid().as_raw(),
+            rustix::process::getegid().as_raw(),
+        );
+        let keep = Applier::new(MetaPolicy {
+            xattrs: XattrScope::DEFAULT,
+            owner: true,
+        });
+        let no_owner = Applier::new(MetaPolicy::default());
+        // Unknown owner (an older peer, or `--no-owner`): never.
+        for a in [&keep, &no_owner] {
+            assert_eq!(a.file_mode(0o6755, None), 0o755);
+            assert_eq!(a.file_mode(0o6755, Some(&m(u32::MAX, u32::MAX))), 0o755);
+            assert_eq!(a.file_mode(0o0640, None), 0o640, "other bits stay");
+        }
+        // The process's own ids: kept, unless it is root (a claim is no proof).
+        let own = if euid == 0 { 0o755 } else { 0o6755 };
+        assert_eq!(no_owner.file_mode(0o6755, Some(&m(euid, egid))), own);
+        // A foreign owner: kept only when applied (root, allowed).
+        assert_eq!(
+            no_owner.file_mode(0o6755, Some(&m(euid + 1, egid + 1))),
+            0o755
+        );
+        let applied = if euid == 0 { 0o6755 } else { 0o755 };
+        assert_eq!(
+            keep.file_mode(0o6755, Some(&m(euid + 1, egid + 1))),
+            applied
+        );
+    }
+
+    #[test]
+    fn scopes() {
+        let d = XattrScope::DEFAULT;
+        assert!(d.allows(b"user.x") && d.allows(ACL_ACCESS) && d.allows(ACL_DEFAULT));
+        assert!(!d.allows(b"trusted.x") && !d.allows(b"security.selinux"));
+        let no_acl = XattrScope { acls: false, ..d };
+        assert!(no_acl.allows(b"user.x") && !no_acl.allows(ACL_ACCESS));
+        let all = XattrScope {
+            user: false,
+            acls: false,
+            all: true,
+        };
+        assert!(all.allows(b"trusted.x") && all.allows(b"user.x") && !all.allows(ACL_ACCESS));
+    }
+}
