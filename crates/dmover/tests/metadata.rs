@@ -208,6 +208,14 @@ fn xattrs_and_acls_survive_push_and_pull() {
     for p in PATHS {
         assert_eq!(xattrs(&o.join("d").join(p)), vec![], "{p:?}");
     }
+    // The same on a pull: the puller sets none of what the server sends.
+    let o = t.path().join("plain-pull");
+    std::fs::create_dir(&o).unwrap();
+    ok(&cp(&["--no-xattrs", "--no-acls", &srv.url("d"), s(&o)]));
+    same(&src, &o.join("d"));
+    for p in PATHS {
+        assert_eq!(xattrs(&o.join("d").join(p)), vec![], "{p:?}");
+    }
 }
 
 #[test]
