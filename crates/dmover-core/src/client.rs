@@ -1528,6 +1528,8 @@ impl Client {
         let files = crate::engine::files_with_data(source.tree().entries());
         run.progress.total_files.store(files, Relaxed);
         run.progress.set_manifest(source.tree().entries());
+        // Before connecting, as the walk: no connection idles while it is read.
+        let meta = self.read_meta(&source);
         // A busy server may keep us waiting: an interrupt ends the wait.
         let mut conn = tokio::select! {
             r = self.connect(server) => r?,
@@ -1551,7 +1553,7 @@ impl Client {
         let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
         let mut m = SourceSession::dial(now(), server, timing, d);
         m.push_manifest(source.tree().entries());
-        m.push_meta(self.read_meta(&source));
+        m.push_meta(meta);
         m.end_manifest(totals, drive::chunk_set(source.chunks()));
         let (fixed, threads) = (self.opts.buffers, self.disk.threads());
         let deep = session::mostly_aligned(source.tree().entries());

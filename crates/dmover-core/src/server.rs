@@ -1096,6 +1096,15 @@ impl Server {
                 dmover_proto::session::features::SUPPORTED,
             ),
         };
+        // A pull's owners and xattrs (feature METADATA): one stat and listxattr per
+        // entry, read as the walk was, before the session's clock starts
+        // (docs/sync.md has the cost).
+        let meta = match &walked {
+            Some(w) if info.features & features::METADATA != 0 => {
+                dmover_store::meta::read_tree(&w.tree, XattrScope::DEFAULT)
+            }
+            _ => Vec::new(),
+        };
         let what;
         let bytes;
         let mut files = 0;
@@ -1229,11 +1238,7 @@ impl Server {
                 let mut m = SourceSession::accept(now, peer, timing, setup_by);
                 m.grant(now, info);
                 m.push_manifest(source.tree().entries());
-                if m.uses(features::METADATA) {
-                    // One stat and listxattr per entry, here (the tree is not shared
-                    // with the disk threads yet): docs/sync.md has its cost.
-                    m.push_meta(source.read_meta(XattrScope::DEFAULT));
-                }
+                m.push_meta(meta);
                 let totals = Totals::of(source.tree().entries());
                 env.run
                     .progress
