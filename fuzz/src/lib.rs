@@ -229,7 +229,7 @@ fn entry(u: &mut Unstructured<'_>) -> Result<Entry> {
 
 /// Any control message, valid or not as far as the protocol goes.
 pub fn arbitrary_control(u: &mut Unstructured<'_>) -> Result<Control> {
-    Ok(match u.int_in_range(0..=20u8)? {
+    Ok(match u.int_in_range(0..=21u8)? {
         0 => Control::Hello(Hello {
             software: u.arbitrary()?,
             nonce: u.arbitrary()?,
@@ -383,6 +383,26 @@ pub fn arbitrary_control(u: &mut Unstructured<'_>) -> Result<Control> {
             streams: u.int_in_range(0..=16)?,
             rate: u.arbitrary()?,
             reason: u.arbitrary()?,
+        }),
+        21 => Control::Meta(dmover_proto::control::MetaPart {
+            entries: (0..u.int_in_range(0..=4u8)?)
+                .map(|_| {
+                    Ok(dmover_proto::manifest::EntryMeta {
+                        entry: u.int_in_range(0..=12)?,
+                        uid: u.arbitrary()?,
+                        gid: u.arbitrary()?,
+                        xattrs: (0..u.int_in_range(0..=3u8)?)
+                            .map(|_| {
+                                Ok(dmover_proto::manifest::Xattr {
+                                    name: u.arbitrary()?,
+                                    value: u.arbitrary()?,
+                                })
+                            })
+                            .collect::<Result<_>>()?,
+                    })
+                })
+                .collect::<Result<_>>()?,
+            last: u.arbitrary()?,
         }),
         _ => Control::Error(ErrorMsg {
             code: *u.choose(&[

@@ -22,6 +22,7 @@
 //! path = "/data"
 //! read_only = false                # optional: read-only for everyone
 //! bwlimit = "10gbit"               # optional: per session on it (a rate with a unit)
+//! preserve_owner = false           # optional: pushed files keep their numeric owner (root server)
 //!
 //! [users.alice]
 //! token = "dmover-token-v2:…"      # from `dmover credential token FILE`
@@ -62,6 +63,10 @@ pub struct ExportSpec {
     pub third_party: bool,
     /// Bandwidth limit of each session on it, in bytes per second.
     pub bwlimit: Option<u64>,
+    /// Files pushed to it get the source's numeric owner, when the server runs as
+    /// root (off by default: a user with write rights could otherwise make files of
+    /// any owner, setuid ones among them).
+    pub preserve_owner: bool,
 }
 
 /// What a user may do with an export.
@@ -332,6 +337,10 @@ pub struct ExportEntry {
     pub third_party: bool,
     /// Bandwidth limit of each session on it: a rate with a unit (`1gbit`, `100MB/s`).
     pub bwlimit: Option<String>,
+    /// Pushed files keep the source's numeric owner (server run as root; off by
+    /// default).
+    #[serde(default)]
+    pub preserve_owner: bool,
 }
 
 /// A user in the configuration file.
@@ -416,6 +425,7 @@ impl ConfigFile {
                 read_only: e.read_only,
                 third_party: e.third_party,
                 bwlimit,
+                preserve_owner: e.preserve_owner,
             });
         }
         let mut users = BTreeMap::new();

@@ -991,6 +991,23 @@ impl Client {
     }
 
     /// The `Open` of a session for `op`.
+    /// The owners and xattrs a push sends (feature `METADATA`), as far as the options
+    /// let them travel; a server without the feature never gets them. Read here, on
+    /// the task (one stat and one listxattr per entry: docs/sync.md).
+    fn read_meta(&self, source: &FileSource) -> Vec<dmover_proto::manifest::EntryMeta> {
+        let p = self.opts.meta;
+        if !(p.owner || p.xattrs.user || p.xattrs.acls || p.xattrs.all) {
+            return Vec::new();
+        }
+        let mut meta = source.read_meta(p.xattrs);
+        if !p.owner {
+            for m in &mut meta {
+                (m.uid, m.gid) = (u32::MAX, u32::MAX);
+            }
+        }
+        meta
+    }
+
     fn open_request(&self, op: Op, chunk_size: u32) -> Open {
         Open {
             op,
@@ -1621,6 +1638,8 @@ impl Client {
         let files = crate::engine::files_with_data(source.tree().entries());
         run.progress.total_files.store(files, Relaxed);
         run.progress.set_manifest(source.tree().entries());
+        // Before connecting, as the walk: no connection idles while it is read.
+        let meta = self.read_meta(&source);
         // A busy server may keep us waiting: an interrupt ends the wait.
         let mut conn = match early.take() {
             Some(c) => c,
@@ -1651,6 +1670,7 @@ impl Client {
         if open_features & dmover_proto::session::features::LINKS != 0 {
             m.sparse_files(source.tree().sparse());
         }
+        m.push_meta(meta);
         m.end_manifest(totals, drive::chunk_set(source.chunks()));
         let (fixed, threads) = (self.opts.buffers, self.disk.threads());
         let deep = session::mostly_aligned(source.tree().entries());
@@ -1795,6 +1815,7 @@ impl Client {
         let o = &self.opts;
         let (checksum, direct_io, fsync, verify, journal) =
             (o.checksum, o.direct_io, o.fsync, o.verify, o.journal);
+        let meta = o.meta;
         let (pre, early_in, mirror_in) = (prune_opts.clone(), early.clone(), mirror_path.clone());
         let prepare: drive::Prepare<FileSink> = Box::new(move |mut entries, chunk, so| {
             if let Some(name) = rename {
@@ -1819,6 +1840,7 @@ impl Client {
                 // Files already there with the manifest's size and mtime are
                 // kept (a re-run or `dmover sync` sends only what changed).
                 unchanged: so.resume,
+                meta,
             };
             Ok(prepare_sink(&base, &dest, entries, chunk, opts)?)
         });

@@ -375,9 +375,19 @@ pub trait SinkStore: Sink + Sized + 'static {
     fn set_sparse(&mut self, entries: Vec<u32>) {
         let _ = entries;
     }
+
+    /// (feature `METADATA`) The source's owners and extended attributes of the
+    /// manifest's entries; storage that keeps none ignores them.
+    fn set_meta(&mut self, meta: Vec<dmover_proto::manifest::EntryMeta>) {
+        let _ = meta;
+    }
 }
 
 impl SinkStore for FileSink {
+    fn set_meta(&mut self, meta: Vec<dmover_proto::manifest::EntryMeta>) {
+        FileSink::set_meta(self, meta)
+    }
+
     fn held(&self) -> Held {
         FileSink::held(self)
     }
@@ -1348,6 +1358,7 @@ where
     let mut tasks: HashMap<u16, Task<u64>> = HashMap::new();
     let mut summary: Option<Summary> = None;
     let mut grown: Vec<(Vec<Entry>, std::ops::Range<u64>)> = Vec::new();
+    let mut meta = Vec::new();
     let mut cancelled = false;
     let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
     loop {
@@ -1375,6 +1386,7 @@ where
                     SinkEvent::Opened(info) => joins.opened(&info),
                     SinkEvent::Options(o) => options = Some(o),
                     SinkEvent::Sparse(list) => sparse = list,
+                    SinkEvent::Meta(m) => meta = m,
                     SinkEvent::Manifest(entries) => {
                         let (Some(f), Some(info)) = (prepare.take(), m.info()) else {
                             continue;
@@ -1394,10 +1406,14 @@ where
                         });
                         let (chunk, tx) = (info.chunk_size, tx.clone());
                         let sparse = std::mem::take(&mut sparse);
+                        let meta = std::mem::take(&mut meta);
                         env.disk.spawn(move || {
                             let r = f(entries, chunk, &o).map(|mut k| {
                                 if !sparse.is_empty() {
                                     k.set_sparse(sparse);
+                                }
+                                if !meta.is_empty() {
+                                    k.set_meta(meta);
                                 }
                                 let held = if o.resume {
                                     k.held()

@@ -302,6 +302,7 @@ mod tests {
             read_only,
             third_party: false,
             bwlimit: None,
+            preserve_owner: false,
         }
     }
 

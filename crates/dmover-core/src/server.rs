@@ -47,7 +47,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
+use dmover_proto::manifest::XattrScope;
+use dmover_proto::session::features;
 use dmover_store::Source;
+use dmover_store::meta::MetaPolicy;
 use dmover_store::paths::{self, Base};
 use dmover_store::sink::{FileSink, SinkOptions, prepare_sink};
 use dmover_store::source::{FileSource, SourceOptions};
@@ -136,6 +139,7 @@ impl ServerConfig {
                 read_only: false,
                 third_party: false,
                 bwlimit: None,
+                preserve_owner: false,
             }],
             read_only: false,
             users: None,
@@ -970,7 +974,7 @@ impl Server {
                     write: true,
                     export: export.clone(),
                 });
-                Some((base, rest.to_vec()))
+                Some((base, rest.to_vec(), export.preserve_owner))
             }
             Op::Pull { .. }
             | Op::PullFiltered(_)
@@ -1096,6 +1100,15 @@ impl Server {
                 dmover_proto::session::features::SUPPORTED,
             ),
         };
+        // A pull's owners and xattrs (feature METADATA): one stat and listxattr per
+        // entry, read as the walk was, before the session's clock starts
+        // (docs/sync.md has the cost).
+        let meta = match &walked {
+            Some(w) if info.features & features::METADATA != 0 => {
+                dmover_store::meta::read_tree(&w.tree, XattrScope::DEFAULT)
+            }
+            _ => Vec::new(),
+        };
         let what;
         let bytes;
         let mut files = 0;
@@ -1176,10 +1189,11 @@ impl Server {
             }
             Op::Push { dest: shown } => {
                 what = format!("push to {:?}", String::from_utf8_lossy(&shown));
-                let (base, dest) = push_dest.expect("resolved above");
+                let (base, dest, preserve_owner) = push_dest.expect("resolved above");
                 let limits = Limits {
                     max_entries: self.cfg.max_entries,
                     max_manifest_bytes: self.cfg.max_manifest_bytes,
+                    ..Limits::default()
                 };
                 let mut m = SinkSession::accept(now, peer, timing, limits, setup_by);
                 m.grant(now, info);
@@ -1195,6 +1209,10 @@ impl Server {
                         // Files already there with the manifest's size and mtime are
                         // kept (a re-run or `dmover sync` sends only what changed).
                         unchanged: so.resume,
+                        meta: MetaPolicy {
+                            xattrs: XattrScope::DEFAULT,
+                            owner: preserve_owner,
+                        },
                     };
                     Ok(prepare_sink(&base, &dest, entries, chunk, opts)?)
                 });
@@ -1234,6 +1252,7 @@ impl Server {
                 m.push_manifest(source.tree().entries());
                 // Sent only in a session that uses LINKS (the machine knows).
                 m.sparse_files(source.tree().sparse());
+                m.push_meta(meta);
                 let totals = Totals::of(source.tree().entries());
                 env.run
                     .progress
@@ -1436,6 +1455,7 @@ mod tests {
             read_only: false,
             third_party: false,
             bwlimit,
+            preserve_owner: false,
         };
         let use_of = |e: ExportSpec| Use {
             path: Vec::new(),

@@ -119,6 +119,10 @@ pub struct TransferOptions {
     /// second, applied on this side ([`dmover_net::pace`]): a source paces its sends,
     /// a sink its reads.
     pub bwlimit: Option<u64>,
+    /// Owners and extended attributes (feature `METADATA`): which a push's source
+    /// reads and sends (`xattrs`; `owner` off sends no owner), which a pull's
+    /// destination applies (owners only when this process is root).
+    pub meta: dmover_store::meta::MetaPolicy,
 }
 
 impl TransferOptions {
@@ -168,6 +172,10 @@ impl Default for TransferOptions {
             compare_content: false,
             heartbeat: HEARTBEAT,
             bwlimit: None,
+            meta: dmover_store::meta::MetaPolicy {
+                xattrs: dmover_proto::manifest::XattrScope::DEFAULT,
+                owner: true,
+            },
         }
     }
 }
@@ -363,6 +371,7 @@ mod tests {
             let limits = Limits {
                 max_entries,
                 max_manifest_bytes,
+                ..Limits::default()
             };
             let timing = crate::drive::timing(HEARTBEAT, Duration::from_secs(30));
             let mut m: SinkSession<crate::drive::Fault> =

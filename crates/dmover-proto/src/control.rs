@@ -154,10 +154,14 @@ pub enum Control {
     /// (24, feature `TUNING`) A decision of the source's tuner: the data streams it
     /// now uses and why (source to sink, for the sink's user to see).
     Tuned(Tuned),
-    /// (7, feature `LINKS`; variant 26 once merged) Regular files of the manifest that
+    /// (25, feature `LINKS`) Regular files of the manifest that
     /// may have holes, sent before `ManifestEnd` (source to sink): the sink does not
     /// preallocate them and leaves their zero blocks unwritten.
     Sparse(SparseFiles),
+    /// (26, feature `METADATA`) Owners and extended attributes of manifest entries
+    /// (source to sink), after `ManifestEnd`; the part marked `last` ends them, and
+    /// the sink prepares only then.
+    Meta(MetaPart),
 }
 
 impl Control {
@@ -190,6 +194,7 @@ impl Control {
             Control::Pruned(_) => "Pruned",
             Control::Tuned(_) => "Tuned",
             Control::Sparse(_) => "Sparse",
+            Control::Meta(_) => "Meta",
         }
     }
 
@@ -505,6 +510,16 @@ pub struct Tuned {
 pub struct SparseFiles {
     /// The entries.
     pub entries: Vec<u32>,
+}
+
+/// (feature `METADATA`) Part of the manifest's metadata
+/// ([`crate::manifest::EntryMeta`]), in ascending entry order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaPart {
+    /// Entries' owners and extended attributes (entries without any may be absent).
+    pub entries: Vec<crate::manifest::EntryMeta>,
+    /// The last part.
+    pub last: bool,
 }
 
 /// Longest [`Tuned::reason`] a sink accepts.

@@ -374,6 +374,157 @@ impl Validator {
     }
 }
 
+/// (feature `METADATA`) What an entry carries besides its mode and mtime: its numeric
+/// owner and extended attributes (POSIX ACLs among them, as the raw
+/// `system.posix_acl_access` / `system.posix_acl_default` values: Linux's portable
+/// format). The receiver decides what it applies (docs/sync.md, "Preserved metadata").
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct EntryMeta {
+    /// The manifest entry (index) this describes.
+    pub entry: u32,
+    /// Numeric owner.
+    pub uid: u32,
+    /// Numeric group.
+    pub gid: u32,
+    /// Extended attributes, `(name, value)`.
+    pub xattrs: Vec<Xattr>,
+}
+
+/// One extended attribute.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Xattr {
+    /// Its full name, namespace included (`user.x`).
+    pub name: Vec<u8>,
+    /// Its value, any bytes (possibly empty).
+    pub value: Vec<u8>,
+}
+
+/// The POSIX ACL of a file or directory, as an xattr.
+pub const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
+/// A directory's default ACL, as an xattr.
+pub const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
+/// Longest xattr name accepted (bytes), as on Linux.
+pub const MAX_XATTR_NAME: usize = 255;
+/// Largest xattr value accepted (bytes), as on Linux.
+pub const MAX_XATTR_VALUE: usize = 64 << 10;
+/// Most xattrs of one entry.
+pub const MAX_XATTRS: usize = 128;
+/// Most bytes of names and values of one entry's xattrs.
+pub const MAX_XATTR_BYTES: usize = 256 << 10;
+
+/// Which extended attributes travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct XattrScope {
+    /// `user.*` attributes.
+    pub user: bool,
+    /// POSIX ACLs ([`ACL_ACCESS`], [`ACL_DEFAULT`]).
+    pub acls: bool,
+    /// Every other namespace too (`trusted.*`, `security.*`, ...): only where an
+    /// export allows it.
+    pub all: bool,
+}
+
+impl XattrScope {
+    /// `user.*` and ACLs: the default.
+    pub const DEFAULT: XattrScope = XattrScope {
+        user: true,
+        acls: true,
+        all: false,
+    };
+
+    /// Whether an attribute of this name is in scope.
+    pub fn allows(&self, name: &[u8]) -> bool {
+        if name == ACL_ACCESS || name == ACL_DEFAULT {
+            self.acls
+        } else if name.starts_with(b"user.") {
+            self.user || self.all
+        } else {
+            self.all
+        }
+    }
+}
+
+/// Checks one entry's metadata against the limits, the manifest's length and the
+/// namespaces a receiver accepts (`scope`: an attribute out of scope is an error, as
+/// the source filters before it sends).
+pub fn validate_meta(m: &EntryMeta, n_entries: u64, scope: XattrScope) -> Result<()> {
+    if u64::from(m.entry) >= n_entries {
+        return Err(Error::Malformed(format!(
+            "metadata of entry {} of a manifest of {n_entries}",
+            m.entry
+        )));
+    }
+    if m.xattrs.len() > MAX_XATTRS {
+        return Err(Error::TooLarge {
+            what: "extended attributes of an entry",
+            value: m.xattrs.len() as u64,
+            limit: MAX_XATTRS as u64,
+        });
+    }
+    let mut bytes = 0;
+    for x in &m.xattrs {
+        if x.name.is_empty() || x.name.len() > MAX_XATTR_NAME || x.name.contains(&0) {
+            return Err(Error::Malformed(format!(
+                "an extended attribute name of {} bytes",
+                x.name.len()
+            )));
+        }
+        if x.value.len() > MAX_XATTR_VALUE {
+            return Err(Error::TooLarge {
+                what: "extended attribute value",
+                value: x.value.len() as u64,
+                limit: MAX_XATTR_VALUE as u64,
+            });
+        }
+        if !scope.allows(&x.name) {
+            return Err(Error::Malformed(format!(
+                "extended attribute {} is not accepted here",
+                String::from_utf8_lossy(&x.name)
+            )));
+        }
+        bytes += x.name.len() + x.value.len();
+    }
+    if bytes > MAX_XATTR_BYTES {
+        return Err(Error::TooLarge {
+            what: "extended attributes of an entry",
+            value: bytes as u64,
+            limit: MAX_XATTR_BYTES as u64,
+        });
+    }
+    Ok(())
+}
+
+/// Memory an entry's metadata takes once received.
+pub fn meta_bytes(m: &EntryMeta) -> u64 {
+    (std::mem::size_of::<EntryMeta>()
+        + m.xattrs
+            .iter()
+            .map(|x| std::mem::size_of::<Xattr>() + x.name.len() + x.value.len())
+            .sum::<usize>()) as u64
+}
+
+/// Cuts metadata into parts of about [`PART_BYTES`] encoded bytes.
+pub fn meta_parts(meta: &[EntryMeta]) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, m) in meta.iter().enumerate() {
+        let n = 16
+            + m.xattrs
+                .iter()
+                .map(|x| x.name.len() + x.value.len() + 6)
+                .sum::<usize>();
+        if bytes > 0 && bytes + n > PART_BYTES {
+            out.push(start..i);
+            (start, bytes) = (i, 0);
+        }
+        bytes += n;
+    }
+    if start < meta.len() {
+        out.push(start..meta.len());
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

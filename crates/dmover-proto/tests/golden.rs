@@ -1106,6 +1106,33 @@ fn control_growth_and_requests() {
         02 75 70      # reason: \"up\"
         ",
     );
+    // Feature METADATA (bit 8).
+    golden_control(
+        Control::Meta(dmover_proto::control::MetaPart {
+            entries: vec![dmover_proto::manifest::EntryMeta {
+                entry: 2,
+                uid: 1000,
+                gid: 100,
+                xattrs: vec![dmover_proto::manifest::Xattr {
+                    name: b"user.a".to_vec(),
+                    value: vec![0, 255],
+                }],
+            }],
+            last: true,
+        }),
+        "
+        00 00 00 12   # frame length: 18
+        1a            # Control::Meta (variant 26)
+        01            # entries: 1
+        02            #   entry: 2
+        e8 07         #   uid: 1000 (varint)
+        64            #   gid: 100
+        01            #   xattrs: 1
+        06 75 73 65 72 2e 61   # name: 6 bytes, \"user.a\"
+        02 00 ff      #   value: 2 bytes
+        01            # last: true
+        ",
+    );
 }
 
 #[test]
@@ -1119,7 +1146,7 @@ fn control_sparse() {
         }),
         "
         00 00 00 05   # frame length: 5
-        19            # Control::Sparse (variant 25 here, 26 merged)
+        19            # Control::Sparse (variant 25)
         02            # entries: 2
         03            # entry 3
         c8 01         # entry 200 (varint)

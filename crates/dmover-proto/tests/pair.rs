@@ -560,8 +560,9 @@ proptest! {
 // ---- Growing manifests and chunk requests (features GROWING_MANIFEST and RANGES) ----
 
 use dmover_proto::control::{
-    Control, Growth, ManifestEnd, ManifestPart, SessionInfo, SessionOptions, Want,
+    Control, Growth, ManifestEnd, ManifestPart, MetaPart, SessionInfo, SessionOptions, Want,
 };
+use dmover_proto::manifest::EntryMeta;
 use dmover_proto::session::sim::{manifest, totals};
 use dmover_proto::session::{ChunkSet, SinkEvent, SinkSession, SourceSession, features};
 use std::time::Instant;
@@ -1161,4 +1162,156 @@ fn a_sparse_file_list_reaches_the_sink_before_the_manifest() {
             assert_eq!(names[i + 1], "ManifestEnd", "{names:?}");
         }
     }
+}
+
+fn xattr(name: &[u8], value: &[u8]) -> dmover_proto::manifest::Xattr {
+    dmover_proto::manifest::Xattr {
+        name: name.to_vec(),
+        value: value.to_vec(),
+    }
+}
+
+/// The control messages the source sent.
+fn from_source(r: &Report, push: bool) -> &[&'static str] {
+    if push { &r.messages.0 } else { &r.messages.1 }
+}
+
+fn meta_of(entry: u32, xattrs: Vec<dmover_proto::manifest::Xattr>) -> EntryMeta {
+    EntryMeta {
+        entry,
+        uid: 1000 + entry,
+        gid: 100,
+        xattrs,
+    }
+}
+
+#[test]
+fn metadata_travels_both_ways_and_only_with_its_feature() {
+    let meta = vec![
+        meta_of(0, vec![xattr(b"user.a", b"1"), xattr(b"trusted.x", b"no")]),
+        meta_of(
+            2,
+            vec![
+                xattr(b"user.empty", b""),
+                xattr(b"system.posix_acl_access", &[2, 0, 0, 0]),
+            ],
+        ),
+    ];
+    for push in [true, false] {
+        let r = run(Config {
+            push,
+            features: features::METADATA,
+            meta: meta.clone(),
+            ..Config::default()
+        });
+        assert!(r.finished(), "{:?} {:?}", r.source, r.sink);
+        // The sink takes user.* and ACLs only (Limits::default()).
+        let mut want = meta.clone();
+        want[0].xattrs.truncate(1);
+        assert_eq!(r.meta, want, "push {push}");
+        let i = from_source(&r, push);
+        assert!(i.contains(&"Meta"), "{i:?}");
+        // Without the feature nothing is sent and nothing is missed.
+        let r = run(Config {
+            push,
+            features: features::TUNING,
+            meta: meta.clone(),
+            ..Config::default()
+        });
+        assert!(r.finished());
+        assert!(r.meta.is_empty());
+        assert!(!from_source(&r, push).contains(&"Meta"));
+    }
+    // A source with nothing to say still ends the metadata (an empty last part).
+    let r = run(Config {
+        features: features::METADATA,
+        ..Config::default()
+    });
+    assert!(r.finished());
+    assert!(r.meta.is_empty());
+}
+
+/// A sink in a METADATA session whose manifest has ended.
+fn meta_sink() -> (SinkSession<dmover_proto::session::sim::SimError>, Instant) {
+    let (mut m, now) = sink_with(features::METADATA);
+    m.handle_control(
+        now,
+        Control::ManifestEnd(ManifestEnd {
+            totals: totals(&manifest(2)),
+        }),
+    );
+    (m, now)
+}
+
+fn failure_after(
+    mut m: SinkSession<dmover_proto::session::sim::SimError>,
+    now: Instant,
+    msg: Control,
+) -> String {
+    m.handle_control(now, msg);
+    m.handle_timeout(now + Timing::default().report_wait);
+    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+    let last = format!("{:?}", events.last().expect("an event"));
+    assert!(last.starts_with("Failed("), "{events:?}");
+    last
+}
+
+#[test]
+fn the_sink_checks_metadata() {
+    let part = |entries, last| Control::Meta(MetaPart { entries, last });
+    // The manifest is prepared for only once the last part came.
+    let (mut m, now) = meta_sink();
+    assert!(!std::iter::from_fn(|| m.poll_event()).any(|e| matches!(e, SinkEvent::Manifest(_))));
+    m.handle_control(
+        now,
+        part(vec![meta_of(1, vec![xattr(b"user.k", &[0, 255])])], false),
+    );
+    assert!(m.poll_event().is_none());
+    m.handle_control(now, part(vec![meta_of(2, vec![])], true));
+    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+    assert!(
+        matches!(&events[..], [SinkEvent::Meta(x), SinkEvent::Manifest(e)] if x.len() == 2 && e.len() == 3),
+        "{events:?}"
+    );
+    // An entry beyond the manifest (3 entries).
+    let (m, now) = meta_sink();
+    let e = failure_after(m, now, part(vec![meta_of(3, vec![])], true));
+    assert!(e.contains("metadata of entry 3 of a manifest of 3"), "{e}");
+    // A value over 64 KiB, a name over 255 bytes, too many attributes.
+    let (m, now) = meta_sink();
+    let big = vec![7u8; (64 << 10) + 1];
+    let e = failure_after(
+        m,
+        now,
+        part(vec![meta_of(1, vec![xattr(b"user.big", &big)])], true),
+    );
+    assert!(e.contains("extended attribute value"), "{e}");
+    let (m, now) = meta_sink();
+    let long = [b"user.".as_slice(), &[b'n'; 251]].concat();
+    let e = failure_after(
+        m,
+        now,
+        part(vec![meta_of(1, vec![xattr(&long, b"")])], true),
+    );
+    assert!(e.contains("name of 256 bytes"), "{e}");
+    let (m, now) = meta_sink();
+    let many = (0..129)
+        .map(|i| xattr(format!("user.{i}").as_bytes(), b""))
+        .collect();
+    let e = failure_after(m, now, part(vec![meta_of(1, many)], true));
+    assert!(e.contains("extended attributes of an entry"), "{e}");
+    // Before the manifest ended: out of order.
+    let (m, now) = sink_with(features::METADATA);
+    let e = failure_after(m, now, part(vec![], true));
+    assert!(e.contains("Unexpected"), "{e}");
+    // In a session without the feature: a protocol error.
+    let (mut m, now) = sink_with(features::TUNING);
+    m.handle_control(
+        now,
+        Control::ManifestEnd(ManifestEnd {
+            totals: totals(&manifest(2)),
+        }),
+    );
+    let e = failure_after(m, now, part(vec![], true));
+    assert!(e.contains("Meta needs the metadata feature"), "{e}");
 }

@@ -22,6 +22,7 @@ pub mod fault;
 pub mod filter;
 pub mod journal;
 pub mod mem;
+pub mod meta;
 pub mod paths;
 pub mod prune;
 pub mod resume;

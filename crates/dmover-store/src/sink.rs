@@ -39,13 +39,14 @@ use dmover_proto::control::{ErrorCode, Summary};
 use dmover_proto::data::DigestEntry;
 use dmover_proto::digest::{FileDigest, crc32c_append, piece_hash};
 use dmover_proto::layout::{Layout, Piece};
-use dmover_proto::manifest::{Entry, EntryKind, MAX_NAME, Mtime, NO_PARENT};
+use dmover_proto::manifest::{Entry, EntryKind, EntryMeta, MAX_NAME, Mtime, NO_PARENT};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::chunk::Sink;
 use crate::error::{Error, Result};
 use crate::journal::{self, Contents, FileId, Journal};
+use crate::meta::{Applier, MetaPolicy, Target};
 use crate::paths::{self, Base};
 use crate::resume::{Held, Skips};
 use crate::sys;
@@ -77,6 +78,9 @@ pub struct SinkOptions {
     /// file) as held, journaled or not: the quick check of `dmover sync` (and of
     /// `--resume` after a copy that finished, whose journal is gone).
     pub unchanged: bool,
+    /// What of the source's owners and extended attributes to apply
+    /// ([`FileSink::set_meta`]); by default nothing, and no setuid/setgid bit.
+    pub meta: MetaPolicy,
 }
 
 /// A staging file just written.
@@ -112,6 +116,9 @@ pub struct FileSink {
     /// Files the source could not read.
     failed: Mutex<HashSet<u32>>,
     any_failed: AtomicBool,
+    /// Entries' owners and xattrs from the source (feature `METADATA`).
+    meta: HashMap<u32, EntryMeta>,
+    applier: Applier,
 }
 
 /// Size and mtime of `name` in `dir` when it is a regular file (not followed if a
@@ -165,6 +172,8 @@ impl FileSink {
             keep: Mutex::default(),
             failed: Mutex::default(),
             any_failed: AtomicBool::new(false),
+            meta: HashMap::new(),
+            applier: Applier::new(opts.meta),
         };
         if opts.journal {
             if let Some(dir) = sink.tree.roots_dir() {
@@ -184,6 +193,12 @@ impl FileSink {
             }
         }
         Ok(sink)
+    }
+
+    /// The source's owners and extended attributes of the manifest's entries, applied
+    /// as each is finalised (what [`SinkOptions::meta`] allows).
+    pub fn set_meta(&mut self, meta: Vec<EntryMeta>) {
+        self.meta.extend(meta.into_iter().map(|m| (m.entry, m)));
     }
 
     /// The transfer's key (names the journal and the staging files).
@@ -466,7 +481,7 @@ impl FileSink {
         // lets it through (saving a chmod); others stay owner-writable until finalised,
         // since later pieces reopen them for writing.
         let mode = self.tree.entries()[slot.entry as usize].mode;
-        let final_mode = n_pieces == 1 && mode & !sys::umask() == mode;
+        let final_mode = n_pieces == 1 && mode & !sys::umask() == mode && mode & 0o6000 == 0;
         let create_mode = if final_mode { mode } else { 0o600 };
         if n_pieces == 1 && self.earlier {
             // An earlier attempt may have left this staging file, with any mode.
@@ -597,6 +612,11 @@ impl FileSink {
             },
         };
         let verify = self.opts.verify && self.opts.checksum;
+        let m = self.meta.get(&slot.entry);
+        let target = Target::<OwnedFd>::Fd(&fd);
+        self.applier
+            .before_mode(&target, m)
+            .map_err(|e| Error::io("setting the owner or extended attributes of", path(), e))?;
         let meta = || -> std::io::Result<()> {
             if slot.aligned() || self.layout.n_pieces(file) > 1 || self.tree.is_sparse(slot.entry) {
                 // Cut what rounded direct writes (of this or an earlier attempt) put
@@ -604,7 +624,8 @@ impl FileSink {
                 rustix::fs::ftruncate(&fd, slot.size)?;
             }
             if !mode_set {
-                rustix::fs::fchmod(&fd, Mode::from_raw_mode(entry.mode))?;
+                let mode = self.applier.file_mode(entry.mode, m);
+                rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))?;
             }
             sys::set_mtime_fd(&fd, entry.mtime.sec, entry.mtime.nsec)?;
             if self.opts.fsync || verify {
@@ -613,6 +634,9 @@ impl FileSink {
             Ok(())
         };
         meta().map_err(|e| Error::io("finalising", path(), e))?;
+        self.applier
+            .after_mode(&target, m)
+            .map_err(|e| Error::io("setting the ACL of", path(), e))?;
         drop(fd);
         if verify {
             let on_disk = self
@@ -914,8 +938,15 @@ impl Sink for FileSink {
                         0o600,
                     )
                     .map_err(|e| Error::io("creating", path(), e))?;
+                    let m = self.meta.get(&i);
+                    let t = Target::<OwnedFd>::Fd(&fd);
+                    let r = self.applier.before_mode(&t, m).and_then(|()| {
+                        let mode = self.applier.file_mode(e.mode, m);
+                        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))?;
+                        self.applier.after_mode(&t, m)
+                    });
                     drop(fd);
-                    self.install(&*dir, &staging, name, e.mode, e.mtime, true)
+                    r.and_then(|()| self.install(&*dir, &staging, name, e.mode, e.mtime, false))
                         .map_err(|err| {
                             let _ =
                                 rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
@@ -932,7 +963,22 @@ impl Sink for FileSink {
                     let _ = rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
                     rustix::fs::symlinkat(target.as_slice(), &*dir, staging.as_slice())
                         .map_err(|e| Error::io("creating symlink", path(), e))?;
-                    self.install(&*dir, &staging, name, e.mode, e.mtime, false)
+                    let owner = self
+                        .meta
+                        .get(&i)
+                        .filter(|m| self.applier.applies_owner(Some(m)));
+                    let r = match owner {
+                        Some(m) => rustix::fs::chownat(
+                            &*dir,
+                            staging.as_slice(),
+                            Some(rustix::fs::Uid::from_raw(m.uid)),
+                            Some(rustix::fs::Gid::from_raw(m.gid)),
+                            AtFlags::SYMLINK_NOFOLLOW,
+                        )
+                        .map_err(std::io::Error::from),
+                        None => Ok(()),
+                    };
+                    r.and_then(|()| self.install(&*dir, &staging, name, e.mode, e.mtime, false))
                         .map_err(|err| {
                             let _ =
                                 rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
@@ -955,8 +1001,16 @@ impl Sink for FileSink {
                 .tree
                 .locate(i)
                 .map_err(|e| Error::io("opening the directory of", path(), e))?;
+            let m = self.meta.get(&i);
+            let t = Target::At(&*dir, name);
+            self.applier
+                .before_mode(&t, m)
+                .map_err(|e| Error::io("setting the owner or extended attributes of", path(), e))?;
             sys::set_mode(&*dir, name, e.mode)
                 .map_err(|e| Error::io("setting the mode of", path(), e))?;
+            self.applier
+                .after_mode(&t, m)
+                .map_err(|e| Error::io("setting the ACL of", path(), e))?;
             sys::set_mtime(&*dir, name, e.mtime.sec, e.mtime.nsec)
                 .map_err(|e| Error::io("setting the mtime of", path(), e))?;
             summary.dirs += 1;

@@ -91,6 +91,15 @@ impl FileSource {
         })
     }
 
+    /// The owners and the extended attributes `scope` allows of the tree's entries
+    /// (feature `METADATA`; see [`crate::meta::read_tree`]).
+    pub fn read_meta(
+        &self,
+        scope: dmover_proto::manifest::XattrScope,
+    ) -> Vec<dmover_proto::manifest::EntryMeta> {
+        crate::meta::read_tree(&self.tree, scope)
+    }
+
     /// Checks the pieces the destination says it holds against the files as they are
     /// now, returning the entries whose held pieces differ (changed since).
     pub fn check_held(&self, held: &Held) -> Vec<u32> {

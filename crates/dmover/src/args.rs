@@ -277,6 +277,28 @@ pub struct CpArgs {
     /// writer that reopens it within that time is waited for). Default 200ms.
     #[arg(long, value_parser = parse_interval, value_name = "D")]
     pub quiet_time: Option<std::time::Duration>,
+    /// Accepted for rsync habits: dmover preserves modes, mtimes, symlinks, xattrs,
+    /// ACLs and (as root) owners by default.
+    #[arg(short = 'a', long)]
+    pub archive: bool,
+    /// Accepted for rsync habits: `user.*` extended attributes are preserved by
+    /// default (see --no-xattrs).
+    #[arg(short = 'X', long)]
+    pub xattrs: bool,
+    /// Accepted for rsync habits: POSIX ACLs are preserved by default (see
+    /// --no-acls).
+    #[arg(short = 'A', long)]
+    pub acls: bool,
+    /// Do not copy `user.*` extended attributes (push: not sent; pull: not set).
+    #[arg(long, conflicts_with = "xattrs")]
+    pub no_xattrs: bool,
+    /// Do not copy POSIX ACLs.
+    #[arg(long, conflicts_with = "acls")]
+    pub no_acls: bool,
+    /// Do not copy numeric owners (kept by a destination that runs as root and, on
+    /// a server, whose export has `preserve_owner = true`).
+    #[arg(long)]
+    pub no_owner: bool,
 }
 
 /// Which source entries travel, with rsync's pattern rules (docs/sync.md): the first
@@ -510,6 +532,10 @@ pub struct ServeArgs {
     /// and write to every export; with --config, per export `third_party = true`.
     #[arg(long)]
     pub third_party: bool,
+    /// Pushed files keep their numeric owner (when the server runs as root) on every
+    /// export; with --config, per export `preserve_owner = true`. Off by default.
+    #[arg(long)]
+    pub preserve_owner: bool,
     /// The address other servers dial for third-party copies, besides the one the
     /// steering client named (e.g. an address on a data network); config
     /// `tpc_address`.

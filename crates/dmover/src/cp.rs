@@ -225,6 +225,11 @@ fn run_copy(a: CpArgs, env: &Env, sync: bool) -> anyhow::Result<ExitCode> {
     opts.delete = a.delete;
     opts.max_delete = a.max_delete;
     opts.compare_content = a.checksum;
+    // -a, -X, -A ask for what is done by default.
+    let _ = (a.archive, a.xattrs, a.acls);
+    opts.meta.xattrs.user = !a.no_xattrs;
+    opts.meta.xattrs.acls = !a.no_acls;
+    opts.meta.owner = !a.no_owner;
     if sync {
         // The destination's files are looked at (size, mtime) as a resume does.
         opts.mirror = true;

@@ -143,6 +143,11 @@ pub fn run(a: ServeArgs, env: &Env, log_format: LogFormat) -> anyhow::Result<Exi
             e.third_party = true;
         }
     }
+    if a.preserve_owner {
+        for e in &mut cfg.exports {
+            e.preserve_owner = true;
+        }
+    }
     cfg.memory_budget = a.memory;
     let socket = SocketOptions {
         send_buffer: a.tcp_buffer.map(|b| b as usize),

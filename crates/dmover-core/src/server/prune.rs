@@ -135,10 +135,7 @@ fn names_only(rules: &[FilterRule]) -> bool {
     let plain = |p: &[u8]| {
         let p = p.strip_suffix(b"/***").unwrap_or(p);
         p.strip_prefix(b"/").is_some_and(|n| {
-            !n.is_empty()
-                && n != b"."
-                && n != b".."
-                && !n.iter().any(|b| b"/*?[]\\".contains(b))
+            !n.is_empty() && n != b"." && n != b".." && !n.iter().any(|b| b"/*?[]\\".contains(b))
         })
     };
     !last.include

@@ -284,6 +284,9 @@ impl Server {
             .collect::<Result<Vec<_>>>()?
             .into_iter()
             .unzip();
+        // A pull writes here: owners only where the export keeps them, as for a push
+        // to this server.
+        opts.meta.owner = !write || uses.iter().all(|u| u.export.preserve_owner);
         // This server's own limit for the user and the exports, paced on its side.
         if let Some((rate, by)) = super::session_bwlimit(&policy, grant, &uses) {
             tracing::info!(

@@ -130,6 +130,10 @@ pub mod features {
     /// data streams idle (the sink counts a stream idle only when none brings
     /// anything) and tells the sink its decisions ([`Control::Tuned`]).
     pub const TUNING: u64 = 4;
+    /// Owners and extended attributes (ACLs among them) travel with the manifest
+    /// ([`Control::Meta`] after `ManifestEnd`, the last part marked): the sink
+    /// prepares once it has them, and applies what its policy allows.
+    pub const METADATA: u64 = 8;
     /// Hard links within the transfer: the manifest may hold
     /// [`crate::manifest::EntryKind::HardLink`] entries (a later path of an inode
     /// whose first path is an earlier regular file), which carry no data. Without it
@@ -139,11 +143,11 @@ pub mod features {
     pub const LINKS: u64 = 16;
 
     /// The features this build's drivers (`dmover_core::drive`) speak and offer.
-    pub const SUPPORTED: u64 = GROWING_MANIFEST | RANGES | TUNING | LINKS;
+    pub const SUPPORTED: u64 = GROWING_MANIFEST | RANGES | TUNING | METADATA | LINKS;
 
     /// The features the role machines implement: what a driver may offer once it
     /// handles their events too (the simulator and the pair tests offer these).
-    pub const MACHINES: u64 = GROWING_MANIFEST | RANGES | TUNING | LINKS;
+    pub const MACHINES: u64 = GROWING_MANIFEST | RANGES | TUNING | METADATA | LINKS;
 
     /// The features a session uses: those both sides speak. Bits the machines do not
     /// know are never granted.
@@ -160,6 +164,7 @@ pub mod features {
             Control::Tuned(_) => TUNING,
             Control::Manifest(p) if crate::manifest::has_links(&p.entries) => LINKS,
             Control::Sparse(_) => LINKS,
+            Control::Meta(_) => METADATA,
             _ => 0,
         }
     }
@@ -171,6 +176,7 @@ pub mod features {
             RANGES => "ranges",
             TUNING => "tuning",
             LINKS => "hard links",
+            METADATA => "metadata",
             _ => "unknown",
         }
     }

@@ -190,6 +190,9 @@ pub struct Config {
     /// At `Go`, the source sends on this many streams only and tells the sink
     /// ([`SourceSession::set_active`], [`SourceSession::tuned`]; feature `TUNING`).
     pub active: Option<u16>,
+    /// The source's metadata of its entries ([`SourceSession::push_meta`]; sent
+    /// with feature `METADATA`).
+    pub meta: Vec<crate::manifest::EntryMeta>,
 }
 
 impl Default for Config {
@@ -215,6 +218,7 @@ impl Default for Config {
             wants: Vec::new(),
             on_demand: false,
             active: None,
+            meta: Vec::new(),
         }
     }
 }
@@ -269,6 +273,8 @@ pub struct Report {
     pub frames: BTreeMap<u16, u64>,
     /// The tuning decisions the sink heard of.
     pub tuned: Vec<crate::control::Tuned>,
+    /// The metadata the sink was handed (feature `METADATA`).
+    pub meta: Vec<crate::manifest::EntryMeta>,
 }
 
 impl Report {
@@ -428,6 +434,7 @@ impl Sim {
             if cfg.parts == 0 {
                 let entries = manifest(cfg.files);
                 s.push_manifest(&entries);
+                s.push_meta(cfg.meta.clone());
                 s.end_manifest(totals(&entries), all.clone());
                 s.set_layout_chunks(cfg.chunks);
             }
@@ -469,6 +476,7 @@ impl Sim {
                 grown: Vec::new(),
                 frames: BTreeMap::new(),
                 tuned: Vec::new(),
+                meta: Vec::new(),
             },
             cfg,
             t0,
@@ -891,6 +899,7 @@ impl Sim {
                         if self.cfg.parts == 0 {
                             let entries = manifest(self.cfg.files);
                             s.push_manifest(&entries);
+                            s.push_meta(self.cfg.meta.clone());
                             s.end_manifest(totals(&entries), ChunkSet::all(self.cfg.chunks));
                             s.set_layout_chunks(self.cfg.chunks);
                         }
@@ -1077,6 +1086,7 @@ impl Sim {
                 | SinkEvent::Sparse(_)
                 | SinkEvent::StreamLost { .. } => {}
                 SinkEvent::Tuned(t) => self.report.tuned.push(t),
+                SinkEvent::Meta(m) => self.report.meta = m,
                 SinkEvent::Manifest(_) => {
                     if resume {
                         s.resume(now, vec![Have::default()]);

@@ -41,7 +41,7 @@ use super::{Cause, ChunkSet, SessionError, Side, State, StreamStats, Timing, fea
 use crate::control::{
     Control, Growth, Have, Plan, SendReport, SessionInfo, SessionOptions, Summary, Want,
 };
-use crate::manifest::{self, Entry};
+use crate::manifest::{self, Entry, EntryMeta, XattrScope};
 
 /// What the driver is to do for the sink.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,6 +83,10 @@ pub enum SinkEvent<E> {
     Opened(SessionInfo),
     /// (acceptor) The dialer's session options.
     Options(SessionOptions),
+    /// (feature [`features::METADATA`]) The entries' owners and extended attributes,
+    /// checked (attributes out of [`Limits::xattrs`] dropped), right before
+    /// [`SinkEvent::Manifest`]: keep them for the storage the manifest is bound to.
+    Meta(Vec<EntryMeta>),
     /// The whole manifest, checked: bind it to the destination, then call
     /// [`SinkSession::resume`] (when the options ask for it) or [`SinkSession::ready`].
     Manifest(Vec<Entry>),
@@ -151,8 +155,12 @@ struct Stream {
 pub struct Limits {
     /// Most manifest entries.
     pub max_entries: u64,
-    /// Most memory the manifest's entries may take ([`manifest::entry_bytes`]).
+    /// Most memory the manifest's entries may take ([`manifest::entry_bytes`]),
+    /// their metadata included ([`manifest::meta_bytes`]).
     pub max_manifest_bytes: u64,
+    /// (feature [`features::METADATA`]) The extended attributes this side takes;
+    /// others are dropped on arrival.
+    pub xattrs: XattrScope,
 }
 
 impl Default for Limits {
@@ -160,6 +168,7 @@ impl Default for Limits {
         Limits {
             max_entries: manifest::MAX_ENTRIES,
             max_manifest_bytes: manifest::MAX_MANIFEST_BYTES,
+            xattrs: XattrScope::DEFAULT,
         }
     }
 }
@@ -205,6 +214,10 @@ pub struct SinkSession<E> {
     report: Option<SendReport>,
     commands: VecDeque<SinkCommand>,
     events: VecDeque<SinkEvent<E>>,
+    /// (feature `METADATA`) The manifest ended; its metadata parts are awaited.
+    meta_wait: bool,
+    /// The metadata received so far.
+    meta: Vec<EntryMeta>,
 }
 
 /// What is wrong with a sparse file list for `entries`, if anything: each must be a
@@ -256,6 +269,8 @@ impl<E: Cause + Clone> SinkSession<E> {
             report: None,
             commands: VecDeque::new(),
             events: VecDeque::new(),
+            meta_wait: false,
+            meta: Vec::new(),
         }
     }
 
@@ -381,7 +396,7 @@ impl<E: Cause + Clone> SinkSession<E> {
                 self.entries.extend(part.entries);
                 Ok(())
             }
-            (Phase::Listing, Control::Sparse(s)) => {
+            (Phase::Listing, Control::Sparse(s)) if !self.meta_wait => {
                 if self.sparse.len() + s.entries.len() > self.limits.max_entries as usize {
                     return Err(SessionError::Limit(format!(
                         "sparse file list exceeds {} entries",
@@ -392,7 +407,8 @@ impl<E: Cause + Clone> SinkSession<E> {
                 Ok(())
             }
             (phase, Control::Grow(g)) if phase == Phase::Listing || growing => self.on_grow(now, g),
-            (Phase::Listing, Control::ManifestEnd(end)) => {
+            (Phase::Listing, Control::Meta(part)) if self.meta_wait => self.on_meta(part),
+            (Phase::Listing, Control::ManifestEnd(end)) if !self.meta_wait => {
                 let totals = manifest::validate(&self.entries, self.limits.max_entries).map_err(
                     |source| SessionError::Malformed {
                         peer: peer.clone(),
@@ -411,6 +427,12 @@ impl<E: Cause + Clone> SinkSession<E> {
                 let sparse = std::mem::take(&mut self.sparse);
                 if let Some(bad) = sparse_error(&self.entries, &sparse) {
                     return Err(SessionError::Protocol { peer, what: bad });
+                }
+                if self.uses(features::METADATA) {
+                    // The manifest is prepared for once its metadata came.
+                    self.sparse = sparse;
+                    self.meta_wait = true;
+                    return Ok(());
                 }
                 self.phase = Phase::Preparing;
                 let entries = std::mem::take(&mut self.entries);
@@ -459,6 +481,53 @@ impl<E: Cause + Clone> SinkSession<E> {
                 Err(super::unexpected(&peer, &other, wanted))
             }
         }
+    }
+
+    /// (feature `METADATA`) A part of the manifest's metadata: checked against the
+    /// limits and the manifest, attributes out of scope dropped; the last one lets
+    /// the manifest be prepared for.
+    fn on_meta(&mut self, part: crate::control::MetaPart) -> Result<(), SessionError<E>> {
+        let peer = self.link.peer.clone();
+        let n = self.entries.len() as u64;
+        for mut m in part.entries {
+            manifest::validate_meta(
+                &m,
+                n,
+                XattrScope {
+                    user: true,
+                    acls: true,
+                    all: true,
+                },
+            )
+            .map_err(|source| SessionError::Malformed {
+                peer: peer.clone(),
+                source,
+            })?;
+            m.xattrs.retain(|x| self.limits.xattrs.allows(&x.name));
+            self.entry_bytes += manifest::meta_bytes(&m);
+            if self.entry_bytes > self.limits.max_manifest_bytes {
+                return Err(SessionError::Limit(format!(
+                    "manifest exceeds {} bytes of memory with its metadata",
+                    self.limits.max_manifest_bytes
+                )));
+            }
+            self.meta.push(m);
+        }
+        if part.last {
+            self.meta_wait = false;
+            self.phase = Phase::Preparing;
+            let sparse = std::mem::take(&mut self.sparse);
+            if !sparse.is_empty() {
+                self.events.push_back(SinkEvent::Sparse(sparse));
+            }
+            let meta = std::mem::take(&mut self.meta);
+            if !meta.is_empty() {
+                self.events.push_back(SinkEvent::Meta(meta));
+            }
+            let entries = std::mem::take(&mut self.entries);
+            self.events.push_back(SinkEvent::Manifest(entries));
+        }
+        Ok(())
     }
 
     /// A part of a growing manifest ends.

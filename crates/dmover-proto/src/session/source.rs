@@ -38,11 +38,11 @@ use super::chunks::Cursor;
 use super::link::{Dial, Link, Setup};
 use super::{Cause, ChunkMeta, ChunkSet, SessionError, Side, State, StreamStats, Timing, features};
 use crate::control::{
-    Control, FailedFile, Growth, Have, ManifestEnd, ManifestPart, Plan, SendReport, SessionInfo,
-    SessionOptions, Summary, Want,
+    Control, FailedFile, Growth, Have, ManifestEnd, ManifestPart, MetaPart, Plan, SendReport,
+    SessionInfo, SessionOptions, Summary, Want,
 };
 use crate::data::decode_ack;
-use crate::manifest::{Entry, Totals};
+use crate::manifest::{Entry, EntryMeta, Totals};
 
 /// Entries per [`Control::Sparse`] message (at most 5 bytes each: well under a frame).
 const SPARSE_PART: usize = 100_000;
@@ -213,6 +213,11 @@ pub struct SourceSession<E> {
     events: VecDeque<SourceEvent<E>>,
     done: Option<Summary>,
     reported: bool,
+    /// (feature `METADATA`) Entries' owners and xattrs, sent after `ManifestEnd`
+    /// once the session is known to use the feature.
+    meta: Vec<EntryMeta>,
+    /// `ManifestEnd` is queued and its metadata not yet sent (or dropped).
+    meta_due: bool,
 }
 
 impl<E: Cause + Clone> SourceSession<E> {
@@ -249,6 +254,8 @@ impl<E: Cause + Clone> SourceSession<E> {
             events: VecDeque::new(),
             done: None,
             reported: false,
+            meta: Vec::new(),
+            meta_due: false,
         }
     }
 
@@ -297,6 +304,42 @@ impl<E: Cause + Clone> SourceSession<E> {
             .collect();
         self.info = Some(info);
         self.phase = Phase::Announcing;
+        self.flush_meta();
+    }
+
+    /// (feature [`features::METADATA`]) Queues the manifest's metadata (owners,
+    /// xattrs), before [`SourceSession::end_manifest`]. It goes out after
+    /// `ManifestEnd` once the session is known to use the feature, and is dropped
+    /// otherwise; a source that queues none sends an empty last part.
+    pub fn push_meta(&mut self, meta: Vec<EntryMeta>) {
+        self.meta.extend(meta);
+    }
+
+    /// Sends the queued metadata (or drops it) once both the session and the
+    /// manifest's end are known.
+    fn flush_meta(&mut self) {
+        if !self.meta_due || self.info.is_none() {
+            return;
+        }
+        self.meta_due = false;
+        let meta = std::mem::take(&mut self.meta);
+        if !self.uses(features::METADATA) {
+            return;
+        }
+        let parts = crate::manifest::meta_parts(&meta);
+        let n = parts.len();
+        for (i, r) in parts.into_iter().enumerate() {
+            self.link.send(Control::Meta(MetaPart {
+                entries: meta[r].to_vec(),
+                last: i + 1 == n,
+            }));
+        }
+        if n == 0 {
+            self.link.send(Control::Meta(MetaPart {
+                entries: Vec::new(),
+                last: true,
+            }));
+        }
     }
 
     /// The session, once open.
@@ -397,6 +440,8 @@ impl<E: Cause + Clone> SourceSession<E> {
         self.link.send(Control::ManifestEnd(ManifestEnd { totals }));
         self.manifest_ended = true;
         self.manifest_done = true;
+        self.meta_due = true;
+        self.flush_meta();
         self.set_chunks(chunks);
     }
 

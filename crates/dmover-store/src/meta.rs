@@ -1,0 +1,301 @@
+//! Owners and extended attributes (POSIX ACLs among them): read at the source,
+//! applied at the destination when a file is finalised (docs/sync.md, "Preserved
+//! metadata").
+//!
+//! The tree holds directory handles and names, never paths, so an entry's xattrs are
+//! read and set through `/proc/self/fd/DIR/NAME` with the `l*xattr` calls (the last
+//! component is not followed, and the directory is the handle we hold), and a file
+//! being finalised through its own descriptor (`fsetxattr`, `fchown`). ACLs travel as
+//! their raw `system.posix_acl_*` values (Linux's portable format), so no libacl.
+//!
+//! Order on a file (what the kernel does with each step decides it): `fchown` first
+//! (it clears setuid/setgid bits), then the `user.*` attributes, then `fchmod`, then
+//! the ACLs (setting `system.posix_acl_access` sets the group bits of the mode from
+//! the ACL's mask, which on the source equal them), then the mtime. A setuid or
+//! setgid bit is kept only where the file's owner (group) is the source's: applied,
+//! or the receiving process's own.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use dmover_proto::manifest::{ACL_ACCESS, ACL_DEFAULT, EntryKind, EntryMeta, Xattr, XattrScope};
+use rustix::fs::{AtFlags, Gid, Uid, XattrFlags};
+use rustix::io::Errno;
+
+use crate::tree::Tree;
+
+/// What a destination applies of the metadata it receives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MetaPolicy {
+    /// The extended attributes it sets.
+    pub xattrs: XattrScope,
+    /// Numeric owners, when this process is root.
+    pub owner: bool,
+}
+
+/// `/proc/self/fd/DIR/NAME`: a path to `name` in the directory handle `dir`.
+fn proc_path(dir: &impl AsFd, name: &[u8]) -> Vec<u8> {
+    let mut p = format!("/proc/self/fd/{}/", dir.as_fd().as_raw_fd()).into_bytes();
+    p.extend_from_slice(name);
+    p
+}
+
+fn is_unsupported(e: Errno) -> bool {
+    e == Errno::OPNOTSUPP || e == Errno::NOTSUP
+}
+
+/// Reads the xattrs of `path` (not following a last symlink) that `scope` allows.
+fn read_xattrs(path: &[u8], scope: XattrScope) -> io::Result<Vec<Xattr>> {
+    let mut list = vec![0u8; 1024];
+    let n = loop {
+        match rustix::fs::llistxattr(path, &mut list[..]) {
+            Ok(n) => break n,
+            Err(Errno::RANGE) => {
+                let want = rustix::fs::llistxattr_query(path)?;
+                list.resize(want.max(list.len() * 2), 0);
+            }
+            Err(e) if is_unsupported(e) || e == Errno::NOENT => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let mut out = Vec::new();
+    for name in list[..n].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        if !scope.allows(name) {
+            continue;
+        }
+        let mut value = vec![0u8; 256];
+        let got = loop {
+            match rustix::fs::lgetxattr(path, name, &mut value[..]) {
+                Ok(n) => break Some(n),
+                Err(Errno::RANGE) => {
+                    let want = rustix::fs::lgetxattr_query(path, name)?;
+                    value.resize(want.max(value.len() * 2), 0);
+                }
+                // Removed since it was listed.
+                Err(Errno::NODATA) => break None,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        if let Some(n) = got {
+            value.truncate(n);
+            out.push(Xattr {
+                name: name.to_vec(),
+                value,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The owners and the xattrs `scope` allows of every entry of `tree` (one `stat` and
+/// one `llistxattr` per entry, a `lgetxattr` per attribute). An entry that cannot be
+/// read (vanished since the walk) is left out; its data's own read reports it.
+pub fn read_tree(tree: &Tree, scope: XattrScope) -> Vec<EntryMeta> {
+    let mut out = Vec::with_capacity(tree.entries().len());
+    let mut warned = false;
+    for (i, e) in tree.entries().iter().enumerate() {
+        let Ok((dir, name)) = tree.locate(i as u32) else {
+            continue;
+        };
+        let Ok(st) = rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
+            continue;
+        };
+        let mut m = EntryMeta {
+            entry: i as u32,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            xattrs: Vec::new(),
+        };
+        // Linux allows no user.* attributes on symlinks, and ACLs are not theirs.
+        let wanted = !matches!(e.kind, EntryKind::Symlink { .. }) || scope.all;
+        if wanted && (scope.user || scope.acls || scope.all) {
+            match read_xattrs(&proc_path(&*dir, name), scope) {
+                Ok(x) => m.xattrs = x,
+                Err(err) if !warned => {
+                    warned = true;
+                    tracing::warn!(
+                        "reading the extended attributes of {}: {err}; sent without them",
+                        tree.display(i as u32)
+                    );
+                }
+                Err(_) => {}
+            }
+        }
+        out.push(m);
+    }
+    out
+}
+
+/// Where metadata goes: an open file, or a name in a directory handle.
+pub enum Target<'a, D: AsFd> {
+    /// A staging file, open for writing.
+    Fd(&'a std::os::fd::OwnedFd),
+    /// A directory or symlink, by name in its parent.
+    At(&'a D, &'a [u8]),
+}
+
+/// Applies received metadata at a destination (see the module docs).
+#[derive(Debug)]
+pub struct Applier {
+    policy: MetaPolicy,
+    euid: u32,
+    egid: u32,
+    warned: AtomicBool,
+}
+
+impl Applier {
+    /// An applier for this process.
+    pub fn new(policy: MetaPolicy) -> Self {
+        Applier {
+            policy,
+            euid: rustix::process::geteuid().as_raw(),
+            egid: rustix::process::getegid().as_raw(),
+            warned: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether owners are applied (asked for, and this process is root).
+    pub fn applies_owner(&self, m: Option<&EntryMeta>) -> bool {
+        self.policy.owner
+            && self.euid == 0
+            && m.is_some_and(|m| m.uid != u32::MAX && m.gid != u32::MAX)
+    }
+
+    /// The mode to give a regular file: the source's, without a setuid (setgid) bit
+    /// unless the file's owner (group) will be the source's: applied, or this
+    /// process's own. A root process that does not apply owners keeps neither bit:
+    /// the owner a peer claims is not proof, and root's own would be root's.
+    pub fn file_mode(&self, mode: u32, m: Option<&EntryMeta>) -> u32 {
+        let owned = self.applies_owner(m);
+        let mine = |id: u32, own: u32| self.euid != 0 && id == own;
+        let mut mode = mode;
+        if !(owned || m.is_some_and(|m| mine(m.uid, self.euid))) {
+            mode &= !0o4000;
+        }
+        if !(owned || m.is_some_and(|m| mine(m.gid, self.egid))) {
+            mode &= !0o2000;
+        }
+        mode
+    }
+
+    fn set<D: AsFd>(&self, t: &Target<'_, D>, x: &Xattr) -> io::Result<()> {
+        let r = match t {
+            Target::Fd(fd) => {
+                rustix::fs::fsetxattr(fd, x.name.as_slice(), &x.value, XattrFlags::empty())
+            }
+            Target::At(dir, name) => rustix::fs::lsetxattr(
+                proc_path(*dir, name).as_slice(),
+                x.name.as_slice(),
+                &x.value,
+                XattrFlags::empty(),
+            ),
+        };
+        match r {
+            Err(e) if is_unsupported(e) => {
+                if !self.warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "the destination's file system does not support extended attribute {} (nor perhaps others): copied without them",
+                        String::from_utf8_lossy(&x.name)
+                    );
+                }
+                Ok(())
+            }
+            r => Ok(r?),
+        }
+    }
+
+    /// Step one: the owner (before the mode, which `chown` would strip of
+    /// setuid/setgid) and the attributes other than ACLs.
+    pub fn before_mode<D: AsFd>(&self, t: &Target<'_, D>, m: Option<&EntryMeta>) -> io::Result<()> {
+        let Some(m) = m else { return Ok(()) };
+        if self.applies_owner(Some(m)) {
+            let (u, g) = (Some(Uid::from_raw(m.uid)), Some(Gid::from_raw(m.gid)));
+            match t {
+                Target::Fd(fd) => rustix::fs::fchown(fd, u, g)?,
+                Target::At(dir, name) => {
+                    rustix::fs::chownat(*dir, *name, u, g, AtFlags::SYMLINK_NOFOLLOW)?
+                }
+            }
+        }
+        for x in &m.xattrs {
+            if x.name != ACL_ACCESS && x.name != ACL_DEFAULT && self.policy.xattrs.allows(&x.name) {
+                self.set(t, x)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Step two, after the mode: the ACLs.
+    pub fn after_mode<D: AsFd>(&self, t: &Target<'_, D>, m: Option<&EntryMeta>) -> io::Result<()> {
+        let Some(m) = m else { return Ok(()) };
+        for x in &m.xattrs {
+            if (x.name == ACL_ACCESS || x.name == ACL_DEFAULT) && self.policy.xattrs.allows(&x.name)
+            {
+                self.set(t, x)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(uid: u32, gid: u32) -> EntryMeta {
+        EntryMeta {
+            entry: 0,
+            uid,
+            gid,
+            xattrs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn setuid_and_setgid_only_where_the_owner_is_the_sources() {
+        let (euid, egid) = (
+            rustix::process::geteuid().as_raw(),
+            rustix::process::getegid().as_raw(),
+        );
+        let keep = Applier::new(MetaPolicy {
+            xattrs: XattrScope::DEFAULT,
+            owner: true,
+        });
+        let no_owner = Applier::new(MetaPolicy::default());
+        // Unknown owner (an older peer, or `--no-owner`): never.
+        for a in [&keep, &no_owner] {
+            assert_eq!(a.file_mode(0o6755, None), 0o755);
+            assert_eq!(a.file_mode(0o6755, Some(&m(u32::MAX, u32::MAX))), 0o755);
+            assert_eq!(a.file_mode(0o0640, None), 0o640, "other bits stay");
+        }
+        // The process's own ids: kept, unless it is root (a claim is no proof).
+        let own = if euid == 0 { 0o755 } else { 0o6755 };
+        assert_eq!(no_owner.file_mode(0o6755, Some(&m(euid, egid))), own);
+        // A foreign owner: kept only when applied (root, allowed).
+        assert_eq!(
+            no_owner.file_mode(0o6755, Some(&m(euid + 1, egid + 1))),
+            0o755
+        );
+        let applied = if euid == 0 { 0o6755 } else { 0o755 };
+        assert_eq!(
+            keep.file_mode(0o6755, Some(&m(euid + 1, egid + 1))),
+            applied
+        );
+    }
+
+    #[test]
+    fn scopes() {
+        let d = XattrScope::DEFAULT;
+        assert!(d.allows(b"user.x") && d.allows(ACL_ACCESS) && d.allows(ACL_DEFAULT));
+        assert!(!d.allows(b"trusted.x") && !d.allows(b"security.selinux"));
+        let no_acl = XattrScope { acls: false, ..d };
+        assert!(no_acl.allows(b"user.x") && !no_acl.allows(ACL_ACCESS));
+        let all = XattrScope {
+            user: false,
+            acls: false,
+            all: true,
+        };
+        assert!(all.allows(b"trusted.x") && all.allows(b"user.x") && !all.allows(ACL_ACCESS));
+    }
+}

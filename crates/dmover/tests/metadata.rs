@@ -1,0 +1,340 @@
+//! Preserved metadata end to end (docs/sync.md, "Preserved metadata"): `user.*`
+//! extended attributes, POSIX ACLs (their raw xattr values, built here: no setfacl
+//! needed) and, as root, numeric owners survive a push and a pull through a real
+//! server on loopback; a setuid file pushed to a server that does not keep owners
+//! loses the bit; a `trusted.*` attribute does not travel.
+//!
+//! Where the temporary directory's file system takes no user xattrs the xattr tests
+//! print that they skipped, and fail only with `DMOVER_REQUIRE_XATTR=1`.
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+use std::path::Path;
+
+use common::*;
+use rustix::io::Errno;
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("dmover-meta-")
+        .tempdir()
+        .unwrap()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn set(p: &Path, name: &str, value: &[u8]) -> Result<(), Errno> {
+    rustix::fs::lsetxattr(p, name, value, rustix::fs::XattrFlags::empty())
+}
+
+/// The xattrs of `p` in the namespaces that travel by default (plus `trusted.*`, to
+/// see that it does not), sorted.
+fn xattrs(p: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut list = vec![0u8; 64 << 10];
+    let n = rustix::fs::llistxattr(p, &mut list[..]).unwrap();
+    let mut out = Vec::new();
+    for name in list[..n].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let name = String::from_utf8(name.to_vec()).unwrap();
+        if !(name.starts_with("user.")
+            || name.starts_with("system.posix_acl")
+            || name.starts_with("trusted."))
+        {
+            continue;
+        }
+        let mut v = vec![0u8; 64 << 10];
+        let k = rustix::fs::lgetxattr(p, name.as_str(), &mut v[..]).unwrap();
+        v.truncate(k);
+        out.push((name, v));
+    }
+    out.sort();
+    out
+}
+
+/// Whether user xattrs can be set under `dir`; without them the test skips, unless
+/// `DMOVER_REQUIRE_XATTR=1`.
+fn xattrs_supported(dir: &Path, test: &str) -> bool {
+    let probe = dir.join(".probe");
+    std::fs::write(&probe, b"").unwrap();
+    let r = set(&probe, "user.probe", b"1");
+    std::fs::remove_file(&probe).unwrap();
+    match r {
+        Ok(()) => true,
+        Err(e) if std::env::var_os("DMOVER_REQUIRE_XATTR").is_some_and(|v| v == "1") => {
+            panic!("{test}: user xattrs unsupported in {}: {e}", dir.display())
+        }
+        Err(e) => {
+            eprintln!(
+                "{test}: skipped: user xattrs unsupported in {}: {e}",
+                dir.display()
+            );
+            false
+        }
+    }
+}
+
+/// A POSIX ACL as Linux's `system.posix_acl_access` value: version 2, then
+/// (tag u16, perm u16, id u32) entries, little-endian.
+fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
+
+const USER_OBJ: u16 = 0x01;
+const USER: u16 = 0x02;
+const GROUP_OBJ: u16 = 0x04;
+const MASK: u16 = 0x10;
+const OTHER: u16 = 0x20;
+const NONE: u32 = u32::MAX;
+
+fn mode(p: &Path) -> u32 {
+    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// The entries of the test tree, relative to its root.
+const PATHS: [&str; 6] = ["", "f", "empty", "sub", "sub/g", "link"];
+
+/// `d`: files with data and empty, a subdirectory, a symlink; user xattrs (a text, a
+/// binary and an empty value) on files and directories, an access ACL on `f` (user
+/// 4321 rw, mask rw: mode 0664), a default ACL on `sub`, and (as root) a `trusted.*`
+/// attribute that must not travel.
+fn make(d: &Path) {
+    std::fs::create_dir(d).unwrap();
+    write_file(&d.join("f"), 1, 300_000, 0o644, 1_600_000_000);
+    write_file(&d.join("empty"), 2, 0, 0o600, 1_600_000_001);
+    std::fs::create_dir(d.join("sub")).unwrap();
+    write_file(&d.join("sub/g"), 3, 5000, 0o640, 1_600_000_002);
+    symlink("f", d.join("link")).unwrap();
+    set(&d.join("f"), "user.text", b"hello").unwrap();
+    set(&d.join("f"), "user.bin", &[0, 1, 2, 255, 0]).unwrap();
+    set(&d.join("f"), "user.empty", b"").unwrap();
+    set(&d.join("empty"), "user.x", b"1").unwrap();
+    set(&d.join("sub"), "user.dir", b"yes").unwrap();
+    set(d, "user.root", b"r").unwrap();
+    let access = acl(&[
+        (USER_OBJ, 6, NONE),
+        (USER, 6, 4321),
+        (GROUP_OBJ, 4, NONE),
+        (MASK, 6, NONE),
+        (OTHER, 4, NONE),
+    ]);
+    set(&d.join("f"), "system.posix_acl_access", &access).unwrap();
+    let default = acl(&[(USER_OBJ, 7, NONE), (GROUP_OBJ, 5, NONE), (OTHER, 5, NONE)]);
+    set(&d.join("sub"), "system.posix_acl_default", &default).unwrap();
+    if is_root() {
+        set(&d.join("f"), "trusted.secret", b"no").unwrap();
+    }
+    assert_eq!(
+        mode(&d.join("f")),
+        0o664,
+        "the ACL's mask is the group bits"
+    );
+    set_dir_meta(&d.join("sub"), 0o755, 1_600_000_010);
+    set_dir_meta(d, 0o755, 1_600_000_011);
+}
+
+/// `b` has `a`'s data and, for every entry, its modes and travelling xattrs; never a
+/// `trusted.*` one.
+fn same_meta(a: &Path, b: &Path) {
+    same(a, b);
+    for p in PATHS {
+        let (x, y) = (a.join(p), b.join(p));
+        let want: Vec<_> = xattrs(&x)
+            .into_iter()
+            .filter(|(n, _)| !n.starts_with("trusted."))
+            .collect();
+        assert_eq!(xattrs(&y), want, "xattrs of {p:?}");
+        if !p.is_empty() && p != "link" {
+            assert_eq!(mode(&y), mode(&x), "mode of {p:?}");
+        }
+    }
+    assert!(
+        xattrs(&b.join("f"))
+            .iter()
+            .any(|(n, _)| n == "system.posix_acl_access"),
+        "the ACL arrived"
+    );
+}
+
+#[test]
+fn xattrs_and_acls_survive_push_and_pull() {
+    let t = tmp();
+    if !xattrs_supported(t.path(), "xattrs_and_acls_survive_push_and_pull") {
+        return;
+    }
+    let src = t.path().join("d");
+    make(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = Server::start(&root, &[]);
+
+    ok(&cp(&[
+        "-a",
+        "-X",
+        "-A",
+        "--chunk",
+        "64K",
+        s(&src),
+        &srv.url(""),
+    ]));
+    same_meta(&src, &root.join("d"));
+
+    let back = t.path().join("back");
+    std::fs::create_dir(&back).unwrap();
+    ok(&cp(&["--chunk", "64K", &srv.url("d"), s(&back)]));
+    same_meta(&src, &back.join("d"));
+
+    // --no-xattrs / --no-acls: nothing of either travels (push); the data does.
+    let o = t.path().join("root/plain");
+    std::fs::create_dir(&o).unwrap();
+    ok(&cp(&[
+        "--no-xattrs",
+        "--no-acls",
+        s(&src),
+        &srv.url("plain"),
+    ]));
+    same(&src, &o.join("d"));
+    for p in PATHS {
+        assert_eq!(xattrs(&o.join("d").join(p)), vec![], "{p:?}");
+    }
+    // The same on a pull: the puller sets none of what the server sends.
+    let o = t.path().join("plain-pull");
+    std::fs::create_dir(&o).unwrap();
+    ok(&cp(&["--no-xattrs", "--no-acls", &srv.url("d"), s(&o)]));
+    same(&src, &o.join("d"));
+    for p in PATHS {
+        assert_eq!(xattrs(&o.join("d").join(p)), vec![], "{p:?}");
+    }
+}
+
+#[test]
+fn owners_survive_push_and_pull_as_root() {
+    if !is_root() {
+        eprintln!("owners_survive_push_and_pull_as_root: skipped: not root");
+        return;
+    }
+    let t = tmp();
+    let src = t.path().join("d");
+    std::fs::create_dir(&src).unwrap();
+    write_file(&src.join("f"), 1, 10_000, 0o644, 1_600_000_000);
+    write_file(&src.join("suid"), 2, 1000, 0o4755, 1_600_000_000);
+    write_file(&src.join("sgid"), 3, 0, 0o2755, 1_600_000_000);
+    std::fs::create_dir(src.join("sub")).unwrap();
+    symlink("f", src.join("link")).unwrap();
+    let own = |p: &str, uid: u32, gid: u32| {
+        rustix::fs::chownat(
+            rustix::fs::CWD,
+            src.join(p).as_path(),
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(gid)),
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .unwrap()
+    };
+    own("f", 1234, 2345);
+    own("suid", 1234, 2345);
+    own("sgid", 1234, 2345);
+    own("sub", 1235, 2346);
+    own("link", 1236, 2347);
+    own("", 1237, 2348);
+    // chown cleared the bits.
+    std::fs::set_permissions(src.join("suid"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+    std::fs::set_permissions(src.join("sgid"), std::fs::Permissions::from_mode(0o2755)).unwrap();
+    let owners = |d: &Path| -> Vec<(u32, u32, u32)> {
+        ["", "f", "suid", "sgid", "sub", "link"]
+            .iter()
+            .map(|p| {
+                let m = std::fs::symlink_metadata(d.join(p)).unwrap();
+                (m.uid(), m.gid(), m.mode() & 0o7777)
+            })
+            .collect()
+    };
+
+    // A server whose export keeps owners: all of them, bits included.
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = Server::start(&root, &["--preserve-owner"]);
+    ok(&cp(&[s(&src), &srv.url("")]));
+    assert_eq!(owners(&root.join("d")), owners(&src));
+
+    // A pull into this (root) process: the same.
+    let back = t.path().join("back");
+    std::fs::create_dir(&back).unwrap();
+    ok(&cp(&[&srv.url("d"), s(&back)]));
+    assert_eq!(owners(&back.join("d")), owners(&src));
+    // --no-owner: the puller's own (root), and no setuid/setgid bits.
+    let mine = t.path().join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    ok(&cp(&["--no-owner", &srv.url("d"), s(&mine)]));
+    let m = std::fs::metadata(mine.join("d/suid")).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o7777), (0, 0o755));
+
+    // A server that does not keep owners: files are its own, never setuid/setgid.
+    let plain = t.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    let srv2 = Server::start(&plain, &[]);
+    ok(&cp(&[s(&src), &srv2.url("")]));
+    for (p, mode) in [("suid", 0o755), ("sgid", 0o755), ("f", 0o644)] {
+        let m = std::fs::metadata(plain.join("d").join(p)).unwrap();
+        assert_eq!((m.uid(), m.gid(), m.mode() & 0o7777), (0, 0, mode), "{p}");
+    }
+}
+
+/// A copy between two servers runs the same push and pull: xattrs and ACLs travel
+/// both ways of dialing, and owners where B keeps them (as root, with
+/// `--preserve-owner`) and nowhere else.
+#[test]
+fn a_third_party_copy_keeps_metadata_both_ways_of_dialing() {
+    let t = tmp();
+    if !xattrs_supported(
+        t.path(),
+        "a_third_party_copy_keeps_metadata_both_ways_of_dialing",
+    ) {
+        return;
+    }
+    let (a_root, b_root, c_root) = (t.path().join("a"), t.path().join("b"), t.path().join("c"));
+    for r in [&a_root, &b_root, &c_root] {
+        std::fs::create_dir(r).unwrap();
+    }
+    let src = a_root.join("d");
+    make(&src);
+    let root = is_root();
+    if root {
+        std::os::unix::fs::lchown(src.join("f"), Some(1234), Some(2345)).unwrap();
+        // chown cleared nothing here (0664), but keep the ACL's mode honest.
+        assert_eq!(mode(&src.join("f")), 0o664);
+    }
+    let a = Server::start(&a_root, &["--third-party"]);
+    let b = Server::start(&b_root, &["--third-party", "--preserve-owner"]);
+    let c = Server::start(&c_root, &["--third-party"]);
+    let owner = |p: &Path| {
+        let m = std::fs::metadata(p).unwrap();
+        (m.uid(), m.gid())
+    };
+
+    // Push: A dials B.
+    ok(&cp(&[&a.url("d"), &b.url("")]));
+    same_meta(&src, &b_root.join("d"));
+    // Pull: B dials A.
+    ok(&cp(&["--tpc", "pull", &a.url("d"), &b.url("pulled")]));
+    same_meta(&src, &b_root.join("pulled"));
+    // Pull into C, which does not keep owners.
+    ok(&cp(&["--tpc", "pull", &a.url("d"), &c.url("pulled")]));
+    same_meta(&src, &c_root.join("pulled"));
+    if root {
+        assert_eq!(owner(&b_root.join("d/f")), (1234, 2345));
+        assert_eq!(owner(&b_root.join("pulled/f")), (1234, 2345));
+        assert_eq!(owner(&c_root.join("pulled/f")), (0, 0));
+    }
+}
