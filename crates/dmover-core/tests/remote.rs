@@ -405,8 +405,12 @@ async fn remove_in_deletes_one_tree_and_gives_the_mtime_back() {
         );
     }
     assert!(root.join("tree/sub/c").exists() && root.join("tree/b").exists());
-    // The export's root cannot be pruned; a file is not a directory.
-    assert!(c.remove_in(&s.addr, b"", b"tree", mtime).await.is_err());
+    // In the export's root too (a prune of the root that names one entry), nothing
+    // else there goes; a file is not a directory.
+    std::fs::create_dir(root.join("gone")).unwrap();
+    std::fs::write(root.join("gone/f"), b"x").unwrap();
+    assert_eq!(c.remove_in(&s.addr, b"", b"gone", mtime).await.unwrap(), 2);
+    assert!(!root.join("gone").exists());
     assert!(root.join("tree/big").exists());
     assert!(c.dir_mtime(&s.addr, b"tree/big").await.is_err());
 }

@@ -138,8 +138,18 @@ fn ndjson_progress_lines_are_monotone_and_end_with_the_summary() {
     // The last progress line, at the end: every file with data was sent.
     let files_with_data = regular_file_sizes(&src).iter().filter(|&&n| n > 0).count() as u64;
     assert_eq!(last.2, files_with_data, "{:?}", progress.last());
+    // The totals are known once the walk is done (0 before: docs/json.md); the walk
+    // and the connection run at once, so a busy machine prints a line before.
     for p in &progress {
-        assert_eq!(p["files_total"], files_with_data, "{p}");
+        if p["files_total"] == 0 {
+            assert_eq!(
+                (&p["files"], &p["bytes_sent"]),
+                (&0.into(), &0.into()),
+                "{p}"
+            );
+        } else {
+            assert_eq!(p["files_total"], files_with_data, "{p}");
+        }
     }
     let j = ls.last().unwrap();
     assert_summary_fields(j);
