@@ -125,6 +125,7 @@ fn simulated(u: &mut Unstructured<'_>) -> Result<()> {
         } else {
             None
         },
+        meta: Vec::new(),
     };
     let r = Sim::new(cfg.clone()).run(Duration::from_secs(3600));
     assert!(
@@ -281,6 +282,7 @@ fn single(u: &mut Unstructured<'_>) -> Result<()> {
         let limits = Limits {
             max_entries: 64,
             max_manifest_bytes: 1 << 20,
+            ..Limits::default()
         };
         let mut m = if dialer {
             SinkSession::<SimError>::dial(now, "peer", timing, limits, dial(u, false)?)
