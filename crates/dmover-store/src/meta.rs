@@ -45,6 +45,56 @@ fn is_unsupported(e: Errno) -> bool {
     e == Errno::OPNOTSUPP || e == Errno::NOTSUP
 }
 
+/// `listxattrat(2)` (Linux 6.13) is missing here: set at its first `ENOSYS`.
+static NO_LISTXATTRAT: AtomicBool = AtomicBool::new(false);
+
+/// Whether `name` in `dir` (not followed) has extended attributes, by
+/// `listxattrat(2)`: `None` where the kernel lacks it (or the name has a NUL).
+/// Most files have none, and this answers that without the path through
+/// `/proc/self/fd` the `l*xattr` calls need (about half the cost of reading a tree's
+/// metadata, measured on 20 000 files).
+fn has_xattrs_at(dir: &impl AsFd, name: &[u8]) -> Option<io::Result<bool>> {
+    const SYS_LISTXATTRAT: libc::c_long = 465;
+    if NO_LISTXATTRAT.load(Ordering::Relaxed) {
+        return None;
+    }
+    let name = std::ffi::CString::new(name).ok()?;
+    // SAFETY: a valid descriptor, a NUL-terminated name, and no list buffer (size 0:
+    // the call only returns the size the list needs).
+    let n = unsafe {
+        libc::syscall(
+            SYS_LISTXATTRAT,
+            dir.as_fd().as_raw_fd(),
+            name.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW as libc::c_uint,
+            std::ptr::null_mut::<libc::c_char>(),
+            0usize,
+        )
+    };
+    if n >= 0 {
+        return Some(Ok(n > 0));
+    }
+    let e = io::Error::last_os_error();
+    match Errno::from_io_error(&e) {
+        Some(Errno::NOSYS) => {
+            NO_LISTXATTRAT.store(true, Ordering::Relaxed);
+            None
+        }
+        Some(e) if is_unsupported(e) || e == Errno::NOENT => Some(Ok(false)),
+        _ => Some(Err(e)),
+    }
+}
+
+/// Reads the xattrs of `name` in `dir` (not followed) that `scope` allows.
+fn read_xattrs_at(dir: &impl AsFd, name: &[u8], scope: XattrScope) -> io::Result<Vec<Xattr>> {
+    if let Some(has) = has_xattrs_at(dir, name) {
+        if !has? {
+            return Ok(Vec::new());
+        }
+    }
+    read_xattrs(&proc_path(dir, name), scope)
+}
+
 /// Reads the xattrs of `path` (not following a last symlink) that `scope` allows.
 fn read_xattrs(path: &[u8], scope: XattrScope) -> io::Result<Vec<Xattr>> {
     let mut list = vec![0u8; 1024];
@@ -88,9 +138,12 @@ fn read_xattrs(path: &[u8], scope: XattrScope) -> io::Result<Vec<Xattr>> {
     Ok(out)
 }
 
-/// The owners and the xattrs `scope` allows of every entry of `tree` (one `stat` and
-/// one `llistxattr` per entry, a `lgetxattr` per attribute). An entry that cannot be
-/// read (vanished since the walk) is left out; its data's own read reports it.
+/// The owners and the xattrs `scope` allows of every entry of `tree`: the owners from
+/// the walk's `stat` (one more where the tree has none recorded), one `listxattrat`
+/// per entry (where the kernel lacks it, Linux < 6.13: an `llistxattr` through
+/// `/proc/self/fd`), and for entries that have attributes the list through that path
+/// and an `lgetxattr` per attribute. An entry that cannot be read (vanished since the
+/// walk) is left out; its data's own read reports it.
 ///
 /// On up to 8 threads for trees of more than a few thousand entries: these are one
 /// more round of system calls per entry after the walk (a push waits for them before
@@ -130,17 +183,24 @@ pub fn read_tree(tree: &Tree, scope: XattrScope) -> Vec<EntryMeta> {
 fn read_entry(tree: &Tree, i: u32, scope: XattrScope, warned: &AtomicBool) -> Option<EntryMeta> {
     let e = &tree.entries()[i as usize];
     let (dir, name) = tree.locate(i).ok()?;
-    let st = rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
+    // The walk's stat, or one now.
+    let (uid, gid) = match tree.owner(i) {
+        Some(o) => o,
+        None => {
+            let st = rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
+            (st.st_uid, st.st_gid)
+        }
+    };
     let mut m = EntryMeta {
         entry: i,
-        uid: st.st_uid,
-        gid: st.st_gid,
+        uid,
+        gid,
         xattrs: Vec::new(),
     };
     // Linux allows no user.* attributes on symlinks, and ACLs are not theirs.
     let wanted = !matches!(e.kind, EntryKind::Symlink { .. }) || scope.all;
     if wanted && (scope.user || scope.acls || scope.all) {
-        match read_xattrs(&proc_path(&*dir, name), scope) {
+        match read_xattrs_at(&*dir, name, scope) {
             Ok(x) => m.xattrs = x,
             Err(err) if !warned.swap(true, Ordering::Relaxed) => {
                 tracing::warn!(

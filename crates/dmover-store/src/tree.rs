@@ -42,6 +42,8 @@ pub struct Tree {
     dirs: Mutex<HashMap<u32, Arc<OwnedFd>>>,
     /// Regular files that may have holes (entry indices, ascending).
     sparse: Vec<u32>,
+    /// Each entry's numeric owner and group as the walk saw them (empty: unknown).
+    owners: Vec<(u32, u32)>,
 }
 
 impl Tree {
@@ -53,7 +55,21 @@ impl Tree {
             roots,
             dirs: Mutex::new(HashMap::new()),
             sparse: Vec::new(),
+            owners: Vec::new(),
         }
+    }
+
+    /// Records each entry's owner and group (the walk's `stat`), in entry order; a
+    /// list of another length is ignored.
+    pub fn set_owners(&mut self, owners: Vec<(u32, u32)>) {
+        if owners.len() == self.entries.len() {
+            self.owners = owners;
+        }
+    }
+
+    /// Entry `idx`'s owner and group as the walk saw them, if it recorded them.
+    pub fn owner(&self, idx: u32) -> Option<(u32, u32)> {
+        self.owners.get(idx as usize).copied()
     }
 
     /// Names the regular files that may have holes (entry indices; the walk's
@@ -125,8 +141,17 @@ impl Tree {
             .map(|&i| new_index[i as usize])
             .filter(|&i| i != NO_PARENT)
             .collect();
+        let owners = if self.owners.is_empty() {
+            Vec::new()
+        } else {
+            (0..new_index.len())
+                .filter(|&i| !drop.contains(&(i as u32)))
+                .map(|i| self.owners[i])
+                .collect()
+        };
         let mut tree = Tree::new(entries, roots);
         tree.set_sparse(sparse);
+        tree.set_owners(owners);
         tree
     }
 

@@ -70,12 +70,17 @@ struct Links {
     first: HashMap<(u64, u64), u32>,
     /// Files with fewer allocated bytes than their size (maybe holes), in walk order.
     sparse: Vec<u32>,
+    /// Every entry's numeric owner and group, in entry order (for `METADATA`, so
+    /// that reading the metadata needs no second `stat`).
+    owners: Vec<(u32, u32)>,
 }
 
 /// Makes `entry` (about to be pushed as index `idx`) a hard link to an earlier path
 /// of its inode, or remembers it as the first path of a linked inode; notes it as
 /// sparse when its blocks do not cover its size.
 fn note_link(links: &mut Links, idx: u32, st: &Stat, entry: &mut Entry) {
+    debug_assert_eq!(links.owners.len(), idx as usize);
+    links.owners.push((st.st_uid, st.st_gid));
     let EntryKind::File { size } = entry.kind else {
         return;
     };
@@ -199,6 +204,7 @@ pub fn walk_filtered(sources: Vec<SourceRoot>, filter: &Filter) -> Result<Walked
     }
     let mut tree = Tree::new(entries, roots);
     tree.set_sparse(links.sparse);
+    tree.set_owners(links.owners);
     Ok(Walked {
         tree,
         skipped,
