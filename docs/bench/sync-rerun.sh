@@ -3,7 +3,8 @@
 # (issue 15). The tree is the `tiny` profile (20000 files of 8 KiB in 100 directories) on
 # this host's disk. Each lab: both mirrors are made once, then ROUNDS rounds of, for
 # warm and cold cache (cold: `sync` and drop_caches before each run, both ends on this
-# host), dmover then rsync, interleaved, each a push of the unchanged tree.
+# host; warm: one untimed run of the same tool first), dmover then rsync, interleaved,
+# each a push of the unchanged tree.
 # Labs: "loopback" (servers on 127.0.0.1) and netlab RTT:RATE links (client in netns a,
 # both servers in netns b).
 # Prints CSV: lab,cache,tool,round,seconds,bytes_sent (dmover's file bytes; rsync's
@@ -62,16 +63,21 @@ for lab in $LABS; do
     for round in $(seq 1 "$ROUNDS"); do
         for cache in warm cold; do
             for tool in dmover rsync; do
-                if [ "$cache" = cold ]; then sync; echo 3 > /proc/sys/vm/drop_caches; fi
+                if [ "$cache" = cold ]; then
+                    sync; echo 3 > /proc/sys/vm/drop_caches
+                elif [ $tool = dmover ]; then
+                    dm >/dev/null   # warm: this tool's trees are in the cache
+                else
+                    rs >/dev/null
+                fi
                 t0=$(date +%s.%N)
+                if [ $tool = dmover ]; then out=$(dm); else out=$(rs); fi
+                t1=$(date +%s.%N)
                 if [ $tool = dmover ]; then
-                    out=$(dm)
                     sent=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["bytes_sent"])' "$out")
                 else
-                    out=$(rs)
                     sent=$(awk -F': ' '/^Total bytes sent/ {gsub(",","",$2); print $2}' <<<"$out")
                 fi
-                t1=$(date +%s.%N)
                 echo "$lab,$cache,$tool,$round,$(python3 -c "print(f'{$t1-$t0:.3f}')"),$sent"
             done
         done

@@ -6,7 +6,7 @@
 # Also the watcher's CPU while idle (10 s after the writer stops).
 # Prints CSV lines: lab,file,bytes,lag_ms; then a summary line to stderr.
 # Usage: docs/bench/watch-latency.sh [DMOVER_BINARY]  (as root; env RTT, RATE_LINK,
-#        FILES_PER_S, SIZE_MIB, SECONDS, QUIET)
+#        FILES_PER_S, SIZE_MIB, DURATION (seconds), QUIET)
 set -euo pipefail
 B=${1:-target/release/dmover}
 B=$(readlink -f "$B")
@@ -14,7 +14,7 @@ RTT=${RTT:-50ms}
 RATE_LINK=${RATE_LINK:-1gbit}
 FPS=${FILES_PER_S:-50}
 SIZE_MIB=${SIZE_MIB:-1}
-SECONDS_RUN=${SECONDS:-20}
+SECONDS_RUN=${DURATION:-20}
 QUIET=${QUIET:-}
 W=$(mktemp -d /var/tmp/dmover-watch.XXXXXX)
 cleanup() {
