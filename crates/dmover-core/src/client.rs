@@ -196,12 +196,13 @@ pub struct ThirdPartyCopy {
 /// names the base itself (a server's whole export).
 pub(crate) type Root = (Base, Vec<u8>, Vec<u8>);
 
-/// A control connection with TLS up and the first flight ready, not sent.
-/// How long a connection set up while a push's walk runs may wait for it: a walk
-/// that takes longer connects again once done (the server drops a connection that
-/// does not authenticate within its handshake timeout, 30 s by default).
+/// How long a connection set up while a push's walk runs may wait to be used: a walk
+/// (and metadata read) that takes longer connects again once done (the server drops
+/// a connection that does not authenticate within its handshake timeout, 30 s by
+/// default).
 const EARLY_CONNECTION_FRESH: Duration = Duration::from_secs(10);
 
+/// A control connection with TLS up and the first flight ready, not sent.
 pub(crate) struct Connection {
     ch: ControlChannel<ControlStream>,
     /// Exported for the session key.
@@ -1642,8 +1643,9 @@ impl Client {
         let meta = self.read_meta(&source);
         // A busy server may keep us waiting: an interrupt ends the wait.
         let mut conn = match early.take() {
-            Some(c) => c,
-            None => tokio::select! {
+            // Made while the walk ran, and not waiting too long since.
+            Some((c, at)) if at.elapsed() < EARLY_CONNECTION_FRESH => c,
+            _ => tokio::select! {
                 r = self.connect(server) => r?,
                 _ = run.cancelled() => return Err(Error::Aborted),
             },
@@ -1724,12 +1726,12 @@ impl Client {
     }
 
     /// Awaits `walking` (a push's walk) while connecting to `server`, and gives the
-    /// walk's result with the connection when both succeeded. A connection that has
-    /// waited for the walk longer than [`EARLY_CONNECTION_FRESH`] is dropped (`None`:
-    /// connect again), well before the server gives up on a connection that does not
-    /// open its session ([`HANDSHAKE_TIMEOUT`]). A failed walk is returned without a
-    /// connection; a failed connection is the error, as it would have been after the
-    /// walk.
+    /// walk's result with the connection and when it was made, when both succeeded.
+    /// The caller drops a connection that has waited longer than
+    /// [`EARLY_CONNECTION_FRESH`] when it comes to use it (and connects again), well
+    /// before the server gives up on a connection that does not open its session
+    /// ([`HANDSHAKE_TIMEOUT`]). A failed walk is returned without a connection; a
+    /// failed connection is the error, as it would have been after the walk.
     async fn walk_connected<F>(
         &self,
         walking: F,
@@ -1737,7 +1739,7 @@ impl Client {
         run: &Run,
     ) -> Result<(
         Option<dmover_store::Result<walk::Walked>>,
-        Option<Connection>,
+        Option<(Connection, tokio::time::Instant)>,
     )>
     where
         F: std::future::Future<Output = Option<dmover_store::Result<walk::Walked>>>,
@@ -1758,13 +1760,14 @@ impl Client {
             return Ok((walked, None));
         }
         let conn = match early {
-            Some(Ok((c, at))) => (at.elapsed() < EARLY_CONNECTION_FRESH).then_some(c),
+            Some(Ok(c)) => c,
             Some(Err(e)) => return Err(e),
-            None => Some(tokio::select! {
-                c = connecting => c?,
+            None => tokio::select! {
+                c = connecting => (c?, tokio::time::Instant::now()),
                 _ = run.cancelled() => return Err(Error::Aborted),
-            }),
+            },
         };
+        let conn = Some(conn);
         Ok((walked, conn))
     }
 
