@@ -104,6 +104,41 @@ pub fn cancel_on_interrupt(rt: &tokio::runtime::Runtime, run: &Arc<Run>) {
     });
 }
 
+/// The options `cp` and `sync` (a one-off run and each batch of `--watch`) take from
+/// their arguments alike: transfer, reliability, filters, `--delete`, metadata.
+pub(crate) fn copy_options(a: &CpArgs, env: &Env) -> anyhow::Result<TransferOptions> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut opts = transfer_options(&a.transfer, env)?;
+    let r = &a.reliability;
+    opts.retries = r.retries;
+    opts.retry_wait = r.retry_wait;
+    opts.busy_wait = r.busy_wait;
+    opts.verify = r.verify;
+    opts.journal = !r.no_journal;
+    opts.idle_timeout = r.stream_timeout.max(std::time::Duration::from_secs(1));
+    if let Some(ms) = r.debug_heartbeat_ms {
+        opts.heartbeat = std::time::Duration::from_millis(ms.max(50));
+    }
+    opts.filter = filter_of(&a.filters)?;
+    opts.rules = a
+        .filters
+        .rules
+        .iter()
+        .map(|(include, p)| dmover_proto::control::FilterRule {
+            include: *include,
+            pattern: p.as_bytes().to_vec(),
+        })
+        .collect();
+    opts.delete = a.delete;
+    opts.max_delete = a.max_delete;
+    // -a, -X, -A ask for what is done by default.
+    let _ = (a.archive, a.xattrs, a.acls);
+    opts.meta.xattrs.user = !a.no_xattrs;
+    opts.meta.xattrs.acls = !a.no_acls;
+    opts.meta.owner = !a.no_owner;
+    Ok(opts)
+}
+
 /// The walk's filters from `--exclude`, `--include` and `--files-from`.
 pub(crate) fn filter_of(f: &FilterArgs) -> anyhow::Result<Option<Arc<Filter>>> {
     use std::os::unix::ffi::OsStrExt;
@@ -174,19 +209,6 @@ fn run_copy(a: CpArgs, env: &Env, sync: bool) -> anyhow::Result<ExitCode> {
             endpoint::parse(s).map_err(|e| usage(format!("source {}: {e}", s.to_string_lossy())))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut opts = transfer_options(&a.transfer, env)?;
-    let r = &a.reliability;
-    opts.resume = r.resume;
-    opts.retries = r.retries;
-    opts.retry_wait = r.retry_wait;
-    opts.busy_wait = r.busy_wait;
-    opts.continue_on_error = r.continue_on_error;
-    opts.verify = r.verify;
-    opts.journal = !r.no_journal;
-    opts.idle_timeout = r.stream_timeout.max(std::time::Duration::from_secs(1));
-    if let Some(ms) = r.debug_heartbeat_ms {
-        opts.heartbeat = std::time::Duration::from_millis(ms.max(50));
-    }
     if !sync
         && (a.delete
             || a.max_delete.is_some()
@@ -209,27 +231,10 @@ fn run_copy(a: CpArgs, env: &Env, sync: bool) -> anyhow::Result<ExitCode> {
              the list protects is not defined)",
         ));
     }
-    opts.filter = filter_of(&a.filters)?;
-    {
-        use std::os::unix::ffi::OsStrExt;
-        opts.rules = a
-            .filters
-            .rules
-            .iter()
-            .map(|(include, p)| dmover_proto::control::FilterRule {
-                include: *include,
-                pattern: p.as_bytes().to_vec(),
-            })
-            .collect();
-    }
-    opts.delete = a.delete;
-    opts.max_delete = a.max_delete;
+    let mut opts = copy_options(&a, env)?;
+    opts.resume = a.reliability.resume;
+    opts.continue_on_error = a.reliability.continue_on_error;
     opts.compare_content = a.checksum;
-    // -a, -X, -A ask for what is done by default.
-    let _ = (a.archive, a.xattrs, a.acls);
-    opts.meta.xattrs.user = !a.no_xattrs;
-    opts.meta.xattrs.acls = !a.no_acls;
-    opts.meta.owner = !a.no_owner;
     if sync {
         // The destination's files are looked at (size, mtime) as a resume does.
         opts.mirror = true;

@@ -129,31 +129,9 @@ fn endpoints(a: &CpArgs) -> anyhow::Result<(Vec<u8>, String, Vec<u8>)> {
     Ok((src, server, path))
 }
 
-/// A sync's options (`cp::run_copy` builds the same for a one-off sync).
+/// A sync's options, as `cp` builds them ([`crate::cp::copy_options`]).
 fn options(a: &CpArgs, env: &Env) -> anyhow::Result<TransferOptions> {
-    let mut opts = crate::cp::transfer_options(&a.transfer, env)?;
-    let r = &a.reliability;
-    opts.retries = r.retries;
-    opts.retry_wait = r.retry_wait;
-    opts.busy_wait = r.busy_wait;
-    opts.verify = r.verify;
-    opts.journal = !r.no_journal;
-    opts.idle_timeout = r.stream_timeout.max(Duration::from_secs(1));
-    if let Some(ms) = r.debug_heartbeat_ms {
-        opts.heartbeat = Duration::from_millis(ms.max(50));
-    }
-    opts.filter = crate::cp::filter_of(&a.filters)?;
-    opts.rules = a
-        .filters
-        .rules
-        .iter()
-        .map(|(include, p)| dmover_proto::control::FilterRule {
-            include: *include,
-            pattern: p.as_bytes().to_vec(),
-        })
-        .collect();
-    opts.delete = a.delete;
-    opts.max_delete = a.max_delete;
+    let mut opts = crate::cp::copy_options(a, env)?;
     // A file being written when read is left for its next close, not a failure.
     opts.continue_on_error = true;
     opts.mirror = true;
