@@ -229,7 +229,7 @@ fn entry(u: &mut Unstructured<'_>) -> Result<Entry> {
 
 /// Any control message, valid or not as far as the protocol goes.
 pub fn arbitrary_control(u: &mut Unstructured<'_>) -> Result<Control> {
-    Ok(match u.int_in_range(0..=21u8)? {
+    Ok(match u.int_in_range(0..=24u8)? {
         0 => Control::Hello(Hello {
             software: u.arbitrary()?,
             nonce: u.arbitrary()?,
@@ -403,6 +403,20 @@ pub fn arbitrary_control(u: &mut Unstructured<'_>) -> Result<Control> {
                 })
                 .collect::<Result<_>>()?,
             last: u.arbitrary()?,
+        }),
+        22 => Control::Stored(u.int_in_range(0..=80)?),
+        23 => Control::Times(dmover_proto::control::TimesPart {
+            entries: (0..u.int_in_range(0..=4u8)?)
+                .map(|_| {
+                    Ok((
+                        u.int_in_range(0..=12)?,
+                        dmover_proto::manifest::Mtime {
+                            sec: u.arbitrary()?,
+                            nsec: u.int_in_range(0..=999_999_999)?,
+                        },
+                    ))
+                })
+                .collect::<Result<_>>()?,
         }),
         _ => Control::Error(ErrorMsg {
             code: *u.choose(&[

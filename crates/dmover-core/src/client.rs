@@ -4,6 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
+use tokio::sync::mpsc;
+
 use dmover_net::control::{ControlChannel, write_preamble};
 use dmover_net::join::{Dialer, Dials, JoinError, JoinWait, LinkMode};
 use dmover_net::pace::{Paced, Pacer};
@@ -20,7 +22,7 @@ use dmover_proto::control::{
     AuthMethod, Control, GrantRequest, ManifestEnd, ManifestPart, Prune, PruneReport,
     SessionOptions, ThirdParty, TpcMode,
 };
-use dmover_proto::manifest::{Entry, NO_PARENT, Totals};
+use dmover_proto::manifest::{Entry, EntryKind, NO_PARENT, Totals};
 use dmover_proto::preamble::{ConnKind, Preamble};
 use dmover_proto::{PROTOCOL_VERSION, control};
 
@@ -31,7 +33,7 @@ use dmover_store::source::{FileSource, SourceOptions};
 use dmover_store::walk;
 
 use crate::diskpool::DiskPool;
-use crate::drive;
+use crate::drive::{self, GrowPart};
 use crate::engine::{DataStream, Run};
 use crate::error::{Error, Result};
 use crate::session::{self, HANDSHAKE_TIMEOUT, TransferOptions};
@@ -75,6 +77,112 @@ pub struct Report {
     /// A relay through this client (`cp --via-client`): what it received from the
     /// source server.
     pub relayed: Option<Relayed>,
+}
+
+/// A push whose manifest grows while it runs ([`Client::push_growing`]).
+#[derive(Debug)]
+pub struct Growing {
+    grower: walk::Grower,
+    totals: Totals,
+    tx: mpsc::UnboundedSender<GrowPart>,
+    task: tokio::task::JoinHandle<Result<Report>>,
+}
+
+impl Growing {
+    /// Whether `rel` (a path below the source root) is in the manifest already (a
+    /// directory, or a file sent before, which cannot be sent again in this session:
+    /// names are unique in a manifest).
+    pub fn has(&self, rel: &[u8]) -> bool {
+        self.grower.has(rel)
+    }
+
+    /// Whether `rel` is in the manifest as a file or symlink: its next version
+    /// needs a new session.
+    pub fn has_file(&self, rel: &[u8]) -> bool {
+        self.grower.has_file(rel)
+    }
+
+    /// Entries in the manifest so far.
+    pub fn entries(&self) -> u32 {
+        self.grower.len()
+    }
+
+    /// Whether the session ended (failed, since only [`Growing::finish`] ends it
+    /// otherwise).
+    pub fn ended(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Adds `rels` (paths below the source root; those already in the manifest, gone,
+    /// or special files are left out) as the next part.
+    pub fn send(&mut self, rels: &[Vec<u8>]) -> Part {
+        let (entries, paths) = self.grower.part(rels);
+        let (tell, durable) = tokio::sync::oneshot::channel();
+        let t = Totals::of(&entries);
+        self.totals = Totals {
+            entries: self.totals.entries + t.entries,
+            files: self.totals.files + t.files,
+            dirs: self.totals.dirs + t.dirs,
+            symlinks: self.totals.symlinks + t.symlinks,
+            bytes: self.totals.bytes + t.bytes,
+        };
+        let _ = self.tx.send(GrowPart {
+            entries,
+            totals: self.totals,
+            // The source's storage lays the part out and says how long it is.
+            chunks: 0,
+            last: false,
+            durable: Some(tell),
+            times: Vec::new(),
+        });
+        Part {
+            paths,
+            files: t.files,
+            bytes: t.bytes,
+            durable,
+        }
+    }
+
+    /// Ends the manifest and waits for the session's end (every part complete at
+    /// the server, directories given their modes and mtimes).
+    pub async fn finish(self) -> Result<Report> {
+        // Their contents changed since their entries went out: the directories get
+        // their modification times as they are now.
+        let _ = self.tx.send(GrowPart {
+            entries: Vec::new(),
+            totals: self.totals,
+            chunks: 0,
+            last: true,
+            durable: None,
+            times: self.grower.dir_times(),
+        });
+        self.wait().await
+    }
+
+    /// Waits for the session's end without ending the manifest (after a
+    /// cancellation of its run, or a failure).
+    pub async fn wait(self) -> Result<Report> {
+        match self.task.await {
+            Ok(r) => r,
+            Err(e) => Err(Error::refused(
+                ErrorCode::Io,
+                format!("the session's task failed: {e}"),
+            )),
+        }
+    }
+}
+
+/// A part of a growing push ([`Growing::send`]).
+#[derive(Debug)]
+pub struct Part {
+    /// The paths it holds (of those asked for).
+    pub paths: Vec<Vec<u8>>,
+    /// Regular files and bytes of file data in it.
+    pub files: u64,
+    pub bytes: u64,
+    /// Told once its files are complete under their final names at the server; an
+    /// error: the session failed first.
+    pub durable: tokio::sync::oneshot::Receiver<()>,
 }
 
 /// What a relay through this client moved besides what it sent on ([`Report::relayed`]).
@@ -1189,6 +1297,124 @@ impl Client {
         .await
     }
 
+    /// A push whose manifest grows while the session runs (`sync --watch`): the
+    /// local directory `src` becomes `dest` on `server` (as `dmover sync`: `dest` is
+    /// the mirror itself). The first part of the manifest is the root directory
+    /// alone; [`Growing::send`] adds paths below it as they are ready, and each
+    /// part's files are complete under their final names at the server once it says
+    /// so. One connection, one set of data streams, kept warm between parts. Not
+    /// resumed (a caller catches up with an ordinary sync first); no owners or
+    /// extended attributes travel, no hard links or holes (docs/sync.md).
+    pub async fn push_growing(
+        &self,
+        src: &[u8],
+        server: &str,
+        dest: &[u8],
+        run: Arc<Run>,
+    ) -> Result<Growing> {
+        let mut root = paths::source_root(&Base::Local, src, &[])?;
+        let (parent, name) = mirror_dest(dest, false)?;
+        root.name = name;
+        // The first part: the root alone (every name below it left out).
+        let mut filter = dmover_store::filter::Filter::none();
+        filter.push(
+            dmover_store::filter::Rule::new(dmover_store::filter::Action::Exclude, b"*")
+                .map_err(|e| Error::refused(ErrorCode::Unsupported, e))?,
+        );
+        let walked = self
+            .disk
+            .run(move || walk::walk_filtered(vec![root], &filter))
+            .await
+            .ok_or(Error::Aborted)??;
+        let tree = walked.tree;
+        if tree.entries().first().map(|e| &e.kind) != Some(&EntryKind::Dir) {
+            return Err(Error::refused(
+                ErrorCode::Unsupported,
+                format!("{} is not a directory", String::from_utf8_lossy(src)),
+            ));
+        }
+        let root_dir = tree.dir(0).map_err(|e| {
+            Error::Store(dmover_store::Error::io(
+                "opening",
+                String::from_utf8_lossy(src),
+                e,
+            ))
+        })?;
+        let first = tree.entries().to_vec();
+        let chunk = match self.opts.chunk_size {
+            0 => dmover_proto::layout::DEFAULT_CHUNK,
+            c => c,
+        };
+        let source = FileSource::new(
+            tree,
+            chunk,
+            SourceOptions {
+                checksum: self.opts.checksum,
+                direct_io: self.opts.direct_io,
+                continue_on_error: self.opts.continue_on_error,
+            },
+        )?;
+        let mut conn = tokio::select! {
+            r = self.connect(server) => r?,
+            _ = run.cancelled() => return Err(Error::Aborted),
+        };
+        let mut open = self.open_request(Op::Push { dest: parent }, chunk);
+        // Parts carry plain files (no links, no sparse list), and no metadata.
+        open.features &=
+            !(dmover_proto::session::features::LINKS | dmover_proto::session::features::METADATA);
+        let d = conn.dial(open, self.opts.session_options(false));
+        let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
+        let m = SourceSession::dial(now(), server, timing, d);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let totals = Totals::of(&first);
+        let _ = tx.send(GrowPart {
+            entries: first,
+            totals,
+            chunks: 0,
+            last: false,
+            durable: None,
+            times: Vec::new(),
+        });
+        let (fixed, threads) = (self.opts.buffers, self.disk.threads());
+        let buffers = Box::new(move |streams| {
+            fixed.unwrap_or_else(|| session::default_buffers(streams, threads))
+        });
+        let dials = std::mem::take(&mut conn.dials);
+        let joins = self.dialing(server, conn.master, dials, JoinWait::Pipelined);
+        let env = self.env(&run, buffers);
+        let task = tokio::spawn(async move {
+            let r = drive::source_growing(m, &mut conn.ch, joins, source, env, Some(rx)).await?;
+            let failed = r.store.failed();
+            let tree = r.store.tree();
+            Ok(Report {
+                summary: r.summary,
+                totals: Totals::of(tree.entries()),
+                streams: r.info.streams,
+                chunk_size: r.info.chunk_size,
+                skipped: 0,
+                held_bytes: 0,
+                held_files: 0,
+                bytes_sent: run.progress.bytes.load(Relaxed),
+                chunks_resent: r.stats.chunks_resent,
+                streams_lost: r.stats.streams_lost,
+                attempts: 1,
+                failed: failed
+                    .into_iter()
+                    .map(|f| failed_line(tree.entries(), f))
+                    .collect(),
+                pruned: None,
+                delete_refused: None,
+                relayed: None,
+            })
+        });
+        Ok(Growing {
+            grower: walk::Grower::new(root_dir),
+            totals,
+            tx,
+            task,
+        })
+    }
+
     /// Copies `sources` on `server` into the local `dest`.
     pub async fn pull(
         &self,
@@ -1684,11 +1910,22 @@ impl Client {
         // (checked by each stream before anything it receives).
         let joins = self.dialing(server, conn.master, dials, JoinWait::Pipelined);
         let r = drive::source(m, &mut conn.ch, joins, source, self.env(&run, buffers)).await?;
-        let entries = r.store.tree().entries();
-        // What the mirror must hold: every entry walked (also those `--checksum` found
-        // there already).
-        let listed = full.as_deref().unwrap_or(entries);
         let failed = r.store.failed();
+        // The lines naming the failed files, and with `--delete` what the mirror must
+        // hold: every entry walked (also those `--checksum` found there already).
+        let (failed_lines, listed) = {
+            let tree = r.store.tree();
+            let lines: Vec<String> = failed
+                .iter()
+                .map(|f| failed_line(tree.entries(), f.clone()))
+                .collect();
+            let listed = match full {
+                Some(full) => full,
+                None if delete => tree.entries().to_vec(),
+                None => Vec::new(),
+            };
+            (lines, listed)
+        };
         let mut delete_refused = None;
         if delete {
             delete_refused = delete_refusal(skipped, failed.len());
@@ -1699,7 +1936,7 @@ impl Client {
                     .max_delete
                     .map(|m| m.saturating_sub(pruned.as_ref().map_or(0, |p| p.deleted)));
                 let req = self.prune_request(mirror_path, max);
-                let after = self.prune_remote(server, listed, req).await?;
+                let after = self.prune_remote(server, &listed, req).await?;
                 merge_pruned(pruned.get_or_insert_with(Default::default), after);
             }
         }
@@ -1715,10 +1952,7 @@ impl Client {
             chunks_resent: r.stats.chunks_resent,
             streams_lost: r.stats.streams_lost,
             attempts: 1,
-            failed: failed
-                .into_iter()
-                .map(|f| failed_line(entries, f))
-                .collect(),
+            failed: failed_lines,
             pruned,
             delete_refused,
             relayed: None,
@@ -1855,10 +2089,14 @@ impl Client {
         let joins = self.dialing(server, conn.master, dials, JoinWait::Answer);
         let env = self.env(&run, buffers);
         let r = drive::sink(m, &mut conn.ch, joins, prepare, Some(options), env).await?;
-        let names = r.store.tree_entries();
-        let totals = Totals::of(names);
-        let held_files = names.iter().filter(|e| e.file_size() > 0).count() as u64
-            - r.store.layout().files().len() as u64;
+        let (totals, held_files) = {
+            let names = r.store.tree_entries();
+            let with_data = names.iter().filter(|e| e.file_size() > 0).count() as u64;
+            (
+                Totals::of(&names),
+                with_data - r.store.layout().files().len() as u64,
+            )
+        };
         // The server's count of entries its walk skipped, if it was asked for it.
         let (skips, failed): (Vec<FailedFile>, Vec<FailedFile>) = r
             .report
@@ -1876,7 +2114,7 @@ impl Client {
             delete_refused = delete_refusal(skipped, failed.len());
             if delete_refused.is_none() {
                 // Every file is verified and under its final name (our own `Done`).
-                let entries = names.to_vec();
+                let entries = r.store.tree_entries().to_vec();
                 let opts = dmover_store::prune::PruneOptions {
                     conflicts_only: false,
                     max_delete: prune_opts
@@ -1913,7 +2151,10 @@ impl Client {
             chunks_resent: r.report.chunks_resent,
             streams_lost: r.report.streams_lost,
             attempts: 1,
-            failed: failed.into_iter().map(|f| failed_line(names, f)).collect(),
+            failed: {
+                let names = r.store.tree_entries();
+                failed.into_iter().map(|f| failed_line(&names, f)).collect()
+            },
             pruned,
             delete_refused,
             relayed: None,

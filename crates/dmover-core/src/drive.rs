@@ -23,7 +23,7 @@
 //! dialer opens them when the machine asks, the acceptor receives them from its join
 //! listener), and the machine was made with `dial` or `accept`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -295,9 +295,21 @@ pub trait SourceStore: Source + Sized + 'static {
     fn held_bytes(&self) -> u64 {
         0
     }
+
+    /// (growing manifest) Takes a later part of the manifest, `entries` (numbered
+    /// after the earlier parts'), and returns the layout's length in chunks with it;
+    /// `None`: the storage reads any chunk already (the part says its length).
+    fn grow(&self, entries: &[Entry]) -> Result<Option<u64>> {
+        let _ = entries;
+        Ok(None)
+    }
 }
 
 impl SourceStore for FileSource {
+    fn grow(&self, entries: &[Entry]) -> Result<Option<u64>> {
+        Ok(Some(FileSource::grow(self, entries.to_vec())?))
+    }
+
     fn resume_from(&mut self, peer: &str, parts: &[Have]) -> Result<Plan> {
         let chunk = self.layout().chunk_size() as u32;
         let mut held = Held::from_have(self.tree().entries(), chunk, parts)
@@ -346,11 +358,11 @@ pub trait SinkStore: Sink + Sized + 'static {
     /// What an earlier attempt left (reads the journal); by default nothing (storage
     /// that keeps nothing between sessions).
     fn held(&self) -> Held {
-        Held::none(self.entries())
+        Held::none(&self.entries())
     }
 
-    /// The manifest's entries.
-    fn entries(&self) -> &[Entry];
+    /// The manifest's entries (of a growing manifest: so far).
+    fn entries(&self) -> impl std::ops::Deref<Target = [Entry]> + '_;
 
     /// Leaves out what is held; by default only nothing can be (see
     /// [`SinkStore::held`]).
@@ -381,9 +393,23 @@ pub trait SinkStore: Sink + Sized + 'static {
     fn set_meta(&mut self, meta: Vec<dmover_proto::manifest::EntryMeta>) {
         let _ = meta;
     }
+
+    /// (feature `CONTINUOUS`) Newer modification times of directories of the
+    /// manifest, to set at the end; storage that keeps none ignores them.
+    fn set_times(&self, times: Vec<(u32, dmover_proto::manifest::Mtime)>) {
+        let _ = times;
+    }
 }
 
 impl SinkStore for FileSink {
+    fn set_times(&self, times: Vec<(u32, dmover_proto::manifest::Mtime)>) {
+        FileSink::set_times(self, times)
+    }
+
+    fn grow(&self, entries: Vec<Entry>, chunks: std::ops::Range<u64>) -> Result<()> {
+        Ok(FileSink::grow(self, entries, chunks)?)
+    }
+
     fn set_meta(&mut self, meta: Vec<dmover_proto::manifest::EntryMeta>) {
         FileSink::set_meta(self, meta)
     }
@@ -392,7 +418,7 @@ impl SinkStore for FileSink {
         FileSink::held(self)
     }
 
-    fn entries(&self) -> &[Entry] {
+    fn entries(&self) -> impl std::ops::Deref<Target = [Entry]> + '_ {
         self.tree_entries()
     }
 
@@ -410,7 +436,7 @@ impl SinkStore for FileSink {
 }
 
 impl SinkStore for dmover_store::mem::MemSink {
-    fn entries(&self) -> &[Entry] {
+    fn entries(&self) -> impl std::ops::Deref<Target = [Entry]> + '_ {
         dmover_store::mem::MemSink::entries(self)
     }
 }
@@ -442,8 +468,10 @@ pub struct ZeroCopyUse {
 /// A part of a manifest that grows while the session runs (feature
 /// [`dmover_proto::session::features::GROWING_MANIFEST`]; see
 /// [`SourceSession::grow_manifest`]): fed to [`source_growing`] by whatever produces
-/// the entries, once the source storage can read the part's chunks.
-#[derive(Debug, Clone)]
+/// the entries. Storage that grows ([`SourceStore::grow`], file storage) takes the
+/// part's entries when it comes and lays them out (`chunks` is then its answer);
+/// other storage must read the part's chunks by the time the part comes.
+#[derive(Debug)]
 pub struct GrowPart {
     /// The part's entries, numbered after every earlier part's.
     pub entries: Vec<Entry>,
@@ -453,6 +481,14 @@ pub struct GrowPart {
     pub chunks: u64,
     /// The manifest is complete.
     pub last: bool,
+    /// Told once the part is durable at the sink: bound to its storage and every
+    /// chunk of it (and before it) written, so its files are complete under their
+    /// final names (as the sink says with feature `CONTINUOUS`; without it, at the end
+    /// of the session). Dropped unsent if the session fails first.
+    pub durable: Option<tokio::sync::oneshot::Sender<()>>,
+    /// (feature `CONTINUOUS`) Newer modification times of directories of earlier
+    /// parts, sent before this part.
+    pub times: Vec<(u32, dmover_proto::manifest::Mtime)>,
 }
 
 /// How long a control message may take to go out before the connection counts as
@@ -698,9 +734,21 @@ where
     let growing = growth.is_some();
     let mut tuner: Option<Tuner> = None;
     let mut meters = Meters::default();
+    // Parts so far, and those whose producer waits to hear they are durable: (the
+    // part's number, the layout's end with it, whom to tell).
+    let mut parts = 0u64;
+    let mut durable: VecDeque<(u64, u64, tokio::sync::oneshot::Sender<()>)> = VecDeque::new();
     loop {
         if let Some(t) = tuner.as_mut() {
             tune_step(t, &mut m, &meters, &env.run.progress, &peer);
+        }
+        while let Some((i, end, _)) = durable.front() {
+            if m.parts_confirmed() <= *i || m.stored_below() < *end {
+                break;
+            }
+            if let Some((.., tell)) = durable.pop_front() {
+                let _ = tell.send(());
+            }
         }
         // What the machine asks, until it asks nothing more.
         loop {
@@ -834,6 +882,9 @@ where
                     }
                     SourceEvent::Done(summary) => {
                         ctl.flush(&mut m).await;
+                        for (.., tell) in durable.drain(..) {
+                            let _ = tell.send(());
+                        }
                         let store = match live {
                             Some((k, ..)) => k,
                             None => Arc::new(prep.take().expect("the store is here")),
@@ -880,7 +931,32 @@ where
                 m.fail(now(), Fault::cancelled(why));
             }
             part = next_part(&mut growth), if growth.is_some() && m.info().is_some() => match part {
-                Some(p) => {
+                Some(mut p) => {
+                    if parts > 0 {
+                        // A later part: storage that grows lays it out now.
+                        let store = prep.as_ref().or(live.as_ref().map(|l| &*l.0));
+                        let grown = match store {
+                            Some(k) => k.grow(&p.entries),
+                            None => Err(Error::refused(
+                                ErrorCode::Unsupported,
+                                "a later part of the manifest came while a resume was checked",
+                            )),
+                        };
+                        match grown {
+                            Ok(Some(n)) => p.chunks = n,
+                            Ok(None) => {}
+                            Err(e) => {
+                                growth = None;
+                                m.fail(now(), Fault::new(e));
+                                continue;
+                            }
+                        }
+                    }
+                    parts += 1;
+                    m.times(std::mem::take(&mut p.times));
+                    if let Some(tell) = p.durable.take() {
+                        durable.push_back((parts - 1, p.chunks, tell));
+                    }
                     m.push_manifest(&p.entries);
                     env.run.progress.total.store(p.totals.bytes, Relaxed);
                     m.grow_manifest(now(), p.totals, p.chunks, p.last);
@@ -904,7 +980,7 @@ where
                 SrcIn::Read { read: Err(e), .. } => m.fail(now(), Fault::new(e)),
                 SrcIn::Written { stream, chunk } => {
                     if let Some((_, src, _)) = &live {
-                        crate::monitor::count_files(&env.run.progress, src.layout(), chunk);
+                        crate::monitor::count_files(&env.run.progress, &src.layout(), chunk);
                     }
                     m.chunk_written(now(), stream, chunk)
                 }
@@ -1358,10 +1434,16 @@ where
     let mut tasks: HashMap<u16, Task<u64>> = HashMap::new();
     let mut summary: Option<Summary> = None;
     let mut grown: Vec<(Vec<Entry>, std::ops::Range<u64>)> = Vec::new();
+    let mut times = Vec::new();
     let mut meta = Vec::new();
     let mut cancelled = false;
     let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
     loop {
+        if let Some((k, ..)) = &live
+            && !times.is_empty()
+        {
+            k.set_times(std::mem::take(&mut times));
+        }
         loop {
             ctl.flush(&mut m).await;
             let mut busy = false;
@@ -1418,7 +1500,7 @@ where
                                 let held = if o.resume {
                                     k.held()
                                 } else {
-                                    Held::none(k.entries())
+                                    Held::none(&k.entries())
                                 };
                                 (k, held)
                             });
@@ -1437,7 +1519,7 @@ where
                                     tracing::info!(
                                         "resuming: {} files and {} bytes already here",
                                         held.done_files(),
-                                        held.bytes(k.entries(), k.layout().chunk_size() as u32)
+                                        held.bytes(&k.entries(), k.layout().chunk_size() as u32)
                                     );
                                 }
                                 k.resume(&held)
@@ -1461,6 +1543,13 @@ where
                         Some((k, ..)) => grow_sink(&mut m, &**k, entries, chunks),
                         // Before the sink is prepared: when it is.
                         None => grown.push((entries, chunks)),
+                    },
+                    SinkEvent::Times(t) => match (&live, &prep) {
+                        (Some((k, ..)), _) => k.set_times(t),
+                        (None, Some((k, _))) => k.set_times(t),
+                        // Between the preparation and the start (the storage on a disk
+                        // thread): with the next.
+                        (None, None) => times.extend(t),
                     },
                     SinkEvent::Complete => {
                         let Some((_, sink, _)) = &live else { continue };
@@ -1576,7 +1665,7 @@ where
                 }
                 SinkIn::Written { chunk, result: Ok(()) } => {
                     if let Some((_, sink, _)) = &live {
-                        crate::monitor::count_files(&env.run.progress, sink.layout(), chunk);
+                        crate::monitor::count_files(&env.run.progress, &sink.layout(), chunk);
                     }
                     m.chunk_written(now(), chunk);
                     if let Some(n) = &news {
@@ -1586,7 +1675,7 @@ where
                 SinkIn::Written { result: Err(e), .. } => m.fail(now(), Fault::new(e)),
                 SinkIn::Prepared(Ok((mut k, held))) => {
                     if options.as_ref().is_some_and(|o| o.resume) {
-                        let parts = held.to_have(k.entries());
+                        let parts = held.to_have(&k.entries());
                         prep = Some((k, held));
                         m.resume(now(), parts);
                     } else {
@@ -1754,8 +1843,8 @@ async fn sink_stream<L: DataLink, K>(
     tx: &mpsc::UnboundedSender<SinkIn<K>>,
     progress: &Progress,
 ) -> Result<Option<u64>> {
-    let layout = sink.layout();
-    let n = layout.n_chunks();
+    let mut layout = sink.layout();
+    let mut n = layout.n_chunks();
     let limits = FrameLimits {
         max_payload: layout.chunk_size() as u32,
         max_digests: layout.chunk_size() as u32,
@@ -1784,6 +1873,12 @@ async fn sink_stream<L: DataLink, K>(
             return Ok(Some(h.chunk));
         }
         let k = h.chunk;
+        if k >= n {
+            // A growing manifest's later part: its chunks come once the storage laid
+            // it out (the source waits for `Grown`).
+            layout = sink.layout();
+            n = layout.n_chunks();
+        }
         if k >= n {
             return Err(fatal(format!(
                 "chunk {k} out of range (the dataset has {n})"
@@ -2103,6 +2198,8 @@ mod tests {
                         totals,
                         chunks,
                         last,
+                        durable: None,
+                        times: Vec::new(),
                     })
                     .unwrap();
                     tokio::time::sleep(Duration::from_millis(if i == 0 { 0 } else { 20 })).await;
@@ -2162,6 +2259,8 @@ mod tests {
             totals: t,
             chunks: 1,
             last: false,
+            durable: None,
+            times: Vec::new(),
         })
         .unwrap();
         t.entries += 1;
@@ -2172,6 +2271,8 @@ mod tests {
             totals: t,
             chunks: 2,
             last: true,
+            durable: None,
+            times: Vec::new(),
         })
         .unwrap();
         let (sent, received) = runtime().block_on(pair(
@@ -2270,7 +2371,7 @@ mod tests {
         // checksums sees a CRC that matches the bytes sent and a file digest that does not.
         struct Lying(MemSource, MemSource);
         impl Source for Lying {
-            fn layout(&self) -> &dmover_proto::layout::Layout {
+            fn layout(&self) -> std::sync::Arc<dmover_proto::layout::Layout> {
                 self.0.layout()
             }
             fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {

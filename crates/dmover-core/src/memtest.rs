@@ -141,7 +141,7 @@ fn entry(i: u64, size: u64) -> Entry {
 /// buffer an encrypting stream sealed in place is zeroed again, found by its CRC32C;
 /// without checksums its bytes are sent as they are.)
 pub struct Pattern {
-    layout: Layout,
+    layout: std::sync::Arc<Layout>,
     checksum: bool,
     /// CRC32C of a chunk of zeros.
     zeros: u32,
@@ -151,7 +151,7 @@ impl Pattern {
     /// Storage for a test of `chunk`-byte chunks; `checksum`: a CRC32C with each.
     pub fn new(chunk: u32, checksum: bool) -> Result<Self> {
         Ok(Pattern {
-            layout: test_layout(chunk)?,
+            layout: test_layout(chunk)?.into(),
             checksum,
             zeros: crc32c_append(0, &vec![0; chunk as usize]),
         })
@@ -171,8 +171,8 @@ impl Pattern {
 }
 
 impl Source for Pattern {
-    fn layout(&self) -> &Layout {
-        &self.layout
+    fn layout(&self) -> std::sync::Arc<Layout> {
+        self.layout.clone()
     }
 
     /// The chunks come with the manifest's parts ([`feed`]).
@@ -204,7 +204,7 @@ impl SourceStore for Pattern {}
 /// The receiving side's storage: checks each chunk's CRC32C (with checksums on),
 /// counts it and forgets it.
 pub struct Discard {
-    layout: Layout,
+    layout: std::sync::Arc<Layout>,
     entries: Vec<Entry>,
     /// Chunks of the first part of the manifest.
     first: u64,
@@ -221,7 +221,7 @@ impl Discard {
             .map_err(layout_error)?
             .n_chunks();
         Ok(Discard {
-            layout: test_layout(chunk)?,
+            layout: test_layout(chunk)?.into(),
             entries,
             first,
             checksum,
@@ -232,8 +232,8 @@ impl Discard {
 }
 
 impl Sink for Discard {
-    fn layout(&self) -> &Layout {
-        &self.layout
+    fn layout(&self) -> std::sync::Arc<Layout> {
+        self.layout.clone()
     }
 
     fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
@@ -274,8 +274,8 @@ impl Sink for Discard {
 }
 
 impl SinkStore for Discard {
-    fn entries(&self) -> &[Entry] {
-        &self.entries
+    fn entries(&self) -> impl std::ops::Deref<Target = [Entry]> + '_ {
+        self.entries.as_slice()
     }
 
     fn grow(&self, _entries: Vec<Entry>, _chunks: Range<u64>) -> Result<()> {
@@ -311,6 +311,8 @@ impl Parts {
             totals: self.totals,
             chunks: self.announced,
             last,
+            durable: None,
+            times: Vec::new(),
         }
     }
 }

@@ -258,7 +258,7 @@ fn layout_of(entries: &[Entry], chunk: u32) -> dmover_store::Result<Layout> {
 #[derive(Debug)]
 pub struct RelaySink {
     entries: Vec<Entry>,
-    layout: Layout,
+    layout: std::sync::Arc<Layout>,
     checksum: bool,
     ring: Arc<Ring>,
     from: String,
@@ -281,7 +281,7 @@ impl RelaySink {
         let layout = layout_of(&entries, chunk)?;
         Ok(RelaySink {
             entries,
-            layout,
+            layout: layout.into(),
             checksum,
             ring,
             from: from.to_string(),
@@ -293,8 +293,8 @@ impl RelaySink {
 }
 
 impl Sink for RelaySink {
-    fn layout(&self) -> &Layout {
-        &self.layout
+    fn layout(&self) -> std::sync::Arc<Layout> {
+        self.layout.clone()
     }
 
     fn sparse_chunk(&self, k: u64) -> bool {
@@ -377,8 +377,8 @@ impl Sink for RelaySink {
 }
 
 impl SinkStore for RelaySink {
-    fn entries(&self) -> &[Entry] {
-        &self.entries
+    fn entries(&self) -> impl std::ops::Deref<Target = [Entry]> + '_ {
+        self.entries.as_slice()
     }
 
     fn set_sparse(&mut self, entries: Vec<u32>) {
@@ -389,7 +389,7 @@ impl SinkStore for RelaySink {
 /// The push's storage: chunks from the [`Ring`], with A's CRCs and digests.
 #[derive(Debug)]
 pub struct RelaySource {
-    layout: Layout,
+    layout: std::sync::Arc<Layout>,
     ring: Arc<Ring>,
 }
 
@@ -397,7 +397,7 @@ impl RelaySource {
     /// The source of manifest `entries` in `chunk` chunks, from `ring`.
     pub fn new(entries: &[Entry], chunk: u32, ring: Arc<Ring>) -> dmover_store::Result<Self> {
         Ok(RelaySource {
-            layout: layout_of(entries, chunk)?,
+            layout: layout_of(entries, chunk)?.into(),
             ring,
         })
     }
@@ -408,8 +408,8 @@ fn relay_error(why: String) -> dmover_store::Error {
 }
 
 impl Source for RelaySource {
-    fn layout(&self) -> &Layout {
-        &self.layout
+    fn layout(&self) -> std::sync::Arc<Layout> {
+        self.layout.clone()
     }
 
     fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {

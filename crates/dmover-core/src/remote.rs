@@ -193,7 +193,7 @@ impl Shared {
 #[derive(Debug)]
 pub struct ChunkCache {
     entries: Vec<Entry>,
-    layout: Layout,
+    layout: std::sync::Arc<Layout>,
     checksum: bool,
     shared: Arc<Shared>,
 }
@@ -204,7 +204,7 @@ impl ChunkCache {
             .map_err(|e| Error::protocol("the source", format!("layout: {e}")))?;
         Ok(ChunkCache {
             entries,
-            layout,
+            layout: layout.into(),
             checksum,
             shared,
         })
@@ -217,8 +217,8 @@ impl ChunkCache {
 }
 
 impl Sink for ChunkCache {
-    fn layout(&self) -> &Layout {
-        &self.layout
+    fn layout(&self) -> std::sync::Arc<Layout> {
+        self.layout.clone()
     }
 
     fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
@@ -275,8 +275,8 @@ impl Sink for ChunkCache {
 }
 
 impl SinkStore for ChunkCache {
-    fn entries(&self) -> &[Entry] {
-        &self.entries
+    fn entries(&self) -> impl std::ops::Deref<Target = [Entry]> + '_ {
+        self.entries.as_slice()
     }
 }
 
@@ -410,7 +410,7 @@ impl Remote {
     }
 
     /// The layout the chunks are cut from.
-    pub fn layout(&self) -> &Layout {
+    pub fn layout(&self) -> std::sync::Arc<Layout> {
         self.store.layout()
     }
 
@@ -474,7 +474,8 @@ impl Remote {
                 format!("{} is not a regular file", self.path(entry)),
             ));
         }
-        let files = self.layout().files();
+        let layout = self.layout();
+        let files = layout.files();
         let i = files.partition_point(|f| f.entry < entry);
         Ok(files.get(i).filter(|f| f.entry == entry).copied())
     }

@@ -162,6 +162,16 @@ pub enum Control {
     /// (source to sink), after `ManifestEnd`; the part marked `last` ends them, and
     /// the sink prepares only then.
     Meta(MetaPart),
+    /// (27, feature `CONTINUOUS`) Every chunk below this count is written and the files
+    /// it ends are complete under their final names (sink to source, in a growing
+    /// manifest's session, as the written chunks reach the end of a part): what tells
+    /// a producer that a part is durable at the sink. Acknowledgements on the data
+    /// streams say only that a chunk arrived.
+    Stored(u64),
+    /// (28, feature `CONTINUOUS`) Newer modification times of directories already in
+    /// a growing manifest (source to sink, before the last `Grow`): their contents
+    /// changed since their entries went out; the sink sets these at the end instead.
+    Times(TimesPart),
 }
 
 impl Control {
@@ -195,6 +205,8 @@ impl Control {
             Control::Tuned(_) => "Tuned",
             Control::Sparse(_) => "Sparse",
             Control::Meta(_) => "Meta",
+            Control::Stored(_) => "Stored",
+            Control::Times(_) => "Times",
         }
     }
 
@@ -520,6 +532,14 @@ pub struct MetaPart {
     pub entries: Vec<crate::manifest::EntryMeta>,
     /// The last part.
     pub last: bool,
+}
+
+/// (feature `CONTINUOUS`) Newer modification times of manifest entries
+/// (directories), by entry index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimesPart {
+    /// (entry, its modification time now).
+    pub entries: Vec<(u32, crate::manifest::Mtime)>,
 }
 
 /// Longest [`Tuned::reason`] a sink accepts.

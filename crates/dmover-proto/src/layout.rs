@@ -163,6 +163,31 @@ impl Layout {
         })
     }
 
+    /// Lays out the regular files of `entries[from..]` (a later part of a growing
+    /// manifest, `entries` every part so far) after the files already laid out, the
+    /// first of them on a fresh chunk: the part adds chunks `n_chunks()..` and
+    /// changes none before (docs/protocol.md, "Growing manifest"). A part without
+    /// data adds nothing.
+    pub fn extend(&mut self, entries: &[Entry], from: usize) -> Result<()> {
+        let base = self.n_chunks() * self.chunk;
+        let chunk = u32::try_from(self.chunk)
+            .map_err(|_| Error::Violation("chunk size out of range".into()))?;
+        let part = Layout::with_filter(entries, chunk, |i| i >= from)?;
+        if part.files.is_empty() {
+            return Ok(());
+        }
+        let total = base
+            .checked_add(part.total)
+            .filter(|&t| t < u64::MAX - ALIGN)
+            .ok_or_else(|| Error::Violation("dataset layout overflows 64 bits".into()))?;
+        self.files.extend(part.files.iter().map(|f| FileSlot {
+            start: base + f.start,
+            ..*f
+        }));
+        self.total = total;
+        Ok(())
+    }
+
     /// Chunk size in bytes.
     #[inline]
     pub fn chunk_size(&self) -> u64 {
@@ -303,6 +328,43 @@ mod tests {
                 mtime: Mtime::default(),
             })
             .collect()
+    }
+
+    #[test]
+    fn a_later_part_starts_on_a_fresh_chunk() {
+        let c = 256 * 1024;
+        let all = files(&[100, 300_000, 10, 0, 5, 600_000]);
+        let mut l = Layout::new(&all[..3], c).unwrap();
+        assert_eq!(l.n_chunks(), 3);
+        // A part with only an empty file adds nothing.
+        l.extend(&all[..4], 3).unwrap();
+        assert_eq!((l.n_chunks(), l.files().len()), (3, 3));
+        l.extend(&all, 4).unwrap();
+        let alone = Layout::new(&all[4..], c).unwrap();
+        assert_eq!(l.n_chunks(), 3 + alone.n_chunks());
+        assert_eq!(l.files()[3].start, 3 * u64::from(c));
+        assert_eq!((l.files()[3].entry, l.files()[4].entry), (4, 5));
+        // Chunks of the part hold the same pieces as the part laid out alone.
+        for k in 0..alone.n_chunks() {
+            let a: Vec<_> = alone
+                .pieces(k)
+                .map(|p| (p.index, p.file_offset, p.len))
+                .collect();
+            let b: Vec<_> = l
+                .pieces(3 + k)
+                .map(|p| (p.index, p.file_offset, p.len))
+                .collect();
+            assert_eq!(a, b, "chunk {k}");
+            assert!(l.pieces(3 + k).all(|p| p.file >= 3));
+        }
+        // The earlier chunks did not change.
+        let first = Layout::new(&all[..3], c).unwrap();
+        for k in 0..3 {
+            assert_eq!(
+                first.pieces(k).collect::<Vec<_>>(),
+                l.pieces(k).collect::<Vec<_>>()
+            );
+        }
     }
 
     #[test]

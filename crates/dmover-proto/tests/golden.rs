@@ -1133,6 +1133,27 @@ fn control_growth_and_requests() {
         01            # last: true
         ",
     );
+    // Feature CONTINUOUS (bit 32).
+    golden_control(
+        Control::Stored(300),
+        "
+        00 00 00 03   # frame length: 3
+        1b            # Control::Stored (variant 27)
+        ac 02         # chunks written: 300 (varint)
+        ",
+    );
+    golden_control(
+        Control::Times(dmover_proto::control::TimesPart {
+            entries: vec![(3, dmover_proto::manifest::Mtime { sec: 2, nsec: 5 })],
+        }),
+        "
+        00 00 00 05   # frame length: 5
+        1c            # Control::Times (variant 28)
+        01            # entries: 1
+        03            #   entry: 3
+        04 05         #   mtime: sec 2 (zigzag varint), nsec 5
+        ",
+    );
 }
 
 #[test]

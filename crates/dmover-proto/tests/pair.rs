@@ -584,6 +584,9 @@ fn a_growing_manifest_sends_each_part_as_it_comes() {
         assert_finished(&r);
         assert_eq!(r.reads, 64, "push {push}: each chunk read once");
         assert_eq!(r.grown, vec![16..32, 32..48, 48..64], "push {push}");
+        // The sink said every part's chunks are written (what tells a producer a part
+        // is durable there), and it said so once per part.
+        assert_eq!(r.stored_below, Some(64), "push {push}");
         let (to_acceptor, to_dialer) = &r.messages;
         let (from_source, from_sink) = if push {
             (to_acceptor, to_dialer)
@@ -597,6 +600,11 @@ fn a_growing_manifest_sends_each_part_as_it_comes() {
         );
         assert!(!from_source.contains(&"ManifestEnd"));
         assert_eq!(from_sink.iter().filter(|m| **m == "Grown").count(), 3);
+        assert_eq!(
+            from_sink.iter().filter(|m| **m == "Stored").count(),
+            4,
+            "push {push}"
+        );
         // Data flowed before the manifest was complete: the first part's chunks
         // arrived before the last part was sent (3 × 50 ms after the first), and each
         // part's after the one before.
@@ -608,6 +616,38 @@ fn a_growing_manifest_sends_each_part_as_it_comes() {
         assert!(r.write_order.is_sorted_by_key(|k| k / 16), "push {push}");
         // The session ends only after the last part.
         assert!(r.source_at.unwrap() >= ms(150), "push {push}");
+    }
+}
+
+/// Continuous mode: parts of one chunk (they go on the first stream) with quiet spells
+/// longer than the streams' idle limit between them. No stream counts as idle (nothing
+/// was expected while quiet, and a stream is idle only when no stream brings
+/// anything), and the sink says each part is stored.
+#[test]
+fn quiet_spells_between_small_parts_lose_no_stream() {
+    for push in [true, false] {
+        let idle = Duration::from_millis(400);
+        let r = run(Config {
+            chunks: 6,
+            files: 6,
+            part_every: Duration::from_secs(1),
+            timing: Timing {
+                idle: Some(idle),
+                stall: idle,
+                ..Timing::default()
+            },
+            ..growing(push, 6)
+        });
+        assert_finished(&r);
+        assert_eq!(r.source_stats.streams_lost, 0, "push {push}");
+        assert_eq!(r.sink_stats.streams_lost, 0, "push {push}");
+        assert_eq!(r.stored_below, Some(6), "push {push}");
+        let from_sink = if push { &r.messages.1 } else { &r.messages.0 };
+        assert_eq!(
+            from_sink.iter().filter(|m| **m == "Stored").count(),
+            6,
+            "push {push}"
+        );
     }
 }
 
@@ -646,6 +686,8 @@ fn a_growing_manifest_resumes_its_first_part_and_survives_a_broken_stream() {
         assert_eq!(r.expected.len(), 350);
         assert_eq!(r.source_stats.streams_lost, 1, "push {push}");
         assert!((0..100).step_by(2).all(|k| !r.writes.contains_key(&k)));
+        // Held chunks (never sent) and resent ones count: all of them are written.
+        assert_eq!(r.stored_below, Some(400), "push {push}");
     }
 }
 

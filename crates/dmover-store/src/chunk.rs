@@ -24,8 +24,9 @@ pub struct ChunkRead {
 
 /// The read side: fills chunk buffers from storage.
 pub trait Source: Send + Sync {
-    /// The dataset layout (chunk size, files and their pieces).
-    fn layout(&self) -> &Layout;
+    /// The dataset layout (chunk size, files and their pieces; of a growing manifest,
+    /// so far).
+    fn layout(&self) -> std::sync::Arc<Layout>;
 
     /// The chunks to send, in order (those the destination does not already hold).
     fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_>;
@@ -42,8 +43,9 @@ pub trait Source: Send + Sync {
 
 /// The write side: stores received chunks and completes the files they hold.
 pub trait Sink: Send + Sync {
-    /// The dataset layout (chunk size, files and their pieces).
-    fn layout(&self) -> &Layout;
+    /// The dataset layout (chunk size, files and their pieces; of a growing manifest,
+    /// so far).
+    fn layout(&self) -> std::sync::Arc<Layout>;
 
     /// The chunks the source will send, in order.
     fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_>;

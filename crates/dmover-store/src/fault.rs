@@ -27,7 +27,7 @@ impl<T: ?Sized> Slow<T> {
 }
 
 impl<T: Source + ?Sized> Source for Slow<T> {
-    fn layout(&self) -> &Layout {
+    fn layout(&self) -> std::sync::Arc<Layout> {
         self.inner.layout()
     }
 
@@ -47,7 +47,7 @@ impl<T: Source + ?Sized> Source for Slow<T> {
 }
 
 impl<T: Sink + ?Sized> Sink for Slow<T> {
-    fn layout(&self) -> &Layout {
+    fn layout(&self) -> std::sync::Arc<Layout> {
         self.inner.layout()
     }
 

@@ -30,7 +30,7 @@ pub struct MemSource {
     entries: Vec<Entry>,
     /// Per manifest entry: its bytes (empty for directories and symlinks).
     data: Vec<Vec<u8>>,
-    layout: Layout,
+    layout: std::sync::Arc<Layout>,
     checksum: bool,
     digests: SendTracker,
 }
@@ -60,7 +60,7 @@ impl MemSource {
         Ok(MemSource {
             entries,
             data,
-            layout,
+            layout: layout.into(),
             checksum,
             digests: SendTracker::default(),
         })
@@ -83,8 +83,8 @@ impl MemSource {
 }
 
 impl Source for MemSource {
-    fn layout(&self) -> &Layout {
-        &self.layout
+    fn layout(&self) -> std::sync::Arc<Layout> {
+        self.layout.clone()
     }
 
     fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
@@ -129,7 +129,7 @@ impl Source for MemSource {
 #[derive(Debug)]
 pub struct MemSink {
     entries: Vec<Entry>,
-    layout: Layout,
+    layout: std::sync::Arc<Layout>,
     checksum: bool,
     tracker: RecvTracker,
     /// Per layout file: its bytes so far.
@@ -155,7 +155,7 @@ impl MemSink {
         Ok(MemSink {
             done: Mutex::new(vec![false; entries.len()]),
             entries,
-            layout,
+            layout: layout.into(),
             checksum,
             tracker: RecvTracker::new(checksum),
             files,
@@ -198,8 +198,8 @@ impl MemSink {
 }
 
 impl Sink for MemSink {
-    fn layout(&self) -> &Layout {
-        &self.layout
+    fn layout(&self) -> std::sync::Arc<Layout> {
+        self.layout.clone()
     }
 
     fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {

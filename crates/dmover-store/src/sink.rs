@@ -33,7 +33,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use dmover_proto::control::{ErrorCode, Summary};
 use dmover_proto::data::DigestEntry;
@@ -83,6 +83,13 @@ pub struct SinkOptions {
     pub meta: MetaPolicy,
 }
 
+/// The entries bound to the destination and their layout.
+#[derive(Debug)]
+struct Bound {
+    tree: Tree,
+    layout: Arc<Layout>,
+}
+
 /// A staging file just written.
 struct Staged {
     fd: std::os::fd::OwnedFd,
@@ -93,8 +100,18 @@ struct Staged {
 /// The file-backed [`Sink`]: the destination side of a session.
 #[derive(Debug)]
 pub struct FileSink {
-    tree: Tree,
-    layout: Layout,
+    /// The manifest's entries bound to the destination, and their layout: both grow
+    /// with a growing manifest ([`FileSink::grow`]). Each entry point reads them once
+    /// and hands them to its helpers, so no path takes the lock twice.
+    bound: RwLock<Bound>,
+    /// Entries of the first part of the manifest (those of later parts without data
+    /// are completed as their part comes, not at the end).
+    first_part: usize,
+    /// Newer modification times of directories ([`FileSink::set_times`]).
+    times: Mutex<HashMap<u32, Mtime>>,
+    /// Empty files and symlinks completed (see [`FileSink::complete_dataless`]).
+    dataless_files: AtomicU64,
+    dataless_symlinks: AtomicU64,
     key: u64,
     opts: SinkOptions,
     tracker: RecvTracker,
@@ -138,8 +155,10 @@ impl FileSink {
     /// A sink writing `tree` (bound to destination handles), opening and locking the
     /// transfer's journal (see [`crate::journal`]).
     pub fn new(tree: Tree, chunk_size: u32, opts: SinkOptions) -> Result<Self> {
-        let layout = Layout::new(tree.entries(), chunk_size)
-            .map_err(|e| Error::refused(ErrorCode::Protocol, e.to_string()))?;
+        let layout = Arc::new(
+            Layout::new(tree.entries(), chunk_size)
+                .map_err(|e| Error::refused(ErrorCode::Protocol, e.to_string()))?,
+        );
         let roots: Vec<u32> = tree
             .entries()
             .iter()
@@ -152,9 +171,13 @@ impl FileSink {
                 .iter()
                 .map(|&i| (tree.root_name(i), &tree.entries()[i as usize].kind)),
         );
+        let first_part = tree.entries().len();
         let mut sink = FileSink {
-            tree,
-            layout,
+            bound: RwLock::new(Bound { tree, layout }),
+            first_part,
+            times: Mutex::default(),
+            dataless_files: AtomicU64::new(0),
+            dataless_symlinks: AtomicU64::new(0),
             key,
             opts,
             tracker: RecvTracker::new(opts.checksum),
@@ -175,8 +198,9 @@ impl FileSink {
             meta: HashMap::new(),
             applier: Applier::new(opts.meta),
         };
+        let roots_dir = sink.bound.get_mut().tree.roots_dir();
         if opts.journal {
-            if let Some(dir) = sink.tree.roots_dir() {
+            if let Some(dir) = roots_dir {
                 match Journal::open(dir, key, chunk_size, opts.resume) {
                     Ok((j, contents, earlier)) => {
                         *sink.journal.get_mut() = Some(j);
@@ -201,14 +225,21 @@ impl FileSink {
         self.meta.extend(meta.into_iter().map(|m| (m.entry, m)));
     }
 
+    /// (growing manifest, continuous mode) Newer modification times of directories
+    /// of the manifest (their contents changed after their entries went out): set at
+    /// the end instead of the manifest's. Other entries' are ignored.
+    pub fn set_times(&self, times: Vec<(u32, Mtime)>) {
+        self.times.lock().extend(times);
+    }
+
     /// The transfer's key (names the journal and the staging files).
     pub fn key(&self) -> u64 {
         self.key
     }
 
-    fn file_id(&self, entry: u32) -> FileId {
-        let path = journal::path_hash(self.tree.components(entry).into_iter());
-        FileId::of(path, &self.tree.entries()[entry as usize])
+    fn file_id(b: &Bound, entry: u32) -> FileId {
+        let path = journal::path_hash(b.tree.components(entry).into_iter());
+        FileId::of(path, &b.tree.entries()[entry as usize])
     }
 
     /// What an earlier attempt left that this session can keep: files complete under
@@ -216,18 +247,19 @@ impl FileSink {
     /// and journaled pieces of files of a chunk or more whose staging files exist.
     /// Only records made for the size and mtime the manifest now gives a file count.
     pub fn held(&self) -> Held {
-        let entries = self.tree.entries();
+        let b = self.bound.read();
+        let entries = b.tree.entries();
         let mut held = Held::none(entries);
         let contents = self.contents.as_ref().filter(|c| !c.files.is_empty());
         if contents.is_none() && !self.opts.unchanged {
             return held;
         }
         // The quick check looks at every file: on several threads, ahead.
-        let looked = self.opts.unchanged.then(|| self.final_stats());
-        for (f, slot) in self.layout.files().iter().enumerate() {
+        let looked = self.opts.unchanged.then(|| Self::final_stats(&b));
+        for (f, slot) in b.layout.files().iter().enumerate() {
             let entry = slot.entry;
             let e = &entries[entry as usize];
-            let Ok((dir, name)) = self.tree.locate(entry) else {
+            let Ok((dir, name)) = b.tree.locate(entry) else {
                 continue;
             };
             let on_disk = || {
@@ -237,7 +269,7 @@ impl FileSink {
                 };
                 found.is_some_and(|(size, mtime)| size == e.file_size() && mtime == e.mtime)
             };
-            let id = self.file_id(entry);
+            let id = Self::file_id(&b, entry);
             let st = contents
                 .and_then(|c| c.files.get(&id.path))
                 .filter(|st| st.size == id.size && st.mtime == id.mtime);
@@ -259,8 +291,8 @@ impl FileSink {
                 }
             }
             let f = f as u32;
-            let n = self.layout.n_pieces(f);
-            if !self.opts.checksum || !self.layout.chunk_aligned(f) || n < 2 {
+            let n = b.layout.n_pieces(f);
+            if !self.opts.checksum || !b.layout.chunk_aligned(f) || n < 2 {
                 continue;
             }
             let pieces: Vec<(u64, u64)> = st
@@ -287,9 +319,10 @@ impl FileSink {
     /// files (small files' staging files are truncated when created).
     pub fn resume(&mut self, held: &Held) -> Result<()> {
         self.contents = None;
-        let chunk = self.layout.chunk_size() as u32;
+        let b = self.bound.read();
+        let chunk = b.layout.chunk_size() as u32;
         let layout = held
-            .layout(self.tree.entries(), chunk)
+            .layout(b.tree.entries(), chunk)
             .map_err(|e| Error::refused(ErrorCode::Protocol, e.to_string()))?;
         let skips = held.skips(&layout);
         let mut keep = HashSet::new();
@@ -300,15 +333,17 @@ impl FileSink {
                 self.tracker.seed(f, layout.n_pieces(f), pieces);
                 keep.insert(f);
             } else if self.earlier && layout.n_pieces(f) > 1 {
-                if let Ok((dir, name)) = self.tree.locate(slot.entry) {
+                if let Ok((dir, name)) = b.tree.locate(slot.entry) {
                     let staging = self.staging_name(name);
                     let _ = rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
                 }
             }
         }
+        let held_bytes = held.bytes(b.tree.entries(), chunk);
+        drop(b);
         *self.keep.get_mut() = keep;
-        self.held_bytes = held.bytes(self.tree.entries(), chunk);
-        self.layout = layout;
+        self.held_bytes = held_bytes;
+        self.bound.get_mut().layout = Arc::new(layout);
         self.skips = skips;
         Ok(())
     }
@@ -317,13 +352,13 @@ impl FileSink {
     /// trees of more than a few thousand files: a re-run that sends nothing costs
     /// one `statat` per file on the destination, and with a cold cache each of them
     /// waits for the disk; several at once keep the device's queue busy.
-    fn final_stats(&self) -> Vec<Option<(u64, Mtime)>> {
-        let files = self.layout.files();
+    fn final_stats(b: &Bound) -> Vec<Option<(u64, Mtime)>> {
+        let files = b.layout.files();
         let look = |slots: &[dmover_proto::layout::FileSlot]| -> Vec<Option<(u64, Mtime)>> {
             slots
                 .iter()
                 .map(|slot| {
-                    let (dir, name) = self.tree.locate(slot.entry).ok()?;
+                    let (dir, name) = b.tree.locate(slot.entry).ok()?;
                     final_stat(&dir, name)
                 })
                 .collect()
@@ -360,11 +395,12 @@ impl FileSink {
 
     /// Layout files the source reported it could not read.
     pub fn failed_files(&self) -> Vec<u32> {
+        let b = self.bound.read();
         let mut v: Vec<u32> = self
             .failed
             .lock()
             .iter()
-            .map(|&f| self.layout.files()[f as usize].entry)
+            .map(|&f| b.layout.files()[f as usize].entry)
             .collect();
         v.sort_unstable();
         v
@@ -375,32 +411,33 @@ impl FileSink {
     }
 
     /// The source could not read `file`: forget it and remove its staging file.
-    fn fail_file(&self, file: u32) {
+    fn fail_file(&self, b: &Bound, file: u32) {
         if !self.failed.lock().insert(file) {
             return;
         }
         self.any_failed.store(true, Ordering::Release);
         self.tracker.forget(file);
         self.keep.lock().remove(&file);
-        let entry = self.layout.files()[file as usize].entry;
+        let entry = b.layout.files()[file as usize].entry;
         tracing::warn!(
             "the source could not send {}; skipping it",
-            self.tree.display(entry)
+            b.tree.display(entry)
         );
-        if let Ok((dir, name)) = self.tree.locate(entry) {
+        if let Ok((dir, name)) = b.tree.locate(entry) {
             let staging = self.staging_name(name);
             let _ = rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
         }
     }
 
-    /// The manifest entries.
-    pub fn tree_entries(&self) -> &[dmover_proto::manifest::Entry] {
-        self.tree.entries()
+    /// The manifest entries (of a growing manifest: so far). Holds the sink's
+    /// entries locked against growth until dropped.
+    pub fn tree_entries(&self) -> parking_lot::MappedRwLockReadGuard<'_, [Entry]> {
+        parking_lot::RwLockReadGuard::map(self.bound.read(), |b| b.tree.entries())
     }
 
-    /// The dataset layout.
-    pub fn layout(&self) -> &Layout {
-        &self.layout
+    /// The dataset layout (of a growing manifest: so far).
+    pub fn layout(&self) -> Arc<Layout> {
+        self.bound.read().layout.clone()
     }
 
     /// Whether checksums are on.
@@ -431,13 +468,54 @@ impl FileSink {
     /// Creates every directory of the manifest, owner-only until [`Sink::finish`]
     /// gives them their modes. Existing directories are reused.
     pub fn prepare(&self) -> Result<()> {
-        for (i, e) in self.tree.entries().iter().enumerate() {
+        let b = self.bound.read();
+        Self::make_dirs(&b, 0)
+    }
+
+    /// (growing manifest) Binds a later part of the manifest: `entries`, numbered
+    /// after every earlier part's (under directories among them or earlier), whose
+    /// data are the layout's `chunks` (checked: the part's files start on a fresh
+    /// chunk). Creates the part's directories and completes its empty files and
+    /// symlinks at once, so they show without waiting for the end of the session;
+    /// its files are completed as their data arrive, hard links and directory modes
+    /// at [`Sink::finish`].
+    pub fn grow(&self, entries: Vec<Entry>, chunks: std::ops::Range<u64>) -> Result<()> {
+        let mut w = self.bound.write();
+        let from = w.tree.entries().len();
+        let n = entries.len();
+        w.tree.extend(entries);
+        let Bound { tree, layout } = &mut *w;
+        let layout = Arc::make_mut(layout);
+        layout
+            .extend(tree.entries(), from)
+            .map_err(|e| Error::refused(ErrorCode::Protocol, e.to_string()))?;
+        if layout.n_chunks() != chunks.end {
+            return Err(Error::protocol(
+                "the source",
+                format!(
+                    "a part of the manifest lays out {} chunks, announced as {}",
+                    layout.n_chunks(),
+                    chunks.end
+                ),
+            ));
+        }
+        let b = parking_lot::RwLockWriteGuard::downgrade(w);
+        Self::make_dirs(&b, from)?;
+        for i in from..from + n {
+            self.complete_dataless(&b, i as u32)?;
+        }
+        Ok(())
+    }
+
+    /// Creates the directories among entries `from..` (see [`FileSink::prepare`]).
+    fn make_dirs(b: &Bound, from: usize) -> Result<()> {
+        for (i, e) in b.tree.entries().iter().enumerate().skip(from) {
             if e.kind != EntryKind::Dir {
                 continue;
             }
             let i = i as u32;
-            let path = || self.tree.display(i);
-            let (dir, name) = self
+            let path = || b.tree.display(i);
+            let (dir, name) = b
                 .tree
                 .locate(i)
                 .map_err(|e| Error::io("opening the parent of", path(), e))?;
@@ -459,17 +537,17 @@ impl FileSink {
         Ok(())
     }
 
-    fn track_error(&self, file: u32, e: TrackError) -> Error {
-        let path = self.tree.display(self.layout.files()[file as usize].entry);
+    fn track_error(b: &Bound, file: u32, e: TrackError) -> Error {
+        let path = b.tree.display(b.layout.files()[file as usize].entry);
         Error::protocol("the source", format!("{path}: {e:?}"))
     }
 
     /// Writes one piece into its file's staging file, creating it if needed; returns the
     /// open descriptor, for finalising the file if this piece completes it.
-    fn write_piece(&self, p: &Piece, n_pieces: u64, buf: &[u8]) -> Result<Staged> {
-        let slot = self.layout.files()[p.file as usize];
-        let path = || self.tree.display(slot.entry);
-        let (dir, name) = self
+    fn write_piece(&self, b: &Bound, p: &Piece, n_pieces: u64, buf: &[u8]) -> Result<Staged> {
+        let slot = b.layout.files()[p.file as usize];
+        let path = || b.tree.display(slot.entry);
+        let (dir, name) = b
             .tree
             .locate(slot.entry)
             .map_err(|e| Error::io("opening the directory of", path(), e))?;
@@ -480,7 +558,7 @@ impl FileSink {
         // A file held whole by one piece is created with its final mode when the umask
         // lets it through (saving a chmod); others stay owner-writable until finalised,
         // since later pieces reopen them for writing.
-        let mode = self.tree.entries()[slot.entry as usize].mode;
+        let mode = b.tree.entries()[slot.entry as usize].mode;
         let final_mode = n_pieces == 1 && mode & !sys::umask() == mode && mode & 0o6000 == 0;
         let create_mode = if final_mode { mode } else { 0o600 };
         if n_pieces == 1 && self.earlier {
@@ -501,14 +579,14 @@ impl FileSink {
                 Err(e) => return Err(Error::io("creating", path(), e)),
             }
         };
-        let sparse = self.tree.is_sparse(slot.entry);
+        let sparse = b.tree.is_sparse(slot.entry);
         if p.index == 0 && slot.size >= PREALLOC_MIN && !sparse {
             sys::preallocate(&fd, slot.size)
                 .map_err(|e| Error::io("allocating space for", path(), e))?;
         }
         let exact = &buf[p.buf_offset..p.buf_offset + p.len];
         let r = if sparse {
-            self.write_sparse(&fd, p, buf, direct)
+            self.write_sparse(b, &fd, p, buf, direct)
         } else if direct {
             // Rounded up to the alignment: the bytes past the piece land beyond the end
             // of the file (only a last piece can be unaligned) and are cut off when the
@@ -540,6 +618,7 @@ impl FileSink {
     /// a whole piece would be (cut when the file is finalised).
     fn write_sparse(
         &self,
+        b: &Bound,
         fd: &std::os::fd::OwnedFd,
         p: &Piece,
         buf: &[u8],
@@ -557,9 +636,7 @@ impl FileSink {
             match sys::pwrite_all(fd, run, at) {
                 Err(e) if direct && sys::is_direct_unsupported(&e) => {
                     self.note_direct_failed(
-                        &self
-                            .tree
-                            .display(self.layout.files()[p.file as usize].entry),
+                        &b.tree.display(b.layout.files()[p.file as usize].entry),
                     );
                     let _ = rustix::fs::fcntl_setfl(fd, OFlags::WRONLY);
                     sys::pwrite_all(fd, &exact[start..end.min(p.len)], at)?;
@@ -573,7 +650,7 @@ impl FileSink {
     /// Names the files that may have holes (entry indices, from the source): they are
     /// written without their zero blocks and not preallocated.
     pub fn set_sparse(&mut self, entries: Vec<u32>) {
-        self.tree.set_sparse(entries);
+        self.bound.get_mut().tree.set_sparse(entries);
     }
 
     fn note_direct_failed(&self, path: &str) {
@@ -584,11 +661,11 @@ impl FileSink {
 
     /// Gives a complete file its final name, if its digest matches. `staged` is the
     /// descriptor of the write that completed it, if that is how it completed.
-    fn finalize(&self, file: u32, done: Complete, staged: Option<Staged>) -> Result<()> {
-        let slot = self.layout.files()[file as usize];
-        let entry = &self.tree.entries()[slot.entry as usize];
-        let path = || self.tree.display(slot.entry);
-        let (dir, name) = self
+    fn finalize(&self, b: &Bound, file: u32, done: Complete, staged: Option<Staged>) -> Result<()> {
+        let slot = b.layout.files()[file as usize];
+        let entry = &b.tree.entries()[slot.entry as usize];
+        let path = || b.tree.display(slot.entry);
+        let (dir, name) = b
             .tree
             .locate(slot.entry)
             .map_err(|e| Error::io("opening the directory of", path(), e))?;
@@ -618,7 +695,7 @@ impl FileSink {
             .before_mode(&target, m)
             .map_err(|e| Error::io("setting the owner or extended attributes of", path(), e))?;
         let meta = || -> std::io::Result<()> {
-            if slot.aligned() || self.layout.n_pieces(file) > 1 || self.tree.is_sparse(slot.entry) {
+            if slot.aligned() || b.layout.n_pieces(file) > 1 || b.tree.is_sparse(slot.entry) {
                 // Cut what rounded direct writes (of this or an earlier attempt) put
                 // past the end.
                 rustix::fs::ftruncate(&fd, slot.size)?;
@@ -640,7 +717,7 @@ impl FileSink {
         drop(fd);
         if verify {
             let on_disk = self
-                .read_back(file, &*dir, &staging)
+                .read_back(b, file, &*dir, &staging)
                 .map_err(|e| Error::io("verifying", path(), e))?;
             if Some(on_disk) != done.expected {
                 let _ = rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
@@ -655,21 +732,27 @@ impl FileSink {
             .map_err(|e| Error::io("finalising", path(), e))?;
         self.files_done.fetch_add(1, Ordering::Relaxed);
         if let Some(j) = &*self.journal.lock() {
-            j.file_done(&self.file_id(slot.entry), done.expected.unwrap_or(0));
+            j.file_done(&Self::file_id(b, slot.entry), done.expected.unwrap_or(0));
         }
         Ok(())
     }
 
     /// Reads a written (and fsynced) staging file back from storage, its cached pages
     /// dropped first, and computes its digest.
-    fn read_back(&self, file: u32, dir: &impl AsFd, staging: &[u8]) -> std::io::Result<u64> {
+    fn read_back(
+        &self,
+        b: &Bound,
+        file: u32,
+        dir: &impl AsFd,
+        staging: &[u8],
+    ) -> std::io::Result<u64> {
         let fd = sys::open_in(dir, staging, OFlags::RDONLY, 0)?;
         // Clean pages (just fsynced) are dropped, so the reads below go to the device.
         let _ = rustix::fs::fadvise(&fd, 0, None, rustix::fs::Advice::DontNeed);
         let mut digest = FileDigest::default();
         let mut buf = Vec::new();
         let mut n = 0;
-        for (i, off, len) in self.layout.file_pieces(file) {
+        for (i, off, len) in b.layout.file_pieces(file) {
             buf.resize(len as usize, 0);
             let got = sys::pread_full(&fd, &mut buf, off)?;
             if got < buf.len() {
@@ -708,13 +791,13 @@ impl FileSink {
     /// there. A path that already is that inode (a re-run) is left alone. Both paths
     /// are reached through the tree's confined directory handles, and `linkat` without
     /// `AT_SYMLINK_FOLLOW` never follows a symlink.
-    fn link(&self, i: u32, first: u32) -> Result<()> {
-        let path = || self.tree.display(i);
-        let (fdir, fname) = self
+    fn link(&self, b: &Bound, i: u32, first: u32) -> Result<()> {
+        let path = || b.tree.display(i);
+        let (fdir, fname) = b
             .tree
             .locate(first)
-            .map_err(|e| Error::io("opening the directory of", self.tree.display(first), e))?;
-        let (dir, name) = self
+            .map_err(|e| Error::io("opening the directory of", b.tree.display(first), e))?;
+        let (dir, name) = b
             .tree
             .locate(i)
             .map_err(|e| Error::io("opening the directory of", path(), e))?;
@@ -725,17 +808,17 @@ impl FileSink {
                 tracing::warn!(
                     "not linking {} to {}, which was not copied",
                     path(),
-                    self.tree.display(first)
+                    b.tree.display(first)
                 );
                 return Ok(());
             }
             Ok(_) => {
                 return Err(Error::refused(
                     ErrorCode::Io,
-                    format!("{} is not a regular file", self.tree.display(first)),
+                    format!("{} is not a regular file", b.tree.display(first)),
                 ));
             }
-            Err(e) => return Err(Error::io("checking", self.tree.display(first), e)),
+            Err(e) => return Err(Error::io("checking", b.tree.display(first), e)),
         };
         if rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW)
             .is_ok_and(|s| s.st_dev == st.st_dev && s.st_ino == st.st_ino)
@@ -752,15 +835,85 @@ impl FileSink {
         })
     }
 
+    /// Creates entry `i`, an empty file or a symlink, under its staging name with its
+    /// metadata, and renames it into place.
+    fn complete_dataless(&self, b: &Bound, i: u32) -> Result<()> {
+        let e = &b.tree.entries()[i as usize];
+        let path = || b.tree.display(i);
+        match &e.kind {
+            EntryKind::File { size: 0 } => {
+                let (dir, name) = b
+                    .tree
+                    .locate(i)
+                    .map_err(|e| Error::io("opening the directory of", path(), e))?;
+                let staging = self.staging_name(name);
+                let fd = sys::open_in(
+                    &*dir,
+                    &staging,
+                    OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC,
+                    0o600,
+                )
+                .map_err(|e| Error::io("creating", path(), e))?;
+                let m = self.meta.get(&i);
+                let t = Target::<OwnedFd>::Fd(&fd);
+                let r = self.applier.before_mode(&t, m).and_then(|()| {
+                    let mode = self.applier.file_mode(e.mode, m);
+                    rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))?;
+                    self.applier.after_mode(&t, m)
+                });
+                drop(fd);
+                r.and_then(|()| self.install(&*dir, &staging, name, e.mode, e.mtime, false))
+                    .map_err(|err| {
+                        let _ = rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
+                        Error::io("finalising", path(), err)
+                    })?;
+                self.dataless_files.fetch_add(1, Ordering::Relaxed);
+            }
+            EntryKind::Symlink { target } => {
+                let (dir, name) = b
+                    .tree
+                    .locate(i)
+                    .map_err(|e| Error::io("opening the directory of", path(), e))?;
+                let staging = self.staging_name(name);
+                let _ = rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
+                rustix::fs::symlinkat(target.as_slice(), &*dir, staging.as_slice())
+                    .map_err(|e| Error::io("creating symlink", path(), e))?;
+                let owner = self
+                    .meta
+                    .get(&i)
+                    .filter(|m| self.applier.applies_owner(Some(m)));
+                let r = match owner {
+                    Some(m) => rustix::fs::chownat(
+                        &*dir,
+                        staging.as_slice(),
+                        Some(rustix::fs::Uid::from_raw(m.uid)),
+                        Some(rustix::fs::Gid::from_raw(m.gid)),
+                        AtFlags::SYMLINK_NOFOLLOW,
+                    )
+                    .map_err(std::io::Error::from),
+                    None => Ok(()),
+                };
+                r.and_then(|()| self.install(&*dir, &staging, name, e.mode, e.mtime, false))
+                    .map_err(|err| {
+                        let _ = rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
+                        Error::io("finalising", path(), err)
+                    })?;
+                self.dataless_symlinks.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// Removes staging files an earlier attempt of this transfer left in the tree's
     /// directories (files since removed from the source, or left by a crash).
-    fn sweep(&self) {
+    fn sweep(&self, b: &Bound) {
         let prefix = self.staging_prefix();
         let mut dirs: Vec<std::sync::Arc<std::os::fd::OwnedFd>> = Vec::new();
-        dirs.extend(self.tree.roots_dir());
-        for (i, e) in self.tree.entries().iter().enumerate() {
+        dirs.extend(b.tree.roots_dir());
+        for (i, e) in b.tree.entries().iter().enumerate() {
             if e.kind == EntryKind::Dir {
-                if let Ok(d) = self.tree.dir(i as u32) {
+                if let Ok(d) = b.tree.dir(i as u32) {
                     dirs.push(d);
                 }
             }
@@ -794,23 +947,27 @@ impl FileSink {
 }
 
 impl Sink for FileSink {
-    fn layout(&self) -> &Layout {
-        &self.layout
+    fn layout(&self) -> Arc<Layout> {
+        FileSink::layout(self)
     }
 
     fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
-        Box::new(self.skips.chunks(&self.layout))
+        // The first part's (a growing manifest's later parts are all sent).
+        let layout = self.bound.read().layout.clone();
+        let chunks: Vec<u64> = self.skips.chunks(&layout).collect();
+        Box::new(chunks.into_iter())
     }
 
     fn sparse_chunk(&self, k: u64) -> bool {
-        !self.tree.sparse().is_empty()
-            && self.layout.pieces(k).all(|p| {
-                self.tree
-                    .is_sparse(self.layout.files()[p.file as usize].entry)
-            })
+        let b = self.bound.read();
+        !b.tree.sparse().is_empty()
+            && b.layout
+                .pieces(k)
+                .all(|p| b.tree.is_sparse(b.layout.files()[p.file as usize].entry))
     }
 
     fn write_chunk(&self, k: u64, buf: &[u8], trailer: &[u8], crc: Option<u32>) -> Result<()> {
+        let b = self.bound.read();
         if self.opts.checksum {
             let Some(want) = crc else {
                 return Err(Error::protocol(
@@ -818,7 +975,7 @@ impl Sink for FileSink {
                     format!("chunk {k} carries no CRC"),
                 ));
             };
-            let got = self.layout.pieces(k).fold(0, |c, p| {
+            let got = b.layout.pieces(k).fold(0, |c, p| {
                 crc32c_append(c, &buf[p.buf_offset..p.buf_offset + p.len])
             });
             if got != want {
@@ -831,7 +988,7 @@ impl Sink for FileSink {
         // written, and is finalised through the descriptor already open.
         let digests = DigestEntry::decode_all(trailer)
             .map_err(|e| Error::protocol("the source", format!("chunk {k} digest trailer: {e}")))?;
-        let mut pieces = self.layout.pieces(k).peekable();
+        let mut pieces = b.layout.pieces(k).peekable();
         let mut previous = None;
         for d in digests {
             // Entries come in file order, each naming a file this chunk holds a piece of:
@@ -852,22 +1009,19 @@ impl Sink for FileSink {
                 ));
             }
             if d.is_failure() {
-                self.fail_file(file);
+                self.fail_file(&b, file);
                 continue;
             }
             if self.is_failed(file) {
                 continue;
             }
-            match self
-                .tracker
-                .expect(file, self.layout.n_pieces(file), d.digest)
-            {
-                Ok(Some(done)) => self.finalize(file, done, None)?,
+            match self.tracker.expect(file, b.layout.n_pieces(file), d.digest) {
+                Ok(Some(done)) => self.finalize(&b, file, done, None)?,
                 Ok(None) => {}
-                Err(e) => return Err(self.track_error(file, e)),
+                Err(e) => return Err(Self::track_error(&b, file, e)),
             }
         }
-        for p in self.layout.pieces(k) {
+        for p in b.layout.pieces(k) {
             let file = p.file;
             if self.skips.piece_held(file, p.index) || self.is_failed(file) {
                 continue;
@@ -875,20 +1029,20 @@ impl Sink for FileSink {
             self.tracker.begin(file);
             let data = &buf[p.buf_offset..p.buf_offset + p.len];
             let hash = self.opts.checksum.then(|| piece_hash(data));
-            let n = self.layout.n_pieces(file);
-            let staged = self.write_piece(&p, n, buf)?;
-            if let (Some(h), false, true) = (hash, p.last, self.layout.chunk_aligned(file)) {
+            let n = b.layout.n_pieces(file);
+            let staged = self.write_piece(&b, &p, n, buf)?;
+            if let (Some(h), false, true) = (hash, p.last, b.layout.chunk_aligned(file)) {
                 // A piece of a file of a chunk or more: worth resuming from.
                 if let Some(j) = &*self.journal.lock() {
-                    let id = self.file_id(self.layout.files()[file as usize].entry);
+                    let id = Self::file_id(&b, b.layout.files()[file as usize].entry);
                     j.piece_done(&id, p.index, h);
                     self.keep.lock().insert(file);
                 }
             }
             match self.tracker.written(file, p.index, n, hash) {
-                Ok(Some(done)) => self.finalize(file, done, Some(staged))?,
+                Ok(Some(done)) => self.finalize(&b, file, done, Some(staged))?,
                 Ok(None) => {}
-                Err(e) => return Err(self.track_error(file, e)),
+                Err(e) => return Err(Self::track_error(&b, file, e)),
             }
         }
         self.chunks_done.fetch_add(1, Ordering::Relaxed);
@@ -896,14 +1050,15 @@ impl Sink for FileSink {
     }
 
     fn finish(&self) -> Result<Summary> {
-        let expected_files = self.layout.files().len() as u64;
+        let b = self.bound.read();
+        let expected_files = b.layout.files().len() as u64;
         let done_files = self.files_done.load(Ordering::Relaxed);
         let failed = self.failed.lock().len() as u64;
         if done_files + failed != expected_files {
             let missing = self.tracker.in_flight();
             let example = missing
                 .first()
-                .map(|&f| self.tree.display(self.layout.files()[f as usize].entry))
+                .map(|&f| b.tree.display(b.layout.files()[f as usize].entry))
                 .unwrap_or_default();
             return Err(Error::protocol(
                 "the source",
@@ -920,84 +1075,31 @@ impl Sink for FileSink {
             verified: self.opts.checksum,
             ..Summary::default()
         };
-        let entries = self.tree.entries();
+        let entries = b.tree.entries();
         for (i, e) in entries.iter().enumerate() {
             let i = i as u32;
-            let path = || self.tree.display(i);
             match &e.kind {
-                EntryKind::File { size: 0 } => {
-                    let (dir, name) = self
-                        .tree
-                        .locate(i)
-                        .map_err(|e| Error::io("opening the directory of", path(), e))?;
-                    let staging = self.staging_name(name);
-                    let fd = sys::open_in(
-                        &*dir,
-                        &staging,
-                        OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC,
-                        0o600,
-                    )
-                    .map_err(|e| Error::io("creating", path(), e))?;
-                    let m = self.meta.get(&i);
-                    let t = Target::<OwnedFd>::Fd(&fd);
-                    let r = self.applier.before_mode(&t, m).and_then(|()| {
-                        let mode = self.applier.file_mode(e.mode, m);
-                        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))?;
-                        self.applier.after_mode(&t, m)
-                    });
-                    drop(fd);
-                    r.and_then(|()| self.install(&*dir, &staging, name, e.mode, e.mtime, false))
-                        .map_err(|err| {
-                            let _ =
-                                rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
-                            Error::io("finalising", path(), err)
-                        })?;
-                    summary.files += 1;
+                // A later part's were completed when it came.
+                EntryKind::File { size: 0 } | EntryKind::Symlink { .. }
+                    if (i as usize) < self.first_part =>
+                {
+                    self.complete_dataless(&b, i)?
                 }
-                EntryKind::Symlink { target } => {
-                    let (dir, name) = self
-                        .tree
-                        .locate(i)
-                        .map_err(|e| Error::io("opening the directory of", path(), e))?;
-                    let staging = self.staging_name(name);
-                    let _ = rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
-                    rustix::fs::symlinkat(target.as_slice(), &*dir, staging.as_slice())
-                        .map_err(|e| Error::io("creating symlink", path(), e))?;
-                    let owner = self
-                        .meta
-                        .get(&i)
-                        .filter(|m| self.applier.applies_owner(Some(m)));
-                    let r = match owner {
-                        Some(m) => rustix::fs::chownat(
-                            &*dir,
-                            staging.as_slice(),
-                            Some(rustix::fs::Uid::from_raw(m.uid)),
-                            Some(rustix::fs::Gid::from_raw(m.gid)),
-                            AtFlags::SYMLINK_NOFOLLOW,
-                        )
-                        .map_err(std::io::Error::from),
-                        None => Ok(()),
-                    };
-                    r.and_then(|()| self.install(&*dir, &staging, name, e.mode, e.mtime, false))
-                        .map_err(|err| {
-                            let _ =
-                                rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
-                            Error::io("finalising", path(), err)
-                        })?;
-                    summary.symlinks += 1;
-                }
-                EntryKind::HardLink { first } => self.link(i, *first)?,
+                EntryKind::HardLink { first } => self.link(&b, i, *first)?,
                 _ => {}
             }
         }
+        summary.files += self.dataless_files.load(Ordering::Relaxed);
+        summary.symlinks += self.dataless_symlinks.load(Ordering::Relaxed);
+        let times = std::mem::take(&mut *self.times.lock());
         // Directories last, deepest first: creating their contents changed their mtimes.
         for (i, e) in entries.iter().enumerate().rev() {
             if e.kind != EntryKind::Dir {
                 continue;
             }
             let i = i as u32;
-            let path = || self.tree.display(i);
-            let (dir, name) = self
+            let path = || b.tree.display(i);
+            let (dir, name) = b
                 .tree
                 .locate(i)
                 .map_err(|e| Error::io("opening the directory of", path(), e))?;
@@ -1011,19 +1113,20 @@ impl Sink for FileSink {
             self.applier
                 .after_mode(&t, m)
                 .map_err(|e| Error::io("setting the ACL of", path(), e))?;
-            sys::set_mtime(&*dir, name, e.mtime.sec, e.mtime.nsec)
+            let mtime = times.get(&i).copied().unwrap_or(e.mtime);
+            sys::set_mtime(&*dir, name, mtime.sec, mtime.nsec)
                 .map_err(|e| Error::io("setting the mtime of", path(), e))?;
             summary.dirs += 1;
         }
         // Files the source could not read: no staging file left behind.
         for f in self.failed.lock().iter() {
-            if let Ok((dir, name)) = self.tree.locate(self.layout.files()[*f as usize].entry) {
+            if let Ok((dir, name)) = b.tree.locate(b.layout.files()[*f as usize].entry) {
                 let staging = self.staging_name(name);
                 let _ = rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
             }
         }
         if self.earlier {
-            self.sweep();
+            self.sweep(&b);
         }
         if let Some(j) = self.journal.lock().take() {
             if failed == 0 {
@@ -1043,6 +1146,7 @@ impl Sink for FileSink {
         if self.finished.swap(true, Ordering::AcqRel) {
             return;
         }
+        let b = self.bound.read();
         // Commit what the journal has (the data it describes is written), then keep
         // only the staging files it describes.
         let journal = self.journal.lock().take();
@@ -1061,8 +1165,8 @@ impl Sink for FileSink {
                 held += 1;
                 continue;
             }
-            let entry = self.layout.files()[f as usize].entry;
-            if let Ok((dir, name)) = self.tree.locate(entry) {
+            let entry = b.layout.files()[f as usize].entry;
+            if let Ok((dir, name)) = b.tree.locate(entry) {
                 let staging = self.staging_name(name);
                 if rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty()).is_ok() {
                     removed += 1;

@@ -12,10 +12,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::OwnedFd;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
+use parking_lot::{MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard};
 
 use dmover_proto::control::FailedFile;
 use dmover_proto::data::DigestEntry;
@@ -47,11 +47,20 @@ pub struct SourceOptions {
 /// The entry index of the send report's marker of entries the walk skipped.
 pub const SKIPPED_MARKER: u32 = u32::MAX;
 
+/// The walked entries and their layout.
+#[derive(Debug)]
+struct Bound {
+    tree: Tree,
+    layout: Arc<Layout>,
+}
+
 /// A file-backed source.
 #[derive(Debug)]
 pub struct FileSource {
-    tree: Tree,
-    layout: Layout,
+    /// The walked entries and their layout: both grow with a growing manifest
+    /// ([`FileSource::grow`]). Each entry point reads them once and hands them to
+    /// its helpers, so no path takes the lock twice.
+    bound: RwLock<Bound>,
     opts: SourceOptions,
     digests: SendTracker,
     direct_failed: AtomicBool,
@@ -78,8 +87,10 @@ impl FileSource {
                 .iter()
                 .map(|&e| (e, OnceLock::new()))
                 .collect(),
-            tree,
-            layout,
+            bound: RwLock::new(Bound {
+                tree,
+                layout: Arc::new(layout),
+            }),
             opts,
             digests: SendTracker::default(),
             direct_failed: AtomicBool::new(false),
@@ -97,21 +108,22 @@ impl FileSource {
         &self,
         scope: dmover_proto::manifest::XattrScope,
     ) -> Vec<dmover_proto::manifest::EntryMeta> {
-        crate::meta::read_tree(&self.tree, scope)
+        crate::meta::read_tree(&self.bound.read().tree, scope)
     }
 
     /// Checks the pieces the destination says it holds against the files as they are
     /// now, returning the entries whose held pieces differ (changed since).
     pub fn check_held(&self, held: &Held) -> Vec<u32> {
-        let chunk = self.layout.chunk_size();
+        let b = self.bound.read();
+        let chunk = b.layout.chunk_size();
         let mut stale = Vec::new();
         let mut buf = vec![0u8; chunk as usize];
         let mut entries: Vec<_> = held.partial.keys().copied().collect();
         entries.sort_unstable();
         for entry in entries {
-            let size = self.tree.entries()[entry as usize].file_size();
+            let size = b.tree.entries()[entry as usize].file_size();
             let same = (|| -> std::io::Result<bool> {
-                let (dir, name) = self.tree.locate(entry)?;
+                let (dir, name) = b.tree.locate(entry)?;
                 let fd = sys::open_in(&*dir, name, OFlags::RDONLY, 0)?;
                 for &(i, hash) in &held.partial[&entry] {
                     let len = chunk.min(size - i * chunk) as usize;
@@ -126,7 +138,7 @@ impl FileSource {
             if !same {
                 tracing::info!(
                     "{} changed since the last attempt; sending it whole",
-                    self.tree.display(entry)
+                    b.tree.display(entry)
                 );
                 stale.push(entry);
             }
@@ -136,8 +148,9 @@ impl FileSource {
 
     /// Leaves out what the destination holds (`held`, after the plan was applied).
     pub fn resume(&mut self, held: &Held) -> Result<()> {
+        let b = self.bound.get_mut();
         let layout = held
-            .layout(self.tree.entries(), self.layout.chunk_size() as u32)
+            .layout(b.tree.entries(), b.layout.chunk_size() as u32)
             .map_err(|e| {
                 Error::refused(dmover_proto::control::ErrorCode::Protocol, e.to_string())
             })?;
@@ -145,9 +158,10 @@ impl FileSource {
         for f in 0..layout.files().len() as u32 {
             self.digests.seed(f, skips.held(f));
         }
-        self.held_bytes = held.bytes(self.tree.entries(), self.layout.chunk_size() as u32);
+        let held_bytes = held.bytes(b.tree.entries(), b.layout.chunk_size() as u32);
+        b.layout = Arc::new(layout);
+        self.held_bytes = held_bytes;
         self.held_files = held.done_files();
-        self.layout = layout;
         self.skips = skips;
         Ok(())
     }
@@ -166,12 +180,13 @@ impl FileSource {
     /// [`FileSource::report_skipped`] was given a count, the marker
     /// `FailedFile { entry: u32::MAX, message: count }` (docs/protocol.md, "Sync").
     pub fn failed(&self) -> Vec<FailedFile> {
+        let b = self.bound.read();
         let mut v: Vec<FailedFile> = self
             .failed
             .lock()
             .iter()
             .map(|(&f, m)| FailedFile {
-                entry: self.layout.files()[f as usize].entry,
+                entry: b.layout.files()[f as usize].entry,
                 message: m.clone(),
             })
             .collect();
@@ -195,14 +210,32 @@ impl FileSource {
         self.opts.continue_on_error = on;
     }
 
-    /// The dataset layout.
-    pub fn layout(&self) -> &Layout {
-        &self.layout
+    /// The dataset layout (of a growing manifest: so far).
+    pub fn layout(&self) -> Arc<Layout> {
+        self.bound.read().layout.clone()
     }
 
-    /// The walked tree.
-    pub fn tree(&self) -> &Tree {
-        &self.tree
+    /// The walked tree (of a growing manifest: so far). Holds the source's entries
+    /// locked against growth until dropped.
+    pub fn tree(&self) -> MappedRwLockReadGuard<'_, Tree> {
+        RwLockReadGuard::map(self.bound.read(), |b| &b.tree)
+    }
+
+    /// (growing manifest) Adds a later part of the manifest: `entries`, numbered
+    /// after every earlier part's (parents among them or earlier), laid out on fresh
+    /// chunks after the earlier parts' (see [`Layout::extend`]). Returns the layout's
+    /// length in chunks with the part. Files of a part are never sparse.
+    pub fn grow(&self, entries: Vec<dmover_proto::manifest::Entry>) -> Result<u64> {
+        let mut b = self.bound.write();
+        let from = b.tree.entries().len();
+        b.tree.extend(entries);
+        let Bound { tree, layout } = &mut *b;
+        Arc::make_mut(layout)
+            .extend(tree.entries(), from)
+            .map_err(|e| {
+                Error::refused(dmover_proto::control::ErrorCode::Protocol, e.to_string())
+            })?;
+        Ok(layout.n_chunks())
     }
 
     /// Whether checksums are on.
@@ -212,12 +245,12 @@ impl FileSource {
 
     /// Reads a piece; with `continue_on_error` a file that cannot be read is recorded
     /// as failed and its piece zeroed (`Ok(false)`).
-    fn read_or_fail(&self, p: &Piece, buf: &mut [u8]) -> Result<bool> {
+    fn read_or_fail(&self, b: &Bound, p: &Piece, buf: &mut [u8]) -> Result<bool> {
         if self.opts.continue_on_error && self.failed.lock().contains_key(&p.file) {
             buf[p.buf_offset..p.buf_offset + p.len].fill(0);
             return Ok(false);
         }
-        match self.read_piece(p, buf) {
+        match self.read_piece(b, p, buf) {
             Ok(()) => Ok(true),
             Err(e) if self.opts.continue_on_error => {
                 let msg = e.to_string();
@@ -234,10 +267,10 @@ impl FileSource {
         }
     }
 
-    fn read_piece(&self, p: &Piece, buf: &mut [u8]) -> Result<()> {
-        let slot = self.layout.files()[p.file as usize];
-        let path = || self.tree.display(slot.entry);
-        let (dir, name) = self
+    fn read_piece(&self, b: &Bound, p: &Piece, buf: &mut [u8]) -> Result<()> {
+        let slot = b.layout.files()[p.file as usize];
+        let path = || b.tree.display(slot.entry);
+        let (dir, name) = b
             .tree
             .locate(slot.entry)
             .map_err(|e| Error::io("opening", path(), e))?;
@@ -246,7 +279,7 @@ impl FileSource {
         if self.in_hole(slot.entry, &fd, p.file_offset, p.len as u64, slot.size) {
             buf[p.buf_offset..p.buf_offset + p.len].fill(0);
         } else {
-            self.read_data(p, &fd, buf, &path)?;
+            self.read_data(b, p, &fd, buf, &path)?;
         }
         if p.last {
             let st = rustix::fs::fstat(&fd).map_err(|e| Error::io("reading", path(), e))?;
@@ -256,7 +289,7 @@ impl FileSource {
                     what: format!("size went from {} to {} bytes", slot.size, st.st_size),
                 });
             }
-            let m = self.tree.entries()[slot.entry as usize].mtime;
+            let m = b.tree.entries()[slot.entry as usize].mtime;
             if st.st_mtime != m.sec || st.st_mtime_nsec as u32 != m.nsec {
                 return Err(Error::Changed {
                     path: path(),
@@ -284,8 +317,8 @@ impl FileSource {
 
     /// Whether piece `p`, just read, lay wholly in a hole of a sparse file (its extents
     /// are known by then).
-    fn known_hole(&self, p: &Piece) -> bool {
-        let slot = self.layout.files()[p.file as usize];
+    fn known_hole(&self, b: &Bound, p: &Piece) -> bool {
+        let slot = b.layout.files()[p.file as usize];
         self.extents
             .get(&slot.entry)
             .and_then(|c| c.get())
@@ -295,12 +328,13 @@ impl FileSource {
     /// Reads a piece's bytes (direct I/O where it pays).
     fn read_data(
         &self,
+        b: &Bound,
         p: &Piece,
         fd: &OwnedFd,
         buf: &mut [u8],
         path: &dyn Fn() -> String,
     ) -> Result<()> {
-        let slot = self.layout.files()[p.file as usize];
+        let slot = b.layout.files()[p.file as usize];
         let mut direct = p.aligned
             && !self.direct_failed.load(Ordering::Relaxed)
             && match self.opts.direct_io {
@@ -354,12 +388,15 @@ impl FileSource {
 }
 
 impl Source for FileSource {
-    fn layout(&self) -> &Layout {
-        &self.layout
+    fn layout(&self) -> Arc<Layout> {
+        FileSource::layout(self)
     }
 
     fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
-        Box::new(self.skips.chunks(&self.layout))
+        // The first part's (a growing manifest's later parts are all sent).
+        let layout = self.layout();
+        let chunks: Vec<u64> = self.skips.chunks(&layout).collect();
+        Box::new(chunks.into_iter())
     }
 
     fn read_chunk(&self, k: u64, buf: &mut [u8], trailer: &mut Vec<u8>) -> Result<ChunkRead> {
@@ -367,9 +404,10 @@ impl Source for FileSource {
         let mut n_digests = 0;
         let mut crc = 0u32;
         let mut zeros = !self.extents.is_empty();
-        for p in self.layout.pieces(k) {
-            let ok = self.read_or_fail(&p, buf)?;
-            zeros = zeros && ok && self.known_hole(&p);
+        let b = self.bound.read();
+        for p in b.layout.pieces(k) {
+            let ok = self.read_or_fail(&b, &p, buf)?;
+            zeros = zeros && ok && self.known_hole(&b, &p);
             let data = &buf[p.buf_offset..p.buf_offset + p.len];
             if self.opts.checksum {
                 // The wire payload is the pieces back to back, so a running CRC over
@@ -380,7 +418,7 @@ impl Source for FileSource {
                 DigestEntry::failure(p.file).encode_into(trailer);
                 n_digests += 1;
             } else if self.opts.checksum && !self.skips.piece_held(p.file, p.index) {
-                let n = self.layout.n_pieces(p.file);
+                let n = b.layout.n_pieces(p.file);
                 if let Some(digest) = self.digests.piece(p.file, p.index, n, piece_hash(data)) {
                     DigestEntry {
                         file: p.file,
@@ -400,16 +438,17 @@ impl Source for FileSource {
 
     fn reread_chunk(&self, k: u64, buf: &mut [u8], crc: Option<u32>) -> Result<()> {
         let mut again = 0u32;
-        for p in self.layout.pieces(k) {
-            self.read_or_fail(&p, buf)?;
+        let b = self.bound.read();
+        for p in b.layout.pieces(k) {
+            self.read_or_fail(&b, &p, buf)?;
             if crc.is_some() {
                 again = crc32c_append(again, &buf[p.buf_offset..p.buf_offset + p.len]);
             }
         }
         if crc.is_some_and(|c| c != again) {
-            let first = self.layout.pieces(k).next().map(|p| p.file).unwrap_or(0);
+            let first = b.layout.pieces(k).next().map(|p| p.file).unwrap_or(0);
             return Err(Error::Changed {
-                path: self.tree.display(self.layout.files()[first as usize].entry),
+                path: b.tree.display(b.layout.files()[first as usize].entry),
                 what: format!("chunk {k} reads differently than when it was first sent"),
             });
         }

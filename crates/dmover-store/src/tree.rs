@@ -161,6 +161,16 @@ impl Tree {
         dmover_proto::manifest::links_as_files(&mut self.entries);
     }
 
+    /// Adds a later part of a growing manifest: `entries`, numbered after the
+    /// earlier ones, each under a directory among them or earlier (no new roots).
+    pub fn extend(&mut self, entries: Vec<Entry>) {
+        if !self.owners.is_empty() {
+            self.owners
+                .resize(self.entries.len() + entries.len(), (u32::MAX, u32::MAX));
+        }
+        self.entries.extend(entries);
+    }
+
     /// The manifest entries.
     pub fn entries(&self) -> &[Entry] {
         &self.entries

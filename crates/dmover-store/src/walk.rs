@@ -336,3 +336,203 @@ fn join_rel(rel: &[u8], name: &[u8]) -> Vec<u8> {
     path.extend_from_slice(name);
     path
 }
+
+/// The entries of a manifest that grows below one directory root (`sync --watch`):
+/// each part adds the paths it is given, and the directories leading to them that
+/// earlier parts did not, numbered after every entry so far (the root is entry 0, the
+/// first part). Paths are stat'ed as they are now, one component at a time through
+/// directory handles opened without following symlinks, as the walk does. No hard
+/// links and no sparse list: a file of a part is sent as a file of its own, holes
+/// filled.
+#[derive(Debug)]
+pub struct Grower {
+    /// Directories in the manifest by path below the root (the root: empty), with
+    /// their entry and a handle.
+    dirs: HashMap<Vec<u8>, (u32, Arc<OwnedFd>)>,
+    /// Other paths in the manifest.
+    others: std::collections::HashSet<Vec<u8>>,
+    /// Entries so far.
+    len: u32,
+}
+
+impl Grower {
+    /// A manifest whose first part is the root directory alone (entry 0), reached
+    /// through `root` (a handle on it, e.g. [`Tree::dir`]).
+    pub fn new(root: Arc<OwnedFd>) -> Self {
+        Grower {
+            dirs: HashMap::from([(Vec::new(), (0, root))]),
+            others: Default::default(),
+            len: 1,
+        }
+    }
+
+    /// Entries so far.
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// Whether only the root is in the manifest.
+    pub fn is_empty(&self) -> bool {
+        self.len == 1
+    }
+
+    /// Whether `rel` is in the manifest already (as a directory or not).
+    pub fn has(&self, rel: &[u8]) -> bool {
+        self.others.contains(rel) || self.dirs.contains_key(rel)
+    }
+
+    /// Whether `rel` is in the manifest as other than a directory (a file, a symlink):
+    /// a later version of it cannot join this manifest.
+    pub fn has_file(&self, rel: &[u8]) -> bool {
+        self.others.contains(rel)
+    }
+
+    /// The next part: the entries of `rels` (`/`-separated paths below the root) as
+    /// they are now and of the directories leading to them not in the manifest yet,
+    /// parents first. A path already in the manifest, gone, not below a directory,
+    /// or of another kind than a regular file, directory or symlink is left out.
+    /// Returns the entries and the paths of `rels` they hold.
+    pub fn part(&mut self, rels: &[Vec<u8>]) -> (Vec<Entry>, Vec<Vec<u8>>) {
+        let mut entries = Vec::new();
+        let mut taken = Vec::new();
+        for rel in rels {
+            if rel.is_empty() || self.has(rel) {
+                continue;
+            }
+            if self.add(rel, &mut entries).is_some() {
+                taken.push(rel.clone());
+            }
+        }
+        (entries, taken)
+    }
+
+    /// The directories in the manifest with their modification times now (those
+    /// that can still be stat'ed), by entry.
+    pub fn dir_times(&self) -> Vec<(u32, Mtime)> {
+        let mut v: Vec<(u32, Mtime)> = self
+            .dirs
+            .values()
+            .filter_map(|(i, fd)| {
+                let st = rustix::fs::fstat(&**fd).ok()?;
+                Some((
+                    *i,
+                    Mtime {
+                        sec: st.st_mtime,
+                        nsec: st.st_mtime_nsec as u32,
+                    },
+                ))
+            })
+            .collect();
+        v.sort_unstable_by_key(|(i, _)| *i);
+        v
+    }
+
+    /// Adds `rel` (and the directories leading to it) to `entries`.
+    fn add(&mut self, rel: &[u8], entries: &mut Vec<Entry>) -> Option<()> {
+        let (parent_rel, name) = match rel.iter().rposition(|&b| b == b'/') {
+            Some(i) => (&rel[..i], &rel[i + 1..]),
+            None => (&rel[..0], rel),
+        };
+        if name.is_empty() || name == b"." || name == b".." {
+            return None;
+        }
+        let (parent, dir) = self.dir(parent_rel, entries)?;
+        let st = rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
+        let target = match FileType::from_raw_mode(st.st_mode) {
+            FileType::Symlink => Some(
+                rustix::fs::readlinkat(&*dir, name, Vec::new())
+                    .ok()?
+                    .into_bytes(),
+            ),
+            _ => None,
+        };
+        let e = entry_of(parent, name.to_vec(), &st, target)?;
+        if e.kind == EntryKind::Dir {
+            let fd = sys::open_in(&*dir, name, sys::DIR_PATH, 0).ok()?;
+            self.dirs.insert(rel.to_vec(), (self.len, Arc::new(fd)));
+        } else {
+            self.others.insert(rel.to_vec());
+        }
+        entries.push(e);
+        self.len += 1;
+        Some(())
+    }
+
+    /// The entry and handle of directory `rel`, added (with its parents) if new.
+    fn dir(&mut self, rel: &[u8], entries: &mut Vec<Entry>) -> Option<(u32, Arc<OwnedFd>)> {
+        if let Some((i, fd)) = self.dirs.get(rel) {
+            return Some((*i, fd.clone()));
+        }
+        if self.others.contains(rel) {
+            return None;
+        }
+        self.add(rel, entries)?;
+        self.dirs.get(rel).map(|(i, fd)| (*i, fd.clone()))
+    }
+}
+
+#[cfg(test)]
+mod grower_tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn parts_add_new_paths_and_their_directories_once() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("r");
+        std::fs::create_dir_all(root.join("a/b")).unwrap();
+        std::fs::write(root.join("a/b/f"), b"12345").unwrap();
+        std::fs::write(root.join("a/g"), b"").unwrap();
+        symlink("a/g", root.join("l")).unwrap();
+        std::fs::create_dir(root.join("e")).unwrap();
+        let fd = sys::open_in(
+            rustix::fs::CWD,
+            root.as_os_str().as_encoded_bytes(),
+            sys::DIR_PATH,
+            0,
+        )
+        .unwrap();
+        let mut g = Grower::new(Arc::new(fd));
+        assert!(g.is_empty());
+        let rels = |v: &[&str]| v.iter().map(|s| s.as_bytes().to_vec()).collect::<Vec<_>>();
+        let (e, taken) = g.part(&rels(&["a/b/f", "gone", "a/b/f", "x/y"]));
+        assert_eq!(taken, rels(&["a/b/f"]));
+        let names: Vec<_> = e.iter().map(|e| (e.parent, e.name.clone())).collect();
+        assert_eq!(
+            names,
+            vec![(0, b"a".to_vec()), (1, b"b".to_vec()), (2, b"f".to_vec())]
+        );
+        assert_eq!(e[2].kind, EntryKind::File { size: 5 });
+        assert!(g.has(b"a/b") && g.has(b"a/b/f") && !g.has(b"a/g"));
+        // Later parts number on; known directories are not repeated.
+        let (e, taken) = g.part(&rels(&["a/g", "l", "e", "a/b/f"]));
+        assert_eq!(taken, rels(&["a/g", "l", "e"]));
+        assert_eq!(e[0].parent, 1);
+        assert_eq!(
+            e[1].kind,
+            EntryKind::Symlink {
+                target: b"a/g".to_vec()
+            }
+        );
+        assert_eq!((e[2].parent, e[2].kind.clone()), (0, EntryKind::Dir));
+        assert_eq!(g.len(), 7);
+        // Every part together is a valid manifest.
+        let mut v = dmover_proto::manifest::Validator::new();
+        let root_entry = Entry {
+            parent: NO_PARENT,
+            name: b"r".to_vec(),
+            kind: EntryKind::Dir,
+            mode: 0o755,
+            mtime: Mtime::default(),
+        };
+        v.extend(&[root_entry], 100).unwrap();
+        let (a, _) = {
+            let mut g2 = Grower::new(g.dirs[&Vec::new()].1.clone());
+            let (mut a, t) = g2.part(&rels(&["a/b/f"]));
+            let (b, _) = g2.part(&rels(&["a/g", "l", "e"]));
+            a.extend(b);
+            (a, t)
+        };
+        v.extend(&a, 100).unwrap();
+    }
+}

@@ -141,13 +141,20 @@ pub mod features {
     /// source may list the files that have holes ([`Control::Sparse`]) before
     /// `ManifestEnd`, so the sink keeps them sparse.
     pub const LINKS: u64 = 16;
+    /// Continuous mode (`sync --watch`), in a growing manifest's session: the sink
+    /// says how far the written chunks reach ([`Control::Stored`]) as they pass the
+    /// end of a part, so the source learns when a part's files are complete at the
+    /// sink; the source may send newer modification times of directories already in
+    /// the manifest ([`Control::Times`]) before its last part, which the sink applies
+    /// at the end instead of the manifest's.
+    pub const CONTINUOUS: u64 = 32;
 
     /// The features this build's drivers (`dmover_core::drive`) speak and offer.
-    pub const SUPPORTED: u64 = GROWING_MANIFEST | RANGES | TUNING | METADATA | LINKS;
+    pub const SUPPORTED: u64 = GROWING_MANIFEST | RANGES | TUNING | METADATA | LINKS | CONTINUOUS;
 
     /// The features the role machines implement: what a driver may offer once it
     /// handles their events too (the simulator and the pair tests offer these).
-    pub const MACHINES: u64 = GROWING_MANIFEST | RANGES | TUNING | METADATA | LINKS;
+    pub const MACHINES: u64 = GROWING_MANIFEST | RANGES | TUNING | METADATA | LINKS | CONTINUOUS;
 
     /// The features a session uses: those both sides speak. Bits the machines do not
     /// know are never granted.
@@ -165,6 +172,7 @@ pub mod features {
             Control::Manifest(p) if crate::manifest::has_links(&p.entries) => LINKS,
             Control::Sparse(_) => LINKS,
             Control::Meta(_) => METADATA,
+            Control::Stored(_) | Control::Times(_) => CONTINUOUS,
             _ => 0,
         }
     }
@@ -177,6 +185,7 @@ pub mod features {
             TUNING => "tuning",
             LINKS => "hard links",
             METADATA => "metadata",
+            CONTINUOUS => "continuous",
             _ => "unknown",
         }
     }

@@ -275,6 +275,8 @@ pub struct Report {
     pub tuned: Vec<crate::control::Tuned>,
     /// The metadata the sink was handed (feature `METADATA`).
     pub meta: Vec<crate::manifest::EntryMeta>,
+    /// The source's [`SourceSession::stored_below`] when it finished.
+    pub stored_below: Option<u64>,
 }
 
 impl Report {
@@ -477,6 +479,7 @@ impl Sim {
                 frames: BTreeMap::new(),
                 tuned: Vec::new(),
                 meta: Vec::new(),
+                stored_below: None,
             },
             cfg,
             t0,
@@ -1018,6 +1021,9 @@ impl Sim {
                     }
                 }
                 SourceEvent::Done(summary) => {
+                    if let Some(Role::Source(s)) = self.role(p) {
+                        self.report.stored_below = Some(s.stored_below());
+                    }
                     self.report.summary = Some(summary);
                     self.report.source = Outcome::Finished;
                     self.report.source_at = Some(now - self.t0);
@@ -1084,6 +1090,7 @@ impl Sim {
                 SinkEvent::Opened(_)
                 | SinkEvent::Options(_)
                 | SinkEvent::Sparse(_)
+                | SinkEvent::Times(_)
                 | SinkEvent::StreamLost { .. } => {}
                 SinkEvent::Tuned(t) => self.report.tuned.push(t),
                 SinkEvent::Meta(m) => self.report.meta = m,

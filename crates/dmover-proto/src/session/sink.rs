@@ -32,7 +32,7 @@
 //! says it has every acknowledgement: a chunk sent again after a stream was lost may
 //! arrive twice, and the source waits for an acknowledgement of each copy it sent.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
@@ -105,6 +105,9 @@ pub enum SinkEvent<E> {
         /// The chunks the part adds to the layout.
         chunks: Range<u64>,
     },
+    /// (feature [`features::CONTINUOUS`]) Newer modification times of entries of
+    /// earlier parts (directories), to set at the end instead of the manifest's.
+    Times(Vec<(u32, crate::manifest::Mtime)>),
     /// Every expected chunk arrived and is written: finalise, then call
     /// [`SinkSession::finished`].
     Complete,
@@ -218,6 +221,14 @@ pub struct SinkSession<E> {
     meta_wait: bool,
     /// The metadata received so far.
     meta: Vec<EntryMeta>,
+    /// Every chunk below this is written (or not expected).
+    written_below: u64,
+    /// Chunks written at or above `written_below`.
+    written_above: BTreeSet<u64>,
+    /// (feature `CONTINUOUS`) Ends of the parts prepared for whose chunks are not all
+    /// written yet, and the last count sent in `Stored`.
+    part_ends: BTreeSet<u64>,
+    stored_sent: u64,
 }
 
 /// What is wrong with a sparse file list for `entries`, if anything: each must be a
@@ -271,6 +282,10 @@ impl<E: Cause + Clone> SinkSession<E> {
             events: VecDeque::new(),
             meta_wait: false,
             meta: Vec::new(),
+            written_below: 0,
+            written_above: BTreeSet::new(),
+            part_ends: BTreeSet::new(),
+            stored_sent: 0,
         }
     }
 
@@ -407,6 +422,24 @@ impl<E: Cause + Clone> SinkSession<E> {
                 Ok(())
             }
             (phase, Control::Grow(g)) if phase == Phase::Listing || growing => self.on_grow(now, g),
+            (phase, Control::Times(t)) if phase > Phase::Listing && growing => {
+                // Entries of parts already checked (not of one still coming).
+                let known = self.n_entries - self.entries.len() as u64;
+                if t.entries.len() as u64 > self.limits.max_entries {
+                    return Err(SessionError::Limit(format!(
+                        "more than {} modification times at once",
+                        self.limits.max_entries
+                    )));
+                }
+                if let Some((i, _)) = t.entries.iter().find(|(i, _)| u64::from(*i) >= known) {
+                    return Err(SessionError::Protocol {
+                        peer,
+                        what: format!("a modification time for entry {i} of {known}"),
+                    });
+                }
+                self.events.push_back(SinkEvent::Times(t.entries));
+                Ok(())
+            }
             (Phase::Listing, Control::Meta(part)) if self.meta_wait => self.on_meta(part),
             (Phase::Listing, Control::ManifestEnd(end)) if !self.meta_wait => {
                 let totals = manifest::validate(&self.entries, self.limits.max_entries).map_err(
@@ -598,10 +631,19 @@ impl<E: Cause + Clone> SinkSession<E> {
             self.link.fail(now, e);
             return self.flush_failure();
         }
+        // Every part is answered, also one that adds no chunks: its entries are bound
+        // (the source counts the answers to learn which parts are durable here).
+        self.link.send(Control::Grown(n_chunks));
+        self.part_ends.insert(n_chunks);
+        if n_chunks > have {
+            // A quiet spell (everything arrived, nothing expected) ends here: the
+            // streams' idle limit counts from now.
+            self.progress = self.progress.max(now);
+        }
+        self.report_stored();
         if n_chunks == have {
             return;
         }
-        self.link.send(Control::Grown(n_chunks));
         if self.phase >= Phase::Receiving {
             self.extend_layout(have..n_chunks);
             self.check_streams_left(now, None);
@@ -692,6 +734,8 @@ impl<E: Cause + Clone> SinkSession<E> {
         for r in self.grown.ranges().to_vec() {
             self.extend_layout(r);
         }
+        self.part_ends.insert(n_chunks);
+        self.advance_written();
         self.phase = Phase::Receiving;
         self.link.send(if on_demand {
             Control::OnDemand
@@ -835,12 +879,58 @@ impl<E: Cause + Clone> SinkSession<E> {
     }
 
     /// A chunk [`Arrival::Write`] said to write is written.
-    pub fn chunk_written(&mut self, _now: Instant, _chunk: u64) {
+    pub fn chunk_written(&mut self, _now: Instant, chunk: u64) {
         if self.writing == 0 {
             return;
         }
         self.writing -= 1;
+        if chunk >= self.written_below {
+            self.written_above.insert(chunk);
+            self.advance_written();
+            self.report_stored();
+        }
         self.check_complete();
+    }
+
+    /// Moves `written_below` over the chunks written and those not expected.
+    fn advance_written(&mut self) {
+        while self.written_below < self.n_chunks {
+            if self.written_above.remove(&self.written_below) {
+                self.written_below += 1;
+            } else if !self.expected.contains(self.written_below) {
+                self.written_below = self
+                    .expected
+                    .next_from(self.written_below)
+                    .unwrap_or(self.n_chunks)
+                    .min(self.n_chunks);
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// (feature `CONTINUOUS`, growing manifest) Tells the source how far the written
+    /// chunks reach once they pass the end of a part.
+    fn report_stored(&mut self) {
+        if self.growth.is_none()
+            || self.on_demand
+            || !self.uses(features::CONTINUOUS)
+            || !self.link.live()
+        {
+            return;
+        }
+        let mut passed = false;
+        while let Some(&end) = self.part_ends.first() {
+            if end > self.written_below {
+                break;
+            }
+            self.part_ends.pop_first();
+            passed = true;
+        }
+        if passed && self.written_below > self.stored_sent {
+            self.stored_sent = self.written_below;
+            self.link.send(Control::Stored(self.written_below));
+        }
     }
 
     /// Every chunk expected so far arrived.
@@ -1004,11 +1094,12 @@ impl<E: Cause + Clone> SinkSession<E> {
 
     fn idle_deadline(&self, s: &Stream) -> Option<Instant> {
         let idle: Duration = self.link.timing.idle?;
-        // Request-driven, the source sends on the streams it likes (often one), and a
-        // tuned source on those its tuner chose: a stream is idle only when none
+        // Request-driven, the source sends on the streams it likes (often one), a
+        // tuned source on those its tuner chose, and a growing manifest's part of a
+        // chunk or two goes on the first streams: a stream is idle only when none
         // brings anything; a stream stuck with a chunk while others deliver is the
         // source's to find (its stall limit).
-        let last = if self.on_demand || self.uses(features::TUNING) {
+        let last = if self.on_demand || self.uses(features::TUNING) || self.growth.is_some() {
             s.last_frame.max(self.progress)
         } else {
             s.last_frame

@@ -201,6 +201,11 @@ pub struct SourceSession<E> {
     /// Chunks read, waiting for a stream.
     ready: VecDeque<(u64, ChunkMeta)>,
     acked: u64,
+    /// (feature `CONTINUOUS`) Every chunk below this is written at the sink.
+    stored_below: u64,
+    /// Parts of the manifest the sink is prepared for: the first at `Go`, each later
+    /// one at its `Grown`.
+    parts_confirmed: u64,
     window: usize,
     /// Live streams that get chunks (the first ones by index): all, unless tuned.
     active: usize,
@@ -244,6 +249,8 @@ impl<E: Cause + Clone> SourceSession<E> {
             reading: Vec::new(),
             ready: VecDeque::new(),
             acked: 0,
+            stored_below: 0,
+            parts_confirmed: 0,
             window: usize::MAX,
             active: usize::MAX,
             ack_rtt: None,
@@ -599,6 +606,7 @@ impl<E: Cause + Clone> SourceSession<E> {
                     self.set_chunks(ChunkSet::new());
                 }
                 self.phase = Phase::Sending;
+                self.parts_confirmed = 1;
                 self.link.await_joins(now);
                 // Streams that joined before `Go` count (else a session of over the
                 // join limit failed with all of them joined).
@@ -626,11 +634,18 @@ impl<E: Cause + Clone> SourceSession<E> {
             (Phase::Sending, Control::Want(w)) if !self.closed => self.on_want(w),
             // A request that crossed the last acknowledgements: everything is here.
             (Phase::Draining | Phase::Reporting, Control::Want(_)) if !self.on_demand => Ok(()),
+            (_, Control::Stored(n))
+                if self.growing && n >= self.stored_below && n <= self.confirmed =>
+            {
+                self.stored_below = n;
+                Ok(())
+            }
             (_, Control::Grown(n))
                 if self.growing && n >= self.confirmed && n <= self.layout_end() =>
             {
                 let r = self.confirmed..n;
                 self.confirmed = n;
+                self.parts_confirmed += 1;
                 self.grown.insert_range(r.clone());
                 if !self.on_demand {
                     self.chunks.insert_range(r);
@@ -866,6 +881,40 @@ impl<E: Cause + Clone> SourceSession<E> {
         self.acked += n;
         self.check_drained();
         self.assign(now);
+    }
+
+    /// (feature [`features::CONTINUOUS`], growing manifest) Newer modification times
+    /// of directories already in the manifest, for the sink to set at the end: sent
+    /// before the next part (so at the latest with the last). Dropped in a session
+    /// without the feature or after the last part.
+    pub fn times(&mut self, entries: Vec<(u32, crate::manifest::Mtime)>) {
+        if entries.is_empty()
+            || !self.growing
+            || self.manifest_done
+            || !self.uses(features::CONTINUOUS)
+            || !self.link.live()
+        {
+            return;
+        }
+        self.link
+            .send(Control::Times(crate::control::TimesPart { entries }));
+    }
+
+    /// (feature [`features::CONTINUOUS`]) Every chunk below this is written at the sink
+    /// and the files it ends are complete under their final names, as the sink last
+    /// said ([`Control::Stored`]); 0 without the feature. A producer of a growing
+    /// manifest learns from it when a part is durable.
+    pub fn stored_below(&self) -> u64 {
+        self.stored_below
+    }
+
+    /// Parts of the manifest the sink is prepared for (bound to its storage): the
+    /// first (the whole manifest, unless it grows) at `Go`, each later part of a
+    /// growing manifest at its `Grown`, also one that adds no chunks. A part is
+    /// durable at the sink once it is confirmed and its chunks are stored
+    /// ([`SourceSession::stored_below`]).
+    pub fn parts_confirmed(&self) -> u64 {
+        self.parts_confirmed
     }
 
     /// [`SourceSession::acked`] with the acknowledgement's bytes.

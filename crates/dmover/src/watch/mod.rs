@@ -4,16 +4,16 @@
 //! reports each batch's lag (close → final name on the server) — docs/sync.md,
 //! "Continuous mode".
 //!
-//! Why a session per batch rather than one session whose manifest grows: file storage
-//! cannot take later manifest parts yet (`SinkStore::grow`, protocol.md "Growing
-//! manifest"), and a file rewritten after it shipped could not join the same manifest
-//! anyway (names are unique per directory). A batch is an ordinary `sync` restricted
-//! to the batch's paths (the `--files-from` filter): the walk reads only the
-//! directories leading to them, the destination stats only them, and its resume mode
-//! makes whatever is already durable there count as held. So the work of a batch
-//! grows with the batch, not with the tree, and a restart of either end needs no
-//! state of ours: a catch-up sync (the first thing a watch does, and again after a
-//! failure or a lost event) sends only what is missing.
+//! The batches ship through one open session whose manifest grows by a part per batch
+//! (`Client::push_growing`): one connection and one set of warm data streams for all
+//! of them, each batch's files complete under their final names at the server when it
+//! says so (`Stored`), which is when the batch is reported. The session ends when it
+//! idles ([`STREAM_IDLE`]), grows large, before a catch-up, at a stop, or when a batch
+//! holds a file it sent already (names are unique in a manifest) or deletes something
+//! it sent; the next batch opens a new one. A restart of either end needs no state of
+//! ours: a catch-up sync (the first thing a watch does, and again after a failure or
+//! a lost event) sends only what is missing, its quick check and resume mode making
+//! whatever is already durable at the destination count as held.
 //!
 //! The rules of what ships when are in [`batch`], free of I/O.
 
@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use dmover_core::client::{Client, Report};
+use dmover_core::client::{Client, Growing, Report};
 use dmover_core::engine::Run;
 use dmover_core::session::TransferOptions;
 use dmover_core::{Error, error::Result as CoreResult};
@@ -97,6 +97,7 @@ pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
         quiet: a.quiet,
         quiet_time,
         started: Instant::now(),
+        stream: None,
     };
     let code = rt.block_on(w.run());
     drop(rt);
@@ -458,6 +459,46 @@ struct Watch {
     quiet: bool,
     quiet_time: Duration,
     started: Instant,
+    /// The session the batches ship through, while one is open.
+    stream: Option<Stream>,
+}
+
+/// A stream session idle this long is ended (its directories get their modes and
+/// mtimes, the server's buffers are freed); the next file opens a new one.
+const STREAM_IDLE: Duration = Duration::from_secs(10);
+/// A stream session whose manifest holds this many entries is ended and a new one
+/// opened: the manifest each side keeps stays small.
+const STREAM_ENTRIES: u32 = 20_000;
+/// How long a stop waits for the open stream session to end cleanly.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// The open session whose manifest grows by a part per batch ([`Growing`]).
+struct Stream {
+    g: Growing,
+    run: Arc<Run>,
+    /// Parts sent whose files are not yet known complete at the server, in order.
+    waiting: std::collections::VecDeque<Waiting>,
+    /// When the last part was sent (or the session opened).
+    last: Instant,
+}
+
+/// A batch shipped as a part of the stream's manifest.
+struct Waiting {
+    n: u64,
+    files: Vec<(Rel, Instant)>,
+    count: u64,
+    bytes: u64,
+    deleted: u64,
+    started: Instant,
+    durable: tokio::sync::oneshot::Receiver<()>,
+}
+
+/// The next part of `s` told durable (`Ok(false)`: it failed); never without one.
+async fn next_durable(s: &mut Option<Stream>) -> bool {
+    match s.as_mut().and_then(|s| s.waiting.front_mut()) {
+        Some(w) => (&mut w.durable).await.is_ok(),
+        None => std::future::pending().await,
+    }
 }
 
 impl Watch {
@@ -474,64 +515,103 @@ impl Watch {
                 break;
             }
             let now = Instant::now();
+            let mut done = Ok(());
             if now >= not_before {
-                let done = if catch_up {
-                    self.catch_up().await.map(|()| catch_up = false)
+                done = if catch_up {
+                    // Not beside a stream session: both would take the destination's
+                    // journal.
+                    match self.close_stream().await {
+                        Ok(()) => self.catch_up().await.map(|()| catch_up = false),
+                        Err(e) => Err(e),
+                    }
                 } else {
                     let batch = self.batcher.take(now);
-                    if batch.is_empty() {
-                        Ok(())
-                    } else {
+                    if !batch.is_empty() {
                         batches += 1;
                         self.ship(batch, batches).await
+                    } else if self.stream.as_ref().is_some_and(|s| {
+                        s.waiting.is_empty() && now.duration_since(s.last) >= STREAM_IDLE
+                    }) {
+                        self.close_stream().await
+                    } else {
+                        Ok(())
                     }
                 };
-                match done {
-                    Ok(()) => {
+            }
+            if done.is_ok() {
+                let due = if catch_up {
+                    Some(not_before)
+                } else {
+                    let idle = self
+                        .stream
+                        .as_ref()
+                        .filter(|s| s.waiting.is_empty())
+                        .map(|s| s.last + STREAM_IDLE);
+                    let next = self.batcher.next_due(Instant::now());
+                    match (next, idle) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    }
+                    .map(|d| d.max(not_before))
+                };
+                let sleep = async {
+                    match due {
+                        Some(d) => tokio::time::sleep_until(d.into()).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    ev = self.rx.recv() => {
+                        let Some(ev) = ev else { break };
+                        match self.take_events(ev) {
+                            Ok(true) => {}
+                            Ok(false) => catch_up = true,
+                            Err(e) => {
+                                eprintln!("dmover: error: {e:#}");
+                                return ExitCode::from(1);
+                            }
+                        }
+                    }
+                    ok = next_durable(&mut self.stream) => {
+                        done = if ok {
+                            self.part_durable();
+                            Ok(())
+                        } else {
+                            self.stream_failed().await
+                        };
+                    }
+                    _ = sleep => {}
+                    _ = self.stop.notify.notified() => {}
+                }
+            }
+            match done {
+                Ok(()) => {
+                    if now >= not_before {
                         backoff = FIRST_BACKOFF;
                         first = false;
                     }
-                    Err(_) if self.stop.is_set() => break,
-                    Err(e) if first && !e.retryable() => {
-                        eprintln!("dmover: error: {e}");
-                        return ExitCode::from(output::exit_code(&e));
-                    }
-                    Err(e) => {
-                        self.say_retry(&e, backoff);
-                        catch_up = true;
-                        not_before = Instant::now() + backoff;
-                        backoff = (backoff * 2).min(MAX_BACKOFF);
-                    }
+                }
+                Err(_) if self.stop.is_set() => break,
+                Err(e) if first && !e.retryable() => {
+                    eprintln!("dmover: error: {e}");
+                    return ExitCode::from(output::exit_code(&e));
+                }
+                Err(e) => {
+                    self.say_retry(&e, backoff);
+                    catch_up = true;
+                    not_before = Instant::now() + backoff;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }
-            let due = if catch_up {
-                Some(not_before)
-            } else {
-                self.batcher
-                    .next_due(Instant::now())
-                    .map(|d| d.max(not_before))
-            };
-            let sleep = async {
-                match due {
-                    Some(d) => tokio::time::sleep_until(d.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                ev = self.rx.recv() => {
-                    let Some(ev) = ev else { break };
-                    match self.take_events(ev) {
-                        Ok(true) => {}
-                        Ok(false) => catch_up = true,
-                        Err(e) => {
-                            eprintln!("dmover: error: {e:#}");
-                            return ExitCode::from(1);
-                        }
-                    }
-                }
-                _ = sleep => {}
-                _ = self.stop.notify.notified() => {}
-            }
+        }
+        // What the open session has in flight completes, within a bound.
+        let run = self.stream.as_ref().map(|s| s.run.clone());
+        if tokio::time::timeout(STOP_GRACE, self.close_stream())
+            .await
+            .is_err()
+            && let Some(run) = run
+        {
+            run.fail(Error::refused(ErrorCode::Aborted, "interrupted"));
         }
         if !self.quiet {
             eprintln!(
@@ -628,9 +708,19 @@ impl Watch {
         Ok(())
     }
 
-    /// Ships a batch: its deletions, then its files in one session.
+    /// Ships a batch: its deletions, then its files as the next part of the stream
+    /// session's manifest (opened first if none is). Its report follows once the
+    /// server has its files ([`Watch::part_durable`]).
     async fn ship(&mut self, batch: Batch, n: u64) -> CoreResult<()> {
         let t = Instant::now();
+        // A deleted name the stream's manifest holds (or a directory with something of
+        // it below) may come back: the session that sent it must end first, since
+        // its manifest would go on naming the deleted directory.
+        if let Some(s) = &self.stream
+            && batch.delete.iter().any(|rel| s.g.has(rel))
+        {
+            self.close_stream().await?;
+        }
         let mut deleted = 0;
         for rel in &batch.delete {
             match self.delete(rel).await {
@@ -646,50 +736,151 @@ impl Watch {
                 Err(e) => tracing::warn!("not deleting {}: {e}", String::from_utf8_lossy(rel)),
             }
         }
-        let (mut files, mut bytes, mut lags) = (0, 0, Vec::new());
-        if !batch.ship.is_empty() {
-            let mut list = Vec::new();
-            for (rel, _) in &batch.ship {
-                if rel.contains(&b'\n') {
-                    tracing::warn!(
-                        "not shipping {:?}: a newline in its name",
-                        String::from_utf8_lossy(rel)
-                    );
-                    continue;
+        if batch.ship.is_empty() {
+            self.report(n, 0, 0, deleted, &[], t);
+            return Ok(());
+        }
+        // A file sent before in this session (rewritten since), or a session grown
+        // large or gone: a new session.
+        if let Some(s) = &self.stream
+            && (s.g.ended()
+                || s.g.entries() >= STREAM_ENTRIES
+                || batch.ship.iter().any(|(rel, _)| s.g.has_file(rel)))
+            && let Err(e) = self.close_stream().await
+        {
+            self.batcher.requeue(batch);
+            return Err(e);
+        }
+        if self.stream.is_none() {
+            let run = Run::new();
+            let opened = self
+                .client
+                .push_growing(&self.src, &self.server, &self.dest, run.clone());
+            let g = tokio::select! {
+                g = opened => g,
+                _ = self.stop.notify.notified() => Err(Error::Aborted),
+            };
+            match g {
+                Ok(g) => {
+                    self.stream = Some(Stream {
+                        g,
+                        run,
+                        waiting: Default::default(),
+                        last: Instant::now(),
+                    })
                 }
-                // `./` keeps a name starting with `#` or `;` from reading as a comment.
-                list.extend_from_slice(b"./");
-                list.extend_from_slice(rel);
-                list.push(b'\n');
-            }
-            let mut filter = self.opts.filter.as_deref().cloned().unwrap_or_default();
-            filter
-                .set_files_from(&list)
-                .map_err(|e| Error::refused(ErrorCode::Unsupported, e))?;
-            let mut opts = self.opts.clone();
-            opts.filter = Some(Arc::new(filter));
-            // Deletions are this batch's own (above), not a prune of the whole mirror.
-            opts.delete = false;
-            let r = match self.push(opts).await {
-                Ok(r) => r,
                 Err(e) => {
                     self.batcher.requeue(batch);
                     return Err(e);
                 }
-            };
-            let done = Instant::now();
-            for f in &r.failed {
-                tracing::info!("{f}: changed while read; it ships after its next close");
             }
-            files = r.summary.files;
-            bytes = r.bytes_sent;
-            lags = batch
-                .ship
-                .iter()
-                .map(|(_, closed)| done.duration_since(*closed).as_secs_f64())
-                .collect();
-            lags.sort_by(f64::total_cmp);
         }
+        let s = self.stream.as_mut().expect("opened above");
+        let rels: Vec<Rel> = batch.ship.iter().map(|(rel, _)| rel.clone()).collect();
+        let part = s.g.send(&rels);
+        s.last = Instant::now();
+        s.waiting.push_back(Waiting {
+            n,
+            files: batch.ship,
+            count: part.files,
+            bytes: part.bytes,
+            deleted,
+            started: t,
+            durable: part.durable,
+        });
+        Ok(())
+    }
+
+    /// The stream's oldest part is complete at the server: its report.
+    fn part_durable(&mut self) {
+        let Some(w) = self.stream.as_mut().and_then(|s| s.waiting.pop_front()) else {
+            return;
+        };
+        self.report(w.n, w.count, w.bytes, w.deleted, &w.files, w.started);
+    }
+
+    /// The stream session failed: the files of its parts not yet complete at the
+    /// server are queued again (a catch-up follows), and why is the error.
+    async fn stream_failed(&mut self) -> CoreResult<()> {
+        let Some(s) = self.stream.take() else {
+            return Ok(());
+        };
+        for w in s.waiting {
+            self.batcher.requeue(Batch {
+                delete: Vec::new(),
+                ship: w.files,
+            });
+        }
+        match s.g.wait().await {
+            Err(e) => Err(e),
+            Ok(_) => Err(Error::refused(
+                ErrorCode::Io,
+                "the watch's session ended early",
+            )),
+        }
+    }
+
+    /// Ends the stream session, if one is open: what it has in flight completes,
+    /// directories get their modes, the parts still waiting are reported.
+    async fn close_stream(&mut self) -> CoreResult<()> {
+        let Some(mut s) = self.stream.take() else {
+            return Ok(());
+        };
+        let waiting = std::mem::take(&mut s.waiting);
+        let run = s.run.clone();
+        let finishing = s.g.finish();
+        tokio::pin!(finishing);
+        let r = tokio::select! {
+            r = &mut finishing => r,
+            // A stop: what is in flight gets a short while to complete.
+            _ = self.stop.notify.notified() => {
+                match tokio::time::timeout(STOP_GRACE, &mut finishing).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        run.fail(Error::refused(ErrorCode::Aborted, "interrupted"));
+                        finishing.await
+                    }
+                }
+            }
+        };
+        match r {
+            Ok(r) => {
+                for f in &r.failed {
+                    tracing::info!("{f}: changed while read; it ships after its next close");
+                }
+                for w in waiting {
+                    self.report(w.n, w.count, w.bytes, w.deleted, &w.files, w.started);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                for w in waiting {
+                    self.batcher.requeue(Batch {
+                        delete: Vec::new(),
+                        ship: w.files,
+                    });
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// A batch's line: its files are complete at the server (or it had none).
+    fn report(
+        &self,
+        n: u64,
+        files: u64,
+        bytes: u64,
+        deleted: u64,
+        shipped: &[(Rel, Instant)],
+        started: Instant,
+    ) {
+        let done = Instant::now();
+        let mut lags: Vec<f64> = shipped
+            .iter()
+            .map(|(_, closed)| done.duration_since(*closed).as_secs_f64())
+            .collect();
+        lags.sort_by(f64::total_cmp);
         let p50 = lags.get(lags.len() / 2).copied().unwrap_or(0.0);
         let max = lags.last().copied().unwrap_or(0.0);
         self.say(
@@ -702,16 +893,14 @@ impl Watch {
                 "lag_p50_ms": (p50 * 1e3).round() as u64,
                 "lag_max_ms": (max * 1e3).round() as u64,
                 "queued": self.batcher.len(),
-                "seconds_taken": t.elapsed().as_secs_f64(),
+                "seconds_taken": done.duration_since(started).as_secs_f64(),
             }),
             format!(
-                "watch: batch {n}: {files} files, {} bytes sent, {deleted} deleted, lag p50 {:.0} ms, max {:.0} ms",
-                bytes,
+                "watch: batch {n}: {files} files, {bytes} bytes sent, {deleted} deleted, lag p50 {:.0} ms, max {:.0} ms",
                 p50 * 1e3,
                 max * 1e3
             ),
         );
-        Ok(())
     }
 
     /// Deletes `rel` at the destination (it left the source): an `Op::Prune` of that
