@@ -1303,8 +1303,9 @@ impl Client {
     /// alone; [`Growing::send`] adds paths below it as they are ready, and each
     /// part's files are complete under their final names at the server once it says
     /// so. One connection, one set of data streams, kept warm between parts. Not
-    /// resumed (a caller catches up with an ordinary sync first); no owners or
-    /// extended attributes travel, no hard links or holes (docs/sync.md).
+    /// resumed (a caller catches up with an ordinary sync first); owners and extended
+    /// attributes travel with each part as the options say, hard links and holes do
+    /// not (docs/sync.md).
     pub async fn push_growing(
         &self,
         src: &[u8],
@@ -1345,7 +1346,7 @@ impl Client {
             0 => dmover_proto::layout::DEFAULT_CHUNK,
             c => c,
         };
-        let source = FileSource::new(
+        let mut source = FileSource::new(
             tree,
             chunk,
             SourceOptions {
@@ -1354,14 +1355,14 @@ impl Client {
                 continue_on_error: self.opts.continue_on_error,
             },
         )?;
+        source.set_grown_meta(self.opts.meta.xattrs, self.opts.meta.owner);
         let mut conn = tokio::select! {
             r = self.connect(server) => r?,
             _ = run.cancelled() => return Err(Error::Aborted),
         };
         let mut open = self.open_request(Op::Push { dest: parent }, chunk);
-        // Parts carry plain files (no links, no sparse list), and no metadata.
-        open.features &=
-            !(dmover_proto::session::features::LINKS | dmover_proto::session::features::METADATA);
+        // Parts carry plain files (no links, no sparse list).
+        open.features &= !dmover_proto::session::features::LINKS;
         let d = conn.dial(open, self.opts.session_options(false));
         let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
         let m = SourceSession::dial(now(), server, timing, d);

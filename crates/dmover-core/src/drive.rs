@@ -303,11 +303,21 @@ pub trait SourceStore: Source + Sized + 'static {
         let _ = entries;
         Ok(None)
     }
+
+    /// (feature `METADATA`, growing manifest) Owners and extended attributes of the
+    /// entries `from..` to send with a later part, and the entry count read up to.
+    fn grown_meta(&self, from: u32) -> (Vec<dmover_proto::manifest::EntryMeta>, u32) {
+        (Vec::new(), from)
+    }
 }
 
 impl SourceStore for FileSource {
     fn grow(&self, entries: &[Entry]) -> Result<Option<u64>> {
         Ok(Some(FileSource::grow(self, entries.to_vec())?))
+    }
+
+    fn grown_meta(&self, from: u32) -> (Vec<dmover_proto::manifest::EntryMeta>, u32) {
+        FileSource::grown_meta(self, from)
     }
 
     fn resume_from(&mut self, peer: &str, parts: &[Have]) -> Result<Plan> {
@@ -399,9 +409,19 @@ pub trait SinkStore: Sink + Sized + 'static {
     fn set_times(&self, times: Vec<(u32, dmover_proto::manifest::Mtime)>) {
         let _ = times;
     }
+
+    /// (feature `METADATA`, growing manifest) Owners and extended attributes of a
+    /// later part's entries, before the part is bound ([`SinkStore::grow`]).
+    fn grow_meta(&self, meta: Vec<dmover_proto::manifest::EntryMeta>) {
+        let _ = meta;
+    }
 }
 
 impl SinkStore for FileSink {
+    fn grow_meta(&self, meta: Vec<dmover_proto::manifest::EntryMeta>) {
+        FileSink::add_meta(self, meta)
+    }
+
     fn set_times(&self, times: Vec<(u32, dmover_proto::manifest::Mtime)>) {
         FileSink::set_times(self, times)
     }
@@ -737,6 +757,7 @@ where
     // Parts so far, and those whose producer waits to hear they are durable: (the
     // part's number, the layout's end with it, whom to tell).
     let mut parts = 0u64;
+    let mut meta_from = 0u32;
     let mut durable: VecDeque<(u64, u64, tokio::sync::oneshot::Sender<()>)> = VecDeque::new();
     loop {
         if let Some(t) = tuner.as_mut() {
@@ -932,11 +953,15 @@ where
             }
             part = next_part(&mut growth), if growth.is_some() && m.info().is_some() => match part {
                 Some(mut p) => {
+                    let mut meta = Vec::new();
                     if parts > 0 {
-                        // A later part: storage that grows lays it out now.
+                        // A later part: storage that grows lays it out now, and reads
+                        // its entries' metadata (the first part's root's too).
                         let store = prep.as_ref().or(live.as_ref().map(|l| &*l.0));
                         let grown = match store {
-                            Some(k) => k.grow(&p.entries),
+                            Some(k) => k.grow(&p.entries).inspect(|_| {
+                                (meta, meta_from) = k.grown_meta(meta_from);
+                            }),
                             None => Err(Error::refused(
                                 ErrorCode::Unsupported,
                                 "a later part of the manifest came while a resume was checked",
@@ -958,6 +983,7 @@ where
                         durable.push_back((parts - 1, p.chunks, tell));
                     }
                     m.push_manifest(&p.entries);
+                    m.grow_meta(meta);
                     env.run.progress.total.store(p.totals.bytes, Relaxed);
                     m.grow_manifest(now(), p.totals, p.chunks, p.last);
                     if p.last {
@@ -1433,7 +1459,7 @@ where
     let mut waiting: Vec<(u16, DataStream<J::Link>)> = Vec::new();
     let mut tasks: HashMap<u16, Task<u64>> = HashMap::new();
     let mut summary: Option<Summary> = None;
-    let mut grown: Vec<(Vec<Entry>, std::ops::Range<u64>)> = Vec::new();
+    let mut grown: Vec<GrownPart> = Vec::new();
     let mut times = Vec::new();
     let mut meta = Vec::new();
     let mut cancelled = false;
@@ -1539,10 +1565,14 @@ where
                             Err(e) => m.fail(now(), Fault::new(e)),
                         }
                     }
-                    SinkEvent::Grown { entries, chunks } => match &live {
-                        Some((k, ..)) => grow_sink(&mut m, &**k, entries, chunks),
+                    SinkEvent::Grown {
+                        entries,
+                        chunks,
+                        meta,
+                    } => match &live {
+                        Some((k, ..)) => grow_sink(&mut m, &**k, (entries, chunks, meta)),
                         // Before the sink is prepared: when it is.
-                        None => grown.push((entries, chunks)),
+                        None => grown.push((entries, chunks, meta)),
                     },
                     SinkEvent::Times(t) => match (&live, &prep) {
                         (Some((k, ..)), _) => k.set_times(t),
@@ -1730,14 +1760,20 @@ where
     }
 }
 
+/// A later part of a growing manifest at the sink: its entries, chunks and metadata.
+type GrownPart = (
+    Vec<Entry>,
+    std::ops::Range<u64>,
+    Vec<dmover_proto::manifest::EntryMeta>,
+);
+
 /// A later part of a growing manifest: the storage makes room, the machine hears it.
-fn grow_sink<K: SinkStore>(
-    m: &mut SinkSession<Fault>,
-    k: &K,
-    entries: Vec<Entry>,
-    chunks: std::ops::Range<u64>,
-) {
+fn grow_sink<K: SinkStore>(m: &mut SinkSession<Fault>, k: &K, part: GrownPart) {
+    let (entries, chunks, meta) = part;
     let end = chunks.end;
+    if !meta.is_empty() {
+        k.grow_meta(meta);
+    }
     match k.grow(entries, chunks) {
         Ok(()) => m.grown(now(), end),
         Err(e) => m.fail(now(), Fault::new(e)),
@@ -1756,7 +1792,7 @@ fn start_sink<K: SinkStore, L: DataLink>(
     waiting: &mut Vec<(u16, DataStream<L>)>,
     tasks: &mut HashMap<u16, Task<u64>>,
     tx: &mpsc::UnboundedSender<SinkIn<K>>,
-    grown: &mut Vec<(Vec<Entry>, std::ops::Range<u64>)>,
+    grown: &mut Vec<GrownPart>,
     demand: Option<&mpsc::UnboundedSender<DemandEvent<K>>>,
 ) {
     let info = m.info().expect("open before the manifest").clone();
@@ -1792,8 +1828,8 @@ fn start_sink<K: SinkStore, L: DataLink>(
         }
         None => m.ready(now(), expected, n),
     }
-    for (entries, chunks) in grown.drain(..) {
-        grow_sink(m, &*k, entries, chunks);
+    for part in grown.drain(..) {
+        grow_sink(m, &*k, part);
     }
     *live = Some((k, sink, pool));
 }

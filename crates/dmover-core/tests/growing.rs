@@ -159,6 +159,14 @@ async fn each_part_is_complete_at_the_server_when_reported_durable() {
     s.write("d/g", 6, 4_000);
     std::fs::create_dir(s.src().join("hollow")).unwrap();
     std::fs::set_permissions(s.src().join("d/g"), std::fs::Permissions::from_mode(0o640)).unwrap();
+    // Extended attributes travel with the part (where the file system takes them).
+    let xattrs = rustix::fs::lsetxattr(
+        s.src().join("d/g"),
+        "user.dmover.test",
+        b"part 2",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .is_ok();
     let p = g.send(&rels(&["empty", "link", "d/g", "hollow", "a"]));
     assert_eq!(p.paths, rels(&["empty", "link", "d/g", "hollow"]));
     tokio::time::timeout(Duration::from_secs(20), p.durable)
@@ -173,6 +181,12 @@ async fn each_part_is_complete_at_the_server_when_reported_durable() {
         Path::new("d/e/f")
     );
     assert!(s.mirror().join("hollow").is_dir());
+    if xattrs {
+        let mut v = [0u8; 16];
+        let n = rustix::fs::lgetxattr(s.mirror().join("d/g"), "user.dmover.test", &mut v)
+            .expect("the attribute arrived with the file");
+        assert_eq!(&v[..n], b"part 2");
+    }
     // A part of nothing new is answered too.
     let p = g.send(&rels(&["a"]));
     assert!(p.paths.is_empty());

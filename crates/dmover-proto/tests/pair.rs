@@ -1357,3 +1357,122 @@ fn the_sink_checks_metadata() {
     let e = failure_after(m, now, part(vec![], true));
     assert!(e.contains("Meta needs the metadata feature"), "{e}");
 }
+
+/// A sink in a growing session (with `CONTINUOUS` and `METADATA`) whose first part,
+/// the root and two files of `manifest(3)`, is checked; the third file is the next
+/// part, already listed.
+fn continuous_sink() -> (
+    SinkSession<dmover_proto::session::sim::SimError>,
+    Instant,
+    Vec<dmover_proto::manifest::Entry>,
+) {
+    let now = Instant::now();
+    let all = manifest(3);
+    let mut m = SinkSession::accept(
+        now,
+        "peer",
+        Timing::default(),
+        Limits::default(),
+        now + HOUR,
+    );
+    m.grant(
+        now,
+        info(features::GROWING_MANIFEST | features::CONTINUOUS | features::METADATA),
+    );
+    m.handle_control(now, Control::Options(options()));
+    m.handle_control(
+        now,
+        Control::Manifest(ManifestPart {
+            entries: all[..3].to_vec(),
+        }),
+    );
+    m.handle_control(
+        now,
+        Control::Grow(Growth {
+            totals: totals(&all[..3]),
+            chunks: 2,
+            last: false,
+        }),
+    );
+    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+    assert!(
+        matches!(events.last(), Some(SinkEvent::Manifest(e)) if e.len() == 3),
+        "{events:?}"
+    );
+    m.handle_control(
+        now,
+        Control::Manifest(ManifestPart {
+            entries: all[3..].to_vec(),
+        }),
+    );
+    (m, now, all)
+}
+
+/// Continuous mode at the sink: a later part's metadata comes with its `Grown` event,
+/// newer directory times of checked parts are handed on, and either naming an entry
+/// not (yet) there fails the session.
+#[test]
+fn the_sink_checks_continuous_mode_messages() {
+    use dmover_proto::control::TimesPart;
+    use dmover_proto::manifest::Mtime;
+    let (mut m, now, all) = continuous_sink();
+    // The root's and the new file's metadata, then the part's end.
+    m.handle_control(
+        now,
+        Control::Meta(MetaPart {
+            entries: vec![meta_of(0, vec![]), meta_of(3, vec![xattr(b"user.k", b"v")])],
+            last: false,
+        }),
+    );
+    m.handle_control(
+        now,
+        Control::Grow(Growth {
+            totals: totals(&all),
+            chunks: 3,
+            last: false,
+        }),
+    );
+    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+    assert!(
+        matches!(&events[..], [SinkEvent::Grown { entries, chunks, meta }]
+            if entries.len() == 1 && *chunks == (2..3) && meta.len() == 2 && meta[1].entry == 3),
+        "{events:?}"
+    );
+    let t = Mtime { sec: 7, nsec: 1 };
+    m.handle_control(
+        now,
+        Control::Times(TimesPart {
+            entries: vec![(0, t)],
+        }),
+    );
+    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+    assert!(
+        matches!(&events[..], [SinkEvent::Times(v)] if *v == [(0, t)]),
+        "{events:?}"
+    );
+    // Times of an entry of the part still coming (3), or beyond: refused.
+    let (m, now, _) = continuous_sink();
+    let e = failure_after(
+        m,
+        now,
+        Control::Times(TimesPart {
+            entries: vec![(3, t)],
+        }),
+    );
+    assert!(e.contains("modification time for entry 3 of 3"), "{e}");
+    // Metadata of an entry beyond the manifest so far (4 entries): malformed.
+    let (m, now, _) = continuous_sink();
+    let e = failure_after(
+        m,
+        now,
+        Control::Meta(MetaPart {
+            entries: vec![meta_of(4, vec![])],
+            last: false,
+        }),
+    );
+    assert!(e.contains("Malformed") || e.contains("entry"), "{e}");
+    // Without the feature, `Times` and `Stored` are protocol violations.
+    let (m, now) = sink_with(features::GROWING_MANIFEST);
+    let e = failure_after(m, now, Control::Times(TimesPart { entries: vec![] }));
+    assert!(e.contains("continuous"), "{e}");
+}

@@ -182,6 +182,15 @@ pub fn read_tree(tree: &Tree, scope: XattrScope) -> Vec<EntryMeta> {
 }
 
 /// The owners and xattrs of entry `i` ([`read_tree`]); `None` if it cannot be read.
+/// [`read_tree`] of the entries `range` only (a growing manifest's part), on this
+/// thread.
+pub fn read_entries(tree: &Tree, range: std::ops::Range<u32>, scope: XattrScope) -> Vec<EntryMeta> {
+    let warned = AtomicBool::new(false);
+    range
+        .filter_map(|i| read_entry(tree, i, scope, &warned))
+        .collect()
+}
+
 fn read_entry(tree: &Tree, i: u32, scope: XattrScope, warned: &AtomicBool) -> Option<EntryMeta> {
     let e = &tree.entries()[i as usize];
     let (dir, name) = tree.locate(i).ok()?;

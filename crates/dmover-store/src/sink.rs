@@ -134,7 +134,7 @@ pub struct FileSink {
     failed: Mutex<HashSet<u32>>,
     any_failed: AtomicBool,
     /// Entries' owners and xattrs from the source (feature `METADATA`).
-    meta: HashMap<u32, EntryMeta>,
+    meta: RwLock<HashMap<u32, EntryMeta>>,
     applier: Applier,
 }
 
@@ -195,7 +195,7 @@ impl FileSink {
             keep: Mutex::default(),
             failed: Mutex::default(),
             any_failed: AtomicBool::new(false),
-            meta: HashMap::new(),
+            meta: RwLock::default(),
             applier: Applier::new(opts.meta),
         };
         let roots_dir = sink.bound.get_mut().tree.roots_dir();
@@ -222,7 +222,17 @@ impl FileSink {
     /// The source's owners and extended attributes of the manifest's entries, applied
     /// as each is finalised (what [`SinkOptions::meta`] allows).
     pub fn set_meta(&mut self, meta: Vec<EntryMeta>) {
-        self.meta.extend(meta.into_iter().map(|m| (m.entry, m)));
+        self.meta
+            .get_mut()
+            .extend(meta.into_iter().map(|m| (m.entry, m)));
+    }
+
+    /// [`FileSink::set_meta`] of a growing manifest's later part, before
+    /// [`FileSink::grow`] binds it.
+    pub fn add_meta(&self, meta: Vec<EntryMeta>) {
+        self.meta
+            .write()
+            .extend(meta.into_iter().map(|m| (m.entry, m)));
     }
 
     /// (growing manifest, continuous mode) Newer modification times of directories
@@ -689,7 +699,8 @@ impl FileSink {
             },
         };
         let verify = self.opts.verify && self.opts.checksum;
-        let m = self.meta.get(&slot.entry);
+        let meta = self.meta.read();
+        let m = meta.get(&slot.entry);
         let target = Target::<OwnedFd>::Fd(&fd);
         self.applier
             .before_mode(&target, m)
@@ -854,7 +865,8 @@ impl FileSink {
                     0o600,
                 )
                 .map_err(|e| Error::io("creating", path(), e))?;
-                let m = self.meta.get(&i);
+                let meta = self.meta.read();
+                let m = meta.get(&i);
                 let t = Target::<OwnedFd>::Fd(&fd);
                 let r = self.applier.before_mode(&t, m).and_then(|()| {
                     let mode = self.applier.file_mode(e.mode, m);
@@ -878,10 +890,8 @@ impl FileSink {
                 let _ = rustix::fs::unlinkat(&*dir, staging.as_slice(), AtFlags::empty());
                 rustix::fs::symlinkat(target.as_slice(), &*dir, staging.as_slice())
                     .map_err(|e| Error::io("creating symlink", path(), e))?;
-                let owner = self
-                    .meta
-                    .get(&i)
-                    .filter(|m| self.applier.applies_owner(Some(m)));
+                let meta = self.meta.read();
+                let owner = meta.get(&i).filter(|m| self.applier.applies_owner(Some(m)));
                 let r = match owner {
                     Some(m) => rustix::fs::chownat(
                         &*dir,
@@ -1092,6 +1102,7 @@ impl Sink for FileSink {
         summary.files += self.dataless_files.load(Ordering::Relaxed);
         summary.symlinks += self.dataless_symlinks.load(Ordering::Relaxed);
         let times = std::mem::take(&mut *self.times.lock());
+        let meta = self.meta.read();
         // Directories last, deepest first: creating their contents changed their mtimes.
         for (i, e) in entries.iter().enumerate().rev() {
             if e.kind != EntryKind::Dir {
@@ -1103,7 +1114,7 @@ impl Sink for FileSink {
                 .tree
                 .locate(i)
                 .map_err(|e| Error::io("opening the directory of", path(), e))?;
-            let m = self.meta.get(&i);
+            let m = meta.get(&i);
             let t = Target::At(&*dir, name);
             self.applier
                 .before_mode(&t, m)

@@ -73,6 +73,9 @@ pub struct FileSource {
     skipped_report: u64,
     /// Sparse files (by entry): their data extents, found at the first read.
     extents: HashMap<u32, OnceLock<Vec<(u64, u64)>>>,
+    /// What a growing manifest's parts carry of their entries' metadata: the
+    /// attributes in scope, and the owners or not (none: nothing).
+    grown_meta: Option<(dmover_proto::manifest::XattrScope, bool)>,
 }
 
 impl FileSource {
@@ -99,6 +102,7 @@ impl FileSource {
             held_files: 0,
             failed: Mutex::default(),
             skipped_report: 0,
+            grown_meta: None,
         })
     }
 
@@ -109,6 +113,30 @@ impl FileSource {
         scope: dmover_proto::manifest::XattrScope,
     ) -> Vec<dmover_proto::manifest::EntryMeta> {
         crate::meta::read_tree(&self.bound.read().tree, scope)
+    }
+
+    /// What [`FileSource::grown_meta`] reads of a growing manifest's later parts: the
+    /// extended attributes `scope` allows, and the owners if `owner`.
+    pub fn set_grown_meta(&mut self, scope: dmover_proto::manifest::XattrScope, owner: bool) {
+        self.grown_meta =
+            (owner || scope.user || scope.acls || scope.all).then_some((scope, owner));
+    }
+
+    /// The metadata of entries `from..` (a growing manifest's part, see
+    /// [`FileSource::set_grown_meta`]) and the entry count it went up to.
+    pub fn grown_meta(&self, from: u32) -> (Vec<dmover_proto::manifest::EntryMeta>, u32) {
+        let b = self.bound.read();
+        let n = b.tree.entries().len() as u32;
+        let Some((scope, owner)) = self.grown_meta else {
+            return (Vec::new(), n);
+        };
+        let mut meta = crate::meta::read_entries(&b.tree, from.min(n)..n, scope);
+        if !owner {
+            for m in &mut meta {
+                (m.uid, m.gid) = (u32::MAX, u32::MAX);
+            }
+        }
+        (meta, n)
     }
 
     /// Checks the pieces the destination says it holds against the files as they are

@@ -104,6 +104,9 @@ pub enum SinkEvent<E> {
         entries: Vec<Entry>,
         /// The chunks the part adds to the layout.
         chunks: Range<u64>,
+        /// (feature [`features::METADATA`]) Owners and extended attributes of the
+        /// part's entries (or earlier ones), to apply as it is bound.
+        meta: Vec<EntryMeta>,
     },
     /// (feature [`features::CONTINUOUS`]) Newer modification times of entries of
     /// earlier parts (directories), to set at the end instead of the manifest's.
@@ -441,6 +444,10 @@ impl<E: Cause + Clone> SinkSession<E> {
                 Ok(())
             }
             (Phase::Listing, Control::Meta(part)) if self.meta_wait => self.on_meta(part),
+            // A growing manifest's later part: its metadata comes before its `Grow`.
+            (phase, Control::Meta(part)) if phase > Phase::Listing && growing && !part.last => {
+                self.check_meta(part, self.n_entries)
+            }
             (Phase::Listing, Control::ManifestEnd(end)) if !self.meta_wait => {
                 let totals = manifest::validate(&self.entries, self.limits.max_entries).map_err(
                     |source| SessionError::Malformed {
@@ -520,8 +527,33 @@ impl<E: Cause + Clone> SinkSession<E> {
     /// limits and the manifest, attributes out of scope dropped; the last one lets
     /// the manifest be prepared for.
     fn on_meta(&mut self, part: crate::control::MetaPart) -> Result<(), SessionError<E>> {
+        let last = part.last;
+        self.check_meta(part, self.entries.len() as u64)?;
+        if last {
+            self.meta_wait = false;
+            self.phase = Phase::Preparing;
+            let sparse = std::mem::take(&mut self.sparse);
+            if !sparse.is_empty() {
+                self.events.push_back(SinkEvent::Sparse(sparse));
+            }
+            let meta = std::mem::take(&mut self.meta);
+            if !meta.is_empty() {
+                self.events.push_back(SinkEvent::Meta(meta));
+            }
+            let entries = std::mem::take(&mut self.entries);
+            self.events.push_back(SinkEvent::Manifest(entries));
+        }
+        Ok(())
+    }
+
+    /// Checks a metadata part against the limits and the `n` entries it may name,
+    /// drops the attributes out of scope, and keeps it.
+    fn check_meta(
+        &mut self,
+        part: crate::control::MetaPart,
+        n: u64,
+    ) -> Result<(), SessionError<E>> {
         let peer = self.link.peer.clone();
-        let n = self.entries.len() as u64;
         for mut m in part.entries {
             manifest::validate_meta(
                 &m,
@@ -545,20 +577,6 @@ impl<E: Cause + Clone> SinkSession<E> {
                 )));
             }
             self.meta.push(m);
-        }
-        if part.last {
-            self.meta_wait = false;
-            self.phase = Phase::Preparing;
-            let sparse = std::mem::take(&mut self.sparse);
-            if !sparse.is_empty() {
-                self.events.push_back(SinkEvent::Sparse(sparse));
-            }
-            let meta = std::mem::take(&mut self.meta);
-            if !meta.is_empty() {
-                self.events.push_back(SinkEvent::Meta(meta));
-            }
-            let entries = std::mem::take(&mut self.entries);
-            self.events.push_back(SinkEvent::Manifest(entries));
         }
         Ok(())
     }
@@ -603,6 +621,7 @@ impl<E: Cause + Clone> SinkSession<E> {
             self.events.push_back(SinkEvent::Grown {
                 entries: part,
                 chunks,
+                meta: std::mem::take(&mut self.meta),
             });
             self.check_complete();
             if self.phase >= Phase::Receiving {

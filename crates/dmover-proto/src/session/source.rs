@@ -322,6 +322,28 @@ impl<E: Cause + Clone> SourceSession<E> {
         self.meta.extend(meta);
     }
 
+    /// (feature [`features::METADATA`], growing manifest) Owners and extended
+    /// attributes of entries of the part about to end (or of earlier parts not told
+    /// yet), sent before its `Grow` ([`SourceSession::grow_manifest`]): the sink
+    /// applies them as it binds the part. Dropped in a session without the feature,
+    /// before the first part or after the last.
+    pub fn grow_meta(&mut self, meta: Vec<EntryMeta>) {
+        if meta.is_empty()
+            || !self.growing
+            || self.manifest_done
+            || !self.uses(features::METADATA)
+            || !self.link.live()
+        {
+            return;
+        }
+        for r in crate::manifest::meta_parts(&meta) {
+            self.link.send(Control::Meta(MetaPart {
+                entries: meta[r].to_vec(),
+                last: false,
+            }));
+        }
+    }
+
     /// Sends the queued metadata (or drops it) once both the session and the
     /// manifest's end are known.
     fn flush_meta(&mut self) {
