@@ -1799,7 +1799,11 @@ impl Client {
         // the tree is walked: on a long link that is two round trips off every push, and
         // off a re-run that sends nothing even more in proportion. Not with `--delete`
         // or `--checksum`, whose prune request comes between the walk and the session.
-        let walking = self.disk.run(move || walk::walk_filtered(roots, &filter));
+        // Whether the files have extended attributes is asked by the walk's threads,
+        // beside their `stat`, when the metadata read after the walk would ask it.
+        let x = self.opts.meta.xattrs;
+        let ask = x.user || x.acls || x.all;
+        let walking = self.disk.run(move || walk::walk_with(roots, &filter, ask));
         let (walked, mut early) = if delete || compare {
             (walking.await, None)
         } else {

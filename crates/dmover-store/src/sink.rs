@@ -54,6 +54,9 @@ use crate::track::{Complete, RecvTracker, TrackError};
 use crate::tree::{RootRef, Tree};
 use dmover_proto::control::DirectIo;
 
+/// Threads of the quick check of a large tree ([`FileSink::held`]).
+const QUICK_CHECK_THREADS: usize = 8;
+
 /// Files at least this large are preallocated before their first write.
 const PREALLOC_MIN: u64 = 1 << 20;
 
@@ -373,10 +376,9 @@ impl FileSink {
                 })
                 .collect()
         };
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(8)
-            .min(files.len() / 2048);
+        // Waiting on the disk, not on a core: as many threads as keep a device's queue
+        // busy, whatever the number of cores.
+        let threads = QUICK_CHECK_THREADS.min(files.len() / 2048);
         if threads < 2 {
             return look(files);
         }

@@ -44,6 +44,8 @@ pub struct Tree {
     sparse: Vec<u32>,
     /// Each entry's numeric owner and group as the walk saw them (empty: unknown).
     owners: Vec<(u32, u32)>,
+    /// Whether each entry has extended attributes, as the walk asked (empty: unknown).
+    xattrs: Vec<Option<bool>>,
 }
 
 impl Tree {
@@ -56,7 +58,22 @@ impl Tree {
             dirs: Mutex::new(HashMap::new()),
             sparse: Vec::new(),
             owners: Vec::new(),
+            xattrs: Vec::new(),
         }
+    }
+
+    /// Records whether each entry has extended attributes (the walk's
+    /// `listxattrat`), in entry order; a list of another length is ignored.
+    pub fn set_xattr_presence(&mut self, xattrs: Vec<Option<bool>>) {
+        if xattrs.len() == self.entries.len() && xattrs.iter().any(Option::is_some) {
+            self.xattrs = xattrs;
+        }
+    }
+
+    /// Whether entry `idx` may have extended attributes: `false` only when the walk
+    /// asked and it had none.
+    pub fn may_have_xattrs(&self, idx: u32) -> bool {
+        self.xattrs.get(idx as usize).copied().flatten() != Some(false)
     }
 
     /// Records each entry's owner and group (the walk's `stat`), in entry order; a
@@ -167,6 +184,9 @@ impl Tree {
         if !self.owners.is_empty() {
             self.owners
                 .resize(self.entries.len() + entries.len(), (u32::MAX, u32::MAX));
+        }
+        if !self.xattrs.is_empty() {
+            self.xattrs.resize(self.entries.len() + entries.len(), None);
         }
         self.entries.extend(entries);
     }

@@ -73,14 +73,18 @@ struct Links {
     /// Every entry's numeric owner and group, in entry order (for `METADATA`, so
     /// that reading the metadata needs no second `stat`).
     owners: Vec<(u32, u32)>,
+    /// Whether each entry has extended attributes, as far as the walk asked
+    /// (`listxattrat(2)` beside its `stat`; `None`: not asked, or no answer).
+    xattrs: Vec<Option<bool>>,
 }
 
 /// Makes `entry` (about to be pushed as index `idx`) a hard link to an earlier path
 /// of its inode, or remembers it as the first path of a linked inode; notes it as
 /// sparse when its blocks do not cover its size.
-fn note_link(links: &mut Links, idx: u32, st: &Stat, entry: &mut Entry) {
+fn note_link(links: &mut Links, idx: u32, st: &Stat, xattrs: Option<bool>, entry: &mut Entry) {
     debug_assert_eq!(links.owners.len(), idx as usize);
     links.owners.push((st.st_uid, st.st_gid));
+    links.xattrs.push(xattrs);
     let EntryKind::File { size } = entry.kind else {
         return;
     };
@@ -139,6 +143,15 @@ pub fn walk(sources: Vec<SourceRoot>) -> Result<Walked> {
 /// [`walk`], sending only what `filter` admits (paths relative to each root; the
 /// roots themselves are always sent).
 pub fn walk_filtered(sources: Vec<SourceRoot>, filter: &Filter) -> Result<Walked> {
+    walk_with(sources, filter, false)
+}
+
+/// [`walk_filtered`]; with `xattrs`, each entry's `stat` comes with a
+/// `listxattrat(2)` saying whether it has extended attributes at all
+/// ([`Tree::may_have_xattrs`]): asked by the threads that read ahead, so a push that
+/// sends metadata ([`crate::meta::read_tree`]) need not ask again for the many files
+/// that have none.
+pub fn walk_with(sources: Vec<SourceRoot>, filter: &Filter, xattrs: bool) -> Result<Walked> {
     let mut filtered = 0;
     let mut entries: Vec<Entry> = Vec::new();
     let mut roots = HashMap::new();
@@ -185,7 +198,7 @@ pub fn walk_filtered(sources: Vec<SourceRoot>, filter: &Filter) -> Result<Walked
                 format!("{} is not a regular file, directory or symlink", src.label),
             ));
         };
-        note_link(&mut links, idx, &st, &mut entry);
+        note_link(&mut links, idx, &st, None, &mut entry);
         entries.push(entry);
         labels.insert(idx, src.label.clone());
         roots.insert(idx, (src.root, src.label));
@@ -197,7 +210,7 @@ pub fn walk_filtered(sources: Vec<SourceRoot>, filter: &Filter) -> Result<Walked
                 &mut entries,
                 &labels,
                 counts,
-                filter,
+                (filter, xattrs),
                 &mut links,
             )?;
         }
@@ -205,6 +218,7 @@ pub fn walk_filtered(sources: Vec<SourceRoot>, filter: &Filter) -> Result<Walked
     let mut tree = Tree::new(entries, roots);
     tree.set_sparse(links.sparse);
     tree.set_owners(links.owners);
+    tree.set_xattr_presence(links.xattrs);
     Ok(Walked {
         tree,
         skipped,
@@ -212,58 +226,255 @@ pub fn walk_filtered(sources: Vec<SourceRoot>, filter: &Filter) -> Result<Walked
     })
 }
 
-/// Walks the directory `root` (entry `idx`, open for reading) depth-first.
+/// Helper threads that list and stat directories ahead of the walk.
+const READ_AHEAD_THREADS: usize = 4;
+
+/// A directory's children as a helper read them: in inode order, each with its
+/// `stat` (or why not) and a symlink's target; `None` for a name the `--files-from`
+/// list rules out (not stat'ed).
+type Listing = Vec<(Vec<u8>, Option<Looked>)>;
+
+/// A child's `stat`, for a symlink its target, and whether it has extended
+/// attributes (when asked).
+type Looked = std::result::Result<
+    (
+        Stat,
+        Option<std::result::Result<Vec<u8>, Errno>>,
+        Option<bool>,
+    ),
+    Errno,
+>;
+
+/// A directory to read ahead: its entry, the handle of its parent and its name there,
+/// and its path below the root (for the filters).
+type Job = (u32, Arc<OwnedFd>, Vec<u8>, Vec<u8>);
+
+/// Listings read ahead and not yet taken by the walk, at most (each holds a
+/// directory open).
+const READ_AHEAD_MAX: usize = 64;
+
+/// What the walk and its helpers share: directories to read, in the order the walk
+/// will want them (the last first, as the walk's own stack), and the listings read.
+#[derive(Default)]
+struct Ahead {
+    state: std::sync::Mutex<AheadState>,
+    /// Helpers wait here for a job (or room for its listing).
+    more: std::sync::Condvar,
+    /// The walk waits here for a listing a helper is reading.
+    ready: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct AheadState {
+    jobs: Vec<Job>,
+    done: HashMap<u32, std::io::Result<(Arc<OwnedFd>, Listing)>>,
+    /// Jobs being read by helpers.
+    busy: usize,
+    stopped: bool,
+}
+
+/// Reads the directory of `job`.
+fn read_job(job: Job, how: (&Filter, bool)) -> std::io::Result<(Arc<OwnedFd>, Listing)> {
+    let (_, parent, name, rel) = job;
+    let fd = Arc::new(sys::open_in(&*parent, &name, READ_DIR, 0)?);
+    list_dir(&fd, &rel, how).map(|l| (fd, l))
+}
+
+impl Ahead {
+    fn lock(&self) -> std::sync::MutexGuard<'_, AheadState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn push(&self, jobs: impl Iterator<Item = Job>) {
+        self.lock().jobs.extend(jobs);
+        self.more.notify_all();
+    }
+
+    fn stop(&self) {
+        self.lock().stopped = true;
+        self.more.notify_all();
+    }
+
+    /// A helper: reads directories until the walk stops, never more than
+    /// [`READ_AHEAD_MAX`] ahead.
+    fn help(&self, how: (&Filter, bool)) {
+        loop {
+            let job = {
+                let mut st = self.lock();
+                loop {
+                    if st.stopped {
+                        return;
+                    }
+                    if st.done.len() + st.busy < READ_AHEAD_MAX
+                        && let Some(j) = st.jobs.pop()
+                    {
+                        st.busy += 1;
+                        break j;
+                    }
+                    st = self.more.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            let idx = job.0;
+            let r = read_job(job, how);
+            let mut st = self.lock();
+            st.busy -= 1;
+            st.done.insert(idx, r);
+            drop(st);
+            self.ready.notify_all();
+        }
+    }
+
+    /// The listing of directory `idx` (the walk's next): a helper's, or read here
+    /// when no helper has started on it.
+    fn take(&self, idx: u32, how: (&Filter, bool)) -> std::io::Result<(Arc<OwnedFd>, Listing)> {
+        let mut st = self.lock();
+        loop {
+            if let Some(r) = st.done.remove(&idx) {
+                drop(st);
+                self.more.notify_all();
+                return r;
+            }
+            if st.jobs.last().is_some_and(|j| j.0 == idx) {
+                let job = st.jobs.pop().expect("just seen");
+                drop(st);
+                return read_job(job, how);
+            }
+            st = self.ready.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// Lists the directory `fd` (at `rel` below the root) and stats its children, in
+/// inode order (on ext4 and XFS close to on-disk order).
+fn list_dir(
+    fd: &OwnedFd,
+    rel: &[u8],
+    (filter, xattrs): (&Filter, bool),
+) -> std::io::Result<Listing> {
+    let mut kids: Vec<(u64, Vec<u8>)> = Vec::new();
+    for de in rustix::fs::Dir::read_from(fd)? {
+        let de = de?;
+        let name = de.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        kids.push((de.ino(), name.to_vec()));
+    }
+    kids.sort_unstable_by_key(|k| k.0);
+    Ok(kids
+        .into_iter()
+        .map(|(_, name)| {
+            // A `--files-from` list rules most names out by name alone: no stat for
+            // them (a `sync --watch` catch-up or batch lists a few files in a large
+            // directory).
+            if !filter.is_empty() && filter.listed_rules_out(&join_rel(rel, &name)) {
+                return (name, None);
+            }
+            let looked =
+                rustix::fs::statat(fd, name.as_slice(), AtFlags::SYMLINK_NOFOLLOW).map(|st| {
+                    let target =
+                        (FileType::from_raw_mode(st.st_mode) == FileType::Symlink).then(|| {
+                            rustix::fs::readlinkat(fd, name.as_slice(), Vec::new())
+                                .map(|t| t.into_bytes())
+                        });
+                    let has = if xattrs {
+                        crate::meta::has_xattrs_at(fd, &name)
+                    } else {
+                        None
+                    };
+                    (st, target, has)
+                });
+            (name, Some(looked))
+        })
+        .collect())
+}
+
+/// Walks the directory `root` (entry `idx`, open for reading) depth-first, with
+/// helper threads listing and stat'ing the directories ahead of it (a cold tree's
+/// inodes are read several at a time; the manifest's order does not change).
 fn walk_dir(
     idx: u32,
     root: OwnedFd,
     entries: &mut Vec<Entry>,
     labels: &HashMap<u32, String>,
     (skipped, filtered): (&mut u64, &mut u64),
-    filter: &Filter,
+    (filter, xattrs): (&Filter, bool),
     links: &mut Links,
 ) -> Result<()> {
-    // Pending directories: (entry, parent handle, name); opened when popped so a wide
-    // tree does not hold a descriptor per pending directory.
-    let mut stack: Vec<(u32, Arc<OwnedFd>, Vec<u8>)> = Vec::new();
-    let mut current = Some((idx, Arc::new(root)));
-    let mut kids: Vec<(u64, Vec<u8>)> = Vec::new();
+    let ahead = Ahead::default();
+    std::thread::scope(|s| {
+        for i in 0..READ_AHEAD_THREADS {
+            let ahead = &ahead;
+            let spawned = std::thread::Builder::new()
+                .name(format!("dmover-walk-{i}"))
+                .spawn_scoped(s, move || ahead.help((filter, xattrs)));
+            if spawned.is_err() {
+                break;
+            }
+        }
+        // The helpers end with the walk, also when it fails or panics.
+        let _stop = StopOnDrop(&ahead);
+        walk_ahead(
+            idx,
+            root,
+            entries,
+            labels,
+            (skipped, filtered),
+            (filter, xattrs),
+            links,
+            &ahead,
+        )
+    })
+}
+
+struct StopOnDrop<'a>(&'a Ahead);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn walk_ahead(
+    idx: u32,
+    root: OwnedFd,
+    entries: &mut Vec<Entry>,
+    labels: &HashMap<u32, String>,
+    (skipped, filtered): (&mut u64, &mut u64),
+    (filter, xattrs): (&Filter, bool),
+    links: &mut Links,
+    ahead: &Ahead,
+) -> Result<()> {
+    // Directories still to visit, the next last (a helper may be reading it).
+    let mut stack: Vec<u32> = Vec::new();
+    let root = Arc::new(root);
+    let first = list_dir(&root, &[], (filter, xattrs))
+        .map_err(|e| Error::io("listing", path_of(entries, labels, idx), e))?;
+    let mut current = Some((idx, root, first));
     loop {
-        let (dir_idx, fd) = match current.take() {
+        let (dir_idx, fd, listing) = match current.take() {
             Some(c) => c,
             None => match stack.pop() {
                 None => return Ok(()),
-                Some((i, parent, name)) => match sys::open_in(&*parent, &name, READ_DIR, 0) {
-                    Ok(fd) => (i, Arc::new(fd)),
+                Some(i) => match ahead.take(i, (filter, xattrs)) {
+                    Ok((fd, l)) => (i, fd, l),
                     Err(e) => return Err(Error::io("opening", path_of(entries, labels, i), e)),
                 },
             },
         };
-        kids.clear();
-        let dir = rustix::fs::Dir::read_from(&*fd)
-            .map_err(|e| Error::io("listing", path_of(entries, labels, dir_idx), e))?;
-        for de in dir {
-            let de = de.map_err(|e| Error::io("listing", path_of(entries, labels, dir_idx), e))?;
-            let name = de.file_name().to_bytes();
-            if name == b"." || name == b".." {
-                continue;
-            }
-            kids.push((de.ino(), name.to_vec()));
-        }
-        kids.sort_unstable_by_key(|k| k.0);
-        let first_subdir = stack.len();
         // The directory's path below its root, for the filters.
         let rel = if filter.is_empty() {
             Vec::new()
         } else {
             rel_path(entries, dir_idx)
         };
-        for (_, name) in kids.drain(..) {
-            // A `--files-from` list rules most names out by name alone: no stat for
-            // them (a `sync --watch` batch lists a few files in a large directory).
-            if !filter.is_empty() && filter.listed_rules_out(&join_rel(&rel, &name)) {
+        let mut subdirs: Vec<Job> = Vec::new();
+        for (name, looked) in listing {
+            let Some(looked) = looked else {
                 *filtered += 1;
                 continue;
-            }
+            };
             let child = || {
                 format!(
                     "{}/{}",
@@ -271,8 +482,8 @@ fn walk_dir(
                     String::from_utf8_lossy(&name)
                 )
             };
-            let st = match rustix::fs::statat(&*fd, name.as_slice(), AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(st) => st,
+            let (st, target, has_xattrs) = match looked {
+                Ok(l) => l,
                 Err(Errno::NOENT) => {
                     *skipped += 1;
                     continue;
@@ -300,29 +511,39 @@ fn walk_dir(
                 *skipped += 1;
                 continue;
             }
-            let target = if ft == FileType::Symlink {
-                match rustix::fs::readlinkat(&*fd, name.as_slice(), Vec::new()) {
-                    Ok(t) => Some(t.into_bytes()),
-                    Err(Errno::NOENT) => {
-                        *skipped += 1;
-                        continue;
-                    }
-                    Err(e) => return Err(Error::io("reading link", child(), e)),
+            let target = match target {
+                None => None,
+                Some(Ok(t)) => Some(t),
+                Some(Err(Errno::NOENT)) => {
+                    *skipped += 1;
+                    continue;
                 }
-            } else {
-                None
+                Some(Err(e)) => return Err(Error::io("reading link", child(), e)),
             };
             let Some(mut entry) = entry_of(dir_idx, name, &st, target) else {
                 continue;
             };
-            note_link(links, entries.len() as u32, &st, &mut entry);
+            note_link(links, entries.len() as u32, &st, has_xattrs, &mut entry);
             if entry.kind == EntryKind::Dir {
-                stack.push((entries.len() as u32, fd.clone(), entry.name.clone()));
+                let sub_rel = if filter.is_empty() {
+                    Vec::new()
+                } else {
+                    join_rel(&rel, &entry.name)
+                };
+                subdirs.push((
+                    entries.len() as u32,
+                    fd.clone(),
+                    entry.name.clone(),
+                    sub_rel,
+                ));
             }
             entries.push(entry);
         }
-        // Visit subdirectories in listing order.
-        stack[first_subdir..].reverse();
+        // Visit subdirectories in listing order: the first last on the stack, and so
+        // the first a helper takes.
+        subdirs.reverse();
+        stack.extend(subdirs.iter().map(|j| j.0));
+        ahead.push(subdirs.into_iter());
     }
 }
 
@@ -534,5 +755,116 @@ mod grower_tests {
             (a, t)
         };
         v.extend(&a, 100).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod read_ahead_tests {
+    use super::*;
+    use std::os::unix::fs::{DirEntryExt, symlink};
+    use std::path::Path;
+
+    /// The manifest order the walk promises, built the plain way: depth-first, each
+    /// directory's children in inode order, subdirectories visited in that order.
+    fn reference(dir: &Path, parent: u32, out: &mut Vec<(u32, Vec<u8>)>) {
+        let mut kids: Vec<(u64, std::fs::DirEntry)> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.ino(), e)
+            })
+            .collect();
+        kids.sort_by_key(|k| k.0);
+        let mut subdirs = Vec::new();
+        for (_, e) in kids {
+            out.push((parent, e.file_name().into_encoded_bytes()));
+            if e.file_type().unwrap().is_dir() {
+                // Entry numbers as the walk's: the root is 0.
+                subdirs.push((out.len() as u32, e.path()));
+            }
+        }
+        for (i, p) in subdirs {
+            reference(&p, i, out);
+        }
+    }
+
+    /// More directories than the helpers read ahead, wide and deep, with files and
+    /// symlinks: the helpers change nothing of the order, and every entry is there.
+    #[test]
+    fn reading_ahead_keeps_the_manifest_order() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("r");
+        for i in 0..40 {
+            let d = root.join(format!("d{i}"));
+            for j in 0..(i % 4) {
+                std::fs::create_dir_all(d.join(format!("s{j}/t"))).unwrap();
+                std::fs::write(d.join(format!("s{j}/t/f")), b"x").unwrap();
+            }
+            std::fs::create_dir_all(&d).unwrap();
+            for k in 0..(i % 7) {
+                std::fs::write(d.join(format!("f{k}")), vec![0u8; k]).unwrap();
+            }
+            symlink("f0", d.join("l")).unwrap();
+        }
+        std::fs::create_dir_all(root.join("empty")).unwrap();
+        let parent = sys::open_in(
+            rustix::fs::CWD,
+            t.path().as_os_str().as_encoded_bytes(),
+            sys::DIR_PATH,
+            0,
+        )
+        .unwrap();
+        let src = SourceRoot {
+            root: RootRef::At {
+                parent: Arc::new(parent),
+                name: b"r".to_vec(),
+            },
+            name: b"r".to_vec(),
+            label: "r".into(),
+        };
+        let w = walk(vec![src]).unwrap();
+        let got: Vec<(u32, Vec<u8>)> = w
+            .tree
+            .entries()
+            .iter()
+            .skip(1)
+            .map(|e| (e.parent, e.name.clone()))
+            .collect();
+        let mut want = Vec::new();
+        reference(&root, 0, &mut want);
+        assert_eq!(got.len(), want.len());
+        assert_eq!(got, want);
+        assert_eq!(w.skipped, 0);
+        // Asked beside the stats: which files have extended attributes.
+        if rustix::fs::lsetxattr(
+            root.join("d5/f3"),
+            "user.k",
+            b"v",
+            rustix::fs::XattrFlags::empty(),
+        )
+        .is_ok()
+        {
+            let parent = sys::open_in(
+                rustix::fs::CWD,
+                t.path().as_os_str().as_encoded_bytes(),
+                sys::DIR_PATH,
+                0,
+            )
+            .unwrap();
+            let src = SourceRoot {
+                root: RootRef::At {
+                    parent: Arc::new(parent),
+                    name: b"r".to_vec(),
+                },
+                name: b"r".to_vec(),
+                label: "r".into(),
+            };
+            let w = walk_with(vec![src], &Filter::none(), true).unwrap();
+            let with: Vec<String> = (0..w.tree.entries().len() as u32)
+                .filter(|&i| i > 0 && w.tree.may_have_xattrs(i))
+                .map(|i| w.tree.display(i))
+                .collect();
+            assert_eq!(with, ["r/d5/f3"]);
+        }
     }
 }
