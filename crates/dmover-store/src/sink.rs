@@ -110,6 +110,8 @@ pub struct FileSink {
     /// Entries of the first part of the manifest (those of later parts without data
     /// are completed as their part comes, not at the end).
     first_part: usize,
+    /// Files kept by the quick check whose mode or owner is to be set at the end.
+    fixups: Mutex<Vec<Fixup>>,
     /// Newer modification times of directories ([`FileSink::set_times`]).
     times: Mutex<HashMap<u32, Mtime>>,
     /// Empty files and symlinks completed (see [`FileSink::complete_dataless`]).
@@ -143,15 +145,60 @@ pub struct FileSink {
 
 /// Size and mtime of `name` in `dir` when it is a regular file (not followed if a
 /// symlink).
-fn final_stat(dir: &OwnedFd, name: &[u8]) -> Option<(u64, Mtime)> {
+fn final_stat(dir: &OwnedFd, name: &[u8]) -> Option<FinalStat> {
     let s = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
-    (FileType::from_raw_mode(s.st_mode) == FileType::RegularFile).then_some((
-        s.st_size as u64,
-        Mtime {
+    (FileType::from_raw_mode(s.st_mode) == FileType::RegularFile).then_some(FinalStat {
+        size: s.st_size as u64,
+        mtime: Mtime {
             sec: s.st_mtime,
             nsec: s.st_mtime_nsec as u32,
         },
-    ))
+        mode: s.st_mode & 0o7777,
+        owner: (s.st_uid, s.st_gid),
+    })
+}
+
+/// What the quick check sees of a file under its final name.
+#[derive(Debug, Clone, Copy)]
+struct FinalStat {
+    size: u64,
+    mtime: Mtime,
+    mode: u32,
+    owner: (u32, u32),
+}
+
+/// A file the quick check kept whose mode or owner differs from the source's: set at
+/// the end, as `rsync -a` does for files it does not send.
+#[derive(Debug, Clone, Copy)]
+struct Fixup {
+    entry: u32,
+    mode: Option<u32>,
+    owner: Option<(u32, u32)>,
+}
+
+/// Sets the owner, then the mode, of the regular file `name` in `dir`, never through
+/// a symlink (whatever was swapped in meanwhile is left alone).
+fn fix_file(dir: &OwnedFd, name: &[u8], f: &Fixup) -> std::io::Result<()> {
+    let fd = sys::open_in(dir, name, OFlags::PATH | OFlags::NOFOLLOW, 0)?;
+    let st = rustix::fs::fstat(&fd)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Ok(());
+    }
+    if let Some((uid, gid)) = f.owner {
+        rustix::fs::chownat(
+            &fd,
+            "",
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(gid)),
+            AtFlags::EMPTY_PATH,
+        )?;
+    }
+    if let Some(mode) = f.mode {
+        use std::os::fd::AsRawFd;
+        let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        rustix::fs::chmod(path.as_str(), Mode::from_raw_mode(mode))?;
+    }
+    Ok(())
 }
 
 impl FileSink {
@@ -179,6 +226,7 @@ impl FileSink {
             bound: RwLock::new(Bound { tree, layout }),
             first_part,
             times: Mutex::default(),
+            fixups: Mutex::default(),
             dataless_files: AtomicU64::new(0),
             dataless_symlinks: AtomicU64::new(0),
             key,
@@ -275,12 +323,19 @@ impl FileSink {
             let Ok((dir, name)) = b.tree.locate(entry) else {
                 continue;
             };
+            // Kept as it is when its size and mtime are the manifest's; its mode and
+            // owner are set at the end where they differ.
             let on_disk = || {
                 let found = match &looked {
                     Some(looked) => looked[f],
                     None => final_stat(&dir, name),
                 };
-                found.is_some_and(|(size, mtime)| size == e.file_size() && mtime == e.mtime)
+                let Some(found) = found.filter(|s| s.size == e.file_size() && s.mtime == e.mtime)
+                else {
+                    return false;
+                };
+                self.note_fixup(entry, e.mode, &found);
+                true
             };
             let id = Self::file_id(&b, entry);
             let st = contents
@@ -361,13 +416,30 @@ impl FileSink {
         Ok(())
     }
 
+    /// Notes entry `entry`, kept by the quick check as `found`, for [`Fixup`] where its
+    /// mode or owner differ from what the source's (`mode`, its metadata) and the
+    /// policy give.
+    fn note_fixup(&self, entry: u32, mode: u32, found: &FinalStat) {
+        let meta = self.meta.read();
+        let m = meta.get(&entry);
+        let owner = m
+            .filter(|m| self.applier.applies_owner(Some(m)) && (m.uid, m.gid) != found.owner)
+            .map(|m| (m.uid, m.gid));
+        let want = self.applier.file_mode(mode, m) & 0o7777;
+        // A chown clears the setuid and setgid bits: the mode goes again after it.
+        let mode = (want != found.mode || (owner.is_some() && want & 0o6000 != 0)).then_some(want);
+        if mode.is_some() || owner.is_some() {
+            self.fixups.lock().push(Fixup { entry, mode, owner });
+        }
+    }
+
     /// [`final_stat`] of every layout file, in layout order, on up to 8 threads for
     /// trees of more than a few thousand files: a re-run that sends nothing costs
     /// one `statat` per file on the destination, and with a cold cache each of them
     /// waits for the disk; several at once keep the device's queue busy.
-    fn final_stats(b: &Bound) -> Vec<Option<(u64, Mtime)>> {
+    fn final_stats(b: &Bound) -> Vec<Option<FinalStat>> {
         let files = b.layout.files();
-        let look = |slots: &[dmover_proto::layout::FileSlot]| -> Vec<Option<(u64, Mtime)>> {
+        let look = |slots: &[dmover_proto::layout::FileSlot]| -> Vec<Option<FinalStat>> {
             slots
                 .iter()
                 .map(|slot| {
@@ -1103,6 +1175,22 @@ impl Sink for FileSink {
         }
         summary.files += self.dataless_files.load(Ordering::Relaxed);
         summary.symlinks += self.dataless_symlinks.load(Ordering::Relaxed);
+        // Files kept as they were, whose mode or owner changed at the source.
+        let fixups = std::mem::take(&mut *self.fixups.lock());
+        for f in &fixups {
+            let path = || b.tree.display(f.entry);
+            let (dir, name) = b
+                .tree
+                .locate(f.entry)
+                .map_err(|e| Error::io("opening the directory of", path(), e))?;
+            fix_file(&dir, name, f).map_err(|e| Error::io("setting the mode of", path(), e))?;
+        }
+        if !fixups.is_empty() {
+            tracing::info!(
+                "set the mode or owner of {} files kept as they were",
+                fixups.len()
+            );
+        }
         let times = std::mem::take(&mut *self.times.lock());
         let meta = self.meta.read();
         // Directories last, deepest first: creating their contents changed their mtimes.

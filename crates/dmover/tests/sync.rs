@@ -78,6 +78,17 @@ fn sync_push_twice_is_one_tree_and_resends_only_changes() {
     let j = json(&o);
     assert_eq!(j["bytes_sent"], 333 + 1234, "{j}");
     assert_eq!(j["files_unchanged"], 10, "all but the changed one");
+    // A mode changed at the source (its mtime does not change): nothing is sent, the
+    // mirror's file takes the mode, as with `rsync -a`.
+    use std::os::unix::fs::PermissionsExt;
+    let f = src.join("sub/deeper/small");
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let o = sync(&["--json", "--chunk", "1M", s(&src), &srv.url("mirror")]);
+    ok(&o);
+    same(&src, &mirror);
+    assert_eq!(json(&o)["bytes_sent"], 0);
+    let m = std::fs::metadata(mirror.join("sub/deeper/small")).unwrap();
+    assert_eq!(m.permissions().mode() & 0o7777, 0o600);
     assert!(staging_files(&root).is_empty());
     assert!(
         std::fs::read_dir(&root).unwrap().count() == 1,
@@ -104,6 +115,14 @@ fn sync_pull_twice_is_one_tree() {
             assert_eq!(j["bytes_unchanged"], j["bytes"]);
         }
     }
+    // A mode changed at the source: nothing is sent, the mode follows.
+    use std::os::unix::fs::PermissionsExt;
+    let f = root.join("data/sub/deeper/small");
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let o = sync(&["--json", &srv.url("data"), s(&mirror)]);
+    ok(&o);
+    same(&root.join("data"), &mirror);
+    assert_eq!(json(&o)["bytes_sent"], 0);
 }
 
 #[test]
