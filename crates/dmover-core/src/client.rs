@@ -1489,12 +1489,9 @@ impl Client {
         max_delete: u64,
         dry_run: bool,
     ) -> Result<PruneReport> {
-        // The name goes into filter rules: no path, and nothing a pattern would read.
-        if name.is_empty()
-            || name == b"."
-            || name == b".."
-            || name.iter().any(|b| b"/*?[]\\".contains(b))
-        {
+        // The name goes into filter rules: no path; what a pattern would read as a
+        // wildcard or an escape is escaped.
+        if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
             return Err(Error::refused(
                 ErrorCode::Unsupported,
                 format!(
@@ -1504,7 +1501,12 @@ impl Client {
             ));
         }
         let mut anchored = b"/".to_vec();
-        anchored.extend_from_slice(name);
+        for &b in name {
+            if b"*?[]\\".contains(&b) {
+                anchored.push(b'\\');
+            }
+            anchored.push(b);
+        }
         let mut below = anchored.clone();
         below.extend_from_slice(b"/***");
         let req = Prune {
@@ -1602,9 +1604,8 @@ impl Client {
     /// else nothing is deleted (missing: [`ErrorCode::NotFound`]; EISDIR, ENOTDIR or
     /// ENOTEMPTY as an I/O error), then the prune deletes at most that one entry. The
     /// parent gets the current time as its mtime, as unlink gives it. The parent may be
-    /// an export's root; the name cannot hold
-    /// a pattern's characters (`*?[]\`, [`ErrorCode::Unsupported`]). For
-    /// `dmover mount --rw` (docs/remote.md).
+    /// an export's root; a pattern's characters in the name (`*?[]\`) are escaped.
+    /// For `dmover mount --rw` (docs/remote.md).
     pub async fn remove_entry(&self, server: &str, path: &[u8], dir: bool) -> Result<()> {
         let (parent, name) = match path.iter().rposition(|&b| b == b'/') {
             Some(i) => (&path[..i], &path[i + 1..]),

@@ -607,3 +607,29 @@ async fn a_staged_file_is_uploaded_whole() {
         .collect();
     assert!(staged.is_empty(), "{staged:?}");
 }
+
+/// A name holding a pattern's characters is removed alone (the prune's patterns escape
+/// them): its look-alikes stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_with_wildcards_are_removed_alone() {
+    let s = setup().await;
+    let dir = s.t.path().join("root/tree/odd");
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["a*[1]?\\b", "ax1yb", "a\\b"] {
+        std::fs::write(dir.join(name), b"x").unwrap();
+    }
+    let c = s.client(|_| {});
+    c.remove_entry(&s.addr, b"tree/odd/a*[1]?\\b", false)
+        .await
+        .unwrap();
+    let mut left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["a\\b", "ax1yb"]);
+    c.remove_entry(&s.addr, b"tree/odd/a\\b", false)
+        .await
+        .unwrap();
+    assert!(!dir.join("a\\b").exists() && dir.join("ax1yb").exists());
+}

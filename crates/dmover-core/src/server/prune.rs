@@ -132,11 +132,25 @@ fn names_only(rules: &[FilterRule]) -> bool {
     let Some((last, named)) = rules.split_last() else {
         return false;
     };
+    // `/NAME`: a name whose wildcard characters (and backslashes) are all escaped.
     let plain = |p: &[u8]| {
         let p = p.strip_suffix(b"/***").unwrap_or(p);
-        p.strip_prefix(b"/").is_some_and(|n| {
-            !n.is_empty() && n != b"." && n != b".." && !n.iter().any(|b| b"/*?[]\\".contains(b))
-        })
+        let Some(n) = p.strip_prefix(b"/") else {
+            return false;
+        };
+        let mut name = Vec::with_capacity(n.len());
+        let mut it = n.iter();
+        while let Some(&b) = it.next() {
+            match b {
+                b'\\' => match it.next() {
+                    Some(&c) => name.push(c),
+                    None => return false,
+                },
+                b'*' | b'?' | b'[' | b']' => return false,
+                c => name.push(c),
+            }
+        }
+        !name.is_empty() && name != b"." && name != b".." && !name.contains(&b'/')
     };
     !last.include
         && last.pattern == b"*"
@@ -170,8 +184,28 @@ mod tests {
             vec![rule(true, "/.."), rule(false, "*")],
             vec![rule(true, "/a/**"), rule(false, "*")],
             vec![rule(false, "/a"), rule(false, "*")],
+            vec![rule(true, "/a\\"), rule(false, "*")],
+            vec![rule(true, "/a\\/b"), rule(false, "*")],
+            vec![rule(true, "/\\.\\."), rule(false, "*")],
+            vec![rule(true, "/a*\\?"), rule(false, "*")],
         ] {
             assert!(!names_only(&bad), "{bad:?}");
         }
+        // Wildcard characters and backslashes escaped: a plain name, which the filter
+        // matches alone.
+        let escaped = "/x\\*\\[1\\]\\?\\\\y";
+        let named = [
+            rule(true, escaped),
+            rule(true, &format!("{escaped}/***")),
+            rule(false, "*"),
+        ];
+        assert!(names_only(&named));
+        let f = dmover_store::filter::Rule::new(
+            dmover_store::filter::Action::Include,
+            escaped.as_bytes(),
+        )
+        .unwrap();
+        assert!(f.matches(b"x*[1]?\\y", false));
+        assert!(!f.matches(b"xa1b\\y", false) && !f.matches(b"x*1?y", false));
     }
 }
