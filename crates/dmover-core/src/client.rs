@@ -1183,6 +1183,15 @@ impl Client {
         })
     }
 
+    /// A push's source options, from this client's.
+    fn source_options(&self) -> SourceOptions {
+        SourceOptions {
+            checksum: self.opts.checksum,
+            direct_io: self.opts.direct_io,
+            continue_on_error: self.opts.continue_on_error,
+        }
+    }
+
     /// What a driver needs of this client for a session.
     fn env(&self, run: &Arc<Run>, buffers: Box<dyn Fn(u16) -> usize + Send>) -> drive::Env {
         drive::Env {
@@ -1346,15 +1355,7 @@ impl Client {
             0 => dmover_proto::layout::DEFAULT_CHUNK,
             c => c,
         };
-        let mut source = FileSource::new(
-            tree,
-            chunk,
-            SourceOptions {
-                checksum: self.opts.checksum,
-                direct_io: self.opts.direct_io,
-                continue_on_error: self.opts.continue_on_error,
-            },
-        )?;
+        let mut source = FileSource::new(tree, chunk, self.source_options())?;
         source.set_grown_meta(self.opts.meta.xattrs, self.opts.meta.owner);
         let mut conn = tokio::select! {
             r = self.connect(server) => r?,
@@ -1857,15 +1858,7 @@ impl Client {
             0 => session::auto_chunk(tree.entries()),
             c => c,
         };
-        let source = FileSource::new(
-            tree,
-            chunk,
-            SourceOptions {
-                checksum: self.opts.checksum,
-                direct_io: self.opts.direct_io,
-                continue_on_error: self.opts.continue_on_error,
-            },
-        )?;
+        let source = FileSource::new(tree, chunk, self.source_options())?;
         let totals = Totals::of(source.tree().entries());
         run.progress.total.store(totals.bytes, Relaxed);
         let files = crate::engine::files_with_data(source.tree().entries());

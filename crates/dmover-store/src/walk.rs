@@ -807,22 +807,24 @@ mod read_ahead_tests {
             symlink("f0", d.join("l")).unwrap();
         }
         std::fs::create_dir_all(root.join("empty")).unwrap();
-        let parent = sys::open_in(
-            rustix::fs::CWD,
-            t.path().as_os_str().as_encoded_bytes(),
-            sys::DIR_PATH,
-            0,
-        )
-        .unwrap();
-        let src = SourceRoot {
+        // `r` in the temporary directory, as a source root.
+        let src = || SourceRoot {
             root: RootRef::At {
-                parent: Arc::new(parent),
+                parent: Arc::new(
+                    sys::open_in(
+                        rustix::fs::CWD,
+                        t.path().as_os_str().as_encoded_bytes(),
+                        sys::DIR_PATH,
+                        0,
+                    )
+                    .unwrap(),
+                ),
                 name: b"r".to_vec(),
             },
             name: b"r".to_vec(),
             label: "r".into(),
         };
-        let w = walk(vec![src]).unwrap();
+        let w = walk(vec![src()]).unwrap();
         let got: Vec<(u32, Vec<u8>)> = w
             .tree
             .entries()
@@ -844,22 +846,7 @@ mod read_ahead_tests {
         )
         .is_ok()
         {
-            let parent = sys::open_in(
-                rustix::fs::CWD,
-                t.path().as_os_str().as_encoded_bytes(),
-                sys::DIR_PATH,
-                0,
-            )
-            .unwrap();
-            let src = SourceRoot {
-                root: RootRef::At {
-                    parent: Arc::new(parent),
-                    name: b"r".to_vec(),
-                },
-                name: b"r".to_vec(),
-                label: "r".into(),
-            };
-            let w = walk_with(vec![src], &Filter::none(), true).unwrap();
+            let w = walk_with(vec![src()], &Filter::none(), true).unwrap();
             let with: Vec<String> = (0..w.tree.entries().len() as u32)
                 .filter(|&i| i > 0 && w.tree.may_have_xattrs(i))
                 .map(|i| w.tree.display(i))
