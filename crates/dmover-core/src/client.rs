@@ -1325,12 +1325,12 @@ impl Client {
         let mut root = paths::source_root(&Base::Local, src, &[])?;
         let (parent, name) = mirror_dest(dest, false)?;
         root.name = name;
-        // The first part: the root alone (every name below it left out).
+        // The first part: the root alone (an empty `--files-from` list rules every
+        // name below it out by name, without a stat).
         let mut filter = dmover_store::filter::Filter::none();
-        filter.push(
-            dmover_store::filter::Rule::new(dmover_store::filter::Action::Exclude, b"*")
-                .map_err(|e| Error::refused(ErrorCode::Unsupported, e))?,
-        );
+        filter
+            .set_files_from(b"")
+            .map_err(|e| Error::refused(ErrorCode::Unsupported, e))?;
         let walked = self
             .disk
             .run(move || walk::walk_filtered(vec![root], &filter))

@@ -351,9 +351,15 @@ impl SourceStore for dmover_store::mem::MemSource {}
 /// A sink's storage before data flows: what an earlier attempt left, and the resume.
 pub trait SinkStore: Sink + Sized + 'static {
     /// (growing manifest) Makes room for a later part of the manifest: `entries`,
-    /// whose data are the layout's `chunks`. Storage that cannot grow refuses.
-    fn grow(&self, entries: Vec<Entry>, chunks: std::ops::Range<u64>) -> Result<()> {
-        let _ = entries;
+    /// whose data are the layout's `chunks`, with the owners and extended attributes
+    /// that came with it (feature `METADATA`). Storage that cannot grow refuses.
+    fn grow(
+        &self,
+        entries: Vec<Entry>,
+        chunks: std::ops::Range<u64>,
+        meta: Vec<dmover_proto::manifest::EntryMeta>,
+    ) -> Result<()> {
+        let _ = (entries, meta);
         Err(Error::refused(
             ErrorCode::Unsupported,
             format!("this destination cannot take a growing manifest (chunks {chunks:?})"),
@@ -409,25 +415,20 @@ pub trait SinkStore: Sink + Sized + 'static {
     fn set_times(&self, times: Vec<(u32, dmover_proto::manifest::Mtime)>) {
         let _ = times;
     }
-
-    /// (feature `METADATA`, growing manifest) Owners and extended attributes of a
-    /// later part's entries, before the part is bound ([`SinkStore::grow`]).
-    fn grow_meta(&self, meta: Vec<dmover_proto::manifest::EntryMeta>) {
-        let _ = meta;
-    }
 }
 
 impl SinkStore for FileSink {
-    fn grow_meta(&self, meta: Vec<dmover_proto::manifest::EntryMeta>) {
-        FileSink::add_meta(self, meta)
-    }
-
     fn set_times(&self, times: Vec<(u32, dmover_proto::manifest::Mtime)>) {
         FileSink::set_times(self, times)
     }
 
-    fn grow(&self, entries: Vec<Entry>, chunks: std::ops::Range<u64>) -> Result<()> {
-        Ok(FileSink::grow(self, entries, chunks)?)
+    fn grow(
+        &self,
+        entries: Vec<Entry>,
+        chunks: std::ops::Range<u64>,
+        meta: Vec<dmover_proto::manifest::EntryMeta>,
+    ) -> Result<()> {
+        Ok(FileSink::grow(self, entries, chunks, meta)?)
     }
 
     fn set_meta(&mut self, meta: Vec<dmover_proto::manifest::EntryMeta>) {
@@ -1771,10 +1772,7 @@ type GrownPart = (
 fn grow_sink<K: SinkStore>(m: &mut SinkSession<Fault>, k: &K, part: GrownPart) {
     let (entries, chunks, meta) = part;
     let end = chunks.end;
-    if !meta.is_empty() {
-        k.grow_meta(meta);
-    }
-    match k.grow(entries, chunks) {
+    match k.grow(entries, chunks, meta) {
         Ok(()) => m.grown(now(), end),
         Err(e) => m.fail(now(), Fault::new(e)),
     }

@@ -278,7 +278,12 @@ impl SinkStore for Discard {
         self.entries.as_slice()
     }
 
-    fn grow(&self, _entries: Vec<Entry>, _chunks: Range<u64>) -> Result<()> {
+    fn grow(
+        &self,
+        _entries: Vec<Entry>,
+        _chunks: Range<u64>,
+        _meta: Vec<dmover_proto::manifest::EntryMeta>,
+    ) -> Result<()> {
         Ok(())
     }
 

@@ -9,7 +9,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use dmover_core::client::Client;
+use dmover_core::client::{Client, Growing};
 use dmover_core::engine::Run;
 use dmover_core::server::{Server, ServerConfig};
 use dmover_core::session::TransferOptions;
@@ -63,6 +63,18 @@ impl Setup {
             ..TransferOptions::default()
         };
         Client::new(opts, 1)
+    }
+
+    /// A growing push of the source into `mirror`, and the run that cancels it.
+    async fn open(&self) -> (std::sync::Arc<Run>, Growing) {
+        let run = Run::new();
+        let src = self.src().into_os_string().into_encoded_bytes();
+        let g = self
+            .client()
+            .push_growing(&src, &self.addr, b"mirror", run.clone())
+            .await
+            .unwrap();
+        (run, g)
     }
 
     fn write(&self, rel: &str, seed: u64, n: usize) {
@@ -122,13 +134,7 @@ fn rels(v: &[&str]) -> Vec<Vec<u8>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_part_is_complete_at_the_server_when_reported_durable() {
     let s = setup().await;
-    let c = s.client();
-    let run = Run::new();
-    let src = s.src().into_os_string().into_encoded_bytes();
-    let mut g = c
-        .push_growing(&src, &s.addr, b"mirror", run.clone())
-        .await
-        .unwrap();
+    let (_run, mut g) = s.open().await;
     // Part 1: a file over several chunks with a partial last one, small files that
     // share a chunk, a file in a new directory.
     s.write("big", 1, 3 * CHUNK as usize + 777);
@@ -222,13 +228,7 @@ async fn each_part_is_complete_at_the_server_when_reported_durable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_growing_session_leaves_nothing_partial() {
     let s = setup().await;
-    let c = s.client();
-    let run = Run::new();
-    let src = s.src().into_os_string().into_encoded_bytes();
-    let mut g = c
-        .push_growing(&src, &s.addr, b"mirror", run.clone())
-        .await
-        .unwrap();
+    let (run, mut g) = s.open().await;
     s.write("first", 1, 10_000);
     let p = g.send(&rels(&["first"]));
     tokio::time::timeout(Duration::from_secs(20), p.durable)

@@ -278,14 +278,6 @@ impl FileSink {
             .extend(meta.into_iter().map(|m| (m.entry, m)));
     }
 
-    /// [`FileSink::set_meta`] of a growing manifest's later part, before
-    /// [`FileSink::grow`] binds it.
-    pub fn add_meta(&self, meta: Vec<EntryMeta>) {
-        self.meta
-            .write()
-            .extend(meta.into_iter().map(|m| (m.entry, m)));
-    }
-
     /// (growing manifest, continuous mode) Newer modification times of directories
     /// of the manifest (their contents changed after their entries went out): set at
     /// the end instead of the manifest's. Other entries' are ignored.
@@ -563,7 +555,19 @@ impl FileSink {
     /// symlinks at once, so they show without waiting for the end of the session;
     /// its files are completed as their data arrive, hard links and directory modes
     /// at [`Sink::finish`].
-    pub fn grow(&self, entries: Vec<Entry>, chunks: std::ops::Range<u64>) -> Result<()> {
+    /// `meta`: the owners and extended attributes of its entries (or earlier ones),
+    /// as [`FileSink::set_meta`].
+    pub fn grow(
+        &self,
+        entries: Vec<Entry>,
+        chunks: std::ops::Range<u64>,
+        meta: Vec<EntryMeta>,
+    ) -> Result<()> {
+        if !meta.is_empty() {
+            self.meta
+                .write()
+                .extend(meta.into_iter().map(|m| (m.entry, m)));
+        }
         let mut w = self.bound.write();
         let from = w.tree.entries().len();
         let n = entries.len();

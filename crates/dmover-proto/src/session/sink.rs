@@ -653,7 +653,9 @@ impl<E: Cause + Clone> SinkSession<E> {
         // Every part is answered, also one that adds no chunks: its entries are bound
         // (the source counts the answers to learn which parts are durable here).
         self.link.send(Control::Grown(n_chunks));
-        self.part_ends.insert(n_chunks);
+        if self.reports_stored() {
+            self.part_ends.insert(n_chunks);
+        }
         if n_chunks > have {
             // A quiet spell (everything arrived, nothing expected) ends here: the
             // streams' idle limit counts from now.
@@ -753,8 +755,10 @@ impl<E: Cause + Clone> SinkSession<E> {
         for r in self.grown.ranges().to_vec() {
             self.extend_layout(r);
         }
-        self.part_ends.insert(n_chunks);
-        self.advance_written();
+        if self.reports_stored() {
+            self.part_ends.insert(n_chunks);
+            self.advance_written();
+        }
         self.phase = Phase::Receiving;
         self.link.send(if on_demand {
             Control::OnDemand
@@ -903,12 +907,18 @@ impl<E: Cause + Clone> SinkSession<E> {
             return;
         }
         self.writing -= 1;
-        if chunk >= self.written_below {
+        if self.reports_stored() && chunk >= self.written_below {
             self.written_above.insert(chunk);
             self.advance_written();
             self.report_stored();
         }
         self.check_complete();
+    }
+
+    /// Whether this side says how far the written chunks reach (`Stored`): a growing
+    /// manifest's session with feature `CONTINUOUS`, not request-driven.
+    fn reports_stored(&self) -> bool {
+        self.growth.is_some() && !self.on_demand && self.uses(features::CONTINUOUS)
     }
 
     /// Moves `written_below` over the chunks written and those not expected.
@@ -931,11 +941,7 @@ impl<E: Cause + Clone> SinkSession<E> {
     /// (feature `CONTINUOUS`, growing manifest) Tells the source how far the written
     /// chunks reach once they pass the end of a part.
     fn report_stored(&mut self) {
-        if self.growth.is_none()
-            || self.on_demand
-            || !self.uses(features::CONTINUOUS)
-            || !self.link.live()
-        {
+        if !self.reports_stored() || !self.link.live() {
             return;
         }
         let mut passed = false;
