@@ -154,6 +154,12 @@ async fn each_part_is_complete_at_the_server_when_reported_durable() {
     for rel in ["big", "a", "b", "d/e/f"] {
         s.same(rel);
     }
+    // A part's new directories take their mode (plus u+rwx) at once, not at the end.
+    let mode = |p: PathBuf| p.metadata().unwrap().mode() & 0o777;
+    assert_eq!(
+        mode(s.mirror().join("d/e")),
+        mode(s.src().join("d/e")) | 0o700
+    );
     assert!(!g.ended(), "the session stays open between parts");
     assert!(g.has(b"big") && g.has(b"d/e") && !g.has(b"c"));
     // Part 2, a while later (the streams idle meanwhile): an empty file, a symlink, a

@@ -545,7 +545,7 @@ impl FileSink {
     /// gives them their modes. Existing directories are reused.
     pub fn prepare(&self) -> Result<()> {
         let b = self.bound.read();
-        Self::make_dirs(&b, 0)
+        Self::make_dirs(&b, 0, false)
     }
 
     /// (growing manifest) Binds a later part of the manifest: `entries`, numbered
@@ -588,15 +588,18 @@ impl FileSink {
             ));
         }
         let b = parking_lot::RwLockWriteGuard::downgrade(w);
-        Self::make_dirs(&b, from)?;
+        Self::make_dirs(&b, from, true)?;
         for i in from..from + n {
             self.complete_dataless(&b, i as u32)?;
         }
         Ok(())
     }
 
-    /// Creates the directories among entries `from..` (see [`FileSink::prepare`]).
-    fn make_dirs(b: &Bound, from: usize) -> Result<()> {
+    /// Creates the directories among entries `from..` (see [`FileSink::prepare`]):
+    /// owner-only, or (`open`, a growing manifest's later part, whose session may
+    /// run long) with their own mode plus `u+rwx`, so others may read the mirror
+    /// meanwhile.
+    fn make_dirs(b: &Bound, from: usize, open: bool) -> Result<()> {
         for (i, e) in b.tree.entries().iter().enumerate().skip(from) {
             if e.kind != EntryKind::Dir {
                 continue;
@@ -607,7 +610,8 @@ impl FileSink {
                 .tree
                 .locate(i)
                 .map_err(|e| Error::io("opening the parent of", path(), e))?;
-            match rustix::fs::mkdirat(&*dir, name, Mode::from_raw_mode(0o700)) {
+            let mode = if open { e.mode & 0o777 | 0o700 } else { 0o700 };
+            match rustix::fs::mkdirat(&*dir, name, Mode::from_raw_mode(mode)) {
                 Ok(()) => {}
                 Err(Errno::EXIST) => {
                     let st = rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW)
