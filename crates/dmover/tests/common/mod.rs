@@ -367,7 +367,10 @@ pub fn regular_file_sizes(dir: &Path) -> Vec<u64> {
     };
     for e in rd {
         let p = e.unwrap().path();
-        let m = std::fs::symlink_metadata(&p).unwrap();
+        // Gone since it was listed (a staging file renamed into place meanwhile).
+        let Ok(m) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
         if m.is_dir() {
             out.extend(regular_file_sizes(&p));
         } else if m.is_file() {
