@@ -243,6 +243,15 @@ fn same_content(
     (tree, same)
 }
 
+/// What [`Client::same_remote_content`] found: the files (paths below the mirror's
+/// root) the destination holds with the source's content.
+#[derive(Debug, Default)]
+struct SameContent {
+    paths: std::collections::HashSet<Vec<u8>>,
+    files: u64,
+    bytes: u64,
+}
+
 /// Why `sync --delete` must not delete after a transfer whose source listing missed
 /// `skipped` entries and could not read `failed` files.
 fn delete_refusal(skipped: u64, failed: usize) -> Option<String> {
@@ -1438,10 +1447,92 @@ impl Client {
         dest: &[u8],
         run: Arc<Run>,
     ) -> Result<Report> {
-        self.with_retries(&run, |r, resume| {
-            self.pull_once(server, sources, base, dest, r, resume)
-        })
-        .await
+        // `sync --checksum`: the files the mirror already holds with the source's
+        // content, found before the session (the quick check cannot tell them).
+        let compare = self.opts.mirror && self.opts.compare_content;
+        let mut same = None;
+        let (mut same_files, mut same_bytes) = (0, 0);
+        if compare {
+            let [source] = sources else {
+                return Err(Error::refused(
+                    ErrorCode::Unsupported,
+                    "sync --checksum takes one source",
+                ));
+            };
+            let found = tokio::select! {
+                r = self.same_remote_content(server, source, base, dest) => r?,
+                _ = run.cancelled() => return Err(Error::Aborted),
+            };
+            (same_files, same_bytes) = (found.files, found.bytes);
+            same = Some(Arc::new(found.paths));
+        }
+        let mut report = self
+            .with_retries(&run, |r, resume| {
+                self.pull_once(server, sources, (base, dest), r, resume, same.clone())
+            })
+            .await?;
+        if compare {
+            tracing::info!("{same_files} files ({same_bytes} bytes) hold the same content here");
+        }
+        report.held_files = report.held_files.max(same_files);
+        report.held_bytes = report.held_bytes.max(same_bytes);
+        Ok(report)
+    }
+
+    /// `sync --checksum` on a pull: the files of the local mirror `dest` (under `base`)
+    /// whose content is the server's `source`'s. The mirror's manifest goes to the
+    /// server ([`Op::Digests`]), which digests its files of the same sizes; this side
+    /// digests its own of those and keeps the paths whose digests match.
+    async fn same_remote_content(
+        &self,
+        server: &str,
+        source: &[u8],
+        base: &Base,
+        dest: &[u8],
+    ) -> Result<SameContent> {
+        let (parent, name) = mirror_dest(dest, matches!(base, Base::Local))?;
+        let (base, filter) = (base.clone(), self.opts.filter.clone().unwrap_or_default());
+        let walked = self
+            .disk
+            .run(move || {
+                let walked = paths::source_root(&base, &[parent, name].concat(), b"")
+                    .and_then(|root| walk::walk_filtered(vec![root], &filter));
+                match walked {
+                    Ok(w) => Ok(Some(w)),
+                    // No mirror yet: nothing to compare.
+                    Err(e) if e.code() == ErrorCode::NotFound => Ok(None),
+                    Err(e) => Err(e),
+                }
+            })
+            .await
+            .ok_or(Error::Aborted)??;
+        let Some(walked) = walked else {
+            return Ok(SameContent::default());
+        };
+        let entries = walked.tree.entries().to_vec();
+        let conn = self.connect(server).await?;
+        let open = self.open_request(
+            Op::Digests(control::Digests {
+                source: source.to_vec(),
+            }),
+            0,
+        );
+        let report = conn
+            .prune(server, open, self.opts.session_options(false), &entries)
+            .await?;
+        let digests = report.digests;
+        let (tree, same) = self
+            .disk
+            .run(move || same_content(walked.tree, &digests))
+            .await
+            .ok_or(Error::Aborted)?;
+        let mut out = SameContent::default();
+        for i in same {
+            out.files += 1;
+            out.bytes += tree.entries()[i as usize].file_size();
+            out.paths.insert(tree.rel_path(i));
+        }
+        Ok(out)
     }
 
     /// The op of a pull of `sources`: with filters, [`Op::PullFiltered`] (the server
@@ -1744,6 +1835,14 @@ impl Client {
         let remote = crate::remote::Remote::open(self, server, source).await?;
         let entries = remote.entries().to_vec();
         remote.close().await?;
+        // `--checksum`: unchanged means the same content, whatever the mtime.
+        let same = match self.opts.compare_content {
+            true => Some(
+                self.same_remote_content(server, source, &Base::Local, dest)
+                    .await?,
+            ),
+            false => None,
+        };
         let opts = dmover_store::prune::PruneOptions {
             filter: self.opts.filter.as_deref().cloned().unwrap_or_default(),
             max_delete: self.opts.max_delete,
@@ -1763,6 +1862,17 @@ impl Client {
             })
             .await
             .ok_or(Error::Aborted)??;
+        let mut pruned = pruned;
+        if let Some(same) = same {
+            pruned.unchanged = (0..entries.len() as u32)
+                .filter(|&i| {
+                    entries[i as usize].file_size() > 0
+                        && same
+                            .paths
+                            .contains(&dmover_proto::manifest::rel_path(&entries, i))
+                })
+                .collect();
+        }
         Ok(DryRun {
             entries,
             report: session::prune_report(pruned),
@@ -2004,14 +2114,17 @@ impl Client {
         Ok((walked, conn))
     }
 
+    /// One attempt of a pull into `dest` under `base`. `same`: `sync --checksum`'s
+    /// files (paths below the mirror's root) the destination holds with the source's
+    /// content.
     async fn pull_once(
         &self,
         server: &str,
         sources: &[Vec<u8>],
-        base: &Base,
-        dest: &[u8],
+        (base, dest): (&Base, &[u8]),
         run: Arc<Run>,
         resume: bool,
+        same: Option<Arc<std::collections::HashSet<Vec<u8>>>>,
     ) -> Result<Report> {
         // A busy server may keep us waiting: an interrupt ends the wait.
         let mut conn = tokio::select! {
@@ -2074,11 +2187,16 @@ impl Client {
                 journal,
                 resume: so.resume,
                 // Files already there with the manifest's size and mtime are
-                // kept (a re-run or `dmover sync` sends only what changed).
-                unchanged: so.resume,
+                // kept (a re-run or `dmover sync` sends only what changed); with
+                // `--checksum`, those whose digests matched instead.
+                unchanged: so.resume && same.is_none(),
                 meta,
             };
-            Ok(prepare_sink(&base, &dest, entries, chunk, opts)?)
+            let mut sink = prepare_sink(&base, &dest, entries, chunk, opts)?;
+            if let Some(same) = same {
+                sink.hold_same_content(same.as_ref().clone());
+            }
+            Ok(sink)
         });
         let (fixed, threads) = (self.opts.buffers, self.disk.threads());
         let buffers = Box::new(move |streams| {

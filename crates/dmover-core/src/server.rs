@@ -678,6 +678,7 @@ impl Server {
                         Op::Grant(req) => self.grant_capability(&mut ch, &grant, req).await,
                         Op::Prune(req) => self.prune(&mut ch, &grant, req, &mut log).await,
                         Op::Rename(req) => self.rename(&mut ch, &grant, req, &mut log).await,
+                        Op::Digests(req) => self.digests(&mut ch, &grant, req, &mut log).await,
                         Op::ThirdParty(tp) => {
                             match self.third_party(&mut ch, &grant, &open, tp, &mut log).await {
                                 Ok(done) => {
@@ -982,7 +983,8 @@ impl Server {
             | Op::Grant(_)
             | Op::ThirdParty(_)
             | Op::Prune(_)
-            | Op::Rename(_) => None,
+            | Op::Rename(_)
+            | Op::Digests(_) => None,
         };
         let streams = open.streams.min(MAX_STREAMS);
         // A pull's source is here: walk it first, so an automatic chunk size can fit
@@ -1021,7 +1023,8 @@ impl Server {
             | Op::Grant(_)
             | Op::ThirdParty(_)
             | Op::Prune(_)
-            | Op::Rename(_) => None,
+            | Op::Rename(_)
+            | Op::Digests(_) => None,
         };
         let chunk = match (open.chunk_size, &walked) {
             (0, Some(w)) => session::auto_chunk(w.tree.entries()),
@@ -1165,7 +1168,8 @@ impl Server {
             | Op::ThirdParty(_)
             | Op::Prune(_)
             | Op::PullFiltered(_)
-            | Op::Rename(_) => {
+            | Op::Rename(_)
+            | Op::Digests(_) => {
                 unreachable!("control_session_in runs these ops, not run_session")
             }
             Op::MemTest(m) => {
@@ -1330,6 +1334,7 @@ impl SessionLog {
                 Op::ThirdParty(_) => "third-party",
                 Op::Prune(_) => "prune",
                 Op::Rename(_) => "rename",
+                Op::Digests(_) => "digests",
             },
             what: String::new(),
             protection: None,

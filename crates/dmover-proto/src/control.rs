@@ -380,6 +380,22 @@ pub enum Op {
     /// `Options`, the server renames `from` to `to` (see [`Rename`]) and answers
     /// [`Control::Done`] with an empty [`Summary`], or [`Control::Error`]; no session.
     Rename(Rename),
+    /// `dmover sync --checksum` on a pull (appended, 8): after `Options`, the client
+    /// sends its destination's manifest (`Manifest* ManifestEnd`, one root: the mirror
+    /// as it is now); the server answers [`Control::Pruned`] whose only field set is
+    /// `digests`: the content digest of each regular file the source `source` holds
+    /// with the size that manifest gives it (see [`Digests`]); no session. It needs
+    /// read rights only and changes nothing.
+    Digests(Digests),
+}
+
+/// What [`Op::Digests`] asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Digests {
+    /// The pull's source, a path relative to the server's root, resolved as
+    /// [`Op::Pull`]'s sources are: the manifest's root stands for it, and its entries
+    /// are matched by their names below it.
+    pub source: Vec<u8>,
 }
 
 /// What [`Op::Rename`] asks for: rename(2) of `from` to `to`, both paths relative to

@@ -525,6 +525,23 @@ pub fn meta_parts(meta: &[EntryMeta]) -> Vec<std::ops::Range<usize>> {
     out
 }
 
+/// Entry `idx`'s path below its root, names joined by `/` (empty for a root): how the
+/// two ends of a mirror name one file whatever their roots are called. An index or
+/// parent out of range ends the path (a validated manifest has none).
+pub fn rel_path(entries: &[Entry], idx: u32) -> Vec<u8> {
+    let mut names = Vec::new();
+    let mut i = idx as usize;
+    while let Some(e) = entries.get(i) {
+        if e.parent == NO_PARENT {
+            break;
+        }
+        names.push(e.name.as_slice());
+        i = e.parent as usize;
+    }
+    names.reverse();
+    names.join(&b'/')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,7 +20,7 @@ use dmover_proto::control::{
     PartialFile, Plan, SendReport, SessionInfo, SessionOptions, Summary, Want, Welcome,
 };
 use dmover_proto::control::{
-    FilterRule, MemDirection, MemTest, Prune, PruneReport, PullFiltered, Rename,
+    Digests, FilterRule, MemDirection, MemTest, Prune, PruneReport, PullFiltered, Rename,
 };
 use dmover_proto::data::{
     DataHello, DigestEntry, FILE_FAILED, FrameHeader, FrameKind, FrameLimits, JoinStatus,
@@ -631,6 +631,30 @@ fn control_open_rename() {
         07            # op: Op::Rename (variant 7, appended)
         03 64 2f 61   #   from: 3 bytes, \"d/a\"
         01 62         #   to: 1 byte, \"b\"
+        01 00 01 01 01 00   # streams 1, chunk 0, checksum, Auto, Authenticated, features 0
+        ",
+    );
+}
+
+#[test]
+fn control_open_digests() {
+    golden_control(
+        Control::Open(Open {
+            op: Op::Digests(Digests {
+                source: b"d/s".to_vec(),
+            }),
+            streams: 1,
+            chunk_size: 0,
+            checksum: true,
+            direct_io: DirectIo::Auto,
+            protection: DataProtection::Authenticated,
+            features: 0,
+        }),
+        "
+        00 00 00 0c   # frame length: 12
+        04            # Control::Open (variant 4)
+        08            # op: Op::Digests (variant 8, appended)
+        03 64 2f 73   #   source: 3 bytes, \"d/s\"
         01 00 01 01 01 00   # streams 1, chunk 0, checksum, Auto, Authenticated, features 0
         ",
     );

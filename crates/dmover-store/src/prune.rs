@@ -72,6 +72,22 @@ pub fn content_digest(fd: impl AsFd) -> std::io::Result<u64> {
     Ok(dmover_proto::digest::file_digest(&hashes))
 }
 
+/// The [`content_digest`] of the regular file `name` in `dir` (not followed) if it has
+/// `size` bytes; `None` when it is missing, of another kind or size.
+fn file_digest_if_sized(dir: impl AsFd, name: &[u8], size: u64) -> Result<Option<u64>> {
+    // Non-blocking: a FIFO swapped in for the file does not hang the open.
+    let fd = match sys::open_in(&dir, name, OFlags::RDONLY | OFlags::NONBLOCK, 0) {
+        Ok(fd) => fd,
+        Err(_) => return Ok(None),
+    };
+    let st = rustix::fs::fstat(&fd).map_err(|e| Error::io("reading", lossy(name), e))?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile || st.st_size as u64 != size {
+        return Ok(None);
+    }
+    let d = content_digest(&fd).map_err(|e| Error::io("reading", lossy(name), e))?;
+    Ok(Some(d))
+}
+
 /// How many deleted paths a report lists (the counts are always whole).
 pub const MAX_LISTED: usize = 10_000;
 
@@ -348,6 +364,12 @@ pub fn prune(
         out: Pruned::default(),
     };
     if root_entry.kind != EntryKind::Dir {
+        // A mirror of one file: its digest, when it has the manifest's size.
+        if opts.checksum && root_entry.file_size() > 0 {
+            if let Some(d) = file_digest_if_sized(&parent, name, root_entry.file_size())? {
+                p.out.digests.push((root as u32, d));
+            }
+        }
         return Ok(p.out);
     }
     let dir = match sys::open_in(&parent, name, READ_DIR, 0) {

@@ -141,6 +141,9 @@ pub struct FileSink {
     /// Entries' owners and xattrs from the source (feature `METADATA`).
     meta: RwLock<HashMap<u32, EntryMeta>>,
     applier: Applier,
+    /// `sync --checksum`: paths below the root ([`Tree::rel_path`]) of the files whose
+    /// content the destination already holds ([`FileSink::hold_same_content`]).
+    same_content: HashSet<Vec<u8>>,
 }
 
 /// Size and mtime of `name` in `dir` when it is a regular file (not followed if a
@@ -174,6 +177,9 @@ struct Fixup {
     entry: u32,
     mode: Option<u32>,
     owner: Option<(u32, u32)>,
+    /// `sync --checksum`: a file of the same content but another mtime gets the
+    /// source's.
+    mtime: Option<Mtime>,
 }
 
 /// Sets the owner, then the mode, of the regular file `name` in `dir`, never through
@@ -197,6 +203,12 @@ fn fix_file(dir: &OwnedFd, name: &[u8], f: &Fixup) -> std::io::Result<()> {
         use std::os::fd::AsRawFd;
         let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
         rustix::fs::chmod(path.as_str(), Mode::from_raw_mode(mode))?;
+    }
+    if let Some(m) = f.mtime {
+        // The O_PATH handle's file, not whatever the name holds now.
+        use std::os::fd::AsRawFd;
+        let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        sys::set_mtime_path(path.as_bytes(), m.sec, m.nsec)?;
     }
     Ok(())
 }
@@ -248,6 +260,7 @@ impl FileSink {
             any_failed: AtomicBool::new(false),
             meta: RwLock::default(),
             applier: Applier::new(opts.meta),
+            same_content: HashSet::new(),
         };
         let roots_dir = sink.bound.get_mut().tree.roots_dir();
         if opts.journal {
@@ -278,6 +291,16 @@ impl FileSink {
             .extend(meta.into_iter().map(|m| (m.entry, m)));
     }
 
+    /// `dmover sync --checksum`: the files at these paths below the root
+    /// ([`Tree::rel_path`]) hold the source's content (their digests matched): each is
+    /// [`FileSink::held`] when it is still a regular file of the manifest's size, and
+    /// gets the source's mtime, mode and owner at the end instead of its data. Call
+    /// before [`FileSink::held`]; `unchanged` should be off, as size and mtime say
+    /// nothing about the other files' content.
+    pub fn hold_same_content(&mut self, paths: HashSet<Vec<u8>>) {
+        self.same_content = paths;
+    }
+
     /// (growing manifest, continuous mode) Newer modification times of directories
     /// of the manifest (their contents changed after their entries went out): set at
     /// the end instead of the manifest's. Other entries' are ignored.
@@ -304,17 +327,31 @@ impl FileSink {
         let entries = b.tree.entries();
         let mut held = Held::none(entries);
         let contents = self.contents.as_ref().filter(|c| !c.files.is_empty());
-        if contents.is_none() && !self.opts.unchanged {
+        let same = &self.same_content;
+        if contents.is_none() && !self.opts.unchanged && same.is_empty() {
             return held;
         }
         // The quick check looks at every file: on several threads, ahead.
-        let looked = self.opts.unchanged.then(|| Self::final_stats(&b));
+        let looked = (self.opts.unchanged || !same.is_empty()).then(|| Self::final_stats(&b));
         for (f, slot) in b.layout.files().iter().enumerate() {
             let entry = slot.entry;
             let e = &entries[entry as usize];
             let Ok((dir, name)) = b.tree.locate(entry) else {
                 continue;
             };
+            if !same.is_empty() && same.contains(&b.tree.rel_path(entry)) {
+                // The same content: kept, its mtime set to the source's as its mode.
+                let found = match &looked {
+                    Some(looked) => looked[f],
+                    None => final_stat(&dir, name),
+                };
+                if let Some(found) = found.filter(|s| s.size == e.file_size()) {
+                    let mtime = (found.mtime != e.mtime).then_some(e.mtime);
+                    self.note_fixup(entry, e.mode, mtime, &found);
+                    held.done[entry as usize] = true;
+                    continue;
+                }
+            }
             // Kept as it is when its size and mtime are the manifest's; its mode and
             // owner are set at the end where they differ.
             let on_disk = || {
@@ -326,7 +363,7 @@ impl FileSink {
                 else {
                     return false;
                 };
-                self.note_fixup(entry, e.mode, &found);
+                self.note_fixup(entry, e.mode, None, &found);
                 true
             };
             let id = Self::file_id(&b, entry);
@@ -411,7 +448,7 @@ impl FileSink {
     /// Notes entry `entry`, kept by the quick check as `found`, for [`Fixup`] where its
     /// mode or owner differ from what the source's (`mode`, its metadata) and the
     /// policy give.
-    fn note_fixup(&self, entry: u32, mode: u32, found: &FinalStat) {
+    fn note_fixup(&self, entry: u32, mode: u32, mtime: Option<Mtime>, found: &FinalStat) {
         let meta = self.meta.read();
         let m = meta.get(&entry);
         let owner = m
@@ -420,8 +457,13 @@ impl FileSink {
         let want = self.applier.file_mode(mode, m) & 0o7777;
         // A chown clears the setuid and setgid bits: the mode goes again after it.
         let mode = (want != found.mode || (owner.is_some() && want & 0o6000 != 0)).then_some(want);
-        if mode.is_some() || owner.is_some() {
-            self.fixups.lock().push(Fixup { entry, mode, owner });
+        if mode.is_some() || owner.is_some() || mtime.is_some() {
+            self.fixups.lock().push(Fixup {
+                entry,
+                mode,
+                owner,
+                mtime,
+            });
         }
     }
 
@@ -1191,11 +1233,12 @@ impl Sink for FileSink {
                 .tree
                 .locate(f.entry)
                 .map_err(|e| Error::io("opening the directory of", path(), e))?;
-            fix_file(&dir, name, f).map_err(|e| Error::io("setting the mode of", path(), e))?;
+            fix_file(&dir, name, f)
+                .map_err(|e| Error::io("setting the mode, owner or mtime of", path(), e))?;
         }
         if !fixups.is_empty() {
             tracing::info!(
-                "set the mode or owner of {} files kept as they were",
+                "set the mode, owner or mtime of {} files kept as they were",
                 fixups.len()
             );
         }

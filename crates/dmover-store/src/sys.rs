@@ -190,6 +190,17 @@ pub fn set_mtime(dir: impl AsFd, name: &[u8], sec: i64, nsec: u32) -> io::Result
     )?)
 }
 
+/// Sets the modification time of the file `path` names, following symlinks (for
+/// `/proc/self/fd/N` of an `O_PATH` handle), leaving the access time alone.
+pub fn set_mtime_path(path: &[u8], sec: i64, nsec: u32) -> io::Result<()> {
+    Ok(rustix::fs::utimensat(
+        rustix::fs::CWD,
+        path,
+        &mtime_only(sec, nsec),
+        AtFlags::empty(),
+    )?)
+}
+
 /// Timestamps that set the modification time and leave the access time alone.
 fn mtime_only(sec: i64, nsec: u32) -> Timestamps {
     Timestamps {

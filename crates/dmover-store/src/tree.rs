@@ -266,6 +266,12 @@ impl Tree {
         names
     }
 
+    /// The entry's path below its root, names joined by `/` (empty for a root): how
+    /// the two ends of a mirror name one file whatever the roots are called.
+    pub fn rel_path(&self, idx: u32) -> Vec<u8> {
+        dmover_proto::manifest::rel_path(&self.entries, idx)
+    }
+
     /// The directory holding the roots and their names there, when every root is
     /// a named entry of one directory (as on a destination).
     pub fn roots_dir(&self) -> Option<Arc<OwnedFd>> {

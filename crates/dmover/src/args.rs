@@ -264,8 +264,8 @@ pub struct CpArgs {
     /// nothing on either side.
     #[arg(long)]
     pub dry_run: bool,
-    /// `sync` (push): compare files of equal size by content (a digest each side
-    /// computes) instead of size and mtime; files with the same content are not sent.
+    /// `sync`: compare files of equal size by content (a digest each side computes)
+    /// instead of size and mtime; files with the same content are not sent.
     #[arg(short = 'c', long)]
     pub checksum: bool,
     /// `sync` (push): after the sync, keep watching SRC and ship each file once it is

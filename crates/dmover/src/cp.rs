@@ -241,12 +241,6 @@ fn run_copy(a: CpArgs, env: &Env, sync: bool) -> anyhow::Result<ExitCode> {
         opts.resume = true;
     }
     let remote_source = srcs.iter().any(|s| matches!(s, Endpoint::Remote { .. }));
-    if remote_source && a.checksum {
-        return Err(usage(
-            "--checksum applies to a push for now (the server would have to digest its \
-             sources)",
-        ));
-    }
     if remote_source && a.filters.files_from.is_some() {
         return Err(usage(
             "--files-from applies to local sources (a push) only, not yet to a server's \

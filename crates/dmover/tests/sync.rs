@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -622,51 +623,93 @@ fn dry_run_changes_nothing_and_counts_right() {
 
 #[test]
 fn checksum_compares_content_not_mtime() {
-    let e = Ends::new(true, &[]);
-    write_file(&e.src.join("a"), 1, 100_000, 0o644, 1_600_000_000);
-    write_file(&e.src.join("d/b"), 2, 200_000, 0o644, 1_600_000_000);
-    ok(&e.sync(&["--quiet"]));
-    // a: other content, same size and mtime (the quick check misses it); b: same
-    // content, a new mtime (the quick check would resend it).
-    write_file(&e.src.join("a"), 3, 100_000, 0o644, 1_600_000_000);
-    write_file(&e.src.join("d/b"), 2, 200_000, 0o644, 1_700_000_000);
-    write_file(&e.mirror.join("extra"), 4, 10, 0o644, 1_600_000_000);
-    // The dry run says so first, and changes nothing.
-    let before = listing(&e.mirror);
-    let o = e.sync(&["--json", "--checksum", "--delete", "--dry-run"]);
-    ok(&o);
-    let j = json(&o);
-    assert_eq!(j["files_to_send"], 1, "{j}");
-    assert_eq!(j["bytes_to_send"], 100_000, "{j}");
-    assert_eq!(j["files_unchanged"], 1, "{j}");
-    assert_eq!(j["files_deleted"], 1, "{j}");
-    assert_eq!(listing(&e.mirror), before);
-    let o = e.sync(&["--json", "--checksum", "--delete"]);
-    ok(&o);
-    let j = json(&o);
-    assert_eq!(j["bytes_sent"], 100_000, "only a: {j}");
-    assert_eq!(j["files_unchanged"], 1, "b: {j}");
-    assert_eq!(j["bytes_unchanged"], 200_000, "{j}");
-    assert_eq!(j["files_deleted"], 1, "extra only, not b: {j}");
-    assert_eq!(
-        std::fs::read(e.mirror.join("a")).unwrap(),
-        std::fs::read(e.src.join("a")).unwrap()
-    );
-    assert_eq!(
-        std::fs::read(e.mirror.join("d/b")).unwrap(),
-        std::fs::read(e.src.join("d/b")).unwrap()
-    );
-    assert!(!exists(&e.mirror.join("extra")));
-    // Again: nothing sent.
+    for push in [true, false] {
+        let e = Ends::new(push, &[]);
+        let w = e.what();
+        write_file(&e.src.join("a"), 1, 100_000, 0o644, 1_600_000_000);
+        write_file(&e.src.join("d/b"), 2, 200_000, 0o644, 1_600_000_000);
+        ok(&e.sync(&["--quiet"]));
+        // a: other content, same size and mtime (the quick check misses it); b: same
+        // content, a new mtime (the quick check would resend it).
+        write_file(&e.src.join("a"), 3, 100_000, 0o644, 1_600_000_000);
+        write_file(&e.src.join("d/b"), 2, 200_000, 0o640, 1_700_000_000);
+        write_file(&e.mirror.join("extra"), 4, 10, 0o644, 1_600_000_000);
+        // The dry run says so first, and changes nothing.
+        let before = listing(&e.mirror);
+        let o = e.sync(&["--json", "--checksum", "--delete", "--dry-run"]);
+        ok(&o);
+        let j = json(&o);
+        assert_eq!(j["files_to_send"], 1, "{w}: {j}");
+        assert_eq!(j["bytes_to_send"], 100_000, "{w}: {j}");
+        assert_eq!(j["files_unchanged"], 1, "{w}: {j}");
+        assert_eq!(j["files_deleted"], 1, "{w}: {j}");
+        assert_eq!(listing(&e.mirror), before, "{w}");
+        let o = e.sync(&["--json", "--checksum", "--delete"]);
+        ok(&o);
+        let j = json(&o);
+        assert_eq!(j["bytes_sent"], 100_000, "{w}: only a: {j}");
+        assert_eq!(j["files_unchanged"], 1, "{w}: b: {j}");
+        assert_eq!(j["bytes_unchanged"], 200_000, "{w}: {j}");
+        assert_eq!(j["files_deleted"], 1, "{w}: extra only, not b: {j}");
+        assert_eq!(listing(&e.mirror), listing(&e.src), "{w}");
+        assert!(!exists(&e.mirror.join("extra")), "{w}");
+        if !push {
+            // Kept, with the source's mtime and mode (as rsync -ac does).
+            let m = std::fs::metadata(e.mirror.join("d/b")).unwrap();
+            assert_eq!(m.mtime(), 1_700_000_000, "{w}");
+            assert_eq!(m.mtime_nsec(), 123_456_789, "{w}");
+            assert_eq!(m.mode() & 0o7777, 0o640, "{w}");
+            // So a plain sync afterwards sends nothing either.
+            let o = e.sync(&["--json"]);
+            ok(&o);
+            assert_eq!(json(&o)["bytes_sent"], 0, "{w}");
+        }
+        // Again: nothing sent.
+        let o = e.sync(&["--json", "-c"]);
+        ok(&o);
+        assert_eq!(json(&o)["bytes_sent"], 0, "{w}");
+        assert_eq!(json(&o)["files_unchanged"], 2, "{w}");
+    }
+    // A pull from a read-only server: the digests need read rights only.
+    let e = Ends::new(false, &["--read-only"]);
+    write_file(&e.src.join("a"), 5, 50_000, 0o644, 1_600_000_000);
+    write_file(&e.mirror.join("a"), 5, 50_000, 0o644, 1_500_000_000);
+    write_file(&e.mirror.join("b"), 6, 60_000, 0o644, 1_500_000_000);
+    write_file(&e.src.join("b"), 7, 60_000, 0o644, 1_600_000_000);
     let o = e.sync(&["--json", "-c"]);
     ok(&o);
-    assert_eq!(json(&o)["bytes_sent"], 0);
-    // Not on a pull or a cp yet: usage errors.
-    let p = Ends::new(false, &[]);
-    for o in [
-        p.sync(&["--checksum"]),
-        cp(&["--checksum", s(&e.src), &e.srv.url("x")]),
-    ] {
-        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let j = json(&o);
+    assert_eq!(
+        (j["bytes_sent"].clone(), j["files_unchanged"].clone()),
+        (60_000.into(), 1.into()),
+        "{j}"
+    );
+    assert_eq!(listing(&e.mirror), listing(&e.src));
+    // One file, both ways: its content compared, whatever the mtime.
+    for push in [true, false] {
+        let e = Ends::new(push, &[]);
+        let w = e.what();
+        let (from, to) = if push {
+            (s(&e.src.join("a")).to_string(), e.srv.url("f"))
+        } else {
+            (
+                e.srv.url("src/a"),
+                s(&e.t.path().join("here/f")).to_string(),
+            )
+        };
+        write_file(&e.src.join("a"), 8, 70_000, 0o644, 1_600_000_000);
+        ok(&sync(&["--quiet", &from, &to]));
+        write_file(&e.src.join("a"), 8, 70_000, 0o644, 1_650_000_000);
+        let o = sync(&["--json", "-c", &from, &to]);
+        ok(&o);
+        assert_eq!(json(&o)["bytes_sent"], 0, "{w}: {}", json(&o));
+        write_file(&e.src.join("a"), 9, 70_000, 0o644, 1_650_000_000);
+        let o = sync(&["--json", "-c", &from, &to]);
+        ok(&o);
+        assert_eq!(json(&o)["bytes_sent"], 70_000, "{w}: {}", json(&o));
     }
+    // Not on a cp: a usage error.
+    let e = Ends::new(true, &[]);
+    let o = cp(&["--checksum", s(&e.src), &e.srv.url("x")]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }

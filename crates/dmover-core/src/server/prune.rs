@@ -1,8 +1,10 @@
 //! `dmover sync --delete` and `--dry-run` on a push, the server's part ([`Op::Prune`],
 //! docs/sync.md): the client sends its source's manifest; the server deletes what the
 //! mirror holds that the manifest does not list, or in a dry run only reports it.
+//! Also `dmover sync --checksum` on a pull ([`Op::Digests`]): the content digests of
+//! the source's files that the client's mirror holds with the same size.
 
-use dmover_proto::control::{FilterRule, Prune};
+use dmover_proto::control::{Digests, FilterRule, Prune, PruneReport};
 use dmover_proto::manifest::{self, Entry, Validator};
 
 use super::*;
@@ -77,6 +79,66 @@ impl Server {
         }
         ch.send(&Control::Pruned(session::prune_report(pruned)))
             .await?;
+        Ok(())
+    }
+
+    /// [`Op::Digests`]: reads the client's manifest of its mirror behind `Options` and
+    /// answers [`Control::Pruned`] with the content digest of each regular file the
+    /// source `req.source` holds with the size that manifest gives it (read rights
+    /// suffice; nothing changes).
+    pub(super) async fn digests<S: AsyncRead + AsyncWrite + Unpin + Send>(
+        &self,
+        ch: &mut ControlChannel<S>,
+        grant: &Grant,
+        req: Digests,
+        log: &mut SessionLog,
+    ) -> Result<()> {
+        self.options(ch).await?;
+        if grant.scope.is_some() {
+            return Err(refused(
+                ErrorCode::PermissionDenied,
+                "a third-party capability does not allow asking for digests",
+            ));
+        }
+        let policy = self.policy.borrow().clone();
+        let (_, base, rest, _) =
+            Self::resolve(&policy, self.cfg.read_only, grant, &req.source, false)?;
+        let rest = rest.to_vec();
+        log.what = format!("digests of {:?}", String::from_utf8_lossy(&req.source));
+        let entries = self.read_manifest(ch).await?;
+        let opts = dmover_store::prune::PruneOptions {
+            dry_run: true,
+            conflicts_only: true,
+            checksum: true,
+            ..Default::default()
+        };
+        let digests = self
+            .disk
+            .run(move || {
+                // The source as a pull resolves it: with a trailing slash (or an
+                // export's root) the directory itself, else the entry in its parent,
+                // not followed.
+                let dir_itself = rest.len() > 1 && rest.ends_with(b"/");
+                let pruned = match paths::dest_parent(&base, &rest)? {
+                    Some((parent, name)) if !dir_itself => {
+                        dmover_store::prune::prune(&parent, &name, &entries, &opts)?
+                    }
+                    _ => {
+                        let dir = base.open_dir(&rest).map_err(|e| {
+                            dmover_store::Error::io("opening", String::from_utf8_lossy(&rest), e)
+                        })?;
+                        dmover_store::prune::prune(&dir, b".", &entries, &opts)?
+                    }
+                };
+                Ok::<_, dmover_store::Error>(pruned.digests)
+            })
+            .await
+            .ok_or(Error::Aborted)??;
+        ch.send(&Control::Pruned(PruneReport {
+            digests,
+            ..Default::default()
+        }))
+        .await?;
         Ok(())
     }
 
