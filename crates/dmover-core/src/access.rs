@@ -23,6 +23,7 @@
 //! read_only = false                # optional: read-only for everyone
 //! bwlimit = "10gbit"               # optional: per session on it (a rate with a unit)
 //! preserve_owner = false           # optional: pushed files keep their numeric owner (root server)
+//! xattrs = "user"                  # optional: "all" carries every xattr namespace
 //!
 //! [users.alice]
 //! token = "dmover-token-v2:…"      # from `dmover credential token FILE`
@@ -67,6 +68,11 @@ pub struct ExportSpec {
     /// root (off by default: a user with write rights could otherwise make files of
     /// any owner, setuid ones among them).
     pub preserve_owner: bool,
+    /// Every extended-attribute namespace travels (`xattrs = "all"`): pushed files
+    /// get `trusted.*`, `security.*` and the rest as the client sent them (what the
+    /// server's rights let it set), and pulls send them; otherwise `user.*` and POSIX
+    /// ACLs only.
+    pub xattrs_all: bool,
 }
 
 /// What a user may do with an export.
@@ -341,6 +347,9 @@ pub struct ExportEntry {
     /// default).
     #[serde(default)]
     pub preserve_owner: bool,
+    /// Which extended attributes travel: `"user"` (`user.*` and POSIX ACLs, the
+    /// default) or `"all"` (every namespace).
+    pub xattrs: Option<String>,
 }
 
 /// A user in the configuration file.
@@ -419,6 +428,16 @@ impl ConfigFile {
                 .map(parse_bwlimit)
                 .transpose()
                 .map_err(|why| config_err(path, format!("export {name}: bwlimit: {why}")))?;
+            let xattrs_all = match e.xattrs.as_deref() {
+                None | Some("user") => false,
+                Some("all") => true,
+                Some(other) => {
+                    return Err(config_err(
+                        path,
+                        format!("export {name}: xattrs: {other:?} is not \"user\" or \"all\""),
+                    ));
+                }
+            };
             exports.push(ExportSpec {
                 name: name.clone(),
                 path: e.path.clone(),
@@ -426,6 +445,7 @@ impl ConfigFile {
                 third_party: e.third_party,
                 bwlimit,
                 preserve_owner: e.preserve_owner,
+                xattrs_all,
             });
         }
         let mut users = BTreeMap::new();
@@ -538,6 +558,20 @@ mod tests {
         let (exports, users) = ConfigFile::parse(&limited, p).unwrap().access(p).unwrap();
         assert_eq!(exports[1].bwlimit, Some(60_000_000));
         assert_eq!(users["alice"].bwlimit, Some(125_000_000));
+        // Which xattrs travel: "user" (the default) or "all".
+        assert!(!exports[0].xattrs_all && !exports[1].xattrs_all);
+        let all = text.replace("path = \"/d\"\n", "path = \"/d\"\nxattrs = \"all\"\n");
+        let (exports, _) = ConfigFile::parse(&all, p).unwrap().access(p).unwrap();
+        assert!(exports[0].xattrs_all && !exports[1].xattrs_all);
+        let user = text.replace("path = \"/d\"\n", "path = \"/d\"\nxattrs = \"user\"\n");
+        let (exports, _) = ConfigFile::parse(&user, p).unwrap().access(p).unwrap();
+        assert!(!exports[0].xattrs_all);
+        let bad = text.replace("path = \"/d\"\n", "path = \"/d\"\nxattrs = \"trusted\"\n");
+        let e = ConfigFile::parse(&bad, p)
+            .and_then(|c| c.access(p).map(|_| ()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("export data: xattrs"), "{e}");
         for (bad, why) in [
             (
                 "bwlimit = \"fast\"",

@@ -2139,7 +2139,12 @@ impl Client {
         let options = self.opts.session_options(resume);
         let d = conn.dial(open, options);
         let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
-        let m = SinkSession::dial(now(), server, timing, Limits::default(), d);
+        // The xattr namespaces this pull takes (`--all-xattrs`: every one).
+        let limits = Limits {
+            xattrs: self.opts.meta.xattrs,
+            ..Limits::default()
+        };
+        let m = SinkSession::dial(now(), server, timing, limits, d);
         let (mut dest, base) = (dest.to_vec(), base.clone());
         let mut rename = None;
         let mirror_path = dest.clone();

@@ -303,6 +303,7 @@ mod tests {
             third_party: false,
             bwlimit: None,
             preserve_owner: false,
+            xattrs_all: false,
         }
     }
 

@@ -140,6 +140,7 @@ impl ServerConfig {
                 third_party: false,
                 bwlimit: None,
                 preserve_owner: false,
+                xattrs_all: false,
             }],
             read_only: false,
             users: None,
@@ -975,7 +976,12 @@ impl Server {
                     write: true,
                     export: export.clone(),
                 });
-                Some((base, rest.to_vec(), export.preserve_owner))
+                Some((
+                    base,
+                    rest.to_vec(),
+                    export.preserve_owner,
+                    export.xattrs_all,
+                ))
             }
             Op::Pull { .. }
             | Op::PullFiltered(_)
@@ -1106,9 +1112,15 @@ impl Server {
         // A pull's owners and xattrs (feature METADATA): one stat and listxattr per
         // entry, read as the walk was, before the session's clock starts
         // (docs/sync.md has the cost).
+        // Every xattr namespace where each source's export says so (`xattrs =
+        // "all"`; the client sets what it takes), else `user.*` and ACLs.
+        let scope = XattrScope {
+            all: !uses.is_empty() && uses.iter().all(|u| u.export.xattrs_all),
+            ..XattrScope::DEFAULT
+        };
         let meta = match &walked {
             Some(w) if info.features & features::METADATA != 0 => {
-                dmover_store::meta::read_tree(&w.tree, XattrScope::DEFAULT)
+                dmover_store::meta::read_tree(&w.tree, scope)
             }
             _ => Vec::new(),
         };
@@ -1193,10 +1205,16 @@ impl Server {
             }
             Op::Push { dest: shown } => {
                 what = format!("push to {:?}", String::from_utf8_lossy(&shown));
-                let (base, dest, preserve_owner) = push_dest.expect("resolved above");
+                let (base, dest, preserve_owner, xattrs_all) = push_dest.expect("resolved above");
+                // `user.*` and ACLs, or every namespace where the export says so.
+                let xattrs = XattrScope {
+                    all: xattrs_all,
+                    ..XattrScope::DEFAULT
+                };
                 let limits = Limits {
                     max_entries: self.cfg.max_entries,
                     max_manifest_bytes: self.cfg.max_manifest_bytes,
+                    xattrs,
                     ..Limits::default()
                 };
                 let mut m = SinkSession::accept(now, peer, timing, limits, setup_by);
@@ -1214,7 +1232,7 @@ impl Server {
                         // kept (a re-run or `dmover sync` sends only what changed).
                         unchanged: so.resume,
                         meta: MetaPolicy {
-                            xattrs: XattrScope::DEFAULT,
+                            xattrs,
                             owner: preserve_owner,
                         },
                     };
@@ -1461,6 +1479,7 @@ mod tests {
             third_party: false,
             bwlimit,
             preserve_owner: false,
+            xattrs_all: false,
         };
         let use_of = |e: ExportSpec| Use {
             path: Vec::new(),

@@ -241,6 +241,8 @@ pub struct Applier {
     euid: u32,
     egid: u32,
     warned: AtomicBool,
+    /// Warned once of an attribute outside `user.*` and ACLs this process may not set.
+    warned_refused: AtomicBool,
 }
 
 impl Applier {
@@ -251,6 +253,7 @@ impl Applier {
             euid: rustix::process::geteuid().as_raw(),
             egid: rustix::process::getegid().as_raw(),
             warned: AtomicBool::new(false),
+            warned_refused: AtomicBool::new(false),
         }
     }
 
@@ -295,6 +298,21 @@ impl Applier {
                 if !self.warned.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
                         "the destination's file system does not support extended attribute {} (nor perhaps others): copied without them",
+                        String::from_utf8_lossy(&x.name)
+                    );
+                }
+                Ok(())
+            }
+            // `trusted.*` needs CAP_SYS_ADMIN, `security.*` labels may not be valid
+            // here: an attribute only `all` brings is skipped, as rsync does as a
+            // non-root receiver, rather than failing the copy.
+            Err(e)
+                if !XattrScope::DEFAULT.allows(&x.name)
+                    && [Errno::PERM, Errno::ACCESS, Errno::INVAL].contains(&e) =>
+            {
+                if !self.warned_refused.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "extended attribute {} could not be set ({e}); skipping those this process may not set",
                         String::from_utf8_lossy(&x.name)
                     );
                 }

@@ -295,6 +295,12 @@ pub struct CpArgs {
     /// Do not copy POSIX ACLs.
     #[arg(long, conflicts_with = "acls")]
     pub no_acls: bool,
+    /// Also copy every other extended-attribute namespace (`trusted.*`,
+    /// `security.*`, ...): a push reads and sends them (a server sets them only into an
+    /// export with `xattrs = "all"`), a pull sets what such an export sends (setting
+    /// `trusted.*` needs root).
+    #[arg(long, conflicts_with = "no_xattrs")]
+    pub all_xattrs: bool,
     /// Do not copy numeric owners (kept by a destination that runs as root and, on
     /// a server, whose export has `preserve_owner = true`).
     #[arg(long)]
@@ -536,6 +542,11 @@ pub struct ServeArgs {
     /// export; with --config, per export `preserve_owner = true`. Off by default.
     #[arg(long)]
     pub preserve_owner: bool,
+    /// Every extended-attribute namespace travels on every export (`trusted.*`,
+    /// `security.*`, ... besides `user.*` and ACLs: pushed files get what the client
+    /// sent, pulls send them); with --config, per export `xattrs = "all"`.
+    #[arg(long)]
+    pub all_xattrs: bool,
     /// The address other servers dial for third-party copies, besides the one the
     /// steering client named (e.g. an address on a data network); config
     /// `tpc_address`.

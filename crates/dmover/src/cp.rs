@@ -135,6 +135,7 @@ pub(crate) fn copy_options(a: &CpArgs, env: &Env) -> anyhow::Result<TransferOpti
     let _ = (a.archive, a.xattrs, a.acls);
     opts.meta.xattrs.user = !a.no_xattrs;
     opts.meta.xattrs.acls = !a.no_acls;
+    opts.meta.xattrs.all = a.all_xattrs;
     opts.meta.owner = !a.no_owner;
     Ok(opts)
 }

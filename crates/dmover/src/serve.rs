@@ -148,6 +148,11 @@ pub fn run(a: ServeArgs, env: &Env, log_format: LogFormat) -> anyhow::Result<Exi
             e.preserve_owner = true;
         }
     }
+    if a.all_xattrs {
+        for e in &mut cfg.exports {
+            e.xattrs_all = true;
+        }
+    }
     cfg.memory_budget = a.memory;
     let socket = SocketOptions {
         send_buffer: a.tcp_buffer.map(|b| b as usize),

@@ -338,3 +338,82 @@ fn a_third_party_copy_keeps_metadata_both_ways_of_dialing() {
         assert_eq!(owner(&c_root.join("pulled/f")), (0, 0));
     }
 }
+
+/// Namespaces beyond `user.*` and ACLs (`trusted.*` here, which only root may read
+/// and set) travel only when both ends ask: the client with `--all-xattrs` and the
+/// export with `xattrs = "all"` (`serve --all-xattrs`); either alone carries `user.*`
+/// and ACLs only. Push and pull.
+#[test]
+fn other_namespaces_travel_only_where_the_export_allows() {
+    let test = "other_namespaces_travel_only_where_the_export_allows";
+    if !is_root() {
+        eprintln!("{test}: skipped: trusted.* attributes need root");
+        return;
+    }
+    let t = tmp();
+    if !xattrs_supported(t.path(), test) {
+        return;
+    }
+    let src = t.path().join("d");
+    make(&src);
+    let trusted = |p: &Path| {
+        let x = xattrs(p);
+        assert!(
+            x.iter().any(|(n, v)| n == "user.text" && v == b"hello"),
+            "{}: user.* always travels: {x:?}",
+            p.display()
+        );
+        x.iter().any(|(n, v)| n == "trusted.secret" && v == b"no")
+    };
+    assert!(trusted(&src.join("f")));
+    let (plain, all) = (t.path().join("plain"), t.path().join("all"));
+    for d in [&plain, &all] {
+        std::fs::create_dir(d).unwrap();
+        for sub in ["flag", "noflag"] {
+            std::fs::create_dir(d.join(sub)).unwrap();
+        }
+    }
+    let plain_srv = Server::start(&plain, &[]);
+    let all_srv = Server::start(&all, &["--all-xattrs"]);
+    // Pushes.
+    ok(&cp(&["--all-xattrs", s(&src), &plain_srv.url("flag")]));
+    ok(&cp(&[s(&src), &all_srv.url("noflag")]));
+    ok(&cp(&["--all-xattrs", s(&src), &all_srv.url("flag")]));
+    assert!(
+        !trusted(&plain.join("flag/d/f")),
+        "the export does not allow it"
+    );
+    assert!(
+        !trusted(&all.join("noflag/d/f")),
+        "the client did not send it"
+    );
+    assert!(trusted(&all.join("flag/d/f")), "both asked: it travels");
+    // Pulls.
+    let back = t.path().join("back");
+    for sub in ["plain-flag", "all-noflag", "all-flag"] {
+        std::fs::create_dir_all(back.join(sub)).unwrap();
+    }
+    ok(&cp(&[
+        "--all-xattrs",
+        &plain_srv.url("flag/d"),
+        s(&back.join("plain-flag")),
+    ]));
+    ok(&cp(&[&all_srv.url("flag/d"), s(&back.join("all-noflag"))]));
+    ok(&cp(&[
+        "--all-xattrs",
+        &all_srv.url("flag/d"),
+        s(&back.join("all-flag")),
+    ]));
+    assert!(
+        !trusted(&back.join("plain-flag/d/f")),
+        "the export does not send it"
+    );
+    assert!(
+        !trusted(&back.join("all-noflag/d/f")),
+        "the client does not set it"
+    );
+    assert!(
+        trusted(&back.join("all-flag/d/f")),
+        "both asked: it travels"
+    );
+}

@@ -287,6 +287,9 @@ impl Server {
         // A pull writes here: owners only where the export keeps them, as for a push
         // to this server.
         opts.meta.owner = !write || uses.iter().all(|u| u.export.preserve_owner);
+        // Every xattr namespace, read here or set here, where this server's exports
+        // say so (the other server's decide for its side).
+        opts.meta.xattrs.all = uses.iter().all(|u| u.export.xattrs_all);
         // This server's own limit for the user and the exports, paced on its side.
         if let Some((rate, by)) = super::session_bwlimit(&policy, grant, &uses) {
             tracing::info!(
