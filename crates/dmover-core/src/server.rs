@@ -1215,7 +1215,6 @@ impl Server {
                     max_entries: self.cfg.max_entries,
                     max_manifest_bytes: self.cfg.max_manifest_bytes,
                     xattrs,
-                    ..Limits::default()
                 };
                 let mut m = SinkSession::accept(now, peer, timing, limits, setup_by);
                 m.grant(now, info);
