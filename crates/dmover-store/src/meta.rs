@@ -97,6 +97,28 @@ fn read_xattrs_at(dir: &impl AsFd, name: &[u8], scope: XattrScope) -> io::Result
     read_xattrs(&proc_path(dir, name), scope)
 }
 
+/// The xattrs of `name` in `dir` (not followed) that `scope` allows, sorted by name:
+/// what a re-run compares on a file it keeps (docs/sync.md).
+pub(crate) fn kept_xattrs(
+    dir: &impl AsFd,
+    name: &[u8],
+    scope: XattrScope,
+) -> io::Result<Vec<Xattr>> {
+    let mut x = read_xattrs_at(dir, name, scope)?;
+    x.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(x)
+}
+
+/// The attributes a re-run compares on a file it keeps, of those `policy` takes:
+/// `user.*` and the ACLs only. Other namespaces (`all`) are set when a file is sent,
+/// never removed: a destination's own labels are not the source's business.
+pub(crate) fn kept_scope(policy: &MetaPolicy) -> XattrScope {
+    XattrScope {
+        all: false,
+        ..policy.xattrs
+    }
+}
+
 /// Reads the xattrs of `path` (not following a last symlink) that `scope` allows.
 fn read_xattrs(path: &[u8], scope: XattrScope) -> io::Result<Vec<Xattr>> {
     let mut list = vec![0u8; 1024];

@@ -39,14 +39,17 @@ use dmover_proto::control::{ErrorCode, Summary};
 use dmover_proto::data::DigestEntry;
 use dmover_proto::digest::{FileDigest, crc32c_append, piece_hash};
 use dmover_proto::layout::{Layout, Piece};
-use dmover_proto::manifest::{Entry, EntryKind, EntryMeta, MAX_NAME, Mtime, NO_PARENT};
+use dmover_proto::manifest::{
+    ACL_ACCESS, ACL_DEFAULT, Entry, EntryKind, EntryMeta, MAX_NAME, Mtime, NO_PARENT, Xattr,
+    XattrScope,
+};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::chunk::Sink;
 use crate::error::{Error, Result};
 use crate::journal::{self, Contents, FileId, Journal};
-use crate::meta::{Applier, MetaPolicy, Target};
+use crate::meta::{self, Applier, MetaPolicy, Target};
 use crate::paths::{self, Base};
 use crate::resume::{Held, Skips};
 use crate::sys;
@@ -146,6 +149,16 @@ pub struct FileSink {
     same_content: HashSet<Vec<u8>>,
 }
 
+/// [`final_stat`], with the file's xattrs in `xattrs`' scope when given (to compare
+/// with the source's; unreadable ones: not compared).
+fn final_stat_with(dir: &OwnedFd, name: &[u8], xattrs: Option<XattrScope>) -> Option<FinalStat> {
+    let mut st = final_stat(dir, name)?;
+    if let Some(scope) = xattrs {
+        st.xattrs = meta::kept_xattrs(dir, name, scope).ok();
+    }
+    Some(st)
+}
+
 /// Size and mtime of `name` in `dir` when it is a regular file (not followed if a
 /// symlink).
 fn final_stat(dir: &OwnedFd, name: &[u8]) -> Option<FinalStat> {
@@ -158,38 +171,49 @@ fn final_stat(dir: &OwnedFd, name: &[u8]) -> Option<FinalStat> {
         },
         mode: s.st_mode & 0o7777,
         owner: (s.st_uid, s.st_gid),
+        xattrs: None,
     })
 }
 
 /// What the quick check sees of a file under its final name.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct FinalStat {
     size: u64,
     mtime: Mtime,
     mode: u32,
     owner: (u32, u32),
+    /// Its `user.*` xattrs and ACLs ([`meta::kept_scope`]), sorted, when the source's
+    /// are known to compare with (`None`: not read).
+    xattrs: Option<Vec<Xattr>>,
 }
 
 /// A file the quick check kept whose mode or owner differs from the source's: set at
 /// the end, as `rsync -a` does for files it does not send.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Fixup {
     entry: u32,
     mode: Option<u32>,
     owner: Option<(u32, u32)>,
+    /// The source's `user.*` xattrs and ACLs, to set, and the names to remove, when
+    /// they differ from the kept file's.
+    xattrs: Option<(Vec<Xattr>, Vec<Vec<u8>>)>,
     /// `sync --checksum`: a file of the same content but another mtime gets the
     /// source's.
     mtime: Option<Mtime>,
 }
 
-/// Sets the owner, then the mode, of the regular file `name` in `dir`, never through
-/// a symlink (whatever was swapped in meanwhile is left alone).
+/// Sets the owner, the `user.*` xattrs, the mode, the ACLs and the mtime (what `f`
+/// holds of them, in the order [`crate::meta`] gives) of the regular file `name` in
+/// `dir`, never through a symlink (whatever was swapped in meanwhile is left alone).
 fn fix_file(dir: &OwnedFd, name: &[u8], f: &Fixup) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
     let fd = sys::open_in(dir, name, OFlags::PATH | OFlags::NOFOLLOW, 0)?;
     let st = rustix::fs::fstat(&fd)?;
     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
         return Ok(());
     }
+    // The O_PATH handle's file, not whatever the name holds now.
+    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
     if let Some((uid, gid)) = f.owner {
         rustix::fs::chownat(
             &fd,
@@ -199,15 +223,41 @@ fn fix_file(dir: &OwnedFd, name: &[u8], f: &Fixup) -> std::io::Result<()> {
             AtFlags::EMPTY_PATH,
         )?;
     }
+    let acl = |x: &[u8]| x == ACL_ACCESS || x == ACL_DEFAULT;
+    // A file system without xattrs has none to fix (the copy said so when it sent).
+    let tolerate = |r: rustix::io::Result<()>| match r {
+        Err(e) if e == Errno::OPNOTSUPP || e == Errno::NODATA => Ok(()),
+        r => r,
+    };
+    if let Some((set, remove)) = &f.xattrs {
+        for n in remove {
+            tolerate(rustix::fs::removexattr(path.as_str(), n.as_slice()))?;
+        }
+        for x in set.iter().filter(|x| !acl(&x.name)) {
+            let flags = rustix::fs::XattrFlags::empty();
+            tolerate(rustix::fs::setxattr(
+                path.as_str(),
+                x.name.as_slice(),
+                &x.value,
+                flags,
+            ))?;
+        }
+    }
     if let Some(mode) = f.mode {
-        use std::os::fd::AsRawFd;
-        let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
         rustix::fs::chmod(path.as_str(), Mode::from_raw_mode(mode))?;
     }
+    if let Some((set, _)) = &f.xattrs {
+        for x in set.iter().filter(|x| acl(&x.name)) {
+            let flags = rustix::fs::XattrFlags::empty();
+            tolerate(rustix::fs::setxattr(
+                path.as_str(),
+                x.name.as_slice(),
+                &x.value,
+                flags,
+            ))?;
+        }
+    }
     if let Some(m) = f.mtime {
-        // The O_PATH handle's file, not whatever the name holds now.
-        use std::os::fd::AsRawFd;
-        let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
         sys::set_mtime_path(path.as_bytes(), m.sec, m.nsec)?;
     }
     Ok(())
@@ -331,8 +381,13 @@ impl FileSink {
         if contents.is_none() && !self.opts.unchanged && same.is_empty() {
             return held;
         }
+        // Kept files' `user.*` xattrs and ACLs are compared with the source's, when
+        // the source sent its own (feature METADATA) and this side takes some.
+        let scope = meta::kept_scope(&self.opts.meta);
+        let xattrs = (!self.meta.read().is_empty() && (scope.user || scope.acls)).then_some(scope);
         // The quick check looks at every file: on several threads, ahead.
-        let looked = (self.opts.unchanged || !same.is_empty()).then(|| Self::final_stats(&b));
+        let looked =
+            (self.opts.unchanged || !same.is_empty()).then(|| Self::final_stats(&b, xattrs));
         for (f, slot) in b.layout.files().iter().enumerate() {
             let entry = slot.entry;
             let e = &entries[entry as usize];
@@ -342,8 +397,8 @@ impl FileSink {
             if !same.is_empty() && same.contains(&b.tree.rel_path(entry)) {
                 // The same content: kept, its mtime set to the source's as its mode.
                 let found = match &looked {
-                    Some(looked) => looked[f],
-                    None => final_stat(&dir, name),
+                    Some(looked) => looked[f].clone(),
+                    None => final_stat_with(&dir, name, xattrs),
                 };
                 if let Some(found) = found.filter(|s| s.size == e.file_size()) {
                     let mtime = (found.mtime != e.mtime).then_some(e.mtime);
@@ -356,8 +411,8 @@ impl FileSink {
             // owner are set at the end where they differ.
             let on_disk = || {
                 let found = match &looked {
-                    Some(looked) => looked[f],
-                    None => final_stat(&dir, name),
+                    Some(looked) => looked[f].clone(),
+                    None => final_stat_with(&dir, name, xattrs),
                 };
                 let Some(found) = found.filter(|s| s.size == e.file_size() && s.mtime == e.mtime)
                 else {
@@ -457,11 +512,32 @@ impl FileSink {
         let want = self.applier.file_mode(mode, m) & 0o7777;
         // A chown clears the setuid and setgid bits: the mode goes again after it.
         let mode = (want != found.mode || (owner.is_some() && want & 0o6000 != 0)).then_some(want);
-        if mode.is_some() || owner.is_some() || mtime.is_some() {
+        // `user.*` xattrs and ACLs, where the source's are known and the kept file's
+        // were read: the source's set, the others removed.
+        let xattrs = m.zip(found.xattrs.as_ref()).and_then(|(m, here)| {
+            let scope = meta::kept_scope(&self.opts.meta);
+            let mut theirs: Vec<Xattr> = m
+                .xattrs
+                .iter()
+                .filter(|x| scope.allows(&x.name))
+                .cloned()
+                .collect();
+            theirs.sort_by(|a, b| a.name.cmp(&b.name));
+            (theirs != *here).then(|| {
+                let remove = here
+                    .iter()
+                    .filter(|x| !theirs.iter().any(|t| t.name == x.name))
+                    .map(|x| x.name.clone())
+                    .collect();
+                (theirs, remove)
+            })
+        });
+        if mode.is_some() || owner.is_some() || mtime.is_some() || xattrs.is_some() {
             self.fixups.lock().push(Fixup {
                 entry,
                 mode,
                 owner,
+                xattrs,
                 mtime,
             });
         }
@@ -471,14 +547,14 @@ impl FileSink {
     /// trees of more than a few thousand files: a re-run that sends nothing costs
     /// one `statat` per file on the destination, and with a cold cache each of them
     /// waits for the disk; several at once keep the device's queue busy.
-    fn final_stats(b: &Bound) -> Vec<Option<FinalStat>> {
+    fn final_stats(b: &Bound, xattrs: Option<XattrScope>) -> Vec<Option<FinalStat>> {
         let files = b.layout.files();
         let look = |slots: &[dmover_proto::layout::FileSlot]| -> Vec<Option<FinalStat>> {
             slots
                 .iter()
                 .map(|slot| {
                     let (dir, name) = b.tree.locate(slot.entry).ok()?;
-                    final_stat(&dir, name)
+                    final_stat_with(&dir, name, xattrs)
                 })
                 .collect()
         };
@@ -1233,12 +1309,11 @@ impl Sink for FileSink {
                 .tree
                 .locate(f.entry)
                 .map_err(|e| Error::io("opening the directory of", path(), e))?;
-            fix_file(&dir, name, f)
-                .map_err(|e| Error::io("setting the mode, owner or mtime of", path(), e))?;
+            fix_file(&dir, name, f).map_err(|e| Error::io("setting the metadata of", path(), e))?;
         }
         if !fixups.is_empty() {
             tracing::info!(
-                "set the mode, owner or mtime of {} files kept as they were",
+                "set the metadata of {} files kept as they were",
                 fixups.len()
             );
         }

@@ -417,3 +417,82 @@ fn other_namespaces_travel_only_where_the_export_allows() {
         "both asked: it travels"
     );
 }
+
+/// `dmover sync ARGS` with a known-hosts file of its own.
+fn sync(args: &[&str]) -> std::process::Output {
+    let kh = tmp();
+    std::process::Command::new(bin())
+        .arg("sync")
+        .args(args)
+        .env_remove("DMOVER_TOKEN")
+        .env_remove("DMOVER_KEY")
+        .env_remove("DMOVER_USER")
+        .env("DMOVER_KNOWN_HOSTS", kh.path().join("known_hosts"))
+        .output()
+        .expect("running dmover sync")
+}
+
+/// A re-run of `sync` whose files changed only in their `user.*` xattrs and ACLs (size
+/// and mtime as they were, so no data is sent) brings the mirror's to the source's:
+/// changed and new ones set, gone ones removed (also one added at the mirror), a
+/// file's access ACL replaced and one removed. Push and pull.
+#[test]
+fn an_xattr_or_acl_change_alone_reaches_the_mirror() {
+    let test = "an_xattr_or_acl_change_alone_reaches_the_mirror";
+    for push in [true, false] {
+        let t = tmp();
+        if !xattrs_supported(t.path(), test) {
+            return;
+        }
+        let root = t.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        let srv = Server::start(&root, &[]);
+        let (src, mirror, from, to) = if push {
+            let src = t.path().join("d");
+            (
+                src.clone(),
+                root.join("m"),
+                s(&src).to_string(),
+                srv.url("m"),
+            )
+        } else {
+            let m = t.path().join("m");
+            (root.join("d"), m.clone(), srv.url("d"), s(&m).to_string())
+        };
+        make(&src);
+        let access = |perm| {
+            acl(&[
+                (USER_OBJ, 6, NONE),
+                (USER, perm, 4321),
+                (GROUP_OBJ, 4, NONE),
+                (MASK, 6, NONE),
+                (OTHER, 4, NONE),
+            ])
+        };
+        // sub/g gets an ACL of its own first, removed later.
+        set(&src.join("sub/g"), "system.posix_acl_access", &access(4)).unwrap();
+        ok(&sync(&["--quiet", &from, &to]));
+        same_meta(&src, &mirror);
+        let mtime = |p: &Path| std::fs::symlink_metadata(p).unwrap().mtime_nsec();
+        let before = mtime(&src.join("f"));
+        set(&src.join("f"), "user.text", b"changed").unwrap();
+        set(&src.join("f"), "user.new", b"n").unwrap();
+        rustix::fs::lremovexattr(src.join("f"), "user.bin").unwrap();
+        set(&src.join("f"), "system.posix_acl_access", &access(2)).unwrap();
+        rustix::fs::lremovexattr(src.join("sub/g"), "system.posix_acl_access").unwrap();
+        std::fs::set_permissions(src.join("sub/g"), std::fs::Permissions::from_mode(0o640))
+            .unwrap();
+        set(&mirror.join("sub/g"), "user.extra", b"x").unwrap();
+        assert_eq!(mtime(&src.join("f")), before, "xattrs leave the mtime");
+        let o = sync(&["--json", &from, &to]);
+        ok(&o);
+        let j = json(&o);
+        assert_eq!(j["bytes_sent"], 0, "push {push}: no data: {j}");
+        same_meta(&src, &mirror);
+        assert_eq!(
+            xattrs(&mirror.join("sub/g")),
+            vec![],
+            "push {push}: the removed ACL and the extra xattr are gone"
+        );
+    }
+}
