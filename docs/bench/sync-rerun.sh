@@ -10,21 +10,26 @@
 # Prints CSV: lab,cache,tool,round,seconds,bytes_sent (dmover's file bytes; rsync's
 # "Total bytes sent" on the wire, protocol included)
 # Usage: docs/bench/sync-rerun.sh [DMOVER_BINARY]   (as root; env ROUNDS, LABS, SCALE)
+# With OTHER=ANOTHER_DMOVER_BINARY a third tool, "other" (that binary as client and
+# server, its own mirror), runs interleaved with the two: an A/B of two builds.
 set -euo pipefail
 B=${1:-target/release/dmover}
 B=$(readlink -f "$B")
+OTHER=${OTHER:+$(readlink -f "$OTHER")}
+TOOLS="dmover rsync${OTHER:+ other}"
 ROUNDS=${ROUNDS:-5}
 SCALE=${SCALE:-1}
 LABS=${LABS:-"loopback 50ms:1gbit"}
 W=$(mktemp -d /var/tmp/dmover-rerun.XXXXXX)
 cleanup() {
     pkill -f "serve --root $W/srv" 2>/dev/null || true
+    pkill -f "serve --root $W/other" 2>/dev/null || true
     pkill -f "rsync --daemon --config=$W/rsyncd.conf" 2>/dev/null || true
     "$B" netlab down --name rerun >/dev/null 2>&1 || true
     rm -rf "$W"
 }
 trap cleanup EXIT
-mkdir -p "$W/srv" "$W/rs" "$W/home"
+mkdir -p "$W/srv" "$W/rs" "$W/home" "$W/other"
 "$B" bench mkdata --profile tiny --scale "$SCALE" "$W/src" >/dev/null
 head -c 32 /dev/urandom | base64 > "$W/token"
 chmod 600 "$W/token"
@@ -50,30 +55,43 @@ for lab in $LABS; do
         ns_b=(ip netns exec dmnl-rerun-b)
         host=10.200.0.2
     fi
-    rm -rf "${W:?}/srv/mirror" "${W:?}/rs/mirror" "$W/kh"
+    rm -rf "${W:?}/srv/mirror" "${W:?}/rs/mirror" "${W:?}/other/mirror" "$W/kh" "$W/kh2"
     "${ns_b[@]}" "$B" serve --root "$W/srv" --listen "$host:7700" --token-file "$W/token" \
         >"$W/serve.log" 2>&1 &
+    if [ -n "$OTHER" ]; then
+        "${ns_b[@]}" "$OTHER" serve --root "$W/other" --listen "$host:7701" \
+            --token-file "$W/token" >"$W/serve-other.log" 2>&1 &
+    fi
     "${ns_b[@]}" rsync --daemon --config="$W/rsyncd.conf" --address="$host" --port=8873
     sleep 1
     dm() { "${ns_a[@]}" "$B" sync --token-file "$W/token" --known-hosts "$W/kh" --json \
         "$W/src" "dmover://$host/mirror"; }
     rs() { "${ns_a[@]}" rsync -a --stats "$W/src/" "rsync://$host:8873/w/mirror/"; }
+    ot() { "${ns_a[@]}" "$OTHER" sync --token-file "$W/token" --known-hosts "$W/kh2" \
+        --json "$W/src" "dmover://$host:7701/mirror"; }
     dm >/dev/null
     rs >/dev/null
+    if [ -n "$OTHER" ]; then ot >/dev/null; fi
     for round in $(seq 1 "$ROUNDS"); do
         for cache in warm cold; do
-            for tool in dmover rsync; do
+            for tool in $TOOLS; do
                 if [ "$cache" = cold ]; then
                     sync; echo 3 > /proc/sys/vm/drop_caches
                 elif [ $tool = dmover ]; then
                     dm >/dev/null   # warm: this tool's trees are in the cache
+                elif [ $tool = other ]; then
+                    ot >/dev/null
                 else
                     rs >/dev/null
                 fi
                 t0=$(date +%s.%N)
-                if [ $tool = dmover ]; then out=$(dm); else out=$(rs); fi
+                case $tool in
+                    dmover) out=$(dm) ;;
+                    other) out=$(ot) ;;
+                    *) out=$(rs) ;;
+                esac
                 t1=$(date +%s.%N)
-                if [ $tool = dmover ]; then
+                if [ $tool != rsync ]; then
                     sent=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["bytes_sent"])' "$out")
                 else
                     sent=$(awk -F': ' '/^Total bytes sent/ {gsub(",","",$2); print $2}' <<<"$out")
@@ -84,5 +102,6 @@ for lab in $LABS; do
     done
     pkill -f "serve --root $W/srv" || true
     pkill -f "rsync --daemon --config=$W/rsyncd.conf" || true
+    pkill -f "serve --root $W/other" || true
     sleep 0.5
 done

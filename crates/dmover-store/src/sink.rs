@@ -149,13 +149,39 @@ pub struct FileSink {
     same_content: HashSet<Vec<u8>>,
 }
 
-/// [`final_stat`], with the file's xattrs in `xattrs`' scope when given (to compare
-/// with the source's; unreadable ones: not compared).
-fn final_stat_with(dir: &OwnedFd, name: &[u8], xattrs: Option<XattrScope>) -> Option<FinalStat> {
+/// What the quick check compares of kept files' xattrs: those in `scope`, of the
+/// entries whose source metadata `meta` holds.
+#[derive(Clone, Copy)]
+struct XattrCheck<'m> {
+    scope: XattrScope,
+    meta: &'m HashMap<u32, EntryMeta>,
+}
+
+/// [`final_stat`] of entry `entry`, with its xattrs in the check's scope when given
+/// (to compare with the source's; unreadable ones: not compared). A file whose source
+/// has none of them is read only where `listxattrat` tells cheaply that it has some
+/// (Linux 6.13): older kernels would need a path walk through `/proc/self/fd` for
+/// every file of a re-run, so there an attribute removed from a file that then has
+/// none is not seen.
+fn final_stat_with(
+    dir: &OwnedFd,
+    name: &[u8],
+    entry: u32,
+    check: Option<XattrCheck<'_>>,
+) -> Option<FinalStat> {
     let mut st = final_stat(dir, name)?;
-    if let Some(scope) = xattrs {
-        st.xattrs = meta::kept_xattrs(dir, name, scope).ok();
-    }
+    let Some(c) = check else {
+        return Some(st);
+    };
+    let Some(m) = c.meta.get(&entry) else {
+        return Some(st);
+    };
+    let theirs = m.xattrs.iter().any(|x| c.scope.allows(&x.name));
+    st.xattrs = match (theirs, meta::has_xattrs_at(dir, name)) {
+        (false, Some(false)) => Some(Vec::new()),
+        (false, None) => None,
+        _ => meta::kept_xattrs(dir, name, c.scope).ok(),
+    };
     Some(st)
 }
 
@@ -384,7 +410,12 @@ impl FileSink {
         // Kept files' `user.*` xattrs and ACLs are compared with the source's, when
         // the source sent its own (feature METADATA) and this side takes some.
         let scope = meta::kept_scope(&self.opts.meta);
-        let xattrs = (!self.meta.read().is_empty() && (scope.user || scope.acls)).then_some(scope);
+        let source_meta = self.meta.read();
+        let xattrs =
+            (!source_meta.is_empty() && (scope.user || scope.acls)).then_some(XattrCheck {
+                scope,
+                meta: &source_meta,
+            });
         // The quick check looks at every file: on several threads, ahead.
         let looked =
             (self.opts.unchanged || !same.is_empty()).then(|| Self::final_stats(&b, xattrs));
@@ -398,11 +429,11 @@ impl FileSink {
                 // The same content: kept, its mtime set to the source's as its mode.
                 let found = match &looked {
                     Some(looked) => looked[f].clone(),
-                    None => final_stat_with(&dir, name, xattrs),
+                    None => final_stat_with(&dir, name, entry, xattrs),
                 };
                 if let Some(found) = found.filter(|s| s.size == e.file_size()) {
                     let mtime = (found.mtime != e.mtime).then_some(e.mtime);
-                    self.note_fixup(entry, e.mode, mtime, &found);
+                    self.note_fixup((entry, e.mode, mtime), &found, &source_meta);
                     held.done[entry as usize] = true;
                     continue;
                 }
@@ -412,13 +443,13 @@ impl FileSink {
             let on_disk = || {
                 let found = match &looked {
                     Some(looked) => looked[f].clone(),
-                    None => final_stat_with(&dir, name, xattrs),
+                    None => final_stat_with(&dir, name, entry, xattrs),
                 };
                 let Some(found) = found.filter(|s| s.size == e.file_size() && s.mtime == e.mtime)
                 else {
                     return false;
                 };
-                self.note_fixup(entry, e.mode, None, &found);
+                self.note_fixup((entry, e.mode, None), &found, &source_meta);
                 true
             };
             let id = Self::file_id(&b, entry);
@@ -501,10 +532,14 @@ impl FileSink {
     }
 
     /// Notes entry `entry`, kept by the quick check as `found`, for [`Fixup`] where its
-    /// mode or owner differ from what the source's (`mode`, its metadata) and the
-    /// policy give.
-    fn note_fixup(&self, entry: u32, mode: u32, mtime: Option<Mtime>, found: &FinalStat) {
-        let meta = self.meta.read();
+    /// mode, owner or xattrs differ from what the source's (`mode`, its metadata in
+    /// `meta`, read-locked by the caller) and the policy give, or `mtime` is set.
+    fn note_fixup(
+        &self,
+        (entry, mode, mtime): (u32, u32, Option<Mtime>),
+        found: &FinalStat,
+        meta: &HashMap<u32, EntryMeta>,
+    ) {
         let m = meta.get(&entry);
         let owner = m
             .filter(|m| self.applier.applies_owner(Some(m)) && (m.uid, m.gid) != found.owner)
@@ -547,14 +582,14 @@ impl FileSink {
     /// trees of more than a few thousand files: a re-run that sends nothing costs
     /// one `statat` per file on the destination, and with a cold cache each of them
     /// waits for the disk; several at once keep the device's queue busy.
-    fn final_stats(b: &Bound, xattrs: Option<XattrScope>) -> Vec<Option<FinalStat>> {
+    fn final_stats(b: &Bound, xattrs: Option<XattrCheck<'_>>) -> Vec<Option<FinalStat>> {
         let files = b.layout.files();
         let look = |slots: &[dmover_proto::layout::FileSlot]| -> Vec<Option<FinalStat>> {
             slots
                 .iter()
                 .map(|slot| {
                     let (dir, name) = b.tree.locate(slot.entry).ok()?;
-                    final_stat_with(&dir, name, xattrs)
+                    final_stat_with(&dir, name, slot.entry, xattrs)
                 })
                 .collect()
         };
