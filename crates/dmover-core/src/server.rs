@@ -1159,6 +1159,7 @@ impl Server {
             buffers: Box::new(move |_| count),
             chunk_delay: self.faults.chunk_delay,
             zerocopy: None,
+            limits: None,
         };
         match open.op {
             Op::Grant(_)
