@@ -69,6 +69,9 @@
 //!                                    <-    Want{chunks}  after Go: these first
 //!                                    <-    OnDemand      in place of Go: request-driven,
 //!                                                        only wanted chunks, until Done
+//! -- LIMITS (by side, not role) -------------------------------------------------
+//! dialer: Limits                     ->                  as soon as it has Session
+//!                                    <-    Limits        the acceptor's answer, once
 //! ```
 //!
 //! Either side may send [`Control::Error`] at any point after the preamble and then
