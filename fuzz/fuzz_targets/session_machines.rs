@@ -196,6 +196,7 @@ fn dial(u: &mut Unstructured<'_>, push: bool) -> Result<Dial> {
             heartbeat_ms: 1000,
         },
         server_proof: None,
+        limits: Default::default(),
     })
 }
 

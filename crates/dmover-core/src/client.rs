@@ -464,6 +464,8 @@ impl Connection {
                 .token
                 .as_ref()
                 .map(|t| auth::server_token_proof(&t.verifier, &self.transcript)),
+            // Set by the caller that has any (see `Client::limits`).
+            limits: Default::default(),
         }
     }
 }
@@ -878,7 +880,8 @@ impl Client {
             };
             let open =
                 self.open_request(self.pull_op(c.sources.clone(), false), self.opts.chunk_size);
-            let d = conn.dial(open, options);
+            let mut d = conn.dial(open, options);
+            d.limits = self.limits(true);
             let m = SinkSession::dial(now(), from, timing, Limits::default(), d);
             let (checksum, r, name) = (self.opts.checksum, ring.clone(), from.to_string());
             let prepare: drive::Prepare<RelaySink> = Box::new(move |entries, chunk, _| {
@@ -899,6 +902,7 @@ impl Client {
                 buffers,
                 chunk_delay: None,
                 zerocopy: None,
+                limits: None,
             };
             drive::sink(m, &mut conn.ch, joins, prepare, Some(options), env).await
         };
@@ -932,7 +936,8 @@ impl Client {
                     },
                     chunk,
                 );
-                let d = conn.dial(open, options);
+                let mut d = conn.dial(open, options);
+                d.limits = self.limits(false);
                 let mut m = SourceSession::dial(now(), to, timing, d);
                 m.push_manifest(&entries);
                 m.end_manifest(totals, drive::chunk_set(source.chunks()));
@@ -948,6 +953,7 @@ impl Client {
                     buffers,
                     chunk_delay: None,
                     zerocopy: None,
+                    limits: None,
                 };
                 let r = drive::source(m, &mut conn.ch, joins, source, env).await?;
                 Ok((r, entries))
@@ -1201,6 +1207,20 @@ impl Client {
         }
     }
 
+    /// This client's limits for a session (feature LIMITS): its bandwidth limit, and
+    /// when it pulls (the server sends), the congestion control it asks the server to
+    /// send with (`--congestion`).
+    fn limits(&self, pulling: bool) -> dmover_proto::control::SessionLimits {
+        dmover_proto::control::SessionLimits {
+            bwlimit: self.opts.bwlimit.unwrap_or(0),
+            congestion: match &self.opts.socket.congestion {
+                Some(c) if pulling => c.clone(),
+                _ => String::new(),
+            },
+            refused: String::new(),
+        }
+    }
+
     /// What a driver needs of this client for a session.
     fn env(&self, run: &Arc<Run>, buffers: Box<dyn Fn(u16) -> usize + Send>) -> drive::Env {
         drive::Env {
@@ -1209,6 +1229,7 @@ impl Client {
             buffers,
             chunk_delay: None,
             zerocopy: None,
+            limits: None,
         }
     }
 
@@ -1373,7 +1394,8 @@ impl Client {
         let mut open = self.open_request(Op::Push { dest: parent }, chunk);
         // Parts carry plain files (no links, no sparse list).
         open.features &= !dmover_proto::session::features::LINKS;
-        let d = conn.dial(open, self.opts.session_options(false));
+        let mut d = conn.dial(open, self.opts.session_options(false));
+        d.limits = self.limits(false);
         let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
         let m = SourceSession::dial(now(), server, timing, d);
         let (tx, rx) = mpsc::unbounded_channel();
@@ -2000,7 +2022,8 @@ impl Client {
         // reduced manifest again whole).
         let resume = resume && !compare;
         let open_features = open.features;
-        let d = conn.dial(open, self.opts.session_options(resume));
+        let mut d = conn.dial(open, self.opts.session_options(resume));
+        d.limits = self.limits(false);
         let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
         let mut m = SourceSession::dial(now(), server, timing, d);
         m.push_manifest(source.tree().entries());
@@ -2137,7 +2160,8 @@ impl Client {
             self.opts.chunk_size,
         );
         let options = self.opts.session_options(resume);
-        let d = conn.dial(open, options);
+        let mut d = conn.dial(open, options);
+        d.limits = self.limits(true);
         let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
         // The xattr namespaces this pull takes (`--all-xattrs`: every one).
         let limits = Limits {

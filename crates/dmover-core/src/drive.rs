@@ -38,13 +38,13 @@ use dmover_net::transport::{AckRx, ChunkFrame, ChunkTx, DataLink};
 use dmover_net::zerocopy::ZeroCopyStats;
 use dmover_proto::control::{
     Auth, AuthOk, Control, ErrorCode, FailedFile, Have, Hello, Open, Plan, SendReport, SessionInfo,
-    SessionOptions, Summary, Tuned,
+    SessionLimits, SessionOptions, Summary, Tuned,
 };
 use dmover_proto::data::{DIGEST_LEN, FrameHeader, FrameKind, FrameLimits};
 use dmover_proto::manifest::{Entry, Totals};
 use dmover_proto::session::tune::{TuneConfig, Tuner};
 use dmover_proto::session::{
-    AcceptEvent, Acceptance, Arrival, Cause, ChunkMeta, ChunkSet, ReadJob, SessionError,
+    AcceptEvent, Acceptance, Arrival, Cause, ChunkMeta, ChunkSet, ReadJob, SessionError, Side,
     SinkCommand, SinkEvent, SinkSession, SourceCommand, SourceEvent, SourceSession, StreamStats,
     Timing, features,
 };
@@ -475,6 +475,41 @@ pub struct Env {
     /// A source's data streams send zero-copy ([`ChunkTx::zerocopy`]): only for
     /// storage that never rewrites a buffer the kernel may still read (the memory test).
     pub zerocopy: Option<Arc<ZeroCopyUse>>,
+    /// (acceptor, feature LIMITS) This side's answer to the dialer's limits; it may act
+    /// on them first (a server sets the congestion control asked for on its sending
+    /// ends). `None`: it answers that it has no limits.
+    pub limits: Option<LimitsAnswer>,
+}
+
+/// See [`Env::limits`].
+pub type LimitsAnswer = Box<dyn FnMut(&SessionLimits) -> SessionLimits + Send>;
+
+/// The peer's limits came (feature LIMITS): an acceptor's answer, or, for a dialer,
+/// nothing to answer: it keeps the acceptor's for its report
+/// ([`crate::engine::Progress::peer_limits`]) and warns when the congestion control it
+/// asked for was refused.
+fn peer_limits(side: Side, env: &mut Env, peer: &str, l: SessionLimits) -> Option<SessionLimits> {
+    match side {
+        Side::Acceptor => Some(env.limits.as_mut().map(|f| f(&l)).unwrap_or_default()),
+        Side::Dialer => {
+            if !l.refused.is_empty() {
+                tracing::warn!(
+                    "{peer} cannot send with the congestion control asked for: {}; its data \
+                     streams use {}",
+                    l.refused.escape_debug(),
+                    if l.congestion.is_empty() {
+                        "its default".to_string()
+                    } else {
+                        format!("{:?}", l.congestion)
+                    }
+                );
+            } else if !l.congestion.is_empty() {
+                tracing::debug!("{peer} sends with congestion control {:?}", l.congestion);
+            }
+            *env.run.progress.peer_limits.lock() = Some(l);
+            None
+        }
+    }
 }
 
 /// What a source's zero-copy sends did, over all its data streams.
@@ -735,7 +770,7 @@ pub async fn source_growing<C, J, K>(
     ch: &mut ControlChannel<C>,
     mut joins: J,
     store: K,
-    env: Env,
+    mut env: Env,
     mut growth: Option<mpsc::UnboundedReceiver<GrowPart>>,
 ) -> Result<SourceRun<K>>
 where
@@ -814,6 +849,11 @@ where
                 busy = true;
                 match ev {
                     SourceEvent::Opened(info) => joins.opened(&info),
+                    SourceEvent::Limits(l) => {
+                        if let Some(a) = peer_limits(m.side(), &mut env, &peer, l) {
+                            m.limits(a);
+                        }
+                    }
                     SourceEvent::Options(o) => {
                         if let Some(k) = prep.as_mut() {
                             k.set_continue_on_error(o.continue_on_error);
@@ -1435,7 +1475,7 @@ async fn sink_with<C, J, K>(
     mut joins: J,
     prepare: Prepare<K>,
     options: Option<SessionOptions>,
-    env: Env,
+    mut env: Env,
     demand: Option<Demand<K>>,
 ) -> Result<SinkRun<K>>
 where
@@ -1588,6 +1628,11 @@ where
                         env.disk.spawn(move || {
                             let _ = tx.send(SinkIn::Finished(sink.finish().map_err(Error::from)));
                         });
+                    }
+                    SinkEvent::Limits(l) => {
+                        if let Some(a) = peer_limits(m.side(), &mut env, &peer, l) {
+                            m.limits(a);
+                        }
                     }
                     SinkEvent::Tuned(t) => {
                         tracing::info!("{peer} tuned the transfer: {}", t.reason);
@@ -2077,6 +2122,7 @@ mod tests {
             buffers: Box::new(move |_| buffers),
             chunk_delay: None,
             zerocopy: None,
+            limits: None,
         }
     }
 
@@ -2151,6 +2197,7 @@ mod tests {
             },
             options: options(),
             server_proof: None,
+            limits: Default::default(),
         };
         let mut m = SourceSession::dial(start, "sink", timing, d);
         let growth = manifest(&mut m);

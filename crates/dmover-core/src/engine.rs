@@ -44,6 +44,10 @@ pub struct Progress {
     pub attempt: AtomicU32,
     /// The tuner's state, in a session that tunes itself.
     pub tuning: Mutex<Option<Tuning>>,
+    /// (feature LIMITS, a dialer) The acceptor's limits as it told them in the latest
+    /// attempt: its bandwidth limit, the congestion control it sends with (`None`: it
+    /// told none, e.g. a server without the feature).
+    pub peer_limits: Mutex<Option<dmover_proto::control::SessionLimits>>,
     /// Files done are named ([`Progress::take_files_done`]): a reader asked for them.
     pub file_events: std::sync::atomic::AtomicBool,
     /// The running attempt's manifest, kept while `file_events` is on (to name files).

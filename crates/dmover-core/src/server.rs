@@ -37,7 +37,7 @@ use dmover_net::{ControlStream, NetError};
 use dmover_proto::auth;
 use dmover_proto::control::{
     AuthMethod, AuthOk, Control, Credential, DataProtection, ErrorCode, MemDirection, Op, Open,
-    SessionInfo, Welcome,
+    SessionInfo, SessionLimits, Welcome,
 };
 use dmover_proto::preamble::{ConnKind, Preamble};
 use dmover_proto::{PROTOCOL_VERSION, control, negotiate_version};
@@ -66,6 +66,7 @@ use crate::session::{self, HANDSHAKE_TIMEOUT, MAX_STREAMS, SOFTWARE};
 use dmover_proto::manifest::Totals;
 use dmover_proto::session::{Acceptance, Limits, SinkSession, SourceSession};
 
+mod limits;
 mod prune;
 mod rename;
 mod tpc;
@@ -1149,9 +1150,33 @@ impl Server {
             log.bwlimit = Some(rate);
             Pacer::new(rate)
         });
+        // Feature LIMITS: a pulling client names the congestion control of the data
+        // streams this server sends on (the client's `Limits`, before its `Go`).
+        let sending = matches!(&open.op, Op::Pull { .. })
+            || matches!(&open.op, Op::MemTest(m) if m.direction == MemDirection::FromServer);
+        let send_cc = (info.features & features::LIMITS != 0 && sending)
+            .then(|| Arc::new(limits::SendCongestion::new(peer)));
+        log.congestion = send_cc.clone();
+        let answer: drive::LimitsAnswer = {
+            let (send_cc, bwlimit) = (send_cc.clone(), log.bwlimit.unwrap_or(0));
+            Box::new(move |asked: &SessionLimits| {
+                let (congestion, refused) = match &send_cc {
+                    Some(cc) => cc.decide(&asked.congestion),
+                    None => (String::new(), String::new()),
+                };
+                SessionLimits {
+                    bwlimit,
+                    congestion,
+                    refused,
+                }
+            })
+        };
         let joins = drive::Accepted::new(rx, move |io: DataIo| {
             if let Some(o) = &congestion {
                 dmover_net::tcp::tune_stream(io.get_ref(), o);
+            }
+            if let Some(cc) = &send_cc {
+                cc.joined(io.get_ref());
             }
             Paced::new(Faulty::new(io, plan.clone()), pacer.clone())
         });
@@ -1174,6 +1199,7 @@ impl Server {
             buffers: Box::new(move |_| count),
             chunk_delay: self.faults.chunk_delay,
             zerocopy: None,
+            limits: Some(answer),
         };
         match open.op {
             Op::Grant(_)
@@ -1337,6 +1363,8 @@ struct SessionLog {
     live: Option<crate::monitor::Live>,
     /// The session's bandwidth limit (bytes per second), if it had one.
     bwlimit: Option<u64>,
+    /// A pull's congestion control, as the client asked (feature LIMITS).
+    congestion: Option<Arc<limits::SendCongestion>>,
 }
 
 impl SessionLog {
@@ -1359,6 +1387,7 @@ impl SessionLog {
             done: None,
             live: None,
             bwlimit: None,
+            congestion: None,
         }
     }
 
@@ -1379,6 +1408,9 @@ impl SessionLog {
         };
         let gbit_per_s = bytes as f64 * 8.0 / seconds.max(1e-9) / 1e9;
         let data = self.protection.map(|p| format!("{p:?}"));
+        // What the data streams this server sent on use, read back from their sockets,
+        // when the client asked for an algorithm.
+        let congestion = self.congestion.as_ref().and_then(|c| c.used());
         match result {
             Ok(()) => tracing::info!(
                 peer,
@@ -1391,6 +1423,7 @@ impl SessionLog {
                 gbit_per_s,
                 data,
                 bwlimit = self.bwlimit,
+                congestion,
                 result = "ok",
                 "session finished"
             ),
@@ -1404,6 +1437,7 @@ impl SessionLog {
                 gbit_per_s,
                 data,
                 bwlimit = self.bwlimit,
+                congestion,
                 result = "error",
                 error = %e,
                 "session failed"

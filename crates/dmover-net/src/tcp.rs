@@ -62,6 +62,75 @@ pub fn tune(sock: SockRef<'_>, opts: &SocketOptions) {
     }
 }
 
+/// The longest congestion control name the kernel knows (`TCP_CA_NAME_MAX` less its
+/// NUL).
+pub const MAX_CONGESTION_NAME: usize = 15;
+
+/// Sets congestion control `name` on `fd`, a TCP socket (connected or not: an
+/// established connection switches at once).
+pub fn set_congestion(fd: impl std::os::fd::AsFd, name: &str) -> std::io::Result<()> {
+    SockRef::from(&fd).set_tcp_congestion(name.as_bytes())
+}
+
+/// The congestion control `fd`, a TCP socket, uses.
+pub fn congestion_of(fd: impl std::os::fd::AsFd) -> std::io::Result<String> {
+    let name = SockRef::from(&fd).tcp_congestion()?;
+    Ok(String::from_utf8_lossy(&name)
+        .trim_end_matches('\0')
+        .to_string())
+}
+
+/// The congestion control new TCP sockets get (`net.ipv4.tcp_congestion_control`), as
+/// a fresh socket reads it; `None` when none can be made.
+pub fn default_congestion() -> Option<String> {
+    let s = fresh_socket().ok()?;
+    congestion_of(&s).ok()
+}
+
+fn fresh_socket() -> std::io::Result<socket2::Socket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))
+        .or_else(|_| Socket::new(Domain::IPV6, Type::STREAM, Some(Protocol::TCP)))
+}
+
+/// Whether this process can send with congestion control `name`, tried on a fresh
+/// socket; else why not, in words that name the algorithms it could use (the kernel's
+/// `tcp_available_congestion_control`, or for a process without `CAP_NET_ADMIN` its
+/// `tcp_allowed_congestion_control`).
+pub fn check_congestion(name: &str) -> Result<(), String> {
+    let valid = !name.is_empty()
+        && name.len() <= MAX_CONGESTION_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if !valid {
+        return Err(format!(
+            "{:?} is not a congestion control name",
+            name.escape_debug().to_string()
+        ));
+    }
+    let s = fresh_socket().map_err(|e| format!("no socket to try congestion control on: {e}"))?;
+    let Err(e) = set_congestion(&s, name) else {
+        return Ok(());
+    };
+    let sysctl = |key: &str| {
+        std::fs::read_to_string(format!("/proc/sys/net/ipv4/{key}"))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_else(|_| "unknown".into())
+    };
+    Err(match e.raw_os_error() {
+        Some(libc::ENOENT) => format!(
+            "congestion control {name:?} is not available (the kernel has: {})",
+            sysctl("tcp_available_congestion_control")
+        ),
+        Some(libc::EPERM) => format!(
+            "congestion control {name:?} is not allowed (allowed: {})",
+            sysctl("tcp_allowed_congestion_control")
+        ),
+        _ => format!("congestion control {name:?} cannot be set: {e}"),
+    })
+}
+
 /// Applies `opts` to an accepted or connected tokio stream.
 pub fn tune_stream(s: &TcpStream, opts: &SocketOptions) {
     tune(SockRef::from(s), opts)
@@ -128,6 +197,28 @@ pub fn listen(addr: SocketAddr, opts: &SocketOptions) -> Result<TcpListener, Net
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `reno` is in every kernel and allowed to every process by default.
+    #[test]
+    fn a_congestion_control_is_checked_set_and_read_back() {
+        assert_eq!(check_congestion("reno"), Ok(()));
+        let s = fresh_socket().unwrap();
+        set_congestion(&s, "reno").unwrap();
+        assert_eq!(congestion_of(&s).unwrap(), "reno");
+        assert!(default_congestion().is_some_and(|d| !d.is_empty()));
+        let e = check_congestion("nosuchcc").unwrap_err();
+        assert!(
+            e.contains("\"nosuchcc\" is not available (the kernel has: ") && e.contains("reno"),
+            "{e}"
+        );
+        for bad in ["", "a b", "sixteen_letters_", "x\u{0}y", "é"] {
+            let e = check_congestion(bad).unwrap_err();
+            assert!(
+                e.ends_with("is not a congestion control name"),
+                "{bad:?}: {e}"
+            );
+        }
+    }
 
     /// `[::]` takes IPv4 connections too (dual stack), so a server's default listen
     /// address serves both families.

@@ -69,6 +69,9 @@
 //!                                    <-    Want{chunks}  after Go: these first
 //!                                    <-    OnDemand      in place of Go: request-driven,
 //!                                                        only wanted chunks, until Done
+//! -- LIMITS (by side, not role) -------------------------------------------------
+//! dialer: Limits                     ->                  as soon as it has Session
+//!                                    <-    Limits        the acceptor's answer, once
 //! ```
 //!
 //! Either side may send [`Control::Error`] at any point after the preamble and then
@@ -172,6 +175,10 @@ pub enum Control {
     /// a growing manifest (source to sink, before the last `Grow`): their contents
     /// changed since their entries went out; the sink sets these at the end instead.
     Times(TimesPart),
+    /// (29, feature `LIMITS`) What a side applies to the session's data streams: the
+    /// dialer's right after `Session`, the acceptor's in answer to it (see
+    /// [`SessionLimits`]).
+    Limits(SessionLimits),
 }
 
 impl Control {
@@ -207,6 +214,7 @@ impl Control {
             Control::Meta(_) => "Meta",
             Control::Stored(_) => "Stored",
             Control::Times(_) => "Times",
+            Control::Limits(_) => "Limits",
         }
     }
 
@@ -557,6 +565,31 @@ pub struct TimesPart {
     /// (entry, its modification time now).
     pub entries: Vec<(u32, crate::manifest::Mtime)>,
 }
+
+/// (feature `LIMITS`) The limits a side applies to a session's data streams. Each side
+/// sends one: the dialer as soon as `Session` shows the feature, the acceptor in answer
+/// to the dialer's (so an acceptor answers only a dialer that asked).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionLimits {
+    /// The sender's bandwidth limit for the session, all its data streams together, in
+    /// bytes per second (0: none). The dialer's: its own (`--bwlimit`); the acceptor's:
+    /// the one it paces the session with (a server: the lowest of its user's and its
+    /// exports' `bwlimit`).
+    pub bwlimit: u64,
+    /// Congestion control. The dialer's: the algorithm it asks the acceptor to set
+    /// (`TCP_CONGESTION`) on its ends of the data streams it sends on (empty: the
+    /// acceptor's default). The acceptor's: the algorithm those ends use, when the
+    /// dialer asked for one (empty otherwise).
+    pub congestion: String,
+    /// The acceptor's: why it could not use the algorithm the dialer asked for (empty:
+    /// it uses it, or none was asked); its ends then keep its default, which
+    /// `congestion` names. The dialer's: empty.
+    pub refused: String,
+}
+
+/// Longest [`SessionLimits::congestion`] and [`SessionLimits::refused`] a receiver
+/// accepts.
+pub const MAX_LIMITS_TEXT: usize = 256;
 
 /// Longest [`Tuned::reason`] a sink accepts.
 pub const MAX_TUNED_REASON: usize = 256;

@@ -1178,6 +1178,35 @@ fn control_growth_and_requests() {
         04 05         #   mtime: sec 2 (zigzag varint), nsec 5
         ",
     );
+    // Feature LIMITS (bit 64): the dialer's, then the acceptor's answer.
+    golden_control(
+        Control::Limits(dmover_proto::control::SessionLimits {
+            bwlimit: 5_000_000,
+            congestion: "reno".into(),
+            refused: String::new(),
+        }),
+        "
+        00 00 00 0b   # frame length: 11
+        1d            # Control::Limits (variant 29)
+        c0 96 b1 02   # bwlimit: 5000000 bytes/s (varint)
+        04 72 65 6e 6f   # congestion: \"reno\"
+        00            # refused: \"\"
+        ",
+    );
+    golden_control(
+        Control::Limits(dmover_proto::control::SessionLimits {
+            bwlimit: 0,
+            congestion: "cubic".into(),
+            refused: "x".into(),
+        }),
+        "
+        00 00 00 0a   # frame length: 10
+        1d            # Control::Limits (variant 29)
+        00            # bwlimit: none
+        05 63 75 62 69 63   # congestion: \"cubic\" (in use)
+        01 78         # refused: \"x\"
+        ",
+    );
 }
 
 #[test]

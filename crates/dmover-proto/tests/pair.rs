@@ -1476,3 +1476,182 @@ fn the_sink_checks_continuous_mode_messages() {
     let e = failure_after(m, now, Control::Times(TimesPart { entries: vec![] }));
     assert!(e.contains("continuous"), "{e}");
 }
+
+// ---------------------------------------------------------------------------------
+// Feature LIMITS: the dialer's limits right after `Session`, the acceptor's answer.
+
+#[test]
+fn limits_go_both_ways_in_a_push_and_a_pull() {
+    use dmover_proto::session::sim::{acceptor_limits, dialer_limits};
+    for push in [true, false] {
+        let r = run(Config {
+            push,
+            features: features::LIMITS,
+            ..Config::default()
+        });
+        assert_finished(&r);
+        assert_eq!(r.limits.0, Some(dialer_limits()), "push {push}");
+        assert_eq!(
+            r.limits.1,
+            Some(acceptor_limits(&dialer_limits())),
+            "push {push}"
+        );
+        // The dialer's go right behind the session's answer, before a pull's `Go`.
+        let ask = r.messages.0.iter().position(|m| *m == "Limits");
+        let go = r.messages.0.iter().position(|m| *m == "Go");
+        assert!(ask.is_some(), "push {push}: {:?}", r.messages.0);
+        if !push {
+            assert!(ask < go, "{:?}", r.messages.0);
+        }
+        assert_eq!(
+            r.messages.1.iter().filter(|m| **m == "Limits").count(),
+            1,
+            "one answer: {:?}",
+            r.messages.1
+        );
+    }
+}
+
+#[test]
+fn without_the_limits_feature_no_limits_travel() {
+    // An older peer on either side: the feature is not granted, nothing is sent, and
+    // the session runs as before.
+    for push in [true, false] {
+        let r = run(Config {
+            push,
+            features: features::RANGES | features::METADATA,
+            ..Config::default()
+        });
+        assert_finished(&r);
+        assert_eq!(r.limits, (None, None));
+        assert!(!r.messages.0.contains(&"Limits"), "{:?}", r.messages.0);
+        assert!(!r.messages.1.contains(&"Limits"), "{:?}", r.messages.1);
+    }
+}
+
+#[test]
+fn a_dialer_offering_limits_to_an_older_acceptor_sends_none() {
+    // The acceptor grants a session without the bit (it does not know it).
+    let now = Instant::now();
+    let d = dmover_proto::session::Dial {
+        hello: dmover_proto::control::Hello {
+            software: "t".into(),
+            nonce: [0; 32],
+        },
+        auth: dmover_proto::control::Auth {
+            user: String::new(),
+            credential: dmover_proto::control::Credential::None,
+        },
+        open: dmover_proto::control::Open {
+            op: dmover_proto::control::Op::Pull {
+                sources: vec![b"s".to_vec()],
+            },
+            streams: 2,
+            chunk_size: 0,
+            checksum: true,
+            direct_io: dmover_proto::control::DirectIo::Never,
+            protection: dmover_proto::control::DataProtection::Authenticated,
+            features: features::MACHINES,
+        },
+        options: options(),
+        server_proof: None,
+        limits: dmover_proto::session::sim::dialer_limits(),
+    };
+    for granted in [features::METADATA, features::METADATA | features::LIMITS] {
+        let mut m = SinkSession::<dmover_proto::session::sim::SimError>::dial(
+            now,
+            "peer",
+            Timing::default(),
+            Limits::default(),
+            d.clone(),
+        );
+        while m.poll_transmit().is_some() {}
+        m.handle_control(
+            now,
+            Control::Welcome(dmover_proto::control::Welcome {
+                software: "old".into(),
+                nonce: [0; 32],
+                auth: dmover_proto::control::AuthMethod::None,
+            }),
+        );
+        m.handle_control(
+            now,
+            Control::AuthOk(dmover_proto::control::AuthOk { proof: None }),
+        );
+        m.handle_control(now, Control::Session(info(granted)));
+        let sent: Vec<_> = std::iter::from_fn(|| m.poll_transmit()).collect();
+        let limits: Vec<_> = sent
+            .iter()
+            .filter(|c| matches!(c, Control::Limits(_)))
+            .collect();
+        if granted & features::LIMITS == 0 {
+            assert!(limits.is_empty(), "{sent:?}");
+        } else {
+            assert_eq!(
+                limits,
+                [&Control::Limits(dmover_proto::session::sim::dialer_limits())]
+            );
+        }
+        // An answer the dialer's machine hands on.
+        if granted & features::LIMITS != 0 {
+            let answer = dmover_proto::control::SessionLimits {
+                bwlimit: 7,
+                congestion: "cubic".into(),
+                refused: "not available".into(),
+            };
+            m.handle_control(now, Control::Limits(answer.clone()));
+            let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+            assert!(
+                events
+                    .iter()
+                    .any(|e| matches!(e, SinkEvent::Limits(l) if *l == answer)),
+                "{events:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_acceptor_answers_limits_once_and_refuses_bad_ones() {
+    let ask = dmover_proto::session::sim::dialer_limits();
+    let answer = dmover_proto::session::sim::acceptor_limits(&ask);
+    // Without the feature: a protocol violation.
+    let (mut m, now) = source_with(features::RANGES);
+    while m.poll_event().is_some() {}
+    m.handle_control(now, Control::Limits(ask.clone()));
+    m.handle_timeout(now + Timing::default().report_wait);
+    let e = protocol_failure(std::iter::from_fn(|| m.poll_event()).collect());
+    assert!(e.contains("Limits needs the limits feature"), "{e}");
+    // With it: an answer only once the dialer's came, and only once.
+    let (mut m, now) = source_with(features::LIMITS);
+    while m.poll_event().is_some() {}
+    while m.poll_transmit().is_some() {}
+    m.limits(answer.clone());
+    assert_eq!(m.poll_transmit(), None, "nothing asked yet");
+    m.handle_control(now, Control::Limits(ask.clone()));
+    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+    assert!(
+        matches!(&events[..], [dmover_proto::session::SourceEvent::Limits(l)] if *l == ask),
+        "{events:?}"
+    );
+    m.limits(answer.clone());
+    m.limits(answer.clone());
+    let sent: Vec<_> = std::iter::from_fn(|| m.poll_transmit()).collect();
+    assert_eq!(sent, [Control::Limits(answer.clone())]);
+    // A second one from the dialer breaks the protocol.
+    m.handle_control(now, Control::Limits(ask.clone()));
+    m.handle_timeout(now + Timing::default().report_wait);
+    let e = protocol_failure(std::iter::from_fn(|| m.poll_event()).collect());
+    assert!(e.contains("Limits came twice"), "{e}");
+    // So does a text too long to log or show.
+    let (mut m, now) = sink_with(features::LIMITS);
+    while m.poll_event().is_some() {}
+    let long = dmover_proto::control::SessionLimits {
+        congestion: "x".repeat(dmover_proto::control::MAX_LIMITS_TEXT + 1),
+        ..ask
+    };
+    m.handle_control(now, Control::Limits(long));
+    m.handle_timeout(now + Timing::default().report_wait);
+    let e = protocol_failure(std::iter::from_fn(|| m.poll_event()).collect());
+    assert!(e.contains("257-byte congestion control"), "{e}");
+}

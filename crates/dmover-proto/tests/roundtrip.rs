@@ -253,6 +253,13 @@ fn reliability_control() -> impl Strategy<Value = Control> {
         })),
         Just(Control::OnDemand),
         any::<u64>().prop_map(Control::Grown),
+        (any::<u64>(), text(), text()).prop_map(|(bwlimit, congestion, refused)| {
+            Control::Limits(dmover_proto::control::SessionLimits {
+                bwlimit,
+                congestion,
+                refused,
+            })
+        }),
     ]
 }
 

@@ -174,7 +174,8 @@ pub struct TransferArgs {
     /// autotuning; size it to rate × RTT) [default: kernel autotuning].
     #[arg(long, value_parser = parse_size)]
     pub tcp_buffer: Option<u64>,
-    /// TCP congestion control for data streams (e.g. bbr, cubic) [default: system's].
+    /// TCP congestion control for data streams (e.g. bbr, cubic) [default: system's];
+    /// a pull asks the server to send with it (a server that lacks it warns).
     #[arg(long)]
     pub congestion: Option<String>,
     /// Bandwidth limit of the transfer, all streams together, paced on this side: a

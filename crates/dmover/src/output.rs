@@ -460,6 +460,12 @@ struct JsonReport {
     error: Option<String>,
     /// This side's bandwidth limit (`--bwlimit`), bytes per second; null without.
     bwlimit: Option<u64>,
+    /// The server's limit of the session (the lower of its user's and exports'), bytes
+    /// per second, as the server told it; null without one or from a server that does
+    /// not tell.
+    server_bwlimit: Option<u64>,
+    /// Which limit holds, the lower: `"client"`, `"server"`, null without either.
+    bwlimit_from: Option<&'static str>,
     /// The source's tuner, in a self-tuning transfer (no `-P`); null otherwise.
     tuning: Option<TuningJson>,
     /// `--via-client`: payload bytes this client received from the source server
@@ -486,6 +492,42 @@ struct TuningJson {
     /// Seconds after the first chunk until its search settled (as the source's
     /// decisions tell it, for a pull: when the last change came); null: it had not.
     settled_seconds: Option<f64>,
+}
+
+/// The server's bandwidth limit of the session, as it told it (feature `LIMITS`).
+fn server_bwlimit(p: &Progress) -> Option<u64> {
+    p.peer_limits
+        .lock()
+        .as_ref()
+        .map(|l| l.bwlimit)
+        .filter(|&b| b > 0)
+}
+
+/// Which bandwidth limit holds, and its rate: the lower of this client's and the
+/// server's (a tie names the client, whose own pacing then holds first).
+fn limit_held(client: Option<u64>, server: Option<u64>) -> Option<(&'static str, u64)> {
+    match (client, server) {
+        (Some(c), Some(s)) if s < c => Some(("server", s)),
+        (Some(c), _) => Some(("client", c)),
+        (None, Some(s)) => Some(("server", s)),
+        (None, None) => None,
+    }
+}
+
+/// The text summary's words for a bandwidth limit that holds.
+fn limit_words(held: Option<(&'static str, u64)>) -> String {
+    match held {
+        Some((who, rate)) => format!(
+            "; limited to {} by {}",
+            dmover_proto::units::format_rate(rate.saturating_mul(8)),
+            if who == "server" {
+                "the server"
+            } else {
+                "--bwlimit"
+            }
+        ),
+        None => String::new(),
+    }
 }
 
 fn tuning_json(p: &Progress) -> Option<TuningJson> {
@@ -601,6 +643,8 @@ pub fn report_with(
     bwlimit: Option<u64>,
     sync: bool,
 ) -> ExitCode {
+    let server_limit = server_bwlimit(progress);
+    let held = limit_held(bwlimit, server_limit);
     match result {
         Ok(r) => {
             let s = r.summary;
@@ -644,6 +688,8 @@ pub fn report_with(
                     failed: r.failed.clone(),
                     error: None,
                     bwlimit,
+                    server_bwlimit: server_limit,
+                    bwlimit_from: held.map(|h| h.0),
                     tuning: tuning_json(progress),
                     bytes_received: r.relayed.map(|x| x.bytes_received),
                     relay_peak_bytes: r.relayed.map(|x| x.peak_buffered),
@@ -658,7 +704,7 @@ pub fn report_with(
                     Direction::TpcRelay => "relayed server to server",
                 };
                 eprintln!(
-                    "{verb} {} in {} files, {} dirs, {} symlinks in {secs:.2} s: {gbps:.2} Gbit/s, {fps:.0} files/s ({} streams, {} chunks{}){}{}",
+                    "{verb} {} in {} files, {} dirs, {} symlinks in {secs:.2} s: {gbps:.2} Gbit/s, {fps:.0} files/s ({} streams, {} chunks{}){}{}{}",
                     human_bytes(r.bytes_sent),
                     s.files,
                     s.dirs,
@@ -679,6 +725,7 @@ pub fn report_with(
                         String::new()
                     },
                     resilience(&r),
+                    limit_words(held),
                 );
             }
             for f in &r.failed {
@@ -753,6 +800,8 @@ pub fn report_with(
                     failed: Vec::new(),
                     error: Some(e.to_string()),
                     bwlimit,
+                    server_bwlimit: server_limit,
+                    bwlimit_from: held.map(|h| h.0),
                     tuning: tuning_json(progress),
                     bytes_received: None,
                     relay_peak_bytes: None,
@@ -769,6 +818,32 @@ pub fn report_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lower_bandwidth_limit_holds_and_is_named() {
+        assert_eq!(limit_held(None, None), None);
+        assert_eq!(limit_held(Some(10), None), Some(("client", 10)));
+        assert_eq!(limit_held(None, Some(20)), Some(("server", 20)));
+        assert_eq!(limit_held(Some(10), Some(20)), Some(("client", 10)));
+        assert_eq!(limit_held(Some(30), Some(20)), Some(("server", 20)));
+        assert_eq!(limit_held(Some(20), Some(20)), Some(("client", 20)));
+        assert_eq!(
+            limit_words(Some(("server", 5_000_000))),
+            "; limited to 40mbit by the server"
+        );
+        assert_eq!(
+            limit_words(Some(("client", 1_250_000))),
+            "; limited to 10mbit by --bwlimit"
+        );
+        assert_eq!(limit_words(None), "");
+        // A server's 0 is "none".
+        let p = Progress::default();
+        assert_eq!(server_bwlimit(&p), None);
+        *p.peer_limits.lock() = Some(dmover_proto::control::SessionLimits::default());
+        assert_eq!(server_bwlimit(&p), None);
+        p.peer_limits.lock().as_mut().unwrap().bwlimit = 7;
+        assert_eq!(server_bwlimit(&p), Some(7));
+    }
 
     #[test]
     fn steady_rate_leaves_out_setup_ramp_and_tail() {

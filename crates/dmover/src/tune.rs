@@ -889,7 +889,7 @@ fn settings(net: &Net, opts: &dmover_core::session::TransferOptions) -> Value {
             "in-flight chunks per stream",
             "socket buffers (kernel autotuning up to tcp_wmem/tcp_rmem; --tcp-buffer pins them)",
             "disk read/write parallelism (--io-threads)",
-            "congestion control (--congestion; a pull uses the server's)",
+            "congestion control (--congestion; a pull asks the server to send with it)",
         ],
     })
 }

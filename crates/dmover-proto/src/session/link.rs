@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use super::{Cause, SessionError, Side, State, Timing, features, unexpected};
 use crate::control::{
-    Auth, AuthMethod, Control, Credential, Hello, Open, SessionInfo, SessionOptions,
+    Auth, AuthMethod, Control, Credential, Hello, MAX_LIMITS_TEXT, Open, SessionInfo,
+    SessionLimits, SessionOptions,
 };
 
 /// What a dialer sends in its first flight, and what it checks in the answers.
@@ -23,6 +24,8 @@ pub struct Dial {
     /// The token proof the acceptor must answer with in `AuthOk`
     /// ([`crate::auth::server_token_proof`]), when `auth` proved a token.
     pub server_proof: Option<[u8; 32]>,
+    /// Its limits ([`features::LIMITS`]), sent once `Session` shows the feature.
+    pub limits: SessionLimits,
 }
 
 /// Where a dialer's handshake stands.
@@ -185,6 +188,12 @@ pub(crate) struct Link<E> {
     control_open: bool,
     /// A dialer's handshake, until the session is open.
     opening: Option<Opening>,
+    /// (feature LIMITS) A dialer's limits, until the session opens.
+    limits: Option<SessionLimits>,
+    /// (feature LIMITS) This side sent its limits.
+    limits_sent: bool,
+    /// (feature LIMITS) The peer's limits came.
+    limits_heard: bool,
     /// The failure, until the machine hands it out as an event.
     pub(crate) failure: Option<SessionError<E>>,
 }
@@ -204,6 +213,9 @@ impl<E: Cause> Link<E> {
             failing: None,
             control_open: true,
             opening: None,
+            limits: None,
+            limits_sent: false,
+            limits_heard: false,
             failure: None,
         }
     }
@@ -222,6 +234,7 @@ impl<E: Cause> Link<E> {
     /// Sends a dialer's first flight, all at once, and awaits the `Welcome`.
     pub(crate) fn dial(&mut self, now: Instant, d: Dial) {
         self.opening = Some(Opening::new(&d));
+        self.limits = Some(d.limits);
         self.send(Control::Hello(d.hello));
         self.send(Control::Auth(d.auth));
         self.send(Control::Open(d.open));
@@ -254,6 +267,13 @@ impl<E: Cause> Link<E> {
                 }
                 Some(info) => {
                     self.start_heartbeat(now, self.timing.heartbeat);
+                    // The dialer's limits go first, so the acceptor has them before
+                    // the sink's `Go` (it sets its sending ends before data flows).
+                    if info.features & features::LIMITS != 0 {
+                        let l = self.limits.take().unwrap_or_default();
+                        self.limits_sent = true;
+                        self.send(Control::Limits(l));
+                    }
                     Setup::Opened(info)
                 }
             });
@@ -268,6 +288,37 @@ impl<E: Cause> Link<E> {
             };
         }
         Ok(Setup::Session(msg))
+    }
+
+    /// (feature LIMITS) The peer's limits came: refused when they came before, or
+    /// with a text over [`MAX_LIMITS_TEXT`] bytes.
+    pub(crate) fn on_limits(&mut self, l: &SessionLimits) -> Result<(), SessionError<E>> {
+        let what = if self.limits_heard {
+            "Limits came twice".to_string()
+        } else if l.congestion.len() > MAX_LIMITS_TEXT || l.refused.len() > MAX_LIMITS_TEXT {
+            format!(
+                "Limits with a {}-byte congestion control and a {}-byte refusal",
+                l.congestion.len(),
+                l.refused.len()
+            )
+        } else {
+            self.limits_heard = true;
+            return Ok(());
+        };
+        Err(SessionError::Protocol {
+            peer: self.peer.clone(),
+            what,
+        })
+    }
+
+    /// (feature LIMITS, acceptor) Answers the dialer's limits with this side's, once:
+    /// only in a session that uses the feature, after the dialer's came.
+    pub(crate) fn answer_limits(&mut self, info: Option<&SessionInfo>, l: SessionLimits) {
+        let uses = info.is_some_and(|i| i.features & features::LIMITS != 0);
+        if self.side == Side::Acceptor && uses && self.limits_heard && !self.limits_sent {
+            self.limits_sent = true;
+            self.send(Control::Limits(l));
+        }
     }
 
     pub(crate) fn poll_transmit(&mut self) -> Option<Control> {

@@ -148,13 +148,21 @@ pub mod features {
     /// the manifest ([`Control::Times`]) before its last part, which the sink applies
     /// at the end instead of the manifest's.
     pub const CONTINUOUS: u64 = 32;
+    /// The sides tell each other the limits they apply to the data streams
+    /// ([`Control::Limits`]): the dialer its bandwidth limit and the congestion
+    /// control it asks the acceptor to send with, right after `Session`; the acceptor,
+    /// in answer, its own bandwidth limit and the congestion control it sends with
+    /// (or why it could not use the one asked for).
+    pub const LIMITS: u64 = 64;
 
     /// The features this build's drivers (`dmover_core::drive`) speak and offer.
-    pub const SUPPORTED: u64 = GROWING_MANIFEST | RANGES | TUNING | METADATA | LINKS | CONTINUOUS;
+    pub const SUPPORTED: u64 =
+        GROWING_MANIFEST | RANGES | TUNING | METADATA | LINKS | CONTINUOUS | LIMITS;
 
     /// The features the role machines implement: what a driver may offer once it
     /// handles their events too (the simulator and the pair tests offer these).
-    pub const MACHINES: u64 = GROWING_MANIFEST | RANGES | TUNING | METADATA | LINKS | CONTINUOUS;
+    pub const MACHINES: u64 =
+        GROWING_MANIFEST | RANGES | TUNING | METADATA | LINKS | CONTINUOUS | LIMITS;
 
     /// The features a session uses: those both sides speak. Bits the machines do not
     /// know are never granted.
@@ -173,6 +181,7 @@ pub mod features {
             Control::Sparse(_) => LINKS,
             Control::Meta(_) => METADATA,
             Control::Stored(_) | Control::Times(_) => CONTINUOUS,
+            Control::Limits(_) => LIMITS,
             _ => 0,
         }
     }
@@ -186,6 +195,7 @@ pub mod features {
             LINKS => "hard links",
             METADATA => "metadata",
             CONTINUOUS => "continuous",
+            LIMITS => "limits",
             _ => "unknown",
         }
     }

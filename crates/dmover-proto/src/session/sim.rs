@@ -277,6 +277,30 @@ pub struct Report {
     pub meta: Vec<crate::manifest::EntryMeta>,
     /// The source's [`SourceSession::stored_below`] when it finished.
     pub stored_below: Option<u64>,
+    /// The limits each side heard from the other (feature `LIMITS`): the dialer's,
+    /// as the acceptor heard them, and the acceptor's answer, as the dialer heard it.
+    pub limits: (
+        Option<crate::control::SessionLimits>,
+        Option<crate::control::SessionLimits>,
+    ),
+}
+
+/// The limits a simulated dialer sends (feature `LIMITS`).
+pub fn dialer_limits() -> crate::control::SessionLimits {
+    crate::control::SessionLimits {
+        bwlimit: 1_000_000,
+        congestion: "reno".into(),
+        refused: String::new(),
+    }
+}
+
+/// A simulated acceptor's answer to the dialer's limits `l`.
+pub fn acceptor_limits(l: &crate::control::SessionLimits) -> crate::control::SessionLimits {
+    crate::control::SessionLimits {
+        bwlimit: 500_000,
+        congestion: l.congestion.clone(),
+        refused: String::new(),
+    }
 }
 
 impl Report {
@@ -429,6 +453,7 @@ impl Sim {
                 heartbeat_ms: cfg.timing.heartbeat.as_millis() as u32,
             },
             server_proof: Some([3; 32]),
+            limits: dialer_limits(),
         };
         let dialer = if cfg.push {
             let mut s = SourceSession::dial(t0, "acceptor", cfg.timing, dial);
@@ -480,6 +505,7 @@ impl Sim {
                 tuned: Vec::new(),
                 meta: Vec::new(),
                 stored_below: None,
+                limits: (None, None),
             },
             cfg,
             t0,
@@ -997,6 +1023,7 @@ impl Sim {
                 SourceEvent::Opened(_)
                 | SourceEvent::Options(_)
                 | SourceEvent::StreamLost { .. } => {}
+                SourceEvent::Limits(l) => self.heard_limits(p, l),
                 SourceEvent::Held(_) => {
                     let first = self.first;
                     let expected: ChunkSet = self.expected.iter().filter(|&k| k < first).collect();
@@ -1056,6 +1083,23 @@ impl Sim {
         any
     }
 
+    /// A side heard the other's limits: the acceptor answers as a server would (its
+    /// own bandwidth limit, the congestion control asked for).
+    fn heard_limits(&mut self, p: Party, l: crate::control::SessionLimits) {
+        match p {
+            Party::Dialer => self.report.limits.1 = Some(l),
+            Party::Acceptor => {
+                let answer = acceptor_limits(&l);
+                self.report.limits.0 = Some(l);
+                match self.role(p) {
+                    Some(Role::Source(s)) => s.limits(answer),
+                    Some(Role::Sink(s)) => s.limits(answer),
+                    Some(Role::Accepting(_)) | None => {}
+                }
+            }
+        }
+    }
+
     fn pump_sink(&mut self, p: Party, now: Instant, lat: Duration) -> bool {
         let mut any = false;
         loop {
@@ -1093,6 +1137,7 @@ impl Sim {
                 | SinkEvent::Times(_)
                 | SinkEvent::StreamLost { .. } => {}
                 SinkEvent::Tuned(t) => self.report.tuned.push(t),
+                SinkEvent::Limits(l) => self.heard_limits(p, l),
                 SinkEvent::Meta(m) => self.report.meta = m,
                 SinkEvent::Manifest(_) => {
                     if resume {

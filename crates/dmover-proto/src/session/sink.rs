@@ -39,7 +39,8 @@ use std::time::{Duration, Instant};
 use super::link::{Dial, Link, Setup};
 use super::{Cause, ChunkSet, SessionError, Side, State, StreamStats, Timing, features};
 use crate::control::{
-    Control, Growth, Have, Plan, SendReport, SessionInfo, SessionOptions, Summary, Want,
+    Control, Growth, Have, Plan, SendReport, SessionInfo, SessionLimits, SessionOptions, Summary,
+    Want,
 };
 use crate::manifest::{self, Entry, EntryMeta, XattrScope};
 
@@ -125,6 +126,9 @@ pub enum SinkEvent<E> {
     Tuned(crate::control::Tuned),
     /// The session is over; the source's account of its sending.
     Done(SendReport),
+    /// (feature [`features::LIMITS`]) The peer's limits. An acceptor answers with
+    /// its own ([`SinkSession::limits`]).
+    Limits(SessionLimits),
     /// The session failed.
     Failed(SessionError<E>),
 }
@@ -345,6 +349,18 @@ impl<E: Cause + Clone> SinkSession<E> {
         self.info.as_ref()
     }
 
+    /// Which side of the control connection this machine is on.
+    pub fn side(&self) -> Side {
+        self.link.side
+    }
+
+    /// (acceptor, feature [`features::LIMITS`]) Answers the dialer's limits
+    /// ([`SinkEvent::Limits`]) with this side's; once, and only in a session that uses
+    /// the feature. (A dialer's own go in its [`Dial`].)
+    pub fn limits(&mut self, l: SessionLimits) {
+        self.link.answer_limits(self.info.as_ref(), l);
+    }
+
     /// Where the session stands.
     pub fn state(&self) -> State {
         self.link.state
@@ -393,6 +409,11 @@ impl<E: Cause + Clone> SinkSession<E> {
         };
         let peer = self.link.peer.clone();
         super::check_feature(&peer, self.info.as_ref(), &msg)?;
+        if let Control::Limits(l) = msg {
+            self.link.on_limits(&l)?;
+            self.events.push_back(SinkEvent::Limits(l));
+            return Ok(());
+        }
         let growing = self.growth.is_some() && !self.sealed;
         match (self.phase, msg) {
             (phase, Control::Manifest(part)) if phase == Phase::Listing || growing => {

@@ -39,7 +39,7 @@ use super::link::{Dial, Link, Setup};
 use super::{Cause, ChunkMeta, ChunkSet, SessionError, Side, State, StreamStats, Timing, features};
 use crate::control::{
     Control, FailedFile, Growth, Have, ManifestEnd, ManifestPart, MetaPart, Plan, SendReport,
-    SessionInfo, SessionOptions, Summary, Want,
+    SessionInfo, SessionLimits, SessionOptions, Summary, Want,
 };
 use crate::data::decode_ack;
 use crate::manifest::{Entry, EntryMeta, Totals};
@@ -117,6 +117,9 @@ pub enum SourceEvent<E> {
     Drained,
     /// The sink has every file: the session is over.
     Done(Summary),
+    /// (feature [`features::LIMITS`]) The peer's limits. An acceptor answers with
+    /// its own ([`SourceSession::limits`]).
+    Limits(SessionLimits),
     /// The session failed.
     Failed(SessionError<E>),
 }
@@ -376,6 +379,18 @@ impl<E: Cause + Clone> SourceSession<E> {
         self.info.as_ref()
     }
 
+    /// Which side of the control connection this machine is on.
+    pub fn side(&self) -> Side {
+        self.link.side
+    }
+
+    /// (acceptor, feature [`features::LIMITS`]) Answers the dialer's limits
+    /// ([`SourceEvent::Limits`]) with this side's; once, and only in a session that uses
+    /// the feature. (A dialer's own go in its [`Dial`].)
+    pub fn limits(&mut self, l: SessionLimits) {
+        self.link.answer_limits(self.info.as_ref(), l);
+    }
+
     /// Where the session stands.
     pub fn state(&self) -> State {
         self.link.state
@@ -610,6 +625,11 @@ impl<E: Cause + Clone> SourceSession<E> {
         };
         let peer = self.link.peer.clone();
         super::check_feature(&peer, self.info.as_ref(), &msg)?;
+        if let Control::Limits(l) = msg {
+            self.link.on_limits(&l)?;
+            self.events.push_back(SourceEvent::Limits(l));
+            return Ok(());
+        }
         match (self.phase, msg) {
             (Phase::Announcing, Control::Have(h)) if !self.plan_sent => {
                 let last = h.last;

@@ -1,0 +1,171 @@
+//! A pull's congestion control (feature `LIMITS`, docs/protocol.md): the client names
+//! the algorithm in its `Limits` right after `Session`; the server sets it
+//! (`TCP_CONGESTION`) on its ends of the session's data streams, those joined already
+//! and those that join later, before its first chunk (the client's `Go` comes after
+//! its `Limits` on the control connection). An algorithm this server cannot use is
+//! logged and told to the client; the streams keep the server's default.
+
+use std::collections::BTreeSet;
+use std::os::fd::{AsFd, OwnedFd};
+
+use dmover_net::tcp;
+use parking_lot::Mutex;
+
+/// The congestion control of a pull's sending ends.
+#[derive(Debug)]
+pub(crate) struct SendCongestion {
+    peer: String,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// The client's limits came (or none will).
+    decided: bool,
+    /// The algorithm to set, once decided (`None`: the default).
+    name: Option<String>,
+    /// Streams that joined before the decision (their sockets, duplicated; closed once
+    /// it is made).
+    waiting: Vec<OwnedFd>,
+    /// What the streams' sockets use, read back after setting the algorithm.
+    used: BTreeSet<String>,
+}
+
+impl SendCongestion {
+    pub(crate) fn new(peer: &str) -> Self {
+        SendCongestion {
+            peer: peer.to_string(),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// A data stream joined, `socket` its connection: it gets the algorithm now or
+    /// when it is decided.
+    pub(crate) fn joined(&self, socket: &impl AsFd) {
+        let mut st = self.state.lock();
+        if !st.decided {
+            match socket.as_fd().try_clone_to_owned() {
+                Ok(fd) => st.waiting.push(fd),
+                Err(e) => tracing::warn!(
+                    "{}: a data stream's congestion control cannot be set: {e}",
+                    self.peer
+                ),
+            }
+            return;
+        }
+        if let Some(name) = st.name.clone() {
+            self.apply(socket, &name, &mut st.used);
+        }
+    }
+
+    /// The client asked for `name` (empty: the server's default): it is checked and
+    /// set on the streams joined so far and those to come. Returns the answer: the
+    /// algorithm the sending ends use (empty when none was asked) and why the one
+    /// asked for is not (empty when it is).
+    pub(crate) fn decide(&self, name: &str) -> (String, String) {
+        let mut st = self.state.lock();
+        if st.decided {
+            return (String::new(), String::new());
+        }
+        st.decided = true;
+        let waiting = std::mem::take(&mut st.waiting);
+        if name.is_empty() {
+            return (String::new(), String::new());
+        }
+        match tcp::check_congestion(name) {
+            Ok(()) => {
+                st.name = Some(name.to_string());
+                for fd in &waiting {
+                    self.apply(fd, name, &mut st.used);
+                }
+                tracing::info!(
+                    "{}: data streams send with congestion control {name:?}, as the client asked",
+                    self.peer
+                );
+                (name.to_string(), String::new())
+            }
+            Err(why) => {
+                let default = tcp::default_congestion().unwrap_or_default();
+                tracing::warn!(
+                    "{}: the client asked for congestion control {}: {why}; its data streams \
+                     keep the default ({default})",
+                    self.peer,
+                    name.escape_debug()
+                );
+                (default, why)
+            }
+        }
+    }
+
+    /// What the data streams' sockets use, read back from them, when the client asked
+    /// for an algorithm: each one once, in order, joined by commas.
+    pub(crate) fn used(&self) -> Option<String> {
+        let st = self.state.lock();
+        (!st.used.is_empty()).then(|| st.used.iter().cloned().collect::<Vec<_>>().join(","))
+    }
+
+    fn apply(&self, socket: &impl AsFd, name: &str, used: &mut BTreeSet<String>) {
+        if let Err(e) = tcp::set_congestion(socket, name) {
+            tracing::warn!(
+                "{}: cannot use congestion control {name:?} on a data stream: {e}; it keeps \
+                 the default",
+                self.peer
+            );
+        }
+        match tcp::congestion_of(socket) {
+            Ok(n) => {
+                used.insert(n);
+            }
+            Err(e) => tracing::debug!("{}: TCP_CONGESTION: {e}", self.peer),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (std::net::TcpStream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (a, _) = l.accept().unwrap();
+        (a, c)
+    }
+
+    /// Streams joined before the decision and after it both get the algorithm.
+    #[test]
+    fn streams_joined_before_and_after_the_decision_get_the_algorithm() {
+        let cc = SendCongestion::new("peer");
+        let (early, _c1) = pair();
+        cc.joined(&early);
+        assert_eq!(cc.decide("reno"), ("reno".to_string(), String::new()));
+        let (late, _c2) = pair();
+        cc.joined(&late);
+        for s in [&early, &late] {
+            assert_eq!(tcp::congestion_of(s).unwrap(), "reno");
+        }
+        assert_eq!(cc.used().as_deref(), Some("reno"));
+        // Decided once.
+        assert_eq!(cc.decide("cubic"), (String::new(), String::new()));
+    }
+
+    /// An algorithm the kernel lacks: the answer says why and names the default, and
+    /// the streams keep it.
+    #[test]
+    fn an_unavailable_algorithm_is_refused_with_the_reason() {
+        let cc = SendCongestion::new("peer");
+        let (s, _c) = pair();
+        let before = tcp::congestion_of(&s).unwrap();
+        cc.joined(&s);
+        let (used, why) = cc.decide("nosuchcc");
+        assert_eq!(used, before);
+        assert!(why.contains("\"nosuchcc\" is not available"), "{why}");
+        assert_eq!(tcp::congestion_of(&s).unwrap(), before);
+        assert_eq!(cc.used(), None);
+        // Nothing asked: nothing set, nothing refused.
+        let cc = SendCongestion::new("peer");
+        cc.joined(&s);
+        assert_eq!(cc.decide(""), (String::new(), String::new()));
+        assert_eq!(cc.used(), None);
+    }
+}
