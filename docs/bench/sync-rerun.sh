@@ -12,11 +12,13 @@
 # Usage: docs/bench/sync-rerun.sh [DMOVER_BINARY]   (as root; env ROUNDS, LABS, SCALE)
 # With OTHER=ANOTHER_DMOVER_BINARY a third tool, "other" (that binary as client and
 # server, its own mirror), runs interleaved with the two: an A/B of two builds.
+# EXTRA="-c": flags given to every tool's timed runs (both take -c for --checksum).
 set -euo pipefail
 B=${1:-target/release/dmover}
 B=$(readlink -f "$B")
 OTHER=${OTHER:+$(readlink -f "$OTHER")}
 TOOLS="dmover rsync${OTHER:+ other}"
+EXTRA=${EXTRA:-}
 ROUNDS=${ROUNDS:-5}
 SCALE=${SCALE:-1}
 LABS=${LABS:-"loopback 50ms:1gbit"}
@@ -64,11 +66,14 @@ for lab in $LABS; do
     fi
     "${ns_b[@]}" rsync --daemon --config="$W/rsyncd.conf" --address="$host" --port=8873
     sleep 1
+    # shellcheck disable=SC2086 # EXTRA: words
     dm() { "${ns_a[@]}" "$B" sync --token-file "$W/token" --known-hosts "$W/kh" --json \
-        "$W/src" "dmover://$host/mirror"; }
-    rs() { "${ns_a[@]}" rsync -a --stats "$W/src/" "rsync://$host:8873/w/mirror/"; }
+        $EXTRA "$W/src" "dmover://$host/mirror"; }
+    # shellcheck disable=SC2086
+    rs() { "${ns_a[@]}" rsync -a --stats $EXTRA "$W/src/" "rsync://$host:8873/w/mirror/"; }
+    # shellcheck disable=SC2086
     ot() { "${ns_a[@]}" "$OTHER" sync --token-file "$W/token" --known-hosts "$W/kh2" \
-        --json "$W/src" "dmover://$host:7701/mirror"; }
+        --json $EXTRA "$W/src" "dmover://$host:7701/mirror"; }
     dm >/dev/null
     rs >/dev/null
     if [ -n "$OTHER" ]; then ot >/dev/null; fi
