@@ -499,7 +499,7 @@ pub struct MountArgs {
 }
 
 /// Parses `--timeout`: at least 1s.
-fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
+pub(crate) fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
     let d = parse_duration(s)?;
     if d < std::time::Duration::from_secs(1) {
         return Err(format!("{s:?} is too short: at least 1s"));

@@ -1,6 +1,7 @@
 //! `dmover bench remote` (issue 14): the real binary against a real server on loopback.
 //! Workloads A and B read through the API give ordered percentiles, throughput and the
-//! configured number of I/Os; `--via mount` reads and writes through a real mount
+//! configured number of I/Os; the API writes new files (`StagedFile`s, uploaded at
+//! close), alone and beside reads; `--via mount` reads and writes through a real mount
 //! (skipped without FUSE unless `DMOVER_REQUIRE_FUSE=1`); bad arguments exit 2; the
 //! server's directory holds afterwards exactly what it held before (its mtime too), and
 //! nothing stays mounted.
@@ -171,6 +172,112 @@ fn workloads_a_and_b_read_through_the_api() {
     s.assert_clean();
 }
 
+/// The number of entries the run said it removed with its test directory.
+fn removed(o: &Output) -> u64 {
+    let err = stderr(o);
+    let (_, rest) = err
+        .split_once("removed the test directory from the server (")
+        .unwrap_or_else(|| panic!("no removal reported: {err}"));
+    rest.split(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn workload_a_writes_through_the_api() {
+    // Two clients, two slots per file, 8 writes of 64 KiB each: every slot writes two
+    // whole files of 256 KiB (each `write_at` a `write` row I/O) and uploads each at
+    // its close (a `close` row I/O of 256 KiB).
+    let s = Setup::new();
+    let csv = s.t.path().join("w.csv");
+    let o = s.bench(&[
+        &s.server.url("data"),
+        "--workload",
+        "A",
+        "--mix",
+        "write",
+        "--clients",
+        "2",
+        "--queue-depth",
+        "2",
+        "--file-size",
+        "256K",
+        "--block",
+        "64K",
+        "--ops",
+        "8",
+        "--seconds",
+        "60",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--json",
+    ]);
+    let r = rows(&o);
+    let ops: Vec<&str> = r.iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["write", "close"], "{r:?}");
+    for r in &r {
+        assert_eq!(r["via"], "api");
+        assert_eq!((f(r, "files"), f(r, "clients")), (1.0, 2.0), "{r}");
+        sane(r);
+    }
+    let slots = 2 * 2;
+    assert_eq!(f(&r[0], "ops"), (slots * 8) as f64, "{r:?}");
+    assert_eq!(f(&r[0], "block"), (64 << 10) as f64);
+    assert_eq!(f(&r[1], "ops"), (slots * 2) as f64, "{r:?}");
+    assert_eq!(f(&r[1], "bytes"), (slots * 2 * (256 << 10)) as f64, "{r:?}");
+    assert_eq!(f(&r[1], "block"), 0.0, "a close has no block");
+    // What was uploaded was on the server: the test directory, r/, w/ and the 8 files.
+    assert_eq!(removed(&o), 3 + 8, "{}", stderr(&o));
+    // The CSV has the mount's columns and rows.
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(lines[0].starts_with("rtt_ms,workload,via,op,"), "{text}");
+    assert!(lines[1].contains(",api,write,"), "{text}");
+    assert!(lines[2].contains(",api,close,"), "{text}");
+    s.assert_clean();
+}
+
+#[test]
+fn workload_b_reads_and_writes_through_the_api_at_once() {
+    // 50/50: the ten files read (4 reads per slot) while ten writers (4 writes of 64
+    // KiB per slot: one whole file each, uploaded once) write new ones beside them.
+    let s = Setup::new();
+    let o = s.bench(&[
+        &s.server.url("data"),
+        "--workload",
+        "B",
+        "--via",
+        "api",
+        "--mix",
+        "50/50",
+        "--file-size",
+        "256K",
+        "--block",
+        "64K",
+        "--ops",
+        "4",
+        "--seconds",
+        "60",
+        "--json",
+    ]);
+    let r = rows(&o);
+    let ops: Vec<&str> = r.iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["read", "write", "close"], "{r:?}");
+    for r in &r {
+        assert_eq!(r["via"], "api");
+        assert_eq!(f(r, "files"), 10.0);
+        sane(r);
+    }
+    assert_eq!(f(&r[0], "ops"), 40.0);
+    assert!(r[0]["chunks_received"].as_u64().is_some(), "{}", r[0]);
+    assert_eq!(f(&r[1], "ops"), 40.0);
+    assert_eq!(f(&r[2], "ops"), 10.0, "one whole file per writer: {r:?}");
+    assert_eq!(f(&r[2], "bytes"), (10 * (256 << 10)) as f64);
+    assert!(r[1].get("chunks_received").is_none(), "{}", r[1]);
+    // The test directory, r/, w/, the ten files read and the ten written.
+    assert_eq!(removed(&o), 3 + 10 + 10, "{}", stderr(&o));
+    s.assert_clean();
+}
+
 /// Whether this test can mount (as tests/mount.rs decides).
 fn fuse_available(test: &str) -> bool {
     let why = if !Path::new("/dev/fuse").exists() {
@@ -238,8 +345,8 @@ fn bad_arguments_exit_2_and_touch_nothing() {
     for args in [
         vec![url.as_str()],
         vec![&url, "--workload", "E"],
-        vec![&url, "--workload", "A", "--mix", "write"],
-        vec![&url, "--workload", "A", "--via", "api", "--mix", "50/50"],
+        vec![&url, "--workload", "A", "--timeout", "500ms"],
+        vec![&url, "--workload", "A", "--timeout", "soon"],
         vec![
             &url,
             "--workload",

@@ -6,8 +6,8 @@
 //! directory, pushes that as a new directory `.dmover-bench-PID-NANOS` into the target
 //! directory, measures, and removes that directory from the server afterwards (an
 //! `Op::Prune` restricted to it, [`Client::remove_in`]), also after an error or
-//! Ctrl-C. Reads go to `r/rNNNN`; writes (through the mount only) create new files in
-//! `w/`, so reads and writes never share a file.
+//! Ctrl-C. Reads go to `r/rNNNN`; writes create new files in `w/` (through the API:
+//! [`StagedFile`]s, uploaded at close), so reads and writes never share a file.
 //!
 //! Every I/O is timed from its submission (the call) to its completion (the call's
 //! return); `--queue-depth N` keeps N I/Os in flight per file (N tasks or threads),
@@ -29,7 +29,7 @@ use clap::{Args, ValueEnum};
 use dmover_bench::report::round_sig;
 use dmover_bench::stats::Latency;
 use dmover_core::client::Client;
-use dmover_core::remote::{Remote, RemoteOptions};
+use dmover_core::remote::{Remote, RemoteOptions, StagedFile};
 use rand::{Rng, SeedableRng};
 use serde_json::{Map, Value, json};
 
@@ -76,7 +76,8 @@ impl Workload {
 /// Through what the files are accessed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Via {
-    /// The library API (`dmover_core::remote::Remote::read_at`), one session per client.
+    /// The library API: `dmover_core::remote::Remote::read_at` (one session per
+    /// client) for reads, `StagedFile::write_at` and its upload at close for writes.
     Api,
     /// A `dmover mount` per client (this binary), plain file I/O from threads.
     Mount,
@@ -90,7 +91,8 @@ pub enum Via {
 pub enum Mix {
     /// Reads of existing files.
     Read,
-    /// New files written (through the mount).
+    /// New files written, each in `--block` writes up to `--file-size`, then closed
+    /// (the close uploads it, through the API and through a mount).
     Write,
     /// Both at once: the workload's files read and as many new files written.
     #[value(name = "50/50")]
@@ -142,7 +144,7 @@ pub struct RemoteBenchArgs {
     /// directory itself on the server's machine).
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
-    /// Reads, writes of new files (through a mount only), or both (separate files).
+    /// Reads, writes of new files, or both at once (separate files).
     #[arg(long, value_enum, default_value_t = Mix::Read)]
     pub mix: Mix,
     /// Where reads land: random block-aligned offsets, or sequential.
@@ -172,6 +174,11 @@ pub struct RemoteBenchArgs {
     /// cost no round trip.
     #[arg(long, default_value = "256M", value_parser = dmover_proto::units::parse_size, value_name = "SIZE")]
     pub cache: u64,
+    /// The longest one I/O waits for the server before it counts as failed: an API
+    /// read or upload (a write slot's close); given to the mounts as their `--timeout`
+    /// (at least 1s).
+    #[arg(long, default_value = "30s", value_parser = crate::args::parse_timeout, value_name = "D")]
+    pub timeout: Duration,
     /// Also write the rows as CSV into this file.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
@@ -282,12 +289,6 @@ pub fn run(a: RemoteBenchArgs, env: &Env) -> anyhow::Result<()> {
             target.to_string_lossy()
         )));
     }
-    if a.via == Via::Api && a.mix != Mix::Read {
-        return Err(usage(
-            "writes go through a mount only (--via mount or dir): the library's writer \
-             (remote::StagedFile) uploads whole files at close, not measured here yet",
-        ));
-    }
     if (a.via == Via::Dir) != a.dir.is_some() {
         return Err(usage(
             "--dir DIR goes with --via dir (and --via dir needs --dir)",
@@ -313,7 +314,7 @@ pub fn run(a: RemoteBenchArgs, env: &Env) -> anyhow::Result<()> {
     let chunk_size = opts.chunk_size;
     interrupt::install().context("watching for Ctrl-C")?;
     let rt = runtime(opts.streams.max(4))?;
-    let client = Client::new(opts, a.transfer.io_threads as usize);
+    let client = Arc::new(Client::new(opts, a.transfer.io_threads as usize));
     let n = a.workload.files();
 
     // The target must be a directory whose entries the server lets this user delete
@@ -370,7 +371,22 @@ pub fn run(a: RemoteBenchArgs, env: &Env) -> anyhow::Result<()> {
         }
         remote_dir.extend_from_slice(name.as_bytes());
         match a.via {
-            Via::Api => via_api(&rt, &client, &server, &remote_dir, &name, &a, n),
+            Via::Api => {
+                // The write slots' staging files: here, removed with `local` whatever
+                // happens (and each as its slot closes or drops it).
+                let staging = local.path().join("staging");
+                std::fs::create_dir_all(&staging)
+                    .with_context(|| format!("creating {}", staging.display()))?;
+                let api = Api {
+                    rt: &rt,
+                    client: &client,
+                    server: &server,
+                    remote_dir: &remote_dir,
+                    name: &name,
+                    staging: &staging,
+                };
+                via_api(&api, &a, n, reads, writes)
+            }
             Via::Mount => {
                 let url = format!("{}/{name}", target.to_string_lossy().trim_end_matches('/'));
                 let mut mounts = Vec::new();
@@ -583,47 +599,102 @@ fn offset(pattern: Pattern, slots: u64, block: u64, k: u64, rng: &mut impl Rng) 
     }
 }
 
-/// Reads through the library API: `clients` sessions, each with `queue_depth` tasks
-/// per file calling `read_at` until the time is up.
+/// What the API runs against: the runtime, the client, the server, the test
+/// directory there (`remote_dir`, whose last component is `name`), and the local
+/// directory the write slots stage their files in.
+struct Api<'a> {
+    rt: &'a tokio::runtime::Runtime,
+    client: &'a Arc<Client>,
+    server: &'a str,
+    remote_dir: &'a [u8],
+    name: &'a str,
+    staging: &'a Path,
+}
+
+/// Reads and writes through the library API, at once: `clients` [`Remote`] sessions,
+/// each with `queue_depth` tasks per file calling `read_at`; and per client, file and
+/// queue slot a writer thread writing new files through [`StagedFile`]s (`write_at`
+/// in blocks, then the upload), until the time or `--ops` is up.
 fn via_api(
-    rt: &tokio::runtime::Runtime,
-    client: &Client,
-    server: &str,
-    remote_dir: &[u8],
-    name: &str,
+    api: &Api<'_>,
     a: &RemoteBenchArgs,
     n: usize,
+    reads: bool,
+    writes: bool,
 ) -> anyhow::Result<Measured> {
     let ropts = RemoteOptions {
         cache_bytes: a.cache,
         read_ahead: 4,
     };
-    rt.block_on(async {
-        let mut sessions = Vec::new();
-        for _ in 0..a.clients {
-            let r = Remote::open_with(client, server, remote_dir, ropts)
-                .await
-                .context("opening a remote session")?;
-            sessions.push(Arc::new(r));
+    let (sessions, files) = if reads {
+        api.rt.block_on(async {
+            let mut sessions = Vec::new();
+            for _ in 0..a.clients {
+                let r = Remote::open_with(api.client, api.server, api.remote_dir, ropts)
+                    .await
+                    .context("opening a remote session")?;
+                sessions.push(Arc::new(r));
+            }
+            let mut files = Vec::new();
+            for i in 0..n {
+                let p = format!("{}/r/r{i:04}", api.name);
+                let e = sessions[0]
+                    .lookup(&p)
+                    .with_context(|| format!("{p} is not on the server after the push"))?;
+                files.push(e);
+            }
+            anyhow::Ok((sessions, files))
+        })?
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let started = Instant::now();
+    let end = started + Duration::from_secs_f64(a.seconds);
+    let mut m = Measured::default();
+    let mut writers = Vec::new();
+    if writes {
+        let mut dir = api.remote_dir.to_vec();
+        dir.extend_from_slice(b"/w/");
+        'spawn: for c in 0..a.clients {
+            for i in 0..n {
+                for q in 0..a.queue_depth {
+                    let slot = WriteSlot {
+                        rt: api.rt.handle().clone(),
+                        client: api.client.clone(),
+                        server: api.server.to_string(),
+                        dir: dir.clone(),
+                        staging: api.staging.to_path_buf(),
+                        prefix: format!("c{c}-f{i:04}-q{q}"),
+                        block: a.block,
+                        size: a.file_size,
+                        cap: a.ops.unwrap_or(u64::MAX),
+                        end,
+                        timeout: a.timeout,
+                    };
+                    let b = std::thread::Builder::new().stack_size(256 << 10);
+                    match b.spawn(move || slot.run()) {
+                        Ok(h) => writers.push(h),
+                        Err(e) => {
+                            // The run fails; the slots started run on and are counted.
+                            m.write.fail(format!("starting a writer thread: {e}"));
+                            break 'spawn;
+                        }
+                    }
+                }
+            }
         }
-        let mut files = Vec::new();
-        for i in 0..n {
-            let p = format!("{name}/r/r{i:04}");
-            let e = sessions[0]
-                .lookup(&p)
-                .with_context(|| format!("{p} is not on the server after the push"))?;
-            files.push(e);
-        }
+    }
+    let mut tasks = Vec::new();
+    if reads {
+        let _guard = api.rt.enter();
         let slots = (a.file_size / a.block).max(1);
-        let started = Instant::now();
-        let end = started + Duration::from_secs_f64(a.seconds);
-        let mut tasks = Vec::new();
         for (c, s) in sessions.iter().enumerate() {
             for (i, &e) in files.iter().enumerate() {
                 let cursor = Arc::new(AtomicU64::new(0));
                 for q in 0..a.queue_depth {
                     let (s, cursor) = (s.clone(), cursor.clone());
                     let (pattern, block, cap) = (a.pattern, a.block, a.ops.unwrap_or(u64::MAX));
+                    let limit = a.timeout;
                     let seed = ((c as u64) << 40) ^ ((i as u64) << 8) ^ q as u64;
                     tasks.push(tokio::spawn(async move {
                         let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
@@ -632,25 +703,34 @@ fn via_api(
                             && Instant::now() < end
                             && !interrupt::requested()
                         {
+                            // A read the cache answers does not wait: spend the
+                            // task's budget, so it yields now and then to the other
+                            // tasks (reads, uploads) instead of holding one of the
+                            // runtime's threads until the deadline.
+                            tokio::task::consume_budget().await;
                             let k = cursor.fetch_add(1, Relaxed);
                             let off = offset(pattern, slots, block, k, &mut rng);
                             let t0 = Instant::now();
-                            let r = s.read_at(e, off, block).await;
+                            let r = tokio::time::timeout(limit, s.read_at(e, off, block)).await;
                             let dt = t0.elapsed().as_nanos() as u64;
                             match r {
-                                Ok(d) if d.len() as u64 == block => {
+                                Ok(Ok(d)) if d.len() as u64 == block => {
                                     t.lat_ns.push(dt);
                                     t.bytes += block;
                                 }
-                                Ok(d) => {
+                                Ok(Ok(d)) => {
                                     t.fail(format!(
                                         "read of {block} bytes at {off} gave {}",
                                         d.len()
                                     ));
                                     break;
                                 }
-                                Err(e) => {
+                                Ok(Err(e)) => {
                                     t.fail(e.to_string());
+                                    break;
+                                }
+                                Err(_) => {
+                                    t.fail(format!("read at {off}: no answer within {limit:?}"));
                                     break;
                                 }
                             }
@@ -660,12 +740,41 @@ fn via_api(
                 }
             }
         }
-        let mut m = Measured::default();
+    }
+    finish(m, tasks, writers, sessions, started, api.rt)
+}
+
+/// Waits for the read tasks and the writer threads, takes the time, closes the
+/// sessions (adding up their chunk counts, when there are any).
+fn finish(
+    mut m: Measured,
+    tasks: Vec<tokio::task::JoinHandle<Tally>>,
+    writers: Vec<std::thread::JoinHandle<(Tally, Tally)>>,
+    sessions: Vec<Arc<Remote>>,
+    started: Instant,
+    rt: &tokio::runtime::Runtime,
+) -> anyhow::Result<Measured> {
+    rt.block_on(async {
         for t in tasks {
-            m.read.merge(t.await.context("a read task")?);
+            match t.await {
+                Ok(t) => m.read.merge(t),
+                Err(e) => m.read.fail(format!("a read task: {e}")),
+            }
         }
-        m.seconds = started.elapsed().as_secs_f64();
-        let (mut recv, mut hits) = (0, 0);
+    });
+    for h in writers {
+        match h.join() {
+            Ok((w, c)) => {
+                m.write.merge(w);
+                m.close.merge(c);
+            }
+            Err(_) => m.write.fail("a writer thread panicked".into()),
+        }
+    }
+    m.seconds = started.elapsed().as_secs_f64();
+    let (mut recv, mut hits) = (0, 0);
+    let read = !sessions.is_empty();
+    rt.block_on(async {
         for s in sessions {
             let st = s.stats();
             recv += st.chunks_received;
@@ -676,9 +785,120 @@ fn via_api(
                 }
             }
         }
+    });
+    if read {
         m.chunks = Some((recv, hits));
-        Ok(m)
-    })
+    }
+    Ok(m)
+}
+
+/// One write slot of the API: new files `dir/PREFIX-SEQ` on the server, each staged
+/// locally in `staging`, written in `block`s with [`StagedFile::write_at`] up to `size`
+/// bytes and uploaded (the `close` row), until `end`, `cap` writes or an interrupt.
+struct WriteSlot {
+    rt: tokio::runtime::Handle,
+    client: Arc<Client>,
+    server: String,
+    dir: Vec<u8>,
+    staging: PathBuf,
+    prefix: String,
+    block: u64,
+    size: u64,
+    cap: u64,
+    end: Instant,
+    timeout: Duration,
+}
+
+impl WriteSlot {
+    /// (the writes, the closes).
+    fn run(self) -> (Tally, Tally) {
+        let (mut w, mut cl) = (Tally::default(), Tally::default());
+        let buf = vec![0x5au8; self.block as usize];
+        let more = |w: &Tally| {
+            (w.lat_ns.len() as u64) < self.cap
+                && Instant::now() < self.end
+                && !interrupt::requested()
+        };
+        let mut seq = 0u64;
+        'files: while more(&w) {
+            let leaf = format!("{}-{seq}", self.prefix);
+            seq += 1;
+            let mut dest = self.dir.clone();
+            dest.extend_from_slice(leaf.as_bytes());
+            let f = match StagedFile::create(&self.staging, &self.server, &dest, 0o644) {
+                Ok(f) => f,
+                Err(e) => {
+                    w.fail(format!("creating {leaf}: {e}"));
+                    break;
+                }
+            };
+            let mut done = 0;
+            while done < self.size && more(&w) {
+                let k = self.block.min(self.size - done) as usize;
+                let t0 = Instant::now();
+                let r = f.write_at(&buf[..k], done);
+                let dt = t0.elapsed().as_nanos() as u64;
+                if let Err(e) = r {
+                    w.fail(format!("writing {leaf}: {e}"));
+                    break 'files;
+                }
+                w.lat_ns.push(dt);
+                w.bytes += k as u64;
+                done += k as u64;
+            }
+            if interrupt::requested() {
+                // Not uploaded: the staging file goes with `f`.
+                break;
+            }
+            let t0 = Instant::now();
+            let r = self.upload(f);
+            let dt = t0.elapsed().as_nanos() as u64;
+            match r {
+                Ok(()) => {
+                    cl.lat_ns.push(dt);
+                    cl.bytes += done;
+                }
+                Err(e) => {
+                    cl.fail(format!("uploading {leaf}: {e}"));
+                    break;
+                }
+            }
+        }
+        (w, cl)
+    }
+
+    /// Uploads `f` as its close does, on the runtime, within the timeout (then the
+    /// push is cancelled, as the mount's close does) or until an interrupt; the
+    /// staging file goes either way.
+    fn upload(&self, f: StagedFile) -> Result<(), String> {
+        let (client, limit) = (self.client.clone(), self.timeout);
+        let task = self.rt.spawn(async move {
+            let run = dmover_core::engine::Run::new();
+            let stop = async {
+                while !interrupt::requested() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            };
+            let r = tokio::select! {
+                r = tokio::time::timeout(limit, f.upload(&client, run.clone())) => match r {
+                    Ok(r) => r.map_err(|e| e.to_string()),
+                    Err(_) => {
+                        run.fail(dmover_core::Error::Aborted);
+                        Err(format!("no answer within {limit:?}"))
+                    }
+                },
+                () = stop => {
+                    run.fail(dmover_core::Error::Aborted);
+                    Err("interrupted".to_string())
+                }
+            };
+            drop(f);
+            r
+        });
+        self.rt
+            .block_on(task)
+            .unwrap_or_else(|e| Err(format!("the upload task: {e}")))
+    }
 }
 
 /// The `major:minor` of the mount on `dir`, if one is there (from mountinfo: a stat
@@ -710,7 +930,9 @@ impl MountGuard {
             .arg(url)
             .arg(&dir)
             .arg("--cache")
-            .arg(a.cache.to_string());
+            .arg(a.cache.to_string())
+            .arg("--timeout")
+            .arg(format!("{}ms", a.timeout.as_millis()));
         if rw {
             cmd.arg("--rw");
         }
@@ -1047,6 +1269,7 @@ fn over_link(a: RemoteBenchArgs, rtt: super::transfer::Rtt) -> anyhow::Result<()
         .args(["--seconds", &a.seconds.to_string()])
         .args(["--clients", &a.clients.to_string()])
         .args(["--cache", &a.cache.to_string()])
+        .args(["--timeout", &format!("{}ms", a.timeout.as_millis())])
         .args(["--debug-rtt-ms", &(d.as_secs_f64() * 1000.0).to_string()]);
     if let Some(n) = a.ops {
         c.args(["--ops", &n.to_string()]);
