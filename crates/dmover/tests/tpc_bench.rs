@@ -6,6 +6,9 @@
 //! - `two-party`: a client on A pushes the same files to B over the same link,
 //! - `gridftp-tpc` (when `globus-url-copy` and `globus-gridftp-server` are installed):
 //!   `globus-url-copy -cd -p 4 -cc 4 -pp -fast -f LIST` steered from C,
+//! - `iperf3` (when installed; the `large` dataset only): raw TCP A → B over the same
+//!   link, memory to memory, the dataset's bytes on 4 streams (`iperf3 -c B -n BYTES
+//!   -P 4`), the "raw TCP" of issue 12's large-file goal,
 //!
 //! cold cache (caches dropped before each run), wall time from start to exit (each
 //! tool's destination writes included; dmover renames a file only once it is on
@@ -31,7 +34,9 @@ impl Drop for Srv {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-        let _ = std::fs::remove_dir_all(&self.1);
+        if !self.1.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.1);
+        }
     }
 }
 
@@ -88,16 +93,33 @@ fn timed(mut c: Command) -> f64 {
     t.elapsed().as_secs_f64()
 }
 
+fn installed(programs: &[&str]) -> bool {
+    programs.iter().all(|p| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {p}")])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
 fn gridftp_installed() -> bool {
-    ["globus-url-copy", "globus-gridftp-server"]
-        .iter()
-        .all(|p| {
-            Command::new("sh")
-                .args(["-c", &format!("command -v {p}")])
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
+    installed(&["globus-url-copy", "globus-gridftp-server"])
+}
+
+/// An iperf3 server in `host`, on `addr`.
+fn iperf3(topo: &Topology, host: &str, addr: &str) -> Srv {
+    let child = topo
+        .host(host)
+        .unwrap()
+        .command("iperf3")
+        .args(["-s", "-B", addr])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    Srv(child, PathBuf::new())
 }
 
 /// A GridFTP server in `host`, anonymous, its data channels on `data` (its address on
@@ -162,6 +184,7 @@ fn third_party_against_two_party_and_gridftp() {
     std::fs::write(&token, "benchmark token\n").unwrap();
     let kh = base.path().join("known_hosts");
     let with_gridftp = gridftp_installed();
+    let with_iperf3 = installed(&["iperf3"]);
     if !with_gridftp {
         eprintln!("GridFTP not installed: measuring dmover only");
     }
@@ -195,11 +218,15 @@ fn third_party_against_two_party_and_gridftp() {
                 gridftp(&topo, "b", &b_ab, base.path()),
             )
         });
+        let raw = with_iperf3.then(|| iperf3(&topo, "b", &b_ab));
         for (name, files, bytes) in &sets {
             for round in 0..rounds {
                 let mut tools = vec!["tpc", "two-party"];
                 if grid.is_some() {
                     tools.push("gridftp-tpc");
+                }
+                if raw.is_some() && name == "large" {
+                    tools.push("iperf3");
                 }
                 for tool in tools {
                     let dst = format!("{name}-{tool}-{round}");
@@ -221,6 +248,11 @@ fn third_party_against_two_party_and_gridftp() {
                                 .arg(a_root.join(name))
                                 .arg(format!("dmover://{b_ab}:7700/{dst}"))
                                 .env("DMOVER_KNOWN_HOSTS", &kh);
+                            timed(c)
+                        }
+                        "iperf3" => {
+                            let mut c = topo.host("a").unwrap().command("iperf3");
+                            c.args(["-c", &b_ab, "-P", "4", "-n", &bytes.to_string()]);
                             timed(c)
                         }
                         _ => {
@@ -256,6 +288,7 @@ fn third_party_against_two_party_and_gridftp() {
             }
         }
         drop(grid);
+        drop(raw);
         topo.down().unwrap();
     }
 }
