@@ -223,23 +223,47 @@ fn same_content(
     digests: &[(u32, u64)],
 ) -> (dmover_store::tree::Tree, std::collections::HashSet<u32>) {
     use rustix::fs::OFlags;
-    let mut same = std::collections::HashSet::new();
-    for &(i, d) in digests {
-        if i as usize >= tree.entries().len() || tree.entries()[i as usize].file_size() == 0 {
-            continue;
+    let same_one = |&(i, d): &(u32, u64)| -> bool {
+        let Some(e) = tree.entries().get(i as usize) else {
+            return false;
+        };
+        if e.file_size() == 0 {
+            return false;
         }
         let Ok((dir, name)) = tree.locate(i) else {
-            continue;
+            return false;
         };
-        let Ok(fd) = dmover_store::sys::open_in(&*dir, name, OFlags::RDONLY, 0) else {
-            continue;
+        let flags = OFlags::RDONLY | OFlags::NONBLOCK;
+        let Ok(fd) = dmover_store::sys::open_in(&*dir, name, flags, 0) else {
+            return false;
         };
-        let size_ok = rustix::fs::fstat(&fd)
-            .is_ok_and(|st| st.st_size as u64 == tree.entries()[i as usize].file_size());
-        if size_ok && dmover_store::prune::content_digest(&fd).is_ok_and(|x| x == d) {
-            same.insert(i);
-        }
-    }
+        let size_ok = rustix::fs::fstat(&fd).is_ok_and(|st| {
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile
+                && st.st_size as u64 == e.file_size()
+        });
+        size_ok && dmover_store::prune::content_digest(&fd).is_ok_and(|x| x == d)
+    };
+    // Reading waits on the disk more than on a core: several files at once, as the
+    // server digests its own.
+    let threads = 8.min(digests.len() / 4).max(1);
+    let per = digests.len().div_ceil(threads).max(1);
+    let same = std::thread::scope(|s| {
+        let parts: Vec<_> = digests
+            .chunks(per)
+            .map(|part| {
+                s.spawn(move || {
+                    part.iter()
+                        .filter(|x| same_one(x))
+                        .map(|&(i, _)| i)
+                        .collect::<Vec<u32>>()
+                })
+            })
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
     (tree, same)
 }
 

@@ -208,3 +208,22 @@ fn same_deletions_as_rsync() {
         assert_eq!(ours, rsync, "rules {rules:?}");
     }
 }
+
+/// `content_digest` is the transfer's file digest over 4 MiB pieces from offset 0,
+/// whatever the file's size (its buffer is sized to the file): checked against the
+/// pieces hashed here, for sizes around the piece size.
+#[test]
+fn content_digest_is_the_digest_of_4_mib_pieces() {
+    use dmover_proto::digest::{file_digest, piece_hash};
+    use dmover_store::prune::{CONTENT_PIECE, content_digest};
+    let t = tempfile::tempdir().unwrap();
+    let p = CONTENT_PIECE;
+    for size in [0, 1, 8192, p - 1, p, p + 1, 2 * p + 7] {
+        let data: Vec<u8> = (0..size).map(|i| (i * 7 + i / 4099) as u8).collect();
+        let f = t.path().join(format!("f{size}"));
+        std::fs::write(&f, &data).unwrap();
+        let want = file_digest(&data.chunks(p).map(piece_hash).collect::<Vec<_>>());
+        let got = content_digest(std::fs::File::open(&f).unwrap()).unwrap();
+        assert_eq!(got, want, "size {size}");
+    }
+}
