@@ -182,7 +182,6 @@ fn third_party_against_two_party_and_gridftp() {
     );
     let token = base.path().join("token");
     std::fs::write(&token, "benchmark token\n").unwrap();
-    let kh = base.path().join("known_hosts");
     let with_gridftp = gridftp_installed();
     let with_iperf3 = installed(&["iperf3"]);
     if !with_gridftp {
@@ -196,6 +195,8 @@ fn third_party_against_two_party_and_gridftp() {
     .unwrap();
     for rtt in env_list("DMOVER_BENCH_RTTS", "0,50,200") {
         let ms: u64 = rtt.parse().unwrap();
+        // The servers of each lab have keys of their own: a known-hosts file per lab.
+        let kh = base.path().join(format!("known_hosts-{ms}"));
         let link = LinkSpec {
             rtt: Duration::from_millis(ms),
             rate_bps: Some(1_000_000_000),
