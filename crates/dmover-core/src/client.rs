@@ -902,8 +902,10 @@ impl Client {
                 r = self.connect(from) => r?,
                 _ = run.cancelled() => return Err(Error::Aborted),
             };
-            let open =
-                self.open_request(self.pull_op(c.sources.clone(), false), self.opts.chunk_size);
+            let open = self.open_request(
+                self.pull_op(c.sources.clone(), false)?,
+                self.opts.chunk_size,
+            );
             let mut d = conn.dial(open, options);
             d.limits = self.limits(true);
             let m = SinkSession::dial(now(), from, timing, Limits::default(), d);
@@ -1493,6 +1495,8 @@ impl Client {
         dest: &[u8],
         run: Arc<Run>,
     ) -> Result<Report> {
+        // A `--files-from` list too large for the request fails before any connection.
+        self.pull_op(sources.to_vec(), false)?;
         // `sync --checksum`: the files the mirror already holds with the source's
         // content, found before the session (the quick check cannot tell them).
         let compare = self.opts.mirror && self.opts.compare_content;
@@ -1516,7 +1520,8 @@ impl Client {
             .with_retries(&run, |r, resume| {
                 self.pull_once(server, sources, (base, dest), r, resume, same.clone())
             })
-            .await?;
+            .await
+            .map_err(|e| self.pull_error(e))?;
         if compare {
             tracing::info!("{same_files} files ({same_bytes} bytes) hold the same content here");
         }
@@ -1582,17 +1587,69 @@ impl Client {
     }
 
     /// The op of a pull of `sources`: with filters, [`Op::PullFiltered`] (the server
-    /// walks through them; a server older than it refuses the op).
+    /// walks through them; a server older than it refuses the op), with a
+    /// `--files-from` list [`Op::PullListed`] (likewise).
     /// `report_skipped`: the server reports what its walk skipped (`sync --delete`).
-    pub(crate) fn pull_op(&self, sources: Vec<Vec<u8>>, report_skipped: bool) -> Op {
-        if self.opts.rules.is_empty() && !report_skipped {
-            Op::Pull { sources }
-        } else {
-            Op::PullFiltered(control::PullFiltered {
+    /// A list whose `Open` would not fit in a control frame is refused here, before
+    /// any connection.
+    pub(crate) fn pull_op(&self, sources: Vec<Vec<u8>>, report_skipped: bool) -> Result<Op> {
+        if let Some(list) = &self.opts.files_from {
+            let op = Op::PullListed(control::PullListed {
                 sources,
                 rules: self.opts.rules.clone(),
                 report_skipped,
-            })
+                list: list.clone(),
+            });
+            // The largest `Open` of this op (a chunk size of 5 varint bytes): the
+            // encoder refuses a frame over the limit.
+            let mut frame = Vec::new();
+            if let Err(e) =
+                Control::Open(self.open_request(op.clone(), u32::MAX)).encode(&mut frame)
+            {
+                return Err(Error::refused(
+                    ErrorCode::Unsupported,
+                    format!(
+                        "--files-from list of {} bytes is too large for a pull (the request, \
+                         list and source paths together, must fit in {} bytes: {e})",
+                        list.len(),
+                        control::MAX_FRAME
+                    ),
+                ));
+            }
+            Ok(op)
+        } else if self.opts.rules.is_empty() && !report_skipped {
+            Ok(Op::Pull { sources })
+        } else {
+            Ok(Op::PullFiltered(control::PullFiltered {
+                sources,
+                rules: self.opts.rules.clone(),
+                report_skipped,
+            }))
+        }
+    }
+
+    /// A pull's failure `e`, explained when the server may be older than
+    /// [`Op::PullListed`]: such a server cannot decode the request (or finds it too
+    /// large before authentication). Servers of this protocol version end the
+    /// connection then (handled in `pull_once`); one that answers says
+    /// `Error{Protocol}`.
+    pub(crate) fn pull_error(&self, e: Error) -> Error {
+        match e {
+            Error::Remote {
+                peer,
+                code: ErrorCode::Protocol,
+                message,
+            } if self.opts.files_from.is_some() && !message.contains("--files-from") => {
+                Error::Remote {
+                    peer,
+                    code: ErrorCode::Protocol,
+                    message: format!(
+                        "{message} (--files-from on a pull needs a server that knows it: \
+                         an older dmover server must be upgraded)"
+                    ),
+                }
+            }
+            e => e,
         }
     }
 
@@ -1878,7 +1935,9 @@ impl Client {
                 skipped: walked.skipped,
             });
         }
-        let remote = crate::remote::Remote::open(self, server, source).await?;
+        let remote = crate::remote::Remote::open(self, server, source)
+            .await
+            .map_err(|e| self.pull_error(e))?;
         let entries = remote.entries().to_vec();
         remote.close().await?;
         // `--checksum`: unchanged means the same content, whatever the mtime.
@@ -2180,7 +2239,7 @@ impl Client {
         };
         let report_skipped = self.opts.mirror && self.opts.delete;
         let open = self.open_request(
-            self.pull_op(sources.to_vec(), report_skipped),
+            self.pull_op(sources.to_vec(), report_skipped)?,
             self.opts.chunk_size,
         );
         let options = self.opts.session_options(resume);
@@ -2219,7 +2278,11 @@ impl Client {
             (o.checksum, o.direct_io, o.fsync, o.verify, o.journal);
         let meta = o.meta;
         let (pre, early_in, mirror_in) = (prune_opts.clone(), early.clone(), mirror_path.clone());
+        // Whether the server answered the request with its manifest (see below).
+        let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let answered_in = answered.clone();
         let prepare: drive::Prepare<FileSink> = Box::new(move |mut entries, chunk, so| {
+            answered_in.store(true, Relaxed);
             if let Some(name) = rename {
                 let mut roots = entries.iter_mut().filter(|e| e.parent == NO_PARENT);
                 if let (Some(root), None) = (roots.next(), roots.next()) {
@@ -2258,7 +2321,25 @@ impl Client {
         let dials = std::mem::take(&mut conn.dials);
         let joins = self.dialing(server, conn.master, dials, JoinWait::Answer);
         let env = self.env(&run, buffers);
-        let r = drive::sink(m, &mut conn.ch, joins, prepare, Some(options), env).await?;
+        let r = match drive::sink(m, &mut conn.ch, joins, prepare, Some(options), env).await {
+            Ok(r) => r,
+            // A server that cannot decode the request's op ends the connection without
+            // a word (an `Op::PullListed` to a server older than it).
+            Err(Error::Net(NetError::Closed { peer }))
+                if self.opts.files_from.is_some() && !answered.load(Relaxed) =>
+            {
+                return Err(Error::Remote {
+                    peer,
+                    code: ErrorCode::Protocol,
+                    message: "closed the connection without answering the request (a server \
+                              older than this client does so: --files-from on a pull needs \
+                              a server that knows it, an older dmover server must be \
+                              upgraded)"
+                        .into(),
+                });
+            }
+            Err(e) => return Err(e),
+        };
         let (totals, held_files) = {
             let names = r.store.tree_entries();
             let with_data = names.iter().filter(|e| e.file_size() > 0).count() as u64;

@@ -660,6 +660,10 @@ impl<T> Drop for Task<T> {
 /// Drives an acceptor's handshake ([`Acceptance`]) until the dialer's `Open`:
 /// `verify` checks the credential (with the dialer's hello) and gives the answer. A
 /// failure has been reported to the dialer when this returns.
+///
+/// The channel's frame limit is raised to [`dmover_proto::control::MAX_FRAME`] as soon
+/// as `verify` accepted the credential, before `Open` is read (an `Open` may carry a
+/// `--files-from` list larger than the limit for unauthenticated peers).
 pub async fn accept<C>(
     mut m: Acceptance<Fault>,
     ch: &mut ControlChannel<C>,
@@ -674,7 +678,10 @@ where
         if let Some(ev) = m.poll_event() {
             match ev {
                 AcceptEvent::Verify { hello, auth } => match verify(&hello, &auth) {
-                    Ok(ok) => m.verified(now(), ok),
+                    Ok(ok) => {
+                        ctl.ch.set_max_frame(dmover_proto::control::MAX_FRAME);
+                        m.verified(now(), ok)
+                    }
                     Err(e) => m.fail(now(), Fault::new(e)),
                 },
                 AcceptEvent::Opened(open) => return Ok(open),

@@ -319,7 +319,7 @@ impl Remote {
         opts: RemoteOptions,
     ) -> Result<Remote> {
         let run = Run::new();
-        let op = client.pull_op(vec![path.to_vec()], false);
+        let op = client.pull_op(vec![path.to_vec()], false)?;
         let Prepared {
             mut ch,
             dial,

@@ -16,7 +16,8 @@
 //! preamble is read within [`BUSY_PREAMBLE_WAIT`], a control connection is answered
 //! busy ([`Preamble::busy`]: retry after 1 to [`MAX_RETRY_AFTER`] s) and closed
 //! gracefully, a data connection still joins. Control frames before authentication are
-//! limited to [`PRE_AUTH_MAX_FRAME`] bytes.
+//! limited to [`PRE_AUTH_MAX_FRAME`] bytes; from the verified credential on (`Open`
+//! included), to [`control::MAX_FRAME`].
 //! Every refusal is logged with the peer's address.
 
 use std::collections::{BTreeMap, HashMap};
@@ -931,14 +932,28 @@ impl Server {
         reported: &mut bool,
         log: &mut SessionLog,
     ) -> Result<()> {
-        // A filtered pull is a pull whose walk goes through the client's rules.
+        // A filtered pull is a pull whose walk goes through the client's rules (and
+        // its `--files-from` list).
         let mut open = open;
         let mut filter = dmover_store::filter::Filter::none();
         let mut report_skipped = false;
-        if let Op::PullFiltered(p) = open.op {
-            filter = session::filter_of_rules(&p.rules)?;
-            report_skipped = p.report_skipped;
-            open.op = Op::Pull { sources: p.sources };
+        match std::mem::replace(
+            &mut open.op,
+            Op::Pull {
+                sources: Vec::new(),
+            },
+        ) {
+            Op::PullFiltered(p) => {
+                filter = session::filter_of_rules(&p.rules)?;
+                report_skipped = p.report_skipped;
+                open.op = Op::Pull { sources: p.sources };
+            }
+            Op::PullListed(p) => {
+                filter = session::filter_of_list(&p.rules, &p.list)?;
+                report_skipped = p.report_skipped;
+                open.op = Op::Pull { sources: p.sources };
+            }
+            op => open.op = op,
         }
         // Bytes pushed or pulled by a capability are the other half of a third-party
         // copy.
@@ -986,6 +1001,7 @@ impl Server {
             }
             Op::Pull { .. }
             | Op::PullFiltered(_)
+            | Op::PullListed(_)
             | Op::MemTest(_)
             | Op::Grant(_)
             | Op::ThirdParty(_)
@@ -1026,6 +1042,7 @@ impl Server {
             }
             Op::Push { .. }
             | Op::PullFiltered(_)
+            | Op::PullListed(_)
             | Op::MemTest(_)
             | Op::Grant(_)
             | Op::ThirdParty(_)
@@ -1206,6 +1223,7 @@ impl Server {
             | Op::ThirdParty(_)
             | Op::Prune(_)
             | Op::PullFiltered(_)
+            | Op::PullListed(_)
             | Op::Rename(_)
             | Op::Digests(_) => {
                 unreachable!("control_session_in runs these ops, not run_session")
@@ -1373,7 +1391,7 @@ impl SessionLog {
             started: Instant::now(),
             op: match op {
                 Op::Push { .. } => "push",
-                Op::Pull { .. } | Op::PullFiltered(_) => "pull",
+                Op::Pull { .. } | Op::PullFiltered(_) | Op::PullListed(_) => "pull",
                 Op::MemTest(_) => "memtest",
                 Op::Grant(_) => "grant",
                 Op::ThirdParty(_) => "third-party",

@@ -105,6 +105,11 @@ pub struct TransferOptions {
     /// The `--include`/`--exclude` rules as given, for a server that applies them
     /// (a push's `sync --delete`: what they exclude is not deleted there).
     pub rules: Vec<dmover_proto::control::FilterRule>,
+    /// The `--files-from` file's contents as read (also parsed into `filter`), for a
+    /// pull's server, which applies them to its walk ([`Op::PullListed`]).
+    ///
+    /// [`Op::PullListed`]: dmover_proto::control::Op::PullListed
+    pub files_from: Option<Vec<u8>>,
     /// `dmover sync --delete`: after a successful transfer, delete what the mirror
     /// holds that the source does not (docs/sync.md).
     pub delete: bool,
@@ -167,6 +172,7 @@ impl Default for TransferOptions {
             mirror: false,
             filter: None,
             rules: Vec::new(),
+            files_from: None,
             delete: false,
             max_delete: None,
             compare_content: false,
@@ -200,6 +206,19 @@ pub fn filter_of_rules(
         })?;
         f.push(rule);
     }
+    Ok(f)
+}
+
+/// [`filter_of_rules`] with a `--files-from` list (the file's contents, as
+/// [`dmover_store::filter::Filter::set_files_from`] parses them): the server's filter
+/// of an [`dmover_proto::control::Op::PullListed`]. A bad list is `Error{Protocol}`.
+pub fn filter_of_list(
+    rules: &[dmover_proto::control::FilterRule],
+    list: &[u8],
+) -> Result<dmover_store::filter::Filter, Error> {
+    let mut f = filter_of_rules(rules)?;
+    f.set_files_from(list)
+        .map_err(|e| Error::refused(dmover_proto::control::ErrorCode::Protocol, e))?;
     Ok(f)
 }
 

@@ -395,6 +395,9 @@ pub enum Op {
     /// with the size that manifest gives it (see [`Digests`]); no session. It needs
     /// read rights only and changes nothing.
     Digests(Digests),
+    /// A pull whose sources the server walks through a `--files-from` list and filter
+    /// rules (appended, 9): [`Op::PullFiltered`] with the list (see [`PullListed`]).
+    PullListed(PullListed),
 }
 
 /// What [`Op::Digests`] asks for.
@@ -433,6 +436,22 @@ pub struct PullFiltered {
     /// vanished files) in `SendReport.failed`, as one `FailedFile` with entry
     /// `u32::MAX` and the count in decimal as its message (none when 0).
     pub report_skipped: bool,
+}
+
+/// What [`Op::PullListed`] asks for: [`PullFiltered`]'s fields and a `--files-from`
+/// list, applied by the server to its walk as a push applies them to its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PullListed {
+    /// Source paths on the server, as [`Op::Pull`]'s.
+    pub sources: Vec<Vec<u8>>,
+    /// `--include`/`--exclude` rules, as [`PullFiltered::rules`].
+    pub rules: Vec<FilterRule>,
+    /// As [`PullFiltered::report_skipped`].
+    pub report_skipped: bool,
+    /// The `--files-from` file's contents as read (paths relative to each source root,
+    /// one per line); the server parses them (a bad list is `Error{Protocol}`). The
+    /// whole `Open` must fit in [`MAX_FRAME`].
+    pub list: Vec<u8>,
 }
 
 /// One `--include` / `--exclude` rule as the user wrote it (rsync's pattern syntax).

@@ -20,7 +20,8 @@ use dmover_proto::control::{
     PartialFile, Plan, SendReport, SessionInfo, SessionOptions, Summary, Want, Welcome,
 };
 use dmover_proto::control::{
-    Digests, FilterRule, MemDirection, MemTest, Prune, PruneReport, PullFiltered, Rename,
+    Digests, FilterRule, MemDirection, MemTest, Prune, PruneReport, PullFiltered, PullListed,
+    Rename,
 };
 use dmover_proto::data::{
     DataHello, DigestEntry, FILE_FAILED, FrameHeader, FrameKind, FrameLimits, JoinStatus,
@@ -605,6 +606,40 @@ fn control_open_pull_filtered() {
         01            #   rules: 1
         01 01 6b      #     include: true, pattern: 1 byte, \"k\"
         01            #   report_skipped: true
+        01 00 01 01 01 00   # streams 1, chunk 0, checksum, Auto, Authenticated, features 0
+        ",
+    );
+}
+
+#[test]
+fn control_open_pull_listed() {
+    golden_control(
+        Control::Open(Open {
+            op: Op::PullListed(PullListed {
+                sources: vec![b"a".to_vec()],
+                rules: vec![FilterRule {
+                    include: false,
+                    pattern: b"k".to_vec(),
+                }],
+                report_skipped: false,
+                list: b"d\n".to_vec(),
+            }),
+            streams: 1,
+            chunk_size: 0,
+            checksum: true,
+            direct_io: DirectIo::Auto,
+            protection: DataProtection::Authenticated,
+            features: 0,
+        }),
+        "
+        00 00 00 13   # frame length: 19
+        04            # Control::Open (variant 4)
+        09            # op: Op::PullListed (variant 9, appended)
+        01 01 61      #   sources: 1 path of 1 byte, \"a\"
+        01            #   rules: 1
+        00 01 6b      #     include: false, pattern: 1 byte, \"k\"
+        00            #   report_skipped: false
+        02 64 0a      #   list: 2 bytes, d and a newline
         01 00 01 01 01 00   # streams 1, chunk 0, checksum, Auto, Authenticated, features 0
         ",
     );

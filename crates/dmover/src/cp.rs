@@ -119,7 +119,7 @@ pub(crate) fn copy_options(a: &CpArgs, env: &Env) -> anyhow::Result<TransferOpti
     if let Some(ms) = r.debug_heartbeat_ms {
         opts.heartbeat = std::time::Duration::from_millis(ms.max(50));
     }
-    opts.filter = filter_of(&a.filters)?;
+    (opts.filter, opts.files_from) = filter_of(&a.filters)?;
     opts.rules = a
         .filters
         .rules
@@ -140,11 +140,15 @@ pub(crate) fn copy_options(a: &CpArgs, env: &Env) -> anyhow::Result<TransferOpti
     Ok(opts)
 }
 
+/// The walk's filters, and the `--files-from` file's contents as read (for a pull's
+/// server, which parses them again).
+pub(crate) type Filters = (Option<Arc<Filter>>, Option<Vec<u8>>);
+
 /// The walk's filters from `--exclude`, `--include` and `--files-from`.
-pub(crate) fn filter_of(f: &FilterArgs) -> anyhow::Result<Option<Arc<Filter>>> {
+pub(crate) fn filter_of(f: &FilterArgs) -> anyhow::Result<Filters> {
     use std::os::unix::ffi::OsStrExt;
     if f.is_empty() {
-        return Ok(None);
+        return Ok((None, None));
     }
     let mut filter = Filter::none();
     for (include, pattern) in &f.rules {
@@ -162,6 +166,7 @@ pub(crate) fn filter_of(f: &FilterArgs) -> anyhow::Result<Option<Arc<Filter>>> {
         })?;
         filter.push(rule);
     }
+    let mut files_from = None;
     if let Some(file) = &f.files_from {
         let list = if file.as_os_str() == "-" {
             let mut v = Vec::new();
@@ -172,8 +177,9 @@ pub(crate) fn filter_of(f: &FilterArgs) -> anyhow::Result<Option<Arc<Filter>>> {
             std::fs::read(file).with_context(|| format!("reading {}", file.display()))?
         };
         filter.set_files_from(&list).map_err(usage)?;
+        files_from = Some(list);
     }
-    Ok(Some(Arc::new(filter)))
+    Ok((Some(Arc::new(filter)), files_from))
 }
 
 /// `dmover cp`.
@@ -242,15 +248,13 @@ fn run_copy(a: CpArgs, env: &Env, sync: bool) -> anyhow::Result<ExitCode> {
         opts.resume = true;
     }
     let remote_source = srcs.iter().any(|s| matches!(s, Endpoint::Remote { .. }));
-    if remote_source && a.filters.files_from.is_some() {
+    if remote_source
+        && (!opts.rules.is_empty() || opts.files_from.is_some())
+        && matches!(dst, Endpoint::Remote { .. })
+    {
         return Err(usage(
-            "--files-from applies to local sources (a push) only, not yet to a server's \
-             sources (--exclude and --include do)",
-        ));
-    }
-    if remote_source && !opts.rules.is_empty() && matches!(dst, Endpoint::Remote { .. }) {
-        return Err(usage(
-            "--exclude and --include do not apply to a copy between two servers yet",
+            "--exclude, --include and --files-from do not apply to a copy between two \
+             servers yet",
         ));
     }
     if sync {

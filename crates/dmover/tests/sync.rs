@@ -145,14 +145,155 @@ fn sync_refuses_what_it_cannot_do() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("no such directory"), "{}", stderr(&o));
     assert!(!exists(&root.join("nope")));
-    // --files-from on a pull: not yet (a usage error).
+    // --files-from between two servers: not yet (a usage error).
+    let o = cp(&["--files-from", "/dev/null", &srv.url("x"), &srv.url("y")]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+/// The same tree at `dir`.
+fn listed_tree(dir: &Path) {
+    for (i, f) in [
+        "a.c",
+        "a.o",
+        "d/x.c",
+        "d/x.h",
+        "d/e/y.o",
+        "d/e/z.c",
+        "d/e/g/w",
+        "e/tmp",
+        "f/g/h",
+        "f/g/i",
+        "top",
+        "unlisted/u",
+    ]
+    .iter()
+    .enumerate()
+    {
+        write_file(&dir.join(f), i as u64, 10 + i, 0o644, 1_600_000_000);
+    }
+}
+
+#[test]
+fn files_from_on_a_pull_sends_what_a_push_sends() {
+    let t = tmp();
+    let local = t.path().join("tree");
+    listed_tree(&local);
+    let root = t.path().join("root");
+    listed_tree(&root.join("src"));
+    let srv = Server::start(&root, &[]);
+    // A listed directory (all below it), a nested file (its directories only), the
+    // source root's own names, a name that does not exist; comments and blank lines.
+    // The padding comment makes the request larger than a frame before authentication
+    // (64 KiB): the server reads `Open` under the authenticated limit.
+    let mut list = format!(
+        "# {}
+",
+        "p".repeat(100 << 10)
+    );
+    list.push_str(
+        "d/e
+
+./a.c
+/f/g/h
+missing
+; another comment
+a.o
+",
+    );
+    let list_file = t.path().join("list");
+    std::fs::write(&list_file, &list).unwrap();
+    let l = s(&list_file);
+    let here = t.path().join("here");
+    std::fs::create_dir(&here).unwrap();
+    for (cmd, extra) in [
+        ("cp", None),
+        ("sync", None),
+        ("cp", Some("*.o")),
+        ("sync", Some("*.o")),
+    ] {
+        let name = format!("{cmd}-{}", extra.is_some());
+        let mut opts = vec!["--quiet", "--files-from", l];
+        if let Some(x) = extra {
+            opts.extend(["--exclude", x]);
+        }
+        let run = |a: &str, b: &str| {
+            let mut args = opts.clone();
+            args.extend([a, b]);
+            if cmd == "cp" { cp(&args) } else { sync(&args) }
+        };
+        ok(&run(s(&local), &srv.url(&format!("pushed-{name}"))));
+        let pulled = here.join(format!("pulled-{name}"));
+        ok(&run(&srv.url("src"), s(&pulled)));
+        let (pushed, pulled) = (
+            listing(&root.join(format!("pushed-{name}"))),
+            listing(&pulled),
+        );
+        assert_eq!(pushed, pulled, "{name}: a pull sends what a push sends");
+        let want = [
+            "a.c", "d/", "d/e/", "d/e/g/", "d/e/g/w", "d/e/z.c", "f/", "f/g/", "f/g/h",
+        ];
+        let mut want: Vec<&str> = want.to_vec();
+        if extra.is_none() {
+            want.extend(["a.o", "d/e/y.o"]);
+            want.sort();
+        }
+        assert_eq!(names(&pulled), want, "{name}");
+    }
+    // A sync again with the list sends nothing.
+    let o = sync(&[
+        "--json",
+        "--files-from",
+        l,
+        &srv.url("src"),
+        s(&here.join("pulled-sync-false")),
+    ]);
+    ok(&o);
+    assert_eq!(json(&o)["bytes_sent"], 0, "{}", stderr(&o));
+
+    // A list leaving the source: a usage error before anything is written.
+    let bad = t.path().join("bad");
+    std::fs::write(
+        &bad,
+        "a.c
+d/../../etc
+",
+    )
+    .unwrap();
+    for o in [
+        cp(&[
+            "--files-from",
+            s(&bad),
+            &srv.url("src"),
+            s(&here.join("bad-cp")),
+        ]),
+        sync(&[
+            "--files-from",
+            s(&bad),
+            &srv.url("src"),
+            s(&here.join("bad-sync")),
+        ]),
+    ] {
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains(".."), "{}", stderr(&o));
+    }
+    assert!(!exists(&here.join("bad-cp")) && !exists(&here.join("bad-sync")));
+
+    // A list too large for the request: refused before connecting, nothing written.
+    let big = t.path().join("big");
+    std::fs::write(&big, format!("{}\n", "b".repeat(5 << 20))).unwrap();
     let o = cp(&[
         "--files-from",
-        "/dev/null",
-        &srv.url("x"),
-        s(&t.path().join("d")),
+        s(&big),
+        &srv.url("src"),
+        s(&here.join("big")),
     ]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("too large for a pull"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!exists(&here.join("big")));
 }
 
 #[test]
@@ -555,6 +696,12 @@ fn delete_refused_after_an_incomplete_source_walk_or_on_a_read_only_server() {
     }
     let o = cp(&["--delete", s(&e.src), &e.srv.url("m2")]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    // --delete with --files-from on a pull too, nothing written.
+    let e = Ends::new(false, &[]);
+    write_file(&e.src.join("a"), 1, 100, 0o644, 1_600_000_000);
+    let o = e.sync(&["--delete", "--files-from", "/dev/null"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(!exists(&e.mirror));
 }
 
 #[test]
