@@ -252,34 +252,32 @@ fn fix_file(dir: &OwnedFd, name: &[u8], f: &Fixup) -> std::io::Result<()> {
         Err(e) if e == Errno::OPNOTSUPP || e == Errno::NODATA => Ok(()),
         r => r,
     };
-    if let Some((set, remove)) = &f.xattrs {
+    // The attributes to set, the ACLs among them (`true`) or the others.
+    let set = |acls: bool| -> rustix::io::Result<()> {
+        let Some((set, _)) = &f.xattrs else {
+            return Ok(());
+        };
+        for x in set.iter().filter(|x| acl(&x.name) == acls) {
+            let flags = rustix::fs::XattrFlags::empty();
+            tolerate(rustix::fs::setxattr(
+                path.as_str(),
+                x.name.as_slice(),
+                &x.value,
+                flags,
+            ))?;
+        }
+        Ok(())
+    };
+    if let Some((_, remove)) = &f.xattrs {
         for n in remove {
             tolerate(rustix::fs::removexattr(path.as_str(), n.as_slice()))?;
         }
-        for x in set.iter().filter(|x| !acl(&x.name)) {
-            let flags = rustix::fs::XattrFlags::empty();
-            tolerate(rustix::fs::setxattr(
-                path.as_str(),
-                x.name.as_slice(),
-                &x.value,
-                flags,
-            ))?;
-        }
     }
+    set(false)?;
     if let Some(mode) = f.mode {
         rustix::fs::chmod(path.as_str(), Mode::from_raw_mode(mode))?;
     }
-    if let Some((set, _)) = &f.xattrs {
-        for x in set.iter().filter(|x| acl(&x.name)) {
-            let flags = rustix::fs::XattrFlags::empty();
-            tolerate(rustix::fs::setxattr(
-                path.as_str(),
-                x.name.as_slice(),
-                &x.value,
-                flags,
-            ))?;
-        }
-    }
+    set(true)?;
     if let Some(m) = f.mtime {
         sys::set_mtime_path(path.as_bytes(), m.sec, m.nsec)?;
     }

@@ -418,20 +418,6 @@ fn other_namespaces_travel_only_where_the_export_allows() {
     );
 }
 
-/// `dmover sync ARGS` with a known-hosts file of its own.
-fn sync(args: &[&str]) -> std::process::Output {
-    let kh = tmp();
-    std::process::Command::new(bin())
-        .arg("sync")
-        .args(args)
-        .env_remove("DMOVER_TOKEN")
-        .env_remove("DMOVER_KEY")
-        .env_remove("DMOVER_USER")
-        .env("DMOVER_KNOWN_HOSTS", kh.path().join("known_hosts"))
-        .output()
-        .expect("running dmover sync")
-}
-
 /// A re-run of `sync` whose files changed only in their `user.*` xattrs and ACLs (size
 /// and mtime as they were, so no data is sent) brings the mirror's to the source's:
 /// changed and new ones set, gone ones removed (also one added at the mirror), a

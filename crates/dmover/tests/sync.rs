@@ -21,23 +21,6 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-/// `dmover sync ARGS` with a known-hosts file of its own.
-fn sync(args: &[&str]) -> Output {
-    let kh = tempfile::Builder::new()
-        .prefix("dmover-kh-")
-        .tempdir()
-        .unwrap();
-    Command::new(bin())
-        .arg("sync")
-        .args(args)
-        .env_remove("DMOVER_TOKEN")
-        .env_remove("DMOVER_KEY")
-        .env_remove("DMOVER_USER")
-        .env("DMOVER_KNOWN_HOSTS", kh.path().join("known_hosts"))
-        .output()
-        .expect("running dmover sync")
-}
-
 fn exists(p: &Path) -> bool {
     std::fs::symlink_metadata(p).is_ok()
 }

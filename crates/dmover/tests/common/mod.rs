@@ -117,12 +117,23 @@ pub fn cp(args: &[&str]) -> Output {
 /// Runs `dmover cp` with `env` set. Unless `env` names one, the client gets a fresh
 /// known-hosts file of its own (tests never touch the real home directory).
 pub fn cp_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    command_env("cp", args, env)
+}
+
+/// Runs `dmover sync ARGS`, with a known-hosts file of its own as [`cp_env`].
+pub fn sync(args: &[&str]) -> Output {
+    command_env("sync", args, &[])
+}
+
+/// Runs `dmover SUBCOMMAND ARGS` with `env` set and, unless `env` names one, a fresh
+/// known-hosts file.
+fn command_env(sub: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
     let kh = tempfile::Builder::new()
         .prefix("dmover-kh-")
         .tempdir()
         .unwrap();
     let mut c = Command::new(bin());
-    c.arg("cp")
+    c.arg(sub)
         .args(args)
         .env_remove("DMOVER_TOKEN")
         .env_remove("DMOVER_KEY")
@@ -131,7 +142,8 @@ pub fn cp_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     for (k, v) in env {
         c.env(k, v);
     }
-    c.output().expect("running dmover cp")
+    c.output()
+        .unwrap_or_else(|e| panic!("running dmover {sub}: {e}"))
 }
 
 /// A fresh known-hosts path under `dir` (a test's temporary directory), for clients
