@@ -134,6 +134,7 @@ impl Growing {
             last: false,
             durable: Some(tell),
             times: Vec::new(),
+            meta: Vec::new(),
         });
         Part {
             paths,
@@ -155,6 +156,7 @@ impl Growing {
             last: true,
             durable: None,
             times: self.grower.dir_times(),
+            meta: Vec::new(),
         });
         self.wait().await
     }
@@ -1166,11 +1168,15 @@ impl Client {
             checksum: self.opts.checksum,
             direct_io: self.opts.direct_io,
             protection: self.opts.protection,
+            // A streamed manifest only where the caller says it takes one (a plain
+            // pull, `pull_once`).
             features: if self.opts.tune {
                 dmover_proto::session::features::SUPPORTED
+                    & !dmover_proto::session::features::STREAMED
             } else {
                 dmover_proto::session::features::SUPPORTED
                     & !dmover_proto::session::features::TUNING
+                    & !dmover_proto::session::features::STREAMED
             },
         }
     }
@@ -1433,6 +1439,7 @@ impl Client {
             last: false,
             durable: None,
             times: Vec::new(),
+            meta: Vec::new(),
         });
         let (fixed, threads) = (self.opts.buffers, self.disk.threads());
         let buffers = Box::new(move |streams| {
@@ -2237,10 +2244,16 @@ impl Client {
             _ = run.cancelled() => return Err(Error::Aborted),
         };
         let report_skipped = self.opts.mirror && self.opts.delete;
-        let open = self.open_request(
+        let mut open = self.open_request(
             self.pull_op(sources.to_vec(), report_skipped)?,
             self.opts.chunk_size,
         );
+        // The server may send its manifest in parts, data flowing from the first on,
+        // where nothing here depends on the whole of it: not on a resume or a sync
+        // (the files held are answered for the first part only).
+        if !resume && !self.opts.mirror && same.is_none() {
+            open.features |= dmover_proto::session::features::STREAMED;
+        }
         let options = self.opts.session_options(resume);
         let mut d = conn.dial(open, options);
         d.limits = self.limits(true);

@@ -545,6 +545,81 @@ pub struct GrowPart {
     /// (feature `CONTINUOUS`) Newer modification times of directories of earlier
     /// parts, sent before this part.
     pub times: Vec<(u32, dmover_proto::manifest::Mtime)>,
+    /// (feature `METADATA`) Owners and extended attributes of this part's entries
+    /// read already (a streamed walk's, read with the whole tree), sent before its
+    /// `Grow` with what the storage reads of a later part
+    /// ([`SourceStore::grown_meta`]).
+    pub meta: Vec<dmover_proto::manifest::EntryMeta>,
+}
+
+/// A walked manifest sent in parts (a streamed manifest, feature `STREAMED`): `first`
+/// (the first part's entries, which the source's storage holds already, laid out in
+/// `first_chunks` chunks) and then `rest` cut at `ends` (the parts' ends, counted in
+/// entries from the first, as [`crate::session::manifest_parts`] gives them; the
+/// first end is `first.len()`), each part with the totals over every part so far and
+/// its entries' share of `meta` (the whole tree's, by entry). A later part's chunks
+/// are left to the storage, which lays it out when it comes.
+pub fn streamed_parts(
+    first: Vec<Entry>,
+    first_chunks: u64,
+    mut rest: Vec<Entry>,
+    ends: &[usize],
+    mut meta: Vec<dmover_proto::manifest::EntryMeta>,
+) -> Vec<GrowPart> {
+    meta.sort_by_key(|m| m.entry);
+    let mut meta = meta.into_iter().peekable();
+    let mut take_meta = |end: usize| {
+        let mut v = Vec::new();
+        while let Some(m) = meta.next_if(|m| (m.entry as usize) < end) {
+            v.push(m);
+        }
+        v
+    };
+    let mut totals = Totals::of(&first);
+    let n = first.len();
+    let mut parts = vec![GrowPart {
+        last: rest.is_empty(),
+        totals,
+        chunks: first_chunks,
+        meta: take_meta(n),
+        entries: first,
+        durable: None,
+        times: Vec::new(),
+    }];
+    // Ends past the first part, the last being the manifest's end.
+    let total = n + rest.len();
+    let mut ends: Vec<usize> = ends
+        .iter()
+        .copied()
+        .filter(|&e| e > n && e < total)
+        .collect();
+    if !rest.is_empty() {
+        ends.push(total);
+    }
+    let mut start = n;
+    for end in ends {
+        let tail = rest.split_off(end - start);
+        let entries = std::mem::replace(&mut rest, tail);
+        let t = Totals::of(&entries);
+        totals = Totals {
+            entries: totals.entries + t.entries,
+            files: totals.files + t.files,
+            dirs: totals.dirs + t.dirs,
+            symlinks: totals.symlinks + t.symlinks,
+            bytes: totals.bytes + t.bytes,
+        };
+        parts.push(GrowPart {
+            last: rest.is_empty(),
+            totals,
+            chunks: 0,
+            meta: take_meta(end),
+            entries,
+            durable: None,
+            times: Vec::new(),
+        });
+        start = end;
+    }
+    parts
 }
 
 /// How long a control message may take to go out before the connection counts as
@@ -999,7 +1074,13 @@ where
                 let why = env.run.take_error().unwrap_or(Error::Aborted);
                 m.fail(now(), Fault::cancelled(why));
             }
-            part = next_part(&mut growth), if growth.is_some() && m.info().is_some() => match part {
+            // A streamed manifest's parts (feature STREAMED) go one ahead of the
+            // sink's confirmations: a part written while the control connection is
+            // still in slow start waits in its send buffer, and the control link's
+            // writes would hold this loop (and the data) until it drained.
+            part = next_part(&mut growth), if growth.is_some()
+                && m.info().is_some()
+                && (!m.uses(features::STREAMED) || m.parts_confirmed() + 1 >= parts) => match part {
                 Some(mut p) => {
                     let mut meta = Vec::new();
                     if parts > 0 {
@@ -1025,6 +1106,7 @@ where
                             }
                         }
                     }
+                    meta.append(&mut p.meta);
                     parts += 1;
                     m.times(std::mem::take(&mut p.times));
                     if let Some(tell) = p.durable.take() {
@@ -1617,11 +1699,14 @@ where
                         entries,
                         chunks,
                         meta,
-                    } => match &live {
-                        Some((k, ..)) => grow_sink(&mut m, &**k, (entries, chunks, meta)),
-                        // Before the sink is prepared: when it is.
-                        None => grown.push((entries, chunks, meta)),
-                    },
+                    } => {
+                        env.run.progress.grow_manifest(&entries);
+                        match &live {
+                            Some((k, ..)) => grow_sink(&mut m, &**k, (entries, chunks, meta)),
+                            // Before the sink is prepared: when it is.
+                            None => grown.push((entries, chunks, meta)),
+                        }
+                    }
                     SinkEvent::Times(t) => match (&live, &prep) {
                         (Some((k, ..)), _) => k.set_times(t),
                         (None, Some((k, _))) => k.set_times(t),
@@ -2048,6 +2133,77 @@ mod tests {
     const CHUNK: u32 = 64 << 10;
     const KEY: [u8; 32] = [7; 32];
 
+    #[test]
+    fn streamed_parts_cut_the_manifest_with_running_totals_and_their_metadata() {
+        use dmover_proto::manifest::EntryMeta;
+        let mtime = Mtime { sec: 1, nsec: 2 };
+        let mut entries = vec![Entry {
+            parent: NO_PARENT,
+            name: b"d".to_vec(),
+            kind: EntryKind::Dir,
+            mode: 0o755,
+            mtime,
+        }];
+        for i in 0..9u64 {
+            entries.push(Entry {
+                parent: 0,
+                name: format!("f{i}").into_bytes(),
+                kind: EntryKind::File { size: i },
+                mode: 0o644,
+                mtime,
+            });
+        }
+        let meta = |entry: u32| EntryMeta {
+            entry,
+            uid: entry,
+            gid: 0,
+            xattrs: Vec::new(),
+        };
+        let rest = entries.split_off(3);
+        let first = entries.clone();
+        // Metadata out of order, one entry past the manifest (dropped).
+        let all_meta = vec![meta(9), meta(0), meta(4), meta(12), meta(2), meta(7)];
+        let parts = streamed_parts(first.clone(), 1, rest, &[3, 5, 8, 10], all_meta);
+        let shape: Vec<(usize, u64, u64, bool, Vec<u32>)> = parts
+            .iter()
+            .map(|p| {
+                (
+                    p.entries.len(),
+                    p.totals.entries,
+                    p.totals.bytes,
+                    p.last,
+                    p.meta.iter().map(|m| m.entry).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                (3, 3, 1, false, vec![0, 2]),
+                (2, 5, 1 + 2 + 3, false, vec![4]),
+                (3, 8, 6 + 4 + 5 + 6, false, vec![7]),
+                (2, 10, 21 + 7 + 8, true, vec![9]),
+            ]
+        );
+        assert_eq!(parts[0].entries, first);
+        assert_eq!(parts[0].chunks, 1);
+        assert_eq!(parts[3].entries[1].name, b"f8");
+        // Ends short of the manifest: the rest is a last part of its own.
+        let rest: Vec<Entry> = parts
+            .iter()
+            .skip(1)
+            .flat_map(|p| p.entries.clone())
+            .collect();
+        let short = streamed_parts(first.clone(), 1, rest, &[3, 5], Vec::new());
+        let lens: Vec<(usize, bool)> = short.iter().map(|p| (p.entries.len(), p.last)).collect();
+        assert_eq!(lens, vec![(3, false), (2, false), (5, true)]);
+        assert_eq!(short[2].totals.entries, 10);
+        // A manifest that fits its first part: one part, the last.
+        let parts = streamed_parts(first, 1, vec![], &[3], Vec::new());
+        assert_eq!(parts.len(), 1);
+        assert!(parts[0].last);
+    }
+
     /// A directory with files of every shape the layout cuts differently: empty, one
     /// byte, unaligned, one chunk exactly, several chunks and a tail, aligned and not.
     fn dataset() -> (Vec<Entry>, Vec<Vec<u8>>) {
@@ -2288,6 +2444,7 @@ mod tests {
                         last,
                         durable: None,
                         times: Vec::new(),
+                        meta: Vec::new(),
                     })
                     .unwrap();
                     tokio::time::sleep(Duration::from_millis(if i == 0 { 0 } else { 20 })).await;
@@ -2349,6 +2506,7 @@ mod tests {
             last: false,
             durable: None,
             times: Vec::new(),
+            meta: Vec::new(),
         })
         .unwrap();
         t.entries += 1;
@@ -2361,6 +2519,7 @@ mod tests {
             last: true,
             durable: None,
             times: Vec::new(),
+            meta: Vec::new(),
         })
         .unwrap();
         let (sent, received) = runtime().block_on(pair(

@@ -44,6 +44,9 @@ pub struct Progress {
     pub attempt: AtomicU32,
     /// The tuner's state, in a session that tunes itself.
     pub tuning: Mutex<Option<Tuning>>,
+    /// Later parts of a growing manifest this side received as its sink (a
+    /// streamed manifest: 0 when it came whole).
+    pub manifest_grown: AtomicU32,
     /// (feature LIMITS, a dialer) The acceptor's limits as it told them in the latest
     /// attempt: its bandwidth limit, the congestion control it sends with (`None`: it
     /// told none, e.g. a server without the feature).
@@ -218,6 +221,23 @@ impl Progress {
     pub fn set_manifest(&self, entries: &[dmover_proto::manifest::Entry]) {
         if self.file_events.load(std::sync::atomic::Ordering::Relaxed) {
             *self.manifest.lock() = Some(Arc::new(entries.to_vec()));
+        }
+    }
+
+    /// A later part of a growing manifest at the sink: its bytes and files join the
+    /// totals, its entries the manifest kept for naming files.
+    pub fn grow_manifest(&self, entries: &[dmover_proto::manifest::Entry]) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let t = dmover_proto::manifest::Totals::of(entries);
+        self.manifest_grown.fetch_add(1, Relaxed);
+        self.total.fetch_add(t.bytes, Relaxed);
+        self.total_files
+            .fetch_add(crate::engine::files_with_data(entries), Relaxed);
+        if self.file_events.load(Relaxed) {
+            let mut m = self.manifest.lock();
+            if let Some(all) = m.as_mut() {
+                Arc::make_mut(all).extend_from_slice(entries);
+            }
         }
     }
 

@@ -318,6 +318,7 @@ impl Parts {
             last,
             durable: None,
             times: Vec::new(),
+            meta: Vec::new(),
         }
     }
 }

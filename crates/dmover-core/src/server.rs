@@ -1300,6 +1300,18 @@ impl Server {
                     // A client without hard links gets each path of an inode whole.
                     walked.tree.links_as_files();
                 }
+                // A streamed manifest (feature STREAMED: the client takes one): the
+                // data flow from the first part on while the others follow on this
+                // connection, instead of after the whole manifest crawled through
+                // TCP's slow start. Trees with hard links or holes go whole.
+                let both = features::STREAMED | features::GROWING_MANIFEST;
+                let mut streamed = None;
+                if info.features & both == both {
+                    let ends = session::manifest_parts(walked.tree.entries().len());
+                    if let Some(ends) = ends {
+                        streamed = walked.tree.split_off(ends[0]).map(|rest| (rest, ends));
+                    }
+                }
                 let mut source = FileSource::new(
                     walked.tree,
                     chunk,
@@ -1314,6 +1326,26 @@ impl Server {
                 }
                 let mut m = SourceSession::accept(now, peer, timing, setup_by);
                 m.grant(now, info);
+                if let Some((rest, ends)) = streamed {
+                    let first = source.tree().entries().to_vec();
+                    let all = Totals::of(&first).bytes + Totals::of(&rest).bytes;
+                    env.run.progress.total.store(all, Ordering::Relaxed);
+                    let parts =
+                        drive::streamed_parts(first, source.layout().n_chunks(), rest, &ends, meta);
+                    tracing::debug!(
+                        "{peer}: the manifest goes in {} parts, data from the first on",
+                        parts.len()
+                    );
+                    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                    for p in parts {
+                        let _ = tx.send(p);
+                    }
+                    *reported = true;
+                    let r = drive::source_growing(m, ch, joins, source, env, Some(rx)).await?;
+                    log.what = what;
+                    log.done = Some((r.summary.bytes, r.summary.files));
+                    return Ok(());
+                }
                 m.push_manifest(source.tree().entries());
                 // Sent only in a session that uses LINKS (the machine knows).
                 m.sparse_files(source.tree().sparse());

@@ -180,15 +180,36 @@ impl Tree {
 
     /// Adds a later part of a growing manifest: `entries`, numbered after the
     /// earlier ones, each under a directory among them or earlier (no new roots).
+    /// What the walk noted of them (owners, xattr presence) is kept when the tree
+    /// was [`Tree::split_off`] from a whole walk; otherwise it is unknown.
     pub fn extend(&mut self, entries: Vec<Entry>) {
-        if !self.owners.is_empty() {
-            self.owners
-                .resize(self.entries.len() + entries.len(), (u32::MAX, u32::MAX));
+        let n = self.entries.len() + entries.len();
+        if !self.owners.is_empty() && self.owners.len() < n {
+            self.owners.resize(n, (u32::MAX, u32::MAX));
         }
-        if !self.xattrs.is_empty() {
-            self.xattrs.resize(self.entries.len() + entries.len(), None);
+        if !self.xattrs.is_empty() && self.xattrs.len() < n {
+            self.xattrs.resize(n, None);
         }
         self.entries.extend(entries);
+    }
+
+    /// Cuts a walked tree after its first `at` entries, for a manifest sent in parts
+    /// (a streamed walk): returns the later entries, which [`Tree::extend`] gives
+    /// back part by part, in order. The walk's notes of them (owners, xattr
+    /// presence) stay, so they count again once their entries are back. `None`,
+    /// and the tree unchanged, when a later entry is a hard link or a sparse file
+    /// (a part carries neither) or `at` is not inside the tree.
+    pub fn split_off(&mut self, at: usize) -> Option<Vec<Entry>> {
+        if at == 0 || at >= self.entries.len() || !self.sparse.is_empty() {
+            return None;
+        }
+        if self.entries[at..]
+            .iter()
+            .any(|e| matches!(e.kind, EntryKind::HardLink { .. }) || e.parent == NO_PARENT)
+        {
+            return None;
+        }
+        Some(self.entries.split_off(at))
     }
 
     /// The manifest entries.

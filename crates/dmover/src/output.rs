@@ -475,6 +475,10 @@ struct JsonReport {
     /// `--via-client`: the most bytes of chunks this client held at once.
     #[serde(skip_serializing_if = "Option::is_none")]
     relay_peak_bytes: Option<u64>,
+    /// A pull whose manifest the server sent in parts (a streamed manifest, the data
+    /// flowing from the first part on): how many; absent when it came whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    manifest_parts: Option<u32>,
     /// Set-up time and steady-state rate (see [`Timing`]).
     #[serde(flatten)]
     timing: Timing,
@@ -693,6 +697,10 @@ pub fn report_with(
                     tuning: tuning_json(progress),
                     bytes_received: r.relayed.map(|x| x.bytes_received),
                     relay_peak_bytes: r.relayed.map(|x| x.peak_buffered),
+                    manifest_parts: match progress.manifest_grown.load(Ordering::Relaxed) {
+                        0 => None,
+                        n => Some(n + 1),
+                    },
                     timing,
                 };
                 print_line(&j);
@@ -805,6 +813,7 @@ pub fn report_with(
                     tuning: tuning_json(progress),
                     bytes_received: None,
                     relay_peak_bytes: None,
+                    manifest_parts: None,
                     timing,
                 };
                 print_line(&j);

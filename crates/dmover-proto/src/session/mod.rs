@@ -154,15 +154,23 @@ pub mod features {
     /// in answer, its own bandwidth limit and the congestion control it sends with
     /// (or why it could not use the one asked for).
     pub const LIMITS: u64 = 64;
+    /// A streamed manifest on a pull: the dialer, sink of the pull, takes the
+    /// source's manifest in parts (with [`GROWING_MANIFEST`], which it must offer
+    /// too) when the source chooses to send it so, and treats them as one manifest.
+    /// It offers the bit only where a part's late arrival changes nothing it
+    /// decides: not when it resumes or keeps files it holds (whose answer, `Have`,
+    /// covers the first part only). No message of its own: it allows `Grow` in a
+    /// pull's session.
+    pub const STREAMED: u64 = 128;
 
     /// The features this build's drivers (`dmover_core::drive`) speak and offer.
     pub const SUPPORTED: u64 =
-        GROWING_MANIFEST | RANGES | TUNING | METADATA | LINKS | CONTINUOUS | LIMITS;
+        GROWING_MANIFEST | RANGES | TUNING | METADATA | LINKS | CONTINUOUS | LIMITS | STREAMED;
 
     /// The features the role machines implement: what a driver may offer once it
     /// handles their events too (the simulator and the pair tests offer these).
     pub const MACHINES: u64 =
-        GROWING_MANIFEST | RANGES | TUNING | METADATA | LINKS | CONTINUOUS | LIMITS;
+        GROWING_MANIFEST | RANGES | TUNING | METADATA | LINKS | CONTINUOUS | LIMITS | STREAMED;
 
     /// The features a session uses: those both sides speak. Bits the machines do not
     /// know are never granted.
@@ -196,6 +204,7 @@ pub mod features {
             METADATA => "metadata",
             CONTINUOUS => "continuous",
             LIMITS => "limits",
+            STREAMED => "streamed manifest",
             _ => "unknown",
         }
     }

@@ -465,6 +465,13 @@ impl<E: Cause + Clone> SinkSession<E> {
                 Ok(())
             }
             (Phase::Listing, Control::Meta(part)) if self.meta_wait => self.on_meta(part),
+            // A streamed manifest's first part: its metadata comes before its `Grow`,
+            // as a later part's.
+            (Phase::Listing, Control::Meta(part))
+                if self.growth.is_none() && !part.last && self.uses(features::GROWING_MANIFEST) =>
+            {
+                self.check_meta(part, self.entries.len() as u64)
+            }
             // A growing manifest's later part: its metadata comes before its `Grow`.
             (phase, Control::Meta(part)) if phase > Phase::Listing && growing && !part.last => {
                 self.check_meta(part, self.n_entries)
@@ -637,6 +644,10 @@ impl<E: Cause + Clone> SinkSession<E> {
         if self.phase == Phase::Listing {
             self.first_chunks = g.chunks;
             self.phase = Phase::Preparing;
+            let meta = std::mem::take(&mut self.meta);
+            if !meta.is_empty() {
+                self.events.push_back(SinkEvent::Meta(meta));
+            }
             self.events.push_back(SinkEvent::Manifest(part));
         } else {
             self.events.push_back(SinkEvent::Grown {

@@ -328,11 +328,13 @@ impl<E: Cause + Clone> SourceSession<E> {
     /// (feature [`features::METADATA`], growing manifest) Owners and extended
     /// attributes of entries of the part about to end (or of earlier parts not told
     /// yet), sent before its `Grow` ([`SourceSession::grow_manifest`]): the sink
-    /// applies them as it binds the part. Dropped in a session without the feature,
-    /// before the first part or after the last.
+    /// applies them as it binds the part. Dropped in a session without the features
+    /// or after the last part. Before the first part's `Grow` only a sink that offered
+    /// [`features::STREAMED`] takes them.
     pub fn grow_meta(&mut self, meta: Vec<EntryMeta>) {
         if meta.is_empty()
-            || !self.growing
+            || !self.uses(features::GROWING_MANIFEST)
+            || (!self.growing && !self.uses(features::STREAMED))
             || self.manifest_done
             || !self.uses(features::METADATA)
             || !self.link.live()
