@@ -199,7 +199,17 @@ impl Figure {
         }
         let columns = columns.clamp(1, self.panels.len().max(1));
         let rows = self.panels.len().div_ceil(columns).max(1);
-        let size = (620 * columns as u32, 460 * rows as u32);
+        // Time runs along a trajectory's x axis: those panels are wider.
+        let width = if self
+            .panels
+            .iter()
+            .any(|p| matches!(p, Panel::Trajectory(_)))
+        {
+            900
+        } else {
+            620
+        };
+        let size = (width * columns as u32, 460 * rows as u32);
         let ext = path
             .extension()
             .and_then(|e| e.to_str())
@@ -770,9 +780,9 @@ mod tests {
         let svg = dir.path().join("t.svg");
         fig.save_in_columns(&svg, 2).unwrap();
         let text = std::fs::read_to_string(&svg).unwrap();
-        // Two panels to a row: two rows.
+        // Two panels to a row: two rows (of wide panels).
         assert!(
-            text.contains(r#"width="1240" height="920""#),
+            text.contains(r#"width="1800" height="920""#),
             "{}",
             &text[..200.min(text.len())]
         );

@@ -387,7 +387,7 @@ fn transfer_tune_records_the_tuned_copy_and_its_trajectory() {
     assert_eq!(
         header.join(","),
         "run,rtt_ms,link,link_rate,direction,repeat,chunk,chunk_bytes,seconds,event,bytes,\
-         interval_seconds,gbit_per_s,streams,streams_of,tuner_gbit_per_s,reason"
+         interval_seconds,gbit_per_s,gbit_per_s_2s,streams,streams_of,tuner_gbit_per_s,reason"
     );
     let traj: Vec<HashMap<String, String>> = lines
         .map(|l| header.iter().cloned().zip(csv_line(l)).collect())

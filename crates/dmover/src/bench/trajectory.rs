@@ -12,13 +12,13 @@ use super::common::{num, text};
 /// Time between two progress samples of a tuned run (`--progress-interval`).
 pub const INTERVAL: &str = "500ms";
 
-/// Progress samples closer than this to the one before (the copy's last line, printed as
-/// it ends) keep their rows but are left out of the plot, but for a run's first: a rate
-/// over a few milliseconds is noise.
-const MIN_PLOT_INTERVAL: f64 = 0.25;
+/// Seconds of the trailing window of `gbit_per_s_2s`, the rate drawn: `bytes_sent`
+/// grows by whole chunks (16 MiB is 0.27 Gbit/s over 0.5 s), so the rate over one
+/// interval jumps between multiples of a chunk; over 2 s the step is a quarter of that.
+pub const WINDOW: f64 = 2.0;
 
 /// The columns of `trajectory.csv`, in order (docs/benchmarks.md).
-pub const COLUMNS: [&str; 17] = [
+pub const COLUMNS: [&str; 18] = [
     "run",
     "rtt_ms",
     "link",
@@ -32,6 +32,7 @@ pub const COLUMNS: [&str; 17] = [
     "bytes",
     "interval_seconds",
     "gbit_per_s",
+    "gbit_per_s_2s",
     "streams",
     "streams_of",
     "tuner_gbit_per_s",
@@ -69,6 +70,9 @@ pub struct Sample {
     pub interval_seconds: Option<f64>,
     /// Progress: Gbit/s since the previous progress line.
     pub gbit_per_s: Option<f64>,
+    /// Progress: Gbit/s since the latest progress line at least [`WINDOW`] earlier
+    /// (since the start, before there is one).
+    pub window_gbit_per_s: Option<f64>,
     /// Streams the source sends on at this time (the last decision's); `None` before
     /// the first decision (set-up) and without tuning.
     pub streams: Option<u16>,
@@ -102,6 +106,8 @@ pub fn parse(ndjson: &str) -> Trace {
     let mut t = Trace::default();
     let mut streams: Option<u16> = None;
     let mut last_progress: Option<f64> = None;
+    // (seconds, bytes) of the progress lines so far, from the start.
+    let mut marks: Vec<(f64, u64)> = vec![(0.0, 0)];
     let u16_of = |v: &Value| v.as_u64().and_then(|n| u16::try_from(n).ok());
     for line in ndjson.lines() {
         let Ok(Value::Object(v)) = serde_json::from_str::<Value>(line) else {
@@ -111,10 +117,28 @@ pub fn parse(ndjson: &str) -> Trace {
         match v.get("type").and_then(Value::as_str) {
             Some("progress") => {
                 let Some(seconds) = seconds else { continue };
+                let bytes = v.get("bytes_sent").and_then(Value::as_u64);
+                let window_gbit_per_s = bytes.map(|b| {
+                    let &(t0, b0) = marks
+                        .iter()
+                        .rev()
+                        .find(|m| seconds - m.0 >= WINDOW)
+                        .unwrap_or(&marks[0]);
+                    let span = seconds - t0;
+                    if span > 0.0 {
+                        b.saturating_sub(b0) as f64 * 8.0 / span / 1e9
+                    } else {
+                        0.0
+                    }
+                });
+                if let Some(b) = bytes {
+                    marks.push((seconds, b));
+                }
                 t.samples.push(Sample {
                     seconds,
                     event: Event::Progress,
-                    bytes: v.get("bytes_sent").and_then(Value::as_u64),
+                    bytes,
+                    window_gbit_per_s,
                     interval_seconds: Some(seconds - last_progress.unwrap_or(0.0)),
                     gbit_per_s: v.get("bit_per_s").and_then(Value::as_f64).map(|b| b / 1e9),
                     streams,
@@ -132,6 +156,7 @@ pub fn parse(ndjson: &str) -> Trace {
                     bytes: None,
                     interval_seconds: None,
                     gbit_per_s: None,
+                    window_gbit_per_s: None,
                     streams,
                     tuner_gbit_per_s: v.get("gbit_per_s").and_then(Value::as_f64),
                     reason: v.get("reason").and_then(Value::as_str).map(String::from),
@@ -177,6 +202,7 @@ pub fn rows(run: u32, context: &Map<String, Value>, trace: &Trace) -> Vec<Map<St
             r.insert("bytes".into(), json!(s.bytes));
             r.insert("interval_seconds".into(), opt(s.interval_seconds, 4));
             r.insert("gbit_per_s".into(), opt(s.gbit_per_s, 4));
+            r.insert("gbit_per_s_2s".into(), opt(s.window_gbit_per_s, 4));
             r.insert("streams".into(), json!(s.streams));
             r.insert("streams_of".into(), json!(trace.streams_of));
             r.insert("tuner_gbit_per_s".into(), opt(s.tuner_gbit_per_s, 4));
@@ -193,7 +219,7 @@ pub fn to_csv(rows: &[Map<String, Value>]) -> String {
 }
 
 /// A panel per link and direction that has tuned runs (in the order of `grid`, the
-/// sweep's rows): each run's rate over time (progress samples) with the streams it sent
+/// sweep's rows): each run's rate over time (`gbit_per_s_2s`) with the streams it sent
 /// on as a step line on the right axis, and a dashed line at each grid row's median
 /// rate in that cell (the fixed settings, and the tuned runs' own whole-run rate: wall
 /// time with set-up and the final sync, as every grid row).
@@ -238,11 +264,8 @@ pub fn figure(title: String, grid: &[Map<String, Value>], traj: &[Map<String, Va
                 if let Some(s) = num(r, "streams") {
                     steps[i].points.push(pt(s));
                 }
-                // A run's first rate is kept however short: a copy may end before
-                // its first interval.
-                let short = num(r, "interval_seconds").is_none_or(|d| d < MIN_PLOT_INTERVAL);
-                if text(r, "event") == "progress" && (!short || rates[i].points.is_empty()) {
-                    if let Some(g) = num(r, "gbit_per_s") {
+                if text(r, "event") == "progress" {
+                    if let Some(g) = num(r, "gbit_per_s_2s") {
                         rates[i].points.push(pt(g));
                     }
                 }
@@ -266,7 +289,7 @@ pub fn figure(title: String, grid: &[Map<String, Value>], traj: &[Map<String, Va
             Panel::Trajectory(Trajectory {
                 title: format!("{link}, {}", c.1),
                 x_label: "seconds since the copy started".into(),
-                y_label: "Gbit/s (per 0.5 s; dashed: whole runs)".into(),
+                y_label: "Gbit/s (over 2 s; dashed: whole runs)".into(),
                 y2_label: "streams sending".into(),
                 rates,
                 steps,
@@ -309,6 +332,7 @@ dmover: a stray line that is not JSON
         assert_eq!(t.samples[2].gbit_per_s, Some(0.8));
         assert_eq!(t.samples[2].bytes, Some(50_000_000));
         assert_eq!(t.samples[2].interval_seconds, Some(0.5));
+        assert_eq!(t.samples[2].window_gbit_per_s, Some(0.4));
         assert_eq!(t.samples[3].tuner_gbit_per_s, Some(0.41));
         assert_eq!(
             t.samples[3].reason.as_deref(),
@@ -319,6 +343,20 @@ dmover: a stray line that is not JSON
         assert_eq!(t.streams_of, Some(16));
         assert_eq!(t.changes, Some(1));
         assert_eq!(t.settled_seconds, None);
+        // The drawn rate: over the latest line at least 2 s back.
+        let line = |t: u32, b: u64| {
+            format!(r#"{{"type":"progress","seconds":{t}.0,"bytes_sent":{b},"bit_per_s":1.0}}"#)
+        };
+        let text: Vec<String> = [(1, 100), (2, 200), (3, 300), (4, 500)]
+            .iter()
+            .map(|&(t, mb)| line(t, mb * 1_000_000))
+            .collect();
+        let w: Vec<Option<f64>> = parse(&text.join("\n"))
+            .samples
+            .iter()
+            .map(|s| s.window_gbit_per_s)
+            .collect();
+        assert_eq!(w, [Some(0.8), Some(0.8), Some(0.8), Some(1.2)]);
         // Nothing parseable: an empty trace, no panic.
         assert_eq!(
             parse("garbage\n{\"type\":\"progress\"}\n[1,2]"),
@@ -355,11 +393,11 @@ dmover: a stray line that is not JSON
         assert!(lines.iter().all(|l| l.split(',').count() >= COLUMNS.len()));
         assert_eq!(
             lines[4],
-            "3,50,50 ms,1gbit,push,1,16M,16777216,1.42,tuning,,,,8,16,0.41,\
+            "3,50,50 ms,1gbit,push,1,16M,16777216,1.42,tuning,,,,,8,16,0.41,\
              4 streams at 0.41 Gbit/s: trying 8"
         );
         assert!(lines[3].starts_with(
-            "3,50,50 ms,1gbit,push,1,16M,16777216,1.0,progress,50000000,0.5,0.8,4,16,,"
+            "3,50,50 ms,1gbit,push,1,16M,16777216,1.0,progress,50000000,0.5,0.8,0.4,4,16,,"
         ));
         // No rows: the header alone.
         assert_eq!(to_csv(&[]), format!("{}\n", COLUMNS.join(",")));
@@ -413,9 +451,9 @@ dmover: a stray line that is not JSON
             ],
             "failed points are no reference"
         );
-        // The last progress line (10 ms after the one before) is not drawn.
-        let xs: Vec<f64> = pull.rates[0].points.iter().map(|p| p.x).collect();
-        assert_eq!(xs, [0.5, 1.0, 1.5]);
+        // The rate over the trailing 2 s (from the start, for these first seconds).
+        let pts: Vec<(f64, f64)> = pull.rates[0].points.iter().map(|p| (p.x, p.y)).collect();
+        assert_eq!(pts, [(0.5, 0.0), (1.0, 0.4), (1.5, 0.5333), (1.51, 0.5303)]);
         let steps: Vec<(f64, f64)> = pull.steps[0].points.iter().map(|p| (p.x, p.y)).collect();
         assert_eq!(
             steps,

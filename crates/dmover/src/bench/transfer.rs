@@ -494,7 +494,7 @@ fn write_trajectory(
     };
     let path = trajectory_plot_path(plot);
     let fig = trajectory::figure(
-        format!("dmover bench transfer --tune: {}", dataset_title(report)),
+        format!("bench transfer --tune: {}", dataset_title(report)),
         &report.rows,
         traj,
     );
