@@ -125,6 +125,9 @@ pub struct Trajectory {
     /// Step lines on the right axis: each value holds from its point to the next. The
     /// i-th is drawn in the colour of the i-th rate.
     pub steps: Vec<Series>,
+    /// Single measurements on the left axis (e.g. a tuner's own), drawn as marks; the
+    /// i-th in the colour of the i-th rate.
+    pub marks: Vec<Series>,
     /// `(legend text, value)`: dashed horizontal lines across the panel.
     pub references: Vec<(String, f64)>,
 }
@@ -414,6 +417,7 @@ fn draw_trajectory<DB: DrawingBackend>(
         pts
     };
     let rates: Vec<Vec<Point>> = t.rates.iter().map(sorted).collect();
+    let marks: Vec<Vec<Point>> = t.marks.iter().map(sorted).collect();
     let steps: Vec<Vec<Point>> = t.steps.iter().map(sorted).collect();
     let xmax = rates
         .iter()
@@ -426,6 +430,7 @@ fn draw_trajectory<DB: DrawingBackend>(
     let ymax = y_top(
         rates
             .iter()
+            .chain(&marks)
             .flatten()
             .map(|p| p.y)
             .chain(t.references.iter().map(|r| r.1)),
@@ -505,11 +510,22 @@ fn draw_trajectory<DB: DrawingBackend>(
                 PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
             });
     }
+    for (i, pts) in marks.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        chart
+            .draw_series(
+                pts.iter()
+                    .map(|p| TriangleMarker::new((p.x, p.y), 6, color.filled())),
+            )?
+            .label(&t.marks[i].name)
+            .legend(move |(x, y)| TriangleMarker::new((x + 9, y), 6, color.filled()));
+    }
     // Where the legend goes: away from the rates, the references and the steps.
     let mut crowd: Vec<(f64, f64)> = rates
         .iter()
         .flatten()
         .map(|p| (p.x / xmax, p.y / ymax))
+        .chain(marks.iter().flatten().map(|p| (p.x / xmax, p.y / ymax)))
         .chain(steps.iter().flatten().map(|p| (p.x / xmax, p.y / smax)))
         .collect();
     for r in &t.references {
@@ -762,6 +778,10 @@ mod tests {
                 name: "streams r1".into(),
                 points: vec![pt(0.6, 4.0), pt(1.4, 8.0), pt(2.0, 8.0)],
             }],
+            marks: vec![Series {
+                name: "tuner r1".into(),
+                points: vec![pt(1.4, 0.5)],
+            }],
             references: vec![("-P 4, 16M".into(), 0.7), ("-P 16, 16M".into(), 0.85)],
         })
     }
@@ -790,6 +810,7 @@ mod tests {
             "200 ms push",
             "tuned r1",
             "streams r1",
+            "tuner r1",
             "-P 16, 16M",
             "seconds",
             "streams",
@@ -814,6 +835,7 @@ mod tests {
                 y2_label: String::new(),
                 rates: vec![],
                 steps: vec![],
+                marks: vec![],
                 references: vec![("x".into(), 1.0)],
             })],
         };

@@ -220,7 +220,8 @@ pub fn to_csv(rows: &[Map<String, Value>]) -> String {
 
 /// A panel per link and direction that has tuned runs (in the order of `grid`, the
 /// sweep's rows): each run's rate over time (`gbit_per_s_2s`) with the streams it sent
-/// on as a step line on the right axis, and a dashed line at each grid row's median
+/// on as a step line on the right axis, the tuner's own measurement at each decision
+/// (exact: the streams' TCP-acknowledged bytes), and a dashed line at each grid row's median
 /// rate in that cell (the fixed settings, and the tuned runs' own whole-run rate: wall
 /// time with set-up and the final sync, as every grid row).
 pub fn figure(title: String, grid: &[Map<String, Value>], traj: &[Map<String, Value>]) -> Figure {
@@ -238,7 +239,9 @@ pub fn figure(title: String, grid: &[Map<String, Value>], traj: &[Map<String, Va
         .map(|c| {
             let mut rates: Vec<Series> = Vec::new();
             let mut steps: Vec<Series> = Vec::new();
+            let mut marks: Vec<Series> = Vec::new();
             let mut runs: Vec<String> = Vec::new();
+            let mut first_decision: Vec<bool> = Vec::new();
             for r in traj.iter().filter(|r| cell(r) == *c) {
                 let run = text(r, "run");
                 if !runs.contains(&run) {
@@ -252,6 +255,11 @@ pub fn figure(title: String, grid: &[Map<String, Value>], traj: &[Map<String, Va
                         name: format!("tuned r{rep}, streams"),
                         points: Vec::new(),
                     });
+                    marks.push(Series {
+                        name: format!("tuned r{rep}, tuner's Gbit/s (TCP acked)"),
+                        points: Vec::new(),
+                    });
+                    first_decision.push(true);
                 }
                 let i = runs.iter().position(|x| *x == run).unwrap_or(0);
                 let Some(x) = num(r, "seconds") else { continue };
@@ -267,6 +275,14 @@ pub fn figure(title: String, grid: &[Map<String, Value>], traj: &[Map<String, Va
                 if text(r, "event") == "progress" {
                     if let Some(g) = num(r, "gbit_per_s_2s") {
                         rates[i].points.push(pt(g));
+                    }
+                }
+                // A decision's rate is the tuner's measurement of the period it ends,
+                // but for the first (where it starts: no measurement).
+                if text(r, "event") == "tuning" && !std::mem::replace(&mut first_decision[i], false)
+                {
+                    if let Some(g) = num(r, "tuner_gbit_per_s") {
+                        marks[i].points.push(pt(g));
                     }
                 }
             }
@@ -293,6 +309,7 @@ pub fn figure(title: String, grid: &[Map<String, Value>], traj: &[Map<String, Va
                 y2_label: "streams sending".into(),
                 rates,
                 steps,
+                marks,
                 references,
             })
         })
@@ -454,6 +471,8 @@ dmover: a stray line that is not JSON
         // The rate over the trailing 2 s (from the start, for these first seconds).
         let pts: Vec<(f64, f64)> = pull.rates[0].points.iter().map(|p| (p.x, p.y)).collect();
         assert_eq!(pts, [(0.5, 0.0), (1.0, 0.4), (1.5, 0.5333), (1.51, 0.5303)]);
+        let marks: Vec<(f64, f64)> = pull.marks[0].points.iter().map(|p| (p.x, p.y)).collect();
+        assert_eq!(marks, [(1.42, 0.41)], "the start is no measurement");
         let steps: Vec<(f64, f64)> = pull.steps[0].points.iter().map(|p| (p.x, p.y)).collect();
         assert_eq!(
             steps,
