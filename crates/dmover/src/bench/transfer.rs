@@ -450,7 +450,11 @@ pub fn run(a: TransferBenchArgs, env: &Env) -> anyhow::Result<()> {
         ));
     }
     if a.tune {
-        write_trajectory(&a, &report, &traj, &out_dir)?;
+        // The grid's results are written whatever happens here.
+        if let Err(e) = write_trajectory(&a, &report, &traj, &out_dir) {
+            eprintln!("dmover: warning: no trajectory: {e:#}");
+            report.note(format!("no trajectory.csv: {e:#}"));
+        }
     }
     let figure = a.output.plot.as_ref().map(|_| figure(&report));
     common::finish(
