@@ -128,6 +128,7 @@ pub struct Trajectory {
     /// Single measurements on the left axis (e.g. a tuner's own), drawn as marks; the
     /// i-th in the colour of the i-th rate.
     pub marks: Vec<Series>,
+    // Rates, steps and marks with an empty name have no legend entry.
     /// `(legend text, value)`: dashed horizontal lines across the panel.
     pub references: Vec<(String, f64)>,
 }
@@ -269,12 +270,6 @@ fn legend_corner(
         .flat_map(|s| s.points.iter())
         .map(|p| ((tx(p.x) - lo) / (hi - lo), p.y / ymax))
         .collect();
-    least_crowded(&pts)
-}
-
-/// The corner with the fewest of `pts` (x and y scaled to 0..1) near it (upper left
-/// on a tie).
-fn least_crowded(pts: &[(f64, f64)]) -> SeriesLabelPosition {
     let corners = [
         (SeriesLabelPosition::UpperLeft, false, true),
         (SeriesLabelPosition::UpperRight, true, true),
@@ -427,25 +422,27 @@ fn draw_trajectory<DB: DrawingBackend>(
         .filter(|x| x.is_finite())
         .fold(0.0f64, f64::max);
     let xmax = if xmax > 0.0 { xmax * 1.02 } else { 1.0 };
-    let ymax = y_top(
-        rates
-            .iter()
-            .chain(&marks)
-            .flatten()
-            .map(|p| p.y)
-            .chain(t.references.iter().map(|r| r.1)),
-    );
-    let smax = steps
+    // The legend goes in the upper right, above the data: its share of the height is
+    // left free (about 16 pixels an entry of some 360).
+    let named = |v: &[Series]| v.iter().filter(|s| !s.name.is_empty()).count();
+    let entries = t.references.len() + named(&t.rates) + named(&t.steps) + named(&t.marks);
+    let free = ((entries as f64 * 16.0 + 24.0) / 360.0).clamp(0.1, 0.6);
+    let top = |m: f64| if m > 0.0 { m / (1.0 - free) } else { 1.0 };
+    let ymax = top(rates
+        .iter()
+        .chain(&marks)
+        .flatten()
+        .map(|p| p.y)
+        .chain(t.references.iter().map(|r| r.1))
+        .filter(|y| y.is_finite())
+        .fold(0.0f64, f64::max));
+    let smax = top(steps
         .iter()
         .flatten()
         .map(|p| p.y)
         .filter(|y| y.is_finite())
-        .fold(0.0f64, f64::max);
-    let smax = if smax > 0.0 {
-        (smax * 1.25).ceil()
-    } else {
-        1.0
-    };
+        .fold(0.0f64, f64::max))
+    .ceil();
     let fmt = |v: &f64| format_value(*v);
     let fmt_count = |v: &f64| {
         if (v - v.round()).abs() < 1e-6 {
@@ -488,55 +485,46 @@ fn draw_trajectory<DB: DrawingBackend>(
     for (i, pts) in steps.iter().enumerate() {
         let color = COLORS[i % COLORS.len()].mix(0.6);
         let style = color.stroke_width(1);
-        chart
-            .draw_secondary_series(LineSeries::new(step_points(pts), style))?
-            .label(&t.steps[i].name)
-            .legend(move |(x, y)| {
+        let drawn = chart.draw_secondary_series(LineSeries::new(step_points(pts), style))?;
+        if !t.steps[i].name.is_empty() {
+            drawn.label(&t.steps[i].name).legend(move |(x, y)| {
                 PathElement::new(
                     vec![(x, y + 4), (x + 9, y + 4), (x + 9, y - 4), (x + 18, y - 4)],
                     style,
                 )
             });
+        }
     }
     for (i, pts) in rates.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        chart
-            .draw_series(LineSeries::new(
-                pts.iter().map(|p| (p.x, p.y)),
-                color.stroke_width(2),
-            ))?
-            .label(&t.rates[i].name)
-            .legend(move |(x, y)| {
+        let drawn = chart.draw_series(LineSeries::new(
+            pts.iter().map(|p| (p.x, p.y)),
+            color.stroke_width(2),
+        ))?;
+        if !t.rates[i].name.is_empty() {
+            drawn.label(&t.rates[i].name).legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
             });
+        }
     }
     for (i, pts) in marks.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        chart
-            .draw_series(
-                pts.iter()
-                    .map(|p| TriangleMarker::new((p.x, p.y), 6, color.filled())),
-            )?
-            .label(&t.marks[i].name)
-            .legend(move |(x, y)| TriangleMarker::new((x + 9, y), 6, color.filled()));
-    }
-    // Where the legend goes: away from the rates, the references and the steps.
-    let mut crowd: Vec<(f64, f64)> = rates
-        .iter()
-        .flatten()
-        .map(|p| (p.x / xmax, p.y / ymax))
-        .chain(marks.iter().flatten().map(|p| (p.x / xmax, p.y / ymax)))
-        .chain(steps.iter().flatten().map(|p| (p.x / xmax, p.y / smax)))
-        .collect();
-    for r in &t.references {
-        crowd.extend((0..=10).map(|k| (k as f64 / 10.0, r.1 / ymax)));
+        let drawn = chart.draw_series(
+            pts.iter()
+                .map(|p| TriangleMarker::new((p.x, p.y), 6, color.filled())),
+        )?;
+        if !t.marks[i].name.is_empty() {
+            drawn
+                .label(&t.marks[i].name)
+                .legend(move |(x, y)| TriangleMarker::new((x + 9, y), 6, color.filled()));
+        }
     }
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK.mix(0.4))
         .label_font((FONT, 12))
-        .position(least_crowded(&crowd))
+        .position(SeriesLabelPosition::UpperRight)
         .draw()?;
     Ok(())
 }

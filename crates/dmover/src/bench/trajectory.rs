@@ -247,16 +247,26 @@ pub fn figure(title: String, grid: &[Map<String, Value>], traj: &[Map<String, Va
                 if !runs.contains(&run) {
                     runs.push(run.clone());
                     let rep = text(r, "repeat");
+                    // One legend entry for all steps and one for all marks: the
+                    // colour says the repeat.
+                    let first = runs.len() == 1;
+                    let once = |name: &str| {
+                        if first {
+                            name.to_string()
+                        } else {
+                            String::new()
+                        }
+                    };
                     rates.push(Series {
-                        name: format!("tuned r{rep}, Gbit/s"),
+                        name: format!("tuned r{rep}"),
                         points: Vec::new(),
                     });
                     steps.push(Series {
-                        name: format!("tuned r{rep}, streams"),
+                        name: once("streams sending (steps, right axis)"),
                         points: Vec::new(),
                     });
                     marks.push(Series {
-                        name: format!("tuned r{rep}, tuner's Gbit/s (TCP acked)"),
+                        name: once("tuner's measurement (TCP acked)"),
                         points: Vec::new(),
                     });
                     first_decision.push(true);
@@ -305,7 +315,7 @@ pub fn figure(title: String, grid: &[Map<String, Value>], traj: &[Map<String, Va
             Panel::Trajectory(Trajectory {
                 title: format!("{link}, {}", c.1),
                 x_label: "seconds since the copy started".into(),
-                y_label: "Gbit/s (over 2 s; dashed: whole runs)".into(),
+                y_label: "Gbit/s (lines: over 2 s; dashed: whole runs)".into(),
                 y2_label: "streams sending".into(),
                 rates,
                 steps,

@@ -919,19 +919,8 @@ fn figure(report: &Report) -> Figure {
             })
         })
         .collect();
-    let ds = report
-        .parameters
-        .get("dataset")
-        .and_then(|v| v.as_str())
-        .and_then(|p| Path::new(p).file_name())
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let link = match report.parameters.get("link_rate").and_then(|v| v.as_str()) {
-        Some(rate) => format!(", emulated link {rate}"),
-        None => String::new(),
-    };
     Figure {
-        title: format!("dmover bench transfer: {ds}{link}"),
+        title: format!("dmover bench transfer: {}", dataset_title(report)),
         panels,
     }
 }
