@@ -222,9 +222,8 @@ pub fn to_csv(rows: &[Map<String, Value>]) -> String {
 /// sweep's rows): each run's rate over time (`gbit_per_s_2s`) with the streams it sent
 /// on as a step line on the right axis, the tuner's own measurement at each decision
 /// (the streams' TCP-acknowledged bytes, not whole chunks), and a dashed line at each
-/// grid row's median
-/// rate in that cell (the fixed settings, and the tuned runs' own whole-run rate: wall
-/// time with set-up and the final sync, as every grid row).
+/// grid row's median rate in that cell (the fixed settings, and the tuned runs' own
+/// whole-run rate: wall time with set-up and the final sync, as every grid row).
 pub fn figure(title: String, grid: &[Map<String, Value>], traj: &[Map<String, Value>]) -> Figure {
     let cell = |r: &Map<String, Value>| (text(r, "link"), text(r, "direction"));
     let mut cells: Vec<(String, String)> = Vec::new();
