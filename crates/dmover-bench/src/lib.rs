@@ -11,7 +11,8 @@
 //!   and dmover itself: their servers on loopback and their copy commands.
 //! - Copies made by any tool are checked against their source with
 //!   `dmover_store::verify::compare` (its content comparison).
-//! - [`plot`]: SVG/PNG figures of results (lines over file size or streams, bars per tool).
+//! - [`plot`]: SVG/PNG figures of results (lines over file size or streams, bars per tool,
+//!   trajectories over time).
 
 pub mod mkdata;
 pub mod peers;

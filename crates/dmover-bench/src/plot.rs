@@ -1,9 +1,10 @@
 //! Plots of benchmark results, as SVG or PNG (chosen by the file name's extension).
 //!
-//! A [`Figure`] is one or more panels side by side under a title. A panel is either a
-//! line chart ([`Lines`]: e.g. throughput against file size, or against streams, one line
-//! per setting, with min–max whiskers over the repeats) or a bar chart ([`Bars`]: e.g.
-//! throughput per tool). Text is set in DejaVu Sans, embedded in the binary, so plots look
+//! A [`Figure`] is one or more panels side by side under a title. A panel is a line
+//! chart ([`Lines`]: e.g. throughput against file size, or against streams, one line
+//! per setting, with min–max whiskers over the repeats), a bar chart ([`Bars`]: e.g.
+//! throughput per tool), or a trajectory over time ([`Trajectory`]: a rate with a
+//! step line of settings on a second axis and horizontal reference lines). Text is set in DejaVu Sans, embedded in the binary, so plots look
 //! the same on any machine.
 
 use std::path::{Path, PathBuf};
@@ -106,6 +107,32 @@ pub struct Bars {
     pub series: Vec<(String, Vec<Option<Bar>>)>,
 }
 
+/// A trajectory over time: rates (left axis) with a step line of a setting per rate
+/// (right axis, e.g. the streams in use), and horizontal reference lines on the left
+/// axis (e.g. the rates of fixed settings).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trajectory {
+    /// Panel caption.
+    pub title: String,
+    /// X axis description (linear, from 0).
+    pub x_label: String,
+    /// Left axis description (the rates and references).
+    pub y_label: String,
+    /// Right axis description (the steps).
+    pub y2_label: String,
+    /// Rates over time, one line each.
+    pub rates: Vec<Series>,
+    /// Step lines on the right axis: each value holds from its point to the next. The
+    /// i-th is drawn in the colour of the i-th rate.
+    pub steps: Vec<Series>,
+    /// Single measurements on the left axis (e.g. a tuner's own), drawn as marks; the
+    /// i-th in the colour of the i-th rate.
+    pub marks: Vec<Series>,
+    // Rates, steps and marks with an empty name have no legend entry.
+    /// `(legend text, value)`: dashed horizontal lines across the panel.
+    pub references: Vec<(String, f64)>,
+}
+
 /// One panel of a figure.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Panel {
@@ -113,6 +140,8 @@ pub enum Panel {
     Lines(Lines),
     /// A bar chart.
     Bars(Bars),
+    /// Rates and settings over time.
+    Trajectory(Trajectory),
 }
 
 /// Panels side by side under a title.
@@ -149,11 +178,18 @@ fn register_fonts() {
 }
 
 impl Figure {
-    /// Draws the figure into `path` (`.svg` or `.png`).
+    /// Draws the figure into `path` (`.svg` or `.png`), all panels side by side.
     pub fn save(&self, path: &Path) -> Result<(), PlotError> {
+        self.save_in_columns(path, self.panels.len())
+    }
+
+    /// Draws the figure into `path` (`.svg` or `.png`), `columns` panels to a row (at
+    /// least 1), rows filled left to right.
+    pub fn save_in_columns(&self, path: &Path, columns: usize) -> Result<(), PlotError> {
         let has_data = self.panels.iter().any(|p| match p {
             Panel::Lines(l) => l.series.iter().any(|s| !s.points.is_empty()),
             Panel::Bars(b) => b.series.iter().any(|(_, v)| v.iter().any(Option::is_some)),
+            Panel::Trajectory(t) => t.rates.iter().any(|s| !s.points.is_empty()),
         });
         if !has_data {
             return Err(PlotError::Empty(path.to_path_buf()));
@@ -165,14 +201,26 @@ impl Figure {
                 message: e.to_string(),
             })?;
         }
-        let size = (620 * self.panels.len().max(1) as u32, 460);
+        let columns = columns.clamp(1, self.panels.len().max(1));
+        let rows = self.panels.len().div_ceil(columns).max(1);
+        // Time runs along a trajectory's x axis: those panels are wider.
+        let width = if self
+            .panels
+            .iter()
+            .any(|p| matches!(p, Panel::Trajectory(_)))
+        {
+            900
+        } else {
+            620
+        };
+        let size = (width * columns as u32, 460 * rows as u32);
         let ext = path
             .extension()
             .and_then(|e| e.to_str())
             .map(str::to_ascii_lowercase);
         let result = match ext.as_deref() {
-            Some("svg") => self.draw(SVGBackend::new(path, size).into_drawing_area()),
-            Some("png") => self.draw(BitMapBackend::new(path, size).into_drawing_area()),
+            Some("svg") => self.draw(SVGBackend::new(path, size).into_drawing_area(), columns),
+            Some("png") => self.draw(BitMapBackend::new(path, size).into_drawing_area(), columns),
             _ => return Err(PlotError::Format(path.to_path_buf())),
         };
         result.map_err(|message| PlotError::Draw {
@@ -181,15 +229,21 @@ impl Figure {
         })
     }
 
-    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), String> {
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: DrawingArea<DB, Shift>,
+        columns: usize,
+    ) -> Result<(), String> {
         let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
         root.fill(&WHITE).map_err(e)?;
         let body = root.titled(&self.title, (FONT, 22)).map_err(e)?;
-        let areas = body.split_evenly((1, self.panels.len().max(1)));
+        let rows = self.panels.len().div_ceil(columns).max(1);
+        let areas = body.split_evenly((rows, columns));
         for (area, panel) in areas.iter().zip(&self.panels) {
             match panel {
                 Panel::Lines(l) => draw_lines(area, l).map_err(e)?,
                 Panel::Bars(b) => draw_bars(area, b).map_err(e)?,
+                Panel::Trajectory(t) => draw_trajectory(area, t).map_err(e)?,
             }
         }
         root.present().map_err(e)
@@ -332,6 +386,146 @@ fn draw_lines<DB: DrawingBackend>(
             .position(legend_corner(l, &tx, (lo, hi), ymax))
             .draw()?;
     }
+    Ok(())
+}
+
+/// The corners of a step line through `pts` (sorted by x): each value holds until the
+/// next point's x.
+fn step_points(pts: &[Point]) -> Vec<(f64, f64)> {
+    let mut out = Vec::with_capacity(pts.len() * 2);
+    for (i, p) in pts.iter().enumerate() {
+        if i > 0 {
+            out.push((p.x, pts[i - 1].y));
+        }
+        out.push((p.x, p.y));
+    }
+    out
+}
+
+fn draw_trajectory<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    t: &Trajectory,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let sorted = |s: &Series| {
+        let mut pts = s.points.clone();
+        pts.sort_by(|a, b| a.x.total_cmp(&b.x));
+        pts
+    };
+    let rates: Vec<Vec<Point>> = t.rates.iter().map(sorted).collect();
+    let marks: Vec<Vec<Point>> = t.marks.iter().map(sorted).collect();
+    let steps: Vec<Vec<Point>> = t.steps.iter().map(sorted).collect();
+    let xmax = rates
+        .iter()
+        .chain(&steps)
+        .flatten()
+        .map(|p| p.x)
+        .filter(|x| x.is_finite())
+        .fold(0.0f64, f64::max);
+    let xmax = if xmax > 0.0 { xmax * 1.02 } else { 1.0 };
+    // The legend goes in the upper right, above the data: its share of the height is
+    // left free (about 16 pixels an entry of some 360).
+    let named = |v: &[Series]| v.iter().filter(|s| !s.name.is_empty()).count();
+    let entries = t.references.len() + named(&t.rates) + named(&t.steps) + named(&t.marks);
+    let free = ((entries as f64 * 16.0 + 24.0) / 360.0).clamp(0.1, 0.6);
+    let top = |m: f64| if m > 0.0 { m / (1.0 - free) } else { 1.0 };
+    let ymax = top(rates
+        .iter()
+        .chain(&marks)
+        .flatten()
+        .map(|p| p.y)
+        .chain(t.references.iter().map(|r| r.1))
+        .filter(|y| y.is_finite())
+        .fold(0.0f64, f64::max));
+    let smax = top(steps
+        .iter()
+        .flatten()
+        .map(|p| p.y)
+        .filter(|y| y.is_finite())
+        .fold(0.0f64, f64::max))
+    .ceil();
+    let fmt = |v: &f64| format_value(*v);
+    let fmt_count = |v: &f64| {
+        if (v - v.round()).abs() < 1e-6 {
+            format!("{}", v.round())
+        } else {
+            String::new()
+        }
+    };
+    let mut chart = ChartBuilder::on(area)
+        .caption(&t.title, (FONT, 16).into_font())
+        .margin(12)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .right_y_label_area_size(50)
+        .build_cartesian_2d(0.0..xmax, 0.0..ymax)?
+        .set_secondary_coord(0.0..xmax, 0.0..smax);
+    chart
+        .configure_mesh()
+        .light_line_style(TRANSPARENT)
+        .bold_line_style(BLACK.mix(0.12))
+        .x_desc(&t.x_label)
+        .y_desc(&t.y_label)
+        .x_label_formatter(&fmt)
+        .y_label_formatter(&fmt)
+        .draw()?;
+    chart
+        .configure_secondary_axes()
+        .y_desc(&t.y2_label)
+        .y_labels((smax as usize + 1).min(11))
+        .y_label_formatter(&fmt_count)
+        .draw()?;
+    for (i, (name, y)) in t.references.iter().enumerate() {
+        let color = COLORS[(t.rates.len() + i) % COLORS.len()];
+        let style = color.stroke_width(1);
+        chart
+            .draw_series(DashedLineSeries::new([(0.0, *y), (xmax, *y)], 8, 5, style))?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+    }
+    for (i, pts) in steps.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()].mix(0.6);
+        let style = color.stroke_width(1);
+        let drawn = chart.draw_secondary_series(LineSeries::new(step_points(pts), style))?;
+        if !t.steps[i].name.is_empty() {
+            drawn.label(&t.steps[i].name).legend(move |(x, y)| {
+                PathElement::new(
+                    vec![(x, y + 4), (x + 9, y + 4), (x + 9, y - 4), (x + 18, y - 4)],
+                    style,
+                )
+            });
+        }
+    }
+    for (i, pts) in rates.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let drawn = chart.draw_series(LineSeries::new(
+            pts.iter().map(|p| (p.x, p.y)),
+            color.stroke_width(2),
+        ))?;
+        if !t.rates[i].name.is_empty() {
+            drawn.label(&t.rates[i].name).legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+        }
+    }
+    for (i, pts) in marks.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let drawn = chart.draw_series(
+            pts.iter()
+                .map(|p| TriangleMarker::new((p.x, p.y), 6, color.filled())),
+        )?;
+        if !t.marks[i].name.is_empty() {
+            drawn
+                .label(&t.marks[i].name)
+                .legend(move |(x, y)| TriangleMarker::new((x + 9, y), 6, color.filled()));
+        }
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.4))
+        .label_font((FONT, 12))
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()?;
     Ok(())
 }
 
@@ -550,5 +744,107 @@ mod tests {
             empty.save(&dir.path().join("x.svg")),
             Err(PlotError::Empty(_))
         ));
+    }
+
+    fn trajectory(title: &str) -> Panel {
+        let pt = |x, y| Point {
+            x,
+            y,
+            lo: None,
+            hi: None,
+        };
+        Panel::Trajectory(Trajectory {
+            title: title.into(),
+            x_label: "seconds".into(),
+            y_label: "Gbit/s".into(),
+            y2_label: "streams".into(),
+            rates: vec![Series {
+                name: "tuned r1".into(),
+                points: vec![pt(0.5, 0.0), pt(1.0, 0.4), pt(1.5, 0.6), pt(2.0, 0.9)],
+            }],
+            steps: vec![Series {
+                name: "streams r1".into(),
+                points: vec![pt(0.6, 4.0), pt(1.4, 8.0), pt(2.0, 8.0)],
+            }],
+            marks: vec![Series {
+                name: "tuner r1".into(),
+                points: vec![pt(1.4, 0.5)],
+            }],
+            references: vec![("-P 4, 16M".into(), 0.7), ("-P 16, 16M".into(), 0.85)],
+        })
+    }
+
+    #[test]
+    fn trajectories_draw_rates_steps_and_references_in_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let fig = Figure {
+            title: "trajectory".into(),
+            panels: vec![
+                trajectory("50 ms push"),
+                trajectory("50 ms pull"),
+                trajectory("200 ms push"),
+            ],
+        };
+        let svg = dir.path().join("t.svg");
+        fig.save_in_columns(&svg, 2).unwrap();
+        let text = std::fs::read_to_string(&svg).unwrap();
+        // Two panels to a row: two rows (of wide panels).
+        assert!(
+            text.contains(r#"width="1800" height="920""#),
+            "{}",
+            &text[..200.min(text.len())]
+        );
+        for want in [
+            "200 ms push",
+            "tuned r1",
+            "streams r1",
+            "tuner r1",
+            "-P 16, 16M",
+            "seconds",
+            "streams",
+        ] {
+            assert!(text.contains(want), "SVG lacks {want:?}");
+        }
+        if let Ok(keep) = std::env::var("DMOVER_TRAJECTORY_SAMPLE") {
+            fig.save_in_columns(Path::new(&keep), 2).unwrap();
+        }
+        let png = dir.path().join("t.png");
+        fig.save_in_columns(&png, 2).unwrap();
+        let bytes = std::fs::read(&png).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG");
+        assert!(bytes.len() > 5000, "PNG of {} bytes", bytes.len());
+        // No rates: nothing to plot.
+        let empty = Figure {
+            title: "t".into(),
+            panels: vec![Panel::Trajectory(Trajectory {
+                title: String::new(),
+                x_label: String::new(),
+                y_label: String::new(),
+                y2_label: String::new(),
+                rates: vec![],
+                steps: vec![],
+                marks: vec![],
+                references: vec![("x".into(), 1.0)],
+            })],
+        };
+        assert!(matches!(
+            empty.save(&dir.path().join("e.svg")),
+            Err(PlotError::Empty(_))
+        ));
+    }
+
+    #[test]
+    fn steps_hold_each_value_until_the_next_point() {
+        let pt = |x, y| Point {
+            x,
+            y,
+            lo: None,
+            hi: None,
+        };
+        assert_eq!(
+            step_points(&[pt(1.0, 4.0), pt(2.0, 8.0), pt(3.0, 6.0)]),
+            vec![(1.0, 4.0), (2.0, 4.0), (2.0, 8.0), (3.0, 8.0), (3.0, 6.0)]
+        );
+        assert!(step_points(&[]).is_empty());
     }
 }

@@ -321,20 +321,7 @@ impl Report {
     /// The rows as CSV (RFC 4180): a header of [`Report::columns`], then one line per
     /// row; arrays are joined with `;`, missing values are empty.
     pub fn to_csv(&self) -> String {
-        let mut out = String::new();
-        let header: Vec<String> = self.columns.iter().map(|c| csv_field(c)).collect();
-        out.push_str(&header.join(","));
-        out.push('\n');
-        for row in &self.rows {
-            let line: Vec<String> = self
-                .columns
-                .iter()
-                .map(|c| csv_field(&value_text(row.get(c).unwrap_or(&Value::Null))))
-                .collect();
-            out.push_str(&line.join(","));
-            out.push('\n');
-        }
-        out
+        to_csv(&self.columns, &self.rows)
     }
 
     /// Writes `results.csv` and `results.json` into `dir` (created if needed).
@@ -351,6 +338,24 @@ impl Report {
         fs::write(&json, text.map_err(err(&json))? + "\n").map_err(err(&json))?;
         Ok(())
     }
+}
+
+/// `rows` as CSV (RFC 4180): a header of `columns`, then one line per row with those
+/// columns; arrays are joined with `;`, missing values are empty.
+pub fn to_csv(columns: &[String], rows: &[Map<String, Value>]) -> String {
+    let mut out = String::new();
+    let header: Vec<String> = columns.iter().map(|c| csv_field(c)).collect();
+    out.push_str(&header.join(","));
+    out.push('\n');
+    for row in rows {
+        let line: Vec<String> = columns
+            .iter()
+            .map(|c| csv_field(&value_text(row.get(c).unwrap_or(&Value::Null))))
+            .collect();
+        out.push_str(&line.join(","));
+        out.push('\n');
+    }
+    out
 }
 
 /// A JSON value as CSV text: strings bare, numbers as JSON prints them, arrays joined

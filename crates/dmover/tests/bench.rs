@@ -340,6 +340,84 @@ fn transfer_sweeps_streams_and_chunks_both_ways() {
 }
 
 #[test]
+fn transfer_tune_records_the_tuned_copy_and_its_trajectory() {
+    let t = tmp();
+    let dst = t.path().join("work");
+    let out = t.path().join("out");
+    let plot = t.path().join("transfer.svg");
+    let o = bench(&[
+        "transfer",
+        "losf",
+        dst.to_str().unwrap(),
+        "--scale",
+        "0.004",
+        "--streams",
+        "2",
+        "--chunk",
+        "1M",
+        "--direction",
+        "push",
+        "--repeats",
+        "1",
+        "--tune",
+        "--out",
+        out.to_str().unwrap(),
+        "--plot",
+        plot.to_str().unwrap(),
+    ]);
+    ok(&o);
+    let rows = results(&out);
+    // The fixed point, then the tuned copy beside it.
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows[0]["streams"], "2");
+    let tuned = &rows[1];
+    assert_eq!(tuned["streams"], "tuned", "{tuned:?}");
+    assert_eq!(tuned["status"], "ok", "{tuned:?}");
+    assert_eq!(tuned["chunk"], "1M", "one --chunk: the tuned copy's too");
+    let kept = number(tuned, "tuned_streams");
+    assert!(
+        kept >= 1.0 && kept <= number(tuned, "tuned_of"),
+        "{tuned:?}"
+    );
+    positive(&rows, "gbit_per_s", 10_000.0);
+    // trajectory.csv: the documented header, rows of run 1 with the streams in use.
+    let csv = std::fs::read_to_string(out.join("trajectory.csv")).expect("trajectory.csv");
+    let mut lines = csv.lines();
+    let header = csv_line(lines.next().expect("a header"));
+    assert_eq!(
+        header.join(","),
+        "run,rtt_ms,link,link_rate,direction,repeat,chunk,chunk_bytes,seconds,event,bytes,\
+         interval_seconds,gbit_per_s,gbit_per_s_2s,streams,streams_of,tuner_gbit_per_s,reason"
+    );
+    let traj: Vec<HashMap<String, String>> = lines
+        .map(|l| header.iter().cloned().zip(csv_line(l)).collect())
+        .collect();
+    assert!(!traj.is_empty());
+    for r in &traj {
+        assert_eq!(r["run"], "1", "{r:?}");
+        assert_eq!(r["direction"], "push", "{r:?}");
+        assert_eq!(r["link"], "loopback", "{r:?}");
+        assert!(number(r, "seconds") >= 0.0, "{r:?}");
+    }
+    let first = traj
+        .iter()
+        .find(|r| r["event"] == "tuning")
+        .expect("a tuning row");
+    assert!(first["reason"].starts_with("starting with"), "{first:?}");
+    assert!(number(first, "streams") >= 1.0, "{first:?}");
+    let last = traj
+        .iter()
+        .rfind(|r| r["event"] == "progress")
+        .expect("a progress row");
+    assert_eq!(number(last, "bytes"), 4.0 * 1048576.0, "{last:?}");
+    assert_eq!(number(last, "streams"), kept, "{last:?}");
+    // The plot of the grid, and the trajectory's beside it.
+    assert!(plot.exists());
+    let svg = std::fs::read_to_string(t.path().join("transfer-trajectory.svg")).unwrap();
+    assert!(svg.contains("streams sending") && svg.contains("-P 2, 1M"));
+}
+
+#[test]
 fn mkdata_is_deterministic_by_seed() {
     let t = tmp();
     let make = |name: &str, seed: &str| {

@@ -229,6 +229,15 @@ pub fn print_rows(rows: &[Map<String, Value>], cols: &[(&str, &str)]) {
                         }
                     }
                     Some(Value::Bool(b)) => if *b { "yes" } else { "no" }.into(),
+                    Some(Value::Array(a)) => a
+                        .iter()
+                        .map(|v| match v {
+                            Value::Null => "-".to_string(),
+                            Value::String(s) => s.clone(),
+                            v => v.to_string(),
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" "),
                     _ => {
                         let t = text(r, k);
                         if t.chars().count() > 60 {
@@ -396,6 +405,8 @@ pub struct Timed {
     pub seconds: f64,
     /// `Err` with the first line of the tool's output when it failed.
     pub result: Result<(), String>,
+    /// What the command printed on stdout (empty when it could not run).
+    pub stdout: String,
 }
 
 /// Runs `cmd` as one timed copy; `log` receives its output.
@@ -417,6 +428,10 @@ pub fn timed_copy(cmd: &mut std::process::Command, log: &Path, report: &mut Repo
         });
     rustix::fs::sync();
     let seconds = t0.elapsed().as_secs_f64();
+    let stdout = out
+        .as_ref()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
     let result = match out {
         Err(e) => Err(format!("cannot run {:?}: {e}", cmd.get_program())),
         Ok(o) => {
@@ -443,7 +458,11 @@ pub fn timed_copy(cmd: &mut std::process::Command, log: &Path, report: &mut Repo
             }
         }
     };
-    Timed { seconds, result }
+    Timed {
+        seconds,
+        result,
+        stdout,
+    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ pub(crate) mod interrupt;
 pub mod net;
 pub mod remote;
 pub mod storage;
+pub mod trajectory;
 pub mod transfer;
 
 use std::process::ExitCode;

@@ -17,7 +17,7 @@ use dmover_proto::units::{format_rate, parse_duration};
 use serde_json::json;
 
 use super::common::{self, Dataset, OutputArgs, Progress, count_tree, row, text};
-use super::interrupt;
+use super::{interrupt, trajectory};
 use crate::env::Env;
 use crate::netlab::{parse_link_rate, parse_loss};
 
@@ -72,8 +72,32 @@ pub struct TransferBenchArgs {
     /// Extra options for every `dmover cp` (e.g. "--no-checksum --io-threads 4").
     #[arg(long, default_value = "", allow_hyphen_values = true)]
     pub cp_options: String,
+    /// Also run a self-tuning copy (no -P; with --chunk when it names one size) after
+    /// the fixed points of each direction, in every repeat and on every link: a row with
+    /// streams "tuned" in results.csv, and its rate and streams over time in
+    /// trajectory.csv (and, with --plot, FILE-trajectory.svg|png beside the grid's
+    /// rates).
+    #[arg(long)]
+    pub tune: bool,
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// One point of the grid: fixed settings, or a self-tuning copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Setting {
+    /// `-P streams --chunk chunk`.
+    Fixed {
+        /// Data streams.
+        streams: usize,
+        /// Chunk size in bytes.
+        chunk: u64,
+    },
+    /// No `-P`: the streams tuned while the data flows; `--chunk` when given.
+    Tuned {
+        /// The chunk size, or cp's choice.
+        chunk: Option<u64>,
+    },
 }
 
 /// Which end reads and which writes.
@@ -375,6 +399,7 @@ pub fn run(a: TransferBenchArgs, env: &Env) -> anyhow::Result<()> {
     );
     report.param("repeats", a.repeats);
     report.param("cp_options", &a.cp_options);
+    report.param("tune", a.tune);
     report.param(
         "rtt",
         settings
@@ -403,11 +428,33 @@ pub fn run(a: TransferBenchArgs, env: &Env) -> anyhow::Result<()> {
     report.note(
         "each run: page cache dropped, destination empty, wall time of `dmover cp` plus a final sync",
     );
-    let swept = sweep(&a, &ds, &dst, &settings, &out_dir, &mut report);
+    if a.tune {
+        report.note(format!(
+            "streams \"tuned\": `dmover cp` without -P (the streams tuned while the data flows, \
+             docs/tuning.md){}; tuned_streams is what each repeat ended with, of tuned_of; \
+             trajectory.csv has its rate and streams every {} and at each decision, from its \
+             --progress ndjson lines",
+            if a.chunk.len() == 1 {
+                ", with --chunk as the grid's"
+            } else {
+                ", its chunk size its own choice"
+            },
+            trajectory::INTERVAL
+        ));
+    }
+    let mut traj = Vec::new();
+    let swept = sweep(&a, &ds, &dst, &settings, &out_dir, &mut report, &mut traj);
     if let Err(e) = &swept {
         report.note(format!(
             "incomplete run (rows of finished links only): {e:#}"
         ));
+    }
+    if a.tune {
+        // The grid's results are written whatever happens here.
+        if let Err(e) = write_trajectory(&a, &report, &traj, &out_dir) {
+            eprintln!("dmover: warning: no trajectory: {e:#}");
+            report.note(format!("no trajectory.csv: {e:#}"));
+        }
     }
     let figure = a.output.plot.as_ref().map(|_| figure(&report));
     common::finish(
@@ -426,6 +473,7 @@ pub fn run(a: TransferBenchArgs, env: &Env) -> anyhow::Result<()> {
             ("gbit_per_s_max", "max"),
             ("files_per_s", "files/s"),
             ("spread", "spread"),
+            ("tuned_streams", "kept"),
             ("fwd_cpu_cores", "fwd CPU"),
             ("status", "status"),
         ],
@@ -433,9 +481,65 @@ pub fn run(a: TransferBenchArgs, env: &Env) -> anyhow::Result<()> {
     swept
 }
 
+/// Writes `trajectory.csv` into `out_dir` and, with `--plot FILE`, draws the
+/// trajectories into FILE's name with `-trajectory` before its extension.
+fn write_trajectory(
+    a: &TransferBenchArgs,
+    report: &Report,
+    traj: &[serde_json::Map<String, serde_json::Value>],
+    out_dir: &Path,
+) -> anyhow::Result<()> {
+    let csv = out_dir.join("trajectory.csv");
+    std::fs::write(&csv, trajectory::to_csv(traj))
+        .with_context(|| format!("writing {}", csv.display()))?;
+    eprintln!("trajectory: {}", csv.display());
+    let Some(plot) = &a.output.plot else {
+        return Ok(());
+    };
+    let path = trajectory_plot_path(plot);
+    let fig = trajectory::figure(
+        format!("bench transfer --tune: {}", dataset_title(report)),
+        &report.rows,
+        traj,
+    );
+    match fig.save_in_columns(&path, a.direction.len()) {
+        Ok(()) => eprintln!("trajectory plot: {}", path.display()),
+        Err(e) => eprintln!("dmover: warning: no trajectory plot: {e}"),
+    }
+    Ok(())
+}
+
+/// `DIR/NAME-trajectory.EXT` for `--plot DIR/NAME.EXT`.
+fn trajectory_plot_path(plot: &Path) -> PathBuf {
+    let stem = plot
+        .file_stem()
+        .map_or_else(|| "plot".into(), |s| s.to_string_lossy().into_owned());
+    let name = match plot.extension() {
+        Some(ext) => format!("{stem}-trajectory.{}", ext.to_string_lossy()),
+        None => format!("{stem}-trajectory"),
+    };
+    plot.with_file_name(name)
+}
+
+/// The dataset's name and the emulated link's rate, for plot titles.
+fn dataset_title(report: &Report) -> String {
+    let ds = report
+        .parameters
+        .get("dataset")
+        .and_then(|v| v.as_str())
+        .and_then(|p| Path::new(p).file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    match report.parameters.get("link_rate").and_then(|v| v.as_str()) {
+        Some(rate) => format!("{ds}, emulated link {rate}"),
+        None => ds,
+    }
+}
+
 /// Sweeps the grid over every link setting (`None`: loopback; else an emulated link
 /// brought up for the setting and torn down after it, also on errors and interrupts);
-/// appends a row per (link, direction, streams, chunk).
+/// appends a row per (link, direction, streams, chunk), with `--tune` one per (link,
+/// direction) for the tuned copies, and their trajectories' rows to `traj`.
 pub fn sweep(
     a: &TransferBenchArgs,
     ds: &Dataset,
@@ -443,8 +547,9 @@ pub fn sweep(
     links: &[Option<LinkSpec>],
     out_dir: &Path,
     report: &mut Report,
+    traj: &mut Vec<serde_json::Map<String, serde_json::Value>>,
 ) -> anyhow::Result<()> {
-    let result = sweep_links(a, ds, dst, links, out_dir, report);
+    let result = sweep_links(a, ds, dst, links, out_dir, report, traj);
     let _ = std::fs::remove_dir_all(dst.join("copies"));
     let _ = std::fs::remove_dir_all(dst.join("pulled"));
     result
@@ -457,6 +562,7 @@ fn sweep_links(
     links: &[Option<LinkSpec>],
     out_dir: &Path,
     report: &mut Report,
+    traj: &mut Vec<serde_json::Map<String, serde_json::Value>>,
 ) -> anyhow::Result<()> {
     let copies = dst.join("copies");
     let pulled = dst.join("pulled");
@@ -470,15 +576,7 @@ fn sweep_links(
     let token = logs.join("token");
     write_token(&token)?;
     let exe = std::env::current_exe().context("locating the dmover binary")?;
-    let grid: Vec<(Direction, usize, u64)> = a
-        .direction
-        .iter()
-        .flat_map(|&d| {
-            a.streams
-                .iter()
-                .flat_map(move |&s| a.chunk.iter().map(move |&c| (d, s, c)))
-        })
-        .collect();
+    let grid = grid(a);
     let total = (links.len() * grid.len()) as u64 * u64::from(a.repeats);
     eprintln!(
         "transfer sweep of {} ({} files, {}): {} points x {} repeat(s) over {} link(s); results in {}",
@@ -491,6 +589,7 @@ fn sweep_links(
         out_dir.display()
     );
     let mut progress = Progress::new(total);
+    let mut run_no = 0u32;
     let lab_name = format!("bench{}", std::process::id());
     for (link_no, setting) in links.iter().enumerate() {
         // Each link's servers are new (in a new namespace, perhaps on a port an earlier
@@ -549,22 +648,60 @@ fn sweep_links(
             None => "loopback".to_string(),
             Some(s) => s.rate_bps.map_or("unlimited".into(), format_rate),
         };
+        let rtt_ms = match link.rtt_ms.map(|x| round_sig(x, 6)) {
+            None => json!(0),
+            Some(x) if x.fract() == 0.0 => json!(x as u64),
+            Some(x) => json!(x),
+        };
         let mut secs: Vec<Vec<f64>> = vec![Vec::new(); grid.len()];
         let mut fails: Vec<Option<String>> = vec![None; grid.len()];
+        let mut traces: Vec<Vec<trajectory::Trace>> = vec![Vec::new(); grid.len()];
         for rep in 0..a.repeats {
-            for (i, &(dir, streams, chunk)) in grid.iter().enumerate() {
+            for (i, &(dir, point)) in grid.iter().enumerate() {
                 interrupt::check()?;
-                let label = format!(
-                    "{rtt} {} {streams} stream(s) {} chunks r{}",
-                    dir.name(),
-                    size_label(chunk),
-                    rep + 1
-                );
+                let (label, log) = match point {
+                    Setting::Fixed { streams, chunk } => (
+                        format!(
+                            "{rtt} {} {streams} stream(s) {} chunks r{}",
+                            dir.name(),
+                            size_label(chunk),
+                            rep + 1
+                        ),
+                        format!(
+                            "{}-{}-P{streams}-c{}-r{}.log",
+                            rtt.replace(' ', ""),
+                            dir.name(),
+                            size_label(chunk),
+                            rep + 1
+                        ),
+                    ),
+                    Setting::Tuned { .. } => (
+                        format!("{rtt} {} tuned r{}", dir.name(), rep + 1),
+                        format!(
+                            "{}-{}-tuned-r{}.log",
+                            rtt.replace(' ', ""),
+                            dir.name(),
+                            rep + 1
+                        ),
+                    ),
+                };
                 progress.start(&label);
                 let mut c = link.client.command(&exe);
-                c.args(["cp", "--quiet", "-P", &streams.to_string()])
-                    .args(["--chunk", &chunk.to_string()])
-                    .args(&extra)
+                c.args(["cp", "--quiet"]);
+                match point {
+                    Setting::Fixed { streams, chunk } => {
+                        c.args(["-P", &streams.to_string()])
+                            .args(["--chunk", &chunk.to_string()]);
+                    }
+                    Setting::Tuned { chunk } => {
+                        c.args(["--progress", "ndjson"])
+                            .args(["--progress-interval", trajectory::INTERVAL]);
+                        if let Some(chunk) = chunk {
+                            c.args(["--chunk", &chunk.to_string()]);
+                        }
+                    }
+                }
+                c.args(&extra)
                     .arg("--token-file")
                     .arg(&token)
                     .env_remove("DMOVER_TOKEN")
@@ -584,14 +721,25 @@ fn sweep_links(
                     }
                 };
                 let _ = std::fs::remove_dir_all(&target);
-                let log = logs.join(format!(
-                    "{}-{}-P{streams}-c{}-r{}.log",
-                    rtt.replace(' ', ""),
-                    dir.name(),
-                    size_label(chunk),
-                    rep + 1
-                ));
+                let log = logs.join(log);
                 let timed = common::timed_copy(&mut c, &log, report);
+                let mut ended = String::new();
+                if let Setting::Tuned { .. } = point {
+                    run_no += 1;
+                    let trace = trajectory::parse(&timed.stdout);
+                    let context = row(&[
+                        ("rtt_ms", rtt_ms.clone()),
+                        ("link", json!(rtt)),
+                        ("link_rate", json!(rate)),
+                        ("direction", json!(dir.name())),
+                        ("repeat", json!(rep + 1)),
+                    ]);
+                    traj.extend(trajectory::rows(run_no, &context, &trace));
+                    if let (Some(n), Some(of)) = (trace.streams_end, trace.streams_of) {
+                        ended = format!(", ended on {n} of {of} streams");
+                    }
+                    traces[i].push(trace);
+                }
                 let checked = timed.result.and_then(|()| match count_tree(&target) {
                     Ok(got) if got == (ds.files, ds.bytes) => Ok(()),
                     Ok((f, b)) => Err(format!(
@@ -605,7 +753,7 @@ fn sweep_links(
                 match checked {
                     Ok(()) => {
                         progress.done(&format!(
-                            "{label}: {:.2} Gbit/s",
+                            "{label}: {:.2} Gbit/s{ended}",
                             ds.bytes as f64 * 8.0 / timed.seconds / 1e9
                         ));
                         secs[i].push(timed.seconds);
@@ -625,22 +773,22 @@ fn sweep_links(
                 ));
             }
         }
-        for (i, &(dir, streams, chunk)) in grid.iter().enumerate() {
-            let mut r = row(&[
-                (
-                    "rtt_ms",
-                    match link.rtt_ms.map(|x| round_sig(x, 6)) {
-                        None => json!(0),
-                        Some(x) if x.fract() == 0.0 => json!(x as u64),
-                        Some(x) => json!(x),
-                    },
+        for (i, &(dir, point)) in grid.iter().enumerate() {
+            let (streams, chunk) = match point {
+                Setting::Fixed { streams, chunk } => (json!(streams), Some(chunk)),
+                Setting::Tuned { chunk } => (
+                    json!("tuned"),
+                    chunk.or_else(|| traces[i].iter().find_map(|t| t.chunk)),
                 ),
+            };
+            let mut r = row(&[
+                ("rtt_ms", rtt_ms.clone()),
                 ("link", json!(rtt)),
                 ("link_rate", json!(rate)),
                 ("loss", json!(setting.as_ref().map_or(0.0, |s| s.loss))),
                 ("direction", json!(dir.name())),
-                ("streams", json!(streams)),
-                ("chunk", json!(size_label(chunk))),
+                ("streams", streams),
+                ("chunk", chunk.map_or(json!(null), |c| json!(size_label(c)))),
                 ("chunk_bytes", json!(chunk)),
                 ("files", json!(ds.files)),
                 ("bytes", json!(ds.bytes)),
@@ -654,6 +802,9 @@ fn sweep_links(
                 ),
             ]);
             common::add_throughput(&mut r, ds.bytes, ds.files, &secs[i]);
+            if a.tune {
+                add_tuned_columns(&mut r, &traces[i]);
+            }
             // The forwarder over this link's whole sweep (both directions).
             let (cpu, late, qdrops, ldrops) = match &fwd {
                 None => (json!(null), json!(null), json!(null), json!(null)),
@@ -678,6 +829,52 @@ fn sweep_links(
     }
     progress.finish();
     Ok(())
+}
+
+/// The grid's points in the order they run: per direction, the fixed points (streams ×
+/// chunk), then with `--tune` the tuned copy.
+fn grid(a: &TransferBenchArgs) -> Vec<(Direction, Setting)> {
+    let mut out = Vec::new();
+    for &d in &a.direction {
+        for &streams in &a.streams {
+            for &chunk in &a.chunk {
+                out.push((d, Setting::Fixed { streams, chunk }));
+            }
+        }
+        if a.tune {
+            let chunk = (a.chunk.len() == 1).then(|| a.chunk[0]);
+            out.push((d, Setting::Tuned { chunk }));
+        }
+    }
+    out
+}
+
+/// The tuned copies' columns of a grid row (null for fixed points): `tuned_streams`
+/// the streams each repeat ended with, `tuned_of` the most it could use,
+/// `tuned_changes` each repeat's changes, `tuned_settled_seconds` when each first
+/// settled (null: it had not).
+fn add_tuned_columns(
+    r: &mut serde_json::Map<String, serde_json::Value>,
+    traces: &[trajectory::Trace],
+) {
+    let tuned = !traces.is_empty();
+    let list = |f: &dyn Fn(&trajectory::Trace) -> serde_json::Value| {
+        if tuned {
+            json!(traces.iter().map(f).collect::<Vec<_>>())
+        } else {
+            json!(null)
+        }
+    };
+    r.insert("tuned_streams".into(), list(&|t| json!(t.streams_end)));
+    r.insert(
+        "tuned_of".into(),
+        json!(traces.iter().filter_map(|t| t.streams_of).max()),
+    );
+    r.insert("tuned_changes".into(), list(&|t| json!(t.changes)));
+    r.insert(
+        "tuned_settled_seconds".into(),
+        list(&|t| json!(t.settled_seconds.map(|s| round_sig(s, 3)))),
+    );
 }
 
 /// Throughput against streams: a panel per direction, a line per RTT (and chunk size).
@@ -722,19 +919,8 @@ fn figure(report: &Report) -> Figure {
             })
         })
         .collect();
-    let ds = report
-        .parameters
-        .get("dataset")
-        .and_then(|v| v.as_str())
-        .and_then(|p| Path::new(p).file_name())
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let link = match report.parameters.get("link_rate").and_then(|v| v.as_str()) {
-        Some(rate) => format!(", emulated link {rate}"),
-        None => String::new(),
-    };
     Figure {
-        title: format!("dmover bench transfer: {ds}{link}"),
+        title: format!("dmover bench transfer: {}", dataset_title(report)),
         panels,
     }
 }
