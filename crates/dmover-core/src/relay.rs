@@ -16,6 +16,16 @@
 //! full ring of later chunks never blocks the one the push needs. Each session has its
 //! own disk threads: the push's reads wait for chunks on threads of their own, never
 //! on those that write what comes from A.
+//!
+//! A resumed relay (`--resume`, a retry) asks for nothing new on the wire: B answers
+//! the push's manifest with what it holds (`Have`), which the pull offers to A as its
+//! own resume answer; A checks the held pieces against its files and answers with a
+//! plan (the partial files that changed, sent whole), which the push passes on to B.
+//! The three sides then lay out the same files and skip the same chunks, so A sends
+//! only what B lacks, with the digests of partly held files computed over the held
+//! pieces' hashes A checked, and B verifies every file it completes as after a
+//! two-party resume. The [`Ring`] carries the two answers between the sessions
+//! ([`Ring::offer`], [`Ring::agree`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -23,11 +33,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Condvar, Mutex};
 
-use dmover_proto::control::{ErrorCode, Summary};
+use dmover_proto::control::{ErrorCode, Have, Plan, Summary};
 use dmover_proto::data::DigestEntry;
 use dmover_proto::digest::crc32c_append;
 use dmover_proto::layout::Layout;
 use dmover_proto::manifest::{Entry, EntryKind};
+use dmover_store::resume::{Held, Skips};
 use dmover_store::{ChunkRead, Sink, Source};
 
 use crate::drive::{SinkStore, SourceStore};
@@ -44,7 +55,8 @@ pub enum Side {
     Out,
 }
 
-struct Held {
+/// A chunk in the ring.
+struct Kept {
     data: Vec<u8>,
     trailer: Vec<u8>,
     crc: Option<u32>,
@@ -54,10 +66,10 @@ struct Held {
 struct State {
     cap: usize,
     /// Chunks received and not yet taken by the push.
-    ready: HashMap<u64, Held>,
+    ready: HashMap<u64, Kept>,
     ready_bytes: usize,
     /// Chunks taken, kept for resends while there is room (oldest first).
-    kept: VecDeque<(u64, Held)>,
+    kept: VecDeque<(u64, Kept)>,
     kept_bytes: usize,
     /// Reads waiting for a chunk the ring does not hold.
     starving: usize,
@@ -66,6 +78,12 @@ struct State {
     spare: Vec<Vec<u8>>,
     /// The most bytes held at once.
     peak: usize,
+    /// A resumed relay: what B holds (its answer to the push, checked), for the pull
+    /// to offer A.
+    offer: Option<Held>,
+    /// A resumed relay: what A agreed B holds (the offer without the partial files A
+    /// found changed), for the push to answer B with.
+    agreed: Option<Held>,
 }
 
 /// Chunks between the pull from A and the push to B (see the module's description).
@@ -126,6 +144,54 @@ impl Ring {
         s.failed.as_ref().map(|f| f.1.clone())
     }
 
+    /// Waits until `take` finds what it looks for, or the relay fails.
+    fn wait_for<T>(&self, mut take: impl FnMut(&mut State) -> Option<T>) -> Result<T, String> {
+        let mut s = self.state.lock();
+        loop {
+            if let Some(why) = Self::failure(&s) {
+                return Err(why);
+            }
+            if let Some(t) = take(&mut s) {
+                return Ok(t);
+            }
+            self.cv.wait(&mut s);
+        }
+    }
+
+    /// (resume, the push) What B holds, for the pull to offer A.
+    pub fn offer(&self, held: Held) -> Result<(), String> {
+        let mut s = self.state.lock();
+        if let Some(why) = Self::failure(&s) {
+            return Err(why);
+        }
+        s.offer = Some(held);
+        drop(s);
+        self.cv.notify_all();
+        Ok(())
+    }
+
+    /// (resume, the pull) Waits for what B holds ([`Ring::offer`]).
+    pub fn offered(&self) -> Result<Held, String> {
+        self.wait_for(|s| s.offer.take())
+    }
+
+    /// (resume, the pull) What A agreed B holds, once A's plan came.
+    pub fn agree(&self, held: Held) -> Result<(), String> {
+        let mut s = self.state.lock();
+        if let Some(why) = Self::failure(&s) {
+            return Err(why);
+        }
+        s.agreed = Some(held);
+        drop(s);
+        self.cv.notify_all();
+        Ok(())
+    }
+
+    /// (resume, the push) Waits for what A agreed B holds ([`Ring::agree`]).
+    pub fn agreed(&self) -> Result<Held, String> {
+        self.wait_for(|s| s.agreed.take())
+    }
+
     /// Puts chunk `k` (`payload`: its bytes at the layout's offsets), waiting while
     /// the ring is full and no read waits for a chunk it lacks.
     pub fn put(
@@ -166,7 +232,7 @@ impl Ring {
         s.ready_bytes += data.len();
         if let Some(old) = s.ready.insert(
             k,
-            Held {
+            Kept {
                 data,
                 trailer: trailer.to_vec(),
                 crc,
@@ -267,6 +333,8 @@ pub struct RelaySink {
     /// Files A listed as sparse (ascending entries): their all-zero chunks may come
     /// as zeros frames (the push to B sends them as zeros again, in full).
     sparse: Vec<u32>,
+    /// A resumed relay: the pieces B holds, whose chunks do not come.
+    skips: Skips,
 }
 
 impl RelaySink {
@@ -288,6 +356,7 @@ impl RelaySink {
             bytes: AtomicU64::new(0),
             chunks: AtomicU64::new(0),
             sparse: Vec::new(),
+            skips: Skips::default(),
         })
     }
 }
@@ -306,7 +375,7 @@ impl Sink for RelaySink {
     }
 
     fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
-        Box::new(0..self.layout.n_chunks())
+        Box::new(self.skips.chunks(&self.layout))
     }
 
     fn write_chunk(
@@ -384,22 +453,57 @@ impl SinkStore for RelaySink {
     fn set_sparse(&mut self, entries: Vec<u32>) {
         self.sparse = entries;
     }
+
+    /// What B holds: B's answer to the push (waits for it). A failed relay offers
+    /// nothing; [`SinkStore::resume`] then fails with the reason.
+    fn held(&self) -> Held {
+        self.ring
+            .offered()
+            .unwrap_or_else(|_| Held::none(&self.entries))
+    }
+
+    /// Lays out what B lacks, and tells the push what A agreed B holds.
+    fn resume(&mut self, held: &Held) -> crate::Result<()> {
+        let layout = held
+            .layout(&self.entries, self.layout.chunk_size() as u32)
+            .map_err(|e| crate::Error::refused(ErrorCode::Protocol, e.to_string()))?;
+        self.skips = held.skips(&layout);
+        self.layout = layout.into();
+        self.ring
+            .agree(held.clone())
+            .map_err(|why| crate::Error::refused(ErrorCode::Aborted, why))
+    }
 }
 
 /// The push's storage: chunks from the [`Ring`], with A's CRCs and digests.
 #[derive(Debug)]
 pub struct RelaySource {
+    entries: Vec<Entry>,
     layout: std::sync::Arc<Layout>,
     ring: Arc<Ring>,
+    /// A resumed relay: the pieces B holds, whose chunks are not sent.
+    skips: Skips,
+    /// A resumed relay: bytes and files B held whole or in pieces.
+    held_bytes: u64,
+    held_files: u64,
 }
 
 impl RelaySource {
     /// The source of manifest `entries` in `chunk` chunks, from `ring`.
     pub fn new(entries: &[Entry], chunk: u32, ring: Arc<Ring>) -> dmover_store::Result<Self> {
         Ok(RelaySource {
+            entries: entries.to_vec(),
             layout: layout_of(entries, chunk)?.into(),
             ring,
+            skips: Skips::default(),
+            held_bytes: 0,
+            held_files: 0,
         })
+    }
+
+    /// Files B held whole (a resumed relay).
+    pub fn held_files(&self) -> u64 {
+        self.held_files
     }
 }
 
@@ -413,7 +517,7 @@ impl Source for RelaySource {
     }
 
     fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
-        Box::new(0..self.layout.n_chunks())
+        Box::new(self.skips.chunks(&self.layout))
     }
 
     fn read_chunk(
@@ -441,7 +545,48 @@ impl Source for RelaySource {
     }
 }
 
-impl SourceStore for RelaySource {}
+impl SourceStore for RelaySource {
+    /// B's resume answer, `parts`: checked against the manifest, offered to A through
+    /// the pull (which waits for it), and answered with A's plan once A checked the
+    /// held pieces against its files (waits for it).
+    fn resume_from(&mut self, peer: &str, parts: &[Have]) -> crate::Result<Plan> {
+        let chunk = self.layout.chunk_size() as u32;
+        let mut held = Held::from_have(&self.entries, chunk, parts)
+            .map_err(|e| crate::Error::protocol(peer, format!("resume: {e}")))?;
+        let aborted = |why| crate::Error::refused(ErrorCode::Aborted, why);
+        self.ring.offer(held.clone()).map_err(aborted)?;
+        let agreed = self.ring.agreed().map_err(aborted)?;
+        // A's plan: the partial files whose held pieces A found changed.
+        let mut stale: Vec<u32> = held
+            .partial
+            .keys()
+            .filter(|e| !agreed.partial.contains_key(e))
+            .copied()
+            .collect();
+        stale.sort_unstable();
+        let plan = Plan { stale };
+        held.apply(&plan)
+            .map_err(|e| crate::Error::protocol("this side", e))?;
+        if held != agreed {
+            return Err(crate::Error::protocol(
+                "this side",
+                "resume: what the source agreed the destination holds is not what it said",
+            ));
+        }
+        let layout = held
+            .layout(&self.entries, chunk)
+            .map_err(|e| crate::Error::refused(ErrorCode::Protocol, e.to_string()))?;
+        self.skips = held.skips(&layout);
+        self.layout = layout.into();
+        self.held_bytes = held.bytes(&self.entries, chunk);
+        self.held_files = held.done_files();
+        Ok(plan)
+    }
+
+    fn held_bytes(&self) -> u64 {
+        self.held_bytes
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -483,5 +628,71 @@ mod tests {
         assert!(!ring.fail(Side::In, "later"));
         assert_eq!(stuck.join().unwrap().unwrap_err(), "B refused");
         assert_eq!(ring.failed_side(), Some(Side::Out));
+    }
+
+    /// A resumed relay: B's answer goes to the pull, A's plan (a partial file whose
+    /// held piece A found changed) comes back to the push, and both sessions lay out
+    /// and expect the same chunks; a failed relay wakes a side waiting for the other.
+    #[test]
+    fn both_sessions_of_a_resumed_relay_skip_the_same_chunks() {
+        use dmover_proto::manifest::{Mtime, NO_PARENT};
+        let e = |parent, name: &str, kind| Entry {
+            parent,
+            name: name.into(),
+            kind,
+            mode: 0o644,
+            mtime: Mtime::default(),
+        };
+        let entries = vec![
+            e(NO_PARENT, "d", EntryKind::Dir),
+            e(0, "a", EntryKind::File { size: 10 }),
+            e(0, "big", EntryKind::File { size: 5 << 20 }),
+            e(0, "huge", EntryKind::File { size: 4 << 20 }),
+            e(0, "c", EntryKind::File { size: 30 }),
+        ];
+        let chunk = 1 << 20;
+        let ring = Ring::new(4 << 20);
+        let mut sink = RelaySink::new(entries.clone(), chunk, true, ring.clone(), "A").unwrap();
+        let mut source = RelaySource::new(&entries, chunk, ring.clone()).unwrap();
+        // B holds `a` whole and pieces of both large files.
+        let mut b = Held::none(&entries);
+        b.done[1] = true;
+        b.partial.insert(2, vec![(0, 7), (2, 9)]);
+        b.partial.insert(3, vec![(1, 5)]);
+        let parts = b.to_have(&entries);
+        let push = std::thread::spawn(move || {
+            let plan = source.resume_from("B", &parts);
+            (source, plan)
+        });
+        let mut held = sink.held();
+        assert_eq!(held, b, "the pull offers A what B holds");
+        // A's plan: `huge`'s held piece differs from A's file.
+        held.apply(&Plan { stale: vec![3] }).unwrap();
+        sink.resume(&held).unwrap();
+        let (source, plan) = push.join().unwrap();
+        assert_eq!(plan.unwrap().stale, vec![3], "B hears A's plan");
+        // Without `a`: big is chunks 0..5 (pieces 0 and 2 held), huge 5..9, c 9.
+        let sent: Vec<u64> = Source::chunks(&source).collect();
+        assert_eq!(sent, vec![1, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(sent, Sink::chunks(&sink).collect::<Vec<_>>());
+        assert_eq!(Source::layout(&source).n_chunks(), 10);
+        assert_eq!(Sink::layout(&sink).n_chunks(), 10);
+        assert_eq!(SourceStore::held_bytes(&source), 10 + (2 << 20));
+        assert_eq!(source.held_files(), 1);
+
+        // The push failed before B answered: the pull's wait ends, and so does its
+        // resume, with the push's reason.
+        let ring = Ring::new(4 << 20);
+        let mut sink = RelaySink::new(entries.clone(), chunk, true, ring.clone(), "A").unwrap();
+        let r = ring.clone();
+        let fail = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            r.fail(Side::Out, "B refused");
+        });
+        let held = sink.held();
+        fail.join().unwrap();
+        assert!(held.is_empty());
+        let e = sink.resume(&held).unwrap_err();
+        assert!(e.to_string().contains("B refused"), "{e}");
     }
 }
