@@ -891,13 +891,10 @@ impl Client {
         }
         let _release = Release(ring.clone());
         let (from, to) = (c.source_server.as_str(), c.dest_server.as_str());
-        // Resumed on both sides or on neither (B's answer is the pull's), and without
-        // continue-on-error (a file A cannot read would reach B as a failure marker no
-        // source here can explain).
-        let options = SessionOptions {
-            continue_on_error: false,
-            ..self.opts.session_options(resume)
-        };
+        // Resumed on both sides or on neither (B's answer is the pull's). With
+        // continue-on-error A marks the files it cannot read, and the markers go on to
+        // B, which drops those files.
+        let options = self.opts.session_options(resume);
         let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
         let (tx, rx) = tokio::sync::oneshot::channel::<(Vec<Entry>, u32)>();
         let pulling = async {
@@ -1029,7 +1026,13 @@ impl Client {
             chunks_resent: sent.stats.chunks_resent + pulled.report.chunks_resent,
             streams_lost: sent.stats.streams_lost + pulled.report.streams_lost,
             attempts: 1,
-            failed: Vec::new(),
+            // A's account of the files it could not read.
+            failed: pulled
+                .report
+                .failed
+                .into_iter()
+                .map(|f| failed_line(&entries, f))
+                .collect(),
             pruned: None,
             delete_refused: None,
             relayed: Some(Relayed {

@@ -26,6 +26,10 @@
 //! pieces' hashes A checked, and B verifies every file it completes as after a
 //! two-party resume. The [`Ring`] carries the two answers between the sessions
 //! ([`Ring::offer`], [`Ring::agree`]).
+//!
+//! With `--continue-on-error` A's failure markers (a file it could not read) pass
+//! through with their chunks, so B drops those files; the client reports them with
+//! A's reasons.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -33,7 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Condvar, Mutex};
 
-use dmover_proto::control::{ErrorCode, Have, Plan, Summary};
+use dmover_proto::control::{ErrorCode, FailedFile, Have, Plan, Summary};
 use dmover_proto::data::DigestEntry;
 use dmover_proto::digest::crc32c_append;
 use dmover_proto::layout::Layout;
@@ -400,10 +404,12 @@ impl Sink for RelaySink {
             }
         }
         // The digests go on to B with the chunk (B checks them): only their form here.
+        // Failure markers (`--continue-on-error`: a file A could not read) go on too,
+        // and B drops that file.
         for d in DigestEntry::decode_all(trailer).map_err(|e| {
             dmover_store::Error::protocol(&self.from, format!("chunk {k} digest trailer: {e}"))
         })? {
-            if d.is_failure() || !self.layout.pieces(k).any(|p| p.file == d.index()) {
+            if !self.layout.pieces(k).any(|p| p.file == d.index()) {
                 return Err(dmover_store::Error::protocol(
                     &self.from,
                     format!("chunk {k}: unexpected digest entry for file {}", d.index()),
@@ -486,6 +492,8 @@ pub struct RelaySource {
     /// A resumed relay: bytes and files B held whole or in pieces.
     held_bytes: u64,
     held_files: u64,
+    /// Entries of the files A could not read (failure markers passed on to B).
+    failed: Mutex<std::collections::BTreeSet<u32>>,
 }
 
 impl RelaySource {
@@ -498,6 +506,7 @@ impl RelaySource {
             skips: Skips::default(),
             held_bytes: 0,
             held_files: 0,
+            failed: Mutex::default(),
         })
     }
 
@@ -527,6 +536,14 @@ impl Source for RelaySource {
         trailer: &mut Vec<u8>,
     ) -> dmover_store::Result<ChunkRead> {
         let crc = self.ring.take(k, buf, trailer).map_err(relay_error)?;
+        // Checked when it came from A.
+        if let Ok(digests) = DigestEntry::decode_all(trailer) {
+            for d in digests.filter(DigestEntry::is_failure) {
+                if let Some(f) = self.layout.files().get(d.index() as usize) {
+                    self.failed.lock().insert(f.entry);
+                }
+            }
+        }
         Ok(ChunkRead {
             crc,
             n_digests: (trailer.len() / dmover_proto::data::DIGEST_LEN) as u32,
@@ -585,6 +602,18 @@ impl SourceStore for RelaySource {
 
     fn held_bytes(&self) -> u64 {
         self.held_bytes
+    }
+
+    /// The files whose failure markers passed (A's report has why; B only drops them).
+    fn failed(&self) -> Vec<FailedFile> {
+        self.failed
+            .lock()
+            .iter()
+            .map(|&entry| FailedFile {
+                entry,
+                message: "the source server could not read it".into(),
+            })
+            .collect()
     }
 }
 
@@ -694,5 +723,42 @@ mod tests {
         assert!(held.is_empty());
         let e = sink.resume(&held).unwrap_err();
         assert!(e.to_string().contains("B refused"), "{e}");
+    }
+
+    /// `--continue-on-error`: a failure marker from A goes on to B with its chunk, and
+    /// the push reports that file as failed; a marker for a file the chunk holds no
+    /// piece of is refused.
+    #[test]
+    fn failure_markers_pass_through_the_relay() {
+        use dmover_proto::manifest::{Mtime, NO_PARENT};
+        let e = |parent, name: &str, kind| Entry {
+            parent,
+            name: name.into(),
+            kind,
+            mode: 0o644,
+            mtime: Mtime::default(),
+        };
+        let entries = vec![
+            e(NO_PARENT, "d", EntryKind::Dir),
+            e(0, "a", EntryKind::File { size: 10 }),
+            e(0, "b", EntryKind::File { size: 20 }),
+        ];
+        let ring = Ring::new(1 << 20);
+        let sink = RelaySink::new(entries.clone(), 1 << 20, false, ring.clone(), "A").unwrap();
+        let source = RelaySource::new(&entries, 1 << 20, ring).unwrap();
+        let mut marker = Vec::new();
+        DigestEntry::failure(1).encode_into(&mut marker);
+        let buf = vec![0u8; 1 << 20];
+        sink.write_chunk(0, &buf, &marker, None).unwrap();
+        let (mut out, mut trailer) = (vec![0u8; 1 << 20], Vec::new());
+        let read = source.read_chunk(0, &mut out, &mut trailer).unwrap();
+        assert_eq!(trailer, marker, "the marker goes on to B");
+        assert_eq!(read.n_digests, 1);
+        let failed = SourceStore::failed(&source);
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0].entry, 2, "layout file 1 is entry 2");
+        let mut stray = Vec::new();
+        DigestEntry::failure(7).encode_into(&mut stray);
+        assert!(sink.write_chunk(0, &buf, &stray, None).is_err());
     }
 }

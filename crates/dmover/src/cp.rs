@@ -530,12 +530,6 @@ fn third_party(
         TpcArg::Push => TpcMode::Push,
         TpcArg::Pull => TpcMode::Pull,
     };
-    if a.via_client && opts.continue_on_error {
-        return Err(usage(
-            "--continue-on-error is not supported with --via-client (a relay copies every \
-             file or fails)",
-        ));
-    }
     let (direction, dialer) = match mode {
         _ if a.via_client => (Direction::TpcRelay, None),
         TpcMode::Push => (Direction::TpcPush, Some(source_server.clone())),

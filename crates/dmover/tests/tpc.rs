@@ -834,3 +834,56 @@ fn a_relay_retried_after_its_destination_restarts_resumes() {
         "{done}: {j}"
     );
 }
+
+/// `--continue-on-error` with `--via-client`: a file A cannot read (removed while the
+/// relay runs) is reported with A's reason and dropped at B (A's failure markers pass
+/// through the client), everything else arrives; exit 1. Once the file is back,
+/// `--resume` sends only it.
+#[test]
+fn a_relay_continues_past_a_file_the_source_cannot_read() {
+    let t = tmp();
+    let a_root = t.path().join("a");
+    let b_root = t.path().join("b");
+    std::fs::create_dir(&b_root).unwrap();
+    let src = a_root.join("src");
+    make_small_files(&src, 40, 2);
+    write_file(&src.join("zz-grow"), 9, 8 << 20, 0o644, 1_700_000_000);
+    let a = Server::start(&a_root, &["--debug-chunk-delay-ms", "40"]);
+    let b = Server::start(&b_root, &[]);
+    let kh = known_hosts_in(t.path());
+    let dst = b_root.join("dst");
+    let child = std::process::Command::new(bin())
+        .args(["cp", "--json", "--via-client", "--continue-on-error"])
+        .args(["--chunk", "64K", &a.url("src"), &b.url("dst")])
+        .env("DMOVER_KNOWN_HOSTS", &kh)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while staging_files(&dst).is_empty() {
+        assert!(std::time::Instant::now() < until, "no data arrived");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::fs::remove_file(src.join("zz-grow")).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let j = json(&o);
+    assert_eq!(j["direction"], "third-party-relay", "{j}");
+    let failed = j["failed"].as_array().unwrap();
+    assert_eq!(failed.len(), 1, "{j}");
+    assert!(failed[0].as_str().unwrap().contains("zz-grow"), "{j}");
+    assert!(!dst.join("zz-grow").exists());
+    assert_eq!(no_partial_files(&src, &dst), 40);
+    assert_eq!(staging_files(&dst), Vec::<std::path::PathBuf>::new());
+    // Back at A: `--resume` (as the error says) sends just that file.
+    write_file(&src.join("zz-grow"), 9, 8 << 20, 0o644, 1_700_000_000);
+    let o = relay_command(&kh, &["--resume"], &a.url("src"), &b.url("dst"))
+        .output()
+        .unwrap();
+    ok(&o);
+    same(&src, &dst);
+    let j = json(&o);
+    assert_eq!(j["bytes_received"].as_u64(), Some(8 << 20), "{j}");
+    assert_eq!(j["bytes_sent"].as_u64(), Some(8 << 20), "{j}");
+}
