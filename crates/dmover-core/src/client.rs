@@ -982,6 +982,9 @@ impl Client {
                     limits: None,
                 };
                 let r = drive::source(m, &mut conn.ch, joins, source, env).await?;
+                // B took every chunk it expected (none, maybe) without a resume
+                // answer: a pull still waiting for one hears that nothing was held.
+                ring.offer_none(&entries);
                 Ok((r, entries))
             }
             .await;

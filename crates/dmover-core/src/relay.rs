@@ -85,6 +85,8 @@ struct State {
     /// A resumed relay: what B holds (its answer to the push, checked), for the pull
     /// to offer A.
     offer: Option<Held>,
+    /// An offer was made (it may have been taken since).
+    offered: bool,
     /// A resumed relay: what A agreed B holds (the offer without the partial files A
     /// found changed), for the push to answer B with.
     agreed: Option<Held>,
@@ -169,9 +171,23 @@ impl Ring {
             return Err(why);
         }
         s.offer = Some(held);
+        s.offered = true;
         drop(s);
         self.cv.notify_all();
         Ok(())
+    }
+
+    /// (resume, the push) B said `Go` without a resume answer (a destination may):
+    /// it expects every chunk, so the pull offers A that nothing is held. Nothing
+    /// changes once B's answer was offered.
+    pub fn offer_none(&self, entries: &[Entry]) {
+        let mut s = self.state.lock();
+        if !s.offered {
+            s.offered = true;
+            s.offer = Some(Held::none(entries));
+            drop(s);
+            self.cv.notify_all();
+        }
     }
 
     /// (resume, the pull) Waits for what B holds ([`Ring::offer`]).
@@ -492,6 +508,8 @@ pub struct RelaySource {
     /// A resumed relay: bytes and files B held whole or in pieces.
     held_bytes: u64,
     held_files: u64,
+    /// B answered the manifest with what it holds ([`SourceStore::resume_from`]).
+    resumed: bool,
     /// Entries of the files A could not read (failure markers passed on to B).
     failed: Mutex<std::collections::BTreeSet<u32>>,
 }
@@ -506,6 +524,7 @@ impl RelaySource {
             skips: Skips::default(),
             held_bytes: 0,
             held_files: 0,
+            resumed: false,
             failed: Mutex::default(),
         })
     }
@@ -535,6 +554,11 @@ impl Source for RelaySource {
         buf: &mut [u8],
         trailer: &mut Vec<u8>,
     ) -> dmover_store::Result<ChunkRead> {
+        if !self.resumed {
+            // Chunks are read after B's `Go`: a pull waiting for B's resume answer
+            // gets none.
+            self.ring.offer_none(&self.entries);
+        }
         let crc = self.ring.take(k, buf, trailer).map_err(relay_error)?;
         // Checked when it came from A.
         if let Ok(digests) = DigestEntry::decode_all(trailer) {
@@ -597,6 +621,7 @@ impl SourceStore for RelaySource {
         self.layout = layout.into();
         self.held_bytes = held.bytes(&self.entries, chunk);
         self.held_files = held.done_files();
+        self.resumed = true;
         Ok(plan)
     }
 
@@ -723,6 +748,16 @@ mod tests {
         assert!(held.is_empty());
         let e = sink.resume(&held).unwrap_err();
         assert!(e.to_string().contains("B refused"), "{e}");
+
+        // B said `Go` without a resume answer: its first read tells the pull that
+        // nothing is held.
+        let ring = Ring::new(4 << 20);
+        let sink = RelaySink::new(entries.clone(), chunk, true, ring.clone(), "A").unwrap();
+        let source = RelaySource::new(&entries, chunk, ring.clone()).unwrap();
+        ring.put(0, &[1], &[], None).unwrap();
+        let mut buf = vec![0u8; chunk as usize];
+        source.read_chunk(0, &mut buf, &mut Vec::new()).unwrap();
+        assert!(sink.held().is_empty());
     }
 
     /// `--continue-on-error`: a failure marker from A goes on to B with its chunk, and
