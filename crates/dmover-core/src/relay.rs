@@ -505,7 +505,8 @@ pub struct RelaySource {
     ring: Arc<Ring>,
     /// A resumed relay: the pieces B holds, whose chunks are not sent.
     skips: Skips,
-    /// A resumed relay: bytes and files B held whole or in pieces.
+    /// A resumed relay: bytes B held (whole files and pieces of others), and the
+    /// files it held whole.
     held_bytes: u64,
     held_files: u64,
     /// B answered the manifest with what it holds ([`SourceStore::resume_from`]).
