@@ -850,15 +850,16 @@ impl Client {
     /// Copies between two servers through this client (`cp --via-client`, for servers
     /// that cannot reach each other): a pull from the source server and a push to the
     /// destination run at once, chunks passing through a bounded ring in memory
-    /// ([`crate::relay`]); the destination checks the source's digests. Every attempt
-    /// starts over (nothing is resumed: this client keeps no journal of what passed).
-    /// `ring`: the bytes of chunks held for the destination (at least two chunks; see
-    /// [`crate::relay::RELAY_BYTES`]).
+    /// ([`crate::relay`]); the destination checks the source's digests. A resumed
+    /// attempt (`--resume`, a retry) sends only what the destination lacks: its answer
+    /// to the push is the pull's resume answer to the source, and the source's plan
+    /// goes back to it. `ring`: the bytes of chunks held for the destination (at least
+    /// two chunks; see [`crate::relay::RELAY_BYTES`]).
     pub async fn relay(&self, c: &ThirdPartyCopy, ring: usize, run: Arc<Run>) -> Result<Report> {
         let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let mut r = self
-            .with_retries(&run, |r, _resume| {
-                self.relay_once(c, ring, r, received.clone())
+            .with_retries(&run, |r, resume| {
+                self.relay_once(c, ring, r, resume, received.clone())
             })
             .await?;
         if let Some(x) = r.relayed.as_mut() {
@@ -872,6 +873,7 @@ impl Client {
         c: &ThirdPartyCopy,
         cap: usize,
         run: Arc<Run>,
+        resume: bool,
         received: Arc<std::sync::atomic::AtomicU64>,
     ) -> Result<Report> {
         use crate::relay::{RelaySink, RelaySource, Ring, Side};
@@ -891,12 +893,10 @@ impl Client {
         }
         let _release = Release(ring.clone());
         let (from, to) = (c.source_server.as_str(), c.dest_server.as_str());
-        // Without resume on either side, and without continue-on-error (a file A cannot
-        // read would reach B as a failure marker no source here can explain).
-        let options = SessionOptions {
-            continue_on_error: false,
-            ..self.opts.session_options(false)
-        };
+        // Resumed on both sides or on neither (B's answer is the pull's). With
+        // continue-on-error A marks the files it cannot read, and the markers go on to
+        // B, which drops those files.
+        let options = self.opts.session_options(resume);
         let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
         let (tx, rx) = tokio::sync::oneshot::channel::<(Vec<Entry>, u32)>();
         let pulling = async {
@@ -984,6 +984,9 @@ impl Client {
                     limits: None,
                 };
                 let r = drive::source(m, &mut conn.ch, joins, source, env).await?;
+                // B took every chunk it expected (none, maybe) without a resume
+                // answer: a pull still waiting for one hears that nothing was held.
+                ring.offer_none(&entries);
                 Ok((r, entries))
             }
             .await;
@@ -1022,13 +1025,19 @@ impl Client {
             streams: sent.info.streams,
             chunk_size: sent.info.chunk_size,
             skipped: 0,
-            held_bytes: 0,
-            held_files: 0,
+            held_bytes: crate::drive::SourceStore::held_bytes(&*sent.store),
+            held_files: sent.store.held_files(),
             bytes_sent: 0,
             chunks_resent: sent.stats.chunks_resent + pulled.report.chunks_resent,
             streams_lost: sent.stats.streams_lost + pulled.report.streams_lost,
             attempts: 1,
-            failed: Vec::new(),
+            // A's account of the files it could not read.
+            failed: pulled
+                .report
+                .failed
+                .into_iter()
+                .map(|f| failed_line(&entries, f))
+                .collect(),
             pruned: None,
             delete_refused: None,
             relayed: Some(Relayed {

@@ -16,6 +16,20 @@
 //! full ring of later chunks never blocks the one the push needs. Each session has its
 //! own disk threads: the push's reads wait for chunks on threads of their own, never
 //! on those that write what comes from A.
+//!
+//! A resumed relay (`--resume`, a retry) asks for nothing new on the wire: B answers
+//! the push's manifest with what it holds (`Have`), which the pull offers to A as its
+//! own resume answer; A checks the held pieces against its files and answers with a
+//! plan (the partial files that changed, sent whole), which the push passes on to B.
+//! The three sides then lay out the same files and skip the same chunks, so A sends
+//! only what B lacks, with the digests of partly held files computed over the held
+//! pieces' hashes A checked, and B verifies every file it completes as after a
+//! two-party resume. The [`Ring`] carries the two answers between the sessions
+//! ([`Ring::offer`], [`Ring::agree`]).
+//!
+//! With `--continue-on-error` A's failure markers (a file it could not read) pass
+//! through with their chunks, so B drops those files; the client reports them with
+//! A's reasons.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -23,11 +37,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Condvar, Mutex};
 
-use dmover_proto::control::{ErrorCode, Summary};
+use dmover_proto::control::{ErrorCode, FailedFile, Have, Plan, Summary};
 use dmover_proto::data::DigestEntry;
 use dmover_proto::digest::crc32c_append;
 use dmover_proto::layout::Layout;
 use dmover_proto::manifest::{Entry, EntryKind};
+use dmover_store::resume::{Held, Skips};
 use dmover_store::{ChunkRead, Sink, Source};
 
 use crate::drive::{SinkStore, SourceStore};
@@ -44,7 +59,8 @@ pub enum Side {
     Out,
 }
 
-struct Held {
+/// A chunk in the ring.
+struct Kept {
     data: Vec<u8>,
     trailer: Vec<u8>,
     crc: Option<u32>,
@@ -54,10 +70,10 @@ struct Held {
 struct State {
     cap: usize,
     /// Chunks received and not yet taken by the push.
-    ready: HashMap<u64, Held>,
+    ready: HashMap<u64, Kept>,
     ready_bytes: usize,
     /// Chunks taken, kept for resends while there is room (oldest first).
-    kept: VecDeque<(u64, Held)>,
+    kept: VecDeque<(u64, Kept)>,
     kept_bytes: usize,
     /// Reads waiting for a chunk the ring does not hold.
     starving: usize,
@@ -66,6 +82,14 @@ struct State {
     spare: Vec<Vec<u8>>,
     /// The most bytes held at once.
     peak: usize,
+    /// A resumed relay: what B holds (its answer to the push, checked), for the pull
+    /// to offer A.
+    offer: Option<Held>,
+    /// An offer was made (it may have been taken since).
+    offered: bool,
+    /// A resumed relay: what A agreed B holds (the offer without the partial files A
+    /// found changed), for the push to answer B with.
+    agreed: Option<Held>,
 }
 
 /// Chunks between the pull from A and the push to B (see the module's description).
@@ -126,6 +150,68 @@ impl Ring {
         s.failed.as_ref().map(|f| f.1.clone())
     }
 
+    /// Waits until `take` finds what it looks for, or the relay fails.
+    fn wait_for<T>(&self, mut take: impl FnMut(&mut State) -> Option<T>) -> Result<T, String> {
+        let mut s = self.state.lock();
+        loop {
+            if let Some(why) = Self::failure(&s) {
+                return Err(why);
+            }
+            if let Some(t) = take(&mut s) {
+                return Ok(t);
+            }
+            self.cv.wait(&mut s);
+        }
+    }
+
+    /// (resume, the push) What B holds, for the pull to offer A.
+    pub fn offer(&self, held: Held) -> Result<(), String> {
+        let mut s = self.state.lock();
+        if let Some(why) = Self::failure(&s) {
+            return Err(why);
+        }
+        s.offer = Some(held);
+        s.offered = true;
+        drop(s);
+        self.cv.notify_all();
+        Ok(())
+    }
+
+    /// (resume, the push) B said `Go` without a resume answer (a destination may):
+    /// it expects every chunk, so the pull offers A that nothing is held. Nothing
+    /// changes once B's answer was offered.
+    pub fn offer_none(&self, entries: &[Entry]) {
+        let mut s = self.state.lock();
+        if !s.offered {
+            s.offered = true;
+            s.offer = Some(Held::none(entries));
+            drop(s);
+            self.cv.notify_all();
+        }
+    }
+
+    /// (resume, the pull) Waits for what B holds ([`Ring::offer`]).
+    pub fn offered(&self) -> Result<Held, String> {
+        self.wait_for(|s| s.offer.take())
+    }
+
+    /// (resume, the pull) What A agreed B holds, once A's plan came.
+    pub fn agree(&self, held: Held) -> Result<(), String> {
+        let mut s = self.state.lock();
+        if let Some(why) = Self::failure(&s) {
+            return Err(why);
+        }
+        s.agreed = Some(held);
+        drop(s);
+        self.cv.notify_all();
+        Ok(())
+    }
+
+    /// (resume, the push) Waits for what A agreed B holds ([`Ring::agree`]).
+    pub fn agreed(&self) -> Result<Held, String> {
+        self.wait_for(|s| s.agreed.take())
+    }
+
     /// Puts chunk `k` (`payload`: its bytes at the layout's offsets), waiting while
     /// the ring is full and no read waits for a chunk it lacks.
     pub fn put(
@@ -166,7 +252,7 @@ impl Ring {
         s.ready_bytes += data.len();
         if let Some(old) = s.ready.insert(
             k,
-            Held {
+            Kept {
                 data,
                 trailer: trailer.to_vec(),
                 crc,
@@ -267,6 +353,8 @@ pub struct RelaySink {
     /// Files A listed as sparse (ascending entries): their all-zero chunks may come
     /// as zeros frames (the push to B sends them as zeros again, in full).
     sparse: Vec<u32>,
+    /// A resumed relay: the pieces B holds, whose chunks do not come.
+    skips: Skips,
 }
 
 impl RelaySink {
@@ -288,6 +376,7 @@ impl RelaySink {
             bytes: AtomicU64::new(0),
             chunks: AtomicU64::new(0),
             sparse: Vec::new(),
+            skips: Skips::default(),
         })
     }
 }
@@ -306,7 +395,7 @@ impl Sink for RelaySink {
     }
 
     fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
-        Box::new(0..self.layout.n_chunks())
+        Box::new(self.skips.chunks(&self.layout))
     }
 
     fn write_chunk(
@@ -331,10 +420,12 @@ impl Sink for RelaySink {
             }
         }
         // The digests go on to B with the chunk (B checks them): only their form here.
+        // Failure markers (`--continue-on-error`: a file A could not read) go on too,
+        // and B drops that file.
         for d in DigestEntry::decode_all(trailer).map_err(|e| {
             dmover_store::Error::protocol(&self.from, format!("chunk {k} digest trailer: {e}"))
         })? {
-            if d.is_failure() || !self.layout.pieces(k).any(|p| p.file == d.index()) {
+            if !self.layout.pieces(k).any(|p| p.file == d.index()) {
                 return Err(dmover_store::Error::protocol(
                     &self.from,
                     format!("chunk {k}: unexpected digest entry for file {}", d.index()),
@@ -384,22 +475,64 @@ impl SinkStore for RelaySink {
     fn set_sparse(&mut self, entries: Vec<u32>) {
         self.sparse = entries;
     }
+
+    /// What B holds: B's answer to the push (waits for it). A failed relay offers
+    /// nothing; [`SinkStore::resume`] then fails with the reason.
+    fn held(&self) -> Held {
+        self.ring
+            .offered()
+            .unwrap_or_else(|_| Held::none(&self.entries))
+    }
+
+    /// Lays out what B lacks, and tells the push what A agreed B holds.
+    fn resume(&mut self, held: &Held) -> crate::Result<()> {
+        let layout = held
+            .layout(&self.entries, self.layout.chunk_size() as u32)
+            .map_err(|e| crate::Error::refused(ErrorCode::Protocol, e.to_string()))?;
+        self.skips = held.skips(&layout);
+        self.layout = layout.into();
+        self.ring
+            .agree(held.clone())
+            .map_err(|why| crate::Error::refused(ErrorCode::Aborted, why))
+    }
 }
 
 /// The push's storage: chunks from the [`Ring`], with A's CRCs and digests.
 #[derive(Debug)]
 pub struct RelaySource {
+    entries: Vec<Entry>,
     layout: std::sync::Arc<Layout>,
     ring: Arc<Ring>,
+    /// A resumed relay: the pieces B holds, whose chunks are not sent.
+    skips: Skips,
+    /// A resumed relay: bytes B held (whole files and pieces of others), and the
+    /// files it held whole.
+    held_bytes: u64,
+    held_files: u64,
+    /// B answered the manifest with what it holds ([`SourceStore::resume_from`]).
+    resumed: bool,
+    /// Entries of the files A could not read (failure markers passed on to B).
+    failed: Mutex<std::collections::BTreeSet<u32>>,
 }
 
 impl RelaySource {
     /// The source of manifest `entries` in `chunk` chunks, from `ring`.
     pub fn new(entries: &[Entry], chunk: u32, ring: Arc<Ring>) -> dmover_store::Result<Self> {
         Ok(RelaySource {
+            entries: entries.to_vec(),
             layout: layout_of(entries, chunk)?.into(),
             ring,
+            skips: Skips::default(),
+            held_bytes: 0,
+            held_files: 0,
+            resumed: false,
+            failed: Mutex::default(),
         })
+    }
+
+    /// Files B held whole (a resumed relay).
+    pub fn held_files(&self) -> u64 {
+        self.held_files
     }
 }
 
@@ -413,7 +546,7 @@ impl Source for RelaySource {
     }
 
     fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
-        Box::new(0..self.layout.n_chunks())
+        Box::new(self.skips.chunks(&self.layout))
     }
 
     fn read_chunk(
@@ -422,7 +555,20 @@ impl Source for RelaySource {
         buf: &mut [u8],
         trailer: &mut Vec<u8>,
     ) -> dmover_store::Result<ChunkRead> {
+        if !self.resumed {
+            // Chunks are read after B's `Go`: a pull waiting for B's resume answer
+            // gets none.
+            self.ring.offer_none(&self.entries);
+        }
         let crc = self.ring.take(k, buf, trailer).map_err(relay_error)?;
+        // Checked when it came from A.
+        if let Ok(digests) = DigestEntry::decode_all(trailer) {
+            for d in digests.filter(DigestEntry::is_failure) {
+                if let Some(f) = self.layout.files().get(d.index() as usize) {
+                    self.failed.lock().insert(f.entry);
+                }
+            }
+        }
         Ok(ChunkRead {
             crc,
             n_digests: (trailer.len() / dmover_proto::data::DIGEST_LEN) as u32,
@@ -441,7 +587,61 @@ impl Source for RelaySource {
     }
 }
 
-impl SourceStore for RelaySource {}
+impl SourceStore for RelaySource {
+    /// B's resume answer, `parts`: checked against the manifest, offered to A through
+    /// the pull (which waits for it), and answered with A's plan once A checked the
+    /// held pieces against its files (waits for it).
+    fn resume_from(&mut self, peer: &str, parts: &[Have]) -> crate::Result<Plan> {
+        let chunk = self.layout.chunk_size() as u32;
+        let mut held = Held::from_have(&self.entries, chunk, parts)
+            .map_err(|e| crate::Error::protocol(peer, format!("resume: {e}")))?;
+        let aborted = |why| crate::Error::refused(ErrorCode::Aborted, why);
+        self.ring.offer(held.clone()).map_err(aborted)?;
+        let agreed = self.ring.agreed().map_err(aborted)?;
+        // A's plan: the partial files whose held pieces A found changed.
+        let mut stale: Vec<u32> = held
+            .partial
+            .keys()
+            .filter(|e| !agreed.partial.contains_key(e))
+            .copied()
+            .collect();
+        stale.sort_unstable();
+        let plan = Plan { stale };
+        held.apply(&plan)
+            .map_err(|e| crate::Error::protocol("this side", e))?;
+        if held != agreed {
+            return Err(crate::Error::protocol(
+                "this side",
+                "resume: what the source agreed the destination holds is not what it said",
+            ));
+        }
+        let layout = held
+            .layout(&self.entries, chunk)
+            .map_err(|e| crate::Error::refused(ErrorCode::Protocol, e.to_string()))?;
+        self.skips = held.skips(&layout);
+        self.layout = layout.into();
+        self.held_bytes = held.bytes(&self.entries, chunk);
+        self.held_files = held.done_files();
+        self.resumed = true;
+        Ok(plan)
+    }
+
+    fn held_bytes(&self) -> u64 {
+        self.held_bytes
+    }
+
+    /// The files whose failure markers passed (A's report has why; B only drops them).
+    fn failed(&self) -> Vec<FailedFile> {
+        self.failed
+            .lock()
+            .iter()
+            .map(|&entry| FailedFile {
+                entry,
+                message: "the source server could not read it".into(),
+            })
+            .collect()
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -483,5 +683,118 @@ mod tests {
         assert!(!ring.fail(Side::In, "later"));
         assert_eq!(stuck.join().unwrap().unwrap_err(), "B refused");
         assert_eq!(ring.failed_side(), Some(Side::Out));
+    }
+
+    /// A resumed relay: B's answer goes to the pull, A's plan (a partial file whose
+    /// held piece A found changed) comes back to the push, and both sessions lay out
+    /// and expect the same chunks; a failed relay wakes a side waiting for the other.
+    #[test]
+    fn both_sessions_of_a_resumed_relay_skip_the_same_chunks() {
+        use dmover_proto::manifest::{Mtime, NO_PARENT};
+        let e = |parent, name: &str, kind| Entry {
+            parent,
+            name: name.into(),
+            kind,
+            mode: 0o644,
+            mtime: Mtime::default(),
+        };
+        let entries = vec![
+            e(NO_PARENT, "d", EntryKind::Dir),
+            e(0, "a", EntryKind::File { size: 10 }),
+            e(0, "big", EntryKind::File { size: 5 << 20 }),
+            e(0, "huge", EntryKind::File { size: 4 << 20 }),
+            e(0, "c", EntryKind::File { size: 30 }),
+        ];
+        let chunk = 1 << 20;
+        let ring = Ring::new(4 << 20);
+        let mut sink = RelaySink::new(entries.clone(), chunk, true, ring.clone(), "A").unwrap();
+        let mut source = RelaySource::new(&entries, chunk, ring.clone()).unwrap();
+        // B holds `a` whole and pieces of both large files.
+        let mut b = Held::none(&entries);
+        b.done[1] = true;
+        b.partial.insert(2, vec![(0, 7), (2, 9)]);
+        b.partial.insert(3, vec![(1, 5)]);
+        let parts = b.to_have(&entries);
+        let push = std::thread::spawn(move || {
+            let plan = source.resume_from("B", &parts);
+            (source, plan)
+        });
+        let mut held = sink.held();
+        assert_eq!(held, b, "the pull offers A what B holds");
+        // A's plan: `huge`'s held piece differs from A's file.
+        held.apply(&Plan { stale: vec![3] }).unwrap();
+        sink.resume(&held).unwrap();
+        let (source, plan) = push.join().unwrap();
+        assert_eq!(plan.unwrap().stale, vec![3], "B hears A's plan");
+        // Without `a`: big is chunks 0..5 (pieces 0 and 2 held), huge 5..9, c 9.
+        let sent: Vec<u64> = Source::chunks(&source).collect();
+        assert_eq!(sent, vec![1, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(sent, Sink::chunks(&sink).collect::<Vec<_>>());
+        assert_eq!(Source::layout(&source).n_chunks(), 10);
+        assert_eq!(Sink::layout(&sink).n_chunks(), 10);
+        assert_eq!(SourceStore::held_bytes(&source), 10 + (2 << 20));
+        assert_eq!(source.held_files(), 1);
+
+        // The push failed before B answered: the pull's wait ends, and so does its
+        // resume, with the push's reason.
+        let ring = Ring::new(4 << 20);
+        let mut sink = RelaySink::new(entries.clone(), chunk, true, ring.clone(), "A").unwrap();
+        let r = ring.clone();
+        let fail = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            r.fail(Side::Out, "B refused");
+        });
+        let held = sink.held();
+        fail.join().unwrap();
+        assert!(held.is_empty());
+        let e = sink.resume(&held).unwrap_err();
+        assert!(e.to_string().contains("B refused"), "{e}");
+
+        // B said `Go` without a resume answer: its first read tells the pull that
+        // nothing is held.
+        let ring = Ring::new(4 << 20);
+        let sink = RelaySink::new(entries.clone(), chunk, true, ring.clone(), "A").unwrap();
+        let source = RelaySource::new(&entries, chunk, ring.clone()).unwrap();
+        ring.put(0, &[1], &[], None).unwrap();
+        let mut buf = vec![0u8; chunk as usize];
+        source.read_chunk(0, &mut buf, &mut Vec::new()).unwrap();
+        assert!(sink.held().is_empty());
+    }
+
+    /// `--continue-on-error`: a failure marker from A goes on to B with its chunk, and
+    /// the push reports that file as failed; a marker for a file the chunk holds no
+    /// piece of is refused.
+    #[test]
+    fn failure_markers_pass_through_the_relay() {
+        use dmover_proto::manifest::{Mtime, NO_PARENT};
+        let e = |parent, name: &str, kind| Entry {
+            parent,
+            name: name.into(),
+            kind,
+            mode: 0o644,
+            mtime: Mtime::default(),
+        };
+        let entries = vec![
+            e(NO_PARENT, "d", EntryKind::Dir),
+            e(0, "a", EntryKind::File { size: 10 }),
+            e(0, "b", EntryKind::File { size: 20 }),
+        ];
+        let ring = Ring::new(1 << 20);
+        let sink = RelaySink::new(entries.clone(), 1 << 20, false, ring.clone(), "A").unwrap();
+        let source = RelaySource::new(&entries, 1 << 20, ring).unwrap();
+        let mut marker = Vec::new();
+        DigestEntry::failure(1).encode_into(&mut marker);
+        let buf = vec![0u8; 1 << 20];
+        sink.write_chunk(0, &buf, &marker, None).unwrap();
+        let (mut out, mut trailer) = (vec![0u8; 1 << 20], Vec::new());
+        let read = source.read_chunk(0, &mut out, &mut trailer).unwrap();
+        assert_eq!(trailer, marker, "the marker goes on to B");
+        assert_eq!(read.n_digests, 1);
+        let failed = SourceStore::failed(&source);
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0].entry, 2, "layout file 1 is entry 2");
+        let mut stray = Vec::new();
+        DigestEntry::failure(7).encode_into(&mut stray);
+        assert!(sink.write_chunk(0, &buf, &stray, None).is_err());
     }
 }

@@ -530,12 +530,6 @@ fn third_party(
         TpcArg::Push => TpcMode::Push,
         TpcArg::Pull => TpcMode::Pull,
     };
-    if a.via_client && opts.continue_on_error {
-        return Err(usage(
-            "--continue-on-error is not supported with --via-client (a relay copies every \
-             file or fails)",
-        ));
-    }
     let (direction, dialer) = match mode {
         _ if a.via_client => (Direction::TpcRelay, None),
         TpcMode::Push => (Direction::TpcPush, Some(source_server.clone())),
@@ -548,7 +542,6 @@ fn third_party(
         dest_server,
         dest,
     };
-    let opts_resume = opts.resume;
     let rt = runtime(opts.streams)?;
     let client = Client::new(opts, 1);
     let run = Run::new();
@@ -562,11 +555,6 @@ fn third_party(
     let lines =
         ndjson.then(|| output::Ndjson::start(&rt, run.clone(), started, a.progress_interval));
     let result = if a.via_client {
-        if opts_resume {
-            tracing::warn!(
-                "--resume: a relay through this client starts over (docs/third-party.md)"
-            );
-        }
         let ring = a
             .debug_relay_bytes
             .unwrap_or(dmover_core::relay::RELAY_BYTES);

@@ -542,3 +542,348 @@ fn a_relay_whose_destination_dies_fails_soon() {
     ok(&o);
     same(&a_root.join("src"), &b_root.join("again"));
 }
+
+/// Bytes of the files under their final names below `dir` (staging files left out).
+fn final_bytes(dir: &std::path::Path) -> u64 {
+    let mut n = 0;
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    for e in rd.flatten() {
+        let Ok(m) = std::fs::symlink_metadata(e.path()) else {
+            continue;
+        };
+        if m.is_dir() {
+            n += final_bytes(&e.path());
+        } else if m.is_file() && !e.file_name().to_string_lossy().starts_with(".dmv.") {
+            n += m.len();
+        }
+    }
+    n
+}
+
+/// `dmover cp --via-client --chunk 256K -P 2 [--json] EXTRA SRC DST` with the
+/// known-hosts file `kh`, its output piped.
+fn relay_command(
+    kh: &std::path::Path,
+    extra: &[&str],
+    src: &str,
+    dst: &str,
+) -> std::process::Command {
+    let mut c = std::process::Command::new(bin());
+    c.args(["cp", "--json", "--via-client", "--chunk", "256K", "-P", "2"])
+        .args(extra)
+        .args([src, dst])
+        .env("DMOVER_KNOWN_HOSTS", kh)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    c
+}
+
+/// Starts a relay, waits (60 s at most) until `cut_here` holds, kills the client, and
+/// leaves B a moment to end its session (it keeps its journal).
+fn cut_relay(mut c: std::process::Command, cut_here: impl Fn() -> bool) {
+    let mut child = c.spawn().unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !cut_here() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the relay ended before it was cut"
+        );
+        assert!(std::time::Instant::now() < until, "no progress at B");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+}
+
+/// A relay cut mid-copy (the client killed): the same relay with `--resume` completes
+/// byte-identical, and pulls from A and pushes to B only what B lacks (B's answer to
+/// the push is the pull's resume answer to A).
+#[test]
+fn a_relay_cut_mid_copy_resumes_with_only_what_b_lacks() {
+    let t = tmp();
+    let a_root = t.path().join("a");
+    let b_root = t.path().join("b");
+    std::fs::create_dir_all(a_root.join("src")).unwrap();
+    std::fs::create_dir(&b_root).unwrap();
+    for i in 0..32u64 {
+        write_file(
+            &a_root.join(format!("src/f{i:02}")),
+            i,
+            512 << 10,
+            0o644,
+            1_000_000,
+        );
+    }
+    write_file(&a_root.join("src/big"), 77, 6 << 20, 0o600, 1_500_000);
+    // One disk thread at A, 40 ms a chunk: about 25 chunks (6 MiB) a second.
+    let a = Server::start(
+        &a_root,
+        &["--io-threads", "1", "--debug-chunk-delay-ms", "40"],
+    );
+    let b = Server::start(&b_root, &[]);
+    let kh = known_hosts_in(t.path());
+    let (src, dst) = (a_root.join("src"), b_root.join("dst"));
+    cut_relay(
+        relay_command(&kh, &[], &a.url("src"), &b.url("dst")),
+        || no_partial_files(&src, &dst) >= 12,
+    );
+    let done = final_bytes(&dst);
+    let total = walk_bytes(&src);
+    assert!(done < total, "the relay was cut ({done} of {total} bytes)");
+    let o = relay_command(&kh, &["--resume"], &a.url("src"), &b.url("dst"))
+        .output()
+        .unwrap();
+    ok(&o);
+    same(&src, &dst);
+    assert!(staging_files(&dst).is_empty());
+    let j = json(&o);
+    assert_eq!(j["verified"], true, "{j}");
+    assert!(j["bytes_resumed"].as_u64().unwrap() >= done, "{j}");
+    let (received, sent) = (
+        j["bytes_received"].as_u64().unwrap(),
+        j["bytes_sent"].as_u64().unwrap(),
+    );
+    assert!(received + done <= total, "{done} of {total} held: {j}");
+    assert!(sent + done <= total, "{done} of {total} held: {j}");
+    assert!(
+        received < total - (4 << 20) && sent < total - (4 << 20),
+        "{j}"
+    );
+}
+
+/// A relay `--resume` to a B that holds everything moves nothing; a file changed at A
+/// since (another mtime) is sent again whole, and only it.
+#[test]
+fn a_relay_resume_sends_nothing_when_b_holds_everything() {
+    let t = tmp();
+    let a_root = t.path().join("a");
+    let b_root = t.path().join("b");
+    std::fs::create_dir(&a_root).unwrap();
+    std::fs::create_dir(&b_root).unwrap();
+    make_tree(&a_root.join("tree"));
+    make_small_files(&a_root.join("tree/small"), 100, 4);
+    write_file(&a_root.join("tree/data"), 1, 3 << 20, 0o644, 1_700_000_000);
+    let a = Server::start(&a_root, &[]);
+    let b = Server::start(&b_root, &[]);
+    let kh = known_hosts_in(t.path());
+    let (src, dst) = (a_root.join("tree"), b_root.join("copy"));
+    let o = relay_command(&kh, &[], &a.url("tree"), &b.url("copy"))
+        .output()
+        .unwrap();
+    ok(&o);
+    same(&src, &dst);
+    let o = relay_command(&kh, &["--resume"], &a.url("tree"), &b.url("copy"))
+        .output()
+        .unwrap();
+    ok(&o);
+    same(&src, &dst);
+    let j = json(&o);
+    assert_eq!(j["bytes_received"].as_u64(), Some(0), "{j}");
+    assert_eq!(j["bytes_sent"].as_u64(), Some(0), "{j}");
+    assert_eq!(j["bytes_resumed"].as_u64(), Some(walk_bytes(&src)), "{j}");
+    // Changed at A: sent whole, the rest stays.
+    write_file(&a_root.join("tree/data"), 2, 3 << 20, 0o644, 1_700_000_100);
+    let o = relay_command(&kh, &["--resume"], &a.url("tree"), &b.url("copy"))
+        .output()
+        .unwrap();
+    ok(&o);
+    same(&src, &dst);
+    assert!(staging_files(&dst).is_empty());
+    let j = json(&o);
+    assert_eq!(j["verified"], true, "{j}");
+    assert_eq!(j["bytes_received"].as_u64(), Some(3 << 20), "{j}");
+    assert_eq!(j["bytes_sent"].as_u64(), Some(3 << 20), "{j}");
+}
+
+/// A large file partly at B when a relay was cut: `--resume` sends only its missing
+/// pieces, and B verifies the whole file against A's digest (computed over the held
+/// pieces A checked and the rest). The same file changed at A since (same size and
+/// mtime, other bytes: A finds B's pieces differ) is sent again whole, never spliced.
+#[test]
+fn a_relay_resumes_a_partly_held_file_and_resends_one_changed_since() {
+    let t = tmp();
+    let a_root = t.path().join("a");
+    let b_root = t.path().join("b");
+    std::fs::create_dir(&a_root).unwrap();
+    std::fs::create_dir(&b_root).unwrap();
+    const SIZE: usize = 16 << 20;
+    write_file(&a_root.join("one/big"), 1, SIZE, 0o644, 1_600_000_000);
+    write_file(&a_root.join("two/big"), 2, SIZE, 0o644, 1_600_000_000);
+    // One disk thread at A, 40 ms a chunk: 16 MiB take about 2.6 s.
+    let a = Server::start(
+        &a_root,
+        &["--io-threads", "1", "--debug-chunk-delay-ms", "40"],
+    );
+    let b = Server::start(&b_root, &[]);
+    let kh = known_hosts_in(t.path());
+    for name in ["one", "two"] {
+        let dst = b_root.join(name);
+        let started = std::cell::Cell::new(None);
+        cut_relay(relay_command(&kh, &[], &a.url(name), &b.url(name)), || {
+            // A second after B started the file: about a third of it is there.
+            match started.get() {
+                None if !staging_files(&dst).is_empty() => {
+                    started.set(Some(std::time::Instant::now()));
+                    false
+                }
+                Some(at) => at.elapsed() > std::time::Duration::from_secs(1),
+                None => false,
+            }
+        });
+        assert!(
+            !dst.join("big").exists(),
+            "cut before the file was complete"
+        );
+        assert!(!staging_files(&dst).is_empty(), "B keeps its pieces");
+    }
+    // Same size and mtime, other bytes.
+    write_file(&a_root.join("two/big"), 3, SIZE, 0o644, 1_600_000_000);
+    let o = relay_command(&kh, &["--resume"], &a.url("one"), &b.url("one"))
+        .output()
+        .unwrap();
+    ok(&o);
+    same(&a_root.join("one"), &b_root.join("one"));
+    let j = json(&o);
+    assert_eq!(j["verified"], true, "{j}");
+    let held = j["bytes_resumed"].as_u64().unwrap();
+    assert!(held > 0, "{j}");
+    assert_eq!(
+        j["bytes_received"].as_u64(),
+        Some(SIZE as u64 - held),
+        "{j}"
+    );
+    assert_eq!(j["bytes_sent"].as_u64(), Some(SIZE as u64 - held), "{j}");
+
+    let o = relay_command(&kh, &["--resume"], &a.url("two"), &b.url("two"))
+        .output()
+        .unwrap();
+    ok(&o);
+    same(&a_root.join("two"), &b_root.join("two"));
+    assert!(staging_files(&b_root).is_empty());
+    let j = json(&o);
+    assert_eq!(j["bytes_resumed"].as_u64(), Some(0), "{j}");
+    assert_eq!(j["bytes_received"].as_u64(), Some(SIZE as u64), "{j}");
+    assert_eq!(j["bytes_sent"].as_u64(), Some(SIZE as u64), "{j}");
+}
+
+/// B killed mid-relay and started again (same address, same key): `--retries` runs the
+/// relay again by itself, resumed, so what B kept is neither pulled from A nor pushed
+/// again.
+#[test]
+fn a_relay_retried_after_its_destination_restarts_resumes() {
+    let t = tmp();
+    let a_root = t.path().join("a");
+    let b_root = t.path().join("b");
+    std::fs::create_dir_all(a_root.join("src")).unwrap();
+    std::fs::create_dir(&b_root).unwrap();
+    for i in 0..32u64 {
+        write_file(
+            &a_root.join(format!("src/f{i:02}")),
+            i,
+            512 << 10,
+            0o644,
+            1_000_000,
+        );
+    }
+    let a = Server::start(
+        &a_root,
+        &["--io-threads", "1", "--debug-chunk-delay-ms", "40"],
+    );
+    let b_state = tempfile::Builder::new()
+        .prefix("dmover-state-")
+        .tempdir()
+        .unwrap();
+    let b_args: Vec<&std::ffi::OsStr> = vec!["--root".as_ref(), b_root.as_os_str()];
+    let mut b = Server::start_with(&b_args, &b_root, None, Some(b_state.path()));
+    let kh = known_hosts_in(t.path());
+    let (src, dst) = (a_root.join("src"), b_root.join("dst"));
+    let child = relay_command(
+        &kh,
+        &["--retries", "5", "--retry-wait", "1s"],
+        &a.url("src"),
+        &b.url("dst"),
+    )
+    .spawn()
+    .unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while no_partial_files(&src, &dst) < 8 {
+        assert!(std::time::Instant::now() < until, "no progress at B");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    b.kill();
+    let done = final_bytes(&dst);
+    let _b = Server::start_on(&b.addr, &b_args, &b_root, None, Some(b_state.path()));
+    let o = child.wait_with_output().unwrap();
+    ok(&o);
+    same(&src, &dst);
+    assert!(staging_files(&dst).is_empty());
+    let j = json(&o);
+    let total = walk_bytes(&src);
+    assert!(j["attempts"].as_u64().unwrap() >= 2, "{j}");
+    assert!(j["bytes_resumed"].as_u64().unwrap() >= done, "{done}: {j}");
+    // Both attempts together: what B kept crossed the client once, not twice.
+    assert!(
+        j["bytes_received"].as_u64().unwrap() < total + done,
+        "{done}: {j}"
+    );
+    assert!(
+        j["bytes_sent"].as_u64().unwrap() < total + done,
+        "{done}: {j}"
+    );
+}
+
+/// `--continue-on-error` with `--via-client`: a file A cannot read (removed while the
+/// relay runs) is reported with A's reason and dropped at B (A's failure markers pass
+/// through the client), everything else arrives; exit 1. Once the file is back,
+/// `--resume` sends only it.
+#[test]
+fn a_relay_continues_past_a_file_the_source_cannot_read() {
+    let t = tmp();
+    let a_root = t.path().join("a");
+    let b_root = t.path().join("b");
+    std::fs::create_dir(&b_root).unwrap();
+    let src = a_root.join("src");
+    make_small_files(&src, 40, 2);
+    write_file(&src.join("zz-grow"), 9, 8 << 20, 0o644, 1_700_000_000);
+    let a = Server::start(&a_root, &["--debug-chunk-delay-ms", "40"]);
+    let b = Server::start(&b_root, &[]);
+    let kh = known_hosts_in(t.path());
+    let dst = b_root.join("dst");
+    let child = std::process::Command::new(bin())
+        .args(["cp", "--json", "--via-client", "--continue-on-error"])
+        .args(["--chunk", "64K", &a.url("src"), &b.url("dst")])
+        .env("DMOVER_KNOWN_HOSTS", &kh)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while staging_files(&dst).is_empty() {
+        assert!(std::time::Instant::now() < until, "no data arrived");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::fs::remove_file(src.join("zz-grow")).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let j = json(&o);
+    assert_eq!(j["direction"], "third-party-relay", "{j}");
+    let failed = j["failed"].as_array().unwrap();
+    assert_eq!(failed.len(), 1, "{j}");
+    assert!(failed[0].as_str().unwrap().contains("zz-grow"), "{j}");
+    assert!(!dst.join("zz-grow").exists());
+    assert_eq!(no_partial_files(&src, &dst), 40);
+    assert_eq!(staging_files(&dst), Vec::<std::path::PathBuf>::new());
+    // Back at A: `--resume` (as the error says) sends just that file.
+    write_file(&src.join("zz-grow"), 9, 8 << 20, 0o644, 1_700_000_000);
+    let o = relay_command(&kh, &["--resume"], &a.url("src"), &b.url("dst"))
+        .output()
+        .unwrap();
+    ok(&o);
+    same(&src, &dst);
+    let j = json(&o);
+    assert_eq!(j["bytes_received"].as_u64(), Some(8 << 20), "{j}");
+    assert_eq!(j["bytes_sent"].as_u64(), Some(8 << 20), "{j}");
+}
