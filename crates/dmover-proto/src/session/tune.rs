@@ -38,6 +38,12 @@ pub const PERIOD_MIN: Duration = Duration::from_secs(1);
 pub const PERIOD_MAX: Duration = Duration::from_secs(3);
 /// A period lasts this many round trips (within the bounds).
 pub const PERIOD_RTTS: u32 = 10;
+/// A period in which fewer bytes were acknowledged says nothing of the streams (the
+/// source had next to nothing ready: set-up, whose handshakes count, a slow first
+/// read, checksums on a busy CPU): it is measured again instead of decided on. Found
+/// by `bench transfer --tune`: a first period of join handshakes only "measured" 0
+/// Mbit/s, and the next, with data, a gain of billions of percent over it.
+pub const MIN_PERIOD_BYTES: u64 = 256 << 10;
 
 /// What the tuner may choose from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,8 +91,9 @@ enum Probe {
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Phase {
-    /// Waiting for the first byte.
-    Idle,
+    /// Waiting for data: [`MIN_PERIOD_BYTES`] acknowledged past the count first
+    /// seen here (`None`: not seen yet).
+    Idle(Option<u64>),
     /// Letting a change take effect until then.
     Settling(Instant),
     /// Measuring since `(time, bytes)`.
@@ -122,7 +129,7 @@ impl Tuner {
         Tuner {
             cfg,
             streams: cfg.start,
-            phase: Phase::Idle,
+            phase: Phase::Idle(None),
             probe: Probe::None,
             settled: false,
             holds: 0,
@@ -183,7 +190,7 @@ impl Tuner {
     /// whenever bytes went out).
     pub fn poll_timeout(&self) -> Option<Instant> {
         match self.phase {
-            Phase::Idle => None,
+            Phase::Idle(_) => None,
             Phase::Settling(t) => Some(t),
             Phase::Measuring(t, _) => Some(t + self.period()),
         }
@@ -192,17 +199,20 @@ impl Tuner {
     /// The source has nothing to send for now: the current period is dropped, and
     /// measuring starts again (after settling) once bytes flow.
     pub fn pause(&mut self) {
-        self.phase = Phase::Idle;
+        self.phase = Phase::Idle(None);
     }
 
     /// The clock and the bytes sent so far (all streams); returns a change to apply.
     pub fn tick(&mut self, now: Instant, bytes: u64) -> Option<Decision> {
         match self.phase {
-            Phase::Idle => {
-                if bytes > 0 {
+            Phase::Idle(base) => {
+                let base = base.unwrap_or(bytes);
+                self.phase = if bytes >= base.saturating_add(MIN_PERIOD_BYTES) {
                     self.started.get_or_insert(now);
-                    self.phase = Phase::Settling(now + self.period());
-                }
+                    Phase::Settling(now + self.period())
+                } else {
+                    Phase::Idle(Some(base))
+                };
                 None
             }
             Phase::Settling(t) => {
@@ -216,9 +226,16 @@ impl Tuner {
                 if took < self.period() {
                     return None;
                 }
-                let rate = bytes.saturating_sub(b) as f64 / took.as_secs_f64();
+                let sent = bytes.saturating_sub(b);
+                if sent < MIN_PERIOD_BYTES {
+                    // Next to nothing was ready to send: wait for data again, then
+                    // settle and measure afresh (a period that straddles the data's
+                    // return would measure a fraction of it).
+                    self.phase = Phase::Idle(Some(bytes));
+                    return None;
+                }
                 self.phase = Phase::Measuring(now, bytes);
-                self.decide(now, rate)
+                self.decide(now, sent as f64 / took.as_secs_f64())
             }
         }
     }
@@ -498,10 +515,45 @@ mod tests {
         assert_eq!(t.tick(now, 0), None);
         assert_eq!(t.poll_timeout(), None, "no data, no clock");
         assert_eq!(t.tick(now, 1), None);
+        assert_eq!(t.poll_timeout(), None, "handshakes are not data");
+        assert_eq!(t.tick(now, MIN_PERIOD_BYTES), None);
         assert!(t.poll_timeout().is_some());
         let (t, d) = run(TuneConfig::new(1, 1), |n, _| n as f64 * 1e6, 30.0);
         assert_eq!(t.streams(), 1);
         assert!(d.is_empty(), "{d:?}");
+    }
+
+    #[test]
+    fn periods_without_data_are_measured_again() {
+        // 10 s of join handshakes and nothing ready (a trickle of bytes), then data:
+        // no decision before the data, and the first compares data with data.
+        let m = Model {
+            per_stream: 20e6,
+            cap: 1e9,
+            knee: 64,
+            overhead: 0.0,
+        };
+        let (_, d) = run(
+            TuneConfig::new(4, 16),
+            |n, at| if at < 10.0 { 100.0 } else { m.rate(n) },
+            30.0,
+        );
+        let first = d.first().expect("a probe once data flows");
+        assert_eq!(first.streams, 8, "{d:?}");
+        assert!(first.rate as f64 >= 0.9 * m.rate(4), "{d:?}");
+        // 4 → 8 doubled the rate: kept, and 16 tried, with the gain it measured.
+        let second = d.get(1).expect("a second probe");
+        assert_eq!(second.streams, 16, "{d:?}");
+        assert!(
+            second.reason.starts_with("8 streams sent +") && second.reason.contains(" % more"),
+            "{d:?}"
+        );
+        let gain: f64 = second.reason["8 streams sent +".len()..]
+            .split(' ')
+            .next()
+            .and_then(|g| g.parse().ok())
+            .expect("a percentage");
+        assert!((80.0..=120.0).contains(&gain), "{d:?}");
     }
 
     #[test]
