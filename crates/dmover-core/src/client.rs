@@ -135,6 +135,7 @@ impl Growing {
             durable: Some(tell),
             times: Vec::new(),
             meta: Vec::new(),
+            sent: false,
         });
         Part {
             paths,
@@ -157,6 +158,7 @@ impl Growing {
             durable: None,
             times: self.grower.dir_times(),
             meta: Vec::new(),
+            sent: false,
         });
         self.wait().await
     }
@@ -1155,12 +1157,12 @@ impl Client {
     /// The owners and xattrs a push sends (feature `METADATA`), as far as the options
     /// let them travel; a server without the feature never gets them. Read here, on
     /// the task (one stat and one listxattr per entry: docs/sync.md).
-    fn read_meta(&self, source: &FileSource) -> Vec<dmover_proto::manifest::EntryMeta> {
+    fn read_meta(&self, tree: &dmover_store::tree::Tree) -> Vec<dmover_proto::manifest::EntryMeta> {
         let p = self.opts.meta;
         if !(p.owner || p.xattrs.user || p.xattrs.acls || p.xattrs.all) {
             return Vec::new();
         }
-        let mut meta = source.read_meta(p.xattrs);
+        let mut meta = dmover_store::meta::read_tree(tree, p.xattrs);
         if !p.owner {
             for m in &mut meta {
                 (m.uid, m.gid) = (u32::MAX, u32::MAX);
@@ -1449,6 +1451,7 @@ impl Client {
             durable: None,
             times: Vec::new(),
             meta: Vec::new(),
+            sent: false,
         });
         let (fixed, threads) = (self.opts.buffers, self.disk.threads());
         let buffers = Box::new(move |streams| {
@@ -2088,14 +2091,25 @@ impl Client {
             0 => session::auto_chunk(tree.entries()),
             c => c,
         };
-        let source = FileSource::new(tree, chunk, self.source_options())?;
-        let totals = Totals::of(source.tree().entries());
+        let totals = Totals::of(tree.entries());
         run.progress.total.store(totals.bytes, Relaxed);
-        let files = crate::engine::files_with_data(source.tree().entries());
+        let files = crate::engine::files_with_data(tree.entries());
         run.progress.total_files.store(files, Relaxed);
-        run.progress.set_manifest(source.tree().entries());
+        run.progress.set_manifest(tree.entries());
+        let deep = session::mostly_aligned(tree.entries());
         // Before connecting, as the walk: no connection idles while it is read.
-        let meta = self.read_meta(&source);
+        let meta = self.read_meta(&tree);
+        // A large tree's manifest in parts (feature STREAMED), the first in the first
+        // flight and the data from it on, where nothing at the server depends on the
+        // whole: not on a resume or a sync (the files it holds are answered for the
+        // first part only), nor with `--checksum`.
+        let streamed = if resume || compare {
+            None
+        } else {
+            session::manifest_parts(tree.entries().len())
+                .and_then(|ends| tree.split_off(ends[0]).map(|rest| (rest, ends)))
+        };
+        let source = FileSource::new(tree, chunk, self.source_options())?;
         // A busy server may keep us waiting: an interrupt ends the wait.
         let mut conn = match early.take() {
             // Made while the walk ran, and not waiting too long since.
@@ -2108,12 +2122,15 @@ impl Client {
         // The options and the whole manifest follow the first flight at once: the
         // server reads them once it has opened the session (with the chunk size we
         // asked for; a server never changes a push's).
-        let open = self.open_request(
+        let mut open = self.open_request(
             Op::Push {
                 dest: dest.to_vec(),
             },
             chunk,
         );
+        if streamed.is_some() {
+            open.features |= dmover_proto::session::features::STREAMED;
+        }
         // `--checksum`: the manifest holds only files whose content differs (or that
         // the destination lacks), and the quick check (same size and mtime: held)
         // must not skip them, so the session does not resume (a retry sends the
@@ -2124,14 +2141,32 @@ impl Client {
         d.limits = self.limits(false);
         let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
         let mut m = SourceSession::dial(now(), server, timing, d);
+        // The whole manifest, or a streamed one's first part.
         m.push_manifest(source.tree().entries());
-        if open_features & dmover_proto::session::features::LINKS != 0 {
-            m.sparse_files(source.tree().sparse());
+        let mut growth = None;
+        match streamed {
+            None => {
+                if open_features & dmover_proto::session::features::LINKS != 0 {
+                    m.sparse_files(source.tree().sparse());
+                }
+                m.push_meta(meta);
+                m.end_manifest(totals, drive::chunk_set(source.chunks()));
+            }
+            Some((rest, ends)) => {
+                let first = source.tree().entries().to_vec();
+                let mut parts =
+                    drive::streamed_parts(first, source.layout().n_chunks(), rest, &ends, meta);
+                // Its entries are in the first flight: once the server says whether
+                // it takes parts, they end as a part or the rest follows them whole.
+                parts[0].sent = true;
+                let (tx, rx) = mpsc::unbounded_channel();
+                for p in parts {
+                    let _ = tx.send(p);
+                }
+                growth = Some(rx);
+            }
         }
-        m.push_meta(meta);
-        m.end_manifest(totals, drive::chunk_set(source.chunks()));
         let (fixed, threads) = (self.opts.buffers, self.disk.threads());
-        let deep = session::mostly_aligned(source.tree().entries());
         let buffers = Box::new(move |streams| {
             fixed.unwrap_or_else(|| session::deep_buffers(deep, chunk, streams, threads))
         });
@@ -2139,7 +2174,8 @@ impl Client {
         // The first chunks follow the joins' proofs without waiting for the answers
         // (checked by each stream before anything it receives).
         let joins = self.dialing(server, conn.master, dials, JoinWait::Pipelined);
-        let r = drive::source(m, &mut conn.ch, joins, source, self.env(&run, buffers)).await?;
+        let env = self.env(&run, buffers);
+        let r = drive::source_growing(m, &mut conn.ch, joins, source, env, growth).await?;
         let failed = r.store.failed();
         // The lines naming the failed files, and with `--delete` what the mirror must
         // hold: every entry walked (also those `--checksum` found there already).

@@ -550,6 +550,11 @@ pub struct GrowPart {
     /// `Grow` with what the storage reads of a later part
     /// ([`SourceStore::grown_meta`]).
     pub meta: Vec<dmover_proto::manifest::EntryMeta>,
+    /// (the first part of a push's streamed manifest) Its entries went already, in
+    /// the first flight, before the session said whether the sink takes parts
+    /// (feature `STREAMED`): if it does not, the later parts (all queued by then)
+    /// follow them as one whole manifest, ended by `ManifestEnd`.
+    pub sent: bool,
 }
 
 /// A walked manifest sent in parts (a streamed manifest, feature `STREAMED`): `first`
@@ -582,6 +587,7 @@ pub fn streamed_parts(
         totals,
         chunks: first_chunks,
         meta: take_meta(n),
+        sent: false,
         entries: first,
         durable: None,
         times: Vec::new(),
@@ -613,6 +619,7 @@ pub fn streamed_parts(
             totals,
             chunks: 0,
             meta: take_meta(end),
+            sent: false,
             entries,
             durable: None,
             times: Vec::new(),
@@ -869,7 +876,7 @@ where
     let mut bufs: HashMap<u64, PoolBuf> = HashMap::new();
     let mut tasks: HashMap<u16, Task<SrcOut>> = HashMap::new();
     let mut cancelled = false;
-    let growing = growth.is_some();
+    let mut growing = growth.is_some();
     let mut tuner: Option<Tuner> = None;
     let mut meters = Meters::default();
     // Parts so far, and those whose producer waits to hear they are durable: (the
@@ -1081,6 +1088,38 @@ where
             part = next_part(&mut growth), if growth.is_some()
                 && m.info().is_some()
                 && (!m.uses(features::STREAMED) || m.parts_confirmed() + 1 >= parts) => match part {
+                Some(p) if p.sent && parts == 0 && !m.uses(features::STREAMED) => {
+                    // The sink does not take parts: the rest of the manifest goes
+                    // whole behind the first part's entries, as a push's always did.
+                    let (mut rest, mut meta, mut totals) = (Vec::new(), p.meta, p.totals);
+                    if let Some(g) = growth.as_mut() {
+                        while let Ok(mut q) = g.try_recv() {
+                            rest.append(&mut q.entries);
+                            meta.append(&mut q.meta);
+                            totals = q.totals;
+                        }
+                    }
+                    growth = None;
+                    growing = false;
+                    let grown = match prep.as_ref() {
+                        Some(k) => k.grow(&rest).map(|_| chunk_set(k.chunks())),
+                        None => Err(Error::refused(
+                            ErrorCode::Unsupported,
+                            "the manifest's rest came after the storage was bound",
+                        )),
+                    };
+                    let chunks = match grown {
+                        Ok(c) => c,
+                        Err(e) => {
+                            m.fail(now(), Fault::new(e));
+                            continue;
+                        }
+                    };
+                    env.run.progress.total.store(totals.bytes, Relaxed);
+                    m.push_manifest(&rest);
+                    m.push_meta(meta);
+                    m.end_manifest(totals, chunks);
+                }
                 Some(mut p) => {
                     let mut meta = Vec::new();
                     if parts > 0 {
@@ -1108,11 +1147,16 @@ where
                     }
                     meta.append(&mut p.meta);
                     parts += 1;
+                    if parts > 1 && m.uses(features::STREAMED) {
+                        env.run.progress.manifest_grown.fetch_add(1, Relaxed);
+                    }
                     m.times(std::mem::take(&mut p.times));
                     if let Some(tell) = p.durable.take() {
                         durable.push_back((parts - 1, p.chunks, tell));
                     }
-                    m.push_manifest(&p.entries);
+                    if !p.sent {
+                        m.push_manifest(&p.entries);
+                    }
                     m.grow_meta(meta);
                     env.run.progress.total.store(p.totals.bytes, Relaxed);
                     m.grow_manifest(now(), p.totals, p.chunks, p.last);
@@ -2445,6 +2489,7 @@ mod tests {
                         durable: None,
                         times: Vec::new(),
                         meta: Vec::new(),
+                        sent: false,
                     })
                     .unwrap();
                     tokio::time::sleep(Duration::from_millis(if i == 0 { 0 } else { 20 })).await;
@@ -2507,6 +2552,7 @@ mod tests {
             durable: None,
             times: Vec::new(),
             meta: Vec::new(),
+            sent: false,
         })
         .unwrap();
         t.entries += 1;
@@ -2520,6 +2566,7 @@ mod tests {
             durable: None,
             times: Vec::new(),
             meta: Vec::new(),
+            sent: false,
         })
         .unwrap();
         let (sent, received) = runtime().block_on(pair(
@@ -2584,6 +2631,49 @@ mod tests {
             for (i, want) in data.iter().enumerate().skip(1) {
                 assert_eq!(r.store.file(i as u32).as_ref(), Some(want), "entry {i}");
             }
+        }
+    }
+
+    /// A push whose first part went in the first flight (`GrowPart::sent`) to a sink
+    /// that does not take parts (no `STREAMED`, as a server older than the bit): the
+    /// rest follows as one manifest, and every file arrives.
+    #[test]
+    fn a_streamed_push_to_a_sink_without_parts_goes_whole() {
+        use dmover_proto::session::features::GROWING_MANIFEST;
+        let (entries, data) = dataset();
+        let total: usize = data.iter().map(Vec::len).sum();
+        let source = MemSource::new(entries.clone(), data.clone(), CHUNK, true).unwrap();
+        let prepare: Prepare<MemSink> =
+            Box::new(move |entries, chunk, _| Ok(MemSink::new(entries, chunk, true)?));
+        let (first, rest) = entries.split_at(3);
+        let mut parts = streamed_parts(first.to_vec(), 0, rest.to_vec(), &[3, 5], Vec::new());
+        assert_eq!(parts.len(), 3);
+        parts[0].sent = true;
+        let first = first.to_vec();
+        let (sent, received) = runtime().block_on(pair(
+            source,
+            true,
+            3,
+            None,
+            GROWING_MANIFEST,
+            prepare,
+            move |m| {
+                m.push_manifest(&first);
+                let (tx, rx) = mpsc::unbounded_channel();
+                for p in parts {
+                    let _ = tx.send(p);
+                }
+                Some(rx)
+            },
+        ));
+        let r = received.unwrap();
+        assert_eq!(sent.unwrap().summary, r.summary);
+        assert_eq!(
+            (r.summary.bytes, r.summary.files, r.summary.dirs),
+            (total as u64, 8, 1)
+        );
+        for (i, want) in data.iter().enumerate().skip(1) {
+            assert_eq!(r.store.file(i as u32).as_ref(), Some(want), "entry {i}");
         }
     }
 

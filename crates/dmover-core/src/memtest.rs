@@ -319,6 +319,7 @@ impl Parts {
             durable: None,
             times: Vec::new(),
             meta: Vec::new(),
+            sent: false,
         }
     }
 }

@@ -1,5 +1,6 @@
-//! A pull's manifest streamed in parts (feature `STREAMED`, docs/protocol.md): the
-//! server sends a large tree's manifest in parts and the data flow from the first on.
+//! A manifest streamed in parts (feature `STREAMED`, docs/protocol.md): the source (the
+//! server in a pull, the client in a push) sends a large tree's manifest in parts and
+//! the data flow from the first on.
 //! The real binary against a real server on loopback: the tree arrives whole, with
 //! the metadata of entries in later parts (modes, mtimes, user xattrs, owners as root);
 //! where the parts would lose something (hard links) or the client compares with what
@@ -44,6 +45,21 @@ fn a_large_tree_is_pulled_with_its_manifest_in_parts() {
     let t = tmp();
     let src = t.path().join("srv/d");
     make(&src);
+    copy_with_parts(&t, &src, true);
+}
+
+#[test]
+fn a_large_tree_is_pushed_with_its_manifest_in_parts() {
+    let t = tmp();
+    let src = t.path().join("d");
+    make(&src);
+    std::fs::create_dir(t.path().join("srv")).unwrap();
+    copy_with_parts(&t, &src, false);
+}
+
+/// Copies `src` (in a pull: `srv/d`, served) into `out/d` (in a push: the server's
+/// `srv` holds `out`), the manifest in parts, and checks what arrived.
+fn copy_with_parts(t: &tempfile::TempDir, src: &Path, pull: bool) {
     // Metadata of an entry of the last part travels with that part.
     let late = src.join("d031/f01599");
     let xattr = rustix::fs::lsetxattr(
@@ -58,16 +74,25 @@ fn a_large_tree_is_pulled_with_its_manifest_in_parts() {
         std::os::unix::fs::lchown(&late, Some(1234), Some(2345)).unwrap();
         std::fs::set_permissions(&late, std::fs::Permissions::from_mode(0o640)).unwrap();
     }
-    let srv = Server::start(&t.path().join("srv"), &[]);
-    let out = t.path().join("out");
+    // An export that keeps owners (a push's owners land only there).
+    let srv = Server::start(&t.path().join("srv"), &["--preserve-owner"]);
+    let out = if pull {
+        t.path().join("out")
+    } else {
+        t.path().join("srv/out")
+    };
     std::fs::create_dir(&out).unwrap();
-    let o = cp(&["--json", &srv.url("d"), s(&out)]);
+    let o = if pull {
+        cp(&["--json", &srv.url("d"), s(&out)])
+    } else {
+        cp(&["--json", s(src), &srv.url("out/")])
+    };
     ok(&o);
-    let parts = manifest_parts(&o).expect("the manifest came in parts");
+    let parts = manifest_parts(&o).expect("the manifest went in parts");
     // 1 + 32 + 1600 + 4 entries: 512, 1024, the rest.
     assert_eq!(parts, 3, "{}", String::from_utf8_lossy(&o.stdout));
     assert_eq!(json(&o)["files"], 1602);
-    same(&src, &out.join("d"));
+    same(src, &out.join("d"));
     let got = out.join("d/d031/f01599");
     if xattr {
         let mut v = [0u8; 16];

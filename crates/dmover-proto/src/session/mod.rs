@@ -154,13 +154,14 @@ pub mod features {
     /// in answer, its own bandwidth limit and the congestion control it sends with
     /// (or why it could not use the one asked for).
     pub const LIMITS: u64 = 64;
-    /// A streamed manifest on a pull: the dialer, sink of the pull, takes the
-    /// source's manifest in parts (with [`GROWING_MANIFEST`], which it must offer
-    /// too) when the source chooses to send it so, and treats them as one manifest.
-    /// It offers the bit only where a part's late arrival changes nothing it
-    /// decides: not when it resumes or keeps files it holds (whose answer, `Have`,
-    /// covers the first part only). No message of its own: it allows `Grow` in a
-    /// pull's session.
+    /// A file transfer's manifest streamed in parts (with [`GROWING_MANIFEST`]): the
+    /// sink takes the source's manifest in parts when the source chooses to send it
+    /// so, treats them as one manifest, and takes a part's `Meta` before its `Grow`,
+    /// the first part's too. The dialer offers the bit only where a part's late
+    /// arrival changes nothing the sink decides: not when the sink resumes or keeps
+    /// files it holds (whose answer, `Have`, covers the first part only). In a push
+    /// the first part's entries go in the first flight, before the bit is granted:
+    /// without it the rest follows them as one manifest. No message of its own.
     pub const STREAMED: u64 = 128;
 
     /// The features this build's drivers (`dmover_core::drive`) speak and offer.
