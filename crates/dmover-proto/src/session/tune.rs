@@ -91,8 +91,9 @@ enum Probe {
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Phase {
-    /// Waiting for data: [`MIN_PERIOD_BYTES`] acknowledged past the count first
-    /// seen here (`None`: not seen yet).
+    /// Waiting for data: at the start (or after a pause, `None`) any byte, which
+    /// lets the first settling time overlap the set-up; after a period without data
+    /// (`Some(count)`), [`MIN_PERIOD_BYTES`] acknowledged past that count.
     Idle(Option<u64>),
     /// Letting a change take effect until then.
     Settling(Instant),
@@ -206,12 +207,15 @@ impl Tuner {
     pub fn tick(&mut self, now: Instant, bytes: u64) -> Option<Decision> {
         match self.phase {
             Phase::Idle(base) => {
-                let base = base.unwrap_or(bytes);
-                self.phase = if bytes >= base.saturating_add(MIN_PERIOD_BYTES) {
+                let enough = match base {
+                    None => bytes > 0,
+                    Some(b) => bytes >= b.saturating_add(MIN_PERIOD_BYTES),
+                };
+                self.phase = if enough {
                     self.started.get_or_insert(now);
                     Phase::Settling(now + self.period())
                 } else {
-                    Phase::Idle(Some(base))
+                    Phase::Idle(base)
                 };
                 None
             }
@@ -515,8 +519,6 @@ mod tests {
         assert_eq!(t.tick(now, 0), None);
         assert_eq!(t.poll_timeout(), None, "no data, no clock");
         assert_eq!(t.tick(now, 1), None);
-        assert_eq!(t.poll_timeout(), None, "handshakes are not data");
-        assert_eq!(t.tick(now, MIN_PERIOD_BYTES), None);
         assert!(t.poll_timeout().is_some());
         let (t, d) = run(TuneConfig::new(1, 1), |n, _| n as f64 * 1e6, 30.0);
         assert_eq!(t.streams(), 1);
