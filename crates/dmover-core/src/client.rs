@@ -1179,8 +1179,8 @@ impl Client {
             checksum: self.opts.checksum,
             direct_io: self.opts.direct_io,
             protection: self.opts.protection,
-            // A streamed manifest only where the caller says it takes one (a plain
-            // pull, `pull_once`).
+            // A streamed manifest only where the caller offers it (a plain push or
+            // pull: `push_once`, `pull_once`).
             features: if self.opts.tune {
                 dmover_proto::session::features::SUPPORTED
                     & !dmover_proto::session::features::STREAMED
@@ -2103,7 +2103,7 @@ impl Client {
         // flight and the data from it on, where nothing at the server depends on the
         // whole: not on a resume or a sync (the files it holds are answered for the
         // first part only), nor with `--checksum`.
-        let streamed = if resume || compare {
+        let streamed = if resume || compare || self.opts.mirror {
             None
         } else {
             session::manifest_parts(tree.entries().len())

@@ -24,11 +24,11 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-/// 1600 files in 32 directories (the manifest's later parts hold the last
+/// 2100 files in 32 directories (the manifest's later parts hold the last
 /// directories' files), empty files and symlinks among them, a directory with its
 /// own mode and mtime.
 fn make(src: &Path) {
-    make_small_files(src, 1600, 32);
+    make_small_files(src, 2100, 32);
     for d in [0, 31] {
         std::fs::write(src.join(format!("d{d:03}/empty")), b"").unwrap();
         symlink("f00000", src.join(format!("d{d:03}/link"))).unwrap();
@@ -61,7 +61,7 @@ fn a_large_tree_is_pushed_with_its_manifest_in_parts() {
 /// `srv` holds `out`), the manifest in parts, and checks what arrived.
 fn copy_with_parts(t: &tempfile::TempDir, src: &Path, pull: bool) {
     // Metadata of an entry of the last part travels with that part.
-    let late = src.join("d031/f01599");
+    let late = src.join("d031/f02079");
     let xattr = rustix::fs::lsetxattr(
         &late,
         "user.dmover-test",
@@ -89,11 +89,11 @@ fn copy_with_parts(t: &tempfile::TempDir, src: &Path, pull: bool) {
     };
     ok(&o);
     let parts = manifest_parts(&o).expect("the manifest went in parts");
-    // 1 + 32 + 1600 + 4 entries: 512, 1024, the rest.
+    // 1 + 32 + 2100 + 4 entries: 512, 1024, the rest.
     assert_eq!(parts, 3, "{}", String::from_utf8_lossy(&o.stdout));
-    assert_eq!(json(&o)["files"], 1602);
+    assert_eq!(json(&o)["files"], 2102);
     same(src, &out.join("d"));
-    let got = out.join("d/d031/f01599");
+    let got = out.join("d/d031/f02079");
     if xattr {
         let mut v = [0u8; 16];
         let n = rustix::fs::lgetxattr(&got, "user.dmover-test", &mut v).unwrap();
