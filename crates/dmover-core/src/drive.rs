@@ -1158,7 +1158,8 @@ where
                         m.push_manifest(&p.entries);
                     }
                     m.grow_meta(meta);
-                    env.run.progress.total.store(p.totals.bytes, Relaxed);
+                    // A streamed manifest's source knows the whole total already.
+                    env.run.progress.total.fetch_max(p.totals.bytes, Relaxed);
                     m.grow_manifest(now(), p.totals, p.chunks, p.last);
                     if p.last {
                         growth = None;

@@ -1330,6 +1330,9 @@ impl Server {
                     let first = source.tree().entries().to_vec();
                     let all = Totals::of(&first).bytes + Totals::of(&rest).bytes;
                     env.run.progress.total.store(all, Ordering::Relaxed);
+                    let files = crate::engine::files_with_data(&first)
+                        + crate::engine::files_with_data(&rest);
+                    env.run.progress.total_files.store(files, Ordering::Relaxed);
                     let parts =
                         drive::streamed_parts(first, source.layout().n_chunks(), rest, &ends, meta);
                     tracing::debug!(
