@@ -182,20 +182,7 @@ fn three_hosts_the_data_bypass_the_client() {
 /// `--resume` finishes it, nothing lost or corrupted.
 #[test]
 fn a_killed_client_stops_the_copy_and_resume_finishes_it() {
-    let t = tmp();
-    let a_root = t.path().join("a");
-    let b_root = t.path().join("b");
-    std::fs::create_dir_all(a_root.join("src")).unwrap();
-    std::fs::create_dir(&b_root).unwrap();
-    for i in 0..48u64 {
-        write_file(
-            &a_root.join(format!("src/f{i:02}")),
-            i,
-            512 << 10,
-            0o644,
-            1_000_000,
-        );
-    }
+    let (t, a_root, b_root) = a_and_b(48);
     // Every chunk takes 40 ms to read at A: the copy lasts seconds.
     let slow = ["--third-party", "--debug-chunk-delay-ms", "40"];
     let a = Server::start(&a_root, &slow);
@@ -285,20 +272,7 @@ fn a_copy_within_one_server_and_an_unreachable_peer() {
 /// destination kept.
 #[test]
 fn a_server_killed_mid_copy_then_resume() {
-    let t = tmp();
-    let a_root = t.path().join("a");
-    let b_root = t.path().join("b");
-    std::fs::create_dir_all(a_root.join("src")).unwrap();
-    std::fs::create_dir(&b_root).unwrap();
-    for i in 0..48u64 {
-        write_file(
-            &a_root.join(format!("src/f{i:02}")),
-            i,
-            512 << 10,
-            0o644,
-            1_000_000,
-        );
-    }
+    let (t, a_root, b_root) = a_and_b(48);
     let a_state = tempfile::Builder::new()
         .prefix("dmover-state-")
         .tempdir()
@@ -433,20 +407,7 @@ fn a_relay_to_a_read_only_destination_fails_and_writes_nothing() {
 /// against the restarted server completes.
 #[test]
 fn a_relay_whose_source_dies_fails_cleanly_and_runs_again() {
-    let t = tmp();
-    let a_root = t.path().join("a");
-    let b_root = t.path().join("b");
-    std::fs::create_dir_all(a_root.join("src")).unwrap();
-    std::fs::create_dir(&b_root).unwrap();
-    for i in 0..32u64 {
-        write_file(
-            &a_root.join(format!("src/f{i:02}")),
-            i,
-            512 << 10,
-            0o644,
-            1_000_000,
-        );
-    }
+    let (t, a_root, b_root) = a_and_b(32);
     let mut a = Server::start(&a_root, &["--debug-chunk-delay-ms", "40"]);
     let b = Server::start(&b_root, &[]);
     let kh = known_hosts_in(t.path());
@@ -495,20 +456,7 @@ fn a_relay_whose_source_dies_fails_cleanly_and_runs_again() {
 /// from A stops with it instead of waiting for room), and A serves the next relay.
 #[test]
 fn a_relay_whose_destination_dies_fails_soon() {
-    let t = tmp();
-    let a_root = t.path().join("a");
-    let b_root = t.path().join("b");
-    std::fs::create_dir_all(a_root.join("src")).unwrap();
-    std::fs::create_dir(&b_root).unwrap();
-    for i in 0..32u64 {
-        write_file(
-            &a_root.join(format!("src/f{i:02}")),
-            i,
-            512 << 10,
-            0o644,
-            1_000_000,
-        );
-    }
+    let (t, a_root, b_root) = a_and_b(32);
     let a = Server::start(&a_root, &[]);
     let mut b = Server::start(&b_root, &["--debug-chunk-delay-ms", "40"]);
     let kh = known_hosts_in(t.path());
@@ -544,6 +492,26 @@ fn a_relay_whose_destination_dies_fails_soon() {
 }
 
 /// Bytes of the files under their final names below `dir` (staging files left out).
+/// A temporary directory with two server roots, `a` (its `src` holding `files` files
+/// of 512 KiB, `f00`, `f01`, ...) and an empty `b`.
+fn a_and_b(files: u64) -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let t = tmp();
+    let a_root = t.path().join("a");
+    let b_root = t.path().join("b");
+    std::fs::create_dir_all(a_root.join("src")).unwrap();
+    std::fs::create_dir(&b_root).unwrap();
+    for i in 0..files {
+        write_file(
+            &a_root.join(format!("src/f{i:02}")),
+            i,
+            512 << 10,
+            0o644,
+            1_000_000,
+        );
+    }
+    (t, a_root, b_root)
+}
+
 fn final_bytes(dir: &std::path::Path) -> u64 {
     let mut n = 0;
     let Ok(rd) = std::fs::read_dir(dir) else {
@@ -603,20 +571,7 @@ fn cut_relay(mut c: std::process::Command, cut_here: impl Fn() -> bool) {
 /// the push is the pull's resume answer to A).
 #[test]
 fn a_relay_cut_mid_copy_resumes_with_only_what_b_lacks() {
-    let t = tmp();
-    let a_root = t.path().join("a");
-    let b_root = t.path().join("b");
-    std::fs::create_dir_all(a_root.join("src")).unwrap();
-    std::fs::create_dir(&b_root).unwrap();
-    for i in 0..32u64 {
-        write_file(
-            &a_root.join(format!("src/f{i:02}")),
-            i,
-            512 << 10,
-            0o644,
-            1_000_000,
-        );
-    }
+    let (t, a_root, b_root) = a_and_b(32);
     write_file(&a_root.join("src/big"), 77, 6 << 20, 0o600, 1_500_000);
     // One disk thread at A, 40 ms a chunk: about 25 chunks (6 MiB) a second.
     let a = Server::start(
@@ -774,20 +729,7 @@ fn a_relay_resumes_a_partly_held_file_and_resends_one_changed_since() {
 /// again.
 #[test]
 fn a_relay_retried_after_its_destination_restarts_resumes() {
-    let t = tmp();
-    let a_root = t.path().join("a");
-    let b_root = t.path().join("b");
-    std::fs::create_dir_all(a_root.join("src")).unwrap();
-    std::fs::create_dir(&b_root).unwrap();
-    for i in 0..32u64 {
-        write_file(
-            &a_root.join(format!("src/f{i:02}")),
-            i,
-            512 << 10,
-            0o644,
-            1_000_000,
-        );
-    }
+    let (t, a_root, b_root) = a_and_b(32);
     let a = Server::start(
         &a_root,
         &["--io-threads", "1", "--debug-chunk-delay-ms", "40"],
