@@ -535,9 +535,12 @@ fn transfer_over_emulated_rtts() {
         assert!(rtt == 0.0 || rtt == 20.0, "{r:?}");
         assert_eq!(r["link"], format!("{rtt} ms"), "{r:?}");
         // 4 MiB through a 1 Gbit/s link: below the link rate.
+        // The memory test's clock starts once its first chunk went into the socket
+        // (`Progress::data_flowing`), so a 0.5 s run may count one 4 MiB chunk (67
+        // Mbit/s over 0.5 s) beyond the link: 1.001 was seen once.
         let g = number(r, "gbit_per_s");
         assert!(
-            g > 0.0 && g <= 1.0,
+            g > 0.0 && g <= 1.07,
             "{g} Gbit/s through a 1 Gbit/s link: {r:?}"
         );
         // A session needs round trips (connect, handshake, open, data, done).
