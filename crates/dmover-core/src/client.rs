@@ -119,13 +119,7 @@ impl Growing {
         let (entries, paths) = self.grower.part(rels);
         let (tell, durable) = tokio::sync::oneshot::channel();
         let t = Totals::of(&entries);
-        self.totals = Totals {
-            entries: self.totals.entries + t.entries,
-            files: self.totals.files + t.files,
-            dirs: self.totals.dirs + t.dirs,
-            symlinks: self.totals.symlinks + t.symlinks,
-            bytes: self.totals.bytes + t.bytes,
-        };
+        self.totals = self.totals.plus(t);
         let _ = self.tx.send(GrowPart {
             entries,
             totals: self.totals,

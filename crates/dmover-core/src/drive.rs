@@ -606,14 +606,7 @@ pub fn streamed_parts(
     for end in ends {
         let tail = rest.split_off(end - start);
         let entries = std::mem::replace(&mut rest, tail);
-        let t = Totals::of(&entries);
-        totals = Totals {
-            entries: totals.entries + t.entries,
-            files: totals.files + t.files,
-            dirs: totals.dirs + t.dirs,
-            symlinks: totals.symlinks + t.symlinks,
-            bytes: totals.bytes + t.bytes,
-        };
+        totals = totals.plus(Totals::of(&entries));
         parts.push(GrowPart {
             last: rest.is_empty(),
             totals,

@@ -685,19 +685,23 @@ mod tests {
         assert_eq!(ring.failed_side(), Some(Side::Out));
     }
 
+    /// A manifest entry of mode 0644 at the epoch.
+    fn e(parent: u32, name: &str, kind: EntryKind) -> Entry {
+        Entry {
+            parent,
+            name: name.into(),
+            kind,
+            mode: 0o644,
+            mtime: dmover_proto::manifest::Mtime::default(),
+        }
+    }
+
     /// A resumed relay: B's answer goes to the pull, A's plan (a partial file whose
     /// held piece A found changed) comes back to the push, and both sessions lay out
     /// and expect the same chunks; a failed relay wakes a side waiting for the other.
     #[test]
     fn both_sessions_of_a_resumed_relay_skip_the_same_chunks() {
-        use dmover_proto::manifest::{Mtime, NO_PARENT};
-        let e = |parent, name: &str, kind| Entry {
-            parent,
-            name: name.into(),
-            kind,
-            mode: 0o644,
-            mtime: Mtime::default(),
-        };
+        use dmover_proto::manifest::NO_PARENT;
         let entries = vec![
             e(NO_PARENT, "d", EntryKind::Dir),
             e(0, "a", EntryKind::File { size: 10 }),
@@ -766,14 +770,7 @@ mod tests {
     /// piece of is refused.
     #[test]
     fn failure_markers_pass_through_the_relay() {
-        use dmover_proto::manifest::{Mtime, NO_PARENT};
-        let e = |parent, name: &str, kind| Entry {
-            parent,
-            name: name.into(),
-            kind,
-            mode: 0o644,
-            mtime: Mtime::default(),
-        };
+        use dmover_proto::manifest::NO_PARENT;
         let entries = vec![
             e(NO_PARENT, "d", EntryKind::Dir),
             e(0, "a", EntryKind::File { size: 10 }),

@@ -1328,13 +1328,18 @@ impl Server {
                 m.grant(now, info);
                 if let Some((rest, ends)) = streamed {
                     let first = source.tree().entries().to_vec();
-                    let all = Totals::of(&first).bytes + Totals::of(&rest).bytes;
-                    env.run.progress.total.store(all, Ordering::Relaxed);
                     let files = crate::engine::files_with_data(&first)
                         + crate::engine::files_with_data(&rest);
                     env.run.progress.total_files.store(files, Ordering::Relaxed);
                     let parts =
                         drive::streamed_parts(first, source.layout().n_chunks(), rest, &ends, meta);
+                    // The last part's totals are the whole manifest's.
+                    if let Some(last) = parts.last() {
+                        env.run
+                            .progress
+                            .total
+                            .store(last.totals.bytes, Ordering::Relaxed);
+                    }
                     tracing::debug!(
                         "{peer}: the manifest goes in {} parts, data from the first on",
                         parts.len()

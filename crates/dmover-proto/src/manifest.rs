@@ -131,6 +131,18 @@ impl Totals {
         }
         t
     }
+
+    /// These totals and `other`'s together (a growing manifest's totals over its
+    /// parts so far).
+    pub fn plus(self, other: Totals) -> Totals {
+        Totals {
+            entries: self.entries + other.entries,
+            files: self.files + other.files,
+            dirs: self.dirs + other.dirs,
+            symlinks: self.symlinks + other.symlinks,
+            bytes: self.bytes.saturating_add(other.bytes),
+        }
+    }
 }
 
 /// Most manifest entries a side accepts by default (about 100 bytes of memory each).
@@ -362,14 +374,7 @@ impl Validator {
             self.kinds.push(Kind::of(&e.kind));
         }
         check_total(self.total)?;
-        let t = Totals::of(part);
-        self.totals = Totals {
-            entries: self.totals.entries + t.entries,
-            files: self.totals.files + t.files,
-            dirs: self.totals.dirs + t.dirs,
-            symlinks: self.totals.symlinks + t.symlinks,
-            bytes: self.totals.bytes.saturating_add(t.bytes),
-        };
+        self.totals = self.totals.plus(Totals::of(part));
         Ok(self.totals)
     }
 }
