@@ -1247,7 +1247,7 @@ impl Client {
     /// This client's limits for a session (feature LIMITS): its bandwidth limit, and
     /// when it pulls (the server sends), the congestion control it asks the server to
     /// send with (`--congestion`).
-    fn limits(&self, pulling: bool) -> dmover_proto::control::SessionLimits {
+    pub(crate) fn limits(&self, pulling: bool) -> dmover_proto::control::SessionLimits {
         dmover_proto::control::SessionLimits {
             bwlimit: self.opts.bwlimit.unwrap_or(0),
             congestion: match &self.opts.socket.congestion {

@@ -62,6 +62,15 @@ pub struct RemoteOptions {
     pub read_ahead: u64,
 }
 
+/// How far a sequential read is read ahead by default, in bytes: enough to keep a
+/// 1 Gbit/s link with a 60 ms round trip busy from one file.
+pub const READ_AHEAD_BYTES: u64 = 8 << 20;
+
+/// The chunks of `chunk` bytes that make [`READ_AHEAD_BYTES`] (at least 4).
+pub fn read_ahead_chunks(chunk: u32) -> u64 {
+    (READ_AHEAD_BYTES / u64::from(chunk.max(1))).max(4)
+}
+
 impl Default for RemoteOptions {
     fn default() -> Self {
         RemoteOptions {
@@ -322,7 +331,7 @@ impl Remote {
         let op = client.pull_op(vec![path.to_vec()], false)?;
         let Prepared {
             mut ch,
-            dial,
+            mut dial,
             options,
             timing,
             joins,
@@ -331,6 +340,13 @@ impl Remote {
             .memtest_session(server, op, client.opts.chunk_size, &run)
             .await?;
         let bound = timing.silence() + timing.report_wait;
+        // The server sends: with the congestion control asked for (`--congestion`),
+        // else an unpaced one (answers to requests are short bursts), and under this
+        // client's bandwidth limit, as in a pull.
+        dial.limits = client.limits(true);
+        if dial.limits.congestion.is_empty() {
+            dial.limits.congestion = dmover_net::tcp::UNPACED.to_string();
+        }
         let m = SinkSession::dial(now(), server, timing, Limits::default(), dial);
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),

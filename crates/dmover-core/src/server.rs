@@ -248,6 +248,9 @@ pub struct Server {
     joins: JoinTable,
     active: AtomicUsize,
     per_user: Mutex<HashMap<String, usize>>,
+    /// The congestion control a sending session's data streams use when its client
+    /// names none: `ServerConfig::socket`'s, else the system's default.
+    send_default: Option<String>,
     handshakes: Arc<Semaphore>,
     /// Connections beyond `handshakes`, waiting for their preamble to be answered busy
     /// (control) or joining (data); more are closed at once.
@@ -336,6 +339,11 @@ impl Server {
             joins: JoinTable::new(cfg.idle_timeout),
             active: AtomicUsize::new(0),
             per_user: Mutex::new(HashMap::new()),
+            send_default: cfg
+                .socket
+                .congestion
+                .clone()
+                .or_else(tcp::default_congestion),
             handshakes: Arc::new(Semaphore::new(cfg.max_handshakes.max(1))),
             overflow: Arc::new(Semaphore::new(overflow_limit(cfg.max_handshakes))),
             memory: Arc::new(Semaphore::new(units)),
@@ -366,6 +374,19 @@ impl Server {
 
     /// Accepts connections until `shutdown` is cancelled.
     pub async fn serve(self: &Arc<Self>, listener: TcpListener, shutdown: CancellationToken) {
+        // Connections start on an unpaced congestion control; each sending session
+        // then sets its own (see `limits`).
+        if let Err(e) = tcp::set_congestion(&listener, limits::UNPACED_START) {
+            tracing::debug!(
+                "the listening socket keeps its congestion control ({e}): request-driven \
+                 sessions may send paced"
+            );
+        }
+        // Congestion control is set per session (`limits`), not at accept.
+        let accepted = SocketOptions {
+            congestion: None,
+            ..self.cfg.socket.clone()
+        };
         loop {
             let (stream, peer) = tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -379,7 +400,7 @@ impl Server {
                     }
                 },
             };
-            tcp::tune_stream(&stream, &self.cfg.socket);
+            tcp::tune_stream(&stream, &accepted);
             let setup = match self.handshakes.clone().try_acquire_owned() {
                 Ok(p) => Setup::Slot(p),
                 Err(_) => match self.overflow.clone().try_acquire_owned() {
@@ -1171,8 +1192,14 @@ impl Server {
         // streams this server sends on (the client's `Limits`, before its `Go`).
         let sending = matches!(&open.op, Op::Pull { .. })
             || matches!(&open.op, Op::MemTest(m) if m.direction == MemDirection::FromServer);
-        let send_cc = (info.features & features::LIMITS != 0 && sending)
-            .then(|| Arc::new(limits::SendCongestion::new(peer)));
+        let send_cc = sending.then(|| {
+            let cc = limits::SendCongestion::new(peer, self.send_default.clone());
+            if info.features & features::LIMITS == 0 {
+                // No `Limits` will come: the server's algorithm.
+                cc.decide("");
+            }
+            Arc::new(cc)
+        });
         log.congestion = send_cc.clone();
         let answer: drive::LimitsAnswer = {
             let (send_cc, bwlimit) = (send_cc.clone(), log.bwlimit.unwrap_or(0));

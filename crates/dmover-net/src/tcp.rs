@@ -62,6 +62,14 @@ pub fn tune(sock: SockRef<'_>, opts: &SocketOptions) {
     }
 }
 
+/// A congestion control the kernel does not pace by itself (on a qdisc that does not
+/// pace): where a server's connections start, and what a request-driven session (a
+/// mount's reads) asks its server to send with unless told otherwise. BBR asks the
+/// kernel to pace a socket, and the socket stays paced whatever it switches to later;
+/// on a request, one chunk, then quiet, BBR never sees the link's bandwidth and paces
+/// each answer at a few Mbit/s (docs/remote.md, "Random reads over long links").
+pub const UNPACED: &str = "cubic";
+
 /// The longest congestion control name the kernel knows (`TCP_CA_NAME_MAX` less its
 /// NUL).
 pub const MAX_CONGESTION_NAME: usize = 15;

@@ -481,9 +481,10 @@ pub struct MountArgs {
     /// Most bytes of file data kept in memory per session (least recently used out).
     #[arg(long, default_value = "256M", value_parser = parse_size, value_name = "SIZE")]
     pub cache: u64,
-    /// Chunks asked for ahead of a sequential read.
-    #[arg(long, default_value_t = 8, value_name = "N")]
-    pub read_ahead: u64,
+    /// Chunks asked for ahead of a sequential read [default: 8 MiB of chunks, 128 of
+    /// the default 64 KiB].
+    #[arg(long, value_name = "N")]
+    pub read_ahead: Option<u64>,
     /// Read-write, whole files: files created or rewritten are written locally and
     /// uploaded complete at close (staging and rename on the server, as copies do;
     /// close reports a failed upload; an existing file opened without O_TRUNC is

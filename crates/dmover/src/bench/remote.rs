@@ -179,6 +179,12 @@ pub struct RemoteBenchArgs {
     /// (at least 1s).
     #[arg(long, default_value = "30s", value_parser = crate::args::parse_timeout, value_name = "D")]
     pub timeout: Duration,
+    /// Read cold: once the test files are on the server, write back and drop this
+    /// machine's page cache (`sync`, then `3` into /proc/sys/vm/drop_caches; root), so
+    /// the server reads them from its disk. For a server on this machine (loopback,
+    /// `--rtt`); a mount's own cache starts empty anyway.
+    #[arg(long)]
+    pub cold: bool,
     /// Also write the rows as CSV into this file.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
@@ -362,6 +368,9 @@ pub fn run(a: RemoteBenchArgs, env: &Env) -> anyhow::Result<()> {
         rt.block_on(client.push(&src, &server, &path, run))
             .context("pushing the test files to the server")?;
         interrupt::check()?;
+        if a.cold {
+            drop_caches()?;
+        }
         let mut remote_dir = path.clone();
         while remote_dir.last() == Some(&b'/') {
             remote_dir.pop();
@@ -384,6 +393,7 @@ pub fn run(a: RemoteBenchArgs, env: &Env) -> anyhow::Result<()> {
                     remote_dir: &remote_dir,
                     name: &name,
                     staging: &staging,
+                    chunk_size,
                 };
                 via_api(&api, &a, n, reads, writes)
             }
@@ -487,6 +497,19 @@ pub fn run(a: RemoteBenchArgs, env: &Env) -> anyhow::Result<()> {
             .unwrap_or_default();
         bail!("{errors} I/Os failed; the first: {first}");
     }
+    Ok(())
+}
+
+/// `--cold`: every dirty page written back, then the page cache dropped.
+fn drop_caches() -> anyhow::Result<()> {
+    let st = Command::new("sync")
+        .status()
+        .context("running sync for --cold")?;
+    if !st.success() {
+        bail!("--cold: sync failed ({st})");
+    }
+    std::fs::write("/proc/sys/vm/drop_caches", b"3\n")
+        .context("--cold: writing /proc/sys/vm/drop_caches (root only)")?;
     Ok(())
 }
 
@@ -609,6 +632,7 @@ struct Api<'a> {
     remote_dir: &'a [u8],
     name: &'a str,
     staging: &'a Path,
+    chunk_size: u32,
 }
 
 /// Reads and writes through the library API, at once: `clients` [`Remote`] sessions,
@@ -624,7 +648,7 @@ fn via_api(
 ) -> anyhow::Result<Measured> {
     let ropts = RemoteOptions {
         cache_bytes: a.cache,
-        read_ahead: 4,
+        read_ahead: dmover_core::remote::read_ahead_chunks(api.chunk_size),
     };
     let (sessions, files) = if reads {
         api.rt.block_on(async {
@@ -1279,6 +1303,9 @@ fn over_link(a: RemoteBenchArgs, rtt: super::transfer::Rtt) -> anyhow::Result<()
     }
     if a.json {
         c.arg("--json");
+    }
+    if a.cold {
+        c.arg("--cold");
     }
     let mut t2 = a.transfer.clone();
     t2.token_file = Some(token.clone());
