@@ -6,6 +6,11 @@
 # reads against the link's own request/response time (raw TCP) and the disk's (fio).
 #
 #   DMOVER=target/release/dmover RTTS="50 200" ROUNDS=3 bash docs/bench/remote-link.sh > out.csv
+#   python3 docs/bench/remote-link-summary.py out.csv      # the tables of docs/benchmarks.md
+#
+# Settings (environment): RTTS, ROUNDS (FIRST_ROUND to continue a run), WORKLOADS
+# ("A B C D"), WRITE_SECONDS and RANDOM_SECONDS (10), PEER_SECONDS (30: sshfs and rclone
+# read for at most this long), LIMIT (240 s per measurement), KEEP_LOGS=DIR.
 #
 # Needs root, /dev/fuse, sshfs, rclone, openssh-server, fio, python3. Per RTT it brings
 # up `dmover netlab up --rtt RTT --rate 1gbit`; the far namespace (b) runs `dmover
@@ -19,6 +24,11 @@ ROUNDS=${ROUNDS:-3}
 WORKLOADS=${WORKLOADS:-"A B C D"}
 WRITE_SECONDS=${WRITE_SECONDS:-10}
 RANDOM_SECONDS=${RANDOM_SECONDS:-10}
+# sshfs and rclone read a workload for at most this long (their rate is that of the
+# part read; dmover's views and cp read every file).
+PEER_SECONDS=${PEER_SECONDS:-30}
+# The longest one measurement may take (then it is killed and its row says "failed").
+LIMIT=${LIMIT:-240}
 WORK=$(mktemp -d /var/tmp/dmover-remote-link.XXXXXX)
 NAME=rlk$$
 A=dmnl-$NAME-a B=dmnl-$NAME-b FAR=10.200.0.2 PORT=17810 SSHPORT=2299
@@ -32,6 +42,8 @@ cleanup() {
     [ -f "$WORK/serve.pid" ] && kill "$(cat "$WORK/serve.pid")" 2>/dev/null || true
     [ -f "$WORK/sshd.pid" ] && kill "$(cat "$WORK/sshd.pid")" 2>/dev/null || true
     "$DMOVER" netlab down --name "$NAME" >/dev/null 2>&1 || true
+    # KEEP_LOGS=DIR: the benches' and the server's logs are copied there first.
+    if [ -n "${KEEP_LOGS:-}" ]; then cp "$WORK"/*.log "$KEEP_LOGS"/ 2>/dev/null || true; fi
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -89,8 +101,9 @@ for r in rows:
 bench() {
     local label=$1
     shift
-    ip netns exec "$A" "$DMOVER" bench remote "dmover://$FAR:$PORT/data" \
-        --token-file "$WORK/token" --json "$@" 2>>"$WORK/bench.log" | to_csv "$label"
+    timeout -k 10 "$LIMIT" ip netns exec "$A" "$DMOVER" bench remote \
+        "dmover://$FAR:$PORT/data" --token-file "$WORK/token" --json "$@" \
+        2>>"$WORK/bench.log" | to_csv "$label" || true
 }
 
 # peer sshfs|rclone ARGS...: the same through a mount of the same directory made in
@@ -98,7 +111,7 @@ bench() {
 peer() {
     local p=$1
     shift
-    ip netns exec "$A" bash -c '
+    LIMIT=$LIMIT ip netns exec "$A" bash -c '
         W=$1 p=$2 D=$3 URL=$4; shift 4
         if [ "$p" = sshfs ]; then
             sshfs -F "$W/ssh/ssh_config" far:"$W/root/data" "$W/mnt-sshfs" || exit 1
@@ -108,13 +121,14 @@ peer() {
             RCLONE_CONFIG_FAR_KEY_FILE="$W/ssh/user" \
             RCLONE_CONFIG_FAR_SHELL_TYPE=none RCLONE_CONFIG_FAR_DISABLE_HASHCHECK=true \
                 rclone mount far:"$W/root/data" "$W/mnt-rclone" --daemon --config /dev/null \
-                --dir-cache-time 0s || exit 1
+                --dir-cache-time 1s || exit 1
         fi
-        "$D" bench remote "$URL" --token-file "$W/token" --json "$@" --via dir \
-            --dir "$W/mnt-$p"
-        umount "$W/mnt-$p" || umount -l "$W/mnt-$p"
+        timeout -k 10 "$LIMIT" "$D" bench remote "$URL" --token-file "$W/token" --json \
+            "$@" --via dir --dir "$W/mnt-$p"
+        umount "$W/mnt-$p" 2>/dev/null || umount -l "$W/mnt-$p"
+        pkill -x rclone || true
     ' _ "$WORK" "$p" "$DMOVER" "dmover://$FAR:$PORT/data" "$@" 2>>"$WORK/bench.log" |
-        to_csv "$p"
+        to_csv "$p" || true
 }
 
 echo "rtt_ms,round,workload,via,op,pattern,files,file_size,block,ops,seconds,mib_per_s,p50_us,p90_us,p99_us,p999_us,max_us,errors"
@@ -122,13 +136,13 @@ for RTT in $RTTS; do
     "$DMOVER" netlab up --name "$NAME" --rtt "${RTT}ms" --rate 1gbit >/dev/null
     ip netns exec "$B" /usr/sbin/sshd -f "$WORK/ssh/sshd_config"
     ip netns exec "$B" "$DMOVER" serve --root "$ROOT" --listen "$FAR:$PORT" \
-        --token-file "$WORK/token" --state-dir "$WORK/state" 2>"$WORK/serve.log" &
+        --token-file "$WORK/token" --state-dir "$WORK/state" >"$WORK/serve.log" 2>&1 &
     echo $! >"$WORK/serve.pid"
     sleep 1
     # The mounts live in the near namespace's mount namespace: one shell there runs
     # them and the views through them, so each view is a plain directory to it.
     mkdir -p "$WORK/mnt-sshfs" "$WORK/mnt-rclone"
-    for ROUND in $(seq 1 "$ROUNDS"); do
+    for ROUND in $(seq "${FIRST_ROUND:-1}" "$ROUNDS"); do
         for spec in "A 1 128M" "B 10 16M" "C 100 2M" "D 1000 256K"; do
             set -- $spec
             w=$1 n=$2 size=$3
@@ -136,11 +150,11 @@ for RTT in $RTTS; do
             bytes=$(numfmt --from=iec "$size")
             ops=$((bytes / BLOCK))
             seq_args=(--workload "$w" --file-size "$size" --block 128K --pattern sequential
-                --ops "$ops" --seconds 300 --cold)
-            bench api "${seq_args[@]}" --via api
-            bench mount "${seq_args[@]}" --via mount
-            peer sshfs "${seq_args[@]}"
-            peer rclone "${seq_args[@]}"
+                --ops "$ops" --cold)
+            bench api "${seq_args[@]}" --via api --seconds 300
+            bench mount "${seq_args[@]}" --via mount --seconds 300
+            peer sshfs "${seq_args[@]}" --seconds "$PEER_SECONDS"
+            peer rclone "${seq_args[@]}" --seconds "$PEER_SECONDS"
             # dmover cp of the same amount of data (n files of size), cold, timed.
             rm -rf "$ROOT/data/cp-$w" "$WORK/pulled"
             mkdir -p "$ROOT/data/cp-$w" "$WORK/pulled"
@@ -154,6 +168,18 @@ for RTT in $RTTS; do
 s = $t1 - $t0
 print(f'$RTT,$ROUND,$w,cp,read,sequential,$n,$bytes,$BLOCK,,{s:.3f},{$n * $bytes / s / 2**20:.1f},,,,,,0')"
             rm -rf "$ROOT/data/cp-$w" "$WORK/pulled"
+            # ... and pushed (the writes' reference).
+            mkdir -p "$WORK/push/cp-$w"
+            for i in $(seq 1 "$n"); do head -c "$bytes" /dev/urandom >"$WORK/push/cp-$w/f$i"; done
+            cold
+            t0=$(date +%s.%N)
+            ip netns exec "$A" "$DMOVER" cp --quiet --token-file "$WORK/token" \
+                "$WORK/push/cp-$w" "dmover://$FAR:$PORT/data/" 2>>"$WORK/bench.log"
+            t1=$(date +%s.%N)
+            python3 -c "
+s = $t1 - $t0
+print(f'$RTT,$ROUND,$w,cp,write,sequential,$n,$bytes,$BLOCK,,{s:.3f},{$n * $bytes / s / 2**20:.1f},,,,,,0')"
+            rm -rf "$ROOT/data/cp-$w" "$WORK/push"
             # Writes of new files, each uploaded whole at its close (API, mount) or
             # written through (sshfs, rclone without its cache), for WRITE_SECONDS.
             w_args=(--workload "$w" --mix write --file-size "$size" --block 128K
@@ -206,8 +232,10 @@ EOF
     fio --name=r --filename="$ROOT/fio-file" --rw=randread --bs=4k --direct=1 --iodepth=1 \
         --runtime=5 --time_based --output-format=json 2>/dev/null | python3 -c '
 import json, sys
-j = json.load(sys.stdin)["jobs"][0]["read"]; p = j["clat_ns"]["percentile"]
-print(f"{sys.argv[1]},,A,fio-cold-4k,read,random,1,,4096,{j[\"total_ios\"]},5,,{p[\"50.000000\"] / 1000:.1f},{p[\"90.000000\"] / 1000:.1f},{p[\"99.000000\"] / 1000:.1f},,,0")
+j = json.load(sys.stdin)["jobs"][0]["read"]
+p = {k: v / 1000 for k, v in j["clat_ns"]["percentile"].items()}
+n, p50, p90, p99 = j["total_ios"], p["50.000000"], p["90.000000"], p["99.000000"]
+print(f"{sys.argv[1]},,A,fio-cold-4k,read,random,1,,4096,{n},5,,{p50:.1f},{p90:.1f},{p99:.1f},,,0")
 ' "$RTT"
     rm -f "$ROOT/fio-file"
     kill "$(cat "$WORK/serve.pid")" "$(cat "$WORK/sshd.pid")" 2>/dev/null || true

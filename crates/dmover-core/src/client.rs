@@ -301,6 +301,8 @@ pub struct Client {
     pub(crate) opts: TransferOptions,
     /// Set when a server dials another server for a third-party copy.
     as_server: Option<Arc<AsServer>>,
+    /// Whole-file uploads at once (`remote::StagedFile::upload_within`).
+    pub(crate) uploads: Arc<crate::remote::Uploads>,
 }
 
 /// How a server dialing another server (a third-party copy) differs from a client: it
@@ -594,6 +596,7 @@ impl Client {
             disk: Arc::new(DiskPool::new(io_threads, "dmover-disk")),
             opts,
             as_server: None,
+            uploads: Arc::default(),
         }
     }
 
@@ -604,6 +607,7 @@ impl Client {
             disk: self.disk.clone(),
             opts,
             as_server: self.as_server.clone(),
+            uploads: self.uploads.clone(),
         }
     }
 
@@ -614,6 +618,7 @@ impl Client {
             disk,
             opts,
             as_server: Some(Arc::new(s)),
+            uploads: Arc::default(),
         }
     }
 

@@ -62,6 +62,40 @@ pub struct RemoteOptions {
     pub read_ahead: u64,
 }
 
+/// Whole-file uploads ([`StagedFile::upload_within`]) one [`Client`] runs at once; the
+/// others wait for a slot. Each upload is a session of its own: a thousand files
+/// closed together through a mount would otherwise open a thousand sessions, and a
+/// server sheds connections beyond its set-up limit (measured over a 50 ms link: 452
+/// of 768 such uploads failed with "closed the connection"; docs/benchmarks.md).
+pub const UPLOAD_SLOTS: usize = 16;
+
+/// A [`Client`]'s upload slots, and when an upload last went unanswered.
+#[derive(Debug)]
+pub(crate) struct Uploads {
+    slots: tokio::sync::Semaphore,
+    /// When an upload last got no answer within its limit, and to which server.
+    silent: Mutex<Option<(std::time::Instant, String)>>,
+}
+
+impl Default for Uploads {
+    fn default() -> Self {
+        Uploads {
+            slots: tokio::sync::Semaphore::new(UPLOAD_SLOTS),
+            silent: Mutex::new(None),
+        }
+    }
+}
+
+impl Uploads {
+    /// How long ago an upload to `server` went unanswered, if less than `limit`.
+    fn silent_since(&self, server: &str, limit: Duration) -> Option<Duration> {
+        let last = self.silent.lock();
+        let (at, s) = last.as_ref()?;
+        let ago = at.elapsed();
+        (s == server && ago < limit).then_some(ago)
+    }
+}
+
 /// How far a sequential read is read ahead by default, in bytes: enough to keep a
 /// 1 Gbit/s link with a 60 ms round trip busy from one file.
 pub const READ_AHEAD_BYTES: u64 = 8 << 20;
@@ -153,8 +187,19 @@ struct State {
     inflight: HashMap<u64, Vec<Waiter>>,
     /// The session ended (its error, or that it was closed).
     failed: Option<Fault>,
-    /// Where the last read of each file ended (read-ahead).
-    last_end: HashMap<u32, u64>,
+    /// Where the last read of each file ended, and its read-ahead.
+    last_end: HashMap<u32, Ahead>,
+}
+
+/// A file's sequential read-ahead.
+#[derive(Debug, Clone, Copy)]
+struct Ahead {
+    /// Where the last read ended (a read starting there is sequential).
+    end: u64,
+    /// Chunks asked for beyond each read.
+    window: u64,
+    /// The offset from which a wait may double `window` again.
+    grow_at: u64,
 }
 
 #[derive(Debug)]
@@ -548,15 +593,37 @@ impl Remote {
         need: Range<u64>,
         file_end: u64,
     ) -> Result<Vec<Need>> {
+        let cs = self.layout().chunk_size();
         let mut st = self.shared.state.lock();
         if let Some(f) = &st.failed {
             return Err(f.clone().into_error());
         }
-        let sequential = offset == 0 || st.last_end.get(&entry) == Some(&offset);
+        // A sequential read keeps its file's read-ahead window. When it had to wait for
+        // a chunk the window did not cover the round trip: it doubles, at most once per
+        // window read (as slow start, per round trip), up to a quarter of the cache
+        // (8 MiB in flight carry 42 MB/s at 200 ms; 1 Gbit/s there wants 25 MB).
+        let most = (self.opts.cache_bytes / 4 / cs).max(self.opts.read_ahead);
+        let prev = st.last_end.get(&entry).copied();
+        let follows = prev.is_some_and(|p| p.end == offset);
+        let sequential = offset == 0 || follows;
+        let mut ahead = match prev {
+            Some(p) if follows => p,
+            _ => Ahead {
+                end,
+                window: self.opts.read_ahead,
+                grow_at: 0,
+            },
+        };
+        if follows && offset >= ahead.grow_at && need.clone().any(|k| !st.cache.contains(k)) {
+            ahead.window = (ahead.window * 2).min(most);
+            ahead.grow_at = offset + ahead.window * cs;
+        }
+        ahead.end = end;
+        let window = ahead.window;
         if st.last_end.len() >= 4096 {
             st.last_end.clear();
         }
-        st.last_end.insert(entry, end);
+        st.last_end.insert(entry, ahead);
         let mut want: Vec<Range<u64>> = Vec::new();
         let mut add = |k: u64| match want.last_mut() {
             Some(r) if r.end == k => r.end += 1,
@@ -581,7 +648,7 @@ impl Remote {
             needs.push(Need::Coming(rx));
         }
         if sequential {
-            let ahead = need.end..file_end.min(need.end + self.opts.read_ahead);
+            let ahead = need.end..file_end.min(need.end + window);
             for k in ahead {
                 if !st.cache.contains(k) && !st.inflight.contains_key(&k) {
                     st.inflight.insert(k, Vec::new());
@@ -755,6 +822,46 @@ impl StagedFile {
             .push(&sources, &self.server, &self.dest, run)
             .await
             .map(|_| ())
+    }
+
+    /// [`StagedFile::upload`] in one of `client`'s upload slots ([`UPLOAD_SLOTS`]:
+    /// more wait for one, untimed), within `limit` once it has one. An upload to the
+    /// same server that got no answer within `limit` less than `limit` ago fails the
+    /// ones that get a slot after it at once (a silent server costs each waiting file
+    /// no further `limit`). `run` cancels it.
+    pub async fn upload_within(
+        &self,
+        client: &Client,
+        run: Arc<Run>,
+        limit: Duration,
+    ) -> Result<()> {
+        let uploads = client.uploads.clone();
+        let _slot = uploads
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| Error::Aborted)?;
+        if let Some(ago) = uploads.silent_since(&self.server, limit) {
+            return Err(Error::refused(
+                ErrorCode::Io,
+                format!(
+                    "{}: an upload got no answer within {limit:?} {:.1} s ago",
+                    self.server,
+                    ago.as_secs_f64()
+                ),
+            ));
+        }
+        match tokio::time::timeout(limit, self.upload(client, run.clone())).await {
+            Ok(r) => r,
+            Err(_) => {
+                run.fail(Error::Aborted);
+                *uploads.silent.lock() = Some((std::time::Instant::now(), self.server.clone()));
+                Err(Error::refused(
+                    ErrorCode::Io,
+                    format!("{}: no answer within {limit:?}", self.server),
+                ))
+            }
+        }
     }
 
     /// [`StagedFile::upload`], then the staging file goes.

@@ -650,9 +650,18 @@ impl Inner {
         if !w.dirty.swap(false, Relaxed) {
             return Ok(());
         }
-        let r = self
-            .pushed(&w.path, |run| w.file.upload(&self.client, run))
-            .await;
+        // In one of the client's upload slots: a thousand files closed at once upload
+        // a few at a time; the wait for a slot is not timed, the upload is.
+        let run = dmover_core::engine::Run::new();
+        let r = w.file.upload_within(&self.client, run, self.timeout).await;
+        self.tree.lock().await.snap = None;
+        let r = r.map_err(|e| {
+            tracing::warn!(
+                "uploading {} to the server: {e}",
+                String::from_utf8_lossy(&w.path)
+            );
+            Errno::EIO
+        });
         if r.is_err() {
             w.dirty.store(true, Relaxed);
         }

@@ -903,14 +903,9 @@ impl WriteSlot {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             };
+            // The client's upload slots: the wait for one is not timed, the upload is.
             let r = tokio::select! {
-                r = tokio::time::timeout(limit, f.upload(&client, run.clone())) => match r {
-                    Ok(r) => r.map_err(|e| e.to_string()),
-                    Err(_) => {
-                        run.fail(dmover_core::Error::Aborted);
-                        Err(format!("no answer within {limit:?}"))
-                    }
-                },
+                r = f.upload_within(&client, run.clone(), limit) => r.map_err(|e| e.to_string()),
                 () = stop => {
                     run.fail(dmover_core::Error::Aborted);
                     Err("interrupted".to_string())
