@@ -836,11 +836,7 @@ impl StagedFile {
         limit: Duration,
     ) -> Result<()> {
         let uploads = client.uploads.clone();
-        let _slot = uploads
-            .slots
-            .acquire()
-            .await
-            .map_err(|_| Error::Aborted)?;
+        let _slot = uploads.slots.acquire().await.map_err(|_| Error::Aborted)?;
         if let Some(ago) = uploads.silent_since(&self.server, limit) {
             return Err(Error::refused(
                 ErrorCode::Io,
