@@ -131,6 +131,20 @@ peer() {
         to_csv "$p" || true
 }
 
+# timed_cp OP SRC DST: one cold `dmover cp` in the near namespace, timed from start to
+# exit, as a CSV line (uses w, n, bytes of the workload).
+timed_cp() {
+    cold
+    local t0 t1
+    t0=$(date +%s.%N)
+    ip netns exec "$A" "$DMOVER" cp --quiet --token-file "$WORK/token" "$2" "$3" \
+        2>>"$WORK/bench.log"
+    t1=$(date +%s.%N)
+    python3 -c "
+s = $t1 - $t0
+print(f'$RTT,$ROUND,$w,cp,$1,sequential,$n,$bytes,$BLOCK,,{s:.3f},{$n * $bytes / s / 2**20:.1f},,,,,,0')"
+}
+
 echo "rtt_ms,round,workload,via,op,pattern,files,file_size,block,ops,seconds,mib_per_s,p50_us,p90_us,p99_us,p999_us,max_us,errors"
 for RTT in $RTTS; do
     "$DMOVER" netlab up --name "$NAME" --rtt "${RTT}ms" --rate 1gbit >/dev/null
@@ -155,31 +169,18 @@ for RTT in $RTTS; do
             bench mount "${seq_args[@]}" --via mount --seconds 300
             peer sshfs "${seq_args[@]}" --seconds "$PEER_SECONDS"
             peer rclone "${seq_args[@]}" --seconds "$PEER_SECONDS"
-            # dmover cp of the same amount of data (n files of size), cold, timed.
-            rm -rf "$ROOT/data/cp-$w" "$WORK/pulled"
-            mkdir -p "$ROOT/data/cp-$w" "$WORK/pulled"
-            for i in $(seq 1 "$n"); do head -c "$bytes" /dev/urandom >"$ROOT/data/cp-$w/f$i"; done
-            cold
-            t0=$(date +%s.%N)
-            ip netns exec "$A" "$DMOVER" cp --quiet --token-file "$WORK/token" \
-                "dmover://$FAR:$PORT/data/cp-$w" "$WORK/pulled/" 2>>"$WORK/bench.log"
-            t1=$(date +%s.%N)
-            python3 -c "
-s = $t1 - $t0
-print(f'$RTT,$ROUND,$w,cp,read,sequential,$n,$bytes,$BLOCK,,{s:.3f},{$n * $bytes / s / 2**20:.1f},,,,,,0')"
-            rm -rf "$ROOT/data/cp-$w" "$WORK/pulled"
-            # ... and pushed (the writes' reference).
-            mkdir -p "$WORK/push/cp-$w"
-            for i in $(seq 1 "$n"); do head -c "$bytes" /dev/urandom >"$WORK/push/cp-$w/f$i"; done
-            cold
-            t0=$(date +%s.%N)
-            ip netns exec "$A" "$DMOVER" cp --quiet --token-file "$WORK/token" \
-                "$WORK/push/cp-$w" "dmover://$FAR:$PORT/data/" 2>>"$WORK/bench.log"
-            t1=$(date +%s.%N)
-            python3 -c "
-s = $t1 - $t0
-print(f'$RTT,$ROUND,$w,cp,write,sequential,$n,$bytes,$BLOCK,,{s:.3f},{$n * $bytes / s / 2**20:.1f},,,,,,0')"
-            rm -rf "$ROOT/data/cp-$w" "$WORK/push"
+            # dmover cp of the same amount of data (n files of size), cold: pulled (the
+            # reads' reference) and pushed (the writes').
+            rm -rf "$ROOT/data/cp-$w" "$WORK/pulled" "$WORK/push"
+            mkdir -p "$ROOT/data/cp-$w" "$WORK/pulled" "$WORK/push/cp-$w"
+            for i in $(seq 1 "$n"); do
+                head -c "$bytes" /dev/urandom >"$ROOT/data/cp-$w/f$i"
+                head -c "$bytes" /dev/urandom >"$WORK/push/cp-$w/f$i"
+            done
+            timed_cp read "dmover://$FAR:$PORT/data/cp-$w" "$WORK/pulled/"
+            rm -rf "$ROOT/data/cp-$w"
+            timed_cp write "$WORK/push/cp-$w" "dmover://$FAR:$PORT/data/"
+            rm -rf "$ROOT/data/cp-$w" "$WORK/pulled" "$WORK/push"
             # Writes of new files, each uploaded whole at its close (API, mount) or
             # written through (sshfs, rclone without its cache), for WRITE_SECONDS.
             w_args=(--workload "$w" --mix write --file-size "$size" --block 128K

@@ -584,7 +584,8 @@ pub struct ServeArgs {
     /// autotuning].
     #[arg(long, value_parser = parse_size)]
     pub tcp_buffer: Option<u64>,
-    /// TCP congestion control for accepted connections.
+    /// TCP congestion control this server sends data with when the client names none
+    /// [default: system's] (connections start on cubic; docs/protocol.md, Limits).
     #[arg(long)]
     pub congestion: Option<String>,
     /// Serve Prometheus metrics (/metrics), a live page of the transfers (/) and its
