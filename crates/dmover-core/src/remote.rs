@@ -879,3 +879,32 @@ impl Drop for StagedFile {
         let _ = std::fs::remove_file(&self.staging);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An upload that went unanswered fails the next ones to the same server for as
+    /// long as the limit, not those to another server, and not after the limit.
+    #[test]
+    fn a_silent_server_fails_the_queued_uploads_for_one_limit() {
+        let u = Uploads::default();
+        assert_eq!(u.slots.available_permits(), UPLOAD_SLOTS);
+        assert_eq!(u.silent_since("a:1", Duration::from_secs(30)), None);
+        let at = std::time::Instant::now() - Duration::from_secs(10);
+        *u.silent.lock() = Some((at, "a:1".to_string()));
+        let ago = u.silent_since("a:1", Duration::from_secs(30)).unwrap();
+        assert!(ago >= Duration::from_secs(10), "{ago:?}");
+        assert_eq!(u.silent_since("b:1", Duration::from_secs(30)), None);
+        assert_eq!(u.silent_since("a:1", Duration::from_secs(5)), None);
+    }
+
+    /// The default read-ahead is 8 MiB of chunks, never fewer than 4.
+    #[test]
+    fn read_ahead_is_8_mib_of_chunks() {
+        assert_eq!(read_ahead_chunks(64 << 10), 128);
+        assert_eq!(read_ahead_chunks(1 << 20), 8);
+        assert_eq!(read_ahead_chunks(4 << 20), 4);
+        assert_eq!(read_ahead_chunks(64 << 20), 4);
+    }
+}
