@@ -509,33 +509,21 @@ impl Inner {
     async fn upload(&self, src: &std::path::Path, path: &[u8]) -> Result<(), Errno> {
         let sources = [src.as_os_str().as_bytes().to_vec()];
         let dest = self.remote_path(path);
-        self.pushed(path, |run| async move {
-            self.client
-                .push(&sources, &self.server, &dest, run)
-                .await
-                .map(|_| ())
-        })
-        .await
-    }
-
-    /// Runs the push `push` makes (given its run) within the timeout; the next lookup
-    /// takes a fresh snapshot.
-    async fn pushed<F>(
-        &self,
-        path: &[u8],
-        push: impl FnOnce(Arc<dmover_core::engine::Run>) -> F,
-    ) -> Result<(), Errno>
-    where
-        F: std::future::Future<Output = dmover_core::Result<()>>,
-    {
         let run = dmover_core::engine::Run::new();
-        let r = match tokio::time::timeout(self.timeout, push(run.clone())).await {
-            Ok(r) => r.map_err(|e| e.to_string()),
+        let push = self.client.push(&sources, &self.server, &dest, run.clone());
+        let r = match tokio::time::timeout(self.timeout, push).await {
+            Ok(r) => r.map(|_| ()).map_err(|e| e.to_string()),
             Err(_) => {
                 run.fail(dmover_core::Error::Aborted);
                 Err(format!("no answer within {:?}", self.timeout))
             }
         };
+        self.uploaded(path, r).await
+    }
+
+    /// After an upload to `path`: the next lookup takes a fresh snapshot; a failure is
+    /// logged and answered with EIO.
+    async fn uploaded(&self, path: &[u8], r: Result<(), String>) -> Result<(), Errno> {
         self.tree.lock().await.snap = None;
         r.map_err(|e| {
             tracing::warn!(
@@ -654,14 +642,7 @@ impl Inner {
         // a few at a time; the wait for a slot is not timed, the upload is.
         let run = dmover_core::engine::Run::new();
         let r = w.file.upload_within(&self.client, run, self.timeout).await;
-        self.tree.lock().await.snap = None;
-        let r = r.map_err(|e| {
-            tracing::warn!(
-                "uploading {} to the server: {e}",
-                String::from_utf8_lossy(&w.path)
-            );
-            Errno::EIO
-        });
+        let r = self.uploaded(&w.path, r.map_err(|e| e.to_string())).await;
         if r.is_err() {
             w.dirty.store(true, Relaxed);
         }
