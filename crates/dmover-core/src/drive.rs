@@ -40,13 +40,13 @@ use dmover_proto::control::{
     Auth, AuthOk, Control, ErrorCode, FailedFile, Have, Hello, Open, Plan, SendReport, SessionInfo,
     SessionLimits, SessionOptions, Summary, Tuned,
 };
-use dmover_proto::data::{DIGEST_LEN, FrameHeader, FrameKind, FrameLimits};
+use dmover_proto::data::{DIGEST_LEN, FrameHeader, FrameKind, FrameLimits, PART_LEN};
 use dmover_proto::manifest::{Entry, Totals};
 use dmover_proto::session::tune::{TuneConfig, Tuner};
 use dmover_proto::session::{
-    AcceptEvent, Acceptance, Arrival, Cause, ChunkMeta, ChunkSet, ReadJob, SessionError, Side,
-    SinkCommand, SinkEvent, SinkSession, SourceCommand, SourceEvent, SourceSession, StreamStats,
-    Timing, features,
+    AcceptEvent, Acceptance, Arrival, Cause, ChunkMeta, ChunkSet, PartRange, ReadJob, SessionError,
+    Side, SinkCommand, SinkEvent, SinkSession, SourceCommand, SourceEvent, SourceSession,
+    StreamStats, Timing, features,
 };
 use dmover_store::fault::Slow;
 use dmover_store::resume::Held;
@@ -866,7 +866,9 @@ where
     let mut prep = Some(store);
     let mut live: Option<(Arc<K>, Arc<dyn Source>, Pool)> = None;
     let mut spare: Option<PoolBuf> = None;
-    let mut bufs: HashMap<u64, PoolBuf> = HashMap::new();
+    // Chunks read and not yet sent, by chunk and part (a request-driven session may
+    // read parts of one chunk for several reads at once).
+    let mut bufs: HashMap<(u64, Option<PartRange>), PoolBuf> = HashMap::new();
     let mut tasks: HashMap<u16, Task<SrcOut>> = HashMap::new();
     let mut cancelled = false;
     let mut growing = growth.is_some();
@@ -902,12 +904,18 @@ where
                         chunk,
                         meta,
                     } => {
-                        let (Some(buf), Some((_, src, _))) = (bufs.remove(&chunk), &live) else {
+                        let (Some(buf), Some((_, src, _))) =
+                            (bufs.remove(&(chunk, meta.part)), &live)
+                        else {
                             continue;
                         };
                         if let Some(t) = tasks.get(&stream) {
                             let mut segments = Vec::new();
                             src.layout().segments(chunk, &mut segments);
+                            if let Some(p) = meta.part {
+                                // Checked when read: within one segment.
+                                segments = part_segments(&segments, p).unwrap_or_default();
+                            }
                             let _ = t.tx.send(SrcOut::Chunk {
                                 chunk,
                                 buf,
@@ -1168,7 +1176,7 @@ where
             },
             Some(input) = rx.recv() => match input {
                 SrcIn::Read { chunk, read: Ok((buf, meta)) } => {
-                    bufs.insert(chunk, buf);
+                    bufs.insert((chunk, meta.part), buf);
                     m.chunk_read(now(), chunk, meta);
                 }
                 SrcIn::Read { read: Err(e), .. } => m.fail(now(), Fault::new(e)),
@@ -1357,29 +1365,97 @@ fn spawn_read<K>(
     K: Send + 'static,
 {
     disk.spawn(move || {
-        let read = match job.again {
-            None => {
+        let read = match (job.again, job.part) {
+            (None, None) => {
                 let mut trailer = Vec::new();
-                src.read_chunk(job.chunk, &mut buf, &mut trailer).map(|r| {
-                    (
-                        buf,
-                        ChunkMeta {
-                            crc: r.crc,
-                            trailer,
-                            zeros: r.zeros,
-                        },
-                    )
-                })
+                src.read_chunk(job.chunk, &mut buf, &mut trailer)
+                    .map_err(Error::from)
+                    .map(|r| {
+                        (
+                            buf,
+                            ChunkMeta {
+                                crc: r.crc,
+                                trailer,
+                                zeros: r.zeros,
+                                part: None,
+                            },
+                        )
+                    })
             }
-            Some(meta) => src
+            (Some(meta), None) => src
                 .reread_chunk(job.chunk, &mut buf, meta.crc)
+                .map_err(Error::from)
                 .map(|()| (buf, meta)),
+            (again, Some(p)) => read_part(&*src, job.chunk, p, buf).and_then(|(buf, meta)| {
+                // Sent before on a lost stream: the bytes must be the same.
+                match again {
+                    Some(m) if m.crc.is_some() && m.crc != meta.crc => Err(Error::refused(
+                        ErrorCode::Io,
+                        format!(
+                            "chunk {} changed at the source while it was being sent",
+                            job.chunk
+                        ),
+                    )),
+                    _ => Ok((buf, meta)),
+                }
+            }),
         };
         let _ = tx.send(SrcIn::Read {
             chunk: job.chunk,
-            read: read.map_err(Error::from),
+            read,
         });
     });
+}
+
+/// The runs of a chunk's buffer that make part `p` of its payload, `p.offset` being an
+/// offset into the chunk's virtual range (as a buffer offset): `None` unless the part
+/// lies within one of `segments` (one piece, one file).
+fn part_segments(segments: &[(usize, usize)], p: PartRange) -> Option<Vec<(usize, usize)>> {
+    let (from, len) = (p.offset as usize, p.len as usize);
+    segments
+        .iter()
+        .find(|&&(o, l)| o <= from && from + len <= o + l)
+        .map(|_| vec![(from, len)])
+}
+
+/// Reads chunk `k` for part `p` of it: the chunk as usual, then the part's frame fields
+/// (the CRC of its bytes, its offset and the chunk's failure markers as its trailer).
+fn read_part(
+    src: &dyn Source,
+    k: u64,
+    p: PartRange,
+    mut buf: PoolBuf,
+) -> Result<(PoolBuf, ChunkMeta)> {
+    let mut trailer = Vec::new();
+    let r = src.read_chunk(k, &mut buf, &mut trailer)?;
+    let mut segments = Vec::new();
+    src.layout().segments(k, &mut segments);
+    if r.zeros || part_segments(&segments, p).is_none() {
+        return Err(Error::protocol(
+            "the sink",
+            format!(
+                "asked for {} bytes at {} of chunk {k}, not within one file's piece of it",
+                p.len, p.offset
+            ),
+        ));
+    }
+    let bytes = &buf[p.offset as usize..(p.offset + p.len) as usize];
+    let crc = r.crc.map(|_| dmover_proto::digest::crc32c_append(0, bytes));
+    let mut head = p.offset.to_be_bytes().to_vec();
+    let markers = dmover_proto::data::DigestEntry::decode_all(&trailer)
+        .map_err(|e| Error::protocol("this side", format!("chunk {k} trailer: {e}")))?;
+    for d in markers.filter(|d| d.is_failure()) {
+        d.encode_into(&mut head);
+    }
+    Ok((
+        buf,
+        ChunkMeta {
+            crc,
+            trailer: head,
+            zeros: false,
+            part: Some(p),
+        },
+    ))
 }
 
 /// A source's data stream: writes the chunks it is given and reads acknowledgements.
@@ -1418,6 +1494,7 @@ async fn source_stream<L: DataLink, K>(
                         trailer: &meta.trailer,
                         segments: if zeros { &[] } else { &segments },
                         zeros,
+                        part: meta.part.is_some(),
                     };
                     let payload = frame.payload_len() as u64;
                     if zeros {
@@ -1503,6 +1580,16 @@ enum SinkIn<K> {
         trailer: Vec<u8>,
         crc: Option<u32>,
     },
+    /// A part frame (feature `PARTS`).
+    Part {
+        stream: u16,
+        chunk: u64,
+        offset: u32,
+        data: Vec<u8>,
+        trailer: Vec<u8>,
+        crc: Option<u32>,
+    },
+    PartWritten(Result<()>),
     End {
         stream: u16,
         sent: u64,
@@ -1543,6 +1630,9 @@ pub enum DemandAsk {
     /// Send these chunks of the layout (each again if it came before: its next copy
     /// is written again; one already on its way is not asked for twice).
     Want(Vec<std::ops::Range<u64>>),
+    /// (feature `PARTS`, when [`DemandEvent::Ready`] said the session uses it) Send
+    /// these byte ranges of chunks, each as a part frame (the storage's `write_part`).
+    WantParts(Vec<dmover_proto::control::Part>),
     /// Close the session: the storage's `finish`, then `Done` (dropping the sender
     /// does the same).
     Close,
@@ -1551,8 +1641,9 @@ pub enum DemandAsk {
 /// What a request-driven sink tells its owner.
 #[derive(Debug)]
 pub enum DemandEvent<K> {
-    /// The storage is prepared and `OnDemand` went out: requests may follow.
-    Ready(Arc<K>),
+    /// The storage is prepared and `OnDemand` went out: requests may follow. With the
+    /// session's features.
+    Ready(Arc<K>, u64),
     /// Chunk `k` arrived whole and is written into the storage.
     Written(u64),
 }
@@ -1861,6 +1952,22 @@ where
                         });
                     }
                 }
+                SinkIn::Part { stream, chunk, offset, data, trailer, crc } => {
+                    let range = PartRange { offset, len: data.len() as u32 };
+                    if m.arrived_part(now(), stream, chunk, range) == Arrival::Write {
+                        let (Some((_, sink, _)), tx) = (&live, tx.clone()) else { continue };
+                        let (sink, stopped) = (sink.clone(), stopped.clone());
+                        env.disk.spawn(move || {
+                            if stopped.load(Relaxed) {
+                                return;
+                            }
+                            let r = sink.write_part(chunk, offset, &data, &trailer, crc);
+                            let _ = tx.send(SinkIn::PartWritten(r.map_err(Error::from)));
+                        });
+                    }
+                }
+                SinkIn::PartWritten(Ok(())) => m.part_written(now()),
+                SinkIn::PartWritten(Err(e)) => m.fail(now(), Fault::new(e)),
                 SinkIn::End { stream, sent } => {
                     tasks.remove(&stream);
                     m.stream_end(now(), stream, sent);
@@ -1901,6 +2008,7 @@ where
             // A request-driven sink's owner, once the sink is prepared.
             ask = next_ask(&mut asks), if asks.is_some() && live.is_some() && !closing => match ask {
                 Some(DemandAsk::Want(chunks)) => m.want(now(), &chunks),
+                Some(DemandAsk::WantParts(parts)) => m.want_parts(now(), &parts),
                 Some(DemandAsk::Close) | None => {
                     closing = true;
                     let Some((_, sink, _)) = &live else { continue };
@@ -1997,7 +2105,8 @@ fn start_sink<K: SinkStore, L: DataLink>(
     match demand {
         Some(d) => {
             m.ready_on_demand(now(), n);
-            let _ = d.send(DemandEvent::Ready(k.clone()));
+            let features = m.info().map_or(0, |i| i.features);
+            let _ = d.send(DemandEvent::Ready(k.clone(), features));
         }
         None => m.ready(now(), expected, n),
     }
@@ -2082,6 +2191,43 @@ async fn sink_stream<L: DataLink, K>(
             return Ok(Some(h.chunk));
         }
         let k = h.chunk;
+        if h.part {
+            let mut off = [0u8; PART_LEN];
+            s.io.recv_into(&mut off).await.map_err(lost)?;
+            let offset = u32::from_be_bytes(off);
+            if k >= n {
+                layout = sink.layout();
+                n = layout.n_chunks();
+            }
+            let (lo, hi) = layout.chunk_bounds(k);
+            if k >= n || u64::from(offset) + u64::from(h.payload_len) > hi - lo {
+                return Err(fatal(format!(
+                    "a part of {} bytes at {offset} of chunk {k}, beyond it",
+                    h.payload_len
+                )));
+            }
+            let mut trailer = vec![0u8; h.n_digests as usize * DIGEST_LEN];
+            s.io.recv_into(&mut trailer).await.map_err(lost)?;
+            let mut data = vec![0u8; h.payload_len as usize];
+            s.io.recv_into(&mut data).await.map_err(lost)?;
+            let wire = u64::from(h.payload_len);
+            progress.bytes.fetch_add(wire, Relaxed);
+            progress.stream_bytes.add(i, wire);
+            progress.data_flowing();
+            let _ = tx.send(SinkIn::Part {
+                stream: i,
+                chunk: k,
+                offset,
+                data,
+                trailer,
+                crc: h.crc,
+            });
+            let Some(frames) = acks.recv().await else {
+                return Ok(None);
+            };
+            s.io.send_ack(frames).await.map_err(lost)?;
+            continue;
+        }
         if k >= n {
             // A growing manifest's later part: its chunks come once the storage laid
             // it out (the source waits for `Grown`).

@@ -217,7 +217,12 @@ async fn random_reads_of_a_tree_equal_the_local_bytes() {
         let len = next() % (cs + 5000);
         check(&r2, &s, name, off, len).await;
     }
-    assert!(r2.stats().evicted > 0);
+    let st = r2.stats();
+    assert!(st.evicted > 0, "{st:?}");
+    assert!(
+        st.parts_wanted > 10 && st.parts_received == st.parts_wanted,
+        "{st:?}"
+    );
     // Concurrent readers of one session.
     let r = Arc::new(r);
     let s = Arc::new(s);
@@ -256,22 +261,52 @@ async fn a_repeated_read_costs_no_request() {
     let e = r.lookup("big").unwrap();
     assert_eq!(r.roots(), &[e]);
     let cs = u64::from(CHUNK);
+    let local = s.local("big");
+    // A small read that is not sequential asks for its bytes alone: a part of each
+    // chunk it touches (feature PARTS).
     let first = r.read_at(e, cs - 100, 200).await.unwrap();
+    assert_eq!(first, local[cs as usize - 100..cs as usize + 100]);
     let st = r.stats();
     assert_eq!(
-        (st.requests, st.chunks_wanted, st.chunks_received),
-        (1, 2, 2)
+        (
+            st.requests,
+            st.chunks_wanted,
+            st.parts_wanted,
+            st.parts_received
+        ),
+        (1, 0, 2, 2)
     );
     for _ in 0..3 {
         assert_eq!(r.read_at(e, cs - 100, 200).await.unwrap(), first);
         assert_eq!(r.read_at(e, cs, 50).await.unwrap(), first[100..150]);
     }
     let st = r.stats();
-    assert_eq!(
-        (st.requests, st.chunks_wanted, st.chunks_received),
-        (1, 2, 2)
-    );
+    assert_eq!((st.requests, st.parts_wanted), (1, 2));
     assert_eq!(st.cache_hits, 3 * 3);
+    // A read of over half a chunk asks for the chunk, which is kept too.
+    let big = r.read_at(e, 2 * cs + 5, cs / 2 + 100).await.unwrap();
+    assert_eq!(
+        big,
+        local[2 * cs as usize + 5..2 * cs as usize + 5 + cs as usize / 2 + 100]
+    );
+    for _ in 0..2 {
+        assert_eq!(r.read_at(e, 2 * cs + 5, cs / 2 + 100).await.unwrap(), big);
+        assert_eq!(
+            r.read_at(e, 2 * cs + 1000, 10).await.unwrap(),
+            big[995..1005]
+        );
+    }
+    let st = r.stats();
+    assert_eq!(
+        (
+            st.requests,
+            st.chunks_wanted,
+            st.chunks_received,
+            st.parts_wanted
+        ),
+        (2, 1, 1, 2)
+    );
+    assert_eq!(st.cache_hits, 3 * 3 + 2 * 2);
     r.close().await.unwrap();
 
     // Read-ahead: a sequential read of chunk 0 also asks for the next ones, and the
@@ -283,7 +318,6 @@ async fn a_repeated_read_costs_no_request() {
     let r = Remote::open_with(&c, &s.addr, b"tree/big", opts)
         .await
         .unwrap();
-    let local = s.local("big");
     let a = r.read_at(e, 0, cs).await.unwrap();
     assert_eq!(r.stats().chunks_wanted, 3);
     let b = r.read_at(e, cs, cs).await.unwrap();

@@ -276,6 +276,7 @@ mod tests {
                     trailer: &[],
                     segments: &segs,
                     zeros: false,
+                    part: false,
                 };
                 tx.send_chunk(f, &mut buf).await.unwrap();
             });

@@ -20,7 +20,7 @@ use std::future::Future;
 use std::io::{self, IoSlice};
 
 use dmover_proto::data::{
-    ACK_LEN, DIGEST_LEN, FrameHeader, FrameKind, HEADER_LEN, decode_ack, encode_ack,
+    ACK_LEN, DIGEST_LEN, FrameHeader, FrameKind, HEADER_LEN, PART_LEN, decode_ack, encode_ack,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -41,13 +41,17 @@ pub struct ChunkFrame<'a> {
     pub chunk: u64,
     /// CRC32C of the payload, when checksums are on.
     pub crc: Option<u32>,
-    /// The digest entries that follow the header.
+    /// What follows the header: the digest entries (of a part frame, after its
+    /// offset, [`dmover_proto::data::PART_LEN`] bytes).
     pub trailer: &'a [u8],
     /// `(offset, length)` runs of the buffer that make the payload, in order; none
     /// for a zeros frame.
     pub segments: &'a [(usize, usize)],
     /// A zeros frame ([`dmover_proto::data::FLAG_ZEROS`]): no payload travels.
     pub zeros: bool,
+    /// A part frame ([`dmover_proto::data::FLAG_PART`]): `trailer` starts with its
+    /// offset and `segments` are the part's bytes.
+    pub part: bool,
 }
 
 impl ChunkFrame<'_> {
@@ -61,10 +65,12 @@ impl ChunkFrame<'_> {
         FrameHeader {
             kind: FrameKind::Chunk,
             chunk: self.chunk,
-            n_digests: (self.trailer.len() / DIGEST_LEN) as u32,
+            n_digests: ((self.trailer.len() - if self.part { PART_LEN } else { 0 }) / DIGEST_LEN)
+                as u32,
             payload_len: self.payload_len() as u32,
             crc: self.crc,
             zeros: self.zeros,
+            part: self.part,
         }
         .encode()
     }
@@ -482,6 +488,7 @@ mod tests {
                         trailer: &trailer,
                         segments: if k == 1 { &[] } else { &segs },
                         zeros: k == 1,
+                        part: false,
                     };
                     tx.send_chunk(f, &mut buf).await.unwrap();
                     assert_eq!(acks.recv_ack().await.unwrap(), k + 1);
@@ -533,6 +540,7 @@ mod tests {
             trailer: &[],
             segments: &segs,
             zeros: false,
+            part: false,
         };
         tx.send_chunk(f, &mut buf).await.unwrap();
         let e = tx.send_chunk(f, &mut buf).await.unwrap_err();

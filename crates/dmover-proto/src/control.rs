@@ -179,6 +179,11 @@ pub enum Control {
     /// dialer's right after `Session`, the acceptor's in answer to it (see
     /// [`SessionLimits`]).
     Limits(SessionLimits),
+    /// (30, feature `PARTS`) In a request-driven session: byte ranges of chunks the
+    /// sink wants, each answered by a part frame ([`crate::data::FLAG_PART`]) of just
+    /// those bytes (sink to source). A random read of a few KiB then waits for those
+    /// KiB, not for a whole chunk to cross the link.
+    WantPart(WantParts),
 }
 
 impl Control {
@@ -215,6 +220,7 @@ impl Control {
             Control::Stored(_) => "Stored",
             Control::Times(_) => "Times",
             Control::Limits(_) => "Limits",
+            Control::WantPart(_) => "WantPart",
         }
     }
 
@@ -793,6 +799,25 @@ pub struct Growth {
 pub struct Want {
     /// Half-open ranges of chunk indices, in the order wanted.
     pub chunks: Vec<std::ops::Range<u64>>,
+}
+
+/// (feature `PARTS`) Byte ranges of chunks a request-driven sink wants, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WantParts {
+    /// The ranges.
+    pub parts: Vec<Part>,
+}
+
+/// `len` bytes of chunk `chunk` from `offset` (into the chunk's virtual range; the
+/// bytes lie within one piece of the chunk, i.e. in one file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Part {
+    /// The chunk, by index in the layout.
+    pub chunk: u64,
+    /// Where the bytes start in the chunk.
+    pub offset: u32,
+    /// How many (at least 1).
+    pub len: u32,
 }
 
 /// (9) What the destination side did.

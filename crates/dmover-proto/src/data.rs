@@ -35,7 +35,8 @@
 //! ```text
 //! offset size field
 //! 0      1    kind         1 = CHUNK, 2 = END
-//! 1      1    flags        bit 0: crc32c is set; bit 1: zeros (no payload); other bits 0
+//! 1      1    flags        bit 0: crc32c is set; bit 1: zeros (no payload);
+//!                          bit 2: part (see below); other bits 0
 //! 2      2    reserved     0
 //! 4      4    n_digests    digest entries after the header (u32 BE)
 //! 8      8    chunk        CHUNK: chunk index; END: chunks sent on this stream (u64 BE)
@@ -47,6 +48,13 @@
 //! (u64 BE). Every file with data gets exactly one, in some chunk holding one of its
 //! pieces; within a frame, entries are in increasing file order. The payload is the
 //! chunk's pieces in order (see [`crate::layout`]).
+//!
+//! A *part* frame (flag bit 2, [`FLAG_PART`], feature `PARTS`, only in a
+//! request-driven session and only in answer to a `WantPart`) carries some bytes of a
+//! chunk instead of all of them: a 4-byte offset ([`PART_LEN`], u32 BE) follows the
+//! header, before the digest entries, and the payload is `payload_len` bytes of the
+//! chunk from that offset (an offset into the chunk's virtual range, within one
+//! piece). Its CRC is of those bytes; its digest entries are only failure markers.
 //!
 //! An entry whose `file` has bit 31 set ([`FILE_FAILED`]) is a *failure marker*: the
 //! source could not read that file (bits 0..31) and the chunk's bytes for it are
@@ -178,6 +186,14 @@ pub const FLAG_CRC: u8 = 1;
 /// Only for chunks whose pieces all belong to files listed as sparse.
 pub const FLAG_ZEROS: u8 = 2;
 
+/// Flag bit (feature `PARTS`): a CHUNK frame carrying `payload_len` bytes of the chunk
+/// from an offset, which follows the header in [`PART_LEN`] bytes (see the module
+/// docs).
+pub const FLAG_PART: u8 = 4;
+
+/// Size of a part frame's offset, after its header.
+pub const PART_LEN: usize = 4;
+
 /// Limits a receiver applies while decoding frame headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameLimits {
@@ -203,6 +219,8 @@ pub struct FrameHeader {
     /// The payload is the chunk's length of zeros and does not travel
     /// ([`FLAG_ZEROS`]; `payload_len` is 0).
     pub zeros: bool,
+    /// A part of the chunk ([`FLAG_PART`]): its offset follows the header.
+    pub part: bool,
 }
 
 impl FrameHeader {
@@ -215,6 +233,7 @@ impl FrameHeader {
             payload_len: 0,
             crc: None,
             zeros: false,
+            part: false,
         }
     }
 
@@ -222,8 +241,9 @@ impl FrameHeader {
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0] = self.kind as u8;
-        b[1] =
-            if self.crc.is_some() { FLAG_CRC } else { 0 } | if self.zeros { FLAG_ZEROS } else { 0 };
+        b[1] = if self.crc.is_some() { FLAG_CRC } else { 0 }
+            | if self.zeros { FLAG_ZEROS } else { 0 }
+            | if self.part { FLAG_PART } else { 0 };
         b[4..8].copy_from_slice(&self.n_digests.to_be_bytes());
         b[8..16].copy_from_slice(&self.chunk.to_be_bytes());
         b[16..20].copy_from_slice(&self.payload_len.to_be_bytes());
@@ -244,7 +264,7 @@ impl FrameHeader {
                 });
             }
         };
-        if b[1] & !(FLAG_CRC | FLAG_ZEROS) != 0 {
+        if b[1] & !(FLAG_CRC | FLAG_ZEROS | FLAG_PART) != 0 {
             return Err(Error::Reserved("frame flags"));
         }
         if b[2] != 0 || b[3] != 0 {
@@ -288,6 +308,12 @@ impl FrameHeader {
         if kind == FrameKind::Chunk && payload_len == 0 && !zeros {
             return Err(Error::Violation("empty CHUNK frame".into()));
         }
+        let part = b[1] & FLAG_PART != 0;
+        if part && (kind == FrameKind::End || zeros) {
+            return Err(Error::Violation(
+                "part flag on an END or zeros frame".into(),
+            ));
+        }
         Ok(FrameHeader {
             kind,
             chunk,
@@ -295,6 +321,7 @@ impl FrameHeader {
             payload_len,
             crc,
             zeros,
+            part,
         })
     }
 }

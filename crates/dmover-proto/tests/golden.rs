@@ -195,6 +195,7 @@ fn frame_header_chunk_with_crc() {
         payload_len: 1 << 20,
         crc: Some(0xdead_beef),
         zeros: false,
+        part: false,
     };
     let expected = hexdump(
         "
@@ -221,6 +222,7 @@ fn frame_header_chunk_without_crc() {
         payload_len: 4096,
         crc: None,
         zeros: false,
+        part: false,
     };
     let expected = hexdump(
         "
@@ -247,6 +249,7 @@ fn frame_header_chunk_of_zeros() {
         payload_len: 0,
         crc: Some(0x0102_0304),
         zeros: true,
+        part: false,
     };
     let expected = hexdump(
         "
@@ -261,6 +264,41 @@ fn frame_header_chunk_of_zeros() {
     );
     assert_eq!(hex(&h.encode()), hex(&expected));
     assert_eq!(FrameHeader::decode(&expected, &LIMITS), Ok(h));
+}
+
+#[test]
+fn frame_header_part() {
+    // Feature PARTS: 4 KiB of chunk 3; the offset follows the header (not shown).
+    let h = FrameHeader {
+        kind: FrameKind::Chunk,
+        chunk: 3,
+        n_digests: 0,
+        payload_len: 4096,
+        crc: Some(0x0a0b_0c0d),
+        zeros: false,
+        part: true,
+    };
+    let expected = hexdump(
+        "
+        01                        # kind: 1 = CHUNK
+        05                        # flags: bit 0 = crc32c, bit 2 = part
+        00 00                     # reserved, 0
+        00 00 00 00               # n_digests: 0
+        00 00 00 00 00 00 00 03   # chunk index 3 (u64 BE)
+        00 00 10 00               # payload_len: 4096, the part's bytes (u32 BE)
+        0a 0b 0c 0d               # crc32c of the part's bytes (u32 BE)
+        ",
+    );
+    assert_eq!(hex(&h.encode()), hex(&expected));
+    assert_eq!(FrameHeader::decode(&expected, &LIMITS), Ok(h));
+    // Never on END or zeros frames.
+    let mut end = FrameHeader::end(1).encode();
+    end[1] = 4;
+    assert!(FrameHeader::decode(&end, &LIMITS).is_err());
+    let mut zeros = expected;
+    zeros[1] = 2 | 4;
+    zeros[16..20].fill(0);
+    assert!(FrameHeader::decode(&zeros, &LIMITS).is_err());
 }
 
 #[test]
@@ -1240,6 +1278,24 @@ fn control_growth_and_requests() {
         00            # bwlimit: none
         05 63 75 62 69 63   # congestion: \"cubic\" (in use)
         01 78         # refused: \"x\"
+        ",
+    );
+    // Feature PARTS (bit 256): byte ranges of chunks, in a request-driven session.
+    golden_control(
+        Control::WantPart(dmover_proto::control::WantParts {
+            parts: vec![dmover_proto::control::Part {
+                chunk: 300,
+                offset: 4096,
+                len: 4096,
+            }],
+        }),
+        "
+        00 00 00 08   # frame length: 8
+        1e            # Control::WantPart (variant 30)
+        01            # parts: 1
+        ac 02         #   chunk: 300 (varint)
+        80 20         #   offset: 4096
+        80 20         #   len: 4096
         ",
     );
 }

@@ -120,6 +120,7 @@ fn chunk_header() -> [u8; HEADER_LEN] {
         payload_len: 4096,
         crc: Some(0x1234_5678),
         zeros: false,
+        part: false,
     }
     .encode()
 }
@@ -302,7 +303,7 @@ fn frame_unknown_kind() {
 
 #[test]
 fn frame_unknown_flags() {
-    for flags in [0x04u8, 0x05, 0x80, 0xff] {
+    for flags in [0x08u8, 0x09, 0x80, 0xff] {
         let mut b = chunk_header();
         b[1] = flags;
         assert_eq!(

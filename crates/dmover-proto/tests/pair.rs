@@ -982,6 +982,165 @@ fn a_want_beyond_the_layout_is_a_protocol_error() {
     assert!(e.contains("beyond the layout's 8"), "{e}");
 }
 
+// ---- Parts of chunks (feature PARTS) ----
+
+use dmover_proto::control::{Part, WantParts};
+use dmover_proto::session::{Arrival, ChunkMeta, PartRange, SourceCommand};
+
+fn want_part(chunk: u64, offset: u32, len: u32) -> Control {
+    Control::WantPart(WantParts {
+        parts: vec![Part { chunk, offset, len }],
+    })
+}
+
+/// A source acceptor in a request-driven session using `features`.
+fn source_on_demand(
+    features: u64,
+) -> (SourceSession<dmover_proto::session::sim::SimError>, Instant) {
+    let now = Instant::now();
+    let mut m = SourceSession::accept(now, "peer", Timing::default(), now + HOUR);
+    m.grant(now, info(features));
+    m.handle_control(now, Control::Options(options()));
+    let entries = manifest(2);
+    m.push_manifest(&entries);
+    m.end_manifest(totals(&entries), ChunkSet::all(8));
+    m.set_layout_chunks(8);
+    m.handle_control(now, Control::OnDemand);
+    m.stream_joined(now, 0);
+    while m.poll_event().is_some() {}
+    (m, now)
+}
+
+#[test]
+fn a_part_is_read_ahead_of_wanted_chunks_and_sent_as_a_part() {
+    let (mut m, now) = source_on_demand(features::RANGES | features::PARTS);
+    m.handle_control(now, want(5..6));
+    m.handle_control(now, want_part(3, 100, 50));
+    let r = PartRange {
+        offset: 100,
+        len: 50,
+    };
+    let job = m.poll_read().expect("a read");
+    assert_eq!((job.chunk, job.part), (3, Some(r)), "the part first");
+    let job2 = m.poll_read().expect("a read");
+    assert_eq!((job2.chunk, job2.part), (5, None));
+    assert!(m.poll_read().is_none(), "nothing unasked");
+    // Read done: the part goes out as a part (the driver's frame fields say so).
+    let meta = ChunkMeta {
+        crc: Some(1),
+        part: Some(r),
+        ..ChunkMeta::default()
+    };
+    m.chunk_read(now, 3, meta.clone());
+    let sends: Vec<_> = std::iter::from_fn(|| m.poll_command()).collect();
+    assert_eq!(
+        sends,
+        [SourceCommand::Send {
+            stream: 0,
+            chunk: 3,
+            meta
+        }]
+    );
+}
+
+#[test]
+fn a_bad_part_request_is_a_protocol_error() {
+    let cs = info(0).chunk_size;
+    for (msg, features, says) in [
+        (
+            want_part(8, 0, 1),
+            features::RANGES | features::PARTS,
+            "beyond the layout's 8",
+        ),
+        (
+            want_part(1, cs - 10, 11),
+            features::RANGES | features::PARTS,
+            "whose size is",
+        ),
+        (
+            want_part(1, 0, 0),
+            features::RANGES | features::PARTS,
+            "0 bytes",
+        ),
+        (
+            want_part(1, 0, 1),
+            features::RANGES,
+            "WantPart needs the parts feature",
+        ),
+    ] {
+        let (mut m, now) = source_on_demand(features);
+        m.handle_control(now, msg);
+        m.handle_timeout(now + Timing::default().report_wait);
+        let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+        let e = protocol_failure(events);
+        assert!(e.contains(says), "{says}: {e}");
+    }
+    // Only in a request-driven session.
+    let (mut m, now) = source_with(features::RANGES | features::PARTS);
+    while m.poll_event().is_some() {}
+    m.handle_control(now, want_part(1, 0, 1));
+    m.handle_timeout(now + Timing::default().report_wait);
+    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+    let e = protocol_failure(events);
+    assert!(e.contains("outside a request-driven session"), "{e}");
+}
+
+#[test]
+fn a_sink_counts_parts_asked_for_and_drops_a_second_copy() {
+    let (mut m, now) = sink_with(features::RANGES | features::PARTS);
+    m.handle_control(
+        now,
+        Control::ManifestEnd(ManifestEnd {
+            totals: totals(&manifest(2)),
+        }),
+    );
+    while m.poll_event().is_some() {}
+    m.ready_on_demand(now, 8);
+    m.stream_joined(now, 0);
+    while m.poll_transmit().is_some() {}
+    let r = PartRange {
+        offset: 100,
+        len: 50,
+    };
+    let part = Part {
+        chunk: 3,
+        offset: 100,
+        len: 50,
+    };
+    m.want_parts(now, &[part]);
+    assert_eq!(
+        m.poll_transmit(),
+        Some(Control::WantPart(WantParts { parts: vec![part] }))
+    );
+    assert_eq!(m.outstanding(), 1);
+    // Another range of the chunk was not asked for; the one asked for is written once.
+    let other = PartRange { offset: 0, len: 50 };
+    assert_eq!(m.arrived_part(now, 0, 3, other), Arrival::Duplicate);
+    assert_eq!(m.arrived_part(now, 0, 3, r), Arrival::Write);
+    assert_eq!(m.outstanding(), 1, "being written");
+    m.part_written(now);
+    assert_eq!(m.outstanding(), 0);
+    assert_eq!(m.arrived_part(now, 0, 3, r), Arrival::Duplicate, "sent again");
+    // Every frame is acknowledged.
+    let acks = std::iter::from_fn(|| m.poll_command()).count();
+    assert_eq!(acks, 3);
+    // Without the feature, asking for a part fails the session.
+    let (mut m, now) = sink_with(features::RANGES);
+    m.handle_control(
+        now,
+        Control::ManifestEnd(ManifestEnd {
+            totals: totals(&manifest(2)),
+        }),
+    );
+    while m.poll_event().is_some() {}
+    m.ready_on_demand(now, 8);
+    m.want_parts(now, &[part]);
+    m.handle_timeout(now + Timing::default().report_wait);
+    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+    let e = protocol_failure(events);
+    assert!(e.contains("parts feature"), "{e}");
+}
+
 fn extended() -> impl Strategy<Value = Config> {
     (
         schedule(),

@@ -252,6 +252,14 @@ fn reliability_control() -> impl Strategy<Value = Control> {
             chunks: r.into_iter().map(|(a, b)| a..b).collect(),
         })),
         Just(Control::OnDemand),
+        vec(any::<(u64, u32, u32)>(), 0..8).prop_map(|r| Control::WantPart(
+            dmover_proto::control::WantParts {
+                parts: r
+                    .into_iter()
+                    .map(|(chunk, offset, len)| dmover_proto::control::Part { chunk, offset, len })
+                    .collect(),
+            }
+        )),
         any::<u64>().prop_map(Control::Grown),
         (any::<u64>(), text(), text()).prop_map(|(bwlimit, congestion, refused)| {
             Control::Limits(dmover_proto::control::SessionLimits {
@@ -308,6 +316,7 @@ fn frame_header() -> impl Strategy<Value = FrameHeader> {
                 payload_len,
                 crc,
                 zeros: false,
+                part: chunk % 2 == 1,
             }),
         any::<u64>().prop_map(FrameHeader::end),
     ]

@@ -56,6 +56,24 @@ pub trait Sink: Send + Sync {
     /// all written once its digest matches the source's.
     fn write_chunk(&self, k: u64, buf: &[u8], trailer: &[u8], crc: Option<u32>) -> Result<()>;
 
+    /// (feature `PARTS`, request-driven sinks) Takes `data`, bytes `offset..` of chunk
+    /// `k` (within one piece) that came as a part frame with the failure markers
+    /// `trailer` and `crc` of `data`. A sink that never asks for parts refuses them.
+    fn write_part(
+        &self,
+        k: u64,
+        offset: u32,
+        data: &[u8],
+        trailer: &[u8],
+        crc: Option<u32>,
+    ) -> Result<()> {
+        let _ = (offset, data, trailer, crc);
+        Err(crate::Error::protocol(
+            "the source",
+            format!("a part of chunk {k}, which this side did not ask for"),
+        ))
+    }
+
     /// Whether every piece of chunk `k` belongs to a file the source listed as sparse
     /// (only such a chunk may come as a zeros frame).
     fn sparse_chunk(&self, k: u64) -> bool {

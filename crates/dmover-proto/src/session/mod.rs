@@ -163,15 +163,33 @@ pub mod features {
     /// the first part's entries go in the first flight, before the bit is granted:
     /// without it the rest follows them as one manifest. No message of its own.
     pub const STREAMED: u64 = 128;
+    /// Parts of chunks, in a request-driven session: the sink may ask for byte ranges
+    /// of chunks ([`Control::WantPart`]); the source answers each with a part frame
+    /// ([`crate::data::FLAG_PART`]) of those bytes.
+    pub const PARTS: u64 = 256;
 
     /// The features this build's drivers (`dmover_core::drive`) speak and offer.
-    pub const SUPPORTED: u64 =
-        GROWING_MANIFEST | RANGES | TUNING | METADATA | LINKS | CONTINUOUS | LIMITS | STREAMED;
+    pub const SUPPORTED: u64 = GROWING_MANIFEST
+        | RANGES
+        | TUNING
+        | METADATA
+        | LINKS
+        | CONTINUOUS
+        | LIMITS
+        | STREAMED
+        | PARTS;
 
     /// The features the role machines implement: what a driver may offer once it
     /// handles their events too (the simulator and the pair tests offer these).
-    pub const MACHINES: u64 =
-        GROWING_MANIFEST | RANGES | TUNING | METADATA | LINKS | CONTINUOUS | LIMITS | STREAMED;
+    pub const MACHINES: u64 = GROWING_MANIFEST
+        | RANGES
+        | TUNING
+        | METADATA
+        | LINKS
+        | CONTINUOUS
+        | LIMITS
+        | STREAMED
+        | PARTS;
 
     /// The features a session uses: those both sides speak. Bits the machines do not
     /// know are never granted.
@@ -191,6 +209,7 @@ pub mod features {
             Control::Meta(_) => METADATA,
             Control::Stored(_) | Control::Times(_) => CONTINUOUS,
             Control::Limits(_) => LIMITS,
+            Control::WantPart(_) => PARTS,
             _ => 0,
         }
     }
@@ -206,6 +225,7 @@ pub mod features {
             CONTINUOUS => "continuous",
             LIMITS => "limits",
             STREAMED => "streamed manifest",
+            PARTS => "parts",
             _ => "unknown",
         }
     }
@@ -301,6 +321,20 @@ pub struct ChunkMeta {
     /// The chunk lies wholly in holes of sparse files: it may go as a zeros frame
     /// ([`crate::data::FLAG_ZEROS`]) in a session using [`features::LINKS`].
     pub zeros: bool,
+    /// (feature [`features::PARTS`]) The frame is a part of the chunk: these bytes of
+    /// it (`crc` is theirs, `trailer` starts with the offset, [`crate::data::PART_LEN`]
+    /// bytes).
+    pub part: Option<PartRange>,
+}
+
+/// Bytes of a chunk a part frame carries: `len` from `offset` (see
+/// [`crate::control::Part`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PartRange {
+    /// Where they start in the chunk.
+    pub offset: u32,
+    /// How many.
+    pub len: u32,
 }
 
 /// What a driver's error type tells the machines.

@@ -37,10 +37,10 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use super::link::{Dial, Link, Setup};
-use super::{Cause, ChunkSet, SessionError, Side, State, StreamStats, Timing, features};
+use super::{Cause, ChunkSet, PartRange, SessionError, Side, State, StreamStats, Timing, features};
 use crate::control::{
-    Control, Growth, Have, Plan, SendReport, SessionInfo, SessionLimits, SessionOptions, Summary,
-    Want,
+    Control, Growth, Have, Part, Plan, SendReport, SessionInfo, SessionLimits, SessionOptions,
+    Summary, Want, WantParts,
 };
 use crate::manifest::{self, Entry, EntryMeta, XattrScope};
 
@@ -220,6 +220,10 @@ pub struct SinkSession<E> {
     n_chunks: u64,
     distinct: u64,
     writing: u64,
+    /// (feature `PARTS`) Parts asked for and not arrived, with how many times each.
+    parts_out: std::collections::HashMap<(u64, PartRange), u32>,
+    /// The number of those.
+    n_parts_out: u64,
     stats: StreamStats,
     report: Option<SendReport>,
     commands: VecDeque<SinkCommand>,
@@ -283,6 +287,8 @@ impl<E: Cause + Clone> SinkSession<E> {
             n_chunks: 0,
             distinct: 0,
             writing: 0,
+            parts_out: std::collections::HashMap::new(),
+            n_parts_out: 0,
             stats: StreamStats::default(),
             report: None,
             commands: VecDeque::new(),
@@ -871,9 +877,61 @@ impl<E: Cause + Clone> SinkSession<E> {
         }
     }
 
-    /// Chunks expected that have not arrived or are being written.
+    /// (feature [`features::PARTS`], request-driven) Asks for byte ranges of chunks,
+    /// each to come as a part frame ([`SinkSession::arrived_part`]); a part asked for
+    /// again while on its way comes twice.
+    pub fn want_parts(&mut self, now: Instant, parts: &[Part]) {
+        if self.phase != Phase::Receiving || !self.link.live() || parts.is_empty() {
+            return;
+        }
+        let what = if !self.on_demand || !self.uses(features::PARTS) {
+            Some("parts of chunks asked for without a request-driven session using the parts feature".to_string())
+        } else {
+            let cs = self.info.as_ref().map_or(0, |i| u64::from(i.chunk_size));
+            parts
+                .iter()
+                .find(|p| {
+                    p.chunk >= self.n_chunks
+                        || p.len == 0
+                        || u64::from(p.offset) + u64::from(p.len) > cs
+                })
+                .map(|p| {
+                    format!(
+                        "wants {p:?} of a layout of {} chunks of {cs} bytes",
+                        self.n_chunks
+                    )
+                })
+        };
+        if let Some(what) = what {
+            let e = SessionError::Protocol {
+                peer: "this side".into(),
+                what,
+            };
+            self.link.fail(now, e);
+            return self.flush_failure();
+        }
+        if self.all_arrived() && self.writing == 0 {
+            // A quiet spell ends: no stream was idle while nothing was asked for.
+            self.progress = now;
+        }
+        for p in parts {
+            let r = PartRange {
+                offset: p.offset,
+                len: p.len,
+            };
+            *self.parts_out.entry((p.chunk, r)).or_default() += 1;
+            self.n_parts_out += 1;
+        }
+        for batch in parts.chunks(WANT_RANGES) {
+            self.link.send(Control::WantPart(WantParts {
+                parts: batch.to_vec(),
+            }));
+        }
+    }
+
+    /// Chunks expected that have not arrived or are being written (parts too).
     pub fn outstanding(&self) -> u64 {
-        self.expected.len() - self.distinct + self.writing
+        self.expected.len() - self.distinct + self.writing + self.n_parts_out
     }
 
     /// Data stream `stream` joined the session.
@@ -931,6 +989,65 @@ impl<E: Cause + Clone> SinkSession<E> {
             self.stats.duplicates += 1;
             Arrival::Duplicate
         }
+    }
+
+    /// A part frame of `chunk` arrived whole on `stream` with the bytes `range` (its
+    /// header checked against the layout by the driver): [`Arrival::Write`] if it was
+    /// asked for and is not here yet (then report [`SinkSession::chunk_written`]).
+    pub fn arrived_part(
+        &mut self,
+        now: Instant,
+        stream: u16,
+        chunk: u64,
+        range: PartRange,
+    ) -> Arrival {
+        let Some(s) = self.streams.get(stream as usize) else {
+            return Arrival::Refused;
+        };
+        if s.join != Join::Live || !self.link.live() {
+            return Arrival::Refused;
+        }
+        if self.phase < Phase::Receiving || !self.on_demand || !self.uses(features::PARTS) {
+            let e = SessionError::Protocol {
+                peer: self.link.peer.clone(),
+                what: format!(
+                    "a part of chunk {chunk}, which only a request-driven session using the parts feature asks for"
+                ),
+            };
+            self.link.fail(now, e);
+            self.flush_failure();
+            return Arrival::Refused;
+        }
+        let s = &mut self.streams[stream as usize];
+        s.frames += 1;
+        s.last_frame = now;
+        self.progress = now;
+        self.commands.push_back(SinkCommand::Ack {
+            stream,
+            frames: s.frames,
+        });
+        match self.parts_out.get_mut(&(chunk, range)) {
+            Some(n) => {
+                *n -= 1;
+                if *n == 0 {
+                    self.parts_out.remove(&(chunk, range));
+                }
+                self.n_parts_out -= 1;
+                self.writing += 1;
+                Arrival::Write
+            }
+            None => {
+                // Sent again after a stream broke, and here already (or not asked for:
+                // harmless, dropped).
+                self.stats.duplicates += 1;
+                Arrival::Duplicate
+            }
+        }
+    }
+
+    /// A part [`SinkSession::arrived_part`] said to write is written.
+    pub fn part_written(&mut self, _now: Instant) {
+        self.writing = self.writing.saturating_sub(1);
     }
 
     /// A chunk [`Arrival::Write`] said to write is written.
@@ -992,7 +1109,9 @@ impl<E: Cause + Clone> SinkSession<E> {
 
     /// Every chunk expected so far arrived.
     fn all_arrived(&self) -> bool {
-        self.phase >= Phase::Receiving && self.distinct >= self.expected.len()
+        self.phase >= Phase::Receiving
+            && self.distinct >= self.expected.len()
+            && self.n_parts_out == 0
     }
 
     /// Nothing a stream brings can matter any more: every chunk arrived and no more

@@ -36,10 +36,12 @@ use std::time::{Duration, Instant};
 
 use super::chunks::Cursor;
 use super::link::{Dial, Link, Setup};
-use super::{Cause, ChunkMeta, ChunkSet, SessionError, Side, State, StreamStats, Timing, features};
+use super::{
+    Cause, ChunkMeta, ChunkSet, PartRange, SessionError, Side, State, StreamStats, Timing, features,
+};
 use crate::control::{
     Control, FailedFile, Growth, Have, ManifestEnd, ManifestPart, MetaPart, Plan, SendReport,
-    SessionInfo, SessionLimits, SessionOptions, Summary, Want,
+    SessionInfo, SessionLimits, SessionOptions, Summary, Want, WantParts,
 };
 use crate::data::decode_ack;
 use crate::manifest::{Entry, EntryMeta, Totals};
@@ -89,6 +91,9 @@ pub struct ReadJob {
     /// For a chunk sent before on a stream that was lost: its frame fields, which the
     /// read checks the data against (a file that changed since is an error).
     pub again: Option<ChunkMeta>,
+    /// (feature [`features::PARTS`]) Only these bytes of the chunk are sent, as a part
+    /// frame: the read gives a [`ChunkMeta`] with this `part`.
+    pub part: Option<PartRange>,
 }
 
 /// What the source's application learns.
@@ -189,6 +194,9 @@ pub struct SourceSession<E> {
     grown: ChunkSet,
     /// Chunks the sink wants, in its order, ahead of `fresh`.
     wanted: VecDeque<Range<u64>>,
+    /// (feature `PARTS`) Parts of chunks the sink wants, in its order, ahead of
+    /// `wanted`.
+    parts: VecDeque<(u64, PartRange)>,
     /// Chunks of `chunks` read ahead of `fresh` because they were wanted.
     jumped: BTreeSet<u64>,
     /// Chunk sends besides `chunks` (request-driven: every wanted chunk).
@@ -199,8 +207,8 @@ pub struct SourceSession<E> {
     closed: bool,
     /// Chunks of lost streams, to read again.
     again: VecDeque<(u64, ChunkMeta)>,
-    /// Chunks being read.
-    reading: Vec<u64>,
+    /// Chunks (or parts) being read.
+    reading: Vec<(u64, Option<PartRange>)>,
     /// Chunks read, waiting for a stream.
     ready: VecDeque<(u64, ChunkMeta)>,
     acked: u64,
@@ -244,6 +252,7 @@ impl<E: Cause + Clone> SourceSession<E> {
             confirmed: 0,
             grown: ChunkSet::new(),
             wanted: VecDeque::new(),
+            parts: VecDeque::new(),
             jumped: BTreeSet::new(),
             extra: 0,
             on_demand: false,
@@ -670,12 +679,14 @@ impl<E: Cause + Clone> SourceSession<E> {
                     // is dropped, what is read goes out and is acknowledged.
                     self.closed = true;
                     self.wanted.clear();
+                    self.parts.clear();
                     self.check_drained();
                 }
                 self.check_finished();
                 Ok(())
             }
             (Phase::Sending, Control::Want(w)) if !self.closed => self.on_want(w),
+            (Phase::Sending, Control::WantPart(w)) if !self.closed => self.on_want_part(w),
             // A request that crossed the last acknowledgements: everything is here.
             (Phase::Draining | Phase::Reporting, Control::Want(_)) if !self.on_demand => Ok(()),
             (_, Control::Stored(n))
@@ -730,6 +741,49 @@ impl<E: Cause + Clone> SourceSession<E> {
                 )));
             }
             self.wanted.push_back(r);
+        }
+        Ok(())
+    }
+
+    fn on_want_part(&mut self, w: WantParts) -> Result<(), SessionError<E>> {
+        let chunk_size = self.info.as_ref().map_or(0, |i| u64::from(i.chunk_size));
+        let limit = if self.growing {
+            self.confirmed
+        } else {
+            self.layout_chunks.unwrap_or_else(|| self.chunks.end())
+        };
+        for p in w.parts {
+            let what = if !self.on_demand {
+                Some("WantPart outside a request-driven session".to_string())
+            } else if p.chunk >= limit {
+                Some(format!(
+                    "WantPart of chunk {} beyond the layout's {limit}",
+                    p.chunk
+                ))
+            } else if p.len == 0 || u64::from(p.offset) + u64::from(p.len) > chunk_size {
+                Some(format!(
+                    "WantPart of {} bytes at {} of chunk {}, whose size is {chunk_size}",
+                    p.len, p.offset, p.chunk
+                ))
+            } else {
+                None
+            };
+            if let Some(what) = what {
+                return Err(SessionError::Protocol {
+                    peer: self.link.peer.clone(),
+                    what,
+                });
+            }
+            if self.parts.len() >= MAX_WANTED {
+                return Err(SessionError::Limit(format!(
+                    "more than {MAX_WANTED} parts wanted at once"
+                )));
+            }
+            let r = PartRange {
+                offset: p.offset,
+                len: p.len,
+            };
+            self.parts.push_back((p.chunk, r));
         }
         Ok(())
     }
@@ -844,10 +898,23 @@ impl<E: Cause + Clone> SourceSession<E> {
         let job = if let Some((chunk, meta)) = self.again.pop_front() {
             ReadJob {
                 chunk,
+                part: meta.part,
                 again: Some(meta),
             }
+        } else if let Some((chunk, part)) = self.parts.pop_front() {
+            // A part answers a read that waits for it: ahead of whole chunks.
+            self.extra += 1;
+            ReadJob {
+                chunk,
+                again: None,
+                part: Some(part),
+            }
         } else if let Some(chunk) = self.next_wanted() {
-            ReadJob { chunk, again: None }
+            ReadJob {
+                chunk,
+                again: None,
+                part: None,
+            }
         } else {
             let chunk = loop {
                 let k = self.fresh.next(&self.chunks)?;
@@ -855,15 +922,19 @@ impl<E: Cause + Clone> SourceSession<E> {
                     break k;
                 }
             };
-            ReadJob { chunk, again: None }
+            ReadJob {
+                chunk,
+                again: None,
+                part: None,
+            }
         };
-        self.reading.push(job.chunk);
+        self.reading.push((job.chunk, job.part));
         Some(job)
     }
 
     /// A chunk asked for by [`SourceSession::poll_read`] is in a buffer.
     pub fn chunk_read(&mut self, now: Instant, chunk: u64, meta: ChunkMeta) {
-        let Some(i) = self.reading.iter().position(|&k| k == chunk) else {
+        let Some(i) = self.reading.iter().position(|&r| r == (chunk, meta.part)) else {
             return;
         };
         self.reading.swap_remove(i);
