@@ -88,8 +88,9 @@ impl Fault {
     }
 
     /// This side's run was cancelled (the user, a steering client gone, a revoked
-    /// credential): the root cause, so the machine fails at once instead of waiting
-    /// briefly for the peer's report as it does for a broken connection.
+    /// credential), or this side found the fault (a message it cannot decode): the
+    /// root cause, so the machine fails at once instead of waiting briefly for the
+    /// peer's report as it does for a broken connection.
     fn cancelled(why: Error) -> Self {
         let rank = why.rank().max(3);
         Fault {
@@ -654,11 +655,18 @@ machine!(SinkSession<Fault>);
 struct ControlLink<'a, C> {
     ch: &'a mut ControlChannel<C>,
     open: bool,
+    /// Messages may still be read (not after one that could not be decoded: what
+    /// follows it may be out of step).
+    readable: bool,
 }
 
 impl<'a, C: AsyncRead + AsyncWrite + Unpin + Send> ControlLink<'a, C> {
     fn new(ch: &'a mut ControlChannel<C>) -> Self {
-        ControlLink { ch, open: true }
+        ControlLink {
+            ch,
+            open: true,
+            readable: true,
+        }
     }
 
     /// Sends what `m` has to send; a broken connection is the machine's to handle.
@@ -699,7 +707,7 @@ impl<'a, C: AsyncRead + AsyncWrite + Unpin + Send> ControlLink<'a, C> {
     }
 
     async fn recv(&mut self) -> std::result::Result<Control, NetError> {
-        if !self.open {
+        if !self.open || !self.readable {
             return std::future::pending().await;
         }
         self.ch.recv().await
@@ -771,6 +779,12 @@ where
         tokio::select! {
             msg = ctl.recv() => match msg {
                 Ok(msg) => m.handle_control(now(), msg),
+                // A message this side cannot decode (a newer client's `Open`, say): the
+                // connection still works, so the peer is told why (`Error{Protocol}`).
+                Err(e @ NetError::Proto { .. }) => {
+                    ctl.readable = false;
+                    m.fail(now(), Fault::cancelled(Error::Net(e)));
+                }
                 Err(e) => {
                     ctl.open = false;
                     m.control_closed(now(), Fault::new(Error::Net(e)));

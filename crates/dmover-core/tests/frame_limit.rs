@@ -156,10 +156,10 @@ async fn unauthenticated_frames_stay_limited() {
 }
 
 /// What a server older than an op sees: an `Open` whose op variant it does not know.
-/// It fails to decode it and ends the session without an answer (a pulling client
-/// with `--files-from` says the server must be upgraded).
+/// It fails to decode it, says so (`Error{Protocol}`, the decoder's words) and ends the
+/// session (a client then says the server must be upgraded).
 #[tokio::test]
-async fn an_unknown_op_ends_the_session() {
+async fn an_unknown_op_is_answered_with_a_protocol_error() {
     let t = tempfile::tempdir().unwrap();
     let (mut ch, task) = connect(server(t.path()));
     for m in [hello("test".into()), good_auth()] {
@@ -170,9 +170,13 @@ async fn an_unknown_op_ends_the_session() {
     let mut frame = (body.len() as u32).to_be_bytes().to_vec();
     frame.extend_from_slice(&body);
     ch.get_mut().write_all(&frame).await.unwrap();
-    // No answer: the connection ends (the client cannot tell it from a failure of
-    // the network but by when it comes: before the manifest).
-    assert!(answer(&mut ch).await.is_none());
+    match answer(&mut ch).await {
+        Some(Control::Error(e)) => {
+            assert_eq!(e.code, ErrorCode::Protocol, "{e:?}");
+            assert!(e.message.contains("malformed control message"), "{e:?}");
+        }
+        other => panic!("expected a protocol error, got {other:?}"),
+    }
     let e = task.await.unwrap().unwrap_err();
     assert!(e.to_string().contains("malformed control message"), "{e}");
 }

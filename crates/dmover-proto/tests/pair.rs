@@ -1120,7 +1120,11 @@ fn a_sink_counts_parts_asked_for_and_drops_a_second_copy() {
     assert_eq!(m.outstanding(), 1, "being written");
     m.part_written(now);
     assert_eq!(m.outstanding(), 0);
-    assert_eq!(m.arrived_part(now, 0, 3, r), Arrival::Duplicate, "sent again");
+    assert_eq!(
+        m.arrived_part(now, 0, 3, r),
+        Arrival::Duplicate,
+        "sent again"
+    );
     // Every frame is acknowledged.
     let acks = std::iter::from_fn(|| m.poll_command()).count();
     assert_eq!(acks, 3);

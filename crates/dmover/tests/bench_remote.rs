@@ -123,8 +123,10 @@ fn workloads_a_and_b_read_through_the_api() {
     sane(r);
     s.assert_clean();
 
-    // B: ten files, two sessions, two I/Os in flight per file, sequential, CSV too.
+    // B: ten files, two sessions, two I/Os in flight per file, sequential, CSV and a
+    // plot too.
     let csv = s.t.path().join("b.csv");
+    let plot = s.t.path().join("b.svg");
     let o = s.bench(&[
         &url,
         "--workload",
@@ -145,8 +147,16 @@ fn workloads_a_and_b_read_through_the_api() {
         "64K",
         "--seconds",
         "20",
+        "--plot",
+        plot.to_str().unwrap(),
     ]);
     ok(&o);
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains("latency per I/O") && svg.contains("p99.9"),
+        "{}",
+        &svg[..svg.len().min(300)]
+    );
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(
         table.contains("p99.9 µs") && table.contains("read"),

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
+use dmover_bench::plot::{Bar, Bars, Figure, Panel};
 use dmover_bench::report::round_sig;
 use dmover_bench::stats::Latency;
 use dmover_core::client::Client;
@@ -191,6 +192,10 @@ pub struct RemoteBenchArgs {
     /// Print the results as one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Also draw the results into this file (.svg or .png): MiB/s and the latency
+    /// percentiles of each kind of I/O.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
     #[command(flatten)]
     pub transfer: TransferArgs,
 }
@@ -237,11 +242,11 @@ struct Measured {
     close: Tally,
     seconds: f64,
     /// API only: (chunks received, chunks found in the cache).
-    chunks: Option<(u64, u64)>,
+    chunks: Option<(u64, u64, u64)>,
 }
 
 /// Columns of the CSV and the JSON rows, in order.
-const COLUMNS: [&str; 24] = [
+const COLUMNS: [&str; 25] = [
     "rtt_ms",
     "workload",
     "via",
@@ -264,6 +269,7 @@ const COLUMNS: [&str; 24] = [
     "max_us",
     "errors",
     "chunks_received",
+    "parts_received",
     "cache_hits",
     "chunk_size",
 ];
@@ -451,6 +457,12 @@ pub fn run(a: RemoteBenchArgs, env: &Env) -> anyhow::Result<()> {
     if let Some(p) = &a.csv {
         write_csv(p, &rows).with_context(|| format!("writing {}", p.display()))?;
     }
+    if let Some(p) = &a.plot {
+        match figure(&a, n, &rows).save(p) {
+            Ok(()) => eprintln!("plot: {}", p.display()),
+            Err(e) => eprintln!("dmover: warning: no plot: {e}"),
+        }
+    }
     if a.json {
         let out = json!({
             "command": "bench remote",
@@ -500,6 +512,72 @@ pub fn run(a: RemoteBenchArgs, env: &Env) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The `--plot` of a run's rows: MiB/s per kind of I/O, and its latency percentiles
+/// (one group of bars per kind).
+fn figure(a: &RemoteBenchArgs, n: usize, rows: &[Map<String, Value>]) -> Figure {
+    let num = |r: &Map<String, Value>, k: &str| r.get(k).and_then(Value::as_f64);
+    let ops: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            r.get("op")
+                .and_then(Value::as_str)
+                .unwrap_or("?")
+                .to_string()
+        })
+        .collect();
+    let bar = |v: Option<f64>| {
+        v.map(|value| Bar {
+            value,
+            lo: None,
+            hi: None,
+        })
+    };
+    let rate = Bars {
+        title: "throughput".into(),
+        y_label: "MiB/s".into(),
+        categories: ops.clone(),
+        series: vec![(
+            "MiB/s".into(),
+            rows.iter().map(|r| bar(num(r, "mib_per_s"))).collect(),
+        )],
+    };
+    let latency = Bars {
+        title: "latency per I/O".into(),
+        y_label: "ms".into(),
+        categories: ops,
+        series: [
+            ("p50", "p50_us"),
+            ("p90", "p90_us"),
+            ("p99", "p99_us"),
+            ("p99.9", "p999_us"),
+        ]
+        .iter()
+        .map(|(name, k)| {
+            (
+                name.to_string(),
+                rows.iter()
+                    .map(|r| bar(num(r, k).map(|us| us / 1000.0)))
+                    .collect(),
+            )
+        })
+        .collect(),
+    };
+    let link = a
+        .debug_rtt_ms
+        .map_or(String::new(), |ms| format!(", RTT {ms} ms"));
+    Figure {
+        title: format!(
+            "dmover bench remote: workload {} ({n} file{}), via {}, {}, block {}{link}",
+            a.workload.name(),
+            if n == 1 { "" } else { "s" },
+            format!("{:?}", a.via).to_lowercase(),
+            mix_name(a.mix),
+            dmover_bench::report::size_label(a.block),
+        ),
+        panels: vec![Panel::Bars(rate), Panel::Bars(latency)],
+    }
+}
+
 /// `--cold`: every dirty page written back, then the page cache dropped.
 fn drop_caches() -> anyhow::Result<()> {
     let st = Command::new("sync")
@@ -528,7 +606,7 @@ fn make_row(
     seconds: f64,
     n: usize,
     chunk_size: u32,
-    chunks: Option<(u64, u64)>,
+    chunks: Option<(u64, u64, u64)>,
 ) -> Map<String, Value> {
     let mut lat = t.lat_ns.clone();
     let l = Latency::of_nanos(&mut lat);
@@ -570,8 +648,9 @@ fn make_row(
     if let Some(ms) = a.debug_rtt_ms {
         m.insert("rtt_ms".into(), json!(ms));
     }
-    if let (Some((recv, hits)), "read") = (chunks, op) {
+    if let (Some((recv, parts, hits)), "read") = (chunks, op) {
         m.insert("chunks_received".into(), json!(recv));
+        m.insert("parts_received".into(), json!(parts));
         m.insert("cache_hits".into(), json!(hits));
     }
     m
@@ -796,12 +875,13 @@ fn finish(
         }
     }
     m.seconds = started.elapsed().as_secs_f64();
-    let (mut recv, mut hits) = (0, 0);
+    let (mut recv, mut parts, mut hits) = (0, 0, 0);
     let read = !sessions.is_empty();
     rt.block_on(async {
         for s in sessions {
             let st = s.stats();
             recv += st.chunks_received;
+            parts += st.parts_received;
             hits += st.cache_hits;
             if let Ok(s) = Arc::try_unwrap(s) {
                 if let Err(e) = s.close().await {
@@ -811,7 +891,7 @@ fn finish(
         }
     });
     if read {
-        m.chunks = Some((recv, hits));
+        m.chunks = Some((recv, parts, hits));
     }
     Ok(m)
 }
@@ -1298,6 +1378,9 @@ fn over_link(a: RemoteBenchArgs, rtt: super::transfer::Rtt) -> anyhow::Result<()
     }
     if a.json {
         c.arg("--json");
+    }
+    if let Some(p) = &a.plot {
+        c.arg("--plot").arg(std::path::absolute(p)?);
     }
     if a.cold {
         c.arg("--cold");
