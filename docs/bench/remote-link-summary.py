@@ -26,7 +26,7 @@ def f(x, nd=1):
 
 
 rtts = sorted({r["rtt_ms"] for r in rows}, key=float)
-views = ["api", "mount", "sshfs", "rclone", "cp"]
+views = ["api", "mount", "sshfs", "rclone", "cp", "local"]
 for op, title in [("read", "Sequential reads of every file once"), ("write", "Writes of new files")]:
     print(f"\n**{title}** (MiB/s, median of {max(len(v) for v in med.values())} rounds)\n")
     print("| RTT | workload | " + " | ".join(views) + " | mount / cp | mount / sshfs | goal min(5 × sshfs, 0.8 × cp) | met |")
@@ -48,11 +48,11 @@ for op, title in [("read", "Sequential reads of every file once"), ("write", "Wr
                   + f" | {ratio(mount, cp)} | {ratio(mount, sshfs)} | {f(goal)} | {met} |")
 
 print("\n**4 KiB random reads, one 256 MiB file, cold, one at a time** (p50 / p99 in ms, median of rounds)\n")
-print("| RTT | API | mount | sshfs | rclone | raw TCP 4 KiB answer (p50) | fio cold 4 KiB (p50) | bound: raw TCP + fio + 1 ms | met (API, mount) |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| RTT | API | mount | sshfs | rclone | local | raw TCP 4 KiB answer (p50) | fio cold 4 KiB (p50) | bound: raw TCP + fio + 1 ms | met (API, mount) |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for rtt in rtts:
     cell = {}
-    for v in ["api", "mount", "sshfs", "rclone"]:
+    for v in ["api", "mount", "sshfs", "rclone", "local"]:
         p50, p99 = m((rtt, "A", v, "read", "random"), "p50_us"), m((rtt, "A", v, "read", "random"), "p99_us")
         cell[v] = (p50, p99)
     raw = m((rtt, "A", "raw-tcp-4k-request", "read", "random"), "p50_us")
@@ -63,7 +63,7 @@ for rtt in rtts:
     met = "–" if bound is None else ", ".join(
         "yes" if cell[v][0] is not None and cell[v][0] <= bound else "**no**" for v in ["api", "mount"])
     fmt = lambda c: "–" if c[0] is None else f"{c[0] / 1000:.2f} / {c[1] / 1000:.1f}"
-    print(f"| {rtt} ms | " + " | ".join(fmt(cell[v]) for v in ["api", "mount", "sshfs", "rclone"])
+    print(f"| {rtt} ms | " + " | ".join(fmt(cell[v]) for v in ["api", "mount", "sshfs", "rclone", "local"])
           + f" | {f(raw and raw / 1000, 2)} | {f(fio and fio / 1000, 3)} | {f(bound and bound / 1000, 2)} | {met} |")
 
 fails = [r for r in rows if r.get("errors") not in ("0", "", None)]

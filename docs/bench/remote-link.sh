@@ -9,8 +9,10 @@
 #   python3 docs/bench/remote-link-summary.py out.csv      # the tables of docs/benchmarks.md
 #
 # Settings (environment): RTTS, ROUNDS (FIRST_ROUND to continue a run), WORKLOADS
-# ("A B C D"), WRITE_SECONDS and RANDOM_SECONDS (10), PEER_SECONDS (30: sshfs and rclone
-# read for at most this long), LIMIT (240 s per measurement), KEEP_LOGS=DIR.
+# ("A B C D"), VIEWS ("api mount sshfs rclone cp local"; local: the same workload in the
+# server's directory itself, local disk), WRITE_SECONDS and RANDOM_SECONDS (10),
+# PEER_SECONDS (30: sshfs and rclone read for at most this long), LIMIT (240 s per
+# measurement), KEEP_LOGS=DIR.
 #
 # Needs root, /dev/fuse, sshfs, rclone, openssh-server, fio, python3. Per RTT it brings
 # up `dmover netlab up --rtt RTT --rate 1gbit`; the far namespace (b) runs `dmover
@@ -22,6 +24,7 @@ DMOVER=$(realpath "${DMOVER:-$(command -v dmover)}")
 RTTS=${RTTS:-"50 200"}
 ROUNDS=${ROUNDS:-3}
 WORKLOADS=${WORKLOADS:-"A B C D"}
+VIEWS=${VIEWS:-"api mount sshfs rclone cp local"}
 WRITE_SECONDS=${WRITE_SECONDS:-10}
 RANDOM_SECONDS=${RANDOM_SECONDS:-10}
 # sshfs and rclone read a workload for at most this long (their rate is that of the
@@ -97,10 +100,14 @@ for r in rows:
 ' "$RTT" "$1" "$ROUND"
 }
 
+# wants VIEW: whether VIEWS has it.
+wants() { case " $VIEWS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
 # bench LABEL ARGS...: one `dmover bench remote` in the near namespace (API or mount).
 bench() {
     local label=$1
     shift
+    wants "$label" || return 0
     timeout -k 10 "$LIMIT" ip netns exec "$A" "$DMOVER" bench remote \
         "dmover://$FAR:$PORT/data" --token-file "$WORK/token" --json "$@" \
         2>>"$WORK/bench.log" | to_csv "$label" || true
@@ -111,6 +118,7 @@ bench() {
 peer() {
     local p=$1
     shift
+    wants "$p" || return 0
     LIMIT=$LIMIT ip netns exec "$A" bash -c '
         W=$1 p=$2 D=$3 URL=$4; shift 4
         if [ "$p" = sshfs ]; then
@@ -129,6 +137,15 @@ peer() {
         pkill -x rclone || true
     ' _ "$WORK" "$p" "$DMOVER" "dmover://$FAR:$PORT/data" "$@" 2>>"$WORK/bench.log" |
         to_csv "$p" || true
+}
+
+# local_disk ARGS...: the same workload in the server's directory itself (`--via dir`
+# on this machine's disk: the reference the remote views are compared with).
+local_disk() {
+    wants local || return 0
+    timeout -k 10 "$LIMIT" ip netns exec "$A" "$DMOVER" bench remote \
+        "dmover://$FAR:$PORT/data" --token-file "$WORK/token" --json "$@" \
+        --via dir --dir "$ROOT/data" 2>>"$WORK/bench.log" | to_csv local || true
 }
 
 # timed_cp OP SRC DST: one cold `dmover cp` in the near namespace, timed from start to
@@ -169,18 +186,21 @@ for RTT in $RTTS; do
             bench mount "${seq_args[@]}" --via mount --seconds 300
             peer sshfs "${seq_args[@]}" --seconds "$PEER_SECONDS"
             peer rclone "${seq_args[@]}" --seconds "$PEER_SECONDS"
+            local_disk "${seq_args[@]}" --seconds 300
             # dmover cp of the same amount of data (n files of size), cold: pulled (the
             # reads' reference) and pushed (the writes').
-            rm -rf "$ROOT/data/cp-$w" "$WORK/pulled" "$WORK/push"
-            mkdir -p "$ROOT/data/cp-$w" "$WORK/pulled" "$WORK/push/cp-$w"
-            for i in $(seq 1 "$n"); do
-                head -c "$bytes" /dev/urandom >"$ROOT/data/cp-$w/f$i"
-                head -c "$bytes" /dev/urandom >"$WORK/push/cp-$w/f$i"
-            done
-            timed_cp read "dmover://$FAR:$PORT/data/cp-$w" "$WORK/pulled/"
-            rm -rf "$ROOT/data/cp-$w"
-            timed_cp write "$WORK/push/cp-$w" "dmover://$FAR:$PORT/data/"
-            rm -rf "$ROOT/data/cp-$w" "$WORK/pulled" "$WORK/push"
+            if wants cp; then
+                rm -rf "$ROOT/data/cp-$w" "$WORK/pulled" "$WORK/push"
+                mkdir -p "$ROOT/data/cp-$w" "$WORK/pulled" "$WORK/push/cp-$w"
+                for i in $(seq 1 "$n"); do
+                    head -c "$bytes" /dev/urandom >"$ROOT/data/cp-$w/f$i"
+                    head -c "$bytes" /dev/urandom >"$WORK/push/cp-$w/f$i"
+                done
+                timed_cp read "dmover://$FAR:$PORT/data/cp-$w" "$WORK/pulled/"
+                rm -rf "$ROOT/data/cp-$w"
+                timed_cp write "$WORK/push/cp-$w" "dmover://$FAR:$PORT/data/"
+                rm -rf "$ROOT/data/cp-$w" "$WORK/pulled" "$WORK/push"
+            fi
             # Writes of new files, each uploaded whole at its close (API, mount) or
             # written through (sshfs, rclone without its cache), for WRITE_SECONDS.
             w_args=(--workload "$w" --mix write --file-size "$size" --block 128K
@@ -189,6 +209,7 @@ for RTT in $RTTS; do
             bench mount "${w_args[@]}" --via mount
             peer sshfs "${w_args[@]}"
             peer rclone "${w_args[@]}"
+            local_disk "${w_args[@]}"
         done
         # 4 KiB random reads of one 256 MiB file, cold, one at a time.
         r_args=(--workload A --file-size 256M --block 4K --pattern random
@@ -197,6 +218,7 @@ for RTT in $RTTS; do
         bench mount "${r_args[@]}" --via mount
         peer sshfs "${r_args[@]}"
         peer rclone "${r_args[@]}"
+        local_disk "${r_args[@]}"
     done
     # The link's own 4 KiB request/response time (raw TCP, cubic, one connection) and
     # the disk's cold 4 KiB random read (fio, direct I/O): the random reads' bound.
