@@ -193,6 +193,7 @@ pub fn timing(heartbeat: Duration, idle: Duration) -> Timing {
         heartbeat,
         silent_intervals: crate::session::SILENT_INTERVALS,
         stall: idle,
+        stuck: dmover_proto::session::STUCK.min(idle),
         idle: Some(idle),
         join: crate::session::HANDSHAKE_TIMEOUT,
         report_wait: Duration::from_secs(2),

@@ -172,6 +172,35 @@ fn every_stream_broken_fails_both_sides_with_the_cause() {
 }
 
 #[test]
+fn a_stuck_stream_among_moving_ones_is_lost_before_the_stall_limit() {
+    // Stream 2 goes silent early in a long transfer (50 ms per chunk and stream):
+    // the others keep acknowledging, so it is lost once it has made no progress for
+    // `stuck` (20 s), not after the whole stall limit (120 s), and its chunks go on
+    // the others.
+    for push in [true, false] {
+        let r = run(Config {
+            push,
+            chunks: 3000,
+            send: ms(50),
+            faults: vec![Fault::Silence {
+                stream: 2,
+                at: ms(500),
+            }],
+            ..Config::default()
+        });
+        assert_finished(&r);
+        assert_exactly_once(&r);
+        assert_eq!(r.source_stats.streams_lost, 1, "push {push}");
+        assert!(r.source_stats.chunks_resent > 0);
+        let t = r.source_at.unwrap();
+        assert!(
+            t >= Timing::default().stuck && t < Duration::from_secs(60),
+            "push {push}: took {t:?}"
+        );
+    }
+}
+
+#[test]
 fn a_silent_stream_is_lost_after_the_stall_limit_and_its_chunks_resent() {
     let timing = Timing {
         stall: Duration::from_secs(5),

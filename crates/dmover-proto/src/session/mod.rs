@@ -265,6 +265,10 @@ pub struct Timing {
     /// acknowledgement, no new chunk after it had none) for this long is lost, and its
     /// chunks are sent on the others.
     pub stall: Duration,
+    /// Source: a stream with unacknowledged chunks that made no progress for this
+    /// long is lost as soon as another stream brings an acknowledgement: one stuck TCP
+    /// connection among moving ones does not hold its chunks for the whole `stall`.
+    pub stuck: Duration,
     /// Sink: a stream that delivers no frame for this long while chunks are still
     /// expected is lost (`None`: no limit).
     pub idle: Option<Duration>,
@@ -274,6 +278,10 @@ pub struct Timing {
     /// report.
     pub report_wait: Duration,
 }
+
+/// Default [`Timing::stuck`]: longer than TCP's retransmission back-off takes to
+/// recover a stream on a long link (a few seconds), far shorter than the stall limit.
+pub const STUCK: Duration = Duration::from_secs(20);
 
 /// Default heartbeat interval.
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
@@ -303,6 +311,7 @@ impl Default for Timing {
             heartbeat: HEARTBEAT,
             silent_intervals: 4,
             stall: Duration::from_secs(120),
+            stuck: STUCK,
             idle: Some(Duration::from_secs(120)),
             join: Duration::from_secs(30),
             report_wait: Duration::from_secs(2),

@@ -27,7 +27,8 @@
 //! [`SourceSession::chunk_read`], and gets [`SourceCommand::Send`] naming the stream for
 //! it: a joined stream that is not writing, with the fewest unacknowledged chunks and
 //! fewer than the window. A stream is lost when it fails, or when it has
-//! unacknowledged chunks and no progress for [`super::Timing::stall`]; its
+//! unacknowledged chunks and no progress for [`super::Timing::stall`], or for
+//! [`super::Timing::stuck`] while another stream brings acknowledgements; its
 //! unacknowledged chunks are read again and sent on the others.
 
 use std::collections::{BTreeSet, VecDeque};
@@ -994,8 +995,40 @@ impl<E: Cause + Clone> SourceSession<E> {
         }
         s.since = now;
         self.acked += n;
+        self.lose_stuck(now, stream);
         self.check_drained();
         self.assign(now);
+    }
+
+    /// Streams other than `moving` (which just brought an acknowledgement) that have
+    /// unacknowledged chunks and made no progress for [`Timing::stuck`]: lost, their
+    /// chunks go on the others. (A stuck connection among moving ones; when none
+    /// moves, the whole [`Timing::stall`] applies.)
+    fn lose_stuck(&mut self, now: Instant, moving: u16) {
+        let stuck = self.link.timing.stuck;
+        let ids: Vec<u16> = self
+            .streams
+            .iter()
+            .enumerate()
+            .filter(|&(i, s)| {
+                i != moving as usize
+                    && s.join == Join::Live
+                    && !s.unacked.is_empty()
+                    && now >= s.since + stuck
+            })
+            .map(|(i, _)| i as u16)
+            .collect();
+        for i in ids {
+            if !self.link.live() {
+                break;
+            }
+            let e = SessionError::Stalled {
+                peer: self.link.peer.clone(),
+                stream: i,
+                secs: stuck.as_secs(),
+            };
+            self.lose(now, i, e);
+        }
     }
 
     /// (feature [`features::CONTINUOUS`], growing manifest) Newer modification times
