@@ -201,6 +201,23 @@ fn a_stuck_stream_among_moving_ones_is_lost_before_the_stall_limit() {
 }
 
 #[test]
+fn slow_streams_that_all_move_are_not_stuck() {
+    // A low bandwidth limit with large chunks: every stream takes 30 s per chunk, far
+    // over `stuck`, and acknowledges at about the time the others do. None is lost.
+    for push in [true, false] {
+        let r = run(Config {
+            push,
+            chunks: 24,
+            send: Duration::from_secs(30),
+            ..Config::default()
+        });
+        assert_finished(&r);
+        assert_exactly_once(&r);
+        assert_eq!(r.source_stats.streams_lost, 0, "push {push}");
+    }
+}
+
+#[test]
 fn a_silent_stream_is_lost_after_the_stall_limit_and_its_chunks_resent() {
     let timing = Timing {
         stall: Duration::from_secs(5),

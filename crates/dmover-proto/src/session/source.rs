@@ -163,9 +163,16 @@ struct Stream {
     acked: u64,
     /// Last progress while chunks were unacknowledged.
     since: Instant,
+    /// The session's acknowledged chunks at `since`: how far the others got since.
+    mark: u64,
     /// When the writes of the unacknowledged chunks ended, as far as reported.
     written_at: VecDeque<Instant>,
 }
+
+/// Chunks each other stream must have had acknowledged, on average, while a stream
+/// made no progress, before [`Timing::stuck`] may declare it lost: a healthy stream
+/// that shares the link lags its peers by less.
+const STUCK_CHUNKS: u64 = 4;
 
 /// Most chunk ranges a sink may have waiting in its requests.
 const MAX_WANTED: usize = 1 << 20;
@@ -319,6 +326,7 @@ impl<E: Cause + Clone> SourceSession<E> {
                 sent: 0,
                 acked: 0,
                 since: now,
+                mark: 0,
                 written_at: VecDeque::new(),
             })
             .collect();
@@ -828,6 +836,7 @@ impl<E: Cause + Clone> SourceSession<E> {
         if s.join == Join::Pending && self.link.live() {
             s.join = Join::Live;
             s.since = now;
+            s.mark = self.acked;
             self.assign(now);
             self.check_joins_complete();
         }
@@ -995,17 +1004,23 @@ impl<E: Cause + Clone> SourceSession<E> {
         }
         s.since = now;
         self.acked += n;
+        s.mark = self.acked;
         self.lose_stuck(now, stream);
         self.check_drained();
         self.assign(now);
     }
 
     /// Streams other than `moving` (which just brought an acknowledgement) that have
-    /// unacknowledged chunks and made no progress for [`Timing::stuck`]: lost, their
-    /// chunks go on the others. (A stuck connection among moving ones; when none
-    /// moves, the whole [`Timing::stall`] applies.)
+    /// unacknowledged chunks and made no progress for [`Timing::stuck`], while the
+    /// others acknowledged [`STUCK_CHUNKS`] chunks each on average: lost, their chunks
+    /// go on the others. (A stuck connection among moving ones; when none moves, or
+    /// all move slowly — a low bandwidth limit with large chunks — the whole
+    /// [`Timing::stall`] applies.)
     fn lose_stuck(&mut self, now: Instant, moving: u16) {
         let stuck = self.link.timing.stuck;
+        let live = self.streams.iter().filter(|s| s.join == Join::Live).count() as u64;
+        let others = STUCK_CHUNKS * live.saturating_sub(1).max(1);
+        let acked = self.acked;
         let ids: Vec<u16> = self
             .streams
             .iter()
@@ -1015,6 +1030,7 @@ impl<E: Cause + Clone> SourceSession<E> {
                     && s.join == Join::Live
                     && !s.unacked.is_empty()
                     && now >= s.since + stuck
+                    && acked - s.mark >= others
             })
             .map(|(i, _)| i as u16)
             .collect();
@@ -1136,9 +1152,11 @@ impl<E: Cause + Clone> SourceSession<E> {
                 .map(|(i, _)| i);
             let Some(i) = best else { return };
             let (chunk, meta) = self.ready.pop_front().expect("not empty");
+            let acked = self.acked;
             let s = &mut self.streams[i];
             if s.unacked.is_empty() {
                 s.since = now;
+                s.mark = acked;
             }
             s.unacked.push_back((chunk, meta.clone()));
             s.writing = Some(chunk);
