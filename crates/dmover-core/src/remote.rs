@@ -339,6 +339,40 @@ impl ChunkCache {
     pub fn manifest(&self) -> &[Entry] {
         &self.entries
     }
+
+    /// Checks what came for chunk `k` (`what` names it: the chunk, or a part of it):
+    /// its CRC against `crc_of` of its bytes (with checksums on), and that no file of
+    /// it failed at the source (a failure marker in `trailer`).
+    fn check(
+        &self,
+        k: u64,
+        what: impl Fn() -> String,
+        crc_of: impl FnOnce() -> u32,
+        crc: Option<u32>,
+        trailer: &[u8],
+    ) -> dmover_store::Result<()> {
+        use dmover_store::Error as E;
+        if self.checksum {
+            let want =
+                crc.ok_or_else(|| E::protocol("the source", format!("{} carries no CRC", what())))?;
+            let got = crc_of();
+            if got != want {
+                return Err(E::Checksum(format!(
+                    "{} arrived corrupted (CRC32C {got:08x}, sent as {want:08x})",
+                    what()
+                )));
+            }
+        }
+        let mut digests = DigestEntry::decode_all(trailer)
+            .map_err(|e| E::protocol("the source", format!("chunk {k} digest trailer: {e}")))?;
+        if let Some(d) = digests.find(|d| d.is_failure()) {
+            return Err(E::protocol(
+                "the source",
+                format!("chunk {k}: file {} could not be read there", d.index()),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Sink for ChunkCache {
@@ -358,27 +392,12 @@ impl Sink for ChunkCache {
         trailer: &[u8],
         crc: Option<u32>,
     ) -> dmover_store::Result<()> {
-        use dmover_store::Error as E;
-        if self.checksum {
-            let want =
-                crc.ok_or_else(|| E::protocol("the source", format!("chunk {k} carries no CRC")))?;
-            let got = self.layout.pieces(k).fold(0, |c, p| {
+        let crc_of = || {
+            self.layout.pieces(k).fold(0, |c, p| {
                 crc32c_append(c, &buf[p.buf_offset..p.buf_offset + p.len])
-            });
-            if got != want {
-                return Err(E::Checksum(format!(
-                    "chunk {k} arrived corrupted (CRC32C {got:08x}, sent as {want:08x})"
-                )));
-            }
-        }
-        let mut digests = DigestEntry::decode_all(trailer)
-            .map_err(|e| E::protocol("the source", format!("chunk {k} digest trailer: {e}")))?;
-        if let Some(d) = digests.find(|d| d.is_failure()) {
-            return Err(E::protocol(
-                "the source",
-                format!("chunk {k}: file {} could not be read there", d.index()),
-            ));
-        }
+            })
+        };
+        self.check(k, || format!("chunk {k}"), crc_of, crc, trailer)?;
         let (lo, hi) = self.layout.chunk_bounds(k);
         self.shared.arrived(k, buf[..(hi - lo) as usize].into());
         Ok(())
@@ -392,27 +411,8 @@ impl Sink for ChunkCache {
         trailer: &[u8],
         crc: Option<u32>,
     ) -> dmover_store::Result<()> {
-        use dmover_store::Error as E;
-        if self.checksum {
-            let want = crc.ok_or_else(|| {
-                E::protocol("the source", format!("a part of chunk {k} carries no CRC"))
-            })?;
-            let got = crc32c_append(0, data);
-            if got != want {
-                return Err(E::Checksum(format!(
-                    "{} bytes at {offset} of chunk {k} arrived corrupted (CRC32C {got:08x}, sent as {want:08x})",
-                    data.len()
-                )));
-            }
-        }
-        let mut digests = DigestEntry::decode_all(trailer)
-            .map_err(|e| E::protocol("the source", format!("chunk {k} digest trailer: {e}")))?;
-        if let Some(d) = digests.find(|d| d.is_failure()) {
-            return Err(E::protocol(
-                "the source",
-                format!("chunk {k}: file {} could not be read there", d.index()),
-            ));
-        }
+        let what = || format!("{} bytes at {offset} of chunk {k}", data.len());
+        self.check(k, what, || crc32c_append(0, data), crc, trailer)?;
         self.shared.part_arrived(k, offset, data.into());
         Ok(())
     }
@@ -753,20 +753,22 @@ impl Remote {
                 needs.push(Need::Here(d, 0));
                 continue;
             }
-            let (tx, rx) = oneshot::channel();
-            if let Some(ws) = st.inflight.get_mut(&k) {
-                ws.push(tx);
-                needs.push(Need::Coming(rx, 0));
-                continue;
-            }
             // The read's bytes in chunk k: a small random read asks for those alone
             // (over 1 Gbit/s a 64 KiB chunk takes 0.5 ms longer than 4 KiB).
             let base = k * cs;
             let from = (file_start + offset).max(base) - base;
             let to = (file_start + end).min(base + cs) - base;
-            if let Some((d, at)) = st.part_cache.get(k, from, to) {
-                hits += 1;
-                needs.push(Need::Here(d, at));
+            if !st.inflight.contains_key(&k) {
+                if let Some((d, at)) = st.part_cache.get(k, from, to) {
+                    hits += 1;
+                    needs.push(Need::Here(d, at));
+                    continue;
+                }
+            }
+            let (tx, rx) = oneshot::channel();
+            if let Some(ws) = st.inflight.get_mut(&k) {
+                ws.push(tx);
+                needs.push(Need::Coming(rx, 0));
                 continue;
             }
             if self.parts && !sequential && (to - from) * 2 <= cs {

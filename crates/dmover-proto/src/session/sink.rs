@@ -971,14 +971,7 @@ impl<E: Cause + Clone> SinkSession<E> {
             self.flush_failure();
             return Arrival::Refused;
         }
-        let s = &mut self.streams[stream as usize];
-        s.frames += 1;
-        s.last_frame = now;
-        self.progress = now;
-        self.commands.push_back(SinkCommand::Ack {
-            stream,
-            frames: s.frames,
-        });
+        self.count_frame(now, stream);
         let (word, bit) = ((chunk / 64) as usize, 1u64 << (chunk % 64));
         if self.expected.contains(chunk) && self.seen[word] & bit == 0 {
             self.seen[word] |= bit;
@@ -1018,14 +1011,7 @@ impl<E: Cause + Clone> SinkSession<E> {
             self.flush_failure();
             return Arrival::Refused;
         }
-        let s = &mut self.streams[stream as usize];
-        s.frames += 1;
-        s.last_frame = now;
-        self.progress = now;
-        self.commands.push_back(SinkCommand::Ack {
-            stream,
-            frames: s.frames,
-        });
+        self.count_frame(now, stream);
         match self.parts_out.get_mut(&(chunk, range)) {
             Some(n) => {
                 *n -= 1;
@@ -1043,6 +1029,18 @@ impl<E: Cause + Clone> SinkSession<E> {
                 Arrival::Duplicate
             }
         }
+    }
+
+    /// A whole frame came on `stream`: counted, and acknowledged (with the count).
+    fn count_frame(&mut self, now: Instant, stream: u16) {
+        let s = &mut self.streams[stream as usize];
+        s.frames += 1;
+        s.last_frame = now;
+        self.progress = now;
+        self.commands.push_back(SinkCommand::Ack {
+            stream,
+            frames: s.frames,
+        });
     }
 
     /// A part [`SinkSession::arrived_part`] said to write is written.

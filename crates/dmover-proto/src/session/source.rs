@@ -728,12 +728,17 @@ impl<E: Cause + Clone> SourceSession<E> {
         }
     }
 
-    fn on_want(&mut self, w: Want) -> Result<(), SessionError<E>> {
-        let limit = if self.growing {
+    /// The chunks a request may name: those the sink is prepared for.
+    fn want_limit(&self) -> u64 {
+        if self.growing {
             self.confirmed
         } else {
             self.layout_chunks.unwrap_or_else(|| self.chunks.end())
-        };
+        }
+    }
+
+    fn on_want(&mut self, w: Want) -> Result<(), SessionError<E>> {
+        let limit = self.want_limit();
         for r in w.chunks {
             if r.start >= r.end {
                 continue;
@@ -756,11 +761,7 @@ impl<E: Cause + Clone> SourceSession<E> {
 
     fn on_want_part(&mut self, w: WantParts) -> Result<(), SessionError<E>> {
         let chunk_size = self.info.as_ref().map_or(0, |i| u64::from(i.chunk_size));
-        let limit = if self.growing {
-            self.confirmed
-        } else {
-            self.layout_chunks.unwrap_or_else(|| self.chunks.end())
-        };
+        let limit = self.want_limit();
         for p in w.parts {
             let what = if !self.on_demand {
                 Some("WantPart outside a request-driven session".to_string())
