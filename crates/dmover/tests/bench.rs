@@ -711,8 +711,11 @@ fn net_over_emulated_rtts() {
         assert_eq!(r["tool"], "dmover", "{r:?}");
         assert_eq!(r["link_rate"], "1gbit", "{r:?}");
         let g = number(r, "gbit_per_s");
+        // tbf lets its bucket (128 KiB) through at once and a 0.5 s sample is
+        // timed from the first byte, so a shaped link can read a little above
+        // its rate (1.004 once in CI); an unshaped veth gives several Gbit/s.
         assert!(
-            g > 0.0 && g <= 1.0,
+            g > 0.0 && g <= 1.05,
             "{g} Gbit/s through a 1 Gbit/s link: {r:?}"
         );
     }
