@@ -932,6 +932,7 @@ impl Client {
                 chunk_delay: None,
                 zerocopy: None,
                 limits: None,
+                receive_budget: self.receive_budget(),
             };
             drive::sink(m, &mut conn.ch, joins, prepare, Some(options), env).await
         };
@@ -983,6 +984,7 @@ impl Client {
                     chunk_delay: None,
                     zerocopy: None,
                     limits: None,
+                    receive_budget: self.receive_budget(),
                 };
                 let r = drive::source(m, &mut conn.ch, joins, source, env).await?;
                 // B took every chunk it expected (none, maybe) without a resume
@@ -1272,7 +1274,18 @@ impl Client {
             chunk_delay: None,
             zerocopy: None,
             limits: None,
+            receive_budget: self.receive_budget(),
         }
+    }
+
+    /// The receive budget of this client's data streams as a sink: none when the user
+    /// set their buffers.
+    fn receive_budget(&self) -> Option<u64> {
+        self.opts
+            .socket
+            .recv_buffer
+            .is_none()
+            .then(tcp::receive_budget)
     }
 
     /// Runs attempts of a transfer until one succeeds, retrying (and resuming) after

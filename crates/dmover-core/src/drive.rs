@@ -33,6 +33,7 @@ use dmover_net::NetError;
 use dmover_net::control::ControlChannel;
 use dmover_net::join::Joined;
 use dmover_net::stream::DataIo;
+use dmover_net::tcp;
 use dmover_net::tcpinfo::TcpMeter;
 use dmover_net::transport::{AckRx, ChunkFrame, ChunkTx, DataLink};
 use dmover_net::zerocopy::ZeroCopyStats;
@@ -481,6 +482,10 @@ pub struct Env {
     /// on them first (a server sets the congestion control asked for on its sending
     /// ends). `None`: it answers that it has no limits.
     pub limits: Option<LimitsAnswer>,
+    /// (a sink) The receive buffer its data streams may hold together
+    /// ([`tcp::receive_budget`]); `None`: the kernel's autotuning alone (the user set
+    /// `SO_RCVBUF`, or the streams are not TCP).
+    pub receive_budget: Option<u64>,
 }
 
 /// See [`Env::limits`].
@@ -1304,6 +1309,100 @@ impl Meters {
     }
 }
 
+/// A sink's hold on its data streams' receive buffers: the session's receive budget
+/// ([`Env::receive_budget`]) shared among the streams that joined (of a tuning source,
+/// among those it sends on), set again on all of them whenever one joins or the tuner
+/// changes its number ([`tcp::receive_share`]). Like [`Meters`], each entry holds its
+/// stream's connection open, so it goes when the stream ends or is lost.
+struct Windows {
+    budget: Option<u64>,
+    live: HashMap<u16, TcpMeter>,
+    /// The streams a tuning source sends on (its latest `Tuned`): the others idle and
+    /// hold nothing, so the budget is shared among these.
+    sending: Option<u16>,
+    /// The share last set (0: autotuning), for the report.
+    progress: Arc<crate::engine::Progress>,
+    /// Said once why a share could not be set.
+    refused: bool,
+}
+
+impl Windows {
+    fn new(budget: Option<u64>, progress: Arc<crate::engine::Progress>) -> Self {
+        Windows {
+            budget,
+            live: HashMap::new(),
+            sending: None,
+            progress,
+            refused: false,
+        }
+    }
+
+    fn join(&mut self, stream: u16, meter: Option<TcpMeter>) {
+        if self.budget.is_none() {
+            return;
+        }
+        if let Some(mt) = meter {
+            self.live.insert(stream, mt);
+            self.apply();
+        }
+    }
+
+    /// A tuning source sends on `streams` from now on.
+    fn sending(&mut self, streams: u16) {
+        if self.sending != Some(streams) {
+            self.sending = Some(streams);
+            self.apply();
+        }
+    }
+
+    /// A stream ended, lost or closed. The others keep their shares: streams end
+    /// together with the session, and a lost one is soon replaced (which sets the
+    /// shares again).
+    fn retire(&mut self, stream: u16) {
+        self.live.remove(&stream);
+    }
+
+    fn retire_all(&mut self) {
+        self.live.clear();
+    }
+
+    fn apply(&mut self) {
+        let (Some(budget), Some(max)) = (self.budget, tcp::autotune_max()) else {
+            return;
+        };
+        if self.live.is_empty() {
+            return;
+        }
+        let streams = self.sending.map_or(self.live.len(), |n| {
+            self.live.len().min(usize::from(n).max(1))
+        });
+        let Some(share) = tcp::receive_share(budget, streams, max) else {
+            return;
+        };
+        let mut set = 0;
+        for mt in self.live.values() {
+            match tcp::cap_receive(mt, share) {
+                Ok(()) => set += 1,
+                Err(e) if !self.refused => {
+                    self.refused = true;
+                    tracing::debug!("receive buffers left to autotuning: {e}");
+                }
+                Err(_) => {}
+            }
+        }
+        if set > 0 {
+            let old = self.progress.receive_buffer.swap(share, Relaxed);
+            if old != share {
+                tracing::debug!(
+                    "receive buffer of each of {} data streams held to {share} bytes ({streams} \
+                     sending share a {budget}-byte budget; autotuning would grow each to {max})",
+                    self.live.len()
+                );
+            }
+        }
+    }
+}
+
 /// Feeds the source's tuner the clock and the bytes sent (as the streams' TCP
 /// counters have them acknowledged, or else as written), and applies its decision:
 /// the machine sends on that many streams and tells the sink; the progress says so.
@@ -1738,6 +1837,7 @@ where
     let mut meta = Vec::new();
     let mut cancelled = false;
     let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut windows = Windows::new(env.receive_budget, env.run.progress.clone());
     loop {
         if let Some((k, ..)) = &live
             && !times.is_empty()
@@ -1758,6 +1858,7 @@ where
                     }
                     SinkCommand::Close { stream } => {
                         tasks.remove(&stream);
+                        windows.retire(stream);
                         waiting.retain(|(i, _)| *i != stream);
                     }
                 }
@@ -1872,6 +1973,7 @@ where
                     }
                     SinkEvent::Tuned(t) => {
                         tracing::info!("{peer} tuned the transfer: {}", t.reason);
+                        windows.sending(t.streams);
                         let p = &env.run.progress;
                         let of = m.info().map_or(t.streams, |i| i.streams);
                         // The first decision is where the tuner starts; changes follow.
@@ -1929,6 +2031,7 @@ where
                     SinkEvent::Failed(e) => {
                         ctl.flush(&mut m).await;
                         tasks.clear();
+                        windows.retire_all();
                         // Writes still queued are skipped; the sink gives up (nothing
                         // incomplete under a final name) when the last of those that
                         // run lets it go: aborting under a running write could journal
@@ -1985,10 +2088,12 @@ where
                 SinkIn::PartWritten(Err(e)) => m.fail(now(), Fault::new(e)),
                 SinkIn::End { stream, sent } => {
                     tasks.remove(&stream);
+                    windows.retire(stream);
                     m.stream_end(now(), stream, sent);
                 }
                 SinkIn::Failed { stream, error } => {
                     tasks.remove(&stream);
+                    windows.retire(stream);
                     m.stream_failed(now(), stream, Fault::new(error));
                 }
                 SinkIn::Written { chunk, result: Ok(()) } => {
@@ -2036,6 +2141,7 @@ where
             (i, r) = joins.next() => match r {
                 Ok(s) => {
                     m.stream_joined(now(), i);
+                    windows.join(i, s.io.meter());
                     match &live {
                         Some((_, sink, pool)) => {
                             let timed = news.is_some() || m.uses(features::TUNING);
@@ -2485,6 +2591,7 @@ mod tests {
             chunk_delay: None,
             zerocopy: None,
             limits: None,
+            receive_budget: None,
         }
     }
 

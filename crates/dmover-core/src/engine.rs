@@ -61,6 +61,10 @@ pub struct Progress {
     /// `TCP_INFO` `tcpi_min_rtt`, or the acknowledgements' when not TCP), in
     /// microseconds; 0 while unknown (see [`Progress::note_rtt`]).
     pub min_rtt_us: AtomicU64,
+    /// The receive buffer this side, as a sink, last held each data stream to
+    /// (`SO_RCVBUF`, bytes; see [`dmover_net::tcp::receive_budget`]); 0: the kernel's
+    /// autotuning.
+    pub receive_buffer: AtomicU64,
     /// When the first chunk crossed a data stream (see [`Progress::data_flowing`]).
     first_data: std::sync::OnceLock<std::time::Instant>,
     /// Events for a live view, oldest first (see [`Progress::event`]).

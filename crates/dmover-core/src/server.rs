@@ -1244,6 +1244,12 @@ impl Server {
             chunk_delay: self.faults.chunk_delay,
             zerocopy: None,
             limits: Some(answer),
+            receive_budget: self
+                .cfg
+                .socket
+                .recv_buffer
+                .is_none()
+                .then(tcp::receive_budget),
         };
         match open.op {
             Op::Grant(_)

@@ -62,6 +62,111 @@ pub fn tune(sock: SockRef<'_>, opts: &SocketOptions) {
     }
 }
 
+/// How much receive buffer one session's data streams may hold together: an eighth
+/// of the kernel's TCP memory pressure threshold (`net.ipv4.tcp_mem`'s middle value;
+/// where a network namespace hides it, a sixteenth of the memory, as the kernel sizes
+/// it). Autotuning lets every socket grow to `tcp_rmem`'s maximum, which on long fat
+/// links must be large; many streams of one session then hold far more than the
+/// link's bandwidth-delay product, the kernel reaches memory pressure and throttles
+/// every connection to a crawl (measured: 8 streams at 5 Gbit/s, 200 ms RTT with a
+/// 500 MB maximum stalled 2 runs in 6; with 64 MiB none, and faster; docs/tuning.md).
+/// An eighth leaves room for the sending side on the same host, other sessions and
+/// the buffers' own overhead; on this 23 GB machine it is 196 MB, 1.6 × the 5 Gbit/s,
+/// 200 ms link's product.
+pub fn receive_budget() -> u64 {
+    static BUDGET: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *BUDGET.get_or_init(|| pressure_bytes() / 8)
+}
+
+/// The kernel's TCP memory pressure threshold in bytes.
+fn pressure_bytes() -> u64 {
+    // SAFETY: sysconf reads a constant of the system.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let from_sysctl = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_mem")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok());
+    if let Some(pages) = from_sysctl {
+        return pages * page;
+    }
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(4 << 30, |kib| kib * 1024);
+    total / 16
+}
+
+/// The largest receive buffer autotuning grows a socket to in this process's network
+/// namespace (`net.ipv4.tcp_rmem`'s maximum); `None` when unreadable.
+pub fn autotune_max() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_rmem")
+        .ok()?
+        .split_whitespace()
+        .nth(2)?
+        .parse()
+        .ok()
+}
+
+/// The smallest receive buffer a data stream is held to, whatever the budget.
+pub const MIN_RECEIVE_SHARE: u64 = 1 << 20;
+
+/// What each of `streams` data streams may hold of a session's receive `budget`
+/// (the value for `SO_RCVBUF`, which the kernel doubles for its overhead): `None`
+/// when autotuning alone stays within the share (its maximum `autotune_max` is at most
+/// the doubled share), so short links keep the kernel's own small buffers.
+pub fn receive_share(budget: u64, streams: usize, autotune_max: u64) -> Option<u64> {
+    let share = (budget / streams.max(1) as u64).max(MIN_RECEIVE_SHARE);
+    (share.saturating_mul(2) < autotune_max).then_some(share.min(i32::MAX as u64 / 2))
+}
+
+/// Holds a TCP socket's receive buffer to `bytes` (`SO_RCVBUF`, which turns
+/// autotuning off for it; the kernel doubles the value). Above `net.core.rmem_max` this
+/// needs `CAP_NET_ADMIN` (`SO_RCVBUFFORCE`); without it the socket is left as it was
+/// and the error says so (a buffer cut to `rmem_max` would cripple a long link).
+pub fn cap_receive(fd: impl std::os::fd::AsFd, bytes: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX / 2);
+    let set = |opt| {
+        // SAFETY: the value and its length describe a c_int; the fd is open.
+        let r = unsafe {
+            libc::setsockopt(
+                fd.as_fd().as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&raw const v).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    match set(libc::SO_RCVBUFFORCE) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            let max = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+            if bytes <= max {
+                set(libc::SO_RCVBUF)
+            } else {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    format!(
+                        "a receive buffer of {bytes} bytes is above net.core.rmem_max \
+                         ({max}) and needs CAP_NET_ADMIN"
+                    ),
+                ))
+            }
+        }
+        r => r,
+    }
+}
+
 /// A congestion control the kernel does not pace by itself (on a qdisc that does not
 /// pace): where a server's connections start, and what a request-driven session (a
 /// mount's reads) asks its server to send with unless told otherwise. BBR asks the
@@ -207,6 +312,48 @@ mod tests {
     use super::*;
 
     /// `reno` is in every kernel and allowed to every process by default.
+    #[test]
+    fn a_receive_share_divides_the_budget_and_leaves_short_links_to_autotuning() {
+        // 196 MB among 8 streams against a 500 MB autotuning maximum: held.
+        assert_eq!(receive_share(196 << 20, 8, 500 << 20), Some(196 << 17));
+        // Fewer streams, more each; one stream may take the whole budget.
+        assert_eq!(receive_share(196 << 20, 4, 500 << 20), Some(49 << 20));
+        assert_eq!(receive_share(196 << 20, 1, 500 << 20), Some(196 << 20));
+        // Autotuning's own maximum (32 MiB) is within twice the share: left alone.
+        assert_eq!(receive_share(196 << 20, 4, 32 << 20), None);
+        assert_eq!(receive_share(196 << 20, 8, 49 << 20), None);
+        // Never below the floor, and no streams count as one.
+        assert_eq!(
+            receive_share(8 << 20, 64, 500 << 20),
+            Some(MIN_RECEIVE_SHARE)
+        );
+        assert_eq!(receive_share(8 << 20, 0, 500 << 20), Some(8 << 20));
+        assert!(receive_budget() >= 1 << 20);
+    }
+
+    #[test]
+    fn a_capped_receive_buffer_reads_back_doubled_or_says_why_not() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let want = 3u64 << 20;
+        match cap_receive(&b, want) {
+            Ok(()) => {
+                let got = SockRef::from(&b).recv_buffer_size().unwrap() as u64;
+                assert_eq!(got, 2 * want, "the kernel doubles SO_RCVBUF");
+            }
+            Err(e) => {
+                // Only a process without CAP_NET_ADMIN, above rmem_max, is refused.
+                assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+                assert!(e.to_string().contains("rmem_max"), "{e}");
+            }
+        }
+        // Not a socket: an error, not a panic.
+        let f = std::fs::File::open("/dev/null").unwrap();
+        assert!(cap_receive(&f, want).is_err());
+        drop(a);
+    }
+
     #[test]
     fn a_congestion_control_is_checked_set_and_read_back() {
         assert_eq!(check_congestion("reno"), Ok(()));

@@ -18,6 +18,12 @@ pub struct TcpMeter {
     fd: OwnedFd,
 }
 
+impl AsFd for TcpMeter {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 /// One reading of [`TcpMeter`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TcpSample {

@@ -479,6 +479,12 @@ struct JsonReport {
     /// flowing from the first part on): how many; absent when it came whole.
     #[serde(skip_serializing_if = "Option::is_none")]
     manifest_parts: Option<u32>,
+    /// A pull whose client held each data stream's receive buffer to this many bytes
+    /// (`SO_RCVBUF`; its share of the session's budget,
+    /// [`dmover_net::tcp::receive_budget`]); absent when the kernel's autotuning alone
+    /// sized them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    receive_buffer: Option<u64>,
     /// Set-up time and steady-state rate (see [`Timing`]).
     #[serde(flatten)]
     timing: Timing,
@@ -701,6 +707,10 @@ pub fn report_with(
                         0 => None,
                         n => Some(n + 1),
                     },
+                    receive_buffer: match progress.receive_buffer.load(Ordering::Relaxed) {
+                        0 => None,
+                        n => Some(n),
+                    },
                     timing,
                 };
                 print_line(&j);
@@ -814,6 +824,7 @@ pub fn report_with(
                     bytes_received: None,
                     relay_peak_bytes: None,
                     manifest_parts: None,
+                    receive_buffer: None,
                     timing,
                 };
                 print_line(&j);

@@ -2,7 +2,8 @@
 //! finishes within its budget (plus slack for set-up on a loaded machine), its JSON has
 //! the fields with sane values, and its test files are gone afterwards, locally and on
 //! the server, also after Ctrl-C; refusals and an unreachable host give clear errors
-//! with their exit codes.
+//! with their exit codes. A pull holds its data streams' receive buffers to shares of
+//! a budget (in a network namespace with long-link buffer settings).
 
 mod common;
 
@@ -355,4 +356,91 @@ fn the_tuner_decides_within_a_network_only_budget() {
     assert!(decisions.len() >= 2, "no decision after the start: {j}");
     assert!(decisions[1]["gbit_per_s"].as_f64().unwrap() > 0.0, "{j}");
     assert_eq!(j["network"]["changes"], decisions.len() as u64 - 1, "{j}");
+}
+
+/// A pull holds each data stream's receive buffer to its share of the session's
+/// receive budget where autotuning would grow it past that (a host whose `tcp_rmem`
+/// maximum is 1 GiB, as long fat links want): more streams, smaller shares, never
+/// below the floor; `--tcp-buffer` leaves the buffers to the user. Two hosts on a
+/// veth, so the sysctl touches nothing else.
+#[test]
+fn a_pull_shares_its_receive_budget_among_its_streams() {
+    use dmover_netlab::{TopoLinkKind, Topology, TopologySpec};
+    if !netlab_available("a_pull_shares_its_receive_budget_among_its_streams") {
+        return;
+    }
+    let t = tempfile::Builder::new()
+        .prefix("dmover-rcvbuf-")
+        .tempdir()
+        .unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir_all(root.join("data")).unwrap();
+    for i in 0..4u64 {
+        write_file(
+            &root.join(format!("data/f{i}")),
+            i,
+            4 << 20,
+            0o644,
+            1_000_000,
+        );
+    }
+    let token = t.path().join("token");
+    std::fs::write(&token, "a token for the receive buffer test\n").unwrap();
+    let kh = known_hosts_in(t.path());
+    let lab = format!("rcv{}", std::process::id() % 100_000);
+    let spec = TopologySpec::new(&["a", "b"]).link("a", "b", TopoLinkKind::Veth);
+    let topo = Topology::up(&lab, &spec).unwrap();
+    // The client, b, autotunes as on a long fat link.
+    let h = topo.host("b").unwrap();
+    let o = h
+        .command("sh")
+        .args([
+            "-c",
+            "echo '4096 131072 1073741824' > /proc/sys/net/ipv4/tcp_rmem",
+        ])
+        .output()
+        .unwrap();
+    ok(&o);
+    let addr = format!("{}:7700", topo.addr("a", "b").unwrap());
+    let srv = ns_serve(&topo, "a", &root, &token, &addr);
+    let pull = |streams: &str, extra: &[&str], dest: &str| {
+        let mut c = h.command(bin());
+        c.args(["cp", "--json"]);
+        if !streams.is_empty() {
+            c.args(["-P", streams]);
+        }
+        let o = c
+            .arg("--token-file")
+            .arg(&token)
+            .args(extra)
+            .arg(format!("dmover://{addr}/data"))
+            .arg(t.path().join(dest))
+            .env("DMOVER_KNOWN_HOSTS", &kh)
+            .output()
+            .unwrap();
+        ok(&o);
+        same(&root.join("data"), &t.path().join(dest));
+        json(&o)
+    };
+    let share = |j: &serde_json::Value| {
+        j["receive_buffer"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no receive_buffer: {j}"))
+    };
+    let one = share(&pull("1", &[], "one"));
+    let eight = share(&pull("8", &[], "eight"));
+    assert!(
+        eight < one,
+        "8 streams hold {eight} bytes each, 1 holds {one}"
+    );
+    assert!(eight >= 1 << 20, "below the floor: {eight}");
+    // Twice the share (the kernel's doubling) stays below autotuning's maximum.
+    assert!(one * 2 < 1 << 30, "{one}");
+    // Tuned (no -P): the shares follow the streams the server's tuner sends on.
+    let tuned = share(&pull("", &[], "tuned"));
+    assert!(tuned >= 1 << 20 && tuned * 2 < 1 << 30, "{tuned}");
+    let j = pull("8", &["--tcp-buffer", "4M"], "pinned");
+    assert!(j.get("receive_buffer").is_none(), "{j}");
+    drop(srv);
+    topo.down().unwrap();
 }
