@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Summarises docs/bench/tune-cells.sh's CSV: per link and dataset, the bound (the
+longest of the best raw TCP, the cold read and the synced write), the median wall time
+of each mode, and issue 13's ratios; with --svg FILE, a plot of wall time / bound per
+cell and mode against the 1.15 goal.
+
+    python3 docs/bench/tune-cells-summary.py cells.csv [--svg ratios.svg]
+"""
+import csv
+import statistics
+import sys
+from collections import defaultdict
+
+MODES = ["tuned", "default", "best"]
+
+
+def load(path):
+    cells = defaultdict(lambda: {"raw": [], "read": None, "write": None, "modes": defaultdict(list), "streams": []})
+    order = []
+    for r in csv.DictReader(open(path)):
+        if not r["seconds"]:
+            continue
+        key = (float(r["rtt_ms"]), r["loss"], r["dataset"])
+        if key not in cells:
+            order.append(key)
+        c = cells[key]
+        c["bytes"] = int(r["bytes"])
+        s = float(r["seconds"])
+        if r["kind"] == "bound":
+            if r["mode"].startswith("raw-tcp"):
+                c["raw"].append((s, r["mode"]))
+            # Each part of the bound is the best seen: a serial `cat` (the first
+            # runs) and eight at once both measure the local read.
+            elif r["mode"].startswith("cold-read"):
+                c["read"] = min(s, c["read"] or s)
+            elif r["mode"] == "sync-write":
+                c["write"] = min(s, c["write"] or s)
+        else:
+            c["modes"][r["mode"]].append(s)
+            if r["mode"] == "tuned" and r["streams_end"]:
+                c["streams"].append(r["streams_end"])
+    return order, cells
+
+
+def spread(xs):
+    return (max(xs) - min(xs)) if xs else 0.0
+
+
+def summarise(order, cells):
+    rows = []
+    for key in order:
+        c = cells[key]
+        raw, raw_how = min(c["raw"]) if c["raw"] else (0.0, "")
+        bound = max(raw, c["read"] or 0.0, c["write"] or 0.0)
+        limit = {raw: "network (" + raw_how[len("raw-tcp-"):] + ")", c["read"] or 0.0: "disk read", c["write"] or 0.0: "disk write"}[bound]
+        med = {m: statistics.median(c["modes"][m]) for m in MODES if c["modes"][m]}
+        rows.append({
+            "key": key, "bytes": c["bytes"], "bound": bound, "limit": limit, "raw": raw,
+            "read": c["read"], "write": c["write"], "med": med,
+            "spread": {m: spread(c["modes"][m]) for m in MODES},
+            "runs": {m: len(c["modes"][m]) for m in MODES},
+            "streams": c["streams"],
+        })
+    return rows
+
+
+def table(rows):
+    print("| RTT | loss | dataset | bound s (limit) | raw TCP s | cold read s | sync write s | tuned s | default s | best s | tuned / bound | best / tuned rate | tuned − default s (spread) | tuned ended with |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        rtt, loss, ds = r["key"]
+        m = r["med"]
+        f = lambda v: "" if v is None else f"{v:.2f}"
+        t, d, b = m.get("tuned"), m.get("default"), m.get("best")
+        over = t / r["bound"] if t and r["bound"] else None
+        vs_best = b / t if t and b else None
+        vs_def = (t - d) if t and d else None
+        sp = max(r["spread"]["tuned"], r["spread"]["default"])
+        print(f"| {rtt:g} ms | {loss} | {ds} | {r['bound']:.2f} ({r['limit']}) | {f(r['raw'])} | {f(r['read'])} | {f(r['write'])} "
+              f"| {f(t)} | {f(d)} | {f(b)} | **{over:.2f}** | {vs_best:.2f} | {vs_def:+.2f} ({sp:.2f}) | {', '.join(r['streams'])} |"
+              if over is not None and vs_best is not None and vs_def is not None else
+              f"| {rtt:g} ms | {loss} | {ds} | {r['bound']:.2f} | {f(r['raw'])} | {f(r['read'])} | {f(r['write'])} | {f(t)} | {f(d)} | {f(b)} | | | | |")
+
+
+def svg(rows, path):
+    colours = {"tuned": "#1f77b4", "default": "#ff7f0e", "best": "#2ca02c"}
+    bar, gap, left, top, height = 12, 16, 60, 30, 260
+    width = left + len(rows) * (3 * bar + gap) + 140
+    ymax = max([2.0] + [r["med"][m] / r["bound"] for r in rows for m in r["med"] if r["bound"]])
+    y = lambda v: top + height - v / ymax * height
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{top + height + 90}" font-family="sans-serif" font-size="11">',
+           f'<text x="{left}" y="16" font-size="13">Wall time / bound per cell (median; goal ≤ 1.15)</text>']
+    for v in [0.5 * i for i in range(int(ymax / 0.5) + 1)]:
+        out.append(f'<line x1="{left}" x2="{width - 140}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.1f}</text>')
+    out.append(f'<line x1="{left}" x2="{width - 140}" y1="{y(1.15):.1f}" y2="{y(1.15):.1f}" stroke="#d62728" stroke-dasharray="5,3"/>')
+    for i, r in enumerate(rows):
+        x0 = left + gap / 2 + i * (3 * bar + gap)
+        for j, m in enumerate(MODES):
+            if m in r["med"] and r["bound"]:
+                v = r["med"][m] / r["bound"]
+                out.append(f'<rect x="{x0 + j * bar:.1f}" y="{y(v):.1f}" width="{bar - 1}" height="{y(0) - y(v):.1f}" fill="{colours[m]}"/>')
+        rtt, loss, ds = r["key"]
+        label = f"{rtt:g}ms{'' if loss == '0' else ' ' + loss} {ds}"
+        cx = x0 + 1.5 * bar
+        out.append(f'<text x="{cx:.1f}" y="{top + height + 12}" text-anchor="end" transform="rotate(-45 {cx:.1f} {top + height + 12})">{label}</text>')
+    for j, m in enumerate(MODES):
+        out.append(f'<rect x="{width - 120}" y="{top + j * 18}" width="10" height="10" fill="{colours[m]}"/>')
+        out.append(f'<text x="{width - 104}" y="{top + j * 18 + 9}">{m}</text>')
+    out.append("</svg>")
+    open(path, "w").write("\n".join(out) + "\n")
+
+
+def main():
+    args = sys.argv[1:]
+    svg_path = None
+    if "--svg" in args:
+        i = args.index("--svg")
+        svg_path = args[i + 1]
+        del args[i:i + 2]
+    order, cells = load(args[0])
+    rows = summarise(order, cells)
+    table(rows)
+    if svg_path:
+        svg(rows, svg_path)
+
+
+if __name__ == "__main__":
+    main()

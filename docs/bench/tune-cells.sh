@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# Issue 13's cells: the tuned default against today's fixed default and the best fixed
+# setting of a sweep, and every dataset's wall time against its bound, over
+# `dmover netlab` links.
+#
+# For each link (RTT, loss) and dataset, on this machine's disk (not tmpfs: the cold
+# read and the sync count):
+#   bound  the longest of (a) raw TCP: a Python sender in host a and receiver in host b
+#          moving the same number of bytes memory to memory over STREAMS_RAW connections,
+#          timed from the sender's start until the receiver holds every byte (not
+#          iperf3 -n, whose clock stops when the sender has written), best of cubic and
+#          bbr and of the stream counts; (b) the local cold-cache read of the dataset
+#          (eight `cat`s at once);
+#          (c) the local write of it (from tmpfs) with sync.
+#   modes  interleaved, RUNS times: `tuned` (no -P, no --chunk), `default` (-P 4: the
+#          fixed default before issue 13, chunk as cp picks it), `best` (BEST_<dataset>,
+#          the best fixed point of a `dmover bench transfer` sweep). Each a push from
+#          host a to a `dmover serve` in host b, cold cache, `sync` counted.
+# One CSV line per measurement on stdout:
+#   rtt_ms,loss,dataset,bytes,kind,mode,run,seconds,streams_end,settled_s
+# Summarise with docs/bench/tune-cells-summary.py (medians, ratios, SVG plot).
+#
+#   DMOVER=target/release/dmover RTTS="0 50 200" bash docs/bench/tune-cells.sh > cells.csv
+#
+# Settings (environment): RTTS (0 50 200), LOSSES (0; e.g. "0 0.01%"), RATE (1gbit),
+# RUNS (5), DATASETS ("tiny:1 losf:0.5 large:0.125": profile:scale), BEST_tiny,
+# BEST_losf, BEST_large (`cp` options; default "-P 8 --chunk 4M"), STREAMS_RAW ("4 8"),
+# MODES ("tuned default best"; empty: the bounds alone), KEEP_FILES (100: copies of
+# datasets with more files are kept until the end, see below; mind the disk space),
+# WORK (a directory on the disk under test; default /var/tmp). Needs root, python3.
+set -euo pipefail
+DMOVER=$(realpath "${DMOVER:-$(command -v dmover)}")
+RTTS=${RTTS:-0 50 200}
+LOSSES=${LOSSES:-0}
+RATE=${RATE:-1gbit}
+RUNS=${RUNS:-5}
+DATASETS=${DATASETS:-tiny:1 losf:0.5 large:0.125}
+STREAMS_RAW=${STREAMS_RAW:-4 8}
+MODES=${MODES-tuned default best}
+KEEP_FILES=${KEEP_FILES:-100}
+LAB=tc$$
+A=dmnl-$LAB-a B=dmnl-$LAB-b FAR=10.200.0.2 PORT=7791
+W=$(mktemp -d "${WORK:-/var/tmp}/dmover-cells.XXXXXX")
+SHM=$(mktemp -d /dev/shm/dmover-cells.XXXXXX)
+
+cleanup() {
+    [ -f "$W/serve.pid" ] && kill "$(cat "$W/serve.pid")" 2>/dev/null || true
+    "$DMOVER" netlab down --name "$LAB" >/dev/null 2>&1 || true
+    rm -rf "$W" "$SHM"
+}
+trap cleanup EXIT
+
+cold() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+now() { python3 -c 'import time; print(f"{time.monotonic():.6f}")'; }
+say() { echo "tune-cells: $*" >&2; }
+
+head -c 32 /dev/urandom | base64 >"$W/token"
+chmod 600 "$W/token"
+mkdir -p "$W/srv"
+
+cat >"$W/raw.py" <<'EOF'
+# Raw TCP, memory to memory: `r HOST PORT N` receives N connections until EOF and
+# prints the monotonic time the last byte arrived; `s HOST PORT N BYTES CC` sends
+# BYTES over N connections and prints the monotonic time it started.
+import socket, sys, threading, time
+role, host, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+if role == "r":
+    l = socket.socket()
+    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind((host, port)); l.listen(64)
+    print("ready", flush=True)
+    ends = []
+    def drain(c):
+        buf = bytearray(4 << 20)
+        while c.recv_into(buf):
+            pass
+        ends.append(time.monotonic())
+    ts = []
+    for _ in range(n):
+        c, _ = l.accept()
+        t = threading.Thread(target=drain, args=(c,)); t.start(); ts.append(t)
+    for t in ts:
+        t.join()
+    print(f"{max(ends):.6f}", flush=True)
+else:
+    total, cc = int(sys.argv[5]), sys.argv[6].encode()
+    start = time.monotonic()
+    blob = memoryview(bytes(4 << 20))
+    def send(k):
+        c = socket.socket()
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc)
+        c.connect((host, port))
+        left = total // n + (1 if k < total % n else 0)
+        while left:
+            m = min(left, len(blob))
+            c.sendall(blob[:m]); left -= m
+        c.shutdown(socket.SHUT_WR)
+        c.recv(1)
+        c.close()
+    ts = [threading.Thread(target=send, args=(k,)) for k in range(n)]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    print(f"{start:.6f}", flush=True)
+EOF
+
+raw_tcp() { # BYTES STREAMS CC -> seconds
+    local bytes=$1 n=$2 cc=$3
+    coproc RECV { ip netns exec "$B" python3 "$W/raw.py" r "$FAR" 17991 "$n"; }
+    read -r _ <&"${RECV[0]}"
+    local start end
+    start=$(ip netns exec "$A" python3 "$W/raw.py" s "$FAR" 17991 "$n" "$bytes" "$cc")
+    read -r end <&"${RECV[0]}"
+    wait "$RECV_PID" 2>/dev/null || true
+    python3 -c "print(f'{$end - $start:.3f}')"
+}
+
+serve() {
+    ip netns exec "$B" "$DMOVER" serve --root "$W/srv" --listen "$FAR:$PORT" \
+        --token-file "$W/token" >"$W/serve.log" 2>&1 &
+    echo $! >"$W/serve.pid"
+    for _ in $(seq 50); do
+        ip netns exec "$A" bash -c "exec 3<>/dev/tcp/$FAR/$PORT" 2>/dev/null && return
+        sleep 0.1
+    done
+    say "the server did not start"; cat "$W/serve.log" >&2; exit 1
+}
+
+echo "rtt_ms,loss,dataset,bytes,kind,mode,run,seconds,streams_end,settled_s"
+for ds in $DATASETS; do
+    name=${ds%%:*} scale=${ds#*:}
+    "$DMOVER" bench mkdata --profile "$name" --scale "$scale" "$W/src-$name" >/dev/null
+done
+for rtt in $RTTS; do
+    for loss in $LOSSES; do
+        "$DMOVER" netlab down --name "$LAB" >/dev/null 2>&1 || true
+        "$DMOVER" netlab up --name "$LAB" --rtt "${rtt}ms" --rate "$RATE" --loss "$loss" >/dev/null
+        serve
+        for ds in $DATASETS; do
+            name=${ds%%:*}
+            src=$W/src-$name
+            bytes=$(find "$src" -type f -printf '%s\n' | awk '{s += $1} END {print s}')
+            row() { echo "$rtt,$loss,$name,$bytes,$1,$2,$3,$4,${5:-},${6:-}"; }
+            # The bound.
+            for n in $STREAMS_RAW; do
+                for cc in cubic bbr; do
+                    row bound "raw-tcp-P$n-$cc" 1 "$(raw_tcp "$bytes" "$n" "$cc")"
+                done
+            done
+            # Eight readers, as dmover's disk threads read several files at once.
+            cold
+            t0=$(now); find "$src" -type f -print0 | xargs -0 -P 8 -n 256 cat >/dev/null; t1=$(now)
+            row bound cold-read-P8 1 "$(python3 -c "print(f'{$t1 - $t0:.3f}')")"
+            rm -rf "$SHM/ds"; cp -a "$src" "$SHM/ds"; cold
+            t0=$(now); cp -a "$SHM/ds" "$W/local-write-$rtt-$loss-$name"; sync; t1=$(now)
+            row bound sync-write 1 "$(python3 -c "print(f'{$t1 - $t0:.3f}')")"
+            rm -rf "$SHM/ds"
+            files=$(find "$src" -type f | wc -l)
+            if [ "$files" -le "$KEEP_FILES" ]; then rm -rf "$W/local-write-$rtt-$loss-$name"; fi
+            best_var=BEST_$name
+            best=${!best_var:--P 8 --chunk 4M}
+            for run in $(seq 1 "$RUNS"); do
+                for mode in $MODES; do
+                    case $mode in
+                        tuned) args=() ;;
+                        default) args=(-P 4) ;;
+                        best) read -ra args <<<"$best" ;;
+                    esac
+                    dest=copy-$rtt-$loss-$name-$run-$mode
+                    cold
+                    t0=$(now)
+                    out=$(ip netns exec "$A" "$DMOVER" cp --token-file "$W/token" \
+                        --known-hosts "$W/kh" --json "${args[@]}" "$src" \
+                        "dmover://$FAR:$PORT/$dest" 2>"$W/cp.err" || true)
+                    sync
+                    t1=$(now)
+                    # ext4 skips inodes freed in the last minute when it allocates
+                    # (`recently_deleted`): files created right after thousands were
+                    # deleted cost twice the CPU (20 000 × 8 KiB: 1.4 → 2.5-3.7 s of
+                    # the server's). So a dataset of many files is deleted at the end,
+                    # not before the next run; a few large files go at once.
+                    if [ "$files" -le "$KEEP_FILES" ]; then rm -rf "${W:?}/srv/$dest"; fi
+                    python3 - "$t0" "$t1" "$out" "$(row dmover "$mode" "$run" X)" <<'PY' || tail -3 "$W/cp.err" >&2
+import json, sys
+t0, t1, out, pre = sys.argv[1:]
+d = json.loads(out)
+if not d.get("ok"):
+    raise SystemExit(1)
+t = d.get("tuning") or {}
+streams = t.get("streams", d.get("streams"))
+settled = t.get("settled_seconds")
+print(pre.replace(",X,,", f",{float(t1) - float(t0):.3f},{streams},{'' if settled is None else settled}"))
+PY
+                done
+                say "$rtt ms loss $loss $name run $run of $RUNS"
+            done
+        done
+        kill "$(cat "$W/serve.pid")" 2>/dev/null || true
+        rm -f "$W/serve.pid"
+        sleep 0.5
+    done
+done
