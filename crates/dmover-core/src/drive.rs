@@ -1423,6 +1423,13 @@ fn tune_step(
             t.set_rtt(rtt);
             p.note_rtt(rtt);
         }
+        // What is left to send, when the total is known (0: not yet, or a manifest
+        // that grows without one).
+        let total = p.total.load(Relaxed);
+        t.set_remaining((total > 0).then(|| {
+            let done = p.bytes.load(Relaxed) + p.held.load(Relaxed) + p.holes.load(Relaxed);
+            total.saturating_sub(done)
+        }));
         t.tick(at, bytes)
     } else {
         if t.poll_timeout().is_some() {

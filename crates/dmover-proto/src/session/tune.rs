@@ -38,6 +38,13 @@ pub const PERIOD_MIN: Duration = Duration::from_secs(1);
 pub const PERIOD_MAX: Duration = Duration::from_secs(3);
 /// A period lasts this many round trips (within the bounds).
 pub const PERIOD_RTTS: u32 = 10;
+/// A probe up starts only when the data left would take at least this many periods
+/// at the rate just measured: one to settle, one to measure, and two to gain from what
+/// it found. Streams a probe adds start in slow start beside streams at full rate, so
+/// a probe the copy ends during costs and brings nothing: at 200 ms, 1 Gbit/s, tuned
+/// pushes of 7 and 13 s that probed were 0.3–1.5 s behind `-P 4` (docs/benchmarks.md,
+/// "Issue 13's cells").
+pub const PAYBACK_PERIODS: u32 = 4;
 /// A period in which fewer bytes were acknowledged says nothing of the streams (the
 /// source had next to nothing ready: set-up, whose handshakes count, a slow first
 /// read, checksums on a busy CPU): it is measured again instead of decided on. Found
@@ -119,6 +126,8 @@ pub struct Tuner {
     /// The rate of the last period at the current count.
     last_rate: Option<f64>,
     rtt: Option<Duration>,
+    /// Bytes still to send (`None`: unknown, e.g. a manifest that grows).
+    remaining: Option<u64>,
     changes: u32,
     settled_at: Option<Instant>,
     started: Option<Instant>,
@@ -138,6 +147,7 @@ impl Tuner {
             next_up: true,
             last_rate: None,
             rtt: None,
+            remaining: None,
             changes: 0,
             settled_at: None,
             started: None,
@@ -180,6 +190,23 @@ impl Tuner {
     /// the length of the periods.
     pub fn set_rtt(&mut self, rtt: Duration) {
         self.rtt = Some(rtt);
+    }
+
+    /// The bytes the source still has to send, as far as it knows (`None`: it does
+    /// not, and every probe is worth trying).
+    pub fn set_remaining(&mut self, bytes: Option<u64>) {
+        self.remaining = bytes;
+    }
+
+    /// Whether a probe up can pay back before the data ends, at `rate` (bytes/s):
+    /// see [`PAYBACK_PERIODS`].
+    fn worth_probing_up(&self, rate: f64) -> bool {
+        match self.remaining {
+            Some(left) if rate > 0.0 => {
+                left as f64 / rate >= (self.period() * PAYBACK_PERIODS).as_secs_f64()
+            }
+            _ => true,
+        }
     }
 
     fn period(&self) -> Duration {
@@ -309,7 +336,7 @@ impl Tuner {
                 if gain < GAIN_UP {
                     return self.back(now, from, base, rate, false);
                 }
-                if n >= self.cfg.max {
+                if n >= self.cfg.max || !self.worth_probing_up(rate) {
                     self.hold(now, false, true);
                     return None;
                 }
@@ -330,8 +357,8 @@ impl Tuner {
                 None
             }
             Probe::None if !self.settled => {
-                // The first measurement: probe up when there is room.
-                if n >= self.cfg.max {
+                // The first measurement: probe up when there is room and time.
+                if n >= self.cfg.max || !self.worth_probing_up(rate) {
                     self.hold(now, false, true);
                     return None;
                 }
@@ -344,8 +371,12 @@ impl Tuner {
                 if self.holds < self.hold_for {
                     return None;
                 }
-                self.holds = 0;
                 let up = self.next_up;
+                if up && !self.worth_probing_up(rate) {
+                    // Too close to the end to gain from more; hold on.
+                    return None;
+                }
+                self.holds = 0;
                 self.next_up = !up;
                 let to = if up && n < self.cfg.max {
                     n.saturating_add((n / 2).max(1)).min(self.cfg.max)
@@ -556,6 +587,46 @@ mod tests {
             .and_then(|g| g.parse().ok())
             .expect("a percentage");
         assert!((80.0..=120.0).contains(&gain), "{d:?}");
+    }
+
+    #[test]
+    fn no_probe_up_the_copy_ends_during() {
+        // A window-limited link where 8 streams would send twice as much, but at the
+        // first measurement (4 s in: 2 s to settle, 2 to measure at 200 ms) only 5 s of
+        // data are left at the rate measured: under 4 periods (8 s), so no probe.
+        let m = Model {
+            per_stream: 20e6,
+            cap: 1e9,
+            knee: 64,
+            overhead: 0.0,
+        };
+        let total = 4.0 * 20e6 * 9.0;
+        let t0 = Instant::now();
+        let mut t = Tuner::new(TuneConfig::new(4, 16));
+        t.set_rtt(Duration::from_millis(200));
+        let (mut bytes, mut now, mut out) = (0f64, t0, Vec::new());
+        let step = Duration::from_millis(50);
+        while bytes < total {
+            now += step;
+            bytes += m.rate(t.streams()) * step.as_secs_f64();
+            t.set_remaining(Some((total - bytes).max(0.0) as u64));
+            out.extend(t.tick(now, bytes as u64));
+        }
+        assert!(out.is_empty(), "{out:?}");
+        assert_eq!(t.streams(), 4);
+        assert!(t.settled_after().is_some(), "it settled on 4");
+        // The same copy with three times the data probes at once.
+        let total = 4.0 * 20e6 * 27.0;
+        let mut t = Tuner::new(TuneConfig::new(4, 16));
+        t.set_rtt(Duration::from_millis(200));
+        let (mut bytes, mut now, mut out) = (0f64, t0, Vec::new());
+        while bytes < total {
+            now += step;
+            bytes += m.rate(t.streams()) * step.as_secs_f64();
+            t.set_remaining(Some((total - bytes).max(0.0) as u64));
+            out.extend(t.tick(now, bytes as u64));
+        }
+        assert_eq!(out.first().map(|d| d.streams), Some(8), "{out:?}");
     }
 
     #[test]
