@@ -1423,10 +1423,11 @@ fn tune_step(
             t.set_rtt(rtt);
             p.note_rtt(rtt);
         }
-        // What is left to send, when the total is known (0: not yet, or a manifest
-        // that grows without one).
+        // What is left to send, once the manifest is complete (a growing one, as the
+        // memory test's, has a total of what it announced so far, not of what it will
+        // send).
         let total = p.total.load(Relaxed);
-        t.set_remaining((total > 0).then(|| {
+        t.set_remaining((total > 0 && m.manifest_complete()).then(|| {
             let done = p.bytes.load(Relaxed) + p.held.load(Relaxed) + p.holes.load(Relaxed);
             total.saturating_sub(done)
         }));

@@ -568,6 +568,13 @@ impl<E: Cause + Clone> SourceSession<E> {
         self.check_drained();
     }
 
+    /// Whether the manifest is complete: ended whole, or its last part grown. Until
+    /// then the bytes still to send are not known (a growing manifest, such as the
+    /// memory test's or `sync --watch`'s, may never complete).
+    pub fn manifest_complete(&self) -> bool {
+        self.manifest_done
+    }
+
     /// Whether the sink made the session request-driven ([`Control::OnDemand`]).
     pub fn on_demand(&self) -> bool {
         self.on_demand
