@@ -1320,7 +1320,8 @@ struct Windows {
     /// The streams a tuning source sends on (its latest `Tuned`): the others idle and
     /// hold nothing, so the budget is shared among these.
     sending: Option<u16>,
-    /// The share last set (0: autotuning), for the report.
+    /// Where the share last set goes for the report
+    /// ([`crate::engine::Progress::receive_buffer`]).
     progress: Arc<crate::engine::Progress>,
     /// Said once why a share could not be set.
     refused: bool,
