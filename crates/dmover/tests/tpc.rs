@@ -27,7 +27,23 @@ fn a_tree_goes_from_one_server_to_another_both_ways_of_dialing() {
     make_tree(&a_root.join("tree"));
     make_small_files(&a_root.join("small"), 300, 7);
     let a = Server::start(&a_root, &["--third-party"]);
-    let b = Server::start(&b_root, &["--third-party"]);
+    // B's log (info) shows the source's tuning decisions: under push A's, under pull
+    // A's as the acceptor of B's pull.
+    let b_log = t.path().join("b.log");
+    let b_args = [
+        "--root".as_ref(),
+        b_root.as_os_str(),
+        "--third-party".as_ref(),
+        "-v".as_ref(),
+    ];
+    let b = Server::start_with(&b_args, &b_root, Some(&b_log), None);
+    // A client that tunes (no `-P`) has the session between the servers tune.
+    let tuned = || {
+        std::fs::read_to_string(&b_log)
+            .unwrap()
+            .matches("tuned the transfer: starting with")
+            .count()
+    };
 
     // Push (the default): A dials B.
     let o = cp(&["--json", &a.url("tree"), &a.url("small"), &b.url("")]);
@@ -39,6 +55,7 @@ fn a_tree_goes_from_one_server_to_another_both_ways_of_dialing() {
     assert_eq!(j["dialer"], a.addr.as_str(), "{j}");
     assert_eq!(j["verified"], true, "{j}");
     assert!(j["files"].as_u64().unwrap() > 300, "{j}");
+    assert_eq!(tuned(), 1);
 
     // Pull: B dials A.
     let o = cp(&["--json", "--tpc", "pull", &a.url("tree"), &b.url("pulled")]);
@@ -49,6 +66,11 @@ fn a_tree_goes_from_one_server_to_another_both_ways_of_dialing() {
     assert_eq!(j["direction"], "third-party-pull", "{j}");
     assert_eq!(j["dialer"], b.addr.as_str(), "{j}");
     assert!(no_partial_files(&a_root.join("tree"), &b_root.join("pulled")) > 0);
+    assert_eq!(tuned(), 2);
+    // With `-P` the streams are fixed.
+    ok(&cp(&["-P", "2", &a.url("small"), &b.url("fixed")]));
+    same(&a_root.join("small"), &b_root.join("fixed"));
+    assert_eq!(tuned(), 2);
 }
 
 #[test]
@@ -324,6 +346,82 @@ fn a_server_killed_mid_copy_then_resume() {
     same(&a_root.join("src"), &dst);
     let j = json(&o);
     assert!(j["bytes_resumed"].as_u64().unwrap() > 0, "{j}");
+}
+
+/// A third-party copy whose destination server dies mid-copy and comes back (same
+/// address, same key): `--retries` steers the copy again by itself, with a new
+/// capability (each is single use) and resumed, so what B kept is not sent again.
+/// Both ways of dialing: under push B is the server A dialed, under pull B is the
+/// dialer.
+#[test]
+fn a_third_party_copy_retried_after_its_destination_restarts_resumes() {
+    for mode in ["push", "pull"] {
+        let (t, a_root, b_root) = a_and_b(32);
+        let a_args = [
+            "--root",
+            a_root.to_str().unwrap(),
+            "--third-party",
+            "--io-threads",
+            "1",
+            "--debug-chunk-delay-ms",
+            "40",
+        ];
+        let a_args: Vec<&std::ffi::OsStr> = a_args.iter().map(std::ffi::OsStr::new).collect();
+        let a = Server::start_with(&a_args, &a_root, None, None);
+        let b_state = tempfile::Builder::new()
+            .prefix("dmover-state-")
+            .tempdir()
+            .unwrap();
+        // Both servers slow each chunk of the sessions they accept (a dialer's own
+        // session runs as the client's would): under push B's, under pull A's.
+        let b_args: Vec<&std::ffi::OsStr> = vec![
+            "--root".as_ref(),
+            b_root.as_os_str(),
+            "--third-party".as_ref(),
+            "--debug-chunk-delay-ms".as_ref(),
+            "40".as_ref(),
+        ];
+        let mut b = Server::start_with(&b_args, &b_root, None, Some(b_state.path()));
+        let kh = known_hosts_in(t.path());
+        let (src, dst) = (a_root.join("src"), b_root.join("dst"));
+        let child = std::process::Command::new(bin())
+            .args(["cp", "--json", "--chunk", "256K", "-P", "2", "--tpc", mode])
+            .args(["--retries", "5", "--retry-wait", "1s"])
+            .args([&a.url("src"), &b.url("dst")])
+            .env("DMOVER_KNOWN_HOSTS", &kh)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while no_partial_files(&src, &dst) < 8 {
+            assert!(
+                std::time::Instant::now() < until,
+                "{mode}: no progress at B"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        b.kill();
+        let done = final_bytes(&dst);
+        let _b = Server::start_on(&b.addr, &b_args, &b_root, None, Some(b_state.path()));
+        let o = child.wait_with_output().unwrap();
+        ok(&o);
+        same(&src, &dst);
+        assert!(staging_files(&dst).is_empty(), "{mode}");
+        let j = json(&o);
+        assert_eq!(j["direction"], format!("third-party-{mode}"), "{j}");
+        assert!(j["attempts"].as_u64().unwrap() >= 2, "{mode}: {j}");
+        assert!(
+            j["bytes_resumed"].as_u64().unwrap() >= done,
+            "{mode}: {done}: {j}"
+        );
+        // What B kept was not sent again: all attempts together moved less than the
+        // tree and what B kept.
+        assert!(
+            j["bytes_sent"].as_u64().unwrap() < walk_bytes(&src) + done,
+            "{mode}: {done}: {j}"
+        );
+    }
 }
 
 /// `--via-client`: the data goes A → client → B (servers that cannot reach each other

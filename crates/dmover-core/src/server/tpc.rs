@@ -253,6 +253,9 @@ impl Server {
         let streams = open.streams.clamp(1, MAX_STREAMS);
         let mut opts = crate::session::TransferOptions {
             streams,
+            // The client's choice: a client that tunes (no `-P`) offers the feature,
+            // and the session between the servers tunes as its own would.
+            tune: open.features & dmover_proto::session::features::TUNING != 0,
             chunk_size: open.chunk_size,
             checksum: open.checksum,
             direct_io: open.direct_io,
