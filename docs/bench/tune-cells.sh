@@ -42,6 +42,7 @@ LAB=tc$$
 A=dmnl-$LAB-a B=dmnl-$LAB-b FAR=10.200.0.2 PORT=7791
 W=$(mktemp -d "${WORK:-/var/tmp}/dmover-cells.XXXXXX")
 SHM=$(mktemp -d /dev/shm/dmover-cells.XXXXXX)
+RAW=$(dirname "$(realpath "$0")")/raw-tcp.py
 
 cleanup() {
     [ -f "$W/serve.pid" ] && kill "$(cat "$W/serve.pid")" 2>/dev/null || true
@@ -58,57 +59,13 @@ head -c 32 /dev/urandom | base64 >"$W/token"
 chmod 600 "$W/token"
 mkdir -p "$W/srv"
 
-cat >"$W/raw.py" <<'EOF'
-# Raw TCP, memory to memory: `r HOST PORT N` receives N connections until EOF and
-# prints the monotonic time the last byte arrived; `s HOST PORT N BYTES CC` sends
-# BYTES over N connections and prints the monotonic time it started.
-import socket, sys, threading, time
-role, host, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-if role == "r":
-    l = socket.socket()
-    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    l.bind((host, port)); l.listen(64)
-    print("ready", flush=True)
-    ends = []
-    def drain(c):
-        buf = bytearray(4 << 20)
-        while c.recv_into(buf):
-            pass
-        ends.append(time.monotonic())
-    ts = []
-    for _ in range(n):
-        c, _ = l.accept()
-        t = threading.Thread(target=drain, args=(c,)); t.start(); ts.append(t)
-    for t in ts:
-        t.join()
-    print(f"{max(ends):.6f}", flush=True)
-else:
-    total, cc = int(sys.argv[5]), sys.argv[6].encode()
-    start = time.monotonic()
-    blob = memoryview(bytes(4 << 20))
-    def send(k):
-        c = socket.socket()
-        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc)
-        c.connect((host, port))
-        left = total // n + (1 if k < total % n else 0)
-        while left:
-            m = min(left, len(blob))
-            c.sendall(blob[:m]); left -= m
-        c.shutdown(socket.SHUT_WR)
-        c.recv(1)
-        c.close()
-    ts = [threading.Thread(target=send, args=(k,)) for k in range(n)]
-    for t in ts: t.start()
-    for t in ts: t.join()
-    print(f"{start:.6f}", flush=True)
-EOF
 
 raw_tcp() { # BYTES STREAMS CC -> seconds
     local bytes=$1 n=$2 cc=$3
-    coproc RECV { ip netns exec "$B" python3 "$W/raw.py" r "$FAR" 17991 "$n"; }
+    coproc RECV { ip netns exec "$B" python3 "$RAW" r "$FAR" 17991 "$n"; }
     read -r _ <&"${RECV[0]}"
     local start end
-    start=$(ip netns exec "$A" python3 "$W/raw.py" s "$FAR" 17991 "$n" "$bytes" "$cc")
+    start=$(ip netns exec "$A" python3 "$RAW" s "$FAR" 17991 "$n" "$bytes" "$cc")
     read -r end <&"${RECV[0]}"
     wait "$RECV_PID" 2>/dev/null || true
     python3 -c "print(f'{$end - $start:.3f}')"

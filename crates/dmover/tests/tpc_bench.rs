@@ -8,7 +8,10 @@
 //!   `globus-url-copy -cd -p 4 -cc 4 -pp -fast -f LIST` steered from C,
 //! - `iperf3` (when installed; the `large` dataset only): raw TCP A → B over the same
 //!   link, memory to memory, the dataset's bytes on 4 streams (`iperf3 -c B -n BYTES
-//!   -P 4`), the "raw TCP" of issue 12's large-file goal,
+//!   -P 4`; its clock stops when the sender has written its bytes),
+//! - `raw-tcp-cubic`, `raw-tcp-bbr` (when `python3` is installed; `large` only): raw
+//!   TCP A → B on 4 streams timed until B holds the last byte (`docs/bench/raw-tcp.py`,
+//!   as issue 13's bound), the "raw TCP" of issue 12's large-file goal,
 //!
 //! cold cache (caches dropped before each run), wall time from start to exit (each
 //! tool's destination writes included; dmover renames a file only once it is on
@@ -122,6 +125,38 @@ fn iperf3(topo: &Topology, host: &str, addr: &str) -> Srv {
     Srv(child, PathBuf::new())
 }
 
+/// Raw TCP from `a` to `b` (its address `b_addr`) on 4 streams with congestion control
+/// `cc`, memory to memory: seconds from the sender's start until the receiver holds
+/// every byte (`docs/bench/raw-tcp.py`).
+fn raw_tcp(topo: &Topology, b_addr: &str, bytes: u64, cc: &str) -> f64 {
+    use std::io::BufRead;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/bench/raw-tcp.py");
+    let mut r = topo
+        .host("b")
+        .unwrap()
+        .command("python3")
+        .arg(&script)
+        .args(["r", b_addr, "17991", "4"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(r.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    let o = topo
+        .host("a")
+        .unwrap()
+        .command("python3")
+        .arg(&script)
+        .args(["s", b_addr, "17991", "4", &bytes.to_string(), cc])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let start: f64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+    let end: f64 = lines.next().unwrap().unwrap().trim().parse().unwrap();
+    r.wait().unwrap();
+    end - start
+}
+
 /// A GridFTP server in `host`, anonymous, its data channels on `data` (its address on
 /// the A–B link), as docs/peers.md says (a hosts file for the namespace, GLOBUS_HOSTNAME).
 fn gridftp(topo: &Topology, host: &str, data: &str, dir: &Path) -> Srv {
@@ -184,6 +219,7 @@ fn third_party_against_two_party_and_gridftp() {
     std::fs::write(&token, "benchmark token\n").unwrap();
     let with_gridftp = gridftp_installed();
     let with_iperf3 = installed(&["iperf3"]);
+    let with_python = installed(&["python3"]);
     if !with_gridftp {
         eprintln!("GridFTP not installed: measuring dmover only");
     }
@@ -229,6 +265,9 @@ fn third_party_against_two_party_and_gridftp() {
                 if raw.is_some() && name == "large" {
                     tools.push("iperf3");
                 }
+                if with_python && name == "large" {
+                    tools.extend(["raw-tcp-cubic", "raw-tcp-bbr"]);
+                }
                 for tool in tools {
                     let dst = format!("{name}-{tool}-{round}");
                     drop_caches();
@@ -256,6 +295,8 @@ fn third_party_against_two_party_and_gridftp() {
                             c.args(["-c", &b_ab, "-P", "4", "-n", &bytes.to_string()]);
                             timed(c)
                         }
+                        "raw-tcp-cubic" => raw_tcp(&topo, &b_ab, *bytes, "cubic"),
+                        "raw-tcp-bbr" => raw_tcp(&topo, &b_ab, *bytes, "bbr"),
                         _ => {
                             // One pair per file; the destination directory first.
                             std::fs::create_dir_all(b_root.join(&dst)).unwrap();
