@@ -115,9 +115,9 @@ fn servers_that_do_not_allow_third_party_copies_refuse_and_nothing_is_written() 
 }
 
 /// Three hosts: client C on slow links (kernel tbf, 20 Mbit/s) to servers A and B, A
-/// and B on a plain veth. A tree of small and large files copies A → B byte-identical
-/// with either server dialing (each advertises its address on the A–B link), and C's
-/// interfaces carry under 1 % of the bytes.
+/// and B on a plain veth. A 512 MiB tree of small and large files (issue 12's size)
+/// copies A → B byte-identical with either server dialing (each advertises its
+/// address on the A–B link), and C's interfaces carry under 1 % of the bytes.
 #[test]
 fn three_hosts_the_data_bypass_the_client() {
     use dmover_netlab::{TopoLinkKind, Topology, TopologySpec};
@@ -134,12 +134,13 @@ fn three_hosts_the_data_bypass_the_client() {
         write_file(
             &a_root.join(format!("data/big{i}")),
             i,
-            40 << 20,
+            170 << 20,
             0o644,
             1_000_000,
         );
     }
     let total: u64 = walk_bytes(&a_root.join("data"));
+    assert!(total >= 512 << 20, "{total}");
     let token = t.path().join("token");
     std::fs::write(&token, "a shared token for the three hosts\n").unwrap();
     let kh = known_hosts_in(t.path());
