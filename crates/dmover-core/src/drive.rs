@@ -1844,8 +1844,6 @@ where
     let mut grown: Vec<GrownPart> = Vec::new();
     let mut times = Vec::new();
     let mut meta = Vec::new();
-    // A sink prepared for before its metadata came (after an early `Go`).
-    let mut unstarted: Option<K> = None;
     let mut cancelled = false;
     let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut windows = Windows::new(env.receive_budget, env.run.progress.clone());
@@ -1880,25 +1878,7 @@ where
                     SinkEvent::Opened(info) => joins.opened(&info),
                     SinkEvent::Options(o) => options = Some(o),
                     SinkEvent::Sparse(list) => sparse = list,
-                    // Before the manifest is prepared for: with it. After an early `Go`
-                    // (the sink prepared for meanwhile): before the sink starts.
-                    SinkEvent::Meta(x) => match unstarted.take() {
-                        Some(mut k) => {
-                            k.set_meta(x);
-                            start_sink(
-                                &mut m,
-                                k,
-                                &env,
-                                &mut live,
-                                &mut waiting,
-                                &mut tasks,
-                                &tx,
-                                &mut grown,
-                                news.as_ref(),
-                            );
-                        }
-                        None => meta = x,
-                    },
+                    SinkEvent::Meta(m) => meta = m,
                     SinkEvent::Manifest(entries) => {
                         let (Some(f), Some(info)) = (prepare.take(), m.info()) else {
                             continue;
@@ -2141,13 +2121,7 @@ where
                         prep = Some((k, held));
                         m.resume(now(), parts);
                     } else {
-                        // Metadata that came while the sink was prepared for (after an
-                        // early `Go`); the sink starts once it has all of it.
-                        if !meta.is_empty() {
-                            k.set_meta(std::mem::take(&mut meta));
-                        }
                         match k.resume(&held) {
-                            Ok(()) if m.meta_pending() => unstarted = Some(k),
                             Ok(()) => start_sink(&mut m, k, &env, &mut live, &mut waiting, &mut tasks, &tx, &mut grown, news.as_ref()),
                             Err(e) => m.fail(now(), Fault::new(e)),
                         }

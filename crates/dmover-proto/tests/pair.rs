@@ -1495,42 +1495,6 @@ fn meta_sink() -> (SinkSession<dmover_proto::session::sim::SimError>, Instant) {
     (m, now)
 }
 
-/// An acceptor sink of a resumed session using `features` whose manifest (3 entries)
-/// has ended.
-fn resuming_meta_sink(
-    features: u64,
-) -> (SinkSession<dmover_proto::session::sim::SimError>, Instant) {
-    let now = Instant::now();
-    let mut m = SinkSession::accept(
-        now,
-        "peer",
-        Timing::default(),
-        Limits::default(),
-        now + HOUR,
-    );
-    m.grant(now, info(features));
-    m.handle_control(
-        now,
-        Control::Options(SessionOptions {
-            resume: true,
-            ..options()
-        }),
-    );
-    m.handle_control(
-        now,
-        Control::Manifest(ManifestPart {
-            entries: manifest(2),
-        }),
-    );
-    m.handle_control(
-        now,
-        Control::ManifestEnd(ManifestEnd {
-            totals: totals(&manifest(2)),
-        }),
-    );
-    (m, now)
-}
-
 fn failure_after(
     mut m: SinkSession<dmover_proto::session::sim::SimError>,
     now: Instant,
@@ -1547,9 +1511,8 @@ fn failure_after(
 #[test]
 fn the_sink_checks_metadata() {
     let part = |entries, last| Control::Meta(MetaPart { entries, last });
-    // Of a session that resumes (what the sink holds decides what it asks for), the
-    // manifest is prepared for only once the last part came.
-    let (mut m, now) = resuming_meta_sink(features::METADATA);
+    // The manifest is prepared for only once the last part came.
+    let (mut m, now) = meta_sink();
     assert!(!std::iter::from_fn(|| m.poll_event()).any(|e| matches!(e, SinkEvent::Manifest(_))));
     m.handle_control(
         now,
@@ -1618,11 +1581,9 @@ fn sent_kinds(m: &mut SinkSession<dmover_proto::session::sim::SimError>) -> Vec<
         .collect()
 }
 
-/// An acceptor's `Go` in a METADATA session that does not resume goes out when the
-/// manifest ends, once, before the dialer's metadata (sent a round trip later), and
-/// the manifest is prepared for at once; the sink starts only once the metadata came
-/// (the last part's `Meta` event, even an empty one). A resumed session's `Go` waits
-/// for what the sink holds, its manifest for the metadata.
+/// An acceptor's `Go` in a METADATA session goes out when the manifest ends, before
+/// the dialer's metadata (sent a round trip later) and before the sink is prepared,
+/// once; a resumed session's waits for what the sink holds.
 #[test]
 fn an_acceptor_says_go_before_the_metadata_unless_it_resumes() {
     let part = |entries, last| Control::Meta(MetaPart { entries, last });
@@ -1635,13 +1596,7 @@ fn an_acceptor_says_go_before_the_metadata_unless_it_resumes() {
     );
     let early = sent_kinds(&mut m);
     assert_eq!(early.iter().filter(|k| *k == "Go").count(), 1, "{early:?}");
-    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
-    assert!(
-        matches!(&events[..], [SinkEvent::Options(_), SinkEvent::Manifest(e)] if e.len() == 3),
-        "{events:?}"
-    );
-    assert!(m.meta_pending());
-    // The source's first decision may come before the metadata.
+    // The source's first decision may come before the metadata is all there.
     m.handle_control(
         now,
         Control::Tuned(Tuned {
@@ -1651,27 +1606,58 @@ fn an_acceptor_says_go_before_the_metadata_unless_it_resumes() {
             reason: "starting".into(),
         }),
     );
-    m.handle_control(now, part(vec![meta_of(1, vec![])], false));
-    assert!(m.meta_pending());
-    m.handle_control(now, part(vec![meta_of(2, vec![])], true));
-    assert!(!m.meta_pending());
+    m.handle_control(now, part(vec![meta_of(1, vec![])], true));
     let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
     assert!(
-        matches!(&events[..], [SinkEvent::Tuned(_), SinkEvent::Meta(x)] if x.len() == 2),
+        matches!(
+            &events[..],
+            [
+                SinkEvent::Options(_),
+                SinkEvent::Tuned(_),
+                SinkEvent::Meta(_),
+                SinkEvent::Manifest(_)
+            ]
+        ),
         "{events:?}"
     );
     m.ready(now, ChunkSet::all(1), 1);
     let later = sent_kinds(&mut m);
     assert!(!later.contains(&"Go".to_string()), "{later:?}");
     // Resuming: `Go` only once prepared (after the resume answer).
-    let (mut m, now) = resuming_meta_sink(features::METADATA);
+    let now = Instant::now();
+    let mut m = SinkSession::<dmover_proto::session::sim::SimError>::accept(
+        now,
+        "peer",
+        Timing::default(),
+        Limits::default(),
+        now + HOUR,
+    );
+    m.grant(now, info(features::METADATA));
+    m.handle_control(
+        now,
+        Control::Options(SessionOptions {
+            resume: true,
+            ..options()
+        }),
+    );
+    m.handle_control(
+        now,
+        Control::Manifest(ManifestPart {
+            entries: manifest(2),
+        }),
+    );
+    m.handle_control(
+        now,
+        Control::ManifestEnd(ManifestEnd {
+            totals: totals(&manifest(2)),
+        }),
+    );
     m.handle_control(now, part(vec![], true));
     assert!(!sent_kinds(&mut m).contains(&"Go".to_string()));
     m.ready(now, ChunkSet::all(1), 1);
     assert!(sent_kinds(&mut m).contains(&"Go".to_string()));
     // Nothing to send: the source's report may come before the metadata; the session
-    // ends once the sink is prepared and done. An empty last part still says the
-    // metadata is all there.
+    // ends once the sink is prepared and done.
     let now = Instant::now();
     let mut m = SinkSession::<dmover_proto::session::sim::SimError>::accept(
         now,
@@ -1704,11 +1690,6 @@ fn an_acceptor_says_go_before_the_metadata_unless_it_resumes() {
         }),
     );
     m.handle_control(now, part(vec![], true));
-    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
-    assert!(
-        matches!(events.last(), Some(SinkEvent::Meta(x)) if x.is_empty()),
-        "{events:?}"
-    );
     m.ready(now, ChunkSet::new(), 0);
     m.finished(Summary::default());
     let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();

@@ -394,8 +394,6 @@ pub struct Sim {
     /// Wants made so far; the sink closed a request-driven session.
     wants_made: usize,
     closed: bool,
-    /// The sink is prepared for and waits for the metadata (after an early `Go`).
-    unstarted: bool,
 }
 
 const SOURCE: usize = 0;
@@ -524,7 +522,6 @@ impl Sim {
             first,
             wants_made: 0,
             closed: false,
-            unstarted: false,
         };
         for (i, f) in sim.cfg.faults.clone().iter().enumerate() {
             let at = match f {
@@ -1141,18 +1138,10 @@ impl Sim {
                 | SinkEvent::StreamLost { .. } => {}
                 SinkEvent::Tuned(t) => self.report.tuned.push(t),
                 SinkEvent::Limits(l) => self.heard_limits(p, l),
-                SinkEvent::Meta(m) => {
-                    self.report.meta = m;
-                    if std::mem::take(&mut self.unstarted) {
-                        self.sink_ready(p);
-                    }
-                }
+                SinkEvent::Meta(m) => self.report.meta = m,
                 SinkEvent::Manifest(_) => {
                     if resume {
                         s.resume(now, vec![Have::default()]);
-                    } else if s.meta_pending() {
-                        // Prepared for after an early `Go`: started once the metadata came.
-                        self.unstarted = true;
                     } else {
                         self.sink_ready(p);
                     }

@@ -239,11 +239,8 @@ pub struct SinkSession<E> {
     /// The session's options asked to resume (or have not come): the sink's `Go`
     /// waits for what it holds.
     resume: bool,
-    /// `Go` went out before the metadata came (see [`EARLY_GO_ENTRIES`]): the sink is
-    /// prepared for meanwhile, and starts once it came ([`SinkSession::meta_pending`]).
+    /// `Go` went out before the sink was prepared (see [`EARLY_GO_ENTRIES`]).
     go_sent: bool,
-    /// Entries of the manifest that ended (what metadata may name).
-    listed: u64,
     /// The metadata received so far.
     meta: Vec<EntryMeta>,
     /// Every chunk below this is written (or not expected).
@@ -310,7 +307,6 @@ impl<E: Cause + Clone> SinkSession<E> {
             meta_wait: false,
             resume: true,
             go_sent: false,
-            listed: 0,
             meta: Vec::new(),
             written_below: 0,
             written_above: BTreeSet::new(),
@@ -488,9 +484,7 @@ impl<E: Cause + Clone> SinkSession<E> {
                 self.events.push_back(SinkEvent::Times(t.entries));
                 Ok(())
             }
-            (Phase::Listing | Phase::Preparing, Control::Meta(part)) if self.meta_wait => {
-                self.on_meta(part)
-            }
+            (Phase::Listing, Control::Meta(part)) if self.meta_wait => self.on_meta(part),
             // A streamed manifest's first part: its metadata comes before its `Grow`,
             // as a later part's.
             (Phase::Listing, Control::Meta(part))
@@ -522,15 +516,12 @@ impl<E: Cause + Clone> SinkSession<E> {
                 if let Some(bad) = sparse_error(&self.entries, &sparse) {
                     return Err(SessionError::Protocol { peer, what: bad });
                 }
-                self.listed = self.entries.len() as u64;
                 if self.uses(features::METADATA) {
+                    // The manifest is prepared for once its metadata came.
+                    self.sparse = sparse;
                     self.meta_wait = true;
-                    if !self.go_early() {
-                        // The manifest is prepared for once its metadata came.
-                        self.sparse = sparse;
-                        return Ok(());
-                    }
-                    // Prepared for now, started once the metadata came.
+                    self.go_early();
+                    return Ok(());
                 }
                 self.phase = Phase::Preparing;
                 let entries = std::mem::take(&mut self.entries);
@@ -605,7 +596,7 @@ impl<E: Cause + Clone> SinkSession<E> {
     /// sink is prepared (the driver reads a stream only then), within TCP's flow
     /// control. Not for manifests over [`EARLY_GO_ENTRIES`]: preparing a very large
     /// one may take longer than the source waits for an acknowledgement.
-    fn go_early(&mut self) -> bool {
+    fn go_early(&mut self) {
         if self.link.side == Side::Acceptor
             && !self.resume
             && self.growth.is_none()
@@ -615,15 +606,6 @@ impl<E: Cause + Clone> SinkSession<E> {
             self.go_sent = true;
             self.link.send(Control::Go);
         }
-        self.go_sent
-    }
-
-    /// (feature `METADATA`) The metadata has not all come: a sink prepared for after an
-    /// early `Go` waits for it (the last part's [`SinkEvent::Meta`]) before it reads
-    /// any data (a file's owner and attributes are set before its final name) and
-    /// before [`SinkSession::ready`].
-    pub fn meta_pending(&self) -> bool {
-        self.meta_wait
     }
 
     /// (feature `METADATA`) A part of the manifest's metadata: checked against the
@@ -631,13 +613,8 @@ impl<E: Cause + Clone> SinkSession<E> {
     /// the manifest be prepared for.
     fn on_meta(&mut self, part: crate::control::MetaPart) -> Result<(), SessionError<E>> {
         let last = part.last;
-        self.check_meta(part, self.listed)?;
-        if last && self.go_sent {
-            // Prepared for (or being prepared for) since the manifest ended.
-            self.meta_wait = false;
-            let meta = std::mem::take(&mut self.meta);
-            self.events.push_back(SinkEvent::Meta(meta));
-        } else if last {
+        self.check_meta(part, self.entries.len() as u64)?;
+        if last {
             self.meta_wait = false;
             self.phase = Phase::Preparing;
             let sparse = std::mem::take(&mut self.sparse);
@@ -837,7 +814,6 @@ impl<E: Cause + Clone> SinkSession<E> {
         if !matches!(self.phase, Phase::Preparing | Phase::Planning) || !self.link.live() {
             return;
         }
-        debug_assert!(!self.meta_wait, "started before the metadata came");
         let what = if expected.end() > n_chunks {
             Some(format!(
                 "expects chunk {} of a layout of {n_chunks}",
