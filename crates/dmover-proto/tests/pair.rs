@@ -606,8 +606,7 @@ proptest! {
 // ---- Growing manifests and chunk requests (features GROWING_MANIFEST and RANGES) ----
 
 use dmover_proto::control::{
-    Control, Growth, ManifestEnd, ManifestPart, MetaPart, SendReport, SessionInfo, SessionOptions,
-    Summary, Tuned, Want,
+    Control, Growth, ManifestEnd, ManifestPart, MetaPart, SessionInfo, SessionOptions, Want,
 };
 use dmover_proto::manifest::EntryMeta;
 use dmover_proto::session::sim::{manifest, totals};
@@ -1566,137 +1565,6 @@ fn the_sink_checks_metadata() {
     );
     let e = failure_after(m, now, part(vec![], true));
     assert!(e.contains("Meta needs the metadata feature"), "{e}");
-}
-
-/// The control messages `m` has to send, by kind.
-fn sent_kinds(m: &mut SinkSession<dmover_proto::session::sim::SimError>) -> Vec<String> {
-    std::iter::from_fn(|| m.poll_transmit())
-        .map(|c| {
-            format!("{c:?}")
-                .split(['(', ' '])
-                .next()
-                .unwrap()
-                .to_string()
-        })
-        .collect()
-}
-
-/// An acceptor's `Go` in a METADATA session goes out when the manifest ends, before
-/// the dialer's metadata (sent a round trip later) and before the sink is prepared,
-/// once; a resumed session's waits for what the sink holds.
-#[test]
-fn an_acceptor_says_go_before_the_metadata_unless_it_resumes() {
-    let part = |entries, last| Control::Meta(MetaPart { entries, last });
-    let (mut m, now) = sink_with(features::METADATA | features::TUNING);
-    m.handle_control(
-        now,
-        Control::ManifestEnd(ManifestEnd {
-            totals: totals(&manifest(2)),
-        }),
-    );
-    let early = sent_kinds(&mut m);
-    assert_eq!(early.iter().filter(|k| *k == "Go").count(), 1, "{early:?}");
-    // The source's first decision may come before the metadata is all there.
-    m.handle_control(
-        now,
-        Control::Tuned(Tuned {
-            at_ms: 0,
-            streams: 1,
-            rate: 0,
-            reason: "starting".into(),
-        }),
-    );
-    m.handle_control(now, part(vec![meta_of(1, vec![])], true));
-    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
-    assert!(
-        matches!(
-            &events[..],
-            [
-                SinkEvent::Options(_),
-                SinkEvent::Tuned(_),
-                SinkEvent::Meta(_),
-                SinkEvent::Manifest(_)
-            ]
-        ),
-        "{events:?}"
-    );
-    m.ready(now, ChunkSet::all(1), 1);
-    let later = sent_kinds(&mut m);
-    assert!(!later.contains(&"Go".to_string()), "{later:?}");
-    // Resuming: `Go` only once prepared (after the resume answer).
-    let now = Instant::now();
-    let mut m = SinkSession::<dmover_proto::session::sim::SimError>::accept(
-        now,
-        "peer",
-        Timing::default(),
-        Limits::default(),
-        now + HOUR,
-    );
-    m.grant(now, info(features::METADATA));
-    m.handle_control(
-        now,
-        Control::Options(SessionOptions {
-            resume: true,
-            ..options()
-        }),
-    );
-    m.handle_control(
-        now,
-        Control::Manifest(ManifestPart {
-            entries: manifest(2),
-        }),
-    );
-    m.handle_control(
-        now,
-        Control::ManifestEnd(ManifestEnd {
-            totals: totals(&manifest(2)),
-        }),
-    );
-    m.handle_control(now, part(vec![], true));
-    assert!(!sent_kinds(&mut m).contains(&"Go".to_string()));
-    m.ready(now, ChunkSet::all(1), 1);
-    assert!(sent_kinds(&mut m).contains(&"Go".to_string()));
-    // Nothing to send: the source's report may come before the metadata; the session
-    // ends once the sink is prepared and done.
-    let now = Instant::now();
-    let mut m = SinkSession::<dmover_proto::session::sim::SimError>::accept(
-        now,
-        "peer",
-        Timing::default(),
-        Limits::default(),
-        now + HOUR,
-    );
-    m.grant(now, info(features::METADATA));
-    m.handle_control(now, Control::Options(options()));
-    m.handle_control(
-        now,
-        Control::Manifest(ManifestPart {
-            entries: manifest(0),
-        }),
-    );
-    m.handle_control(
-        now,
-        Control::ManifestEnd(ManifestEnd {
-            totals: totals(&manifest(0)),
-        }),
-    );
-    assert!(sent_kinds(&mut m).contains(&"Go".to_string()));
-    m.handle_control(
-        now,
-        Control::SendReport(SendReport {
-            chunks_resent: 0,
-            streams_lost: 0,
-            failed: Vec::new(),
-        }),
-    );
-    m.handle_control(now, part(vec![], true));
-    m.ready(now, ChunkSet::new(), 0);
-    m.finished(Summary::default());
-    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
-    assert!(
-        matches!(events.last(), Some(SinkEvent::Done(_))),
-        "{events:?}"
-    );
 }
 
 /// A sink in a growing session (with `CONTINUOUS` and `METADATA`) whose first part,

@@ -183,12 +183,6 @@ impl Default for Limits {
     }
 }
 
-/// The largest manifest (in entries) whose `Go` may come before the sink is prepared
-/// ([`SinkSession`]'s early `Go`). A manifest of more entries streams in parts between
-/// peers that can (2048 entries a part), so this bounds only what older dialers send
-/// whole.
-pub const EARLY_GO_ENTRIES: usize = 65_536;
-
 /// Most chunk ranges in one `Want` message.
 const WANT_RANGES: usize = 1 << 16;
 
@@ -236,11 +230,6 @@ pub struct SinkSession<E> {
     events: VecDeque<SinkEvent<E>>,
     /// (feature `METADATA`) The manifest ended; its metadata parts are awaited.
     meta_wait: bool,
-    /// The session's options asked to resume (or have not come): the sink's `Go`
-    /// waits for what it holds.
-    resume: bool,
-    /// `Go` went out before the sink was prepared (see [`EARLY_GO_ENTRIES`]).
-    go_sent: bool,
     /// The metadata received so far.
     meta: Vec<EntryMeta>,
     /// Every chunk below this is written (or not expected).
@@ -305,8 +294,6 @@ impl<E: Cause + Clone> SinkSession<E> {
             commands: VecDeque::new(),
             events: VecDeque::new(),
             meta_wait: false,
-            resume: true,
-            go_sent: false,
             meta: Vec::new(),
             written_below: 0,
             written_above: BTreeSet::new(),
@@ -421,7 +408,6 @@ impl<E: Cause + Clone> SinkSession<E> {
                 return Ok(());
             }
             Setup::Options(o) => {
-                self.resume = o.resume;
                 self.events.push_back(SinkEvent::Options(o));
                 return Ok(());
             }
@@ -520,7 +506,6 @@ impl<E: Cause + Clone> SinkSession<E> {
                     // The manifest is prepared for once its metadata came.
                     self.sparse = sparse;
                     self.meta_wait = true;
-                    self.go_early();
                     return Ok(());
                 }
                 self.phase = Phase::Preparing;
@@ -536,15 +521,7 @@ impl<E: Cause + Clone> SinkSession<E> {
                 self.events.push_back(SinkEvent::Plan(plan));
                 Ok(())
             }
-            // After an early `Go` the source's decisions may come before the sink is
-            // prepared (and its report, below).
-            (phase, Control::Tuned(t))
-                if self.go_sent
-                    || matches!(
-                        phase,
-                        Phase::Receiving | Phase::Finishing | Phase::Reporting
-                    ) =>
-            {
+            (Phase::Receiving | Phase::Finishing | Phase::Reporting, Control::Tuned(t)) => {
                 if t.reason.len() > crate::control::MAX_TUNED_REASON
                     || t.streams == 0
                     || self.info.as_ref().is_some_and(|i| t.streams > i.streams)
@@ -561,14 +538,8 @@ impl<E: Cause + Clone> SinkSession<E> {
                 self.events.push_back(SinkEvent::Tuned(t));
                 Ok(())
             }
-            // After an early `Go` a source with nothing to send reports at once.
-            (phase, Control::SendReport(r))
-                if self.report.is_none()
-                    && (self.go_sent
-                        || matches!(
-                            phase,
-                            Phase::Receiving | Phase::Finishing | Phase::Reporting
-                        )) =>
+            (Phase::Receiving | Phase::Finishing | Phase::Reporting, Control::SendReport(r))
+                if self.report.is_none() =>
             {
                 self.report = Some(r);
                 self.check_finished();
@@ -583,28 +554,6 @@ impl<E: Cause + Clone> SinkSession<E> {
                 };
                 Err(super::unexpected(&peer, &other, wanted))
             }
-        }
-    }
-
-    /// An acceptor's `Go` as soon as the manifest ended, before its metadata came and
-    /// before the sink is prepared, when nothing it holds can change what the source
-    /// sends: a session that does not resume, of a manifest that does not grow. A
-    /// dialer sends its metadata only once it knows the session uses the feature (an
-    /// older acceptor would refuse the message), a round trip after its first flight;
-    /// waiting for it before `Go` cost every push that round trip (0.2 s at 200 ms).
-    /// The source's first chunks then wait in the data streams' sockets until the
-    /// sink is prepared (the driver reads a stream only then), within TCP's flow
-    /// control. Not for manifests over [`EARLY_GO_ENTRIES`]: preparing a very large
-    /// one may take longer than the source waits for an acknowledgement.
-    fn go_early(&mut self) {
-        if self.link.side == Side::Acceptor
-            && !self.resume
-            && self.growth.is_none()
-            && self.entries.len() <= EARLY_GO_ENTRIES
-            && self.link.live()
-        {
-            self.go_sent = true;
-            self.link.send(Control::Go);
         }
     }
 
@@ -849,13 +798,11 @@ impl<E: Cause + Clone> SinkSession<E> {
             self.advance_written();
         }
         self.phase = Phase::Receiving;
-        if !self.go_sent {
-            self.link.send(if on_demand {
-                Control::OnDemand
-            } else {
-                Control::Go
-            });
-        }
+        self.link.send(if on_demand {
+            Control::OnDemand
+        } else {
+            Control::Go
+        });
         for s in &mut self.streams {
             s.last_frame = now;
         }
