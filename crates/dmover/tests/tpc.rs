@@ -394,28 +394,8 @@ fn a_third_party_copy_retried_after_its_destination_restarts_resumes() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while no_partial_files(&src, &dst) < 8 {
-            assert!(
-                std::time::Instant::now() < until,
-                "{mode}: no progress at B"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        b.kill();
-        let done = final_bytes(&dst);
-        let _b = Server::start_on(&b.addr, &b_args, &b_root, None, Some(b_state.path()));
-        let o = child.wait_with_output().unwrap();
-        ok(&o);
-        same(&src, &dst);
-        assert!(staging_files(&dst).is_empty(), "{mode}");
-        let j = json(&o);
+        let (j, done) = restart_b_mid_copy(child, &src, &dst, &mut b, &b_args, b_state.path());
         assert_eq!(j["direction"], format!("third-party-{mode}"), "{j}");
-        assert!(j["attempts"].as_u64().unwrap() >= 2, "{mode}: {j}");
-        assert!(
-            j["bytes_resumed"].as_u64().unwrap() >= done,
-            "{mode}: {done}: {j}"
-        );
         // What B kept was not sent again: all attempts together moved less than the
         // tree and what B kept.
         assert!(
@@ -647,6 +627,37 @@ fn relay_command(
     c
 }
 
+/// B killed once 8 files are complete at `dst` and started again (same address, key and
+/// `state`, args `b_args`) while the copy `child` runs under `--retries`: the copy
+/// completes byte-identical with nothing staged, in two attempts or more, and reports
+/// as resumed at least what B held when it died. Returns the JSON summary and that.
+fn restart_b_mid_copy(
+    child: std::process::Child,
+    src: &std::path::Path,
+    dst: &std::path::Path,
+    b: &mut Server,
+    b_args: &[&std::ffi::OsStr],
+    state: &std::path::Path,
+) -> (serde_json::Value, u64) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while no_partial_files(src, dst) < 8 {
+        assert!(std::time::Instant::now() < until, "no progress at B");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    b.kill();
+    let done = final_bytes(dst);
+    let root = b.root.clone();
+    let _b = Server::start_on(&b.addr, b_args, &root, None, Some(state));
+    let o = child.wait_with_output().unwrap();
+    ok(&o);
+    same(src, dst);
+    assert!(staging_files(dst).is_empty());
+    let j = json(&o);
+    assert!(j["attempts"].as_u64().unwrap() >= 2, "{j}");
+    assert!(j["bytes_resumed"].as_u64().unwrap() >= done, "{done}: {j}");
+    (j, done)
+}
+
 /// Starts a relay, waits (60 s at most) until `cut_here` holds, kills the client, and
 /// leaves B a moment to end its session (it keeps its journal).
 fn cut_relay(mut c: std::process::Command, cut_here: impl Fn() -> bool) {
@@ -849,22 +860,8 @@ fn a_relay_retried_after_its_destination_restarts_resumes() {
     )
     .spawn()
     .unwrap();
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while no_partial_files(&src, &dst) < 8 {
-        assert!(std::time::Instant::now() < until, "no progress at B");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    b.kill();
-    let done = final_bytes(&dst);
-    let _b = Server::start_on(&b.addr, &b_args, &b_root, None, Some(b_state.path()));
-    let o = child.wait_with_output().unwrap();
-    ok(&o);
-    same(&src, &dst);
-    assert!(staging_files(&dst).is_empty());
-    let j = json(&o);
+    let (j, done) = restart_b_mid_copy(child, &src, &dst, &mut b, &b_args, b_state.path());
     let total = walk_bytes(&src);
-    assert!(j["attempts"].as_u64().unwrap() >= 2, "{j}");
-    assert!(j["bytes_resumed"].as_u64().unwrap() >= done, "{done}: {j}");
     // Both attempts together: what B kept crossed the client once, not twice.
     assert!(
         j["bytes_received"].as_u64().unwrap() < total + done,
