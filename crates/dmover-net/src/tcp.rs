@@ -122,18 +122,27 @@ pub fn receive_share(budget: u64, streams: usize, autotune_max: u64) -> Option<u
 }
 
 /// Holds a TCP socket's receive buffer to `bytes` (`SO_RCVBUF`, which turns
-/// autotuning off for it; the kernel doubles the value). Above `net.core.rmem_max` this
+/// autotuning off for it; the kernel doubles the value), and its window clamp
+/// (`TCP_WINDOW_CLAMP`) to what that buffer holds. Above `net.core.rmem_max` this
 /// needs `CAP_NET_ADMIN` (`SO_RCVBUFFORCE`); without it the socket is left as it was
 /// and the error says so (a buffer cut to `rmem_max` would cripple a long link).
+///
+/// The clamp matters on a connection that already carried data: the kernel sets its
+/// window clamp from the buffer it had when it measured the first segments (about
+/// 85 KiB from the default 128 KiB), and only autotuning raised it since. Setting
+/// `SO_RCVBUF` leaves the clamp where it was and stops autotuning, so a stream held
+/// before it carried its first chunk could stay at an 85 KiB window for good (7 Mbit/s
+/// at 100 ms: one 16 MiB chunk took 19 s; seen as 1 GiB copies taking 27 s instead of
+/// 10, docs/benchmarks.md).
 pub fn cap_receive(fd: impl std::os::fd::AsFd, bytes: u64) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX / 2);
-    let set = |opt| {
+    let set = |level, opt, v: libc::c_int| {
         // SAFETY: the value and its length describe a c_int; the fd is open.
         let r = unsafe {
             libc::setsockopt(
                 fd.as_fd().as_raw_fd(),
-                libc::SOL_SOCKET,
+                level,
                 opt,
                 (&raw const v).cast(),
                 std::mem::size_of::<libc::c_int>() as libc::socklen_t,
@@ -145,14 +154,14 @@ pub fn cap_receive(fd: impl std::os::fd::AsFd, bytes: u64) -> std::io::Result<()
             Err(std::io::Error::last_os_error())
         }
     };
-    match set(libc::SO_RCVBUFFORCE) {
+    match set(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, v) {
         Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
             let max = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
                 .ok()
                 .and_then(|s| s.trim().parse::<u64>().ok())
                 .unwrap_or(0);
             if bytes <= max {
-                set(libc::SO_RCVBUF)
+                set(libc::SOL_SOCKET, libc::SO_RCVBUF, v)
             } else {
                 Err(std::io::Error::new(
                     std::io::ErrorKind::PermissionDenied,
@@ -164,6 +173,36 @@ pub fn cap_receive(fd: impl std::os::fd::AsFd, bytes: u64) -> std::io::Result<()
             }
         }
         r => r,
+    }?;
+    // The window never passes the free space of the buffer (`2 * v`, less the
+    // kernel's overhead) whatever the clamp; a lower clamp also lowers the window the
+    // socket grows toward, so a share that shrinks is not overrun.
+    set(
+        libc::IPPROTO_TCP,
+        libc::TCP_WINDOW_CLAMP,
+        v.saturating_mul(2),
+    )
+}
+
+/// The window clamp of a TCP socket (`TCP_WINDOW_CLAMP`).
+pub fn window_clamp(fd: impl std::os::fd::AsFd) -> std::io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the value and its length describe a c_int; the fd is open.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_fd().as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_WINDOW_CLAMP,
+            (&raw mut v).cast(),
+            &raw mut len,
+        )
+    };
+    if r == 0 {
+        Ok(u64::try_from(v).unwrap_or(0))
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -333,14 +372,30 @@ mod tests {
 
     #[test]
     fn a_capped_receive_buffer_reads_back_doubled_or_says_why_not() {
+        use std::io::{Read, Write};
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (b, _) = l.accept().unwrap();
-        let want = 3u64 << 20;
+        let mut a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut b, _) = l.accept().unwrap();
+        // A stream that carried a little (a join's hello and proof) before its buffer
+        // is held: the kernel has measured its segments and set its window clamp from
+        // the buffer it had then.
+        a.write_all(&[7; 88]).unwrap();
+        b.read_exact(&mut [0; 88]).unwrap();
+        let want = 24u64 << 20;
         match cap_receive(&b, want) {
             Ok(()) => {
                 let got = SockRef::from(&b).recv_buffer_size().unwrap() as u64;
                 assert_eq!(got, 2 * want, "the kernel doubles SO_RCVBUF");
+                // The window may grow to what the buffer holds, not stay clamped to
+                // the default buffer's (the stalled stream of docs/benchmarks.md).
+                let clamp = window_clamp(&b).unwrap();
+                assert!(
+                    clamp >= want,
+                    "window clamp {clamp} below the {want}-byte share"
+                );
+                // Held lower again, the clamp follows.
+                cap_receive(&b, 2 << 20).unwrap();
+                assert_eq!(window_clamp(&b).unwrap(), 4 << 20);
             }
             Err(e) => {
                 // Only a process without CAP_NET_ADMIN, above rmem_max, is refused.
