@@ -2168,8 +2168,8 @@ impl Client {
                 let first = source.tree().entries().to_vec();
                 let mut parts =
                     drive::streamed_parts(first, source.layout().n_chunks(), rest, &ends, meta);
-                // Its entries are in the first flight: once the server says whether
-                // it takes parts, they end as a part or the rest follows them whole.
+                // Its entries are in the first flight, and its `Grow` behind them
+                // (the server takes parts: STREAMED is offered, and granted).
                 parts[0].sent = true;
                 let (tx, rx) = mpsc::unbounded_channel();
                 for p in parts {

@@ -558,9 +558,8 @@ pub struct GrowPart {
     /// ([`SourceStore::grown_meta`]).
     pub meta: Vec<dmover_proto::manifest::EntryMeta>,
     /// (the first part of a push's streamed manifest) Its entries went already, in
-    /// the first flight, before the session said whether the sink takes parts
-    /// (feature `STREAMED`): if it does not, the later parts (all queued by then)
-    /// follow them as one whole manifest, ended by `ManifestEnd`.
+    /// the first flight: in a session without the feature `STREAMED` (not offered)
+    /// the later parts follow them as one whole manifest, ended by `ManifestEnd`.
     pub sent: bool,
 }
 
@@ -1105,9 +1104,10 @@ where
             // A streamed manifest's parts (feature STREAMED) go one ahead of the
             // sink's confirmations: a part written while the control connection is
             // still in slow start waits in its send buffer, and the control link's
-            // writes would hold this loop (and the data) until it drained.
+            // writes would hold this loop (and the data) until it drained. A dialer's
+            // first part ends in its first flight (the features are known: BASE).
             part = next_part(&mut growth), if growth.is_some()
-                && m.info().is_some()
+                && m.features().is_some()
                 && (!m.uses(features::STREAMED) || m.parts_confirmed() + 1 >= parts) => match part {
                 Some(p) if p.sent && parts == 0 && !m.uses(features::STREAMED) => {
                     // The sink does not take parts: the rest of the manifest goes
@@ -2905,9 +2905,9 @@ mod tests {
         }
     }
 
-    /// A push whose first part went in the first flight (`GrowPart::sent`) to a sink
-    /// that does not take parts (no `STREAMED`, as a server older than the bit): the
-    /// rest follows as one manifest, and every file arrives.
+    /// A push whose first part went in the first flight (`GrowPart::sent`) in a
+    /// session that does not take parts (no `STREAMED` offered): the rest follows as
+    /// one manifest, and every file arrives.
     #[test]
     fn a_streamed_push_to_a_sink_without_parts_goes_whole() {
         use dmover_proto::session::features::GROWING_MANIFEST;

@@ -176,7 +176,7 @@ pub enum Control {
     /// changed since their entries went out; the sink sets these at the end instead.
     Times(TimesPart),
     /// (29, feature `LIMITS`) What a side applies to the session's data streams: the
-    /// dialer's right after `Session`, the acceptor's in answer to it (see
+    /// dialer's in its first flight, the acceptor's in answer to it (see
     /// [`SessionLimits`]).
     Limits(SessionLimits),
     /// (30, feature `PARTS`) In a request-driven session: byte ranges of chunks the

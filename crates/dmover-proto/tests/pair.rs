@@ -1738,11 +1738,9 @@ fn without_the_limits_feature_no_limits_travel() {
     }
 }
 
-#[test]
-fn a_dialer_offering_limits_to_an_older_acceptor_sends_none() {
-    // The acceptor grants a session without the bit (it does not know it).
-    let now = Instant::now();
-    let d = dmover_proto::session::Dial {
+/// A dialer's `Dial` asking for `op` with `features`.
+fn dial_of(op: dmover_proto::control::Op, features: u64) -> dmover_proto::session::Dial {
+    dmover_proto::session::Dial {
         hello: dmover_proto::control::Hello {
             software: "t".into(),
             nonce: [0; 32],
@@ -1752,57 +1750,73 @@ fn a_dialer_offering_limits_to_an_older_acceptor_sends_none() {
             credential: dmover_proto::control::Credential::None,
         },
         open: dmover_proto::control::Open {
-            op: dmover_proto::control::Op::Pull {
-                sources: vec![b"s".to_vec()],
-            },
+            op,
             streams: 2,
             chunk_size: 0,
             checksum: true,
             direct_io: dmover_proto::control::DirectIo::Never,
             protection: dmover_proto::control::DataProtection::Authenticated,
-            features: features::MACHINES,
+            features,
         },
         options: options(),
         server_proof: None,
         limits: dmover_proto::session::sim::dialer_limits(),
+    }
+}
+
+/// Takes a dialer's machine through `Welcome` and `AuthOk`.
+fn welcomed(now: Instant, handle: &mut dyn FnMut(Instant, Control)) {
+    handle(
+        now,
+        Control::Welcome(dmover_proto::control::Welcome {
+            software: "t".into(),
+            nonce: [0; 32],
+            auth: dmover_proto::control::AuthMethod::None,
+        }),
+    );
+    handle(
+        now,
+        Control::AuthOk(dmover_proto::control::AuthOk { proof: None }),
+    );
+}
+
+#[test]
+fn a_dialers_limits_go_in_its_first_flight_and_the_answer_is_handed_on() {
+    // Protocol 6: an acceptor grants every base feature offered, so the dialer's
+    // limits go with its `Open`, not a round trip later behind `Session`.
+    let now = Instant::now();
+    let pull = dmover_proto::control::Op::Pull {
+        sources: vec![b"s".to_vec()],
     };
-    for granted in [features::METADATA, features::METADATA | features::LIMITS] {
+    for offered in [features::METADATA, features::METADATA | features::LIMITS] {
         let mut m = SinkSession::<dmover_proto::session::sim::SimError>::dial(
             now,
             "peer",
             Timing::default(),
             Limits::default(),
-            d.clone(),
+            dial_of(pull.clone(), offered),
         );
-        while m.poll_transmit().is_some() {}
-        m.handle_control(
-            now,
-            Control::Welcome(dmover_proto::control::Welcome {
-                software: "old".into(),
-                nonce: [0; 32],
-                auth: dmover_proto::control::AuthMethod::None,
-            }),
-        );
-        m.handle_control(
-            now,
-            Control::AuthOk(dmover_proto::control::AuthOk { proof: None }),
-        );
-        m.handle_control(now, Control::Session(info(granted)));
-        let sent: Vec<_> = std::iter::from_fn(|| m.poll_transmit()).collect();
-        let limits: Vec<_> = sent
-            .iter()
-            .filter(|c| matches!(c, Control::Limits(_)))
-            .collect();
-        if granted & features::LIMITS == 0 {
-            assert!(limits.is_empty(), "{sent:?}");
+        let first: Vec<_> = std::iter::from_fn(|| m.poll_transmit()).collect();
+        let names: Vec<_> = first.iter().map(Control::name).collect();
+        if offered & features::LIMITS == 0 {
+            assert_eq!(names, ["Hello", "Auth", "Open", "Options"]);
         } else {
+            assert_eq!(names, ["Hello", "Auth", "Open", "Options", "Limits"]);
             assert_eq!(
-                limits,
-                [&Control::Limits(dmover_proto::session::sim::dialer_limits())]
+                first[4],
+                Control::Limits(dmover_proto::session::sim::dialer_limits())
             );
         }
+        welcomed(now, &mut |t, c| m.handle_control(t, c));
+        m.handle_control(now, Control::Session(info(offered)));
+        // Not again once the session is open.
+        let sent: Vec<_> = std::iter::from_fn(|| m.poll_transmit()).collect();
+        assert!(
+            !sent.iter().any(|c| matches!(c, Control::Limits(_))),
+            "{sent:?}"
+        );
         // An answer the dialer's machine hands on.
-        if granted & features::LIMITS != 0 {
+        if offered & features::LIMITS != 0 {
             let answer = dmover_proto::control::SessionLimits {
                 bwlimit: 7,
                 congestion: "cubic".into(),
@@ -1818,6 +1832,117 @@ fn a_dialer_offering_limits_to_an_older_acceptor_sends_none() {
             );
         }
     }
+}
+
+#[test]
+fn a_session_without_an_offered_base_feature_fails_the_dialer() {
+    // The dialer sent that feature's messages already; a session without it is
+    // not one a version 6 acceptor grants.
+    let now = Instant::now();
+    let pull = dmover_proto::control::Op::Pull {
+        sources: vec![b"s".to_vec()],
+    };
+    let mut m = SinkSession::<dmover_proto::session::sim::SimError>::dial(
+        now,
+        "peer",
+        Timing::default(),
+        Limits::default(),
+        dial_of(pull, features::METADATA | features::LIMITS),
+    );
+    while m.poll_transmit().is_some() {}
+    welcomed(now, &mut |t, c| m.handle_control(t, c));
+    m.handle_control(now, Control::Session(info(features::METADATA)));
+    m.handle_timeout(now + Timing::default().report_wait);
+    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+    let e = protocol_failure(events);
+    assert!(e.contains("without the limits feature"), "{e}");
+}
+
+#[test]
+fn a_pushs_first_flight_carries_its_metadata_and_a_streamed_first_part() {
+    // Protocol 6: the dialing source knows the base features it offered are
+    // granted, so `Meta` follows `ManifestEnd` (and a streamed manifest's first
+    // `Grow` its entries) in the first flight; the sink's `Go` needs no round trip
+    // more than `Session`.
+    let now = Instant::now();
+    let push = dmover_proto::control::Op::Push {
+        dest: b"d".to_vec(),
+    };
+    let entries = manifest(1);
+    let meta = vec![EntryMeta {
+        entry: 0,
+        uid: 1,
+        gid: 2,
+        xattrs: Vec::new(),
+    }];
+    let totals = totals(&entries);
+    for offered in [0, features::METADATA] {
+        let mut m = SourceSession::<dmover_proto::session::sim::SimError>::dial(
+            now,
+            "peer",
+            Timing::default(),
+            dial_of(push.clone(), offered),
+        );
+        m.push_manifest(&entries);
+        m.push_meta(meta.clone());
+        m.end_manifest(totals, ChunkSet::all(1));
+        let first: Vec<_> = std::iter::from_fn(|| m.poll_transmit()).collect();
+        let names: Vec<_> = first.iter().map(Control::name).collect();
+        if offered == 0 {
+            assert_eq!(
+                names,
+                [
+                    "Hello",
+                    "Auth",
+                    "Open",
+                    "Options",
+                    "Manifest",
+                    "ManifestEnd"
+                ]
+            );
+        } else {
+            assert_eq!(
+                names,
+                [
+                    "Hello",
+                    "Auth",
+                    "Open",
+                    "Options",
+                    "Manifest",
+                    "ManifestEnd",
+                    "Meta"
+                ]
+            );
+        }
+        welcomed(now, &mut |t, c| m.handle_control(t, c));
+        m.handle_control(now, Control::Session(info(offered)));
+        let later: Vec<_> = std::iter::from_fn(|| m.poll_transmit()).collect();
+        assert!(
+            !later.iter().any(|c| matches!(c, Control::Meta(_))),
+            "{later:?}"
+        );
+    }
+    // A streamed manifest: the first part ends (its metadata before it) before
+    // `Session`.
+    let streamed = features::GROWING_MANIFEST | features::STREAMED | features::METADATA;
+    let mut m = SourceSession::<dmover_proto::session::sim::SimError>::dial(
+        now,
+        "peer",
+        Timing::default(),
+        dial_of(push, streamed),
+    );
+    m.push_manifest(&entries);
+    m.grow_meta(meta);
+    m.grow_manifest(now, totals, 1, false);
+    let first: Vec<_> = std::iter::from_fn(|| m.poll_transmit()).collect();
+    let names: Vec<_> = first.iter().map(Control::name).collect();
+    assert_eq!(
+        names,
+        [
+            "Hello", "Auth", "Open", "Options", "Manifest", "Meta", "Grow"
+        ]
+    );
+    assert_eq!(m.state(), dmover_proto::session::State::Running);
 }
 
 #[test]

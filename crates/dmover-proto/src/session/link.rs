@@ -24,7 +24,8 @@ pub struct Dial {
     /// The token proof the acceptor must answer with in `AuthOk`
     /// ([`crate::auth::server_token_proof`]), when `auth` proved a token.
     pub server_proof: Option<[u8; 32]>,
-    /// Its limits ([`features::LIMITS`]), sent once `Session` shows the feature.
+    /// Its limits ([`features::LIMITS`]), sent in the first flight when `open`
+    /// offers the feature.
     pub limits: SessionLimits,
 }
 
@@ -58,6 +59,12 @@ impl Opening {
 
     pub(crate) fn is_open(&self) -> bool {
         self.step == Step::Open
+    }
+
+    /// The features the session will use for certain: those of [`features::BASE`]
+    /// offered.
+    fn base(&self) -> u64 {
+        self.requested.features & features::BASE
     }
 
     /// What the next answer is, for timeouts.
@@ -138,6 +145,14 @@ impl Opening {
                         s.features, self.requested.features
                     )));
                 }
+                let left_out = self.base() & !s.features;
+                if left_out != 0 {
+                    return Err(bad(format!(
+                        "session without the {} feature, which every acceptor grants when \
+                         offered",
+                        features::name(1 << left_out.trailing_zeros())
+                    )));
+                }
                 self.step = Step::Open;
                 Ok(Some(s))
             }
@@ -188,8 +203,6 @@ pub(crate) struct Link<E> {
     control_open: bool,
     /// A dialer's handshake, until the session is open.
     opening: Option<Opening>,
-    /// (feature LIMITS) A dialer's limits, until the session opens.
-    limits: Option<SessionLimits>,
     /// (feature LIMITS) This side sent its limits.
     limits_sent: bool,
     /// (feature LIMITS) The peer's limits came.
@@ -213,7 +226,6 @@ impl<E: Cause> Link<E> {
             failing: None,
             control_open: true,
             opening: None,
-            limits: None,
             limits_sent: false,
             limits_heard: false,
             failure: None,
@@ -231,15 +243,28 @@ impl<E: Cause> Link<E> {
         }
     }
 
-    /// Sends a dialer's first flight, all at once, and awaits the `Welcome`.
+    /// Sends a dialer's first flight, all at once, and awaits the `Welcome`. Its
+    /// limits go in it (feature LIMITS: the acceptor grants it), so the acceptor has
+    /// them before the sink's `Go` and sets its sending ends before data flows.
     pub(crate) fn dial(&mut self, now: Instant, d: Dial) {
-        self.opening = Some(Opening::new(&d));
-        self.limits = Some(d.limits);
+        let opening = Opening::new(&d);
+        let limits = opening.base() & features::LIMITS != 0;
+        self.opening = Some(opening);
         self.send(Control::Hello(d.hello));
         self.send(Control::Auth(d.auth));
         self.send(Control::Open(d.open));
         self.send(Control::Options(d.options));
+        if limits {
+            self.limits_sent = true;
+            self.send(Control::Limits(d.limits));
+        }
         self.expect(now, "welcome");
+    }
+
+    /// (dialer) The features the session uses, known before `Session` comes: those
+    /// of [`features::BASE`] offered (`None` on an acceptor).
+    pub(crate) fn offered(&self) -> Option<u64> {
+        self.opening.as_ref().map(Opening::base)
     }
 
     /// The set-up's part of a message from the peer, the same for both roles: the
@@ -267,13 +292,6 @@ impl<E: Cause> Link<E> {
                 }
                 Some(info) => {
                     self.start_heartbeat(now, self.timing.heartbeat);
-                    // The dialer's limits go first, so the acceptor has them before
-                    // the sink's `Go` (it sets its sending ends before data flows).
-                    if info.features & features::LIMITS != 0 {
-                        let l = self.limits.take().unwrap_or_default();
-                        self.limits_sent = true;
-                        self.send(Control::Limits(l));
-                    }
                     Setup::Opened(info)
                 }
             });

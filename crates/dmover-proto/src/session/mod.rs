@@ -31,7 +31,7 @@
 //! # A session, by role
 //! ```text
 //! dialer                                         acceptor
-//! Hello Auth Open Options [source: Manifest* ManifestEnd]  ->   (one flight)
+//! Hello Auth Open Options [Limits] [source: Manifest* ManifestEnd Meta*] -> (one flight)
 //!                                   <-  Welcome AuthOk Session   (Acceptance, then grant)
 //! source:  Manifest* ManifestEnd    ->  (when the source is the acceptor, it sends these)
 //! sink:    [Have* (resume)]         ->  source: Plan             (resume only)
@@ -42,7 +42,8 @@
 //! ```
 //!
 //! ## Optional features
-//! Negotiated in `Open`/`Session` ([`features`]); a message that needs a feature the
+//! Offered in `Open`, granted in `Session` ([`features`]; those of [`features::BASE`]
+//! always, so a dialer sends their messages before `Session`); a message that needs a feature the
 //! session does not use is a protocol violation ([`features::needed`]).
 //! ```text
 //! growing manifest (GROWING_MANIFEST): each part ends with Grow instead of one ManifestEnd
@@ -150,7 +151,7 @@ pub mod features {
     pub const CONTINUOUS: u64 = 32;
     /// The sides tell each other the limits they apply to the data streams
     /// ([`Control::Limits`]): the dialer its bandwidth limit and the congestion
-    /// control it asks the acceptor to send with, right after `Session`; the acceptor,
+    /// control it asks the acceptor to send with, in its first flight; the acceptor,
     /// in answer, its own bandwidth limit and the congestion control it sends with
     /// (or why it could not use the one asked for).
     pub const LIMITS: u64 = 64;
@@ -160,13 +161,30 @@ pub mod features {
     /// the first part's too. The dialer offers the bit only where a part's late
     /// arrival changes nothing the sink decides: not when the sink resumes or keeps
     /// files it holds (whose answer, `Have`, covers the first part only). In a push
-    /// the first part's entries go in the first flight, before the bit is granted:
-    /// without it the rest follows them as one manifest. No message of its own.
+    /// the first part (its entries, metadata and `Grow`) goes in the first flight.
+    /// No message of its own.
     pub const STREAMED: u64 = 128;
     /// Parts of chunks, in a request-driven session: the sink may ask for byte ranges
     /// of chunks ([`Control::WantPart`]); the source answers each with a part frame
     /// ([`crate::data::FLAG_PART`]) of those bytes.
     pub const PARTS: u64 = 256;
+
+    /// The features every acceptor of protocol version 6 speaks and grants whenever
+    /// the dialer offers them. A dialer thus knows, as it sends `Open`, which of them
+    /// the session uses, and sends their messages in its first flight instead of a
+    /// round trip later, behind `Session`: its `Limits`, a push's `Meta`, a streamed
+    /// manifest's first `Grow` (with `Meta` and `Sparse` before it). A `Session` that
+    /// leaves out one it offered breaks the protocol. Bits defined later are
+    /// negotiated ([`negotiate`]), and their messages wait for `Session`.
+    pub const BASE: u64 = GROWING_MANIFEST
+        | RANGES
+        | TUNING
+        | METADATA
+        | LINKS
+        | CONTINUOUS
+        | LIMITS
+        | STREAMED
+        | PARTS;
 
     /// The features this build's drivers (`dmover_core::drive`) speak and offer.
     pub const SUPPORTED: u64 = GROWING_MANIFEST
@@ -191,11 +209,14 @@ pub mod features {
         | STREAMED
         | PARTS;
 
-    /// The features a session uses: those both sides speak. Bits the machines do not
-    /// know are never granted.
+    /// The features a session uses: those both sides speak, and always those of
+    /// [`BASE`] the dialer offers. Bits the machines do not know are never granted.
     pub fn negotiate(dialer: u64, acceptor: u64) -> u64 {
-        dialer & acceptor & MACHINES
+        dialer & (acceptor | BASE) & MACHINES
     }
+
+    // Every version 6 build speaks the base.
+    const _: () = assert!(SUPPORTED & BASE == BASE && MACHINES & BASE == BASE);
 
     /// The feature a message needs (0: none). A peer that sends a message whose
     /// feature the session does not use breaks the protocol.

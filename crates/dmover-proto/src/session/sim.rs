@@ -534,6 +534,10 @@ impl Sim {
             };
             sim.at(t0 + at, Ev::Fault(i));
         }
+        if sim.cfg.push && sim.cfg.parts > 0 {
+            // A dialing source's first part, in its first flight (features::BASE).
+            sim.send_part(0);
+        }
         sim.pump();
         sim
     }
@@ -1019,7 +1023,6 @@ impl Sim {
             let Some(ev) = s.poll_event() else { break };
             any = true;
             match ev {
-                SourceEvent::Opened(_) if self.cfg.parts > 0 => self.send_part(0),
                 SourceEvent::Opened(_)
                 | SourceEvent::Options(_)
                 | SourceEvent::StreamLost { .. } => {}

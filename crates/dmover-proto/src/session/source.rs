@@ -337,8 +337,9 @@ impl<E: Cause + Clone> SourceSession<E> {
 
     /// (feature [`features::METADATA`]) Queues the manifest's metadata (owners,
     /// xattrs), before [`SourceSession::end_manifest`]. It goes out after
-    /// `ManifestEnd` once the session is known to use the feature, and is dropped
-    /// otherwise; a source that queues none sends an empty last part.
+    /// `ManifestEnd` once the session is known to use the feature (a dialer's at once,
+    /// in its first flight: [`features::BASE`]), and is dropped otherwise; a source
+    /// that queues none sends an empty last part.
     pub fn push_meta(&mut self, meta: Vec<EntryMeta>) {
         self.meta.extend(meta);
     }
@@ -367,10 +368,10 @@ impl<E: Cause + Clone> SourceSession<E> {
         }
     }
 
-    /// Sends the queued metadata (or drops it) once both the session and the
-    /// manifest's end are known.
+    /// Sends the queued metadata (or drops it) once both the session's features and
+    /// the manifest's end are known.
     fn flush_meta(&mut self) {
-        if !self.meta_due || self.info.is_none() {
+        if !self.meta_due || self.features().is_none() {
             return;
         }
         self.meta_due = false;
@@ -454,9 +455,19 @@ impl<E: Cause + Clone> SourceSession<E> {
                 || self.fresh.clone().next(&self.chunks).is_some())
     }
 
-    /// Whether the session uses `bit` (see [`features`]).
+    /// Whether the session uses `bit` (see [`features`]). A dialer knows it from
+    /// the start for the bits of [`features::BASE`] it offered.
     pub fn uses(&self, bit: u64) -> bool {
-        self.info.as_ref().is_some_and(|i| i.features & bit != 0)
+        self.features().is_some_and(|f| f & bit != 0)
+    }
+
+    /// The features the session uses, as far as known: `Session`'s, or before it a
+    /// dialer's offered base features.
+    pub fn features(&self) -> Option<u64> {
+        self.info
+            .as_ref()
+            .map(|i| i.features)
+            .or_else(|| self.link.offered())
     }
 
     /// (feature [`features::TUNING`]) Tells the sink of a tuning decision.
@@ -484,11 +495,10 @@ impl<E: Cause + Clone> SourceSession<E> {
     /// (feature [`features::LINKS`]) Lists the files of the manifest that may have
     /// holes (entry indices of regular files, ascending), after
     /// [`SourceSession::push_manifest`] and before [`SourceSession::end_manifest`].
-    /// Nothing is sent for an empty list, nor in a session known not to use the
-    /// feature; a dialer, before the session is open, sends it as it does the
-    /// manifest (its caller offers the feature).
+    /// Nothing is sent for an empty list, nor in a session without the feature (a
+    /// dialer's, in its first flight, when it offered it).
     pub fn sparse_files(&mut self, entries: &[u32]) {
-        if entries.is_empty() || (self.info.is_some() && !self.uses(features::LINKS)) {
+        if entries.is_empty() || !self.uses(features::LINKS) {
             return;
         }
         for part in entries.chunks(SPARSE_PART) {
@@ -522,16 +532,13 @@ impl<E: Cause + Clone> SourceSession<E> {
     /// complete. The first part stands for [`SourceSession::end_manifest`] (its chunks
     /// are to send unless the sink holds some, and the sink answers it with `Go`);
     /// a later part's chunks are sent once the sink confirms it is prepared for them.
-    /// The session must use the feature: a dialer calls this once it is open
-    /// ([`SourceEvent::Opened`]); otherwise the session fails.
+    /// The session must use the feature (a dialer that offered it knows it does from
+    /// the start: [`features::BASE`]); otherwise the session fails.
     pub fn grow_manifest(&mut self, now: Instant, totals: Totals, chunks: u64, last: bool) {
         if !self.link.live() || self.manifest_done {
             return;
         }
-        let uses = self
-            .info
-            .as_ref()
-            .is_some_and(|i| i.features & features::GROWING_MANIFEST != 0);
+        let uses = self.uses(features::GROWING_MANIFEST);
         let prev = if self.growing {
             self.layout_chunks.unwrap_or(0)
         } else {
