@@ -52,7 +52,9 @@ fn a_busy_server_answers_busy_and_clients_come_back() {
     probe
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    probe.write_all(b"DMOV\x01\x00\x00\x05").unwrap();
+    let mut pre = b"DMOV\x01\x00".to_vec();
+    pre.extend_from_slice(&dmover_proto::PROTOCOL_VERSION.to_be_bytes());
+    probe.write_all(&pre).unwrap();
     probe.write_all(&[0x16; 300]).unwrap();
     let mut answer = [0u8; 8];
     probe.read_exact(&mut answer).unwrap();

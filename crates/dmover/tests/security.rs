@@ -13,6 +13,15 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
+/// The 8-byte preamble of a connection of `kind` (1 control, 2 data) at this build's
+/// protocol version.
+fn preamble(kind: u8) -> Vec<u8> {
+    let mut p = b"DMOV".to_vec();
+    p.extend_from_slice(&[kind, 0]);
+    p.extend_from_slice(&dmover_proto::PROTOCOL_VERSION.to_be_bytes());
+    p
+}
+
 fn tmp() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("dmover-sec-")
@@ -929,7 +938,7 @@ fn a_refused_join_with_data_behind_it_gets_its_status_and_a_clean_close() {
     let srv = Server::start(&root, &[]);
     let mut c = TcpStream::connect(&srv.addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    c.write_all(b"DMOV\x02\x00\x00\x05").unwrap();
+    c.write_all(&preamble(2)).unwrap();
     let mut challenge = [0u8; 32];
     c.read_exact(&mut challenge).unwrap();
     // An unknown session, any proof, then what a client's first chunk would be.
@@ -1314,10 +1323,10 @@ fn tls_send(addr: &str, kh: &Path, body: &[u8], limit: Duration) -> bool {
     rt.block_on(async {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-        tcp.write_all(b"DMOV\x01\x00\x00\x05").await.unwrap();
+        tcp.write_all(&preamble(1)).await.unwrap();
         let mut ans = [0u8; 8];
         tcp.read_exact(&mut ans).await.unwrap();
-        assert_eq!(&ans[6..], &[0, 5]);
+        assert_eq!(ans[6..], dmover_proto::PROTOCOL_VERSION.to_be_bytes());
         let c = dmover_net::tls::TlsConnector::new(dmover_net::tls::Trust::KnownHosts(kh.into()))
             .unwrap();
         let mut tls = c.connect(tcp, addr).await.unwrap();
@@ -1373,12 +1382,12 @@ fn garbage_and_oversized_frames_are_disconnected_and_the_server_keeps_serving() 
     assert!(closed_within(&mut c, limit), "random bytes");
     // A control preamble, then random bytes instead of TLS.
     let mut c = TcpStream::connect(&srv.addr).unwrap();
-    c.write_all(b"DMOV\x01\x00\x00\x05").unwrap();
+    c.write_all(&preamble(1)).unwrap();
     c.write_all(&rng_bytes(4096)).unwrap();
     assert!(closed_within(&mut c, limit), "random TLS");
     // A data preamble, then random join bytes.
     let mut c = TcpStream::connect(&srv.addr).unwrap();
-    c.write_all(b"DMOV\x02\x00\x00\x05").unwrap();
+    c.write_all(&preamble(2)).unwrap();
     let mut hello = rng_bytes(48);
     hello[10..16].fill(0);
     c.write_all(&hello).unwrap();
@@ -1429,12 +1438,12 @@ fn slow_and_silent_clients_are_cut_off_and_others_are_served() {
     );
     let kh = t.path().join("known_hosts");
     // Slowloris: a byte every 300 ms on a control and a data connection, and a silent one.
-    let trickle = |first: &'static [u8]| {
+    let trickle = |first: Vec<u8>| {
         let addr = srv.addr.clone();
         std::thread::spawn(move || {
             let started = Instant::now();
             let mut c = TcpStream::connect(&addr).unwrap();
-            c.write_all(first).unwrap();
+            c.write_all(&first).unwrap();
             for b in std::iter::repeat_n(0u8, 200) {
                 if c.write_all(&[b]).is_err() {
                     return started.elapsed();
@@ -1451,8 +1460,8 @@ fn slow_and_silent_clients_are_cut_off_and_others_are_served() {
             Duration::MAX
         })
     };
-    let control = trickle(b"DMOV\x01\x00\x00\x05\x16\x03\x01\x02\x00");
-    let data = trickle(b"DMOV\x02\x00\x00\x05");
+    let control = trickle([preamble(1), b"\x16\x03\x01\x02\x00".to_vec()].concat());
+    let data = trickle(preamble(2));
     let mut silent = TcpStream::connect(&srv.addr).unwrap();
     let started = Instant::now();
     // Meanwhile others are served.
