@@ -359,6 +359,14 @@ pub(crate) struct Connection {
 }
 
 impl Connection {
+    /// The smallest round trip the control connection's TCP has seen (its handshake's
+    /// and TLS's), if the kernel tells.
+    fn rtt(&self) -> Option<Duration> {
+        let tcp = self.ch.get_ref().get_ref().0.get_ref();
+        let s = dmover_net::tcpinfo::TcpMeter::of(tcp).ok()?.read().ok()?;
+        (!s.min_rtt.is_zero()).then_some(s.min_rtt)
+    }
+
     /// For a request that is not a session ([`Op::Grant`], [`Op::ThirdParty`]): sends
     /// the first flight and takes the answers up to `AuthOk`, checking the server's
     /// token proof; the channel is then the op's.
@@ -2099,8 +2107,10 @@ impl Client {
                 }
             }
         }
+        // The round trip is the connection's made during the walk, when there is one.
+        let rtt = early.as_ref().and_then(|(c, _)| c.rtt());
         let chunk = match self.opts.chunk_size {
-            0 => session::auto_chunk(tree.entries()),
+            0 => session::auto_chunk_on(tree.entries(), rtt),
             c => c,
         };
         let totals = Totals::of(tree.entries());

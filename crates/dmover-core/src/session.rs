@@ -290,6 +290,35 @@ pub fn auto_chunk(entries: &[Entry]) -> u32 {
     }
 }
 
+/// The chunk of a dataset of small files (under [`SMALL_CHUNK`] on average) on a link of
+/// at least [`SMALL_CHUNK_RTT`]: at 4 MiB its first chunks go on one or two streams
+/// while the others idle through their slow start (2000 × 8 KiB are four chunks), and
+/// its last chunk drains alone. Pushes at 1 Gbit/s, interleaved, medians of 5
+/// (docs/benchmarks.md, "Smaller chunks for small files on long links"): 2000 × 8 KiB
+/// 1.02 → 0.86 s at 50 ms and 3.30 → 2.97 s at 200 ms; 20 000 × 8 KiB 3.66 → 3.32 s
+/// and 5.46 → 5.27 s. Not on short links, where the round trips cost nothing and more
+/// chunks cost CPU (20 000 × 8 KiB at 0 ms with `--chunk 1M`: 2.35 → 2.71 s, 3 runs).
+pub const SMALL_CHUNK: u32 = 1 << 20;
+/// See [`SMALL_CHUNK`]: the round trip (of the control connection, measured once it is
+/// up) from which small files go in smaller chunks.
+pub const SMALL_CHUNK_RTT: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// [`auto_chunk`] on a link of round trip `rtt` (`None`: not known): [`SMALL_CHUNK`]
+/// for small files from [`SMALL_CHUNK_RTT`] on.
+pub fn auto_chunk_on(entries: &[Entry], rtt: Option<std::time::Duration>) -> u32 {
+    let chunk = auto_chunk(entries);
+    let (files, bytes) = entries
+        .iter()
+        .filter(|e| e.file_size() > 0)
+        .fold((0u64, 0u64), |(n, b), e| (n + 1, b + e.file_size()));
+    let small = files > 0 && bytes / files < u64::from(SMALL_CHUNK);
+    if chunk == DEFAULT_CHUNK && small && rtt.is_some_and(|r| r >= SMALL_CHUNK_RTT) {
+        SMALL_CHUNK
+    } else {
+        chunk
+    }
+}
+
 /// Buffers a session needs to keep `streams` streams and `io_threads` disk threads busy:
 /// one in flight per stream and per disk thread, plus two so a finished stage always
 /// finds one free.
@@ -500,6 +529,19 @@ mod tests {
         assert_eq!(auto_chunk(&[]), DEFAULT_CHUNK);
         // Empty files do not drag the mean down.
         assert_eq!(auto_chunk(&files(&[0, 0, 0, 64 << 20])), 16 << 20);
+        // Small files on a long link: smaller chunks; not on a short or unknown one,
+        // nor for files of 1 MiB or more.
+        let ms = |n| Some(std::time::Duration::from_millis(n));
+        assert_eq!(auto_chunk_on(&files(&[8192; 100]), ms(50)), SMALL_CHUNK);
+        assert_eq!(auto_chunk_on(&files(&[8192; 100]), ms(20)), SMALL_CHUNK);
+        assert_eq!(auto_chunk_on(&files(&[8192; 100]), ms(1)), DEFAULT_CHUNK);
+        assert_eq!(auto_chunk_on(&files(&[8192; 100]), None), DEFAULT_CHUNK);
+        assert_eq!(
+            auto_chunk_on(&files(&[1 << 20; 100]), ms(200)),
+            DEFAULT_CHUNK
+        );
+        assert_eq!(auto_chunk_on(&files(&[256 << 20; 4]), ms(200)), 16 << 20);
+        assert_eq!(auto_chunk_on(&[], ms(200)), DEFAULT_CHUNK);
     }
 
     #[test]
