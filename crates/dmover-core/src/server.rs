@@ -632,6 +632,11 @@ impl Server {
         };
         let binding = dmover_net::tls::export(&tls, auth::AUTH_EXPORTER_LABEL, None)?;
         let master = dmover_net::tls::export(&tls, auth::SESSION_EXPORTER_LABEL, None)?;
+        let rtt = dmover_net::tcpinfo::TcpMeter::of(tls.get_ref().0.get_ref())
+            .and_then(|m| m.read())
+            .ok()
+            .map(|s| s.min_rtt)
+            .filter(|r| !r.is_zero());
         let ch = ControlChannel::new(tls, peer, PRE_AUTH_MAX_FRAME);
         Ok((
             ch,
@@ -640,6 +645,7 @@ impl Server {
                 master,
                 deadline,
                 peer_key,
+                rtt,
             },
         ))
     }
@@ -661,6 +667,7 @@ impl Server {
             master,
             deadline,
             peer_key: None,
+            rtt: None,
         };
         self.control_session_in(ch, conn, permit, None).await
     }
@@ -679,6 +686,7 @@ impl Server {
             master,
             deadline,
             peer_key,
+            rtt,
         } = conn;
         let peer = ch.peer().to_string();
         // Errors the machines reported to the client themselves.
@@ -719,7 +727,7 @@ impl Server {
                                 place,
                                 &peer,
                                 &grant,
-                                master,
+                                (master, rtt),
                                 &mut reported,
                                 &mut log,
                             )
@@ -949,7 +957,7 @@ impl Server {
         place: Option<SessionPlace<'_>>,
         peer: &str,
         grant: &Grant,
-        master: [u8; 32],
+        (master, rtt): ([u8; 32], Option<Duration>),
         reported: &mut bool,
         log: &mut SessionLog,
     ) -> Result<()> {
@@ -1072,7 +1080,8 @@ impl Server {
             | Op::Digests(_) => None,
         };
         let chunk = match (open.chunk_size, &walked) {
-            (0, Some(w)) => session::auto_chunk(w.tree.entries()),
+            // A pull's: small files go in smaller chunks on a long link, as a push's.
+            (0, Some(w)) => session::auto_chunk_on(w.tree.entries(), rtt),
             (c, _) => c,
         };
         dmover_proto::layout::validate_chunk_size(chunk)
@@ -1435,6 +1444,9 @@ struct Conn {
     master: [u8; 32],
     deadline: tokio::time::Instant,
     peer_key: Option<String>,
+    /// The smallest round trip the connection's TCP saw by the end of TLS (its
+    /// handshake's and TLS's), where the kernel tells.
+    rtt: Option<Duration>,
 }
 
 /// What the server logs of a session when it ends: one event, `session finished` or
