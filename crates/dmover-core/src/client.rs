@@ -362,9 +362,7 @@ impl Connection {
     /// The smallest round trip the control connection's TCP has seen (its handshake's
     /// and TLS's), if the kernel tells.
     fn rtt(&self) -> Option<Duration> {
-        let tcp = self.ch.get_ref().get_ref().0.get_ref();
-        let s = dmover_net::tcpinfo::TcpMeter::of(tcp).ok()?.read().ok()?;
-        (!s.min_rtt.is_zero()).then_some(s.min_rtt)
+        dmover_net::tcpinfo::min_rtt(self.ch.get_ref().get_ref().0.get_ref())
     }
 
     /// For a request that is not a session ([`Op::Grant`], [`Op::ThirdParty`]): sends

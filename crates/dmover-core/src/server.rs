@@ -632,11 +632,7 @@ impl Server {
         };
         let binding = dmover_net::tls::export(&tls, auth::AUTH_EXPORTER_LABEL, None)?;
         let master = dmover_net::tls::export(&tls, auth::SESSION_EXPORTER_LABEL, None)?;
-        let rtt = dmover_net::tcpinfo::TcpMeter::of(tls.get_ref().0.get_ref())
-            .and_then(|m| m.read())
-            .ok()
-            .map(|s| s.min_rtt)
-            .filter(|r| !r.is_zero());
+        let rtt = dmover_net::tcpinfo::min_rtt(tls.get_ref().0.get_ref());
         let ch = ControlChannel::new(tls, peer, PRE_AUTH_MAX_FRAME);
         Ok((
             ch,

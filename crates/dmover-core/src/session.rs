@@ -279,15 +279,20 @@ pub fn manifest_parts(n: usize) -> Option<Vec<usize>> {
 /// with direct I/O on a virtio disk), otherwise 4 MiB (more chunks to spread over
 /// disk threads and streams, which small files need).
 pub fn auto_chunk(entries: &[Entry]) -> u32 {
-    let (files, bytes) = entries
-        .iter()
-        .filter(|e| e.file_size() > 0)
-        .fold((0u64, 0u64), |(n, b), e| (n + 1, b + e.file_size()));
-    if files > 0 && bytes / files >= 16 << 20 {
+    if mean_file_size(entries).is_some_and(|m| m >= 16 << 20) {
         16 << 20
     } else {
         DEFAULT_CHUNK
     }
+}
+
+/// The mean size of the files that hold data (`None`: none do).
+fn mean_file_size(entries: &[Entry]) -> Option<u64> {
+    let (files, bytes) = entries
+        .iter()
+        .filter(|e| e.file_size() > 0)
+        .fold((0u64, 0u64), |(n, b), e| (n + 1, b + e.file_size()));
+    (files > 0).then(|| bytes / files)
 }
 
 /// The chunk of a dataset of small files (under [`SMALL_CHUNK`] on average) on a link of
@@ -306,16 +311,12 @@ pub const SMALL_CHUNK_RTT: std::time::Duration = std::time::Duration::from_milli
 /// [`auto_chunk`] on a link of round trip `rtt` (`None`: not known): [`SMALL_CHUNK`]
 /// for small files from [`SMALL_CHUNK_RTT`] on.
 pub fn auto_chunk_on(entries: &[Entry], rtt: Option<std::time::Duration>) -> u32 {
-    let chunk = auto_chunk(entries);
-    let (files, bytes) = entries
-        .iter()
-        .filter(|e| e.file_size() > 0)
-        .fold((0u64, 0u64), |(n, b), e| (n + 1, b + e.file_size()));
-    let small = files > 0 && bytes / files < u64::from(SMALL_CHUNK);
-    if chunk == DEFAULT_CHUNK && small && rtt.is_some_and(|r| r >= SMALL_CHUNK_RTT) {
+    let mean = mean_file_size(entries);
+    if mean.is_some_and(|m| m < u64::from(SMALL_CHUNK)) && rtt.is_some_and(|r| r >= SMALL_CHUNK_RTT)
+    {
         SMALL_CHUNK
     } else {
-        chunk
+        auto_chunk(entries)
     }
 }
 

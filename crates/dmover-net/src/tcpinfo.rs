@@ -84,6 +84,13 @@ impl TcpMeter {
     }
 }
 
+/// The smallest round trip a TCP socket has seen (`None`: none yet, or the kernel
+/// does not tell): on a control connection once TLS is up, its handshake's and TLS's.
+pub fn min_rtt(socket: &impl AsFd) -> Option<Duration> {
+    let s = TcpMeter::of(socket).ok()?.read().ok()?;
+    (!s.min_rtt.is_zero()).then_some(s.min_rtt)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
