@@ -114,7 +114,7 @@ fuzz_target!(|data: &[u8]| {
     w.rt.block_on(async move {
         let (client, server_io) = duplex(1 << 16);
         let task = tokio::spawn(async move {
-            let ch = ControlChannel::new(server_io, "fuzz", PRE_AUTH_MAX_FRAME);
+            let ch = ControlChannel::unauthenticated(server_io, "fuzz", PRE_AUTH_MAX_FRAME);
             let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
             server
                 .control_session(ch, BINDING, MASTER, deadline, None)

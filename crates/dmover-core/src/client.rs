@@ -380,15 +380,14 @@ impl Connection {
             .map(|t| auth::server_token_proof(&t.verifier, &self.transcript));
         let anonymous = matches!(self.auth.credential, Credential::None);
         let ch = &mut self.ch;
-        for msg in [
+        let first = [
             Control::Hello(self.hello),
             Control::Auth(self.auth),
             Control::Open(open),
             Control::Options(options),
-        ] {
-            if let Err(e) = ch.send(&msg).await {
-                return Err(crate::session::peer_report(ch, Error::Net(e)).await);
-            }
+        ];
+        if let Err(e) = ch.send_all(&first).await {
+            return Err(crate::session::peer_report(ch, Error::Net(e)).await);
         }
         let welcome = match ch.recv_timeout(HANDSHAKE_TIMEOUT, "welcome").await? {
             Control::Welcome(w) => w,

@@ -684,31 +684,30 @@ impl<'a, C: AsyncRead + AsyncWrite + Unpin + Send> ControlLink<'a, C> {
         }
     }
 
-    /// Sends `msgs`; the connection's failure, if it failed. A peer that refused the
-    /// session closes the connection after its `Error`: a failed send is explained by
-    /// that report when one came.
+    /// Sends `msgs` in one write ([`ControlChannel::send_all`]); the connection's
+    /// failure, if it failed. Each message may take [`SEND_LIMIT`], as when they went
+    /// one by one. A peer that refused the session closes the connection after its
+    /// `Error`: a failed send is explained by that report when one came.
     async fn send_all(&mut self, msgs: Vec<Control>) -> Option<Error> {
-        for m in msgs {
-            if !self.open {
-                return None;
+        if !self.open || msgs.is_empty() {
+            return None;
+        }
+        let limit = SEND_LIMIT * u32::try_from(msgs.len()).unwrap_or(u32::MAX);
+        match tokio::time::timeout(limit, self.ch.send_all(&msgs)).await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => {
+                self.open = false;
+                Some(crate::session::peer_report(self.ch, Error::Net(e)).await)
             }
-            match tokio::time::timeout(SEND_LIMIT, self.ch.send(&m)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    self.open = false;
-                    return Some(crate::session::peer_report(self.ch, Error::Net(e)).await);
-                }
-                Err(_) => {
-                    self.open = false;
-                    return Some(Error::Net(NetError::Timeout {
-                        peer: self.ch.peer().to_string(),
-                        what: "heartbeat: the peer went silent",
-                        secs: SEND_LIMIT.as_secs().max(1),
-                    }));
-                }
+            Err(_) => {
+                self.open = false;
+                Some(Error::Net(NetError::Timeout {
+                    peer: self.ch.peer().to_string(),
+                    what: "heartbeat: the peer went silent",
+                    secs: SEND_LIMIT.as_secs().max(1),
+                }))
             }
         }
-        None
     }
 
     async fn recv(&mut self) -> std::result::Result<Control, NetError> {
@@ -749,9 +748,10 @@ impl<T> Drop for Task<T> {
 /// `verify` checks the credential (with the dialer's hello) and gives the answer. A
 /// failure has been reported to the dialer when this returns.
 ///
-/// The channel's frame limit is raised to [`dmover_proto::control::MAX_FRAME`] as soon
-/// as `verify` accepted the credential, before `Open` is read (an `Open` may carry a
-/// `--files-from` list larger than the limit for unauthenticated peers).
+/// The channel's frame limit is raised to [`dmover_proto::control::MAX_FRAME`], and
+/// packed frames are read, as soon as `verify` accepted the credential, before `Open`
+/// is read (an `Open` may carry a `--files-from` list larger than the limit for
+/// unauthenticated peers).
 pub async fn accept<C>(
     mut m: Acceptance<Fault>,
     ch: &mut ControlChannel<C>,
@@ -767,7 +767,7 @@ where
             match ev {
                 AcceptEvent::Verify { hello, auth } => match verify(&hello, &auth) {
                     Ok(ok) => {
-                        ctl.ch.set_max_frame(dmover_proto::control::MAX_FRAME);
+                        ctl.ch.authenticated();
                         m.verified(now(), ok)
                     }
                     Err(e) => m.fail(now(), Fault::new(e)),

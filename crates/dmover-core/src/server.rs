@@ -16,8 +16,9 @@
 //! preamble is read within [`BUSY_PREAMBLE_WAIT`], a control connection is answered
 //! busy ([`Preamble::busy`]: retry after 1 to [`MAX_RETRY_AFTER`] s) and closed
 //! gracefully, a data connection still joins. Control frames before authentication are
-//! limited to [`PRE_AUTH_MAX_FRAME`] bytes; from the verified credential on (`Open`
-//! included), to [`control::MAX_FRAME`].
+//! limited to [`PRE_AUTH_MAX_FRAME`] bytes and never packed; from the verified
+//! credential on (`Open` included), to [`dmover_proto::control::MAX_FRAME`], packed or
+//! not.
 //! Every refusal is logged with the peer's address.
 
 use std::collections::{BTreeMap, HashMap};
@@ -41,7 +42,7 @@ use dmover_proto::control::{
     SessionInfo, SessionLimits, Welcome,
 };
 use dmover_proto::preamble::{ConnKind, Preamble};
-use dmover_proto::{PROTOCOL_VERSION, control, negotiate_version};
+use dmover_proto::{PROTOCOL_VERSION, negotiate_version};
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
@@ -633,7 +634,7 @@ impl Server {
         let binding = dmover_net::tls::export(&tls, auth::AUTH_EXPORTER_LABEL, None)?;
         let master = dmover_net::tls::export(&tls, auth::SESSION_EXPORTER_LABEL, None)?;
         let rtt = dmover_net::tcpinfo::min_rtt(tls.get_ref().0.get_ref());
-        let ch = ControlChannel::new(tls, peer, PRE_AUTH_MAX_FRAME);
+        let ch = ControlChannel::unauthenticated(tls, peer, PRE_AUTH_MAX_FRAME);
         Ok((
             ch,
             Conn {
@@ -698,7 +699,7 @@ impl Server {
             }
             Ok((grant, open)) => {
                 drop(permit);
-                ch.set_max_frame(control::MAX_FRAME);
+                ch.authenticated();
                 let mut log = SessionLog::new(&open.op);
                 let r = match self.user_slot(&grant) {
                     Err(e) => Err(e),

@@ -36,7 +36,7 @@ fn connect(
 ) {
     let (client, server_io) = duplex(1 << 16);
     let task = tokio::spawn(async move {
-        let ch = ControlChannel::new(server_io, "client", PRE_AUTH_MAX_FRAME);
+        let ch = ControlChannel::unauthenticated(server_io, "client", PRE_AUTH_MAX_FRAME);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         server
             .control_session(ch, BINDING, MASTER, deadline, None)

@@ -163,6 +163,8 @@ pub struct ControlChannel<S> {
     stream: S,
     peer: String,
     max_frame: usize,
+    /// Packed frames are read (not from a client before it authenticated).
+    packed: bool,
     buf: Vec<u8>,
     /// Bytes received and not yet decoded (a partial frame survives a cancelled
     /// [`ControlChannel::recv`]).
@@ -170,20 +172,35 @@ pub struct ControlChannel<S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> ControlChannel<S> {
-    /// Wraps a connected stream whose preambles have been exchanged.
+    /// Wraps a connected stream whose preambles have been exchanged, to a peer that
+    /// has proved who it is (a server, by its TLS key): frame bodies up to `max_frame`,
+    /// packed or not.
     pub fn new(stream: S, peer: impl Into<String>, max_frame: usize) -> Self {
         ControlChannel {
             stream,
             peer: peer.into(),
             max_frame,
+            packed: true,
             buf: Vec::new(),
             rbuf: Vec::new(),
         }
     }
 
-    /// Changes the largest frame body accepted (e.g. raised after authentication).
-    pub fn set_max_frame(&mut self, max_frame: usize) {
-        self.max_frame = max_frame;
+    /// Wraps a connection from a client that has not authenticated yet: frame bodies
+    /// up to `max_frame`, and no packed frames (nothing is unpacked for a peer nobody
+    /// knows), until [`ControlChannel::authenticated`].
+    pub fn unauthenticated(stream: S, peer: impl Into<String>, max_frame: usize) -> Self {
+        ControlChannel {
+            packed: false,
+            ..Self::new(stream, peer, max_frame)
+        }
+    }
+
+    /// The client's credential was verified: frame bodies up to
+    /// [`dmover_proto::control::MAX_FRAME`], packed or not.
+    pub fn authenticated(&mut self) {
+        self.max_frame = dmover_proto::control::MAX_FRAME;
+        self.packed = true;
     }
 
     /// The underlying stream.
@@ -203,9 +220,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ControlChannel<S> {
 
     /// Sends one message.
     pub async fn send(&mut self, msg: &Control) -> Result<(), NetError> {
+        self.send_all(std::slice::from_ref(msg)).await
+    }
+
+    /// Sends `msgs` in order with one write (large ones packed, see
+    /// [`Control::encode_packed`]): TLS makes as few records of them as it can and TCP
+    /// as few segments, so a first flight of small messages and a manifest part is
+    /// not cut into a packet each (a new connection's first round trip carries ten).
+    pub async fn send_all(&mut self, msgs: &[Control]) -> Result<(), NetError> {
         self.buf.clear();
-        msg.encode(&mut self.buf)
-            .map_err(|e| NetError::proto(&self.peer, e))?;
+        for msg in msgs {
+            msg.encode_packed(&mut self.buf)
+                .map_err(|e| NetError::proto(&self.peer, e))?;
+        }
         self.stream
             .write_all(&self.buf)
             .await
@@ -224,11 +251,25 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ControlChannel<S> {
     pub async fn recv(&mut self) -> Result<Control, NetError> {
         loop {
             if let Some(prefix) = self.rbuf.first_chunk::<LEN_PREFIX>() {
-                let n = Control::body_len(*prefix, self.max_frame)
+                let head = Control::frame_head(*prefix, self.max_frame)
                     .map_err(|e| NetError::proto(&self.peer, e))?;
+                if head.packed && !self.packed {
+                    return Err(NetError::proto(
+                        &self.peer,
+                        dmover_proto::Error::Violation(
+                            "a packed control frame before authentication".into(),
+                        ),
+                    ));
+                }
+                let n = head.len;
                 if self.rbuf.len() >= LEN_PREFIX + n {
-                    let msg = Control::decode_body(&self.rbuf[LEN_PREFIX..LEN_PREFIX + n])
-                        .map_err(|e| NetError::proto(&self.peer, e));
+                    let body = &self.rbuf[LEN_PREFIX..LEN_PREFIX + n];
+                    let msg = if head.packed {
+                        Control::decode_packed(body, self.max_frame)
+                    } else {
+                        Control::decode_body(body)
+                    }
+                    .map_err(|e| NetError::proto(&self.peer, e));
                     self.rbuf.drain(..LEN_PREFIX + n);
                     return msg;
                 }
@@ -395,5 +436,95 @@ mod tests {
             Ok(_) => panic!("TLS went on"),
         }
         server.await.unwrap();
+    }
+
+    /// A manifest big enough to pack, as a client's first flight carries one.
+    fn first_flight() -> Vec<Control> {
+        use dmover_proto::control::{Auth, Credential, Hello, ManifestPart};
+        use dmover_proto::manifest::{Entry, EntryKind, Mtime};
+        let entries = (0..512u32)
+            .map(|i| Entry {
+                parent: 0,
+                name: format!("file_{i:05}.dat").into_bytes(),
+                kind: EntryKind::File { size: 8192 },
+                mode: 0o644,
+                mtime: Mtime {
+                    sec: 1_790_000_000,
+                    nsec: 1000 * i,
+                },
+            })
+            .collect();
+        vec![
+            Control::Hello(Hello {
+                software: "dmover test".into(),
+                nonce: [7; 32],
+            }),
+            Control::Auth(Auth {
+                user: "u".into(),
+                credential: Credential::None,
+            }),
+            Control::Manifest(ManifestPart { entries }),
+            Control::Ping,
+        ]
+    }
+
+    /// `send_all` writes the messages at once, packing only what is large and not
+    /// `Hello` or `Auth`; the reader takes them in order.
+    #[tokio::test]
+    async fn send_all_writes_once_and_packs_the_manifest() {
+        let msgs = first_flight();
+        let raw: usize = msgs.iter().map(|m| m.to_frame().unwrap().len()).sum();
+        let (a, mut b) = tokio::io::duplex(1 << 20);
+        let mut tx = ControlChannel::new(a, "b", dmover_proto::control::MAX_FRAME);
+        tx.send_all(&msgs).await.unwrap();
+        drop(tx);
+        let mut wire = Vec::new();
+        b.read_to_end(&mut wire).await.unwrap();
+        assert!(wire.len() * 4 < raw, "{} bytes of {raw}", wire.len());
+        // Hello and Auth lead as they were, unpacked.
+        let head: Vec<u8> = msgs[..2]
+            .iter()
+            .flat_map(|m| m.to_frame().unwrap())
+            .collect();
+        assert_eq!(wire[..head.len()], head[..]);
+        let packed = Control::frame_head(
+            wire[head.len()..head.len() + 4].try_into().unwrap(),
+            usize::MAX,
+        )
+        .unwrap();
+        assert!(packed.packed);
+        let read = tokio::io::join(&wire[..], tokio::io::sink());
+        let mut rx = ControlChannel::new(read, "a", dmover_proto::control::MAX_FRAME);
+        for m in &msgs {
+            assert_eq!(&rx.recv().await.unwrap(), m);
+        }
+    }
+
+    /// A server does not unpack for a client that has not authenticated: a packed frame
+    /// then is a protocol error; after `authenticated` it is read.
+    #[tokio::test]
+    async fn packed_frames_wait_for_authentication() {
+        let msgs = first_flight();
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let mut tx = ControlChannel::new(a, "server", dmover_proto::control::MAX_FRAME);
+        let mut rx = ControlChannel::unauthenticated(b, "client", 64 << 10);
+        tx.send_all(&msgs[..3]).await.unwrap();
+        assert_eq!(rx.recv().await.unwrap(), msgs[0]);
+        assert_eq!(rx.recv().await.unwrap(), msgs[1]);
+        let e = rx.recv().await.unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("packed control frame before authentication"),
+            "{e}"
+        );
+
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let mut tx = ControlChannel::new(a, "server", dmover_proto::control::MAX_FRAME);
+        let mut rx = ControlChannel::unauthenticated(b, "client", 64 << 10);
+        tx.send_all(&msgs[..3]).await.unwrap();
+        assert_eq!(rx.recv().await.unwrap(), msgs[0]);
+        assert_eq!(rx.recv().await.unwrap(), msgs[1]);
+        rx.authenticated();
+        assert_eq!(rx.recv().await.unwrap(), msgs[2]);
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! A control frame is a `u32` big-endian body length followed by the body: one
 //! [`Control`] message encoded with postcard (varint integers, enum tags in declaration
-//! order; the golden tests pin the bytes, so variants are only ever appended).
+//! order; the golden tests pin the bytes, so variants are only ever appended). Since
+//! protocol 7 the length's top bit ([`PACKED`]) marks a body packed with zstd, which
+//! senders use for large messages (manifests) once the peer is authenticated.
 //!
 //! # Message flow
 //! The numbers give the order each side reads messages in. Since protocol version 3 a
@@ -89,6 +91,20 @@ use crate::{Error, Result};
 pub const MAX_FRAME: usize = 4 << 20;
 /// Size of the length prefix.
 pub const LEN_PREFIX: usize = 4;
+
+/// The length prefix's top bit (protocol 7): the body is packed, one zstd frame that
+/// unpacks to the message's body. Manifests shrink about 8 × (file names, sizes and
+/// times repeat), so a streamed manifest's first part fits a new connection's first
+/// round trip and a large one needs fewer round trips of slow start. A length without
+/// the bit is at most [`MAX_FRAME`], so the bit was never set in an older frame.
+pub const PACKED: u32 = 1 << 31;
+
+/// The smallest body packed (smaller ones gain a few bytes at most).
+pub const PACK_MIN: usize = 512;
+
+/// zstd's level for packed frames: its fastest standard one (a 20 000-entry manifest,
+/// 750 KB, packs to 79 KB in about 1.3 ms here).
+const PACK_LEVEL: i32 = 1;
 
 /// A control-channel message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -224,8 +240,37 @@ impl Control {
         }
     }
 
-    /// Encodes the message as one frame (length prefix and body) onto `out`.
+    /// Encodes the message as one frame (length prefix and body) onto `out`, never
+    /// packed.
     pub fn encode(&self, out: &mut impl BufMut) -> Result<()> {
+        let body = self.body()?;
+        out.put_u32(body.len() as u32);
+        out.put_slice(&body);
+        Ok(())
+    }
+
+    /// Encodes the message as one frame onto `out`, packed ([`PACKED`]) when its body
+    /// has at least [`PACK_MIN`] bytes and zstd makes it smaller. `Hello` and `Auth` are
+    /// never packed: a server reads them before it knows who speaks, and takes packed
+    /// frames only from a client it authenticated.
+    pub fn encode_packed(&self, out: &mut impl BufMut) -> Result<()> {
+        let body = self.body()?;
+        if body.len() >= PACK_MIN && !matches!(self, Control::Hello(_) | Control::Auth(_)) {
+            let z = zstd::bulk::compress(&body, PACK_LEVEL)
+                .map_err(|e| Error::Malformed(format!("packing a control frame: {e}")))?;
+            if z.len() < body.len() {
+                out.put_u32(PACKED | z.len() as u32);
+                out.put_slice(&z);
+                return Ok(());
+            }
+        }
+        out.put_u32(body.len() as u32);
+        out.put_slice(&body);
+        Ok(())
+    }
+
+    /// The message's postcard body, at most [`MAX_FRAME`] bytes.
+    fn body(&self) -> Result<Vec<u8>> {
         let body = postcard::to_stdvec(self).map_err(|e| Error::Malformed(e.to_string()))?;
         if body.len() > MAX_FRAME {
             return Err(Error::TooLarge {
@@ -234,9 +279,7 @@ impl Control {
                 limit: MAX_FRAME as u64,
             });
         }
-        out.put_u32(body.len() as u32);
-        out.put_slice(&body);
-        Ok(())
+        Ok(body)
     }
 
     /// Encodes the message as one frame into a new vector.
@@ -246,9 +289,11 @@ impl Control {
         Ok(v)
     }
 
-    /// Reads a frame's body length from its prefix, rejecting bodies above `max`.
-    pub fn body_len(prefix: [u8; LEN_PREFIX], max: usize) -> Result<usize> {
-        let n = u32::from_be_bytes(prefix) as usize;
+    /// Reads a frame's prefix: its body length, rejecting bodies above `max`, and
+    /// whether the body is packed.
+    pub fn frame_head(prefix: [u8; LEN_PREFIX], max: usize) -> Result<FrameHead> {
+        let word = u32::from_be_bytes(prefix);
+        let n = (word & !PACKED) as usize;
         if n > max {
             return Err(Error::TooLarge {
                 what: "control frame",
@@ -256,7 +301,10 @@ impl Control {
                 limit: max as u64,
             });
         }
-        Ok(n)
+        Ok(FrameHead {
+            len: n,
+            packed: word & PACKED != 0,
+        })
     }
 
     /// Decodes a frame body. Trailing bytes after the message are an error.
@@ -272,18 +320,64 @@ impl Control {
         Ok(msg)
     }
 
-    /// Decodes one whole frame from the front of `buf` if it holds one, returning the
-    /// message and the number of bytes it took. `Ok(None)`: more bytes are needed.
+    /// Decodes a packed frame's body: one zstd frame that states its content size, at
+    /// most `max` bytes (checked before anything is allocated for it), holding one
+    /// message's body.
+    pub fn decode_packed(body: &[u8], max: usize) -> Result<Self> {
+        let n = match zstd::zstd_safe::get_frame_content_size(body) {
+            Ok(Some(n)) => n,
+            _ => {
+                return Err(Error::Malformed(
+                    "a packed control frame without its size".into(),
+                ));
+            }
+        };
+        if n > max as u64 {
+            return Err(Error::TooLarge {
+                what: "unpacked control frame",
+                value: n,
+                limit: max as u64,
+            });
+        }
+        let mut out = vec![0; n as usize];
+        match zstd::bulk::decompress_to_buffer(body, &mut out[..]) {
+            Ok(got) if got as u64 == n => Self::decode_body(&out),
+            Ok(got) => Err(Error::Malformed(format!(
+                "a packed control frame of {got} bytes that said {n}"
+            ))),
+            Err(e) => Err(Error::Malformed(format!(
+                "a packed control frame that does not unpack: {e}"
+            ))),
+        }
+    }
+
+    /// Decodes one whole frame, packed or not, from the front of `buf` if it holds one,
+    /// returning the message and the number of bytes it took. `Ok(None)`: more bytes
+    /// are needed. `max` bounds the body as sent and, packed, as unpacked.
     pub fn decode(buf: &[u8], max: usize) -> Result<Option<(Self, usize)>> {
         let Some(prefix) = buf.first_chunk::<LEN_PREFIX>() else {
             return Ok(None);
         };
-        let n = Self::body_len(*prefix, max)?;
-        let Some(body) = buf.get(LEN_PREFIX..LEN_PREFIX + n) else {
+        let head = Self::frame_head(*prefix, max)?;
+        let Some(body) = buf.get(LEN_PREFIX..LEN_PREFIX + head.len) else {
             return Ok(None);
         };
-        Ok(Some((Self::decode_body(body)?, LEN_PREFIX + n)))
+        let msg = if head.packed {
+            Self::decode_packed(body, max)?
+        } else {
+            Self::decode_body(body)?
+        };
+        Ok(Some((msg, LEN_PREFIX + head.len)))
     }
+}
+
+/// A control frame's prefix, read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHead {
+    /// The body's length as sent.
+    pub len: usize,
+    /// The body is packed ([`PACKED`]).
+    pub packed: bool,
 }
 
 /// (1) The client's greeting.

@@ -10,7 +10,7 @@ use std::cell::Cell;
 use dmover_proto::Error;
 use dmover_proto::control::{
     Auth, Control, Credential, DataProtection, DirectIo, ErrorCode, ErrorMsg, Hello, LEN_PREFIX,
-    MAX_FRAME, ManifestPart, Op, Open,
+    MAX_FRAME, ManifestPart, Op, Open, PACKED,
 };
 use dmover_proto::data::{
     DIGEST_LEN, DataHello, DigestEntry, FLAG_CRC, FrameHeader, FrameKind, FrameLimits, HEADER_LEN,
@@ -475,18 +475,84 @@ fn control_frame_over_max_from_prefix_alone() {
     ] {
         let err = Error::TooLarge {
             what: "control frame",
-            value: u32::from_be_bytes(prefix).into(),
+            // The top bit marks a packed body; the rest is the length.
+            value: (u32::from_be_bytes(prefix) & !PACKED).into(),
             limit: max as u64,
         };
         let (r, bytes) = allocated_during(|| Control::decode(&prefix, max));
         assert_eq!(r, Err(err.clone()));
         assert_eq!(bytes, 0, "allocated {bytes} bytes");
-        assert_eq!(Control::body_len(prefix, max), Err(err.clone()));
+        assert_eq!(Control::frame_head(prefix, max), Err(err.clone()));
         // Bytes after the prefix change nothing.
         let mut more = prefix.to_vec();
         more.extend_from_slice(&[8; 64]);
         assert_eq!(Control::decode(&more, max), Err(err));
     }
+}
+
+/// A packed frame (protocol 7) whose zstd frame unpacks to more than the limit: refused
+/// from the size it states, before a buffer is sized for it.
+#[test]
+fn packed_frame_over_max_refused_before_unpacking() {
+    let body = vec![0u8; 1 << 20];
+    let z = zstd::bulk::compress(&body, 1).unwrap();
+    let mut frame = (PACKED | z.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&z);
+    let (r, bytes) = allocated_during(|| Control::decode(&frame, 64 << 10));
+    assert_eq!(
+        r,
+        Err(Error::TooLarge {
+            what: "unpacked control frame",
+            value: 1 << 20,
+            limit: 64 << 10,
+        })
+    );
+    assert!(bytes < 64 << 10, "allocated {bytes} bytes");
+}
+
+/// Packed frames that are not one zstd frame stating its size and holding one message:
+/// malformed, never a panic.
+#[test]
+fn packed_frames_malformed() {
+    let msg = Control::Error(ErrorMsg {
+        code: ErrorCode::Io,
+        message: "x".repeat(2000),
+    });
+    let mut good = Vec::new();
+    msg.encode_packed(&mut good).unwrap();
+    assert_ne!(
+        u32::from_be_bytes(good[..4].try_into().unwrap()) & PACKED,
+        0
+    );
+    let packed_frame = |z: &[u8]| {
+        let mut f = (PACKED | z.len() as u32).to_be_bytes().to_vec();
+        f.extend_from_slice(z);
+        f
+    };
+    let body = msg.to_frame().unwrap()[LEN_PREFIX..].to_vec();
+    // No content size in the zstd frame (streamed without one).
+    let mut enc = zstd::stream::Encoder::new(Vec::new(), 1).unwrap();
+    enc.include_contentsize(false).unwrap();
+    std::io::Write::write_all(&mut enc, &body).unwrap();
+    let sizeless = enc.finish().unwrap();
+    is_malformed(Control::decode(&packed_frame(&sizeless), MAX_FRAME));
+    // Not zstd at all.
+    is_malformed(Control::decode(&packed_frame(&body), MAX_FRAME));
+    // Cut short.
+    let z = &good[LEN_PREFIX..];
+    is_malformed(Control::decode(&packed_frame(&z[..z.len() - 3]), MAX_FRAME));
+    // A second zstd frame behind the first unpacks to more than the first said.
+    let mut two = z.to_vec();
+    two.extend_from_slice(z);
+    is_malformed(Control::decode(&packed_frame(&two), MAX_FRAME));
+    // A packed body that is not a message.
+    let junk = zstd::bulk::compress(&[0xff; 600], 1).unwrap();
+    is_malformed(Control::decode(&packed_frame(&junk), MAX_FRAME));
+    // The good one decodes.
+    assert_eq!(
+        Control::decode(&good, MAX_FRAME),
+        Ok(Some((msg, good.len())))
+    );
 }
 
 #[test]

@@ -441,6 +441,14 @@ proptest! {
         let mut out = vec![0xaa];
         msg.encode(&mut out).unwrap();
         prop_assert_eq!(&out[1..], &frame[..]);
+        // Packed or not, it decodes to itself, and never grows.
+        let mut packed = Vec::new();
+        msg.encode_packed(&mut packed).unwrap();
+        prop_assert!(packed.len() <= frame.len());
+        prop_assert_eq!(
+            Control::decode(&packed, MAX_FRAME),
+            Ok(Some((msg.clone(), packed.len())))
+        );
     }
 
     #[test]

@@ -1399,10 +1399,13 @@ fn garbage_and_oversized_frames_are_disconnected_and_the_server_keeps_serving() 
     let mut rest = Vec::new();
     let _ = c.read_to_end(&mut rest);
     assert!(rest.is_empty(), "no server proof for a refused join");
-    // Inside TLS: an oversized length prefix, then random frame bytes.
+    // Inside TLS: an oversized length prefix, random frame bytes, and a packed frame
+    // before authentication (the server unpacks nothing for an unknown peer).
     let mut random_frame = vec![0, 0, 0, 200];
     random_frame.extend(rng_bytes(200));
-    for body in [vec![0xff, 0xff, 0xff, 0xff], random_frame] {
+    let mut packed = vec![0x80, 0, 0, 200];
+    packed.extend(rng_bytes(200));
+    for body in [vec![0xff, 0xff, 0xff, 0xff], random_frame, packed] {
         assert!(
             tls_send(&srv.addr, &kh, &body, limit),
             "the server kept a connection that sent {:02x?}..",
@@ -1420,7 +1423,11 @@ fn garbage_and_oversized_frames_are_disconnected_and_the_server_keeps_serving() 
         "{l}"
     );
     assert!(
-        l.contains("control frame of 4294967295 exceeds the limit"),
+        l.contains("control frame of 2147483647 exceeds the limit"),
+        "{l}"
+    );
+    assert!(
+        l.contains("a packed control frame before authentication"),
         "{l}"
     );
 }
