@@ -938,6 +938,7 @@ impl Client {
                 zerocopy: None,
                 limits: None,
                 receive_budget: self.receive_budget(),
+                tuned_start: session::TUNED_START,
             };
             drive::sink(m, &mut conn.ch, joins, prepare, Some(options), env).await
         };
@@ -990,6 +991,7 @@ impl Client {
                     zerocopy: None,
                     limits: None,
                     receive_budget: self.receive_budget(),
+                    tuned_start: session::TUNED_START,
                 };
                 let r = drive::source(m, &mut conn.ch, joins, source, env).await?;
                 // B took every chunk it expected (none, maybe) without a resume
@@ -1280,6 +1282,7 @@ impl Client {
             zerocopy: None,
             limits: None,
             receive_budget: self.receive_budget(),
+            tuned_start: session::TUNED_START,
         }
     }
 
@@ -2110,6 +2113,7 @@ impl Client {
             0 => session::auto_chunk_on(tree.entries(), rtt),
             c => c,
         };
+        let tuned_start = session::tuned_start(tree.entries(), rtt);
         let totals = Totals::of(tree.entries());
         run.progress.total.store(totals.bytes, Relaxed);
         let files = crate::engine::files_with_data(tree.entries());
@@ -2193,7 +2197,10 @@ impl Client {
         // The first chunks follow the joins' proofs without waiting for the answers
         // (checked by each stream before anything it receives).
         let joins = self.dialing(server, conn.master, dials, JoinWait::Pipelined);
-        let env = self.env(&run, buffers);
+        let env = drive::Env {
+            tuned_start,
+            ..self.env(&run, buffers)
+        };
         let r = drive::source_growing(m, &mut conn.ch, joins, source, env, growth).await?;
         let failed = r.store.failed();
         // The lines naming the failed files, and with `--delete` what the mirror must

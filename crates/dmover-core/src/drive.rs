@@ -486,6 +486,9 @@ pub struct Env {
     /// ([`tcp::receive_budget`]); `None`: the kernel's autotuning alone (the user set
     /// `SO_RCVBUF`, or the streams are not TCP).
     pub receive_budget: Option<u64>,
+    /// (a source, feature TUNING) The streams its tuner starts with
+    /// ([`crate::session::tuned_start`]).
+    pub tuned_start: u16,
 }
 
 /// See [`Env::limits`].
@@ -990,10 +993,7 @@ where
                         let tuned = info.features & features::TUNING != 0;
                         let n = (env.buffers)(crate::session::buffer_streams(info.streams, tuned));
                         if tuned {
-                            let t = Tuner::new(TuneConfig::new(
-                                crate::session::TUNED_START,
-                                info.streams,
-                            ));
+                            let t = Tuner::new(TuneConfig::new(env.tuned_start, info.streams));
                             m.set_active(now(), t.streams());
                             let reason = format!(
                                 "starting with {} of {} streams",
@@ -2601,6 +2601,7 @@ mod tests {
             zerocopy: None,
             limits: None,
             receive_budget: None,
+            tuned_start: crate::session::TUNED_START,
         }
     }
 

@@ -1081,6 +1081,10 @@ impl Server {
             (0, Some(w)) => session::auto_chunk_on(w.tree.entries(), rtt),
             (c, _) => c,
         };
+        // And its tuner starts as a push's.
+        let tuned_start = walked.as_ref().map_or(session::TUNED_START, |w| {
+            session::tuned_start(w.tree.entries(), rtt)
+        });
         dmover_proto::layout::validate_chunk_size(chunk)
             .map_err(|e| Error::refused(ErrorCode::Protocol, e.to_string()))?;
         let Some(_place) = place.or_else(|| self.session_place()) else {
@@ -1256,6 +1260,7 @@ impl Server {
                 .recv_buffer
                 .is_none()
                 .then(tcp::receive_budget),
+            tuned_start,
         };
         match open.op {
             Op::Grant(_)
