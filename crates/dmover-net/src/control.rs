@@ -505,26 +505,24 @@ mod tests {
     #[tokio::test]
     async fn packed_frames_wait_for_authentication() {
         let msgs = first_flight();
-        let (a, b) = tokio::io::duplex(1 << 20);
-        let mut tx = ControlChannel::new(a, "server", dmover_proto::control::MAX_FRAME);
-        let mut rx = ControlChannel::unauthenticated(b, "client", 64 << 10);
-        tx.send_all(&msgs[..3]).await.unwrap();
-        assert_eq!(rx.recv().await.unwrap(), msgs[0]);
-        assert_eq!(rx.recv().await.unwrap(), msgs[1]);
-        let e = rx.recv().await.unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("packed control frame before authentication"),
-            "{e}"
-        );
-
-        let (a, b) = tokio::io::duplex(1 << 20);
-        let mut tx = ControlChannel::new(a, "server", dmover_proto::control::MAX_FRAME);
-        let mut rx = ControlChannel::unauthenticated(b, "client", 64 << 10);
-        tx.send_all(&msgs[..3]).await.unwrap();
-        assert_eq!(rx.recv().await.unwrap(), msgs[0]);
-        assert_eq!(rx.recv().await.unwrap(), msgs[1]);
-        rx.authenticated();
-        assert_eq!(rx.recv().await.unwrap(), msgs[2]);
+        for authenticate in [false, true] {
+            let (a, b) = tokio::io::duplex(1 << 20);
+            let mut tx = ControlChannel::new(a, "server", dmover_proto::control::MAX_FRAME);
+            let mut rx = ControlChannel::unauthenticated(b, "client", 64 << 10);
+            tx.send_all(&msgs[..3]).await.unwrap();
+            assert_eq!(rx.recv().await.unwrap(), msgs[0]);
+            assert_eq!(rx.recv().await.unwrap(), msgs[1]);
+            if authenticate {
+                rx.authenticated();
+                assert_eq!(rx.recv().await.unwrap(), msgs[2]);
+            } else {
+                let e = rx.recv().await.unwrap_err();
+                assert!(
+                    e.to_string()
+                        .contains("packed control frame before authentication"),
+                    "{e}"
+                );
+            }
+        }
     }
 }
