@@ -39,7 +39,7 @@ pub const WIDE_START_RTT: std::time::Duration = std::time::Duration::from_millis
 /// The streams a self-tuning transfer of `entries` starts with on a link of round trip
 /// `rtt` (`None`: not known): [`TUNED_START_WIDE`] or [`TUNED_START`].
 pub fn tuned_start(entries: &[Entry], rtt: Option<std::time::Duration>) -> u16 {
-    let small = mean_file_size(entries).is_some_and(|m| m < 16 << 20);
+    let small = mean_file_size(entries).is_some_and(|m| m < LARGE_FILES);
     if small && rtt.is_some_and(|r| r >= WIDE_START_RTT) {
         TUNED_START_WIDE
     } else {
@@ -301,8 +301,17 @@ pub fn manifest_parts(n: usize) -> Option<Vec<usize>> {
 /// with direct I/O on a virtio disk), otherwise 4 MiB (more chunks to spread over
 /// disk threads and streams, which small files need).
 pub fn auto_chunk(entries: &[Entry]) -> u32 {
-    if mean_file_size(entries).is_some_and(|m| m >= 16 << 20) {
-        16 << 20
+    chunk_for(mean_file_size(entries))
+}
+
+/// Files of this mean size or more are large: 16 MiB chunks ([`auto_chunk`]), and a
+/// tuned copy of them starts with [`TUNED_START`] streams on any link.
+const LARGE_FILES: u64 = 16 << 20;
+
+/// [`auto_chunk`] for a dataset whose files with data average `mean` bytes.
+fn chunk_for(mean: Option<u64>) -> u32 {
+    if mean.is_some_and(|m| m >= LARGE_FILES) {
+        LARGE_FILES as u32
     } else {
         DEFAULT_CHUNK
     }
@@ -338,7 +347,7 @@ pub fn auto_chunk_on(entries: &[Entry], rtt: Option<std::time::Duration>) -> u32
     {
         SMALL_CHUNK
     } else {
-        auto_chunk(entries)
+        chunk_for(mean)
     }
 }
 

@@ -468,10 +468,10 @@ mod tests {
         ]
     }
 
-    /// `send_all` writes the messages at once, packing only what is large and not
-    /// `Hello` or `Auth`; the reader takes them in order.
+    /// `send_all` packs only what is large and not `Hello` or `Auth`; the reader takes
+    /// the messages in order.
     #[tokio::test]
-    async fn send_all_writes_once_and_packs_the_manifest() {
+    async fn send_all_packs_the_manifest_and_keeps_the_order() {
         let msgs = first_flight();
         let raw: usize = msgs.iter().map(|m| m.to_frame().unwrap().len()).sum();
         let (a, mut b) = tokio::io::duplex(1 << 20);
