@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Summarises docs/bench/tune-cells.sh's CSV: per link and dataset, the bound (the
 longest of the best raw TCP, the cold read and the synced write), the median wall time
-of each mode, and issue 13's ratios; with --svg FILE, a plot of wall time / bound per
+of each mode, and issue 13's ratios; where the CSV has the local copy (disk to disk on
+the same machine), a second table against this machine's bound, the longer of the raw
+TCP time and that copy; with --svg FILE, a plot of wall time / bound per
 cell and mode against the 1.15 goal.
 
     python3 docs/bench/tune-cells-summary.py cells.csv [--svg ratios.svg]
@@ -15,7 +17,7 @@ MODES = ["tuned", "default", "best"]
 
 
 def load(path):
-    cells = defaultdict(lambda: {"raw": [], "read": None, "write": None, "modes": defaultdict(list), "streams": []})
+    cells = defaultdict(lambda: {"raw": [], "read": None, "write": None, "copy": None, "modes": defaultdict(list), "streams": []})
     order = []
     for r in csv.DictReader(open(path)):
         if not r["seconds"]:
@@ -35,6 +37,8 @@ def load(path):
                 c["read"] = min(s, c["read"] or s)
             elif r["mode"] == "sync-write":
                 c["write"] = min(s, c["write"] or s)
+            elif r["mode"].startswith("local-copy"):
+                c["copy"] = min(s, c["copy"] or s)
         else:
             c["modes"][r["mode"]].append(s)
             if r["mode"] == "tuned" and r["streams_end"]:
@@ -56,7 +60,7 @@ def summarise(order, cells):
         med = {m: statistics.median(c["modes"][m]) for m in MODES if c["modes"][m]}
         rows.append({
             "key": key, "bytes": c["bytes"], "bound": bound, "limit": limit, "raw": raw,
-            "read": c["read"], "write": c["write"], "med": med,
+            "read": c["read"], "write": c["write"], "copy": c["copy"], "med": med,
             "spread": {m: spread(c["modes"][m]) for m in MODES},
             "runs": {m: len(c["modes"][m]) for m in MODES},
             "streams": c["streams"],
@@ -80,6 +84,25 @@ def table(rows):
               f"| {f(t)} | {f(d)} | {f(b)} | **{over:.2f}** | {vs_best:.2f} | {vs_def:+.2f} ({sp:.2f}) | {', '.join(r['streams'])} |"
               if over is not None and vs_best is not None and vs_def is not None else
               f"| {rtt:g} ms | {loss} | {ds} | {r['bound']:.2f} | {f(r['raw'])} | {f(r['read'])} | {f(r['write'])} | {f(t)} | {f(d)} | {f(b)} | | | | |")
+
+
+
+def machine_table(rows):
+    """Against the bound of a machine whose cores and disk both ends share: the longer
+    of raw TCP and the local disk-to-disk copy."""
+    rows = [r for r in rows if r["copy"]]
+    if not rows:
+        return
+    print()
+    print("| RTT | loss | dataset | raw TCP s | local copy s | machine bound s | tuned s | default s | tuned / machine bound |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        rtt, loss, ds = r["key"]
+        bound = max(r["raw"], r["copy"])
+        t, d = r["med"].get("tuned"), r["med"].get("default")
+        f = lambda v: "" if v is None else f"{v:.2f}"
+        over = f"**{t / bound:.2f}**" if t else ""
+        print(f"| {rtt:g} ms | {loss} | {ds} | {f(r['raw'])} | {f(r['copy'])} | {bound:.2f} | {f(t)} | {f(d)} | {over} |")
 
 
 def svg(rows, path):
@@ -121,6 +144,7 @@ def main():
     order, cells = load(args[0])
     rows = summarise(order, cells)
     table(rows)
+    machine_table(rows)
     if svg_path:
         svg(rows, svg_path)
 

@@ -11,7 +11,10 @@
 #          iperf3 -n, whose clock stops when the sender has written), best of cubic and
 #          bbr and of the stream counts; (b) the local cold-cache read of the dataset
 #          (eight `cat`s at once);
-#          (c) the local write of it (from tmpfs) with sync.
+#          (c) the local write of it (from tmpfs) with sync. Also measured, as the
+#          bound of this machine where both ends share its cores and its disk:
+#          (d) the local copy, disk to disk on this machine, cold cache, sync counted,
+#          16 `cp -a` at once (`local-copy-P16`).
 #   modes  interleaved, RUNS times: `tuned` (no -P, no --chunk), `default` (-P 4: the
 #          fixed default before issue 13, chunk as cp picks it), `best` (BEST_<dataset>,
 #          the best fixed point of a `dmover bench transfer` sweep). Each a push from
@@ -113,6 +116,14 @@ for rtt in $RTTS; do
             rm -rf "$SHM/ds"
             files=$(find "$src" -type f | wc -l)
             if [ "$files" -le "$KEEP_FILES" ]; then rm -rf "$W/local-write-$rtt-$loss-$name"; fi
+            # Sixteen copiers, each given a sixteenth of the files (at least one).
+            per=$(( (files + 15) / 16 )); lc=$W/local-copy-$rtt-$loss-$name
+            mkdir -p "$lc"; cold
+            t0=$(now)
+            (cd "$src" && find . -type f -print0 | xargs -0 -P 16 -n "$per" cp -a --parents -t "$lc")
+            sync; t1=$(now)
+            row bound local-copy-P16 1 "$(python3 -c "print(f'{$t1 - $t0:.3f}')")"
+            if [ "$files" -le "$KEEP_FILES" ]; then rm -rf "$lc"; fi
             best_var=BEST_$name
             best=${!best_var:--P 8 --chunk 4M}
             for run in $(seq 1 "$RUNS"); do
