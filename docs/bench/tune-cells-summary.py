@@ -80,10 +80,11 @@ def table(rows):
         vs_best = b / t if t and b else None
         vs_def = (t - d) if t and d else None
         sp = max(r["spread"]["tuned"], r["spread"]["default"])
+        # A ratio is left empty when its modes were not run (e.g. MODES="tuned default").
+        cell = lambda v, fmt: "" if v is None else fmt.format(v)
         print(f"| {rtt:g} ms | {loss} | {ds} | {r['bound']:.2f} ({r['limit']}) | {f(r['raw'])} | {f(r['read'])} | {f(r['write'])} "
-              f"| {f(t)} | {f(d)} | {f(b)} | **{over:.2f}** | {vs_best:.2f} | {vs_def:+.2f} ({sp:.2f}) | {', '.join(r['streams'])} |"
-              if over is not None and vs_best is not None and vs_def is not None else
-              f"| {rtt:g} ms | {loss} | {ds} | {r['bound']:.2f} | {f(r['raw'])} | {f(r['read'])} | {f(r['write'])} | {f(t)} | {f(d)} | {f(b)} | | | | |")
+              f"| {f(t)} | {f(d)} | {f(b)} | {cell(over, '**{:.2f}**')} | {cell(vs_best, '{:.2f}')} "
+              f"| {cell(vs_def, '{:+.2f}')}{cell(sp if vs_def is not None else None, ' ({:.2f})')} | {', '.join(r['streams'])} |")
 
 
 

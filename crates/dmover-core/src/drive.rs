@@ -43,7 +43,7 @@ use dmover_proto::control::{
 };
 use dmover_proto::data::{DIGEST_LEN, FrameHeader, FrameKind, FrameLimits, PART_LEN};
 use dmover_proto::manifest::{Entry, Totals};
-use dmover_proto::session::tune::{TuneConfig, Tuner};
+use dmover_proto::session::tune::{Pressure, TuneConfig, Tuner};
 use dmover_proto::session::{
     AcceptEvent, Acceptance, Arrival, Cause, ChunkMeta, ChunkSet, PartRange, ReadJob, SessionError,
     Side, SinkCommand, SinkEvent, SinkSession, SourceCommand, SourceEvent, SourceSession,
@@ -1262,9 +1262,12 @@ where
 /// stream ends or is lost.
 #[derive(Default)]
 struct Meters {
-    live: HashMap<u16, TcpMeter>,
+    /// Each stream's meter, and whether its congestion control is model-based (BBR).
+    live: HashMap<u16, (TcpMeter, bool)>,
     /// Bytes acknowledged on streams whose meters went.
     retired: u64,
+    /// Their busy and window-limited times.
+    retired_pressure: (Duration, Duration),
     /// A stream joined without one (not TCP): measure with the chunks sent instead.
     unmetered: bool,
 }
@@ -1273,15 +1276,21 @@ impl Meters {
     fn add(&mut self, stream: u16, meter: Option<TcpMeter>) {
         match meter {
             Some(mt) => {
-                self.live.insert(stream, mt);
+                let model_based =
+                    dmover_net::tcp::congestion_of(&mt).is_ok_and(|cc| cc.starts_with("bbr"));
+                self.live.insert(stream, (mt, model_based));
             }
             None => self.unmetered = true,
         }
     }
 
     fn retire(&mut self, stream: u16) {
-        if let Some(mt) = self.live.remove(&stream) {
-            self.retired += mt.read().map_or(0, |s| s.bytes_acked);
+        if let Some((mt, _)) = self.live.remove(&stream) {
+            if let Ok(s) = mt.read() {
+                self.retired += s.bytes_acked;
+                self.retired_pressure.0 += s.busy;
+                self.retired_pressure.1 += s.window_limited;
+            }
         }
     }
 
@@ -1292,20 +1301,29 @@ impl Meters {
         }
     }
 
-    /// Bytes acknowledged on every stream so far, and the smallest round trip seen.
-    fn read(&self) -> Option<(u64, Option<Duration>)> {
+    /// Bytes acknowledged on every stream so far, the smallest round trip seen, and
+    /// what the streams waited on.
+    fn read(&self) -> Option<(u64, Option<Duration>, Pressure)> {
         if self.unmetered || self.live.is_empty() {
             return None;
         }
         let (mut bytes, mut rtt) = (self.retired, None::<Duration>);
-        for mt in self.live.values() {
+        let mut p = Pressure {
+            busy: self.retired_pressure.0,
+            window_limited: self.retired_pressure.1,
+            model_based: true,
+        };
+        for (mt, model_based) in self.live.values() {
             let s = mt.read().ok()?;
             bytes += s.bytes_acked;
             if !s.min_rtt.is_zero() {
                 rtt = Some(rtt.map_or(s.min_rtt, |r| r.min(s.min_rtt)));
             }
+            p.busy += s.busy;
+            p.window_limited += s.window_limited;
+            p.model_based &= model_based;
         }
-        Some((bytes, rtt))
+        Some((bytes, rtt, p))
     }
 }
 
@@ -1416,10 +1434,11 @@ fn tune_step(
 ) {
     let at = now();
     let decision = if m.has_work() {
-        let (bytes, rtt) = match meters.read() {
-            Some((b, rtt)) => (b, rtt.or(m.ack_rtt())),
-            None => (p.bytes.load(Relaxed), m.ack_rtt()),
+        let (bytes, rtt, pressure) = match meters.read() {
+            Some((b, rtt, pressure)) => (b, rtt.or(m.ack_rtt()), Some(pressure)),
+            None => (p.bytes.load(Relaxed), m.ack_rtt(), None),
         };
+        t.set_pressure(pressure);
         if let Some(rtt) = rtt {
             t.set_rtt(rtt);
             p.note_rtt(rtt);
@@ -1432,7 +1451,11 @@ fn tune_step(
             let done = p.bytes.load(Relaxed) + p.held.load(Relaxed) + p.holes.load(Relaxed);
             total.saturating_sub(done)
         }));
-        t.tick(at, bytes)
+        let d = t.tick(at, bytes);
+        if let Some(note) = t.take_note() {
+            tracing::info!("tuning the transfer to {peer}: {note}");
+        }
+        d
     } else {
         if t.poll_timeout().is_some() {
             tracing::debug!(

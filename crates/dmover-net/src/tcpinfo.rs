@@ -33,6 +33,14 @@ pub struct TcpSample {
     pub min_rtt: Duration,
     /// The smoothed round-trip time.
     pub rtt: Duration,
+    /// How long the connection has had data in flight or waiting to be sent
+    /// (`tcpi_busy_time`; zero on kernels before 4.10).
+    pub busy: Duration,
+    /// How much of [`TcpSample::busy`] the sender waited on a window other than its
+    /// congestion window: the receiver's (`tcpi_rwnd_limited`) or its own send buffer's
+    /// (`tcpi_sndbuf_limited`). More connections help such a sender; one held by its
+    /// congestion control alone is sending what the path gives it.
+    pub window_limited: Duration,
 }
 
 impl TcpMeter {
@@ -76,10 +84,22 @@ impl TcpMeter {
         } else {
             0
         };
+        let limits_end = std::mem::offset_of!(libc::tcp_info, tcpi_sndbuf_limited) + 8;
+        let (busy, window_limited) = if has(limits_end) {
+            (
+                info.tcpi_busy_time,
+                info.tcpi_rwnd_limited
+                    .saturating_add(info.tcpi_sndbuf_limited),
+            )
+        } else {
+            (0, 0)
+        };
         Ok(TcpSample {
             bytes_acked: info.tcpi_bytes_acked,
             min_rtt: Duration::from_micros(u64::from(min_rtt)),
             rtt: Duration::from_micros(u64::from(info.tcpi_rtt)),
+            busy: Duration::from_micros(busy),
+            window_limited: Duration::from_micros(window_limited),
         })
     }
 }
@@ -126,5 +146,31 @@ mod tests {
         // A meter of something that is not a TCP socket says so.
         let f = std::fs::File::open("/dev/null").unwrap();
         assert!(TcpMeter::of(&f).unwrap().read().is_err());
+    }
+
+    #[test]
+    fn a_sender_the_receiver_holds_back_is_window_limited() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut b, _) = l.accept().unwrap();
+        let m = TcpMeter::of(&a).unwrap();
+        // The receiver reads nothing for a while: its window closes and the sender
+        // waits on it.
+        let writer = std::thread::spawn(move || {
+            a.write_all(&vec![1u8; 64 << 20]).unwrap();
+            a
+        });
+        let mut s = m.read().unwrap();
+        for _ in 0..200 {
+            std::thread::sleep(Duration::from_millis(10));
+            s = m.read().unwrap();
+            if s.window_limited >= Duration::from_millis(50) {
+                break;
+            }
+        }
+        assert!(s.window_limited >= Duration::from_millis(50), "{s:?}");
+        assert!(s.busy >= s.window_limited, "{s:?}");
+        std::io::copy(&mut (&mut b).take(64 << 20), &mut std::io::sink()).unwrap();
+        drop(writer.join().unwrap());
     }
 }

@@ -51,6 +51,28 @@ pub const PAYBACK_PERIODS: u32 = 4;
 /// by `bench transfer --tune`: a first period of join handshakes only "measured" 0
 /// Mbit/s, and the next, with data, a gain of billions of percent over it.
 pub const MIN_PERIOD_BYTES: u64 = 256 << 10;
+/// The first probe up is skipped when the streams' congestion control does not take
+/// loss for congestion (BBR) and they waited on a window (the receiver's or their send
+/// buffer's) for less than this share of the time they were busy: their congestion
+/// control alone held them, at what it measured the path to give, so more streams
+/// would only share it. At 1 Gbit/s and 50 ms four BBR streams fill the link (0–1.4 %
+/// of their time window-limited, by `ss -ti`), and the probe to 8 and back cost
+/// 0.26–0.5 s (docs/benchmarks.md, "Issue 13's cells" and "The tuner's trajectory").
+/// Loss-based control (cubic) is probed as before: with random loss, more streams
+/// recover more of the rate. Later re-probes are not skipped.
+pub const WINDOW_LIMITED_MIN: f64 = 0.10;
+
+/// What a source's streams waited on, as the kernel counts it (`TCP_INFO`), summed
+/// over its streams since they started; the tuner takes each period's share.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pressure {
+    /// Time the streams had data in flight or queued.
+    pub busy: Duration,
+    /// Of that, time they waited on the receiver's window or their send buffer.
+    pub window_limited: Duration,
+    /// Every stream's congestion control is model-based (BBR), not loss-based.
+    pub model_based: bool,
+}
 
 /// What the tuner may choose from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,6 +153,11 @@ pub struct Tuner {
     changes: u32,
     settled_at: Option<Instant>,
     started: Option<Instant>,
+    /// The streams' pressure as last read, and at the start of the period measured.
+    pressure: Option<Pressure>,
+    pressure_at: Option<Pressure>,
+    /// Why the tuner last held where it might have probed ([`Tuner::take_note`]).
+    note: Option<String>,
 }
 
 impl Tuner {
@@ -151,6 +178,9 @@ impl Tuner {
             changes: 0,
             settled_at: None,
             started: None,
+            pressure: None,
+            pressure_at: None,
+            note: None,
         }
     }
 
@@ -196,6 +226,34 @@ impl Tuner {
     /// not, and every probe is worth trying).
     pub fn set_remaining(&mut self, bytes: Option<u64>) {
         self.remaining = bytes;
+    }
+
+    /// What the streams waited on so far ([`Pressure`]; `None`: the kernel does not
+    /// say, or not every stream is TCP). Read before each [`Tuner::tick`].
+    pub fn set_pressure(&mut self, p: Option<Pressure>) {
+        self.pressure = p;
+    }
+
+    /// Why the tuner held where it might have changed, once (for logs).
+    pub fn take_note(&mut self) -> Option<String> {
+        self.note.take()
+    }
+
+    /// The share of the period just measured the streams spent waiting on a window,
+    /// if known, when their congestion control is model-based.
+    fn window_share(&self) -> Option<f64> {
+        let (Some(now), Some(at)) = (self.pressure, self.pressure_at) else {
+            return None;
+        };
+        if !now.model_based {
+            return None;
+        }
+        let busy = now.busy.saturating_sub(at.busy);
+        if busy.is_zero() {
+            return None;
+        }
+        let limited = now.window_limited.saturating_sub(at.window_limited);
+        Some(limited.as_secs_f64() / busy.as_secs_f64())
     }
 
     /// Whether a probe up can pay back before the data ends, at `rate` (bytes/s):
@@ -249,6 +307,7 @@ impl Tuner {
             Phase::Settling(t) => {
                 if now >= t {
                     self.phase = Phase::Measuring(now, bytes);
+                    self.pressure_at = self.pressure;
                 }
                 None
             }
@@ -265,8 +324,10 @@ impl Tuner {
                     self.phase = Phase::Idle(Some(bytes));
                     return None;
                 }
+                let share = self.window_share();
                 self.phase = Phase::Measuring(now, bytes);
-                self.decide(now, sent as f64 / took.as_secs_f64())
+                self.pressure_at = self.pressure;
+                self.decide(now, sent as f64 / took.as_secs_f64(), share)
             }
         }
     }
@@ -325,7 +386,9 @@ impl Tuner {
         self.change(now, from, rate, reason)
     }
 
-    fn decide(&mut self, now: Instant, rate: f64) -> Option<Decision> {
+    /// Decides on a period that sent `rate`, in which the streams waited on a window
+    /// for `window_share` of their busy time (if known, see [`Tuner::window_share`]).
+    fn decide(&mut self, now: Instant, rate: f64, window_share: Option<f64>) -> Option<Decision> {
         let n = self.streams;
         let probe = self.probe;
         self.probe = Probe::None;
@@ -357,8 +420,19 @@ impl Tuner {
                 None
             }
             Probe::None if !self.settled => {
-                // The first measurement: probe up when there is room and time.
+                // The first measurement: probe up when there is room and time, and
+                // the streams are not already sending what the path gives them.
                 if n >= self.cfg.max || !self.worth_probing_up(rate) {
+                    self.hold(now, false, true);
+                    return None;
+                }
+                if let Some(share) = window_share.filter(|s| *s < WINDOW_LIMITED_MIN) {
+                    self.note = Some(format!(
+                        "{n} streams send {}, waiting on a window {} of the time: \
+                         their congestion control holds them, so {n} stay",
+                        rate_text(rate),
+                        pct(share).trim_start_matches('+')
+                    ));
                     self.hold(now, false, true);
                     return None;
                 }
@@ -464,6 +538,69 @@ mod tests {
             }
         }
         (t, out)
+    }
+
+    /// [`run`] with the streams' [`Pressure`] fed too: each busy all the time, waiting
+    /// on a window `share` of it, under model-based control or not.
+    fn run_pressed(
+        cfg: TuneConfig,
+        model: impl Fn(u16) -> f64,
+        share: f64,
+        model_based: bool,
+        secs: f64,
+    ) -> (Tuner, Vec<Decision>, Vec<String>) {
+        let t0 = Instant::now();
+        let mut t = Tuner::new(cfg);
+        t.set_rtt(Duration::from_millis(50));
+        let (mut bytes, mut now, mut out, mut notes) = (0f64, t0, Vec::new(), Vec::new());
+        let mut p = Pressure {
+            model_based,
+            ..Pressure::default()
+        };
+        let step = Duration::from_millis(50);
+        while (now - t0).as_secs_f64() < secs {
+            now += step;
+            bytes += model(t.streams()) * step.as_secs_f64();
+            p.busy += step * u32::from(t.streams());
+            p.window_limited += (step * u32::from(t.streams())).mul_f64(share);
+            t.set_pressure(Some(p));
+            if let Some(d) = t.tick(now, bytes as u64) {
+                out.push(d);
+            }
+            notes.extend(t.take_note());
+        }
+        (t, out, notes)
+    }
+
+    #[test]
+    fn does_not_probe_streams_their_congestion_control_holds() {
+        // Four BBR streams fill a 1 Gbit/s link; more would bring nothing. No probe
+        // until the first re-check, and the log says why.
+        let fill = |n: u16| (n as f64 * 60e6).min(125e6);
+        let (t, d, notes) = run_pressed(TuneConfig::new(4, 16), fill, 0.01, true, 8.0);
+        assert!(d.is_empty(), "{d:?}");
+        assert_eq!(t.kept(), 4);
+        assert!(t.settled_after().is_some());
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains("so 4 stay"), "{notes:?}");
+        // Streams that wait on their windows, or under loss-based control, are probed.
+        let (_, d, notes) = run_pressed(TuneConfig::new(4, 16), fill, 0.5, true, 8.0);
+        assert_eq!(d.first().map(|d| d.streams), Some(8), "{d:?}");
+        assert!(notes.is_empty(), "{notes:?}");
+        let (_, d, _) = run_pressed(TuneConfig::new(4, 16), fill, 0.01, false, 8.0);
+        assert_eq!(d.first().map(|d| d.streams), Some(8), "{d:?}");
+        // Later re-checks still probe, up too: a share of a busier link may be won.
+        let (_, d, _) = run_pressed(TuneConfig::new(4, 16), fill, 0.01, true, 40.0);
+        let mut n = 4;
+        let ups = d
+            .iter()
+            .filter(|d| {
+                let up = d.streams > n && d.reason.starts_with("checking again");
+                n = d.streams;
+                up
+            })
+            .count();
+        assert!(ups >= 1, "{d:?}");
     }
 
     #[test]
