@@ -336,7 +336,7 @@ fn usage_errors_exit_2() {
 }
 
 /// Without PATH the network test has the budget: long enough for the tuner to measure
-/// its start and decide (a memory-to-memory source that read every announced chunk
+/// its start and decide, to probe or to hold (a memory-to-memory source that read every announced chunk
 /// into its buffers had nothing waiting, and its tuner never finished a period).
 #[test]
 fn the_tuner_decides_within_a_network_only_budget() {
@@ -352,9 +352,17 @@ fn the_tuner_decides_within_a_network_only_budget() {
     let j = json(&o);
     check_network(&j);
     assert!(j["storage"].is_null(), "{j}");
+    // The tuner measured a period and decided: to probe (a second decision, made on a
+    // measured rate), or to hold where the streams' congestion control already sends
+    // what the path gives (BBR, not window-limited: no change, but settled).
     let decisions = j["network"]["decisions"].as_array().unwrap();
-    assert!(decisions.len() >= 2, "no decision after the start: {j}");
-    assert!(decisions[1]["gbit_per_s"].as_f64().unwrap() > 0.0, "{j}");
+    assert!(
+        j["network"]["settled_ms"].as_u64().is_some() || decisions.len() >= 2,
+        "no decision after the start: {j}"
+    );
+    if let Some(d) = decisions.get(1) {
+        assert!(d["gbit_per_s"].as_f64().unwrap() > 0.0, "{j}");
+    }
     assert_eq!(j["network"]["changes"], decisions.len() as u64 - 1, "{j}");
 }
 
