@@ -144,8 +144,11 @@ for rtt in $RTTS; do
                     # ext4 skips inodes freed in the last minute when it allocates
                     # (`recently_deleted`): files created right after thousands were
                     # deleted cost twice the CPU (20 000 × 8 KiB: 1.4 → 2.5-3.7 s of
-                    # the server's). So a dataset of many files is deleted at the end,
-                    # not before the next run; a few large files go at once.
+                    # the server's). On this VM's `discard` mount the deletion also
+                    # leaves tens of seconds of discards behind (writing 20 000 files
+                    # right after: 16 s instead of 1.3 s). So a dataset of many files
+                    # is deleted at the end, not before the next run; a few large
+                    # files go at once.
                     if [ "$files" -le "$KEEP_FILES" ]; then rm -rf "${W:?}/srv/$dest"; fi
                     python3 - "$t0" "$t1" "$out" "$(row dmover "$mode" "$run" X)" <<'PY' || tail -3 "$W/cp.err" >&2
 import json, sys

@@ -1301,8 +1301,9 @@ impl Meters {
         }
     }
 
-    /// Bytes acknowledged on every stream so far, the smallest round trip seen, and
-    /// what the streams waited on.
+    /// Bytes delivered on every stream so far (acknowledged, and on live streams held
+    /// by the peer beyond a hole: see [`dmover_net::tcpinfo::TcpSample::bytes_sacked`]),
+    /// the smallest round trip seen, and what the streams waited on.
     fn read(&self) -> Option<(u64, Option<Duration>, Pressure)> {
         if self.unmetered || self.live.is_empty() {
             return None;
@@ -1315,7 +1316,7 @@ impl Meters {
         };
         for (mt, model_based) in self.live.values() {
             let s = mt.read().ok()?;
-            bytes += s.bytes_acked;
+            bytes += s.bytes_acked + s.bytes_sacked;
             if !s.min_rtt.is_zero() {
                 rtt = Some(rtt.map_or(s.min_rtt, |r| r.min(s.min_rtt)));
             }

@@ -29,6 +29,12 @@ impl AsFd for TcpMeter {
 pub struct TcpSample {
     /// Bytes the peer acknowledged, since the connection was made.
     pub bytes_acked: u64,
+    /// Bytes the peer holds beyond a hole (selectively acknowledged, `tcpi_sacked`
+    /// segments of `tcpi_snd_mss`): delivered, but counted in
+    /// [`TcpSample::bytes_acked`] only once the lost segment before them is resent.
+    /// With loss, `bytes_acked` alone jumps by up to a window when a hole fills, which
+    /// over a one-second period of a long link reads as ±20 % swings of the rate.
+    pub bytes_sacked: u64,
     /// The smallest round-trip time seen (zero: none yet).
     pub min_rtt: Duration,
     /// The smoothed round-trip time.
@@ -96,6 +102,7 @@ impl TcpMeter {
         };
         Ok(TcpSample {
             bytes_acked: info.tcpi_bytes_acked,
+            bytes_sacked: u64::from(info.tcpi_sacked) * u64::from(info.tcpi_snd_mss),
             min_rtt: Duration::from_micros(u64::from(min_rtt)),
             rtt: Duration::from_micros(u64::from(info.tcpi_rtt)),
             busy: Duration::from_micros(busy),

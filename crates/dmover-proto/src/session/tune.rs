@@ -437,7 +437,13 @@ impl Tuner {
                     return None;
                 }
                 let to = n.saturating_mul(2).min(self.cfg.max);
-                let reason = format!("{n} streams send {}: trying {to}", rate_text(rate));
+                let waited = window_share.map_or(String::new(), |s| {
+                    format!(
+                        ", waiting on a window {} of the time",
+                        pct(s).trim_start_matches('+')
+                    )
+                });
+                let reason = format!("{n} streams send {}{waited}: trying {to}", rate_text(rate));
                 self.probe(now, to, true, rate, reason)
             }
             Probe::None => {
@@ -586,6 +592,10 @@ mod tests {
         // Streams that wait on their windows, or under loss-based control, are probed.
         let (_, d, notes) = run_pressed(TuneConfig::new(4, 16), fill, 0.5, true, 8.0);
         assert_eq!(d.first().map(|d| d.streams), Some(8), "{d:?}");
+        assert!(
+            d[0].reason.contains("waiting on a window 50 % of the time"),
+            "{d:?}"
+        );
         assert!(notes.is_empty(), "{notes:?}");
         let (_, d, _) = run_pressed(TuneConfig::new(4, 16), fill, 0.01, false, 8.0);
         assert_eq!(d.first().map(|d| d.streams), Some(8), "{d:?}");
