@@ -33,15 +33,32 @@ pub fn open_in(dir: impl AsFd, name: &[u8], flags: OFlags, mode: u32) -> io::Res
 /// would leave `root` (`..`, absolute symlinks, symlinks pointing outside): the kernel
 /// checks every step (`openat2` with `RESOLVE_BENEATH`), so there is no race between
 /// checking and using the path. `EXDEV` means the path tried to escape.
+///
+/// A path with `..` may meet `EAGAIN`: the kernel could not be sure the `..` stayed
+/// beneath `root` because something was renamed (anywhere on the machine) during the
+/// walk. That is retried, as openat2(2) advises: a busy server renames a file per
+/// file received, and one such refusal failed a test's copy with "Resource
+/// temporarily unavailable".
 pub fn open_beneath(root: impl AsFd, path: &[u8], flags: OFlags) -> io::Result<OwnedFd> {
+    /// Tries before `EAGAIN` is returned (each after a yield).
+    const TRIES: u32 = 64;
     let path: &[u8] = if path.is_empty() { b"." } else { path };
-    Ok(rustix::fs::openat2(
-        root,
-        path,
-        flags | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
-    )?)
+    let mut tries = 0;
+    loop {
+        match rustix::fs::openat2(
+            &root,
+            path,
+            flags | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+        ) {
+            Err(Errno::AGAIN) if tries + 1 < TRIES => {
+                tries += 1;
+                std::thread::yield_now();
+            }
+            r => return Ok(r?),
+        }
+    }
 }
 
 /// Opens a local path (absolute or relative to the working directory), following
@@ -264,6 +281,40 @@ pub fn raise_fd_limit() {
 mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;
+
+    /// Renames elsewhere on the machine make the kernel refuse a `..` walk beneath a
+    /// root now and then (`EAGAIN`); `open_beneath` tries again instead of failing.
+    #[test]
+    fn a_walk_up_beneath_the_root_survives_renames_meanwhile() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("a/b")).unwrap();
+        std::fs::write(t.path().join("a/f"), b"x").unwrap();
+        let root = open_local(t.path().as_os_str().as_encoded_bytes(), DIR_PATH).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let renamer = {
+            let (dir, stop) = (t.path().join("r"), stop.clone());
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("x"), b"").unwrap();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::fs::rename(dir.join("x"), dir.join("y")).unwrap();
+                    std::fs::rename(dir.join("y"), dir.join("x")).unwrap();
+                }
+            })
+        };
+        let started = std::time::Instant::now();
+        let mut opened = 0;
+        while started.elapsed() < std::time::Duration::from_millis(500) {
+            open_beneath(&root, b"a/b/../f", OFlags::RDONLY).unwrap();
+            opened += 1;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        renamer.join().unwrap();
+        assert!(opened > 0);
+        // Still beneath: a walk out is refused, not retried into success.
+        let e = open_beneath(&root, b"a/../../x", OFlags::RDONLY).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(Errno::XDEV.raw_os_error()), "{e}");
+    }
 
     #[test]
     fn data_runs_leave_out_whole_zero_blocks() {
