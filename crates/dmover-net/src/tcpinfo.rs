@@ -122,12 +122,18 @@ pub fn min_rtt(socket: &impl AsFd) -> Option<Duration> {
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+    use std::net::TcpStream;
+
+    /// Two ends of a loopback TCP connection: the one that connected, the accepted.
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        (a, l.accept().unwrap().0)
+    }
 
     #[test]
     fn counts_what_the_peer_acknowledged() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (mut b, _) = l.accept().unwrap();
+        let (mut a, mut b) = pair();
         let m = TcpMeter::of(&a).unwrap();
         let before = m.read().unwrap();
         let data = vec![7u8; 1 << 20];
@@ -157,9 +163,7 @@ mod tests {
 
     #[test]
     fn a_sender_the_receiver_holds_back_is_window_limited() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (mut b, _) = l.accept().unwrap();
+        let (mut a, mut b) = pair();
         let m = TcpMeter::of(&a).unwrap();
         // The receiver reads nothing for a while: its window closes and the sender
         // waits on it.

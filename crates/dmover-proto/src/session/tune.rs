@@ -431,17 +431,14 @@ impl Tuner {
                         "{n} streams send {}, waiting on a window {} of the time: \
                          their congestion control holds them, so {n} stay",
                         rate_text(rate),
-                        pct(share).trim_start_matches('+')
+                        share_text(share)
                     ));
                     self.hold(now, false, true);
                     return None;
                 }
                 let to = n.saturating_mul(2).min(self.cfg.max);
                 let waited = window_share.map_or(String::new(), |s| {
-                    format!(
-                        ", waiting on a window {} of the time",
-                        pct(s).trim_start_matches('+')
-                    )
+                    format!(", waiting on a window {} of the time", share_text(s))
                 });
                 let reason = format!("{n} streams send {}{waited}: trying {to}", rate_text(rate));
                 self.probe(now, to, true, rate, reason)
@@ -492,6 +489,11 @@ impl Tuner {
 
 fn pct(f: f64) -> String {
     format!("{:+.0} %", f * 100.0)
+}
+
+/// A share (0 to 1) as an unsigned percentage.
+fn share_text(f: f64) -> String {
+    format!("{:.0} %", f * 100.0)
 }
 
 /// A rate in bytes per second as text, in bits per second.
