@@ -12,6 +12,9 @@
 # Variants: NAME=BINARY[:CP OPTIONS]. Settings (environment): RTT (ms, 50), LOSS (0),
 # RATE (1gbit), DATASET (profile:scale for `dmover bench mkdata`, tiny:1), RUNS (5),
 # WORK (a directory on the disk under test; default /var/tmp). Needs root.
+# Run 0 (not reported) pins each variant's server key with a one-file copy: a push to
+# a server whose key was pinned earlier sends early data (protocol version 8), as in
+# use; the very first push to a server waits for its session.
 # Output: variant,run,seconds,cpu_client_s,cpu_server_s on stdout; medians on stderr.
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: ab-push.sh NAME=BINARY[:CP OPTIONS]..." >&2; exit 2; }
@@ -48,7 +51,7 @@ mkdir -p "$W/srv"
 "$first" netlab up --name "$LAB" --rtt "${RTT}ms" --rate "$RATE" --loss "$LOSS" >/dev/null
 {
 echo "variant,run,seconds,cpu_client_s,cpu_server_s"
-for run in $(seq 1 "$RUNS"); do
+for run in $(seq 0 "$RUNS"); do
     for i in "${!names[@]}"; do
         bin=${bins[$i]}
         read -ra args <<<"${opts[$i]}"
@@ -60,11 +63,13 @@ for run in $(seq 1 "$RUNS"); do
             ip netns exec "$A" bash -c "exec 3<>/dev/tcp/$FAR/$PORT" 2>/dev/null && break
             sleep 0.1
         done
+        src=$W/src
+        [ "$run" = 0 ] && src=$W/token
         sync
         echo 3 >/proc/sys/vm/drop_caches
         t0=$(now)
         ip netns exec "$A" /usr/bin/time -o "$W/cp.time" -f "%U %S" "$bin" cp \
-            --token-file "$W/token" --known-hosts "$W/kh-$i" "${args[@]}" "$W/src" \
+            --token-file "$W/token" --known-hosts "$W/kh-$i" "${args[@]}" "$src" \
             "dmover://$FAR:$PORT/${names[$i]}-$run" >/dev/null 2>"$W/cp.err" ||
             { tail -3 "$W/cp.err" >&2; continue; }
         sync
@@ -75,6 +80,7 @@ for run in $(seq 1 "$RUNS"); do
         wait "$sp" 2>/dev/null || true
         rm -f "$W/serve.pid"
         client=$(tail -1 "$W/cp.time" | awk '{printf "%.2f", $1 + $2}')
+        [ "$run" = 0 ] && continue
         echo "${names[$i]},$run,$(python3 -c "print(f'{$t1 - $t0:.3f}')"),$client,$server"
     done
 done

@@ -85,6 +85,14 @@ serve() {
     say "the server did not start"; cat "$W/serve.log" >&2; exit 1
 }
 
+# The server key pinned once, before any timed copy: a push to a server whose key was
+# pinned earlier sends early data (protocol version 8), as in use.
+pin() {
+    [ -s "$W/kh" ] && return
+    ip netns exec "$A" "$DMOVER" cp --token-file "$W/token" --known-hosts "$W/kh" \
+        "$W/token" "dmover://$FAR:$PORT/pinned" >/dev/null 2>&1 || true
+}
+
 echo "rtt_ms,loss,dataset,bytes,kind,mode,run,seconds,streams_end,settled_s"
 for ds in $DATASETS; do
     name=${ds%%:*} scale=${ds#*:}
@@ -95,6 +103,7 @@ for rtt in $RTTS; do
         "$DMOVER" netlab down --name "$LAB" >/dev/null 2>&1 || true
         "$DMOVER" netlab up --name "$LAB" --rtt "${rtt}ms" --rate "$RATE" --loss "$loss" >/dev/null
         serve
+        pin
         for ds in $DATASETS; do
             name=${ds%%:*}
             src=$W/src-$name

@@ -93,8 +93,11 @@ fn simulated(u: &mut Unstructured<'_>) -> Result<()> {
     for (_, w) in &mut wants {
         w.iter_mut().for_each(|k| *k %= first.max(1));
     }
+    let push = u.arbitrary()?;
+    // Early data: a fresh push only.
+    let early = push && held.is_empty() && u.arbitrary()?;
     let cfg = Config {
-        push: u.arbitrary()?,
+        push,
         streams,
         chunks,
         held,
@@ -126,6 +129,8 @@ fn simulated(u: &mut Unstructured<'_>) -> Result<()> {
             None
         },
         meta: Vec::new(),
+        early,
+        prepare: Duration::from_micros(u.int_in_range(0..=5000)?),
     };
     let r = Sim::new(cfg.clone()).run(Duration::from_secs(3600));
     assert!(

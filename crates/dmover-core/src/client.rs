@@ -356,6 +356,8 @@ pub(crate) struct Connection {
     dials: Dials,
     /// The key the server proved it holds.
     server_key: String,
+    /// That key was known before this connection (not pinned on first use now).
+    key_known: bool,
 }
 
 impl Connection {
@@ -710,17 +712,19 @@ impl Client {
     async fn connect_once(&self, server: &str) -> Result<Dialed> {
         dmover_net::tls::warm_up();
         let connector = self.connector()?;
+        // The data connections need the server to be there, not the session: they
+        // connect and collect their challenges while the control connection sets up,
+        // from the same moment, so that a fresh push's streams can join as its first
+        // flight goes out (dropped, and with them the connections, if this fails).
+        let dials = self
+            .dialer(server)
+            .dial_ahead(self.opts.streams.min(session::MAX_STREAMS));
         let mut stream = tcp::connect(
             server,
             &tcp::SocketOptions::default(),
             self.opts.connect_timeout,
         )
         .await?;
-        // The data connections need the server to be there, not the session: they
-        // connect and collect their challenges while the control connection sets up.
-        let dials = self
-            .dialer(server)
-            .dial_ahead(self.opts.streams.min(session::MAX_STREAMS));
         write_preamble(
             &mut stream,
             Preamble {
@@ -734,8 +738,11 @@ impl Client {
         // TLS starts right behind the preamble; the server's answer is read (and
         // checked) before the first TLS bytes.
         let stream = dmover_net::control::ControlTcp::awaiting_answer(stream);
-        let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(stream, server))
-            .await
+        let (tls, key_known) = match tokio::time::timeout(
+            HANDSHAKE_TIMEOUT,
+            connector.connect_checked(stream, server),
+        )
+        .await
         {
             Err(_) => {
                 return Err(Error::Net(NetError::Timeout {
@@ -801,6 +808,7 @@ impl Client {
             auth: Auth { user, credential },
             dials,
             server_key,
+            key_known,
         })))
     }
 
@@ -2160,10 +2168,25 @@ impl Client {
         // reduced manifest again whole).
         let resume = resume && !compare;
         let open_features = open.features;
+        // Nor to a server whose key was pinned just now, on first use: it proves who it
+        // is (a token's proof in `AuthOk`) before it is sent any file's data.
+        let early = !resume && open.streams <= session::MAX_STREAMS && conn.key_known;
         let mut d = conn.dial(open, self.opts.session_options(resume));
         d.limits = self.limits(false);
         let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
-        let mut m = SourceSession::dial(now(), server, timing, d);
+        let mut m = if early {
+            // Protocol version 8: the session is the connection's, so its data streams
+            // join and the first chunks go out with the first flight, a round trip
+            // before `Session` and `Go` would have let them (not on a resume: what to
+            // send waits for the server's answer).
+            let (id, salt) = auth::session_id(&conn.master);
+            tracing::info!(
+                "early data: session {id:016x}'s streams join and send with the first flight"
+            );
+            SourceSession::dial_early(now(), server, timing, d, id, salt)
+        } else {
+            SourceSession::dial(now(), server, timing, d)
+        };
         // The whole manifest, or a streamed one's first part.
         m.push_manifest(source.tree().entries());
         let mut growth = None;

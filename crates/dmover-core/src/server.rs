@@ -337,7 +337,12 @@ impl Server {
             policy: watch::Sender::new(Arc::new(policy)),
             identity,
             tls,
-            joins: JoinTable::new(cfg.idle_timeout),
+            // A join may come before its session opens (it waits, short of the
+            // handshake limit, so that it is answered).
+            joins: JoinTable::new(
+                cfg.idle_timeout,
+                cfg.handshake_timeout.saturating_sub(Duration::from_secs(1)),
+            ),
             active: AtomicUsize::new(0),
             per_user: Mutex::new(HashMap::new()),
             send_default: cfg
@@ -736,6 +741,9 @@ impl Server {
                 r
             }
         };
+        // Data streams that joined ahead of a session that failed to open (early data,
+        // protocol version 8) are refused now rather than at their wait's limit.
+        self.joins.close(auth::session_id(&master).0);
         if let Err(e) = &result {
             // Tell the client why (a data stream's failure too), unless it was the
             // client's own report; a dead control connection just fails the send.
@@ -1094,10 +1102,20 @@ impl Server {
                 format!("server busy: {} sessions running", self.cfg.max_sessions),
             ));
         };
-        let id: u64 = rand::random();
-        let salt: [u8; 32] = rand::random();
+        // The connection's session (protocol version 8): the client knows its id and
+        // key as soon as TLS is up, so its data streams may join (and a fresh push's
+        // first chunks wait in them) before this. A push gets exactly the streams and
+        // chunk size it asked for, and the base features it offered, as its early
+        // data assumed (`Dial::assumed`).
+        let (id, salt) = auth::session_id(&master);
         let key = auth::session_key(&master, id, &salt);
-        let rx = self.joins.open(id, key, open.protection, streams);
+        let Some(rx) = self.joins.open(id, key, open.protection, streams) else {
+            // Only a connection whose exported secret repeats another's: never over TLS.
+            return Err(Error::refused(
+                ErrorCode::Protocol,
+                format!("session {id:016x} is open already"),
+            ));
+        };
         let _slot = SlotGuard(self, id);
 
         // Buffers: what the session wants if the budget has room now, else the

@@ -370,10 +370,19 @@ struct Slot {
     tx: mpsc::Sender<Joined>,
 }
 
+/// Sessions remembered as over, so that a late join is refused at once instead of
+/// waiting for a session that will not come.
+const CLOSED_KEPT: usize = 1024;
+
 /// The sessions data connections may join, and the acceptor's side of each join.
 pub struct JoinTable {
     sessions: Mutex<HashMap<u64, Slot>>,
+    /// The last [`CLOSED_KEPT`] sessions closed.
+    closed: Mutex<std::collections::VecDeque<u64>>,
+    /// Told of every session opened or closed (joins wait for theirs).
+    opened: tokio::sync::Notify,
     idle: Duration,
+    park: Duration,
 }
 
 impl std::fmt::Debug for JoinTable {
@@ -384,46 +393,132 @@ impl std::fmt::Debug for JoinTable {
     }
 }
 
+/// What the table said of a join.
+type Checked = (
+    JoinStatus,
+    Option<(mpsc::Sender<Joined>, [u8; 32], DataProtection)>,
+);
+
 impl JoinTable {
-    /// No sessions yet; joined streams wait at most `idle` without progress.
-    pub fn new(idle: Duration) -> Self {
+    /// No sessions yet; joined streams wait at most `idle` without progress. A join
+    /// for a session not open yet waits up to `park` for it (protocol version 8: a
+    /// client's data streams join as its control connection's first flight goes out,
+    /// before the session it names is open here).
+    pub fn new(idle: Duration, park: Duration) -> Self {
         JoinTable {
             sessions: Mutex::new(HashMap::new()),
+            closed: Mutex::new(std::collections::VecDeque::new()),
+            opened: tokio::sync::Notify::new(),
             idle,
+            park,
         }
     }
 
     /// Lets session `session` (key `key`, data protected as `protection`) take
-    /// `streams` data streams, each joined once; they come from the receiver.
+    /// `streams` data streams, each joined once; they come from the receiver (`None`:
+    /// a session of that id is open already).
     pub fn open(
         &self,
         session: u64,
         key: [u8; 32],
         protection: DataProtection,
         streams: u16,
-    ) -> mpsc::Receiver<Joined> {
+    ) -> Option<mpsc::Receiver<Joined>> {
         let (tx, rx) = mpsc::channel((streams as usize).max(1));
-        self.sessions.lock().insert(
-            session,
-            Slot {
-                key,
-                protection,
-                joined: vec![false; streams as usize],
-                tx,
-            },
-        );
-        rx
+        {
+            let mut sessions = self.sessions.lock();
+            if sessions.contains_key(&session) {
+                return None;
+            }
+            sessions.insert(
+                session,
+                Slot {
+                    key,
+                    protection,
+                    joined: vec![false; streams as usize],
+                    tx,
+                },
+            );
+        }
+        self.closed.lock().retain(|&c| c != session);
+        self.opened.notify_waiters();
+        Some(rx)
     }
 
-    /// Session `session` is over: no more joins.
+    /// Session `session` is over, or will never open (its control connection failed
+    /// before): no more joins, and those waiting for it are refused now.
     pub fn close(&self, session: u64) {
         self.sessions.lock().remove(&session);
+        {
+            let mut closed = self.closed.lock();
+            if !closed.contains(&session) {
+                if closed.len() >= CLOSED_KEPT {
+                    closed.pop_front();
+                }
+                closed.push_back(session);
+            }
+        }
+        self.opened.notify_waiters();
+    }
+
+    /// The join's status, and where an accepted stream goes.
+    fn check(&self, hello: &DataHello, proof: &[u8; JOIN_PROOF_LEN], nonce: &[u8; 32]) -> Checked {
+        let mut sessions = self.sessions.lock();
+        let Some(slot) = sessions.get_mut(&hello.session) else {
+            return (JoinStatus::UnknownSession, None);
+        };
+        let want = auth::join_proof(
+            &slot.key,
+            Role::Client,
+            hello.session,
+            hello.stream,
+            &hello.nonce,
+            nonce,
+        );
+        if !auth::proofs_equal(&want, proof) {
+            return (JoinStatus::BadProof, None);
+        }
+        match slot.joined.get_mut(hello.stream as usize) {
+            Some(j) if !*j => {
+                *j = true;
+                (
+                    JoinStatus::Accepted,
+                    Some((slot.tx.clone(), slot.key, slot.protection)),
+                )
+            }
+            _ => (JoinStatus::BadStream, None),
+        }
+    }
+
+    /// [`JoinTable::check`], waiting up to the park limit for a session not open yet
+    /// (not for one that was and closed).
+    async fn check_parked(
+        &self,
+        hello: &DataHello,
+        proof: &[u8; JOIN_PROOF_LEN],
+        nonce: &[u8; 32],
+    ) -> Checked {
+        let until = tokio::time::Instant::now() + self.park;
+        loop {
+            let opened = self.opened.notified();
+            tokio::pin!(opened);
+            // Registered before the check, so an opening in between is not missed.
+            opened.as_mut().enable();
+            let checked = self.check(hello, proof, nonce);
+            if checked.0 != JoinStatus::UnknownSession
+                || self.closed.lock().contains(&hello.session)
+                || tokio::time::timeout_at(until, opened).await.is_err()
+            {
+                return checked;
+            }
+        }
     }
 
     /// A data connection's join, after its preamble: the challenge, the client's hello
     /// and proof, the answer, and the stream handed to its session. A connection that
-    /// cannot prove the session key never takes a stream's place. The caller bounds the
-    /// time it takes.
+    /// cannot prove the session key never takes a stream's place. A join for a session
+    /// not open yet waits for it, up to the park limit ([`JoinTable::new`]), and reads
+    /// nothing more meanwhile. The caller bounds the time it takes.
     pub async fn accept(&self, mut stream: TcpStream, peer: &str) -> Result<(), AcceptError> {
         let io = |e| NetError::io("reading from", peer, e);
         // The challenge goes out at once: the client may have connected before it
@@ -438,36 +533,7 @@ impl JoinTable {
         let hello = DataHello::decode(&b[..HELLO_LEN]).map_err(|e| NetError::proto(peer, e))?;
         let mut proof = [0u8; JOIN_PROOF_LEN];
         proof.copy_from_slice(&b[HELLO_LEN..]);
-        let (status, accepted) = {
-            let mut sessions = self.sessions.lock();
-            match sessions.get_mut(&hello.session) {
-                None => (JoinStatus::UnknownSession, None),
-                Some(slot) => {
-                    let want = auth::join_proof(
-                        &slot.key,
-                        Role::Client,
-                        hello.session,
-                        hello.stream,
-                        &hello.nonce,
-                        &nonce,
-                    );
-                    if !auth::proofs_equal(&want, &proof) {
-                        (JoinStatus::BadProof, None)
-                    } else {
-                        match slot.joined.get_mut(hello.stream as usize) {
-                            Some(j) if !*j => {
-                                *j = true;
-                                (
-                                    JoinStatus::Accepted,
-                                    Some((slot.tx.clone(), slot.key, slot.protection)),
-                                )
-                            }
-                            _ => (JoinStatus::BadStream, None),
-                        }
-                    }
-                }
-            }
-        };
+        let (status, accepted) = self.check_parked(&hello, &proof, &nonce).await;
         let Some((tx, key, protection)) = accepted else {
             let _ = stream.write_all(&[status as u8]).await;
             let _ = stream.shutdown().await;
@@ -535,6 +601,7 @@ mod tests {
 
     const KEY: [u8; 32] = [7; 32];
     const LIMIT: Duration = Duration::from_secs(5);
+    const PARK: Duration = Duration::from_millis(300);
 
     fn mode(protection: DataProtection) -> LinkMode {
         LinkMode {
@@ -588,9 +655,9 @@ mod tests {
             DataProtection::Encrypted,
         ] {
             for wait in [JoinWait::Answer, JoinWait::Pipelined] {
-                let table = Arc::new(JoinTable::new(LIMIT));
+                let table = Arc::new(JoinTable::new(LIMIT, PARK));
                 let (dialer, mut outcomes) = listener(table.clone(), 0).await;
-                let mut joined = table.open(42, KEY, p, 2);
+                let mut joined = table.open(42, KEY, p, 2).unwrap();
                 let mut dials = dialer.dial_ahead(3);
                 dials.keep(2);
                 assert!(dials.take(2).is_none());
@@ -624,9 +691,11 @@ mod tests {
     /// acceptor reports what it refused.
     #[tokio::test]
     async fn refused_joins_are_answers_not_connection_failures() {
-        let table = Arc::new(JoinTable::new(LIMIT));
+        let table = Arc::new(JoinTable::new(LIMIT, PARK));
         let (dialer, mut outcomes) = listener(table.clone(), 0).await;
-        let _joined = table.open(5, KEY, DataProtection::Plain, 1);
+        let _joined = table.open(5, KEY, DataProtection::Plain, 1).unwrap();
+        // One session per id.
+        assert!(table.open(5, KEY, DataProtection::Plain, 1).is_none());
         let m = mode(DataProtection::Plain);
         let cases = [
             (5, 0, [8u8; 32], JoinStatus::BadProof),
@@ -689,14 +758,70 @@ mod tests {
         ));
     }
 
+    /// A join that comes before its session opens (protocol version 8) waits for it,
+    /// its early bytes unread meanwhile, and is accepted once the session opens; one
+    /// whose session never opens is refused at the park limit.
+    #[tokio::test]
+    async fn a_join_before_its_session_waits_for_it() {
+        let table = Arc::new(JoinTable::new(LIMIT, PARK));
+        let (dialer, mut outcomes) = listener(table.clone(), 0).await;
+        let m = mode(DataProtection::Authenticated);
+        let mut io = dialer
+            .join(None, 77, 0, &KEY, m, JoinWait::Pipelined)
+            .await
+            .unwrap();
+        io.write_all(b"early").await.unwrap();
+        io.flush().await.unwrap();
+        tokio::time::sleep(PARK / 3).await;
+        assert!(outcomes.try_recv().is_err(), "answered before the session");
+        let mut joined = table
+            .open(77, KEY, DataProtection::Authenticated, 1)
+            .unwrap();
+        let mut j = joined.recv().await.unwrap();
+        assert!(outcomes.recv().await.unwrap().is_ok());
+        let mut b = [0u8; 5];
+        j.io.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"early");
+        io.finish_join().await.unwrap();
+        // Closed before it opened (its control connection failed): refused at once.
+        let t = tokio::time::Instant::now();
+        let waiting = tokio::spawn({
+            let dialer = dialer.clone();
+            async move { dialer.join(None, 79, 0, &KEY, m, JoinWait::Answer).await }
+        });
+        tokio::time::sleep(PARK / 6).await;
+        table.close(79);
+        assert!(waiting.await.unwrap().is_err());
+        assert!(t.elapsed() < PARK, "{:?}", t.elapsed());
+        assert!(outcomes.recv().await.unwrap().is_err());
+        // Never opened: refused after the park limit, not at once.
+        let t = tokio::time::Instant::now();
+        let e = dialer
+            .join(None, 78, 0, &KEY, m, JoinWait::Answer)
+            .await
+            .unwrap_err();
+        assert!(t.elapsed() >= PARK, "{:?}", t.elapsed());
+        let JoinError::Answer { source, .. } = &e else {
+            panic!("{e}")
+        };
+        assert!(matches!(
+            JoinFailed::of(source),
+            Some(JoinFailed::Refused {
+                status: JoinStatus::UnknownSession,
+                ..
+            })
+        ));
+        assert!(outcomes.recv().await.unwrap().is_err());
+    }
+
     /// A connection dialed ahead that the server closed (its set-up limit passed) is
     /// seen closed before a stream that sends right behind its proof uses it, and a
     /// fresh one takes its place.
     #[tokio::test]
     async fn a_closed_early_connection_is_dialed_again() {
-        let table = Arc::new(JoinTable::new(LIMIT));
+        let table = Arc::new(JoinTable::new(LIMIT, PARK));
         let (dialer, mut outcomes) = listener(table.clone(), 1).await;
-        let mut joined = table.open(1, KEY, DataProtection::Encrypted, 1);
+        let mut joined = table.open(1, KEY, DataProtection::Encrypted, 1).unwrap();
         let mut dials = dialer.dial_ahead(1);
         let early = dials.take(0).unwrap();
         // Let the server's close arrive.

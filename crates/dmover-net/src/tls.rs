@@ -474,6 +474,18 @@ impl TlsConnector {
         tcp: impl Into<ControlTcp>,
         server: &str,
     ) -> Result<tokio_rustls::client::TlsStream<ControlTcp>, NetError> {
+        Ok(self.connect_checked(tcp, server).await?.0)
+    }
+
+    /// [`TlsConnector::connect`], also telling whether the server's key was known
+    /// before this connection (pinned earlier, CA-verified, or the one vouched for):
+    /// `false` when it was pinned now, on first use, so that nothing but TLS says yet
+    /// who the server is.
+    pub async fn connect_checked(
+        &self,
+        tcp: impl Into<ControlTcp>,
+        server: &str,
+    ) -> Result<(tokio_rustls::client::TlsStream<ControlTcp>, bool), NetError> {
         let tcp = tcp.into();
         let host = host_of(server);
         let name = ServerName::try_from(host.to_string()).map_err(|e| NetError::Tls {
@@ -488,6 +500,7 @@ impl TlsConnector {
                 peer: server.to_string(),
                 source,
             })?;
+        let mut known = true;
         if let Trust::KnownHosts(_) | Trust::Key(_) = &self.trust {
             let cert = tls
                 .get_ref()
@@ -505,6 +518,7 @@ impl TlsConnector {
             match &self.trust {
                 Trust::KnownHosts(file) => {
                     if let known_hosts::Pin::Added = known_hosts::check(file, server, &fp)? {
+                        known = false;
                         tracing::warn!(
                             "pinned the key of {server} ({fp}) in {} on first use",
                             file.display()
@@ -522,7 +536,7 @@ impl TlsConnector {
                 _ => {}
             }
         }
-        Ok(tls)
+        Ok((tls, known))
     }
 }
 

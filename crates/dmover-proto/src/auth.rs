@@ -36,8 +36,9 @@
 //! # Data connections
 //! Each session has a 32-byte session key ([`session_key`]): BLAKE3 key derivation
 //! from 32 bytes exported from the same TLS connection with label
-//! [`SESSION_EXPORTER_LABEL`], the session id and the session's random salt
-//! ([`crate::control::SessionInfo::salt`]). From it: [`join_proof`] (a data
+//! [`SESSION_EXPORTER_LABEL`], the session id and the session's salt
+//! ([`crate::control::SessionInfo::salt`]), both derived from the same export
+//! ([`session_id`], version 8; the server chose them at random before). From it: [`join_proof`] (a data
 //! connection proves it belongs to the session by MACing a fresh server challenge) and
 //! [`record_key`] (per stream and direction, for authenticated or encrypted records).
 
@@ -188,6 +189,20 @@ pub fn session_key(exported: &[u8; 32], session: u64, salt: &[u8; 32]) -> [u8; 3
     material[32..40].copy_from_slice(&session.to_be_bytes());
     material[40..].copy_from_slice(salt);
     blake3::derive_key("dmover 2026-11 session key v2", &material)
+}
+
+/// A session's id and salt (protocol version 8): derived from the control
+/// connection's exported secret (label [`SESSION_EXPORTER_LABEL`], no context), so
+/// both ends know them once TLS is up and the dialer's data streams join before the
+/// acceptor's `Session` names them. One session per control connection, so the id is
+/// the connection's; it travels in clear in each `DataHello` and says nothing of the
+/// secret (a one-way derivation, apart from the salt's and the key's).
+pub fn session_id(exported: &[u8; 32]) -> (u64, [u8; 32]) {
+    let id = blake3::derive_key("dmover 2026-11 session id v8", exported);
+    let salt = blake3::derive_key("dmover 2026-11 session salt v8", exported);
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&id[..8]);
+    (u64::from_be_bytes(b), salt)
 }
 
 /// Which end of a data connection computes a proof or writes records.

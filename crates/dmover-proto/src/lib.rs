@@ -79,15 +79,16 @@ pub mod session;
 pub mod units;
 
 /// The protocol version this build speaks natively (the highest it supports).
-pub const PROTOCOL_VERSION: u16 = 7;
+pub const PROTOCOL_VERSION: u16 = 8;
 /// The oldest protocol version this build still speaks (version 1 had no TLS; version
 /// 2 had the client wait for a server nonce before `Auth` and for the `DataHello`
 /// before the join challenge; version 3 had no `features` in `Open` and `Session`;
 /// version 4 ended a push without the source's `SendReport` and let a dialer leave out
 /// `Options`; version 5 had a dialer wait for `Session` before it sent a message of a
 /// feature it offered, as an acceptor could leave any feature out; version 6 had no
-/// packed control frames).
-pub const MIN_PROTOCOL_VERSION: u16 = 7;
+/// packed control frames; version 7 had the server choose the session id and salt at
+/// random, so no data stream could join before `Session`).
+pub const MIN_PROTOCOL_VERSION: u16 = 8;
 
 /// The default TCP port of a dmover server.
 pub const DEFAULT_PORT: u16 = 7700;

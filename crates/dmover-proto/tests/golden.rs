@@ -1646,3 +1646,22 @@ fn auth_derivations_are_pinned() {
     }
     assert_eq!(got.to_vec(), want);
 }
+
+/// Pins the session id and salt both ends derive from the control connection's export
+/// (protocol version 8): the acceptor's `Session` must carry these, and a dialer's
+/// early data streams name the id before it came.
+#[test]
+fn session_ids_are_pinned() {
+    let (id, salt) = dmover_proto::auth::session_id(&seq32(0x60));
+    let got = format!("{id:016x} {}", hex(&salt));
+    if std::env::var_os("DMOVER_BLESS").is_some() {
+        eprintln!("{got}");
+    }
+    assert_eq!(
+        got,
+        "b75c52df75ebe607 01 45 45 fd ac 89 1b 89 d0 9c 46 5c 9f c1 8e 8e a3 a9 bc da 58 e4 9c bf a4 6a \
+         d2 29 6a 1b ee 67"
+    );
+    // Another connection, another session.
+    assert_ne!(dmover_proto::auth::session_id(&seq32(0x61)).0, id);
+}

@@ -91,16 +91,200 @@ fn a_small_push_costs_three_round_trips() {
 }
 
 #[test]
+fn an_early_push_costs_one_round_trip() {
+    // As above, with early data (protocol version 8): the chunk follows the first
+    // flight on a stream joined at once, waits at the acceptor for the session and the
+    // sink's `Go`, and its acknowledgement and the sink's `Done` come back after one
+    // round trip.
+    let r = run(Config {
+        push: true,
+        chunks: 1,
+        latency: ms(50),
+        read: Duration::ZERO,
+        send: Duration::ZERO,
+        write: Duration::ZERO,
+        early: true,
+        ..Config::default()
+    });
+    assert_finished(&r);
+    let t = r.source_at.expect("ended");
+    assert!(t <= ms(150), "took {t:?}");
+    assert!(t >= ms(100), "faster than light: {t:?}");
+    // The sink wrote the chunk as soon as it had the session and the manifest: at the
+    // first flight's arrival, one way.
+    assert_eq!(r.write_times, [ms(50)]);
+    // Nothing changed on the wire but the order in time: the acceptor still answers
+    // with the session and says Go.
+    let answers: Vec<_> = r.messages.1.iter().take(4).copied().collect();
+    assert_eq!(answers, ["Welcome", "AuthOk", "Session", "Go"]);
+}
+
+#[test]
+fn early_pushes_move_every_chunk_once_whatever_they_use() {
+    // Many chunks and streams, a growing manifest, tuning (whose decisions wait for
+    // the sink's Go), a broken stream: as without early data.
+    for (features, parts, active, breaks) in [
+        (0, 0, None, false),
+        (features::MACHINES, 3, None, false),
+        (features::TUNING, 0, Some(2), false),
+        (features::MACHINES, 0, Some(1), true),
+    ] {
+        let r = run(Config {
+            push: true,
+            features,
+            parts,
+            part_every: ms(2),
+            active,
+            early: true,
+            prepare: ms(3),
+            faults: if breaks {
+                vec![Fault::Break {
+                    stream: 0,
+                    at: ms(25),
+                }]
+            } else {
+                Vec::new()
+            },
+            ..Config::default()
+        });
+        assert_finished(&r);
+        if let Some(n) = active {
+            assert_eq!(r.tuned.len(), 1, "{features:#x}");
+            assert_eq!(r.tuned[0].streams, n);
+        }
+        let late = run(Config {
+            push: true,
+            features,
+            parts,
+            part_every: ms(2),
+            active,
+            prepare: ms(3),
+            ..Config::default()
+        });
+        assert!(
+            r.source_at.unwrap() < late.source_at.unwrap(),
+            "{features:#x}: early {:?}, not early {:?}",
+            r.source_at,
+            late.source_at
+        );
+    }
+}
+
+#[test]
+fn a_session_unlike_the_one_early_data_assumed_fails() {
+    use dmover_proto::control::{
+        Auth, AuthMethod, AuthOk, Credential, DataProtection, DirectIo, Hello, Op, Open, Welcome,
+    };
+    use dmover_proto::session::{Dial, SourceEvent};
+    let t0 = Instant::now();
+    let dial = Dial {
+        hello: Hello {
+            software: "t".into(),
+            nonce: [1; 32],
+        },
+        auth: Auth {
+            user: "u".into(),
+            credential: Credential::None,
+        },
+        open: Open {
+            op: Op::Push {
+                dest: b"d".to_vec(),
+            },
+            streams: 4,
+            chunk_size: 1 << 20,
+            checksum: true,
+            direct_io: DirectIo::Never,
+            protection: DataProtection::Authenticated,
+            features: features::TUNING,
+        },
+        options: SessionOptions {
+            resume: false,
+            journal: true,
+            fsync: false,
+            verify: false,
+            continue_on_error: false,
+            heartbeat_ms: 1000,
+        },
+        server_proof: None,
+        limits: Default::default(),
+    };
+    let assumed = dial.assumed(9, [8; 32]);
+    assert_eq!(
+        (assumed.streams, assumed.chunk_size, assumed.features),
+        (4, 1 << 20, features::TUNING)
+    );
+    let granted = [
+        assumed.clone(),
+        SessionInfo {
+            streams: 2,
+            ..assumed.clone()
+        },
+        SessionInfo {
+            id: 10,
+            ..assumed.clone()
+        },
+        SessionInfo {
+            salt: [7; 32],
+            ..assumed.clone()
+        },
+    ];
+    for (i, info) in granted.into_iter().enumerate() {
+        let mut s: SourceSession<dmover_proto::session::sim::SimError> =
+            SourceSession::dial_early(t0, "acceptor", Timing::default(), dial.clone(), 9, [8; 32]);
+        // Open at once, streams and all.
+        assert_eq!(s.info(), Some(&assumed));
+        assert!(matches!(s.poll_event(), Some(SourceEvent::Opened(_))));
+        s.push_manifest(&manifest(1));
+        s.end_manifest(totals(&manifest(1)), ChunkSet::all(1));
+        assert!(matches!(s.poll_event(), Some(SourceEvent::Go)));
+        for msg in [
+            Control::Welcome(Welcome {
+                software: "t".into(),
+                nonce: [4; 32],
+                auth: AuthMethod::None,
+            }),
+            Control::AuthOk(AuthOk { proof: None }),
+            Control::Session(info),
+        ] {
+            s.handle_control(t0, msg);
+        }
+        // A broken rule waits a moment for the peer's own report.
+        s.handle_timeout(t0 + Timing::default().report_wait + ms(1));
+        let ev = s.poll_event();
+        if i == 0 {
+            assert!(ev.is_none(), "{ev:?}");
+        } else {
+            match ev {
+                Some(SourceEvent::Failed(SessionError::Protocol { what, .. })) => {
+                    assert!(what.contains("early data assumed"), "{what}")
+                }
+                other => panic!("grant {i}: {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
 fn an_empty_dataset_finishes() {
-    for push in [true, false] {
+    // (An early push is drained at once: its report waits for the sink's Go.)
+    for (push, early) in [(true, false), (false, false), (true, true)] {
         let r = run(Config {
             push,
             chunks: 0,
             files: 0,
+            early,
+            // The sink takes a moment to prepare (as a real one does).
+            prepare: ms(5),
             ..Config::default()
         });
         assert_finished(&r);
         assert!(r.writes.is_empty());
+        let sent = &r.messages.1;
+        let go = sent.iter().position(|m| *m == "Go");
+        let report = r.messages.0.iter().position(|m| *m == "SendReport");
+        if push {
+            assert!(go.is_some() && report.is_some(), "{:?}", r.messages);
+        }
     }
 }
 
@@ -500,13 +684,27 @@ fn schedule() -> impl Strategy<Value = Config> {
         1u16..6,
         0u64..150,
         0u64..80,
-        (0u64..3000, 0u64..3000, 0u64..3000),
+        (0u64..3000, 0u64..3000, 0u64..3000, 0u64..3000),
         (1usize..10, 1usize..8),
         proptest::collection::vec((0u16..6, 0u64..400), 0..4),
         proptest::collection::vec(0u64..150, 0..40),
+        any::<bool>(),
     )
         .prop_map(
-            |(push, streams, chunks, lat, (read, send, write), (buffers, window), breaks, held)| {
+            |(
+                push,
+                streams,
+                chunks,
+                lat,
+                (read, send, write, prepare),
+                (buffers, window),
+                breaks,
+                held,
+                early,
+            )| {
+                // Early data: a fresh push only.
+                let early = early && push;
+                let held = if early { Vec::new() } else { held };
                 // Break at most all streams but one, once they joined (a dialer's stream
                 // that fails to join fails the session): the session must finish.
                 let mut faults: Vec<Fault> = breaks
@@ -535,9 +733,11 @@ fn schedule() -> impl Strategy<Value = Config> {
                     read: Duration::from_micros(read),
                     send: Duration::from_micros(send),
                     write: Duration::from_micros(write),
+                    prepare: Duration::from_micros(prepare),
                     buffers,
                     window,
                     faults,
+                    early,
                     ..Config::default()
                 }
             },
@@ -1224,6 +1424,8 @@ fn extended() -> impl Strategy<Value = Config> {
                 on_demand,
                 wants,
                 files: 6,
+                // A request-driven session is a mount's: never early data.
+                early: cfg.early && !on_demand,
                 ..cfg
             }
         })

@@ -294,6 +294,62 @@ fn token_authentication() {
     same(&f, &t.path().join("g"));
 }
 
+/// Protocol version 8: a fresh push to a server whose key the client pinned earlier
+/// sends its first chunks with its first flight (early data), whole and verified, also
+/// encrypted; on first use it waits for the session as before; a wrong token is still
+/// refused with nothing written.
+#[test]
+fn a_push_to_a_known_server_sends_early_data() {
+    let t = tmp();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let token = t.path().join("token");
+    std::fs::write(&token, "correct horse battery staple\n").unwrap();
+    let wrong = t.path().join("wrong");
+    std::fs::write(&wrong, "incorrect").unwrap();
+    let srv = Server::start(&root, &["--token-file", s(&token)]);
+    let kh = known_hosts_in(t.path());
+    let env = [("DMOVER_KNOWN_HOSTS", s(&kh))];
+    let first = t.path().join("first");
+    make_small_files(&first, 200, 4);
+    let o = cp_env(
+        &["-v", "--token-file", s(&token), s(&first), &srv.url("")],
+        &env,
+    );
+    ok(&o);
+    assert!(!stderr(&o).contains("early data"), "{}", stderr(&o));
+    same(&first, &root.join("first"));
+    let second = t.path().join("second");
+    make_tree(&second);
+    make_small_files(&second.join("small"), 2000, 20);
+    for (dest, extra) in [("a", None), ("b", Some("--encrypt"))] {
+        let mut args = vec!["-v", "--json", "--token-file", s(&token)];
+        args.extend(extra);
+        let url = srv.url(dest);
+        args.extend([s(&second), &url]);
+        let o = cp_env(&args, &env);
+        ok(&o);
+        assert!(stderr(&o).contains("early data"), "{}", stderr(&o));
+        same(&second, &root.join(dest));
+        let j = json(&o);
+        assert_eq!(j["verified"], true);
+        assert_eq!(j["errors"], 0);
+        assert!(staging_files(&root.join(dest)).is_empty());
+    }
+    let o = cp_env(
+        &["-v", "--token-file", s(&wrong), s(&first), &srv.url("c")],
+        &env,
+    );
+    assert_eq!(o.status.code(), Some(3), "wrong token: {}", stderr(&o));
+    assert!(stderr(&o).contains("early data"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("authentication failed"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!root.join("c").exists());
+}
+
 #[test]
 fn server_without_token_refuses_non_loopback_listen() {
     let t = tmp();

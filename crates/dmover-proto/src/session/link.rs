@@ -29,6 +29,23 @@ pub struct Dial {
     pub limits: SessionLimits,
 }
 
+impl Dial {
+    /// The session a version 8 acceptor opens for this dialer's fresh push, which
+    /// early data takes as open before `Session` comes
+    /// ([`super::SourceSession::dial_early`]): `id` and `salt` derived from the control
+    /// connection ([`crate::auth::session_id`]), the streams and chunk size asked for,
+    /// and the features of [`features::BASE`] offered (every acceptor grants those).
+    pub fn assumed(&self, id: u64, salt: [u8; 32]) -> SessionInfo {
+        SessionInfo {
+            id,
+            salt,
+            streams: self.open.streams,
+            chunk_size: self.open.chunk_size,
+            features: features::negotiate(self.open.features, 0),
+        }
+    }
+}
+
 /// Where a dialer's handshake stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {

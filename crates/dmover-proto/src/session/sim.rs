@@ -193,6 +193,14 @@ pub struct Config {
     /// The source's metadata of its entries ([`SourceSession::push_meta`]; sent
     /// with feature `METADATA`).
     pub meta: Vec<crate::manifest::EntryMeta>,
+    /// A push with early data ([`SourceSession::dial_early`], taking the acceptor's
+    /// session id 7 and salt 5): its streams join at once and it sends without waiting
+    /// for the answers; the acceptor holds joins until it opened the session, and the
+    /// sink reads frames only once it said `Go`, as real drivers do.
+    pub early: bool,
+    /// Time the sink takes to prepare for the manifest before it says `Go` (its
+    /// storage, on a disk thread in a real driver).
+    pub prepare: Duration,
 }
 
 impl Default for Config {
@@ -219,6 +227,8 @@ impl Default for Config {
             on_demand: false,
             active: None,
             meta: Vec::new(),
+            early: false,
+            prepare: Duration::ZERO,
         }
     }
 }
@@ -357,6 +367,8 @@ enum Ev {
     Fault(usize),
     Part(u32),
     Want(usize),
+    /// The sink is prepared.
+    Prepared(Party),
 }
 
 enum Role {
@@ -394,6 +406,13 @@ pub struct Sim {
     /// Wants made so far; the sink closed a request-driven session.
     wants_made: usize,
     closed: bool,
+    /// Joins that came before the acceptor opened the session, frames and ends before
+    /// the sink said `Go`: handed over then, in order.
+    held_back: Vec<Ev>,
+    /// The sink said `Go` (or `OnDemand`).
+    sink_go: bool,
+    /// Parts of a growing manifest that came while the sink prepared.
+    grown_later: Vec<Range<u64>>,
 }
 
 const SOURCE: usize = 0;
@@ -456,7 +475,11 @@ impl Sim {
             limits: dialer_limits(),
         };
         let dialer = if cfg.push {
-            let mut s = SourceSession::dial(t0, "acceptor", cfg.timing, dial);
+            let mut s = if cfg.early {
+                SourceSession::dial_early(t0, "acceptor", cfg.timing, dial, 7, [5; 32])
+            } else {
+                SourceSession::dial(t0, "acceptor", cfg.timing, dial)
+            };
             s.set_window(cfg.window);
             if cfg.parts == 0 {
                 let entries = manifest(cfg.files);
@@ -522,6 +545,9 @@ impl Sim {
             first,
             wants_made: 0,
             closed: false,
+            held_back: Vec::new(),
+            sink_go: false,
+            grown_later: Vec::new(),
         };
         for (i, f) in sim.cfg.faults.clone().iter().enumerate() {
             let at = match f {
@@ -682,8 +708,11 @@ impl Sim {
             Ev::Joined(p, stream) => match self.role(p) {
                 Some(Role::Source(s)) => s.stream_joined(now, stream),
                 Some(Role::Sink(s)) => s.stream_joined(now, stream),
-                _ => {}
+                // Early data: the session is not open yet.
+                Some(Role::Accepting(_)) => self.held_back.push(Ev::Joined(p, stream)),
+                None => {}
             },
+            Ev::Frame(..) | Ev::End(..) if !self.sink_go => self.held_back.push(ev),
             Ev::ReadDone(chunk) => {
                 let fail = self.cfg.faults.contains(&Fault::ReadError { chunk });
                 if let Some(Role::Source(s)) = self.role(self.party_of_source()) {
@@ -774,6 +803,7 @@ impl Sim {
                 self.maybe_close();
             }
             Ev::Part(i) => self.send_part(i),
+            Ev::Prepared(p) => self.sink_ready(p),
             Ev::Want(i) => {
                 let ranges: Vec<Range<u64>> =
                     self.cfg.wants[i].1.iter().map(|&k| k..k + 1).collect();
@@ -940,6 +970,7 @@ impl Sim {
                     }
                 };
                 self.acceptor = Some(role);
+                self.replay_held_back();
                 if self.cfg.parts > 0 && !self.cfg.push {
                     self.send_part(0);
                 }
@@ -971,7 +1002,14 @@ impl Sim {
         }
         let lat = self.cfg.latency;
         self.after(lat, Ev::Joined(p.other(), stream));
-        self.after(lat * 2, Ev::Joined(p, stream));
+        // Early data: the dialer sends behind its join's proof without waiting for
+        // the answer (a real push does so always; the simulation only here).
+        let answer = if self.cfg.early {
+            Duration::ZERO
+        } else {
+            lat * 2
+        };
+        self.after(answer, Ev::Joined(p, stream));
     }
 
     fn close_stream(&mut self, p: Party, stream: u16) {
@@ -1130,6 +1168,20 @@ impl Sim {
             any = true;
             let n = self.cfg.chunks;
             let resume = self.resume;
+            let (prepare, ready) = (self.cfg.prepare, self.sink_go);
+            if let SinkEvent::Grown { chunks, .. } = &ev {
+                if !ready {
+                    // Still preparing: when it is done.
+                    self.grown_later.push(chunks.clone());
+                    continue;
+                }
+            }
+            if let SinkEvent::Manifest(_) = &ev {
+                if !resume && !prepare.is_zero() {
+                    self.after(prepare, Ev::Prepared(p));
+                    continue;
+                }
+            }
             let Some(Role::Sink(s)) = self.role(p) else {
                 return any;
             };
@@ -1201,7 +1253,23 @@ impl Sim {
             let at = self.cfg.wants[i].0;
             self.after(at, Ev::Want(i));
         }
+        self.sink_go = true;
+        for chunks in std::mem::take(&mut self.grown_later) {
+            if let Some(Role::Sink(s)) = self.role(p) {
+                s.grown(now, chunks.end);
+            }
+            self.report.grown.push(chunks);
+        }
+        self.replay_held_back();
         self.maybe_close();
+    }
+
+    /// Hands over what was held back for the acceptor's session or the sink's `Go`
+    /// (what must still wait is held back again).
+    fn replay_held_back(&mut self) {
+        for ev in std::mem::take(&mut self.held_back) {
+            self.handle(ev);
+        }
     }
 
     /// A request-driven sink closes the session once it made its last wants and has

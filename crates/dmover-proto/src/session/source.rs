@@ -242,6 +242,13 @@ pub struct SourceSession<E> {
     meta: Vec<EntryMeta>,
     /// `ManifestEnd` is queued and its metadata not yet sent (or dropped).
     meta_due: bool,
+    /// (dialer) Early data ([`SourceSession::dial_early`]): the session was assumed
+    /// open from the start and sending began without `Go`; `Some(true)` once the
+    /// sink's `Go` came.
+    early: Option<bool>,
+    /// Early data: what the session proper sent before the sink's `Go` (tuning
+    /// decisions, the report of an empty transfer), told after it.
+    early_held: Vec<Control>,
 }
 
 impl<E: Cause + Clone> SourceSession<E> {
@@ -283,6 +290,8 @@ impl<E: Cause + Clone> SourceSession<E> {
             reported: false,
             meta: Vec::new(),
             meta_due: false,
+            early: None,
+            early_held: Vec::new(),
         }
     }
 
@@ -292,6 +301,71 @@ impl<E: Cause + Clone> SourceSession<E> {
         let mut s = Self::new(peer.into(), Side::Dialer, timing);
         s.link.dial(now, d);
         s
+    }
+
+    /// A dialer that is the source of a fresh push (no resume) sending early data
+    /// (protocol version 8): the session is taken as open at once, as
+    /// [`Dial::assumed`] describes it with `id` and `salt` (which the dialer derived
+    /// from the control connection: [`crate::auth::session_id`]), its data streams are
+    /// opened now, and chunks go out as soon as the manifest (or a growing one's first
+    /// part) is ended, without waiting for `Session` and `Go`. The acceptor's `Session`
+    /// must then be exactly that one (else the session fails); its `Go` changes
+    /// nothing but release the tuning decisions ([`SourceSession::tuned`]) and the
+    /// report of a transfer with nothing to send, which wait for it: a sink takes no
+    /// message of the session proper before it said `Go`. The sink reads the data streams only
+    /// once it said `Go`, so the chunks wait in the connections meanwhile.
+    pub fn dial_early(
+        now: Instant,
+        peer: impl Into<String>,
+        timing: Timing,
+        d: Dial,
+        id: u64,
+        salt: [u8; 32],
+    ) -> Self {
+        let info = d.assumed(id, salt);
+        let mut s = Self::dial(now, peer, timing, d);
+        s.early = Some(false);
+        s.open(now, info.clone());
+        for i in 0..info.streams {
+            s.commands.push_back(SourceCommand::Open { stream: i });
+        }
+        s.events.push_back(SourceEvent::Opened(info));
+        s
+    }
+
+    /// Sends a message of the session proper; with early data, only once the sink said
+    /// `Go` (before it, a sink takes none).
+    fn send_after_go(&mut self, msg: Control) {
+        if self.early == Some(false) {
+            self.early_held.push(msg);
+        } else {
+            self.link.send(msg);
+        }
+    }
+
+    /// Early data: the manifest (or its first part) is ended, so sending starts as it
+    /// would at `Go`.
+    fn early_go(&mut self) {
+        if self.early.is_some() && self.phase == Phase::Announcing && self.link.live() {
+            self.go(false);
+        }
+    }
+
+    /// `Go` (or `OnDemand`, `on_demand`): sending starts. (An acceptor awaits the
+    /// joins from then: the caller starts that clock first.)
+    fn go(&mut self, on_demand: bool) {
+        if on_demand {
+            // Only what the sink asks for is sent.
+            self.on_demand = true;
+            self.set_chunks(ChunkSet::new());
+        }
+        self.phase = Phase::Sending;
+        self.parts_confirmed = 1;
+        // Streams that joined before `Go` count (else a session of over the join
+        // limit failed with all of them joined).
+        self.check_joins_complete();
+        self.events.push_back(SourceEvent::Go);
+        self.check_drained();
     }
 
     /// An acceptor that is the source (a pull): [`SourceSession::grant`] opens the
@@ -473,7 +547,7 @@ impl<E: Cause + Clone> SourceSession<E> {
     /// (feature [`features::TUNING`]) Tells the sink of a tuning decision.
     pub fn tuned(&mut self, t: crate::control::Tuned) {
         if self.uses(features::TUNING) && self.phase == Phase::Sending {
-            self.link.send(Control::Tuned(t));
+            self.send_after_go(Control::Tuned(t));
         }
     }
 
@@ -517,6 +591,7 @@ impl<E: Cause + Clone> SourceSession<E> {
         self.meta_due = true;
         self.flush_meta();
         self.set_chunks(chunks);
+        self.early_go();
     }
 
     /// The layout's number of chunks, against which the sink's requests
@@ -573,6 +648,7 @@ impl<E: Cause + Clone> SourceSession<E> {
         self.manifest_done = last;
         self.layout_chunks = Some(chunks);
         self.check_drained();
+        self.early_go();
     }
 
     /// Whether the manifest is complete: ended whole, or its last part grown. Until
@@ -643,6 +719,18 @@ impl<E: Cause + Clone> SourceSession<E> {
     fn on_control(&mut self, now: Instant, msg: Control) -> Result<(), SessionError<E>> {
         let msg = match self.link.setup(now, msg, true, self.info.is_some())? {
             Setup::Taken => return Ok(()),
+            Setup::Opened(info) if self.early.is_some() => {
+                // Early data: the session was taken as open; this must be that one.
+                return match self.info.as_ref() {
+                    Some(assumed) if *assumed == info => Ok(()),
+                    assumed => Err(SessionError::Protocol {
+                        peer: self.link.peer.clone(),
+                        what: format!(
+                            "Session {info:?} differs from the one early data assumed ({assumed:?})"
+                        ),
+                    }),
+                };
+            }
             Setup::Opened(info) => {
                 self.open(now, info.clone());
                 for i in 0..info.streams {
@@ -675,20 +763,19 @@ impl<E: Cause + Clone> SourceSession<E> {
                 }
                 Ok(())
             }
-            (Phase::Announcing, msg @ (Control::Go | Control::OnDemand)) if self.manifest_ended => {
-                if msg == Control::OnDemand {
-                    // Only what the sink asks for is sent.
-                    self.on_demand = true;
-                    self.set_chunks(ChunkSet::new());
-                }
-                self.phase = Phase::Sending;
-                self.parts_confirmed = 1;
+            (Phase::Announcing, msg @ (Control::Go | Control::OnDemand))
+                if self.manifest_ended && self.early.is_none() =>
+            {
                 self.link.await_joins(now);
-                // Streams that joined before `Go` count (else a session of over the
-                // join limit failed with all of them joined).
-                self.check_joins_complete();
-                self.events.push_back(SourceEvent::Go);
-                self.check_drained();
+                self.go(msg == Control::OnDemand);
+                Ok(())
+            }
+            // Early data: sending began without it; tuning decisions may go now.
+            (_, Control::Go) if self.early == Some(false) && self.manifest_ended => {
+                self.early = Some(true);
+                for msg in std::mem::take(&mut self.early_held) {
+                    self.link.send(msg);
+                }
                 Ok(())
             }
             // `Done` may overtake the last acknowledgements (they travel on the data
@@ -1129,7 +1216,7 @@ impl<E: Cause + Clone> SourceSession<E> {
         if self.phase != Phase::Draining || !self.link.live() {
             return;
         }
-        self.link.send(Control::SendReport(SendReport {
+        self.send_after_go(Control::SendReport(SendReport {
             chunks_resent: self.stats.chunks_resent,
             streams_lost: self.stats.streams_lost,
             failed,
