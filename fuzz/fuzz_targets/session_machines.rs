@@ -94,8 +94,8 @@ fn simulated(u: &mut Unstructured<'_>) -> Result<()> {
         w.iter_mut().for_each(|k| *k %= first.max(1));
     }
     let push = u.arbitrary()?;
-    // Early data: a fresh push only.
-    let early = push && held.is_empty() && u.arbitrary()?;
+    // Early data: a fresh transfer, not a mount's (request-driven).
+    let early = held.is_empty() && !(ranges && on_demand) && u.arbitrary()?;
     let cfg = Config {
         push,
         streams,

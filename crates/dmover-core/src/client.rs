@@ -540,14 +540,19 @@ pub(crate) struct Dialing {
     set: tokio::task::JoinSet<(u16, Result<DataStream<Paced<DataIo>>>)>,
 }
 
+impl Dialing {
+    /// The session's id and salt, known before `Session` (early data): its streams
+    /// may join now.
+    fn set_session(&mut self, id: u64, salt: &[u8; 32]) {
+        self.key = Some((id, auth::session_key(&self.master, id, salt)));
+    }
+}
+
 impl drive::Joins for Dialing {
     type Link = Paced<DataIo>;
 
     fn opened(&mut self, info: &SessionInfo) {
-        self.key = Some((
-            info.id,
-            auth::session_key(&self.master, info.id, &info.salt),
-        ));
+        self.set_session(info.id, &info.salt);
         // Connections the session does not use (it granted fewer streams) close.
         self.early.keep(info.streams);
         for stream in std::mem::take(&mut self.asked) {
@@ -1195,15 +1200,17 @@ impl Client {
             checksum: self.opts.checksum,
             direct_io: self.opts.direct_io,
             protection: self.opts.protection,
-            // A streamed manifest only where the caller offers it (a plain push or
-            // pull: `push_once`, `pull_once`).
+            // A streamed manifest and early data in a pull only where the caller
+            // offers them (a plain push or pull: `push_once`, `pull_once`).
             features: if self.opts.tune {
                 dmover_proto::session::features::SUPPORTED
                     & !dmover_proto::session::features::STREAMED
+                    & !dmover_proto::session::features::EARLY
             } else {
                 dmover_proto::session::features::SUPPORTED
                     & !dmover_proto::session::features::TUNING
                     & !dmover_proto::session::features::STREAMED
+                    & !dmover_proto::session::features::EARLY
             },
         }
     }
@@ -2348,6 +2355,14 @@ impl Client {
         if !resume && !self.opts.mirror && same.is_none() {
             open.features |= dmover_proto::session::features::STREAMED;
         }
+        // Early data (protocol version 8), on the terms of a push's (`push_once`): the
+        // data streams join with the first flight, and the server sends from its
+        // manifest's end, a round trip before this side's `Go` would have let it.
+        let early_id = (!resume && open.streams <= session::MAX_STREAMS && conn.key_known)
+            .then(|| auth::session_id(&conn.master));
+        if early_id.is_some() {
+            open.features |= dmover_proto::session::features::EARLY;
+        }
         let options = self.opts.session_options(resume);
         let mut d = conn.dial(open, options);
         d.limits = self.limits(true);
@@ -2357,7 +2372,15 @@ impl Client {
             xattrs: self.opts.meta.xattrs,
             ..Limits::default()
         };
-        let m = SinkSession::dial(now(), server, timing, limits, d);
+        let m = match early_id {
+            Some((id, salt)) => {
+                tracing::info!(
+                    "early data: session {id:016x}'s streams join with the first flight"
+                );
+                SinkSession::dial_early(now(), server, timing, limits, d, id, salt)
+            }
+            None => SinkSession::dial(now(), server, timing, limits, d),
+        };
         let (mut dest, base) = (dest.to_vec(), base.clone());
         let mut rename = None;
         let mirror_path = dest.clone();
@@ -2425,7 +2448,10 @@ impl Client {
             fixed.unwrap_or_else(|| session::default_buffers(streams, threads))
         });
         let dials = std::mem::take(&mut conn.dials);
-        let joins = self.dialing(server, conn.master, dials, JoinWait::Answer);
+        let mut joins = self.dialing(server, conn.master, dials, JoinWait::Answer);
+        if let Some((id, salt)) = early_id {
+            joins.set_session(id, &salt);
+        }
         let env = self.env(&run, buffers);
         let r = match drive::sink(m, &mut conn.ch, joins, prepare, Some(options), env).await {
             Ok(r) => r,

@@ -120,17 +120,56 @@ fn an_early_push_costs_one_round_trip() {
 }
 
 #[test]
-fn early_pushes_move_every_chunk_once_whatever_they_use() {
+fn an_early_pull_saves_a_round_trip() {
+    // One chunk, 50 ms each way: the sink's streams join with its first flight, and
+    // the source sends as soon as it has the options (no resume), a round trip before
+    // the sink's Go would have reached it.
+    let cfg = Config {
+        push: false,
+        chunks: 1,
+        latency: ms(50),
+        read: Duration::ZERO,
+        send: Duration::ZERO,
+        write: Duration::ZERO,
+        ..Config::default()
+    };
+    let late = run(cfg.clone());
+    let r = run(Config { early: true, ..cfg });
+    assert_finished(&late);
+    assert_finished(&r);
+    let (t, t_late) = (r.sink_at.unwrap(), late.sink_at.unwrap());
+    assert_eq!(t_late - t, ms(100), "early {t:?}, not early {t_late:?}");
+    // The chunk came with the session and manifest, one round trip in, and was
+    // written as the sink said Go (without early data: a round trip later).
+    assert_eq!(r.write_times, [ms(100)]);
+    assert_eq!(late.write_times, [ms(200)]);
+    let answers: Vec<_> = r.messages.1.iter().take(4).copied().collect();
+    assert_eq!(answers, ["Welcome", "AuthOk", "Session", "Manifest"]);
+    assert!(r.messages.0.contains(&"Go"));
+}
+
+#[test]
+fn early_transfers_move_every_chunk_once_whatever_they_use() {
     // Many chunks and streams, a growing manifest, tuning (whose decisions wait for
-    // the sink's Go), a broken stream: as without early data.
-    for (features, parts, active, breaks) in [
-        (0, 0, None, false),
-        (features::MACHINES, 3, None, false),
-        (features::TUNING, 0, Some(2), false),
-        (features::MACHINES, 0, Some(1), true),
-    ] {
+    // the sink's Go), a broken stream: as without early data; pushes and pulls.
+    for (push, features, parts, active, breaks) in [
+        (false, 0, 0, None, false),
+        (false, features::MACHINES, 3, None, false),
+        (false, features::TUNING, 0, Some(2), false),
+        (false, features::MACHINES, 0, Some(1), true),
+    ]
+    .into_iter()
+    .chain(
+        [
+            (0, 0, None, false),
+            (features::MACHINES, 3, None, false),
+            (features::TUNING, 0, Some(2), false),
+            (features::MACHINES, 0, Some(1), true),
+        ]
+        .map(|(f, p, a, b)| (true, f, p, a, b)),
+    ) {
         let r = run(Config {
-            push: true,
+            push,
             features,
             parts,
             part_every: ms(2),
@@ -153,7 +192,7 @@ fn early_pushes_move_every_chunk_once_whatever_they_use() {
             assert_eq!(r.tuned[0].streams, n);
         }
         let late = run(Config {
-            push: true,
+            push,
             features,
             parts,
             part_every: ms(2),
@@ -262,12 +301,79 @@ fn a_session_unlike_the_one_early_data_assumed_fails() {
             }
         }
     }
+    // A pulling sink: the Session must name the derived id and grant every stream its
+    // early joins took.
+    let pull = Dial {
+        open: Open {
+            op: Op::Pull {
+                sources: vec![b"s".to_vec()],
+            },
+            features: features::EARLY,
+            ..dial.open.clone()
+        },
+        ..dial.clone()
+    };
+    let granted = SessionInfo {
+        features: features::EARLY,
+        ..assumed.clone()
+    };
+    for (i, info) in [
+        granted.clone(),
+        SessionInfo {
+            streams: 3,
+            ..granted.clone()
+        },
+        SessionInfo {
+            id: 10,
+            ..granted.clone()
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut s: SinkSession<dmover_proto::session::sim::SimError> = SinkSession::dial_early(
+            t0,
+            "acceptor",
+            Timing::default(),
+            Limits::default(),
+            pull.clone(),
+            9,
+            [8; 32],
+        );
+        // Its streams are opened at once.
+        let opens = std::iter::from_fn(|| s.poll_command()).count();
+        assert_eq!(opens, 4);
+        for msg in [
+            Control::Welcome(Welcome {
+                software: "t".into(),
+                nonce: [4; 32],
+                auth: AuthMethod::None,
+            }),
+            Control::AuthOk(AuthOk { proof: None }),
+            Control::Session(info),
+        ] {
+            s.handle_control(t0, msg);
+        }
+        s.handle_timeout(t0 + Timing::default().report_wait + ms(1));
+        let failed = std::iter::from_fn(|| s.poll_event()).find_map(|e| match e {
+            SinkEvent::Failed(e) => Some(e),
+            _ => None,
+        });
+        match (i, failed) {
+            (0, None) => assert_eq!(std::iter::from_fn(|| s.poll_command()).count(), 0),
+            (0, Some(e)) => panic!("{e:?}"),
+            (_, Some(SessionError::Protocol { what, .. })) => {
+                assert!(what.contains("early data assumed"), "{what}")
+            }
+            (_, other) => panic!("grant {i}: {other:?}"),
+        }
+    }
 }
 
 #[test]
 fn an_empty_dataset_finishes() {
-    // (An early push is drained at once: its report waits for the sink's Go.)
-    for (push, early) in [(true, false), (false, false), (true, true)] {
+    // (An early source is drained at once: its report waits for the sink's Go.)
+    for (push, early) in [(true, false), (false, false), (true, true), (false, true)] {
         let r = run(Config {
             push,
             chunks: 0,
@@ -283,6 +389,12 @@ fn an_empty_dataset_finishes() {
         let go = sent.iter().position(|m| *m == "Go");
         let report = r.messages.0.iter().position(|m| *m == "SendReport");
         if push {
+            assert!(go.is_some() && report.is_some(), "{:?}", r.messages);
+        }
+        if !push && early {
+            // The sink dialed: its Go goes the other way, before the source's report.
+            let go = r.messages.0.iter().position(|m| *m == "Go");
+            let report = r.messages.1.iter().position(|m| *m == "SendReport");
             assert!(go.is_some() && report.is_some(), "{:?}", r.messages);
         }
     }
@@ -702,8 +814,7 @@ fn schedule() -> impl Strategy<Value = Config> {
                 held,
                 early,
             )| {
-                // Early data: a fresh push only.
-                let early = early && push;
+                // Early data: a fresh transfer only.
                 let held = if early { Vec::new() } else { held };
                 // Break at most all streams but one, once they joined (a dialer's stream
                 // that fails to join fails the session): the session must finish.
@@ -1425,7 +1536,7 @@ fn extended() -> impl Strategy<Value = Config> {
                 wants,
                 files: 6,
                 // A request-driven session is a mount's: never early data.
-                early: cfg.early && !on_demand,
+                early: cfg.early && !on_demand && cfg.held.is_empty(),
                 ..cfg
             }
         })

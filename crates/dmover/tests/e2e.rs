@@ -297,9 +297,10 @@ fn token_authentication() {
 /// Protocol version 8: a fresh push to a server whose key the client pinned earlier
 /// sends its first chunks with its first flight (early data), whole and verified, also
 /// encrypted; on first use it waits for the session as before; a wrong token is still
-/// refused with nothing written.
+/// refused with nothing written; a pull joins its streams early and the server sends
+/// without waiting for its Go.
 #[test]
-fn a_push_to_a_known_server_sends_early_data() {
+fn a_copy_with_a_known_server_sends_early_data() {
     let t = tmp();
     let root = t.path().join("root");
     std::fs::create_dir(&root).unwrap();
@@ -348,6 +349,22 @@ fn a_push_to_a_known_server_sends_early_data() {
         stderr(&o)
     );
     assert!(!root.join("c").exists());
+    let back = t.path().join("back");
+    let o = cp_env(
+        &[
+            "-v",
+            "--json",
+            "--token-file",
+            s(&token),
+            &srv.url("a"),
+            s(&back),
+        ],
+        &env,
+    );
+    ok(&o);
+    assert!(stderr(&o).contains("early data"), "{}", stderr(&o));
+    same(&second, &back);
+    assert_eq!(json(&o)["verified"], true);
 }
 
 #[test]

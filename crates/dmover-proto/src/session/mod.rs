@@ -168,6 +168,13 @@ pub mod features {
     /// of chunks ([`Control::WantPart`]); the source answers each with a part frame
     /// ([`crate::data::FLAG_PART`]) of those bytes.
     pub const PARTS: u64 = 256;
+    /// Early data in a pull (protocol version 8): the dialing sink joins its data
+    /// streams with its first flight and will answer the manifest with `Go` (never
+    /// `OnDemand`); so the accepting source, once it has the dialer's options and they
+    /// do not resume, sends from the manifest's end without waiting for `Go`, and
+    /// holds its tuning decisions and its report until `Go` came. No message of its
+    /// own. Negotiated (not in [`BASE`]).
+    pub const EARLY: u64 = 512;
 
     /// The features every acceptor of protocol version 6 speaks and grants whenever
     /// the dialer offers them. A dialer thus knows, as it sends `Open`, which of them
@@ -187,12 +194,12 @@ pub mod features {
         | PARTS;
 
     /// The features this build's drivers (`dmover_core::drive`) speak and offer: the
-    /// base, as every version 6 build (a later bit joins here once its drivers do).
-    pub const SUPPORTED: u64 = BASE;
+    /// base, as every version 6 build, and [`EARLY`].
+    pub const SUPPORTED: u64 = BASE | EARLY;
 
     /// The features the role machines implement: what a driver may offer once it
     /// handles their events too (the simulator and the pair tests offer these).
-    pub const MACHINES: u64 = BASE;
+    pub const MACHINES: u64 = BASE | EARLY;
 
     /// The features a session uses: those both sides speak, and always those of
     /// [`BASE`] the dialer offers. Bits the machines do not know are never granted.
@@ -232,6 +239,7 @@ pub mod features {
             LIMITS => "limits",
             STREAMED => "streamed manifest",
             PARTS => "parts",
+            EARLY => "early data",
             _ => "unknown",
         }
     }

@@ -193,10 +193,12 @@ pub struct Config {
     /// The source's metadata of its entries ([`SourceSession::push_meta`]; sent
     /// with feature `METADATA`).
     pub meta: Vec<crate::manifest::EntryMeta>,
-    /// A push with early data ([`SourceSession::dial_early`], taking the acceptor's
-    /// session id 7 and salt 5): its streams join at once and it sends without waiting
-    /// for the answers; the acceptor holds joins until it opened the session, and the
-    /// sink reads frames only once it said `Go`, as real drivers do.
+    /// Early data, taking the acceptor's session id 7 and salt 5: a push
+    /// ([`SourceSession::dial_early`]) joins its streams at once and sends without
+    /// waiting for the answers; a pull ([`SinkSession::dial_early`], offering
+    /// [`super::features::EARLY`]) joins its streams at once, and the acceptor's source
+    /// sends without waiting for `Go`. The acceptor holds joins until it opened the
+    /// session, and the sink reads frames only once it said `Go`, as real drivers do.
     pub early: bool,
     /// Time the sink takes to prepare for the manifest before it says `Go` (its
     /// storage, on a disk thread in a real driver).
@@ -421,6 +423,14 @@ const SINK: usize = 1;
 impl Sim {
     /// Sets up a session as `cfg` says.
     pub fn new(cfg: Config) -> Self {
+        // The EARLY bit is the early pull's (a sink that offers it never says
+        // `OnDemand`), whatever the features asked for.
+        let mut cfg = cfg;
+        if cfg.early && !cfg.push {
+            cfg.features |= super::features::EARLY;
+        } else {
+            cfg.features &= !super::features::EARLY;
+        }
         let t0 = Instant::now();
         let all = ChunkSet::all(cfg.chunks);
         let first = part_bounds(&cfg, 0).0;
@@ -490,9 +500,11 @@ impl Sim {
             }
             Role::Source(s)
         } else {
-            Role::Sink(SinkSession::dial(
-                t0, "acceptor", cfg.timing, cfg.limits, dial,
-            ))
+            Role::Sink(if cfg.early {
+                SinkSession::dial_early(t0, "acceptor", cfg.timing, cfg.limits, dial, 7, [5; 32])
+            } else {
+                SinkSession::dial(t0, "acceptor", cfg.timing, cfg.limits, dial)
+            })
         };
         let acceptance = Acceptance::new(
             "dialer",
@@ -1004,7 +1016,7 @@ impl Sim {
         self.after(lat, Ev::Joined(p.other(), stream));
         // Early data: the dialer sends behind its join's proof without waiting for
         // the answer (a real push does so always; the simulation only here).
-        let answer = if self.cfg.early {
+        let answer = if self.cfg.early && self.cfg.push {
             Duration::ZERO
         } else {
             lat * 2

@@ -240,6 +240,9 @@ pub struct SinkSession<E> {
     /// written yet, and the last count sent in `Stored`.
     part_ends: BTreeSet<u64>,
     stored_sent: u64,
+    /// (dialer) Early data ([`SinkSession::dial_early`]): the session id and salt
+    /// its streams joined with.
+    early: Option<(u64, [u8; 32])>,
 }
 
 /// What is wrong with a sparse file list for `entries`, if anything: each must be a
@@ -299,6 +302,7 @@ impl<E: Cause + Clone> SinkSession<E> {
             written_above: BTreeSet::new(),
             part_ends: BTreeSet::new(),
             stored_sent: 0,
+            early: None,
         }
     }
 
@@ -312,6 +316,38 @@ impl<E: Cause + Clone> SinkSession<E> {
     ) -> Self {
         let mut s = Self::new(peer.into(), Side::Dialer, timing, limits);
         s.link.dial(now, d);
+        s
+    }
+
+    /// A dialer that is the sink of a fresh pull sending early data (protocol
+    /// version 8, feature [`features::EARLY`] offered): its data streams, as many as
+    /// asked for, are opened now, with the session id and salt the dialer derived from
+    /// the control connection (`id`, `salt`: [`crate::auth::session_id`]), so that
+    /// they join as the first flight goes out; the acceptor's `Session` must name them
+    /// and grant those streams (else the session fails). The driver reads the streams
+    /// only once the sink said `Go`, as always.
+    pub fn dial_early(
+        now: Instant,
+        peer: impl Into<String>,
+        timing: Timing,
+        limits: Limits,
+        d: Dial,
+        id: u64,
+        salt: [u8; 32],
+    ) -> Self {
+        let streams = d.open.streams;
+        let mut s = Self::dial(now, peer, timing, limits, d);
+        s.early = Some((id, salt));
+        s.streams = (0..streams)
+            .map(|_| Stream {
+                join: Join::Pending,
+                frames: 0,
+                last_frame: now,
+            })
+            .collect();
+        for i in 0..streams {
+            s.commands.push_back(SinkCommand::Open { stream: i });
+        }
         s
     }
 
@@ -339,6 +375,12 @@ impl<E: Cause + Clone> SinkSession<E> {
     }
 
     fn open(&mut self, now: Instant, info: SessionInfo) {
+        if self.early.is_some() {
+            // The streams were opened at the start.
+            self.info = Some(info);
+            self.phase = Phase::Listing;
+            return;
+        }
         self.streams = (0..info.streams)
             .map(|_| Stream {
                 join: Join::Pending,
@@ -400,10 +442,25 @@ impl<E: Cause + Clone> SinkSession<E> {
         let msg = match self.link.setup(now, msg, false, self.info.is_some())? {
             Setup::Taken => return Ok(()),
             Setup::Opened(info) => {
-                self.open(now, info.clone());
-                for i in 0..info.streams {
-                    self.commands.push_back(SinkCommand::Open { stream: i });
+                if let Some((id, salt)) = self.early {
+                    if (info.id, info.salt, usize::from(info.streams))
+                        != (id, salt, self.streams.len())
+                    {
+                        return Err(SessionError::Protocol {
+                            peer: self.link.peer.clone(),
+                            what: format!(
+                                "Session {info:?} unlike the one early data assumed (id \
+                                 {id:016x}, {} streams)",
+                                self.streams.len()
+                            ),
+                        });
+                    }
+                } else {
+                    for i in 0..info.streams {
+                        self.commands.push_back(SinkCommand::Open { stream: i });
+                    }
                 }
+                self.open(now, info.clone());
                 self.events.push_back(SinkEvent::Opened(info));
                 return Ok(());
             }

@@ -242,9 +242,9 @@ pub struct SourceSession<E> {
     meta: Vec<EntryMeta>,
     /// `ManifestEnd` is queued and its metadata not yet sent (or dropped).
     meta_due: bool,
-    /// (dialer) Early data ([`SourceSession::dial_early`]): the session was assumed
-    /// open from the start and sending began without `Go`; `Some(true)` once the
-    /// sink's `Go` came.
+    /// Early data: sending begins without `Go` (a dialer's session, assumed open
+    /// from the start: [`SourceSession::dial_early`]; an acceptor's, of a pull with
+    /// [`features::EARLY`]); `Some(true)` once the sink's `Go` came.
     early: Option<bool>,
     /// Early data: what the session proper sent before the sink's `Go` (tuning
     /// decisions, the report of an empty transfer), told after it.
@@ -343,10 +343,15 @@ impl<E: Cause + Clone> SourceSession<E> {
         }
     }
 
-    /// Early data: the manifest (or its first part) is ended, so sending starts as it
-    /// would at `Go`.
+    /// Early data: once the manifest (or its first part) is ended, sending starts as
+    /// it would at `Go` (a dialer's at once; an acceptor's, of a pull with
+    /// [`features::EARLY`], once the dialer's options said it does not resume).
     fn early_go(&mut self) {
-        if self.early.is_some() && self.phase == Phase::Announcing && self.link.live() {
+        if self.early.is_some()
+            && self.manifest_ended
+            && self.phase == Phase::Announcing
+            && self.link.live()
+        {
             self.go(false);
         }
     }
@@ -740,7 +745,15 @@ impl<E: Cause + Clone> SourceSession<E> {
                 return Ok(());
             }
             Setup::Options(o) => {
+                let resume = o.resume;
                 self.events.push_back(SourceEvent::Options(o));
+                if self.uses(features::EARLY) && !resume {
+                    // (acceptor, a pull) Early data: the sink's streams are joining
+                    // and it will say `Go`; sending starts at the manifest's end.
+                    self.early = Some(false);
+                    self.link.await_joins(now);
+                    self.early_go();
+                }
                 return Ok(());
             }
             Setup::Session(msg) => msg,
