@@ -11,7 +11,8 @@
 #
 # Variants: NAME=BINARY[:CP OPTIONS]. Settings (environment): RTT (ms, 50), LOSS (0),
 # RATE (1gbit), DATASET (profile:scale for `dmover bench mkdata`, tiny:1), RUNS (5),
-# WORK (a directory on the disk under test; default /var/tmp). Needs root.
+# WORK (a directory on the disk under test; default /var/tmp), DIRECTION (push; pull:
+# each run pulls the server's copy of the dataset instead). Needs root.
 # Run 0 (not reported) pins each variant's server key with a one-file copy: a push to
 # a server whose key was pinned earlier sends early data (protocol version 8), as in
 # use; the very first push to a server waits for its session.
@@ -23,6 +24,7 @@ LOSS=${LOSS:-0}
 RATE=${RATE:-1gbit}
 DATASET=${DATASET:-tiny:1}
 RUNS=${RUNS:-5}
+DIRECTION=${DIRECTION:-push}
 LAB=ab$$
 A=dmnl-$LAB-a B=dmnl-$LAB-b FAR=10.200.0.2 PORT=7794
 W=$(mktemp -d "${WORK:-/var/tmp}/dmover-ab.XXXXXX")
@@ -46,7 +48,10 @@ now() { python3 -c 'import time; print(f"{time.monotonic():.6f}")'; }
 
 head -c 32 /dev/urandom | base64 >"$W/token"
 chmod 600 "$W/token"
-mkdir -p "$W/srv"
+mkdir -p "$W/srv" "$W/pulled"
+# A pull's server serves the work directory: the dataset is its `src`.
+ROOT=$W/srv
+[ "$DIRECTION" = pull ] && ROOT=$W
 "$first" bench mkdata --profile "${DATASET%%:*}" --scale "${DATASET#*:}" "$W/src" >/dev/null
 "$first" netlab up --name "$LAB" --rtt "${RTT}ms" --rate "$RATE" --loss "$LOSS" >/dev/null
 {
@@ -55,7 +60,7 @@ for run in $(seq 0 "$RUNS"); do
     for i in "${!names[@]}"; do
         bin=${bins[$i]}
         read -ra args <<<"${opts[$i]}"
-        ip netns exec "$B" "$bin" serve --root "$W/srv" --listen "$FAR:$PORT" \
+        ip netns exec "$B" "$bin" serve --root "$ROOT" --listen "$FAR:$PORT" \
             --token-file "$W/token" >"$W/serve.log" 2>&1 &
         sp=$!
         echo "$sp" >"$W/serve.pid"
@@ -63,14 +68,18 @@ for run in $(seq 0 "$RUNS"); do
             ip netns exec "$A" bash -c "exec 3<>/dev/tcp/$FAR/$PORT" 2>/dev/null && break
             sleep 0.1
         done
-        src=$W/src
-        [ "$run" = 0 ] && src=$W/token
+        from=$W/src to=dmover://$FAR:$PORT/${names[$i]}-$run
+        [ "$run" = 0 ] && from=$W/token
+        if [ "$DIRECTION" = pull ]; then
+            from=dmover://$FAR:$PORT/src to=$W/pulled/${names[$i]}-$run
+            [ "$run" = 0 ] && from=dmover://$FAR:$PORT/token
+        fi
         sync
         echo 3 >/proc/sys/vm/drop_caches
         t0=$(now)
         ip netns exec "$A" /usr/bin/time -o "$W/cp.time" -f "%U %S" "$bin" cp \
-            --token-file "$W/token" --known-hosts "$W/kh-$i" "${args[@]}" "$src" \
-            "dmover://$FAR:$PORT/${names[$i]}-$run" >/dev/null 2>"$W/cp.err" ||
+            --token-file "$W/token" --known-hosts "$W/kh-$i" "${args[@]}" "$from" "$to" \
+            >/dev/null 2>"$W/cp.err" ||
             { tail -3 "$W/cp.err" >&2; continue; }
         sync
         t1=$(now)
