@@ -312,8 +312,9 @@ impl<E: Cause + Clone> SourceSession<E> {
     /// must then be exactly that one (else the session fails); its `Go` changes
     /// nothing but release the tuning decisions ([`SourceSession::tuned`]) and the
     /// report of a transfer with nothing to send, which wait for it: a sink takes no
-    /// message of the session proper before it said `Go`. The sink reads the data streams only
-    /// once it said `Go`, so the chunks wait in the connections meanwhile.
+    /// message of the session proper before it said `Go`. The sink reads the data
+    /// streams only once it said `Go`, so the chunks wait in the connections
+    /// meanwhile.
     pub fn dial_early(
         now: Instant,
         peer: impl Into<String>,
@@ -783,7 +784,7 @@ impl<E: Cause + Clone> SourceSession<E> {
                 self.go(msg == Control::OnDemand);
                 Ok(())
             }
-            // Early data: sending began without it; tuning decisions may go now.
+            // Early data: sending began without it; what waited for it goes now.
             (_, Control::Go) if self.early == Some(false) && self.manifest_ended => {
                 self.early = Some(true);
                 for msg in std::mem::take(&mut self.early_held) {
