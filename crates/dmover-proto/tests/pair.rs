@@ -68,6 +68,19 @@ fn a_push_and_a_pull_move_every_chunk_once() {
     }
 }
 
+/// One chunk, 50 ms each way, nothing else slow.
+fn one_chunk(push: bool) -> Config {
+    Config {
+        push,
+        chunks: 1,
+        latency: ms(50),
+        read: Duration::ZERO,
+        send: Duration::ZERO,
+        write: Duration::ZERO,
+        ..Config::default()
+    }
+}
+
 #[test]
 fn a_small_push_costs_three_round_trips() {
     // One chunk, 50 ms each way, nothing else slow: the first flight and its answer
@@ -75,15 +88,7 @@ fn a_small_push_costs_three_round_trips() {
     // manifest, which it has after 1 one-way trip; Go reaches the source at 1.5 RTT),
     // the chunk (on streams joined meanwhile) and its acknowledgement and the sink's
     // Done: under 3 RTT in all.
-    let r = run(Config {
-        push: true,
-        chunks: 1,
-        latency: ms(50),
-        read: Duration::ZERO,
-        send: Duration::ZERO,
-        write: Duration::ZERO,
-        ..Config::default()
-    });
+    let r = run(one_chunk(true));
     assert_finished(&r);
     let t = r.source_at.expect("ended");
     assert!(t <= ms(300), "took {t:?}");
@@ -97,14 +102,8 @@ fn an_early_push_costs_one_round_trip() {
     // sink's `Go`, and its acknowledgement and the sink's `Done` come back after one
     // round trip.
     let r = run(Config {
-        push: true,
-        chunks: 1,
-        latency: ms(50),
-        read: Duration::ZERO,
-        send: Duration::ZERO,
-        write: Duration::ZERO,
         early: true,
-        ..Config::default()
+        ..one_chunk(true)
     });
     assert_finished(&r);
     let t = r.source_at.expect("ended");
@@ -124,15 +123,7 @@ fn an_early_pull_saves_a_round_trip() {
     // One chunk, 50 ms each way: the sink's streams join with its first flight, and
     // the source sends as soon as it has the options (no resume), a round trip before
     // the sink's Go would have reached it.
-    let cfg = Config {
-        push: false,
-        chunks: 1,
-        latency: ms(50),
-        read: Duration::ZERO,
-        send: Duration::ZERO,
-        write: Duration::ZERO,
-        ..Config::default()
-    };
+    let cfg = one_chunk(false);
     let late = run(cfg.clone());
     let r = run(Config { early: true, ..cfg });
     assert_finished(&late);
@@ -209,11 +200,23 @@ fn early_transfers_move_every_chunk_once_whatever_they_use() {
     }
 }
 
+/// An acceptor's answers to a first flight without authentication, opening `info`.
+fn answers(info: SessionInfo) -> [Control; 3] {
+    use dmover_proto::control::{AuthMethod, AuthOk, Welcome};
+    [
+        Control::Welcome(Welcome {
+            software: "t".into(),
+            nonce: [4; 32],
+            auth: AuthMethod::None,
+        }),
+        Control::AuthOk(AuthOk { proof: None }),
+        Control::Session(info),
+    ]
+}
+
 #[test]
 fn a_session_unlike_the_one_early_data_assumed_fails() {
-    use dmover_proto::control::{
-        Auth, AuthMethod, AuthOk, Credential, DataProtection, DirectIo, Hello, Op, Open, Welcome,
-    };
+    use dmover_proto::control::{Auth, Credential, DataProtection, DirectIo, Hello, Op, Open};
     use dmover_proto::session::{Dial, SourceEvent};
     let t0 = Instant::now();
     let dial = Dial {
@@ -276,15 +279,7 @@ fn a_session_unlike_the_one_early_data_assumed_fails() {
         s.push_manifest(&manifest(1));
         s.end_manifest(totals(&manifest(1)), ChunkSet::all(1));
         assert!(matches!(s.poll_event(), Some(SourceEvent::Go)));
-        for msg in [
-            Control::Welcome(Welcome {
-                software: "t".into(),
-                nonce: [4; 32],
-                auth: AuthMethod::None,
-            }),
-            Control::AuthOk(AuthOk { proof: None }),
-            Control::Session(info),
-        ] {
+        for msg in answers(info) {
             s.handle_control(t0, msg);
         }
         // A broken rule waits a moment for the peer's own report.
@@ -343,15 +338,7 @@ fn a_session_unlike_the_one_early_data_assumed_fails() {
         // Its streams are opened at once.
         let opens = std::iter::from_fn(|| s.poll_command()).count();
         assert_eq!(opens, 4);
-        for msg in [
-            Control::Welcome(Welcome {
-                software: "t".into(),
-                nonce: [4; 32],
-                auth: AuthMethod::None,
-            }),
-            Control::AuthOk(AuthOk { proof: None }),
-            Control::Session(info),
-        ] {
+        for msg in answers(info) {
             s.handle_control(t0, msg);
         }
         s.handle_timeout(t0 + Timing::default().report_wait + ms(1));

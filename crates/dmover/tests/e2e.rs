@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -254,9 +254,9 @@ fn concurrent_clients() {
     }
 }
 
-#[test]
-fn token_authentication() {
-    let t = tmp();
+/// An empty root served with a token: the root, the token's file, a file holding a
+/// wrong token, the server.
+fn token_server(t: &tempfile::TempDir) -> (PathBuf, PathBuf, PathBuf, Server) {
     let root = t.path().join("root");
     std::fs::create_dir(&root).unwrap();
     let token = t.path().join("token");
@@ -264,6 +264,13 @@ fn token_authentication() {
     let wrong = t.path().join("wrong");
     std::fs::write(&wrong, "incorrect").unwrap();
     let srv = Server::start(&root, &["--token-file", s(&token)]);
+    (root, token, wrong, srv)
+}
+
+#[test]
+fn token_authentication() {
+    let t = tmp();
+    let (root, token, wrong, srv) = token_server(&t);
     let f = t.path().join("f");
     write_file(&f, 3, 100, 0o644, 1_600_000_000);
 
@@ -302,13 +309,7 @@ fn token_authentication() {
 #[test]
 fn a_copy_with_a_known_server_sends_early_data() {
     let t = tmp();
-    let root = t.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    let token = t.path().join("token");
-    std::fs::write(&token, "correct horse battery staple\n").unwrap();
-    let wrong = t.path().join("wrong");
-    std::fs::write(&wrong, "incorrect").unwrap();
-    let srv = Server::start(&root, &["--token-file", s(&token)]);
+    let (root, token, wrong, srv) = token_server(&t);
     let kh = known_hosts_in(t.path());
     let env = [("DMOVER_KNOWN_HOSTS", s(&kh))];
     let first = t.path().join("first");
