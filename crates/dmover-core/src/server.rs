@@ -337,12 +337,9 @@ impl Server {
             policy: watch::Sender::new(Arc::new(policy)),
             identity,
             tls,
-            // A join may come before its session opens (it waits, short of the
-            // handshake limit, so that it is answered).
-            joins: JoinTable::new(
-                cfg.idle_timeout,
-                cfg.handshake_timeout.saturating_sub(Duration::from_secs(1)),
-            ),
+            // A join may come before its session opens: it waits up to nine tenths of
+            // the handshake limit, so that it is answered within the limit (also of 1 s).
+            joins: JoinTable::new(cfg.idle_timeout, cfg.handshake_timeout * 9 / 10),
             active: AtomicUsize::new(0),
             per_user: Mutex::new(HashMap::new()),
             send_default: cfg
