@@ -380,7 +380,7 @@ pub struct JoinTable {
     /// The last [`CLOSED_KEPT`] sessions closed.
     closed: Mutex<std::collections::VecDeque<u64>>,
     /// Told of every session opened or closed (joins wait for theirs).
-    opened: tokio::sync::Notify,
+    changed: tokio::sync::Notify,
     idle: Duration,
     park: Duration,
 }
@@ -408,7 +408,7 @@ impl JoinTable {
         JoinTable {
             sessions: Mutex::new(HashMap::new()),
             closed: Mutex::new(std::collections::VecDeque::new()),
-            opened: tokio::sync::Notify::new(),
+            changed: tokio::sync::Notify::new(),
             idle,
             park,
         }
@@ -441,7 +441,7 @@ impl JoinTable {
             );
         }
         self.closed.lock().retain(|&c| c != session);
-        self.opened.notify_waiters();
+        self.changed.notify_waiters();
         Some(rx)
     }
 
@@ -458,7 +458,7 @@ impl JoinTable {
                 closed.push_back(session);
             }
         }
-        self.opened.notify_waiters();
+        self.changed.notify_waiters();
     }
 
     /// The join's status, and where an accepted stream goes.
@@ -500,14 +500,14 @@ impl JoinTable {
     ) -> Checked {
         let until = tokio::time::Instant::now() + self.park;
         loop {
-            let opened = self.opened.notified();
-            tokio::pin!(opened);
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
             // Registered before the check, so an opening in between is not missed.
-            opened.as_mut().enable();
+            changed.as_mut().enable();
             let checked = self.check(hello, proof, nonce);
             if checked.0 != JoinStatus::UnknownSession
                 || self.closed.lock().contains(&hello.session)
-                || tokio::time::timeout_at(until, opened).await.is_err()
+                || tokio::time::timeout_at(until, changed).await.is_err()
             {
                 return checked;
             }
