@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use dmover_net::control::{ControlChannel, write_preamble};
+use dmover_net::control::ControlChannel;
 use dmover_net::join::{Dialer, Dials, JoinError, JoinWait, LinkMode};
 use dmover_net::pace::{Paced, Pacer};
 use dmover_net::stream::DataIo;
@@ -724,25 +724,23 @@ impl Client {
         let dials = self
             .dialer(server)
             .dial_ahead(self.opts.streams.min(session::MAX_STREAMS));
-        let mut stream = tcp::connect(
+        let stream = tcp::connect_fast_open(
             server,
             &tcp::SocketOptions::default(),
             self.opts.connect_timeout,
         )
         .await?;
-        write_preamble(
-            &mut stream,
+        // TLS starts right behind the preamble, which goes out with the ClientHello
+        // (in a TCP Fast Open SYN, where the server offers it); the server's answer is
+        // read (and checked) before the first TLS bytes.
+        let stream = dmover_net::control::ControlTcp::awaiting_answer(
+            stream,
             Preamble {
                 kind: ConnKind::Control,
                 version: PROTOCOL_VERSION,
                 busy: None,
             },
-            server,
-        )
-        .await?;
-        // TLS starts right behind the preamble; the server's answer is read (and
-        // checked) before the first TLS bytes.
-        let stream = dmover_net::control::ControlTcp::awaiting_answer(stream);
+        );
         let (tls, key_known) = match tokio::time::timeout(
             HANDSHAKE_TIMEOUT,
             connector.connect_checked(stream, server),
@@ -774,6 +772,15 @@ impl Client {
                         dmover_proto::MIN_PROTOCOL_VERSION
                     ),
                 ));
+            }
+            // A connection opened with TCP Fast Open is made at its first write: a
+            // server that is not there shows here, and is said as a failed connect.
+            Ok(Err(NetError::Tls { source, .. })) if tcp::never_connected(&source) => {
+                return Err(Error::Net(NetError::Io {
+                    what: "connecting to",
+                    peer: server.into(),
+                    source,
+                }));
             }
             Ok(r) => r?,
         };

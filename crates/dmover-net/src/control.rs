@@ -35,16 +35,21 @@ impl Busy {
     }
 }
 
-/// The control connection's TCP stream. A client that has written its preamble starts
-/// TLS at once ([`ControlTcp::awaiting_answer`]) instead of waiting a round trip for
-/// the server's answer: the first read takes the answer's 8 bytes off the stream and
-/// checks them before any TLS byte is passed on.
+/// The control connection's TCP stream. A client starts TLS right behind its preamble
+/// ([`ControlTcp::awaiting_answer`]) instead of waiting a round trip for the server's
+/// answer: the preamble goes out with the TLS ClientHello, and the first read takes
+/// the answer's 8 bytes off the stream and checks them before any TLS byte is passed
+/// on.
 #[derive(Debug)]
 pub struct ControlTcp {
     tcp: TcpStream,
     answer: [u8; preamble::LEN],
     /// Bytes of the answer read so far; `preamble::LEN` once checked (or none due).
     got: usize,
+    /// The client's preamble, written with the first bytes written after it.
+    preamble: [u8; preamble::LEN],
+    /// Bytes of the preamble written so far; `preamble::LEN` once all (or none due).
+    sent: usize,
 }
 
 impl ControlTcp {
@@ -54,16 +59,48 @@ impl ControlTcp {
             tcp,
             answer: [0; preamble::LEN],
             got: preamble::LEN,
+            preamble: [0; preamble::LEN],
+            sent: preamble::LEN,
         }
     }
 
-    /// A client's stream whose server is yet to answer its control preamble.
-    pub fn awaiting_answer(tcp: TcpStream) -> Self {
+    /// A client's stream that is yet to send its control preamble `pre` and read the
+    /// server's answer. The preamble goes out in one write with the first bytes
+    /// written to the stream (TLS's ClientHello), so that a connection opened with
+    /// TCP Fast Open ([`crate::tcp::connect_fast_open`]) carries both in its SYN, and the server
+    /// answers the ClientHello a round trip sooner.
+    pub fn awaiting_answer(tcp: TcpStream, pre: Preamble) -> Self {
         ControlTcp {
             tcp,
             answer: [0; preamble::LEN],
             got: 0,
+            preamble: pre.encode(),
+            sent: 0,
         }
+    }
+
+    /// Writes what is left of the preamble, with `bufs` behind it in the same write;
+    /// `Ready(Ok(n))`: the preamble is out, and so are `n` bytes of `bufs`.
+    fn poll_write_behind_preamble(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        while self.sent < preamble::LEN {
+            let left = preamble::LEN - self.sent;
+            let mut all = Vec::with_capacity(bufs.len() + 1);
+            all.push(io::IoSlice::new(&self.preamble[self.sent..]));
+            all.extend(bufs.iter().map(|b| io::IoSlice::new(b)));
+            let n = ready!(Pin::new(&mut self.tcp).poll_write_vectored(cx, &all))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.sent += n.min(left);
+            if n > left {
+                return Poll::Ready(Ok(n - left));
+            }
+        }
+        Poll::Ready(Ok(0))
     }
 
     /// The TCP stream.
@@ -133,7 +170,7 @@ impl AsyncWrite for ControlTcp {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().tcp).poll_write(cx, buf)
+        self.poll_write_vectored(cx, &[io::IoSlice::new(buf)])
     }
 
     fn poll_write_vectored(
@@ -141,7 +178,14 @@ impl AsyncWrite for ControlTcp {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().tcp).poll_write_vectored(cx, bufs)
+        let me = self.get_mut();
+        if me.sent < preamble::LEN {
+            let n = ready!(me.poll_write_behind_preamble(cx, bufs))?;
+            if n > 0 || bufs.iter().all(|b| b.is_empty()) {
+                return Poll::Ready(Ok(n));
+            }
+        }
+        Pin::new(&mut me.tcp).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -149,11 +193,15 @@ impl AsyncWrite for ControlTcp {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().tcp).poll_flush(cx)
+        let me = self.get_mut();
+        ready!(me.poll_write_behind_preamble(cx, &[]))?;
+        Pin::new(&mut me.tcp).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().tcp).poll_shutdown(cx)
+        let me = self.get_mut();
+        ready!(me.poll_write_behind_preamble(cx, &[]))?;
+        Pin::new(&mut me.tcp).poll_shutdown(cx)
     }
 }
 
@@ -364,20 +412,19 @@ mod tests {
                 s.read_exact(&mut b).await.unwrap();
                 assert_eq!(b[0], 0x16, "a TLS handshake record");
             });
-            let mut tcp = TcpStream::connect(&addr).await.unwrap();
+            let tcp = TcpStream::connect(&addr).await.unwrap();
             let pre = Preamble {
                 kind: ConnKind::Control,
                 version: dmover_proto::PROTOCOL_VERSION,
                 busy: None,
             };
-            write_preamble(&mut tcp, pre, &addr).await.unwrap();
             let c = crate::tls::TlsConnector::new(crate::tls::Trust::KnownHosts(
                 dir.path().join("known_hosts"),
             ))
             .unwrap();
             let r = tokio::time::timeout(
                 Duration::from_secs(30),
-                c.connect(ControlTcp::awaiting_answer(tcp), &addr),
+                c.connect(ControlTcp::awaiting_answer(tcp, pre), &addr),
             )
             .await
             .expect("the handshake ends");
@@ -411,16 +458,15 @@ mod tests {
             let mut rest = Vec::new();
             let _ = s.read_to_end(&mut rest).await;
         });
-        let mut tcp = TcpStream::connect(&addr).await.unwrap();
+        let tcp = TcpStream::connect(&addr).await.unwrap();
         let pre = Preamble::new(ConnKind::Control, dmover_proto::PROTOCOL_VERSION);
-        write_preamble(&mut tcp, pre, &addr).await.unwrap();
         let c = crate::tls::TlsConnector::new(crate::tls::Trust::KnownHosts(
             dir.path().join("known_hosts"),
         ))
         .unwrap();
         let r = tokio::time::timeout(
             Duration::from_secs(30),
-            c.connect(ControlTcp::awaiting_answer(tcp), &addr),
+            c.connect(ControlTcp::awaiting_answer(tcp, pre), &addr),
         )
         .await
         .expect("the handshake ends");

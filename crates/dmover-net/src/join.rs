@@ -122,7 +122,8 @@ impl Dialer {
     /// Connects a data connection and reads the server's join challenge.
     pub async fn connect(&self) -> Result<Dialed, NetError> {
         let server = self.server.as_str();
-        let mut io = tcp::connect(server, &self.socket, self.connect_timeout).await?;
+        // The preamble is written first: it rides the SYN under TCP Fast Open.
+        let mut io = tcp::connect_fast_open(server, &self.socket, self.connect_timeout).await?;
         let pre = Preamble {
             kind: ConnKind::Data,
             version: PROTOCOL_VERSION,
@@ -137,7 +138,15 @@ impl Dialer {
                 what: "data stream challenge",
                 secs: self.handshake.as_secs(),
             })?
-            .map_err(|e| NetError::io("reading from", server, e))?;
+            .map_err(|e| {
+                // Made at its first write under TCP Fast Open: see `tcp::connect_fast_open`.
+                let what = if tcp::never_connected(&e) {
+                    "connecting to"
+                } else {
+                    "reading from"
+                };
+                NetError::io(what, server, e)
+            })?;
         Ok(Dialed {
             io,
             challenge,

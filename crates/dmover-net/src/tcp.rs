@@ -135,25 +135,8 @@ pub fn receive_share(budget: u64, streams: usize, autotune_max: u64) -> Option<u
 /// at 100 ms: one 16 MiB chunk took 19 s; seen as 1 GiB copies taking 27 s instead of
 /// 10, docs/benchmarks.md).
 pub fn cap_receive(fd: impl std::os::fd::AsFd, bytes: u64) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
     let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX / 2);
-    let set = |level, opt, v: libc::c_int| {
-        // SAFETY: the value and its length describe a c_int; the fd is open.
-        let r = unsafe {
-            libc::setsockopt(
-                fd.as_fd().as_raw_fd(),
-                level,
-                opt,
-                (&raw const v).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    };
+    let set = |level, opt, v| set_int(fd.as_fd(), level, opt, v);
     match set(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, v) {
         Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
             let max = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
@@ -183,6 +166,35 @@ pub fn cap_receive(fd: impl std::os::fd::AsFd, bytes: u64) -> std::io::Result<()
         v.saturating_mul(2),
     )
 }
+
+/// Sets an integer socket option.
+fn set_int(
+    fd: std::os::fd::BorrowedFd<'_>,
+    level: libc::c_int,
+    opt: libc::c_int,
+    v: libc::c_int,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the value and its length describe a c_int; the fd is open.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            opt,
+            (&raw const v).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Pending TCP Fast Open connections a listener accepts before their handshake ends
+/// (`TCP_FASTOPEN`'s queue; beyond it a SYN's data waits for the handshake).
+pub const FAST_OPEN_QUEUE: libc::c_int = 1024;
 
 /// The window clamp of a TCP socket (`TCP_WINDOW_CLAMP`).
 pub fn window_clamp(fd: impl std::os::fd::AsFd) -> std::io::Result<u64> {
@@ -295,13 +307,58 @@ pub async fn connect(
     opts: &SocketOptions,
     timeout: Duration,
 ) -> Result<TcpStream, NetError> {
+    connect_with(target, opts, timeout, false).await
+}
+
+/// [`connect`] asking for TCP Fast Open, for a protocol in which this side writes
+/// first: where the name resolves to one address, the socket asks for it
+/// (`TCP_FASTOPEN_CONNECT`). With a cookie from an earlier connection to that server,
+/// the kernel then returns at once, without a SYN, and sends the SYN with the first
+/// bytes written (a preamble, a TLS ClientHello), so the server answers them one round
+/// trip sooner; until something is written nothing is sent, so a caller that waited to
+/// read first would wait forever. Without a cookie (the first connection, a server
+/// that does not offer it, the sysctl off) it connects as [`connect`]. So with one
+/// address the connection may fail only at the first read ([`never_connected`] tells
+/// that failure); with several, a dead one must fail here for the next to be tried,
+/// and Fast Open is not asked for.
+pub async fn connect_fast_open(
+    target: &str,
+    opts: &SocketOptions,
+    timeout: Duration,
+) -> Result<TcpStream, NetError> {
+    connect_with(target, opts, timeout, true).await
+}
+
+async fn connect_with(
+    target: &str,
+    opts: &SocketOptions,
+    timeout: Duration,
+    fast_open: bool,
+) -> Result<TcpStream, NetError> {
     let addrs: Vec<SocketAddr> = lookup_host(target)
         .await
         .map_err(|e| NetError::io("resolving", target, e))?
         .collect();
+    let fast_open = fast_open && addrs.len() == 1;
     let mut last = None;
     for addr in addrs {
-        match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+        let socket = match addr {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+        }
+        .map_err(|e| NetError::io("connecting to", addr, e))?;
+        if fast_open {
+            use std::os::fd::AsFd;
+            if let Err(e) = set_int(
+                socket.as_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_FASTOPEN_CONNECT,
+                1,
+            ) {
+                tracing::debug!("TCP_FASTOPEN_CONNECT: {e}");
+            }
+        }
+        match tokio::time::timeout(timeout, socket.connect(addr)).await {
             Ok(Ok(s)) => {
                 tune(SockRef::from(&s), opts);
                 return Ok(s);
@@ -323,6 +380,20 @@ pub async fn connect(
     }))
 }
 
+/// Whether `e`, from a connection's first read or write, says it was never made: the
+/// server refused it or could not be reached. With TCP Fast Open
+/// ([`connect_fast_open`]) that is where a dead server shows, and the caller reports it
+/// as a failed connect. Only the system's own errors count: a server's busy answer is
+/// a refusal too ([`crate::control::Busy`], carried inside the error).
+pub fn never_connected(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    e.raw_os_error().is_some()
+        && matches!(
+            e.kind(),
+            ConnectionRefused | HostUnreachable | NetworkUnreachable
+        )
+}
+
 /// Binds a listening socket with `SO_REUSEADDR` and a deep accept backlog (many
 /// streams arrive at once when a session starts).
 pub fn listen(addr: SocketAddr, opts: &SocketOptions) -> Result<TcpListener, NetError> {
@@ -342,6 +413,18 @@ pub fn listen(addr: SocketAddr, opts: &SocketOptions) -> Result<TcpListener, Net
     tune(SockRef::from(&sock), opts);
     sock.bind(&addr.into()).map_err(err)?;
     sock.listen(1024).map_err(err)?;
+    // Taken up only where `net.ipv4.tcp_fastopen` has bit 2 (see `connect`).
+    {
+        use std::os::fd::AsFd;
+        if let Err(e) = set_int(
+            sock.as_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_FASTOPEN,
+            FAST_OPEN_QUEUE,
+        ) {
+            tracing::debug!("TCP_FASTOPEN: {e}");
+        }
+    }
     sock.set_nonblocking(true).map_err(err)?;
     TcpListener::from_std(sock.into()).map_err(err)
 }
@@ -427,6 +510,56 @@ mod tests {
                 e.ends_with("is not a congestion control name"),
                 "{bad:?}: {e}"
             );
+        }
+    }
+
+    /// A connection asking for TCP Fast Open works as any: what the dialer writes
+    /// first reaches the server (in the SYN, once the host lets listeners offer Fast
+    /// Open and a cookie came), and a dead server shows as refused.
+    #[tokio::test]
+    async fn a_fast_open_connection_carries_what_is_written_first() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = listen(([127, 0, 0, 1], 0).into(), &SocketOptions::default()).unwrap();
+        let target = l.local_addr().unwrap().to_string();
+        // Twice: the first connection may fetch a cookie (where the host's
+        // `tcp_fastopen` lets listeners offer one), the second then use it.
+        for _ in 0..2 {
+            let client = async {
+                let mut c =
+                    connect_fast_open(&target, &SocketOptions::default(), Duration::from_secs(5))
+                        .await
+                        .unwrap();
+                c.write_all(b"preamble").await.unwrap();
+                let mut b = [0u8; 9];
+                c.read_exact(&mut b).await.unwrap();
+                b
+            };
+            let server = async {
+                let (mut s, _) = l.accept().await.unwrap();
+                let mut b = [0u8; 8];
+                s.read_exact(&mut b).await.unwrap();
+                assert_eq!(&b, b"preamble");
+                s.write_all(b"challenge").await.unwrap();
+            };
+            let (answer, ()) = tokio::join!(client, server);
+            assert_eq!(&answer, b"challenge");
+        }
+        // Nobody listening: refused, at the connect or at the first read.
+        drop(l);
+        let refused = async {
+            let mut c =
+                connect_fast_open(&target, &SocketOptions::default(), Duration::from_secs(5))
+                    .await?;
+            let _ = c.write_all(b"preamble").await;
+            let mut b = [0u8; 1];
+            c.read_exact(&mut b)
+                .await
+                .map_err(|e| NetError::io("reading from", &target, e))?;
+            Ok::<_, NetError>(())
+        };
+        match refused.await {
+            Err(NetError::Io { source, .. }) => assert!(never_connected(&source), "{source}"),
+            r => panic!("{r:?}"),
         }
     }
 
