@@ -30,6 +30,9 @@
 //!   loss per event and cripple TCP).
 //! - Each namespace's `tcp_rmem`/`tcp_wmem` maxima are raised to fit the link
 //!   (4 × bandwidth-delay product) and its default congestion control set if asked.
+//!   Its `tcp_fastopen` is 3 ([`FAST_OPEN`]): connections that ask for TCP Fast Open
+//!   (dmover's) may send data in their SYN to a listener that offers it (dmover's);
+//!   other tools' connections are as on any host.
 //!   `net.core.rmem_max`/`wmem_max` are global and only cap explicit `SO_RCVBUF`/
 //!   `SO_SNDBUF`; the lab leaves them alone.
 //! - The forwarder reports its CPU time and how late it released packets
@@ -116,6 +119,10 @@ impl std::fmt::Display for Emulator {
         })
     }
 }
+
+/// `net.ipv4.tcp_fastopen` in the lab's namespaces: bit 1, connections may use TCP
+/// Fast Open; bit 2, listeners may offer it (off by default on Linux).
+pub const FAST_OPEN: &str = "3";
 
 /// What the emulated link looks like.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -403,6 +410,9 @@ impl Lab {
             ns::sysctl(ns, "net/ipv4/tcp_wmem", &format!("4096 16384 {buf_max}"))?;
             // Each measurement starts from scratch, not from cached ssthresh/RTT.
             ns::sysctl(ns, "net/ipv4/tcp_no_metrics_save", "1")?;
+            // Hosts that open and accept TCP Fast Open connections, as a DTN set up
+            // per docs/tuning.md; tools that do not ask for it are unaffected.
+            let _ = ns::sysctl(ns, "net/ipv4/tcp_fastopen", FAST_OPEN);
             if let Some(cc) = &spec.congestion {
                 ns::sysctl(ns, "net/ipv4/tcp_congestion_control", cc)?;
             }

@@ -373,6 +373,7 @@ impl Topology {
             let _ = ns::sysctl(ns, "net/ipv6/conf/default/disable_ipv6", "1");
             ns::ip(&["-n", ns, "link", "set", "lo", "up"])?;
             ns::sysctl(ns, "net/ipv4/tcp_no_metrics_save", "1")?;
+            let _ = ns::sysctl(ns, "net/ipv4/tcp_fastopen", crate::FAST_OPEN);
             // The largest buffers any of the host's emulated links wants.
             let buf_max = self
                 .spec

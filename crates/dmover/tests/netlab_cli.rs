@@ -22,6 +22,32 @@ fn netlab(args: &[&str]) -> std::process::Output {
         .expect("running dmover netlab")
 }
 
+/// A counter of `/proc/net/netstat` (e.g. `TCPFastOpenPassive`) in host `host` of lab
+/// `name`.
+fn netstat(name: &str, host: &str, counter: &str) -> u64 {
+    let o = netlab(&[
+        "exec",
+        "--name",
+        name,
+        host,
+        "--",
+        "cat",
+        "/proc/net/netstat",
+    ]);
+    ok(&o);
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    for pair in lines.chunks(2) {
+        let (names, values) = (pair[0].split_whitespace(), pair[1].split_whitespace());
+        for (n, v) in names.zip(values) {
+            if n == counter {
+                return v.parse().unwrap();
+            }
+        }
+    }
+    panic!("no {counter} in {text}");
+}
+
 /// Removes the lab even when the test fails.
 struct Down(String);
 
@@ -125,6 +151,28 @@ fn netlab_up_serve_cp_stats_down() {
         "a push takes round trips of 20 ms"
     );
     same(&src, &root.join("pushed"));
+
+    // The lab's hosts offer TCP Fast Open: the first copy got the server's cookie, so
+    // a second one's control connection and data streams send their first bytes in
+    // their SYNs, and the copy is as good.
+    let passive = netstat(&name, "b", "TCPFastOpenPassive");
+    let cp = Command::new(bin())
+        .args(["netlab", "exec", "--name", &name, "a", "--"])
+        .arg(bin())
+        .env("DMOVER_KNOWN_HOSTS", t.path().join("known_hosts"))
+        .args(["cp", "--json", "-P", "3", "--token-file"])
+        .arg(&token)
+        .arg(&src)
+        .arg(format!("dmover://{listen}/again"))
+        .output()
+        .unwrap();
+    ok(&cp);
+    same(&src, &root.join("again"));
+    let opened = netstat(&name, "b", "TCPFastOpenPassive") - passive;
+    assert!(
+        opened >= 4,
+        "the control connection and 3 data streams open with Fast Open: {opened}"
+    );
 
     // The forwarder's statistics saw the transfer.
     std::thread::sleep(Duration::from_millis(1200)); // rewritten every second
