@@ -11,7 +11,7 @@ use common::{bin, json};
 use serde_json::Value;
 
 /// Every check id, in output order (without HOST).
-const HOST_CHECKS: [&str; 14] = [
+const HOST_CHECKS: [&str; 15] = [
     "rmem_max",
     "wmem_max",
     "tcp_rmem",
@@ -19,6 +19,7 @@ const HOST_CHECKS: [&str; 14] = [
     "congestion_control",
     "default_qdisc",
     "tcp_mtu_probing",
+    "tcp_fastopen",
     "cpu_governor",
     "nic_irqs",
     "mtu",
@@ -56,6 +57,7 @@ impl Tree {
         );
         t.put("proc/sys/net/core/default_qdisc", "fq");
         t.put("proc/sys/net/ipv4/tcp_mtu_probing", "1");
+        t.put("proc/sys/net/ipv4/tcp_fastopen", "3");
         t.put("proc/sys/kernel/osrelease", "6.1.0-test");
         t.put("proc/sys/fs/file-max", "9223372036854775807");
         for cpu in 0..4 {
@@ -337,6 +339,29 @@ fn qdisc_other_than_fq_warns() {
         fixes(&r, "default_qdisc"),
         ["sysctl -w net.core.default_qdisc=fq"]
     );
+}
+
+#[test]
+fn fast_open_off_for_listeners_is_info_with_the_bits_kept() {
+    let t = Tree::tuned();
+    // Linux's default: connections only.
+    t.put("proc/sys/net/ipv4/tcp_fastopen", "1");
+    let (r, code) = t.report(&[]);
+    assert_eq!(code, 0, "info does not fail the gate");
+    assert_eq!(status(&r, "tcp_fastopen"), "info");
+    assert_eq!(
+        fixes(&r, "tcp_fastopen"),
+        ["sysctl -w net.ipv4.tcp_fastopen=3"]
+    );
+    // Other bits (0x400: a listener needs no cookie) stay as they are.
+    t.put("proc/sys/net/ipv4/tcp_fastopen", "1026");
+    let (r, _) = t.report(&[]);
+    assert_eq!(
+        fixes(&r, "tcp_fastopen"),
+        ["sysctl -w net.ipv4.tcp_fastopen=1027"]
+    );
+    t.put("proc/sys/net/ipv4/tcp_fastopen", "1027");
+    assert_eq!(status(&t.report(&[]).0, "tcp_fastopen"), "ok");
 }
 
 #[test]
