@@ -67,8 +67,8 @@ impl ControlTcp {
     /// A client's stream that is yet to send its control preamble `pre` and read the
     /// server's answer. The preamble goes out in one write with the first bytes
     /// written to the stream (TLS's ClientHello), so that a connection opened with
-    /// TCP Fast Open ([`crate::tcp::connect_fast_open`]) carries both in its SYN, and the server
-    /// answers the ClientHello a round trip sooner.
+    /// TCP Fast Open ([`crate::tcp::connect_fast_open`]) carries both in its SYN,
+    /// and the server answers the ClientHello a round trip sooner.
     pub fn awaiting_answer(tcp: TcpStream, pre: Preamble) -> Self {
         ControlTcp {
             tcp,
