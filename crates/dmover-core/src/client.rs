@@ -992,9 +992,19 @@ impl Client {
                     },
                     chunk,
                 );
+                // Early data as a push's (not on a resume, not to a key pinned just now).
+                let early = !resume && open.streams <= session::MAX_STREAMS && conn.key_known;
                 let mut d = conn.dial(open, options);
                 d.limits = self.limits(false);
-                let mut m = SourceSession::dial(now(), to, timing, d);
+                let mut m = if early {
+                    let (id, salt) = auth::session_id(&conn.master);
+                    tracing::info!(
+                        "early data: session {id:016x} to {to}: its streams join and send with the first flight"
+                    );
+                    SourceSession::dial_early(now(), to, timing, d, id, salt)
+                } else {
+                    SourceSession::dial(now(), to, timing, d)
+                };
                 m.push_manifest(&entries);
                 m.end_manifest(totals, drive::chunk_set(source.chunks()));
                 let (fixed, threads) = (self.opts.buffers, out_disk.threads());
