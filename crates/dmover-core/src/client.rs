@@ -37,7 +37,7 @@ use crate::drive::{self, GrowPart};
 use crate::engine::{DataStream, Run};
 use crate::error::{Error, Result};
 use crate::session::{self, HANDSHAKE_TIMEOUT, TransferOptions};
-use dmover_proto::session::{Dial, Limits, SinkSession, SourceSession};
+use dmover_proto::session::{Dial, Limits, SinkSession, SourceSession, Timing};
 
 pub use crate::session::SOFTWARE;
 
@@ -361,6 +361,38 @@ pub(crate) struct Connection {
 }
 
 impl Connection {
+    /// The session id and salt a session of `streams` streams on this connection
+    /// sends early data under (protocol version 8, docs/protocol.md "Early data"), or
+    /// `None` when it waits for `Session` and `Go`: on a resume (what to send waits for
+    /// the server's answer), and with a server whose key was pinned just now, on first
+    /// use (it proves who it is, a token's proof in `AuthOk`, before it is sent any
+    /// file's data).
+    fn early(&self, resume: bool, streams: u16) -> Option<(u64, [u8; 32])> {
+        (!resume && streams <= session::MAX_STREAMS && self.key_known)
+            .then(|| auth::session_id(&self.master))
+    }
+
+    /// A push's source machine for `d` (from [`Connection::dial`]), early with
+    /// `early` ([`Connection::early`]): its data streams join and the first chunks go
+    /// out with the first flight, a round trip before `Session` and `Go` would have
+    /// let them.
+    fn push_machine(
+        early: Option<(u64, [u8; 32])>,
+        server: &str,
+        timing: Timing,
+        d: Dial,
+    ) -> SourceSession<drive::Fault> {
+        match early {
+            Some((id, salt)) => {
+                tracing::info!(
+                    "early data: session {id:016x}'s streams join and send with the first flight"
+                );
+                SourceSession::dial_early(now(), server, timing, d, id, salt)
+            }
+            None => SourceSession::dial(now(), server, timing, d),
+        }
+    }
+
     /// The smallest round trip the control connection's TCP has seen (its handshake's
     /// and TLS's), if the kernel tells.
     fn rtt(&self) -> Option<Duration> {
@@ -992,19 +1024,10 @@ impl Client {
                     },
                     chunk,
                 );
-                // Early data as a push's (not on a resume, not to a key pinned just now).
-                let early = !resume && open.streams <= session::MAX_STREAMS && conn.key_known;
+                let early = conn.early(resume, open.streams);
                 let mut d = conn.dial(open, options);
                 d.limits = self.limits(false);
-                let mut m = if early {
-                    let (id, salt) = auth::session_id(&conn.master);
-                    tracing::info!(
-                        "early data: session {id:016x} to {to}: its streams join and send with the first flight"
-                    );
-                    SourceSession::dial_early(now(), to, timing, d, id, salt)
-                } else {
-                    SourceSession::dial(now(), to, timing, d)
-                };
+                let mut m = Connection::push_machine(early, to, timing, d);
                 m.push_manifest(&entries);
                 m.end_manifest(totals, drive::chunk_set(source.chunks()));
                 let (fixed, threads) = (self.opts.buffers, out_disk.threads());
@@ -2192,25 +2215,11 @@ impl Client {
         // reduced manifest again whole).
         let resume = resume && !compare;
         let open_features = open.features;
-        // Nor to a server whose key was pinned just now, on first use: it proves who it
-        // is (a token's proof in `AuthOk`) before it is sent any file's data.
-        let early = !resume && open.streams <= session::MAX_STREAMS && conn.key_known;
+        let early = conn.early(resume, open.streams);
         let mut d = conn.dial(open, self.opts.session_options(resume));
         d.limits = self.limits(false);
         let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
-        let mut m = if early {
-            // Protocol version 8: the session is the connection's, so its data streams
-            // join and the first chunks go out with the first flight, a round trip
-            // before `Session` and `Go` would have let them (not on a resume: what to
-            // send waits for the server's answer).
-            let (id, salt) = auth::session_id(&conn.master);
-            tracing::info!(
-                "early data: session {id:016x}'s streams join and send with the first flight"
-            );
-            SourceSession::dial_early(now(), server, timing, d, id, salt)
-        } else {
-            SourceSession::dial(now(), server, timing, d)
-        };
+        let mut m = Connection::push_machine(early, server, timing, d);
         // The whole manifest, or a streamed one's first part.
         m.push_manifest(source.tree().entries());
         let mut growth = None;
@@ -2375,8 +2384,7 @@ impl Client {
         // Early data (protocol version 8), on the terms of a push's (`push_once`): the
         // data streams join with the first flight, and the server sends from its
         // manifest's end, a round trip before this side's `Go` would have let it.
-        let early_id = (!resume && open.streams <= session::MAX_STREAMS && conn.key_known)
-            .then(|| auth::session_id(&conn.master));
+        let early_id = conn.early(resume, open.streams);
         if early_id.is_some() {
             open.features |= dmover_proto::session::features::EARLY;
         }

@@ -342,11 +342,17 @@ async fn connect_with(
     let fast_open = fast_open && addrs.len() == 1;
     let mut last = None;
     for addr in addrs {
-        let socket = match addr {
+        let socket = match match addr {
             SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
             SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
-        }
-        .map_err(|e| NetError::io("connecting to", addr, e))?;
+        } {
+            Ok(s) => s,
+            // No socket of this family (IPv6 off, say): the next address may do.
+            Err(e) => {
+                last = Some(NetError::io("connecting to", addr, e));
+                continue;
+            }
+        };
         if fast_open {
             use std::os::fd::AsFd;
             if let Err(e) = set_int(

@@ -460,22 +460,16 @@ fn a_relay_through_the_client_copies_a_tree() {
 /// does; the first relay, which pins the keys, does not.
 #[test]
 fn a_relay_to_a_known_destination_sends_early_data() {
-    let t = tmp();
-    let a_root = t.path().join("a");
-    let b_root = t.path().join("b");
-    std::fs::create_dir(&a_root).unwrap();
-    std::fs::create_dir(&b_root).unwrap();
-    make_tree(&a_root.join("tree"));
-    make_small_files(&a_root.join("tree/small"), 100, 7);
+    let (t, a_root, b_root) = a_and_b(4);
     let a = Server::start(&a_root, &[]);
     let b = Server::start(&b_root, &[]);
     let kh = t.path().join("known_hosts");
     let env = [("DMOVER_KNOWN_HOSTS", kh.to_str().unwrap())];
     let early = "early data: session";
     for (dest, known) in [("first", false), ("second", true)] {
-        let o = cp_env(&["-v", "--via-client", &a.url("tree"), &b.url(dest)], &env);
+        let o = cp_env(&["-v", "--via-client", &a.url("src"), &b.url(dest)], &env);
         ok(&o);
-        same(&a_root.join("tree"), &b_root.join(dest));
+        same(&a_root.join("src"), &b_root.join(dest));
         assert_eq!(stderr(&o).contains(early), known, "{dest}: {}", stderr(&o));
     }
     assert!(staging_files(&b_root).is_empty());
