@@ -32,7 +32,10 @@
 //! [`COMMIT_BYTES`] of records, whichever comes first, and when the session ends. A
 //! commit first `syncfs`es the destination file system (the data the records describe
 //! was written before the records were buffered, so it is then on stable storage), then
-//! appends the records and `fdatasync`s the journal. A record therefore never claims
+//! appends the records and `fdatasync`s the journal. Batches are committed by the
+//! journal's own thread: a `syncfs` waits for every dirty page of the file system (0.07
+//! to 0.15 s for a second of a 1 Gbit/s copy of small files here, far longer on a
+//! fast one), and the writers that record files must not wait with it. A record therefore never claims
 //! data a machine crash could lose; a crash loses at most the last batch, whose files
 //! are sent again. Journal I/O errors never fail a transfer: they are logged and the
 //! journal stops growing (the transfer just resumes from an older point).
@@ -50,7 +53,7 @@ use std::time::{Duration, Instant};
 
 use dmover_proto::digest::crc32c_append;
 use dmover_proto::manifest::{Entry, EntryKind, Mtime};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use rustix::fs::{AtFlags, FlockOperation, OFlags};
 use rustix::io::Errno;
 use twox_hash::{XxHash3_64, XxHash3_128};
@@ -172,18 +175,30 @@ pub enum JournalError {
 struct Pending {
     buf: Vec<u8>,
     since: Instant,
+    /// The journal is closing: its committer thread stops.
+    closing: bool,
 }
 
-/// An open, locked journal.
-pub struct Journal {
+/// What a journal shares with its committer thread.
+struct Shared {
     fd: OwnedFd,
-    dir: Arc<OwnedFd>,
     name: Vec<u8>,
     pending: Mutex<Pending>,
+    /// Wakes the committer: records arrived in an empty buffer, a batch is full, or the
+    /// journal is closing.
+    wake: Condvar,
     commit: Mutex<()>,
     broken: std::sync::atomic::AtomicBool,
     /// Records committed, for tests and logs.
     committed: std::sync::atomic::AtomicU64,
+}
+
+/// An open, locked journal.
+pub struct Journal {
+    shared: Arc<Shared>,
+    dir: Arc<OwnedFd>,
+    name: Vec<u8>,
+    committer: Option<std::thread::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Journal {
@@ -346,18 +361,30 @@ impl Journal {
         } else if keep < len {
             rustix::fs::ftruncate(&fd, keep as u64).map_err(|e| err(e.into()))?;
         }
+        let shared = Arc::new(Shared {
+            fd,
+            name: name.clone(),
+            pending: Mutex::new(Pending {
+                buf: Vec::new(),
+                since: Instant::now(),
+                closing: false,
+            }),
+            wake: Condvar::new(),
+            commit: Mutex::new(()),
+            broken: false.into(),
+            committed: 0.into(),
+        });
+        let s = shared.clone();
+        let committer = std::thread::Builder::new()
+            .name("dmover-journal".into())
+            .spawn(move || s.commit_batches())
+            .map_err(err)?;
         Ok((
             Journal {
-                fd,
+                shared,
                 dir,
                 name,
-                pending: Mutex::new(Pending {
-                    buf: Vec::new(),
-                    since: Instant::now(),
-                }),
-                commit: Mutex::new(()),
-                broken: false.into(),
-                committed: 0.into(),
+                committer: Some(committer),
             },
             contents,
             existed,
@@ -376,33 +403,108 @@ impl Journal {
 
     fn append(&self, r: &[u8; RECORD_LEN]) {
         use std::sync::atomic::Ordering;
-        if self.broken.load(Ordering::Relaxed) {
+        let s = &*self.shared;
+        if s.broken.load(Ordering::Relaxed) {
             return;
         }
-        let due = {
-            let mut p = self.pending.lock();
-            if p.buf.is_empty() {
-                p.since = Instant::now();
-            }
-            p.buf.extend_from_slice(r);
-            p.buf.len() >= COMMIT_BYTES || p.since.elapsed() >= COMMIT_INTERVAL
-        };
-        if due {
-            // Whoever finds a commit due does it; others carry on buffering.
-            if let Some(guard) = self.commit.try_lock() {
-                self.commit_locked(&guard);
-            }
+        let mut p = s.pending.lock();
+        let was_empty = p.buf.is_empty();
+        if was_empty {
+            p.since = Instant::now();
+        }
+        p.buf.extend_from_slice(r);
+        // The committer sleeps until a batch's interval is up; it learns of a new
+        // batch, or of a full one, here. The caller never commits.
+        if was_empty || p.buf.len() >= COMMIT_BYTES {
+            s.wake.notify_one();
         }
     }
 
-    /// Commits every buffered record (see the module docs).
+    /// Commits every buffered record (see the module docs), on the caller's thread.
     pub fn flush(&self) {
-        let guard = self.commit.lock();
-        self.commit_locked(&guard);
+        self.shared.commit();
     }
 
-    fn commit_locked(&self, _guard: &parking_lot::MutexGuard<'_, ()>) {
+    /// Whether a journal write failed (the journal stopped growing).
+    pub fn is_broken(&self) -> bool {
+        self.shared
+            .broken
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Records committed so far.
+    pub fn committed(&self) -> u64 {
+        self.shared
+            .committed
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Removes the journal (the transfer is complete). A commit under way is not
+    /// waited for: its `syncfs` may take a while, and its records no longer matter.
+    pub fn remove(mut self) {
+        self.close(true);
+        if let Err(e) = rustix::fs::unlinkat(&*self.dir, self.name.as_slice(), AtFlags::empty()) {
+            tracing::warn!(
+                "cannot remove journal {}: {e}",
+                String::from_utf8_lossy(&self.name)
+            );
+        }
+    }
+
+    /// Stops the committer thread. Without `discard` waits for it (and for the commit
+    /// it may be making) to end, so the journal's descriptor and lock are released on
+    /// return; with `discard` drops what is buffered and lets it end alone. Records not
+    /// flushed before are not committed.
+    fn close(&mut self, discard: bool) {
+        {
+            let mut p = self.shared.pending.lock();
+            p.closing = true;
+            if discard {
+                p.buf.clear();
+            }
+        }
+        self.shared.wake.notify_one();
+        if let Some(t) = self.committer.take() {
+            if !discard {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        self.close(false);
+    }
+}
+
+impl Shared {
+    /// The committer thread: commits a batch when it is full or its interval is up,
+    /// until the journal closes.
+    fn commit_batches(&self) {
+        let mut p = self.pending.lock();
+        loop {
+            if p.closing {
+                return;
+            }
+            if p.buf.is_empty() {
+                self.wake.wait(&mut p);
+                continue;
+            }
+            let age = p.since.elapsed();
+            if p.buf.len() >= COMMIT_BYTES || age >= COMMIT_INTERVAL {
+                drop(p);
+                self.commit();
+                p = self.pending.lock();
+                continue;
+            }
+            let _ = self.wake.wait_for(&mut p, COMMIT_INTERVAL - age);
+        }
+    }
+
+    fn commit(&self) {
         use std::sync::atomic::Ordering;
+        let _guard = self.commit.lock();
         let buf = std::mem::take(&mut self.pending.lock().buf);
         if buf.is_empty() || self.broken.load(Ordering::Relaxed) {
             return;
@@ -427,27 +529,6 @@ impl Journal {
                     String::from_utf8_lossy(&self.name)
                 );
             }
-        }
-    }
-
-    /// Whether a journal write failed (the journal stopped growing).
-    pub fn is_broken(&self) -> bool {
-        self.broken.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Records committed so far.
-    pub fn committed(&self) -> u64 {
-        self.committed.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Removes the journal (the transfer is complete).
-    pub fn remove(self) {
-        self.pending.lock().buf.clear();
-        if let Err(e) = rustix::fs::unlinkat(&*self.dir, self.name.as_slice(), AtFlags::empty()) {
-            tracing::warn!(
-                "cannot remove journal {}: {e}",
-                String::from_utf8_lossy(&self.name)
-            );
         }
     }
 }
@@ -559,6 +640,28 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let (_, c, _) = Journal::open(d, 1, 2 << 20, true).unwrap();
         assert!(c.files.is_empty());
+    }
+
+    #[test]
+    fn batches_are_committed_without_a_flush() {
+        let (_t, d) = dir();
+        let (j, _, _) = Journal::open(d.clone(), 3, 1 << 20, false).unwrap();
+        j.file_done(&id(1, 1), 1);
+        j.file_done(&id(2, 1), 2);
+        // The committer commits them once the batch's interval is up (with a wide
+        // margin for a loaded machine).
+        let t = Instant::now();
+        while j.committed() < 2 && t.elapsed() < COMMIT_INTERVAL * 20 {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(j.committed(), 2);
+        // Dropping it joins the committer: records not yet committed are not written,
+        // and the lock is free at once.
+        j.file_done(&id(3, 1), 3);
+        drop(j);
+        let (_, c, existed) = Journal::open(d, 3, 1 << 20, true).unwrap();
+        assert!(existed);
+        assert_eq!(c.files.len(), 2, "{:?}", c.files.keys());
     }
 
     #[test]
