@@ -1058,6 +1058,7 @@ impl Server {
                         Ok((base, rest.to_vec(), name))
                     })
                     .collect::<Result<Vec<_>>>()?;
+                let started = Instant::now();
                 let walked = self
                     .disk
                     .run(move || {
@@ -1069,6 +1070,11 @@ impl Server {
                     })
                     .await
                     .ok_or(Error::Aborted)??;
+                tracing::debug!(
+                    "{peer}: walked {} entries in {:.3} s",
+                    walked.tree.entries().len(),
+                    started.elapsed().as_secs_f64()
+                );
                 Some(walked)
             }
             Op::Push { .. }
