@@ -332,6 +332,9 @@ impl Server {
         // third-party copy proves its key with one (docs/third-party.md).
         let tls = identity.mutual_acceptor()?;
         let units = (cfg.memory_budget / MIB).clamp(1, Semaphore::MAX_PERMITS as u64) as usize;
+        // Its journals' commits run on one thread, started now: the server's threads
+        // are the same however many sessions it serves.
+        dmover_store::journal::start_committer();
         Ok(Arc::new(Server {
             disk: Arc::new(DiskPool::new(cfg.io_threads, "dmover-disk")),
             policy: watch::Sender::new(Arc::new(policy)),

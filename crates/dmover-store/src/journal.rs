@@ -32,10 +32,12 @@
 //! [`COMMIT_BYTES`] of records, whichever comes first, and when the session ends. A
 //! commit first `syncfs`es the destination file system (the data the records describe
 //! was written before the records were buffered, so it is then on stable storage), then
-//! appends the records and `fdatasync`s the journal. Batches are committed by the
-//! journal's own thread: a `syncfs` waits for every dirty page of the file system (0.07
-//! to 0.15 s for a second of a 1 Gbit/s copy of small files here, far longer on a
-//! fast one), and the writers that record files must not wait with it. A record therefore never claims
+//! appends the records and `fdatasync`s the journal. Batches are committed by one
+//! thread of the process for all its journals ([`start_committer`]): a `syncfs` waits
+//! for every dirty page of the file system (0.07 to 0.15 s for a second of a 1 Gbit/s
+//! copy of small files here, far longer on a fast one), and the disk threads that
+//! record files must not wait with it. (Where that thread cannot be started, the disk
+//! thread that finds a batch due commits it.) A record therefore never claims
 //! data a machine crash could lose; a crash loses at most the last batch, whose files
 //! are sent again. Journal I/O errors never fail a transfer: they are logged and the
 //! journal stops growing (the transfer just resumes from an older point).
@@ -175,22 +177,92 @@ pub enum JournalError {
 struct Pending {
     buf: Vec<u8>,
     since: Instant,
-    /// The journal is closing: its committer thread stops.
+    /// The journal is closing: the committer leaves it alone.
     closing: bool,
 }
 
-/// What a journal shares with its committer thread.
+/// What a journal shares with the committer.
 struct Shared {
     fd: OwnedFd,
     name: Vec<u8>,
     pending: Mutex<Pending>,
-    /// Wakes the committer: records arrived in an empty buffer, a batch is full, or the
-    /// journal is closing.
-    wake: Condvar,
     commit: Mutex<()>,
     broken: std::sync::atomic::AtomicBool,
     /// Records committed, for tests and logs.
     committed: std::sync::atomic::AtomicU64,
+    /// Committed by the committer thread (otherwise by whoever appends).
+    background: bool,
+}
+
+/// The process's committer: the open journals, and their thread's wake-up.
+struct Committer {
+    journals: Mutex<Vec<Arc<Shared>>>,
+    /// Records arrived in an empty buffer, or a batch is full.
+    wake: Condvar,
+}
+
+static COMMITTER: Committer = Committer {
+    journals: Mutex::new(Vec::new()),
+    wake: Condvar::new(),
+};
+static COMMITTER_STARTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// Starts the thread that commits every journal's batches (once per process; later
+/// calls do nothing), and says whether it runs. A server calls it as it starts, so its
+/// thread count stays the same however many sessions it serves; otherwise the first
+/// journal opened starts it.
+pub fn start_committer() -> bool {
+    *COMMITTER_STARTED.get_or_init(|| {
+        std::thread::Builder::new()
+            .name("dmover-journal".into())
+            .spawn(|| COMMITTER.run())
+            .map_err(|e| {
+                tracing::warn!("cannot start the journal's thread ({e}): disk threads commit")
+            })
+            .is_ok()
+    })
+}
+
+impl Committer {
+    /// Commits each journal's batch when it is full or its interval is up.
+    fn run(&self) {
+        let mut journals = self.journals.lock();
+        loop {
+            let now = Instant::now();
+            let mut due = None;
+            let mut next: Option<Duration> = None;
+            for j in journals.iter() {
+                let p = j.pending.lock();
+                if p.buf.is_empty() || p.closing {
+                    continue;
+                }
+                let age = now.saturating_duration_since(p.since);
+                if p.buf.len() >= COMMIT_BYTES || age >= COMMIT_INTERVAL {
+                    due = Some(j.clone());
+                    break;
+                }
+                let left = COMMIT_INTERVAL - age;
+                next = Some(next.map_or(left, |n| n.min(left)));
+            }
+            if let Some(j) = due {
+                parking_lot::MutexGuard::unlocked(&mut journals, || j.commit(true));
+                continue;
+            }
+            match next {
+                Some(d) => {
+                    self.wake.wait_for(&mut journals, d);
+                }
+                None => self.wake.wait(&mut journals),
+            }
+        }
+    }
+
+    fn wake(&self) {
+        // Under the lock: the committer is either scanning (and will see the records)
+        // or waiting (and is woken).
+        let _journals = self.journals.lock();
+        self.wake.notify_one();
+    }
 }
 
 /// An open, locked journal.
@@ -198,7 +270,6 @@ pub struct Journal {
     shared: Arc<Shared>,
     dir: Arc<OwnedFd>,
     name: Vec<u8>,
-    committer: Option<std::thread::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Journal {
@@ -361,6 +432,7 @@ impl Journal {
         } else if keep < len {
             rustix::fs::ftruncate(&fd, keep as u64).map_err(|e| err(e.into()))?;
         }
+        let background = start_committer();
         let shared = Arc::new(Shared {
             fd,
             name: name.clone(),
@@ -369,26 +441,15 @@ impl Journal {
                 since: Instant::now(),
                 closing: false,
             }),
-            wake: Condvar::new(),
             commit: Mutex::new(()),
             broken: false.into(),
             committed: 0.into(),
+            background,
         });
-        let s = shared.clone();
-        let committer = std::thread::Builder::new()
-            .name("dmover-journal".into())
-            .spawn(move || s.commit_batches())
-            .map_err(err)?;
-        Ok((
-            Journal {
-                shared,
-                dir,
-                name,
-                committer: Some(committer),
-            },
-            contents,
-            existed,
-        ))
+        if background {
+            COMMITTER.journals.lock().push(shared.clone());
+        }
+        Ok((Journal { shared, dir, name }, contents, existed))
     }
 
     /// Records that a file is complete under its final name.
@@ -407,22 +468,34 @@ impl Journal {
         if s.broken.load(Ordering::Relaxed) {
             return;
         }
-        let mut p = s.pending.lock();
-        let was_empty = p.buf.is_empty();
-        if was_empty {
-            p.since = Instant::now();
-        }
-        p.buf.extend_from_slice(r);
-        // The committer sleeps until a batch's interval is up; it learns of a new
-        // batch, or of a full one, here. The caller never commits.
-        if was_empty || p.buf.len() >= COMMIT_BYTES {
-            s.wake.notify_one();
+        let (wake, due) = {
+            let mut p = s.pending.lock();
+            let was_empty = p.buf.is_empty();
+            if was_empty {
+                p.since = Instant::now();
+            }
+            p.buf.extend_from_slice(r);
+            let full = p.buf.len() >= COMMIT_BYTES;
+            (
+                was_empty || full,
+                full || p.since.elapsed() >= COMMIT_INTERVAL,
+            )
+        };
+        if s.background {
+            // The committer sleeps until a batch's interval is up; it learns of a new
+            // batch, or of a full one, here.
+            if wake {
+                COMMITTER.wake();
+            }
+        } else if due && !s.commit.is_locked() {
+            // No committer thread: whoever finds a commit due does it, others carry on.
+            s.commit(false);
         }
     }
 
     /// Commits every buffered record (see the module docs), on the caller's thread.
     pub fn flush(&self) {
-        self.shared.commit();
+        self.shared.commit(false);
     }
 
     /// Whether a journal write failed (the journal stopped growing).
@@ -451,23 +524,29 @@ impl Journal {
         }
     }
 
-    /// Stops the committer thread. Without `discard` waits for it (and for the commit
-    /// it may be making) to end, so the journal's descriptor and lock are released on
-    /// return; with `discard` drops what is buffered and lets it end alone. Records not
-    /// flushed before are not committed.
+    /// Takes the journal from the committer. Without `discard` waits for a commit of
+    /// it under way, so nothing is written to it after this returns; with `discard`
+    /// drops what is buffered and does not wait. Records not flushed are not
+    /// committed.
     fn close(&mut self, discard: bool) {
         {
             let mut p = self.shared.pending.lock();
+            if p.closing {
+                return;
+            }
             p.closing = true;
             if discard {
                 p.buf.clear();
             }
         }
-        self.shared.wake.notify_one();
-        if let Some(t) = self.committer.take() {
-            if !discard {
-                let _ = t.join();
-            }
+        if self.shared.background {
+            COMMITTER
+                .journals
+                .lock()
+                .retain(|j| !Arc::ptr_eq(j, &self.shared));
+        }
+        if !discard {
+            drop(self.shared.commit.lock());
         }
     }
 }
@@ -479,33 +558,18 @@ impl Drop for Journal {
 }
 
 impl Shared {
-    /// The committer thread: commits a batch when it is full or its interval is up,
-    /// until the journal closes.
-    fn commit_batches(&self) {
-        let mut p = self.pending.lock();
-        loop {
-            if p.closing {
-                return;
-            }
-            if p.buf.is_empty() {
-                self.wake.wait(&mut p);
-                continue;
-            }
-            let age = p.since.elapsed();
-            if p.buf.len() >= COMMIT_BYTES || age >= COMMIT_INTERVAL {
-                drop(p);
-                self.commit();
-                p = self.pending.lock();
-                continue;
-            }
-            let _ = self.wake.wait_for(&mut p, COMMIT_INTERVAL - age);
-        }
-    }
-
-    fn commit(&self) {
+    /// Commits what is buffered; the committer's commit (`background`) does nothing
+    /// once the journal is closing.
+    fn commit(&self, background: bool) {
         use std::sync::atomic::Ordering;
         let _guard = self.commit.lock();
-        let buf = std::mem::take(&mut self.pending.lock().buf);
+        let buf = {
+            let mut p = self.pending.lock();
+            if background && p.closing {
+                return;
+            }
+            std::mem::take(&mut p.buf)
+        };
         if buf.is_empty() || self.broken.load(Ordering::Relaxed) {
             return;
         }
@@ -646,17 +710,20 @@ mod tests {
     fn batches_are_committed_without_a_flush() {
         let (_t, d) = dir();
         let (j, _, _) = Journal::open(d.clone(), 3, 1 << 20, false).unwrap();
+        let (other, _, _) = Journal::open(d.clone(), 4, 1 << 20, false).unwrap();
         j.file_done(&id(1, 1), 1);
         j.file_done(&id(2, 1), 2);
-        // The committer commits them once the batch's interval is up (with a wide
-        // margin for a loaded machine).
+        other.file_done(&id(1, 1), 1);
+        // The one committer thread commits both once their batches' interval is up
+        // (with a wide margin for a loaded machine).
         let t = Instant::now();
-        while j.committed() < 2 && t.elapsed() < COMMIT_INTERVAL * 20 {
+        while (j.committed() < 2 || other.committed() < 1) && t.elapsed() < COMMIT_INTERVAL * 20 {
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert_eq!(j.committed(), 2);
-        // Dropping it joins the committer: records not yet committed are not written,
-        // and the lock is free at once.
+        assert_eq!((j.committed(), other.committed()), (2, 1));
+        other.remove();
+        // Dropping it takes it from the committer: records not yet committed are not
+        // written, and the lock is free at once.
         j.file_done(&id(3, 1), 3);
         drop(j);
         let (_, c, existed) = Journal::open(d, 3, 1 << 20, true).unwrap();
