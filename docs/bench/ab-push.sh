@@ -28,16 +28,8 @@ DIRECTION=${DIRECTION:-push}
 LAB=ab$$
 A=dmnl-$LAB-a B=dmnl-$LAB-b FAR=10.200.0.2 PORT=7794
 W=$(mktemp -d "${WORK:-/var/tmp}/dmover-ab.XXXXXX")
-# ext4 without a journal passes over inodes freed in the last one to six minutes when
-# it creates files (`recently_deleted`; docs/benchmarks.md, "Tiny at short RTTs"), and
-# this script deletes its copies when it ends: say so.
-dev=$(findmnt -no SOURCE -T "$W" 2>/dev/null || true)
-if [ "$(findmnt -no FSTYPE -T "$W" 2>/dev/null || true)" = ext4 ] &&
-    [ "$(cat "/sys/fs/ext4/${dev##*/}/journal_task" 2>/dev/null || true)" = "<none>" ]; then
-    echo "note: $W is on ext4 without a journal: runs started within 6 minutes of deleting" \
-        "many files there are slowed (recently_deleted), and this script deletes its copies" \
-        "when it ends" >&2
-fi
+. "$(dirname "${BASH_SOURCE[0]}")/fs-note.sh"
+note_recently_deleted "$W"
 names=() bins=() opts=()
 for v in "$@"; do
     name=${v%%=*} rest=${v#*=}
