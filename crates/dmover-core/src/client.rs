@@ -130,6 +130,7 @@ impl Growing {
             times: Vec::new(),
             meta: Vec::new(),
             sent: false,
+            sparse: Vec::new(),
         });
         Part {
             paths,
@@ -153,6 +154,7 @@ impl Growing {
             times: self.grower.dir_times(),
             meta: Vec::new(),
             sent: false,
+            sparse: Vec::new(),
         });
         self.wait().await
     }
@@ -1240,17 +1242,21 @@ impl Client {
             checksum: self.opts.checksum,
             direct_io: self.opts.direct_io,
             protection: self.opts.protection,
-            // A streamed manifest and early data in a pull only where the caller
-            // offers them (a plain push or pull: `push_once`, `pull_once`).
+            // A streamed manifest (and a pull's live walk) and early data in a pull
+            // only where the caller offers them (a plain push or pull: `push_once`,
+            // `pull_once`). A push offers no negotiated bit: its early data assume a
+            // `Session` granting exactly the base features it offered.
             features: if self.opts.tune {
                 dmover_proto::session::features::SUPPORTED
                     & !dmover_proto::session::features::STREAMED
                     & !dmover_proto::session::features::EARLY
+                    & !dmover_proto::session::features::WALKING
             } else {
                 dmover_proto::session::features::SUPPORTED
                     & !dmover_proto::session::features::TUNING
                     & !dmover_proto::session::features::STREAMED
                     & !dmover_proto::session::features::EARLY
+                    & !dmover_proto::session::features::WALKING
             },
         }
     }
@@ -1527,6 +1533,7 @@ impl Client {
             times: Vec::new(),
             meta: Vec::new(),
             sent: false,
+            sparse: Vec::new(),
         });
         let (fixed, threads) = (self.opts.buffers, self.disk.threads());
         let buffers = Box::new(move |streams| {
@@ -2378,8 +2385,11 @@ impl Client {
         // The server may send its manifest in parts, data flowing from the first on,
         // where nothing here depends on the whole of it: not on a resume or a sync
         // (the files held are answered for the first part only).
+        // The server may also cut them from its walk while it runs (`WALKING`), hard
+        // links and files with holes in later parts.
         if !resume && !self.opts.mirror && same.is_none() {
-            open.features |= dmover_proto::session::features::STREAMED;
+            open.features |= dmover_proto::session::features::STREAMED
+                | dmover_proto::session::features::WALKING;
         }
         // Early data (protocol version 8), on the terms of a push's (`push_once`): the
         // data streams join with the first flight, and the server sends from its

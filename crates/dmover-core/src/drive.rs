@@ -300,10 +300,11 @@ pub trait SourceStore: Source + Sized + 'static {
     }
 
     /// (growing manifest) Takes a later part of the manifest, `entries` (numbered
-    /// after the earlier parts'), and returns the layout's length in chunks with it;
-    /// `None`: the storage reads any chunk already (the part says its length).
-    fn grow(&self, entries: &[Entry]) -> Result<Option<u64>> {
-        let _ = entries;
+    /// after the earlier parts'), of which `sparse` may have holes (a live walk's,
+    /// feature `WALKING`), and returns the layout's length in chunks with it; `None`:
+    /// the storage reads any chunk already (the part says its length).
+    fn grow(&self, entries: &[Entry], sparse: &[u32]) -> Result<Option<u64>> {
+        let _ = (entries, sparse);
         Ok(None)
     }
 
@@ -315,8 +316,8 @@ pub trait SourceStore: Source + Sized + 'static {
 }
 
 impl SourceStore for FileSource {
-    fn grow(&self, entries: &[Entry]) -> Result<Option<u64>> {
-        Ok(Some(FileSource::grow(self, entries.to_vec())?))
+    fn grow(&self, entries: &[Entry], sparse: &[u32]) -> Result<Option<u64>> {
+        Ok(Some(FileSource::grow(self, entries.to_vec(), sparse)?))
     }
 
     fn grown_meta(&self, from: u32) -> (Vec<dmover_proto::manifest::EntryMeta>, u32) {
@@ -353,19 +354,17 @@ impl SourceStore for dmover_store::mem::MemSource {}
 
 /// A sink's storage before data flows: what an earlier attempt left, and the resume.
 pub trait SinkStore: Sink + Sized + 'static {
-    /// (growing manifest) Makes room for a later part of the manifest: `entries`,
+    /// (growing manifest) Makes room for a later part of the manifest: its entries,
     /// whose data are the layout's `chunks`, with the owners and extended attributes
-    /// that came with it (feature `METADATA`). Storage that cannot grow refuses.
-    fn grow(
-        &self,
-        entries: Vec<Entry>,
-        chunks: std::ops::Range<u64>,
-        meta: Vec<dmover_proto::manifest::EntryMeta>,
-    ) -> Result<()> {
-        let _ = (entries, meta);
+    /// that came with it (feature `METADATA`) and its sparse files (feature
+    /// `WALKING`). Storage that cannot grow refuses.
+    fn grow(&self, part: GrownPart) -> Result<()> {
         Err(Error::refused(
             ErrorCode::Unsupported,
-            format!("this destination cannot take a growing manifest (chunks {chunks:?})"),
+            format!(
+                "this destination cannot take a growing manifest (chunks {:?})",
+                part.chunks
+            ),
         ))
     }
 
@@ -425,13 +424,14 @@ impl SinkStore for FileSink {
         FileSink::set_times(self, times)
     }
 
-    fn grow(
-        &self,
-        entries: Vec<Entry>,
-        chunks: std::ops::Range<u64>,
-        meta: Vec<dmover_proto::manifest::EntryMeta>,
-    ) -> Result<()> {
-        Ok(FileSink::grow(self, entries, chunks, meta)?)
+    fn grow(&self, part: GrownPart) -> Result<()> {
+        Ok(FileSink::grow(
+            self,
+            part.entries,
+            part.chunks,
+            part.meta,
+            part.sparse,
+        )?)
     }
 
     fn set_meta(&mut self, meta: Vec<dmover_proto::manifest::EntryMeta>) {
@@ -564,6 +564,9 @@ pub struct GrowPart {
     /// the first flight: in a session without the feature `STREAMED` (not offered)
     /// the later parts follow them as one whole manifest, ended by `ManifestEnd`.
     pub sent: bool,
+    /// (a live walk's part, feature `WALKING`) Its files that may have holes (entry
+    /// indices, ascending), listed before its `Grow`.
+    pub sparse: Vec<u32>,
 }
 
 /// A walked manifest sent in parts (a streamed manifest, feature `STREAMED`): `first`
@@ -600,6 +603,7 @@ pub fn streamed_parts(
         entries: first,
         durable: None,
         times: Vec::new(),
+        sparse: Vec::new(),
     }];
     // Ends past the first part, the last being the manifest's end.
     let total = n + rest.len();
@@ -625,6 +629,7 @@ pub fn streamed_parts(
             entries,
             durable: None,
             times: Vec::new(),
+            sparse: Vec::new(),
         });
         start = end;
     }
@@ -1123,7 +1128,7 @@ where
                     growth = None;
                     growing = false;
                     let grown = match prep.as_ref() {
-                        Some(k) => k.grow(&rest).map(|_| chunk_set(k.chunks())),
+                        Some(k) => k.grow(&rest, &[]).map(|_| chunk_set(k.chunks())),
                         None => Err(Error::refused(
                             ErrorCode::Unsupported,
                             "the manifest's rest came after the storage was bound",
@@ -1148,7 +1153,7 @@ where
                         // its entries' metadata (the first part's root's too).
                         let store = prep.as_ref().or(live.as_ref().map(|l| &*l.0));
                         let grown = match store {
-                            Some(k) => k.grow(&p.entries).inspect(|_| {
+                            Some(k) => k.grow(&p.entries, &p.sparse).inspect(|_| {
                                 (meta, meta_from) = k.grown_meta(meta_from);
                             }),
                             None => Err(Error::refused(
@@ -1178,6 +1183,7 @@ where
                     if !p.sent {
                         m.push_manifest(&p.entries);
                     }
+                    m.sparse_files(&p.sparse);
                     m.grow_meta(meta);
                     // A streamed manifest's source knows the whole total already.
                     env.run.progress.total.fetch_max(p.totals.bytes, Relaxed);
@@ -1977,12 +1983,19 @@ where
                         entries,
                         chunks,
                         meta,
+                        sparse,
                     } => {
                         env.run.progress.grow_manifest(&entries);
+                        let part = GrownPart {
+                            entries,
+                            chunks,
+                            meta,
+                            sparse,
+                        };
                         match &live {
-                            Some((k, ..)) => grow_sink(&mut m, &**k, (entries, chunks, meta)),
+                            Some((k, ..)) => grow_sink(&mut m, &**k, part),
                             // Before the sink is prepared: when it is.
-                            None => grown.push((entries, chunks, meta)),
+                            None => grown.push(part),
                         }
                     }
                     SinkEvent::Times(t) => match (&live, &prep) {
@@ -2198,18 +2211,23 @@ where
     }
 }
 
-/// A later part of a growing manifest at the sink: its entries, chunks and metadata.
-type GrownPart = (
-    Vec<Entry>,
-    std::ops::Range<u64>,
-    Vec<dmover_proto::manifest::EntryMeta>,
-);
+/// A later part of a growing manifest at the sink.
+pub struct GrownPart {
+    /// Its entries, numbered after every earlier part's.
+    pub entries: Vec<Entry>,
+    /// The layout's chunks it adds.
+    pub chunks: std::ops::Range<u64>,
+    /// (feature `METADATA`) Owners and extended attributes of its entries (or earlier
+    /// ones).
+    pub meta: Vec<dmover_proto::manifest::EntryMeta>,
+    /// (feature `WALKING`) Its files that may have holes (entry indices, ascending).
+    pub sparse: Vec<u32>,
+}
 
 /// A later part of a growing manifest: the storage makes room, the machine hears it.
 fn grow_sink<K: SinkStore>(m: &mut SinkSession<Fault>, k: &K, part: GrownPart) {
-    let (entries, chunks, meta) = part;
-    let end = chunks.end;
-    match k.grow(entries, chunks, meta) {
+    let end = part.chunks.end;
+    match k.grow(part) {
         Ok(()) => m.grown(now(), end),
         Err(e) => m.fail(now(), Fault::new(e)),
     }
@@ -2786,6 +2804,7 @@ mod tests {
                         times: Vec::new(),
                         meta: Vec::new(),
                         sent: false,
+                        sparse: Vec::new(),
                     })
                     .unwrap();
                     tokio::time::sleep(Duration::from_millis(if i == 0 { 0 } else { 20 })).await;
@@ -2849,6 +2868,7 @@ mod tests {
             times: Vec::new(),
             meta: Vec::new(),
             sent: false,
+            sparse: Vec::new(),
         })
         .unwrap();
         t.entries += 1;
@@ -2863,6 +2883,7 @@ mod tests {
             times: Vec::new(),
             meta: Vec::new(),
             sent: false,
+            sparse: Vec::new(),
         })
         .unwrap();
         let (sent, received) = runtime().block_on(pair(

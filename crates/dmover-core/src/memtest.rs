@@ -12,7 +12,6 @@
 //! checksums, keeps nothing). Acknowledgements, resends after a lost stream, heartbeats
 //! and errors are those of a file transfer.
 
-use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -278,12 +277,7 @@ impl SinkStore for Discard {
         self.entries.as_slice()
     }
 
-    fn grow(
-        &self,
-        _entries: Vec<Entry>,
-        _chunks: Range<u64>,
-        _meta: Vec<dmover_proto::manifest::EntryMeta>,
-    ) -> Result<()> {
+    fn grow(&self, _part: crate::drive::GrownPart) -> Result<()> {
         Ok(())
     }
 
@@ -320,6 +314,7 @@ impl Parts {
             times: Vec::new(),
             meta: Vec::new(),
             sent: false,
+            sparse: Vec::new(),
         }
     }
 }

@@ -1943,7 +1943,7 @@ fn the_sink_checks_continuous_mode_messages() {
     );
     let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
     assert!(
-        matches!(&events[..], [SinkEvent::Grown { entries, chunks, meta }]
+        matches!(&events[..], [SinkEvent::Grown { entries, chunks, meta, .. }]
             if entries.len() == 1 && *chunks == (2..3) && meta.len() == 2 && meta[1].entry == 3),
         "{events:?}"
     );
@@ -1984,6 +1984,122 @@ fn the_sink_checks_continuous_mode_messages() {
     let (m, now) = sink_with(features::GROWING_MANIFEST);
     let e = failure_after(m, now, Control::Times(TimesPart { entries: vec![] }));
     assert!(e.contains("continuous"), "{e}");
+}
+
+/// A sink in a streamed session with `features`, the first part of `manifest(3)`
+/// (the root and two files) listed with `sparse` before its `Grow`; its events.
+fn live_walk_sink(
+    features: u64,
+    sparse: Vec<u32>,
+) -> (
+    SinkSession<dmover_proto::session::sim::SimError>,
+    Instant,
+    Vec<dmover_proto::manifest::Entry>,
+    Vec<SinkEvent<dmover_proto::session::sim::SimError>>,
+) {
+    let now = Instant::now();
+    let all = manifest(3);
+    let mut m = SinkSession::accept(
+        now,
+        "peer",
+        Timing::default(),
+        Limits::default(),
+        now + HOUR,
+    );
+    m.grant(now, info(features));
+    m.handle_control(now, Control::Options(options()));
+    m.handle_control(
+        now,
+        Control::Manifest(ManifestPart {
+            entries: all[..3].to_vec(),
+        }),
+    );
+    if !sparse.is_empty() {
+        m.handle_control(
+            now,
+            Control::Sparse(dmover_proto::control::SparseFiles { entries: sparse }),
+        );
+    }
+    m.handle_control(
+        now,
+        Control::Grow(Growth {
+            totals: totals(&all[..3]),
+            chunks: 2,
+            last: false,
+        }),
+    );
+    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+    m.handle_control(
+        now,
+        Control::Manifest(ManifestPart {
+            entries: all[3..].to_vec(),
+        }),
+    );
+    (m, now, all, events)
+}
+
+/// A live walk's parts (feature `WALKING`): the first part's list of files with
+/// holes comes before its manifest, a later part's with its `Grown` event; a list
+/// naming an entry of an earlier part, or a later part's list without the feature,
+/// fails the session.
+#[test]
+fn the_sink_takes_a_live_walks_lists_of_sparse_files() {
+    let live =
+        features::GROWING_MANIFEST | features::STREAMED | features::LINKS | features::WALKING;
+    let (mut m, now, all, events) = live_walk_sink(live, vec![2]);
+    assert!(
+        matches!(&events[..], [SinkEvent::Options(_), SinkEvent::Sparse(s), SinkEvent::Manifest(e)]
+            if *s == [2] && e.len() == 3),
+        "{events:?}"
+    );
+    m.handle_control(
+        now,
+        Control::Sparse(dmover_proto::control::SparseFiles { entries: vec![3] }),
+    );
+    m.handle_control(
+        now,
+        Control::Grow(Growth {
+            totals: totals(&all),
+            chunks: 3,
+            last: false,
+        }),
+    );
+    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+    assert!(
+        matches!(&events[..], [SinkEvent::Grown { entries, chunks, sparse, .. }]
+            if entries.len() == 1 && *chunks == (2..3) && *sparse == [3]),
+        "{events:?}"
+    );
+    // A later part's list naming a file of the first part.
+    let (mut m, now, all, _) = live_walk_sink(live, vec![]);
+    m.handle_control(
+        now,
+        Control::Sparse(dmover_proto::control::SparseFiles { entries: vec![1] }),
+    );
+    let e = failure_after(
+        m,
+        now,
+        Control::Grow(Growth {
+            totals: totals(&all),
+            chunks: 3,
+            last: false,
+        }),
+    );
+    assert!(e.contains("earlier part"), "{e}");
+    // A first part's list naming the root (a directory).
+    let (mut m, now, _, _) = live_walk_sink(live, vec![0]);
+    m.handle_timeout(now + Timing::default().report_wait);
+    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+    let last = format!("{:?}", events.last());
+    assert!(last.contains("not a regular file"), "{events:?}");
+    // Without the feature, a later part has no list.
+    let (m, now, _, _) = live_walk_sink(live & !features::WALKING, vec![]);
+    let e = failure_after(
+        m,
+        now,
+        Control::Sparse(dmover_proto::control::SparseFiles { entries: vec![3] }),
+    );
+    assert!(e.contains("Sparse") || e.contains("sparse"), "{e}");
 }
 
 // ---------------------------------------------------------------------------------

@@ -90,7 +90,11 @@ pub(crate) fn has_xattrs_at(dir: &impl AsFd, name: &[u8]) -> Option<bool> {
 }
 
 /// Reads the xattrs of `name` in `dir` (not followed) that `scope` allows.
-fn read_xattrs_at(dir: &impl AsFd, name: &[u8], scope: XattrScope) -> io::Result<Vec<Xattr>> {
+pub(crate) fn read_xattrs_at(
+    dir: &impl AsFd,
+    name: &[u8],
+    scope: XattrScope,
+) -> io::Result<Vec<Xattr>> {
     if has_xattrs_at(dir, name) == Some(false) {
         return Ok(Vec::new());
     }

@@ -704,12 +704,14 @@ impl FileSink {
     /// its files are completed as their data arrive, hard links and directory modes
     /// at [`Sink::finish`].
     /// `meta`: the owners and extended attributes of its entries (or earlier ones),
-    /// as [`FileSink::set_meta`].
+    /// as [`FileSink::set_meta`]; `sparse`: its files that may have holes (a live
+    /// walk's part), as [`FileSink::set_sparse`].
     pub fn grow(
         &self,
         entries: Vec<Entry>,
         chunks: std::ops::Range<u64>,
         meta: Vec<EntryMeta>,
+        sparse: Vec<u32>,
     ) -> Result<()> {
         if !meta.is_empty() {
             self.meta
@@ -720,6 +722,7 @@ impl FileSink {
         let from = w.tree.entries().len();
         let n = entries.len();
         w.tree.extend(entries);
+        w.tree.add_sparse(from, &sparse);
         let Bound { tree, layout } = &mut *w;
         let layout = Arc::make_mut(layout);
         layout

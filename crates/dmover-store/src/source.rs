@@ -52,6 +52,8 @@ pub const SKIPPED_MARKER: u32 = u32::MAX;
 struct Bound {
     tree: Tree,
     layout: Arc<Layout>,
+    /// Sparse files (by entry): their data extents, found at the first read.
+    extents: HashMap<u32, OnceLock<Vec<(u64, u64)>>>,
 }
 
 /// A file-backed source.
@@ -71,8 +73,6 @@ pub struct FileSource {
     failed: Mutex<BTreeMap<u32, String>>,
     /// Entries the walk skipped, reported in [`FileSource::failed`] when nonzero.
     skipped_report: u64,
-    /// Sparse files (by entry): their data extents, found at the first read.
-    extents: HashMap<u32, OnceLock<Vec<(u64, u64)>>>,
     /// What a growing manifest's parts carry of their entries' metadata: the
     /// attributes in scope, and the owners or not (none: nothing).
     grown_meta: Option<(dmover_proto::manifest::XattrScope, bool)>,
@@ -85,12 +85,12 @@ impl FileSource {
             Error::refused(dmover_proto::control::ErrorCode::Protocol, e.to_string())
         })?;
         Ok(FileSource {
-            extents: tree
-                .sparse()
-                .iter()
-                .map(|&e| (e, OnceLock::new()))
-                .collect(),
             bound: RwLock::new(Bound {
+                extents: tree
+                    .sparse()
+                    .iter()
+                    .map(|&e| (e, OnceLock::new()))
+                    .collect(),
                 tree,
                 layout: Arc::new(layout),
             }),
@@ -251,13 +251,20 @@ impl FileSource {
 
     /// (growing manifest) Adds a later part of the manifest: `entries`, numbered
     /// after every earlier part's (parents among them or earlier), laid out on fresh
-    /// chunks after the earlier parts' (see [`Layout::extend`]). Returns the layout's
-    /// length in chunks with the part. Files of a part are never sparse.
-    pub fn grow(&self, entries: Vec<dmover_proto::manifest::Entry>) -> Result<u64> {
+    /// chunks after the earlier parts' (see [`Layout::extend`]); `sparse`: its files
+    /// that may have holes (a live walk's part). Returns the layout's length in
+    /// chunks with the part.
+    pub fn grow(&self, entries: Vec<dmover_proto::manifest::Entry>, sparse: &[u32]) -> Result<u64> {
         let mut b = self.bound.write();
         let from = b.tree.entries().len();
         b.tree.extend(entries);
-        let Bound { tree, layout } = &mut *b;
+        let added = b.tree.add_sparse(from, sparse);
+        let Bound {
+            tree,
+            layout,
+            extents,
+        } = &mut *b;
+        extents.extend(added.iter().map(|&e| (e, OnceLock::new())));
         Arc::make_mut(layout)
             .extend(tree.entries(), from)
             .map_err(|e| {
@@ -304,7 +311,7 @@ impl FileSource {
             .map_err(|e| Error::io("opening", path(), e))?;
         let fd = sys::open_in(&*dir, name, OFlags::RDONLY, 0)
             .map_err(|e| Error::io("opening", path(), e))?;
-        if self.in_hole(slot.entry, &fd, p.file_offset, p.len as u64, slot.size) {
+        if Self::in_hole(b, slot.entry, &fd, p.file_offset, p.len as u64, slot.size) {
             buf[p.buf_offset..p.buf_offset + p.len].fill(0);
         } else {
             self.read_data(b, p, &fd, buf, &path)?;
@@ -331,11 +338,11 @@ impl FileSource {
     /// Whether `[offset, offset + len)` of file `entry` (open as `fd`) lies wholly in
     /// a hole: only a sparse file's can. Its extents are found at the first call; a
     /// file that cannot be sought counts as all data.
-    fn in_hole(&self, entry: u32, fd: &OwnedFd, offset: u64, len: u64, size: u64) -> bool {
-        if self.extents.is_empty() {
+    fn in_hole(b: &Bound, entry: u32, fd: &OwnedFd, offset: u64, len: u64, size: u64) -> bool {
+        if b.extents.is_empty() {
             return false;
         }
-        let Some(cell) = self.extents.get(&entry) else {
+        let Some(cell) = b.extents.get(&entry) else {
             return false;
         };
         let extents =
@@ -347,7 +354,7 @@ impl FileSource {
     /// are known by then).
     fn known_hole(&self, b: &Bound, p: &Piece) -> bool {
         let slot = b.layout.files()[p.file as usize];
-        self.extents
+        b.extents
             .get(&slot.entry)
             .and_then(|c| c.get())
             .is_some_and(|ext| !sys::has_data(ext, p.file_offset, p.file_offset + p.len as u64))
@@ -431,8 +438,8 @@ impl Source for FileSource {
         trailer.clear();
         let mut n_digests = 0;
         let mut crc = 0u32;
-        let mut zeros = !self.extents.is_empty();
         let b = self.bound.read();
+        let mut zeros = !b.extents.is_empty();
         for p in b.layout.pieces(k) {
             let ok = self.read_or_fail(&b, &p, buf)?;
             zeros = zeros && ok && self.known_hole(&b, &p);

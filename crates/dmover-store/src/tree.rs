@@ -108,6 +108,27 @@ impl Tree {
         &self.sparse
     }
 
+    /// Adds files of a later part (entries `from..`) that may have holes, for a
+    /// growing manifest cut from a running walk; entries that are not regular files
+    /// of that part are left out. Returns those added.
+    pub fn add_sparse(&mut self, from: usize, entries: &[u32]) -> Vec<u32> {
+        let mut added: Vec<u32> = entries
+            .iter()
+            .copied()
+            .filter(|&i| {
+                i as usize >= from
+                    && self
+                        .entries
+                        .get(i as usize)
+                        .is_some_and(|e| matches!(e.kind, EntryKind::File { .. }))
+            })
+            .collect();
+        added.sort_unstable();
+        added.dedup();
+        self.sparse.extend_from_slice(&added);
+        added
+    }
+
     /// Whether entry `idx` may have holes: one comparison when no file has any.
     pub fn is_sparse(&self, idx: u32) -> bool {
         !self.sparse.is_empty() && self.sparse.binary_search(&idx).is_ok()

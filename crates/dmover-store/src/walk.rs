@@ -20,8 +20,10 @@
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
-use dmover_proto::manifest::{Entry, EntryKind, Mtime, NO_PARENT};
+use dmover_proto::manifest::{Entry, EntryKind, EntryMeta, Mtime, NO_PARENT, Xattr, XattrScope};
 use rustix::fs::{AtFlags, FileType, OFlags, Stat};
 use rustix::io::Errno;
 
@@ -76,15 +78,73 @@ struct Links {
     /// Whether each entry has extended attributes, as far as the walk asked
     /// (`listxattrat(2)` beside its `stat`; `None`: not asked, or no answer).
     xattrs: Vec<Option<bool>>,
+    /// (a walk that reads metadata, [`How::meta`]) Each entry's owners and extended
+    /// attributes, in entry order (a root that is the export itself has none).
+    meta: Vec<EntryMeta>,
+    want_meta: bool,
+}
+
+/// What a walk asks of each entry besides its `stat`.
+#[derive(Clone, Copy)]
+struct How<'a> {
+    filter: &'a Filter,
+    /// Whether it has extended attributes (`listxattrat(2)`).
+    xattrs: bool,
+    /// Its extended attributes in this scope, read by the threads that read ahead
+    /// (a live walk's metadata, feature `METADATA`).
+    meta: Option<XattrScope>,
+    /// A failed read of extended attributes was logged.
+    warned: &'a AtomicBool,
+}
+
+impl How<'_> {
+    /// The extended attributes of `name` in `fd` (of type `ft`) in the metadata's
+    /// scope: `None` when not asked (or not wanted for this kind, as
+    /// [`crate::meta::read_tree`] decides).
+    fn read_xattrs(&self, fd: &OwnedFd, name: &[u8], ft: FileType) -> Option<Vec<Xattr>> {
+        let scope = self.meta?;
+        // Linux allows no user.* attributes on symlinks, and ACLs are not theirs.
+        if !(scope.user || scope.acls || scope.all) || (ft == FileType::Symlink && !scope.all) {
+            return None;
+        }
+        match crate::meta::read_xattrs_at(fd, name, scope) {
+            Ok(x) => Some(x),
+            Err(err) => {
+                if !self.warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "reading the extended attributes of {}: {err}; sent without them",
+                        String::from_utf8_lossy(name)
+                    );
+                }
+                Some(Vec::new())
+            }
+        }
+    }
 }
 
 /// Makes `entry` (about to be pushed as index `idx`) a hard link to an earlier path
 /// of its inode, or remembers it as the first path of a linked inode; notes it as
 /// sparse when its blocks do not cover its size.
-fn note_link(links: &mut Links, idx: u32, st: &Stat, xattrs: Option<bool>, entry: &mut Entry) {
+fn note_link(
+    links: &mut Links,
+    idx: u32,
+    st: &Stat,
+    (xattrs, read): (Option<bool>, Option<Vec<Xattr>>),
+    entry: &mut Entry,
+) {
     debug_assert_eq!(links.owners.len(), idx as usize);
     links.owners.push((st.st_uid, st.st_gid));
-    links.xattrs.push(xattrs);
+    links
+        .xattrs
+        .push(xattrs.or(read.as_ref().map(|x| !x.is_empty())));
+    if links.want_meta {
+        links.meta.push(EntryMeta {
+            entry: idx,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            xattrs: read.unwrap_or_default(),
+        });
+    }
     let EntryKind::File { size } = entry.kind else {
         return;
     };
@@ -152,12 +212,279 @@ pub fn walk_filtered(sources: Vec<SourceRoot>, filter: &Filter) -> Result<Walked
 /// sends metadata ([`crate::meta::read_tree`]) need not ask again for the many files
 /// that have none.
 pub fn walk_with(sources: Vec<SourceRoot>, filter: &Filter, xattrs: bool) -> Result<Walked> {
+    let warned = AtomicBool::new(false);
+    let how = How {
+        filter,
+        xattrs,
+        meta: None,
+        warned: &warned,
+    };
+    let core = walk_core(sources, how, &mut |_| true)?;
+    Ok(core.into_walked().0)
+}
+
+/// How a live walk cuts its manifest into parts ([`walk_live`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Cuts {
+    /// A walk that ends before this many entries goes whole.
+    pub at: usize,
+    /// The first part's entries.
+    pub first: usize,
+    /// The largest part: each part is twice the one before, up to this.
+    pub max: usize,
+    /// A part smaller than its turn (but of `first` entries at least) goes when this
+    /// long has passed since the one before: a slow walk still feeds the copy.
+    pub wait: Duration,
+}
+
+/// How a live walk starts.
+#[derive(Debug)]
+pub enum Start {
+    /// The walk ended before [`Cuts::at`] entries, or had several roots: the whole
+    /// tree, and its entries' metadata (when asked).
+    Whole(Walked, Vec<EntryMeta>),
+    /// The first part of a walk that goes on: its tree (its sparse files, owners
+    /// and xattr presence) and its entries' metadata; the rest comes in
+    /// [`WalkPart`]s. `skipped` and `filtered` are those of the last part.
+    First(Walked, Vec<EntryMeta>),
+}
+
+/// A later part of a live walk.
+#[derive(Debug)]
+pub struct WalkPart {
+    /// Its entries, numbered after every earlier part's; their parents are earlier.
+    /// It may hold hard links to a file of any part up to it.
+    pub entries: Vec<Entry>,
+    /// Its files that may have holes (entry indices, ascending).
+    pub sparse: Vec<u32>,
+    /// Its entries' owners and extended attributes (when asked).
+    pub meta: Vec<EntryMeta>,
+    /// The walk ended with it.
+    pub last: bool,
+    /// (the last part) Entries the walk skipped, and those the filters left out.
+    pub skipped: u64,
+    /// See `skipped`.
+    pub filtered: u64,
+}
+
+/// Walks `sources` as [`walk_filtered`], handing the manifest out while the walk
+/// runs: once it has [`Cuts::at`] entries, their first [`Cuts::first`] go to `start`
+/// as [`Start::First`] and the rest to `part` as the walk finds them (any prefix of
+/// a running walk is a manifest: entries are only appended, each after its parent),
+/// the last part marked. A walk that ends sooner, or of several roots (a later root
+/// would come in a later part), goes whole to `start`. With `meta`, each entry's
+/// owners and extended attributes in that scope are read with its `stat`, by the
+/// threads that read ahead. `part` returning `false` stops the walk (its receiver is
+/// gone). An error before `start` was called returns with nothing called; after it,
+/// the parts end without one marked last.
+pub fn walk_live(
+    sources: Vec<SourceRoot>,
+    filter: &Filter,
+    meta: Option<XattrScope>,
+    cuts: Cuts,
+    start: impl FnOnce(Start),
+    mut part: impl FnMut(WalkPart) -> bool,
+) -> Result<()> {
+    let warned = AtomicBool::new(false);
+    let how = How {
+        filter,
+        xattrs: false,
+        meta,
+        warned: &warned,
+    };
+    let live = sources.len() == 1;
+    let mut start = Some(start);
+    let mut stopped = false;
+    let mut cut = Cutter {
+        cuts,
+        sent: 0,
+        sparse_sent: 0,
+        size: cuts.first,
+        last: Instant::now(),
+    };
+    let core = walk_core(sources, how, &mut |v: View<'_>| {
+        if !live {
+            return true;
+        }
+        if start.is_some() {
+            if v.entries.len() < cuts.at.max(cuts.first + 1) {
+                return true;
+            }
+            let first = cut.first(v);
+            if let Some(s) = start.take() {
+                s(first);
+            }
+            return true;
+        }
+        let go_on = cut.parts(v, false).into_iter().all(&mut part);
+        stopped = !go_on;
+        go_on
+    })?;
+    if stopped {
+        return Ok(());
+    }
+    if let Some(s) = start.take() {
+        let (walked, meta) = core.into_walked();
+        s(Start::Whole(walked, meta));
+        return Ok(());
+    }
+    let mut core = core;
+    let view = View {
+        entries: &core.entries,
+        links: &mut core.links,
+        roots: &core.roots,
+    };
+    let mut parts = cut.parts(view, true);
+    if let Some(last) = parts.last_mut() {
+        last.skipped = core.skipped;
+        last.filtered = core.filtered;
+    }
+    for p in parts {
+        if !part(p) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Where a live walk is in cutting its manifest.
+struct Cutter {
+    cuts: Cuts,
+    /// Entries handed out.
+    sent: usize,
+    /// Of the walk's sparse files, those handed out.
+    sparse_sent: usize,
+    /// The next part's size.
+    size: usize,
+    /// When the last part went.
+    last: Instant,
+}
+
+impl Cutter {
+    /// The first part, as [`Start::First`].
+    fn first(&mut self, v: View<'_>) -> Start {
+        let n = self.cuts.first;
+        let entries = v.entries[..n].to_vec();
+        let mut tree = Tree::new(entries, v.roots.clone());
+        let sparse = self.take_sparse(v.links, n);
+        tree.set_sparse(sparse);
+        tree.set_owners(v.links.owners[..n].to_vec());
+        tree.set_xattr_presence(v.links.xattrs[..n].to_vec());
+        let meta = take_meta(v.links, n);
+        self.sent = n;
+        self.size = (n * 2).min(self.cuts.max.max(1));
+        self.last = Instant::now();
+        Start::First(
+            Walked {
+                tree,
+                skipped: 0,
+                filtered: 0,
+            },
+            meta,
+        )
+    }
+
+    /// The parts due: each of its turn's size, or a smaller one of the entries
+    /// waiting once [`Cuts::wait`] has passed; with `end`, the rest as the last (it
+    /// may be empty).
+    fn parts(&mut self, v: View<'_>, end: bool) -> Vec<WalkPart> {
+        let mut out = Vec::new();
+        loop {
+            let pending = v.entries.len() - self.sent;
+            let slow = pending >= self.cuts.first && self.last.elapsed() >= self.cuts.wait;
+            let take = if pending >= self.size {
+                self.size
+            } else if end || slow {
+                pending
+            } else {
+                break;
+            };
+            let to = self.sent + take;
+            let last = end && to == v.entries.len();
+            out.push(WalkPart {
+                entries: v.entries[self.sent..to].to_vec(),
+                sparse: self.take_sparse(v.links, to),
+                meta: take_meta(v.links, to),
+                last,
+                skipped: 0,
+                filtered: 0,
+            });
+            self.sent = to;
+            self.size = (self.size * 2).min(self.cuts.max.max(1));
+            self.last = Instant::now();
+            if last || (take == 0) {
+                break;
+            }
+        }
+        out
+    }
+
+    /// The walk's sparse files below entry `to` not yet handed out.
+    fn take_sparse(&mut self, links: &Links, to: usize) -> Vec<u32> {
+        let rest = &links.sparse[self.sparse_sent..];
+        let n = rest.partition_point(|&i| (i as usize) < to);
+        self.sparse_sent += n;
+        rest[..n].to_vec()
+    }
+}
+
+/// The metadata read of entries below `to`, taken out of the walk's notes.
+fn take_meta(links: &mut Links, to: usize) -> Vec<EntryMeta> {
+    let n = links.meta.partition_point(|m| (m.entry as usize) < to);
+    links.meta.drain(..n).collect()
+}
+
+/// The roots of a walk: where each lives, and its label.
+type Roots = HashMap<u32, (RootRef, String)>;
+
+/// What a walk's hook sees after each directory: the entries so far and what the
+/// walk noted of them.
+struct View<'a> {
+    entries: &'a [Entry],
+    links: &'a mut Links,
+    roots: &'a Roots,
+}
+
+/// Called after each directory the walk lists; `false` stops the walk.
+type Hook<'h> = dyn FnMut(View<'_>) -> bool + 'h;
+
+/// A walk's raw result.
+struct Core {
+    entries: Vec<Entry>,
+    roots: Roots,
+    links: Links,
+    skipped: u64,
+    filtered: u64,
+}
+
+impl Core {
+    /// The walked tree, and the metadata read with it.
+    fn into_walked(self) -> (Walked, Vec<EntryMeta>) {
+        let mut tree = Tree::new(self.entries, self.roots);
+        tree.set_sparse(self.links.sparse);
+        tree.set_owners(self.links.owners);
+        tree.set_xattr_presence(self.links.xattrs);
+        (
+            Walked {
+                tree,
+                skipped: self.skipped,
+                filtered: self.filtered,
+            },
+            self.links.meta,
+        )
+    }
+}
+
+fn walk_core(sources: Vec<SourceRoot>, how: How<'_>, hook: &mut Hook<'_>) -> Result<Core> {
     let mut filtered = 0;
     let mut entries: Vec<Entry> = Vec::new();
     let mut roots = HashMap::new();
     let mut labels = HashMap::new();
     let mut skipped = 0;
-    let mut links = Links::default();
+    let mut links = Links {
+        want_meta: how.meta.is_some(),
+        ..Links::default()
+    };
     for src in sources {
         let idx = entries.len() as u32;
         let (st, target, reader) = match &src.root {
@@ -198,29 +525,42 @@ pub fn walk_with(sources: Vec<SourceRoot>, filter: &Filter, xattrs: bool) -> Res
                 format!("{} is not a regular file, directory or symlink", src.label),
             ));
         };
-        note_link(&mut links, idx, &st, None, &mut entry);
+        // The root's metadata, when it is a name in a directory (a root that is the
+        // export itself has none, as in `meta::read_tree`).
+        let read = match &src.root {
+            RootRef::At { parent, name } => {
+                how.read_xattrs(parent, name, FileType::from_raw_mode(st.st_mode))
+            }
+            RootRef::Dir(_) => None,
+        };
+        let has_meta = matches!(src.root, RootRef::At { .. });
+        note_link(&mut links, idx, &st, (None, read), &mut entry);
+        if !has_meta && links.want_meta {
+            links.meta.pop();
+        }
         entries.push(entry);
         labels.insert(idx, src.label.clone());
         roots.insert(idx, (src.root, src.label));
         if let Some(reader) = reader {
             let counts = (&mut skipped, &mut filtered);
-            walk_dir(
+            let go_on = walk_dir(
                 idx,
                 reader,
-                &mut entries,
-                &labels,
+                (&mut entries, &mut links),
+                (&labels, &roots),
                 counts,
-                (filter, xattrs),
-                &mut links,
+                how,
+                hook,
             )?;
+            if !go_on {
+                break;
+            }
         }
     }
-    let mut tree = Tree::new(entries, roots);
-    tree.set_sparse(links.sparse);
-    tree.set_owners(links.owners);
-    tree.set_xattr_presence(links.xattrs);
-    Ok(Walked {
-        tree,
+    Ok(Core {
+        entries,
+        roots,
+        links,
         skipped,
         filtered,
     })
@@ -234,13 +574,14 @@ const READ_AHEAD_THREADS: usize = 4;
 /// list rules out (not stat'ed).
 type Listing = Vec<(Vec<u8>, Option<Looked>)>;
 
-/// A child's `stat`, for a symlink its target, and whether it has extended
-/// attributes (when asked).
+/// A child's `stat`, for a symlink its target, whether it has extended attributes
+/// (when asked), and its extended attributes (when the metadata is read).
 type Looked = std::result::Result<
     (
         Stat,
         Option<std::result::Result<Vec<u8>, Errno>>,
         Option<bool>,
+        Option<Vec<Xattr>>,
     ),
     Errno,
 >;
@@ -274,7 +615,7 @@ struct AheadState {
 }
 
 /// Reads the directory of `job`.
-fn read_job(job: Job, how: (&Filter, bool)) -> std::io::Result<(Arc<OwnedFd>, Listing)> {
+fn read_job(job: Job, how: How<'_>) -> std::io::Result<(Arc<OwnedFd>, Listing)> {
     let (_, parent, name, rel) = job;
     let fd = Arc::new(sys::open_in(&*parent, &name, READ_DIR, 0)?);
     list_dir(&fd, &rel, how).map(|l| (fd, l))
@@ -297,7 +638,7 @@ impl Ahead {
 
     /// A helper: reads directories until the walk stops, never more than
     /// [`READ_AHEAD_MAX`] ahead.
-    fn help(&self, how: (&Filter, bool)) {
+    fn help(&self, how: How<'_>) {
         loop {
             let job = {
                 let mut st = self.lock();
@@ -326,7 +667,7 @@ impl Ahead {
 
     /// The listing of directory `idx` (the walk's next): a helper's, or read here
     /// when no helper has started on it.
-    fn take(&self, idx: u32, how: (&Filter, bool)) -> std::io::Result<(Arc<OwnedFd>, Listing)> {
+    fn take(&self, idx: u32, how: How<'_>) -> std::io::Result<(Arc<OwnedFd>, Listing)> {
         let mut st = self.lock();
         loop {
             if let Some(r) = st.done.remove(&idx) {
@@ -346,11 +687,8 @@ impl Ahead {
 
 /// Lists the directory `fd` (at `rel` below the root) and stats its children, in
 /// inode order (on ext4 and XFS close to on-disk order).
-fn list_dir(
-    fd: &OwnedFd,
-    rel: &[u8],
-    (filter, xattrs): (&Filter, bool),
-) -> std::io::Result<Listing> {
+fn list_dir(fd: &OwnedFd, rel: &[u8], how: How<'_>) -> std::io::Result<Listing> {
+    let (filter, xattrs) = (how.filter, how.xattrs);
     let mut kids: Vec<(u64, Vec<u8>)> = Vec::new();
     for de in rustix::fs::Dir::read_from(fd)? {
         let de = de?;
@@ -377,12 +715,13 @@ fn list_dir(
                             rustix::fs::readlinkat(fd, name.as_slice(), Vec::new())
                                 .map(|t| t.into_bytes())
                         });
-                    let has = if xattrs {
+                    let read = how.read_xattrs(fd, &name, FileType::from_raw_mode(st.st_mode));
+                    let has = if xattrs && read.is_none() {
                         crate::meta::has_xattrs_at(fd, &name)
                     } else {
                         None
                     };
-                    (st, target, has)
+                    (st, target, has, read)
                 });
             (name, Some(looked))
         })
@@ -395,19 +734,19 @@ fn list_dir(
 fn walk_dir(
     idx: u32,
     root: OwnedFd,
-    entries: &mut Vec<Entry>,
-    labels: &HashMap<u32, String>,
+    (entries, links): (&mut Vec<Entry>, &mut Links),
+    (labels, roots): (&HashMap<u32, String>, &Roots),
     (skipped, filtered): (&mut u64, &mut u64),
-    (filter, xattrs): (&Filter, bool),
-    links: &mut Links,
-) -> Result<()> {
+    how: How<'_>,
+    hook: &mut Hook<'_>,
+) -> Result<bool> {
     let ahead = Ahead::default();
     std::thread::scope(|s| {
         for i in 0..READ_AHEAD_THREADS {
             let ahead = &ahead;
             let spawned = std::thread::Builder::new()
                 .name(format!("dmover-walk-{i}"))
-                .spawn_scoped(s, move || ahead.help((filter, xattrs)));
+                .spawn_scoped(s, move || ahead.help(how));
             if spawned.is_err() {
                 break;
             }
@@ -417,12 +756,11 @@ fn walk_dir(
         walk_ahead(
             idx,
             root,
-            entries,
-            labels,
+            (entries, links),
+            (labels, roots),
             (skipped, filtered),
-            (filter, xattrs),
-            links,
-            &ahead,
+            how,
+            (&ahead, hook),
         )
     })
 }
@@ -435,29 +773,31 @@ impl Drop for StopOnDrop<'_> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The walk below one root: depth-first, a directory's children together, read
+/// ahead by `ahead`'s helpers; `hook` after each directory (`false`: stop, and
+/// return `false`).
 fn walk_ahead(
     idx: u32,
     root: OwnedFd,
-    entries: &mut Vec<Entry>,
-    labels: &HashMap<u32, String>,
+    (entries, links): (&mut Vec<Entry>, &mut Links),
+    (labels, roots): (&HashMap<u32, String>, &Roots),
     (skipped, filtered): (&mut u64, &mut u64),
-    (filter, xattrs): (&Filter, bool),
-    links: &mut Links,
-    ahead: &Ahead,
-) -> Result<()> {
+    how: How<'_>,
+    (ahead, hook): (&Ahead, &mut Hook<'_>),
+) -> Result<bool> {
+    let filter = how.filter;
     // Directories still to visit, the next last (a helper may be reading it).
     let mut stack: Vec<u32> = Vec::new();
     let root = Arc::new(root);
-    let first = list_dir(&root, &[], (filter, xattrs))
+    let first = list_dir(&root, &[], how)
         .map_err(|e| Error::io("listing", path_of(entries, labels, idx), e))?;
     let mut current = Some((idx, root, first));
     loop {
         let (dir_idx, fd, listing) = match current.take() {
             Some(c) => c,
             None => match stack.pop() {
-                None => return Ok(()),
-                Some(i) => match ahead.take(i, (filter, xattrs)) {
+                None => return Ok(true),
+                Some(i) => match ahead.take(i, how) {
                     Ok((fd, l)) => (i, fd, l),
                     Err(e) => return Err(Error::io("opening", path_of(entries, labels, i), e)),
                 },
@@ -482,7 +822,7 @@ fn walk_ahead(
                     String::from_utf8_lossy(&name)
                 )
             };
-            let (st, target, has_xattrs) = match looked {
+            let (st, target, has_xattrs, read) = match looked {
                 Ok(l) => l,
                 Err(Errno::NOENT) => {
                     *skipped += 1;
@@ -523,7 +863,13 @@ fn walk_ahead(
             let Some(mut entry) = entry_of(dir_idx, name, &st, target) else {
                 continue;
             };
-            note_link(links, entries.len() as u32, &st, has_xattrs, &mut entry);
+            note_link(
+                links,
+                entries.len() as u32,
+                &st,
+                (has_xattrs, read),
+                &mut entry,
+            );
             if entry.kind == EntryKind::Dir {
                 let sub_rel = if filter.is_empty() {
                     Vec::new()
@@ -544,6 +890,14 @@ fn walk_ahead(
         subdirs.reverse();
         stack.extend(subdirs.iter().map(|j| j.0));
         ahead.push(subdirs.into_iter());
+        let view = View {
+            entries,
+            links: &mut *links,
+            roots,
+        };
+        if !hook(view) {
+            return Ok(false);
+        }
     }
 }
 
@@ -853,5 +1207,184 @@ mod read_ahead_tests {
                 .collect();
             assert_eq!(with, ["r/d5/f3"]);
         }
+    }
+}
+
+#[cfg(test)]
+mod live_tests {
+    use super::*;
+    use std::path::Path;
+
+    fn src(dir: &Path, name: &str) -> SourceRoot {
+        SourceRoot {
+            root: RootRef::At {
+                parent: Arc::new(
+                    sys::open_in(
+                        rustix::fs::CWD,
+                        dir.as_os_str().as_encoded_bytes(),
+                        sys::DIR_PATH,
+                        0,
+                    )
+                    .unwrap(),
+                ),
+                name: name.as_bytes().to_vec(),
+            },
+            name: name.as_bytes().to_vec(),
+            label: name.into(),
+        }
+    }
+
+    /// A tree whose later directories hold hard links to files of earlier ones and
+    /// files with holes, so that both fall into parts after the first.
+    fn tree(root: &Path) {
+        for i in 0..12 {
+            let d = root.join(format!("d{i:02}"));
+            std::fs::create_dir_all(d.join("sub")).unwrap();
+            for k in 0..5 {
+                std::fs::write(d.join(format!("f{k}")), vec![b'a' + k as u8; k * 100]).unwrap();
+            }
+            std::fs::write(d.join("sub/g"), b"g").unwrap();
+            if i % 3 == 2 {
+                let f = std::fs::File::create(d.join("holes")).unwrap();
+                f.set_len(1 << 20).unwrap();
+            }
+            if i >= 4 {
+                std::fs::hard_link(root.join("d00/f3"), d.join(format!("link{i}"))).unwrap();
+            }
+        }
+    }
+
+    const CUTS: Cuts = Cuts {
+        at: 20,
+        first: 8,
+        max: 16,
+        wait: Duration::from_secs(3600),
+    };
+
+    /// Walks `dir/name` live; the start and the parts.
+    fn live(dir: &Path, name: &str, cuts: Cuts, meta: bool) -> (Start, Vec<WalkPart>) {
+        let mut first = None;
+        let mut parts = Vec::new();
+        let scope = meta.then_some(XattrScope {
+            user: true,
+            acls: true,
+            all: false,
+        });
+        walk_live(
+            vec![src(dir, name)],
+            &Filter::none(),
+            scope,
+            cuts,
+            |s| first = Some(s),
+            |p| {
+                parts.push(p);
+                true
+            },
+        )
+        .unwrap();
+        (first.unwrap(), parts)
+    }
+
+    #[test]
+    fn a_live_walk_hands_out_the_whole_walk_in_parts() {
+        let t = tempfile::tempdir().unwrap();
+        tree(&t.path().join("r"));
+        let whole = walk(vec![src(t.path(), "r")]).unwrap();
+        let has_link = |e: &[Entry]| {
+            e.iter()
+                .any(|e| matches!(e.kind, EntryKind::HardLink { .. }))
+        };
+        assert!(has_link(whole.tree.entries()));
+        assert!(!whole.tree.sparse().is_empty());
+        let (start, parts) = live(t.path(), "r", CUTS, true);
+        let Start::First(first, first_meta) = start else {
+            panic!(
+                "a tree of {} entries went whole",
+                whole.tree.entries().len()
+            );
+        };
+        assert_eq!(first.tree.entries().len(), CUTS.first);
+        // Every entry once, in the whole walk's order.
+        let mut all = first.tree.entries().to_vec();
+        let mut sparse = first.tree.sparse().to_vec();
+        let mut meta = first_meta;
+        for p in &parts {
+            assert!(p.entries.len() <= CUTS.max);
+            for &i in &p.sparse {
+                assert!((i as usize) >= all.len() && (i as usize) < all.len() + p.entries.len());
+            }
+            all.extend(p.entries.iter().cloned());
+            sparse.extend(&p.sparse);
+            meta.extend(p.meta.iter().cloned());
+        }
+        assert_eq!(all, whole.tree.entries());
+        assert_eq!(sparse, whole.tree.sparse());
+        // Links and holes beyond the first part, as the test means them to be.
+        assert!(parts.iter().any(|p| has_link(&p.entries)));
+        assert!(parts.iter().any(|p| !p.sparse.is_empty()));
+        // Parts double, up to the largest; only the last is marked, and it says what
+        // the walk skipped.
+        assert!(parts.len() >= 3);
+        assert_eq!(parts[0].entries.len(), 16.min(CUTS.max));
+        assert_eq!(parts.iter().filter(|p| p.last).count(), 1);
+        assert!(parts.last().unwrap().last);
+        assert_eq!(parts.last().unwrap().skipped, whole.skipped);
+        // The metadata is the tree's as `meta::read_tree` reads it.
+        let read = crate::meta::read_tree(
+            &whole.tree,
+            XattrScope {
+                user: true,
+                acls: true,
+                all: false,
+            },
+        );
+        assert_eq!(meta, read);
+    }
+
+    #[test]
+    fn a_small_walk_goes_whole_and_a_stopped_one_stops() {
+        let t = tempfile::tempdir().unwrap();
+        tree(&t.path().join("r"));
+        let n = walk(vec![src(t.path(), "r")]).unwrap().tree.entries().len();
+        let cuts = Cuts { at: n + 1, ..CUTS };
+        let (start, parts) = live(t.path(), "r", cuts, false);
+        match start {
+            Start::Whole(w, meta) => {
+                assert_eq!(w.tree.entries().len(), n);
+                assert!(meta.is_empty());
+            }
+            Start::First(..) => panic!("cut a walk below `at`"),
+        }
+        assert!(parts.is_empty());
+        // Parts are refused: the walk stops at the first.
+        let mut calls = 0;
+        walk_live(
+            vec![src(t.path(), "r")],
+            &Filter::none(),
+            None,
+            Cuts {
+                wait: Duration::ZERO,
+                ..CUTS
+            },
+            |_| {},
+            |_| {
+                calls += 1;
+                false
+            },
+        )
+        .unwrap();
+        assert_eq!(calls, 1);
+        // Several roots: whole, however long.
+        let mut first = None;
+        walk_live(
+            vec![src(t.path(), "r"), src(&t.path().join("r"), "d01")],
+            &Filter::none(),
+            None,
+            CUTS,
+            |s| first = Some(s),
+            |_| panic!("a part of a walk of several roots"),
+        )
+        .unwrap();
+        assert!(matches!(first, Some(Start::Whole(..))));
     }
 }

@@ -175,6 +175,13 @@ pub mod features {
     /// holds its tuning decisions and its report until `Go` came. No message of its
     /// own. Negotiated (not in [`BASE`]).
     pub const EARLY: u64 = 512;
+    /// A streamed manifest cut from a walk that is still running (with [`STREAMED`]
+    /// and [`LINKS`]): a part after the first may hold hard links (to a first path in
+    /// any part up to it) and may be preceded by [`Control::Sparse`], listing that
+    /// part's files that may have holes; the first part's list comes before its
+    /// `Grow` as well. Without it, a tree with hard links or holes goes whole, and the
+    /// walk ends before the first part goes. No message of its own. Negotiated.
+    pub const WALKING: u64 = 1024;
 
     /// The features every acceptor of protocol version 6 speaks and grants whenever
     /// the dialer offers them. A dialer thus knows, as it sends `Open`, which of them
@@ -194,12 +201,12 @@ pub mod features {
         | PARTS;
 
     /// The features this build's drivers (`dmover_core::drive`) speak and offer: the
-    /// base, as every version 6 build, and [`EARLY`].
-    pub const SUPPORTED: u64 = BASE | EARLY;
+    /// base, as every version 6 build, and [`EARLY`] and [`WALKING`].
+    pub const SUPPORTED: u64 = BASE | EARLY | WALKING;
 
     /// The features the role machines implement: what a driver may offer once it
     /// handles their events too (the simulator and the pair tests offer these).
-    pub const MACHINES: u64 = BASE | EARLY;
+    pub const MACHINES: u64 = BASE | EARLY | WALKING;
 
     /// The features a session uses: those both sides speak, and always those of
     /// [`BASE`] the dialer offers. Bits the machines do not know are never granted.
@@ -240,6 +247,7 @@ pub mod features {
             STREAMED => "streamed manifest",
             PARTS => "parts",
             EARLY => "early data",
+            WALKING => "live walk",
             _ => "unknown",
         }
     }

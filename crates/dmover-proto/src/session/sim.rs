@@ -431,6 +431,11 @@ impl Sim {
         } else {
             cfg.features &= !super::features::EARLY;
         }
+        // An early push offers no negotiated bit: it assumes a `Session` granting
+        // the base features it offered.
+        if cfg.early && cfg.push {
+            cfg.features &= super::features::BASE;
+        }
         let t0 = Instant::now();
         let all = ChunkSet::all(cfg.chunks);
         let first = part_bounds(&cfg, 0).0;

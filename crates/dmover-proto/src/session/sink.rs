@@ -108,6 +108,9 @@ pub enum SinkEvent<E> {
         /// (feature [`features::METADATA`]) Owners and extended attributes of the
         /// part's entries (or earlier ones), to apply as it is bound.
         meta: Vec<EntryMeta>,
+        /// (feature [`features::WALKING`]) The part's files that may have holes
+        /// (entry indices, ascending), checked: keep them sparse.
+        sparse: Vec<u32>,
     },
     /// (feature [`features::CONTINUOUS`]) Newer modification times of entries of
     /// earlier parts (directories), to set at the end instead of the manifest's.
@@ -498,15 +501,13 @@ impl<E: Cause + Clone> SinkSession<E> {
                 self.entries.extend(part.entries);
                 Ok(())
             }
-            (Phase::Listing, Control::Sparse(s)) if !self.meta_wait => {
-                if self.sparse.len() + s.entries.len() > self.limits.max_entries as usize {
-                    return Err(SessionError::Limit(format!(
-                        "sparse file list exceeds {} entries",
-                        self.limits.max_entries
-                    )));
-                }
-                self.sparse.extend(s.entries);
-                Ok(())
+            (Phase::Listing, Control::Sparse(s)) if !self.meta_wait => self.on_sparse(s),
+            // (feature WALKING) A live walk's later part: its sparse files come
+            // before its `Grow`.
+            (phase, Control::Sparse(s))
+                if phase > Phase::Listing && growing && self.uses(features::WALKING) =>
+            {
+                self.on_sparse(s)
             }
             (phase, Control::Grow(g)) if phase == Phase::Listing || growing => self.on_grow(now, g),
             (phase, Control::Times(t)) if phase > Phase::Listing && growing => {
@@ -614,6 +615,19 @@ impl<E: Cause + Clone> SinkSession<E> {
         }
     }
 
+    /// (feature `LINKS`) A part of the list of sparse files, kept until the manifest
+    /// (or its part) ends.
+    fn on_sparse(&mut self, s: crate::control::SparseFiles) -> Result<(), SessionError<E>> {
+        if self.sparse.len() + s.entries.len() > self.limits.max_entries as usize {
+            return Err(SessionError::Limit(format!(
+                "sparse file list exceeds {} entries",
+                self.limits.max_entries
+            )));
+        }
+        self.sparse.extend(s.entries);
+        Ok(())
+    }
+
     /// (feature `METADATA`) A part of the manifest's metadata: checked against the
     /// limits and the manifest, attributes out of scope dropped; the last one lets
     /// the manifest be prepared for.
@@ -701,6 +715,23 @@ impl<E: Cause + Clone> SinkSession<E> {
                 ),
             });
         }
+        // The part's sparse files (a live walk's, feature WALKING; a first part's
+        // list may come without it): entries of this part, ascending, regular files.
+        let sparse = std::mem::take(&mut self.sparse);
+        let base = totals.entries - part.len() as u64;
+        let off = |i: u32| {
+            u64::from(i)
+                .checked_sub(base)
+                .and_then(|j| u32::try_from(j).ok())
+        };
+        let relative: Option<Vec<u32>> = sparse.iter().map(|&i| off(i)).collect();
+        let bad = match &relative {
+            Some(r) => sparse_error(&part, r),
+            None => Some("sparse file list names an entry of an earlier part".to_string()),
+        };
+        if let Some(what) = bad {
+            return Err(SessionError::Protocol { peer, what });
+        }
         let chunks = self.announced..g.chunks;
         self.announced = g.chunks;
         self.sealed = g.last;
@@ -708,6 +739,9 @@ impl<E: Cause + Clone> SinkSession<E> {
             self.first_chunks = g.chunks;
             self.phase = Phase::Preparing;
             let meta = std::mem::take(&mut self.meta);
+            if !sparse.is_empty() {
+                self.events.push_back(SinkEvent::Sparse(sparse));
+            }
             if !meta.is_empty() {
                 self.events.push_back(SinkEvent::Meta(meta));
             }
@@ -717,6 +751,7 @@ impl<E: Cause + Clone> SinkSession<E> {
                 entries: part,
                 chunks,
                 meta: std::mem::take(&mut self.meta),
+                sparse,
             });
             self.check_complete();
             if self.phase >= Phase::Receiving {

@@ -574,11 +574,18 @@ impl<E: Cause + Clone> SourceSession<E> {
 
     /// (feature [`features::LINKS`]) Lists the files of the manifest that may have
     /// holes (entry indices of regular files, ascending), after
-    /// [`SourceSession::push_manifest`] and before [`SourceSession::end_manifest`].
+    /// [`SourceSession::push_manifest`] and before [`SourceSession::end_manifest`];
+    /// of a growing manifest (feature [`features::WALKING`]), those of the part about
+    /// to end, before its [`SourceSession::grow_manifest`].
     /// Nothing is sent for an empty list, nor in a session without the feature (a
-    /// dialer's, in its first flight, when it offered it).
+    /// dialer's, in its first flight, when it offered it), nor for a later part of a
+    /// growing manifest without `WALKING`.
     pub fn sparse_files(&mut self, entries: &[u32]) {
-        if entries.is_empty() || !self.uses(features::LINKS) {
+        if entries.is_empty()
+            || !self.uses(features::LINKS)
+            || self.manifest_done
+            || (self.growing && !self.uses(features::WALKING))
+        {
             return;
         }
         for part in entries.chunks(SPARSE_PART) {
