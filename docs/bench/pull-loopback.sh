@@ -8,9 +8,9 @@
 # threads").
 #
 #   DATASET=flat:200:1000:100 RUNS=5 PIN=1 bash docs/bench/pull-loopback.sh \
-#       new=target/release/dmover old=/path/to/old/dmover
+#       new=target/release/dmover old=/path/to/old/dmover "c256=target/release/dmover:--chunk 256K"
 #
-# Variants: NAME=BINARY. Settings (environment): DATASET (profile:scale for `dmover
+# Variants: NAME=BINARY[:CP OPTIONS]. Settings (environment): DATASET (profile:scale for `dmover
 # bench mkdata`, or flat:DIRS:FILES:BYTES, DIRS directories of FILES files of BYTES
 # bytes; tiny:1), RUNS (5), PIN (1: each server on CPU 0 and each client on CPU 1, as
 # two machines would not share their cores), WORK (default /var/tmp). Needs root (to
@@ -24,9 +24,13 @@ PIN=${PIN:-0}
 W=$(mktemp -d "${WORK:-/var/tmp}/dmover-lo.XXXXXX")
 . "$(dirname "${BASH_SOURCE[0]}")/fs-note.sh"
 note_recently_deleted "$W"
-names=() bins=() pids=()
+names=() bins=() opts=() pids=()
 for v in "$@"; do
-    names+=("${v%%=*}") bins+=("$(realpath "${v#*=}")")
+    name=${v%%=*} rest=${v#*=}
+    bin=${rest%%:*}
+    opt=""
+    [ "$rest" != "$bin" ] && opt=${rest#*:}
+    names+=("$name") bins+=("$(realpath "$bin")") opts+=("$opt")
 done
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -54,8 +58,12 @@ PY
 esac
 head -c 32 /dev/urandom | base64 >"$W/token"
 chmod 600 "$W/token"
+pin0=()
+[ "$PIN" = 1 ] && pin0=(taskset -c 0)
 for i in "${!bins[@]}"; do
-    on 0 "${bins[$i]}" serve --root "$W" --listen "127.0.0.1:$((7820 + i))" \
+    # Started directly (not through `on`, whose subshell would stand between its pid
+    # and the server's).
+    "${pin0[@]}" "${bins[$i]}" serve --root "$W" --listen "127.0.0.1:$((7820 + i))" \
         --token-file "$W/token" >"$W/serve-$i.log" 2>&1 &
     pids+=("$!")
 done
@@ -71,12 +79,13 @@ echo "variant,run,seconds"
 # Run 0 (not reported) pins each server's key.
 for run in $(seq 0 "$RUNS"); do
     for i in "${!bins[@]}"; do
+        read -ra args <<<"${opts[$i]}"
         from=dmover://127.0.0.1:$((7820 + i))/src
         [ "$run" = 0 ] && from=dmover://127.0.0.1:$((7820 + i))/token
         sync
         echo 3 >/proc/sys/vm/drop_caches
         t0=$(now)
-        on 1 "${bins[$i]}" cp --token-file "$W/token" --known-hosts "$W/kh-$i" \
+        on 1 "${bins[$i]}" cp --token-file "$W/token" --known-hosts "$W/kh-$i" "${args[@]}" \
             "$from" "$W/out-$run-$i" >/dev/null 2>"$W/cp.err" ||
             { tail -3 "$W/cp.err" >&2; continue; }
         sync

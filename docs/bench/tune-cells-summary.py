@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """Summarises docs/bench/tune-cells.sh's CSV: per link and dataset, the bound (the
 longest of the best raw TCP, the cold read and the synced write), the median wall time
-of each mode, and issue 13's ratios; where the CSV has the local copy (disk to disk on
+of each mode, and issue 13's ratios (also against the bound with raw TCP over as many
+streams as the tuned copies ended with, the issue's "same stream count"); where the CSV has the local copy (disk to disk on
 the same machine), a second table against this machine's bound, the longer of the raw
-TCP time and that copy; with --svg FILE, a plot of wall time / bound per
+TCP time and that copy, with (where measured) both at once beside it (the median of
+the `raw-and-copy` runs: the best raw TCP and the local copy started together, on the
+cores they share; a comparison, not a bound: those tools spend more CPU on the work
+than dmover does); with --svg FILE, a plot of wall time / bound per
 cell and mode against the 1.15 goal.
 
     python3 docs/bench/tune-cells-summary.py cells.csv [--svg ratios.svg]
@@ -17,7 +21,7 @@ MODES = ["tuned", "default", "best"]
 
 
 def load(path):
-    cells = defaultdict(lambda: {"raw": [], "read": None, "write": None, "copy": None, "modes": defaultdict(list), "streams": []})
+    cells = defaultdict(lambda: {"raw": [], "read": None, "write": None, "copy": None, "both": [], "modes": defaultdict(list), "streams": []})
     order = []
     for r in csv.DictReader(open(path)):
         if not r["seconds"]:
@@ -39,6 +43,8 @@ def load(path):
                 c["write"] = min(s, c["write"] or s)
             elif r["mode"].startswith("local-copy"):
                 c["copy"] = min(s, c["copy"] or s)
+            elif r["mode"] == "raw-and-copy":
+                c["both"].append(s)
         else:
             c["modes"][r["mode"]].append(s)
             if r["mode"] == "tuned" and r["streams_end"]:
@@ -58,19 +64,27 @@ def summarise(order, cells):
         bound = max(raw, c["read"] or 0.0, c["write"] or 0.0)
         limit = {raw: "network (" + raw_how[len("raw-tcp-"):] + ")", c["read"] or 0.0: "disk read", c["write"] or 0.0: "disk write"}[bound]
         med = {m: statistics.median(c["modes"][m]) for m in MODES if c["modes"][m]}
+        # Raw TCP over the streams the tuned copies ended with most often.
+        same = None
+        if c["streams"]:
+            n = max(set(c["streams"]), key=c["streams"].count)
+            at_n = [s for s, how in c["raw"] if how.startswith(f"raw-tcp-P{n}-")]
+            if at_n:
+                same = max(min(at_n), c["read"] or 0.0, c["write"] or 0.0)
         rows.append({
             "key": key, "bytes": c["bytes"], "bound": bound, "limit": limit, "raw": raw,
             "read": c["read"], "write": c["write"], "copy": c["copy"], "med": med,
+            "both": statistics.median(c["both"]) if c["both"] else None,
             "spread": {m: spread(c["modes"][m]) for m in MODES},
             "runs": {m: len(c["modes"][m]) for m in MODES},
-            "streams": c["streams"],
+            "streams": c["streams"], "same": same,
         })
     return rows
 
 
 def table(rows):
-    print("| RTT | loss | dataset | bound s (limit) | raw TCP s | cold read s | sync write s | tuned s | default s | best s | tuned / bound | best / tuned rate | tuned − default s (spread) | tuned ended with |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| RTT | loss | dataset | bound s (limit) | raw TCP s | cold read s | sync write s | tuned s | default s | best s | tuned / bound | tuned / bound at its streams | best / tuned rate | tuned − default s (spread) | tuned ended with |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         rtt, loss, ds = r["key"]
         m = r["med"]
@@ -83,27 +97,30 @@ def table(rows):
         # A ratio is left empty when its modes were not run (e.g. MODES="tuned default").
         cell = lambda v, fmt: "" if v is None else fmt.format(v)
         print(f"| {rtt:g} ms | {loss} | {ds} | {r['bound']:.2f} ({r['limit']}) | {f(r['raw'])} | {f(r['read'])} | {f(r['write'])} "
-              f"| {f(t)} | {f(d)} | {f(b)} | {cell(over, '**{:.2f}**')} | {cell(vs_best, '{:.2f}')} "
+              f"| {f(t)} | {f(d)} | {f(b)} | {cell(over, '**{:.2f}**')} "
+              f"| {cell(t / r['same'] if t and r['same'] else None, '{:.2f}')} | {cell(vs_best, '{:.2f}')} "
               f"| {cell(vs_def, '{:+.2f}')}{cell(sp if vs_def is not None else None, ' ({:.2f})')} | {', '.join(r['streams'])} |")
 
 
 
 def machine_table(rows):
     """Against the bound of a machine whose cores and disk both ends share: the longer
-    of raw TCP and the local disk-to-disk copy."""
+    of raw TCP and the local disk-to-disk copy; both at once beside it, and dmover's
+    time against it."""
     rows = [r for r in rows if r["copy"]]
     if not rows:
         return
     print()
-    print("| RTT | loss | dataset | raw TCP s | local copy s | machine bound s | tuned s | default s | tuned / machine bound |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| RTT | loss | dataset | raw TCP s | local copy s | machine bound s | tuned s | default s | tuned / machine bound | both at once s | tuned / both at once |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         rtt, loss, ds = r["key"]
         bound = max(r["raw"], r["copy"])
         t, d = r["med"].get("tuned"), r["med"].get("default")
         f = lambda v: "" if v is None else f"{v:.2f}"
         over = f"**{t / bound:.2f}**" if t else ""
-        print(f"| {rtt:g} ms | {loss} | {ds} | {f(r['raw'])} | {f(r['copy'])} | {bound:.2f} | {f(t)} | {f(d)} | {over} |")
+        both = f"{t / r['both']:.2f}" if t and r["both"] else ""
+        print(f"| {rtt:g} ms | {loss} | {ds} | {f(r['raw'])} | {f(r['copy'])} | {bound:.2f} | {f(t)} | {f(d)} | {over} | {f(r['both'])} | {both} |")
 
 
 def svg(rows, path):

@@ -14,7 +14,12 @@
 #          (c) the local write of it (from tmpfs) with sync. Also measured, as the
 #          bound of this machine where both ends share its cores and its disk:
 #          (d) the local copy, disk to disk on this machine, cold cache, sync counted,
-#          16 `cp -a` at once (`local-copy-P16`).
+#          16 `cp -a` at once (`local-copy-P16`); and (e) both at once: the best raw
+#          TCP of (a) and that local copy started together, timed until both end
+#          (`raw-and-copy`, BOTH_RUNS times): on this machine the link's forwarder,
+#          the network stacks and the file system share two cores, so the work of
+#          (a) and (d) together takes longer than either alone (a comparison, not a
+#          bound: those tools spend more CPU on it than dmover does).
 #   modes  interleaved, RUNS times: `tuned` (no -P, no --chunk), `default` (-P 4: the
 #          fixed default before issue 13, chunk as cp picks it), `best` (BEST_<dataset>,
 #          the best fixed point of a `dmover bench transfer` sweep). Each a push from
@@ -28,7 +33,7 @@
 # Settings (environment): RTTS (0 50 200), LOSSES (0; e.g. "0 0.01%"), RATE (1gbit),
 # RUNS (5), DATASETS ("tiny:1 losf:0.5 large:0.125": profile:scale), BEST_tiny,
 # BEST_losf, BEST_large (`cp` options; default "-P 8 --chunk 4M"), STREAMS_RAW ("4 8"),
-# MODES ("tuned default best"; empty: the bounds alone), KEEP_FILES (100: copies of
+# MODES ("tuned default best"; empty: the bounds alone), BOTH_RUNS (3), KEEP_FILES (100: copies of
 # datasets with more files are kept until the end, see below; mind the disk space),
 # WORK (a directory on the disk under test; default /var/tmp). Needs root, python3.
 set -euo pipefail
@@ -41,6 +46,7 @@ DATASETS=${DATASETS:-tiny:1 losf:0.5 large:0.125}
 STREAMS_RAW=${STREAMS_RAW:-4 8}
 MODES=${MODES-tuned default best}
 KEEP_FILES=${KEEP_FILES:-100}
+BOTH_RUNS=${BOTH_RUNS:-3}
 LAB=tc$$
 A=dmnl-$LAB-a B=dmnl-$LAB-b FAR=10.200.0.2 PORT=7791
 W=$(mktemp -d "${WORK:-/var/tmp}/dmover-cells.XXXXXX")
@@ -112,9 +118,14 @@ for rtt in $RTTS; do
             bytes=$(find "$src" -type f -printf '%s\n' | awk '{s += $1} END {print s}')
             row() { echo "$rtt,$loss,$name,$bytes,$1,$2,$3,$4,${5:-},${6:-}"; }
             # The bound.
+            best_raw="" best_n="" best_cc=""
             for n in $STREAMS_RAW; do
                 for cc in cubic bbr; do
-                    row bound "raw-tcp-P$n-$cc" 1 "$(raw_tcp "$bytes" "$n" "$cc")"
+                    t=$(raw_tcp "$bytes" "$n" "$cc")
+                    row bound "raw-tcp-P$n-$cc" 1 "$t"
+                    if [ -z "$best_raw" ] || python3 -c "import sys; sys.exit(not $t < $best_raw)"; then
+                        best_raw=$t best_n=$n best_cc=$cc
+                    fi
                 done
             done
             # Eight readers, as dmover's disk threads read several files at once.
@@ -135,6 +146,19 @@ for rtt in $RTTS; do
             sync; t1=$(now)
             row bound local-copy-P16 1 "$(python3 -c "print(f'{$t1 - $t0:.3f}')")"
             if [ "$files" -le "$KEEP_FILES" ]; then rm -rf "$lc"; fi
+            # The best raw TCP and the local copy at once, until both have ended.
+            for run in $(seq 1 "$BOTH_RUNS"); do
+                lc=$W/both-$rtt-$loss-$name-$run
+                mkdir -p "$lc"; cold
+                t0=$(now)
+                (cd "$src" && find . -type f -print0 | xargs -0 -P 16 -n "$per" cp -a --parents -t "$lc"; sync) &
+                copier=$!
+                raw_tcp "$bytes" "$best_n" "$best_cc" >/dev/null
+                wait "$copier"
+                t1=$(now)
+                row bound raw-and-copy "$run" "$(python3 -c "print(f'{$t1 - $t0:.3f}')")"
+                if [ "$files" -le "$KEEP_FILES" ]; then rm -rf "$lc"; fi
+            done
             best_var=BEST_$name
             best=${!best_var:--P 8 --chunk 4M}
             for run in $(seq 1 "$RUNS"); do
