@@ -1055,6 +1055,10 @@ impl Server {
         // its first part).
         let mut walking: Option<tokio::sync::mpsc::UnboundedReceiver<Walk>> = None;
         let mut walked_meta = None;
+        // What the choices below that depend on the files' sizes see (chunk size, the
+        // tuner's start, buffers): the whole walk, or what a live walk had walked when
+        // it cut its first part.
+        let mut seen: Option<Vec<dmover_proto::manifest::Entry>> = None;
         // A pull's source is here: walk it first (or, walking live, its first part),
         // so an automatic chunk size can fit the dataset and a bad path is refused
         // before any session exists.
@@ -1084,8 +1088,9 @@ impl Server {
                     let mut rx = start_live_walk(resolved, filter.clone(), scope)?;
                     let (walked, meta) = match rx.recv().await {
                         Some(Walk::Start(walk::Start::Whole(w, m))) => (w, m),
-                        Some(Walk::Start(walk::Start::First(w, m))) => {
+                        Some(Walk::Start(walk::Start::First(w, m, so_far))) => {
                             walking = Some(rx);
+                            seen = Some(so_far);
                             (w, m)
                         }
                         Some(Walk::Failed(e)) => return Err(e.into()),
@@ -1135,12 +1140,14 @@ impl Server {
         };
         let chunk = match (open.chunk_size, &walked) {
             // A pull's: small files go in smaller chunks on a long link, as a push's.
-            (0, Some(w)) => session::auto_chunk_on(w.tree.entries(), rtt),
+            (0, Some(w)) => {
+                session::auto_chunk_on(seen.as_deref().unwrap_or(w.tree.entries()), rtt)
+            }
             (c, _) => c,
         };
         // And its tuner starts as a push's.
         let tuned_start = walked.as_ref().map_or(session::TUNED_START, |w| {
-            session::tuned_start(w.tree.entries(), rtt)
+            session::tuned_start(seen.as_deref().unwrap_or(w.tree.entries()), rtt)
         });
         dmover_proto::layout::validate_chunk_size(chunk)
             .map_err(|e| Error::refused(ErrorCode::Protocol, e.to_string()))?;
@@ -1178,7 +1185,7 @@ impl Server {
         let minimum = session::default_buffers(buffer_streams, self.disk.threads());
         let want = match &walked {
             Some(w) => session::source_buffers(
-                w.tree.entries(),
+                seen.as_deref().unwrap_or(w.tree.entries()),
                 chunk,
                 buffer_streams,
                 self.disk.threads(),

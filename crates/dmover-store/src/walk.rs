@@ -244,9 +244,11 @@ pub enum Start {
     /// tree, and its entries' metadata (when asked).
     Whole(Walked, Vec<EntryMeta>),
     /// The first part of a walk that goes on: its tree (its sparse files, owners
-    /// and xattr presence) and its entries' metadata; the rest comes in
-    /// [`WalkPart`]s. `skipped` and `filtered` are those of the last part.
-    First(Walked, Vec<EntryMeta>),
+    /// and xattr presence), its entries' metadata, and every entry walked by then
+    /// (the first part's and the next ones', at least [`Cuts::at`]: for choices that
+    /// depend on the files' sizes); the rest comes in [`WalkPart`]s. `skipped` and
+    /// `filtered` are those of the last part.
+    First(Walked, Vec<EntryMeta>, Vec<Entry>),
 }
 
 /// A later part of a live walk.
@@ -381,6 +383,7 @@ impl Cutter {
                 filtered: 0,
             },
             meta,
+            v.entries.to_vec(),
         )
     }
 
@@ -1297,13 +1300,15 @@ mod live_tests {
         assert!(has_link(whole.tree.entries()));
         assert!(!whole.tree.sparse().is_empty());
         let (start, parts) = live(t.path(), "r", CUTS, true);
-        let Start::First(first, first_meta) = start else {
+        let Start::First(first, first_meta, seen) = start else {
             panic!(
                 "a tree of {} entries went whole",
                 whole.tree.entries().len()
             );
         };
         assert_eq!(first.tree.entries().len(), CUTS.first);
+        assert!(seen.len() >= CUTS.at);
+        assert_eq!(seen[..], whole.tree.entries()[..seen.len()]);
         // Every entry once, in the whole walk's order.
         let mut all = first.tree.entries().to_vec();
         let mut sparse = first.tree.sparse().to_vec();
