@@ -64,8 +64,12 @@ use crate::sys;
 
 /// Size of the header and of every record.
 pub const RECORD_LEN: usize = 64;
-/// Longest time records wait in memory before a commit.
-pub const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
+/// Longest time records wait in memory before a commit. Each commit's `syncfs` also
+/// starts the writeback of what the copy wrote since the last, so this bounds the dirty
+/// data the `sync` after a copy still waits for: with a second, a tiny push at 100 ms
+/// ended with 0.12 s of `sync`, with 250 ms 0.005–0.05 s (docs/benchmarks.md, "The
+/// journal's commits four times a second").
+pub const COMMIT_INTERVAL: Duration = Duration::from_millis(250);
 /// Most bytes of records buffered before a commit.
 pub const COMMIT_BYTES: usize = 1 << 20;
 /// How long a session waits for another session of the same transfer to let go of
