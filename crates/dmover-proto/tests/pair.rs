@@ -1196,8 +1196,8 @@ fn info(features: u64) -> SessionInfo {
     }
 }
 
-/// A sink acceptor in a session using `features`, with a manifest part received.
-fn sink_with(features: u64) -> (SinkSession<dmover_proto::session::sim::SimError>, Instant) {
+/// A sink acceptor in a session using `features` that has the dialer's options.
+fn granted_sink(features: u64) -> (SinkSession<dmover_proto::session::sim::SimError>, Instant) {
     let now = Instant::now();
     let mut m = SinkSession::accept(
         now,
@@ -1208,6 +1208,12 @@ fn sink_with(features: u64) -> (SinkSession<dmover_proto::session::sim::SimError
     );
     m.grant(now, info(features));
     m.handle_control(now, Control::Options(options()));
+    (m, now)
+}
+
+/// A sink acceptor in a session using `features`, with a manifest part received.
+fn sink_with(features: u64) -> (SinkSession<dmover_proto::session::sim::SimError>, Instant) {
+    let (mut m, now) = granted_sink(features);
     m.handle_control(
         now,
         Control::Manifest(ManifestPart {
@@ -1875,20 +1881,9 @@ fn continuous_sink() -> (
     Instant,
     Vec<dmover_proto::manifest::Entry>,
 ) {
-    let now = Instant::now();
     let all = manifest(3);
-    let mut m = SinkSession::accept(
-        now,
-        "peer",
-        Timing::default(),
-        Limits::default(),
-        now + HOUR,
-    );
-    m.grant(
-        now,
-        info(features::GROWING_MANIFEST | features::CONTINUOUS | features::METADATA),
-    );
-    m.handle_control(now, Control::Options(options()));
+    let (mut m, now) =
+        granted_sink(features::GROWING_MANIFEST | features::CONTINUOUS | features::METADATA);
     m.handle_control(
         now,
         Control::Manifest(ManifestPart {
@@ -1997,17 +1992,8 @@ fn live_walk_sink(
     Vec<dmover_proto::manifest::Entry>,
     Vec<SinkEvent<dmover_proto::session::sim::SimError>>,
 ) {
-    let now = Instant::now();
     let all = manifest(3);
-    let mut m = SinkSession::accept(
-        now,
-        "peer",
-        Timing::default(),
-        Limits::default(),
-        now + HOUR,
-    );
-    m.grant(now, info(features));
-    m.handle_control(now, Control::Options(options()));
+    let (mut m, now) = granted_sink(features);
     m.handle_control(
         now,
         Control::Manifest(ManifestPart {
