@@ -23,15 +23,10 @@ RUNS=${RUNS:-5}
 PIN=${PIN:-0}
 W=$(mktemp -d "${WORK:-/var/tmp}/dmover-lo.XXXXXX")
 . "$(dirname "${BASH_SOURCE[0]}")/fs-note.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/variants.sh"
 note_recently_deleted "$W"
-names=() bins=() opts=() pids=()
-for v in "$@"; do
-    name=${v%%=*} rest=${v#*=}
-    bin=${rest%%:*}
-    opt=""
-    [ "$rest" != "$bin" ] && opt=${rest#*:}
-    names+=("$name") bins+=("$(realpath "$bin")") opts+=("$opt")
-done
+parse_variants "$@"
+pids=()
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     rm -rf "$W"
@@ -95,10 +90,4 @@ for run in $(seq 0 "$RUNS"); do
     done
 done
 } | tee "$W/rows.csv"
-python3 - "$W/rows.csv" >&2 <<'PY'
-import csv, statistics, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
-for v in dict.fromkeys(r["variant"] for r in rows):
-    s = [float(r["seconds"]) for r in rows if r["variant"] == v]
-    print(f"{v}: median {statistics.median(s):.3f} s ({min(s):.3f}-{max(s):.3f}), {len(s)} runs")
-PY
+medians "$W/rows.csv"

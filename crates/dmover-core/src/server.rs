@@ -1138,17 +1138,16 @@ impl Server {
             | Op::Rename(_)
             | Op::Digests(_) => None,
         };
-        let chunk = match (open.chunk_size, &walked) {
+        let sized = seen
+            .as_deref()
+            .or(walked.as_ref().map(|w| w.tree.entries()));
+        let chunk = match (open.chunk_size, sized) {
             // A pull's: small files go in smaller chunks on a long link, as a push's.
-            (0, Some(w)) => {
-                session::auto_chunk_on(seen.as_deref().unwrap_or(w.tree.entries()), rtt)
-            }
+            (0, Some(e)) => session::auto_chunk_on(e, rtt),
             (c, _) => c,
         };
         // And its tuner starts as a push's.
-        let tuned_start = walked.as_ref().map_or(session::TUNED_START, |w| {
-            session::tuned_start(seen.as_deref().unwrap_or(w.tree.entries()), rtt)
-        });
+        let tuned_start = sized.map_or(session::TUNED_START, |e| session::tuned_start(e, rtt));
         dmover_proto::layout::validate_chunk_size(chunk)
             .map_err(|e| Error::refused(ErrorCode::Protocol, e.to_string()))?;
         let Some(_place) = place.or_else(|| self.session_place()) else {
@@ -1183,13 +1182,8 @@ impl Server {
             != 0;
         let buffer_streams = session::buffer_streams(streams, tuned);
         let minimum = session::default_buffers(buffer_streams, self.disk.threads());
-        let want = match &walked {
-            Some(w) => session::source_buffers(
-                seen.as_deref().unwrap_or(w.tree.entries()),
-                chunk,
-                buffer_streams,
-                self.disk.threads(),
-            ),
+        let want = match sized {
+            Some(e) => session::source_buffers(e, chunk, buffer_streams, self.disk.threads()),
             None => minimum,
         };
         // The budget counts whole MiB of buffers: a session's buffers together, rounded
