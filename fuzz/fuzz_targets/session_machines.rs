@@ -131,6 +131,7 @@ fn simulated(u: &mut Unstructured<'_>) -> Result<()> {
         meta: Vec::new(),
         early,
         prepare: Duration::from_micros(u.int_in_range(0..=5000)?),
+        continue_on_error: u.arbitrary()?,
     };
     let r = Sim::new(cfg.clone()).run(Duration::from_secs(3600));
     assert!(

@@ -1050,6 +1050,10 @@ where
                             resent: Some(resent),
                         });
                     }
+                    SourceEvent::Sent => {
+                        let failed = live.as_ref().map(|l| l.0.failed()).unwrap_or_default();
+                        m.report(failed);
+                    }
                     SourceEvent::Drained => {
                         // The streams end: their connections must close with them.
                         meters.retire_all();

@@ -37,7 +37,8 @@
 //! sink:    [Have* (resume)]         ->  source: Plan             (resume only)
 //! sink:    Go                       ->
 //! data streams: CHUNK frames source -> sink, acknowledgements sink -> source, END
-//! source:  SendReport (all acknowledged)   sink: Done (all written and finalised)
+//! source:  SendReport (all sent; all acknowledged with continue_on_error)
+//! sink:    Done (all written and finalised)
 //! Ping both ways once the session is open; Error either way, then close
 //! ```
 //!
@@ -73,7 +74,9 @@
 //! The dialer opens the data streams ([`SourceCommand::Open`], [`SinkCommand::Open`]);
 //! the acceptor learns of each join from its driver. A session ends for a side when it
 //! has sent its own final message and received the peer's: the source after
-//! `SendReport` and `Done`, the sink after `Done` and `SendReport`.
+//! `SendReport` and `Done`, the sink after `Done` and `SendReport`. The source's report
+//! goes once every chunk is written into a stream ([`SourceEvent::Sent`]), so it
+//! reaches the sink about with the last chunk, not a round trip after it.
 //!
 //! # Errors
 //! [`SessionError`]: what the machine found (the peer's report, a message out of order,

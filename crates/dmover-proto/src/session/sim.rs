@@ -203,6 +203,9 @@ pub struct Config {
     /// Time the sink takes to prepare for the manifest before it says `Go` (its
     /// storage, on a disk thread in a real driver).
     pub prepare: Duration,
+    /// The dialer's options say `continue_on_error` (the source's report then waits
+    /// for every acknowledgement).
+    pub continue_on_error: bool,
 }
 
 impl Default for Config {
@@ -231,6 +234,7 @@ impl Default for Config {
             meta: Vec::new(),
             early: false,
             prepare: Duration::ZERO,
+            continue_on_error: false,
         }
     }
 }
@@ -483,7 +487,7 @@ impl Sim {
                 journal: true,
                 fsync: false,
                 verify: true,
-                continue_on_error: false,
+                continue_on_error: cfg.continue_on_error,
                 heartbeat_ms: cfg.timing.heartbeat.as_millis() as u32,
             },
             server_proof: Some([3; 32]),
@@ -1098,6 +1102,11 @@ impl Sim {
                             rate: 0,
                             reason: "simulated".into(),
                         });
+                    }
+                }
+                SourceEvent::Sent => {
+                    if let Some(Role::Source(s)) = self.role(p) {
+                        s.report(Vec::new());
                     }
                 }
                 SourceEvent::Drained => {

@@ -7,6 +7,7 @@
 //!                                  │ (Go)
 //!                                  ▼
 //!                               Sending ─(all acknowledged)─▶ Draining ─(drained)─▶ Reporting ─(Done)─▶ Finished
+//!                               Sending ─(all written into streams: Sent, report)─▶ Sending ─(Done)─▶ Finished
 //! any state ─(error, silence, all streams lost)─▶ Failed
 //! ```
 //! With a growing manifest ([`super::features::GROWING_MANIFEST`]) `Go` may come
@@ -118,8 +119,14 @@ pub enum SourceEvent<E> {
         /// Chunks it had not had acknowledged.
         resent: u64,
     },
+    /// Every chunk is written into the data streams (none is left to read or send,
+    /// unless a stream breaks): call [`SourceSession::report`] with the files that
+    /// could not be read. Not in a request-driven session, nor with
+    /// `continue_on_error` (a chunk read again could find a file unreadable after the
+    /// report went): there the report waits for [`SourceEvent::Drained`].
+    Sent,
     /// Every chunk is acknowledged: call [`SourceSession::drained`] with the files that
-    /// could not be read.
+    /// could not be read (ignored when [`SourceEvent::Sent`] came and was answered).
     Drained,
     /// The sink has every file: the session is over.
     Done(Summary),
@@ -237,6 +244,10 @@ pub struct SourceSession<E> {
     events: VecDeque<SourceEvent<E>>,
     done: Option<Summary>,
     reported: bool,
+    /// [`SourceEvent::Sent`] was told.
+    sent_told: bool,
+    /// The dialer's options ask the source to skip unreadable files and go on.
+    continue_on_error: bool,
     /// (feature `METADATA`) Entries' owners and xattrs, sent after `ManifestEnd`
     /// once the session is known to use the feature.
     meta: Vec<EntryMeta>,
@@ -288,6 +299,8 @@ impl<E: Cause + Clone> SourceSession<E> {
             events: VecDeque::new(),
             done: None,
             reported: false,
+            sent_told: false,
+            continue_on_error: false,
             meta: Vec::new(),
             meta_due: false,
             early: None,
@@ -299,6 +312,7 @@ impl<E: Cause + Clone> SourceSession<E> {
     /// the manifest may follow right behind it ([`SourceSession::push_manifest`]).
     pub fn dial(now: Instant, peer: impl Into<String>, timing: Timing, d: Dial) -> Self {
         let mut s = Self::new(peer.into(), Side::Dialer, timing);
+        s.continue_on_error = d.options.continue_on_error;
         s.link.dial(now, d);
         s
     }
@@ -754,6 +768,7 @@ impl<E: Cause + Clone> SourceSession<E> {
             }
             Setup::Options(o) => {
                 let resume = o.resume;
+                self.continue_on_error = o.continue_on_error;
                 self.events.push_back(SourceEvent::Options(o));
                 if self.uses(features::EARLY) && !resume {
                     // (acceptor, a pull) Early data: the sink's streams are joining
@@ -1092,6 +1107,7 @@ impl<E: Cause + Clone> SourceSession<E> {
             s.writing = None;
             s.written_at.push_back(now);
             self.assign(now);
+            self.check_sent();
         }
     }
 
@@ -1209,7 +1225,40 @@ impl<E: Cause + Clone> SourceSession<E> {
         self.acked(now, stream, decode_ack(ack));
     }
 
+    /// Tells [`SourceEvent::Sent`] once every chunk owed is written into a live
+    /// stream: the report may go then, and arrives about with the last data, instead
+    /// of a round trip after it (the acknowledgements' way back and the report's
+    /// way out), which a pulling client waited for.
+    fn check_sent(&mut self) {
+        if self.sent_told
+            || self.reported
+            || self.phase != Phase::Sending
+            || self.on_demand
+            || self.continue_on_error
+            || !self.manifest_done
+            || self.growing && self.confirmed < self.layout_end()
+            || !self.again.is_empty()
+            || !self.ready.is_empty()
+            || !self.reading.is_empty()
+            || !self.link.live()
+        {
+            return;
+        }
+        let mut flying = 0;
+        for s in self.streams.iter().filter(|s| s.join == Join::Live) {
+            if s.writing.is_some() {
+                return;
+            }
+            flying += s.unacked.len() as u64;
+        }
+        if self.acked + flying >= self.owed() {
+            self.sent_told = true;
+            self.events.push_back(SourceEvent::Sent);
+        }
+    }
+
     fn check_drained(&mut self) {
+        self.check_sent();
         let ended = if self.on_demand {
             self.closed
         } else {
@@ -1231,24 +1280,51 @@ impl<E: Cause + Clone> SourceSession<E> {
         }
     }
 
-    /// The answer to [`SourceEvent::Drained`]: sends the report, with the files that
-    /// could not be read.
-    pub fn drained(&mut self, failed: Vec<FailedFile>) {
-        if self.phase != Phase::Draining || !self.link.live() {
+    /// The answer to [`SourceEvent::Sent`]: sends the report, with the files that
+    /// could not be read. Its counts of lost streams and chunks sent again are those
+    /// up to now: a stream that breaks later has its chunks sent again all the same,
+    /// and [`SourceSession::stats`] counts them.
+    pub fn report(&mut self, failed: Vec<FailedFile>) {
+        if self.reported || !self.sent_told || !self.link.live() {
             return;
         }
+        self.send_report(failed);
+        self.check_finished();
+    }
+
+    fn send_report(&mut self, failed: Vec<FailedFile>) {
         self.send_after_go(Control::SendReport(SendReport {
             chunks_resent: self.stats.chunks_resent,
             streams_lost: self.stats.streams_lost,
             failed,
         }));
         self.reported = true;
+    }
+
+    /// The answer to [`SourceEvent::Drained`]: sends the report, with the files that
+    /// could not be read, unless it went at [`SourceEvent::Sent`].
+    pub fn drained(&mut self, failed: Vec<FailedFile>) {
+        if self.phase != Phase::Draining || !self.link.live() {
+            return;
+        }
+        if !self.reported {
+            self.send_report(failed);
+        }
         self.phase = Phase::Reporting;
         self.check_finished();
     }
 
+    /// The session ends once the report went and the sink said `Done`: after every
+    /// acknowledgement, or, when the report went at [`SourceEvent::Sent`], at once:
+    /// `Done` says the sink holds every chunk, so acknowledgements still on their way
+    /// (or lost with a stream the sink closed) change nothing.
     fn check_finished(&mut self) {
-        if self.reported {
+        let ended = match self.phase {
+            Phase::Reporting => true,
+            Phase::Sending => self.sent_told && !self.on_demand,
+            _ => false,
+        };
+        if self.reported && ended {
             if let Some(s) = self.done.take() {
                 self.link.finish();
                 self.events.push_back(SourceEvent::Done(s));
