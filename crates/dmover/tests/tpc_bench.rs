@@ -13,13 +13,26 @@
 //!   dataset's bytes on 4 streams, timed until B holds the last byte
 //!   (`docs/bench/raw-tcp.py`, as issue 13's bound), the "raw TCP" of issue 12's
 //!   large-file goal and what no tool moving those bytes can beat from a cold start,
+//! - `raw-and-copy` (when `python3` is installed): `raw-tcp-bbr` and a 16-way `cp -a`
+//!   of the dataset into B's tree, started together, until both are done: what the
+//!   copy's network and disk halves cost this machine done at once by other tools
+//!   (a comparison, not a bound: they spend more CPU than dmover),
 //!
 //! cold cache (caches dropped before each run), wall time from start to exit (each
 //! tool's destination writes included; dmover renames a file only once it is on
 //! disk with `--fsync`, not used here by any tool). Rows go to `$DMOVER_BENCH_OUT`
 //! (CSV). Knobs: `DMOVER_BENCH_RTTS` (ms, default `0,50,200`), `DMOVER_BENCH_ROUNDS`
 //! (default 3), `DMOVER_BENCH_DATASETS` (default `tiny,losf,large`),
-//! `DMOVER_BENCH_TOOLS` (default: every one above that is installed).
+//! `DMOVER_BENCH_TOOLS` (default: every one above that is installed),
+//! `DMOVER_BENCH_VARIANTS` (`NAME=BINARY[:CP OPTIONS],...`: dmover builds or options
+//! to compare, each with servers of its own; their rows are `tpc:NAME` and
+//! `two-party:NAME`; default: this build, as `tpc` and `two-party`),
+//! `DMOVER_BENCH_KEEP` (`0`: each copy is deleted right after its run; by default they
+//! are kept until the end: on ext4 without a journal, files created within seconds of
+//! many deletions are slow to create, which slowed the next run of any tool that
+//! creates files, by 0.1 s in 2000; docs/benchmarks.md), `DMOVER_BENCH_TIMELINE` (set:
+//! each dmover run also prints when B's received bytes passed 100 kB, half, 99 % and
+//! all, and when B's server had written 99 % and all of its bytes).
 
 mod common;
 
@@ -86,6 +99,87 @@ fn drop_caches() {
     let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
 }
 
+/// Bytes B received on its interfaces other than loopback, read from
+/// `/proc/PID/net/dev` of a process in B's namespace.
+fn b_rx(pid: u32) -> u64 {
+    let dev = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).unwrap_or_default();
+    dev.lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(name, _)| name.trim() != "lo")
+        .filter_map(|(_, v)| v.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Bytes process `pid` wrote (`wchar` of `/proc/PID/io`).
+fn wchar(pid: u32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+    io.lines()
+        .find_map(|l| l.strip_prefix("wchar: ")?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// [`timed`], and with `DMOVER_BENCH_TIMELINE` set, when B's received bytes passed
+/// 100 kB, half, 99 % and all of what the run brought, and when `b_pid` (B's first
+/// server) had written 99 % and all of what it wrote (sampled every 2 ms),
+/// printed beside the exit.
+fn timed_at_b(c: Command, b_pid: Option<u32>, what: &str) -> f64 {
+    let Some(pid) = b_pid.filter(|_| std::env::var_os("DMOVER_BENCH_TIMELINE").is_some()) else {
+        return timed(c);
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let r0 = b_rx(pid);
+    let w0 = wchar(pid);
+    let t = Instant::now();
+    let sampler = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                v.push((
+                    t.elapsed().as_secs_f64(),
+                    b_rx(pid) - r0,
+                    wchar(pid).saturating_sub(w0),
+                ));
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            v
+        })
+    };
+    let secs = timed(c);
+    std::thread::sleep(Duration::from_millis(20));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let v = sampler.join().unwrap();
+    let all = v.last().map_or(0, |s| s.1);
+    let wall = v.last().map_or(0, |s| s.2);
+    let wrote = |n: u64| v.iter().find(|s| s.2 >= n).map_or(f64::NAN, |s| s.0);
+    if let Ok(path) = std::env::var("DMOVER_BENCH_TIMELINE_CSV") {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        let mut last = u64::MAX;
+        for (t, n, _) in &v {
+            if *n != last {
+                writeln!(f, "{what},{t:.4},{n}").unwrap();
+                last = *n;
+            }
+        }
+    }
+    let at = |n: u64| v.iter().find(|s| s.1 >= n).map_or(f64::NAN, |s| s.0);
+    eprintln!(
+        "{what}: at B 100 kB {:.3} s, half {:.3}, 99 % {:.3}, all {:.3} ({all} B); \
+         B's first server wrote 99 % by {:.3}, all by {:.3} ({wall} B); exit {secs:.3}",
+        at(100_000),
+        at(all / 2),
+        at(all * 99 / 100),
+        at(all),
+        wrote(wall * 99 / 100),
+        wrote(wall),
+    );
+    secs
+}
+
 fn timed(mut c: Command) -> f64 {
     let t = Instant::now();
     let o = c.output().unwrap();
@@ -131,6 +225,66 @@ fn iperf3(topo: &Topology, host: &str, addr: &str) -> Srv {
 /// `cc`, memory to memory: seconds from the sender's start until the receiver holds
 /// every byte (`docs/bench/raw-tcp.py`).
 fn raw_tcp(topo: &Topology, b_addr: &str, bytes: u64, cc: &str) -> f64 {
+    let (start, end, ()) = raw_tcp_times(topo, b_addr, bytes, cc, || ());
+    end - start
+}
+
+/// Raw TCP from A to B on 4 streams with bbr, memory to memory, and at the same time a
+/// 16-way `cp -a` of the dataset `src` (its `files`) to `dst` (cold cache, no sync, as
+/// the copies here): seconds from the first start to the last end. What the copy's
+/// network half and its disk half cost this machine when other tools do them at once,
+/// on the same cores; a comparison, not a bound, since those tools spend more CPU than
+/// dmover (issue 13's `raw-and-copy`, docs/bench/tune-cells.sh).
+fn raw_and_copy(
+    topo: &Topology,
+    b_addr: &str,
+    bytes: u64,
+    files: usize,
+    src: &Path,
+    dst: &Path,
+) -> f64 {
+    std::fs::create_dir_all(dst).unwrap();
+    let per = files.div_ceil(16).max(1);
+    let sh = format!(
+        "cd '{}' && find . -type f -print0 | xargs -0 -P 16 -n {per} cp -a --parents -t '{}'",
+        src.display(),
+        dst.display()
+    );
+    // Started with the raw sender, once the receiver is ready; its clock starts once
+    // Python is up, as the sender's does.
+    let (start, end, cp) = raw_tcp_times(topo, b_addr, bytes, "bbr", || {
+        Command::new("python3")
+            .args([
+                "-c",
+                "import subprocess, sys, time\n\
+                 s = time.monotonic()\n\
+                 subprocess.run(sys.argv[1], shell=True, check=True)\n\
+                 print(f'{s:.6f} {time.monotonic():.6f}')",
+                &sh,
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    });
+    let o = cp.wait_with_output().unwrap();
+    assert!(o.status.success(), "the local copy failed");
+    let t: Vec<f64> = String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .map(|v| v.parse().unwrap())
+        .collect();
+    end.max(t[1]) - start.min(t[0])
+}
+
+/// The raw sender's start and the receiver's last byte, on the monotonic clock, and
+/// what `beside` (called once the receiver is ready, just before the sender starts)
+/// returned.
+fn raw_tcp_times<T>(
+    topo: &Topology,
+    b_addr: &str,
+    bytes: u64,
+    cc: &str,
+    beside: impl FnOnce() -> T,
+) -> (f64, f64, T) {
     use std::io::BufRead;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/bench/raw-tcp.py");
     let mut r = topo
@@ -144,6 +298,7 @@ fn raw_tcp(topo: &Topology, b_addr: &str, bytes: u64, cc: &str) -> f64 {
         .unwrap();
     let mut lines = std::io::BufReader::new(r.stdout.take().unwrap()).lines();
     assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    let other = beside();
     let o = topo
         .host("a")
         .unwrap()
@@ -156,7 +311,7 @@ fn raw_tcp(topo: &Topology, b_addr: &str, bytes: u64, cc: &str) -> f64 {
     let start: f64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
     let end: f64 = lines.next().unwrap().unwrap().trim().parse().unwrap();
     r.wait().unwrap();
-    end - start
+    (start, end, other)
 }
 
 /// A GridFTP server in `host`, anonymous, its data channels on `data` (its address on
@@ -249,8 +404,47 @@ fn third_party_against_two_party_and_gridftp() {
         let b_ab = topo.addr("b", "a").unwrap().to_string();
         let a_c = topo.addr("a", "c").unwrap().to_string();
         let b_c = topo.addr("b", "c").unwrap().to_string();
-        let _a = ns_serve(&topo, "a", &a_root, &token, &format!("{a_ab}:7700"));
-        let _b = ns_serve(&topo, "b", &b_root, &token, &format!("{b_ab}:7700"));
+        // Per variant: its binary, its port, its `cp` options, and its servers on A
+        // and B.
+        let variants: Vec<(String, String, u16, Vec<String>)> =
+            match std::env::var("DMOVER_BENCH_VARIANTS") {
+                Ok(v) => v
+                    .split(',')
+                    .enumerate()
+                    .map(|(i, nb)| {
+                        let (n, b) = nb.split_once('=').expect("NAME=BINARY[:OPTIONS]");
+                        let (b, o) = b.split_once(':').unwrap_or((b, ""));
+                        let o = o.split_whitespace().map(String::from).collect();
+                        (format!(":{n}"), b.to_string(), 7700 + i as u16, o)
+                    })
+                    .collect(),
+                Err(_) => vec![(String::new(), bin().to_string(), 7700, Vec::new())],
+            };
+        let _servers: Vec<_> = variants
+            .iter()
+            .flat_map(|(_, exe, port, _)| {
+                [
+                    ns_serve_with(
+                        &topo,
+                        "a",
+                        &a_root,
+                        &token,
+                        &format!("{a_ab}:{port}"),
+                        exe,
+                        *port,
+                    ),
+                    ns_serve_with(
+                        &topo,
+                        "b",
+                        &b_root,
+                        &token,
+                        &format!("{b_ab}:{port}"),
+                        exe,
+                        *port,
+                    ),
+                ]
+            })
+            .collect();
         let grid = with_gridftp.then(|| {
             (
                 gridftp(&topo, "a", &a_ab, base.path()),
@@ -260,40 +454,59 @@ fn third_party_against_two_party_and_gridftp() {
         let raw = with_iperf3.then(|| iperf3(&topo, "b", &b_ab));
         for (name, files, bytes) in &sets {
             for round in 0..rounds {
-                let mut tools = vec!["tpc", "two-party"];
+                let mut tools: Vec<String> = variants
+                    .iter()
+                    .flat_map(|(n, ..)| [format!("tpc{n}"), format!("two-party{n}")])
+                    .collect();
+                let mut more = Vec::new();
                 if grid.is_some() {
-                    tools.push("gridftp-tpc");
+                    more.push("gridftp-tpc");
                 }
                 if raw.is_some() && name == "large" {
-                    tools.push("iperf3");
+                    more.push("iperf3");
                 }
                 if with_python {
-                    tools.extend(["raw-tcp-cubic", "raw-tcp-bbr"]);
+                    more.extend(["raw-tcp-cubic", "raw-tcp-bbr", "raw-and-copy"]);
                 }
+                tools.extend(more.into_iter().map(String::from));
                 if let Ok(only) = std::env::var("DMOVER_BENCH_TOOLS") {
-                    tools.retain(|t| only.split(',').any(|o| o.trim() == *t));
+                    // `tpc` and `two-party` name every variant's.
+                    tools.retain(|t| {
+                        let kind = t.split(':').next().unwrap_or(t);
+                        only.split(',').any(|o| o.trim() == kind || o.trim() == t)
+                    });
                 }
-                for tool in tools {
-                    let dst = format!("{name}-{tool}-{round}");
+                for tool in &tools {
+                    let dst = format!("{name}-{}-{round}", tool.replace(':', "-"));
                     drop_caches();
-                    let secs = match tool {
+                    let (kind, variant) = tool.split_once(':').unwrap_or((tool, ""));
+                    let (exe, port, opts) = variants
+                        .iter()
+                        .find(|(n, ..)| n.trim_start_matches(':') == variant)
+                        .map(|(_, e, p, o)| (e.as_str(), *p, o.clone()))
+                        .unwrap_or((bin(), 7700, Vec::new()));
+                    let secs = match kind {
                         "tpc" => {
-                            let mut c = topo.host("c").unwrap().command(bin());
-                            c.args(["cp", "--quiet", "--token-file"])
+                            let mut c = topo.host("c").unwrap().command(exe);
+                            c.args(["cp", "--quiet"])
+                                .args(&opts)
+                                .arg("--token-file")
                                 .arg(&token)
-                                .arg(format!("dmover://{a_c}:7700/{name}"))
-                                .arg(format!("dmover://{b_c}:7700/{dst}"))
+                                .arg(format!("dmover://{a_c}:{port}/{name}"))
+                                .arg(format!("dmover://{b_c}:{port}/{dst}"))
                                 .env("DMOVER_KNOWN_HOSTS", &kh);
-                            timed(c)
+                            timed_at_b(c, topo.host("b").unwrap().pids().first().copied(), tool)
                         }
                         "two-party" => {
-                            let mut c = topo.host("a").unwrap().command(bin());
-                            c.args(["cp", "--quiet", "--token-file"])
+                            let mut c = topo.host("a").unwrap().command(exe);
+                            c.args(["cp", "--quiet"])
+                                .args(&opts)
+                                .arg("--token-file")
                                 .arg(&token)
                                 .arg(a_root.join(name))
-                                .arg(format!("dmover://{b_ab}:7700/{dst}"))
+                                .arg(format!("dmover://{b_ab}:{port}/{dst}"))
                                 .env("DMOVER_KNOWN_HOSTS", &kh);
-                            timed(c)
+                            timed_at_b(c, topo.host("b").unwrap().pids().first().copied(), tool)
                         }
                         "iperf3" => {
                             let mut c = topo.host("a").unwrap().command("iperf3");
@@ -302,6 +515,14 @@ fn third_party_against_two_party_and_gridftp() {
                         }
                         "raw-tcp-cubic" => raw_tcp(&topo, &b_ab, *bytes, "cubic"),
                         "raw-tcp-bbr" => raw_tcp(&topo, &b_ab, *bytes, "bbr"),
+                        "raw-and-copy" => raw_and_copy(
+                            &topo,
+                            &b_ab,
+                            *bytes,
+                            *files,
+                            &a_root.join(name),
+                            &b_root.join(&dst),
+                        ),
                         _ => {
                             // One pair per file; the destination directory first.
                             std::fs::create_dir_all(b_root.join(&dst)).unwrap();
@@ -330,7 +551,9 @@ fn third_party_against_two_party_and_gridftp() {
                         "{ms},{name},{files},{bytes},{tool},{round},{secs:.3},{gbit:.4}"
                     )
                     .unwrap();
-                    let _ = std::fs::remove_dir_all(b_root.join(&dst));
+                    if std::env::var("DMOVER_BENCH_KEEP").as_deref() == Ok("0") {
+                        let _ = std::fs::remove_dir_all(b_root.join(&dst));
+                    }
                 }
             }
         }

@@ -421,6 +421,19 @@ pub fn ns_serve(
     token: &Path,
     advertise: &str,
 ) -> NsServer {
+    ns_serve_with(topo, host, root, token, advertise, bin(), 7700)
+}
+
+/// [`ns_serve`] with the binary `exe`, on `port` (`advertise` names its port too).
+pub fn ns_serve_with(
+    topo: &dmover_netlab::Topology,
+    host: &str,
+    root: &Path,
+    token: &Path,
+    advertise: &str,
+    exe: &str,
+    port: u16,
+) -> NsServer {
     let state = tempfile::Builder::new()
         .prefix("dmover-state-")
         .tempdir()
@@ -428,14 +441,10 @@ pub fn ns_serve(
     let mut child = topo
         .host(host)
         .unwrap()
-        .command(bin())
-        .args([
-            "serve",
-            "--third-party",
-            "--listen",
-            "0.0.0.0:7700",
-            "--root",
-        ])
+        .command(exe)
+        .args(["serve", "--third-party", "--listen"])
+        .arg(format!("0.0.0.0:{port}"))
+        .arg("--root")
         .arg(root)
         .arg("--token-file")
         .arg(token)
@@ -450,7 +459,7 @@ pub fn ns_serve(
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    assert!(line.contains(":7700"), "{line:?}");
+    assert!(line.contains(&format!(":{port}")), "{line:?}");
     NsServer {
         child,
         _state: state,
