@@ -2172,7 +2172,7 @@ impl Client {
         // The round trip is the connection's made during the walk, when there is one.
         let rtt = early.as_ref().and_then(|(c, _)| c.rtt());
         let chunk = match self.opts.chunk_size {
-            0 => session::auto_chunk_on(tree.entries(), rtt),
+            0 => session::auto_chunk_on(tree.entries(), rtt, true),
             c => c,
         };
         let tuned_start = session::tuned_start(tree.entries(), rtt);

@@ -1143,7 +1143,7 @@ impl Server {
             .or(walked.as_ref().map(|w| w.tree.entries()));
         let chunk = match (open.chunk_size, sized) {
             // A pull's: small files go in smaller chunks on a long link, as a push's.
-            (0, Some(e)) => session::auto_chunk_on(e, rtt),
+            (0, Some(e)) => session::auto_chunk_on(e, rtt, seen.is_none()),
             (c, _) => c,
         };
         // And its tuner starts as a push's.

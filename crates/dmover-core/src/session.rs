@@ -339,12 +339,36 @@ pub const SMALL_CHUNK: u32 = 1 << 20;
 /// up) from which small files go in smaller chunks.
 pub const SMALL_CHUNK_RTT: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// A dataset of small files (under [`SMALL_CHUNK`] on average) holding less than this
+/// many [`SMALL_CHUNK`]s goes in this many chunks or more, of at least
+/// [`MIN_SMALL_CHUNK`] ([`auto_chunk_on`]). In a few large chunks one disk thread reads
+/// each chunk's hundreds of files before its first byte leaves, a few streams carry
+/// it, and one disk thread at the other end creates those files while the others
+/// wait: 2000 × 8 KiB are four 4 MiB chunks. Pushes of 2000 × 8 KiB, interleaved,
+/// medians of 4–5 (docs/benchmarks.md, "Chunks for small datasets"): 0 ms at 1 Gbit/s
+/// 0.30 s with 4 MiB, 0.23 with 1 MiB, 0.21 with 256 KiB; unlimited 0.26 / 0.23 /
+/// 0.20; 50 ms 0.60 (1 MiB) → 0.57; 200 ms 1.95 → 1.93. A large dataset keeps its
+/// chunk: 20 000 × 8 KiB at 0 ms, unlimited, 1.15 s with 4 MiB, 1.23 with 256 KiB.
+pub const FEW_CHUNKS: u64 = 64;
+/// See [`FEW_CHUNKS`]: the smallest chunk chosen for a small dataset.
+pub const MIN_SMALL_CHUNK: u32 = 256 << 10;
+
 /// [`auto_chunk`] on a link of round trip `rtt` (`None`: not known): [`SMALL_CHUNK`]
-/// for small files from [`SMALL_CHUNK_RTT`] on.
-pub fn auto_chunk_on(entries: &[Entry], rtt: Option<std::time::Duration>) -> u32 {
+/// for small files from [`SMALL_CHUNK_RTT`] on, and for a small dataset of them
+/// ([`FEW_CHUNKS`]) smaller chunks on any link. `whole`: `entries` are the whole
+/// dataset (not the first part of a live walk, whose size is not known yet).
+pub fn auto_chunk_on(entries: &[Entry], rtt: Option<std::time::Duration>, whole: bool) -> u32 {
     let mean = mean_file_size(entries);
-    if mean.is_some_and(|m| m < u64::from(SMALL_CHUNK)) && rtt.is_some_and(|r| r >= SMALL_CHUNK_RTT)
-    {
+    if !mean.is_some_and(|m| m < u64::from(SMALL_CHUNK)) {
+        return chunk_for(mean);
+    }
+    let bytes: u64 = entries.iter().map(Entry::file_size).sum();
+    if whole && bytes < FEW_CHUNKS * u64::from(SMALL_CHUNK) {
+        let per = (bytes / FEW_CHUNKS).max(1);
+        let pow2 = 1u64 << (63 - per.leading_zeros());
+        return pow2.clamp(u64::from(MIN_SMALL_CHUNK), u64::from(SMALL_CHUNK)) as u32;
+    }
+    if rtt.is_some_and(|r| r >= SMALL_CHUNK_RTT) {
         SMALL_CHUNK
     } else {
         chunk_for(mean)
@@ -562,18 +586,43 @@ mod tests {
         // Empty files do not drag the mean down.
         assert_eq!(auto_chunk(&files(&[0, 0, 0, 64 << 20])), 16 << 20);
         // Small files on a long link: smaller chunks; not on a short or unknown one,
-        // nor for files of 1 MiB or more.
+        // nor for files of 1 MiB or more. (20 000 × 8 KiB: more than FEW_CHUNKS
+        // small chunks.)
         let ms = |n| Some(std::time::Duration::from_millis(n));
-        assert_eq!(auto_chunk_on(&files(&[8192; 100]), ms(50)), SMALL_CHUNK);
-        assert_eq!(auto_chunk_on(&files(&[8192; 100]), ms(20)), SMALL_CHUNK);
-        assert_eq!(auto_chunk_on(&files(&[8192; 100]), ms(1)), DEFAULT_CHUNK);
-        assert_eq!(auto_chunk_on(&files(&[8192; 100]), None), DEFAULT_CHUNK);
+        let many = files(&[8192; 20_000]);
+        assert_eq!(auto_chunk_on(&many, ms(50), true), SMALL_CHUNK);
+        assert_eq!(auto_chunk_on(&many, ms(20), true), SMALL_CHUNK);
+        assert_eq!(auto_chunk_on(&many, ms(1), true), DEFAULT_CHUNK);
+        assert_eq!(auto_chunk_on(&many, None, true), DEFAULT_CHUNK);
         assert_eq!(
-            auto_chunk_on(&files(&[1 << 20; 100]), ms(200)),
+            auto_chunk_on(&files(&[1 << 20; 100]), ms(200), true),
             DEFAULT_CHUNK
         );
-        assert_eq!(auto_chunk_on(&files(&[256 << 20; 4]), ms(200)), 16 << 20);
-        assert_eq!(auto_chunk_on(&[], ms(200)), DEFAULT_CHUNK);
+        assert_eq!(
+            auto_chunk_on(&files(&[256 << 20; 4]), ms(200), true),
+            16 << 20
+        );
+        assert_eq!(auto_chunk_on(&[], ms(200), true), DEFAULT_CHUNK);
+        // A small dataset of small files: 64 chunks or more, of 256 KiB at least, on
+        // any link; but not the first part of a live walk, whose whole is not known.
+        let few = files(&[8192; 2000]);
+        assert_eq!(auto_chunk_on(&few, None, true), MIN_SMALL_CHUNK);
+        assert_eq!(auto_chunk_on(&few, ms(200), true), MIN_SMALL_CHUNK);
+        assert_eq!(auto_chunk_on(&few, None, false), DEFAULT_CHUNK);
+        assert_eq!(auto_chunk_on(&few, ms(50), false), SMALL_CHUNK);
+        assert_eq!(auto_chunk_on(&files(&[8192; 5000]), None, true), 512 << 10);
+        assert_eq!(
+            auto_chunk_on(&files(&[100; 10]), None, true),
+            MIN_SMALL_CHUNK
+        );
+        assert_eq!(
+            auto_chunk_on(&files(&[512 << 10; 127]), None, true),
+            SMALL_CHUNK / 2
+        );
+        assert_eq!(
+            auto_chunk_on(&files(&[512 << 10; 128]), None, true),
+            DEFAULT_CHUNK
+        );
     }
 
     #[test]

@@ -885,7 +885,7 @@ fn settings(net: &Net, opts: &dmover_core::session::TransferOptions) -> Value {
         "chunk_size_auto": opts.chunk_size == 0,
         "window_per_stream": bdp,
         "not_tuned": [
-            "chunk size (auto: 16M when files average 16 MiB or more, else 4M)",
+            "chunk size (auto: from the mean file size, the link's round trip and a small dataset's size; docs/tuning.md)",
             "in-flight chunks per stream",
             "socket buffers (kernel autotuning up to tcp_wmem/tcp_rmem; --tcp-buffer pins them)",
             "disk read/write parallelism (--io-threads)",
