@@ -344,11 +344,12 @@ pub const SMALL_CHUNK_RTT: std::time::Duration = std::time::Duration::from_milli
 /// [`MIN_SMALL_CHUNK`] ([`auto_chunk_on`]). In a few large chunks one disk thread reads
 /// each chunk's hundreds of files before its first byte leaves, a few streams carry
 /// it, and one disk thread at the other end creates those files while the others
-/// wait: 2000 × 8 KiB are four 4 MiB chunks. Pushes of 2000 × 8 KiB, interleaved,
-/// medians of 4–5 (docs/benchmarks.md, "Chunks for small datasets"): 0 ms at 1 Gbit/s
-/// 0.30 s with 4 MiB, 0.23 with 1 MiB, 0.21 with 256 KiB; unlimited 0.26 / 0.23 /
-/// 0.20; 50 ms 0.60 (1 MiB) → 0.57; 200 ms 1.95 → 1.93. A large dataset keeps its
-/// chunk: 20 000 × 8 KiB at 0 ms, unlimited, 1.15 s with 4 MiB, 1.23 with 256 KiB.
+/// wait: 2000 × 8 KiB were four 4 MiB chunks, and at 0 ms their first 100 kB reached
+/// the server 0.12 s in. Third-party copies of 2000 × 8 KiB at 1 Gbit/s, interleaved,
+/// medians of 5 (docs/benchmarks.md, "Third-party copies", stop 36): 0.30 → 0.21 s at
+/// 0 ms, 0.62 → 0.58 s at 50 ms, 2.15 → 2.04 s at 200 ms. A large dataset keeps its
+/// chunk (for 20 000 × 8 KiB at 0 ms the size made no difference: "Chunks for small
+/// datasets").
 pub const FEW_CHUNKS: u64 = 64;
 /// See [`FEW_CHUNKS`]: the smallest chunk chosen for a small dataset.
 pub const MIN_SMALL_CHUNK: u32 = 256 << 10;
