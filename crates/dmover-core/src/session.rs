@@ -360,7 +360,7 @@ pub const MIN_SMALL_CHUNK: u32 = 256 << 10;
 /// dataset (not the first part of a live walk, whose size is not known yet).
 pub fn auto_chunk_on(entries: &[Entry], rtt: Option<std::time::Duration>, whole: bool) -> u32 {
     let mean = mean_file_size(entries);
-    if !mean.is_some_and(|m| m < u64::from(SMALL_CHUNK)) {
+    if mean.is_none_or(|m| m >= u64::from(SMALL_CHUNK)) {
         return chunk_for(mean);
     }
     let bytes: u64 = entries.iter().map(Entry::file_size).sum();
