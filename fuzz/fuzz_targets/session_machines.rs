@@ -132,6 +132,8 @@ fn simulated(u: &mut Unstructured<'_>) -> Result<()> {
         early,
         prepare: Duration::from_micros(u.int_in_range(0..=5000)?),
         continue_on_error: u.arbitrary()?,
+        ack_delay: ms(u, 50)?,
+        control_delay: ms(u, 20)?,
     };
     let r = Sim::new(cfg.clone()).run(Duration::from_secs(3600));
     assert!(

@@ -598,6 +598,32 @@ fn a_stream_silent_after_its_chunks_arrived_does_not_hold_up_the_end() {
 }
 
 #[test]
+fn a_sink_that_closes_its_streams_with_acknowledgements_unsent_ends_the_session() {
+    // The sink has the report with the last chunks, says `Done` and closes its
+    // streams while its last acknowledgements are still held back, and the control
+    // connection is a little slower than the streams: the source sees the streams end
+    // before `Done` arrives, and must neither fail (no stream left, chunks
+    // unacknowledged) nor count them as lost.
+    for push in [true, false] {
+        let r = run(Config {
+            push,
+            chunks: 40,
+            latency: ms(10),
+            ack_delay: ms(30),
+            control_delay: ms(5),
+            ..Config::default()
+        });
+        assert_finished(&r);
+        assert_eq!(r.source_stats.streams_lost, 0, "push {push}");
+        let (t, sink) = (r.source_at.unwrap(), r.sink_at.unwrap());
+        assert!(
+            t < sink + ms(100),
+            "push {push}: source {t:?}, sink {sink:?}"
+        );
+    }
+}
+
+#[test]
 fn a_corrupt_stream_ends_the_session_on_both_sides() {
     let r = run(Config {
         chunks: 400,

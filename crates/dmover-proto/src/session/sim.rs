@@ -206,6 +206,13 @@ pub struct Config {
     /// The dialer's options say `continue_on_error` (the source's report then waits
     /// for every acknowledgement).
     pub continue_on_error: bool,
+    /// The sink's acknowledgements leave this long after the machine asks for them,
+    /// and are lost when the sink closes the stream first (a real driver's ack writer
+    /// may not have flushed when the session ends).
+    pub ack_delay: Duration,
+    /// Added to [`Config::latency`] on the control connection: what a side sends there
+    /// arrives after what it sent on the data streams at the same time.
+    pub control_delay: Duration,
 }
 
 impl Default for Config {
@@ -235,6 +242,8 @@ impl Default for Config {
             early: false,
             prepare: Duration::ZERO,
             continue_on_error: false,
+            ack_delay: Duration::ZERO,
+            control_delay: Duration::ZERO,
         }
     }
 }
@@ -368,6 +377,8 @@ enum Ev {
     Frame(u16, u64),
     End(u16, u64),
     Ack(u16, u64),
+    /// The sink's driver writes an acknowledgement it held back ([`Config::ack_delay`]).
+    AckOut(u16, u64),
     StreamFailed(Party, u16, SimError),
     WriteDone(u64),
     Fault(usize),
@@ -787,6 +798,12 @@ impl Sim {
                     s.stream_end(now, stream, sent);
                 }
             }
+            Ev::AckOut(stream, frames) => {
+                let net = self.nets[stream as usize];
+                if !net.silent && !net.closed[SOURCE] && !net.closed[SINK] {
+                    self.after(lat, Ev::Ack(stream, frames));
+                }
+            }
             Ev::Ack(stream, frames) => {
                 let net = self.nets[stream as usize];
                 if net.silent || net.closed[SOURCE] {
@@ -901,7 +918,7 @@ impl Sim {
             let Some(msg) = msg else { break };
             any = true;
             if !self.control_closed[p as usize] {
-                self.after(lat, Ev::Ctrl(p.other(), msg));
+                self.after(lat + self.cfg.control_delay, Ev::Ctrl(p.other(), msg));
             }
         }
         // Acceptor's handshake events.
@@ -1013,7 +1030,8 @@ impl Sim {
     fn close_control(&mut self, p: Party) {
         if !self.control_closed[p as usize] {
             self.control_closed[p as usize] = true;
-            self.after(self.cfg.latency, Ev::CtrlClosed(p.other()));
+            let t = self.cfg.latency + self.cfg.control_delay;
+            self.after(t, Ev::CtrlClosed(p.other()));
         }
     }
 
@@ -1179,7 +1197,9 @@ impl Sim {
                 SinkCommand::Open { stream } => self.open_stream(p, stream),
                 SinkCommand::Ack { stream, frames } => {
                     let net = self.nets[stream as usize];
-                    if !net.silent && !net.closed[SOURCE] && !net.closed[SINK] {
+                    if self.cfg.ack_delay > Duration::ZERO {
+                        self.after(self.cfg.ack_delay, Ev::AckOut(stream, frames));
+                    } else if !net.silent && !net.closed[SOURCE] && !net.closed[SINK] {
                         self.after(lat, Ev::Ack(stream, frames));
                     }
                 }
@@ -1357,7 +1377,8 @@ impl Sim {
             }
         }
         for m in msgs {
-            self.after(self.cfg.latency, Ev::Ctrl(p.other(), m));
+            let t = self.cfg.latency + self.cfg.control_delay;
+            self.after(t, Ev::Ctrl(p.other(), m));
         }
         self.close_control(p);
         true

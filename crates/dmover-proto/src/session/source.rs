@@ -155,6 +155,10 @@ enum Join {
     /// `END` sent.
     Ended,
     Lost,
+    /// It failed after the report went ([`SourceEvent::Sent`]): the sink may be done
+    /// and closing its streams, with acknowledgements it had not flushed. Lost only if
+    /// the sink's `Done` does not come within [`Timing::report_wait`].
+    Held,
 }
 
 #[derive(Debug)]
@@ -248,6 +252,10 @@ pub struct SourceSession<E> {
     sent_told: bool,
     /// The dialer's options ask the source to skip unreadable files and go on.
     continue_on_error: bool,
+    /// Streams that failed after the report ([`Join::Held`]), with why, and when they
+    /// count as lost unless `Done` came.
+    held_losses: Vec<(u16, SessionError<E>)>,
+    held_until: Option<Instant>,
     /// (feature `METADATA`) Entries' owners and xattrs, sent after `ManifestEnd`
     /// once the session is known to use the feature.
     meta: Vec<EntryMeta>,
@@ -301,6 +309,8 @@ impl<E: Cause + Clone> SourceSession<E> {
             reported: false,
             sent_told: false,
             continue_on_error: false,
+            held_losses: Vec::new(),
+            held_until: None,
             meta: Vec::new(),
             meta_due: false,
             early: None,
@@ -991,12 +1001,22 @@ impl<E: Cause + Clone> SourceSession<E> {
         let Some(s) = self.streams.get(stream as usize) else {
             return;
         };
-        if matches!(s.join, Join::Lost | Join::Ended) || !self.link.live() {
+        if matches!(s.join, Join::Lost | Join::Ended | Join::Held) || !self.link.live() {
             return;
         }
         if self.phase == Phase::Draining || self.phase == Phase::Reporting {
             // Everything is acknowledged: nothing on it can matter any more.
             self.streams[stream as usize].join = Join::Lost;
+            return;
+        }
+        if self.reported && self.sent_told && s.join == Join::Live && !error.ends_session() {
+            // Every chunk is sent and the report went: the sink may be done, closing
+            // its streams before its `Done` (on the control connection) arrives here.
+            self.streams[stream as usize].join = Join::Held;
+            self.held_losses
+                .push((stream, SessionError::Stream { stream, error }));
+            self.held_until
+                .get_or_insert(now + self.link.timing.report_wait);
             return;
         }
         // A dialer's stream that fails to join fails the session, as at the sink.
@@ -1321,7 +1341,9 @@ impl<E: Cause + Clone> SourceSession<E> {
     fn check_finished(&mut self) {
         let ended = match self.phase {
             Phase::Reporting => true,
-            Phase::Sending => self.sent_told && !self.on_demand,
+            // The sink may close the control connection right after its `Done` (it
+            // has the report): waiting for `drained` here would fail the session.
+            Phase::Sending | Phase::Draining => self.sent_told && !self.on_demand,
             _ => false,
         };
         if self.reported && ended {
@@ -1394,6 +1416,9 @@ impl<E: Cause + Clone> SourceSession<E> {
                     t = Some(t.map_or(d, |t| t.min(d)));
                 }
             }
+            if let Some(d) = self.held_until {
+                t = Some(t.map_or(d, |t| t.min(d)));
+            }
         }
         t
     }
@@ -1401,6 +1426,16 @@ impl<E: Cause + Clone> SourceSession<E> {
     /// Handles every deadline due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.link.on_timeout(now);
+        if self.held_until.is_some_and(|t| now >= t) && self.link.live() {
+            // No `Done` came: the held streams are lost, their chunks sent again.
+            self.held_until = None;
+            for (i, e) in std::mem::take(&mut self.held_losses) {
+                if !self.link.live() || self.phase != Phase::Sending {
+                    break;
+                }
+                self.lose(now, i, e);
+            }
+        }
         if self.link.live() && self.phase == Phase::Sending {
             let stall = self.link.timing.stall;
             let stalled: Vec<u16> = self
