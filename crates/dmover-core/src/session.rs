@@ -112,6 +112,9 @@ pub struct TransferOptions {
     /// connections in set-up), whatever `retries` says; zero: fail at the first busy
     /// answer. See [`crate::client`].
     pub busy_wait: Duration,
+    /// Fault injection for tests: each chunk read or written here waits this long (a
+    /// server's `--debug-chunk-delay-ms`, passed to the third-party sessions it dials).
+    pub chunk_delay: Option<Duration>,
     /// The destination keeps a resume journal.
     pub journal: bool,
     /// The destination re-reads every file after fsync and compares digests.
@@ -169,6 +172,7 @@ impl TransferOptions {
 impl Default for TransferOptions {
     fn default() -> Self {
         TransferOptions {
+            chunk_delay: None,
             streams: 4,
             tune: false,
             chunk_size: 0,

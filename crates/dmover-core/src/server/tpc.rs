@@ -269,6 +269,7 @@ impl Server {
             idle_timeout: self.cfg.idle_timeout,
             retries: 0,
             busy_wait: Duration::from_secs(10),
+            chunk_delay: self.faults.chunk_delay,
             ..Default::default()
         };
         // The local paths, checked now and at every reload, as for any session.
