@@ -535,13 +535,18 @@ fn slow_streams_that_all_move_are_not_stuck() {
     }
 }
 
-#[test]
-fn a_silent_stream_is_lost_after_the_stall_limit_and_its_chunks_resent() {
-    let timing = Timing {
+/// A stall limit (and idle limit) of 5 s, for tests that wait one out.
+fn five_second_stall() -> Timing {
+    Timing {
         stall: Duration::from_secs(5),
         idle: Some(Duration::from_secs(5)),
         ..Timing::default()
-    };
+    }
+}
+
+#[test]
+fn a_silent_stream_is_lost_after_the_stall_limit_and_its_chunks_resent() {
+    let timing = five_second_stall();
     // At 88 ms chunks are on their way on stream 2 (it carries 8 frames, the sink
     // misses what follows); at 80 ms only their acknowledgements would be (see below).
     let r = run(Config {
@@ -569,11 +574,7 @@ fn a_stream_silent_after_its_chunks_arrived_does_not_hold_up_the_end() {
     // are lost. The source reported once every chunk was written into a stream, and
     // the sink's `Done` says it holds them all, so the session ends without waiting
     // out the stall limit and sending anything again.
-    let timing = Timing {
-        stall: Duration::from_secs(5),
-        idle: Some(Duration::from_secs(5)),
-        ..Timing::default()
-    };
+    let timing = five_second_stall();
     // At these times (a pull starts a little sooner) stream 2's last chunks have
     // arrived and their acknowledgements are on their way; a few milliseconds later
     // the next chunks would be, and the sink would miss them.

@@ -1251,7 +1251,6 @@ impl<E: Cause + Clone> SourceSession<E> {
     /// way out), which a pulling client waited for.
     fn check_sent(&mut self) {
         if self.sent_told
-            || self.reported
             || self.phase != Phase::Sending
             || self.on_demand
             || self.continue_on_error
@@ -1343,7 +1342,8 @@ impl<E: Cause + Clone> SourceSession<E> {
             Phase::Reporting => true,
             // The sink may close the control connection right after its `Done` (it
             // has the report): waiting for `drained` here would fail the session.
-            Phase::Sending | Phase::Draining => self.sent_told && !self.on_demand,
+            // (`sent_told` is never set in a request-driven session.)
+            Phase::Sending | Phase::Draining => self.sent_told,
             _ => false,
         };
         if self.reported && ended {
