@@ -5,6 +5,7 @@ use std::io;
 use dmover_net::NetError;
 use dmover_net::stream::JoinFailed;
 use dmover_proto::control::{ErrorCode, ErrorMsg};
+use dmover_proto::data::JoinStatus;
 
 use dmover_net::join::JOIN_WAIT;
 
@@ -79,6 +80,24 @@ impl Error {
     /// A failed data stream join with `peer`.
     pub fn join(peer: &str, j: &JoinFailed) -> Self {
         match j {
+            // The server knows no such session: it never opened there, or it is
+            // over (a stream that joins after the sink said `Done`). Not a breach of
+            // the protocol: the control connection says how the session went, and a
+            // stream still pending fails the session anyway.
+            JoinFailed::Refused {
+                stream,
+                status: JoinStatus::UnknownSession,
+            } => Error::Net(NetError::io(
+                "joining a data stream to",
+                peer,
+                io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    format!(
+                        "data stream {stream} refused: the server knows no such session \
+                         (it is over, or never opened)"
+                    ),
+                ),
+            )),
             JoinFailed::Refused { .. } => Error::protocol(peer, j.to_string()),
             JoinFailed::BadStatus { value, .. } => Error::Net(NetError::proto(
                 peer,
@@ -221,5 +240,28 @@ mod tests {
         assert_eq!(busy.to_string(), "journal busy");
         assert_eq!(class(&busy), (ErrorCode::Busy, true, true, 4));
         assert_eq!(busy.to_msg().message, "journal busy");
+    }
+
+    /// A join refused because the server no longer knows the session (a stream that
+    /// joins after the sink finished) loses that stream only; the other refusals say
+    /// the peer is not who it must be, and end the session.
+    #[test]
+    fn a_join_to_a_session_that_is_over_loses_only_that_stream() {
+        let refused = |status| JoinFailed::Refused { stream: 1, status };
+        let over = Error::join("b:1", &refused(JoinStatus::UnknownSession));
+        assert!(!over.ends_session(), "{over}");
+        assert_eq!(over.code(), ErrorCode::Aborted);
+        assert_eq!(
+            over.to_string(),
+            "joining a data stream to b:1: data stream 1 refused: the server knows no \
+             such session (it is over, or never opened)"
+        );
+        for status in [JoinStatus::BadProof, JoinStatus::BadStream] {
+            assert!(
+                Error::join("b:1", &refused(status)).ends_session(),
+                "{status:?}"
+            );
+        }
+        assert!(Error::join("b:1", &JoinFailed::BadProof { stream: 1 }).ends_session());
     }
 }
