@@ -36,6 +36,7 @@ use crate::diskpool::DiskPool;
 use crate::drive::{self, GrowPart};
 use crate::engine::{DataStream, Run};
 use crate::error::{Error, Result};
+use crate::livewalk;
 use crate::session::{self, HANDSHAKE_TIMEOUT, TransferOptions};
 use dmover_proto::session::{Dial, Limits, SinkSession, SourceSession, Timing};
 
@@ -2118,13 +2119,52 @@ impl Client {
         // or `--checksum`, whose prune request comes between the walk and the session.
         // Whether the files have extended attributes is asked by the walk's threads,
         // beside their `stat`, when the metadata read after the walk would ask it.
+        //
+        // A fresh push's walk runs live (feature WALKING, docs/protocol.md "Live walk"):
+        // a large tree's manifest goes in parts as the walk finds them, the data from
+        // the first part on, instead of after the whole walk. Not on a resume, a sync
+        // or with `--checksum`, where the server answers for what it holds of the
+        // first part only.
+        let live = !(delete || compare || resume || self.opts.mirror);
         let x = self.opts.meta.xattrs;
         let ask = x.user || x.acls || x.all;
-        let walking = self.disk.run(move || walk::walk_with(roots, &filter, ask));
-        let (walked, mut early) = if delete || compare {
-            (walking.await, None)
+        // A live walk's first part: its later parts' channel, every entry walked when
+        // it was cut (for the choices that depend on the files' sizes) and its
+        // entries' metadata, read by the walk.
+        let mut walk_rest: Option<(mpsc::UnboundedReceiver<livewalk::Walk>, Vec<Entry>)> = None;
+        let mut walked_meta = None;
+        let (walked, mut early) = if live {
+            let scope = (self.opts.meta.owner || ask).then_some(x);
+            let mut rx = livewalk::start(move || Ok(roots), (*filter).clone(), scope)?;
+            let starting = async move {
+                match rx.recv().await {
+                    Some(livewalk::Walk::Start(s)) => Some(Ok((s, rx))),
+                    Some(livewalk::Walk::Failed(e)) => Some(Err(e)),
+                    Some(livewalk::Walk::Part(_)) | None => None,
+                }
+            };
+            let (started, early) = self.walk_connected(starting, server, &run).await?;
+            let walked = started.map(|r| {
+                r.map(|(s, rx)| match s {
+                    walk::Start::Whole(w, meta) => {
+                        walked_meta = Some(meta);
+                        w
+                    }
+                    walk::Start::First(w, meta, so_far) => {
+                        walked_meta = Some(meta);
+                        walk_rest = Some((rx, so_far));
+                        w
+                    }
+                })
+            });
+            (walked, early)
         } else {
-            self.walk_connected(walking, server, &run).await?
+            let walking = self.disk.run(move || walk::walk_with(roots, &filter, ask));
+            if delete || compare {
+                (walking.await, None)
+            } else {
+                self.walk_connected(walking, server, &run).await?
+            }
         };
         let walked = walked.ok_or(Error::Aborted)??;
         if walked.filtered > 0 {
@@ -2171,24 +2211,47 @@ impl Client {
         }
         // The round trip is the connection's made during the walk, when there is one.
         let rtt = early.as_ref().and_then(|(c, _)| c.rtt());
+        // What the choices that depend on the files' sizes see: the whole walk, or
+        // what a live walk had walked when it cut its first part.
+        let sized = walk_rest
+            .as_ref()
+            .map_or(tree.entries(), |(_, e)| e.as_slice());
         let chunk = match self.opts.chunk_size {
-            0 => session::auto_chunk_on(tree.entries(), rtt, true),
+            0 => session::auto_chunk_on(sized, rtt, walk_rest.is_none()),
             c => c,
         };
-        let tuned_start = session::tuned_start(tree.entries(), rtt);
+        let tuned_start = session::tuned_start(sized, rtt);
+        if let Some((_, so_far)) = &walk_rest {
+            tracing::debug!(
+                "the walk goes on: its first part of {} entries goes with {} walked",
+                tree.entries().len(),
+                so_far.len()
+            );
+        }
         let totals = Totals::of(tree.entries());
         run.progress.total.store(totals.bytes, Relaxed);
         let files = crate::engine::files_with_data(tree.entries());
         run.progress.total_files.store(files, Relaxed);
         run.progress.set_manifest(tree.entries());
-        let deep = session::mostly_aligned(tree.entries());
-        // Before connecting, as the walk: no connection idles while it is read.
-        let meta = self.read_meta(&tree);
+        let deep = session::mostly_aligned(sized);
+        // Before connecting, as the walk: no connection idles while it is read (a
+        // live walk read it with the entries).
+        let meta = match walked_meta {
+            Some(mut meta) => {
+                if !self.opts.meta.owner {
+                    for m in &mut meta {
+                        (m.uid, m.gid) = (u32::MAX, u32::MAX);
+                    }
+                }
+                meta
+            }
+            None => self.read_meta(&tree),
+        };
         // A large tree's manifest in parts (feature STREAMED), the first in the first
         // flight and the data from it on, where nothing at the server depends on the
         // whole: not on a resume or a sync (the files it holds are answered for the
         // first part only), nor with `--checksum`.
-        let streamed = if resume || compare || self.opts.mirror {
+        let streamed = if resume || compare || self.opts.mirror || walk_rest.is_some() {
             None
         } else {
             session::manifest_parts(tree.entries().len())
@@ -2216,6 +2279,11 @@ impl Client {
         if streamed.is_some() {
             open.features |= dmover_proto::session::features::STREAMED;
         }
+        if walk_rest.is_some() {
+            // Its later parts may hold hard links and holes, if `Session` grants it.
+            open.features |= dmover_proto::session::features::STREAMED
+                | dmover_proto::session::features::WALKING;
+        }
         // `--checksum`: the manifest holds only files whose content differs (or that
         // the destination lacks), and the quick check (same size and mtime: held)
         // must not skip them, so the session does not resume (a retry sends the
@@ -2230,7 +2298,38 @@ impl Client {
         // The whole manifest, or a streamed one's first part.
         m.push_manifest(source.tree().entries());
         let mut growth = None;
+        let mut walk_ended = None;
         match streamed {
+            None if walk_rest.is_some() => {
+                // A live walk: its first part in the first flight, the others as the
+                // walk finds them (their `Grow` once `Session` came).
+                let (rest, _) = walk_rest.take().expect("checked");
+                let first = source.tree().entries().to_vec();
+                let (tx, rx) = mpsc::unbounded_channel();
+                let _ = tx.send(GrowPart {
+                    sparse: source.tree().sparse().to_vec(),
+                    entries: first,
+                    totals,
+                    chunks: source.layout().n_chunks(),
+                    last: false,
+                    durable: None,
+                    times: Vec::new(),
+                    meta,
+                    sent: true,
+                });
+                let (tell, ended) = tokio::sync::oneshot::channel();
+                walk_ended = Some(ended);
+                tokio::spawn(livewalk::forward(
+                    rest,
+                    tx,
+                    totals,
+                    run.clone(),
+                    server.to_string(),
+                    self.opts.meta.owner,
+                    Some(tell),
+                ));
+                growth = Some(rx);
+            }
             None => {
                 if open_features & dmover_proto::session::features::LINKS != 0 {
                     m.sparse_files(source.tree().sparse());
@@ -2265,6 +2364,17 @@ impl Client {
             ..self.env(&run, buffers)
         };
         let r = drive::source_growing(m, &mut conn.ch, joins, source, env, growth).await?;
+        let (mut skipped, mut full_totals) = (skipped, full_totals);
+        if let Some(mut ended) = walk_ended {
+            // A live walk: what it left out came with its last part, and the
+            // totals are those of every part.
+            let e = ended.try_recv().unwrap_or_default();
+            if e.filtered > 0 {
+                tracing::info!("the filters left out {} entries", e.filtered);
+            }
+            skipped = e.skipped;
+            full_totals = Totals::of(r.store.tree().entries());
+        }
         let failed = r.store.failed();
         // The lines naming the failed files, and with `--delete` what the mirror must
         // hold: every entry walked (also those `--checksum` found there already).
@@ -2321,17 +2431,17 @@ impl Client {
     /// before the server gives up on a connection that does not open its session
     /// ([`HANDSHAKE_TIMEOUT`]). A failed walk is returned without a connection; a
     /// failed connection is the error, as it would have been after the walk.
-    async fn walk_connected<F>(
+    async fn walk_connected<F, T>(
         &self,
         walking: F,
         server: &str,
         run: &Run,
     ) -> Result<(
-        Option<dmover_store::Result<walk::Walked>>,
+        Option<dmover_store::Result<T>>,
         Option<(Connection, tokio::time::Instant)>,
     )>
     where
-        F: std::future::Future<Output = Option<dmover_store::Result<walk::Walked>>>,
+        F: std::future::Future<Output = Option<dmover_store::Result<T>>>,
     {
         let connecting = self.connect(server);
         tokio::pin!(walking, connecting);

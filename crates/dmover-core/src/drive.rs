@@ -42,7 +42,7 @@ use dmover_proto::control::{
     SessionLimits, SessionOptions, Summary, Tuned,
 };
 use dmover_proto::data::{DIGEST_LEN, FrameHeader, FrameKind, FrameLimits, PART_LEN};
-use dmover_proto::manifest::{Entry, Totals};
+use dmover_proto::manifest::{Entry, EntryKind, Totals};
 use dmover_proto::session::tune::{Pressure, TuneConfig, Tuner};
 use dmover_proto::session::{
     AcceptEvent, Acceptance, Arrival, Cause, ChunkMeta, ChunkSet, PartRange, ReadJob, SessionError,
@@ -1114,9 +1114,12 @@ where
             // sink's confirmations: a part written while the control connection is
             // still in slow start waits in its send buffer, and the control link's
             // writes would hold this loop (and the data) until it drained. A dialer's
-            // first part ends in its first flight (the features are known: BASE).
+            // first part ends in its first flight (the features are known: BASE);
+            // its later parts wait for `Session` (whether they may hold hard links
+            // and holes, feature WALKING), which comes before the first `Grown`.
             part = next_part(&mut growth), if growth.is_some()
                 && m.features().is_some()
+                && (parts == 0 || m.negotiated())
                 && (!m.uses(features::STREAMED) || m.parts_confirmed() + 1 >= parts) => match part {
                 Some(p) if p.sent && parts == 0 && !m.uses(features::STREAMED) => {
                     // The sink does not take parts: the rest of the manifest goes
@@ -1149,6 +1152,25 @@ where
                     m.push_manifest(&rest);
                     m.push_meta(meta);
                     m.end_manifest(totals, chunks);
+                }
+                Some(p) if parts > 0
+                    && !m.uses(features::WALKING)
+                    && (!p.sparse.is_empty()
+                        || p.entries.iter().any(|e| matches!(e.kind, EntryKind::HardLink { .. }))) =>
+                {
+                    // A live walk's later part with hard links or holes, to a sink that
+                    // takes neither in later parts (a server older than the live walk
+                    // of pushes, whose `Session` did not grant `WALKING`).
+                    growth = None;
+                    m.fail(now(), Fault::new(Error::refused(
+                        ErrorCode::Unsupported,
+                        format!(
+                            "{}: the server takes no hard links or sparse files in a manifest \
+                             sent while the walk runs (it predates that); upgrade it, or copy \
+                             with --resume, which walks the whole tree first",
+                            peer
+                        ),
+                    )));
                 }
                 Some(mut p) => {
                     let mut meta = Vec::new();

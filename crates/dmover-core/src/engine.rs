@@ -228,6 +228,17 @@ impl Progress {
         }
     }
 
+    /// A later part of a growing manifest: its entries join the manifest kept for
+    /// naming files (while [`Progress::file_events`] is on).
+    pub fn extend_manifest(&self, entries: &[dmover_proto::manifest::Entry]) {
+        if self.file_events.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut m = self.manifest.lock();
+            if let Some(all) = m.as_mut() {
+                Arc::make_mut(all).extend_from_slice(entries);
+            }
+        }
+    }
+
     /// A later part of a growing manifest at the sink: its bytes and files join the
     /// totals, its entries the manifest kept for naming files.
     pub fn grow_manifest(&self, entries: &[dmover_proto::manifest::Entry]) {
@@ -237,12 +248,7 @@ impl Progress {
         self.total.fetch_add(t.bytes, Relaxed);
         self.total_files
             .fetch_add(crate::engine::files_with_data(entries), Relaxed);
-        if self.file_events.load(Relaxed) {
-            let mut m = self.manifest.lock();
-            if let Some(all) = m.as_mut() {
-                Arc::make_mut(all).extend_from_slice(entries);
-            }
-        }
+        self.extend_manifest(entries);
     }
 
     /// Notes that the file of manifest entry `entry` is done (its last byte crossed

@@ -24,6 +24,7 @@ pub mod diskpool;
 pub mod drive;
 pub mod engine;
 pub mod error;
+mod livewalk;
 pub mod memtest;
 pub mod monitor;
 pub mod policy;

@@ -63,6 +63,7 @@ use crate::diskpool::DiskPool;
 use crate::drive;
 use crate::engine::Run;
 use crate::error::{Error, Result};
+use crate::livewalk;
 use crate::policy::{self, Policy, Reloaded, Use, open_exports};
 use crate::session::{self, HANDSHAKE_TIMEOUT, MAX_STREAMS, SOFTWARE};
 use dmover_proto::manifest::Totals;
@@ -1053,7 +1054,7 @@ impl Server {
         let live_walk = granted & live_walk == live_walk && !report_skipped;
         // A live walk's later parts, and the metadata it read (of the whole tree or
         // its first part).
-        let mut walking: Option<tokio::sync::mpsc::UnboundedReceiver<Walk>> = None;
+        let mut walking: Option<tokio::sync::mpsc::UnboundedReceiver<livewalk::Walk>> = None;
         let mut walked_meta = None;
         // What the choices below that depend on the files' sizes see (chunk size, the
         // tuner's start, buffers): the whole walk, or what a live walk had walked when
@@ -1085,16 +1086,22 @@ impl Server {
                         all: !uses.is_empty() && uses.iter().all(|u| u.export.xattrs_all),
                         ..XattrScope::DEFAULT
                     });
-                    let mut rx = start_live_walk(resolved, filter.clone(), scope)?;
+                    let roots = move || {
+                        resolved
+                            .iter()
+                            .map(|(base, p, name)| paths::source_root(base, p, name))
+                            .collect()
+                    };
+                    let mut rx = livewalk::start(roots, filter.clone(), scope)?;
                     let (walked, meta) = match rx.recv().await {
-                        Some(Walk::Start(walk::Start::Whole(w, m))) => (w, m),
-                        Some(Walk::Start(walk::Start::First(w, m, so_far))) => {
+                        Some(livewalk::Walk::Start(walk::Start::Whole(w, m))) => (w, m),
+                        Some(livewalk::Walk::Start(walk::Start::First(w, m, so_far))) => {
                             walking = Some(rx);
                             seen = Some(so_far);
                             (w, m)
                         }
-                        Some(Walk::Failed(e)) => return Err(e.into()),
-                        Some(Walk::Part(_)) | None => return Err(Error::Aborted),
+                        Some(livewalk::Walk::Failed(e)) => return Err(e.into()),
+                        Some(livewalk::Walk::Part(_)) | None => return Err(Error::Aborted),
                     };
                     walked_meta = Some(meta);
                     tracing::debug!(
@@ -1461,12 +1468,14 @@ impl Server {
                         meta,
                         sent: false,
                     });
-                    tokio::spawn(forward_walk(
+                    tokio::spawn(livewalk::forward(
                         walk_rx,
                         tx,
                         totals,
                         env.run.clone(),
                         peer.to_string(),
+                        true,
+                        None,
                     ));
                     *reported = true;
                     let r = drive::source_growing(m, ch, joins, source, env, Some(rx)).await?;
@@ -1525,115 +1534,6 @@ impl Server {
         log.what = what;
         log.done = Some((bytes, files));
         Ok(())
-    }
-}
-
-/// What a live walk's thread says ([`start_live_walk`]).
-enum Walk {
-    Start(walk::Start),
-    Part(walk::WalkPart),
-    Failed(dmover_store::Error),
-}
-
-/// How a pull's live walk cuts its manifest: as a walked manifest is streamed
-/// ([`session::manifest_parts`]), and a part every 100 ms of a slow walk.
-const LIVE_CUTS: walk::Cuts = walk::Cuts {
-    at: 4 * session::FIRST_PART,
-    first: session::FIRST_PART,
-    max: session::PART_MAX,
-    wait: Duration::from_millis(100),
-};
-
-/// Starts a pull's live walk of `resolved` (feature `WALKING`) on a thread of its
-/// own (the disk threads read the chunks meanwhile): its start, then its parts, or
-/// why it failed, come through the channel. The walk stops when the channel's
-/// receiver is gone.
-fn start_live_walk(
-    resolved: Vec<(Base, Vec<u8>, Vec<u8>)>,
-    filter: dmover_store::filter::Filter,
-    meta: Option<XattrScope>,
-) -> Result<tokio::sync::mpsc::UnboundedReceiver<Walk>> {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    std::thread::Builder::new()
-        .name("dmover-walk".into())
-        .spawn(move || {
-            let roots = resolved
-                .iter()
-                .map(|(base, p, name)| paths::source_root(base, p, name))
-                .collect::<dmover_store::Result<Vec<_>>>();
-            let r = roots.and_then(|roots| {
-                walk::walk_live(
-                    roots,
-                    &filter,
-                    meta,
-                    LIVE_CUTS,
-                    |s| {
-                        let _ = tx.send(Walk::Start(s));
-                    },
-                    |p| tx.send(Walk::Part(p)).is_ok(),
-                )
-            });
-            if let Err(e) = r {
-                let _ = tx.send(Walk::Failed(e));
-            }
-        })
-        .map_err(|e| Error::refused(ErrorCode::Busy, format!("starting the walk's thread: {e}")))?;
-    Ok(rx)
-}
-
-/// Hands a live walk's later parts to the session as they come, with the totals
-/// over every part so far (`totals`: the first part's); a walk that fails fails
-/// the session with its error.
-async fn forward_walk(
-    mut walk: tokio::sync::mpsc::UnboundedReceiver<Walk>,
-    parts: tokio::sync::mpsc::UnboundedSender<drive::GrowPart>,
-    mut totals: Totals,
-    run: Arc<Run>,
-    peer: String,
-) {
-    let started = Instant::now();
-    let mut n = 1;
-    while let Some(w) = walk.recv().await {
-        match w {
-            Walk::Part(p) => {
-                totals = totals.plus(Totals::of(&p.entries));
-                run.progress.total_files.fetch_add(
-                    crate::engine::files_with_data(&p.entries),
-                    Ordering::Relaxed,
-                );
-                n += 1;
-                if p.last {
-                    tracing::debug!(
-                        "{peer}: the walk ended {:.3} s after its first part: {} entries \
-                         in {n} parts, {} skipped, {} filtered out",
-                        started.elapsed().as_secs_f64(),
-                        totals.entries,
-                        p.skipped,
-                        p.filtered
-                    );
-                }
-                let last = p.last;
-                let part = drive::GrowPart {
-                    entries: p.entries,
-                    totals,
-                    chunks: 0,
-                    last,
-                    durable: None,
-                    times: Vec::new(),
-                    meta: p.meta,
-                    sent: false,
-                    sparse: p.sparse,
-                };
-                if parts.send(part).is_err() || last {
-                    return;
-                }
-            }
-            Walk::Failed(e) => {
-                run.fail(e.into());
-                return;
-            }
-            Walk::Start(_) => {}
-        }
     }
 }
 
@@ -1818,72 +1718,6 @@ pub fn check_credential(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn file(parent: u32, name: &str, size: u64) -> dmover_proto::manifest::Entry {
-        dmover_proto::manifest::Entry {
-            parent,
-            name: name.as_bytes().to_vec(),
-            kind: dmover_proto::manifest::EntryKind::File { size },
-            mode: 0o644,
-            mtime: dmover_proto::manifest::Mtime { sec: 0, nsec: 0 },
-        }
-    }
-
-    fn part(entries: Vec<dmover_proto::manifest::Entry>, last: bool) -> Walk {
-        Walk::Part(walk::WalkPart {
-            entries,
-            sparse: Vec::new(),
-            meta: Vec::new(),
-            last,
-            skipped: 0,
-            filtered: 0,
-        })
-    }
-
-    /// A live walk's parts reach the session with the totals over every part so far,
-    /// the last marked; a walk that fails after its first part fails the session with
-    /// its error.
-    #[tokio::test]
-    async fn a_live_walks_parts_carry_running_totals_and_its_failure_ends_the_session() {
-        let first = Totals::of(&[file(0, "a", 10)]);
-        let (walk_tx, walk_rx) = tokio::sync::mpsc::unbounded_channel();
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let run = Run::new();
-        walk_tx.send(part(vec![file(0, "b", 5)], false)).unwrap();
-        walk_tx
-            .send(part(vec![file(0, "c", 7), file(0, "d", 0)], true))
-            .unwrap();
-        forward_walk(walk_rx, tx, first, run.clone(), "peer".into()).await;
-        let a = rx.recv().await.unwrap();
-        assert_eq!((a.totals.entries, a.totals.bytes, a.last), (2, 15, false));
-        let b = rx.recv().await.unwrap();
-        assert_eq!((b.totals.entries, b.totals.bytes, b.last), (4, 22, true));
-        assert_eq!(
-            b.chunks, 0,
-            "later parts are laid out by the source's storage"
-        );
-        assert!(!run.is_cancelled());
-        // Files with data counted as they come (the first part's by the caller).
-        assert_eq!(run.progress.total_files.load(Ordering::Relaxed), 2);
-
-        let (walk_tx, walk_rx) = tokio::sync::mpsc::unbounded_channel();
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let run = Run::new();
-        walk_tx.send(part(vec![file(0, "b", 5)], false)).unwrap();
-        walk_tx
-            .send(Walk::Failed(dmover_store::Error::io(
-                "listing",
-                "d/sub",
-                std::io::Error::from_raw_os_error(13),
-            )))
-            .unwrap();
-        forward_walk(walk_rx, tx, first, run.clone(), "peer".into()).await;
-        assert!(rx.recv().await.is_some());
-        assert!(rx.recv().await.is_none(), "no part after the failure");
-        assert!(run.is_cancelled());
-        let e = run.take_error().expect("the walk's error").to_string();
-        assert!(e.contains("listing d/sub"), "{e}");
-    }
 
     /// A session's limit is the lowest of its user's and those of the exports it uses,
     /// named; none of them set: no limit.

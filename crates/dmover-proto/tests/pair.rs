@@ -331,6 +331,74 @@ fn a_session_unlike_the_one_early_data_assumed_fails() {
             }
         }
     }
+    // A push that offers a negotiated bit too (a live walk's WALKING): `Session` may
+    // grant it or not, which the source learns there; one that grants a bit not
+    // offered, or leaves out a base bit offered, breaks the protocol.
+    let walking = Dial {
+        open: Open {
+            features: features::TUNING | features::WALKING,
+            ..dial.open.clone()
+        },
+        ..dial.clone()
+    };
+    let assumed = walking.assumed(9, [8; 32]);
+    assert_eq!(
+        assumed.features,
+        features::TUNING,
+        "only base bits are assumed"
+    );
+    let grants = [
+        (features::TUNING | features::WALKING, true),
+        (features::TUNING, true),
+        (
+            features::TUNING | features::WALKING | features::EARLY,
+            false,
+        ),
+        (features::WALKING, false),
+    ];
+    for (granted, ok) in grants {
+        let mut s: SourceSession<dmover_proto::session::sim::SimError> = SourceSession::dial_early(
+            t0,
+            "acceptor",
+            Timing::default(),
+            walking.clone(),
+            9,
+            [8; 32],
+        );
+        assert!(matches!(s.poll_event(), Some(SourceEvent::Opened(_))));
+        assert!(!s.negotiated() && !s.uses(features::WALKING));
+        s.push_manifest(&manifest(1));
+        s.end_manifest(totals(&manifest(1)), ChunkSet::all(1));
+        assert!(matches!(s.poll_event(), Some(SourceEvent::Go)));
+        for msg in answers(SessionInfo {
+            features: granted,
+            ..assumed.clone()
+        }) {
+            s.handle_control(t0, msg);
+        }
+        s.handle_timeout(t0 + Timing::default().report_wait + ms(1));
+        let ev = s.poll_event();
+        if ok {
+            assert!(ev.is_none(), "{granted:#x}: {ev:?}");
+            assert!(s.negotiated());
+            assert_eq!(
+                s.uses(features::WALKING),
+                granted & features::WALKING != 0,
+                "{granted:#x}"
+            );
+            assert_eq!(s.info().map(|i| i.features), Some(granted));
+        } else {
+            match ev {
+                Some(SourceEvent::Failed(SessionError::Protocol { what, .. })) => assert!(
+                    ["early data assumed", "not offered", "every acceptor grants"]
+                        .iter()
+                        .any(|w| what.contains(w)),
+                    "{what}"
+                ),
+                other => panic!("grant {granted:#x}: {other:?}"),
+            }
+        }
+    }
     // A pulling sink: the Session must name the derived id and grant every stream its
     // early joins took.
     let pull = Dial {

@@ -3,9 +3,9 @@
 //! the data flow from the first on.
 //! The real binary against a real server on loopback: the tree arrives whole, with
 //! the metadata of entries in later parts (modes, mtimes, user xattrs, owners as root);
-//! a pull's walk hands out its parts while it runs, hard links and files with holes
-//! among them (feature `WALKING`); where the client compares with what it holds
-//! (`--resume`), or a push's parts would lose a hard link, the manifest comes whole.
+//! the source's walk (a pull's server's, a push's client's) hands out its parts while
+//! it runs, hard links and files with holes among them (feature `WALKING`); where the
+//! client compares with what it holds (`--resume`), the manifest comes whole.
 
 mod common;
 
@@ -126,24 +126,61 @@ fn sparse_file(path: &Path, len: u64) -> bool {
 
 #[test]
 fn a_pull_walks_live_with_hard_links_and_holes_in_later_parts() {
+    walk_live_with_links_and_holes(true);
+}
+
+#[test]
+fn a_push_walks_live_with_hard_links_and_holes_in_later_parts() {
+    walk_live_with_links_and_holes(false);
+}
+
+/// The source's walk hands the manifest out while it runs (feature WALKING): later
+/// parts carry hard links and the list of files with holes. Then `--resume`, which
+/// answers what the destination holds for the whole manifest, takes it whole.
+fn walk_live_with_links_and_holes(pull: bool) {
     let t = tmp();
-    let src = t.path().join("srv/d");
+    let src = if pull {
+        t.path().join("srv/d")
+    } else {
+        t.path().join("d")
+    };
     make(&src);
     // In the last directory: a hard link to a file of the first part, a second path
     // of a file of its own part, and a file with holes.
     std::fs::hard_link(src.join("d000/f00000"), src.join("d031/linked")).unwrap();
     std::fs::hard_link(src.join("d031/f02079"), src.join("d031/again")).unwrap();
     let holes = sparse_file(&src.join("d031/holes"), 8 << 20);
+    std::fs::create_dir_all(t.path().join("srv")).unwrap();
     let srv = Server::start(&t.path().join("srv"), &[]);
-    let out = t.path().join("out");
+    let out = if pull {
+        t.path().join("out")
+    } else {
+        t.path().join("srv/out")
+    };
     std::fs::create_dir(&out).unwrap();
-    // The server's walk hands the manifest out while it runs (feature WALKING):
-    // later parts carry the links and the list of files with holes.
-    let o = cp(&["--json", &srv.url("d"), s(&out)]);
-    ok(&o);
+    let copy = |extra: &[&str]| {
+        let mut args = vec!["--json"];
+        args.extend_from_slice(extra);
+        let url = if pull { srv.url("d") } else { srv.url("out/") };
+        if pull {
+            args.extend_from_slice(&[&url, s(&out)]);
+        } else {
+            args.extend_from_slice(&[s(&src), &url]);
+        }
+        let o = cp(&args);
+        ok(&o);
+        o
+    };
+    let o = copy(&[]);
     assert_eq!(
         manifest_parts(&o),
         Some(3),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert_eq!(
+        json(&o)["files"],
+        2103,
         "{}",
         String::from_utf8_lossy(&o.stdout)
     );
@@ -164,32 +201,11 @@ fn a_pull_walks_live_with_hard_links_and_holes_in_later_parts() {
     }
     assert!(staging_files(&out).is_empty());
 
-    // `--resume` answers what it holds for the whole manifest: the client does not
-    // take one in parts. Nothing changed: nothing is sent.
+    // Nothing changed: `--resume` takes the manifest whole and sends nothing.
     std::fs::remove_file(src.join("d031/linked")).unwrap();
     std::fs::remove_file(out.join("d/d031/linked")).unwrap();
-    let o = cp(&["--json", "--resume", &srv.url("d"), s(&out)]);
-    ok(&o);
+    let o = copy(&["--resume"]);
     assert_eq!(manifest_parts(&o), None);
     assert_eq!(json(&o)["bytes_sent"], 0);
     same(&src, &out.join("d"));
-}
-
-#[test]
-fn a_push_of_hard_links_gets_the_manifest_whole() {
-    let t = tmp();
-    let src = t.path().join("d");
-    make(&src);
-    std::fs::hard_link(src.join("d000/f00000"), src.join("d031/linked")).unwrap();
-    std::fs::create_dir(t.path().join("srv")).unwrap();
-    let srv = Server::start(&t.path().join("srv"), &[]);
-    // A push walks before it sends: a later part cannot carry the link, so the tree
-    // goes whole, the link kept.
-    let o = cp(&["--json", s(&src), &srv.url("")]);
-    ok(&o);
-    assert_eq!(manifest_parts(&o), None);
-    let got = t.path().join("srv/d");
-    same(&src, &got);
-    let ino = |p: &str| std::fs::metadata(got.join(p)).unwrap().ino();
-    assert_eq!(ino("d000/f00000"), ino("d031/linked"));
 }

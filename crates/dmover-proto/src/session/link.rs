@@ -84,6 +84,11 @@ impl Opening {
         self.requested.features & features::BASE
     }
 
+    /// Every feature offered, negotiated bits too.
+    fn offered_all(&self) -> u64 {
+        self.requested.features
+    }
+
     /// What the next answer is, for timeouts.
     pub(crate) fn awaited(&self) -> &'static str {
         match self.step {
@@ -282,6 +287,12 @@ impl<E: Cause> Link<E> {
     /// of [`features::BASE`] offered (`None` on an acceptor).
     pub(crate) fn offered(&self) -> Option<u64> {
         self.opening.as_ref().map(Opening::base)
+    }
+
+    /// (dialer, before the session opened) Every feature offered: the base ones and
+    /// those `Session` may or may not grant.
+    pub(crate) fn offered_all(&self) -> Option<u64> {
+        self.opening.as_ref().map(Opening::offered_all)
     }
 
     /// The set-up's part of a message from the peer, the same for both roles: the
