@@ -172,9 +172,11 @@ fn walk_live_with_links_and_holes(pull: bool) {
         o
     };
     let o = copy(&[]);
-    assert_eq!(
-        manifest_parts(&o),
-        Some(3),
+    // 512 entries, 1024, the rest; a walk slowed by a busy machine may cut one more
+    // (a part goes once 100 ms passed since the one before).
+    let parts = manifest_parts(&o).unwrap_or(0);
+    assert!(
+        (3..=4).contains(&parts),
         "{}",
         String::from_utf8_lossy(&o.stdout)
     );
