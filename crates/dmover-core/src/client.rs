@@ -2304,30 +2304,16 @@ impl Client {
                 // A live walk: its first part in the first flight, the others as the
                 // walk finds them (their `Grow` once `Session` came).
                 let (rest, _) = walk_rest.take().expect("checked");
-                let first = source.tree().entries().to_vec();
-                let (tx, rx) = mpsc::unbounded_channel();
-                let _ = tx.send(GrowPart {
-                    sparse: source.tree().sparse().to_vec(),
-                    entries: first,
-                    totals,
-                    chunks: source.layout().n_chunks(),
-                    last: false,
-                    durable: None,
-                    times: Vec::new(),
-                    meta,
-                    sent: true,
-                });
                 let (tell, ended) = tokio::sync::oneshot::channel();
                 walk_ended = Some(ended);
-                tokio::spawn(livewalk::forward(
-                    rest,
-                    tx,
-                    totals,
-                    run.clone(),
-                    server.to_string(),
-                    self.opts.meta.owner,
-                    Some(tell),
-                ));
+                let onward = livewalk::Onward {
+                    walk: rest,
+                    run: run.clone(),
+                    peer: server.to_string(),
+                    owners: self.opts.meta.owner,
+                    ended: Some(tell),
+                };
+                let rx = livewalk::parts(&source, meta, true, onward);
                 growth = Some(rx);
             }
             None => {

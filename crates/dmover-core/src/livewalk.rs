@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use dmover_proto::manifest::{Totals, XattrScope};
+use dmover_proto::manifest::{EntryMeta, Totals, XattrScope};
 use dmover_store::filter::Filter;
 use dmover_store::paths::SourceRoot;
 use dmover_store::walk;
@@ -69,6 +69,54 @@ pub(crate) fn start(
     Ok(rx)
 }
 
+/// Where a live walk's later parts go, and how ([`parts`], [`forward`]).
+pub(crate) struct Onward {
+    /// The walk's channel, past its start.
+    pub walk: mpsc::UnboundedReceiver<Walk>,
+    /// The session's run: its progress counts the parts' files, and a walk that fails
+    /// fails it.
+    pub run: Arc<Run>,
+    /// The peer, for the log.
+    pub peer: String,
+    /// The parts' metadata keeps the entries' owners (else only their xattrs go).
+    pub owners: bool,
+    /// Hears what the walk left out, once its last part went.
+    pub ended: Option<oneshot::Sender<Ended>>,
+}
+
+/// The parts of a live walk's manifest for its source's session: the first, the
+/// tree `source` holds with its entries' `meta` (`sent`: its entries went in the
+/// first flight already), then the walk's later parts as [`forward`] hands them on
+/// (spawned here). Sets the progress's totals to the first part's.
+pub(crate) fn parts(
+    source: &dmover_store::source::FileSource,
+    meta: Vec<EntryMeta>,
+    sent: bool,
+    onward: Onward,
+) -> mpsc::UnboundedReceiver<drive::GrowPart> {
+    let first = source.tree().entries().to_vec();
+    let totals = Totals::of(&first);
+    let progress = &onward.run.progress;
+    progress
+        .total_files
+        .store(crate::engine::files_with_data(&first), Ordering::Relaxed);
+    progress.total.store(totals.bytes, Ordering::Relaxed);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let _ = tx.send(drive::GrowPart {
+        sparse: source.tree().sparse().to_vec(),
+        entries: first,
+        totals,
+        chunks: source.layout().n_chunks(),
+        last: false,
+        durable: None,
+        times: Vec::new(),
+        meta,
+        sent,
+    });
+    tokio::spawn(forward(onward, tx, totals));
+    rx
+}
+
 /// What a live walk left out, told once its last part went: entries it skipped
 /// (unreadable, vanished) and entries the filters left out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -79,21 +127,21 @@ pub(crate) struct Ended {
 
 /// Hands a live walk's later parts to the session as they come, with the totals
 /// over every part so far (`totals`: the first part's); a walk that fails fails
-/// the session with its error. `owners`: the parts' metadata keeps the entries'
-/// owners (else only their extended attributes go). `ended` hears what the walk
-/// left out once its last part went.
+/// the session with its error.
 pub(crate) async fn forward(
-    mut walk: mpsc::UnboundedReceiver<Walk>,
+    onward: Onward,
     parts: mpsc::UnboundedSender<drive::GrowPart>,
     mut totals: Totals,
-    run: Arc<Run>,
-    peer: String,
-    owners: bool,
-    ended: Option<oneshot::Sender<Ended>>,
 ) {
+    let Onward {
+        mut walk,
+        run,
+        peer,
+        owners,
+        mut ended,
+    } = onward;
     let started = Instant::now();
     let mut n = 1;
-    let mut ended = ended;
     while let Some(w) = walk.recv().await {
         match w {
             Walk::Part(mut p) => {
@@ -153,7 +201,21 @@ pub(crate) async fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dmover_proto::manifest::EntryMeta;
+
+    fn onward(
+        walk: mpsc::UnboundedReceiver<Walk>,
+        run: &Arc<Run>,
+        owners: bool,
+        ended: Option<oneshot::Sender<Ended>>,
+    ) -> Onward {
+        Onward {
+            walk,
+            run: run.clone(),
+            peer: "peer".into(),
+            owners,
+            ended,
+        }
+    }
 
     fn file(parent: u32, name: &str, size: u64) -> dmover_proto::manifest::Entry {
         dmover_proto::manifest::Entry {
@@ -204,16 +266,7 @@ mod tests {
             }))
             .unwrap();
         let (tell, mut ended) = tokio::sync::oneshot::channel();
-        forward(
-            walk_rx,
-            tx,
-            first,
-            run.clone(),
-            "peer".into(),
-            false,
-            Some(tell),
-        )
-        .await;
+        forward(onward(walk_rx, &run, false, Some(tell)), tx, first).await;
         let a = rx.recv().await.unwrap();
         assert_eq!((a.totals.entries, a.totals.bytes, a.last), (2, 15, false));
         let b = rx.recv().await.unwrap();
@@ -246,7 +299,7 @@ mod tests {
                 std::io::Error::from_raw_os_error(13),
             )))
             .unwrap();
-        forward(walk_rx, tx, first, run.clone(), "peer".into(), true, None).await;
+        forward(onward(walk_rx, &run, true, None), tx, first).await;
         assert!(rx.recv().await.is_some());
         assert!(rx.recv().await.is_none(), "no part after the failure");
         assert!(run.is_cancelled());

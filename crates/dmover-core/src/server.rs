@@ -1449,34 +1449,14 @@ impl Server {
                 m.grant(now, info);
                 if let Some(walk_rx) = walking {
                     // A live walk: its first part now, the others as it finds them.
-                    let first = source.tree().entries().to_vec();
-                    let totals = Totals::of(&first);
-                    let progress = &env.run.progress;
-                    progress
-                        .total_files
-                        .store(crate::engine::files_with_data(&first), Ordering::Relaxed);
-                    progress.total.store(totals.bytes, Ordering::Relaxed);
-                    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                    let _ = tx.send(drive::GrowPart {
-                        sparse: source.tree().sparse().to_vec(),
-                        entries: first,
-                        totals,
-                        chunks: source.layout().n_chunks(),
-                        last: false,
-                        durable: None,
-                        times: Vec::new(),
-                        meta,
-                        sent: false,
-                    });
-                    tokio::spawn(livewalk::forward(
-                        walk_rx,
-                        tx,
-                        totals,
-                        env.run.clone(),
-                        peer.to_string(),
-                        true,
-                        None,
-                    ));
+                    let onward = livewalk::Onward {
+                        walk: walk_rx,
+                        run: env.run.clone(),
+                        peer: peer.to_string(),
+                        owners: true,
+                        ended: None,
+                    };
+                    let rx = livewalk::parts(&source, meta, false, onward);
                     *reported = true;
                     let r = drive::source_growing(m, ch, joins, source, env, Some(rx)).await?;
                     log.what = what;
