@@ -1228,9 +1228,7 @@ impl Client {
         }
         let mut meta = dmover_store::meta::read_tree(tree, p.xattrs);
         if !p.owner {
-            for m in &mut meta {
-                (m.uid, m.gid) = (u32::MAX, u32::MAX);
-            }
+            livewalk::without_owners(&mut meta);
         }
         meta
     }
@@ -2239,9 +2237,7 @@ impl Client {
         let meta = match walked_meta {
             Some(mut meta) => {
                 if !self.opts.meta.owner {
-                    for m in &mut meta {
-                        (m.uid, m.gid) = (u32::MAX, u32::MAX);
-                    }
+                    livewalk::without_owners(&mut meta);
                 }
                 meta
             }

@@ -117,6 +117,14 @@ pub(crate) fn parts(
     rx
 }
 
+/// Leaves the entries' owners out of `meta` (their extended attributes stay): where
+/// owners do not travel.
+pub(crate) fn without_owners(meta: &mut [EntryMeta]) {
+    for m in meta {
+        (m.uid, m.gid) = (u32::MAX, u32::MAX);
+    }
+}
+
 /// What a live walk left out, told once its last part went: entries it skipped
 /// (unreadable, vanished) and entries the filters left out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -169,9 +177,7 @@ pub(crate) async fn forward(
                     }
                 }
                 if !owners {
-                    for m in &mut p.meta {
-                        (m.uid, m.gid) = (u32::MAX, u32::MAX);
-                    }
+                    without_owners(&mut p.meta);
                 }
                 let last = p.last;
                 let part = drive::GrowPart {

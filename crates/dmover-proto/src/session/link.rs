@@ -84,11 +84,6 @@ impl Opening {
         self.requested.features & features::BASE
     }
 
-    /// Every feature offered, negotiated bits too.
-    fn offered_all(&self) -> u64 {
-        self.requested.features
-    }
-
     /// What the next answer is, for timeouts.
     pub(crate) fn awaited(&self) -> &'static str {
         match self.step {
@@ -289,10 +284,9 @@ impl<E: Cause> Link<E> {
         self.opening.as_ref().map(Opening::base)
     }
 
-    /// (dialer, before the session opened) Every feature offered: the base ones and
-    /// those `Session` may or may not grant.
-    pub(crate) fn offered_all(&self) -> Option<u64> {
-        self.opening.as_ref().map(Opening::offered_all)
+    /// (dialer) Whether `Session` came: the handshake is over.
+    pub(crate) fn opened(&self) -> bool {
+        self.opening.as_ref().is_some_and(Opening::is_open)
     }
 
     /// The set-up's part of a message from the peer, the same for both roles: the

@@ -268,8 +268,6 @@ pub struct SourceSession<E> {
     /// Early data: what the session proper sent before the sink's `Go` (tuning
     /// decisions, the report of an empty transfer), told after it.
     early_held: Vec<Control>,
-    /// (dialer) `Session` came: the features are those granted, not only assumed.
-    negotiated: bool,
 }
 
 impl<E: Cause + Clone> SourceSession<E> {
@@ -317,7 +315,6 @@ impl<E: Cause + Clone> SourceSession<E> {
             meta_due: false,
             early: None,
             early_held: Vec::new(),
-            negotiated: false,
         }
     }
 
@@ -567,7 +564,10 @@ impl<E: Cause + Clone> SourceSession<E> {
     /// negotiated features too (before it, a dialer knows only the base ones it
     /// offered).
     pub fn negotiated(&self) -> bool {
-        self.negotiated || self.link.side == Side::Acceptor && self.info.is_some()
+        match self.link.side {
+            Side::Dialer => self.link.opened(),
+            Side::Acceptor => self.info.is_some(),
+        }
     }
 
     /// Whether the session uses `bit` (see [`features`]). A dialer knows it from
@@ -765,24 +765,21 @@ impl<E: Cause + Clone> SourceSession<E> {
     }
 
     fn on_control(&mut self, now: Instant, msg: Control) -> Result<(), SessionError<E>> {
-        let offered = self.link.offered_all();
         let msg = match self.link.setup(now, msg, true, self.info.is_some())? {
             Setup::Taken => return Ok(()),
             Setup::Opened(info) if self.early.is_some() => {
-                // Early data: the session was taken as open; this must be that one,
-                // with the base features offered and maybe negotiated ones offered
-                // too (a push's live walk offers `WALKING`), which it now uses.
-                let negotiable = offered.unwrap_or(0) & !features::BASE;
+                // Early data: the session was taken as open; this must be that one.
+                // Its features the link checked (every base bit offered, nothing not
+                // offered): it may grant negotiated bits offered too (a push's live
+                // walk offers `WALKING`), which the session now uses.
                 return match self.info.as_mut() {
                     Some(assumed)
                         if SessionInfo {
                             features: assumed.features,
                             ..info.clone()
-                        } == *assumed
-                            && info.features & !negotiable == assumed.features =>
+                        } == *assumed =>
                     {
                         assumed.features = info.features;
-                        self.negotiated = true;
                         Ok(())
                     }
                     assumed => Err(SessionError::Protocol {
@@ -794,7 +791,6 @@ impl<E: Cause + Clone> SourceSession<E> {
                 };
             }
             Setup::Opened(info) => {
-                self.negotiated = true;
                 self.open(now, info.clone());
                 for i in 0..info.streams {
                     self.commands.push_back(SourceCommand::Open { stream: i });
