@@ -639,8 +639,14 @@ fn join_error(e: JoinError) -> Error {
 impl Client {
     /// A client with `io_threads` disk threads.
     pub fn new(opts: TransferOptions, io_threads: usize) -> Self {
+        Self::elastic(opts, io_threads, io_threads)
+    }
+
+    /// A client with `io_threads` disk threads at the start, which its sessions' disk
+    /// tuners may grow to `max` ([`crate::disktune`]).
+    pub fn elastic(opts: TransferOptions, io_threads: usize, max: usize) -> Self {
         Client {
-            disk: Arc::new(DiskPool::new(io_threads, "dmover-disk")),
+            disk: Arc::new(DiskPool::elastic(io_threads, max, "dmover-disk")),
             opts,
             as_server: None,
             uploads: Arc::default(),
@@ -994,6 +1000,7 @@ impl Client {
                 limits: None,
                 receive_budget: self.receive_budget(),
                 tuned_start: session::TUNED_START,
+                disk_room: None,
             };
             drive::sink(m, &mut conn.ch, joins, prepare, Some(options), env).await
         };
@@ -1048,6 +1055,7 @@ impl Client {
                     limits: None,
                     receive_budget: self.receive_budget(),
                     tuned_start: session::TUNED_START,
+                    disk_room: None,
                 };
                 let r = drive::source(m, &mut conn.ch, joins, source, env).await?;
                 // B took every chunk it expected (none, maybe) without a resume
@@ -1343,6 +1351,12 @@ impl Client {
             limits: None,
             receive_budget: self.receive_budget(),
             tuned_start: session::TUNED_START,
+            // The buffers grow with the threads unless the user pinned them.
+            disk_room: self
+                .opts
+                .buffers
+                .is_none()
+                .then(|| Box::new(|n| n) as drive::DiskRoom),
         }
     }
 

@@ -60,7 +60,8 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
 use crate::diskpool::DiskPool;
-use crate::engine::{DataStream, Progress, ProgressEvent, Run, Tuning};
+use crate::disktune::DiskTuner;
+use crate::engine::{DataStream, DiskTuning, Progress, ProgressEvent, Run, Tuning};
 use crate::error::{Error, Result};
 use crate::pool::{Pool, PoolBuf};
 
@@ -489,6 +490,88 @@ pub struct Env {
     /// (a source, feature TUNING) The streams its tuner starts with
     /// ([`crate::session::tuned_start`]).
     pub tuned_start: u16,
+    /// With an elastic disk pool ([`DiskPool::elastic`]): how many more chunk buffers
+    /// the session may have, of the number asked for (a server's memory budget), for
+    /// the threads its disk tuner adds ([`crate::disktune`]). `None`: the disk
+    /// threads are not tuned (pinned by `--io-threads`, or the buffers by `--buffers`).
+    pub disk_room: Option<DiskRoom>,
+}
+
+/// See [`Env::disk_room`].
+pub type DiskRoom = Box<dyn FnMut(usize) -> usize + Send>;
+
+/// A session's disk tuner and what it acts on: this side's disk pool (threads) and
+/// the session's chunk buffers, which grow with the threads so that each added thread
+/// has a chunk to read or write.
+struct DiskTune {
+    tuner: DiskTuner,
+    room: DiskRoom,
+    /// The most threads buffers were added for.
+    buffered_for: usize,
+}
+
+impl DiskTune {
+    /// A tuner when this side's disk pool is elastic and `env` gives room for buffers.
+    fn new(env: &mut Env) -> Option<Self> {
+        if !env.disk.elastic_pool() {
+            return None;
+        }
+        let room = env.disk_room.take()?;
+        let threads = env.disk.threads();
+        Some(DiskTune {
+            tuner: DiskTuner::new(threads, env.disk.max()),
+            room,
+            buffered_for: threads,
+        })
+    }
+
+    fn poll_timeout(&self) -> Option<std::time::Instant> {
+        self.tuner.poll_timeout()
+    }
+
+    /// One step: `working`, whether the session has data to move now; `remaining`,
+    /// the bytes left to move if known.
+    fn step(&mut self, env: &Env, pool: &Pool, working: bool, remaining: Option<u64>, peer: &str) {
+        let p = &env.run.progress;
+        if !working {
+            self.tuner.pause();
+            return;
+        }
+        self.tuner.set_remaining(remaining);
+        let d = self
+            .tuner
+            .tick(now(), p.bytes.load(Relaxed), env.disk.waited());
+        if let Some(note) = self.tuner.take_note() {
+            tracing::info!("disk threads of the transfer with {peer}: {note}");
+        }
+        *p.disk.lock() = Some(DiskTuning {
+            threads: self.tuner.kept(),
+            of: env.disk.max(),
+            changes: self.tuner.changes(),
+        });
+        let Some(d) = d else { return };
+        if d.threads > self.buffered_for {
+            let more = (self.room)(d.threads - self.buffered_for);
+            pool.grow(more);
+            self.buffered_for += more;
+        }
+        env.disk.grow_to(d.threads);
+        tracing::info!("disk threads of the transfer with {peer}: {}", d.reason);
+        p.event(ProgressEvent::DiskTuned {
+            threads: d.threads,
+            rate: d.rate,
+            reason: d.reason,
+        });
+    }
+}
+
+/// The bytes a session still has to move, once its manifest is complete.
+fn remaining(p: &Progress, complete: bool) -> Option<u64> {
+    let total = p.total.load(Relaxed);
+    (total > 0 && complete).then(|| {
+        let done = p.bytes.load(Relaxed) + p.held.load(Relaxed) + p.holes.load(Relaxed);
+        total.saturating_sub(done)
+    })
 }
 
 /// See [`Env::limits`].
@@ -900,6 +983,10 @@ where
     let mut cancelled = false;
     let mut growing = growth.is_some();
     let mut tuner: Option<Tuner> = None;
+    let mut disk_tune: Option<DiskTune> = None;
+    // Reads on the disk threads, for the disk tuner: the data wait on them too when
+    // every chunk left is being read.
+    let mut reading = 0usize;
     let mut meters = Meters::default();
     // Parts so far, and those whose producer waits to hear they are durable: (the
     // part's number, the layout's end with it, whom to tell).
@@ -909,6 +996,10 @@ where
     loop {
         if let Some(t) = tuner.as_mut() {
             tune_step(t, &mut m, &meters, &env.run.progress, &peer);
+        }
+        if let (Some(t), Some((.., pool))) = (disk_tune.as_mut(), &live) {
+            let left = remaining(&env.run.progress, m.manifest_complete());
+            t.step(&env, pool, m.has_work() || reading > 0, left, &peer);
         }
         while let Some((i, end, _)) = durable.front() {
             if m.parts_confirmed() <= *i || m.stored_below() < *end {
@@ -1031,6 +1122,7 @@ where
                             m.set_layout_chunks(src.layout().n_chunks());
                         }
                         live = Some((k, src, Pool::new(n, info.chunk_size as usize)));
+                        disk_tune = DiskTune::new(&mut env);
                     }
                     SourceEvent::StreamLost {
                         stream,
@@ -1087,6 +1179,7 @@ where
                 match m.poll_read() {
                     Some(job) => {
                         spawn_read(&env.disk, src.clone(), job, buf, tx.clone());
+                        reading += 1;
                         busy = true;
                     }
                     None => spare = Some(buf),
@@ -1098,6 +1191,9 @@ where
         }
         let mut deadline = m.poll_timeout();
         if let Some(t) = tuner.as_ref().and_then(Tuner::poll_timeout) {
+            deadline = Some(deadline.map_or(t, |d| d.min(t)));
+        }
+        if let Some(t) = disk_tune.as_ref().and_then(DiskTune::poll_timeout) {
             deadline = Some(deadline.map_or(t, |d| d.min(t)));
         }
         let pool = live.as_ref().map(|l| l.2.clone());
@@ -1228,10 +1324,14 @@ where
             },
             Some(input) = rx.recv() => match input {
                 SrcIn::Read { chunk, read: Ok((buf, meta)) } => {
+                    reading -= 1;
                     bufs.insert((chunk, meta.part), buf);
                     m.chunk_read(now(), chunk, meta);
                 }
-                SrcIn::Read { read: Err(e), .. } => m.fail(now(), Fault::new(e)),
+                SrcIn::Read { read: Err(e), .. } => {
+                    reading -= 1;
+                    m.fail(now(), Fault::new(e));
+                }
                 SrcIn::Written { stream, chunk } => {
                     if let Some((_, src, _)) = &live {
                         crate::monitor::count_files(&env.run.progress, &src.layout(), chunk);
@@ -1479,11 +1579,7 @@ fn tune_step(
         // What is left to send, once the manifest is complete (a growing one, as the
         // memory test's, has a total of what it announced so far, not of what it will
         // send).
-        let total = p.total.load(Relaxed);
-        t.set_remaining((total > 0 && m.manifest_complete()).then(|| {
-            let done = p.bytes.load(Relaxed) + p.held.load(Relaxed) + p.holes.load(Relaxed);
-            total.saturating_sub(done)
-        }));
+        t.set_remaining(remaining(p, m.manifest_complete()));
         let d = t.tick(at, bytes);
         if let Some(note) = t.take_note() {
             tracing::info!("tuning the transfer to {peer}: {note}");
@@ -1903,11 +1999,25 @@ where
     let mut cancelled = false;
     let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut windows = Windows::new(env.receive_budget, env.run.progress.clone());
+    let mut disk_tune: Option<DiskTune> = None;
     loop {
         if let Some((k, ..)) = &live
             && !times.is_empty()
         {
             k.set_times(std::mem::take(&mut times));
+        }
+        // A request-driven sink (a mount) moves what its reader asks for, in bursts:
+        // its disk threads are not tuned.
+        if let Some((.., pool)) = &live
+            && asks.is_none()
+        {
+            if disk_tune.is_none() {
+                disk_tune = DiskTune::new(&mut env);
+            }
+            if let Some(t) = disk_tune.as_mut() {
+                let left = remaining(&env.run.progress, m.manifest_complete());
+                t.step(&env, pool, m.outstanding() > 0, left, &peer);
+            }
         }
         loop {
             ctl.flush(&mut m).await;
@@ -2117,7 +2227,10 @@ where
                 break;
             }
         }
-        let deadline = m.poll_timeout();
+        let mut deadline = m.poll_timeout();
+        if let Some(t) = disk_tune.as_ref().and_then(DiskTune::poll_timeout) {
+            deadline = Some(deadline.map_or(t, |d| d.min(t)));
+        }
         tokio::select! {
             biased;
             _ = env.run.cancelled(), if !cancelled => {
@@ -2670,6 +2783,7 @@ mod tests {
             limits: None,
             receive_budget: None,
             tuned_start: crate::session::TUNED_START,
+            disk_room: None,
         }
     }
 

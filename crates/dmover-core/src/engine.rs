@@ -44,6 +44,9 @@ pub struct Progress {
     pub attempt: AtomicU32,
     /// The tuner's state, in a session that tunes itself.
     pub tuning: Mutex<Option<Tuning>>,
+    /// This side's disk tuner ([`crate::disktune`]), when its disk threads are not
+    /// pinned.
+    pub disk: Mutex<Option<DiskTuning>>,
     /// Later parts of a growing manifest this side received as its sink (a
     /// streamed manifest: 0 when it came whole).
     pub manifest_grown: AtomicU32,
@@ -132,6 +135,15 @@ pub enum ProgressEvent {
         /// Chunks sent again on the other streams (a source knows; a sink does not).
         resent: Option<u64>,
     },
+    /// This side's disk tuner changed its disk threads.
+    DiskTuned {
+        /// Disk threads from now on.
+        threads: usize,
+        /// The rate measured before, in bytes per second.
+        rate: u64,
+        /// Why.
+        reason: String,
+    },
     /// The source's tuner changed the data streams it sends on.
     Tuned {
         /// Streams in use from now on.
@@ -141,6 +153,17 @@ pub enum ProgressEvent {
         /// Why.
         reason: String,
     },
+}
+
+/// Where this side's disk tuner stands ([`crate::disktune`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DiskTuning {
+    /// Disk threads in use (while a probe runs: those it started from).
+    pub threads: usize,
+    /// The most it may use.
+    pub of: usize,
+    /// Changes so far.
+    pub changes: u32,
 }
 
 /// Where the source's tuner stands (feature `TUNING`), as this side knows it: its own

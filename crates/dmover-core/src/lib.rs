@@ -21,6 +21,7 @@
 pub mod access;
 pub mod client;
 pub mod diskpool;
+pub mod disktune;
 pub mod drive;
 pub mod engine;
 pub mod error;

@@ -146,6 +146,7 @@ struct Resources {
 struct Usage {
     disk_busy: f64,
     disk_jobs: u64,
+    disk_wait: f64,
     disk_threads: usize,
     memory_budget: u64,
     memory_reserved: u64,
@@ -364,6 +365,7 @@ impl Monitor {
         Usage {
             disk_busy,
             disk_jobs,
+            disk_wait: r.disk.waited(),
             disk_threads: r.disk.threads(),
             memory_budget: r.units as u64 * r.unit,
             memory_reserved: reserved * r.unit,
@@ -932,10 +934,17 @@ impl Collector for Collect {
             "Jobs the disk threads ran.",
             u.disk_jobs,
         )?;
+        counter(
+            &mut enc,
+            "dmover_disk_wait_seconds",
+            "Seconds disk jobs waited in the queue for a thread, all jobs together; its \
+             rate is the mean number of jobs waiting.",
+            u.disk_wait,
+        )?;
         gauge(
             &mut enc,
             "dmover_disk_threads",
-            "Disk I/O threads shared by all sessions.",
+            "Disk I/O threads shared by all sessions, now.",
             u.disk_threads as i64,
         )?;
         gauge(

@@ -71,20 +71,21 @@ impl DerefMut for AlignedBuf {
     }
 }
 
-/// A fixed set of equal-sized buffers.
+/// A set of equal-sized buffers, allocated up front; [`Pool::grow`] adds more (a disk
+/// tuner that adds threads adds the buffers they fill).
 #[derive(Clone)]
 pub struct Pool {
     tx: async_channel::Sender<AlignedBuf>,
     rx: async_channel::Receiver<AlignedBuf>,
     size: usize,
-    count: usize,
+    count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pool")
             .field("size", &self.size)
-            .field("count", &self.count)
+            .field("count", &self.count())
             .field("free", &self.rx.len())
             .finish()
     }
@@ -93,17 +94,27 @@ impl std::fmt::Debug for Pool {
 impl Pool {
     /// Allocates `count` buffers of `size` bytes each.
     pub fn new(count: usize, size: usize) -> Self {
-        let (tx, rx) = async_channel::bounded(count.max(1));
-        for _ in 0..count {
-            tx.try_send(AlignedBuf::new(size))
-                .expect("pool channel has room for every buffer");
-        }
-        Pool {
+        // Unbounded: the pool never holds more than the buffers it made.
+        let (tx, rx) = async_channel::unbounded();
+        let pool = Pool {
             tx,
             rx,
             size,
-            count,
+            count: Default::default(),
+        };
+        pool.grow(count);
+        pool
+    }
+
+    /// Adds `more` buffers (to every clone of this pool).
+    pub fn grow(&self, more: usize) {
+        for _ in 0..more {
+            self.tx
+                .try_send(AlignedBuf::new(self.size))
+                .expect("an unbounded channel the pool holds open");
         }
+        self.count
+            .fetch_add(more, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Size of each buffer.
@@ -113,7 +124,7 @@ impl Pool {
 
     /// Number of buffers.
     pub fn count(&self) -> usize {
-        self.count
+        self.count.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Waits for a free buffer.
@@ -152,8 +163,8 @@ impl DerefMut for PoolBuf {
 impl Drop for PoolBuf {
     fn drop(&mut self) {
         if let Some(b) = self.buf.take() {
-            // The channel has room for every buffer of the pool, so this only fails
-            // when the pool itself is gone, and then the buffer is simply freed.
+            // The channel is unbounded, so this only fails when the pool itself is
+            // gone, and then the buffer is simply freed.
             let _ = self.home.try_send(b);
         }
     }
@@ -189,7 +200,13 @@ mod tests {
                     .is_err(),
                 "pool is bounded"
             );
-            drop((b, c));
+            // Grown, it has one more, for every clone.
+            pool.clone().grow(1);
+            assert_eq!(pool.count(), 3);
+            let d = tokio::time::timeout(std::time::Duration::from_secs(1), pool.get())
+                .await
+                .expect("a grown pool has a buffer more");
+            drop((b, c, d));
         });
     }
 }

@@ -92,8 +92,12 @@ pub struct ServerConfig {
     pub identity: Option<ServerIdentity>,
     /// Refuse sessions whose data streams are not encrypted.
     pub require_encryption: bool,
-    /// Disk threads shared by all sessions.
+    /// Disk threads shared by all sessions (at the start, when `io_threads_max` is
+    /// more).
     pub io_threads: usize,
+    /// The most disk threads sessions' disk tuners may grow them to
+    /// ([`crate::disktune`]); `io_threads` or less: fixed.
+    pub io_threads_max: usize,
     /// Sessions running at once (a control connection takes its place at its
     /// preamble); more are answered busy before TLS.
     pub max_sessions: usize,
@@ -151,6 +155,7 @@ impl ServerConfig {
             identity: None,
             require_encryption: false,
             io_threads: 8,
+            io_threads_max: 8,
             max_sessions: 64,
             max_sessions_per_user: 16,
             max_handshakes: 256,
@@ -311,6 +316,27 @@ fn refused(code: ErrorCode, message: impl Into<String>) -> Error {
 }
 
 impl Server {
+    /// The room a session's disk tuner has for the buffers of the threads it adds
+    /// ([`drive::Env::disk_room`]): what the memory budget has left, each buffer of
+    /// `chunk` bytes; the permits taken are held until the session ends.
+    fn disk_room(&self, chunk: u32) -> drive::DiskRoom {
+        let memory = self.memory.clone();
+        let mut held = Vec::new();
+        Box::new(move |n: usize| {
+            let permits = (n as u64 * u64::from(chunk)).div_ceil(MIB);
+            let Ok(permits) = u32::try_from(permits) else {
+                return 0;
+            };
+            match memory.clone().try_acquire_many_owned(permits) {
+                Ok(p) => {
+                    held.push(p);
+                    n
+                }
+                Err(_) => 0,
+            }
+        })
+    }
+
     /// Opens the exports and starts the disk threads.
     pub fn new(cfg: ServerConfig) -> Result<Arc<Self>> {
         Self::with_faults(cfg, Faults::default())
@@ -337,7 +363,11 @@ impl Server {
         // are the same however many sessions it serves.
         dmover_store::journal::start_committer();
         Ok(Arc::new(Server {
-            disk: Arc::new(DiskPool::new(cfg.io_threads, "dmover-disk")),
+            disk: Arc::new(DiskPool::elastic(
+                cfg.io_threads,
+                cfg.io_threads_max,
+                "dmover-disk",
+            )),
             policy: watch::Sender::new(Arc::new(policy)),
             identity,
             tls,
@@ -1338,6 +1368,7 @@ impl Server {
                 .is_none()
                 .then(tcp::receive_budget),
             tuned_start,
+            disk_room: Some(self.disk_room(chunk)),
         };
         match open.op {
             Op::Grant(_)

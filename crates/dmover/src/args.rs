@@ -165,9 +165,11 @@ pub struct TransferArgs {
     /// fsync each received file before giving it its final name.
     #[arg(long)]
     pub fsync: bool,
-    /// Disk I/O threads on this side.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
-    pub io_threads: u16,
+    /// Disk I/O threads on this side [default: 8 at the start, and more while the
+    /// transfer runs when jobs wait for a thread and more threads move more data, up
+    /// to 64; docs/tuning.md]. A number pins it.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub io_threads: Option<u16>,
     /// Chunk buffers in the pool [default: streams + io threads + 2].
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=65536))]
     pub buffers: Option<u32>,
@@ -559,9 +561,11 @@ pub struct ServeArgs {
     /// server only listens on loopback.
     #[arg(long, conflicts_with = "config")]
     pub token_file: Option<PathBuf>,
-    /// Disk I/O threads shared by all sessions.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
-    pub io_threads: u16,
+    /// Disk I/O threads shared by all sessions [default: 8 at the start, and more
+    /// while sessions run when jobs wait for a thread and more threads move more data,
+    /// up to 64; docs/tuning.md]. A number pins it.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub io_threads: Option<u16>,
     /// Network threads shared by all sessions [default: number of cores].
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub net_threads: Option<u16>,

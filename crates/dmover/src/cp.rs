@@ -67,6 +67,13 @@ pub fn transfer_options(a: &TransferArgs, env: &Env) -> anyhow::Result<TransferO
 }
 
 /// The token for a server: from `file`, else `DMOVER_TOKEN`, else none.
+/// A client with the disk threads `--io-threads` asks for: pinned, or elastic
+/// (docs/tuning.md, "Disk threads").
+pub fn client_for(opts: TransferOptions, io_threads: Option<u16>) -> Client {
+    let (start, max) = dmover_core::diskpool::threads_from(io_threads.map(usize::from));
+    Client::elastic(opts, start, max)
+}
+
 pub fn read_token(file: Option<&Path>, env: &Env) -> anyhow::Result<Option<Vec<u8>>> {
     let token = match file {
         Some(f) => {
@@ -342,7 +349,7 @@ fn run_copy(a: CpArgs, env: &Env, sync: bool) -> anyhow::Result<ExitCode> {
         return dry_run(&a, opts, direction, &server, &sources, &dest);
     }
     let rt = runtime(opts.streams)?;
-    let client = Client::new(opts.clone(), a.transfer.io_threads as usize);
+    let client = client_for(opts.clone(), a.transfer.io_threads);
     let run = Run::new();
     cancel_on_interrupt(&rt, &run);
     let ndjson = a.progress == ProgressMode::Ndjson;
@@ -399,7 +406,7 @@ fn dry_run(
     use dmover_proto::manifest::EntryKind;
     let rt = runtime(opts.streams)?;
     let delete = opts.delete;
-    let client = Client::new(opts, a.transfer.io_threads as usize);
+    let client = client_for(opts, a.transfer.io_threads);
     let push = direction == Direction::Push;
     let result = rt.block_on(client.sync_dry_run(push, server, &sources[0], dest));
     drop(client);

@@ -9,7 +9,6 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use dmover_bench::mkdata::{self, Profile, Spec};
-use dmover_core::client::Client;
 use dmover_core::engine::Run;
 use dmover_core::server::{Server, ServerConfig};
 use dmover_store::verify;
@@ -57,7 +56,7 @@ pub fn run(a: DemoArgs, env: &Env) -> anyhow::Result<ExitCode> {
     );
 
     eprintln!("3/4 pushing {} to dmover://{addr}/ ...", src.display());
-    let client = Client::new(opts, a.transfer.io_threads as usize);
+    let client = crate::cp::client_for(opts, a.transfer.io_threads);
     let run = Run::new();
     cancel_on_interrupt(&rt, &run);
     let started = Instant::now();

@@ -90,7 +90,7 @@ pub fn run(a: MountArgs, env: &Env) -> anyhow::Result<ExitCode> {
         .read_ahead
         .unwrap_or_else(|| dmover_core::remote::read_ahead_chunks(opts.chunk_size));
     let rt = runtime(opts.streams)?;
-    let client = Client::new(opts, a.transfer.io_threads as usize);
+    let client = crate::cp::client_for(opts, a.transfer.io_threads);
     let inner = Arc::new(Inner {
         client,
         server: server.clone(),

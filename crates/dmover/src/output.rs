@@ -233,6 +233,12 @@ enum EventKind<'a> {
         gbit_per_s: f64,
         reason: &'a str,
     },
+    DiskTuning {
+        attempt: u32,
+        threads: usize,
+        gbit_per_s: f64,
+        reason: &'a str,
+    },
 }
 
 /// What the last progress line said, for the rate over the next interval.
@@ -360,6 +366,16 @@ fn print_events(p: &Progress, started: Instant) {
                 gbit_per_s: *rate as f64 * 8.0 / 1e9,
                 reason,
             },
+            ProgressEvent::DiskTuned {
+                threads,
+                rate,
+                reason,
+            } => EventKind::DiskTuning {
+                attempt,
+                threads: *threads,
+                gbit_per_s: *rate as f64 * 8.0 / 1e9,
+                reason,
+            },
         };
         print_line(&EventLine {
             schema: SCHEMA,
@@ -468,6 +484,10 @@ struct JsonReport {
     bwlimit_from: Option<&'static str>,
     /// The source's tuner, in a self-tuning transfer (no `-P`); null otherwise.
     tuning: Option<TuningJson>,
+    /// This side's disk tuner, when its disk threads were not pinned (`--io-threads`);
+    /// absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disk_threads: Option<DiskJson>,
     /// `--via-client`: payload bytes this client received from the source server
     /// (`bytes_sent`: what it sent on to the destination).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -502,6 +522,25 @@ struct TuningJson {
     /// Seconds after the first chunk until its search settled (as the source's
     /// decisions tell it, for a pull: when the last change came); null: it had not.
     settled_seconds: Option<f64>,
+}
+
+/// Where this side's disk tuner ended (see docs/json.md).
+#[derive(Debug, Clone, Copy, Serialize)]
+struct DiskJson {
+    /// Disk threads at the end (while a probe ran: those it kept).
+    threads: usize,
+    /// The most it could use.
+    of: usize,
+    /// Changes it made.
+    changes: u32,
+}
+
+fn disk_json(p: &Progress) -> Option<DiskJson> {
+    p.disk.lock().map(|d| DiskJson {
+        threads: d.threads,
+        of: d.of,
+        changes: d.changes,
+    })
 }
 
 /// The server's bandwidth limit of the session, as it told it (feature `LIMITS`).
@@ -701,6 +740,7 @@ pub fn report_with(
                     server_bwlimit: server_limit,
                     bwlimit_from: held.map(|h| h.0),
                     tuning: tuning_json(progress),
+                    disk_threads: disk_json(progress),
                     bytes_received: r.relayed.map(|x| x.bytes_received),
                     relay_peak_bytes: r.relayed.map(|x| x.peak_buffered),
                     manifest_parts: match progress.manifest_grown.load(Ordering::Relaxed) {
@@ -821,6 +861,7 @@ pub fn report_with(
                     server_bwlimit: server_limit,
                     bwlimit_from: held.map(|h| h.0),
                     tuning: tuning_json(progress),
+                    disk_threads: disk_json(progress),
                     bytes_received: None,
                     relay_peak_bytes: None,
                     manifest_parts: None,

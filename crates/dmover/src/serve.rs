@@ -115,7 +115,8 @@ pub fn run(a: ServeArgs, env: &Env, log_format: LogFormat) -> anyhow::Result<Exi
     cfg.read_only = a.read_only;
     cfg.identity = Some(identity.clone());
     cfg.require_encryption = file.require_encryption;
-    cfg.io_threads = a.io_threads as usize;
+    (cfg.io_threads, cfg.io_threads_max) =
+        dmover_core::diskpool::threads_from(a.io_threads.map(usize::from));
     cfg.max_sessions = a.max_sessions.or(file.max_sessions).unwrap_or(64);
     cfg.max_handshakes = a.max_handshakes.or(file.max_handshakes).unwrap_or(256);
     if let Some(n) = file.max_sessions_per_user {

@@ -223,7 +223,7 @@ fn probe(a: &TuneArgs, env: &Env, server: &str, place: Option<Endpoint>) -> Resu
     // leaves no staging file either.
     opts.journal = false;
     let rt = crate::cp::runtime(opts.streams)?;
-    let io_threads = usize::from(a.transfer.io_threads);
+    let io_threads = dmover_core::diskpool::threads_from(a.transfer.io_threads.map(usize::from)).0;
     let chunk = match opts.chunk_size {
         0 => DEFAULT_CHUNK,
         c => c,
@@ -888,7 +888,6 @@ fn settings(net: &Net, opts: &dmover_core::session::TransferOptions) -> Value {
             "chunk size (auto: from the mean file size, the link's round trip and a small dataset's size; docs/tuning.md)",
             "in-flight chunks per stream",
             "socket buffers (kernel autotuning up to tcp_wmem/tcp_rmem; --tcp-buffer pins them)",
-            "disk read/write parallelism (--io-threads)",
             "congestion control (--congestion; a pull asks the server to send with it)",
         ],
     })
@@ -1010,7 +1009,7 @@ fn print_text(
             .unwrap_or_default()
     );
     println!(
-        "          not chosen yet: chunk size, in-flight chunks per stream, socket buffers, disk parallelism, congestion control"
+        "          not chosen yet: chunk size, in-flight chunks per stream, socket buffers, congestion control (disk threads: a copy tunes them while it runs)"
     );
     println!("limit:    {}: {}", verdict.0, verdict.1);
     println!("({total:.1} s)");

@@ -589,3 +589,71 @@ fn serve_logs_json_lines_with_one_line_per_session() {
         "{ls:?}"
     );
 }
+
+/// A server whose reads wait (100 ms a chunk, as storage where each I/O waits on a
+/// round trip: a parallel file system) and whose disk threads are not pinned adds
+/// threads while a pull runs: its log says it tried more and went back on none,
+/// and the pull ends sooner than its first 8 threads allow (640 chunks at 80 a
+/// second: 8 s).
+#[test]
+fn a_server_whose_reads_wait_adds_disk_threads() {
+    let t = tmp();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    write_file(&root.join("big"), 7, 640 * 65536, 0o644, 1_700_000_000);
+    let log = t.path().join("server.log");
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "--log-format".as_ref(),
+        "json".as_ref(),
+        "--root".as_ref(),
+        root.as_os_str(),
+        "--debug-chunk-delay-ms".as_ref(),
+        "100".as_ref(),
+        // The decisions are logged at info (a server logs its sessions' lines alone
+        // without -v).
+        "-v".as_ref(),
+    ];
+    let mut srv = Server::start_with(&args, &root, Some(&log), None);
+    let dest = t.path().join("dest");
+    let o = cp(&["--json", "--chunk", "64K", &srv.url("big"), s(&dest)]);
+    ok(&o);
+    let j = json(&o);
+    // The client's own writes kept up: its tuner is there, and changed nothing.
+    assert_eq!(j["disk_threads"]["of"], 64, "{j}");
+    assert_eq!(j["disk_threads"]["threads"], 8, "{j}");
+    let secs = j["seconds"].as_f64().unwrap();
+    let ls = wait_for_log(&log, "session finished");
+    srv.kill();
+    let disk: Vec<&str> = ls
+        .iter()
+        .filter_map(|l| l["message"].as_str())
+        .filter(|m| m.starts_with("disk threads"))
+        .collect();
+    // The first decision adds threads: at least twice as many.
+    let first: usize = disk
+        .iter()
+        .find_map(|m| m.rsplit_once(": trying ").and_then(|(_, n)| n.parse().ok()))
+        .unwrap_or_else(|| panic!("no probe up: {disk:?}"));
+    assert!(first >= 16, "{disk:?}");
+    // Each doubling moved twice as much: none went back.
+    assert!(!disk.iter().any(|m| m.contains("back to")), "{disk:?}");
+    assert!(secs < 7.5, "{secs} s: the threads added moved nothing");
+    assert_eq!(
+        std::fs::read(dest).unwrap(),
+        std::fs::read(root.join("big")).unwrap()
+    );
+}
+
+/// `--io-threads` pins a client's disk threads: no tuner, nothing in the summary.
+#[test]
+fn io_threads_pin_the_disk_threads() {
+    let t = tmp();
+    let src = t.path().join("src");
+    small_tree(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = Server::start(&root, &[]);
+    let j = json(&cp(&["--json", "--io-threads", "3", s(&src), &srv.url("")]));
+    assert_eq!(j["ok"], true, "{j}");
+    assert!(j.get("disk_threads").is_none(), "{j}");
+}

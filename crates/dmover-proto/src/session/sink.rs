@@ -1021,6 +1021,12 @@ impl<E: Cause + Clone> SinkSession<E> {
         }
     }
 
+    /// Whether the whole manifest is here: it came whole, or a growing one's last part
+    /// came.
+    pub fn manifest_complete(&self) -> bool {
+        self.growth.is_none() || self.sealed
+    }
+
     /// Chunks expected that have not arrived or are being written (parts too).
     pub fn outstanding(&self) -> u64 {
         self.expected.len() - self.distinct + self.writing + self.n_parts_out

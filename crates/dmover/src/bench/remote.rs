@@ -326,7 +326,7 @@ pub fn run(a: RemoteBenchArgs, env: &Env) -> anyhow::Result<()> {
     let chunk_size = opts.chunk_size;
     interrupt::install().context("watching for Ctrl-C")?;
     let rt = runtime(opts.streams.max(4))?;
-    let client = Arc::new(Client::new(opts, a.transfer.io_threads as usize));
+    let client = Arc::new(crate::cp::client_for(opts, a.transfer.io_threads));
     let n = a.workload.files();
 
     // The target must be a directory whose entries the server lets this user delete

@@ -78,7 +78,7 @@ pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
     let opts = options(&a, env)?;
     let filter = opts.filter.clone();
     let rt = crate::cp::runtime(opts.streams)?;
-    let client = Client::new(opts.clone(), a.transfer.io_threads as usize);
+    let client = crate::cp::client_for(opts.clone(), a.transfer.io_threads);
     let stop = Arc::new(Stop::default());
     stop_on_signals(&rt, &stop)?;
     let (tx, rx) = mpsc::unbounded_channel();
