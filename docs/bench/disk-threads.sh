@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The disk tuner against storage whose every I/O waits (docs/tuning.md, "Disk
-# threads"): a server on loopback with `--debug-chunk-delay-ms` (each chunk read or
+# threads"): a server on loopback with `--debug-io-latency-ms` (each chunk read or
 # written waits that long on its disk thread, as on a parallel file system where each
 # I/O waits on a network round trip, or a disk array behind a slow controller) pulls or
 # takes pushes of one file, interleaved over server variants: elastic threads (no
@@ -43,7 +43,7 @@ for run in $(seq 1 "$RUNS"); do
         name=${v%%=*}
         read -ra opts <<<"${v#*=}"
         "$BIN" serve --root "$W/srv" --listen "127.0.0.1:$PORT" --metrics "127.0.0.1:$METRICS" \
-            --debug-chunk-delay-ms "$DELAY" "${opts[@]}" >"$W/serve.log" 2>&1 &
+            --debug-io-latency-ms "$DELAY" "${opts[@]}" >"$W/serve.log" 2>&1 &
         echo $! >"$W/serve.pid"
         for _ in $(seq 50); do
             curl -sf "http://127.0.0.1:$METRICS/metrics" >/dev/null 2>&1 && break

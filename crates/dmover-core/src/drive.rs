@@ -506,9 +506,14 @@ pub type DiskRoom = Box<dyn FnMut(usize) -> usize + Send>;
 struct DiskTune {
     tuner: DiskTuner,
     room: DiskRoom,
-    /// The most threads buffers were added for.
+    /// The most threads buffers were added for, and the buffers added.
     buffered_for: usize,
+    added: usize,
 }
+
+/// The most bytes of chunk buffers a session's disk tuner adds: 256 one-MiB chunks, or
+/// 16 of 16 MiB (the threads grow on, sharing the buffers).
+const EXTRA_BUFFER_BYTES: usize = 256 << 20;
 
 impl DiskTune {
     /// A tuner when this side's disk pool is elastic and `env` gives room for buffers.
@@ -522,6 +527,7 @@ impl DiskTune {
             tuner: DiskTuner::new(threads, env.disk.max()),
             room,
             buffered_for: threads,
+            added: 0,
         })
     }
 
@@ -550,10 +556,14 @@ impl DiskTune {
             changes: self.tuner.changes(),
         });
         let Some(d) = d else { return };
-        if d.threads > self.buffered_for {
-            let more = (self.room)(d.threads - self.buffered_for);
+        // At most EXTRA_BUFFER_BYTES more of them.
+        let cap = (EXTRA_BUFFER_BYTES / pool.buf_size().max(1)).saturating_sub(self.added);
+        let want = d.threads.saturating_sub(self.buffered_for).min(cap);
+        if want > 0 {
+            let more = (self.room)(want);
             pool.grow(more);
             self.buffered_for += more;
+            self.added += more;
         }
         env.disk.grow_to(d.threads);
         tracing::info!("disk threads of the transfer with {peer}: {}", d.reason);

@@ -599,9 +599,16 @@ pub struct ServeArgs {
     /// `metrics_users` (then TLS and bearer tokens; docs/metrics.md).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<SocketAddr>,
-    /// Fault injection for tests: sleep this many milliseconds per chunk read or written.
-    #[arg(long, hide = true)]
+    /// Fault injection for tests: sleep this many milliseconds per chunk read or written,
+    /// on threads pinned at their start (`--io-threads`, else 8), so that a transfer lasts
+    /// as long as the test needs.
+    #[arg(long, hide = true, conflicts_with = "debug_io_latency_ms")]
     pub debug_chunk_delay_ms: Option<u64>,
+    /// Storage emulation for benchmarks: every chunk read or written waits this many
+    /// milliseconds on its disk thread (a parallel file system, where each I/O waits on
+    /// a round trip); unlike --debug-chunk-delay-ms the disk threads stay tuned.
+    #[arg(long, hide = true)]
+    pub debug_io_latency_ms: Option<u64>,
     /// Fault injection for tests: cut the first data stream whose chunk payload passes
     /// BYTES, in the middle of a chunk (once); `BYTES:reset` cuts with a TCP reset.
     #[arg(long, hide = true, value_name = "BYTES[:reset]")]

@@ -115,8 +115,11 @@ pub fn run(a: ServeArgs, env: &Env, log_format: LogFormat) -> anyhow::Result<Exi
     cfg.read_only = a.read_only;
     cfg.identity = Some(identity.clone());
     cfg.require_encryption = file.require_encryption;
-    (cfg.io_threads, cfg.io_threads_max) =
-        dmover_core::diskpool::threads_from(a.io_threads.map(usize::from));
+    // Slowness injected for a test stays as slow as asked: its threads are pinned.
+    let pinned = a.io_threads.map(usize::from).or(a
+        .debug_chunk_delay_ms
+        .map(|_| dmover_core::diskpool::DEFAULT_THREADS));
+    (cfg.io_threads, cfg.io_threads_max) = dmover_core::diskpool::threads_from(pinned);
     cfg.max_sessions = a.max_sessions.or(file.max_sessions).unwrap_or(64);
     cfg.max_handshakes = a.max_handshakes.or(file.max_handshakes).unwrap_or(256);
     if let Some(n) = file.max_sessions_per_user {
@@ -175,7 +178,10 @@ pub fn run(a: ServeArgs, env: &Env, log_format: LogFormat) -> anyhow::Result<Exi
     };
     let faults = Faults {
         link: cut.map(|c| dmover_net::fault::FaultPlan::new(Some(c))),
-        chunk_delay: a.debug_chunk_delay_ms.map(Duration::from_millis),
+        chunk_delay: a
+            .debug_chunk_delay_ms
+            .or(a.debug_io_latency_ms)
+            .map(Duration::from_millis),
     };
     let exports: Vec<String> = cfg
         .exports

@@ -590,8 +590,8 @@ fn serve_logs_json_lines_with_one_line_per_session() {
     );
 }
 
-/// A server whose reads wait (100 ms a chunk, as storage where each I/O waits on a
-/// round trip: a parallel file system) and whose disk threads are not pinned adds
+/// A server whose reads wait (100 ms a chunk, `--debug-io-latency-ms`: storage where
+/// each I/O waits on a round trip, a parallel file system) and whose disk threads are not pinned adds
 /// threads while a pull runs: its log says it tried more and went back on none,
 /// and the pull ends sooner than its first 8 threads allow (640 chunks at 80 a
 /// second: 8 s).
@@ -607,7 +607,7 @@ fn a_server_whose_reads_wait_adds_disk_threads() {
         "json".as_ref(),
         "--root".as_ref(),
         root.as_os_str(),
-        "--debug-chunk-delay-ms".as_ref(),
+        "--debug-io-latency-ms".as_ref(),
         "100".as_ref(),
         // The decisions are logged at info (a server logs its sessions' lines alone
         // without -v).
