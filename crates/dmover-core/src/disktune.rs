@@ -305,6 +305,17 @@ mod tests {
     }
 
     impl Model {
+        /// `parallel` I/Os at once, each of `chunk_mib` MiB taking `latency_ms`, behind
+        /// a network of `net_gbit` Gbit/s.
+        fn new(parallel: usize, latency_ms: f64, chunk_mib: f64, net_gbit: f64) -> Self {
+            Model {
+                parallel,
+                latency: latency_ms / 1000.0,
+                chunk: chunk_mib * 1048576.0,
+                net: net_gbit * 1.25e8,
+            }
+        }
+
         /// Rate and mean queue with `threads` threads.
         fn run(&self, threads: usize) -> (f64, f64) {
             let disk = threads.min(self.parallel) as f64 * self.chunk / self.latency;
@@ -340,12 +351,7 @@ mod tests {
     fn storage_with_parallelism_to_spare_gets_the_threads_it_serves() {
         // A parallel file system: 32 I/Os at once, 20 ms each, 4 MiB chunks, a
         // 100 Gbit/s network.
-        let model = Model {
-            parallel: 32,
-            latency: 0.020,
-            chunk: 4.0 * 1048576.0,
-            net: 12.5e9,
-        };
+        let model = Model::new(32, 20.0, 4.0, 100.0);
         let mut t = DiskTuner::new(8, 64);
         let rate = simulate(&mut t, &model, 10_000, None);
         assert_eq!(t.threads(), 32, "changes {}", t.changes());
@@ -370,12 +376,7 @@ mod tests {
 
     #[test]
     fn a_network_bound_transfer_keeps_its_threads() {
-        let model = Model {
-            parallel: 64,
-            latency: 0.001,
-            chunk: 4.0 * 1048576.0,
-            net: 1.25e8,
-        };
+        let model = Model::new(64, 1.0, 4.0, 1.0);
         let mut t = DiskTuner::new(8, 64);
         simulate(&mut t, &model, 30_000, None);
         assert_eq!((t.threads(), t.changes()), (8, 0));
@@ -384,12 +385,7 @@ mod tests {
     #[test]
     fn storage_without_parallelism_is_probed_once_then_held_longer() {
         // One device that serves 4 at once: the probe to 16 gains nothing.
-        let model = Model {
-            parallel: 4,
-            latency: 0.010,
-            chunk: 1048576.0,
-            net: 1.25e9,
-        };
+        let model = Model::new(4, 10.0, 1.0, 10.0);
         let mut t = DiskTuner::new(8, 64);
         // The first probe comes one period after the first settling, and goes back
         // a period after its own.
@@ -408,12 +404,7 @@ mod tests {
 
     #[test]
     fn a_transfer_about_to_end_is_not_probed() {
-        let model = Model {
-            parallel: 32,
-            latency: 0.020,
-            chunk: 4.0 * 1048576.0,
-            net: 12.5e9,
-        };
+        let model = Model::new(32, 20.0, 4.0, 100.0);
         // 8 threads move 1.7 GB/s: at the first decision (0.8 s in) 3 GB have 1.0 s
         // left, under two settlings and periods.
         let mut t = DiskTuner::new(8, 64);
@@ -424,12 +415,7 @@ mod tests {
 
     #[test]
     fn it_never_goes_past_its_bounds() {
-        let model = Model {
-            parallel: 1000,
-            latency: 0.1,
-            chunk: 1048576.0,
-            net: 1e12,
-        };
+        let model = Model::new(1000, 100.0, 1.0, 8000.0);
         let mut t = DiskTuner::new(8, 24);
         simulate(&mut t, &model, 10_000, None);
         assert_eq!(t.threads(), 24);
