@@ -2229,7 +2229,7 @@ impl Client {
             .as_ref()
             .map_or(tree.entries(), |(_, e)| e.as_slice());
         let chunk = match self.opts.chunk_size {
-            0 => session::auto_chunk_on(sized, rtt, walk_rest.is_none()),
+            0 => session::auto_chunk_on(sized, walk_rest.is_none()),
             c => c,
         };
         let tuned_start = session::tuned_start(sized, rtt);

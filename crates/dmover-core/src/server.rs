@@ -1179,8 +1179,8 @@ impl Server {
             .as_deref()
             .or(walked.as_ref().map(|w| w.tree.entries()));
         let chunk = match (open.chunk_size, sized) {
-            // A pull's: small files go in smaller chunks on a long link, as a push's.
-            (0, Some(e)) => session::auto_chunk_on(e, rtt, seen.is_none()),
+            // A pull's: small files go in smaller chunks, as a push's.
+            (0, Some(e)) => session::auto_chunk_on(e, seen.is_none()),
             (c, _) => c,
         };
         // And its tuner starts as a push's.

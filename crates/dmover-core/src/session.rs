@@ -330,18 +330,18 @@ fn mean_file_size(entries: &[Entry]) -> Option<u64> {
     (files > 0).then(|| bytes / files)
 }
 
-/// The chunk of a dataset of small files (under [`SMALL_CHUNK`] on average) on a link of
-/// at least [`SMALL_CHUNK_RTT`]: at 4 MiB its first chunks go on one or two streams
-/// while the others idle through their slow start (2000 × 8 KiB are four chunks), and
-/// its last chunk drains alone. Pushes at 1 Gbit/s, interleaved, medians of 5
-/// (docs/benchmarks.md, "Smaller chunks for small files on long links"): 2000 × 8 KiB
-/// 1.02 → 0.86 s at 50 ms and 3.30 → 2.97 s at 200 ms; 20 000 × 8 KiB 3.66 → 3.32 s
-/// and 5.46 → 5.27 s. Not on short links, where the round trips cost nothing and more
-/// chunks cost CPU (20 000 × 8 KiB at 0 ms with `--chunk 1M`: 2.35 → 2.71 s, 3 runs).
+/// The chunk of a dataset of small files (under [`SMALL_CHUNK`] on average), on any
+/// link: at 4 MiB its first chunks go on one or two streams while the others idle
+/// through their slow start (2000 × 8 KiB are four chunks), one disk thread reads (and
+/// at the other end creates) a chunk's 512 files while the others wait, and its last
+/// chunk drains alone. Pushes at 1 Gbit/s, interleaved, medians of 5–7
+/// (docs/benchmarks.md, "Smaller chunks for small files on long links" and "1 MiB
+/// chunks for small files on short links"): 2000 × 8 KiB 1.02 → 0.86 s at 50 ms and
+/// 3.30 → 2.97 s at 200 ms; 20 000 × 8 KiB 1.75 → 1.65 s at 0 ms, 1.85 → 1.67 s at
+/// 10 ms, 3.66 → 3.32 s at 50 ms and 5.46 → 5.27 s at 200 ms. (Until stop 38 only from
+/// a round trip of 20 ms: in stop 29, 20 000 × 8 KiB at 0 ms took 2.71 s with 1 MiB
+/// against 2.35 s; the per-chunk costs have gone since.)
 pub const SMALL_CHUNK: u32 = 1 << 20;
-/// See [`SMALL_CHUNK`]: the round trip (of the control connection, measured once it is
-/// up) from which small files go in smaller chunks.
-pub const SMALL_CHUNK_RTT: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// A dataset of small files (under [`SMALL_CHUNK`] on average) holding less than this
 /// many [`SMALL_CHUNK`]s goes in this many chunks or more, of at least
@@ -358,11 +358,10 @@ pub const FEW_CHUNKS: u64 = 64;
 /// See [`FEW_CHUNKS`]: the smallest chunk chosen for a small dataset.
 pub const MIN_SMALL_CHUNK: u32 = 256 << 10;
 
-/// [`auto_chunk`] on a link of round trip `rtt` (`None`: not known): [`SMALL_CHUNK`]
-/// for small files from [`SMALL_CHUNK_RTT`] on, and for a small dataset of them
-/// ([`FEW_CHUNKS`]) smaller chunks on any link. `whole`: `entries` are the whole
-/// dataset (not the first part of a live walk, whose size is not known yet).
-pub fn auto_chunk_on(entries: &[Entry], rtt: Option<std::time::Duration>, whole: bool) -> u32 {
+/// [`auto_chunk`], with [`SMALL_CHUNK`] for small files, and for a small dataset of
+/// them ([`FEW_CHUNKS`]) smaller chunks. `whole`: `entries` are the whole dataset (not
+/// the first part of a live walk, whose size is not known yet).
+pub fn auto_chunk_on(entries: &[Entry], whole: bool) -> u32 {
     let mean = mean_file_size(entries);
     if mean.is_none_or(|m| m >= u64::from(SMALL_CHUNK)) {
         return chunk_for(mean);
@@ -373,11 +372,7 @@ pub fn auto_chunk_on(entries: &[Entry], rtt: Option<std::time::Duration>, whole:
         let pow2 = 1u64 << (63 - per.leading_zeros());
         return pow2.clamp(u64::from(MIN_SMALL_CHUNK), u64::from(SMALL_CHUNK)) as u32;
     }
-    if rtt.is_some_and(|r| r >= SMALL_CHUNK_RTT) {
-        SMALL_CHUNK
-    } else {
-        chunk_for(mean)
-    }
+    SMALL_CHUNK
 }
 
 /// Buffers a session needs to keep `streams` streams and `io_threads` disk threads busy:
@@ -590,44 +585,25 @@ mod tests {
         assert_eq!(auto_chunk(&[]), DEFAULT_CHUNK);
         // Empty files do not drag the mean down.
         assert_eq!(auto_chunk(&files(&[0, 0, 0, 64 << 20])), 16 << 20);
-        // Small files on a long link: smaller chunks; not on a short or unknown one,
-        // nor for files of 1 MiB or more. (20 000 × 8 KiB: more than FEW_CHUNKS
-        // small chunks.)
-        let ms = |n| Some(std::time::Duration::from_millis(n));
+        // Small files: smaller chunks, on any link; not for files of 1 MiB or more.
+        // (20 000 × 8 KiB: more than FEW_CHUNKS small chunks.)
         let many = files(&[8192; 20_000]);
-        assert_eq!(auto_chunk_on(&many, ms(50), true), SMALL_CHUNK);
-        assert_eq!(auto_chunk_on(&many, ms(20), true), SMALL_CHUNK);
-        assert_eq!(auto_chunk_on(&many, ms(1), true), DEFAULT_CHUNK);
-        assert_eq!(auto_chunk_on(&many, None, true), DEFAULT_CHUNK);
-        assert_eq!(
-            auto_chunk_on(&files(&[1 << 20; 100]), ms(200), true),
-            DEFAULT_CHUNK
-        );
-        assert_eq!(
-            auto_chunk_on(&files(&[256 << 20; 4]), ms(200), true),
-            16 << 20
-        );
-        assert_eq!(auto_chunk_on(&[], ms(200), true), DEFAULT_CHUNK);
-        // A small dataset of small files: 64 chunks or more, of 256 KiB at least, on
-        // any link; but not the first part of a live walk, whose whole is not known.
+        assert_eq!(auto_chunk_on(&many, true), SMALL_CHUNK);
+        assert_eq!(auto_chunk_on(&files(&[1 << 20; 100]), true), DEFAULT_CHUNK);
+        assert_eq!(auto_chunk_on(&files(&[256 << 20; 4]), true), 16 << 20);
+        assert_eq!(auto_chunk_on(&[], true), DEFAULT_CHUNK);
+        // A small dataset of small files: 64 chunks or more, of 256 KiB at least; but
+        // not the first part of a live walk, whose whole is not known.
         let few = files(&[8192; 2000]);
-        assert_eq!(auto_chunk_on(&few, None, true), MIN_SMALL_CHUNK);
-        assert_eq!(auto_chunk_on(&few, ms(200), true), MIN_SMALL_CHUNK);
-        assert_eq!(auto_chunk_on(&few, None, false), DEFAULT_CHUNK);
-        assert_eq!(auto_chunk_on(&few, ms(50), false), SMALL_CHUNK);
-        assert_eq!(auto_chunk_on(&files(&[8192; 5000]), None, true), 512 << 10);
+        assert_eq!(auto_chunk_on(&few, true), MIN_SMALL_CHUNK);
+        assert_eq!(auto_chunk_on(&few, false), SMALL_CHUNK);
+        assert_eq!(auto_chunk_on(&files(&[8192; 5000]), true), 512 << 10);
+        assert_eq!(auto_chunk_on(&files(&[100; 10]), true), MIN_SMALL_CHUNK);
         assert_eq!(
-            auto_chunk_on(&files(&[100; 10]), None, true),
-            MIN_SMALL_CHUNK
-        );
-        assert_eq!(
-            auto_chunk_on(&files(&[512 << 10; 127]), None, true),
+            auto_chunk_on(&files(&[512 << 10; 127]), true),
             SMALL_CHUNK / 2
         );
-        assert_eq!(
-            auto_chunk_on(&files(&[512 << 10; 128]), None, true),
-            DEFAULT_CHUNK
-        );
+        assert_eq!(auto_chunk_on(&files(&[512 << 10; 128]), true), SMALL_CHUNK);
     }
 
     #[test]
