@@ -14,7 +14,9 @@
 //! data moved and the mean number of disk jobs that waited for a thread (the queue's
 //! length, by Little's law the time jobs waited divided by the period). Jobs that
 //! wait mean the threads are what the data wait on: when at least [`QUEUE_MIN`]
-//! waited on average, it adds a thread for each job that waited (at least doubling,
+//! waited on average, and the rate held within [`GAIN_UP`] of the period before (a
+//! copy whose network still ramps up moves more each period whatever its threads), it
+//! adds a thread for each job that waited (at least doubling,
 //! at most [`MAX_STEP`] times as many), keeps them when the rate rose by [`GAIN_UP`]
 //! or more (and goes on while jobs still wait), and otherwise
 //! goes back and holds for [`HOLD_PERIODS`] periods, doubled after each probe that
@@ -91,6 +93,8 @@ pub struct DiskTuner {
     note: Option<String>,
     /// A note was made since the last change (one is enough).
     noted: bool,
+    /// The rate of the last period measured with the threads in use.
+    last: Option<f64>,
 }
 
 impl DiskTuner {
@@ -108,6 +112,7 @@ impl DiskTuner {
             changes: 0,
             note: None,
             noted: false,
+            last: None,
         }
     }
 
@@ -194,6 +199,7 @@ impl DiskTuner {
 
     fn change(&mut self, now: Instant, to: usize, rate: f64, reason: String) -> DiskDecision {
         self.noted = false;
+        self.last = None;
         self.threads = to;
         self.changes += 1;
         self.phase = Phase::Settling(now + SETTLE);
@@ -228,6 +234,7 @@ impl DiskTuner {
     /// average.
     fn decide(&mut self, now: Instant, rate: f64, queue: f64) -> Option<DiskDecision> {
         let n = self.threads;
+        let before = self.last.replace(rate);
         if let Some((from, base)) = self.probe.take() {
             let gain = rate / base.max(1.0) - 1.0;
             if gain < GAIN_UP {
@@ -270,6 +277,12 @@ impl DiskTuner {
                 "{queue:.1} jobs waited for a disk thread, but the data left end before \
                  more threads could pay: {n} stay"
             ));
+            return None;
+        }
+        // Only from a steady rate: while the network still ramps up (slow start, the
+        // first seconds of a copy) the rate rises whatever the threads, and a probe
+        // would take that rise for its own.
+        if !before.is_some_and(|b| (rate / b.max(1.0) - 1.0).abs() < GAIN_UP) {
             return None;
         }
         let to = self.step_up(queue);
@@ -329,8 +342,9 @@ mod tests {
     }
 
     /// Runs the tuner against `model` for `ms` simulated milliseconds, in 50 ms steps.
-    /// Its decisions fall 50 ms + k × ([`SETTLE`] + [`PERIOD`]) in while it changes,
-    /// and a period apart while it holds.
+    /// Its first probe comes 1.3 s in (two periods after the first settling), the
+    /// next decisions [`SETTLE`] + [`PERIOD`] apart while it changes, and a period
+    /// apart while it holds.
     fn simulate(t: &mut DiskTuner, model: &Model, ms: u64, total: Option<u64>) -> f64 {
         let start = Instant::now();
         let (mut bytes, mut waited) = (0f64, 0f64);
@@ -361,6 +375,32 @@ mod tests {
     }
 
     #[test]
+    fn a_rate_that_still_climbs_is_not_probed() {
+        // Jobs wait (small files created on a busy CPU) while the network ramps up:
+        // the rate rises 30 % a period whatever the threads.
+        let mut t = DiskTuner::new(8, 64);
+        let start = Instant::now();
+        let (mut bytes, mut waited, mut rate) = (0u64, 0f64, 20e6);
+        for step in 1..=60u64 {
+            if step % 10 == 0 {
+                rate *= 1.3;
+            }
+            bytes += (rate * 0.05) as u64;
+            waited += 2.0 * 0.05;
+            t.tick(start + Duration::from_millis(step * 50), bytes, waited);
+        }
+        assert_eq!(t.changes(), 0);
+        // Once it holds steady, it is probed (and, as threads give nothing here, the
+        // probe goes back).
+        for step in 61..=100u64 {
+            bytes += (rate * 0.05) as u64;
+            waited += 2.0 * 0.05;
+            t.tick(start + Duration::from_millis(step * 50), bytes, waited);
+        }
+        assert_eq!((t.changes(), t.threads()), (2, 8));
+    }
+
+    #[test]
     fn many_jobs_waiting_take_a_larger_step() {
         let mut t = DiskTuner::new(8, 64);
         assert_eq!(t.step_up(0.6), 16, "at least double");
@@ -387,9 +427,9 @@ mod tests {
         // One device that serves 4 at once: the probe to 16 gains nothing.
         let model = Model::new(4, 10.0, 1.0, 10.0);
         let mut t = DiskTuner::new(8, 64);
-        // The first probe comes one period after the first settling, and goes back
-        // a period after its own.
-        simulate(&mut t, &model, 2_000, None);
+        // The first probe comes two periods after the first settling (the second
+        // finds the rate steady), and goes back a period after its own.
+        simulate(&mut t, &model, 2_500, None);
         assert_eq!(t.changes(), 2, "up and back");
         assert_eq!(t.threads(), 8);
         // Then 16 periods (twice the hold) pass before the next.
@@ -405,8 +445,8 @@ mod tests {
     #[test]
     fn a_transfer_about_to_end_is_not_probed() {
         let model = Model::new(32, 20.0, 4.0, 100.0);
-        // 8 threads move 1.7 GB/s: at the first decision (0.8 s in) 3 GB have 1.0 s
-        // left, under two settlings and periods.
+        // 8 threads move 1.7 GB/s: at the first period's end (0.8 s in) 3 GB have
+        // 1.0 s left, under two settlings and periods.
         let mut t = DiskTuner::new(8, 64);
         simulate(&mut t, &model, 1_000, Some(3_000_000_000));
         assert_eq!(t.changes(), 0);

@@ -505,6 +505,7 @@ pub type DiskRoom = Box<dyn FnMut(usize) -> usize + Send>;
 /// has a chunk to read or write.
 struct DiskTune {
     tuner: DiskTuner,
+    disk: Arc<DiskPool>,
     room: DiskRoom,
     /// The most threads buffers were added for, and the buffers added.
     buffered_for: usize,
@@ -525,6 +526,7 @@ impl DiskTune {
         let threads = env.disk.threads();
         Some(DiskTune {
             tuner: DiskTuner::new(threads, env.disk.max()),
+            disk: env.disk.clone(),
             room,
             buffered_for: threads,
             added: 0,
@@ -572,6 +574,16 @@ impl DiskTune {
             rate: d.rate,
             reason: d.reason,
         });
+    }
+}
+
+impl Drop for DiskTune {
+    /// A probe the session ended during was never judged: its threads go (the pool,
+    /// a server's shared by its sessions, keeps only what paid).
+    fn drop(&mut self) {
+        if self.tuner.kept() < self.tuner.threads() {
+            self.disk.grow_to(self.tuner.kept());
+        }
     }
 }
 
