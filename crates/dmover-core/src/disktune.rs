@@ -19,9 +19,9 @@
 //! adds a thread for each job that waited (at least doubling,
 //! at most [`MAX_STEP`] times as many), keeps them when the rate rose by [`GAIN_UP`]
 //! or more (and goes on while jobs still wait), and otherwise
-//! goes back and holds for [`HOLD_PERIODS`] periods, doubled after each probe that
-//! went back (a machine whose CPU, not its storage, limits the jobs: many small files
-//! on two cores). A probe starts only when the data left would take
+//! goes back and holds, for twice [`HOLD_PERIODS`] periods after the first probe that
+//! went back and twice as long after each further one (a machine whose CPU, not its
+//! storage, limits the jobs: many small files on two cores). A probe starts only when the data left would take
 //! [`PAYBACK_PERIODS`] periods at the rate measured. It never goes below the threads
 //! it started with: idle threads cost nothing.
 //!
@@ -42,8 +42,9 @@ pub const PERIOD: Duration = Duration::from_millis(500);
 pub const QUEUE_MIN: f64 = 0.5;
 /// A probe up must raise the rate by this fraction to be kept.
 pub const GAIN_UP: f64 = 0.10;
-/// Periods held after a probe went back, before the next (doubled after each probe
-/// that went back, up to 8 times as long).
+/// The base of the hold after a probe went back: each probe that goes back doubles the
+/// periods held before the next (16 after the first), up to 8 times this; a probe
+/// kept resets it.
 pub const HOLD_PERIODS: u32 = 8;
 /// A probe starts only when the data left would take this many settlings and periods
 /// at the rate just measured: one to try, one to gain. Fewer than the stream tuner's
