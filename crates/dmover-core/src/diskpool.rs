@@ -109,11 +109,6 @@ impl DiskPool {
         self.shared.target.load(Ordering::Relaxed)
     }
 
-    /// Threads it started with.
-    pub fn base(&self) -> usize {
-        self.base
-    }
-
     /// The most threads it may have (its base when fixed).
     pub fn max(&self) -> usize {
         self.max
@@ -138,7 +133,7 @@ impl DiskPool {
             return n;
         }
         let mut handles = self.threads.lock().unwrap_or_else(|e| e.into_inner());
-        // Threads that left are joined now (they ended).
+        // The handles of threads that left go (they ended).
         handles.retain(|h| !h.is_finished());
         for _ in live..n {
             let i = self.spawned.fetch_add(1, Ordering::Relaxed);

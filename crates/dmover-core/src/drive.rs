@@ -507,9 +507,11 @@ struct DiskTune {
     tuner: DiskTuner,
     disk: Arc<DiskPool>,
     room: DiskRoom,
-    /// The most threads buffers were added for, and the buffers added.
-    buffered_for: usize,
+    /// The threads the session's buffers were sized for, and the buffers added since.
+    start: usize,
     added: usize,
+    /// What [`Progress::disk`] last heard: (kept, changes).
+    told: Option<(usize, u32)>,
 }
 
 /// The most bytes of chunk buffers a session's disk tuner adds: 256 one-MiB chunks, or
@@ -528,8 +530,9 @@ impl DiskTune {
             tuner: DiskTuner::new(threads, env.disk.max()),
             disk: env.disk.clone(),
             room,
-            buffered_for: threads,
+            start: threads,
             added: 0,
+            told: None,
         })
     }
 
@@ -539,8 +542,14 @@ impl DiskTune {
 
     /// One step: `working`, whether the session has data to move now; `remaining`,
     /// the bytes left to move if known.
-    fn step(&mut self, env: &Env, pool: &Pool, working: bool, remaining: Option<u64>, peer: &str) {
-        let p = &env.run.progress;
+    fn step(
+        &mut self,
+        p: &Progress,
+        pool: &Pool,
+        working: bool,
+        remaining: Option<u64>,
+        peer: &str,
+    ) {
         if !working {
             self.tuner.pause();
             return;
@@ -548,26 +557,33 @@ impl DiskTune {
         self.tuner.set_remaining(remaining);
         let d = self
             .tuner
-            .tick(now(), p.bytes.load(Relaxed), env.disk.waited());
+            .tick(now(), p.bytes.load(Relaxed), self.disk.waited());
         if let Some(note) = self.tuner.take_note() {
             tracing::info!("disk threads of the transfer with {peer}: {note}");
         }
-        *p.disk.lock() = Some(DiskTuning {
-            threads: self.tuner.kept(),
-            of: env.disk.max(),
-            changes: self.tuner.changes(),
-        });
+        // Told when it changes (this runs on every turn of the driver's loop).
+        let now_at = (self.tuner.kept(), self.tuner.changes());
+        if self.told != Some(now_at) {
+            self.told = Some(now_at);
+            *p.disk.lock() = Some(DiskTuning {
+                threads: now_at.0,
+                of: self.disk.max(),
+                changes: now_at.1,
+            });
+        }
         let Some(d) = d else { return };
-        // At most EXTRA_BUFFER_BYTES more of them.
-        let cap = (EXTRA_BUFFER_BYTES / pool.buf_size().max(1)).saturating_sub(self.added);
-        let want = d.threads.saturating_sub(self.buffered_for).min(cap);
+        // A buffer for each thread added, at most EXTRA_BUFFER_BYTES of them.
+        let cap = EXTRA_BUFFER_BYTES / pool.buf_size().max(1);
+        let want = d
+            .threads
+            .saturating_sub(self.start + self.added)
+            .min(cap.saturating_sub(self.added));
         if want > 0 {
             let more = (self.room)(want);
             pool.grow(more);
-            self.buffered_for += more;
             self.added += more;
         }
-        env.disk.grow_to(d.threads);
+        self.disk.grow_to(d.threads);
         tracing::info!("disk threads of the transfer with {peer}: {}", d.reason);
         p.event(ProgressEvent::DiskTuned {
             threads: d.threads,
@@ -1021,7 +1037,13 @@ where
         }
         if let (Some(t), Some((.., pool))) = (disk_tune.as_mut(), &live) {
             let left = remaining(&env.run.progress, m.manifest_complete());
-            t.step(&env, pool, m.has_work() || reading > 0, left, &peer);
+            t.step(
+                &env.run.progress,
+                pool,
+                m.has_work() || reading > 0,
+                left,
+                &peer,
+            );
         }
         while let Some((i, end, _)) = durable.front() {
             if m.parts_confirmed() <= *i || m.stored_below() < *end {
@@ -2038,7 +2060,7 @@ where
             }
             if let Some(t) = disk_tune.as_mut() {
                 let left = remaining(&env.run.progress, m.manifest_complete());
-                t.step(&env, pool, m.outstanding() > 0, left, &peer);
+                t.step(&env.run.progress, pool, m.outstanding() > 0, left, &peer);
             }
         }
         loop {
