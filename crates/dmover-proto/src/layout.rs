@@ -17,6 +17,11 @@
 //! 4. A *piece* is the intersection of one file with one chunk. A chunk's wire payload
 //!    is its pieces in order, without the padding between them; the receiver places
 //!    each piece at its offset within the chunk.
+//! 5. A later part of a growing manifest starts on a fresh chunk
+//!    ([`Layout::extend`]), and may be cut into chunks of its own size, at most the
+//!    session's ([`Layout::extend_with`], feature `PART_CHUNKS`): a *region* is a
+//!    run of parts with one chunk size. Rules 2 and 3 hold within each region, counted
+//!    from the region's first byte; chunk indices run on across regions.
 //!
 //! Rule 2 lets either end use direct I/O on big files: every piece of an aligned file
 //! starts at an aligned file offset and an aligned offset within the chunk buffer, and
@@ -105,12 +110,37 @@ impl Piece {
     }
 }
 
-/// The virtual layout of a dataset for one chunk size.
+/// The virtual layout of a dataset: one chunk size, or (a growing manifest with
+/// feature `PART_CHUNKS`) one per region, none larger than the session's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
+    /// The session's chunk size: the largest chunk of any region.
     chunk: u64,
     files: Vec<FileSlot>,
     total: u64,
+    /// At least one; the first starts at chunk 0, byte 0 and file 0.
+    regions: Vec<Region>,
+}
+
+/// A run of chunks of one size (rule 5 of the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Region {
+    /// Index of its first chunk.
+    first_chunk: u64,
+    /// Virtual offset of its first byte (a multiple of [`ALIGN`]).
+    base: u64,
+    /// Its chunk size.
+    chunk: u64,
+    /// Index in [`Layout::files`] of its first file.
+    first_file: usize,
+    /// Virtual offset one past its last file's last byte (`base` while it has none).
+    end: u64,
+}
+
+impl Region {
+    fn n_chunks(&self) -> u64 {
+        (self.end - self.base).div_ceil(self.chunk)
+    }
 }
 
 impl Layout {
@@ -160,6 +190,13 @@ impl Layout {
             chunk,
             files,
             total,
+            regions: vec![Region {
+                first_chunk: 0,
+                base: 0,
+                chunk,
+                first_file: 0,
+                end: total,
+            }],
         })
     }
 
@@ -169,13 +206,46 @@ impl Layout {
     /// changes none before (docs/protocol.md, "Growing manifest"). A part without
     /// data adds nothing.
     pub fn extend(&mut self, entries: &[Entry], from: usize) -> Result<()> {
-        let base = self.n_chunks() * self.chunk;
         let chunk = u32::try_from(self.chunk)
             .map_err(|_| Error::Violation("chunk size out of range".into()))?;
-        let part = Layout::with_filter(entries, chunk, |i| i >= from)?;
+        self.extend_with(entries, from, chunk)
+    }
+
+    /// [`Layout::extend`] with the part cut into chunks of `chunk_size` bytes, at most
+    /// the session's ([`Layout::chunk_size`]; feature `PART_CHUNKS`, docs/protocol.md
+    /// "Chunks per part"): a part of another size than the one before it starts a
+    /// region, whose chunks and files are cut as the part alone would be.
+    pub fn extend_with(&mut self, entries: &[Entry], from: usize, chunk_size: u32) -> Result<()> {
+        validate_chunk_size(chunk_size)?;
+        let chunk = u64::from(chunk_size);
+        if chunk > self.chunk {
+            return Err(Error::Violation(format!(
+                "a part's chunk size {chunk} is larger than the session's {}",
+                self.chunk
+            )));
+        }
+        let part = Layout::with_filter(entries, chunk_size, |i| i >= from)?;
         if part.files.is_empty() {
             return Ok(());
         }
+        let n_chunks = self.n_chunks();
+        let last = self.regions.last_mut().expect("a region");
+        let base = if last.chunk == chunk || last.end == last.base {
+            // The same size (or a region with nothing in it yet, which takes the
+            // part's): the region goes on, from a fresh chunk.
+            last.chunk = chunk;
+            last.base + last.n_chunks() * chunk
+        } else {
+            let base = last.base + last.n_chunks() * last.chunk;
+            self.regions.push(Region {
+                first_chunk: n_chunks,
+                base,
+                chunk,
+                first_file: self.files.len(),
+                end: base,
+            });
+            base
+        };
         let total = base
             .checked_add(part.total)
             .filter(|&t| t < u64::MAX - ALIGN)
@@ -185,13 +255,49 @@ impl Layout {
             ..*f
         }));
         self.total = total;
+        self.regions.last_mut().expect("a region").end = total;
         Ok(())
     }
 
-    /// Chunk size in bytes.
+    /// The session's chunk size in bytes: every chunk's, or (with regions) the
+    /// largest a chunk may be, which buffers are sized for.
     #[inline]
     pub fn chunk_size(&self) -> u64 {
         self.chunk
+    }
+
+    /// The size of chunk `k`'s region's chunks (the session's when `k` is out of
+    /// range).
+    pub fn chunk_of(&self, k: u64) -> u64 {
+        self.region_of_chunk(k).map_or(self.chunk, |r| r.chunk)
+    }
+
+    /// The size of the chunks file `f` is cut into.
+    pub fn file_chunk(&self, f: u32) -> u64 {
+        self.region_of_file(f as usize).chunk
+    }
+
+    /// The chunk sizes in use and the chunks of each, in layout order (one entry for
+    /// a layout of one size, empty regions left out).
+    pub fn chunk_sizes(&self) -> Vec<(u64, u64)> {
+        self.regions
+            .iter()
+            .filter(|r| r.end > r.base)
+            .map(|r| (r.chunk, r.n_chunks()))
+            .collect()
+    }
+
+    fn region_of_chunk(&self, k: u64) -> Option<&Region> {
+        if k >= self.n_chunks() {
+            return None;
+        }
+        let i = self.regions.partition_point(|r| r.first_chunk <= k);
+        Some(&self.regions[i - 1])
+    }
+
+    fn region_of_file(&self, f: usize) -> &Region {
+        let i = self.regions.partition_point(|r| r.first_file <= f);
+        &self.regions[i.max(1) - 1]
     }
 
     /// The regular files with data, in layout order.
@@ -209,46 +315,56 @@ impl Layout {
     /// Number of chunks.
     #[inline]
     pub fn n_chunks(&self) -> u64 {
-        self.total.div_ceil(self.chunk)
+        let last = self.regions.last().expect("a region");
+        last.first_chunk + last.n_chunks()
     }
 
     /// Virtual range `[lo, hi)` of chunk `k`; empty (`(total, total)`) when `k` is out
     /// of range, so a chunk index read from the wire can never overflow it.
     #[inline]
     pub fn chunk_bounds(&self, k: u64) -> (u64, u64) {
-        let lo = k.saturating_mul(self.chunk).min(self.total);
-        (lo, lo.saturating_add(self.chunk).min(self.total))
+        match self.region_of_chunk(k) {
+            Some(r) => {
+                let lo = r.base + (k - r.first_chunk) * r.chunk;
+                (lo, (lo + r.chunk).min(r.end))
+            }
+            None => (self.total, self.total),
+        }
     }
 
     /// Number of pieces file `f` is cut into.
     pub fn n_pieces(&self, f: u32) -> u64 {
         let s = &self.files[f as usize];
-        (s.end() - 1) / self.chunk - s.start / self.chunk + 1
+        let r = self.region_of_file(f as usize);
+        (s.end() - 1 - r.base) / r.chunk - (s.start - r.base) / r.chunk + 1
     }
 
     /// The pieces of file `f` as `(index, file_offset, len)`, in order.
     pub fn file_pieces(&self, f: u32) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
         let s = self.files[f as usize];
-        let first = s.start / self.chunk;
+        let r = *self.region_of_file(f as usize);
+        let first = (s.start - r.base) / r.chunk;
         (0..self.n_pieces(f)).map(move |i| {
-            let from = s.start.max((first + i) * self.chunk);
-            let to = s.end().min((first + i + 1) * self.chunk);
+            let from = s.start.max(r.base + (first + i) * r.chunk);
+            let to = s.end().min(r.base + (first + i + 1) * r.chunk);
             (i, from - s.start, to - from)
         })
     }
 
     /// Whether file `f` starts at a chunk boundary (it is at least a chunk long), so its
-    /// pieces are the same in every layout with this chunk size.
+    /// pieces are the same in every layout with its chunk size.
     pub fn chunk_aligned(&self, f: u32) -> bool {
-        self.files[f as usize].size >= self.chunk
+        self.files[f as usize].size >= self.file_chunk(f)
     }
 
     /// The pieces of chunk `k`, in order. Empty when `k` is out of range.
     pub fn pieces(&self, k: u64) -> Pieces<'_> {
-        let (lo, hi) = if k < self.n_chunks() {
-            self.chunk_bounds(k)
-        } else {
-            (0, 0)
+        let (lo, hi, base, chunk) = match self.region_of_chunk(k) {
+            Some(r) => {
+                let (lo, hi) = self.chunk_bounds(k);
+                (lo, hi, r.base, r.chunk)
+            }
+            None => (0, 0, 0, self.chunk),
         };
         let next = self.files.partition_point(|f| f.end() <= lo);
         Pieces {
@@ -256,6 +372,8 @@ impl Layout {
             lo,
             hi,
             next,
+            base,
+            chunk,
         }
     }
 
@@ -284,6 +402,9 @@ pub struct Pieces<'a> {
     lo: u64,
     hi: u64,
     next: usize,
+    /// The chunk's region's first byte and chunk size.
+    base: u64,
+    chunk: u64,
 }
 
 impl Iterator for Pieces<'_> {
@@ -298,10 +419,10 @@ impl Iterator for Pieces<'_> {
         self.next += 1;
         let from = f.start.max(self.lo);
         let to = f.end().min(self.hi);
-        let chunk = self.layout.chunk;
+        let (base, chunk) = (self.base, self.chunk);
         Some(Piece {
             file,
-            index: from / chunk - f.start / chunk,
+            index: (from - base) / chunk - (f.start - base) / chunk,
             file_offset: from - f.start,
             buf_offset: (from - self.lo) as usize,
             len: (to - from) as usize,
@@ -365,6 +486,126 @@ mod tests {
                 l.pieces(k).collect::<Vec<_>>()
             );
         }
+    }
+
+    /// Every byte of every file in exactly one piece, in order, within its chunk.
+    fn assert_covers(l: &Layout) {
+        let mut covered = vec![0u64; l.files().len()];
+        let mut next_index = vec![0u64; l.files().len()];
+        for k in 0..l.n_chunks() {
+            let (lo, hi) = l.chunk_bounds(k);
+            assert!(hi - lo <= l.chunk_of(k) && l.chunk_of(k) <= l.chunk_size());
+            let mut wire = 0;
+            for p in l.pieces(k) {
+                let slot = l.files()[p.file as usize];
+                assert_eq!(p.file_offset, covered[p.file as usize], "in order, no gap");
+                assert_eq!(p.index, next_index[p.file as usize]);
+                assert_eq!(slot.start + p.file_offset, lo + p.buf_offset as u64);
+                assert!(lo + (p.buf_offset + p.len) as u64 <= hi);
+                assert_eq!(l.file_chunk(p.file), l.chunk_of(k));
+                if p.aligned {
+                    assert_eq!(p.file_offset % ALIGN, 0);
+                    assert_eq!(p.buf_offset as u64 % ALIGN, 0);
+                    assert!((p.buf_offset + p.direct_len()) as u64 <= l.chunk_of(k));
+                }
+                covered[p.file as usize] += p.len as u64;
+                next_index[p.file as usize] += 1;
+                assert_eq!(p.last, covered[p.file as usize] == slot.size);
+                wire += p.len as u64;
+            }
+            assert!(wire > 0, "no chunk is all padding");
+            assert_eq!(wire, l.wire_len(k));
+        }
+        for (i, s) in l.files().iter().enumerate() {
+            assert_eq!(covered[i], s.size);
+            assert_eq!(next_index[i], l.n_pieces(i as u32));
+            let cuts: Vec<_> = l.file_pieces(i as u32).collect();
+            assert_eq!(cuts.len() as u64, l.n_pieces(i as u32));
+            assert_eq!(cuts.iter().map(|c| c.2).sum::<u64>(), s.size);
+        }
+    }
+
+    #[test]
+    fn a_part_may_have_chunks_of_its_own_size() {
+        let big = 1u32 << 20;
+        let small = 64 * 1024;
+        let all = files(&[3 << 20, 5000, 200_000, 10, 70_000, 100, (1 << 20) + 5, 9]);
+        let mut l = Layout::new(&all[..2], big).unwrap();
+        assert_eq!(l.n_chunks(), 4);
+        let before: Vec<_> = (0..4).map(|k| l.pieces(k).collect::<Vec<_>>()).collect();
+        // A larger chunk than the session's is refused; so is a bad one.
+        assert!(l.clone().extend_with(&all, 2, 2 << 20).is_err());
+        assert!(l.clone().extend_with(&all, 2, small + 1).is_err());
+        l.extend_with(&all[..5], 2, small).unwrap();
+        let alone = Layout::new(&all[2..5], small).unwrap();
+        assert_eq!(l.n_chunks(), 4 + alone.n_chunks());
+        let cut = |l: &Layout, k| {
+            l.pieces(k)
+                .map(|p| (p.index, p.file_offset, p.buf_offset, p.len, p.last))
+                .collect::<Vec<_>>()
+        };
+        for k in 0..alone.n_chunks() {
+            assert_eq!(cut(&alone, k), cut(&l, 4 + k), "chunk {k}");
+            assert_eq!(l.chunk_of(4 + k), u64::from(small));
+        }
+        for (k, b) in before.iter().enumerate() {
+            assert_eq!(
+                &l.pieces(k as u64).collect::<Vec<_>>(),
+                b,
+                "earlier chunks stay"
+            );
+        }
+        assert_eq!(l.file_chunk(0), u64::from(big));
+        assert_eq!(l.file_chunk(2), u64::from(small));
+        assert!(l.chunk_aligned(4), "70 000 bytes is over a 64 KiB chunk");
+        assert!(!l.chunk_aligned(1) && l.chunk_aligned(0));
+        // A part of the same size goes on in the region; back to the session's size
+        // starts another.
+        l.extend_with(&all[..6], 5, small).unwrap();
+        let n = l.n_chunks();
+        l.extend(&all, 6).unwrap();
+        assert_eq!(l.chunk_of(n), u64::from(big));
+        assert_eq!(
+            l.chunk_sizes(),
+            vec![
+                (u64::from(big), 4),
+                (u64::from(small), n - 4),
+                (u64::from(big), l.n_chunks() - n)
+            ]
+        );
+        let f6 = l.files().iter().position(|f| f.entry == 6).unwrap();
+        assert_eq!(l.files()[f6].start, l.chunk_bounds(n).0, "on a fresh chunk");
+        assert_eq!(l.n_pieces(f6 as u32), 2, "1 MiB + 5 bytes in 1 MiB chunks");
+        assert_covers(&l);
+        // Out of range.
+        let end = l.n_chunks();
+        assert_eq!(l.chunk_bounds(end), (l.total(), l.total()));
+        assert_eq!(l.pieces(end).count(), 0);
+        assert_eq!(l.chunk_bounds(u64::MAX), (l.total(), l.total()));
+    }
+
+    #[test]
+    fn an_empty_start_takes_the_first_parts_size() {
+        let all = files(&[0, 100, 200_000]);
+        let mut l = Layout::new(&all[..1], 1 << 20).unwrap();
+        assert_eq!(l.n_chunks(), 0);
+        l.extend_with(&all, 1, 64 * 1024).unwrap();
+        assert_eq!(l, {
+            let mut m = Layout::new(&all[..1], 1 << 20).unwrap();
+            m.extend_with(&all, 1, 64 * 1024).unwrap();
+            m
+        });
+        assert_eq!(
+            l.chunk_sizes(),
+            vec![(64 * 1024, 5)],
+            "200 000 bytes from 64 KiB on"
+        );
+        assert_eq!(
+            l.chunk_size(),
+            1 << 20,
+            "buffers are still the session's size"
+        );
+        assert_covers(&l);
     }
 
     #[test]
