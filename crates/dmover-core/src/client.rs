@@ -51,8 +51,12 @@ pub struct Report {
     pub totals: Totals,
     /// Data streams used.
     pub streams: u16,
-    /// Chunk size used.
+    /// Chunk size used (the session's).
     pub chunk_size: u32,
+    /// The chunk sizes the layout used, in layout order, with the chunks of each: one
+    /// size, or (feature `PART_CHUNKS`) later parts' own (docs/protocol.md, "Chunks
+    /// per part"). Empty where this side holds no layout (a third-party copy).
+    pub chunk_sizes: Vec<(u64, u64)>,
     /// Entries the source walk skipped (special files, vanished files).
     pub skipped: u64,
     /// Bytes of file data the destination already held when the last attempt began
@@ -1098,6 +1102,7 @@ impl Client {
             totals: Totals::of(&entries),
             streams: sent.info.streams,
             chunk_size: sent.info.chunk_size,
+            chunk_sizes: sent.store.layout().chunk_sizes(),
             skipped: 0,
             held_bytes: crate::drive::SourceStore::held_bytes(&*sent.store),
             held_files: sent.store.held_files(),
@@ -1206,6 +1211,7 @@ impl Client {
                             totals: r.totals,
                             streams: r.streams,
                             chunk_size: r.chunk_size,
+                            chunk_sizes: Vec::new(),
                             skipped: 0,
                             held_bytes: r.held_bytes,
                             held_files: r.held_files,
@@ -1249,21 +1255,23 @@ impl Client {
             checksum: self.opts.checksum,
             direct_io: self.opts.direct_io,
             protection: self.opts.protection,
-            // A streamed manifest (and a pull's live walk) and early data in a pull
-            // only where the caller offers them (a plain push or pull: `push_once`,
-            // `pull_once`). A push offers no negotiated bit: its early data assume a
+            // A streamed manifest (and a pull's live walk, and chunks per part) and
+            // early data in a pull only where the caller offers them (a plain push or
+            // pull: `push_once`, `pull_once`). A push offers no negotiated bit: its early data assume a
             // `Session` granting exactly the base features it offered.
             features: if self.opts.tune {
                 dmover_proto::session::features::SUPPORTED
                     & !dmover_proto::session::features::STREAMED
                     & !dmover_proto::session::features::EARLY
                     & !dmover_proto::session::features::WALKING
+                    & !dmover_proto::session::features::PART_CHUNKS
             } else {
                 dmover_proto::session::features::SUPPORTED
                     & !dmover_proto::session::features::TUNING
                     & !dmover_proto::session::features::STREAMED
                     & !dmover_proto::session::features::EARLY
                     & !dmover_proto::session::features::WALKING
+                    & !dmover_proto::session::features::PART_CHUNKS
             },
         }
     }
@@ -1564,6 +1572,7 @@ impl Client {
                 totals: Totals::of(tree.entries()),
                 streams: r.info.streams,
                 chunk_size: r.info.chunk_size,
+                chunk_sizes: r.store.layout().chunk_sizes(),
                 skipped: 0,
                 held_bytes: 0,
                 held_files: 0,
@@ -2294,6 +2303,11 @@ impl Client {
             open.features |= dmover_proto::session::features::STREAMED
                 | dmover_proto::session::features::WALKING;
         }
+        if (streamed.is_some() || walk_rest.is_some()) && self.opts.chunk_size == 0 {
+            // Later parts in chunks of their own size, if `Session` grants it (not
+            // when `--chunk` pinned the size).
+            open.features |= dmover_proto::session::features::PART_CHUNKS;
+        }
         // `--checksum`: the manifest holds only files whose content differs (or that
         // the destination lacks), and the quick check (same size and mtime: held)
         // must not skip them, so the session does not resume (a retry sends the
@@ -2406,6 +2420,7 @@ impl Client {
             totals: full_totals,
             streams: r.info.streams,
             chunk_size: r.info.chunk_size,
+            chunk_sizes: r.store.layout().chunk_sizes(),
             skipped,
             held_bytes: r.store.held_bytes() + same_bytes,
             held_files: r.store.held_files() + same_files,
@@ -2496,6 +2511,10 @@ impl Client {
         if !resume && !self.opts.mirror && same.is_none() {
             open.features |= dmover_proto::session::features::STREAMED
                 | dmover_proto::session::features::WALKING;
+            if self.opts.chunk_size == 0 {
+                // Later parts in chunks of their own size, unless `--chunk` pinned it.
+                open.features |= dmover_proto::session::features::PART_CHUNKS;
+            }
         }
         // Early data (protocol version 8), on the terms of a push's (`push_once`): the
         // data streams join with the first flight, and the server sends from its
@@ -2668,6 +2687,7 @@ impl Client {
             totals,
             streams: r.info.streams,
             chunk_size: r.info.chunk_size,
+            chunk_sizes: r.store.layout().chunk_sizes(),
             skipped,
             held_bytes: r.store.held_bytes(),
             held_files,

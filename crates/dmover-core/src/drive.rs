@@ -302,11 +302,19 @@ pub trait SourceStore: Source + Sized + 'static {
 
     /// (growing manifest) Takes a later part of the manifest, `entries` (numbered
     /// after the earlier parts'), of which `sparse` may have holes (a live walk's,
-    /// feature `WALKING`), and returns the layout's length in chunks with it; `None`:
-    /// the storage reads any chunk already (the part says its length).
-    fn grow(&self, entries: &[Entry], sparse: &[u32]) -> Result<Option<u64>> {
-        let _ = (entries, sparse);
+    /// feature `WALKING`), cut into chunks of `chunk` bytes (the session's, or with
+    /// [`SourceStore::part_chunks`] another no larger), and returns the layout's
+    /// length in chunks with it; `None`: the storage reads any chunk already (the
+    /// part says its length).
+    fn grow(&self, entries: &[Entry], sparse: &[u32], chunk: u32) -> Result<Option<u64>> {
+        let _ = (entries, sparse, chunk);
         Ok(None)
+    }
+
+    /// Whether [`SourceStore::grow`] lays a part out in chunks of the size it is
+    /// given (feature `PART_CHUNKS`); otherwise every part is in the session's.
+    fn part_chunks(&self) -> bool {
+        false
     }
 
     /// (feature `METADATA`, growing manifest) Owners and extended attributes of the
@@ -317,8 +325,17 @@ pub trait SourceStore: Source + Sized + 'static {
 }
 
 impl SourceStore for FileSource {
-    fn grow(&self, entries: &[Entry], sparse: &[u32]) -> Result<Option<u64>> {
-        Ok(Some(FileSource::grow(self, entries.to_vec(), sparse)?))
+    fn grow(&self, entries: &[Entry], sparse: &[u32], chunk: u32) -> Result<Option<u64>> {
+        Ok(Some(FileSource::grow(
+            self,
+            entries.to_vec(),
+            sparse,
+            chunk,
+        )?))
+    }
+
+    fn part_chunks(&self) -> bool {
+        true
     }
 
     fn grown_meta(&self, from: u32) -> (Vec<dmover_proto::manifest::EntryMeta>, u32) {
@@ -432,6 +449,7 @@ impl SinkStore for FileSink {
             part.chunks,
             part.meta,
             part.sparse,
+            part.chunk,
         )?)
     }
 
@@ -1275,7 +1293,10 @@ where
                     growth = None;
                     growing = false;
                     let grown = match prep.as_ref() {
-                        Some(k) => k.grow(&rest, &[]).map(|_| chunk_set(k.chunks())),
+                        Some(k) => {
+                            let chunk = k.layout().chunk_size() as u32;
+                            k.grow(&rest, &[], chunk).map(|_| chunk_set(k.chunks()))
+                        }
                         None => Err(Error::refused(
                             ErrorCode::Unsupported,
                             "the manifest's rest came after the storage was bound",
@@ -1314,14 +1335,38 @@ where
                 }
                 Some(mut p) => {
                     let mut meta = Vec::new();
+                    let mut part_chunk = None;
                     if parts > 0 {
-                        // A later part: storage that grows lays it out now, and reads
-                        // its entries' metadata (the first part's root's too).
+                        // A later part: storage that grows lays it out now (in chunks
+                        // of the part's own size where both ends can, feature
+                        // PART_CHUNKS), and reads its entries' metadata (the first
+                        // part's root's too).
                         let store = prep.as_ref().or(live.as_ref().map(|l| &*l.0));
                         let grown = match store {
-                            Some(k) => k.grow(&p.entries, &p.sparse).inspect(|_| {
-                                (meta, meta_from) = k.grown_meta(meta_from);
-                            }),
+                            Some(k) => {
+                                let session = k.layout().chunk_size() as u32;
+                                let chunk = if k.part_chunks() && m.uses(features::PART_CHUNKS) {
+                                    crate::session::part_chunk(&p.entries, session)
+                                } else {
+                                    session
+                                };
+                                if chunk != session {
+                                    let t = Totals::of(&p.entries);
+                                    tracing::info!(
+                                        "chunks of the transfer to {peer}: a later part's {} \
+                                         files hold {} bytes: {} KiB chunks for them (the \
+                                         session's: {} KiB)",
+                                        t.files,
+                                        t.bytes,
+                                        chunk >> 10,
+                                        session >> 10
+                                    );
+                                }
+                                part_chunk = Some(chunk);
+                                k.grow(&p.entries, &p.sparse, chunk).inspect(|_| {
+                                    (meta, meta_from) = k.grown_meta(meta_from);
+                                })
+                            }
                             None => Err(Error::refused(
                                 ErrorCode::Unsupported,
                                 "a later part of the manifest came while a resume was checked",
@@ -1353,6 +1398,9 @@ where
                     m.grow_meta(meta);
                     // A streamed manifest's source knows the whole total already.
                     env.run.progress.total.fetch_max(p.totals.bytes, Relaxed);
+                    if let Some(c) = part_chunk {
+                        m.part_chunk(now(), c);
+                    }
                     m.grow_manifest(now(), p.totals, p.chunks, p.last);
                     if p.last {
                         growth = None;
@@ -2164,6 +2212,7 @@ where
                         chunks,
                         meta,
                         sparse,
+                        chunk,
                     } => {
                         env.run.progress.grow_manifest(&entries);
                         let part = GrownPart {
@@ -2171,6 +2220,7 @@ where
                             chunks,
                             meta,
                             sparse,
+                            chunk,
                         };
                         match &live {
                             Some((k, ..)) => grow_sink(&mut m, &**k, part),
@@ -2405,6 +2455,9 @@ pub struct GrownPart {
     pub meta: Vec<dmover_proto::manifest::EntryMeta>,
     /// (feature `WALKING`) Its files that may have holes (entry indices, ascending).
     pub sparse: Vec<u32>,
+    /// The size of its chunks: the session's, or (feature `PART_CHUNKS`) another no
+    /// larger.
+    pub chunk: u32,
 }
 
 /// A later part of a growing manifest: the storage makes room, the machine hears it.

@@ -375,6 +375,20 @@ pub fn auto_chunk_on(entries: &[Entry], whole: bool) -> u32 {
     SMALL_CHUNK
 }
 
+/// The chunk size of a later part of a growing manifest (feature `PART_CHUNKS`,
+/// docs/protocol.md "Chunks per part"): [`auto_chunk_on`] of the part's files, at
+/// most the session's (every buffer's size). A part without data keeps the
+/// session's. So a tree whose walk met large files first, and whose session chunks
+/// are 16 MiB, sends the small files it meets later in 1 MiB chunks: at 16 MiB one
+/// disk thread would read (and at the other end create) each chunk's thousands of
+/// files while the others wait.
+pub fn part_chunk(entries: &[Entry], session: u32) -> u32 {
+    if mean_file_size(entries).is_none() {
+        return session;
+    }
+    auto_chunk_on(entries, false).min(session)
+}
+
 /// Buffers a session needs to keep `streams` streams and `io_threads` disk threads busy:
 /// one in flight per stream and per disk thread, plus two so a finished stage always
 /// finds one free.
@@ -575,6 +589,26 @@ mod tests {
                 "{max_entries} entries, {max_manifest_bytes} bytes: {events:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_parts_chunk_follows_its_files_within_the_sessions() {
+        let small = files(&[8192; 3000]);
+        assert_eq!(part_chunk(&small, 16 << 20), SMALL_CHUNK);
+        assert_eq!(
+            part_chunk(&small, 512 << 10),
+            512 << 10,
+            "never above the session's"
+        );
+        assert_eq!(part_chunk(&files(&[2 << 20; 10]), 16 << 20), DEFAULT_CHUNK);
+        assert_eq!(part_chunk(&files(&[256 << 20; 2]), 16 << 20), 16 << 20);
+        assert_eq!(
+            part_chunk(&files(&[256 << 20; 2]), SMALL_CHUNK),
+            SMALL_CHUNK
+        );
+        assert_eq!(part_chunk(&files(&[0, 0]), 16 << 20), 16 << 20, "no data");
+        // A part is not a whole dataset: no smaller chunks for a few small files.
+        assert_eq!(part_chunk(&files(&[100; 10]), 16 << 20), SMALL_CHUNK);
     }
 
     #[test]

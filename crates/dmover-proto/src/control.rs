@@ -67,6 +67,10 @@
 //! Manifest* Grow{chunks, last}       ->                  (7) then Go as usual
 //! Manifest* Grow{chunks, last}       ->                  any time, until `last`
 //!                                    <-    Grown(chunks) the sink's layout covers them
+//! -- PART_CHUNKS (with GROWING_MANIFEST) ------------------------------------------
+//! Manifest* PartChunk(size) Grow     ->                  a later part in chunks of
+//!                                                        its own size (at most the
+//!                                                        session's)
 //! -- RANGES --------------------------------------------------------------------
 //!                                    <-    Want{chunks}  after Go: these first
 //!                                    <-    OnDemand      in place of Go: request-driven,
@@ -200,6 +204,12 @@ pub enum Control {
     /// those bytes (sink to source). A random read of a few KiB then waits for those
     /// KiB, not for a whole chunk to cross the link.
     WantPart(WantParts),
+    /// (31, feature `PART_CHUNKS`) The chunk size of the next later part of a growing
+    /// manifest, in bytes: a valid chunk size no larger than the session's (source to
+    /// sink, before the part's `Grow`). A part without one is cut into the session's
+    /// chunks. The part's files start a region of the layout cut into chunks of this
+    /// size ([`crate::layout::Layout::extend_with`]).
+    PartChunk(u32),
 }
 
 impl Control {
@@ -237,6 +247,7 @@ impl Control {
             Control::Times(_) => "Times",
             Control::Limits(_) => "Limits",
             Control::WantPart(_) => "WantPart",
+            Control::PartChunk(_) => "PartChunk",
         }
     }
 

@@ -1298,6 +1298,15 @@ fn control_growth_and_requests() {
         80 20         #   len: 4096
         ",
     );
+    // Feature PART_CHUNKS (bit 2048): a later part's chunk size, before its `Grow`.
+    golden_control(
+        Control::PartChunk(256 << 10),
+        "
+        00 00 00 04   # frame length: 4
+        1f            # Control::PartChunk (variant 31)
+        80 80 10      # chunk size: 262144 (varint)
+        ",
+    );
 }
 
 #[test]

@@ -1483,6 +1483,118 @@ fn a_message_needing_a_feature_the_session_does_not_use_is_a_protocol_error() {
     assert!(e.contains("OnDemand needs the ranges feature"), "{e}");
 }
 
+/// A growing manifest's sink past its first part (3 entries, 2 chunks), with
+/// `features`.
+fn sink_grown_once(features: u64) -> (SinkSession<dmover_proto::session::sim::SimError>, Instant) {
+    let (mut m, now) = sink_with(features::GROWING_MANIFEST | features);
+    m.handle_control(
+        now,
+        Control::Grow(Growth {
+            totals: totals(&manifest(2)),
+            chunks: 2,
+            last: false,
+        }),
+    );
+    while m.poll_event().is_some() {}
+    (m, now)
+}
+
+/// Sends entries `from..` of `manifest(files)` as a later part ending in `chunks`.
+fn later_part(
+    m: &mut SinkSession<dmover_proto::session::sim::SimError>,
+    now: Instant,
+    files: u32,
+    from: usize,
+    chunks: u64,
+    chunk: Option<u32>,
+) -> Vec<SinkEvent<dmover_proto::session::sim::SimError>> {
+    let all = manifest(files);
+    m.handle_control(
+        now,
+        Control::Manifest(ManifestPart {
+            entries: all[from..].to_vec(),
+        }),
+    );
+    if let Some(c) = chunk {
+        m.handle_control(now, Control::PartChunk(c));
+    }
+    m.handle_control(
+        now,
+        Control::Grow(Growth {
+            totals: totals(&all),
+            chunks,
+            last: false,
+        }),
+    );
+    m.handle_timeout(now + Timing::default().report_wait);
+    std::iter::from_fn(|| m.poll_event()).collect()
+}
+
+#[test]
+fn a_later_part_may_name_its_chunk_size() {
+    let grown_chunk = |events: &[SinkEvent<_>]| match events.last() {
+        Some(SinkEvent::Grown { chunk, chunks, .. }) => (*chunk, chunks.clone()),
+        e => panic!("{e:?}"),
+    };
+    // A part with a size of its own, then one without: the session's.
+    let (mut m, now) = sink_grown_once(features::PART_CHUNKS);
+    let e = later_part(&mut m, now, 4, 3, 10, Some(256 << 10));
+    assert_eq!(grown_chunk(&e), (256 << 10, 2..10));
+    let e = later_part(&mut m, now, 5, 5, 11, None);
+    assert_eq!(grown_chunk(&e), (1 << 20, 10..11));
+    // Larger than the session's, not a chunk size, or without the feature: refused.
+    for (features, c, what) in [
+        (features::PART_CHUNKS, 2 << 20, "exceeds the session's"),
+        (features::PART_CHUNKS, 1000, "is not a multiple of"),
+        (0, 256 << 10, "PartChunk needs the chunks per part feature"),
+    ] {
+        let (mut m, now) = sink_grown_once(features);
+        let e = protocol_failure(later_part(&mut m, now, 4, 3, 10, Some(c)));
+        assert!(e.contains(what), "{e}");
+    }
+    // Not for the first part.
+    let (mut m, now) = sink_with(features::GROWING_MANIFEST | features::PART_CHUNKS);
+    m.handle_control(now, Control::PartChunk(256 << 10));
+    m.handle_timeout(now + Timing::default().report_wait);
+    let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+    assert!(
+        format!("{events:?}").contains("Failed(Unexpected"),
+        "{events:?}"
+    );
+
+    // The source names a size only when it differs, and only with the feature.
+    let source = |features: u64| {
+        let now = Instant::now();
+        let mut m = SourceSession::<dmover_proto::session::sim::SimError>::accept(
+            now,
+            "peer",
+            Timing::default(),
+            now + HOUR,
+        );
+        m.grant(now, info(features::GROWING_MANIFEST | features));
+        m.handle_control(now, Control::Options(options()));
+        let entries = manifest(2);
+        m.push_manifest(&entries);
+        m.grow_manifest(now, totals(&entries), 2, false);
+        m.handle_control(now, Control::Go);
+        while m.poll_transmit().is_some() {}
+        while m.poll_event().is_some() {}
+        (m, now)
+    };
+    let (mut m, now) = source(features::PART_CHUNKS);
+    m.part_chunk(now, 1 << 20);
+    assert_eq!(m.poll_transmit(), None, "the session's size goes unsaid");
+    m.part_chunk(now, 256 << 10);
+    assert_eq!(m.poll_transmit(), Some(Control::PartChunk(256 << 10)));
+    for (features, c) in [(0, 256 << 10), (features::PART_CHUNKS, 2 << 20)] {
+        let (mut m, now) = source(features);
+        m.part_chunk(now, c);
+        m.handle_timeout(now + Timing::default().report_wait);
+        let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+        protocol_failure(events);
+    }
+}
+
 #[test]
 fn a_want_beyond_the_layout_is_a_protocol_error() {
     let (mut m, now) = source_with(features::RANGES);

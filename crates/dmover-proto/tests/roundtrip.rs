@@ -261,6 +261,7 @@ fn reliability_control() -> impl Strategy<Value = Control> {
             }
         )),
         any::<u64>().prop_map(Control::Grown),
+        any::<u32>().prop_map(Control::PartChunk),
         (any::<u64>(), text(), text()).prop_map(|(bwlimit, congestion, refused)| {
             Control::Limits(dmover_proto::control::SessionLimits {
                 bwlimit,
@@ -847,6 +848,79 @@ proptest! {
         }
         prop_assert_eq!(l.pieces(l.n_chunks()).count(), 0);
         prop_assert_eq!(l.wire_len(l.n_chunks()), 0);
+    }
+}
+
+proptest! {
+    /// Rule 5: parts laid out in chunks of their own sizes (feature PART_CHUNKS) hold,
+    /// chunk by chunk, what each part holds laid out alone, and cover every byte once.
+    #[test]
+    fn parts_of_their_own_chunk_sizes(
+        (entries, chunk) in layout_case(),
+        cuts in vec((0usize..14, 0u32..4), 0..5),
+    ) {
+        let mut ends: Vec<(usize, u32)> = cuts
+            .into_iter()
+            .map(|(at, shift)| (at.min(entries.len()), shift))
+            .collect();
+        ends.sort();
+        ends.push((entries.len(), 0));
+        let first = ends[0].0;
+        let mut l = Layout::new(&entries[..first], chunk).unwrap();
+        let mut from = first;
+        for &(end, shift) in &ends[1..] {
+            // The part's size: the session's, or a power-of-two fraction of it.
+            let c = (chunk >> shift).max(MIN_CHUNK) / 4096 * 4096;
+            let before = l.clone();
+            l.extend_with(&entries[..end], from, c).unwrap();
+            let alone = Layout::with_filter(&entries[..end], c, |i| i >= from).unwrap();
+            let k0 = before.n_chunks();
+            prop_assert_eq!(l.n_chunks(), k0 + alone.n_chunks());
+            for k in 0..k0 {
+                prop_assert_eq!(l.pieces(k).collect::<Vec<_>>(), before.pieces(k).collect::<Vec<_>>());
+                prop_assert_eq!(l.chunk_bounds(k).0, before.chunk_bounds(k).0);
+            }
+            let n0 = before.files().len() as u32;
+            for k in 0..alone.n_chunks() {
+                prop_assert_eq!(l.chunk_of(k0 + k), u64::from(c));
+                let (lo, hi) = alone.chunk_bounds(k);
+                let (glo, ghi) = l.chunk_bounds(k0 + k);
+                prop_assert_eq!(ghi - glo, hi - lo);
+                let a: Vec<_> = alone
+                    .pieces(k)
+                    .map(|p| (p.file + n0, p.index, p.file_offset, p.buf_offset, p.len, p.last))
+                    .collect();
+                let b: Vec<_> = l
+                    .pieces(k0 + k)
+                    .map(|p| (p.file, p.index, p.file_offset, p.buf_offset, p.len, p.last))
+                    .collect();
+                prop_assert_eq!(a, b);
+            }
+            from = end;
+        }
+        // Every byte of every file once, in order; file_pieces agrees.
+        let mut covered = vec![0u64; l.files().len()];
+        for k in 0..l.n_chunks() {
+            let (lo, hi) = l.chunk_bounds(k);
+            prop_assert!(hi - lo <= l.chunk_of(k) && l.chunk_of(k) <= l.chunk_size());
+            for p in l.pieces(k) {
+                let f = p.file as usize;
+                prop_assert_eq!(p.file_offset, covered[f]);
+                prop_assert_eq!(l.files()[f].start + p.file_offset, lo + p.buf_offset as u64);
+                prop_assert!((p.buf_offset + p.len) as u64 <= hi - lo);
+                if p.aligned {
+                    prop_assert_eq!(p.buf_offset as u64 % ALIGN, 0);
+                    prop_assert!((p.buf_offset + p.direct_len()) as u64 <= l.chunk_of(k));
+                }
+                covered[f] += p.len as u64;
+            }
+        }
+        for (f, s) in l.files().iter().enumerate() {
+            prop_assert_eq!(covered[f], s.size);
+            let cuts: Vec<_> = l.file_pieces(f as u32).collect();
+            prop_assert_eq!(cuts.len() as u64, l.n_pieces(f as u32));
+            prop_assert_eq!(cuts.iter().map(|c| c.2).sum::<u64>(), s.size);
+        }
     }
 }
 

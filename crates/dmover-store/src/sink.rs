@@ -705,13 +705,15 @@ impl FileSink {
     /// at [`Sink::finish`].
     /// `meta`: the owners and extended attributes of its entries (or earlier ones),
     /// as [`FileSink::set_meta`]; `sparse`: its files that may have holes (a live
-    /// walk's part), as [`FileSink::set_sparse`].
+    /// walk's part), as [`FileSink::set_sparse`]; `chunk`: the size of its chunks
+    /// (the session's, or another no larger, see [`Layout::extend_with`]).
     pub fn grow(
         &self,
         entries: Vec<Entry>,
         chunks: std::ops::Range<u64>,
         meta: Vec<EntryMeta>,
         sparse: Vec<u32>,
+        chunk: u32,
     ) -> Result<()> {
         if !meta.is_empty() {
             self.meta
@@ -726,7 +728,7 @@ impl FileSink {
         let Bound { tree, layout } = &mut *w;
         let layout = Arc::make_mut(layout);
         layout
-            .extend(tree.entries(), from)
+            .extend_with(tree.entries(), from, chunk)
             .map_err(|e| Error::refused(ErrorCode::Protocol, e.to_string()))?;
         if layout.n_chunks() != chunks.end {
             return Err(Error::protocol(
@@ -1274,8 +1276,12 @@ impl Sink for FileSink {
             let hash = self.opts.checksum.then(|| piece_hash(data));
             let n = b.layout.n_pieces(file);
             let staged = self.write_piece(&b, &p, n, buf)?;
-            if let (Some(h), false, true) = (hash, p.last, b.layout.chunk_aligned(file)) {
-                // A piece of a file of a chunk or more: worth resuming from.
+            let resumable =
+                b.layout.chunk_aligned(file) && b.layout.file_chunk(file) == b.layout.chunk_size();
+            if let (Some(h), false, true) = (hash, p.last, resumable) {
+                // A piece of a file of a chunk or more: worth resuming from (in the
+                // session's chunk size, which the journal's pieces are counted in; a
+                // part of another size, feature PART_CHUNKS, is resent whole).
                 if let Some(j) = &*self.journal.lock() {
                     let id = Self::file_id(&b, b.layout.files()[file as usize].entry);
                     j.piece_done(&id, p.index, h);

@@ -251,10 +251,15 @@ impl FileSource {
 
     /// (growing manifest) Adds a later part of the manifest: `entries`, numbered
     /// after every earlier part's (parents among them or earlier), laid out on fresh
-    /// chunks after the earlier parts' (see [`Layout::extend`]); `sparse`: its files
-    /// that may have holes (a live walk's part). Returns the layout's length in
-    /// chunks with the part.
-    pub fn grow(&self, entries: Vec<dmover_proto::manifest::Entry>, sparse: &[u32]) -> Result<u64> {
+    /// chunks of `chunk` bytes (at most the session's, see [`Layout::extend_with`])
+    /// after the earlier parts'; `sparse`: its files that may have holes (a live
+    /// walk's part). Returns the layout's length in chunks with the part.
+    pub fn grow(
+        &self,
+        entries: Vec<dmover_proto::manifest::Entry>,
+        sparse: &[u32],
+        chunk: u32,
+    ) -> Result<u64> {
         let mut b = self.bound.write();
         let from = b.tree.entries().len();
         b.tree.extend(entries);
@@ -266,7 +271,7 @@ impl FileSource {
         } = &mut *b;
         extents.extend(added.iter().map(|&e| (e, OnceLock::new())));
         Arc::make_mut(layout)
-            .extend(tree.entries(), from)
+            .extend_with(tree.entries(), from, chunk)
             .map_err(|e| {
                 Error::refused(dmover_proto::control::ErrorCode::Protocol, e.to_string())
             })?;

@@ -178,3 +178,113 @@ fn a_corrupted_chunk_is_refused_and_an_aborted_sink_keeps_only_complete_files() 
     left.sort();
     assert_eq!(left, ["odd", "one"]);
 }
+
+/// A later part of a growing manifest in chunks of its own size (feature
+/// PART_CHUNKS): both ends lay it out alike and the data arrive whole; the resume
+/// journal keeps pieces of files cut in the session's chunks only (its pieces are
+/// counted in those), so an aborted sink leaves a piece record for the first part's
+/// large file and none for the later part's.
+#[test]
+fn a_later_part_in_chunks_of_its_own_size() {
+    const SESSION: u32 = 256 << 10;
+    const PART: u32 = 64 << 10;
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    let data =
+        |n: usize, salt: usize| -> Vec<u8> { (0..n).map(|i| (i * 7 + salt) as u8).collect() };
+    fs::write(src.join("a"), data(2 * SESSION as usize, 1)).unwrap();
+    let walk_src = || {
+        let root = paths::source_root(&Base::Local, bytes(&src), b"").unwrap();
+        walk::walk(vec![root]).unwrap().tree
+    };
+    let tree = walk_src();
+    let first = tree.entries().to_vec();
+    // The later part: a file of 300 000 bytes, walked after the first part went.
+    fs::write(src.join("b"), data(300_000, 2)).unwrap();
+    let later: Vec<Entry> = walk_src()
+        .entries()
+        .iter()
+        .filter(|e| e.name == b"b")
+        .cloned()
+        .collect();
+    assert_eq!(later.len(), 1);
+    let opts = SourceOptions {
+        checksum: true,
+        direct_io: DirectIo::Never,
+        ..SourceOptions::default()
+    };
+    let source = FileSource::new(tree, SESSION, opts).unwrap();
+    assert_eq!(source.grow(later.clone(), &[], PART).unwrap(), 2 + 5);
+    let layout = source.layout();
+    assert_eq!(
+        layout.chunk_sizes(),
+        vec![(u64::from(SESSION), 2), (u64::from(PART), 5)]
+    );
+
+    let sink_for = |dest: &Path| {
+        let mut sink = prepare_sink(
+            &Base::Local,
+            bytes(dest),
+            first.clone(),
+            SESSION,
+            SinkOptions {
+                journal: true,
+                ..sink_options()
+            },
+        )
+        .unwrap();
+        sink.resume(&Held::none(&first)).unwrap();
+        sink.grow(later.clone(), 2..7, Vec::new(), Vec::new(), PART)
+            .unwrap();
+        assert_eq!(*sink.layout(), *layout, "both ends lay the part out alike");
+        sink
+    };
+    let mut buf = vec![0u8; SESSION as usize];
+    let mut trailer = Vec::new();
+    let send = |sink: &dyn Sink, k: u64, buf: &mut Vec<u8>, trailer: &mut Vec<u8>| {
+        let read = source.read_chunk(k, buf, trailer).unwrap();
+        sink.write_chunk(k, buf, trailer, read.crc).unwrap();
+    };
+
+    // Whole: the tree arrives.
+    let dest = t.path().join("whole");
+    let sink = sink_for(&dest);
+    for k in 0..7 {
+        send(&sink, k, &mut buf, &mut trailer);
+    }
+    let summary = sink.finish().unwrap();
+    drop(sink);
+    assert_eq!((summary.files, summary.chunks), (2, 7));
+    for f in ["a", "b"] {
+        assert_eq!(
+            fs::read(dest.join(f)).unwrap(),
+            fs::read(src.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+
+    // Aborted after a piece of each file: one piece record, the first part's.
+    let dest = t.path().join("aborted");
+    let sink = sink_for(&dest);
+    for k in [0, 2, 3] {
+        send(&sink, k, &mut buf, &mut trailer);
+    }
+    drop(sink);
+    // The journal is where the copy's root is made (`dest` is the root itself).
+    let journals: Vec<_> = fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(".dmv.journal.")
+        })
+        .collect();
+    assert_eq!(journals.len(), 1, "{journals:?}");
+    let j = fs::read(&journals[0]).unwrap();
+    let pieces = j[64..].chunks(64).filter(|r| r[0] == 2).count();
+    let files_done = j[64..].chunks(64).filter(|r| r[0] == 1).count();
+    assert_eq!((pieces, files_done), (1, 0), "{} records", j.len() / 64 - 1);
+}

@@ -414,6 +414,13 @@ fn progress_line(p: &Progress, started: Instant, mark: &std::sync::Mutex<Mark>) 
     });
 }
 
+/// A run of chunks of one size in a transfer's layout.
+#[derive(Serialize)]
+struct ChunkSize {
+    size: u64,
+    chunks: u64,
+}
+
 #[derive(Serialize)]
 struct JsonReport {
     /// The schema version ([`SCHEMA`]).
@@ -461,6 +468,8 @@ struct JsonReport {
     files_per_s: f64,
     streams: u16,
     chunk: u32,
+    /// The chunk sizes of the layout and the chunks of each, in layout order.
+    chunk_sizes: Vec<ChunkSize>,
     verified: bool,
     skipped: u64,
     /// Chunks sent again because their data stream broke.
@@ -728,6 +737,11 @@ pub fn report_with(
                     files_per_s: fps,
                     streams: r.streams,
                     chunk: r.chunk_size,
+                    chunk_sizes: r
+                        .chunk_sizes
+                        .iter()
+                        .map(|&(size, chunks)| ChunkSize { size, chunks })
+                        .collect(),
                     verified: s.verified,
                     skipped: r.skipped,
                     retries: r.chunks_resent,
@@ -849,6 +863,7 @@ pub fn report_with(
                     files_per_s: 0.0,
                     streams: 0,
                     chunk: 0,
+                    chunk_sizes: Vec::new(),
                     verified: false,
                     skipped: 0,
                     retries: progress.chunks_resent.load(Ordering::Relaxed),

@@ -211,3 +211,110 @@ fn walk_live_with_links_and_holes(pull: bool) {
     assert_eq!(json(&o)["bytes_sent"], 0);
     same(&src, &out.join("d"));
 }
+
+/// Two files of 24 MiB at the top, then (in `e`, walked after them) 2100 empty files
+/// and a directory of 400 small files: the walk's first 2048 entries hold only the
+/// large files' data (16 MiB chunks for the session), and the small files come in a
+/// later part.
+fn large_then_small(src: &Path) {
+    for i in 0..2 {
+        write_file(
+            &src.join(format!("big{i}")),
+            i,
+            24 << 20,
+            0o644,
+            1_650_000_000,
+        );
+    }
+    for i in 0..2100 {
+        std::fs::create_dir_all(src.join("e")).unwrap();
+        std::fs::write(src.join(format!("e/z{i:05}")), b"").unwrap();
+    }
+    for i in 0..400 {
+        let len = 8192 + i * 13;
+        write_file(
+            &src.join(format!("e/small/f{i:03}")),
+            10 + i as u64,
+            len,
+            0o644,
+            1_650_000_000,
+        );
+    }
+}
+
+#[test]
+fn small_files_after_large_ones_are_pulled_in_chunks_of_their_own() {
+    chunks_per_part(true);
+}
+
+#[test]
+fn small_files_after_large_ones_are_pushed_in_chunks_of_their_own() {
+    chunks_per_part(false);
+}
+
+/// A later part of small files is cut into 1 MiB chunks in a session of 16 MiB ones
+/// (feature PART_CHUNKS); `--chunk` pins one size for every part; a resume, which
+/// takes the manifest whole, uses the session's.
+fn chunks_per_part(pull: bool) {
+    let t = tmp();
+    let src = if pull {
+        t.path().join("srv/d")
+    } else {
+        t.path().join("d")
+    };
+    large_then_small(&src);
+    std::fs::create_dir_all(t.path().join("srv")).unwrap();
+    let srv = Server::start(&t.path().join("srv"), &[]);
+    let copy = |to: &str, extra: &[&str]| {
+        let out = if pull {
+            t.path().join(to)
+        } else {
+            t.path().join("srv").join(to)
+        };
+        std::fs::create_dir_all(&out).unwrap();
+        let mut args = vec!["--json"];
+        args.extend_from_slice(extra);
+        let url = if pull {
+            srv.url("d")
+        } else {
+            srv.url(&format!("{to}/"))
+        };
+        let o = if pull {
+            args.extend_from_slice(&[&url, s(&out)]);
+            cp(&args)
+        } else {
+            args.extend_from_slice(&[s(&src), &url]);
+            cp(&args)
+        };
+        ok(&o);
+        same(&src, &out.join("d"));
+        assert!(staging_files(&out).is_empty());
+        let j = json(&o);
+        let sizes: Vec<(u64, u64)> = j["chunk_sizes"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{j}"))
+            .iter()
+            .map(|r| (r["size"].as_u64().unwrap(), r["chunks"].as_u64().unwrap()))
+            .collect();
+        (j, sizes, out)
+    };
+    let (j, sizes, out) = copy("out", &[]);
+    assert!(j["manifest_parts"].as_u64().unwrap_or(0) >= 3, "{j}");
+    assert_eq!(j["chunk"], 16 << 20, "{j}");
+    assert_eq!(sizes.first().map(|r| r.0), Some(16 << 20), "{j}");
+    // 400 files of 8–13 KiB (4 314 200 bytes) in 1 MiB chunks, not one 16 MiB chunk.
+    assert_eq!(sizes.last(), Some(&(1 << 20, 5)), "{j}");
+    assert_eq!(sizes.len(), 2, "{j}");
+
+    // Pinned: one size.
+    let (j, sizes, _) = copy("pinned", &["--chunk", "16M"]);
+    assert_eq!(sizes, vec![(16 << 20, 5)], "{j}");
+
+    // A resume of the first copy, one small file lost: the manifest goes whole, in
+    // the session's chunks (chosen for the whole tree).
+    std::fs::remove_file(out.join("d/e/small/f399")).unwrap();
+    let (j, sizes, _) = copy("out", &["--resume"]);
+    assert_eq!(j["bytes_sent"], 8192 + 399 * 13, "{j}");
+    assert_eq!(sizes.len(), 1, "{j}");
+    assert_eq!(Some(sizes[0].0), j["chunk"].as_u64(), "{j}");
+}

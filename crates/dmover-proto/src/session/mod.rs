@@ -185,6 +185,13 @@ pub mod features {
     /// `Grow` as well. Without it, a tree with hard links or holes goes whole, and the
     /// walk ends before the first part goes. No message of its own. Negotiated.
     pub const WALKING: u64 = 1024;
+    /// Chunks of their own size for later parts of a growing manifest (with
+    /// [`GROWING_MANIFEST`]): the source may send [`Control::PartChunk`] before a
+    /// later part's `Grow`, and the part is cut into chunks of that size, at most the
+    /// session's (a tree whose small files come after large ones gets small chunks
+    /// for them). Negotiated; a dialer offers it only where its storage lays parts
+    /// out ([`crate::layout::Layout::extend_with`]).
+    pub const PART_CHUNKS: u64 = 2048;
 
     /// The features every acceptor of protocol version 6 speaks and grants whenever
     /// the dialer offers them. A dialer thus knows, as it sends `Open`, which of them
@@ -204,12 +211,13 @@ pub mod features {
         | PARTS;
 
     /// The features this build's drivers (`dmover_core::drive`) speak and offer: the
-    /// base, as every version 6 build, and [`EARLY`] and [`WALKING`].
-    pub const SUPPORTED: u64 = BASE | EARLY | WALKING;
+    /// base, as every version 6 build, and [`EARLY`], [`WALKING`] and
+    /// [`PART_CHUNKS`].
+    pub const SUPPORTED: u64 = BASE | EARLY | WALKING | PART_CHUNKS;
 
     /// The features the role machines implement: what a driver may offer once it
     /// handles their events too (the simulator and the pair tests offer these).
-    pub const MACHINES: u64 = BASE | EARLY | WALKING;
+    pub const MACHINES: u64 = BASE | EARLY | WALKING | PART_CHUNKS;
 
     /// The features a session uses: those both sides speak, and always those of
     /// [`BASE`] the dialer offers. Bits the machines do not know are never granted.
@@ -233,6 +241,7 @@ pub mod features {
             Control::Stored(_) | Control::Times(_) => CONTINUOUS,
             Control::Limits(_) => LIMITS,
             Control::WantPart(_) => PARTS,
+            Control::PartChunk(_) => PART_CHUNKS,
             _ => 0,
         }
     }
@@ -251,6 +260,7 @@ pub mod features {
             PARTS => "parts",
             EARLY => "early data",
             WALKING => "live walk",
+            PART_CHUNKS => "chunks per part",
             _ => "unknown",
         }
     }

@@ -111,6 +111,10 @@ pub enum SinkEvent<E> {
         /// (feature [`features::WALKING`]) The part's files that may have holes
         /// (entry indices, ascending), checked: keep them sparse.
         sparse: Vec<u32>,
+        /// The size of the part's chunks: the session's, or (feature
+        /// [`features::PART_CHUNKS`]) the one the source named, checked (a valid
+        /// chunk size, at most the session's).
+        chunk: u32,
     },
     /// (feature [`features::CONTINUOUS`]) Newer modification times of entries of
     /// earlier parts (directories), to set at the end instead of the manifest's.
@@ -211,6 +215,8 @@ pub struct SinkSession<E> {
     announced: u64,
     /// Growing: the chunks of the first part.
     first_chunks: u64,
+    /// (feature `PART_CHUNKS`) The chunk size the source named for the part it sends.
+    part_chunk: Option<u32>,
     /// Growing: the chunks of later parts prepared for before [`SinkSession::ready`].
     grown: ChunkSet,
     /// The session is request-driven (`OnDemand`).
@@ -285,6 +291,7 @@ impl<E: Cause + Clone> SinkSession<E> {
             sealed: false,
             announced: 0,
             first_chunks: 0,
+            part_chunk: None,
             grown: ChunkSet::new(),
             on_demand: false,
             progress: Instant::now(),
@@ -510,6 +517,23 @@ impl<E: Cause + Clone> SinkSession<E> {
                 self.on_sparse(s)
             }
             (phase, Control::Grow(g)) if phase == Phase::Listing || growing => self.on_grow(now, g),
+            // (feature PART_CHUNKS) A later part's chunk size, before its `Grow`.
+            (phase, Control::PartChunk(c)) if phase > Phase::Listing && growing => {
+                let session = self.info.as_ref().map_or(0, |i| i.chunk_size);
+                let bad = crate::layout::validate_chunk_size(c)
+                    .err()
+                    .map(|e| e.to_string())
+                    .or_else(|| {
+                        (c > session).then(|| {
+                            format!("a part's chunk size {c} exceeds the session's {session}")
+                        })
+                    });
+                if let Some(what) = bad {
+                    return Err(SessionError::Protocol { peer, what });
+                }
+                self.part_chunk = Some(c);
+                Ok(())
+            }
             (phase, Control::Times(t)) if phase > Phase::Listing && growing => {
                 // Entries of parts already checked (not of one still coming).
                 let known = self.n_entries - self.entries.len() as u64;
@@ -747,11 +771,13 @@ impl<E: Cause + Clone> SinkSession<E> {
             }
             self.events.push_back(SinkEvent::Manifest(part));
         } else {
+            let session = self.info.as_ref().map_or(0, |i| i.chunk_size);
             self.events.push_back(SinkEvent::Grown {
                 entries: part,
                 chunks,
                 meta: std::mem::take(&mut self.meta),
                 sparse,
+                chunk: self.part_chunk.take().unwrap_or(session),
             });
             self.check_complete();
             if self.phase >= Phase::Receiving {

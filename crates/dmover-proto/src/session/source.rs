@@ -630,6 +630,36 @@ impl<E: Cause + Clone> SourceSession<E> {
         }
     }
 
+    /// (feature [`features::PART_CHUNKS`]) Names the chunk size of the later part of a
+    /// growing manifest about to end, before its [`SourceSession::grow_manifest`]:
+    /// the part was laid out in chunks of `chunk` bytes (at most the session's). The
+    /// session's size needs no message; another one, in a session without the
+    /// feature or for the first part, fails the session.
+    pub fn part_chunk(&mut self, now: Instant, chunk: u32) {
+        let session = self.info.as_ref().map_or(0, |i| i.chunk_size);
+        if chunk == session || !self.link.live() {
+            return;
+        }
+        let what = if !self.uses(features::PART_CHUNKS) {
+            Some("chunks of another size for a part in a session without the feature")
+        } else if !self.growing || self.manifest_done {
+            Some("chunks of another size for a part that is not a later one")
+        } else if chunk > session || crate::layout::validate_chunk_size(chunk).is_err() {
+            Some("a part's chunk size that is not a valid one no larger than the session's")
+        } else {
+            None
+        };
+        if let Some(what) = what {
+            let e = SessionError::Protocol {
+                peer: "this side".into(),
+                what: format!("{what} ({chunk} bytes; the session's: {session})"),
+            };
+            self.link.fail(now, e);
+            return self.flush_failure();
+        }
+        self.link.send(Control::PartChunk(chunk));
+    }
+
     /// Ends the manifest with its totals; `chunks` are the chunks to send unless the
     /// sink holds some ([`SourceEvent::Held`]).
     pub fn end_manifest(&mut self, totals: Totals, chunks: ChunkSet) {
