@@ -10,10 +10,12 @@
 //! | `large`  | 2 files × 4 GiB, flat                                                    | 8 GiB    |
 //! | `mixed`  | source-tree-like: 8000 files, log-normal sizes (≈100 kB mean, median ≈20 kB, tail to ≈15 MB), 250 nested directories up to 5 deep, 5 empty files, 3 empty directories, 5 relative symlinks to files inside the tree | ≈762 MiB |
 //! | `demo`   | 2000 small files of 1–64 KiB (log-uniform) in 60 nested directories, 3 empty files, 1 empty directory, 2 relative symlinks, and 4 files of 96/80/64/48 MiB | ≈318 MiB |
+//! | `events` | a run's directory: 40 files × 64 MiB at the top, then 2000 directories `ev_0000`..`ev_1999` of 10 files × 8 KiB each (a walk meets the large files first) | 2.66 GiB |
 //!
 //! [`Spec::scale`] multiplies the *file counts* of the small-file profiles (`tiny`, `losf`,
 //! `mixed`, and the small part of `demo`) and the *file sizes* of the big-file ones (`medium`,
-//! `large`, and the large part of `demo`), so tests and quick runs can make small versions of
+//! `large`, the large part of `demo`, and `events`' large files: its 2000 directories
+//! stay, so that its large files fill the first 2048 entries of a walk), so tests and quick runs can make small versions of
 //! the same shape. Scaled sizes are rounded to a multiple of 4 KiB.
 //!
 //! # Determinism
@@ -84,17 +86,20 @@ pub enum Profile {
     Mixed,
     /// A few hundred MiB for demonstrations: many small files plus a few large ones.
     Demo,
+    /// Large files first, then many directories of small files.
+    Events,
 }
 
 impl Profile {
     /// Every profile, in the order of the module docs.
-    pub const ALL: [Profile; 6] = [
+    pub const ALL: [Profile; 7] = [
         Profile::Tiny,
         Profile::Losf,
         Profile::Medium,
         Profile::Large,
         Profile::Mixed,
         Profile::Demo,
+        Profile::Events,
     ];
 
     /// The profile's name as parsed by [`FromStr`] and printed by [`fmt::Display`].
@@ -106,6 +111,7 @@ impl Profile {
             Profile::Large => "large",
             Profile::Mixed => "mixed",
             Profile::Demo => "demo",
+            Profile::Events => "events",
         }
     }
 
@@ -121,6 +127,9 @@ impl Profile {
                  empties, symlinks (~762 MiB)"
             }
             Profile::Demo => "2000 small files of 1-64 KiB plus 4 files of 48-96 MiB (~318 MiB)",
+            Profile::Events => {
+                "40 files x 64 MiB, then 2000 directories of 10 files x 8 KiB (2.66 GiB)"
+            }
         }
     }
 
@@ -142,7 +151,9 @@ impl fmt::Display for Profile {
 
 /// A profile name that [`Profile::from_str`] does not know.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown dataset profile {0:?} (expected one of: tiny, losf, medium, large, mixed, demo)")]
+#[error(
+    "unknown dataset profile {0:?} (expected one of: tiny, losf, medium, large, mixed, demo, events)"
+)]
 pub struct ParseProfileError(pub String);
 
 impl FromStr for Profile {
@@ -321,6 +332,7 @@ pub fn plan(spec: &Spec) -> Result<Plan, Error> {
         Profile::Large => plan_flat(2, scale_size(4 * GIB, s), 1),
         Profile::Mixed => plan_mixed(s),
         Profile::Demo => plan_demo(s),
+        Profile::Events => plan_events(scale_size(64 * MIB, s)),
     })
 }
 
@@ -822,6 +834,34 @@ fn plan_demo(scale: f64) -> Plan {
     }
     add_empty_dirs(&mut plan, &mut rng, &tree, 1);
     add_symlinks(&mut plan, &mut rng, &tree, 2);
+    plan
+}
+
+/// `events`: 40 files of `large` bytes at the top (`run_00.dat`..), then 2000
+/// directories of 10 files × 8 KiB. The top's 2040 entries come first in a walk
+/// (directory by directory), so what a copy decides from the first 2048 entries it
+/// walked (its chunk size) sees the large files only.
+fn plan_events(large: u64) -> Plan {
+    let mut plan = Plan {
+        dirs: (0..2000)
+            .map(|d| PathBuf::from(format!("ev_{d:04}")))
+            .collect(),
+        ..Plan::default()
+    };
+    for i in 0..40 {
+        plan.files.push(PlannedFile {
+            path: format!("run_{i:02}.dat").into(),
+            size: large,
+        });
+    }
+    for d in 0..2000 {
+        for f in 0..10 {
+            plan.files.push(PlannedFile {
+                path: PathBuf::from(format!("ev_{d:04}/hit_{f}.txt")),
+                size: 8 * KIB,
+            });
+        }
+    }
     plan
 }
 

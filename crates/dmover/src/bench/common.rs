@@ -324,7 +324,7 @@ pub struct Dataset {
 }
 
 impl Dataset {
-    /// Resolves `spec`: a directory, or `tiny|losf|medium|large|mixed|demo` made with
+    /// Resolves `spec`: a directory, or `tiny|losf|medium|large|mixed|demo|events` made with
     /// `scale` and `seed` in `gen_root/<profile>-x<scale>-s<seed>`.
     pub fn resolve(spec: &str, gen_root: &Path, scale: f64, seed: u64) -> anyhow::Result<Dataset> {
         let p = Path::new(spec);
@@ -354,7 +354,7 @@ impl Dataset {
             std::fs::canonicalize(&dir)?
         } else {
             anyhow::bail!(
-                "{spec} is neither a directory nor a dataset profile (tiny, losf, medium, large, mixed, demo)"
+                "{spec} is neither a directory nor a dataset profile (tiny, losf, medium, large, mixed, demo, events)"
             );
         };
         let (files, bytes) =

@@ -19,7 +19,7 @@ use crate::env::Env;
 #[derive(Debug, Args)]
 pub struct CompareArgs {
     /// Datasets: directories (all in one parent directory) or profile names (tiny, losf,
-    /// medium, large, mixed, demo) generated under --data.
+    /// medium, large, mixed, demo, events) generated under --data.
     #[arg(required = true)]
     pub datasets: Vec<String>,
     /// Scale of generated datasets.

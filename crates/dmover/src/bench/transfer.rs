@@ -25,7 +25,7 @@ use crate::netlab::{parse_link_rate, parse_loss};
 #[derive(Debug, Args)]
 pub struct TransferBenchArgs {
     /// The dataset: a directory, or a profile name (tiny, losf, medium, large, mixed,
-    /// demo) generated into DST/src.
+    /// demo, events) generated into DST/src.
     pub src: String,
     /// Working directory on the destination file system: a `dmover serve` started here
     /// on loopback writes pushes into DST/copies; pulls land in DST/pulled. Both are
