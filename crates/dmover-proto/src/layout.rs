@@ -663,35 +663,7 @@ mod tests {
     fn pieces_cover_every_byte_once() {
         let sizes = [1, 5000, 300_000, 7, 0, 65_536, 131_072, 131_071, 1 << 20, 3];
         for chunk in [64 * 1024, 128 * 1024, 1 << 20] {
-            let l = Layout::new(&files(&sizes), chunk).unwrap();
-            let mut covered = vec![0u64; l.files().len()];
-            let mut next_index = vec![0u64; l.files().len()];
-            for k in 0..l.n_chunks() {
-                let (lo, hi) = l.chunk_bounds(k);
-                let mut wire = 0;
-                for p in l.pieces(k) {
-                    let slot = l.files()[p.file as usize];
-                    assert_eq!(p.file_offset, covered[p.file as usize], "in order, no gap");
-                    assert_eq!(p.index, next_index[p.file as usize]);
-                    assert_eq!(slot.start + p.file_offset, lo + p.buf_offset as u64);
-                    assert!(lo + (p.buf_offset + p.len) as u64 <= hi);
-                    if p.aligned {
-                        assert_eq!(p.file_offset % ALIGN, 0);
-                        assert_eq!(p.buf_offset as u64 % ALIGN, 0);
-                        assert!((p.buf_offset + p.direct_len()) as u64 <= l.chunk_size());
-                    }
-                    covered[p.file as usize] += p.len as u64;
-                    next_index[p.file as usize] += 1;
-                    assert_eq!(p.last, covered[p.file as usize] == slot.size);
-                    wire += p.len as u64;
-                }
-                assert!(wire > 0, "no chunk is all padding");
-                assert_eq!(wire, l.wire_len(k));
-            }
-            for (i, s) in l.files().iter().enumerate() {
-                assert_eq!(covered[i], s.size);
-                assert_eq!(next_index[i], l.n_pieces(i as u32));
-            }
+            assert_covers(&Layout::new(&files(&sizes), chunk).unwrap());
         }
     }
 

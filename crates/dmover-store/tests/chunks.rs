@@ -284,7 +284,8 @@ fn a_later_part_in_chunks_of_its_own_size() {
         .collect();
     assert_eq!(journals.len(), 1, "{journals:?}");
     let j = fs::read(&journals[0]).unwrap();
-    let pieces = j[64..].chunks(64).filter(|r| r[0] == 2).count();
-    let files_done = j[64..].chunks(64).filter(|r| r[0] == 1).count();
-    assert_eq!((pieces, files_done), (1, 0), "{} records", j.len() / 64 - 1);
+    let n = dmover_store::journal::RECORD_LEN;
+    let pieces = j[n..].chunks(n).filter(|r| r[0] == 2).count();
+    let files_done = j[n..].chunks(n).filter(|r| r[0] == 1).count();
+    assert_eq!((pieces, files_done), (1, 0), "{} records", j.len() / n - 1);
 }
