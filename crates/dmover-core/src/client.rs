@@ -1255,10 +1255,12 @@ impl Client {
             checksum: self.opts.checksum,
             direct_io: self.opts.direct_io,
             protection: self.opts.protection,
-            // A streamed manifest (and a pull's live walk, and chunks per part) and
-            // early data in a pull only where the caller offers them (a plain push or
-            // pull: `push_once`, `pull_once`). A push offers no negotiated bit: its early data assume a
-            // `Session` granting exactly the base features it offered.
+            // A streamed manifest (and a live walk, and chunks per part) and early
+            // data in a pull only where the caller offers them (a plain push or pull:
+            // `push_once`, `pull_once`). A push's early data assume a `Session`
+            // granting exactly the base features it offered; the negotiated bits it
+            // offers (a live walk's, chunks per part) are for messages that wait for
+            // `Session`.
             features: if self.opts.tune {
                 dmover_proto::session::features::SUPPORTED
                     & !dmover_proto::session::features::STREAMED
