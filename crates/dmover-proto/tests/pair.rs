@@ -1837,6 +1837,17 @@ proptest! {
             prop_assert!(extra.is_empty(), "extra {extra:?} for {cfg:?}");
         }
         prop_assert!(r.source_at.unwrap() < Duration::from_secs(60));
+        // Each later part the sink took came with the chunk size the source named
+        // for it (feature PART_CHUNKS: its own for every other part, once the
+        // session is known to use the feature; else the session's). A
+        // request-driven session may end before a part comes.
+        prop_assert!(
+            r.named_chunks.starts_with(&r.part_chunks),
+            "heard {:?}, named {:?} for {cfg:?}", r.part_chunks, r.named_chunks
+        );
+        if !cfg.on_demand {
+            prop_assert_eq!(&r.part_chunks, &r.named_chunks, "for {:?}", cfg);
+        }
     }
 }
 

@@ -294,6 +294,11 @@ pub struct Report {
     pub write_times: Vec<Duration>,
     /// The chunk ranges the sink's manifest grew by after its first part.
     pub grown: Vec<Range<u64>>,
+    /// The chunk size of each of those parts, as the sink heard it.
+    pub part_chunks: Vec<u32>,
+    /// The chunk size the source named for each later part it sent (feature
+    /// PART_CHUNKS, where the session was known to use it; else the session's).
+    pub named_chunks: Vec<u32>,
     /// Frames the sink received on each stream.
     pub frames: BTreeMap<u16, u64>,
     /// The tuning decisions the sink heard of.
@@ -429,8 +434,12 @@ pub struct Sim {
     /// The sink said `Go` (or `OnDemand`).
     sink_go: bool,
     /// Parts of a growing manifest that came while the sink prepared.
-    grown_later: Vec<Range<u64>>,
+    grown_later: Vec<(Range<u64>, u32)>,
 }
+
+/// The chunk size the source names for every other later part of a growing
+/// manifest (feature PART_CHUNKS), a quarter of the session's.
+pub const PART_CHUNK: u32 = 256 << 10;
 
 const SOURCE: usize = 0;
 const SINK: usize = 1;
@@ -556,6 +565,8 @@ impl Sim {
                 write_order: Vec::new(),
                 write_times: Vec::new(),
                 grown: Vec::new(),
+                part_chunks: Vec::new(),
+                named_chunks: Vec::new(),
                 frames: BTreeMap::new(),
                 tuned: Vec::new(),
                 meta: Vec::new(),
@@ -1215,10 +1226,10 @@ impl Sim {
             let n = self.cfg.chunks;
             let resume = self.resume;
             let (prepare, ready) = (self.cfg.prepare, self.sink_go);
-            if let SinkEvent::Grown { chunks, .. } = &ev {
+            if let SinkEvent::Grown { chunks, chunk, .. } = &ev {
                 if !ready {
                     // Still preparing: when it is done.
-                    self.grown_later.push(chunks.clone());
+                    self.grown_later.push((chunks.clone(), *chunk));
                     continue;
                 }
             }
@@ -1248,9 +1259,10 @@ impl Sim {
                     }
                 }
                 SinkEvent::Plan(_) => self.sink_ready(p),
-                SinkEvent::Grown { chunks, .. } => {
+                SinkEvent::Grown { chunks, chunk, .. } => {
                     s.grown(now, chunks.end);
                     self.report.grown.push(chunks);
+                    self.report.part_chunks.push(chunk);
                 }
                 SinkEvent::Complete => s.finished(Summary {
                     bytes: n << 20,
@@ -1300,11 +1312,12 @@ impl Sim {
             self.after(at, Ev::Want(i));
         }
         self.sink_go = true;
-        for chunks in std::mem::take(&mut self.grown_later) {
+        for (chunks, chunk) in std::mem::take(&mut self.grown_later) {
             if let Some(Role::Sink(s)) = self.role(p) {
                 s.grown(now, chunks.end);
             }
             self.report.grown.push(chunks);
+            self.report.part_chunks.push(chunk);
         }
         self.replay_held_back();
         self.maybe_close();
@@ -1349,10 +1362,23 @@ impl Sim {
         };
         let (chunks, entries) = part_bounds(&self.cfg, i);
         let src = self.party_of_source();
+        let mut named = None;
         if let Some(Role::Source(s)) = self.role(src) {
             s.push_manifest(&all[prev_entries..entries]);
+            if i > 0 {
+                // (feature PART_CHUNKS) Every other later part in chunks of its own,
+                // once the session is open and known to use the feature (the
+                // drivers hold a dialer's later parts until then).
+                let own = i % 2 == 1 && s.info().is_some() && s.uses(super::features::PART_CHUNKS);
+                let chunk = if own { PART_CHUNK } else { 1 << 20 };
+                if s.info().is_some() {
+                    s.part_chunk(now, chunk);
+                }
+                named = Some(chunk);
+            }
             s.grow_manifest(now, totals(&all[..entries]), chunks, i + 1 == parts);
         }
+        self.report.named_chunks.extend(named);
         if i + 1 < parts {
             let every = self.cfg.part_every;
             self.after(every, Ev::Part(i + 1));

@@ -633,14 +633,17 @@ impl<E: Cause + Clone> SourceSession<E> {
     /// (feature [`features::PART_CHUNKS`]) Names the chunk size of the later part of a
     /// growing manifest about to end, before its [`SourceSession::grow_manifest`]:
     /// the part was laid out in chunks of `chunk` bytes (at most the session's). The
-    /// session's size needs no message; another one, in a session without the
-    /// feature or for the first part, fails the session.
+    /// session's size needs no message; another one, before `Session` (a dialer's
+    /// later parts wait for it), in a session without the feature or for the first
+    /// part, fails the session.
     pub fn part_chunk(&mut self, now: Instant, chunk: u32) {
         let session = self.info.as_ref().map_or(0, |i| i.chunk_size);
         if chunk == session || !self.link.live() {
             return;
         }
-        let what = if !self.uses(features::PART_CHUNKS) {
+        let what = if self.info.is_none() {
+            Some("a part's chunk size before the session is open")
+        } else if !self.uses(features::PART_CHUNKS) {
             Some("chunks of another size for a part in a session without the feature")
         } else if !self.growing || self.manifest_done {
             Some("chunks of another size for a part that is not a later one")
