@@ -141,6 +141,12 @@ impl Region {
     fn n_chunks(&self) -> u64 {
         (self.end - self.base).div_ceil(self.chunk)
     }
+
+    /// Virtual range `[lo, hi)` of chunk `k`, one of this region's.
+    fn bounds(&self, k: u64) -> (u64, u64) {
+        let lo = self.base + (k - self.first_chunk) * self.chunk;
+        (lo, (lo + self.chunk).min(self.end))
+    }
 }
 
 impl Layout {
@@ -324,10 +330,7 @@ impl Layout {
     #[inline]
     pub fn chunk_bounds(&self, k: u64) -> (u64, u64) {
         match self.region_of_chunk(k) {
-            Some(r) => {
-                let lo = r.base + (k - r.first_chunk) * r.chunk;
-                (lo, (lo + r.chunk).min(r.end))
-            }
+            Some(r) => r.bounds(k),
             None => (self.total, self.total),
         }
     }
@@ -361,7 +364,7 @@ impl Layout {
     pub fn pieces(&self, k: u64) -> Pieces<'_> {
         let (lo, hi, base, chunk) = match self.region_of_chunk(k) {
             Some(r) => {
-                let (lo, hi) = self.chunk_bounds(k);
+                let (lo, hi) = r.bounds(k);
                 (lo, hi, r.base, r.chunk)
             }
             None => (0, 0, 0, self.chunk),

@@ -226,8 +226,8 @@ fn large_then_small(src: &Path) {
             1_650_000_000,
         );
     }
+    std::fs::create_dir_all(src.join("e")).unwrap();
     for i in 0..2100 {
-        std::fs::create_dir_all(src.join("e")).unwrap();
         std::fs::write(src.join(format!("e/z{i:05}")), b"").unwrap();
     }
     for i in 0..400 {
@@ -279,13 +279,12 @@ fn chunks_per_part(pull: bool) {
         } else {
             srv.url(&format!("{to}/"))
         };
-        let o = if pull {
+        if pull {
             args.extend_from_slice(&[&url, s(&out)]);
-            cp(&args)
         } else {
             args.extend_from_slice(&[s(&src), &url]);
-            cp(&args)
-        };
+        }
+        let o = cp(&args);
         ok(&o);
         same(&src, &out.join("d"));
         assert!(staging_files(&out).is_empty());

@@ -1369,9 +1369,10 @@ impl Sim {
                 // (feature PART_CHUNKS) Every other later part in chunks of its own,
                 // once the session is open and known to use the feature (the
                 // drivers hold a dialer's later parts until then).
-                let own = i % 2 == 1 && s.info().is_some() && s.uses(super::features::PART_CHUNKS);
+                let open = s.info().is_some();
+                let own = open && i % 2 == 1 && s.uses(super::features::PART_CHUNKS);
                 let chunk = if own { PART_CHUNK } else { 1 << 20 };
-                if s.info().is_some() {
+                if open {
                     s.part_chunk(now, chunk);
                 }
                 named = Some(chunk);
