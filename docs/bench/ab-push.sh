@@ -12,7 +12,9 @@
 # Variants: NAME=BINARY[:CP OPTIONS]. Settings (environment): RTT (ms, 50), LOSS (0),
 # RATE (1gbit), DATASET (profile:scale for `dmover bench mkdata`, tiny:1), RUNS (5),
 # WORK (a directory on the disk under test; default /var/tmp), DIRECTION (push; pull:
-# each run pulls the server's copy of the dataset instead). Needs root.
+# each run pulls the server's copy of the dataset instead), LAB_ARGS (more `dmover netlab
+# up` options, e.g. `--tcp-buffer-max 4M` for hosts with Linux's default buffer
+# limits). Needs root.
 # Run 0 (not reported) pins each variant's server key with a one-file copy: a push to
 # a server whose key was pinned earlier sends early data (protocol version 8), as in
 # use; the very first push to a server waits for its session.
@@ -49,7 +51,7 @@ mkdir -p "$W/srv" "$W/pulled"
 ROOT=$W/srv
 [ "$DIRECTION" = pull ] && ROOT=$W
 "$first" bench mkdata --profile "${DATASET%%:*}" --scale "${DATASET#*:}" "$W/src" >/dev/null
-"$first" netlab up --name "$LAB" --rtt "${RTT}ms" --rate "$RATE" --loss "$LOSS" >/dev/null
+"$first" netlab up --name "$LAB" --rtt "${RTT}ms" --rate "$RATE" --loss "$LOSS" ${LAB_ARGS:-} >/dev/null
 {
 echo "variant,run,seconds,cpu_client_s,cpu_server_s"
 for run in $(seq 0 "$RUNS"); do

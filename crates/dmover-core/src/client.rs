@@ -1003,6 +1003,7 @@ impl Client {
                 zerocopy: None,
                 limits: None,
                 receive_budget: self.receive_budget(),
+                send_budget: self.send_budget(),
                 tuned_start: session::TUNED_START,
                 disk_room: None,
             };
@@ -1058,6 +1059,7 @@ impl Client {
                     zerocopy: None,
                     limits: None,
                     receive_budget: self.receive_budget(),
+                    send_budget: self.send_budget(),
                     tuned_start: session::TUNED_START,
                     disk_room: None,
                 };
@@ -1360,6 +1362,7 @@ impl Client {
             zerocopy: None,
             limits: None,
             receive_budget: self.receive_budget(),
+            send_budget: self.send_budget(),
             tuned_start: session::TUNED_START,
             // The buffers grow with the threads unless the user pinned them.
             disk_room: self
@@ -1376,6 +1379,16 @@ impl Client {
         self.opts
             .socket
             .recv_buffer
+            .is_none()
+            .then(tcp::receive_budget)
+    }
+
+    /// The send budget of this client's data streams as a source: none when the user
+    /// set their buffers.
+    fn send_budget(&self) -> Option<u64> {
+        self.opts
+            .socket
+            .send_buffer
             .is_none()
             .then(tcp::receive_budget)
     }

@@ -59,6 +59,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
+use crate::buffers::Buffers;
 use crate::diskpool::DiskPool;
 use crate::disktune::DiskTuner;
 use crate::engine::{DataStream, DiskTuning, Progress, ProgressEvent, Run, Tuning};
@@ -505,6 +506,11 @@ pub struct Env {
     /// ([`tcp::receive_budget`]); `None`: the kernel's autotuning alone (the user set
     /// `SO_RCVBUF`, or the streams are not TCP).
     pub receive_budget: Option<u64>,
+    /// (a source) The send buffer its data streams may hold together, where a
+    /// stream's autotuning reached the host's maximum and it waited on it
+    /// ([`tcp::receive_budget`]'s size; [`crate::buffers`]); `None`: the kernel's
+    /// autotuning alone (the user set `SO_SNDBUF`, or the streams are not TCP).
+    pub send_budget: Option<u64>,
     /// (a source, feature TUNING) The streams its tuner starts with
     /// ([`crate::session::tuned_start`]).
     pub tuned_start: u16,
@@ -1044,6 +1050,12 @@ where
     // every chunk left is being read.
     let mut reading = 0usize;
     let mut meters = Meters::default();
+    let mut sendbufs = Buffers::new(
+        tcp::Buffer::Send,
+        env.send_budget,
+        env.run.progress.clone(),
+        &peer,
+    );
     // Parts so far, and those whose producer waits to hear they are durable: (the
     // part's number, the layout's end with it, whom to tell).
     let mut parts = 0u64;
@@ -1052,7 +1064,9 @@ where
     loop {
         if let Some(t) = tuner.as_mut() {
             tune_step(t, &mut m, &meters, &env.run.progress, &peer);
+            sendbufs.sending(t.streams());
         }
+        sendbufs.check(now());
         if let (Some(t), Some((.., pool))) = (disk_tune.as_mut(), &live) {
             let left = remaining(&env.run.progress, m.manifest_complete());
             t.step(
@@ -1112,6 +1126,7 @@ where
                     SourceCommand::Close { stream } => {
                         tasks.remove(&stream);
                         meters.retire(stream);
+                        sendbufs.retire(stream);
                     }
                 }
             }
@@ -1211,6 +1226,7 @@ where
                     SourceEvent::Drained => {
                         // The streams end: their connections must close with them.
                         meters.retire_all();
+                        sendbufs.retire_all();
                         let failed = live.as_ref().map(|l| l.0.failed()).unwrap_or_default();
                         m.drained(failed);
                     }
@@ -1256,6 +1272,9 @@ where
             deadline = Some(deadline.map_or(t, |d| d.min(t)));
         }
         if let Some(t) = disk_tune.as_ref().and_then(DiskTune::poll_timeout) {
+            deadline = Some(deadline.map_or(t, |d| d.min(t)));
+        }
+        if let Some(t) = sendbufs.poll_timeout() {
             deadline = Some(deadline.map_or(t, |d| d.min(t)));
         }
         let pool = live.as_ref().map(|l| l.2.clone());
@@ -1434,6 +1453,7 @@ where
                 SrcIn::Failed { stream, error } => {
                     tasks.remove(&stream);
                     meters.retire(stream);
+                    sendbufs.retire(stream);
                     m.stream_failed(now(), stream, Fault::new(error));
                 }
                 SrcIn::Checked(b) => {
@@ -1450,6 +1470,7 @@ where
                     if m.uses(features::TUNING) {
                         meters.add(i, s.io.meter());
                     }
+                    sendbufs.join(now(), i, s.io.meter());
                     let (ttx, trx) = mpsc::unbounded_channel();
                     let h = tokio::spawn(source_stream(
                         i,
@@ -1549,101 +1570,6 @@ impl Meters {
             p.model_based &= model_based;
         }
         Some((bytes, rtt, p))
-    }
-}
-
-/// A sink's hold on its data streams' receive buffers: the session's receive budget
-/// ([`Env::receive_budget`]) shared among the streams that joined (of a tuning source,
-/// among those it sends on), set again on all of them whenever one joins or the tuner
-/// changes its number ([`tcp::receive_share`]). Like [`Meters`], each entry holds its
-/// stream's connection open, so it goes when the stream ends or is lost.
-struct Windows {
-    budget: Option<u64>,
-    live: HashMap<u16, TcpMeter>,
-    /// The streams a tuning source sends on (its latest `Tuned`): the others idle and
-    /// hold nothing, so the budget is shared among these.
-    sending: Option<u16>,
-    /// Where the share last set goes for the report
-    /// ([`crate::engine::Progress::receive_buffer`]).
-    progress: Arc<crate::engine::Progress>,
-    /// Said once why a share could not be set.
-    refused: bool,
-}
-
-impl Windows {
-    fn new(budget: Option<u64>, progress: Arc<crate::engine::Progress>) -> Self {
-        Windows {
-            budget,
-            live: HashMap::new(),
-            sending: None,
-            progress,
-            refused: false,
-        }
-    }
-
-    fn join(&mut self, stream: u16, meter: Option<TcpMeter>) {
-        if self.budget.is_none() {
-            return;
-        }
-        if let Some(mt) = meter {
-            self.live.insert(stream, mt);
-            self.apply();
-        }
-    }
-
-    /// A tuning source sends on `streams` from now on.
-    fn sending(&mut self, streams: u16) {
-        if self.sending != Some(streams) {
-            self.sending = Some(streams);
-            self.apply();
-        }
-    }
-
-    /// A stream ended, lost or closed. The others keep their shares: streams end
-    /// together with the session, and a lost one is soon replaced (which sets the
-    /// shares again).
-    fn retire(&mut self, stream: u16) {
-        self.live.remove(&stream);
-    }
-
-    fn retire_all(&mut self) {
-        self.live.clear();
-    }
-
-    fn apply(&mut self) {
-        let (Some(budget), Some(max)) = (self.budget, tcp::autotune_max()) else {
-            return;
-        };
-        if self.live.is_empty() {
-            return;
-        }
-        let streams = self.sending.map_or(self.live.len(), |n| {
-            self.live.len().min(usize::from(n).max(1))
-        });
-        let Some(share) = tcp::receive_share(budget, streams, max) else {
-            return;
-        };
-        let mut set = 0;
-        for mt in self.live.values() {
-            match tcp::cap_receive(mt, share) {
-                Ok(()) => set += 1,
-                Err(e) if !self.refused => {
-                    self.refused = true;
-                    tracing::debug!("receive buffers left to autotuning: {e}");
-                }
-                Err(_) => {}
-            }
-        }
-        if set > 0 {
-            let old = self.progress.receive_buffer.swap(share, Relaxed);
-            if old != share {
-                tracing::debug!(
-                    "receive buffer of each of {} data streams held to {share} bytes ({streams} \
-                     sending share a {budget}-byte budget; autotuning would grow each to {max})",
-                    self.live.len()
-                );
-            }
-        }
     }
 }
 
@@ -2090,7 +2016,12 @@ where
     let mut meta = Vec::new();
     let mut cancelled = false;
     let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut windows = Windows::new(env.receive_budget, env.run.progress.clone());
+    let mut windows = Buffers::new(
+        tcp::Buffer::Receive,
+        env.receive_budget,
+        env.run.progress.clone(),
+        &peer,
+    );
     let mut disk_tune: Option<DiskTune> = None;
     loop {
         if let Some((k, ..)) = &live
@@ -2098,6 +2029,7 @@ where
         {
             k.set_times(std::mem::take(&mut times));
         }
+        windows.check(now());
         // A request-driven sink (a mount) moves what its reader asks for, in bursts:
         // its disk threads are not tuned.
         if let Some((.., pool)) = &live
@@ -2325,6 +2257,9 @@ where
         if let Some(t) = disk_tune.as_ref().and_then(DiskTune::poll_timeout) {
             deadline = Some(deadline.map_or(t, |d| d.min(t)));
         }
+        if let Some(t) = windows.poll_timeout() {
+            deadline = Some(deadline.map_or(t, |d| d.min(t)));
+        }
         tokio::select! {
             biased;
             _ = env.run.cancelled(), if !cancelled => {
@@ -2420,7 +2355,7 @@ where
             (i, r) = joins.next() => match r {
                 Ok(s) => {
                     m.stream_joined(now(), i);
-                    windows.join(i, s.io.meter());
+                    windows.join(now(), i, s.io.meter());
                     match &live {
                         Some((_, sink, pool)) => {
                             let timed = news.is_some() || m.uses(features::TUNING);
@@ -2879,6 +2814,7 @@ mod tests {
             zerocopy: None,
             limits: None,
             receive_budget: None,
+            send_budget: None,
             tuned_start: crate::session::TUNED_START,
             disk_room: None,
         }

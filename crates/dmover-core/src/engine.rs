@@ -64,10 +64,17 @@ pub struct Progress {
     /// `TCP_INFO` `tcpi_min_rtt`, or the acknowledgements' when not TCP), in
     /// microseconds; 0 while unknown (see [`Progress::note_rtt`]).
     pub min_rtt_us: AtomicU64,
-    /// The receive buffer this side, as a sink, last held each data stream to
-    /// (`SO_RCVBUF`, bytes; see [`dmover_net::tcp::receive_budget`]); 0: the kernel's
-    /// autotuning.
+    /// The receive buffer this side, as a sink, last set on its data streams
+    /// (`SO_RCVBUF`, bytes; their share of [`dmover_net::tcp::receive_budget`]): held
+    /// to it where autotuning would grow past it, or raised to it where a stream's
+    /// autotuning reached the host's maximum (docs/tuning.md, "Socket buffers"); 0: the
+    /// kernel's autotuning.
     pub receive_buffer: AtomicU64,
+    /// The send buffer this side, as a source, last set on its data streams
+    /// (`SO_SNDBUF`, bytes): raised above the host's maximum where a stream's
+    /// autotuning reached it and the stream waited on it (docs/tuning.md, "Socket
+    /// buffers"); 0: the kernel's autotuning.
+    pub send_buffer: AtomicU64,
     /// When the first chunk crossed a data stream (see [`Progress::data_flowing`]).
     first_data: std::sync::OnceLock<std::time::Instant>,
     /// Events for a live view, oldest first (see [`Progress::event`]).

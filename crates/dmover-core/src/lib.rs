@@ -19,6 +19,7 @@
 //!   [`dmover_store`]; its errors arrive here as [`Error::Store`].
 
 pub mod access;
+mod buffers;
 pub mod client;
 pub mod diskpool;
 pub mod disktune;

@@ -1367,6 +1367,12 @@ impl Server {
                 .recv_buffer
                 .is_none()
                 .then(tcp::receive_budget),
+            send_budget: self
+                .cfg
+                .socket
+                .send_buffer
+                .is_none()
+                .then(tcp::receive_budget),
             tuned_start,
             disk_room: Some(self.disk_room(chunk)),
         };

@@ -2,8 +2,11 @@
 //!
 //! Linux autotunes socket buffers up to `net.ipv4.tcp_rmem`/`tcp_wmem`'s maximum;
 //! setting `SO_RCVBUF`/`SO_SNDBUF` explicitly turns autotuning off and is capped by
-//! `net.core.rmem_max`/`wmem_max`, so buffers are only set when the user asks
-//! (size them to at least the bandwidth-delay product: rate × RTT).
+//! `net.core.rmem_max`/`wmem_max` (without `CAP_NET_ADMIN`). So a data stream's
+//! buffers are set only when the user asks (`--tcp-buffer`; size them to at least
+//! the bandwidth-delay product: rate × RTT), or by a session, from what the stream's
+//! autotuning did ([`Buffer`], [`receive_share`], [`raised_share`]; the policy is
+//! `dmover_core::buffers`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -98,15 +101,98 @@ fn pressure_bytes() -> u64 {
     total / 16
 }
 
+/// One of a TCP socket's two buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Buffer {
+    /// What the socket holds of what this end sends (`SO_SNDBUF`): the data in flight,
+    /// until acknowledged, and what is not sent yet.
+    Send,
+    /// What the socket holds of what this end receives (`SO_RCVBUF`): the window it
+    /// offers the peer.
+    Receive,
+}
+
+impl Buffer {
+    /// The sysctl whose maximum autotuning grows this buffer to.
+    pub fn sysctl(self) -> &'static str {
+        match self {
+            Buffer::Send => "net.ipv4.tcp_wmem",
+            Buffer::Receive => "net.ipv4.tcp_rmem",
+        }
+    }
+
+    /// The sysctl that caps what a process without `CAP_NET_ADMIN` may set.
+    fn explicit_max(self) -> &'static str {
+        match self {
+            Buffer::Send => "net.core.wmem_max",
+            Buffer::Receive => "net.core.rmem_max",
+        }
+    }
+
+    /// The largest this buffer of a socket grows to by autotuning in this process's
+    /// network namespace (the sysctl's maximum); `None` when unreadable.
+    pub fn autotune_max(self) -> Option<u64> {
+        sysctl_field(self.sysctl(), 2)
+    }
+
+    /// The buffer's size now, as the kernel counts it (with its overhead: twice what
+    /// was set, when it was set).
+    pub fn size(self, fd: impl std::os::fd::AsFd) -> std::io::Result<u64> {
+        let s = SockRef::from(&fd);
+        match self {
+            Buffer::Send => s.send_buffer_size(),
+            Buffer::Receive => s.recv_buffer_size(),
+        }
+        .map(|n| n as u64)
+    }
+
+    /// Sets the buffer to `bytes` (which turns autotuning off for it; the kernel
+    /// doubles the value): with `SO_SNDBUFFORCE`/`SO_RCVBUFFORCE`, which needs
+    /// `CAP_NET_ADMIN`, else within `net.core.wmem_max`/`rmem_max`. A value above
+    /// that without the capability is refused, and the socket left as it was (a
+    /// buffer cut to the maximum would cripple a long link).
+    pub fn set(self, fd: impl std::os::fd::AsFd, bytes: u64) -> std::io::Result<()> {
+        let (force, plain) = match self {
+            Buffer::Send => (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+            Buffer::Receive => (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        };
+        let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX / 2);
+        match set_int(fd.as_fd(), libc::SOL_SOCKET, force, v) {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                let max = sysctl_field(self.explicit_max(), 0).unwrap_or(0);
+                if bytes <= max {
+                    set_int(fd.as_fd(), libc::SOL_SOCKET, plain, v)
+                } else {
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        format!(
+                            "a buffer of {bytes} bytes is above {} ({max}) and needs \
+                             CAP_NET_ADMIN",
+                            self.explicit_max()
+                        ),
+                    ))
+                }
+            }
+            r => r,
+        }
+    }
+}
+
+/// Field `i` of a sysctl's value (`net.ipv4.tcp_rmem` is read from
+/// `/proc/sys/net/ipv4/tcp_rmem`).
+fn sysctl_field(name: &str, i: usize) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/sys/{}", name.replace('.', "/")))
+        .ok()?
+        .split_whitespace()
+        .nth(i)?
+        .parse()
+        .ok()
+}
+
 /// The largest receive buffer autotuning grows a socket to in this process's network
 /// namespace (`net.ipv4.tcp_rmem`'s maximum); `None` when unreadable.
 pub fn autotune_max() -> Option<u64> {
-    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_rmem")
-        .ok()?
-        .split_whitespace()
-        .nth(2)?
-        .parse()
-        .ok()
+    Buffer::Receive.autotune_max()
 }
 
 /// The smallest receive buffer a data stream is held to, whatever the budget.
@@ -117,8 +203,26 @@ pub const MIN_RECEIVE_SHARE: u64 = 1 << 20;
 /// when autotuning alone stays within the share (its maximum `autotune_max` is at most
 /// the doubled share), so short links keep the kernel's own small buffers.
 pub fn receive_share(budget: u64, streams: usize, autotune_max: u64) -> Option<u64> {
-    let share = (budget / streams.max(1) as u64).max(MIN_RECEIVE_SHARE);
-    (share.saturating_mul(2) < autotune_max).then_some(share.min(i32::MAX as u64 / 2))
+    let share = share_of(budget, streams);
+    (share.saturating_mul(2) < autotune_max).then_some(share)
+}
+
+/// What each of `streams` data streams may hold of a session's `budget` of one of
+/// their buffers, where the host's limit is below it: the value to set (the kernel
+/// doubles it) once a stream's autotuning reached `autotune_max` and still wanted
+/// more (see [`Buffer`]). `None` when the doubled share is not above the limit:
+/// autotuning alone may grow each stream's buffer as far as the share would.
+pub fn raised_share(budget: u64, streams: usize, autotune_max: u64) -> Option<u64> {
+    let share = share_of(budget, streams);
+    (share.saturating_mul(2) > autotune_max).then_some(share)
+}
+
+/// `budget` shared by `streams` (none count as one), never below
+/// [`MIN_RECEIVE_SHARE`], and within what `SO_RCVBUF`/`SO_SNDBUF` take.
+fn share_of(budget: u64, streams: usize) -> u64 {
+    (budget / streams.max(1) as u64)
+        .max(MIN_RECEIVE_SHARE)
+        .min(i32::MAX as u64 / 2)
 }
 
 /// Holds a TCP socket's receive buffer to `bytes` (`SO_RCVBUF`, which turns
@@ -135,32 +239,13 @@ pub fn receive_share(budget: u64, streams: usize, autotune_max: u64) -> Option<u
 /// at 100 ms: one 16 MiB chunk took 19 s; seen as 1 GiB copies taking 27 s instead of
 /// 10, docs/benchmarks.md).
 pub fn cap_receive(fd: impl std::os::fd::AsFd, bytes: u64) -> std::io::Result<()> {
+    Buffer::Receive.set(fd.as_fd(), bytes)?;
     let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX / 2);
-    let set = |level, opt, v| set_int(fd.as_fd(), level, opt, v);
-    match set(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, v) {
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-            let max = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
-                .ok()
-                .and_then(|s| s.trim().parse::<u64>().ok())
-                .unwrap_or(0);
-            if bytes <= max {
-                set(libc::SOL_SOCKET, libc::SO_RCVBUF, v)
-            } else {
-                Err(std::io::Error::new(
-                    std::io::ErrorKind::PermissionDenied,
-                    format!(
-                        "a receive buffer of {bytes} bytes is above net.core.rmem_max \
-                         ({max}) and needs CAP_NET_ADMIN"
-                    ),
-                ))
-            }
-        }
-        r => r,
-    }?;
     // The window never passes the free space of the buffer (`2 * v`, less the
     // kernel's overhead) whatever the clamp; a lower clamp also lowers the window the
     // socket grows toward, so a share that shrinks is not overrun.
-    set(
+    set_int(
+        fd.as_fd(),
         libc::IPPROTO_TCP,
         libc::TCP_WINDOW_CLAMP,
         v.saturating_mul(2),
@@ -457,6 +542,43 @@ mod tests {
         );
         assert_eq!(receive_share(8 << 20, 0, 500 << 20), Some(8 << 20));
         assert!(receive_budget() >= 1 << 20);
+    }
+
+    #[test]
+    fn a_raised_share_is_only_for_hosts_whose_limit_is_below_it() {
+        // Linux's default 4 MiB send limit against a 196 MB budget among 4 streams.
+        assert_eq!(raised_share(196 << 20, 4, 4 << 20), Some(49 << 20));
+        // A host whose limit is at or above twice the share: autotuning may grow each
+        // buffer as far as the share would (and a receive buffer is held to it).
+        assert_eq!(raised_share(196 << 20, 4, 98 << 20), None);
+        assert_eq!(raised_share(196 << 20, 4, 1 << 30), None);
+        assert_eq!(receive_share(196 << 20, 4, 1 << 30), Some(49 << 20));
+        // Never below the floor.
+        assert_eq!(raised_share(8 << 20, 64, 1 << 20), Some(MIN_RECEIVE_SHARE));
+    }
+
+    #[test]
+    fn a_send_buffer_is_set_and_read_back_doubled_or_says_why_not() {
+        let s = fresh_socket().unwrap();
+        // Within net.core.wmem_max's default (212992): allowed to any process.
+        Buffer::Send.set(&s, 100_000).unwrap();
+        assert_eq!(Buffer::Send.size(&s).unwrap(), 200_000);
+        match Buffer::Send.set(&s, 64 << 20) {
+            Ok(()) => assert_eq!(Buffer::Send.size(&s).unwrap(), 128 << 20),
+            Err(e) => {
+                // Only a process without CAP_NET_ADMIN, above wmem_max, is refused,
+                // and the socket keeps what it had.
+                assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+                assert!(e.to_string().contains("net.core.wmem_max"), "{e}");
+                assert_eq!(Buffer::Send.size(&s).unwrap(), 200_000);
+            }
+        }
+        for b in [Buffer::Send, Buffer::Receive] {
+            assert!(b.autotune_max().is_some_and(|m| m > 0), "{}", b.sysctl());
+        }
+        let f = std::fs::File::open("/dev/null").unwrap();
+        assert!(Buffer::Send.set(&f, 100_000).is_err());
+        assert!(Buffer::Receive.size(&f).is_err());
     }
 
     #[test]

@@ -47,6 +47,10 @@ pub struct TcpSample {
     /// (`tcpi_sndbuf_limited`). More connections help such a sender; one held by its
     /// congestion control alone is sending what the path gives it.
     pub window_limited: Duration,
+    /// How much of [`TcpSample::window_limited`] was its own send buffer's: the
+    /// sender had more to send, its congestion window allowed it, and the buffer was
+    /// full of data in flight (`tcpi_sndbuf_limited`).
+    pub sndbuf_limited: Duration,
 }
 
 impl TcpMeter {
@@ -91,14 +95,15 @@ impl TcpMeter {
             0
         };
         let limits_end = std::mem::offset_of!(libc::tcp_info, tcpi_sndbuf_limited) + 8;
-        let (busy, window_limited) = if has(limits_end) {
+        let (busy, window_limited, sndbuf_limited) = if has(limits_end) {
             (
                 info.tcpi_busy_time,
                 info.tcpi_rwnd_limited
                     .saturating_add(info.tcpi_sndbuf_limited),
+                info.tcpi_sndbuf_limited,
             )
         } else {
-            (0, 0)
+            (0, 0, 0)
         };
         Ok(TcpSample {
             bytes_acked: info.tcpi_bytes_acked,
@@ -107,6 +112,7 @@ impl TcpMeter {
             rtt: Duration::from_micros(u64::from(info.tcpi_rtt)),
             busy: Duration::from_micros(busy),
             window_limited: Duration::from_micros(window_limited),
+            sndbuf_limited: Duration::from_micros(sndbuf_limited),
         })
     }
 }

@@ -508,12 +508,17 @@ struct JsonReport {
     /// flowing from the first part on): how many; absent when it came whole.
     #[serde(skip_serializing_if = "Option::is_none")]
     manifest_parts: Option<u32>,
-    /// A pull whose client held each data stream's receive buffer to this many bytes
+    /// A pull whose client set each data stream's receive buffer to this many bytes
     /// (`SO_RCVBUF`; its share of the session's budget,
-    /// [`dmover_net::tcp::receive_budget`]); absent when the kernel's autotuning alone
-    /// sized them.
+    /// [`dmover_net::tcp::receive_budget`]: held to it, or raised to it past the host's
+    /// maximum); absent when the kernel's autotuning alone sized them.
     #[serde(skip_serializing_if = "Option::is_none")]
     receive_buffer: Option<u64>,
+    /// A push whose client raised its data streams' send buffers past the host's
+    /// maximum, to this many bytes each (`SO_SNDBUF`; docs/tuning.md, "Socket
+    /// buffers"); absent when the kernel's autotuning alone sized them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    send_buffer: Option<u64>,
     /// Set-up time and steady-state rate (see [`Timing`]).
     #[serde(flatten)]
     timing: Timing,
@@ -765,6 +770,10 @@ pub fn report_with(
                         0 => None,
                         n => Some(n),
                     },
+                    send_buffer: match progress.send_buffer.load(Ordering::Relaxed) {
+                        0 => None,
+                        n => Some(n),
+                    },
                     timing,
                 };
                 print_line(&j);
@@ -881,6 +890,7 @@ pub fn report_with(
                     relay_peak_bytes: None,
                     manifest_parts: None,
                     receive_buffer: None,
+                    send_buffer: None,
                     timing,
                 };
                 print_line(&j);

@@ -885,11 +885,11 @@ fn settings(net: &Net, opts: &dmover_core::session::TransferOptions) -> Value {
         "chunk_size_auto": opts.chunk_size == 0,
         "window_per_stream": bdp,
         "not_tuned": [
-            "chunk size (auto: from the mean file size, the link's round trip and a small dataset's size; docs/tuning.md)",
-            "in-flight chunks per stream",
-            "socket buffers (kernel autotuning up to tcp_wmem/tcp_rmem; --tcp-buffer pins them)",
+            "chunk size by measured rates (auto: from the files' sizes, per part of a large tree, the link's round trip and a small dataset's size; docs/tuning.md)",
+            "in-flight chunks per stream (what each stream's socket holds: its congestion window's data, at most 4 MiB unsent)",
             "congestion control (--congestion; a pull asks the server to send with it)",
         ],
+        "socket_buffers": "autotuned; held to the session's share where the host's limit is above it, raised to it where a stream reaches a lower limit (docs/tuning.md, \"Socket buffers\"); --tcp-buffer pins them",
     })
 }
 
@@ -1009,7 +1009,7 @@ fn print_text(
             .unwrap_or_default()
     );
     println!(
-        "          not chosen yet: chunk size, in-flight chunks per stream, socket buffers, congestion control (disk threads: a copy tunes them while it runs)"
+        "          not chosen yet: chunk size by measured rates, in-flight chunks per stream, congestion control (disk threads and socket buffers: a copy tunes them while it runs)"
     );
     println!("limit:    {}: {}", verdict.0, verdict.1);
     println!("({total:.1} s)");

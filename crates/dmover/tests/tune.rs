@@ -93,6 +93,12 @@ fn check_network(j: &serde_json::Value) {
         j["settings"]["not_tuned"].as_array().unwrap().len() >= 3,
         "{j}"
     );
+    assert!(
+        j["settings"]["socket_buffers"]
+            .as_str()
+            .is_some_and(|s| s.contains("raised")),
+        "{j}"
+    );
     let limit = j["limit"].as_str().unwrap();
     assert!(
         ["network", "disk read", "disk write", "cpu"].contains(&limit),
@@ -449,6 +455,110 @@ fn a_pull_shares_its_receive_budget_among_its_streams() {
     assert!(tuned >= 1 << 20 && tuned * 2 < 1 << 30, "{tuned}");
     let j = pull("8", &["--tcp-buffer", "4M"], "pinned");
     assert!(j.get("receive_buffer").is_none(), "{j}");
+    drop(srv);
+    topo.down().unwrap();
+}
+
+/// Where the hosts' buffer limits are below a session's share (Linux's defaults are
+/// 4 and 6 MiB, which hold one stream to 168 Mbit/s at 200 ms), a stream's buffer
+/// that autotuning grew to the limit and that still wants more is raised to its
+/// share: a pull's receive buffers at the client, a push's send buffers (waited on)
+/// at the client. Two hosts on a 20 ms, 1 Gbit/s link whose limits are 64 KiB, where
+/// every buffer starts (the sysctls' default and maximum are one value): 64 KiB a
+/// round trip is 26 Mbit/s, so a push's streams wait on their send buffers until
+/// raised. `--tcp-buffer` leaves the buffers to the user.
+#[test]
+fn buffers_at_the_hosts_limit_are_raised_to_the_sessions_share() {
+    use dmover_netlab::{LinkSpec, TopoLinkKind, Topology, TopologySpec};
+    if !netlab_available("buffers_at_the_hosts_limit_are_raised_to_the_sessions_share") {
+        return;
+    }
+    let t = tempfile::Builder::new()
+        .prefix("dmover-raise-")
+        .tempdir()
+        .unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir_all(root.join("data")).unwrap();
+    for i in 0..4u64 {
+        write_file(
+            &root.join(format!("data/f{i}")),
+            i,
+            16 << 20,
+            0o644,
+            1_000_000,
+        );
+    }
+    let token = t.path().join("token");
+    std::fs::write(&token, "a token for the raised buffer test\n").unwrap();
+    let kh = known_hosts_in(t.path());
+    let lab = format!("rse{}", std::process::id() % 100_000);
+    let link = LinkSpec {
+        rtt: Duration::from_millis(20),
+        rate_bps: Some(1_000_000_000),
+        ..LinkSpec::default()
+    };
+    let spec = TopologySpec::new(&["a", "b"]).link("a", "b", TopoLinkKind::Emulated(link));
+    let topo = Topology::up(&lab, &spec).unwrap();
+    for host in ["a", "b"] {
+        let o = topo
+            .host(host)
+            .unwrap()
+            .command("sh")
+            .args([
+                "-c",
+                "echo '4096 65536 65536' > /proc/sys/net/ipv4/tcp_rmem && \
+                 echo '4096 65536 65536' > /proc/sys/net/ipv4/tcp_wmem",
+            ])
+            .output()
+            .unwrap();
+        ok(&o);
+    }
+    let addr = format!("{}:7700", topo.addr("a", "b").unwrap());
+    let srv = ns_serve(&topo, "a", &root, &token, &addr);
+    let h = topo.host("b").unwrap();
+    let cp = |extra: &[&str], from: &str, to: &str| {
+        let o = h
+            .command(bin())
+            .args(["cp", "--json", "-P", "2", "--token-file"])
+            .arg(&token)
+            .args(extra)
+            .args([from, to])
+            .env("DMOVER_KNOWN_HOSTS", &kh)
+            .output()
+            .unwrap();
+        ok(&o);
+        json(&o)
+    };
+    let raised = |j: &serde_json::Value, key: &str| {
+        let n = j[key].as_u64().unwrap_or_else(|| panic!("no {key}: {j}"));
+        // Its share of the budget, never below the floor: far above the limit.
+        assert!(n >= 1 << 20, "{key} {n}: {j}");
+    };
+    let src = root.join("data");
+    let pulled = t.path().join("pulled");
+    let j = cp(
+        &[],
+        &format!("dmover://{addr}/data"),
+        pulled.to_str().unwrap(),
+    );
+    same(&src, &pulled);
+    raised(&j, "receive_buffer");
+    let j = cp(
+        &[],
+        src.to_str().unwrap(),
+        &format!("dmover://{addr}/pushed"),
+    );
+    same(&src, &root.join("pushed"));
+    raised(&j, "send_buffer");
+    let pinned = t.path().join("pinned");
+    let j = cp(
+        &["--tcp-buffer", "4M"],
+        &format!("dmover://{addr}/data"),
+        pinned.to_str().unwrap(),
+    );
+    same(&src, &pinned);
+    assert!(j.get("receive_buffer").is_none(), "{j}");
+    assert!(j.get("send_buffer").is_none(), "{j}");
     drop(srv);
     topo.down().unwrap();
 }

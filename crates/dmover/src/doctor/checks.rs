@@ -56,22 +56,26 @@ impl<'a> Host<'a> {
             self.core_max(
                 "rmem_max",
                 "net.core.rmem_max",
-                "the most a program may ask with SO_RCVBUF, as dmover --tcp-buffer does",
+                "the most a program without CAP_NET_ADMIN may ask with SO_RCVBUF: dmover \
+                 --tcp-buffer, and dmover raising a stream's buffer past tcp_rmem's maximum",
             ),
             self.core_max(
                 "wmem_max",
                 "net.core.wmem_max",
-                "the most a program may ask with SO_SNDBUF, as dmover --tcp-buffer does",
+                "the most a program without CAP_NET_ADMIN may ask with SO_SNDBUF: dmover \
+                 --tcp-buffer, and dmover raising a stream's buffer past tcp_wmem's maximum",
             ),
             self.tcp_mem(
                 "tcp_rmem",
                 "net.ipv4.tcp_rmem",
-                "receive autotuning grows to its third value",
+                "receive autotuning grows to its third value (past it, dmover raises a \
+                 stream's buffer where it may: docs/tuning.md, \"Socket buffers\")",
             ),
             self.tcp_mem(
                 "tcp_wmem",
                 "net.ipv4.tcp_wmem",
-                "send autotuning grows to its third value",
+                "send autotuning grows to its third value (past it, dmover raises a \
+                 stream's buffer where it may: docs/tuning.md, \"Socket buffers\")",
             ),
             self.congestion(),
             self.qdisc(),
