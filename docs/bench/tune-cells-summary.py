@@ -7,12 +7,18 @@ the same machine), a second table against this machine's bound, the longer of th
 TCP time and that copy, with (where measured) both at once beside it (the median of
 the `raw-and-copy` runs: the best raw TCP and the local copy started together, on the
 cores they share; a comparison, not a bound: those tools spend more CPU on the work
-than dmover does); with --svg FILE, a plot of wall time / bound per
-cell and mode against the 1.15 goal.
+than dmover does); where the CSV has the machine's CPU time of each measurement
+(`cpu_s`), a third table against the CPU bound: the parts of the issue's bound (the
+least CPU raw TCP spent, less its tool's start-up, the cold read's, the synced
+write's) spent that much CPU one
+after the other, and a copy does all three, so on CORES cores (--cores, default this
+machine's) it takes at least their sum / CORES; with --svg FILE, a plot of wall time /
+bound per cell and mode against the 1.15 goal.
 
-    python3 docs/bench/tune-cells-summary.py cells.csv [--svg ratios.svg]
+    python3 docs/bench/tune-cells-summary.py cells.csv [--svg ratios.svg] [--cores N]
 """
 import csv
+import os
 import statistics
 import sys
 from collections import defaultdict
@@ -21,7 +27,7 @@ MODES = ["tuned", "default", "best"]
 
 
 def load(path):
-    cells = defaultdict(lambda: {"raw": [], "read": None, "write": None, "copy": None, "both": [], "modes": defaultdict(list), "streams": []})
+    cells = defaultdict(lambda: {"raw": [], "read": None, "write": None, "copy": None, "both": [], "modes": defaultdict(list), "streams": [], "cpu": defaultdict(list)})
     order = []
     for r in csv.DictReader(open(path)):
         if not r["seconds"]:
@@ -32,6 +38,9 @@ def load(path):
         c = cells[key]
         c["bytes"] = int(r["bytes"])
         s = float(r["seconds"])
+        if r.get("cpu_s"):
+            kind = "raw" if r["mode"].startswith("raw-tcp") else r["mode"]
+            c["cpu"][kind].append(float(r["cpu_s"]))
         if r["kind"] == "bound":
             if r["mode"].startswith("raw-tcp"):
                 c["raw"].append((s, r["mode"]))
@@ -77,7 +86,7 @@ def summarise(order, cells):
             "both": statistics.median(c["both"]) if c["both"] else None,
             "spread": {m: spread(c["modes"][m]) for m in MODES},
             "runs": {m: len(c["modes"][m]) for m in MODES},
-            "streams": c["streams"], "same": same,
+            "streams": c["streams"], "same": same, "cpu": c["cpu"],
         })
     return rows
 
@@ -123,6 +132,31 @@ def machine_table(rows):
         print(f"| {rtt:g} ms | {loss} | {ds} | {f(r['raw'])} | {f(r['copy'])} | {bound:.2f} | {f(t)} | {f(d)} | {over} | {f(r['both'])} | {both} |")
 
 
+def cpu_table(rows, cores):
+    """Against this machine's CPU bound (see the module docs)."""
+    def least(r, kind):
+        xs = r["cpu"].get(kind)
+        return min(xs) if xs else None
+    rows = [r for r in rows if all(least(r, k) is not None for k in ("raw", "cold-read-P8", "sync-write"))]
+    if not rows:
+        return
+    print()
+    print(f"| RTT | loss | dataset | issue's bound s | CPU s: raw TCP + read + write | CPU bound s (÷ {cores}) | bound s (the longer) | tuned s | tuned CPU s | tuned / bound | default s | default / bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        rtt, loss, ds = r["key"]
+        # The raw TCP tool's own start-up (two Pythons) is no part of moving the bytes.
+        parts = [least(r, "raw") - (least(r, "tool-start-raw-tcp") or 0.0), least(r, "cold-read-P8"), least(r, "sync-write")]
+        cpu_bound = sum(parts) / cores
+        bound = max(r["bound"], cpu_bound)
+        t, d = r["med"].get("tuned"), r["med"].get("default")
+        tc = r["cpu"].get("tuned")
+        f = lambda v: "" if v is None else f"{v:.2f}"
+        ratio = lambda v: "" if v is None else f"**{v / bound:.2f}**"
+        print(f"| {rtt:g} ms | {loss} | {ds} | {r['bound']:.2f} | {' + '.join(f(p) for p in parts)} = {sum(parts):.2f} "
+              f"| {cpu_bound:.2f} | {bound:.2f} | {f(t)} | {f(statistics.median(tc)) if tc else ''} | {ratio(t)} | {f(d)} | {ratio(d)} |")
+
+
 def svg(rows, path):
     colours = {"tuned": "#1f77b4", "default": "#ff7f0e", "best": "#2ca02c"}
     bar, gap, left, top, height = 12, 16, 60, 30, 260
@@ -155,6 +189,11 @@ def svg(rows, path):
 def main():
     args = sys.argv[1:]
     svg_path = None
+    cores = os.cpu_count() or 1
+    if "--cores" in args:
+        i = args.index("--cores")
+        cores = int(args[i + 1])
+        del args[i:i + 2]
     if "--svg" in args:
         i = args.index("--svg")
         svg_path = args[i + 1]
@@ -163,6 +202,7 @@ def main():
     rows = summarise(order, cells)
     table(rows)
     machine_table(rows)
+    cpu_table(rows, cores)
     if svg_path:
         svg(rows, svg_path)
 

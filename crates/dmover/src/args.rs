@@ -174,7 +174,8 @@ pub struct TransferArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=65536))]
     pub buffers: Option<u32>,
     /// Socket send and receive buffer size for data streams, e.g. 64M (disables
-    /// autotuning; size it to rate × RTT) [default: kernel autotuning].
+    /// autotuning; size it to rate × RTT) [default: kernel autotuning, within the
+    /// session's share, raised to it past a lower host limit (docs/tuning.md)].
     #[arg(long, value_parser = parse_size)]
     pub tcp_buffer: Option<u64>,
     /// TCP congestion control for data streams (e.g. bbr, cubic) [default: system's];
@@ -586,7 +587,8 @@ pub struct ServeArgs {
     #[arg(long, default_value = "2G", value_parser = parse_memory)]
     pub memory: u64,
     /// Socket buffer size for accepted connections, e.g. 64M [default: kernel
-    /// autotuning].
+    /// autotuning, within each session's share, raised to it past a lower host limit
+    /// (docs/tuning.md, "Socket buffers")].
     #[arg(long, value_parser = parse_size)]
     pub tcp_buffer: Option<u64>,
     /// TCP congestion control this server sends data with when the client names none

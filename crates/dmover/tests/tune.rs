@@ -372,6 +372,30 @@ fn the_tuner_decides_within_a_network_only_budget() {
     assert_eq!(j["network"]["changes"], decisions.len() as u64 - 1, "{j}");
 }
 
+/// A directory (named `prefix`…) with a server's root holding `data/f0`…`f3` of
+/// `size` bytes each, a token file and a known-hosts file: the root, the token, the
+/// known hosts.
+fn four_files(
+    prefix: &str,
+    size: usize,
+) -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    std::path::PathBuf,
+) {
+    let t = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir_all(root.join("data")).unwrap();
+    for i in 0..4u64 {
+        write_file(&root.join(format!("data/f{i}")), i, size, 0o644, 1_000_000);
+    }
+    let token = t.path().join("token");
+    std::fs::write(&token, "a token for the socket buffer tests\n").unwrap();
+    let kh = known_hosts_in(t.path());
+    (t, root, token, kh)
+}
+
 /// A pull holds each data stream's receive buffer to its share of the session's
 /// receive budget where autotuning would grow it past that (a host whose `tcp_rmem`
 /// maximum is 1 GiB, as long fat links want): more streams, smaller shares, never
@@ -383,24 +407,7 @@ fn a_pull_shares_its_receive_budget_among_its_streams() {
     if !netlab_available("a_pull_shares_its_receive_budget_among_its_streams") {
         return;
     }
-    let t = tempfile::Builder::new()
-        .prefix("dmover-rcvbuf-")
-        .tempdir()
-        .unwrap();
-    let root = t.path().join("root");
-    std::fs::create_dir_all(root.join("data")).unwrap();
-    for i in 0..4u64 {
-        write_file(
-            &root.join(format!("data/f{i}")),
-            i,
-            4 << 20,
-            0o644,
-            1_000_000,
-        );
-    }
-    let token = t.path().join("token");
-    std::fs::write(&token, "a token for the receive buffer test\n").unwrap();
-    let kh = known_hosts_in(t.path());
+    let (t, root, token, kh) = four_files("dmover-rcvbuf-", 4 << 20);
     let lab = format!("rcv{}", std::process::id() % 100_000);
     let spec = TopologySpec::new(&["a", "b"]).link("a", "b", TopoLinkKind::Veth);
     let topo = Topology::up(&lab, &spec).unwrap();
@@ -473,24 +480,7 @@ fn buffers_at_the_hosts_limit_are_raised_to_the_sessions_share() {
     if !netlab_available("buffers_at_the_hosts_limit_are_raised_to_the_sessions_share") {
         return;
     }
-    let t = tempfile::Builder::new()
-        .prefix("dmover-raise-")
-        .tempdir()
-        .unwrap();
-    let root = t.path().join("root");
-    std::fs::create_dir_all(root.join("data")).unwrap();
-    for i in 0..4u64 {
-        write_file(
-            &root.join(format!("data/f{i}")),
-            i,
-            16 << 20,
-            0o644,
-            1_000_000,
-        );
-    }
-    let token = t.path().join("token");
-    std::fs::write(&token, "a token for the raised buffer test\n").unwrap();
-    let kh = known_hosts_in(t.path());
+    let (t, root, token, kh) = four_files("dmover-raise-", 16 << 20);
     let lab = format!("rse{}", std::process::id() % 100_000);
     let link = LinkSpec {
         rtt: Duration::from_millis(20),
