@@ -220,7 +220,7 @@ impl Buffers {
             let old = self.report().swap(share, Relaxed);
             if old != share {
                 tracing::debug!(
-                    "{} buffer of each of {set} data streams held to {share} bytes ({streams} \
+                    "{} buffer of each of {set} data streams set to {share} bytes ({streams} \
                      sending share a {budget}-byte budget; autotuning grows each to at most \
                      {max})",
                     self.name()
@@ -305,7 +305,8 @@ impl Buffers {
                         dir.sysctl(),
                         dir.sysctl(),
                     );
-                    return;
+                    // Those raised before the refusal are reported below.
+                    break;
                 }
             }
         }
