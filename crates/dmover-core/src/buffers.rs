@@ -134,7 +134,12 @@ impl Buffers {
             return;
         }
         if let Some(meter) = meter {
-            let last = meter.read().map_or((Duration::ZERO, Duration::ZERO), |s| {
+            // A send buffer is judged by what its stream waited on since the last look.
+            let last = match self.dir {
+                Buffer::Send => meter.read().ok(),
+                Buffer::Receive => None,
+            }
+            .map_or((Duration::ZERO, Duration::ZERO), |s| {
                 (s.busy, s.sndbuf_limited)
             });
             self.live.insert(
@@ -273,8 +278,14 @@ impl Buffers {
             let Ok(size) = dir.size(&h.meter) else {
                 continue;
             };
-            let (busy, limited) = match (dir, h.meter.read()) {
-                (Buffer::Send, Ok(s)) => {
+            // Only a send buffer's stream is read (`TCP_INFO`): a receive buffer at the
+            // maximum is enough.
+            let sample = match dir {
+                Buffer::Send => h.meter.read().ok(),
+                Buffer::Receive => None,
+            };
+            let (busy, limited) = match sample {
+                Some(s) => {
                     let d = (
                         s.busy.saturating_sub(h.last.0),
                         s.sndbuf_limited.saturating_sub(h.last.1),
@@ -282,7 +293,7 @@ impl Buffers {
                     h.last = (s.busy, s.sndbuf_limited);
                     d
                 }
-                _ => (Duration::ZERO, Duration::ZERO),
+                None => (Duration::ZERO, Duration::ZERO),
             };
             if !wants_more(dir, size, max, busy, limited) {
                 continue;

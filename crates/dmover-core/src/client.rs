@@ -1002,8 +1002,8 @@ impl Client {
                 chunk_delay: self.opts.chunk_delay,
                 zerocopy: None,
                 limits: None,
-                receive_budget: self.receive_budget(),
-                send_budget: self.send_budget(),
+                receive_budget: self.opts.socket.budget(tcp::Buffer::Receive),
+                send_budget: self.opts.socket.budget(tcp::Buffer::Send),
                 tuned_start: session::TUNED_START,
                 disk_room: None,
             };
@@ -1058,8 +1058,8 @@ impl Client {
                     chunk_delay: self.opts.chunk_delay,
                     zerocopy: None,
                     limits: None,
-                    receive_budget: self.receive_budget(),
-                    send_budget: self.send_budget(),
+                    receive_budget: self.opts.socket.budget(tcp::Buffer::Receive),
+                    send_budget: self.opts.socket.budget(tcp::Buffer::Send),
                     tuned_start: session::TUNED_START,
                     disk_room: None,
                 };
@@ -1361,8 +1361,8 @@ impl Client {
             chunk_delay: self.opts.chunk_delay,
             zerocopy: None,
             limits: None,
-            receive_budget: self.receive_budget(),
-            send_budget: self.send_budget(),
+            receive_budget: self.opts.socket.budget(tcp::Buffer::Receive),
+            send_budget: self.opts.socket.budget(tcp::Buffer::Send),
             tuned_start: session::TUNED_START,
             // The buffers grow with the threads unless the user pinned them.
             disk_room: self
@@ -1371,26 +1371,6 @@ impl Client {
                 .is_none()
                 .then(|| Box::new(|n| n) as drive::DiskRoom),
         }
-    }
-
-    /// The receive budget of this client's data streams as a sink: none when the user
-    /// set their buffers.
-    fn receive_budget(&self) -> Option<u64> {
-        self.opts
-            .socket
-            .recv_buffer
-            .is_none()
-            .then(tcp::receive_budget)
-    }
-
-    /// The send budget of this client's data streams as a source: none when the user
-    /// set their buffers.
-    fn send_budget(&self) -> Option<u64> {
-        self.opts
-            .socket
-            .send_buffer
-            .is_none()
-            .then(tcp::receive_budget)
     }
 
     /// Runs attempts of a transfer until one succeeds, retrying (and resuming) after

@@ -1361,18 +1361,8 @@ impl Server {
             chunk_delay: self.faults.chunk_delay,
             zerocopy: None,
             limits: Some(answer),
-            receive_budget: self
-                .cfg
-                .socket
-                .recv_buffer
-                .is_none()
-                .then(tcp::receive_budget),
-            send_budget: self
-                .cfg
-                .socket
-                .send_buffer
-                .is_none()
-                .then(tcp::receive_budget),
+            receive_budget: self.cfg.socket.budget(tcp::Buffer::Receive),
+            send_budget: self.cfg.socket.budget(tcp::Buffer::Send),
             tuned_start,
             disk_room: Some(self.disk_room(chunk)),
         };

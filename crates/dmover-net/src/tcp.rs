@@ -27,6 +27,20 @@ pub struct SocketOptions {
     pub congestion: Option<String>,
 }
 
+impl SocketOptions {
+    /// What a session's data streams may hold together of `buffer`
+    /// ([`receive_budget`]; the policy is `dmover_core::buffers`): none when the user
+    /// set that buffer.
+    pub fn budget(&self, buffer: Buffer) -> Option<u64> {
+        match buffer {
+            Buffer::Send => self.send_buffer,
+            Buffer::Receive => self.recv_buffer,
+        }
+        .is_none()
+        .then(receive_budget)
+    }
+}
+
 /// `TCP_NOTSENT_LOWAT` of every socket: a socket takes more data only while less than
 /// this much of what it holds is still unsent. Without it, autotuning lets every
 /// stream park up to `tcp_wmem`'s maximum of unsent data in the kernel; on long fat
@@ -187,12 +201,6 @@ fn sysctl_field(name: &str, i: usize) -> Option<u64> {
         .nth(i)?
         .parse()
         .ok()
-}
-
-/// The largest receive buffer autotuning grows a socket to in this process's network
-/// namespace (`net.ipv4.tcp_rmem`'s maximum); `None` when unreadable.
-pub fn autotune_max() -> Option<u64> {
-    Buffer::Receive.autotune_max()
 }
 
 /// The smallest receive buffer a data stream is held to, whatever the budget.
