@@ -290,7 +290,7 @@ impl Applier {
             && m.is_some_and(|m| m.uid != u32::MAX && m.gid != u32::MAX)
     }
 
-    /// The mode to give a regular file: the source's, without a setuid (setgid) bit
+    /// The mode to give a regular file or a directory: the source's, without a setuid (setgid) bit
     /// unless the file's owner (group) will be the source's: applied, or this
     /// process's own. A root process that does not apply owners keeps neither bit:
     /// the owner a peer claims is not proof, and root's own would be root's.

@@ -1374,7 +1374,8 @@ impl Sink for FileSink {
             self.applier
                 .before_mode(&t, m)
                 .map_err(|e| Error::io("setting the owner or extended attributes of", path(), e))?;
-            sys::set_mode(&*dir, name, e.mode)
+            // A directory's setuid/setgid bits are filtered as a file's are.
+            sys::set_mode(&*dir, name, self.applier.file_mode(e.mode, m))
                 .map_err(|e| Error::io("setting the mode of", path(), e))?;
             self.applier
                 .after_mode(&t, m)

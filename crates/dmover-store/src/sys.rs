@@ -254,13 +254,63 @@ pub fn umask() -> u32 {
     })
 }
 
-/// Sets permission bits of `name` in `dir`.
+/// `fchmodat2(2)` (Linux 6.6) is missing here: set at its first `ENOSYS`.
+static NO_FCHMODAT2: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Sets the permission bits of `name` in `dir`, never through a symlink: a symlink in
+/// its place (swapped in for a directory or a staging file by a peer's rename, or by a
+/// local user who can write in the export) fails with `ELOOP` and its target is left
+/// alone. `fchmodat2(…, AT_SYMLINK_NOFOLLOW)` where the kernel has it; elsewhere the
+/// entry is pinned by an `O_PATH | O_NOFOLLOW` handle, refused if it is a symlink, and
+/// changed through `/proc/self/fd/N`, which reaches that inode and no other (`fchmod`
+/// fails on `O_PATH` handles, and opening the entry for reading needs a read right).
 pub fn set_mode(dir: impl AsFd, name: &[u8], mode: u32) -> io::Result<()> {
-    Ok(rustix::fs::chmodat(
-        dir,
-        name,
-        Mode::from_raw_mode(mode),
-        AtFlags::empty(),
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::Ordering;
+    let mode = mode & 0o7777;
+    let symlink = || io::Error::from_raw_os_error(libc::ELOOP);
+    if !NO_FCHMODAT2.load(Ordering::Relaxed) {
+        let c = std::ffi::CString::new(name)
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: a valid descriptor and a NUL-terminated name that outlives the call.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_fchmodat2,
+                dir.as_fd().as_raw_fd(),
+                c.as_ptr(),
+                mode as libc::c_uint,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            // The mode of a symlink cannot be set on Linux: this is one.
+            Some(libc::EOPNOTSUPP) => return Err(symlink()),
+            Some(libc::ENOSYS) => NO_FCHMODAT2.store(true, Ordering::Relaxed),
+            // A seccomp filter that does not know the call says EPERM: the fallback
+            // tells that apart from a real refusal by meeting the same one.
+            Some(libc::EPERM) => {}
+            _ => return Err(e),
+        }
+    }
+    set_mode_pinned(dir, name, mode)
+}
+
+/// [`set_mode`] without `fchmodat2`: through an `O_PATH | O_NOFOLLOW` handle.
+fn set_mode_pinned(dir: impl AsFd, name: &[u8], mode: u32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = open_in(&dir, name, OFlags::PATH, 0)?;
+    let st = rustix::fs::fstat(&fd)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink {
+        return Err(io::Error::from_raw_os_error(libc::ELOOP));
+    }
+    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    Ok(rustix::fs::chmod(
+        path.as_str(),
+        Mode::from_raw_mode(mode & 0o7777),
     )?)
 }
 
@@ -280,6 +330,7 @@ pub fn raise_fd_limit() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::BorrowedFd;
     use std::os::unix::fs::FileExt;
 
     /// Renames elsewhere on the machine make the kernel refuse a `..` walk beneath a
@@ -361,5 +412,41 @@ mod tests {
         assert!(has_data(&ext, 39, 50));
         assert!(!has_data(&ext, 40, 50));
         assert!(!has_data(&[], 0, 50));
+    }
+
+    /// A symlink in place of an entry is refused, both ways, and its target keeps its
+    /// mode; a directory and a file get theirs, setuid bits included (the callers
+    /// filter those).
+    #[test]
+    fn a_mode_never_goes_through_a_symlink() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let outside = t.path().join("outside");
+        std::fs::write(&outside, b"secret").unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let export = t.path().join("export");
+        std::fs::create_dir_all(export.join("d")).unwrap();
+        std::fs::write(export.join("f"), b"").unwrap();
+        std::os::unix::fs::symlink(&outside, export.join("link")).unwrap();
+        let dir = open_local(export.as_os_str().as_encoded_bytes(), DIR_PATH).unwrap();
+        let mode = |p: &std::path::Path| {
+            std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+        };
+        type SetMode = fn(BorrowedFd<'_>, &[u8], u32) -> io::Result<()>;
+        let ways: [(&str, SetMode); 2] = [
+            ("set_mode", |d, n, m| set_mode(d, n, m)),
+            ("pinned", |d, n, m| set_mode_pinned(d, n, m)),
+        ];
+        for (way, set) in ways {
+            let e = set(dir.as_fd(), b"link", 0o4777).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::ELOOP), "{way}: {e}");
+            assert_eq!(mode(&outside), 0o600, "{way}: the target was changed");
+            set(dir.as_fd(), b"d", 0o2750).unwrap();
+            assert_eq!(mode(&export.join("d")), 0o2750, "{way}");
+            set(dir.as_fd(), b"f", 0o4640).unwrap();
+            assert_eq!(mode(&export.join("f")), 0o4640, "{way}");
+            set(dir.as_fd(), b"f", 0o644).unwrap();
+            assert!(set(dir.as_fd(), b"missing", 0o644).is_err(), "{way}");
+        }
     }
 }
