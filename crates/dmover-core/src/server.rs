@@ -998,9 +998,10 @@ impl Server {
         log: &mut SessionLog,
     ) -> Result<()> {
         // A filtered pull is a pull whose walk goes through the client's rules (and
-        // its `--files-from` list).
+        // its `--files-from` list), parsed once the user's rights to its sources are
+        // checked: a list costs memory and time, so none before.
         let mut open = open;
-        let mut filter = dmover_store::filter::Filter::none();
+        let mut filter_of = None;
         let mut report_skipped = false;
         match std::mem::replace(
             &mut open.op,
@@ -1009,12 +1010,12 @@ impl Server {
             },
         ) {
             Op::PullFiltered(p) => {
-                filter = session::filter_of_rules(&p.rules)?;
+                filter_of = Some((p.rules, None));
                 report_skipped = p.report_skipped;
                 open.op = Op::Pull { sources: p.sources };
             }
             Op::PullListed(p) => {
-                filter = session::filter_of_list(&p.rules, &p.list)?;
+                filter_of = Some((p.rules, Some(p.list)));
                 report_skipped = p.report_skipped;
                 open.op = Op::Pull { sources: p.sources };
             }
@@ -1108,6 +1109,11 @@ impl Server {
                         Ok((base, rest.to_vec(), name))
                     })
                     .collect::<Result<Vec<_>>>()?;
+                let filter = match filter_of.take() {
+                    None => dmover_store::filter::Filter::none(),
+                    Some((rules, None)) => session::filter_of_rules(&rules)?,
+                    Some((rules, Some(list))) => session::filter_of_list(&rules, &list)?,
+                };
                 let started = Instant::now();
                 if live_walk {
                     // Owners and xattrs (feature METADATA) are read by the walk, in

@@ -22,14 +22,15 @@
 //! lines starting with `#` or `;` are skipped, a leading `/` or `./` ignored): only
 //! those entries, the directories leading to them, and everything below a listed
 //! directory (dmover copies recursively, like `rsync -r --files-from`) are sent. The
-//! rules above apply to them too.
+//! rules above apply to them too. A line may hold at most [`MAX_LIST_LINE`] bytes
+//! (`PATH_MAX`, as rsync reads its lists), and the list takes memory linear in its
+//! size: the paths in one buffer, sorted, and a directory leads to a listed path when
+//! a listed path starts with it (one binary search), so no prefix is ever stored.
 //!
 //! Why not `globset`: it matches a whole path against a glob and has no notion of
 //! rsync's "end of the path at a component boundary" for unanchored patterns, nor of
 //! directory-only rules or first-match-wins include/exclude lists; the matcher rsync
 //! needs is a small byte-wise wildcard match, written here.
-
-use std::collections::HashSet;
 
 /// Include or exclude.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -295,14 +296,67 @@ fn wild(pat: &[u8], text: &[u8], zero_dirs: bool) -> bool {
     go(pat, text, zero_dirs)
 }
 
+/// The longest line a `--files-from` list may hold, in bytes (Linux's `PATH_MAX`).
+pub const MAX_LIST_LINE: usize = 4096;
+
+/// `--files-from`'s paths, normalised (components joined by `/`), sorted and
+/// deduplicated, all in one buffer: memory linear in the list, with no per-path
+/// allocation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Listed {
+    bytes: Vec<u8>,
+    /// Each path's start and end in `bytes`, in byte order of the paths.
+    spans: Vec<(u32, u32)>,
+}
+
+impl Listed {
+    fn get(&self, i: usize) -> &[u8] {
+        let (s, e) = self.spans[i];
+        &self.bytes[s as usize..e as usize]
+    }
+
+    /// The index of the first path not below `key` in byte order.
+    fn lower_bound(&self, key: &[u8]) -> usize {
+        self.spans
+            .partition_point(|&(s, e)| &self.bytes[s as usize..e as usize] < key)
+    }
+
+    fn contains(&self, path: &[u8]) -> bool {
+        let i = self.lower_bound(path);
+        i < self.spans.len() && self.get(i) == path
+    }
+
+    /// Whether `path` or a directory above it is listed (the root, `""`, is above all).
+    fn covers(&self, path: &[u8]) -> bool {
+        self.contains(b"")
+            || self.contains(path)
+            || path
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| **b == b'/')
+                .any(|(i, _)| self.contains(&path[..i]))
+    }
+
+    /// Whether a listed path lies below `path` (`path` leads to it). The paths that
+    /// start with `path/` are contiguous in byte order, from the first not below it.
+    fn leads_to(&self, path: &[u8]) -> bool {
+        if path.is_empty() {
+            return false;
+        }
+        let mut key = Vec::with_capacity(path.len() + 1);
+        key.extend_from_slice(path);
+        key.push(b'/');
+        let i = self.lower_bound(&key);
+        i < self.spans.len() && self.get(i).starts_with(&key)
+    }
+}
+
 /// The filters of one transfer.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Filter {
     rules: Vec<Rule>,
     /// `--files-from`: the listed paths.
-    listed: Option<HashSet<Vec<u8>>>,
-    /// The directories leading to listed paths.
-    ancestors: HashSet<Vec<u8>>,
+    listed: Option<Listed>,
 }
 
 impl Filter {
@@ -321,15 +375,26 @@ impl Filter {
         self.rules.push(rule);
     }
 
-    /// Sets `--files-from`'s list from the file's contents.
+    /// Sets `--files-from`'s list from the file's contents. A line that leaves the
+    /// source (`..`) or is longer than [`MAX_LIST_LINE`] refuses the list.
     pub fn set_files_from(&mut self, list: &[u8]) -> Result<(), String> {
-        let mut listed = HashSet::new();
-        for line in list.split(|&b| b == b'\n') {
+        let too_large = || format!("--files-from: a list of {} bytes is too large", list.len());
+        let offset = |n: usize| u32::try_from(n).map_err(|_| too_large());
+        let mut bytes = Vec::new();
+        let mut spans = Vec::new();
+        for (n, line) in list.split(|&b| b == b'\n').enumerate() {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             if line.is_empty() || line.starts_with(b"#") || line.starts_with(b";") {
                 continue;
             }
-            let mut comps = Vec::new();
+            if line.len() > MAX_LIST_LINE {
+                return Err(format!(
+                    "--files-from: line {} has {} bytes, more than a path may ({MAX_LIST_LINE})",
+                    n + 1,
+                    line.len()
+                ));
+            }
+            let start = bytes.len();
             for c in line.split(|&b| b == b'/') {
                 match c {
                     b"" | b"." => {}
@@ -339,20 +404,24 @@ impl Filter {
                             String::from_utf8_lossy(line)
                         ));
                     }
-                    c => comps.push(c),
+                    c => {
+                        if bytes.len() > start {
+                            bytes.push(b'/');
+                        }
+                        bytes.extend_from_slice(c);
+                    }
                 }
             }
-            if comps.is_empty() {
-                // The source root itself: everything.
-                listed.insert(Vec::new());
-                continue;
-            }
-            for n in 1..comps.len() {
-                self.ancestors.insert(comps[..n].join(&b'/'));
-            }
-            listed.insert(comps.join(&b'/'));
+            // An empty path is the source root itself: everything.
+            spans.push((offset(start)?, offset(bytes.len())?));
         }
-        self.listed = Some(listed);
+        spans.sort_unstable_by(|&(a, b), &(c, d)| {
+            bytes[a as usize..b as usize].cmp(&bytes[c as usize..d as usize])
+        });
+        spans.dedup_by(|&mut (a, b), &mut (c, d)| {
+            bytes[a as usize..b as usize] == bytes[c as usize..d as usize]
+        });
+        self.listed = Some(Listed { bytes, spans });
         Ok(())
     }
 
@@ -363,32 +432,17 @@ impl Filter {
         let Some(listed) = &self.listed else {
             return false;
         };
-        let below_listed = listed.contains(&Vec::new())
-            || listed.contains(path)
-            || path
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| **b == b'/')
-                .any(|(i, _)| listed.contains(&path[..i]));
-        !below_listed && !self.ancestors.contains(path)
+        !listed.covers(path) && !listed.leads_to(path)
     }
 
     /// Whether the entry at `path` (relative to the source root, components joined by
     /// `/`) is sent; for a directory, `false` also means "not descended into". The
     /// walk asks for every entry whose parent was sent, parents first.
     pub fn admits(&self, path: &[u8], is_dir: bool) -> bool {
-        if let Some(listed) = &self.listed {
-            let below_listed = listed.contains(&Vec::new())
-                || listed.contains(path)
-                || path
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, b)| **b == b'/')
-                    .any(|(i, _)| listed.contains(&path[..i]));
-            let leads_to_listed = is_dir && self.ancestors.contains(path);
-            if !(below_listed || leads_to_listed) {
-                return false;
-            }
+        if let Some(listed) = &self.listed
+            && !(listed.covers(path) || is_dir && listed.leads_to(path))
+        {
+            return false;
         }
         for r in &self.rules {
             if r.matches(path, is_dir) {
@@ -534,5 +588,47 @@ mod tests {
         // Rules apply to listed paths too.
         f.push(Rule::new(Action::Exclude, b"*.txt").unwrap());
         assert!(!f.admits(b"e.txt", false));
+    }
+
+    /// Names that sort around `/` (`-` before it, `0` after it) neither hide nor fake
+    /// a path below a directory; duplicates and the root line behave.
+    #[test]
+    fn files_from_prefixes_at_component_boundaries() {
+        let mut f = Filter::none();
+        f.set_files_from(b"a-c\na/b\na0/x\na/b\n").unwrap();
+        assert!(f.admits(b"a", true), "leads to a/b");
+        assert!(f.admits(b"a0", true) && !f.admits(b"a0/y", false));
+        assert!(!f.admits(b"a-", true) && !f.admits(b"a/b0", false));
+        assert!(f.admits(b"a-c", false) && f.admits(b"a/b/deep/er", false));
+        assert!(f.listed_rules_out(b"a-") && !f.listed_rules_out(b"a0/x"));
+        assert!(
+            !f.admits(b"", true),
+            "the root leads nowhere: it is never asked"
+        );
+        let mut all = Filter::none();
+        all.set_files_from(b"x\n./\n").unwrap();
+        assert!(
+            all.admits(b"anything/at/all", false),
+            "the root line lists everything"
+        );
+    }
+
+    /// A line may be as long as a path, no longer; a list leaving the source is refused
+    /// whatever comes before.
+    #[test]
+    fn files_from_lines_are_bounded() {
+        let long = "a/".repeat(MAX_LIST_LINE / 2);
+        let mut f = Filter::none();
+        f.set_files_from(&long.as_bytes()[..MAX_LIST_LINE]).unwrap();
+        assert!(f.admits(&long.as_bytes()[..MAX_LIST_LINE - 1], false));
+        let e = f
+            .set_files_from(format!("ok\n{long}x\n").as_bytes())
+            .unwrap_err();
+        assert!(e.contains("line 2") && e.contains("4096"), "{e}");
+        assert!(
+            f.set_files_from(b"ok\na/../../b\n")
+                .unwrap_err()
+                .contains("leaves")
+        );
     }
 }
