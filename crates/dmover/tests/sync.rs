@@ -263,7 +263,10 @@ d/../../etc
 
     // A list too large for the request: refused before connecting, nothing written.
     let big = t.path().join("big");
-    std::fs::write(&big, format!("{}\n", "b".repeat(5 << 20))).unwrap();
+    // (Many lines: one line is at most a path's 4096 bytes.)
+    let lines: String = (0..700_000).map(|i| format!("b{i}\n")).collect();
+    assert!(lines.len() > 4 << 20);
+    std::fs::write(&big, lines).unwrap();
     let o = cp(&[
         "--files-from",
         s(&big),
