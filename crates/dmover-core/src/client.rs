@@ -1002,8 +1002,11 @@ impl Client {
                 chunk_delay: self.opts.chunk_delay,
                 zerocopy: None,
                 limits: None,
-                receive_budget: self.opts.socket.budget(tcp::Buffer::Receive),
-                send_budget: self.opts.socket.budget(tcp::Buffer::Send),
+                receive_budget: self
+                    .opts
+                    .socket
+                    .budget(dmover_net::link::Direction::Receive),
+                send_budget: self.opts.socket.budget(dmover_net::link::Direction::Send),
                 tuned_start: session::TUNED_START,
                 disk_room: None,
             };
@@ -1058,8 +1061,11 @@ impl Client {
                     chunk_delay: self.opts.chunk_delay,
                     zerocopy: None,
                     limits: None,
-                    receive_budget: self.opts.socket.budget(tcp::Buffer::Receive),
-                    send_budget: self.opts.socket.budget(tcp::Buffer::Send),
+                    receive_budget: self
+                        .opts
+                        .socket
+                        .budget(dmover_net::link::Direction::Receive),
+                    send_budget: self.opts.socket.budget(dmover_net::link::Direction::Send),
                     tuned_start: session::TUNED_START,
                     disk_room: None,
                 };
@@ -1361,8 +1367,11 @@ impl Client {
             chunk_delay: self.opts.chunk_delay,
             zerocopy: None,
             limits: None,
-            receive_budget: self.opts.socket.budget(tcp::Buffer::Receive),
-            send_budget: self.opts.socket.budget(tcp::Buffer::Send),
+            receive_budget: self
+                .opts
+                .socket
+                .budget(dmover_net::link::Direction::Receive),
+            send_budget: self.opts.socket.budget(dmover_net::link::Direction::Send),
             tuned_start: session::TUNED_START,
             // The buffers grow with the threads unless the user pinned them.
             disk_room: self

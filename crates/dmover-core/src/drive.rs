@@ -30,18 +30,18 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use dmover_net::NetError;
+use dmover_net::budget::Budget;
 use dmover_net::control::ControlChannel;
 use dmover_net::join::Joined;
+use dmover_net::link::{Direction, Probe};
 use dmover_net::stream::DataIo;
-use dmover_net::tcp;
-use dmover_net::tcpinfo::TcpMeter;
-use dmover_net::transport::{AckRx, ChunkFrame, ChunkTx, DataLink};
+use dmover_net::transport::{AckRx, ChunkFrame, ChunkTx, DataLink, Received, RecvError};
 use dmover_net::zerocopy::ZeroCopyStats;
 use dmover_proto::control::{
     Auth, AuthOk, Control, ErrorCode, FailedFile, Have, Hello, Open, Plan, SendReport, SessionInfo,
     SessionLimits, SessionOptions, Summary, Tuned,
 };
-use dmover_proto::data::{DIGEST_LEN, FrameHeader, FrameKind, FrameLimits, PART_LEN};
+use dmover_proto::data::{DigestEntry, FrameLimits};
 use dmover_proto::manifest::{Entry, EntryKind, Totals};
 use dmover_proto::session::tune::{Pressure, TuneConfig, Tuner};
 use dmover_proto::session::{
@@ -59,7 +59,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
-use crate::buffers::Buffers;
 use crate::diskpool::DiskPool;
 use crate::disktune::DiskTuner;
 use crate::engine::{DataStream, DiskTuning, Progress, ProgressEvent, Run, Tuning};
@@ -1050,12 +1049,7 @@ where
     // every chunk left is being read.
     let mut reading = 0usize;
     let mut meters = Meters::default();
-    let mut sendbufs = Buffers::new(
-        tcp::Buffer::Send,
-        env.send_budget,
-        env.run.progress.clone(),
-        &peer,
-    );
+    let mut sendbufs = Budget::new(Direction::Send, env.send_budget, &peer);
     // Parts so far, and those whose producer waits to hear they are durable: (the
     // part's number, the layout's end with it, whom to tell).
     let mut parts = 0u64;
@@ -1067,6 +1061,9 @@ where
             sendbufs.sending(t.streams());
         }
         sendbufs.check(now());
+        if let Some(share) = sendbufs.take_set() {
+            env.run.progress.send_buffer.store(share, Relaxed);
+        }
         if let (Some(t), Some((.., pool))) = (disk_tune.as_mut(), &live) {
             let left = remaining(&env.run.progress, m.manifest_complete());
             t.step(
@@ -1467,10 +1464,11 @@ where
             },
             (i, r) = joins.next() => match r {
                 Ok(s) => {
+                    let probe = s.io.probe();
                     if m.uses(features::TUNING) {
-                        meters.add(i, s.io.meter());
+                        meters.add(i, probe.clone());
                     }
-                    sendbufs.join(now(), i, s.io.meter());
+                    sendbufs.join(now(), i, probe.as_ref());
                     let (ttx, trx) = mpsc::unbounded_channel();
                     let h = tokio::spawn(source_stream(
                         i,
@@ -1502,37 +1500,36 @@ where
     }
 }
 
-/// The TCP counters of a tuned source's data streams ([`TcpMeter`]), which its tuner
-/// measures with. A meter holds its stream's connection open: it goes when the
-/// stream ends or is lost.
+/// What a tuned source's data streams delivered, as their connections count it
+/// ([`Probe`]), which its tuner measures with. A probe holds its stream's connection
+/// open: it goes when the stream ends or is lost.
 #[derive(Default)]
 struct Meters {
-    /// Each stream's meter, and whether its congestion control is model-based (BBR).
-    live: HashMap<u16, (TcpMeter, bool)>,
-    /// Bytes acknowledged on streams whose meters went.
+    /// Each stream's probe, and whether its congestion control is model-based (BBR).
+    live: HashMap<u16, (Probe, bool)>,
+    /// Bytes delivered on streams whose probes went.
     retired: u64,
     /// Their busy and window-limited times.
     retired_pressure: (Duration, Duration),
-    /// A stream joined without one (not TCP): measure with the chunks sent instead.
+    /// A stream joined without one: measure with the chunks sent instead.
     unmetered: bool,
 }
 
 impl Meters {
-    fn add(&mut self, stream: u16, meter: Option<TcpMeter>) {
-        match meter {
-            Some(mt) => {
-                let model_based =
-                    dmover_net::tcp::congestion_of(&mt).is_ok_and(|cc| cc.starts_with("bbr"));
-                self.live.insert(stream, (mt, model_based));
+    fn add(&mut self, stream: u16, probe: Option<Probe>) {
+        match probe {
+            Some(p) => {
+                let model_based = p.model_based();
+                self.live.insert(stream, (p, model_based));
             }
             None => self.unmetered = true,
         }
     }
 
     fn retire(&mut self, stream: u16) {
-        if let Some((mt, _)) = self.live.remove(&stream) {
-            if let Ok(s) = mt.read() {
-                self.retired += s.bytes_acked;
+        if let Some((p, _)) = self.live.remove(&stream) {
+            if let Ok(s) = p.sample() {
+                self.retired += s.delivered;
                 self.retired_pressure.0 += s.busy;
                 self.retired_pressure.1 += s.window_limited;
             }
@@ -1547,8 +1544,9 @@ impl Meters {
     }
 
     /// Bytes delivered on every stream so far (acknowledged, and on live streams held
-    /// by the peer beyond a hole: see [`dmover_net::tcpinfo::TcpSample::bytes_sacked`]),
-    /// the smallest round trip seen, and what the streams waited on.
+    /// by the peer beyond a loss: see
+    /// [`dmover_net::link::StreamSample::delivered_beyond_loss`]), the smallest round
+    /// trip seen, and what the streams waited on.
     fn read(&self) -> Option<(u64, Option<Duration>, Pressure)> {
         if self.unmetered || self.live.is_empty() {
             return None;
@@ -1559,9 +1557,9 @@ impl Meters {
             window_limited: self.retired_pressure.1,
             model_based: true,
         };
-        for (mt, model_based) in self.live.values() {
-            let s = mt.read().ok()?;
-            bytes += s.bytes_acked + s.bytes_sacked;
+        for (probe, model_based) in self.live.values() {
+            let s = probe.sample().ok()?;
+            bytes += s.delivered + s.delivered_beyond_loss;
             if !s.min_rtt.is_zero() {
                 rtt = Some(rtt.map_or(s.min_rtt, |r| r.min(s.min_rtt)));
             }
@@ -1660,15 +1658,15 @@ fn spawn_read<K>(
     disk.spawn(move || {
         let read = match (job.again, job.part) {
             (None, None) => {
-                let mut trailer = Vec::new();
-                src.read_chunk(job.chunk, &mut buf, &mut trailer)
+                let mut digests = Vec::new();
+                src.read_chunk(job.chunk, &mut buf, &mut digests)
                     .map_err(Error::from)
                     .map(|r| {
                         (
                             buf,
                             ChunkMeta {
                                 crc: r.crc,
-                                trailer,
+                                digests,
                                 zeros: r.zeros,
                                 part: None,
                             },
@@ -1712,15 +1710,15 @@ fn part_segments(segments: &[(usize, usize)], p: PartRange) -> Option<Vec<(usize
 }
 
 /// Reads chunk `k` for part `p` of it: the chunk as usual, then the part's frame fields
-/// (the CRC of its bytes, its offset and the chunk's failure markers as its trailer).
+/// (the CRC of its bytes, and the chunk's failure markers as its digests).
 fn read_part(
     src: &dyn Source,
     k: u64,
     p: PartRange,
     mut buf: PoolBuf,
 ) -> Result<(PoolBuf, ChunkMeta)> {
-    let mut trailer = Vec::new();
-    let r = src.read_chunk(k, &mut buf, &mut trailer)?;
+    let mut digests = Vec::new();
+    let r = src.read_chunk(k, &mut buf, &mut digests)?;
     let mut segments = Vec::new();
     src.layout().segments(k, &mut segments);
     if r.zeros || part_segments(&segments, p).is_none() {
@@ -1734,17 +1732,12 @@ fn read_part(
     }
     let bytes = &buf[p.offset as usize..(p.offset + p.len) as usize];
     let crc = r.crc.map(|_| dmover_proto::digest::crc32c_append(0, bytes));
-    let mut head = p.offset.to_be_bytes().to_vec();
-    let markers = dmover_proto::data::DigestEntry::decode_all(&trailer)
-        .map_err(|e| Error::protocol("this side", format!("chunk {k} trailer: {e}")))?;
-    for d in markers.filter(|d| d.is_failure()) {
-        d.encode_into(&mut head);
-    }
+    digests.retain(DigestEntry::is_failure);
     Ok((
         buf,
         ChunkMeta {
             crc,
-            trailer: head,
+            digests,
             zeros: false,
             part: Some(p),
         },
@@ -1784,10 +1777,10 @@ async fn source_stream<L: DataLink, K>(
                     let frame = ChunkFrame {
                         chunk,
                         crc: meta.crc,
-                        trailer: &meta.trailer,
+                        digests: &meta.digests,
                         segments: if zeros { &[] } else { &segments },
                         zeros,
-                        part: meta.part.is_some(),
+                        part: meta.part.map(|p| p.offset),
                     };
                     let payload = frame.payload_len() as u64;
                     if zeros {
@@ -1870,7 +1863,7 @@ enum SinkIn<K> {
         stream: u16,
         chunk: u64,
         buf: PoolBuf,
-        trailer: Vec<u8>,
+        digests: Vec<DigestEntry>,
         crc: Option<u32>,
     },
     /// A part frame (feature `PARTS`).
@@ -1879,7 +1872,7 @@ enum SinkIn<K> {
         chunk: u64,
         offset: u32,
         data: Vec<u8>,
-        trailer: Vec<u8>,
+        digests: Vec<DigestEntry>,
         crc: Option<u32>,
     },
     PartWritten(Result<()>),
@@ -2016,12 +2009,7 @@ where
     let mut meta = Vec::new();
     let mut cancelled = false;
     let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut windows = Buffers::new(
-        tcp::Buffer::Receive,
-        env.receive_budget,
-        env.run.progress.clone(),
-        &peer,
-    );
+    let mut windows = Budget::new(Direction::Receive, env.receive_budget, &peer);
     let mut disk_tune: Option<DiskTune> = None;
     loop {
         if let Some((k, ..)) = &live
@@ -2030,6 +2018,9 @@ where
             k.set_times(std::mem::take(&mut times));
         }
         windows.check(now());
+        if let Some(share) = windows.take_set() {
+            env.run.progress.receive_buffer.store(share, Relaxed);
+        }
         // A request-driven sink (a mount) moves what its reader asks for, in bursts:
         // its disk threads are not tuned.
         if let Some((.., pool)) = &live
@@ -2270,7 +2261,7 @@ where
                 m.fail(now(), Fault::cancelled(why));
             }
             Some(input) = rx.recv() => match input {
-                SinkIn::Arrived { stream, chunk, buf, trailer, crc } => {
+                SinkIn::Arrived { stream, chunk, buf, digests, crc } => {
                     if m.arrived(now(), stream, chunk) == Arrival::Write {
                         let (Some((_, sink, _)), tx) = (&live, tx.clone()) else { continue };
                         let (sink, stopped) = (sink.clone(), stopped.clone());
@@ -2278,13 +2269,13 @@ where
                             if stopped.load(Relaxed) {
                                 return;
                             }
-                            let result = sink.write_chunk(chunk, &buf, &trailer, crc).map_err(Error::from);
+                            let result = sink.write_chunk(chunk, &buf, &digests, crc).map_err(Error::from);
                             drop(buf);
                             let _ = tx.send(SinkIn::Written { chunk, result });
                         });
                     }
                 }
-                SinkIn::Part { stream, chunk, offset, data, trailer, crc } => {
+                SinkIn::Part { stream, chunk, offset, data, digests, crc } => {
                     let range = PartRange { offset, len: data.len() as u32 };
                     if m.arrived_part(now(), stream, chunk, range) == Arrival::Write {
                         let (Some((_, sink, _)), tx) = (&live, tx.clone()) else { continue };
@@ -2293,7 +2284,7 @@ where
                             if stopped.load(Relaxed) {
                                 return;
                             }
-                            let r = sink.write_part(chunk, offset, &data, &trailer, crc);
+                            let r = sink.write_part(chunk, offset, &data, &digests, crc);
                             let _ = tx.send(SinkIn::PartWritten(r.map_err(Error::from)));
                         });
                     }
@@ -2355,7 +2346,7 @@ where
             (i, r) = joins.next() => match r {
                 Ok(s) => {
                     m.stream_joined(now(), i);
-                    windows.join(now(), i, s.io.meter());
+                    windows.join(now(), i, s.io.probe().as_ref());
                     match &live {
                         Some((_, sink, pool)) => {
                             let timed = news.is_some() || m.uses(features::TUNING);
@@ -2505,7 +2496,6 @@ async fn sink_stream<L: DataLink, K>(
     progress: &Progress,
 ) -> Result<Option<u64>> {
     let mut layout = sink.layout();
-    let mut n = layout.n_chunks();
     let limits = FrameLimits {
         max_payload: layout.chunk_size() as u32,
         max_digests: layout.chunk_size() as u32,
@@ -2524,115 +2514,74 @@ async fn sink_stream<L: DataLink, K>(
             Error::data("receiving data from", &peer, e)
         }
     };
-    let fatal = |what: String| Error::protocol(&peer, what);
     let mut segments = Vec::new();
     loop {
-        let hb = s.io.recv_header().await.map_err(lost)?;
-        let h =
-            FrameHeader::decode(&hb, &limits).map_err(|e| Error::Net(NetError::proto(&peer, e)))?;
-        if h.kind == FrameKind::End {
-            return Ok(Some(h.chunk));
-        }
-        let k = h.chunk;
-        if h.part {
-            let mut off = [0u8; PART_LEN];
-            s.io.recv_into(&mut off).await.map_err(lost)?;
-            let offset = u32::from_be_bytes(off);
-            if k >= n {
+        // Checked against the layout before anything the header sizes is read; a
+        // growing manifest's later part is laid out by the time its chunks come (the
+        // source waits for `Grown`), so a chunk past the layout looks again first.
+        let mut len = 0;
+        let check = |h: &dmover_proto::data::FrameHeader, part: Option<u32>| {
+            if h.chunk >= layout.n_chunks() {
                 layout = sink.layout();
-                n = layout.n_chunks();
             }
-            let (lo, hi) = layout.chunk_bounds(k);
-            if k >= n || u64::from(offset) + u64::from(h.payload_len) > hi - lo {
-                return Err(fatal(format!(
-                    "a part of {} bytes at {offset} of chunk {k}, beyond it",
-                    h.payload_len
-                )));
-            }
-            let mut trailer = vec![0u8; h.n_digests as usize * DIGEST_LEN];
-            s.io.recv_into(&mut trailer).await.map_err(lost)?;
-            let mut data = vec![0u8; h.payload_len as usize];
-            s.io.recv_into(&mut data).await.map_err(lost)?;
-            let wire = u64::from(h.payload_len);
-            progress.bytes.fetch_add(wire, Relaxed);
-            progress.stream_bytes.add(i, wire);
-            progress.data_flowing();
-            let _ = tx.send(SinkIn::Part {
-                stream: i,
-                chunk: k,
-                offset,
-                data,
-                trailer,
-                crc: h.crc,
-            });
-            let Some(frames) = acks.recv().await else {
-                return Ok(None);
-            };
-            s.io.send_ack(frames).await.map_err(lost)?;
-            continue;
-        }
-        if k >= n {
-            // A growing manifest's later part: its chunks come once the storage laid
-            // it out (the source waits for `Grown`).
-            layout = sink.layout();
-            n = layout.n_chunks();
-        }
-        if k >= n {
-            return Err(fatal(format!(
-                "chunk {k} out of range (the dataset has {n})"
-            )));
-        }
-        let expected = layout.wire_len(k);
-        if !h.zeros && u64::from(h.payload_len) != expected {
-            return Err(fatal(format!(
-                "chunk {k} has {} bytes, the layout says {expected}",
-                h.payload_len
-            )));
-        }
-        let pieces = layout.pieces(k).count() as u64;
-        if u64::from(h.n_digests) > pieces {
-            return Err(fatal(format!(
-                "chunk {k} carries {} digests for {pieces} files",
-                h.n_digests
-            )));
-        }
-        if h.zeros && !sink.sparse_chunk(k) {
-            return Err(fatal(format!(
-                "chunk {k} sent as zeros holds a file not listed as sparse"
-            )));
-        }
-        let mut trailer = vec![0u8; h.n_digests as usize * DIGEST_LEN];
-        s.io.recv_into(&mut trailer).await.map_err(lost)?;
-        let mut buf = pool.get().await;
-        layout.segments(k, &mut segments);
-        for &(off, len) in &segments {
-            if h.zeros {
-                buf[off..off + len].fill(0);
-                continue;
-            }
-            // Sealed records are opened straight into the pool buffer.
-            s.io.recv_into(&mut buf[off..off + len])
-                .await
-                .map_err(lost)?;
-        }
-        // Bytes that crossed the stream (none for a zeros frame).
-        let wire = if h.zeros {
-            progress.holes.fetch_add(expected, Relaxed);
-            0
-        } else {
-            expected
+            len = layout.check_frame(h, part, |k| sink.sparse_chunk(k))?;
+            Ok(())
         };
-        progress.bytes.fetch_add(wire, Relaxed);
-        progress.stream_bytes.add(i, wire);
-        progress.chunks.fetch_add(1, Relaxed);
+        let head = match s.io.recv_frame(limits, check).await {
+            Ok(Received::Chunk(head)) => head,
+            Ok(Received::End { sent }) => return Ok(Some(sent)),
+            Err(RecvError::Io(e)) => return Err(lost(e)),
+            Err(RecvError::Malformed(e)) => return Err(Error::Net(NetError::proto(&peer, e))),
+            Err(RecvError::Refused(what)) => return Err(Error::protocol(&peer, what)),
+        };
+        let (h, k) = (head.header, head.header.chunk);
+        let arrived = match head.part {
+            Some(offset) => {
+                let mut data = vec![0u8; h.payload_len as usize];
+                s.io.recv_into(&mut data).await.map_err(lost)?;
+                progress.bytes.fetch_add(len, Relaxed);
+                progress.stream_bytes.add(i, len);
+                SinkIn::Part {
+                    stream: i,
+                    chunk: k,
+                    offset,
+                    data,
+                    digests: head.digests,
+                    crc: h.crc,
+                }
+            }
+            None => {
+                let mut buf = pool.get().await;
+                layout.segments(k, &mut segments);
+                for &(off, n) in &segments {
+                    if h.zeros {
+                        buf[off..off + n].fill(0);
+                        continue;
+                    }
+                    // Sealed records are opened straight into the pool buffer.
+                    s.io.recv_into(&mut buf[off..off + n]).await.map_err(lost)?;
+                }
+                // Bytes that crossed the stream (none for a zeros frame).
+                let wire = if h.zeros {
+                    progress.holes.fetch_add(len, Relaxed);
+                    0
+                } else {
+                    len
+                };
+                progress.bytes.fetch_add(wire, Relaxed);
+                progress.stream_bytes.add(i, wire);
+                progress.chunks.fetch_add(1, Relaxed);
+                SinkIn::Arrived {
+                    stream: i,
+                    chunk: k,
+                    buf,
+                    digests: head.digests,
+                    crc: h.crc,
+                }
+            }
+        };
         progress.data_flowing();
-        let _ = tx.send(SinkIn::Arrived {
-            stream: i,
-            chunk: k,
-            buf,
-            trailer,
-            crc: h.crc,
-        });
+        let _ = tx.send(arrived);
         let Some(frames) = acks.recv().await else {
             return Ok(None);
         };
@@ -3208,9 +3157,9 @@ mod tests {
                 &self,
                 k: u64,
                 buf: &mut [u8],
-                trailer: &mut Vec<u8>,
+                digests: &mut Vec<DigestEntry>,
             ) -> dmover_store::Result<dmover_store::ChunkRead> {
-                let honest = self.0.read_chunk(k, buf, trailer)?;
+                let honest = self.0.read_chunk(k, buf, digests)?;
                 let mut ignored = Vec::new();
                 let sent = self.1.read_chunk(k, buf, &mut ignored)?;
                 Ok(dmover_store::ChunkRead {

@@ -19,7 +19,6 @@
 //!   [`dmover_store`]; its errors arrive here as [`Error::Store`].
 
 pub mod access;
-mod buffers;
 pub mod client;
 pub mod diskpool;
 pub mod disktune;

@@ -183,8 +183,9 @@ impl Source for Pattern {
         &self,
         _k: u64,
         buf: &mut [u8],
-        _trailer: &mut Vec<u8>,
+        digests: &mut Vec<dmover_proto::data::DigestEntry>,
     ) -> dmover_store::Result<ChunkRead> {
+        digests.clear();
         Ok(ChunkRead {
             crc: self.settle(buf),
             n_digests: 0,
@@ -243,7 +244,7 @@ impl Sink for Discard {
         &self,
         k: u64,
         buf: &[u8],
-        _trailer: &[u8],
+        _digests: &[dmover_proto::data::DigestEntry],
         crc: Option<u32>,
     ) -> dmover_store::Result<()> {
         let len = self.layout.wire_len(k) as usize;

@@ -4,8 +4,8 @@
 //! Two sessions run at once: a pull from A whose sink storage is a [`RelaySink`], and
 //! a push to B (with A's manifest and chunk size) whose source storage is a
 //! [`RelaySource`]. Both share a [`Ring`]: the sink puts each chunk it receives (its
-//! CRC checked) with A's CRC and digest trailer, the source takes chunk `k` when its
-//! machine reads it and sends it with that same trailer, so B checks A's file digests
+//! CRC checked) with A's CRC and digests, the source takes chunk `k` when its
+//! machine reads it and sends it with those same digests, so B checks A's file digests
 //! end to end. Nothing is written on the client's disk.
 //!
 //! Memory is bounded: the ring holds at most its capacity of chunks not yet sent to B
@@ -62,7 +62,7 @@ pub enum Side {
 /// A chunk in the ring.
 struct Kept {
     data: Vec<u8>,
-    trailer: Vec<u8>,
+    digests: Vec<DigestEntry>,
     crc: Option<u32>,
 }
 
@@ -218,7 +218,7 @@ impl Ring {
         &self,
         k: u64,
         payload: &[u8],
-        trailer: &[u8],
+        digests: &[DigestEntry],
         crc: Option<u32>,
     ) -> Result<(), String> {
         let mut s = self.state.lock();
@@ -254,7 +254,7 @@ impl Ring {
             k,
             Kept {
                 data,
-                trailer: trailer.to_vec(),
+                digests: digests.to_vec(),
                 crc,
             },
         ) {
@@ -266,13 +266,13 @@ impl Ring {
         Ok(())
     }
 
-    /// Takes chunk `k` into `buf` and its trailer into `trailer`, waiting until it
+    /// Takes chunk `k` into `buf` and its digests into `digests`, waiting until it
     /// came; its CRC.
     pub fn take(
         &self,
         k: u64,
         buf: &mut [u8],
-        trailer: &mut Vec<u8>,
+        digests: &mut Vec<DigestEntry>,
     ) -> Result<Option<u32>, String> {
         let mut s = self.state.lock();
         let held = loop {
@@ -298,8 +298,8 @@ impl Ring {
         // Room freed for a put.
         self.cv.notify_all();
         buf[..held.data.len()].copy_from_slice(&held.data);
-        trailer.clear();
-        trailer.extend_from_slice(&held.trailer);
+        digests.clear();
+        digests.extend_from_slice(&held.digests);
         let crc = held.crc;
         let mut s = self.state.lock();
         s.kept_bytes += held.data.len();
@@ -402,7 +402,7 @@ impl Sink for RelaySink {
         &self,
         k: u64,
         buf: &[u8],
-        trailer: &[u8],
+        digests: &[DigestEntry],
         crc: Option<u32>,
     ) -> dmover_store::Result<()> {
         if self.checksum {
@@ -422,9 +422,7 @@ impl Sink for RelaySink {
         // The digests go on to B with the chunk (B checks them): only their form here.
         // Failure markers (`--continue-on-error`: a file A could not read) go on too,
         // and B drops that file.
-        for d in DigestEntry::decode_all(trailer).map_err(|e| {
-            dmover_store::Error::protocol(&self.from, format!("chunk {k} digest trailer: {e}"))
-        })? {
+        for d in digests {
             if !self.layout.pieces(k).any(|p| p.file == d.index()) {
                 return Err(dmover_store::Error::protocol(
                     &self.from,
@@ -434,7 +432,7 @@ impl Sink for RelaySink {
         }
         let len = payload_len(&self.layout, k);
         self.ring
-            .put(k, &buf[..len], trailer, crc)
+            .put(k, &buf[..len], digests, crc)
             .map_err(|why| dmover_store::Error::refused(ErrorCode::Aborted, why))?;
         self.bytes.fetch_add(len as u64, Ordering::Relaxed);
         self.chunks.fetch_add(1, Ordering::Relaxed);
@@ -553,25 +551,23 @@ impl Source for RelaySource {
         &self,
         k: u64,
         buf: &mut [u8],
-        trailer: &mut Vec<u8>,
+        digests: &mut Vec<DigestEntry>,
     ) -> dmover_store::Result<ChunkRead> {
         if !self.resumed {
             // Chunks are read after B's `Go`: a pull waiting for B's resume answer
             // gets none.
             self.ring.offer_none(&self.entries);
         }
-        let crc = self.ring.take(k, buf, trailer).map_err(relay_error)?;
+        let crc = self.ring.take(k, buf, digests).map_err(relay_error)?;
         // Checked when it came from A.
-        if let Ok(digests) = DigestEntry::decode_all(trailer) {
-            for d in digests.filter(DigestEntry::is_failure) {
-                if let Some(f) = self.layout.files().get(d.index() as usize) {
-                    self.failed.lock().insert(f.entry);
-                }
+        for d in digests.iter().filter(|d| d.is_failure()) {
+            if let Some(f) = self.layout.files().get(d.index() as usize) {
+                self.failed.lock().insert(f.entry);
             }
         }
         Ok(ChunkRead {
             crc,
-            n_digests: (trailer.len() / dmover_proto::data::DIGEST_LEN) as u32,
+            n_digests: digests.len() as u32,
             zeros: false,
         })
     }
@@ -779,19 +775,17 @@ mod tests {
         let ring = Ring::new(1 << 20);
         let sink = RelaySink::new(entries.clone(), 1 << 20, false, ring.clone(), "A").unwrap();
         let source = RelaySource::new(&entries, 1 << 20, ring).unwrap();
-        let mut marker = Vec::new();
-        DigestEntry::failure(1).encode_into(&mut marker);
+        let marker = vec![DigestEntry::failure(1)];
         let buf = vec![0u8; 1 << 20];
         sink.write_chunk(0, &buf, &marker, None).unwrap();
-        let (mut out, mut trailer) = (vec![0u8; 1 << 20], Vec::new());
-        let read = source.read_chunk(0, &mut out, &mut trailer).unwrap();
-        assert_eq!(trailer, marker, "the marker goes on to B");
+        let (mut out, mut digests) = (vec![0u8; 1 << 20], Vec::new());
+        let read = source.read_chunk(0, &mut out, &mut digests).unwrap();
+        assert_eq!(digests, marker, "the marker goes on to B");
         assert_eq!(read.n_digests, 1);
         let failed = SourceStore::failed(&source);
         assert_eq!(failed.len(), 1);
         assert_eq!(failed[0].entry, 2, "layout file 1 is entry 2");
-        let mut stray = Vec::new();
-        DigestEntry::failure(7).encode_into(&mut stray);
+        let stray = vec![DigestEntry::failure(7)];
         assert!(sink.write_chunk(0, &buf, &stray, None).is_err());
     }
 }

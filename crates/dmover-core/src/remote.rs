@@ -342,14 +342,14 @@ impl ChunkCache {
 
     /// Checks what came for chunk `k` (`what` names it: the chunk, or a part of it):
     /// its CRC against `crc_of` of its bytes (with checksums on), and that no file of
-    /// it failed at the source (a failure marker in `trailer`).
+    /// it failed at the source (a failure marker in `digests`).
     fn check(
         &self,
         k: u64,
         what: impl Fn() -> String,
         crc_of: impl FnOnce() -> u32,
         crc: Option<u32>,
-        trailer: &[u8],
+        digests: &[DigestEntry],
     ) -> dmover_store::Result<()> {
         use dmover_store::Error as E;
         if self.checksum {
@@ -363,9 +363,7 @@ impl ChunkCache {
                 )));
             }
         }
-        let mut digests = DigestEntry::decode_all(trailer)
-            .map_err(|e| E::protocol("the source", format!("chunk {k} digest trailer: {e}")))?;
-        if let Some(d) = digests.find(|d| d.is_failure()) {
+        if let Some(d) = digests.iter().find(|d| d.is_failure()) {
             return Err(E::protocol(
                 "the source",
                 format!("chunk {k}: file {} could not be read there", d.index()),
@@ -389,7 +387,7 @@ impl Sink for ChunkCache {
         &self,
         k: u64,
         buf: &[u8],
-        trailer: &[u8],
+        digests: &[DigestEntry],
         crc: Option<u32>,
     ) -> dmover_store::Result<()> {
         let crc_of = || {
@@ -397,7 +395,7 @@ impl Sink for ChunkCache {
                 crc32c_append(c, &buf[p.buf_offset..p.buf_offset + p.len])
             })
         };
-        self.check(k, || format!("chunk {k}"), crc_of, crc, trailer)?;
+        self.check(k, || format!("chunk {k}"), crc_of, crc, digests)?;
         let (lo, hi) = self.layout.chunk_bounds(k);
         self.shared.arrived(k, buf[..(hi - lo) as usize].into());
         Ok(())
@@ -408,11 +406,11 @@ impl Sink for ChunkCache {
         k: u64,
         offset: u32,
         data: &[u8],
-        trailer: &[u8],
+        digests: &[DigestEntry],
         crc: Option<u32>,
     ) -> dmover_store::Result<()> {
         let what = || format!("{} bytes at {offset} of chunk {k}", data.len());
-        self.check(k, what, || crc32c_append(0, data), crc, trailer)?;
+        self.check(k, what, || crc32c_append(0, data), crc, digests)?;
         self.shared.part_arrived(k, offset, data.into());
         Ok(())
     }
@@ -497,7 +495,7 @@ impl Remote {
         // client's bandwidth limit, as in a pull.
         dial.limits = client.limits(true);
         if dial.limits.congestion.is_empty() {
-            dial.limits.congestion = dmover_net::tcp::UNPACED.to_string();
+            dial.limits.congestion = dmover_net::link::UNPACED.to_string();
         }
         let m = SinkSession::dial(now(), server, timing, Limits::default(), dial);
         let shared = Arc::new(Shared {

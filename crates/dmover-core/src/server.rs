@@ -380,7 +380,7 @@ impl Server {
                 .socket
                 .congestion
                 .clone()
-                .or_else(tcp::default_congestion),
+                .or_else(dmover_net::link::default_congestion),
             handshakes: Arc::new(Semaphore::new(cfg.max_handshakes.max(1))),
             overflow: Arc::new(Semaphore::new(overflow_limit(cfg.max_handshakes))),
             memory: Arc::new(Semaphore::new(units)),
@@ -1339,11 +1339,17 @@ impl Server {
             })
         };
         let joins = drive::Accepted::new(rx, move |io: DataIo| {
-            if let Some(o) = &congestion {
-                dmover_net::tcp::tune_stream(io.get_ref(), o);
+            let probe = dmover_net::transport::DataLink::probe(&io);
+            if probe.is_none() && (congestion.is_some() || send_cc.is_some()) {
+                tracing::warn!(
+                    "a data stream's congestion control cannot be set: no handle on its connection"
+                );
             }
-            if let Some(cc) = &send_cc {
-                cc.joined(io.get_ref());
+            if let (Some(o), Some(p)) = (&congestion, &probe) {
+                p.apply(o);
+            }
+            if let (Some(cc), Some(p)) = (&send_cc, probe) {
+                cc.joined(p);
             }
             Paced::new(Faulty::new(io, plan.clone()), pacer.clone())
         });
@@ -1367,8 +1373,8 @@ impl Server {
             chunk_delay: self.faults.chunk_delay,
             zerocopy: None,
             limits: Some(answer),
-            receive_budget: self.cfg.socket.budget(tcp::Buffer::Receive),
-            send_budget: self.cfg.socket.budget(tcp::Buffer::Send),
+            receive_budget: self.cfg.socket.budget(dmover_net::link::Direction::Receive),
+            send_budget: self.cfg.socket.budget(dmover_net::link::Direction::Send),
             tuned_start,
             disk_room: Some(self.disk_room(chunk)),
         };

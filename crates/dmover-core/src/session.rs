@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use dmover_net::control::ControlChannel;
-use dmover_net::tcp::SocketOptions;
+use dmover_net::link::SocketOptions;
 use dmover_proto::control::{Control, SessionOptions};
 use dmover_proto::layout::DEFAULT_CHUNK;
 use dmover_proto::manifest::{self, Entry};

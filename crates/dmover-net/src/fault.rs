@@ -116,8 +116,8 @@ impl<L: DataLink> DataLink for Faulty<L> {
         self.inner.reads_timed_by_caller();
     }
 
-    fn meter(&self) -> Option<crate::tcpinfo::TcpMeter> {
-        self.inner.meter()
+    fn probe(&self) -> Option<crate::link::Probe> {
+        self.inner.probe()
     }
 
     async fn recv_into(&mut self, dst: &mut [u8]) -> io::Result<()> {

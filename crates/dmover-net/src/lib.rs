@@ -21,17 +21,24 @@
 //!   [`fault`] wraps any of them with injected delays and cuts, for tests; [`pace`]
 //!   wraps any of them with a bandwidth limit (a token bucket shared by a transfer's
 //!   streams).
+//! - [`link`]: the transport-neutral knobs of a data stream's connection: a
+//!   [`link::Probe`] the engine's tuners read (delivered bytes, round trips, what held
+//!   it back) and its congestion control; [`budget`]: a session's buffer budget, which
+//!   the transport applies (over TCP: socket buffers held to a share or raised past
+//!   the host's autotuning limit).
 //! - [`tcpinfo`]: a data stream's TCP counters (`TCP_INFO`: bytes acknowledged,
-//!   round-trip times), which a source's tuner measures its rate with.
+//!   round-trip times), behind [`link::Probe`] for TCP.
 //! - [`zerocopy`]: `MSG_ZEROCOPY` sends with completion reaping, reporting when the
 //!   kernel copied after all.
 
+pub mod budget;
 pub mod capability;
 pub mod chunkio;
 pub mod control;
 pub mod fault;
 pub mod join;
 pub mod known_hosts;
+pub mod link;
 pub mod pace;
 pub mod stream;
 pub mod tcp;

@@ -135,8 +135,8 @@ impl<L: DataLink> DataLink for Paced<L> {
         self.inner.reads_timed_by_caller();
     }
 
-    fn meter(&self) -> Option<crate::tcpinfo::TcpMeter> {
-        self.inner.meter()
+    fn probe(&self) -> Option<crate::link::Probe> {
+        self.inner.probe()
     }
 
     async fn recv_into(&mut self, dst: &mut [u8]) -> io::Result<()> {
@@ -273,10 +273,10 @@ mod tests {
                 let f = ChunkFrame {
                     chunk: 0,
                     crc: None,
-                    trailer: &[],
+                    digests: &[],
                     segments: &segs,
                     zeros: false,
-                    part: false,
+                    part: None,
                 };
                 tx.send_chunk(f, &mut buf).await.unwrap();
             });

@@ -6,7 +6,7 @@
 //! buffers are set only when the user asks (`--tcp-buffer`; size them to at least
 //! the bandwidth-delay product: rate × RTT), or by a session, from what the stream's
 //! autotuning did ([`Buffer`], [`receive_share`], [`raised_share`]; the policy is
-//! `dmover_core::buffers`).
+//! [`crate::budget`]).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -16,30 +16,7 @@ use tokio::net::{TcpListener, TcpStream, lookup_host};
 
 use crate::NetError;
 
-/// Per-socket settings.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SocketOptions {
-    /// Explicit send buffer in bytes (`None`: kernel autotuning).
-    pub send_buffer: Option<usize>,
-    /// Explicit receive buffer in bytes (`None`: kernel autotuning).
-    pub recv_buffer: Option<usize>,
-    /// Congestion control algorithm (e.g. `bbr`, `cubic`); `None`: system default.
-    pub congestion: Option<String>,
-}
-
-impl SocketOptions {
-    /// What a session's data streams may hold together of `buffer`
-    /// ([`receive_budget`]; the policy is `dmover_core::buffers`): none when the user
-    /// set that buffer.
-    pub fn budget(&self, buffer: Buffer) -> Option<u64> {
-        match buffer {
-            Buffer::Send => self.send_buffer,
-            Buffer::Receive => self.recv_buffer,
-        }
-        .is_none()
-        .then(receive_budget)
-    }
-}
+pub use crate::link::SocketOptions;
 
 /// `TCP_NOTSENT_LOWAT` of every socket: a socket takes more data only while less than
 /// this much of what it holds is still unsent. Without it, autotuning lets every

@@ -20,11 +20,13 @@ use std::future::Future;
 use std::io::{self, IoSlice};
 
 use dmover_proto::data::{
-    ACK_LEN, DIGEST_LEN, FrameHeader, FrameKind, HEADER_LEN, PART_LEN, decode_ack, encode_ack,
+    ACK_LEN, DIGEST_LEN, DigestEntry, FrameHeader, FrameKind, FrameLimits, HEADER_LEN, PART_LEN,
+    decode_ack, encode_ack,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::chunkio::{ChunkOut, DataWrite, Locked, ReadSide, WriteSide, write_sealed};
+use crate::link::Probe;
 use crate::pace::Pacer;
 use crate::stream::{DataIo, DataRead};
 use crate::zerocopy::{ZeroCopy, ZeroCopyStats};
@@ -41,17 +43,17 @@ pub struct ChunkFrame<'a> {
     pub chunk: u64,
     /// CRC32C of the payload, when checksums are on.
     pub crc: Option<u32>,
-    /// What follows the header: the digest entries (of a part frame, after its
-    /// offset, [`dmover_proto::data::PART_LEN`] bytes).
-    pub trailer: &'a [u8],
+    /// The digest entries (and failure markers) that follow the header; of a part
+    /// frame, the chunk's failure markers only.
+    pub digests: &'a [DigestEntry],
     /// `(offset, length)` runs of the buffer that make the payload, in order; none
     /// for a zeros frame.
     pub segments: &'a [(usize, usize)],
     /// A zeros frame ([`dmover_proto::data::FLAG_ZEROS`]): no payload travels.
     pub zeros: bool,
-    /// A part frame ([`dmover_proto::data::FLAG_PART`]): `trailer` starts with its
-    /// offset and `segments` are the part's bytes.
-    pub part: bool,
+    /// A part frame ([`dmover_proto::data::FLAG_PART`]): these bytes of the chunk,
+    /// from this offset (`segments` are the part's bytes).
+    pub part: Option<u32>,
 }
 
 impl ChunkFrame<'_> {
@@ -65,15 +67,65 @@ impl ChunkFrame<'_> {
         FrameHeader {
             kind: FrameKind::Chunk,
             chunk: self.chunk,
-            n_digests: ((self.trailer.len() - if self.part { PART_LEN } else { 0 }) / DIGEST_LEN)
-                as u32,
+            n_digests: self.digests.len() as u32,
             payload_len: self.payload_len() as u32,
             crc: self.crc,
             zeros: self.zeros,
-            part: self.part,
+            part: self.part.is_some(),
         }
         .encode()
     }
+
+    /// The bytes before the payload, into `out` (cleared first): the header, a part's
+    /// offset, the digest entries.
+    pub fn encode_head(&self, out: &mut Vec<u8>) {
+        out.clear();
+        out.extend_from_slice(&self.header());
+        if let Some(offset) = self.part {
+            out.extend_from_slice(&offset.to_be_bytes());
+        }
+        for d in self.digests {
+            d.encode_into(out);
+        }
+    }
+}
+
+/// A frame received on a data stream, its framing decoded ([`DataLink::recv_frame`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Received {
+    /// A chunk frame's head; its payload (`header.payload_len` bytes, none for a
+    /// zeros frame) follows on the stream ([`DataLink::recv_into`]).
+    Chunk(ChunkHead),
+    /// The stream's `END` after `sent` chunk frames.
+    End {
+        /// Chunk frames the peer sent on the stream.
+        sent: u64,
+    },
+}
+
+/// A chunk frame's head: its header, a part's offset and its digest entries, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkHead {
+    /// The header, checked against the receiver's limits and the caller's check.
+    pub header: FrameHeader,
+    /// A part frame's offset into its chunk.
+    pub part: Option<u32>,
+    /// The digest entries (of a part: failure markers), in the order sent.
+    pub digests: Vec<DigestEntry>,
+}
+
+/// Why a frame could not be received.
+#[derive(Debug, thiserror::Error)]
+pub enum RecvError {
+    /// The stream failed or ended.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    /// The bytes are not a frame ([`FrameHeader::decode`]'s reason).
+    #[error(transparent)]
+    Malformed(dmover_proto::Error),
+    /// A well-formed frame the caller's check refused (e.g. against the layout).
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// A joined data stream. A sink uses it whole (it reads a frame, then acknowledges
@@ -90,8 +142,50 @@ pub trait DataLink: Send + 'static {
     /// own idle limit no longer applies to reads; writes keep theirs.
     fn into_source(self) -> (Self::Tx, Self::Acks);
 
-    /// Reads the next frame header's bytes (decode them with [`FrameHeader::decode`]).
+    /// Reads the next frame header's bytes (decode them with [`FrameHeader::decode`];
+    /// [`DataLink::recv_frame`] does, and reads the rest of the frame's head).
     fn recv_header(&mut self) -> impl Future<Output = io::Result<[u8; HEADER_LEN]>> + Send;
+
+    /// Reads the next frame's head, decoded: its header, checked against `limits`,
+    /// then (a part) its offset, then `check(header, part)` — the caller's check, e.g.
+    /// against the layout ([`dmover_proto::layout::Layout::check_frame`]), before
+    /// anything sized by the header is read or allocated — then its digest entries.
+    /// A chunk frame's payload is left on the stream for [`DataLink::recv_into`].
+    fn recv_frame<'a, F>(
+        &'a mut self,
+        limits: FrameLimits,
+        check: F,
+    ) -> impl Future<Output = Result<Received, RecvError>> + Send + 'a
+    where
+        Self: Sized,
+        F: FnOnce(&FrameHeader, Option<u32>) -> Result<(), String> + Send + 'a,
+    {
+        async move {
+            let raw = self.recv_header().await?;
+            let header = FrameHeader::decode(&raw, &limits).map_err(RecvError::Malformed)?;
+            if header.kind == FrameKind::End {
+                return Ok(Received::End { sent: header.chunk });
+            }
+            let part = if header.part {
+                let mut offset = [0u8; PART_LEN];
+                self.recv_into(&mut offset).await?;
+                Some(u32::from_be_bytes(offset))
+            } else {
+                None
+            };
+            check(&header, part).map_err(RecvError::Refused)?;
+            let mut trailer = vec![0u8; header.n_digests as usize * DIGEST_LEN];
+            self.recv_into(&mut trailer).await?;
+            let digests = DigestEntry::decode_all(&trailer)
+                .map_err(RecvError::Malformed)?
+                .collect();
+            Ok(Received::Chunk(ChunkHead {
+                header,
+                part,
+                digests,
+            }))
+        }
+    }
 
     /// Fills `dst` from the stream (a frame's digest trailer or a run of its payload);
     /// an end of stream before it is full is an `UnexpectedEof` error. Dropping the
@@ -114,10 +208,10 @@ pub trait DataLink: Send + 'static {
     /// must pass it on.)
     fn reads_timed_by_caller(&mut self);
 
-    /// A meter of the stream's TCP connection, when it is one (see
-    /// [`crate::tcpinfo::TcpMeter`]: drop it when the stream ends). (No default: a
-    /// wrapper must pass it on.)
-    fn meter(&self) -> Option<crate::tcpinfo::TcpMeter>;
+    /// A handle on the stream's connection for the engine's tuners and budgets
+    /// ([`Probe`]: drop it when the stream ends); `None` where the transport has
+    /// none. (No default: a wrapper must pass it on.)
+    fn probe(&self) -> Option<Probe>;
 }
 
 /// The half of a source's data stream that writes chunk frames.
@@ -241,6 +335,8 @@ pub fn send_windows(
 pub struct IoTx<S> {
     w: WriteSide<S>,
     out: ChunkOut,
+    /// The frame's head as sent (header, part offset, digests), reused.
+    head: Vec<u8>,
     pieces: Vec<(usize, usize)>,
     bounds: Vec<usize>,
     /// Zero-copy sending, once on: every write goes through it from then on.
@@ -268,6 +364,7 @@ where
             IoTx {
                 w,
                 out: ChunkOut::default(),
+                head: Vec::new(),
                 pieces: Vec::new(),
                 bounds: Vec::new(),
                 zc: None,
@@ -306,9 +403,8 @@ where
         DataRead::reads_timed_by_caller(self);
     }
 
-    fn meter(&self) -> Option<crate::tcpinfo::TcpMeter> {
-        let tcp = self.get_ref().raw_tcp()?;
-        crate::tcpinfo::TcpMeter::of(tcp).ok()
+    fn probe(&self) -> Option<Probe> {
+        Probe::tcp(self.get_ref().raw_tcp()?).ok()
     }
 }
 
@@ -323,15 +419,14 @@ where
         buf: &mut [u8],
         pacer: Option<&Pacer>,
     ) -> io::Result<()> {
-        let header = f.header();
+        f.encode_head(&mut self.head);
         if let Some(zc) = &mut self.zc {
             if let Some(p) = pacer {
                 p.take(f.payload_len() as u64).await;
             }
-            // The header and trailer change every frame: copied. The payload is sent
-            // from the buffer.
-            zc.send_copied(&[IoSlice::new(&header), IoSlice::new(f.trailer)])
-                .await?;
+            // The head changes every frame: copied. The payload is sent from the
+            // buffer.
+            zc.send_copied(&[IoSlice::new(&self.head)]).await?;
             let iov: Vec<IoSlice<'_>> = f
                 .segments
                 .iter()
@@ -341,7 +436,7 @@ where
         }
         send_windows(f.segments, &mut self.pieces, &mut self.bounds);
         for (i, b) in self.bounds.windows(2).enumerate() {
-            let head: &[&[u8]] = if i == 0 { &[&header, f.trailer] } else { &[] };
+            let head: &[&[u8]] = if i == 0 { &[&self.head] } else { &[] };
             let window = &self.pieces[b[0]..b[1]];
             if let Some(p) = pacer {
                 p.take(window.iter().map(|w| w.1 as u64).sum()).await;
@@ -458,8 +553,9 @@ mod tests {
         )
     }
 
-    /// Chunks written through the seam arrive as frames with their trailer and payload
-    /// byte for byte (a zeros frame, chunk 1, with its trailer and no payload),
+    /// Chunks written through the seam arrive as decoded frames with their digests
+    /// and payload byte for byte (a zeros frame, chunk 1, with its digests and no
+    /// payload; a part frame, chunk 3, with its offset and a failure marker),
     /// acknowledgements come back, and END closes the stream, for every protection.
     #[tokio::test]
     async fn chunks_and_acks_cross_the_seam_unchanged() {
@@ -478,37 +574,57 @@ mod tests {
                 .iter()
                 .flat_map(|&(o, l)| data[o..o + l].to_vec())
                 .collect();
-            let trailer = vec![7u8; DIGEST_LEN * 2];
+            let digests = [DigestEntry { file: 1, digest: 7 }, DigestEntry::failure(2)];
             let sender = tokio::spawn(async move {
-                for k in 0..3u64 {
+                for k in 0..4u64 {
                     let mut buf = data.clone();
                     let f = ChunkFrame {
                         chunk: k,
                         crc: Some(k as u32),
-                        trailer: &trailer,
-                        segments: if k == 1 { &[] } else { &segs },
+                        digests: if k == 3 { &digests[1..] } else { &digests },
+                        segments: match k {
+                            1 => &[],
+                            3 => &[(100, 50)],
+                            _ => &segs,
+                        },
                         zeros: k == 1,
-                        part: false,
+                        part: (k == 3).then_some(100),
                     };
                     tx.send_chunk(f, &mut buf).await.unwrap();
                     assert_eq!(acks.recv_ack().await.unwrap(), k + 1);
                 }
-                tx.send_end(3).await.unwrap();
+                tx.send_end(4).await.unwrap();
             });
             let limits = FrameLimits {
                 max_payload: 1 << 26,
                 max_digests: 16,
             };
-            for k in 0..3u64 {
-                let h = FrameHeader::decode(&dst.recv_header().await.unwrap(), &limits).unwrap();
+            for k in 0..4u64 {
+                let Received::Chunk(head) = dst.recv_frame(limits, |_, _| Ok(())).await.unwrap()
+                else {
+                    panic!("{p:?}: chunk {k} expected");
+                };
+                let h = head.header;
                 assert_eq!(
-                    (h.kind, h.chunk, h.crc, h.n_digests),
-                    (FrameKind::Chunk, k, Some(k as u32), 2)
+                    (h.kind, h.chunk, h.crc),
+                    (FrameKind::Chunk, k, Some(k as u32))
                 );
-                let mut tr = vec![0u8; DIGEST_LEN * 2];
-                dst.recv_into(&mut tr).await.unwrap();
-                assert_eq!(tr, vec![7u8; DIGEST_LEN * 2]);
                 assert_eq!(h.zeros, k == 1);
+                if k == 3 {
+                    assert_eq!(
+                        (head.part, head.digests.as_slice()),
+                        (Some(100), &digests[1..])
+                    );
+                    let mut got = vec![0u8; h.payload_len as usize];
+                    dst.recv_into(&mut got).await.unwrap();
+                    assert_eq!(
+                        got,
+                        (100..150).map(|i| (i * 31 % 251) as u8).collect::<Vec<_>>()
+                    );
+                    dst.send_ack(k + 1).await.unwrap();
+                    continue;
+                }
+                assert_eq!((head.part, head.digests.as_slice()), (None, &digests[..]));
                 if h.zeros {
                     assert_eq!(h.payload_len, 0);
                     dst.send_ack(k + 1).await.unwrap();
@@ -519,10 +635,53 @@ mod tests {
                 assert!(got == want, "{p:?}: chunk {k} payload differs");
                 dst.send_ack(k + 1).await.unwrap();
             }
-            let end = FrameHeader::decode(&dst.recv_header().await.unwrap(), &limits).unwrap();
-            assert_eq!((end.kind, end.chunk), (FrameKind::End, 3));
+            let end = dst.recv_frame(limits, |_, _| Ok(())).await.unwrap();
+            assert_eq!(end, Received::End { sent: 4 });
             sender.await.unwrap();
         }
+    }
+
+    /// The caller's check sees the header (and a part's offset) before the digests
+    /// are read, and its refusal is the frame's; a header past the limits is
+    /// malformed.
+    #[tokio::test]
+    async fn a_frame_is_checked_before_its_digests_are_read() {
+        let (src, mut dst) = pair(DataProtection::Plain);
+        let (mut tx, _acks) = src.into_source();
+        let digests = [DigestEntry { file: 0, digest: 1 }];
+        let mut buf = vec![1u8; 64];
+        let f = ChunkFrame {
+            chunk: 9,
+            crc: None,
+            digests: &digests,
+            segments: &[(0, 64)],
+            zeros: false,
+            part: None,
+        };
+        tx.send_chunk(f, &mut buf).await.unwrap();
+        tx.send_chunk(f, &mut buf).await.unwrap();
+        let limits = FrameLimits {
+            max_payload: 1 << 20,
+            max_digests: 4,
+        };
+        let e = dst
+            .recv_frame(limits, |h, part| {
+                assert_eq!((h.chunk, h.n_digests, part), (9, 1, None));
+                Err("chunk 9 out of range".into())
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, RecvError::Refused(ref m) if m == "chunk 9 out of range"),
+            "{e}"
+        );
+        // The refused frame's rest is still on the stream: the next header is garbage.
+        let tight = FrameLimits {
+            max_payload: 1 << 20,
+            max_digests: 0,
+        };
+        let e = dst.recv_frame(tight, |_, _| Ok(())).await.unwrap_err();
+        assert!(matches!(e, RecvError::Malformed(_)), "{e}");
     }
 
     /// A plan's cut breaks the first stream that passes its byte count, once, in the
@@ -537,10 +696,10 @@ mod tests {
         let f = ChunkFrame {
             chunk: 0,
             crc: None,
-            trailer: &[],
+            digests: &[],
             segments: &segs,
             zeros: false,
-            part: false,
+            part: None,
         };
         tx.send_chunk(f, &mut buf).await.unwrap();
         let e = tx.send_chunk(f, &mut buf).await.unwrap_err();

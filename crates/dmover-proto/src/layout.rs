@@ -385,6 +385,63 @@ impl Layout {
         self.pieces(k).map(|p| p.len as u64).sum()
     }
 
+    /// Checks a received chunk frame's header against the layout, before its trailer
+    /// and payload are read (a pure function of what the transport decoded): the chunk
+    /// exists; a whole frame's payload is the chunk's wire length and a part's lies
+    /// within the chunk; the frame carries no more digest entries than the chunk has
+    /// pieces; and a zeros frame holds only pieces of files listed as sparse
+    /// (`sparse(k)` says whether; asked only for zeros frames). Returns the bytes of
+    /// the chunk the frame stands for (a zeros frame: the hole's), or what is wrong.
+    pub fn check_frame(
+        &self,
+        h: &crate::data::FrameHeader,
+        part: Option<u32>,
+        sparse: impl FnOnce(u64) -> bool,
+    ) -> std::result::Result<u64, String> {
+        let (k, n) = (h.chunk, self.n_chunks());
+        let pieces = || self.pieces(k).count() as u64;
+        if let Some(offset) = part {
+            let (lo, hi) = self.chunk_bounds(k);
+            if k >= n || u64::from(offset) + u64::from(h.payload_len) > hi - lo {
+                return Err(format!(
+                    "a part of {} bytes at {offset} of chunk {k}, beyond it",
+                    h.payload_len
+                ));
+            }
+            if u64::from(h.n_digests) > pieces() {
+                return Err(format!(
+                    "a part of chunk {k} carries {} failure markers for {} files",
+                    h.n_digests,
+                    pieces()
+                ));
+            }
+            return Ok(h.payload_len.into());
+        }
+        if k >= n {
+            return Err(format!("chunk {k} out of range (the dataset has {n})"));
+        }
+        let expected = self.wire_len(k);
+        if !h.zeros && u64::from(h.payload_len) != expected {
+            return Err(format!(
+                "chunk {k} has {} bytes, the layout says {expected}",
+                h.payload_len
+            ));
+        }
+        let pieces = pieces();
+        if u64::from(h.n_digests) > pieces {
+            return Err(format!(
+                "chunk {k} carries {} digests for {pieces} files",
+                h.n_digests
+            ));
+        }
+        if h.zeros && !sparse(k) {
+            return Err(format!(
+                "chunk {k} sent as zeros holds a file not listed as sparse"
+            ));
+        }
+        Ok(expected)
+    }
+
     /// The contiguous runs of chunk `k`'s buffer that travel on the wire, as
     /// `(buf_offset, len)`, merged where pieces touch. Clears `out` first.
     pub fn segments(&self, k: u64, out: &mut Vec<(usize, usize)>) {
@@ -708,5 +765,90 @@ mod tests {
         assert!(Layout::new(&[], 1000).is_err());
         assert!(Layout::new(&[], MAX_CHUNK + 4096).is_err());
         assert!(Layout::new(&[], MIN_CHUNK + 1).is_err());
+    }
+
+    /// What a hostile or broken source may put in a frame header is refused before
+    /// the trailer or payload is read, each with its reason.
+    #[test]
+    fn frames_are_checked_against_the_layout() {
+        use crate::data::{FrameHeader, FrameKind};
+        // Three small files packed into chunk 0, a large one in chunks of its own.
+        let l = Layout::new(&files(&[100, 1, 5000, 70_000]), 65536).unwrap();
+        let n = l.n_chunks();
+        let (w0, p0) = (l.wire_len(0) as u32, l.pieces(0).count() as u32);
+        let last = n - 1;
+        let wl = l.wire_len(last) as u32;
+        assert!(p0 >= 3 && n >= 2, "{n} chunks, {p0} pieces in the first");
+        let h = |chunk, payload_len, n_digests, zeros| FrameHeader {
+            kind: FrameKind::Chunk,
+            chunk,
+            n_digests,
+            payload_len,
+            crc: None,
+            zeros,
+            part: false,
+        };
+        let never = |_| panic!("asked whether a chunk is sparse for a frame that is not zeros");
+        assert_eq!(
+            l.check_frame(&h(0, w0, p0, false), None, never),
+            Ok(w0.into())
+        );
+        assert_eq!(
+            l.check_frame(&h(last, wl, 1, false), None, never),
+            Ok(wl.into())
+        );
+        let e = l.check_frame(&h(n, 10, 0, false), None, never).unwrap_err();
+        assert_eq!(e, format!("chunk {n} out of range (the dataset has {n})"));
+        let e = l
+            .check_frame(&h(u64::MAX, 10, 0, false), None, never)
+            .unwrap_err();
+        assert!(e.contains("out of range"), "{e}");
+        let e = l
+            .check_frame(&h(0, w0 - 1, 0, false), None, never)
+            .unwrap_err();
+        assert_eq!(
+            e,
+            format!("chunk 0 has {} bytes, the layout says {w0}", w0 - 1)
+        );
+        let e = l
+            .check_frame(&h(0, w0, p0 + 1, false), None, never)
+            .unwrap_err();
+        assert_eq!(
+            e,
+            format!("chunk 0 carries {} digests for {p0} files", p0 + 1)
+        );
+        assert_eq!(
+            l.check_frame(&h(last, 0, 0, true), None, |k| k == last),
+            Ok(wl.into())
+        );
+        let e = l
+            .check_frame(&h(last, 0, 0, true), None, |_| false)
+            .unwrap_err();
+        assert!(e.contains("not listed as sparse"), "{e}");
+        // Parts: within the chunk, no more markers than pieces.
+        let (lo, hi) = l.chunk_bounds(last);
+        let room = (hi - lo) as u32;
+        assert_eq!(
+            l.check_frame(&h(last, 5, 0, false), Some(room - 5), never),
+            Ok(5)
+        );
+        let e = l
+            .check_frame(&h(last, 6, 0, false), Some(room - 5), never)
+            .unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "a part of 6 bytes at {} of chunk {last}, beyond it",
+                room - 5
+            )
+        );
+        let e = l
+            .check_frame(&h(n, 1, 0, false), Some(0), never)
+            .unwrap_err();
+        assert!(e.contains("beyond it"), "{e}");
+        let e = l
+            .check_frame(&h(last, 5, 2, false), Some(0), never)
+            .unwrap_err();
+        assert!(e.contains("2 failure markers for 1 files"), "{e}");
     }
 }

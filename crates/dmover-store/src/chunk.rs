@@ -7,6 +7,7 @@
 //! and both are called from any disk thread, in any chunk order.
 
 use dmover_proto::control::Summary;
+use dmover_proto::data::DigestEntry;
 use dmover_proto::layout::Layout;
 
 use crate::error::Result;
@@ -16,7 +17,7 @@ use crate::error::Result;
 pub struct ChunkRead {
     /// CRC32C of the wire payload (with checksums on).
     pub crc: Option<u32>,
-    /// Digest entries appended to the trailer.
+    /// Digest entries (and failure markers) it gave.
     pub n_digests: u32,
     /// Every piece lies in a hole of a sparse file (the buffer holds zeros).
     pub zeros: bool,
@@ -32,9 +33,14 @@ pub trait Source: Send + Sync {
     fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_>;
 
     /// Reads chunk `k` into `buf` (at least the chunk size) at the layout's offsets,
-    /// appending the digest entries of files it completes (and failure markers) to
-    /// `trailer`, which it clears first.
-    fn read_chunk(&self, k: u64, buf: &mut [u8], trailer: &mut Vec<u8>) -> Result<ChunkRead>;
+    /// giving in `digests` (cleared first) the digest entries of files it completes
+    /// and failure markers of files it could not read, in file order.
+    fn read_chunk(
+        &self,
+        k: u64,
+        buf: &mut [u8],
+        digests: &mut Vec<DigestEntry>,
+    ) -> Result<ChunkRead>;
 
     /// Reads chunk `k` again to resend it (its first copy went down with a data
     /// stream), checking it against the CRC it was first sent with.
@@ -51,23 +57,29 @@ pub trait Sink: Send + Sync {
     fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_>;
 
     /// Writes chunk `k`, whose wire payload has been placed in `buf` at the layout's
-    /// offsets, with the digest `trailer` and `crc` from its frame: checks the CRC,
-    /// writes each piece at its file offset, and completes every file whose pieces are
-    /// all written once its digest matches the source's.
-    fn write_chunk(&self, k: u64, buf: &[u8], trailer: &[u8], crc: Option<u32>) -> Result<()>;
+    /// offsets, with the `digests` and `crc` its frame carried (decoded by the
+    /// transport): checks the CRC, writes each piece at its file offset, and completes
+    /// every file whose pieces are all written once its digest matches the source's.
+    fn write_chunk(
+        &self,
+        k: u64,
+        buf: &[u8],
+        digests: &[DigestEntry],
+        crc: Option<u32>,
+    ) -> Result<()>;
 
     /// (feature `PARTS`, request-driven sinks) Takes `data`, bytes `offset..` of chunk
     /// `k` (within one piece) that came as a part frame with the failure markers
-    /// `trailer` and `crc` of `data`. A sink that never asks for parts refuses them.
+    /// `digests` and `crc` of `data`. A sink that never asks for parts refuses them.
     fn write_part(
         &self,
         k: u64,
         offset: u32,
         data: &[u8],
-        trailer: &[u8],
+        digests: &[DigestEntry],
         crc: Option<u32>,
     ) -> Result<()> {
-        let _ = (offset, data, trailer, crc);
+        let _ = (offset, data, digests, crc);
         Err(crate::Error::protocol(
             "the source",
             format!("a part of chunk {k}, which this side did not ask for"),

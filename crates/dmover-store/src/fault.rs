@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dmover_proto::control::Summary;
+use dmover_proto::data::DigestEntry;
 use dmover_proto::layout::Layout;
 
 use crate::Result;
@@ -35,9 +36,14 @@ impl<T: Source + ?Sized> Source for Slow<T> {
         self.inner.chunks()
     }
 
-    fn read_chunk(&self, k: u64, buf: &mut [u8], trailer: &mut Vec<u8>) -> Result<ChunkRead> {
+    fn read_chunk(
+        &self,
+        k: u64,
+        buf: &mut [u8],
+        digests: &mut Vec<DigestEntry>,
+    ) -> Result<ChunkRead> {
         std::thread::sleep(self.delay);
-        self.inner.read_chunk(k, buf, trailer)
+        self.inner.read_chunk(k, buf, digests)
     }
 
     fn reread_chunk(&self, k: u64, buf: &mut [u8], crc: Option<u32>) -> Result<()> {
@@ -55,9 +61,27 @@ impl<T: Sink + ?Sized> Sink for Slow<T> {
         self.inner.chunks()
     }
 
-    fn write_chunk(&self, k: u64, buf: &[u8], trailer: &[u8], crc: Option<u32>) -> Result<()> {
+    fn write_chunk(
+        &self,
+        k: u64,
+        buf: &[u8],
+        digests: &[DigestEntry],
+        crc: Option<u32>,
+    ) -> Result<()> {
         std::thread::sleep(self.delay);
-        self.inner.write_chunk(k, buf, trailer, crc)
+        self.inner.write_chunk(k, buf, digests, crc)
+    }
+
+    fn write_part(
+        &self,
+        k: u64,
+        offset: u32,
+        data: &[u8],
+        digests: &[DigestEntry],
+        crc: Option<u32>,
+    ) -> Result<()> {
+        std::thread::sleep(self.delay);
+        self.inner.write_part(k, offset, data, digests, crc)
     }
 
     fn sparse_chunk(&self, k: u64) -> bool {
@@ -108,11 +132,11 @@ mod tests {
         let sink = Slow::new(mem.clone(), Duration::from_millis(20));
         let started = Instant::now();
         let mut buf = vec![0u8; chunk as usize];
-        let mut trailer = Vec::new();
+        let mut digests = Vec::new();
         let ks: Vec<u64> = src.chunks().collect();
         for &k in &ks {
-            let r = src.read_chunk(k, &mut buf, &mut trailer).unwrap();
-            sink.write_chunk(k, &buf, &trailer, r.crc).unwrap();
+            let r = src.read_chunk(k, &mut buf, &mut digests).unwrap();
+            sink.write_chunk(k, &buf, &digests, r.crc).unwrap();
         }
         sink.finish().unwrap();
         assert!(started.elapsed() >= Duration::from_millis(40 * ks.len() as u64));

@@ -1,7 +1,7 @@
 //! In-memory [`Source`] and [`Sink`], for tests and benchmarks: the same layout,
 //! checksums and digests as the file-backed ones, with the files' bytes in memory.
 //!
-//! They check what the file-backed ones check (a chunk's CRC, its digest trailer, each
+//! They check what the file-backed ones check (a chunk's CRC, its digests, each
 //! file's digest), so a transfer between them exercises the pipeline and the integrity
 //! checks without a disk. Not meant for large datasets: a [`MemSink`] holds everything
 //! it receives.
@@ -91,8 +91,13 @@ impl Source for MemSource {
         Box::new(0..self.layout.n_chunks())
     }
 
-    fn read_chunk(&self, k: u64, buf: &mut [u8], trailer: &mut Vec<u8>) -> Result<ChunkRead> {
-        trailer.clear();
+    fn read_chunk(
+        &self,
+        k: u64,
+        buf: &mut [u8],
+        digests: &mut Vec<DigestEntry>,
+    ) -> Result<ChunkRead> {
+        digests.clear();
         let (mut crc, mut n_digests) = (0u32, 0u32);
         self.fill(k, buf, |file, index, data| {
             if !self.checksum {
@@ -101,7 +106,7 @@ impl Source for MemSource {
             crc = crc32c_append(crc, data);
             let n = self.layout.n_pieces(file);
             if let Some(digest) = self.digests.piece(file, index, n, piece_hash(data)) {
-                DigestEntry { file, digest }.encode_into(trailer);
+                digests.push(DigestEntry { file, digest });
                 n_digests += 1;
             }
         });
@@ -206,7 +211,13 @@ impl Sink for MemSink {
         Box::new(0..self.layout.n_chunks())
     }
 
-    fn write_chunk(&self, k: u64, buf: &[u8], trailer: &[u8], crc: Option<u32>) -> Result<()> {
+    fn write_chunk(
+        &self,
+        k: u64,
+        buf: &[u8],
+        digests: &[DigestEntry],
+        crc: Option<u32>,
+    ) -> Result<()> {
         if self.checksum {
             let want = crc.ok_or_else(|| {
                 Error::protocol("the source", format!("chunk {k} carries no CRC"))
@@ -220,8 +231,6 @@ impl Sink for MemSink {
                 )));
             }
         }
-        let digests = DigestEntry::decode_all(trailer)
-            .map_err(|e| Error::protocol("the source", format!("chunk {k} digest trailer: {e}")))?;
         let bad = |what: String| Error::protocol("the source", format!("chunk {k}: {what}"));
         for d in digests {
             let file = d.index();

@@ -1185,6 +1185,111 @@ impl FileSink {
         }
     }
 
+    /// Step one of a chunk's write: its payload's CRC32C against the one it was sent
+    /// with (with checksums on).
+    fn check_crc(&self, b: &Bound, k: u64, buf: &[u8], crc: Option<u32>) -> Result<()> {
+        if !self.opts.checksum {
+            return Ok(());
+        }
+        let Some(want) = crc else {
+            return Err(Error::protocol(
+                "the source",
+                format!("chunk {k} carries no CRC"),
+            ));
+        };
+        let got = b.layout.pieces(k).fold(0, |c, p| {
+            crc32c_append(c, &buf[p.buf_offset..p.buf_offset + p.len])
+        });
+        if got != want {
+            return Err(Error::Checksum(format!(
+                "chunk {k} arrived corrupted (CRC32C {got:08x}, sent as {want:08x})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Step two: the digests of the files chunk `k` completes at the source (and the
+    /// failure markers of those it could not read), each for a file the chunk holds a
+    /// piece of, in file order. A file whose pieces are all here already is finalised.
+    fn take_digests(&self, b: &Bound, k: u64, digests: &[DigestEntry]) -> Result<()> {
+        let mut pieces = b.layout.pieces(k).peekable();
+        let mut previous = None;
+        for d in digests {
+            // Entries come in file order, each naming a file this chunk holds a piece of:
+            // one merge pass checks both.
+            let file = d.index();
+            if previous.is_some_and(|f| file <= f) {
+                return Err(Error::protocol(
+                    "the source",
+                    format!("chunk {k}: digest entries out of order"),
+                ));
+            }
+            previous = Some(file);
+            while pieces.next_if(|p| p.file < file).is_some() {}
+            if pieces.peek().map(|p| p.file) != Some(file) {
+                return Err(Error::protocol(
+                    "the source",
+                    format!("chunk {k} carries a digest for file {file} it holds no piece of"),
+                ));
+            }
+            if d.is_failure() {
+                self.fail_file(b, file);
+                continue;
+            }
+            if self.is_failed(file) {
+                continue;
+            }
+            match self.tracker.expect(file, b.layout.n_pieces(file), d.digest) {
+                Ok(Some(done)) => self.finalize(b, file, done, None)?,
+                Ok(None) => {}
+                Err(e) => return Err(Self::track_error(b, file, e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Step three, for each piece of the chunk: written into its file's staging file
+    /// ([`FileSink::write_piece`]), its hash journalled where resuming from it pays,
+    /// and tracked; the file finalised when this was its last missing piece and its
+    /// digest is known.
+    fn place_piece(&self, b: &Bound, p: &Piece, buf: &[u8]) -> Result<()> {
+        let file = p.file;
+        if self.skips.piece_held(file, p.index) || self.is_failed(file) {
+            return Ok(());
+        }
+        self.tracker.begin(file);
+        let data = &buf[p.buf_offset..p.buf_offset + p.len];
+        let hash = self.opts.checksum.then(|| piece_hash(data));
+        let n = b.layout.n_pieces(file);
+        let staged = self.write_piece(b, p, n, buf)?;
+        if let (Some(h), false) = (hash, p.last) {
+            self.journal_piece(b, p, h);
+        }
+        match self.tracker.written(file, p.index, n, hash) {
+            Ok(Some(done)) => self.finalize(b, file, done, Some(staged)),
+            Ok(None) => Ok(()),
+            Err(e) => Err(Self::track_error(b, file, e)),
+        }
+    }
+
+    /// Journals a written piece (not a file's last) with its hash, where resuming from
+    /// it pays: a piece of a file of a chunk or more, in the session's chunk size,
+    /// which the journal's pieces are counted in (a part of another size, feature
+    /// PART_CHUNKS, is resent whole).
+    fn journal_piece(&self, b: &Bound, p: &Piece, hash: u64) {
+        let file = p.file;
+        let resumable =
+            b.layout.chunk_aligned(file) && b.layout.file_chunk(file) == b.layout.chunk_size();
+        if !resumable {
+            return;
+        }
+        if let Some(j) = &*self.journal.lock() {
+            let id = Self::file_id(b, b.layout.files()[file as usize].entry);
+            j.piece_done(&id, p.index, hash);
+            self.keep.lock().insert(file);
+        }
+    }
+
     /// Bytes written so far.
     pub fn bytes_written(&self) -> u64 {
         self.bytes_done.load(Ordering::Relaxed)
@@ -1211,88 +1316,24 @@ impl Sink for FileSink {
                 .all(|p| b.tree.is_sparse(b.layout.files()[p.file as usize].entry))
     }
 
-    fn write_chunk(&self, k: u64, buf: &[u8], trailer: &[u8], crc: Option<u32>) -> Result<()> {
+    /// A chunk's durable write, in the order a reader follows it: the CRC checked
+    /// ([`FileSink::check_crc`]), the source's digests taken ([`FileSink::take_digests`]:
+    /// a file this chunk completes is then finalised as its last piece lands), and
+    /// each piece placed in its file's staging file, journalled and tracked
+    /// ([`FileSink::place_piece`]), the file finalised when complete
+    /// ([`FileSink::finalize`]).
+    fn write_chunk(
+        &self,
+        k: u64,
+        buf: &[u8],
+        digests: &[DigestEntry],
+        crc: Option<u32>,
+    ) -> Result<()> {
         let b = self.bound.read();
-        if self.opts.checksum {
-            let Some(want) = crc else {
-                return Err(Error::protocol(
-                    "the source",
-                    format!("chunk {k} carries no CRC"),
-                ));
-            };
-            let got = b.layout.pieces(k).fold(0, |c, p| {
-                crc32c_append(c, &buf[p.buf_offset..p.buf_offset + p.len])
-            });
-            if got != want {
-                return Err(Error::Checksum(format!(
-                    "chunk {k} arrived corrupted (CRC32C {got:08x}, sent as {want:08x})"
-                )));
-            }
-        }
-        // Digests first: a file held whole by this chunk then completes as its data is
-        // written, and is finalised through the descriptor already open.
-        let digests = DigestEntry::decode_all(trailer)
-            .map_err(|e| Error::protocol("the source", format!("chunk {k} digest trailer: {e}")))?;
-        let mut pieces = b.layout.pieces(k).peekable();
-        let mut previous = None;
-        for d in digests {
-            // Entries come in file order, each naming a file this chunk holds a piece of:
-            // one merge pass checks both.
-            let file = d.index();
-            if previous.is_some_and(|f| file <= f) {
-                return Err(Error::protocol(
-                    "the source",
-                    format!("chunk {k}: digest entries out of order"),
-                ));
-            }
-            previous = Some(file);
-            while pieces.next_if(|p| p.file < file).is_some() {}
-            if pieces.peek().map(|p| p.file) != Some(file) {
-                return Err(Error::protocol(
-                    "the source",
-                    format!("chunk {k} carries a digest for file {file} it holds no piece of"),
-                ));
-            }
-            if d.is_failure() {
-                self.fail_file(&b, file);
-                continue;
-            }
-            if self.is_failed(file) {
-                continue;
-            }
-            match self.tracker.expect(file, b.layout.n_pieces(file), d.digest) {
-                Ok(Some(done)) => self.finalize(&b, file, done, None)?,
-                Ok(None) => {}
-                Err(e) => return Err(Self::track_error(&b, file, e)),
-            }
-        }
+        self.check_crc(&b, k, buf, crc)?;
+        self.take_digests(&b, k, digests)?;
         for p in b.layout.pieces(k) {
-            let file = p.file;
-            if self.skips.piece_held(file, p.index) || self.is_failed(file) {
-                continue;
-            }
-            self.tracker.begin(file);
-            let data = &buf[p.buf_offset..p.buf_offset + p.len];
-            let hash = self.opts.checksum.then(|| piece_hash(data));
-            let n = b.layout.n_pieces(file);
-            let staged = self.write_piece(&b, &p, n, buf)?;
-            let resumable =
-                b.layout.chunk_aligned(file) && b.layout.file_chunk(file) == b.layout.chunk_size();
-            if let (Some(h), false, true) = (hash, p.last, resumable) {
-                // A piece of a file of a chunk or more: worth resuming from (in the
-                // session's chunk size, which the journal's pieces are counted in; a
-                // part of another size, feature PART_CHUNKS, is resent whole).
-                if let Some(j) = &*self.journal.lock() {
-                    let id = Self::file_id(&b, b.layout.files()[file as usize].entry);
-                    j.piece_done(&id, p.index, h);
-                    self.keep.lock().insert(file);
-                }
-            }
-            match self.tracker.written(file, p.index, n, hash) {
-                Ok(Some(done)) => self.finalize(&b, file, done, Some(staged))?,
-                Ok(None) => {}
-                Err(e) => return Err(Self::track_error(&b, file, e)),
-            }
+            self.place_piece(&b, &p, buf)?;
         }
         self.chunks_done.fetch_add(1, Ordering::Relaxed);
         Ok(())

@@ -439,8 +439,13 @@ impl Source for FileSource {
         Box::new(chunks.into_iter())
     }
 
-    fn read_chunk(&self, k: u64, buf: &mut [u8], trailer: &mut Vec<u8>) -> Result<ChunkRead> {
-        trailer.clear();
+    fn read_chunk(
+        &self,
+        k: u64,
+        buf: &mut [u8],
+        digests: &mut Vec<DigestEntry>,
+    ) -> Result<ChunkRead> {
+        digests.clear();
         let mut n_digests = 0;
         let mut crc = 0u32;
         let b = self.bound.read();
@@ -455,16 +460,15 @@ impl Source for FileSource {
                 crc = crc32c_append(crc, data);
             }
             if !ok {
-                DigestEntry::failure(p.file).encode_into(trailer);
+                digests.push(DigestEntry::failure(p.file));
                 n_digests += 1;
             } else if self.opts.checksum && !self.skips.piece_held(p.file, p.index) {
                 let n = b.layout.n_pieces(p.file);
                 if let Some(digest) = self.digests.piece(p.file, p.index, n, piece_hash(data)) {
-                    DigestEntry {
+                    digests.push(DigestEntry {
                         file: p.file,
                         digest,
-                    }
-                    .encode_into(trailer);
+                    });
                     n_digests += 1;
                 }
             }

@@ -23,10 +23,10 @@ fn bytes(p: &Path) -> &[u8] {
 /// Moves every chunk from `source` to `sink` through one reused buffer.
 fn pump(source: &dyn Source, sink: &dyn Sink) -> dmover_store::Result<()> {
     let mut buf = vec![0u8; CHUNK as usize];
-    let mut trailer = Vec::new();
+    let mut digests = Vec::new();
     for k in source.chunks() {
-        let read = source.read_chunk(k, &mut buf, &mut trailer)?;
-        sink.write_chunk(k, &buf, &trailer, read.crc)?;
+        let read = source.read_chunk(k, &mut buf, &mut digests)?;
+        sink.write_chunk(k, &buf, &digests, read.crc)?;
     }
     Ok(())
 }
@@ -138,10 +138,10 @@ fn a_corrupted_chunk_is_refused_and_an_aborted_sink_keeps_only_complete_files() 
     .unwrap();
     sink.resume(&Held::none(&entries)).unwrap();
     let mut buf = vec![0u8; CHUNK as usize];
-    let mut trailer = Vec::new();
-    let read = source.read_chunk(0, &mut buf, &mut trailer).unwrap();
+    let mut digests = Vec::new();
+    let read = source.read_chunk(0, &mut buf, &mut digests).unwrap();
     buf[0] ^= 0x40;
-    let e = sink.write_chunk(0, &buf, &trailer, read.crc).unwrap_err();
+    let e = sink.write_chunk(0, &buf, &digests, read.crc).unwrap_err();
     assert!(
         e.to_string()
             .starts_with("checksum mismatch: chunk 0 arrived corrupted (CRC32C "),
@@ -149,7 +149,7 @@ fn a_corrupted_chunk_is_refused_and_an_aborted_sink_keeps_only_complete_files() 
     );
     assert_eq!(e.code(), dmover_proto::control::ErrorCode::Checksum);
     // A chunk without its CRC breaks the protocol.
-    let e = sink.write_chunk(0, &buf, &trailer, None).unwrap_err();
+    let e = sink.write_chunk(0, &buf, &digests, None).unwrap_err();
     assert_eq!(
         e.to_string(),
         "protocol error from the source: protocol violation: chunk 0 carries no CRC"
@@ -157,7 +157,7 @@ fn a_corrupted_chunk_is_refused_and_an_aborted_sink_keeps_only_complete_files() 
     // One good chunk, then the transfer is given up: the files it completed are
     // final and whole, nothing else is left (no staging file).
     buf[0] ^= 0x40;
-    sink.write_chunk(0, &buf, &trailer, read.crc).unwrap();
+    sink.write_chunk(0, &buf, &digests, read.crc).unwrap();
     sink.abort();
     drop(sink);
     let mut left = Vec::new();
@@ -241,17 +241,20 @@ fn a_later_part_in_chunks_of_its_own_size() {
         sink
     };
     let mut buf = vec![0u8; SESSION as usize];
-    let mut trailer = Vec::new();
-    let send = |sink: &dyn Sink, k: u64, buf: &mut Vec<u8>, trailer: &mut Vec<u8>| {
-        let read = source.read_chunk(k, buf, trailer).unwrap();
-        sink.write_chunk(k, buf, trailer, read.crc).unwrap();
+    let mut digests = Vec::new();
+    let send = |sink: &dyn Sink,
+                k: u64,
+                buf: &mut Vec<u8>,
+                digests: &mut Vec<dmover_proto::data::DigestEntry>| {
+        let read = source.read_chunk(k, buf, digests).unwrap();
+        sink.write_chunk(k, buf, digests, read.crc).unwrap();
     };
 
     // Whole: the tree arrives.
     let dest = t.path().join("whole");
     let sink = sink_for(&dest);
     for k in 0..7 {
-        send(&sink, k, &mut buf, &mut trailer);
+        send(&sink, k, &mut buf, &mut digests);
     }
     let summary = sink.finish().unwrap();
     drop(sink);
@@ -268,7 +271,7 @@ fn a_later_part_in_chunks_of_its_own_size() {
     let dest = t.path().join("aborted");
     let sink = sink_for(&dest);
     for k in [0, 2, 3] {
-        send(&sink, k, &mut buf, &mut trailer);
+        send(&sink, k, &mut buf, &mut digests);
     }
     drop(sink);
     // The journal is where the copy's root is made (`dest` is the root itself).

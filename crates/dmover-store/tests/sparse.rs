@@ -77,10 +77,10 @@ fn copy(direct: DirectIo, tell_sink: bool) -> (tempfile::TempDir, u64) {
     let mut raw = vec![0u8; CHUNK as usize + 4096];
     let off = raw.as_ptr().align_offset(4096);
     let buf = &mut raw[off..off + CHUNK as usize];
-    let mut trailer = Vec::new();
+    let mut digests = Vec::new();
     let mut zero_chunks = 0;
     for k in source.chunks() {
-        let read = source.read_chunk(k, buf, &mut trailer).unwrap();
+        let read = source.read_chunk(k, buf, &mut digests).unwrap();
         // A chunk read as zeros lies in holes of a listed file: the sink told of the
         // list takes it as a zeros frame, one not told refuses that.
         if read.zeros {
@@ -94,7 +94,7 @@ fn copy(direct: DirectIo, tell_sink: bool) -> (tempfile::TempDir, u64) {
         if !tell_sink {
             assert!(!sink.sparse_chunk(k));
         }
-        sink.write_chunk(k, buf, &trailer, read.crc).unwrap();
+        sink.write_chunk(k, buf, &digests, read.crc).unwrap();
     }
     // 16 chunks of 1 MiB, data in chunks 2, 5 and 6: 13 of holes; the dense file none.
     assert_eq!(zero_chunks, 13);
@@ -166,7 +166,7 @@ fn journaled_pieces_of_a_sparse_file_stay_valid() {
     let mut raw = vec![0u8; CHUNK as usize + 4096];
     let off = raw.as_ptr().align_offset(4096);
     let buf = &mut raw[off..off + CHUNK as usize];
-    let mut trailer = Vec::new();
+    let mut digests = Vec::new();
     {
         // The first attempt writes the first 8 of 16 chunks (holes and data), then fails.
         let mut sink = prepare_sink(
@@ -180,8 +180,8 @@ fn journaled_pieces_of_a_sparse_file_stay_valid() {
         sink.set_sparse(list.clone());
         sink.resume(&Held::none(&entries)).unwrap();
         for k in source.chunks().take(8) {
-            let read = source.read_chunk(k, buf, &mut trailer).unwrap();
-            sink.write_chunk(k, buf, &trailer, read.crc).unwrap();
+            let read = source.read_chunk(k, buf, &mut digests).unwrap();
+            sink.write_chunk(k, buf, &digests, read.crc).unwrap();
         }
         sink.abort();
     }
@@ -204,8 +204,8 @@ fn journaled_pieces_of_a_sparse_file_stay_valid() {
     sink.resume(&held).unwrap();
     let mut sent = 0;
     for k in source.chunks() {
-        let read = source.read_chunk(k, buf, &mut trailer).unwrap();
-        sink.write_chunk(k, buf, &trailer, read.crc).unwrap();
+        let read = source.read_chunk(k, buf, &mut digests).unwrap();
+        sink.write_chunk(k, buf, &digests, read.crc).unwrap();
         sent += 1;
     }
     assert_eq!(sent, 8);

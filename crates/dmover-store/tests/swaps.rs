@@ -41,10 +41,10 @@ fn push(src: &Path, dest: &Path, meanwhile: impl FnOnce()) -> dmover_store::Resu
     let mut sink = prepare_sink(&Base::Local, bytes(dest), entries.clone(), CHUNK, sopts)?;
     sink.resume(&Held::none(&entries))?;
     let mut buf = vec![0u8; CHUNK as usize];
-    let mut trailer = Vec::new();
+    let mut digests = Vec::new();
     for k in source.chunks() {
-        let read = source.read_chunk(k, &mut buf, &mut trailer).unwrap();
-        sink.write_chunk(k, &buf, &trailer, read.crc)?;
+        let read = source.read_chunk(k, &mut buf, &mut digests).unwrap();
+        sink.write_chunk(k, &buf, &digests, read.crc)?;
     }
     meanwhile();
     sink.finish().map(|_| ())

@@ -16,13 +16,12 @@
 //! cubic (docs/remote.md, "Random reads over long links").
 
 use std::collections::BTreeSet;
-use std::os::fd::{AsFd, OwnedFd};
 
-use dmover_net::tcp;
+use dmover_net::link::{self, Probe};
 use parking_lot::Mutex;
 
 /// The congestion control connections are accepted on.
-pub(crate) const UNPACED_START: &str = tcp::UNPACED;
+pub(crate) const UNPACED_START: &str = link::UNPACED;
 
 /// The congestion control of a sending session's data streams.
 #[derive(Debug)]
@@ -42,9 +41,9 @@ struct State {
     name: Option<String>,
     /// Whether the client asked for `name` (what the streams use is then reported).
     asked: bool,
-    /// Streams that joined before the decision (their sockets, duplicated; closed once
-    /// it is made).
-    waiting: Vec<OwnedFd>,
+    /// Streams that joined before the decision (their connections' probes, dropped
+    /// once it is made).
+    waiting: Vec<Probe>,
     /// What the streams' sockets use, read back after setting the algorithm asked for.
     used: BTreeSet<String>,
 }
@@ -59,22 +58,16 @@ impl SendCongestion {
         }
     }
 
-    /// A data stream joined, `socket` its connection: it gets the algorithm now or
+    /// A data stream joined, `probe` its connection: it gets the algorithm now or
     /// when it is decided.
-    pub(crate) fn joined(&self, socket: &impl AsFd) {
+    pub(crate) fn joined(&self, probe: Probe) {
         let mut st = self.state.lock();
         if !st.decided {
-            match socket.as_fd().try_clone_to_owned() {
-                Ok(fd) => st.waiting.push(fd),
-                Err(e) => tracing::warn!(
-                    "{}: a data stream's congestion control cannot be set: {e}",
-                    self.peer
-                ),
-            }
+            st.waiting.push(probe);
             return;
         }
         if let Some(name) = st.name.clone() {
-            self.apply(socket, &name, &mut st);
+            self.apply(&probe, &name, &mut st);
         }
     }
 
@@ -93,7 +86,7 @@ impl SendCongestion {
             st.name = self.default.clone();
             (String::new(), String::new())
         } else {
-            match tcp::check_congestion(name) {
+            match link::check_congestion(name) {
                 Ok(()) => {
                     st.name = Some(name.to_string());
                     st.asked = true;
@@ -109,7 +102,7 @@ impl SendCongestion {
                     let default = self
                         .default
                         .clone()
-                        .or_else(tcp::default_congestion)
+                        .or_else(link::default_congestion)
                         .unwrap_or_default();
                     tracing::warn!(
                         "{}: the client asked for congestion control {}: {why}; its data \
@@ -122,8 +115,8 @@ impl SendCongestion {
             }
         };
         if let Some(n) = st.name.clone() {
-            for fd in &waiting {
-                self.apply(fd, &n, &mut st);
+            for p in &waiting {
+                self.apply(p, &n, &mut st);
             }
         }
         answer
@@ -136,8 +129,8 @@ impl SendCongestion {
         (!st.used.is_empty()).then(|| st.used.iter().cloned().collect::<Vec<_>>().join(","))
     }
 
-    fn apply(&self, socket: &impl AsFd, name: &str, st: &mut State) {
-        if let Err(e) = tcp::set_congestion(socket, name) {
+    fn apply(&self, probe: &Probe, name: &str, st: &mut State) {
+        if let Err(e) = probe.set_congestion(name) {
             tracing::warn!(
                 "{}: cannot use congestion control {name:?} on a data stream: {e}; it keeps \
                  {UNPACED_START}",
@@ -147,11 +140,11 @@ impl SendCongestion {
         if !st.asked {
             return;
         }
-        match tcp::congestion_of(socket) {
+        match probe.congestion() {
             Ok(n) => {
                 st.used.insert(n);
             }
-            Err(e) => tracing::debug!("{}: TCP_CONGESTION: {e}", self.peer),
+            Err(e) => tracing::debug!("{}: congestion control: {e}", self.peer),
         }
     }
 }
@@ -159,6 +152,11 @@ impl SendCongestion {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dmover_net::tcp;
+
+    fn probe(s: &std::net::TcpStream) -> Probe {
+        Probe::tcp(s).unwrap()
+    }
 
     fn pair() -> (std::net::TcpStream, std::net::TcpStream) {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -172,10 +170,10 @@ mod tests {
     fn streams_joined_before_and_after_the_decision_get_the_algorithm() {
         let cc = SendCongestion::new("peer", None);
         let (early, _c1) = pair();
-        cc.joined(&early);
+        cc.joined(probe(&early));
         assert_eq!(cc.decide("reno"), ("reno".to_string(), String::new()));
         let (late, _c2) = pair();
-        cc.joined(&late);
+        cc.joined(probe(&late));
         for s in [&early, &late] {
             assert_eq!(tcp::congestion_of(s).unwrap(), "reno");
         }
@@ -191,7 +189,7 @@ mod tests {
         let cc = SendCongestion::new("peer", None);
         let (s, _c) = pair();
         let before = tcp::congestion_of(&s).unwrap();
-        cc.joined(&s);
+        cc.joined(probe(&s));
         let (used, why) = cc.decide("nosuchcc");
         assert_eq!(used, before);
         assert!(why.contains("\"nosuchcc\" is not available"), "{why}");
@@ -199,7 +197,7 @@ mod tests {
         assert_eq!(cc.used(), None);
         // Nothing asked: nothing set, nothing refused.
         let cc = SendCongestion::new("peer", None);
-        cc.joined(&s);
+        cc.joined(probe(&s));
         assert_eq!(cc.decide(""), (String::new(), String::new()));
         assert_eq!(cc.used(), None);
     }
@@ -211,11 +209,11 @@ mod tests {
         let cc = SendCongestion::new("peer", Some("reno".into()));
         let (early, _c1) = pair();
         tcp::set_congestion(&early, UNPACED_START).unwrap();
-        cc.joined(&early);
+        cc.joined(probe(&early));
         assert_eq!(tcp::congestion_of(&early).unwrap(), UNPACED_START);
         assert_eq!(cc.decide(""), (String::new(), String::new()));
         let (late, _c2) = pair();
-        cc.joined(&late);
+        cc.joined(probe(&late));
         for s in [&early, &late] {
             assert_eq!(tcp::congestion_of(s).unwrap(), "reno");
         }
@@ -224,7 +222,7 @@ mod tests {
         let cc = SendCongestion::new("peer", Some("reno".into()));
         let (s, _c) = pair();
         tcp::set_congestion(&s, UNPACED_START).unwrap();
-        cc.joined(&s);
+        cc.joined(probe(&s));
         let (used, why) = cc.decide("nosuchcc");
         assert_eq!(used, "reno");
         assert!(!why.is_empty());

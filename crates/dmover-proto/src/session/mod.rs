@@ -360,14 +360,14 @@ impl Default for Timing {
 pub struct ChunkMeta {
     /// CRC32C of the payload, when checksums are on.
     pub crc: Option<u32>,
-    /// The digest entries that follow the frame header ([`crate::data::DigestEntry`]).
-    pub trailer: Vec<u8>,
+    /// The digest entries (and failure markers) of files the chunk completes, which
+    /// follow the frame header on the wire.
+    pub digests: Vec<crate::data::DigestEntry>,
     /// The chunk lies wholly in holes of sparse files: it may go as a zeros frame
     /// ([`crate::data::FLAG_ZEROS`]) in a session using [`features::LINKS`].
     pub zeros: bool,
     /// (feature [`features::PARTS`]) The frame is a part of the chunk: these bytes of
-    /// it (`crc` is theirs, `trailer` starts with the offset, [`crate::data::PART_LEN`]
-    /// bytes).
+    /// it (`crc` is theirs, `digests` holds the chunk's failure markers only).
     pub part: Option<PartRange>,
 }
 

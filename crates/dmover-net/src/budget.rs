@@ -1,7 +1,10 @@
-//! A side's hold on its data streams' socket buffers: a sink's receive buffers, a
-//! source's send buffers, within the session's budget ([`tcp::receive_budget`]),
+//! A session's buffer budget for its data streams' connections, one direction
+//! ([`Budget`]): a sink's receive buffers, a source's send buffers, within the
+//! session's budget ([`crate::link::SocketOptions::budget`], [`tcp::receive_budget`]),
 //! shared among the streams that joined (of a tuning source, among those it sends
-//! on). docs/tuning.md, "Socket buffers".
+//! on). docs/tuning.md, "Socket buffers". The engine names only the budget and the
+//! streams ([`Probe`]s); how a budget is applied is the transport's: over TCP, as
+//! below. A stream of another transport is left to that transport's own sizing.
 //!
 //! Linux autotunes each buffer from what the connection measures: a receiver's from
 //! the bytes its reader took in a round trip, a sender's from its congestion window.
@@ -29,13 +32,11 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use dmover_net::tcp::{self, Buffer};
-use dmover_net::tcpinfo::TcpMeter;
-
-use crate::engine::Progress;
+use crate::link::{Direction, Probe};
+use crate::tcp::{self, Buffer};
+use crate::tcpinfo::TcpMeter;
 
 /// How often a stream's buffer is looked at while it may still be raised.
 pub const CHECK: Duration = Duration::from_millis(250);
@@ -77,7 +78,7 @@ fn hold(dir: Buffer, meter: &TcpMeter, share: u64) -> std::io::Result<()> {
 /// One stream's buffer.
 struct Held {
     /// Holds the stream's connection open: it goes when the stream ends or is lost.
-    meter: TcpMeter,
+    meter: Arc<TcpMeter>,
     /// Raised above the host's maximum: set again with every new share.
     raised: bool,
     /// Its busy and send-buffer-limited times at the last look.
@@ -85,7 +86,7 @@ struct Held {
 }
 
 /// See the module docs.
-pub(crate) struct Buffers {
+pub struct Budget {
     dir: Buffer,
     /// `None`: the user set the buffers (`--tcp-buffer`), or not TCP.
     budget: Option<u64>,
@@ -95,9 +96,10 @@ pub(crate) struct Buffers {
     /// The streams a tuning source sends on (a source's tuner, or a sink's latest
     /// `Tuned`): the others idle and hold nothing, so the budget is shared among these.
     sending: Option<u16>,
-    /// Where the share last set goes for the report ([`Progress::receive_buffer`],
-    /// [`Progress::send_buffer`]).
-    progress: Arc<Progress>,
+    /// The share last set on a stream, if not yet taken ([`Budget::take_set`]).
+    set: Option<u64>,
+    /// The share last reported, to log only changes.
+    reported: u64,
     peer: String,
     /// A raise was refused (no `CAP_NET_ADMIN`, above `net.core.*mem_max`): no more
     /// tries, it was said once.
@@ -108,20 +110,19 @@ pub(crate) struct Buffers {
     next: Option<Instant>,
 }
 
-impl Buffers {
-    pub(crate) fn new(
-        dir: Buffer,
-        budget: Option<u64>,
-        progress: Arc<Progress>,
-        peer: &str,
-    ) -> Self {
-        Buffers {
+impl Budget {
+    /// A session's `budget` of bytes for its streams' buffers in direction `dir`
+    /// (`None`: the user pinned them, nothing is managed), toward `peer` (for the log).
+    pub fn new(dir: Direction, budget: Option<u64>, peer: &str) -> Self {
+        let dir = dir.tcp();
+        Budget {
             dir,
             budget,
             autotune_max: budget.and_then(|_| dir.autotune_max()),
             live: HashMap::new(),
             sending: None,
-            progress,
+            set: None,
+            reported: 0,
             peer: peer.to_string(),
             refused: false,
             told: false,
@@ -129,11 +130,13 @@ impl Buffers {
         }
     }
 
-    pub(crate) fn join(&mut self, now: Instant, stream: u16, meter: Option<TcpMeter>) {
+    /// Stream `stream` joined; `probe`: its connection (a stream without one, or of a
+    /// transport that sizes its own buffers, is left alone).
+    pub fn join(&mut self, now: Instant, stream: u16, probe: Option<&Probe>) {
         if self.budget.is_none() {
             return;
         }
-        if let Some(meter) = meter {
+        if let Some(meter) = probe.and_then(Probe::tcp_meter) {
             // A send buffer is judged by what its stream waited on since the last look.
             let last = match self.dir {
                 Buffer::Send => meter.read().ok(),
@@ -145,7 +148,7 @@ impl Buffers {
             self.live.insert(
                 stream,
                 Held {
-                    meter,
+                    meter: meter.clone(),
                     raised: false,
                     last,
                 },
@@ -157,7 +160,7 @@ impl Buffers {
     }
 
     /// A tuning source sends on `streams` from now on.
-    pub(crate) fn sending(&mut self, streams: u16) {
+    pub fn sending(&mut self, streams: u16) {
         if self.sending != Some(streams) {
             self.sending = Some(streams);
             self.apply();
@@ -167,11 +170,12 @@ impl Buffers {
     /// A stream ended, lost or closed. The others keep their shares: streams end
     /// together with the session, and a lost one is soon replaced (which sets the
     /// shares again).
-    pub(crate) fn retire(&mut self, stream: u16) {
+    pub fn retire(&mut self, stream: u16) {
         self.live.remove(&stream);
     }
 
-    pub(crate) fn retire_all(&mut self) {
+    /// Every stream ended.
+    pub fn retire_all(&mut self) {
         self.live.clear();
     }
 
@@ -182,12 +186,18 @@ impl Buffers {
         })
     }
 
-    /// Where the report keeps the share last set.
-    fn report(&self) -> &std::sync::atomic::AtomicU64 {
-        match self.dir {
-            Buffer::Send => &self.progress.send_buffer,
-            Buffer::Receive => &self.progress.receive_buffer,
-        }
+    /// The share last set on the streams' buffers, once after each time it is set
+    /// (for the report: 0 never comes, the kernel's autotuning is the default).
+    pub fn take_set(&mut self) -> Option<u64> {
+        self.set.take()
+    }
+
+    /// Notes that `share` was set on the streams' buffers; `Some(old)` the first time
+    /// it differs from the share reported before (`old`).
+    fn report(&mut self, share: u64) -> Option<u64> {
+        self.set = Some(share);
+        let old = std::mem::replace(&mut self.reported, share);
+        (old != share).then_some(old)
     }
 
     /// Sets the streams' shares: every stream's receive buffer where autotuning could
@@ -221,16 +231,13 @@ impl Buffers {
                 Err(_) => {}
             }
         }
-        if set > 0 {
-            let old = self.report().swap(share, Relaxed);
-            if old != share {
-                tracing::debug!(
-                    "{} buffer of each of {set} data streams set to {share} bytes ({streams} \
-                     sending share a {budget}-byte budget; autotuning grows each to at most \
-                     {max})",
-                    self.name()
-                );
-            }
+        if set > 0 && self.report(share).is_some() {
+            tracing::debug!(
+                "{} buffer of each of {set} data streams set to {share} bytes ({streams} \
+                 sending share a {budget}-byte budget; autotuning grows each to at most \
+                 {max})",
+                self.name()
+            );
         }
     }
 
@@ -241,8 +248,8 @@ impl Buffers {
         }
     }
 
-    /// When to call [`Buffers::check`] next: `None` while nothing may be raised.
-    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+    /// When to call [`Budget::check`] next: `None` while nothing may be raised.
+    pub fn poll_timeout(&self) -> Option<Instant> {
         let (Some(budget), Some(max)) = (self.budget, self.autotune_max) else {
             return None;
         };
@@ -256,8 +263,8 @@ impl Buffers {
     }
 
     /// Raises the buffer of each stream that reached the host's maximum and wants
-    /// more ([`wants_more`]), once [`Buffers::poll_timeout`] has come.
-    pub(crate) fn check(&mut self, now: Instant) {
+    /// more ([`wants_more`]), once [`Budget::poll_timeout`] has come.
+    pub fn check(&mut self, now: Instant) {
         let Some(at) = self.poll_timeout() else {
             return;
         };
@@ -275,13 +282,14 @@ impl Buffers {
         let dir = self.dir;
         let mut raised = Vec::new();
         for (&i, h) in self.live.iter_mut().filter(|(_, h)| !h.raised) {
-            let Ok(size) = dir.size(&h.meter) else {
+            let meter = &h.meter;
+            let Ok(size) = dir.size(&**meter) else {
                 continue;
             };
             // Only a send buffer's stream is read (`TCP_INFO`): a receive buffer at the
             // maximum is enough.
             let sample = match dir {
-                Buffer::Send => h.meter.read().ok(),
+                Buffer::Send => meter.read().ok(),
                 Buffer::Receive => None,
             };
             let (busy, limited) = match sample {
@@ -324,7 +332,7 @@ impl Buffers {
         let Some(&(i, size, busy, limited)) = raised.first() else {
             return;
         };
-        self.report().store(share, Relaxed);
+        self.report(share);
         let why = match dir {
             Buffer::Receive => String::new(),
             Buffer::Send => format!(
