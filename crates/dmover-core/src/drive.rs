@@ -42,7 +42,7 @@ use dmover_proto::control::{
     SessionLimits, SessionOptions, Summary, Tuned,
 };
 use dmover_proto::data::{DigestEntry, FrameLimits};
-use dmover_proto::manifest::{Entry, EntryKind, Totals};
+use dmover_proto::manifest::{Entry, EntryKind, EntryMeta, Totals};
 use dmover_proto::session::tune::{Pressure, TuneConfig, Tuner};
 use dmover_proto::session::{
     AcceptEvent, Acceptance, Arrival, Cause, ChunkMeta, ChunkSet, PartRange, ReadJob, SessionError,
@@ -1019,484 +1019,688 @@ where
 /// session must use [`dmover_proto::session::features::GROWING_MANIFEST`]. The
 /// storage must read a part's chunks by the time the part comes.
 pub async fn source_growing<C, J, K>(
-    mut m: SourceSession<Fault>,
+    m: SourceSession<Fault>,
     ch: &mut ControlChannel<C>,
-    mut joins: J,
+    joins: J,
     store: K,
-    mut env: Env,
-    mut growth: Option<mpsc::UnboundedReceiver<GrowPart>>,
+    env: Env,
+    growth: Option<mpsc::UnboundedReceiver<GrowPart>>,
 ) -> Result<SourceRun<K>>
 where
     C: AsyncRead + AsyncWrite + Unpin + Send,
     J: Joins,
     K: SourceStore,
 {
-    let mut ctl = ControlLink::new(ch);
-    let peer = ctl.ch.peer().to_string();
-    let (tx, mut rx) = mpsc::unbounded_channel::<SrcIn<K>>();
-    let mut prep = Some(store);
-    let mut live: Option<(Arc<K>, Arc<dyn Source>, Pool)> = None;
-    let mut spare: Option<PoolBuf> = None;
-    // Chunks read and not yet sent, by chunk and part (a request-driven session may
-    // read parts of one chunk for several reads at once).
-    let mut bufs: HashMap<(u64, Option<PartRange>), PoolBuf> = HashMap::new();
-    let mut tasks: HashMap<u16, Task<SrcOut>> = HashMap::new();
-    let mut cancelled = false;
-    let mut growing = growth.is_some();
-    let mut tuner: Option<Tuner> = None;
-    let mut disk_tune: Option<DiskTune> = None;
-    // Reads on the disk threads, for the disk tuner: the data wait on them too when
-    // every chunk left is being read.
-    let mut reading = 0usize;
-    let mut meters = Meters::default();
-    let mut sendbufs = Budget::new(Direction::Send, env.send_budget, &peer);
-    // Parts so far, and those whose producer waits to hear they are durable: (the
-    // part's number, the layout's end with it, whom to tell).
-    let mut parts = 0u64;
-    let mut meta_from = 0u32;
-    let mut durable: VecDeque<(u64, u64, tokio::sync::oneshot::Sender<()>)> = VecDeque::new();
-    loop {
-        if let Some(t) = tuner.as_mut() {
-            tune_step(t, &mut m, &meters, &env.run.progress, &peer);
-            sendbufs.sending(t.streams());
+    SourceDriver::new(m, ch, joins, store, env, growth)
+        .run()
+        .await
+}
+
+/// A source session's driver: the machine, what it drives, and what it waits on. Its
+/// loop ([`SourceDriver::run`]) looks after the tuners, lets the machine say all it
+/// has to say ([`SourceDriver::drain`]), then waits for one thing to happen
+/// ([`SourceDriver::wait`]) and feeds it in ([`SourceDriver::wake`]).
+struct SourceDriver<'a, C, J: Joins, K> {
+    m: SourceSession<Fault>,
+    ctl: ControlLink<'a, C>,
+    joins: J,
+    env: Env,
+    peer: String,
+    /// What the stream tasks and disk threads report.
+    tx: mpsc::UnboundedSender<SrcIn<K>>,
+    rx: mpsc::UnboundedReceiver<SrcIn<K>>,
+    /// The storage until `Go` (away on a disk thread while a resume is checked).
+    prep: Option<K>,
+    /// The storage, what reads it and the chunk buffers, from `Go` on.
+    live: Option<(Arc<K>, Arc<dyn Source>, Pool)>,
+    /// A free buffer the machine has no read for yet.
+    spare: Option<PoolBuf>,
+    /// Chunks read and not yet sent, by chunk and part (a request-driven session may
+    /// read parts of one chunk for several reads at once).
+    bufs: HashMap<(u64, Option<PartRange>), PoolBuf>,
+    tasks: HashMap<u16, Task<SrcOut>>,
+    cancelled: bool,
+    /// The manifest's later parts (a growing manifest).
+    growth: Option<mpsc::UnboundedReceiver<GrowPart>>,
+    growing: bool,
+    tuner: Option<Tuner>,
+    disk_tune: Option<DiskTune>,
+    /// Reads on the disk threads, for the disk tuner: the data wait on them too when
+    /// every chunk left is being read.
+    reading: usize,
+    meters: Meters,
+    sendbufs: Budget,
+    /// Parts so far, and the entries whose metadata went with them.
+    parts: u64,
+    meta_from: u32,
+    /// Parts whose producer waits to hear they are durable: (the part's number, the
+    /// layout's end with it, whom to tell).
+    durable: VecDeque<(u64, u64, tokio::sync::oneshot::Sender<()>)>,
+}
+
+/// What a source driver woke up for.
+enum SrcWake<K, L> {
+    Cancelled,
+    Part(Option<GrowPart>),
+    Input(SrcIn<K>),
+    Joined(u16, Result<DataStream<L>>),
+    Control(std::result::Result<Control, NetError>),
+    Buffer(PoolBuf),
+    Timeout,
+}
+
+impl<'a, C, J, K> SourceDriver<'a, C, J, K>
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send,
+    J: Joins,
+    K: SourceStore,
+{
+    fn new(
+        m: SourceSession<Fault>,
+        ch: &'a mut ControlChannel<C>,
+        joins: J,
+        store: K,
+        env: Env,
+        growth: Option<mpsc::UnboundedReceiver<GrowPart>>,
+    ) -> Self {
+        let ctl = ControlLink::new(ch);
+        let peer = ctl.ch.peer().to_string();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let sendbufs = Budget::new(Direction::Send, env.send_budget, &peer);
+        SourceDriver {
+            m,
+            ctl,
+            joins,
+            env,
+            peer,
+            tx,
+            rx,
+            prep: Some(store),
+            live: None,
+            spare: None,
+            bufs: HashMap::new(),
+            tasks: HashMap::new(),
+            cancelled: false,
+            growing: growth.is_some(),
+            growth,
+            tuner: None,
+            disk_tune: None,
+            reading: 0,
+            meters: Meters::default(),
+            sendbufs,
+            parts: 0,
+            meta_from: 0,
+            durable: VecDeque::new(),
         }
-        sendbufs.check(now());
-        if let Some(share) = sendbufs.take_set() {
-            env.run.progress.send_buffer.store(share, Relaxed);
+    }
+
+    async fn run(mut self) -> Result<SourceRun<K>> {
+        loop {
+            self.look_after();
+            if let Some(end) = self.drain().await {
+                return end;
+            }
+            let wake = self.wait().await;
+            self.wake(wake);
         }
-        if let (Some(t), Some((.., pool))) = (disk_tune.as_mut(), &live) {
-            let left = remaining(&env.run.progress, m.manifest_complete());
-            t.step(
-                &env.run.progress,
-                pool,
-                m.has_work() || reading > 0,
-                left,
-                &peer,
-            );
+    }
+
+    /// The tuners' turn, the buffers' and the durable parts' news.
+    fn look_after(&mut self) {
+        let p = &self.env.run.progress;
+        if let Some(t) = self.tuner.as_mut() {
+            tune_step(t, &mut self.m, &self.meters, p, &self.peer);
+            self.sendbufs.sending(t.streams());
         }
-        while let Some((i, end, _)) = durable.front() {
-            if m.parts_confirmed() <= *i || m.stored_below() < *end {
+        self.sendbufs.check(now());
+        if let Some(share) = self.sendbufs.take_set() {
+            p.send_buffer.store(share, Relaxed);
+        }
+        if let (Some(t), Some((.., pool))) = (self.disk_tune.as_mut(), &self.live) {
+            let left = remaining(p, self.m.manifest_complete());
+            let working = self.m.has_work() || self.reading > 0;
+            t.step(p, pool, working, left, &self.peer);
+        }
+        while let Some((i, end, _)) = self.durable.front() {
+            if self.m.parts_confirmed() <= *i || self.m.stored_below() < *end {
                 break;
             }
-            if let Some((.., tell)) = durable.pop_front() {
+            if let Some((.., tell)) = self.durable.pop_front() {
                 let _ = tell.send(());
             }
         }
-        // What the machine asks, until it asks nothing more.
+    }
+
+    /// What the machine asks, until it asks nothing more; the session's end when it
+    /// came.
+    async fn drain(&mut self) -> Option<Result<SourceRun<K>>> {
         loop {
-            ctl.flush(&mut m).await;
+            self.ctl.flush(&mut self.m).await;
             let mut busy = false;
-            while let Some(c) = m.poll_command() {
+            while let Some(c) = self.m.poll_command() {
                 busy = true;
-                match c {
-                    SourceCommand::Open { stream } => joins.open(stream),
-                    SourceCommand::Send {
-                        stream,
-                        chunk,
-                        meta,
-                    } => {
-                        let (Some(buf), Some((_, src, _))) =
-                            (bufs.remove(&(chunk, meta.part)), &live)
-                        else {
-                            continue;
-                        };
-                        if let Some(t) = tasks.get(&stream) {
-                            let mut segments = Vec::new();
-                            src.layout().segments(chunk, &mut segments);
-                            if let Some(p) = meta.part {
-                                // Checked when read: within one segment.
-                                segments = part_segments(&segments, p).unwrap_or_default();
-                            }
-                            let _ = t.tx.send(SrcOut::Chunk {
-                                chunk,
-                                buf,
-                                meta,
-                                segments,
-                            });
-                        }
-                    }
-                    SourceCommand::End { stream, sent } => {
-                        if let Some(t) = tasks.get(&stream) {
-                            let _ = t.tx.send(SrcOut::End(sent));
-                        }
-                    }
-                    SourceCommand::Close { stream } => {
-                        tasks.remove(&stream);
-                        meters.retire(stream);
-                        sendbufs.retire(stream);
-                    }
-                }
+                self.command(c);
             }
-            while let Some(ev) = m.poll_event() {
+            while let Some(ev) = self.m.poll_event() {
                 busy = true;
-                match ev {
-                    SourceEvent::Opened(info) => joins.opened(&info),
-                    SourceEvent::Limits(l) => {
-                        if let Some(a) = peer_limits(m.side(), &mut env, &peer, l) {
-                            m.limits(a);
-                        }
-                    }
-                    SourceEvent::Options(o) => {
-                        if let Some(k) = prep.as_mut() {
-                            k.set_continue_on_error(o.continue_on_error);
-                        }
-                    }
-                    SourceEvent::Held(parts) => {
-                        let Some(mut k) = prep.take() else { continue };
-                        let (tx, peer) = (tx.clone(), peer.clone());
-                        env.disk.spawn(move || {
-                            let r = k
-                                .resume_from(&peer, &parts)
-                                .map(|plan| (plan, chunk_set(k.chunks())));
-                            let _ = tx.send(SrcIn::Checked(Box::new((k, r))));
-                        });
-                    }
-                    SourceEvent::Go => {
-                        let Some(k) = prep.take() else { continue };
-                        let info = m.info().expect("open before Go").clone();
-                        env.run.progress.held.store(k.held_bytes(), Relaxed);
-                        let k = Arc::new(k);
-                        let mut src: Arc<dyn Source> = k.clone();
-                        if let Some(d) = env.chunk_delay {
-                            src = Arc::new(Slow::new(src, d));
-                        }
-                        let tuned = info.features & features::TUNING != 0;
-                        let n = (env.buffers)(crate::session::buffer_streams(info.streams, tuned));
-                        if tuned {
-                            let t = Tuner::new(TuneConfig::new(env.tuned_start, info.streams));
-                            m.set_active(now(), t.streams());
-                            let reason = format!(
-                                "starting with {} of {} streams",
-                                t.streams(),
-                                info.streams
-                            );
-                            m.tuned(Tuned {
-                                at_ms: 0,
-                                streams: t.streams(),
-                                rate: 0,
-                                reason: reason.clone(),
-                            });
-                            env.run.progress.event(ProgressEvent::Tuned {
-                                streams: t.streams(),
-                                rate: 0,
-                                reason,
-                            });
-                            *env.run.progress.tuning.lock() = Some(Tuning {
-                                streams: t.streams(),
-                                of: info.streams,
-                                active: t.streams(),
-                                changes: 0,
-                                settled_ms: None,
-                            });
-                            tuner = Some(t);
-                        }
-                        // The sink's chunk requests (feature RANGES) are checked against
-                        // the whole layout; a growing manifest's against what it confirmed.
-                        if !growing {
-                            m.set_layout_chunks(src.layout().n_chunks());
-                        }
-                        live = Some((k, src, Pool::new(n, info.chunk_size as usize)));
-                        disk_tune = DiskTune::new(&mut env);
-                    }
-                    SourceEvent::StreamLost {
-                        stream,
-                        error,
-                        resent,
-                    } => {
-                        tracing::warn!(
-                            "data stream {stream} to {peer} broke ({error}); sending its {resent} \
-                             unacknowledged chunks on the others"
-                        );
-                        let p = &env.run.progress;
-                        p.streams_lost.fetch_add(1, Relaxed);
-                        p.chunks_resent.fetch_add(resent, Relaxed);
-                        p.event(ProgressEvent::StreamLost {
-                            stream,
-                            error: error.to_string(),
-                            resent: Some(resent),
-                        });
-                    }
-                    SourceEvent::Sent => {
-                        let failed = live.as_ref().map(|l| l.0.failed()).unwrap_or_default();
-                        m.report(failed);
-                    }
-                    SourceEvent::Drained => {
-                        // The streams end: their connections must close with them.
-                        meters.retire_all();
-                        sendbufs.retire_all();
-                        let failed = live.as_ref().map(|l| l.0.failed()).unwrap_or_default();
-                        m.drained(failed);
-                    }
-                    SourceEvent::Done(summary) => {
-                        ctl.flush(&mut m).await;
-                        for (.., tell) in durable.drain(..) {
-                            let _ = tell.send(());
-                        }
-                        let store = match live {
-                            Some((k, ..)) => k,
-                            None => Arc::new(prep.take().expect("the store is here")),
-                        };
-                        return Ok(SourceRun {
-                            info: m.info().expect("open before the end").clone(),
-                            summary,
-                            stats: m.stats(),
-                            store,
-                        });
-                    }
-                    SourceEvent::Failed(e) => {
-                        ctl.flush(&mut m).await;
-                        return Err(env.run.take_error().unwrap_or_else(|| session_error(e)));
-                    }
+                if let Some(end) = self.event(ev).await {
+                    return Some(end);
                 }
             }
-            // Reads into free buffers, as long as the machine has chunks to read.
-            if let (Some((_, src, _)), Some(buf)) = (&live, spare.take()) {
-                match m.poll_read() {
-                    Some(job) => {
-                        spawn_read(&env.disk, src.clone(), job, buf, tx.clone());
-                        reading += 1;
-                        busy = true;
-                    }
-                    None => spare = Some(buf),
-                }
-            }
+            busy |= self.read_more();
             if !busy {
-                break;
+                return None;
             }
         }
-        let mut deadline = m.poll_timeout();
-        if let Some(t) = tuner.as_ref().and_then(Tuner::poll_timeout) {
-            deadline = Some(deadline.map_or(t, |d| d.min(t)));
+    }
+
+    fn command(&mut self, c: SourceCommand) {
+        match c {
+            SourceCommand::Open { stream } => self.joins.open(stream),
+            SourceCommand::Send {
+                stream,
+                chunk,
+                meta,
+            } => self.send(stream, chunk, meta),
+            SourceCommand::End { stream, sent } => {
+                if let Some(t) = self.tasks.get(&stream) {
+                    let _ = t.tx.send(SrcOut::End(sent));
+                }
+            }
+            SourceCommand::Close { stream } => self.retire(stream),
         }
-        if let Some(t) = disk_tune.as_ref().and_then(DiskTune::poll_timeout) {
-            deadline = Some(deadline.map_or(t, |d| d.min(t)));
+    }
+
+    /// Hands chunk `chunk`'s buffer to stream `stream`'s task.
+    fn send(&mut self, stream: u16, chunk: u64, meta: ChunkMeta) {
+        let (Some(buf), Some((_, src, _))) = (self.bufs.remove(&(chunk, meta.part)), &self.live)
+        else {
+            return;
+        };
+        let Some(t) = self.tasks.get(&stream) else {
+            return;
+        };
+        let mut segments = Vec::new();
+        src.layout().segments(chunk, &mut segments);
+        if let Some(p) = meta.part {
+            // Checked when read: within one segment.
+            segments = part_segments(&segments, p).unwrap_or_default();
         }
-        if let Some(t) = sendbufs.poll_timeout() {
-            deadline = Some(deadline.map_or(t, |d| d.min(t)));
+        let _ = t.tx.send(SrcOut::Chunk {
+            chunk,
+            buf,
+            meta,
+            segments,
+        });
+    }
+
+    /// Stream `stream` ended, was lost or closed: its task and its probes go.
+    fn retire(&mut self, stream: u16) {
+        self.tasks.remove(&stream);
+        self.meters.retire(stream);
+        self.sendbufs.retire(stream);
+    }
+
+    /// One of the machine's events; the session's end when it ended.
+    async fn event(&mut self, ev: SourceEvent<Fault>) -> Option<Result<SourceRun<K>>> {
+        match ev {
+            SourceEvent::Opened(info) => self.joins.opened(&info),
+            SourceEvent::Limits(l) => {
+                if let Some(a) = peer_limits(self.m.side(), &mut self.env, &self.peer, l) {
+                    self.m.limits(a);
+                }
+            }
+            SourceEvent::Options(o) => {
+                if let Some(k) = self.prep.as_mut() {
+                    k.set_continue_on_error(o.continue_on_error);
+                }
+            }
+            SourceEvent::Held(parts) => self.check_held(parts),
+            SourceEvent::Go => self.go(),
+            SourceEvent::StreamLost {
+                stream,
+                error,
+                resent,
+            } => self.stream_lost(stream, &error, resent),
+            SourceEvent::Sent => {
+                let failed = self.live.as_ref().map(|l| l.0.failed()).unwrap_or_default();
+                self.m.report(failed);
+            }
+            SourceEvent::Drained => {
+                // The streams end: their connections must close with them.
+                self.meters.retire_all();
+                self.sendbufs.retire_all();
+                let failed = self.live.as_ref().map(|l| l.0.failed()).unwrap_or_default();
+                self.m.drained(failed);
+            }
+            SourceEvent::Done(summary) => return Some(Ok(self.done(summary).await)),
+            SourceEvent::Failed(e) => {
+                self.ctl.flush(&mut self.m).await;
+                return Some(Err(self
+                    .env
+                    .run
+                    .take_error()
+                    .unwrap_or_else(|| session_error(e))));
+            }
         }
-        let pool = live.as_ref().map(|l| l.2.clone());
+        None
+    }
+
+    /// The sink told what it holds: the storage checks it on a disk thread.
+    fn check_held(&mut self, parts: Vec<Have>) {
+        let Some(mut k) = self.prep.take() else {
+            return;
+        };
+        let (tx, peer) = (self.tx.clone(), self.peer.clone());
+        self.env.disk.spawn(move || {
+            let r = k
+                .resume_from(&peer, &parts)
+                .map(|plan| (plan, chunk_set(k.chunks())));
+            let _ = tx.send(SrcIn::Checked(Box::new((k, r))));
+        });
+    }
+
+    /// `Go`: the storage is bound, the chunk buffers made, the tuners start.
+    fn go(&mut self) {
+        let Some(k) = self.prep.take() else {
+            return;
+        };
+        let info = self.m.info().expect("open before Go").clone();
+        self.env.run.progress.held.store(k.held_bytes(), Relaxed);
+        let k = Arc::new(k);
+        let mut src: Arc<dyn Source> = k.clone();
+        if let Some(d) = self.env.chunk_delay {
+            src = Arc::new(Slow::new(src, d));
+        }
+        let tuned = info.features & features::TUNING != 0;
+        let n = (self.env.buffers)(crate::session::buffer_streams(info.streams, tuned));
+        if tuned {
+            self.start_tuner(info.streams);
+        }
+        // The sink's chunk requests (feature RANGES) are checked against the whole
+        // layout; a growing manifest's against what it confirmed.
+        if !self.growing {
+            self.m.set_layout_chunks(src.layout().n_chunks());
+        }
+        self.live = Some((k, src, Pool::new(n, info.chunk_size as usize)));
+        self.disk_tune = DiskTune::new(&mut self.env);
+    }
+
+    /// The stream tuner starts (feature TUNING) on its first streams of `of`.
+    fn start_tuner(&mut self, of: u16) {
+        let t = Tuner::new(TuneConfig::new(self.env.tuned_start, of));
+        self.m.set_active(now(), t.streams());
+        let reason = format!("starting with {} of {of} streams", t.streams());
+        self.m.tuned(Tuned {
+            at_ms: 0,
+            streams: t.streams(),
+            rate: 0,
+            reason: reason.clone(),
+        });
+        let p = &self.env.run.progress;
+        p.event(ProgressEvent::Tuned {
+            streams: t.streams(),
+            rate: 0,
+            reason,
+        });
+        *p.tuning.lock() = Some(Tuning {
+            streams: t.streams(),
+            of,
+            active: t.streams(),
+            changes: 0,
+            settled_ms: None,
+        });
+        self.tuner = Some(t);
+    }
+
+    fn stream_lost(&mut self, stream: u16, error: &SessionError<Fault>, resent: u64) {
+        tracing::warn!(
+            "data stream {stream} to {} broke ({error}); sending its {resent} \
+             unacknowledged chunks on the others",
+            self.peer
+        );
+        let p = &self.env.run.progress;
+        p.streams_lost.fetch_add(1, Relaxed);
+        p.chunks_resent.fetch_add(resent, Relaxed);
+        p.event(ProgressEvent::StreamLost {
+            stream,
+            error: error.to_string(),
+            resent: Some(resent),
+        });
+    }
+
+    /// The session ended well: parts still waiting hear they are durable.
+    async fn done(&mut self, summary: Summary) -> SourceRun<K> {
+        self.ctl.flush(&mut self.m).await;
+        for (.., tell) in self.durable.drain(..) {
+            let _ = tell.send(());
+        }
+        let store = match self.live.take() {
+            Some((k, ..)) => k,
+            None => Arc::new(self.prep.take().expect("the store is here")),
+        };
+        SourceRun {
+            info: self.m.info().expect("open before the end").clone(),
+            summary,
+            stats: self.m.stats(),
+            store,
+        }
+    }
+
+    /// Starts a read into the free buffer, if the machine has a chunk to read.
+    fn read_more(&mut self) -> bool {
+        let (Some((_, src, _)), Some(buf)) = (&self.live, self.spare.take()) else {
+            return false;
+        };
+        match self.m.poll_read() {
+            Some(job) => {
+                spawn_read(&self.env.disk, src.clone(), job, buf, self.tx.clone());
+                self.reading += 1;
+                true
+            }
+            None => {
+                self.spare = Some(buf);
+                false
+            }
+        }
+    }
+
+    /// The earliest of the machine's and the tuners' timers.
+    fn deadline(&self) -> Option<std::time::Instant> {
+        [
+            self.m.poll_timeout(),
+            self.tuner.as_ref().and_then(Tuner::poll_timeout),
+            self.disk_tune.as_ref().and_then(DiskTune::poll_timeout),
+            self.sendbufs.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Whether the next part of a growing manifest may be taken now. A streamed
+    /// manifest's parts (feature STREAMED) go one ahead of the sink's confirmations: a
+    /// part written while the control connection is still in slow start waits in its
+    /// send buffer, and the control link's writes would hold this loop (and the data)
+    /// until it drained. A dialer's first part ends in its first flight (the features
+    /// are known: BASE); its later parts wait for `Session` (whether they may hold hard
+    /// links and holes, feature WALKING), which comes before the first `Grown`.
+    fn wants_part(&self) -> bool {
+        let m = &self.m;
+        self.growth.is_some()
+            && m.features().is_some()
+            && (self.parts == 0 || m.negotiated())
+            && (!m.uses(features::STREAMED) || m.parts_confirmed() + 1 >= self.parts)
+    }
+
+    /// Waits for the next thing to happen.
+    async fn wait(&mut self) -> SrcWake<K, J::Link> {
+        let deadline = self.deadline();
+        let wants_part = self.wants_part();
+        let pool = self.live.as_ref().map(|l| l.2.clone());
+        let wants_buffer = pool.is_some() && self.spare.is_none();
+        let SourceDriver {
+            env,
+            cancelled,
+            growth,
+            rx,
+            joins,
+            ctl,
+            ..
+        } = self;
         tokio::select! {
             biased;
-            _ = env.run.cancelled(), if !cancelled => {
-                cancelled = true;
+            _ = env.run.cancelled(), if !*cancelled => SrcWake::Cancelled,
+            part = next_part(growth), if wants_part => SrcWake::Part(part),
+            Some(input) = rx.recv() => SrcWake::Input(input),
+            (i, r) = joins.next() => SrcWake::Joined(i, r),
+            msg = ctl.recv() => SrcWake::Control(msg),
+            b = async { pool.as_ref().expect("checked").get().await }, if wants_buffer => {
+                SrcWake::Buffer(b)
+            }
+            _ = sleep_until(deadline) => SrcWake::Timeout,
+        }
+    }
+
+    /// Feeds in what happened.
+    fn wake(&mut self, wake: SrcWake<K, J::Link>) {
+        match wake {
+            SrcWake::Cancelled => {
+                self.cancelled = true;
                 // Why the run was cancelled (an interrupt, a revoked credential) is
                 // what the peer learns; without a reason, the session was aborted.
-                let why = env.run.take_error().unwrap_or(Error::Aborted);
-                m.fail(now(), Fault::cancelled(why));
+                let why = self.env.run.take_error().unwrap_or(Error::Aborted);
+                self.m.fail(now(), Fault::cancelled(why));
             }
-            // A streamed manifest's parts (feature STREAMED) go one ahead of the
-            // sink's confirmations: a part written while the control connection is
-            // still in slow start waits in its send buffer, and the control link's
-            // writes would hold this loop (and the data) until it drained. A dialer's
-            // first part ends in its first flight (the features are known: BASE);
-            // its later parts wait for `Session` (whether they may hold hard links
-            // and holes, feature WALKING), which comes before the first `Grown`.
-            part = next_part(&mut growth), if growth.is_some()
-                && m.features().is_some()
-                && (parts == 0 || m.negotiated())
-                && (!m.uses(features::STREAMED) || m.parts_confirmed() + 1 >= parts) => match part {
-                Some(p) if p.sent && parts == 0 && !m.uses(features::STREAMED) => {
-                    // The sink does not take parts: the rest of the manifest goes
-                    // whole behind the first part's entries, as a push's always did.
-                    let (mut rest, mut meta, mut totals) = (Vec::new(), p.meta, p.totals);
-                    if let Some(g) = growth.as_mut() {
-                        while let Ok(mut q) = g.try_recv() {
-                            rest.append(&mut q.entries);
-                            meta.append(&mut q.meta);
-                            totals = q.totals;
-                        }
-                    }
-                    growth = None;
-                    growing = false;
-                    let grown = match prep.as_ref() {
-                        Some(k) => {
-                            let chunk = k.layout().chunk_size() as u32;
-                            k.grow(&rest, &[], chunk).map(|_| chunk_set(k.chunks()))
-                        }
-                        None => Err(Error::refused(
-                            ErrorCode::Unsupported,
-                            "the manifest's rest came after the storage was bound",
-                        )),
-                    };
-                    let chunks = match grown {
-                        Ok(c) => c,
-                        Err(e) => {
-                            m.fail(now(), Fault::new(e));
-                            continue;
-                        }
-                    };
-                    env.run.progress.total.store(totals.bytes, Relaxed);
-                    m.push_manifest(&rest);
-                    m.push_meta(meta);
-                    m.end_manifest(totals, chunks);
-                }
-                Some(p) if parts > 0
-                    && !m.uses(features::WALKING)
-                    && (!p.sparse.is_empty()
-                        || p.entries.iter().any(|e| matches!(e.kind, EntryKind::HardLink { .. }))) =>
-                {
-                    // A live walk's later part with hard links or holes, to a sink that
-                    // takes neither in later parts (a server older than the live walk
-                    // of pushes, whose `Session` did not grant `WALKING`).
-                    growth = None;
-                    m.fail(now(), Fault::new(Error::refused(
-                        ErrorCode::Unsupported,
-                        format!(
-                            "{}: the server takes no hard links or sparse files in a manifest \
-                             sent while the walk runs (it predates that); upgrade it, or copy \
-                             with --resume, which walks the whole tree first",
-                            peer
-                        ),
-                    )));
-                }
-                Some(mut p) => {
-                    let mut meta = Vec::new();
-                    let mut part_chunk = None;
-                    if parts > 0 {
-                        // A later part: storage that grows lays it out now (in chunks
-                        // of the part's own size where both ends can, feature
-                        // PART_CHUNKS), and reads its entries' metadata (the first
-                        // part's root's too).
-                        let store = prep.as_ref().or(live.as_ref().map(|l| &*l.0));
-                        let grown = match store {
-                            Some(k) => {
-                                let session = k.layout().chunk_size() as u32;
-                                let chunk = if k.part_chunks() && m.uses(features::PART_CHUNKS) {
-                                    crate::session::part_chunk(&p.entries, session)
-                                } else {
-                                    session
-                                };
-                                if chunk != session {
-                                    let t = Totals::of(&p.entries);
-                                    tracing::info!(
-                                        "chunks of the transfer to {peer}: a later part's {} \
-                                         files hold {} bytes: {} KiB chunks for them (the \
-                                         session's: {} KiB)",
-                                        t.files,
-                                        t.bytes,
-                                        chunk >> 10,
-                                        session >> 10
-                                    );
-                                }
-                                part_chunk = Some(chunk);
-                                k.grow(&p.entries, &p.sparse, chunk).inspect(|_| {
-                                    (meta, meta_from) = k.grown_meta(meta_from);
-                                })
-                            }
-                            None => Err(Error::refused(
-                                ErrorCode::Unsupported,
-                                "a later part of the manifest came while a resume was checked",
-                            )),
-                        };
-                        match grown {
-                            Ok(Some(n)) => p.chunks = n,
-                            Ok(None) => {}
-                            Err(e) => {
-                                growth = None;
-                                m.fail(now(), Fault::new(e));
-                                continue;
-                            }
-                        }
-                    }
-                    meta.append(&mut p.meta);
-                    parts += 1;
-                    if parts > 1 && m.uses(features::STREAMED) {
-                        env.run.progress.manifest_grown.fetch_add(1, Relaxed);
-                    }
-                    m.times(std::mem::take(&mut p.times));
-                    if let Some(tell) = p.durable.take() {
-                        durable.push_back((parts - 1, p.chunks, tell));
-                    }
-                    if !p.sent {
-                        m.push_manifest(&p.entries);
-                    }
-                    m.sparse_files(&p.sparse);
-                    m.grow_meta(meta);
-                    // A streamed manifest's source knows the whole total already.
-                    env.run.progress.total.fetch_max(p.totals.bytes, Relaxed);
-                    if let Some(c) = part_chunk {
-                        m.part_chunk(now(), c);
-                    }
-                    m.grow_manifest(now(), p.totals, p.chunks, p.last);
-                    if p.last {
-                        growth = None;
-                    }
-                }
-                None => {
-                    growth = None;
-                    m.fail(now(), Fault::new(Error::refused(
-                        ErrorCode::Aborted,
-                        "the manifest's producer stopped before its last part",
-                    )));
-                }
-            },
-            Some(input) = rx.recv() => match input {
-                SrcIn::Read { chunk, read: Ok((buf, meta)) } => {
-                    reading -= 1;
-                    bufs.insert((chunk, meta.part), buf);
-                    m.chunk_read(now(), chunk, meta);
-                }
-                SrcIn::Read { read: Err(e), .. } => {
-                    reading -= 1;
-                    m.fail(now(), Fault::new(e));
-                }
-                SrcIn::Written { stream, chunk } => {
-                    if let Some((_, src, _)) = &live {
-                        crate::monitor::count_files(&env.run.progress, &src.layout(), chunk);
-                    }
-                    m.chunk_written(now(), stream, chunk)
-                }
-                SrcIn::Acked { stream, frames } => m.acked(now(), stream, frames),
-                SrcIn::Failed { stream, error } => {
-                    tasks.remove(&stream);
-                    meters.retire(stream);
-                    sendbufs.retire(stream);
-                    m.stream_failed(now(), stream, Fault::new(error));
-                }
-                SrcIn::Checked(b) => {
-                    let (k, r) = *b;
-                    prep = Some(k);
-                    match r {
-                        Ok((plan, chunks)) => m.planned(now(), plan, chunks),
-                        Err(e) => m.fail(now(), Fault::new(e)),
-                    }
-                }
-            },
-            (i, r) = joins.next() => match r {
-                Ok(s) => {
-                    let probe = s.io.probe();
-                    if m.uses(features::TUNING) {
-                        meters.add(i, probe.clone());
-                    }
-                    sendbufs.join(now(), i, probe.as_ref());
-                    let (ttx, trx) = mpsc::unbounded_channel();
-                    let h = tokio::spawn(source_stream(
-                        i,
-                        s,
-                        trx,
-                        tx.clone(),
-                        env.run.progress.clone(),
-                        env.zerocopy.clone(),
-                        // The sink knows the sparse files only under LINKS.
-                        m.uses(features::LINKS),
-                    ));
-                    tasks.insert(i, Task { tx: ttx, abort: h.abort_handle() });
-                    m.stream_joined(now(), i);
-                }
-                Err(e) => m.stream_failed(now(), i, Fault::new(e)),
-            },
-            msg = ctl.recv() => match msg {
-                Ok(msg) => m.handle_control(now(), msg),
-                Err(e) => {
-                    ctl.open = false;
-                    m.control_closed(now(), Fault::new(Error::Net(e)));
-                }
-            },
-            b = async { pool.as_ref().expect("checked").get().await }, if pool.is_some() && spare.is_none() => {
-                spare = Some(b);
+            SrcWake::Part(part) => self.part(part),
+            SrcWake::Input(input) => self.input(input),
+            SrcWake::Joined(i, r) => self.joined(i, r),
+            SrcWake::Control(Ok(msg)) => self.m.handle_control(now(), msg),
+            SrcWake::Control(Err(e)) => {
+                self.ctl.open = false;
+                self.m.control_closed(now(), Fault::new(Error::Net(e)));
             }
-            _ = sleep_until(deadline) => m.handle_timeout(now()),
+            SrcWake::Buffer(b) => self.spare = Some(b),
+            SrcWake::Timeout => self.m.handle_timeout(now()),
         }
+    }
+
+    /// What a stream task or a disk thread reported.
+    fn input(&mut self, input: SrcIn<K>) {
+        match input {
+            SrcIn::Read {
+                chunk,
+                read: Ok((buf, meta)),
+            } => {
+                self.reading -= 1;
+                self.bufs.insert((chunk, meta.part), buf);
+                self.m.chunk_read(now(), chunk, meta);
+            }
+            SrcIn::Read { read: Err(e), .. } => {
+                self.reading -= 1;
+                self.m.fail(now(), Fault::new(e));
+            }
+            SrcIn::Written { stream, chunk } => {
+                if let Some((_, src, _)) = &self.live {
+                    crate::monitor::count_files(&self.env.run.progress, &src.layout(), chunk);
+                }
+                self.m.chunk_written(now(), stream, chunk)
+            }
+            SrcIn::Acked { stream, frames } => self.m.acked(now(), stream, frames),
+            SrcIn::Failed { stream, error } => {
+                self.retire(stream);
+                self.m.stream_failed(now(), stream, Fault::new(error));
+            }
+            SrcIn::Checked(b) => {
+                let (k, r) = *b;
+                self.prep = Some(k);
+                match r {
+                    Ok((plan, chunks)) => self.m.planned(now(), plan, chunks),
+                    Err(e) => self.m.fail(now(), Fault::new(e)),
+                }
+            }
+        }
+    }
+
+    /// A data stream joined (or failed to): its task starts.
+    fn joined(&mut self, i: u16, r: Result<DataStream<J::Link>>) {
+        let s = match r {
+            Ok(s) => s,
+            Err(e) => return self.m.stream_failed(now(), i, Fault::new(e)),
+        };
+        let probe = s.io.probe();
+        if self.m.uses(features::TUNING) {
+            self.meters.add(i, probe.clone());
+        }
+        self.sendbufs.join(now(), i, probe.as_ref());
+        let (ttx, trx) = mpsc::unbounded_channel();
+        let h = tokio::spawn(source_stream(
+            i,
+            s,
+            trx,
+            self.tx.clone(),
+            self.env.run.progress.clone(),
+            self.env.zerocopy.clone(),
+            // The sink knows the sparse files only under LINKS.
+            self.m.uses(features::LINKS),
+        ));
+        self.tasks.insert(
+            i,
+            Task {
+                tx: ttx,
+                abort: h.abort_handle(),
+            },
+        );
+        self.m.stream_joined(now(), i);
+    }
+
+    /// The next part of a growing manifest came from its producer (`None`: the
+    /// producer stopped before the last).
+    fn part(&mut self, part: Option<GrowPart>) {
+        let Some(p) = part else {
+            self.growth = None;
+            let e = Error::refused(
+                ErrorCode::Aborted,
+                "the manifest's producer stopped before its last part",
+            );
+            return self.m.fail(now(), Fault::new(e));
+        };
+        if p.sent && self.parts == 0 && !self.m.uses(features::STREAMED) {
+            self.rest_whole(p);
+        } else if self.parts > 0
+            && !self.m.uses(features::WALKING)
+            && (!p.sparse.is_empty()
+                || p.entries
+                    .iter()
+                    .any(|e| matches!(e.kind, EntryKind::HardLink { .. })))
+        {
+            // A live walk's later part with hard links or holes, to a sink that takes
+            // neither in later parts (a server older than the live walk of pushes,
+            // whose `Session` did not grant `WALKING`).
+            self.growth = None;
+            let e = Error::refused(
+                ErrorCode::Unsupported,
+                format!(
+                    "{}: the server takes no hard links or sparse files in a manifest sent \
+                     while the walk runs (it predates that); upgrade it, or copy with \
+                     --resume, which walks the whole tree first",
+                    self.peer
+                ),
+            );
+            self.m.fail(now(), Fault::new(e));
+        } else {
+            self.grow(p);
+        }
+    }
+
+    /// The sink does not take parts: the rest of the manifest goes whole behind the
+    /// first part's entries, as a push's always did.
+    fn rest_whole(&mut self, p: GrowPart) {
+        let (mut rest, mut meta, mut totals) = (Vec::new(), p.meta, p.totals);
+        if let Some(g) = self.growth.as_mut() {
+            while let Ok(mut q) = g.try_recv() {
+                rest.append(&mut q.entries);
+                meta.append(&mut q.meta);
+                totals = q.totals;
+            }
+        }
+        self.growth = None;
+        self.growing = false;
+        let grown = match self.prep.as_ref() {
+            Some(k) => {
+                let chunk = k.layout().chunk_size() as u32;
+                k.grow(&rest, &[], chunk).map(|_| chunk_set(k.chunks()))
+            }
+            None => Err(Error::refused(
+                ErrorCode::Unsupported,
+                "the manifest's rest came after the storage was bound",
+            )),
+        };
+        let chunks = match grown {
+            Ok(c) => c,
+            Err(e) => return self.m.fail(now(), Fault::new(e)),
+        };
+        self.env.run.progress.total.store(totals.bytes, Relaxed);
+        self.m.push_manifest(&rest);
+        self.m.push_meta(meta);
+        self.m.end_manifest(totals, chunks);
+    }
+
+    /// A part goes to the sink: a later one laid out by storage that grows first.
+    fn grow(&mut self, mut p: GrowPart) {
+        let mut meta = Vec::new();
+        let mut part_chunk = None;
+        if self.parts > 0 {
+            match self.lay_out(&mut p) {
+                Ok((chunk, m)) => (part_chunk, meta) = (Some(chunk), m),
+                Err(e) => {
+                    self.growth = None;
+                    return self.m.fail(now(), Fault::new(e));
+                }
+            }
+        }
+        meta.append(&mut p.meta);
+        self.parts += 1;
+        let progress = &self.env.run.progress;
+        if self.parts > 1 && self.m.uses(features::STREAMED) {
+            progress.manifest_grown.fetch_add(1, Relaxed);
+        }
+        self.m.times(std::mem::take(&mut p.times));
+        if let Some(tell) = p.durable.take() {
+            self.durable.push_back((self.parts - 1, p.chunks, tell));
+        }
+        if !p.sent {
+            self.m.push_manifest(&p.entries);
+        }
+        self.m.sparse_files(&p.sparse);
+        self.m.grow_meta(meta);
+        // A streamed manifest's source knows the whole total already.
+        progress.total.fetch_max(p.totals.bytes, Relaxed);
+        if let Some(c) = part_chunk {
+            self.m.part_chunk(now(), c);
+        }
+        self.m.grow_manifest(now(), p.totals, p.chunks, p.last);
+        if p.last {
+            self.growth = None;
+        }
+    }
+
+    /// A later part: storage that grows lays it out now (in chunks of the part's own
+    /// size where both ends can, feature PART_CHUNKS; `p.chunks` becomes the layout's
+    /// length with it), and reads its entries' metadata (the first part's root's too).
+    /// Returns the part's chunk size and that metadata.
+    fn lay_out(&mut self, p: &mut GrowPart) -> Result<(u32, Vec<EntryMeta>)> {
+        let store = self.prep.as_ref().or(self.live.as_ref().map(|l| &*l.0));
+        let Some(k) = store else {
+            return Err(Error::refused(
+                ErrorCode::Unsupported,
+                "a later part of the manifest came while a resume was checked",
+            ));
+        };
+        let session = k.layout().chunk_size() as u32;
+        let chunk = if k.part_chunks() && self.m.uses(features::PART_CHUNKS) {
+            crate::session::part_chunk(&p.entries, session)
+        } else {
+            session
+        };
+        if chunk != session {
+            let t = Totals::of(&p.entries);
+            tracing::info!(
+                "chunks of the transfer to {}: a later part's {} files hold {} bytes: {} \
+                 KiB chunks for them (the session's: {} KiB)",
+                self.peer,
+                t.files,
+                t.bytes,
+                chunk >> 10,
+                session >> 10
+            );
+        }
+        if let Some(n) = k.grow(&p.entries, &p.sparse, chunk)? {
+            p.chunks = n;
+        }
+        let meta;
+        (meta, self.meta_from) = k.grown_meta(self.meta_from);
+        Ok((chunk, meta))
     }
 }
 
@@ -1974,12 +2178,12 @@ async fn next_ask(d: &mut Option<mpsc::UnboundedReceiver<DemandAsk>>) -> Option<
 }
 
 async fn sink_with<C, J, K>(
-    mut m: SinkSession<Fault>,
+    m: SinkSession<Fault>,
     ch: &mut ControlChannel<C>,
-    mut joins: J,
+    joins: J,
     prepare: Prepare<K>,
     options: Option<SessionOptions>,
-    mut env: Env,
+    env: Env,
     demand: Option<Demand<K>>,
 ) -> Result<SinkRun<K>>
 where
@@ -1987,385 +2191,617 @@ where
     J: Joins,
     K: SinkStore,
 {
-    let (mut asks, news) = match demand {
-        Some(d) => (Some(d.asks), Some(d.events)),
-        None => (None, None),
-    };
-    let mut closing = false;
-    let mut ctl = ControlLink::new(ch);
-    let peer = ctl.ch.peer().to_string();
-    let (tx, mut rx) = mpsc::unbounded_channel::<SinkIn<K>>();
-    let mut prepare = Some(prepare);
-    let mut options = options;
-    let mut prep: Option<(K, Held)> = None;
-    // Files the source listed as sparse (before its manifest), for the storage.
-    let mut sparse: Vec<u32> = Vec::new();
-    let mut live: Option<(Arc<K>, Arc<dyn Sink>, Pool)> = None;
-    let mut waiting: Vec<(u16, DataStream<J::Link>)> = Vec::new();
-    let mut tasks: HashMap<u16, Task<u64>> = HashMap::new();
-    let mut summary: Option<Summary> = None;
-    let mut grown: Vec<GrownPart> = Vec::new();
-    let mut times = Vec::new();
-    let mut meta = Vec::new();
-    let mut cancelled = false;
-    let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut windows = Budget::new(Direction::Receive, env.receive_budget, &peer);
-    let mut disk_tune: Option<DiskTune> = None;
-    loop {
-        if let Some((k, ..)) = &live
-            && !times.is_empty()
-        {
-            k.set_times(std::mem::take(&mut times));
+    SinkDriver::new(m, ch, joins, prepare, options, env, demand)
+        .run()
+        .await
+}
+
+/// A sink session's driver (see [`SourceDriver`]: the same loop).
+struct SinkDriver<'a, C, J: Joins, K> {
+    m: SinkSession<Fault>,
+    ctl: ControlLink<'a, C>,
+    joins: J,
+    env: Env,
+    peer: String,
+    /// What the stream tasks and disk threads report.
+    tx: mpsc::UnboundedSender<SinkIn<K>>,
+    rx: mpsc::UnboundedReceiver<SinkIn<K>>,
+    /// Makes the storage once the manifest is in.
+    prepare: Option<Prepare<K>>,
+    /// The session's options (a dialer's own, or as the dialer sent them).
+    options: Option<SessionOptions>,
+    /// The storage and what an earlier attempt left, while the resume is agreed.
+    prep: Option<(K, Held)>,
+    /// Files the source listed as sparse, and the metadata it sent, before its
+    /// manifest: for the storage.
+    sparse: Vec<u32>,
+    meta: Vec<EntryMeta>,
+    /// The storage, what writes it and the chunk buffers, once prepared.
+    live: Option<(Arc<K>, Arc<dyn Sink>, Pool)>,
+    /// Streams that joined before the storage was ready.
+    waiting: Vec<(u16, DataStream<J::Link>)>,
+    tasks: HashMap<u16, Task<u64>>,
+    summary: Option<Summary>,
+    /// Later parts of a growing manifest that came before the storage was ready.
+    grown: Vec<GrownPart>,
+    /// Newer directory times that came while the storage was on a disk thread.
+    times: Vec<(u32, dmover_proto::manifest::Mtime)>,
+    cancelled: bool,
+    /// Writes still queued are skipped once the session failed.
+    stopped: Arc<std::sync::atomic::AtomicBool>,
+    windows: Budget,
+    disk_tune: Option<DiskTune>,
+    /// A request-driven sink's owner: its requests, and where its news go.
+    asks: Option<mpsc::UnboundedReceiver<DemandAsk>>,
+    news: Option<mpsc::UnboundedSender<DemandEvent<K>>>,
+    closing: bool,
+}
+
+/// What a sink driver woke up for.
+enum SinkWake<K, L> {
+    Cancelled,
+    Input(SinkIn<K>),
+    Ask(Option<DemandAsk>),
+    Joined(u16, Result<DataStream<L>>),
+    Control(std::result::Result<Control, NetError>),
+    Timeout,
+}
+
+impl<'a, C, J, K> SinkDriver<'a, C, J, K>
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send,
+    J: Joins,
+    K: SinkStore,
+{
+    fn new(
+        m: SinkSession<Fault>,
+        ch: &'a mut ControlChannel<C>,
+        joins: J,
+        prepare: Prepare<K>,
+        options: Option<SessionOptions>,
+        env: Env,
+        demand: Option<Demand<K>>,
+    ) -> Self {
+        let (asks, news) = match demand {
+            Some(d) => (Some(d.asks), Some(d.events)),
+            None => (None, None),
+        };
+        let ctl = ControlLink::new(ch);
+        let peer = ctl.ch.peer().to_string();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let windows = Budget::new(Direction::Receive, env.receive_budget, &peer);
+        SinkDriver {
+            m,
+            ctl,
+            joins,
+            env,
+            peer,
+            tx,
+            rx,
+            prepare: Some(prepare),
+            options,
+            prep: None,
+            sparse: Vec::new(),
+            meta: Vec::new(),
+            live: None,
+            waiting: Vec::new(),
+            tasks: HashMap::new(),
+            summary: None,
+            grown: Vec::new(),
+            times: Vec::new(),
+            cancelled: false,
+            stopped: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            windows,
+            disk_tune: None,
+            asks,
+            news,
+            closing: false,
         }
-        windows.check(now());
-        if let Some(share) = windows.take_set() {
-            env.run.progress.receive_buffer.store(share, Relaxed);
+    }
+
+    async fn run(mut self) -> Result<SinkRun<K>> {
+        loop {
+            self.look_after();
+            if let Some(end) = self.drain().await {
+                return end;
+            }
+            let wake = self.wait().await;
+            self.wake(wake);
+        }
+    }
+
+    /// Times that waited for the storage, the buffers' and the disk tuner's turn.
+    fn look_after(&mut self) {
+        if let Some((k, ..)) = &self.live
+            && !self.times.is_empty()
+        {
+            k.set_times(std::mem::take(&mut self.times));
+        }
+        self.windows.check(now());
+        let p = &self.env.run.progress;
+        if let Some(share) = self.windows.take_set() {
+            p.receive_buffer.store(share, Relaxed);
         }
         // A request-driven sink (a mount) moves what its reader asks for, in bursts:
         // its disk threads are not tuned.
-        if let Some((.., pool)) = &live
-            && asks.is_none()
+        if let Some((.., pool)) = &self.live
+            && self.asks.is_none()
         {
-            if disk_tune.is_none() {
-                disk_tune = DiskTune::new(&mut env);
+            if self.disk_tune.is_none() {
+                self.disk_tune = DiskTune::new(&mut self.env);
             }
-            if let Some(t) = disk_tune.as_mut() {
-                let left = remaining(&env.run.progress, m.manifest_complete());
-                t.step(&env.run.progress, pool, m.outstanding() > 0, left, &peer);
+            if let Some(t) = self.disk_tune.as_mut() {
+                let p = &self.env.run.progress;
+                let left = remaining(p, self.m.manifest_complete());
+                t.step(p, pool, self.m.outstanding() > 0, left, &self.peer);
             }
         }
+    }
+
+    /// What the machine asks, until it asks nothing more; the session's end when it
+    /// came.
+    async fn drain(&mut self) -> Option<Result<SinkRun<K>>> {
         loop {
-            ctl.flush(&mut m).await;
+            self.ctl.flush(&mut self.m).await;
             let mut busy = false;
-            while let Some(c) = m.poll_command() {
+            while let Some(c) = self.m.poll_command() {
                 busy = true;
-                match c {
-                    SinkCommand::Open { stream } => joins.open(stream),
-                    SinkCommand::Ack { stream, frames } => {
-                        if let Some(t) = tasks.get(&stream) {
-                            let _ = t.tx.send(frames);
-                        }
-                    }
-                    SinkCommand::Close { stream } => {
-                        tasks.remove(&stream);
-                        windows.retire(stream);
-                        waiting.retain(|(i, _)| *i != stream);
-                    }
-                }
+                self.command(c);
             }
-            while let Some(ev) = m.poll_event() {
+            while let Some(ev) = self.m.poll_event() {
                 busy = true;
-                match ev {
-                    SinkEvent::Opened(info) => joins.opened(&info),
-                    SinkEvent::Options(o) => options = Some(o),
-                    SinkEvent::Sparse(list) => sparse = list,
-                    SinkEvent::Meta(m) => meta = m,
-                    SinkEvent::Manifest(entries) => {
-                        let (Some(f), Some(info)) = (prepare.take(), m.info()) else {
-                            continue;
-                        };
-                        let totals = dmover_proto::manifest::Totals::of(&entries);
-                        env.run.progress.total.store(totals.bytes, Relaxed);
-                        let files = crate::engine::files_with_data(&entries);
-                        env.run.progress.total_files.store(files, Relaxed);
-                        env.run.progress.set_manifest(&entries);
-                        let o = options.unwrap_or(SessionOptions {
-                            resume: false,
-                            journal: true,
-                            fsync: false,
-                            verify: false,
-                            continue_on_error: false,
-                            heartbeat_ms: 0,
-                        });
-                        let (chunk, tx) = (info.chunk_size, tx.clone());
-                        let sparse = std::mem::take(&mut sparse);
-                        let meta = std::mem::take(&mut meta);
-                        env.disk.spawn(move || {
-                            let r = f(entries, chunk, &o).map(|mut k| {
-                                if !sparse.is_empty() {
-                                    k.set_sparse(sparse);
-                                }
-                                if !meta.is_empty() {
-                                    k.set_meta(meta);
-                                }
-                                let held = if o.resume {
-                                    k.held()
-                                } else {
-                                    Held::none(&k.entries())
-                                };
-                                (k, held)
-                            });
-                            let _ = tx.send(SinkIn::Prepared(r));
-                        });
-                    }
-                    SinkEvent::Plan(plan) => {
-                        let Some((mut k, mut held)) = prep.take() else {
-                            continue;
-                        };
-                        let r = held
-                            .apply(&plan)
-                            .map_err(|e| Error::protocol(&peer, format!("resume: {e}")))
-                            .and_then(|()| {
-                                if !held.is_empty() {
-                                    tracing::info!(
-                                        "resuming: {} files and {} bytes already here",
-                                        held.done_files(),
-                                        held.bytes(&k.entries(), k.layout().chunk_size() as u32)
-                                    );
-                                }
-                                k.resume(&held)
-                            });
-                        match r {
-                            Ok(()) => start_sink(
-                                &mut m,
-                                k,
-                                &env,
-                                &mut live,
-                                &mut waiting,
-                                &mut tasks,
-                                &tx,
-                                &mut grown,
-                                news.as_ref(),
-                            ),
-                            Err(e) => m.fail(now(), Fault::new(e)),
-                        }
-                    }
-                    SinkEvent::Grown {
-                        entries,
-                        chunks,
-                        meta,
-                        sparse,
-                        chunk,
-                    } => {
-                        env.run.progress.grow_manifest(&entries);
-                        let part = GrownPart {
-                            entries,
-                            chunks,
-                            meta,
-                            sparse,
-                            chunk,
-                        };
-                        match &live {
-                            Some((k, ..)) => grow_sink(&mut m, &**k, part),
-                            // Before the sink is prepared: when it is.
-                            None => grown.push(part),
-                        }
-                    }
-                    SinkEvent::Times(t) => match (&live, &prep) {
-                        (Some((k, ..)), _) => k.set_times(t),
-                        (None, Some((k, _))) => k.set_times(t),
-                        // Between the preparation and the start (the storage on a disk
-                        // thread): with the next.
-                        (None, None) => times.extend(t),
-                    },
-                    SinkEvent::Complete => {
-                        let Some((_, sink, _)) = &live else { continue };
-                        let (sink, tx) = (sink.clone(), tx.clone());
-                        env.disk.spawn(move || {
-                            let _ = tx.send(SinkIn::Finished(sink.finish().map_err(Error::from)));
-                        });
-                    }
-                    SinkEvent::Limits(l) => {
-                        if let Some(a) = peer_limits(m.side(), &mut env, &peer, l) {
-                            m.limits(a);
-                        }
-                    }
-                    SinkEvent::Tuned(t) => {
-                        tracing::info!("{peer} tuned the transfer: {}", t.reason);
-                        windows.sending(t.streams);
-                        let p = &env.run.progress;
-                        let of = m.info().map_or(t.streams, |i| i.streams);
-                        // The first decision is where the tuner starts; changes follow.
-                        let mut tuning = p.tuning.lock();
-                        match tuning.as_mut() {
-                            None => {
-                                *tuning = Some(Tuning {
-                                    streams: t.streams,
-                                    of,
-                                    active: t.streams,
-                                    changes: 0,
-                                    settled_ms: None,
-                                })
-                            }
-                            Some(s) => {
-                                s.streams = t.streams;
-                                s.active = t.streams;
-                                s.changes += 1;
-                                s.settled_ms = Some(t.at_ms);
-                            }
-                        }
-                        drop(tuning);
-                        p.event(ProgressEvent::Tuned {
-                            streams: t.streams,
-                            rate: t.rate,
-                            reason: t.reason,
-                        });
-                    }
-                    SinkEvent::StreamLost { stream, error } => {
-                        tracing::warn!(
-                            "data stream {stream} from {peer} broke ({error}); waiting for its \
-                             chunks on the others"
-                        );
-                        env.run.progress.streams_lost.fetch_add(1, Relaxed);
-                        env.run.progress.event(ProgressEvent::StreamLost {
-                            stream,
-                            error: error.to_string(),
-                            resent: None,
-                        });
-                    }
-                    SinkEvent::Done(report) => {
-                        ctl.flush(&mut m).await;
-                        let (Some(summary), Some((store, ..))) = (summary.take(), live.take())
-                        else {
-                            return Err(Error::protocol(&peer, "session ended before its data"));
-                        };
-                        return Ok(SinkRun {
-                            info: m.info().expect("open before the end").clone(),
-                            summary,
-                            report,
-                            stats: m.stats(),
-                            store,
-                        });
-                    }
-                    SinkEvent::Failed(e) => {
-                        ctl.flush(&mut m).await;
-                        tasks.clear();
-                        windows.retire_all();
-                        // Writes still queued are skipped; the sink gives up (nothing
-                        // incomplete under a final name) when the last of those that
-                        // run lets it go: aborting under a running write could journal
-                        // a piece whose staging file is gone.
-                        stopped.store(true, Relaxed);
-                        return Err(env.run.take_error().unwrap_or_else(|| session_error(e)));
-                    }
+                if let Some(end) = self.event(ev).await {
+                    return Some(end);
                 }
             }
             if !busy {
-                break;
+                return None;
             }
         }
-        let mut deadline = m.poll_timeout();
-        if let Some(t) = disk_tune.as_ref().and_then(DiskTune::poll_timeout) {
-            deadline = Some(deadline.map_or(t, |d| d.min(t)));
+    }
+
+    fn command(&mut self, c: SinkCommand) {
+        match c {
+            SinkCommand::Open { stream } => self.joins.open(stream),
+            SinkCommand::Ack { stream, frames } => {
+                if let Some(t) = self.tasks.get(&stream) {
+                    let _ = t.tx.send(frames);
+                }
+            }
+            SinkCommand::Close { stream } => {
+                self.tasks.remove(&stream);
+                self.windows.retire(stream);
+                self.waiting.retain(|(i, _)| *i != stream);
+            }
         }
-        if let Some(t) = windows.poll_timeout() {
-            deadline = Some(deadline.map_or(t, |d| d.min(t)));
+    }
+
+    /// One of the machine's events; the session's end when it ended.
+    async fn event(&mut self, ev: SinkEvent<Fault>) -> Option<Result<SinkRun<K>>> {
+        match ev {
+            SinkEvent::Opened(info) => self.joins.opened(&info),
+            SinkEvent::Options(o) => self.options = Some(o),
+            SinkEvent::Sparse(list) => self.sparse = list,
+            SinkEvent::Meta(m) => self.meta = m,
+            SinkEvent::Manifest(entries) => self.prepare(entries),
+            SinkEvent::Plan(plan) => self.planned(&plan),
+            SinkEvent::Grown {
+                entries,
+                chunks,
+                meta,
+                sparse,
+                chunk,
+            } => {
+                self.env.run.progress.grow_manifest(&entries);
+                let part = GrownPart {
+                    entries,
+                    chunks,
+                    meta,
+                    sparse,
+                    chunk,
+                };
+                match &self.live {
+                    Some((k, ..)) => grow_sink(&mut self.m, &**k, part),
+                    // Before the sink is prepared: when it is.
+                    None => self.grown.push(part),
+                }
+            }
+            SinkEvent::Times(t) => match (&self.live, &self.prep) {
+                (Some((k, ..)), _) => k.set_times(t),
+                (None, Some((k, _))) => k.set_times(t),
+                // Between the preparation and the start (the storage on a disk
+                // thread): with the next.
+                (None, None) => self.times.extend(t),
+            },
+            SinkEvent::Complete => self.finish(),
+            SinkEvent::Limits(l) => {
+                if let Some(a) = peer_limits(self.m.side(), &mut self.env, &self.peer, l) {
+                    self.m.limits(a);
+                }
+            }
+            SinkEvent::Tuned(t) => self.tuned(t),
+            SinkEvent::StreamLost { stream, error } => {
+                tracing::warn!(
+                    "data stream {stream} from {} broke ({error}); waiting for its chunks on \
+                     the others",
+                    self.peer
+                );
+                let p = &self.env.run.progress;
+                p.streams_lost.fetch_add(1, Relaxed);
+                p.event(ProgressEvent::StreamLost {
+                    stream,
+                    error: error.to_string(),
+                    resent: None,
+                });
+            }
+            SinkEvent::Done(report) => return Some(self.done(report).await),
+            SinkEvent::Failed(e) => {
+                self.ctl.flush(&mut self.m).await;
+                self.tasks.clear();
+                self.windows.retire_all();
+                // Writes still queued are skipped; the sink gives up (nothing
+                // incomplete under a final name) when the last of those that run lets
+                // it go: aborting under a running write could journal a piece whose
+                // staging file is gone.
+                self.stopped.store(true, Relaxed);
+                let e = self
+                    .env
+                    .run
+                    .take_error()
+                    .unwrap_or_else(|| session_error(e));
+                return Some(Err(e));
+            }
         }
+        None
+    }
+
+    /// The manifest is in: the storage is made on a disk thread, with what an
+    /// earlier attempt left when resuming.
+    fn prepare(&mut self, entries: Vec<Entry>) {
+        let (Some(f), Some(info)) = (self.prepare.take(), self.m.info()) else {
+            return;
+        };
+        let p = &self.env.run.progress;
+        let totals = dmover_proto::manifest::Totals::of(&entries);
+        p.total.store(totals.bytes, Relaxed);
+        let files = crate::engine::files_with_data(&entries);
+        p.total_files.store(files, Relaxed);
+        p.set_manifest(&entries);
+        let o = self.options.unwrap_or(SessionOptions {
+            resume: false,
+            journal: true,
+            fsync: false,
+            verify: false,
+            continue_on_error: false,
+            heartbeat_ms: 0,
+        });
+        let (chunk, tx) = (info.chunk_size, self.tx.clone());
+        let sparse = std::mem::take(&mut self.sparse);
+        let meta = std::mem::take(&mut self.meta);
+        self.env.disk.spawn(move || {
+            let r = f(entries, chunk, &o).map(|mut k| {
+                if !sparse.is_empty() {
+                    k.set_sparse(sparse);
+                }
+                if !meta.is_empty() {
+                    k.set_meta(meta);
+                }
+                let held = if o.resume {
+                    k.held()
+                } else {
+                    Held::none(&k.entries())
+                };
+                (k, held)
+            });
+            let _ = tx.send(SinkIn::Prepared(r));
+        });
+    }
+
+    /// The storage is made: a resume tells the source what is held, otherwise data
+    /// may flow.
+    fn prepared(&mut self, mut k: K, held: Held) {
+        if self.options.as_ref().is_some_and(|o| o.resume) {
+            let parts = held.to_have(&k.entries());
+            self.prep = Some((k, held));
+            self.m.resume(now(), parts);
+            return;
+        }
+        match k.resume(&held) {
+            Ok(()) => self.start(k),
+            Err(e) => self.m.fail(now(), Fault::new(e)),
+        }
+    }
+
+    /// The source's plan for a resume: what stays held, then data may flow.
+    fn planned(&mut self, plan: &Plan) {
+        let Some((mut k, mut held)) = self.prep.take() else {
+            return;
+        };
+        let r = held
+            .apply(plan)
+            .map_err(|e| Error::protocol(&self.peer, format!("resume: {e}")))
+            .and_then(|()| {
+                if !held.is_empty() {
+                    tracing::info!(
+                        "resuming: {} files and {} bytes already here",
+                        held.done_files(),
+                        held.bytes(&k.entries(), k.layout().chunk_size() as u32)
+                    );
+                }
+                k.resume(&held)
+            });
+        match r {
+            Ok(()) => self.start(k),
+            Err(e) => self.m.fail(now(), Fault::new(e)),
+        }
+    }
+
+    /// The sink is prepared: says `Go` (`OnDemand` for a request-driven sink, whose
+    /// owner hears of it), and starts reading the streams that joined; then the parts
+    /// of a growing manifest that came meanwhile.
+    fn start(&mut self, k: K) {
+        let info = self.m.info().expect("open before the manifest").clone();
+        self.env.run.progress.held.store(k.held_bytes(), Relaxed);
+        let k = Arc::new(k);
+        let mut sink: Arc<dyn Sink> = k.clone();
+        if let Some(d) = self.env.chunk_delay {
+            sink = Arc::new(Slow::new(sink, d));
+        }
+        let tuned = info.features & features::TUNING != 0;
+        let pool = Pool::new(
+            (self.env.buffers)(crate::session::buffer_streams(info.streams, tuned)),
+            info.chunk_size as usize,
+        );
+        let expected = chunk_set(sink.chunks());
+        let n = k.layout_chunks();
+        let timed = self.news.is_some() || tuned;
+        for (i, s) in std::mem::take(&mut self.waiting) {
+            let p = &self.env.run.progress;
+            let t = spawn_sink_stream(i, s, sink.clone(), pool.clone(), &self.tx, p, timed);
+            self.tasks.insert(i, t);
+        }
+        match &self.news {
+            Some(d) => {
+                self.m.ready_on_demand(now(), n);
+                let features = self.m.info().map_or(0, |i| i.features);
+                let _ = d.send(DemandEvent::Ready(k.clone(), features));
+            }
+            None => self.m.ready(now(), expected, n),
+        }
+        for part in std::mem::take(&mut self.grown) {
+            grow_sink(&mut self.m, &*k, part);
+        }
+        self.live = Some((k, sink, pool));
+    }
+
+    /// Every chunk is written (or the owner closes a request-driven sink): the
+    /// storage finishes on a disk thread.
+    fn finish(&mut self) {
+        let Some((_, sink, _)) = &self.live else {
+            return;
+        };
+        let (sink, tx) = (sink.clone(), self.tx.clone());
+        self.env.disk.spawn(move || {
+            let _ = tx.send(SinkIn::Finished(sink.finish().map_err(Error::from)));
+        });
+    }
+
+    /// The source's tuner changed its streams (feature TUNING).
+    fn tuned(&mut self, t: Tuned) {
+        tracing::info!("{} tuned the transfer: {}", self.peer, t.reason);
+        self.windows.sending(t.streams);
+        let p = &self.env.run.progress;
+        let of = self.m.info().map_or(t.streams, |i| i.streams);
+        // The first decision is where the tuner starts; changes follow.
+        let mut tuning = p.tuning.lock();
+        match tuning.as_mut() {
+            None => {
+                *tuning = Some(Tuning {
+                    streams: t.streams,
+                    of,
+                    active: t.streams,
+                    changes: 0,
+                    settled_ms: None,
+                })
+            }
+            Some(s) => {
+                s.streams = t.streams;
+                s.active = t.streams;
+                s.changes += 1;
+                s.settled_ms = Some(t.at_ms);
+            }
+        }
+        drop(tuning);
+        p.event(ProgressEvent::Tuned {
+            streams: t.streams,
+            rate: t.rate,
+            reason: t.reason,
+        });
+    }
+
+    async fn done(&mut self, report: SendReport) -> Result<SinkRun<K>> {
+        self.ctl.flush(&mut self.m).await;
+        let (Some(summary), Some((store, ..))) = (self.summary.take(), self.live.take()) else {
+            return Err(Error::protocol(&self.peer, "session ended before its data"));
+        };
+        Ok(SinkRun {
+            info: self.m.info().expect("open before the end").clone(),
+            summary,
+            report,
+            stats: self.m.stats(),
+            store,
+        })
+    }
+
+    /// The earliest of the machine's and the tuners' timers.
+    fn deadline(&self) -> Option<std::time::Instant> {
+        [
+            self.m.poll_timeout(),
+            self.disk_tune.as_ref().and_then(DiskTune::poll_timeout),
+            self.windows.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Waits for the next thing to happen.
+    async fn wait(&mut self) -> SinkWake<K, J::Link> {
+        let deadline = self.deadline();
+        // A request-driven sink's owner, once the sink is prepared.
+        let wants_ask = self.asks.is_some() && self.live.is_some() && !self.closing;
+        let SinkDriver {
+            env,
+            cancelled,
+            rx,
+            asks,
+            joins,
+            ctl,
+            ..
+        } = self;
         tokio::select! {
             biased;
-            _ = env.run.cancelled(), if !cancelled => {
-                cancelled = true;
+            _ = env.run.cancelled(), if !*cancelled => SinkWake::Cancelled,
+            Some(input) = rx.recv() => SinkWake::Input(input),
+            ask = next_ask(asks), if wants_ask => SinkWake::Ask(ask),
+            (i, r) = joins.next() => SinkWake::Joined(i, r),
+            msg = ctl.recv() => SinkWake::Control(msg),
+            _ = sleep_until(deadline) => SinkWake::Timeout,
+        }
+    }
+
+    /// Feeds in what happened.
+    fn wake(&mut self, wake: SinkWake<K, J::Link>) {
+        match wake {
+            SinkWake::Cancelled => {
+                self.cancelled = true;
                 // Why the run was cancelled (an interrupt, a revoked credential) is
                 // what the peer learns; without a reason, the session was aborted.
-                let why = env.run.take_error().unwrap_or(Error::Aborted);
-                m.fail(now(), Fault::cancelled(why));
+                let why = self.env.run.take_error().unwrap_or(Error::Aborted);
+                self.m.fail(now(), Fault::cancelled(why));
             }
-            Some(input) = rx.recv() => match input {
-                SinkIn::Arrived { stream, chunk, buf, digests, crc } => {
-                    if m.arrived(now(), stream, chunk) == Arrival::Write {
-                        let (Some((_, sink, _)), tx) = (&live, tx.clone()) else { continue };
-                        let (sink, stopped) = (sink.clone(), stopped.clone());
-                        env.disk.spawn(move || {
-                            if stopped.load(Relaxed) {
-                                return;
-                            }
-                            let result = sink.write_chunk(chunk, &buf, &digests, crc).map_err(Error::from);
-                            drop(buf);
-                            let _ = tx.send(SinkIn::Written { chunk, result });
-                        });
-                    }
-                }
-                SinkIn::Part { stream, chunk, offset, data, digests, crc } => {
-                    let range = PartRange { offset, len: data.len() as u32 };
-                    if m.arrived_part(now(), stream, chunk, range) == Arrival::Write {
-                        let (Some((_, sink, _)), tx) = (&live, tx.clone()) else { continue };
-                        let (sink, stopped) = (sink.clone(), stopped.clone());
-                        env.disk.spawn(move || {
-                            if stopped.load(Relaxed) {
-                                return;
-                            }
-                            let r = sink.write_part(chunk, offset, &data, &digests, crc);
-                            let _ = tx.send(SinkIn::PartWritten(r.map_err(Error::from)));
-                        });
-                    }
-                }
-                SinkIn::PartWritten(Ok(())) => m.part_written(now()),
-                SinkIn::PartWritten(Err(e)) => m.fail(now(), Fault::new(e)),
-                SinkIn::End { stream, sent } => {
-                    tasks.remove(&stream);
-                    windows.retire(stream);
-                    m.stream_end(now(), stream, sent);
-                }
-                SinkIn::Failed { stream, error } => {
-                    tasks.remove(&stream);
-                    windows.retire(stream);
-                    m.stream_failed(now(), stream, Fault::new(error));
-                }
-                SinkIn::Written { chunk, result: Ok(()) } => {
-                    if let Some((_, sink, _)) = &live {
-                        crate::monitor::count_files(&env.run.progress, &sink.layout(), chunk);
-                    }
-                    m.chunk_written(now(), chunk);
-                    if let Some(n) = &news {
-                        let _ = n.send(DemandEvent::Written(chunk));
-                    }
-                }
-                SinkIn::Written { result: Err(e), .. } => m.fail(now(), Fault::new(e)),
-                SinkIn::Prepared(Ok((mut k, held))) => {
-                    if options.as_ref().is_some_and(|o| o.resume) {
-                        let parts = held.to_have(&k.entries());
-                        prep = Some((k, held));
-                        m.resume(now(), parts);
-                    } else {
-                        match k.resume(&held) {
-                            Ok(()) => start_sink(&mut m, k, &env, &mut live, &mut waiting, &mut tasks, &tx, &mut grown, news.as_ref()),
-                            Err(e) => m.fail(now(), Fault::new(e)),
+            SinkWake::Input(input) => self.input(input),
+            SinkWake::Ask(Some(DemandAsk::Want(chunks))) => self.m.want(now(), &chunks),
+            SinkWake::Ask(Some(DemandAsk::WantParts(parts))) => self.m.want_parts(now(), &parts),
+            SinkWake::Ask(Some(DemandAsk::Close) | None) => {
+                self.closing = true;
+                self.finish();
+            }
+            SinkWake::Joined(i, r) => self.joined(i, r),
+            SinkWake::Control(Ok(msg)) => self.m.handle_control(now(), msg),
+            SinkWake::Control(Err(e)) => {
+                self.ctl.open = false;
+                self.m.control_closed(now(), Fault::new(Error::Net(e)));
+            }
+            SinkWake::Timeout => self.m.handle_timeout(now()),
+        }
+    }
+
+    /// What a stream task or a disk thread reported.
+    fn input(&mut self, input: SinkIn<K>) {
+        match input {
+            SinkIn::Arrived {
+                stream,
+                chunk,
+                buf,
+                digests,
+                crc,
+            } => {
+                if self.m.arrived(now(), stream, chunk) == Arrival::Write {
+                    self.write(move |sink| {
+                        let result = sink.write_chunk(chunk, &buf, &digests, crc);
+                        drop(buf);
+                        SinkIn::Written {
+                            chunk,
+                            result: result.map_err(Error::from),
                         }
-                    }
-                }
-                SinkIn::Prepared(Err(e)) => m.fail(now(), Fault::new(e)),
-                SinkIn::Finished(Ok(s)) => {
-                    summary = Some(s);
-                    m.finished(s);
-                }
-                SinkIn::Finished(Err(e)) => m.fail(now(), Fault::new(e)),
-            },
-            // A request-driven sink's owner, once the sink is prepared.
-            ask = next_ask(&mut asks), if asks.is_some() && live.is_some() && !closing => match ask {
-                Some(DemandAsk::Want(chunks)) => m.want(now(), &chunks),
-                Some(DemandAsk::WantParts(parts)) => m.want_parts(now(), &parts),
-                Some(DemandAsk::Close) | None => {
-                    closing = true;
-                    let Some((_, sink, _)) = &live else { continue };
-                    let (sink, tx) = (sink.clone(), tx.clone());
-                    env.disk.spawn(move || {
-                        let _ = tx.send(SinkIn::Finished(sink.finish().map_err(Error::from)));
                     });
                 }
-            },
-            (i, r) = joins.next() => match r {
-                Ok(s) => {
-                    m.stream_joined(now(), i);
-                    windows.join(now(), i, s.io.probe().as_ref());
-                    match &live {
-                        Some((_, sink, pool)) => {
-                            let timed = news.is_some() || m.uses(features::TUNING);
-                            let t = spawn_sink_stream(i, s, sink.clone(), pool.clone(), &tx, &env.run.progress, timed);
-                            tasks.insert(i, t);
-                        }
-                        None => waiting.push((i, s)),
-                    }
+            }
+            SinkIn::Part {
+                stream,
+                chunk,
+                offset,
+                data,
+                digests,
+                crc,
+            } => {
+                let range = PartRange {
+                    offset,
+                    len: data.len() as u32,
+                };
+                if self.m.arrived_part(now(), stream, chunk, range) == Arrival::Write {
+                    self.write(move |sink| {
+                        let r = sink.write_part(chunk, offset, &data, &digests, crc);
+                        SinkIn::PartWritten(r.map_err(Error::from))
+                    });
                 }
-                Err(e) => m.stream_failed(now(), i, Fault::new(e)),
-            },
-            msg = ctl.recv() => match msg {
-                Ok(msg) => m.handle_control(now(), msg),
-                Err(e) => {
-                    ctl.open = false;
-                    m.control_closed(now(), Fault::new(Error::Net(e)));
+            }
+            SinkIn::PartWritten(Ok(())) => self.m.part_written(now()),
+            SinkIn::End { stream, sent } => {
+                self.tasks.remove(&stream);
+                self.windows.retire(stream);
+                self.m.stream_end(now(), stream, sent);
+            }
+            SinkIn::Failed { stream, error } => {
+                self.tasks.remove(&stream);
+                self.windows.retire(stream);
+                self.m.stream_failed(now(), stream, Fault::new(error));
+            }
+            SinkIn::Written {
+                chunk,
+                result: Ok(()),
+            } => {
+                if let Some((_, sink, _)) = &self.live {
+                    crate::monitor::count_files(&self.env.run.progress, &sink.layout(), chunk);
                 }
-            },
-            _ = sleep_until(deadline) => m.handle_timeout(now()),
+                self.m.chunk_written(now(), chunk);
+                if let Some(n) = &self.news {
+                    let _ = n.send(DemandEvent::Written(chunk));
+                }
+            }
+            SinkIn::Prepared(Ok((k, held))) => self.prepared(k, held),
+            SinkIn::Finished(Ok(s)) => {
+                self.summary = Some(s);
+                self.m.finished(s);
+            }
+            SinkIn::PartWritten(Err(e))
+            | SinkIn::Written { result: Err(e), .. }
+            | SinkIn::Prepared(Err(e))
+            | SinkIn::Finished(Err(e)) => self.m.fail(now(), Fault::new(e)),
+        }
+    }
+
+    /// Runs `write` on the storage on a disk thread, unless the session failed first.
+    fn write(&self, write: impl FnOnce(&dyn Sink) -> SinkIn<K> + Send + 'static) {
+        let Some((_, sink, _)) = &self.live else {
+            return;
+        };
+        let (sink, stopped, tx) = (sink.clone(), self.stopped.clone(), self.tx.clone());
+        self.env.disk.spawn(move || {
+            if stopped.load(Relaxed) {
+                return;
+            }
+            let _ = tx.send(write(&*sink));
+        });
+    }
+
+    /// A data stream joined (or failed to): its task starts once the storage is.
+    fn joined(&mut self, i: u16, r: Result<DataStream<J::Link>>) {
+        let s = match r {
+            Ok(s) => s,
+            Err(e) => return self.m.stream_failed(now(), i, Fault::new(e)),
+        };
+        self.m.stream_joined(now(), i);
+        self.windows.join(now(), i, s.io.probe().as_ref());
+        match &self.live {
+            Some((_, sink, pool)) => {
+                let timed = self.news.is_some() || self.m.uses(features::TUNING);
+                let p = &self.env.run.progress;
+                let t = spawn_sink_stream(i, s, sink.clone(), pool.clone(), &self.tx, p, timed);
+                self.tasks.insert(i, t);
+            }
+            None => self.waiting.push((i, s)),
         }
     }
 }
@@ -2393,61 +2829,6 @@ fn grow_sink<K: SinkStore>(m: &mut SinkSession<Fault>, k: &K, part: GrownPart) {
         Ok(()) => m.grown(now(), end),
         Err(e) => m.fail(now(), Fault::new(e)),
     }
-}
-
-/// The sink is prepared: says `Go` (`OnDemand` for a request-driven sink, whose owner
-/// hears of it), and starts reading the streams that joined; then the parts of a
-/// growing manifest that came meanwhile.
-#[allow(clippy::too_many_arguments)]
-fn start_sink<K: SinkStore, L: DataLink>(
-    m: &mut SinkSession<Fault>,
-    k: K,
-    env: &Env,
-    live: &mut Option<(Arc<K>, Arc<dyn Sink>, Pool)>,
-    waiting: &mut Vec<(u16, DataStream<L>)>,
-    tasks: &mut HashMap<u16, Task<u64>>,
-    tx: &mpsc::UnboundedSender<SinkIn<K>>,
-    grown: &mut Vec<GrownPart>,
-    demand: Option<&mpsc::UnboundedSender<DemandEvent<K>>>,
-) {
-    let info = m.info().expect("open before the manifest").clone();
-    env.run.progress.held.store(k.held_bytes(), Relaxed);
-    let k = Arc::new(k);
-    let mut sink: Arc<dyn Sink> = k.clone();
-    if let Some(d) = env.chunk_delay {
-        sink = Arc::new(Slow::new(sink, d));
-    }
-    let tuned = info.features & features::TUNING != 0;
-    let pool = Pool::new(
-        (env.buffers)(crate::session::buffer_streams(info.streams, tuned)),
-        info.chunk_size as usize,
-    );
-    let expected = chunk_set(sink.chunks());
-    let n = k.layout_chunks();
-    for (i, s) in waiting.drain(..) {
-        let t = spawn_sink_stream(
-            i,
-            s,
-            sink.clone(),
-            pool.clone(),
-            tx,
-            &env.run.progress,
-            demand.is_some() || tuned,
-        );
-        tasks.insert(i, t);
-    }
-    match demand {
-        Some(d) => {
-            m.ready_on_demand(now(), n);
-            let features = m.info().map_or(0, |i| i.features);
-            let _ = d.send(DemandEvent::Ready(k.clone(), features));
-        }
-        None => m.ready(now(), expected, n),
-    }
-    for part in grown.drain(..) {
-        grow_sink(m, &*k, part);
-    }
-    *live = Some((k, sink, pool));
 }
 
 fn spawn_sink_stream<L: DataLink, K: Send + 'static>(
