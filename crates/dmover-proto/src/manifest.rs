@@ -15,6 +15,11 @@ pub const NO_PARENT: u32 = u32::MAX;
 pub const MAX_NAME: usize = 255;
 /// Longest symlink target accepted (bytes), as on Linux.
 pub const MAX_LINK_TARGET: usize = 4095;
+/// Most directories an entry may lie below its root: a path of that many one-byte
+/// names fills Linux's `PATH_MAX` (4096 bytes), the longest path other tools (rsync,
+/// `cp -r`) handle. A deeper manifest is refused, so a peer cannot make the receiver
+/// walk (and hold handles along) an arbitrarily deep chain.
+pub const MAX_DEPTH: u16 = 2048;
 
 /// What kind of file an entry is, with the data that kind needs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -218,12 +223,14 @@ pub fn validate(entries: &[Entry], max_entries: u64) -> Result<Totals> {
     check_count(entries.len() as u64, max_entries)?;
     let mut total: u64 = 0;
     let mut seen = std::collections::HashSet::with_capacity(entries.len());
+    let mut depths = Vec::with_capacity(entries.len());
     for (i, e) in entries.iter().enumerate() {
         validate_name(&e.name)?;
         if !seen.insert((e.parent, e.name.as_slice())) {
             return Err(twice(i, e));
         }
         check_entry(i, e, |p| Kind::of(&entries[p].kind), &mut total)?;
+        depths.push(depth_of(i, e, |p| depths[p])?);
     }
     check_total(total)?;
     Ok(Totals::of(entries))
@@ -264,6 +271,21 @@ fn check_total(total: u64) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// How many directories entry `i` lies below its root (its parent checked already:
+/// an earlier directory, whose depth `depth(p)` gives), at most [`MAX_DEPTH`].
+fn depth_of(i: usize, e: &Entry, depth: impl Fn(usize) -> u16) -> Result<u16> {
+    if e.parent == NO_PARENT {
+        return Ok(0);
+    }
+    let d = depth(e.parent as usize) + 1;
+    if d > MAX_DEPTH {
+        return Err(Error::Violation(format!(
+            "entry {i} lies {d} directories deep, more than {MAX_DEPTH}"
+        )));
+    }
+    Ok(d)
 }
 
 /// What the checks of later entries need to know of an earlier one.
@@ -348,6 +370,7 @@ fn check_entry(
 pub struct Validator {
     seen: std::collections::HashSet<(u32, Vec<u8>)>,
     kinds: Vec<Kind>,
+    depths: Vec<u16>,
     total: u64,
     totals: Totals,
 }
@@ -371,7 +394,10 @@ impl Validator {
             }
             let kinds = &self.kinds;
             check_entry(i, e, |p| kinds[p], &mut self.total)?;
+            let depths = &self.depths;
+            let depth = depth_of(i, e, |p| depths[p])?;
             self.kinds.push(Kind::of(&e.kind));
+            self.depths.push(depth);
         }
         check_total(self.total)?;
         self.totals = self.totals.plus(Totals::of(part));
@@ -559,6 +585,26 @@ mod tests {
             mode: 0o644,
             mtime: Mtime::default(),
         }
+    }
+
+    /// A chain deeper than [`MAX_DEPTH`] is refused whole and in parts; one at the
+    /// limit passes.
+    #[test]
+    fn a_manifest_deeper_than_a_path_is_refused() {
+        let chain = |levels: u32| -> Vec<Entry> {
+            (0..=levels)
+                .map(|i| entry(if i == 0 { NO_PARENT } else { i - 1 }, "d", EntryKind::Dir))
+                .collect()
+        };
+        let deep = u32::from(MAX_DEPTH);
+        validate(&chain(deep), u64::MAX).unwrap();
+        let e = validate(&chain(deep + 1), u64::MAX).unwrap_err();
+        assert!(e.to_string().contains("2049 directories deep"), "{e}");
+        let entries = chain(deep + 1);
+        let mut v = Validator::new();
+        v.extend(&entries[..1000], u64::MAX).unwrap();
+        let e = v.extend(&entries[1000..], u64::MAX).unwrap_err();
+        assert!(e.to_string().contains("more than 2048"), "{e}");
     }
 
     #[test]

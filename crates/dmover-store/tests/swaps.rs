@@ -88,3 +88,70 @@ fn a_directory_keeps_setuid_and_setgid_only_with_its_owner() {
     assert_eq!(mode(&dest.join("plain")), 0o750);
     assert_eq!(fs::read(dest.join("shared/f")).unwrap(), b"x");
 }
+
+/// A chain of directories deeper than the sink's handle cache is made and finished
+/// on a thread with a small stack: finding a directory's handle walks up the tree
+/// iteratively (it once recursed once per level, and a 50 000-level chain sent by a
+/// peer aborted a server).
+#[test]
+fn a_deep_chain_of_directories_costs_no_stack() {
+    use dmover_proto::manifest::{Entry, EntryKind, Mtime, NO_PARENT};
+    const DEPTH: u32 = 4200;
+    let t = tempfile::tempdir().unwrap();
+    let dest = t.path().join("dest");
+    let mut entries: Vec<Entry> = (0..DEPTH)
+        .map(|i| Entry {
+            parent: if i == 0 { NO_PARENT } else { i - 1 },
+            name: b"d".to_vec(),
+            kind: EntryKind::Dir,
+            mode: 0o755,
+            mtime: Mtime {
+                sec: 1_600_000_000,
+                nsec: 0,
+            },
+        })
+        .collect();
+    entries.push(Entry {
+        parent: DEPTH - 1,
+        name: b"f".to_vec(),
+        kind: EntryKind::File { size: 0 },
+        mode: 0o644,
+        mtime: Mtime {
+            sec: 1_600_000_000,
+            nsec: 0,
+        },
+    });
+    let dest2 = dest.clone();
+    std::thread::Builder::new()
+        .stack_size(128 << 10)
+        .spawn(move || {
+            let sopts = SinkOptions {
+                checksum: true,
+                ..SinkOptions::default()
+            };
+            let mut sink =
+                prepare_sink(&Base::Local, bytes(&dest2), entries.clone(), CHUNK, sopts).unwrap();
+            sink.resume(&Held::none(&entries)).unwrap();
+            sink.finish().unwrap();
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    // Deeper than a path may name: followed one directory at a time.
+    let mut dir = std::fs::File::open(&dest).unwrap();
+    for _ in 1..DEPTH {
+        let fd = rustix::fs::openat(
+            &dir,
+            "d",
+            rustix::fs::OFlags::RDONLY,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        dir = std::fs::File::from(fd);
+    }
+    let st = rustix::fs::statat(&dir, "f", rustix::fs::AtFlags::empty()).unwrap();
+    assert_eq!(
+        rustix::fs::FileType::from_raw_mode(st.st_mode),
+        rustix::fs::FileType::RegularFile
+    );
+}
