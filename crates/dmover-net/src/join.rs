@@ -3,7 +3,10 @@
 //! it or not) and the acceptor's ([`JoinTable`]: challenge, proof checked against the
 //! sessions it knows, status and server proof, then the stream handed to its session).
 //! What comes out either way is a [`DataIo`], the engine's [`crate::transport::DataLink`];
-//! the engine names neither TCP nor the join proofs.
+//! the engine names neither TCP nor the join proofs. The dialer's side is the
+//! [`Dial`] trait (a transport's way to open and join a session's streams): [`Dialer`]
+//! over TCP, [`crate::memnet::MemDial`] over in-memory pipes; the acceptor's
+//! [`JoinTable`] takes streams of any byte-stream type.
 //!
 //! The caller keeps the policy: which sessions exist, their keys (from the control
 //! connection), how many streams each may join, and the time limits.
@@ -18,7 +21,9 @@ use dmover_proto::control::DataProtection;
 use dmover_proto::data::{DataHello, HELLO_LEN, JOIN_PROOF_LEN, JoinStatus};
 use dmover_proto::preamble::{ConnKind, Preamble};
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::future::Future;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -27,6 +32,38 @@ use crate::NetError;
 use crate::control::write_preamble;
 use crate::stream::{DataIo, EARLY_BYTES, JoinFailed};
 use crate::tcp::{self, SocketOptions};
+use crate::transport::DataLink;
+
+/// How a dialer opens and joins a session's data streams on one transport, toward one
+/// server: connections opened ahead of the session ([`Dial::dial_ahead`]: they need
+/// the server, not the session), then each stream joined with the session's key
+/// ([`Dial::join`]). [`Dialer`] is TCP's; [`crate::memnet::MemDial`] joins in-memory
+/// pipes to an in-process [`JoinTable`], for tests of the engine.
+pub trait Dial: Clone + Send + Sync + 'static {
+    /// A joined data stream.
+    type Link: DataLink;
+    /// A connection opened for one stream before its session was known.
+    type Early: Send + 'static;
+
+    /// The server dialed, as messages name it.
+    fn server(&self) -> &str;
+
+    /// Starts opening `n` connections ahead of the session, one per stream index.
+    fn dial_ahead(&self, n: u16) -> Ahead<Self::Early>;
+
+    /// Joins data stream `stream` of session `session` (key `key`) on the connection
+    /// opened ahead for it (`early`), or on a new one; within the handshake limit.
+    /// With [`JoinWait::Pipelined`] the stream comes back before the server answered.
+    fn join(
+        &self,
+        early: Option<Self::Early>,
+        session: u64,
+        stream: u16,
+        key: &[u8; 32],
+        mode: LinkMode,
+        wait: JoinWait,
+    ) -> impl Future<Output = Result<Self::Link, JoinError>> + Send;
+}
 
 /// What a [`NetError::Timeout`] of a data stream join says it waited for.
 pub const JOIN_WAIT: &str = "data stream join";
@@ -130,39 +167,23 @@ impl Dialer {
             busy: None,
         };
         write_preamble(&mut io, pre, server).await?;
-        let mut challenge = [0u8; JOIN_PROOF_LEN];
-        tokio::time::timeout(self.handshake, io.read_exact(&mut challenge))
-            .await
-            .map_err(|_| NetError::Timeout {
-                peer: server.into(),
-                what: "data stream challenge",
-                secs: self.handshake.as_secs(),
-            })?
-            .map_err(|e| {
-                // Made at its first write under TCP Fast Open: see `tcp::connect_fast_open`.
-                let what = if tcp::never_connected(&e) {
-                    "connecting to"
-                } else {
-                    "reading from"
-                };
-                NetError::io(what, server, e)
-            })?;
-        Ok(Dialed {
+        let challenge = read_challenge(&mut io, server, self.handshake).await?;
+        Ok(Dialed::new(
             io,
             challenge,
-            server: self.server.clone(),
-            handshake: self.handshake,
-        })
+            self.server.clone(),
+            self.handshake,
+        ))
     }
 
     /// Starts dialing `n` data connections in the background, before the session is
     /// known (they need the server, not the session).
     pub fn dial_ahead(&self, n: u16) -> Dials {
-        Dials(
+        Ahead::new(
             (0..n)
                 .map(|_| {
                     let me = self.clone();
-                    Some(tokio::spawn(async move { me.connect().await }))
+                    Early(Some(tokio::spawn(async move { me.connect().await })))
                 })
                 .collect(),
         )
@@ -190,21 +211,15 @@ impl Dialer {
             nonce: rand::random(),
         };
         let joined = async {
-            if let Some(Early(h)) = early {
-                let first = match h.await {
-                    Ok(Ok(d)) if wait == JoinWait::Pipelined && !d.still_open() => {
+            if let Some(early) = early {
+                let first = match early.dialed(&self.server).await {
+                    Ok(d) if wait == JoinWait::Pipelined && !d.still_open() => {
                         Err(JoinError::Net(NetError::Closed {
                             peer: self.server.clone(),
                         }))
                     }
-                    Ok(Ok(d)) => d.join(&hello, key, mode, wait).await,
-                    Ok(Err(e)) => Err(JoinError::Net(e)),
-                    // The dialing task failed (panicked or was aborted).
-                    Err(e) => Err(JoinError::Net(NetError::io(
-                        "dialing",
-                        &self.server,
-                        e.into(),
-                    ))),
+                    Ok(d) => d.join(&hello, key, mode, wait).await,
+                    Err(e) => Err(JoinError::Net(e)),
                 };
                 match first {
                     Ok(io) => return Ok(io),
@@ -229,11 +244,62 @@ impl Dialer {
     }
 }
 
+impl Dial for Dialer {
+    type Link = DataIo;
+    type Early = Early;
+
+    fn server(&self) -> &str {
+        Dialer::server(self)
+    }
+
+    fn dial_ahead(&self, n: u16) -> Dials {
+        Dialer::dial_ahead(self, n)
+    }
+
+    fn join(
+        &self,
+        early: Option<Early>,
+        session: u64,
+        stream: u16,
+        key: &[u8; 32],
+        mode: LinkMode,
+        wait: JoinWait,
+    ) -> impl Future<Output = Result<DataIo, JoinError>> + Send {
+        Dialer::join(self, early, session, stream, key, mode, wait)
+    }
+}
+
+/// Reads the server's join challenge from a data connection, within `handshake`.
+pub(crate) async fn read_challenge<S: AsyncRead + Unpin>(
+    io: &mut S,
+    server: &str,
+    handshake: Duration,
+) -> Result<[u8; JOIN_PROOF_LEN], NetError> {
+    let mut challenge = [0u8; JOIN_PROOF_LEN];
+    tokio::time::timeout(handshake, io.read_exact(&mut challenge))
+        .await
+        .map_err(|_| NetError::Timeout {
+            peer: server.into(),
+            what: "data stream challenge",
+            secs: handshake.as_secs(),
+        })?
+        .map_err(|e| {
+            // Made at its first write under TCP Fast Open: see `tcp::connect_fast_open`.
+            let what = if tcp::never_connected(&e) {
+                "connecting to"
+            } else {
+                "reading from"
+            };
+            NetError::io(what, server, e)
+        })?;
+    Ok(challenge)
+}
+
 /// A data connection made before its session was known: connected, preamble sent,
 /// the server's challenge read.
 #[derive(Debug)]
-pub struct Dialed {
-    io: TcpStream,
+pub struct Dialed<S = TcpStream> {
+    io: S,
     challenge: [u8; JOIN_PROOF_LEN],
     server: String,
     handshake: Duration,
@@ -248,6 +314,23 @@ impl Dialed {
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         self.io.poll_peek(&mut cx, &mut rb).is_pending()
     }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> Dialed<S> {
+    /// A connection whose challenge was read (`io`, from `server`).
+    pub(crate) fn new(
+        io: S,
+        challenge: [u8; JOIN_PROOF_LEN],
+        server: String,
+        handshake: Duration,
+    ) -> Self {
+        Dialed {
+            io,
+            challenge,
+            server,
+            handshake,
+        }
+    }
 
     /// The connection's side of the join: hello and proof in one write, then (with
     /// [`JoinWait::Answer`]) the server's status and proof.
@@ -257,7 +340,7 @@ impl Dialed {
         key: &[u8; 32],
         mode: LinkMode,
         wait: JoinWait,
-    ) -> Result<DataIo, JoinError> {
+    ) -> Result<DataIo<S>, JoinError> {
         let Dialed {
             mut io,
             challenge,
@@ -307,37 +390,59 @@ impl Dialed {
     }
 }
 
-/// Data connections dialed ahead, one per stream index (those not taken are aborted
-/// when this is dropped).
-#[derive(Debug, Default)]
-pub struct Dials(Vec<Option<JoinHandle<Result<Dialed, NetError>>>>);
-
-/// A connection dialed ahead for one stream, perhaps still connecting.
+/// Connections opened ahead, one per stream index (those not taken are closed when
+/// this is dropped).
 #[derive(Debug)]
-pub struct Early(JoinHandle<Result<Dialed, NetError>>);
+pub struct Ahead<E>(Vec<Option<E>>);
 
-impl Dials {
-    /// The connection dialed ahead for stream `stream`, if there is one left.
-    pub fn take(&mut self, stream: u16) -> Option<Early> {
-        self.0
-            .get_mut(stream as usize)
-            .and_then(Option::take)
-            .map(Early)
+impl<E> Default for Ahead<E> {
+    fn default() -> Self {
+        Ahead(Vec::new())
+    }
+}
+
+impl<E> Ahead<E> {
+    /// The connections opened, the one for stream `i` at `i`.
+    pub fn new(opened: Vec<E>) -> Self {
+        Ahead(opened.into_iter().map(Some).collect())
+    }
+
+    /// The connection opened ahead for stream `stream`, if there is one left.
+    pub fn take(&mut self, stream: u16) -> Option<E> {
+        self.0.get_mut(stream as usize).and_then(Option::take)
     }
 
     /// Closes the connections of streams `streams..` (the session granted fewer
-    /// streams than were dialed).
+    /// streams than were opened).
     pub fn keep(&mut self, streams: u16) {
         let keep = (streams as usize).min(self.0.len());
-        for h in self.0.drain(keep..).flatten() {
-            h.abort();
+        self.0.truncate(keep);
+    }
+}
+
+/// TCP data connections dialed ahead.
+pub type Dials = Ahead<Early>;
+
+/// A TCP connection dialed ahead for one stream, perhaps still connecting (the dial
+/// is aborted when this is dropped untaken).
+#[derive(Debug)]
+pub struct Early(Option<JoinHandle<Result<Dialed, NetError>>>);
+
+impl Early {
+    /// The dial's outcome.
+    async fn dialed(mut self, server: &str) -> Result<Dialed, NetError> {
+        let h = self.0.take().expect("awaited once");
+        match h.await {
+            Ok(r) => r,
+            // The dialing task failed (panicked or was aborted).
+            Err(e) => Err(NetError::io("dialing", server, e.into())),
         }
     }
 }
 
-impl Drop for Dials {
+impl Drop for Early {
     fn drop(&mut self) {
-        for h in self.0.iter().flatten() {
+        if let Some(h) = &self.0 {
             h.abort();
         }
     }
@@ -372,20 +477,21 @@ pub enum AcceptError {
     },
 }
 
-struct Slot {
+struct Slot<S> {
     key: [u8; 32],
     protection: DataProtection,
     joined: Vec<bool>,
-    tx: mpsc::Sender<Joined>,
+    tx: mpsc::Sender<Joined<S>>,
 }
 
 /// Sessions remembered as over, so that a late join is refused at once instead of
 /// waiting for a session that will not come.
 const CLOSED_KEPT: usize = 1024;
 
-/// The sessions data connections may join, and the acceptor's side of each join.
-pub struct JoinTable {
-    sessions: Mutex<HashMap<u64, Slot>>,
+/// The sessions data connections may join, and the acceptor's side of each join, for
+/// connections of type `S` (TCP streams; in-memory pipes for tests).
+pub struct JoinTable<S = TcpStream> {
+    sessions: Mutex<HashMap<u64, Slot<S>>>,
     /// The last [`CLOSED_KEPT`] sessions closed.
     closed: Mutex<std::collections::VecDeque<u64>>,
     /// Told of every session opened or closed (joins wait for theirs).
@@ -394,7 +500,7 @@ pub struct JoinTable {
     park: Duration,
 }
 
-impl std::fmt::Debug for JoinTable {
+impl<S> std::fmt::Debug for JoinTable<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("JoinTable")
             .field("sessions", &self.sessions.lock().len())
@@ -403,12 +509,12 @@ impl std::fmt::Debug for JoinTable {
 }
 
 /// What the table said of a join.
-type Checked = (
+type Checked<S> = (
     JoinStatus,
-    Option<(mpsc::Sender<Joined>, [u8; 32], DataProtection)>,
+    Option<(mpsc::Sender<Joined<S>>, [u8; 32], DataProtection)>,
 );
 
-impl JoinTable {
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> JoinTable<S> {
     /// No sessions yet; joined streams wait at most `idle` without progress. A join
     /// for a session not open yet waits up to `park` for it (protocol version 8: a
     /// client's data streams join as its control connection's first flight goes out,
@@ -432,7 +538,7 @@ impl JoinTable {
         key: [u8; 32],
         protection: DataProtection,
         streams: u16,
-    ) -> Option<mpsc::Receiver<Joined>> {
+    ) -> Option<mpsc::Receiver<Joined<S>>> {
         let (tx, rx) = mpsc::channel((streams as usize).max(1));
         {
             let mut sessions = self.sessions.lock();
@@ -471,7 +577,12 @@ impl JoinTable {
     }
 
     /// The join's status, and where an accepted stream goes.
-    fn check(&self, hello: &DataHello, proof: &[u8; JOIN_PROOF_LEN], nonce: &[u8; 32]) -> Checked {
+    fn check(
+        &self,
+        hello: &DataHello,
+        proof: &[u8; JOIN_PROOF_LEN],
+        nonce: &[u8; 32],
+    ) -> Checked<S> {
         let mut sessions = self.sessions.lock();
         let Some(slot) = sessions.get_mut(&hello.session) else {
             return (JoinStatus::UnknownSession, None);
@@ -506,7 +617,7 @@ impl JoinTable {
         hello: &DataHello,
         proof: &[u8; JOIN_PROOF_LEN],
         nonce: &[u8; 32],
-    ) -> Checked {
+    ) -> Checked<S> {
         let until = tokio::time::Instant::now() + self.park;
         loop {
             let changed = self.changed.notified();
@@ -528,7 +639,7 @@ impl JoinTable {
     /// cannot prove the session key never takes a stream's place. A join for a session
     /// not open yet waits for it, up to the park limit ([`JoinTable::new`]), and reads
     /// nothing more meanwhile. The caller bounds the time it takes.
-    pub async fn accept(&self, mut stream: TcpStream, peer: &str) -> Result<(), AcceptError> {
+    pub async fn accept(&self, mut stream: S, peer: &str) -> Result<(), AcceptError> {
         let io = |e| NetError::io("reading from", peer, e);
         // The challenge goes out at once: the client may have connected before it
         // knows its session, and sends hello and proof together when it does.

@@ -9,9 +9,10 @@
 //!   key pair, created on first start, and the client's trust in it (pinned on first
 //!   use in [`known_hosts`], or a CA).
 //! - [`join`]: joining data streams to a session, behind a small API: the dialer's
-//!   [`join::Dialer`] (connect, challenge, hello and proof, early data or not) and the
-//!   acceptor's [`join::JoinTable`] (challenge, proof checked, answer, stream handed
-//!   to its session). TCP with the join proof is the first implementation.
+//!   [`join::Dial`] (connections opened ahead, then hello and proof, early data or
+//!   not) and the acceptor's [`join::JoinTable`] (challenge, proof checked, answer,
+//!   stream handed to its session). TCP ([`join::Dialer`]) is the first
+//!   implementation; [`memnet`] joins in-process pipes the same way, for tests.
 //! - [`stream`]: what a data stream is after its join ([`stream::DataIo`]): plain TCP or
 //!   AES-256-GCM records ([`stream::Sealed`]), with idle timeouts either way.
 //! - [`chunkio`]: whole chunks written with their records sealed where the bytes lie
@@ -39,6 +40,7 @@ pub mod fault;
 pub mod join;
 pub mod known_hosts;
 pub mod link;
+pub mod memnet;
 pub mod pace;
 pub mod stream;
 pub mod tcp;
