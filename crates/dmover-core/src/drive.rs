@@ -45,9 +45,9 @@ use dmover_proto::data::{DigestEntry, FrameLimits};
 use dmover_proto::manifest::{Entry, EntryKind, EntryMeta, Totals};
 use dmover_proto::session::tune::{Pressure, TuneConfig, Tuner};
 use dmover_proto::session::{
-    AcceptEvent, Acceptance, Arrival, Cause, ChunkMeta, ChunkSet, PartRange, ReadJob, SessionError,
-    Side, SinkCommand, SinkEvent, SinkSession, SourceCommand, SourceEvent, SourceSession,
-    StreamStats, Timing, features,
+    AcceptEvent, Acceptance, Arrival, Cause, ChunkMeta, ChunkSet, PartPlan, PartRange, ReadJob,
+    SessionError, Side, SinkCommand, SinkEvent, SinkSession, SourceCommand, SourceEvent,
+    SourceSession, StreamStats, Timing, features,
 };
 use dmover_store::fault::Slow;
 use dmover_store::resume::Held;
@@ -1418,19 +1418,10 @@ where
         .min()
     }
 
-    /// Whether the next part of a growing manifest may be taken now. A streamed
-    /// manifest's parts (feature STREAMED) go one ahead of the sink's confirmations: a
-    /// part written while the control connection is still in slow start waits in its
-    /// send buffer, and the control link's writes would hold this loop (and the data)
-    /// until it drained. A dialer's first part ends in its first flight (the features
-    /// are known: BASE); its later parts wait for `Session` (whether they may hold hard
-    /// links and holes, feature WALKING), which comes before the first `Grown`.
+    /// Whether the next part of a growing manifest may be taken now (the machine's
+    /// rule: [`SourceSession::ready_for_part`]).
     fn wants_part(&self) -> bool {
-        let m = &self.m;
-        self.growth.is_some()
-            && m.features().is_some()
-            && (self.parts == 0 || m.negotiated())
-            && (!m.uses(features::STREAMED) || m.parts_confirmed() + 1 >= self.parts)
+        self.growth.is_some() && self.m.ready_for_part(self.parts)
     }
 
     /// Waits for the next thing to happen.
@@ -1565,31 +1556,26 @@ where
             );
             return self.m.fail(now(), Fault::new(e));
         };
-        if p.sent && self.parts == 0 && !self.m.uses(features::STREAMED) {
-            self.rest_whole(p);
-        } else if self.parts > 0
-            && !self.m.uses(features::WALKING)
-            && (!p.sparse.is_empty()
-                || p.entries
-                    .iter()
-                    .any(|e| matches!(e.kind, EntryKind::HardLink { .. })))
-        {
-            // A live walk's later part with hard links or holes, to a sink that takes
-            // neither in later parts (a server older than the live walk of pushes,
-            // whose `Session` did not grant `WALKING`).
-            self.growth = None;
-            let e = Error::refused(
-                ErrorCode::Unsupported,
-                format!(
-                    "{}: the server takes no hard links or sparse files in a manifest sent \
-                     while the walk runs (it predates that); upgrade it, or copy with \
-                     --resume, which walks the whole tree first",
-                    self.peer
-                ),
-            );
-            self.m.fail(now(), Fault::new(e));
-        } else {
-            self.grow(p);
+        let links_or_holes = !p.sparse.is_empty()
+            || p.entries
+                .iter()
+                .any(|e| matches!(e.kind, EntryKind::HardLink { .. }));
+        match self.m.plan_part(self.parts, p.sent, links_or_holes) {
+            PartPlan::Grow => self.grow(p),
+            PartPlan::RestWhole => self.rest_whole(p),
+            PartPlan::Refuse => {
+                self.growth = None;
+                let e = Error::refused(
+                    ErrorCode::Unsupported,
+                    format!(
+                        "{}: the server takes no hard links or sparse files in a manifest \
+                         sent while the walk runs (it predates that); upgrade it, or copy \
+                         with --resume, which walks the whole tree first",
+                        self.peer
+                    ),
+                );
+                self.m.fail(now(), Fault::new(e));
+            }
         }
     }
 

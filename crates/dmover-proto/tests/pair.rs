@@ -1341,6 +1341,43 @@ fn features_not_offered_are_not_used() {
     );
 }
 
+/// The machine decides how a producer's parts go: when the next may be taken (a later
+/// part once negotiated, a streamed manifest's one ahead of the sink's confirmations)
+/// and whether it goes as a part, as the rest of a whole manifest (a sink without
+/// STREAMED), or is refused (hard links or holes in a later part without WALKING).
+#[test]
+fn the_source_machine_plans_the_parts_of_a_growing_manifest() {
+    use dmover_proto::session::PartPlan;
+    let now = Instant::now();
+    let grown = features::GROWING_MANIFEST;
+    // An acceptor before it granted the session knows no features: nothing yet.
+    let m = SourceSession::<dmover_proto::session::sim::SimError>::accept(
+        now,
+        "peer",
+        Timing::default(),
+        now + HOUR,
+    );
+    assert!(!m.ready_for_part(0));
+    let (m, _) = source_with(grown | features::STREAMED);
+    // Granted and past `Go` (the first part confirmed): one ahead.
+    assert_eq!(m.parts_confirmed(), 1);
+    assert!(m.ready_for_part(0) && m.ready_for_part(1) && m.ready_for_part(2));
+    assert!(!m.ready_for_part(3), "two ahead of the confirmations");
+    let (plain, _) = source_with(grown);
+    assert!(
+        plain.ready_for_part(9),
+        "parts not streamed go as they come"
+    );
+    // Plans.
+    assert_eq!(m.plan_part(0, true, false), PartPlan::Grow);
+    assert_eq!(plain.plan_part(0, true, false), PartPlan::RestWhole);
+    assert_eq!(plain.plan_part(0, false, false), PartPlan::Grow);
+    assert_eq!(plain.plan_part(1, false, true), PartPlan::Refuse);
+    assert_eq!(plain.plan_part(1, false, false), PartPlan::Grow);
+    let (walking, _) = source_with(grown | features::WALKING);
+    assert_eq!(walking.plan_part(1, false, true), PartPlan::Grow);
+}
+
 fn options() -> SessionOptions {
     SessionOptions {
         resume: false,

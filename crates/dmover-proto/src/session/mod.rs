@@ -371,6 +371,20 @@ pub struct ChunkMeta {
     pub part: Option<PartRange>,
 }
 
+/// How the next part of a growing manifest goes ([`SourceSession::plan_part`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartPlan {
+    /// As a part: laid out (a later one), then `Grow`.
+    Grow,
+    /// The first part's entries went in the first flight and the sink does not take
+    /// parts (no [`features::STREAMED`]): the rest of the manifest goes whole behind
+    /// them, ended by `ManifestEnd`, as a push's always did.
+    RestWhole,
+    /// A later part with hard links or holes, to a sink that takes neither in later
+    /// parts (no [`features::WALKING`]: a server older than the live walk of pushes).
+    Refuse,
+}
+
 /// Bytes of a chunk a part frame carries: `len` from `offset` (see
 /// [`crate::control::Part`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

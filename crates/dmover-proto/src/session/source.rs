@@ -39,7 +39,8 @@ use std::time::{Duration, Instant};
 use super::chunks::Cursor;
 use super::link::{Dial, Link, Setup};
 use super::{
-    Cause, ChunkMeta, ChunkSet, PartRange, SessionError, Side, State, StreamStats, Timing, features,
+    Cause, ChunkMeta, ChunkSet, PartPlan, PartRange, SessionError, Side, State, StreamStats,
+    Timing, features,
 };
 use crate::control::{
     Control, FailedFile, Growth, Have, ManifestEnd, ManifestPart, MetaPart, Plan, SendReport,
@@ -583,6 +584,35 @@ impl<E: Cause + Clone> SourceSession<E> {
             .as_ref()
             .map(|i| i.features)
             .or_else(|| self.link.offered())
+    }
+
+    /// (feature [`features::GROWING_MANIFEST`]) Whether the producer's next part may
+    /// be taken now, `given` parts having gone before it: once the session's features
+    /// are known (a dialer's first part ends its first flight: [`features::BASE`]); a
+    /// later part once the session is negotiated (its `Session` says whether later
+    /// parts may hold hard links and holes, [`features::WALKING`]); and a streamed
+    /// manifest's parts ([`features::STREAMED`]) at most one ahead of the sink's
+    /// confirmations (a part written while the control connection is still in slow
+    /// start waits in its send buffer, and would hold the driver, and the data, until
+    /// it drained).
+    pub fn ready_for_part(&self, given: u64) -> bool {
+        self.features().is_some()
+            && (given == 0 || self.negotiated())
+            && (!self.uses(features::STREAMED) || self.parts_confirmed + 1 >= given)
+    }
+
+    /// (feature [`features::GROWING_MANIFEST`]) How the producer's next part goes,
+    /// `given` parts having gone before it: `sent`, its entries went already (the
+    /// first part of a push's streamed manifest, in the first flight); `links_or_holes`,
+    /// it holds hard links or files with holes.
+    pub fn plan_part(&self, given: u64, sent: bool, links_or_holes: bool) -> PartPlan {
+        if sent && given == 0 && !self.uses(features::STREAMED) {
+            PartPlan::RestWhole
+        } else if given > 0 && links_or_holes && !self.uses(features::WALKING) {
+            PartPlan::Refuse
+        } else {
+            PartPlan::Grow
+        }
     }
 
     /// (feature [`features::TUNING`]) Tells the sink of a tuning decision.
