@@ -215,12 +215,13 @@ mod tests {
         });
         let mut got = Vec::new();
         let started = tokio::time::Instant::now() - Duration::from_secs(2);
-        let mut r = Reporter::new(&p, started, |e| got.push(e));
-        r.session_events();
-        r.files_done();
-        r.snapshot();
-        r.session_events();
-        drop(r);
+        {
+            let mut r = Reporter::new(&p, started, |e| got.push(e));
+            r.session_events();
+            r.files_done();
+            r.snapshot();
+            r.session_events();
+        }
         assert_eq!(got.len(), 2, "{got:?}");
         assert!(matches!(
             &got[0],
