@@ -63,14 +63,14 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
 
-use dmover_proto::control::{ErrorCode, TpcMode};
-
 use crate::client::Client;
 use crate::engine::{Progress, Run};
 use crate::error::{Error, Result};
 use crate::session::TransferOptions;
 
 pub use crate::client::Report;
+/// An [`Error`]'s class ([`Error::code`]); which server dials in [`Between::Direct`].
+pub use dmover_proto::control::{ErrorCode, TpcMode};
 pub use dry_run::{Deletions, DryRunPlan};
 pub use endpoint::{Endpoint, EndpointError, with_port};
 pub use events::{Event, Snapshot, Watch};
