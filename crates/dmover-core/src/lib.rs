@@ -41,6 +41,6 @@ pub mod session;
 pub mod transfer;
 
 pub use error::{Error, Result};
-pub use transfer::{Endpoint, Event, Transfer, TransferSpec};
+pub use transfer::{Endpoint, Engine, Event, Transfer, TransferSpec};
 
 pub use dmover_proto::control::DirectIo;

@@ -159,3 +159,69 @@ fn staging(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// Two pushes at once on one [`Engine`]'s two disk threads, into a server in this
+/// process: both complete.
+#[test]
+fn an_engine_runs_transfers_at_once_on_shared_disk_threads() {
+    use dmover_core::Engine;
+    use dmover_core::server::{Server, ServerConfig};
+    use dmover_core::session::TransferOptions;
+    use dmover_core::transfer::{Endpoint, TransferSpec, Watch};
+
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    for tree in ["a", "b"] {
+        let d = t.path().join(tree);
+        std::fs::create_dir(&d).unwrap();
+        for i in 0..20u32 {
+            std::fs::write(d.join(i.to_string()), tree.repeat(3000 + i as usize)).unwrap();
+        }
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = Server::new(ServerConfig::new(&root)).unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let addr = rt.block_on(async {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let (server, stop) = (server.clone(), stop.clone());
+        tokio::spawn(async move { server.serve(l, stop).await });
+        addr
+    });
+    let engine = Engine::new(Some(2));
+    let push = |tree: &str| {
+        let options = TransferOptions {
+            trust: Some(dmover_net::tls::Trust::KnownHosts(t.path().join("kh"))),
+            ..TransferOptions::default()
+        };
+        let spec = TransferSpec::copy(
+            vec![Endpoint::local(t.path().join(tree))],
+            Endpoint::remote(&addr, "").unwrap(),
+        )
+        .options(options);
+        engine.transfer(spec).unwrap()
+    };
+    // The known-hosts file pins the key on first use: one push first.
+    let first = push("a");
+    rt.block_on(first.run(Watch::events(), |_| {})).unwrap();
+    let (a, b) = (push("a"), push("b"));
+    let (ra, rb) = rt.block_on(async {
+        tokio::join!(
+            a.run(Watch::events(), |_| {}),
+            b.run(Watch::events(), |_| {})
+        )
+    });
+    assert_eq!(ra.unwrap().report.totals.files, 20);
+    assert_eq!(rb.unwrap().report.summary.files, 20);
+    stop.cancel();
+    for tree in ["a", "b"] {
+        for i in 0..20u32 {
+            let name = format!("{tree}/{i}");
+            assert_eq!(
+                std::fs::read(root.join(&name)).unwrap(),
+                std::fs::read(t.path().join(&name)).unwrap()
+            );
+        }
+    }
+}

@@ -18,6 +18,8 @@
 //!   [`Watch::interval`], the files done, retries, lost streams, tuning decisions,
 //!   files that could not be copied), then returns the [`Finished`] transfer's
 //!   [`Report`] or the [`Error`] that ended it.
+//! - An [`Engine`] makes transfers that share one set of disk threads (a service
+//!   running many at once), where [`Transfer::new`] gives each its own.
 //! - [`Transfer::canceller`] hands out a [`Canceller`] (any thread, any time): the
 //!   transfer stops cleanly (staging files removed, the destination's journal kept for
 //!   a resume) and `run` returns the reason given. Dropping `run`'s future cancels too.
@@ -213,6 +215,33 @@ impl Canceller {
     }
 }
 
+/// Disk threads that several transfers share, as a server's sessions share theirs: a
+/// service running many transfers at once makes them with [`Engine::transfer`]
+/// rather than giving each its own threads ([`Transfer::new`]).
+#[derive(Debug)]
+pub struct Engine {
+    /// A client with no transfer of its own: the disk threads.
+    base: Client,
+}
+
+impl Engine {
+    /// Disk threads: `Some(n)` pins them, `None` starts with
+    /// [`crate::diskpool::DEFAULT_THREADS`] and lets the disk tuners of the transfers
+    /// add more up to [`crate::diskpool::MAX_THREADS`].
+    pub fn new(disk_threads: Option<usize>) -> Self {
+        let (start, max) = crate::diskpool::threads_from(disk_threads);
+        Engine {
+            base: Client::elastic(TransferOptions::default(), start, max),
+        }
+    }
+
+    /// [`Transfer::new`] on these disk threads ([`TransferSpec::disk_threads`] is
+    /// not used). The threads stay until the engine and all its transfers are dropped.
+    pub fn transfer(&self, spec: TransferSpec) -> Result<Transfer, PlanError> {
+        Transfer::with_client(spec, |options, _| self.base.with_options(options))
+    }
+}
+
 /// A checked transfer with its disk threads, ready to run once.
 #[derive(Debug)]
 pub struct Transfer {
@@ -229,15 +258,26 @@ impl Transfer {
     /// Checks `spec`, decides the transfer's direction and starts its disk threads.
     /// Needs no runtime; nothing is read or connected yet.
     pub fn new(spec: TransferSpec) -> Result<Transfer, PlanError> {
-        let (kind, disk_threads) = (spec.kind, spec.disk_threads);
-        let (route, options) = plan::plan(spec)?;
-        let client = match route {
+        let disk_threads = spec.disk_threads;
+        Transfer::with_client(spec, |options, route| match route {
             Route::Push { .. } | Route::Pull { .. } => {
                 let (start, max) = crate::diskpool::threads_from(disk_threads);
                 Client::elastic(options, start, max)
             }
+            // The data does not touch this side's disk (a relay's sessions have disk
+            // threads of their own).
             Route::ThirdParty(_) | Route::Relay { .. } => Client::new(options, 1),
-        };
+        })
+    }
+
+    /// Checks `spec` and makes the transfer's client with `client`.
+    fn with_client(
+        spec: TransferSpec,
+        client: impl FnOnce(TransferOptions, &Route) -> Client,
+    ) -> Result<Transfer, PlanError> {
+        let kind = spec.kind;
+        let (route, options) = plan::plan(spec)?;
+        let client = client(options, &route);
         Ok(Transfer {
             route,
             kind,
