@@ -14,11 +14,11 @@ use dmover_store::verify;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::DemoArgs;
-use crate::env::Env;
 use crate::output::{self, Direction};
+use crate::resolve::ClientSetup;
 
-/// `dmover demo`.
-pub fn run(a: DemoArgs, env: &Env) -> anyhow::Result<ExitCode> {
+/// `dmover demo`, with its client resolved from `a.transfer`.
+pub fn run(a: DemoArgs, client: ClientSetup) -> anyhow::Result<ExitCode> {
     let tmp = tempfile::Builder::new()
         .prefix("dmover-demo-")
         .tempdir()
@@ -32,7 +32,6 @@ pub fn run(a: DemoArgs, env: &Env) -> anyhow::Result<ExitCode> {
     let made = mkdata::generate(&src, &spec, None).context("generating the dataset")?;
     eprintln!("    {made}");
 
-    let client = crate::resolve::client(&a.transfer, env)?;
     let mut opts = client.options;
     opts.token = None;
     // The demo's server has a key made for it; pin it in the demo's own directory.

@@ -61,12 +61,12 @@ fn main() -> ExitCode {
             resolve::serve(&a, &env).and_then(|s| serve::run(s, &env, cli.log_format))
         }
         Command::Mount(a) => resolve::mount(&a, &env).and_then(mount::run),
-        Command::Demo(a) => demo::run(a, &env),
+        Command::Demo(a) => resolve::client(&a.transfer, &env).and_then(|c| demo::run(a, c)),
         Command::Bench(a) => bench::run(a, &env),
         Command::Credential(a) => credential::run(a),
         Command::Netlab(a) => netlab::run(a),
         Command::Doctor(a) => doctor::run(a),
-        Command::Tune(a) => tune::run(a, &env),
+        Command::Tune(a) => resolve::client(&a.transfer, &env).and_then(|c| tune::run(a, c)),
         Command::Completions(a) => manual::completions(a),
         Command::Man(a) => manual::man(a),
     };

@@ -46,8 +46,8 @@ use serde_json::{Value, json};
 
 use crate::args::{TransferArgs, usage};
 use crate::bench::interrupt;
-use crate::env::Env;
 use crate::output;
+use crate::resolve::ClientSetup;
 
 /// Arguments of `dmover tune`.
 #[derive(Debug, Args)]
@@ -173,7 +173,8 @@ impl From<anyhow::Error> for Failed {
     }
 }
 
-pub fn run(a: TuneArgs, env: &Env) -> anyhow::Result<ExitCode> {
+/// `dmover tune`, with its client resolved from `a.transfer`.
+pub fn run(a: TuneArgs, client: ClientSetup) -> anyhow::Result<ExitCode> {
     let server = with_port(&a.host).map_err(|e| usage(format!("HOST: {e}")))?;
     let place = match &a.path {
         None => None,
@@ -186,7 +187,7 @@ pub fn run(a: TuneArgs, env: &Env) -> anyhow::Result<ExitCode> {
             bail!("PATH {} is not a directory", dir.display());
         }
     }
-    match probe(&a, env, &server, place) {
+    match probe(&a, client, &server, place) {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(Failed::Other(e)) => Err(e),
         Err(Failed::Core(what, e)) => {
@@ -213,11 +214,15 @@ fn watch_interrupt(rt: &tokio::runtime::Runtime, run: &Arc<Run>) {
     });
 }
 
-fn probe(a: &TuneArgs, env: &Env, server: &str, place: Option<Endpoint>) -> Result<(), Failed> {
+fn probe(
+    a: &TuneArgs,
+    client: ClientSetup,
+    server: &str,
+    place: Option<Endpoint>,
+) -> Result<(), Failed> {
     let started = Instant::now();
     interrupt::install().context("watching for Ctrl-C")?;
     let budget = Duration::from_secs_f64(a.seconds);
-    let client = crate::resolve::client(&a.transfer, env)?;
     let mut opts = client.options.clone();
     opts.retries = 0;
     // A test push leaves nothing to resume: without a journal an interrupted one
