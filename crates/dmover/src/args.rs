@@ -1,4 +1,8 @@
-//! Command-line arguments, parsed and validated without touching the machine.
+//! The low arguments: what clap parses for the commands of [`crate::cli`] (the flag
+//! groups they share — transfer, reliability, filters — and the arguments of cp/sync,
+//! serve, mount, demo, credential, completions and man), the value parsers, and
+//! [`UsageError`]. Parsed and validated without touching the machine; reading files and
+//! the environment is [`crate::resolve`]'s.
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
