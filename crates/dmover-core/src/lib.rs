@@ -9,6 +9,9 @@
 //! The file-backed sink writes each file under a staging name and renames it into place
 //! once it is complete and its digest matches ([`dmover_store::sink`]).
 //!
+//! - [`transfer`]: the library's front door: describe a transfer ([`TransferSpec`]: sources,
+//!   destination, options), run it ([`Transfer::run`]), hear its [`Event`]s, get its
+//!   report; cancel it from anywhere. `dmover cp` and `dmover sync` run through it.
 //! - [`client::Client`] pushes or pulls; [`server::Server`] serves many clients at once.
 //! - [`access`]: exports, users, credentials and the server's configuration file.
 //! - [`memtest`]: the memory-to-memory network test (`dmover bench net`).
@@ -34,7 +37,9 @@ pub mod relay;
 pub mod remote;
 pub mod server;
 pub mod session;
+pub mod transfer;
 
 pub use error::{Error, Result};
+pub use transfer::{Endpoint, Engine, Event, Transfer, TransferSpec};
 
 pub use dmover_proto::control::DirectIo;

@@ -10,8 +10,8 @@ use dmover_core::access::{ClientKey, format_public_key};
 use dmover_proto::auth::token_keys;
 
 use crate::args::{CredentialArgs, CredentialCommand};
-use crate::serve::read_token;
 
+/// `dmover credential`.
 pub fn run(a: CredentialArgs) -> anyhow::Result<ExitCode> {
     match a.command {
         CredentialCommand::Token { file } => {
@@ -35,7 +35,7 @@ pub fn run(a: CredentialArgs) -> anyhow::Result<ExitCode> {
             );
         }
         CredentialCommand::Verifier { file } => {
-            let token = read_token(&file)?;
+            let token = crate::resolve::token_file(&file)?;
             println!("token = \"{}\"", token_keys(&token).verifier.to_text());
         }
         CredentialCommand::Key { file } => {

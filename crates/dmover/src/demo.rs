@@ -3,23 +3,22 @@
 //! files plus a few large ones), pushes it, compares both trees byte for byte, prints
 //! the summary and removes everything.
 
-use std::os::unix::ffi::OsStrExt;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
 use dmover_bench::mkdata::{self, Profile, Spec};
-use dmover_core::engine::Run;
 use dmover_core::server::{Server, ServerConfig};
+use dmover_core::transfer::{Endpoint, Transfer, TransferSpec, Watch};
 use dmover_store::verify;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::DemoArgs;
-use crate::cp::{cancel_on_interrupt, runtime, transfer_options};
-use crate::env::Env;
 use crate::output::{self, Direction};
+use crate::resolve::ClientSetup;
 
-pub fn run(a: DemoArgs, env: &Env) -> anyhow::Result<ExitCode> {
+/// `dmover demo`, with its client resolved from `a.transfer`.
+pub fn run(a: DemoArgs, client: ClientSetup) -> anyhow::Result<ExitCode> {
     let tmp = tempfile::Builder::new()
         .prefix("dmover-demo-")
         .tempdir()
@@ -33,13 +32,13 @@ pub fn run(a: DemoArgs, env: &Env) -> anyhow::Result<ExitCode> {
     let made = mkdata::generate(&src, &spec, None).context("generating the dataset")?;
     eprintln!("    {made}");
 
-    let mut opts = transfer_options(&a.transfer, env)?;
+    let mut opts = client.options;
     opts.token = None;
     // The demo's server has a key made for it; pin it in the demo's own directory.
     opts.trust = Some(dmover_net::tls::Trust::KnownHosts(
         tmp.path().join("known_hosts"),
     ));
-    let rt = runtime(opts.streams.max(2))?;
+    let rt = crate::resolve::runtime(opts.streams.max(2))?;
     let server = Server::new(ServerConfig::new(&root))?;
     let shutdown = CancellationToken::new();
     let addr = rt.block_on(async {
@@ -56,18 +55,23 @@ pub fn run(a: DemoArgs, env: &Env) -> anyhow::Result<ExitCode> {
     );
 
     eprintln!("3/4 pushing {} to dmover://{addr}/ ...", src.display());
-    let client = crate::cp::client_for(opts, a.transfer.io_threads);
-    let run = Run::new();
-    cancel_on_interrupt(&rt, &run);
+    let mut spec = TransferSpec::copy(
+        vec![Endpoint::local(&src)],
+        Endpoint::Remote {
+            server: addr.to_string(),
+            path: Vec::new(),
+        },
+    )
+    .options(opts);
+    spec.disk_threads = client.io_threads.map(usize::from);
+    let transfer = Transfer::new(spec)?;
+    crate::interrupt::cancel_on_ctrl_c(&rt, transfer.canceller());
     let started = Instant::now();
-    let result = rt.block_on(client.push(
-        &[src.as_os_str().as_bytes().to_vec()],
-        &addr.to_string(),
-        b"",
-        run.clone(),
-    ));
+    let result = rt.block_on(transfer.run(Watch::events(), |_| {}));
     let secs = started.elapsed().as_secs_f64();
-    drop(client);
+    let progress = transfer.progress().clone();
+    drop(transfer);
+    let result = result.map(|f| f.report);
     let ok = result.is_ok();
     let code = output::report(
         result,
@@ -77,7 +81,7 @@ pub fn run(a: DemoArgs, env: &Env) -> anyhow::Result<ExitCode> {
         Default::default(),
         false,
         false,
-        &run.progress,
+        &progress,
         None,
     );
     shutdown.cancel();

@@ -4,19 +4,28 @@
 //! 2 usage error; 3 authentication refused (or the server's key is not the pinned one); 4 network failure (unreachable server,
 //! dropped connection, a server still busy after `--busy-wait`). `dmover doctor` exits with 1 when a check warns.
 
+//!
+//! The layers, each using only those below it: [`cli`] (the command tree clap parses)
+//! → the commands (`cp`, `watch`, `mount`, `serve`, `bench`, `tune`, ...) →
+//! [`resolve`] (arguments and environment into the library's option structs) →
+//! [`args`] (the flag groups and value parsers) and [`env`] (the environment, read
+//! once).
+
 mod args;
 mod bench;
+mod cli;
 mod cp;
 mod credential;
 mod demo;
 mod doctor;
-mod endpoint;
 mod env;
+mod interrupt;
 mod manual;
 mod metrics;
 mod mount;
 mod netlab;
 mod output;
+mod resolve;
 mod serve;
 mod tune;
 mod watch;
@@ -25,7 +34,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::args::{Cli, Command};
+use crate::cli::{Cli, Command};
 use crate::env::Env;
 
 fn main() -> ExitCode {
@@ -43,16 +52,21 @@ fn main() -> ExitCode {
         dmover_store::sys::raise_fd_limit();
     }
     let result = match cli.command {
-        Command::Cp(a) => cp::run(a, &env),
-        Command::Sync(a) => cp::sync(a, &env),
-        Command::Serve(a) => serve::run(a, &env, cli.log_format),
-        Command::Mount(a) => mount::run(a, &env),
-        Command::Demo(a) => demo::run(a, &env),
+        Command::Cp(a) => resolve::copy(&a, &env).and_then(cp::run),
+        Command::Sync(a) => resolve::sync(&a, &env).and_then(|s| match s {
+            resolve::Sync::Once(c) => cp::run(c),
+            resolve::Sync::Watch(w) => watch::run(w),
+        }),
+        Command::Serve(a) => {
+            resolve::serve(&a, &env).and_then(|s| serve::run(s, &env, cli.log_format))
+        }
+        Command::Mount(a) => resolve::mount(&a, &env).and_then(mount::run),
+        Command::Demo(a) => resolve::client(&a.transfer, &env).and_then(|c| demo::run(a, c)),
         Command::Bench(a) => bench::run(a, &env),
         Command::Credential(a) => credential::run(a),
         Command::Netlab(a) => netlab::run(a),
         Command::Doctor(a) => doctor::run(a),
-        Command::Tune(a) => tune::run(a, &env),
+        Command::Tune(a) => resolve::client(&a.transfer, &env).and_then(|c| tune::run(a, c)),
         Command::Completions(a) => manual::completions(a),
         Command::Man(a) => manual::man(a),
     };

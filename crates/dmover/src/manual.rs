@@ -1,5 +1,5 @@
 //! `dmover completions SHELL` and `dmover man`: shell completions and man pages,
-//! generated from the command-line definition in `args.rs`, so they cannot drift from
+//! generated from the command-line definition in `cli.rs`, so they cannot drift from
 //! what the binary accepts.
 
 use std::io::Write;
@@ -8,7 +8,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::CommandFactory;
 
-use crate::args::{Cli, CompletionsArgs, ManArgs};
+use crate::args::{CompletionsArgs, ManArgs};
+use crate::cli::Cli;
 
 pub fn completions(a: CompletionsArgs) -> anyhow::Result<ExitCode> {
     let mut script = Vec::new();

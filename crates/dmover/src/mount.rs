@@ -39,65 +39,25 @@ use fuser::{
     ReplyEntry, ReplyOpen, ReplyStatfs, Request,
 };
 
-use crate::args::{MountArgs, usage};
-use crate::cp::{runtime, transfer_options};
-use crate::endpoint::{self, Endpoint};
-use crate::env::Env;
-
-/// The chunk size of a mount when `--chunk` says auto: small enough that a random
-/// read of a few KiB costs little more than a round trip (64 KiB: 0.5 ms at 1 Gbit/s;
-/// 1 MiB cost 8.4 ms more over a 50 ms link), with sequential reads kept streaming by
-/// reading ahead 8 MiB of them (docs/remote.md, "Random reads over long links").
-pub(crate) const MOUNT_CHUNK: u32 = 64 << 10;
+use crate::resolve::MountJob;
 
 /// The largest existing file `--rw` rewrites when it is opened for writing without
 /// `O_TRUNC` (or truncated to a length other than 0): it is fetched whole into the
 /// staging file first. Larger ones: EFBIG (docs/remote.md).
 pub(crate) const REWRITE_CAP: u64 = 256 << 20;
 
-/// `dmover mount`.
-pub fn run(a: MountArgs, env: &Env) -> anyhow::Result<ExitCode> {
-    let (server, path) = match endpoint::parse(&a.source)
-        .map_err(|e| usage(format!("{}: {e}", a.source.to_string_lossy())))?
-    {
-        Endpoint::Remote { server, path } => (server, path),
-        Endpoint::Local(_) => {
-            return Err(usage(format!(
-                "{}: the source must be on a server: dmover://HOST[:PORT]/PATH or HOST:PATH",
-                a.source.to_string_lossy()
-            )));
-        }
-    };
-    match std::fs::metadata(&a.dir) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => return Err(usage(format!("{} is not a directory", a.dir.display()))),
-        Err(e) => return Err(usage(format!("mount point {}: {e}", a.dir.display()))),
-    }
-    let mut opts = transfer_options(&a.transfer, env)?;
-    if opts.chunk_size == 0 {
-        opts.chunk_size = MOUNT_CHUNK;
-    }
-    // A request-driven session sends only the chunks asked for: nothing to tune, and
-    // no need for more than the untuned default of streams.
-    if opts.tune {
-        opts.tune = false;
-        opts.streams = dmover_core::session::TUNED_START;
-    }
-    if let Some(ms) = a.debug_heartbeat_ms {
-        opts.heartbeat = Duration::from_millis(ms.max(50));
-    }
-    let read_ahead = a
-        .read_ahead
-        .unwrap_or_else(|| dmover_core::remote::read_ahead_chunks(opts.chunk_size));
-    let rt = runtime(opts.streams)?;
-    let client = crate::cp::client_for(opts, a.transfer.io_threads);
+/// `dmover mount`, resolved.
+pub fn run(a: MountJob) -> anyhow::Result<ExitCode> {
+    let (server, path) = (a.server.clone(), a.path.clone());
+    let rt = a.client.runtime()?;
+    let client = a.client.client();
     let inner = Arc::new(Inner {
         client,
         server: server.clone(),
         path: path.clone(),
         ropts: RemoteOptions {
             cache_bytes: a.cache,
-            read_ahead,
+            read_ahead: a.read_ahead,
         },
         ttl: a.attr_timeout,
         timeout: a.timeout,

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use dmover_core::Error;
 use dmover_core::client::Report;
-use dmover_core::engine::{Progress, ProgressEvent, Run};
+use dmover_core::engine::{Progress, ProgressEvent};
+use dmover_core::transfer::{Event, Snapshot};
 use dmover_net::NetError;
 use dmover_proto::control::ErrorCode;
 use serde::Serialize;
@@ -32,6 +33,20 @@ pub enum Direction {
     /// Server to server through this client (`--via-client`).
     #[serde(rename = "third-party-relay")]
     TpcRelay,
+}
+
+impl Direction {
+    /// The library's direction, as the summary names it.
+    pub fn of(d: dmover_core::transfer::Direction) -> Self {
+        use dmover_core::transfer::Direction as D;
+        match d {
+            D::Push => Direction::Push,
+            D::Pull => Direction::Pull,
+            D::ThirdPartyPush => Direction::TpcPush,
+            D::ThirdPartyPull => Direction::TpcPull,
+            D::Relay => Direction::TpcRelay,
+        }
+    }
 }
 
 /// Where a transfer's time went, beside its end-to-end rate: from samples of the bytes
@@ -79,25 +94,25 @@ impl Timing {
     }
 }
 
-/// Samples a run's byte counter every 50 ms while it lasts (see [`Timing`]).
+/// Samples a transfer's byte counter every 50 ms while it lasts (see [`Timing`]).
 pub struct Sampler {
     samples: Arc<std::sync::Mutex<Vec<(f64, u64)>>>,
     task: tokio::task::JoinHandle<()>,
     started: std::time::Instant,
-    run: Arc<Run>,
+    progress: Arc<Progress>,
 }
 
 impl Sampler {
     /// Starts sampling; times count from now.
-    pub fn start(rt: &tokio::runtime::Runtime, run: Arc<Run>) -> Self {
+    pub fn start(rt: &tokio::runtime::Runtime, progress: Arc<Progress>) -> Self {
         let started = std::time::Instant::now();
         let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (s, r) = (samples.clone(), run.clone());
+        let (s, p) = (samples.clone(), progress.clone());
         let task = rt.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(50));
             loop {
                 tick.tick().await;
-                let b = r.progress.bytes.load(Ordering::Relaxed);
+                let b = p.bytes.load(Ordering::Relaxed);
                 s.lock()
                     .expect("sampler lock")
                     .push((started.elapsed().as_secs_f64(), b));
@@ -107,7 +122,7 @@ impl Sampler {
             samples,
             task,
             started,
-            run,
+            progress,
         }
     }
 
@@ -117,13 +132,13 @@ impl Sampler {
         let mut s = self.samples.lock().expect("sampler lock");
         s.push((
             self.started.elapsed().as_secs_f64(),
-            self.run.progress.bytes.load(Ordering::Relaxed),
+            self.progress.bytes.load(Ordering::Relaxed),
         ));
         Timing::from_samples(&s)
     }
 }
 
-/// A progress bar on stderr fed from a run's counters.
+/// A progress bar on stderr fed from a transfer's counters.
 pub struct ProgressBar {
     bar: indicatif::ProgressBar,
     task: tokio::task::JoinHandle<()>,
@@ -131,7 +146,7 @@ pub struct ProgressBar {
 
 impl ProgressBar {
     /// Starts updating a bar five times a second.
-    pub fn start(rt: &tokio::runtime::Runtime, run: Arc<Run>) -> Self {
+    pub fn start(rt: &tokio::runtime::Runtime, progress: Arc<Progress>) -> Self {
         // Hidden until the walk or the manifest tells how much there is to move.
         let bar = indicatif::ProgressBar::with_draw_target(
             Some(0),
@@ -149,7 +164,7 @@ impl ProgressBar {
             let mut tick = tokio::time::interval(Duration::from_millis(200));
             loop {
                 tick.tick().await;
-                let p = &run.progress;
+                let p = &progress;
                 let total = p.total.load(Ordering::Relaxed);
                 if total > 0 && b.is_hidden() {
                     b.set_draw_target(indicatif::ProgressDrawTarget::stderr());
@@ -241,84 +256,37 @@ enum EventKind<'a> {
     },
 }
 
-/// What the last progress line said, for the rate over the next interval.
-#[derive(Debug, Clone, Copy, Default)]
-struct Mark {
-    seconds: f64,
-    bytes: u64,
-}
-
-/// `--progress ndjson`: a JSON line on stdout every interval and one per event (a
-/// retry, a lost stream) as it happens; the caller prints the summary last.
+/// `--progress ndjson`: a JSON line on stdout for each of the transfer's events: its
+/// counters every interval and at the end, the files done, a retry, a lost stream, a
+/// tuning decision; the caller prints the summary last.
 pub struct Ndjson {
-    task: tokio::task::JoinHandle<()>,
     started: Instant,
-    run: Arc<Run>,
-    mark: Arc<std::sync::Mutex<Mark>>,
 }
 
 impl Ndjson {
-    /// Starts printing; times count from `started`.
-    pub fn start(
-        rt: &tokio::runtime::Runtime,
-        run: Arc<Run>,
-        started: Instant,
-        interval: Duration,
-    ) -> Self {
-        let mark = Arc::new(std::sync::Mutex::new(Mark::default()));
-        // Name the files as they are done (a `files_done` line per interval).
-        run.progress.file_events.store(true, Ordering::Relaxed);
-        let (r, m) = (run.clone(), mark.clone());
-        let task = rt.spawn(async move {
-            let mut tick = tokio::time::interval_at(
-                tokio::time::Instant::from_std(started) + interval,
-                interval,
-            );
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {
-                        print_events(&r.progress, started);
-                        print_files(&r.progress, started);
-                        progress_line(&r.progress, started, &m);
-                    }
-                    _ = r.progress.event_recorded() => print_events(&r.progress, started),
-                }
-            }
-        });
-        Ndjson {
-            task,
-            started,
-            run,
-            mark,
+    /// Lines whose times count from `started`.
+    pub fn new(started: Instant) -> Self {
+        Ndjson { started }
+    }
+
+    /// Prints the line of `e`, if it has one.
+    pub fn event(&mut self, e: &Event) {
+        let seconds = self.started.elapsed().as_secs_f64();
+        match e {
+            Event::Progress(s) => progress_line(s, seconds),
+            Event::FilesDone { attempt, paths } => print_line(&FilesLine {
+                schema: SCHEMA,
+                kind: "files_done",
+                attempt: *attempt,
+                seconds,
+                count: paths.len(),
+                files: paths,
+            }),
+            Event::Session { attempt, event } => event_line(*attempt, event, seconds),
+            // Named in the summary's `failed`.
+            _ => {}
         }
     }
-
-    /// Stops the lines: the events not printed yet and a last progress line follow.
-    pub fn finish(self, rt: &tokio::runtime::Runtime) {
-        self.task.abort();
-        // Once the task is gone, none of its lines can follow ours.
-        let _ = rt.block_on(self.task);
-        print_events(&self.run.progress, self.started);
-        print_files(&self.run.progress, self.started);
-        progress_line(&self.run.progress, self.started, &self.mark);
-    }
-}
-
-/// A `files_done` line naming the files done since the last one, if any.
-fn print_files(p: &Progress, started: Instant) {
-    let files = p.take_files_done();
-    if files.is_empty() {
-        return;
-    }
-    print_line(&FilesLine {
-        schema: SCHEMA,
-        kind: "files_done",
-        attempt: p.attempt.load(Ordering::Relaxed),
-        seconds: started.elapsed().as_secs_f64(),
-        count: files.len(),
-        files: &files,
-    });
 }
 
 /// A `files_done` line of `--progress ndjson`.
@@ -333,84 +301,72 @@ struct FilesLine<'a> {
     files: &'a [String],
 }
 
-fn print_events(p: &Progress, started: Instant) {
-    for (attempt, e) in p.take_events() {
-        let seconds = started.elapsed().as_secs_f64();
-        let event = match &e {
-            ProgressEvent::Retry {
-                attempt: failed,
-                error,
-                wait,
-            } => EventKind::Retry {
-                attempt: *failed,
-                error,
-                wait_seconds: wait.as_secs_f64(),
-            },
-            ProgressEvent::StreamLost {
-                stream,
-                error,
-                resent,
-            } => EventKind::StreamLost {
-                attempt,
-                stream: *stream,
-                error,
-                resent: *resent,
-            },
-            ProgressEvent::Tuned {
-                streams,
-                rate,
-                reason,
-            } => EventKind::Tuning {
-                attempt,
-                streams: *streams,
-                gbit_per_s: *rate as f64 * 8.0 / 1e9,
-                reason,
-            },
-            ProgressEvent::DiskTuned {
-                threads,
-                rate,
-                reason,
-            } => EventKind::DiskTuning {
-                attempt,
-                threads: *threads,
-                gbit_per_s: *rate as f64 * 8.0 / 1e9,
-                reason,
-            },
-        };
-        print_line(&EventLine {
-            schema: SCHEMA,
-            event,
-            seconds,
-        });
-    }
+/// The line of a session's event.
+fn event_line(attempt: u32, e: &ProgressEvent, seconds: f64) {
+    let event = match e {
+        ProgressEvent::Retry {
+            attempt: failed,
+            error,
+            wait,
+        } => EventKind::Retry {
+            attempt: *failed,
+            error,
+            wait_seconds: wait.as_secs_f64(),
+        },
+        ProgressEvent::StreamLost {
+            stream,
+            error,
+            resent,
+        } => EventKind::StreamLost {
+            attempt,
+            stream: *stream,
+            error,
+            resent: *resent,
+        },
+        ProgressEvent::Tuned {
+            streams,
+            rate,
+            reason,
+        } => EventKind::Tuning {
+            attempt,
+            streams: *streams,
+            gbit_per_s: *rate as f64 * 8.0 / 1e9,
+            reason,
+        },
+        ProgressEvent::DiskTuned {
+            threads,
+            rate,
+            reason,
+        } => EventKind::DiskTuning {
+            attempt,
+            threads: *threads,
+            gbit_per_s: *rate as f64 * 8.0 / 1e9,
+            reason,
+        },
+    };
+    print_line(&EventLine {
+        schema: SCHEMA,
+        event,
+        seconds,
+    });
 }
 
-fn progress_line(p: &Progress, started: Instant, mark: &std::sync::Mutex<Mark>) {
-    let seconds = started.elapsed().as_secs_f64();
-    let bytes = p.bytes.load(Ordering::Relaxed);
-    let mut m = mark.lock().expect("progress lock");
-    let span = seconds - m.seconds;
-    let bit_per_s = if span > 0.0 {
-        bytes.saturating_sub(m.bytes) as f64 * 8.0 / span
-    } else {
-        0.0
-    };
-    *m = Mark { seconds, bytes };
-    drop(m);
+/// A `"type": "progress"` line.
+fn progress_line(s: &Snapshot, seconds: f64) {
     print_line(&ProgressLine {
         schema: SCHEMA,
         kind: "progress",
         seconds,
-        bytes_sent: bytes,
-        bytes_total: p.total.load(Ordering::Relaxed),
-        bytes_resumed: p.held.load(Ordering::Relaxed),
-        chunks: p.chunks.load(Ordering::Relaxed),
-        files: p.files.load(Ordering::Relaxed),
-        files_total: p.total_files.load(Ordering::Relaxed),
-        bit_per_s,
-        avg_bit_per_s: bytes as f64 * 8.0 / seconds.max(1e-9),
-        streams_lost: p.streams_lost.load(Ordering::Relaxed),
-        attempt: p.attempt.load(Ordering::Relaxed),
+        bytes_sent: s.bytes,
+        bytes_total: s.total,
+        bytes_resumed: s.held,
+        chunks: s.chunks,
+        files: s.files,
+        files_total: s.total_files,
+        bit_per_s: s.rate * 8.0,
+        avg_bit_per_s: s.bytes as f64 * 8.0 / seconds.max(1e-9),
+        streams_lost: s.streams_lost,
+        attempt: s.attempt,
     });
 }
 

@@ -36,6 +36,7 @@ use clap::Args;
 use dmover_core::client::Client;
 use dmover_core::engine::{ProgressEvent, Run};
 use dmover_core::memtest::MemTestOptions;
+use dmover_core::transfer::{Endpoint, with_port};
 use dmover_proto::control::{ErrorCode, MemDirection};
 use dmover_proto::manifest::{EntryKind, Mtime};
 use dmover_proto::session::tune::rate_text;
@@ -45,9 +46,8 @@ use serde_json::{Value, json};
 
 use crate::args::{TransferArgs, usage};
 use crate::bench::interrupt;
-use crate::endpoint::{self, Endpoint};
-use crate::env::Env;
 use crate::output;
+use crate::resolve::ClientSetup;
 
 /// Arguments of `dmover tune`.
 #[derive(Debug, Args)]
@@ -173,11 +173,12 @@ impl From<anyhow::Error> for Failed {
     }
 }
 
-pub fn run(a: TuneArgs, env: &Env) -> anyhow::Result<ExitCode> {
-    let server = endpoint::with_port(&a.host).map_err(|e| usage(format!("HOST: {e}")))?;
+/// `dmover tune`, with its client resolved from `a.transfer`.
+pub fn run(a: TuneArgs, client: ClientSetup) -> anyhow::Result<ExitCode> {
+    let server = with_port(&a.host).map_err(|e| usage(format!("HOST: {e}")))?;
     let place = match &a.path {
         None => None,
-        Some(p) => Some(endpoint::parse(p).map_err(|e| usage(format!("PATH: {e}")))?),
+        Some(p) => Some(Endpoint::parse(p.as_bytes()).map_err(|e| usage(format!("PATH: {e}")))?),
     };
     if let Some(Endpoint::Local(p)) = &place {
         let dir = Path::new(std::ffi::OsStr::from_bytes(p));
@@ -186,7 +187,7 @@ pub fn run(a: TuneArgs, env: &Env) -> anyhow::Result<ExitCode> {
             bail!("PATH {} is not a directory", dir.display());
         }
     }
-    match probe(&a, env, &server, place) {
+    match probe(&a, client, &server, place) {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(Failed::Other(e)) => Err(e),
         Err(Failed::Core(what, e)) => {
@@ -213,17 +214,22 @@ fn watch_interrupt(rt: &tokio::runtime::Runtime, run: &Arc<Run>) {
     });
 }
 
-fn probe(a: &TuneArgs, env: &Env, server: &str, place: Option<Endpoint>) -> Result<(), Failed> {
+fn probe(
+    a: &TuneArgs,
+    client: ClientSetup,
+    server: &str,
+    place: Option<Endpoint>,
+) -> Result<(), Failed> {
     let started = Instant::now();
     interrupt::install().context("watching for Ctrl-C")?;
     let budget = Duration::from_secs_f64(a.seconds);
-    let mut opts = crate::cp::transfer_options(&a.transfer, env)?;
+    let mut opts = client.options.clone();
     opts.retries = 0;
     // A test push leaves nothing to resume: without a journal an interrupted one
     // leaves no staging file either.
     opts.journal = false;
-    let rt = crate::cp::runtime(opts.streams)?;
-    let io_threads = dmover_core::diskpool::threads_from(a.transfer.io_threads.map(usize::from)).0;
+    let rt = crate::resolve::runtime(opts.streams)?;
+    let io_threads = dmover_core::diskpool::threads_from(client.disk_threads()).0;
     let chunk = match opts.chunk_size {
         0 => DEFAULT_CHUNK,
         c => c,

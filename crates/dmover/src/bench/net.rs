@@ -25,7 +25,6 @@ use serde_json::{Map, Value, json};
 use super::common::{self, OutputArgs, Progress, num, row, text};
 use super::interrupt;
 use super::transfer::{self, DmoverServer, LinkRate, Place, Rtt};
-use crate::cp::read_token;
 use crate::env::Env;
 
 /// Arguments of `dmover bench net`.
@@ -496,7 +495,7 @@ fn measure(a: &NetArgs, env: &Env, host: &str, out_dir: &Path) -> anyhow::Result
             recv_buffer: a.tcp_buffer.map(|b| b as usize),
             congestion: None,
         },
-        token: read_token(a.token_file.as_deref(), env)?,
+        token: crate::resolve::token(a.token_file.as_deref(), env)?,
         trust: a
             .known_hosts
             .clone()
@@ -554,7 +553,7 @@ fn measure(a: &NetArgs, env: &Env, host: &str, out_dir: &Path) -> anyhow::Result
     }
 
     let max_streams = a.streams.iter().copied().max().unwrap_or(1);
-    let rt = crate::cp::runtime(max_streams.min(128) as u16)?;
+    let rt = crate::resolve::runtime(max_streams.min(128) as u16)?;
     let iperf_points = usize::from(iperf.is_some())
         * a.direction.len()
         * a.zerocopy.len()

@@ -31,15 +31,15 @@ use dmover_bench::report::round_sig;
 use dmover_bench::stats::Latency;
 use dmover_core::client::Client;
 use dmover_core::remote::{Remote, RemoteOptions, StagedFile};
+use dmover_core::transfer::Endpoint;
 use rand::{Rng, SeedableRng};
 use serde_json::{Map, Value, json};
 
 use super::common::{self, row};
 use super::interrupt;
 use crate::args::{TransferArgs, usage};
-use crate::cp::{runtime, transfer_options};
-use crate::endpoint::{self, Endpoint};
 use crate::env::Env;
+use crate::resolve::runtime;
 
 /// Seed 000's workloads: how many files are accessed at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -283,7 +283,7 @@ pub fn run(a: RemoteBenchArgs, env: &Env) -> anyhow::Result<()> {
         return over_link(a, rtt);
     }
     let target = a.target.clone().expect("clap: TARGET or --rtt");
-    let (server, path) = match endpoint::parse(&target)
+    let (server, path) = match Endpoint::parse(target.as_bytes())
         .map_err(|e| usage(format!("{}: {e}", target.to_string_lossy())))?
     {
         Endpoint::Remote { server, path } => (server, path),
@@ -319,14 +319,15 @@ pub fn run(a: RemoteBenchArgs, env: &Env) -> anyhow::Result<()> {
     }
     let reads = a.mix != Mix::Write;
     let writes = a.mix != Mix::Read;
-    let mut opts = transfer_options(&a.transfer, env)?;
+    let mut setup = crate::resolve::client(&a.transfer, env)?;
+    let opts = &mut setup.options;
     if opts.chunk_size == 0 {
-        opts.chunk_size = crate::mount::MOUNT_CHUNK;
+        opts.chunk_size = crate::resolve::MOUNT_CHUNK;
     }
     let chunk_size = opts.chunk_size;
     interrupt::install().context("watching for Ctrl-C")?;
     let rt = runtime(opts.streams.max(4))?;
-    let client = Arc::new(crate::cp::client_for(opts, a.transfer.io_threads));
+    let client = Arc::new(setup.client());
     let n = a.workload.files();
 
     // The target must be a directory whose entries the server lets this user delete

@@ -29,7 +29,7 @@ pub struct DoctorArgs {
     /// A dmover server to measure the path to (HOST, HOST:PORT or `[V6]:PORT`; port 7700 by
     /// default): the median TCP connect time becomes the RTT of the buffer checks unless
     /// --rtt is given, and the route's MTU is reported.
-    #[arg(value_name = "HOST[:PORT]", value_parser = crate::endpoint::with_port)]
+    #[arg(value_name = "HOST[:PORT]", value_parser = dmover_core::transfer::with_port)]
     pub host: Option<String>,
     /// Round-trip time to size TCP buffers for (a duration with a unit: 100ms, 1.5s)
     /// [default: measured to HOST, else 100ms].

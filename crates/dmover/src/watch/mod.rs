@@ -39,46 +39,21 @@ use dmover_store::filter::{Action, Filter, Rule};
 use rustix::fs::inotify;
 use tokio::sync::{Notify, mpsc};
 
-use crate::args::{CpArgs, usage};
-use crate::endpoint::{self, Endpoint};
-use crate::env::Env;
 use crate::output;
+use crate::resolve::WatchJob;
 use batch::{Batch, Batcher, Change, Rel};
-
-/// `--quiet-time`'s default: short enough for a close-to-remote-rename lag under a
-/// second plus the wire time, long enough for a writer's close-and-reopen.
-pub const QUIET_TIME: Duration = Duration::from_millis(200);
 
 /// The first wait after a failure; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(8);
 
-/// `dmover sync --watch` (called by `dmover sync` with `--watch`).
-pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
-    let (src, server, dest) = endpoints(&a)?;
-    if a.dry_run || a.checksum || a.filters.files_from.is_some() {
-        return Err(usage(
-            "--watch does not take --dry-run, --checksum or --files-from",
-        ));
-    }
-    if a.max_delete.is_some() && !a.delete {
-        return Err(usage("--max-delete limits --delete: add --delete"));
-    }
-    let root = PathBuf::from(OsStr::from_bytes(&src));
-    if !std::fs::metadata(&root)
-        .with_context(|| format!("watching {}", root.display()))?
-        .is_dir()
-    {
-        return Err(usage(format!(
-            "--watch: {} is not a directory",
-            root.display()
-        )));
-    }
-    let quiet_time = a.quiet_time.unwrap_or(QUIET_TIME);
-    let opts = options(&a, env)?;
+/// `dmover sync --watch`, resolved.
+pub fn run(job: WatchJob) -> anyhow::Result<ExitCode> {
+    let root = PathBuf::from(OsStr::from_bytes(&job.src));
+    let opts = job.client.options.clone();
     let filter = opts.filter.clone();
-    let rt = crate::cp::runtime(opts.streams)?;
-    let client = crate::cp::client_for(opts.clone(), a.transfer.io_threads);
+    let rt = job.client.runtime()?;
+    let client = job.client.client();
     let stop = Arc::new(Stop::default());
     stop_on_signals(&rt, &stop)?;
     let (tx, rx) = mpsc::unbounded_channel();
@@ -86,58 +61,22 @@ pub fn run(a: CpArgs, env: &Env) -> anyhow::Result<ExitCode> {
     let w = Watch {
         client,
         opts,
-        server,
-        src,
-        dest,
-        batcher: Batcher::new(quiet_time, a.delete),
+        server: job.server,
+        src: job.src,
+        dest: job.dest,
+        batcher: Batcher::new(job.quiet_time, job.delete),
         tree,
         rx,
         stop,
-        json: a.json,
-        quiet: a.quiet,
-        quiet_time,
+        json: job.json,
+        quiet: job.quiet,
+        quiet_time: job.quiet_time,
         started: Instant::now(),
         stream: None,
     };
     let code = rt.block_on(w.run());
     drop(rt);
     Ok(code)
-}
-
-/// The local source, the server and the mirror's path on it.
-fn endpoints(a: &CpArgs) -> anyhow::Result<(Vec<u8>, String, Vec<u8>)> {
-    let parse = |p: &std::ffi::OsString| {
-        endpoint::parse(p).map_err(|e| usage(format!("{}: {e}", p.to_string_lossy())))
-    };
-    let (src, dst) = (parse(&a.paths[0])?, parse(&a.paths[1])?);
-    let Endpoint::Local(src) = src else {
-        return Err(usage("watch needs a local source"));
-    };
-    let Endpoint::Remote { server, path } = dst else {
-        return Err(usage(
-            "watch needs a server as destination (HOST:PATH) for now",
-        ));
-    };
-    let name = path
-        .split(|&b| b == b'/')
-        .rfind(|c| !c.is_empty())
-        .unwrap_or_default();
-    if name.is_empty() || name == b"." || name == b".." {
-        return Err(usage(
-            "sync: DST must name the mirror directory itself (not '.', '..' or a server's root)",
-        ));
-    }
-    Ok((src, server, path))
-}
-
-/// A sync's options, as `cp` builds them ([`crate::cp::copy_options`]).
-fn options(a: &CpArgs, env: &Env) -> anyhow::Result<TransferOptions> {
-    let mut opts = crate::cp::copy_options(a, env)?;
-    // A file being written when read is left for its next close, not a failure.
-    opts.continue_on_error = true;
-    opts.mirror = true;
-    opts.resume = true;
-    Ok(opts)
 }
 
 /// Set by SIGINT/SIGTERM: the operation running is cancelled (its staging files

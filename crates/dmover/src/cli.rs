@@ -1,0 +1,162 @@
+//! The command tree clap parses: the root of the low arguments (`dmover` and its
+//! subcommands). The flag groups they share are in [`crate::args`]; a command whose
+//! flags only it uses keeps them beside its code (bench, tune, doctor, netlab).
+
+use clap::{Parser, Subcommand};
+
+use crate::args::{
+    CompletionsArgs, CpArgs, CredentialArgs, DemoArgs, LogFormat, ManArgs, MountArgs, ServeArgs,
+};
+use crate::bench::BenchArgs;
+
+/// Move files and trees between Data Transfer Nodes at line rate.
+#[derive(Debug, Parser)]
+#[command(
+    name = "dmover",
+    version = version(),
+    about,
+    long_about = None,
+    propagate_version = true,
+    after_long_help = AFTER_LONG_HELP
+)]
+pub struct Cli {
+    /// More log output (-v info, -vv debug); DMOVER_LOG overrides (e.g. DMOVER_LOG=debug).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Log lines on stderr as `text`, or as `json`: one JSON object per line
+    /// (docs/json.md).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, value_name = "FORMAT")]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+impl Cli {
+    /// Whether the command asked for quiet output.
+    pub fn quiet_logs(&self) -> bool {
+        matches!(&self.command, Command::Cp(a) | Command::Sync(a) if a.quiet)
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Copy files and trees to or from a dmover server.
+    Cp(CpArgs),
+    /// Make DST a mirror of SRC: DST is the copy itself (never its parent), so a re-run
+    /// converges on one tree and sends only files whose size or mtime changed
+    /// (docs/sync.md). Takes cp's options.
+    #[command(override_usage = "dmover sync [OPTIONS] SRC DST")]
+    Sync(CpArgs),
+    /// Serve a directory to dmover clients.
+    Serve(ServeArgs),
+    /// Mount a server's directory here (FUSE; read-only unless --rw): its files are read
+    /// in place, chunk by chunk (docs/remote.md). Runs in the foreground until unmounted
+    /// (`umount DIR`, Ctrl-C or SIGTERM).
+    #[command(override_usage = "dmover mount [OPTIONS] dmover://HOST[:PORT]/PATH DIR")]
+    Mount(MountArgs),
+    /// Start a server on loopback, push a generated dataset to it, verify, clean up.
+    Demo(DemoArgs),
+    /// Measurement tools.
+    Bench(BenchArgs),
+    /// Make credentials: a token or a key pair, and the line for the server's config.
+    Credential(CredentialArgs),
+    /// Emulated long-haul links (RTT, rate, loss) between two network namespaces.
+    Netlab(crate::netlab::NetlabArgs),
+    /// Probe a link (and a storage path) within a time and size cap, clean up, and
+    /// print the settings it would use and what limits a transfer: disk read, disk
+    /// write, network or CPU (docs/tuning.md).
+    #[command(override_usage = "dmover tune [OPTIONS] HOST[:PORT] [PATH]")]
+    Tune(crate::tune::TuneArgs),
+    /// Check this host's tuning for a DTN and print the fixes (changes nothing).
+    ///
+    /// Checks against ESnet fasterdata's host tuning: TCP buffer limits for --rtt x
+    /// --rate, congestion control, qdisc, CPU governor, NIC IRQs, MTU, THP, the mount of
+    /// --path and open-file limits; each finding comes with the exact fix. Exit code 1
+    /// when a check warns. Details: docs/doctor.md.
+    Doctor(crate::doctor::DoctorArgs),
+    /// Print the shell completion script for SHELL on stdout.
+    Completions(CompletionsArgs),
+    /// Print the man page (roff) on stdout, or write a page per command into --dir.
+    Man(ManArgs),
+}
+
+/// The end of `dmover --help` and of the man page.
+const AFTER_LONG_HELP: &str = "\
+Exit status: 0 success; 1 the transfer failed (I/O, checksum, refused path, ...); 2 usage \
+error; 3 authentication refused, or the server's key is not the pinned one; 4 network \
+failure (unreachable server, dropped connection, a server still busy after --busy-wait).
+
+Environment: DMOVER_TOKEN (the token when no --token-file is given), DMOVER_USER \
+(--user), DMOVER_KEY (--key), DMOVER_KNOWN_HOSTS (--known-hosts), DMOVER_LOG (log \
+filter, overrides -v), XDG_CONFIG_HOME and HOME (the known-hosts file), XDG_STATE_HOME \
+(the server's key when not root), NOTIFY_SOCKET (systemd readiness for dmover serve).
+
+Server configuration: docs/config.md in the source, or /etc/dmover/server.toml as \
+packaged.";
+
+/// What `--version` prints after the name: the release, the git commit it was built
+/// from (`unknown` when built without git) and the protocol versions it speaks.
+pub fn version() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        version_text(
+            env!("CARGO_PKG_VERSION"),
+            env!("DMOVER_GIT_COMMIT"),
+            dmover_proto::MIN_PROTOCOL_VERSION,
+            dmover_proto::PROTOCOL_VERSION,
+        )
+    })
+}
+
+fn version_text(release: &str, commit: &str, min: u16, max: u16) -> String {
+    let protocol = if min == max {
+        format!("protocol version {max}")
+    } else {
+        format!("protocol versions {min} to {max}")
+    };
+    format!("{release} (commit {commit}, {protocol})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_need_units() {
+        use std::time::Duration;
+        let cli = |a: &[&str]| {
+            let args = ["dmover", "cp"].into_iter().chain(a.iter().copied());
+            Cli::try_parse_from(args.chain(["a", "b:"]))
+        };
+        let Command::Cp(c) = cli(&["--retry-wait", "100ms", "--stream-timeout", "2m"])
+            .unwrap()
+            .command
+        else {
+            panic!("not cp");
+        };
+        assert_eq!(c.reliability.retry_wait, Duration::from_millis(100));
+        assert_eq!(c.reliability.stream_timeout, Duration::from_secs(120));
+        let e = cli(&["--retry-wait", "5"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("needs a unit"), "{e}");
+    }
+
+    #[test]
+    fn version_names_release_commit_and_protocols() {
+        assert_eq!(
+            version_text("1.2.3", "abc1234", 4, 4),
+            "1.2.3 (commit abc1234, protocol version 4)"
+        );
+        assert_eq!(
+            version_text("1.2.3", "unknown", 3, 4),
+            "1.2.3 (commit unknown, protocol versions 3 to 4)"
+        );
+        assert!(version().starts_with(env!("CARGO_PKG_VERSION")));
+    }
+
+    #[test]
+    fn cli_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

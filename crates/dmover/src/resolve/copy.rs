@@ -1,0 +1,337 @@
+//! `dmover cp` and `dmover sync` resolved: the endpoints parsed, the flags that go
+//! together checked, the options read into a [`TransferSpec`] and checked by the
+//! library into a [`Transfer`]; `sync --watch` into a [`WatchJob`].
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use dmover_core::transfer::{Between, Endpoint, Kind, PlanError, Transfer, TransferSpec};
+use dmover_proto::control::{FilterRule, TpcMode};
+use dmover_store::filter::{Action, Filter, Rule};
+
+use super::ClientSetup;
+use crate::args::{CpArgs, FilterArgs, ProgressMode, TpcArg, usage};
+use crate::env::Env;
+
+/// `--quiet-time`'s default: short enough for a close-to-remote-rename lag under a
+/// second plus the wire time, long enough for a writer's close-and-reopen.
+pub const QUIET_TIME: Duration = Duration::from_millis(200);
+
+/// How a copy shows itself: progress while it runs, the summary at the end.
+#[derive(Debug, Clone, Copy)]
+pub struct Show {
+    /// `--json`: one JSON object at the end.
+    pub json: bool,
+    /// `--quiet`: no bar, no summary line.
+    pub quiet: bool,
+    /// `--progress`.
+    pub progress: ProgressMode,
+    /// `--progress-interval`.
+    pub interval: Duration,
+}
+
+/// A resolved `dmover cp` or `dmover sync`.
+#[derive(Debug)]
+pub struct Copy {
+    /// The checked transfer, its disk threads started.
+    pub transfer: Transfer,
+    /// Its output.
+    pub show: Show,
+    /// `sync --dry-run`: tell what would be done instead.
+    pub dry_run: bool,
+    /// A sync (its summary counts unchanged files).
+    pub sync: bool,
+}
+
+/// A resolved `dmover sync`: once, or watching.
+#[derive(Debug)]
+pub enum Sync {
+    /// A sync that runs once.
+    Once(Copy),
+    /// `--watch`.
+    Watch(WatchJob),
+}
+
+/// A resolved `dmover sync --watch SRC HOST:DST`.
+#[derive(Debug)]
+pub struct WatchJob {
+    /// The local directory watched.
+    pub src: Vec<u8>,
+    /// The server (`host:port`).
+    pub server: String,
+    /// The mirror's path on it.
+    pub dest: Vec<u8>,
+    /// The client's settings (a sync's: mirror, resume, files being written skipped).
+    pub client: ClientSetup,
+    /// `--quiet-time`.
+    pub quiet_time: Duration,
+    /// `--delete`.
+    pub delete: bool,
+    /// `--json`.
+    pub json: bool,
+    /// `--quiet`.
+    pub quiet: bool,
+}
+
+/// `dmover cp`.
+pub fn copy(a: &CpArgs, env: &Env) -> anyhow::Result<Copy> {
+    copy_as(a, env, Kind::Copy)
+}
+
+/// `dmover sync SRC DST`: DST is the mirror itself (docs/sync.md).
+pub fn sync(a: &CpArgs, env: &Env) -> anyhow::Result<Sync> {
+    if a.paths.len() != 2 {
+        return Err(usage(
+            "sync takes one source and the destination: dmover sync SRC DST",
+        ));
+    }
+    if a.tpc.is_some() || a.via_client {
+        return Err(usage("sync between two servers is not supported yet"));
+    }
+    if a.watch {
+        return watch(a, env).map(Sync::Watch);
+    }
+    if a.quiet_time.is_some() {
+        return Err(usage("--quiet-time applies to sync --watch"));
+    }
+    copy_as(a, env, Kind::Sync).map(Sync::Once)
+}
+
+fn copy_as(a: &CpArgs, env: &Env, kind: Kind) -> anyhow::Result<Copy> {
+    let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
+    let dst = Endpoint::parse(dst.as_bytes()).map_err(|e| usage(format!("destination: {e}")))?;
+    let srcs = srcs
+        .iter()
+        .map(|s| {
+            Endpoint::parse(s.as_bytes())
+                .map_err(|e| usage(format!("source {}: {e}", s.to_string_lossy())))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let sync = kind == Kind::Sync;
+    if !sync
+        && (a.delete
+            || a.max_delete.is_some()
+            || a.dry_run
+            || a.checksum
+            || a.watch
+            || a.quiet_time.is_some())
+    {
+        return Err(usage(
+            "--delete, --max-delete, --dry-run, --checksum, --watch and --quiet-time are \
+             options of dmover sync",
+        ));
+    }
+    if a.max_delete.is_some() && !a.delete {
+        return Err(usage("--max-delete limits --delete: add --delete"));
+    }
+    if a.delete && a.filters.files_from.is_some() {
+        return Err(usage(
+            "--delete with --files-from is not supported yet (which destination entries \
+             the list protects is not defined)",
+        ));
+    }
+    let mut client = copy_options(a, env)?;
+    let opts = &mut client.options;
+    opts.resume = a.reliability.resume;
+    opts.continue_on_error = a.reliability.continue_on_error;
+    opts.compare_content = a.checksum;
+    let spec = TransferSpec {
+        sources: srcs,
+        dest: dst,
+        kind,
+        between_servers: between(a),
+        disk_threads: client.disk_threads(),
+        options: client.options,
+    };
+    let transfer = Transfer::new(spec).map_err(plan_usage)?;
+    Ok(Copy {
+        transfer,
+        show: Show {
+            json: a.json,
+            quiet: a.quiet,
+            progress: a.progress,
+            interval: a.progress_interval,
+        },
+        dry_run: a.dry_run,
+        sync,
+    })
+}
+
+/// `--tpc` and `--via-client`.
+fn between(a: &CpArgs) -> Option<Between> {
+    match (a.via_client, a.tpc) {
+        (true, _) => Some(Between::ViaClient {
+            ring_bytes: a
+                .debug_relay_bytes
+                .unwrap_or(dmover_core::relay::RELAY_BYTES),
+        }),
+        (false, Some(TpcArg::Push)) => Some(Between::Direct(TpcMode::Push)),
+        (false, Some(TpcArg::Pull)) => Some(Direct(TpcMode::Pull)),
+        (false, None) => None,
+    }
+}
+
+use Between::Direct;
+
+/// A refused [`TransferSpec`] as the usage error naming the flags.
+fn plan_usage(e: PlanError) -> anyhow::Error {
+    usage(match e {
+        PlanError::FiltersBetweenServers => "--exclude, --include and --files-from do not \
+                                             apply to a copy between two servers yet"
+            .to_string(),
+        PlanError::BwlimitBetweenServers => "--bwlimit does not apply to a copy between two \
+                                             servers (the data does not pass through this \
+                                             client; the servers' own limits apply)"
+            .to_string(),
+        PlanError::NotBetweenServers => "--tpc and --via-client are for copies between two \
+                                         servers (dmover://A/PATH dmover://B/PATH)"
+            .to_string(),
+        other => other.to_string(),
+    })
+}
+
+/// The options `cp` and `sync` (a one-off run and each batch of `--watch`) take from
+/// their arguments alike: transfer, reliability, filters, `--delete`, metadata.
+fn copy_options(a: &CpArgs, env: &Env) -> anyhow::Result<ClientSetup> {
+    let mut client = super::client(&a.transfer, env)?;
+    let opts = &mut client.options;
+    let r = &a.reliability;
+    opts.retries = r.retries;
+    opts.retry_wait = r.retry_wait;
+    opts.busy_wait = r.busy_wait;
+    opts.verify = r.verify;
+    opts.journal = !r.no_journal;
+    opts.idle_timeout = r.stream_timeout.max(Duration::from_secs(1));
+    if let Some(ms) = r.debug_heartbeat_ms {
+        opts.heartbeat = Duration::from_millis(ms.max(50));
+    }
+    (opts.filter, opts.files_from) = filters(&a.filters)?;
+    opts.rules = a
+        .filters
+        .rules
+        .iter()
+        .map(|(include, p)| FilterRule {
+            include: *include,
+            pattern: p.as_bytes().to_vec(),
+        })
+        .collect();
+    opts.delete = a.delete;
+    opts.max_delete = a.max_delete;
+    // -a, -X, -A ask for what is done by default.
+    let _ = (a.archive, a.xattrs, a.acls);
+    opts.meta.xattrs.user = !a.no_xattrs;
+    opts.meta.xattrs.acls = !a.no_acls;
+    opts.meta.xattrs.all = a.all_xattrs;
+    opts.meta.owner = !a.no_owner;
+    Ok(client)
+}
+
+/// The walk's filters, and the `--files-from` file's contents as read (for a pull's
+/// server, which parses them again).
+type Filters = (Option<Arc<Filter>>, Option<Vec<u8>>);
+
+/// The walk's filters from `--exclude`, `--include` and `--files-from` (`-`: stdin).
+fn filters(f: &FilterArgs) -> anyhow::Result<Filters> {
+    if f.is_empty() {
+        return Ok((None, None));
+    }
+    let mut filter = Filter::none();
+    for (include, pattern) in &f.rules {
+        let action = if *include {
+            Action::Include
+        } else {
+            Action::Exclude
+        };
+        let rule = Rule::new(action, pattern.as_bytes()).map_err(|e| {
+            usage(format!(
+                "--{} {}: {e}",
+                if *include { "include" } else { "exclude" },
+                pattern.to_string_lossy()
+            ))
+        })?;
+        filter.push(rule);
+    }
+    let mut files_from = None;
+    if let Some(file) = &f.files_from {
+        let list = if file.as_os_str() == "-" {
+            let mut v = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut v)
+                .context("reading --files-from from stdin")?;
+            v
+        } else {
+            std::fs::read(file).with_context(|| format!("reading {}", file.display()))?
+        };
+        filter.set_files_from(&list).map_err(usage)?;
+        files_from = Some(list);
+    }
+    Ok((Some(Arc::new(filter)), files_from))
+}
+
+/// `dmover sync --watch` (`dmover sync` with `--watch`).
+fn watch(a: &CpArgs, env: &Env) -> anyhow::Result<WatchJob> {
+    let (src, server, dest) = watch_endpoints(a)?;
+    if a.dry_run || a.checksum || a.filters.files_from.is_some() {
+        return Err(usage(
+            "--watch does not take --dry-run, --checksum or --files-from",
+        ));
+    }
+    if a.max_delete.is_some() && !a.delete {
+        return Err(usage("--max-delete limits --delete: add --delete"));
+    }
+    let root = PathBuf::from(std::ffi::OsStr::from_bytes(&src));
+    if !std::fs::metadata(&root)
+        .with_context(|| format!("watching {}", root.display()))?
+        .is_dir()
+    {
+        return Err(usage(format!(
+            "--watch: {} is not a directory",
+            root.display()
+        )));
+    }
+    let quiet_time = a.quiet_time.unwrap_or(QUIET_TIME);
+    let mut client = copy_options(a, env)?;
+    // A file being written when read is left for its next close, not a failure.
+    client.options.continue_on_error = true;
+    client.options.mirror = true;
+    client.options.resume = true;
+    Ok(WatchJob {
+        src,
+        server,
+        dest,
+        client,
+        quiet_time,
+        delete: a.delete,
+        json: a.json,
+        quiet: a.quiet,
+    })
+}
+
+/// A watch's local source, the server and the mirror's path on it.
+fn watch_endpoints(a: &CpArgs) -> anyhow::Result<(Vec<u8>, String, Vec<u8>)> {
+    let parse = |p: &OsString| {
+        Endpoint::parse(p.as_bytes()).map_err(|e| usage(format!("{}: {e}", p.to_string_lossy())))
+    };
+    let (src, dst) = (parse(&a.paths[0])?, parse(&a.paths[1])?);
+    let Endpoint::Local(src) = src else {
+        return Err(usage("watch needs a local source"));
+    };
+    let Endpoint::Remote { server, path } = dst else {
+        return Err(usage(
+            "watch needs a server as destination (HOST:PATH) for now",
+        ));
+    };
+    let name = path
+        .split(|&b| b == b'/')
+        .rfind(|c| !c.is_empty())
+        .unwrap_or_default();
+    if name.is_empty() || name == b"." || name == b".." {
+        return Err(usage(
+            "sync: DST must name the mirror directory itself (not '.', '..' or a server's root)",
+        ));
+    }
+    Ok((src, server, path))
+}

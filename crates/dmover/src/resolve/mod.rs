@@ -1,0 +1,144 @@
+//! The resolve step (ripgrep's LowArgs → HiArgs): what clap parsed ([`crate::args`],
+//! [`crate::cli`]) and the environment captured once ([`Env`]) become the library's
+//! option structs — [`TransferOptions`] and this side's disk threads
+//! ([`ClientSetup`]), a checked [`dmover_core::Transfer`] for `cp` and `sync`
+//! ([`copy`]), a watch's or a mount's settings ([`watch`], [`mount`]), a server's
+//! configuration ([`serve`]). Here, and only here, files named on the command line are
+//! read (tokens, keys, `--files-from`, a server's config and TLS key) and the options
+//! that contradict each other are refused with the messages users see (exit code 2,
+//! [`crate::args::UsageError`]). The commands take the result and run; none of them
+//! reads an argument that needs resolving.
+
+mod copy;
+mod mount;
+mod serve;
+
+pub use copy::{Copy, Sync, WatchJob, copy, sync};
+pub use mount::{MOUNT_CHUNK, MountJob, mount};
+pub use serve::{Reload, ServeJob, serve};
+
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use dmover_core::DirectIo;
+use dmover_core::access::ClientKey;
+use dmover_core::client::Client;
+use dmover_core::session::TransferOptions;
+use dmover_net::tcp::SocketOptions;
+use dmover_net::tls::Trust;
+use dmover_proto::control::DataProtection;
+
+use crate::args::TransferArgs;
+use crate::env::Env;
+
+/// A client's resolved settings: its sessions' options and its disk threads.
+#[derive(Debug, Clone)]
+pub struct ClientSetup {
+    /// The sessions' options.
+    pub options: TransferOptions,
+    /// `--io-threads`: pinned disk threads; `None`: elastic (docs/tuning.md, "Disk
+    /// threads").
+    pub io_threads: Option<u16>,
+}
+
+impl ClientSetup {
+    /// A client with these options and disk threads.
+    pub fn client(&self) -> Client {
+        let (start, max) = dmover_core::diskpool::threads_from(self.disk_threads());
+        Client::elastic(self.options.clone(), start, max)
+    }
+
+    /// The disk threads pinned, if they are.
+    pub fn disk_threads(&self) -> Option<usize> {
+        self.io_threads.map(usize::from)
+    }
+
+    /// A network runtime sized for these options' streams ([`runtime`]).
+    pub fn runtime(&self) -> anyhow::Result<tokio::runtime::Runtime> {
+        runtime(self.options.streams)
+    }
+}
+
+/// The options shared by everything that moves data: streams, chunks, I/O, sockets,
+/// credentials (`--token-file`, else `DMOVER_TOKEN`; `--key`), trust (`--ca`, else
+/// `--known-hosts`, else the default known-hosts file), data protection.
+pub fn client(a: &TransferArgs, env: &Env) -> anyhow::Result<ClientSetup> {
+    let token = token(a.token_file.as_deref(), env)?;
+    let key = a.key.as_deref().map(ClientKey::load).transpose()?;
+    let trust = match (&a.ca, &a.known_hosts) {
+        (Some(ca), _) => Some(Trust::Ca(ca.clone())),
+        (None, Some(kh)) => Some(Trust::KnownHosts(kh.clone())),
+        (None, None) => env.known_hosts().map(Trust::KnownHosts),
+    };
+    let options = TransferOptions {
+        streams: a.streams.unwrap_or(dmover_core::session::TUNED_MAX),
+        tune: a.streams.is_none(),
+        chunk_size: a.chunk,
+        checksum: !a.no_checksum,
+        direct_io: match (a.direct_io, a.buffered_io) {
+            (true, _) => DirectIo::Always,
+            (_, true) => DirectIo::Never,
+            _ => DirectIo::Auto,
+        },
+        fsync: a.fsync,
+        buffers: a.buffers.map(|b| b as usize),
+        socket: SocketOptions {
+            send_buffer: a.tcp_buffer.map(|b| b as usize),
+            recv_buffer: a.tcp_buffer.map(|b| b as usize),
+            congestion: a.congestion.clone(),
+        },
+        bwlimit: a.bwlimit,
+        token,
+        key,
+        user: a.user.clone(),
+        trust,
+        protection: if a.encrypt {
+            DataProtection::Encrypted
+        } else if a.plain_data {
+            DataProtection::Plain
+        } else {
+            DataProtection::Authenticated
+        },
+        ..TransferOptions::default()
+    };
+    Ok(ClientSetup {
+        options,
+        io_threads: a.io_threads,
+    })
+}
+
+/// The token for a server: from `file`, else `DMOVER_TOKEN`, else none; an empty one
+/// is refused.
+pub fn token(file: Option<&Path>, env: &Env) -> anyhow::Result<Option<Vec<u8>>> {
+    let token = match file {
+        Some(f) => {
+            Some(std::fs::read(f).with_context(|| format!("reading token file {}", f.display()))?)
+        }
+        None => env.token.clone(),
+    };
+    if token.as_ref().is_some_and(|t| t.trim_ascii().is_empty()) {
+        bail!("the token is empty");
+    }
+    Ok(token)
+}
+
+/// A token file a server or `dmover credential verifier` reads, refusing an empty one.
+pub fn token_file(f: &Path) -> anyhow::Result<Vec<u8>> {
+    let t = std::fs::read(f).with_context(|| format!("reading token file {}", f.display()))?;
+    if t.trim_ascii().is_empty() {
+        bail!("token file {} is empty", f.display());
+    }
+    Ok(t)
+}
+
+/// A tokio runtime for a client: network work only (disk work has its own threads),
+/// a thread per stream up to the cores.
+pub fn runtime(streams: u16) -> anyhow::Result<tokio::runtime::Runtime> {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads((streams as usize).clamp(1, cores))
+        .thread_name("dmover-net")
+        .enable_all()
+        .build()
+        .context("starting the network runtime")
+}

@@ -1,0 +1,281 @@
+//! `dmover serve` resolved: the flags over the configuration file (a flag wins where
+//! both say), the users and exports, the address to listen on and the checks that keep
+//! an unauthenticated server on loopback, the metrics' access, the TLS identity (read,
+//! or made and saved on first start), the limits and the test faults.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use dmover_core::access::{ConfigFile, default_state_dir};
+use dmover_core::server::{Faults, ServerConfig};
+use dmover_net::tcp::SocketOptions;
+use dmover_net::tls::{KeyOrigin, ServerIdentity};
+
+use crate::args::{ServeArgs, usage};
+use crate::env::Env;
+
+/// A resolved `dmover serve`.
+#[derive(Debug)]
+pub struct ServeJob {
+    /// The server's configuration, identity included.
+    pub config: ServerConfig,
+    /// Faults injected for tests.
+    pub faults: Faults,
+    /// The address to listen on.
+    pub listen: SocketAddr,
+    /// The address was chosen (`--listen` or the config's), not the default: no
+    /// falling back to IPv4 alone.
+    pub listen_chosen: bool,
+    /// Socket settings of accepted connections.
+    pub socket: SocketOptions,
+    /// Where metrics are served, if anywhere.
+    pub metrics: Option<SocketAddr>,
+    /// The users whose bearer tokens may read the metrics (see
+    /// [`crate::metrics::Access`]).
+    pub metrics_tokens: MetricsTokens,
+    /// Where the TLS key came from.
+    pub key_origin: KeyOrigin,
+    /// The exports as the start-up line names them (`name = path (read-only)`).
+    pub exports: Vec<String>,
+    /// Network threads.
+    pub net_threads: usize,
+    /// What a SIGHUP reads again.
+    pub reload: Reload,
+}
+
+/// Users and their tokens' stored keys ([`crate::metrics::Access::tokens`]).
+pub type MetricsTokens = Vec<(String, [u8; 32])>;
+
+/// What a SIGHUP reads again: the config file, or `--root`'s token file.
+#[derive(Debug, Clone)]
+pub struct Reload {
+    /// `--root`.
+    pub root: Option<PathBuf>,
+    /// `--config`.
+    pub config: Option<PathBuf>,
+    /// `--token-file`.
+    pub token_file: Option<PathBuf>,
+    /// The config file as it was at the start (to tell what a reload leaves alone).
+    pub started: ConfigFile,
+}
+
+/// `dmover serve`.
+pub fn serve(a: &ServeArgs, env: &Env) -> anyhow::Result<ServeJob> {
+    let file = match &a.config {
+        Some(p) => ConfigFile::load(p)?,
+        None => ConfigFile::default(),
+    };
+    let mut cfg = access(a, &file)?;
+    let authenticated = cfg.users.is_some();
+    let (listen, listen_chosen) = listen(a, &file, authenticated)?;
+    let (metrics, metrics_tokens) = metrics(a, &file, &cfg)?;
+    let (identity, key_origin) = identity(a, &file, env)?;
+    cfg.read_only = a.read_only;
+    cfg.identity = Some(identity);
+    cfg.require_encryption = file.require_encryption;
+    limits(&mut cfg, a, &file);
+    let socket = SocketOptions {
+        send_buffer: a.tcp_buffer.map(|b| b as usize),
+        recv_buffer: a.tcp_buffer.map(|b| b as usize),
+        congestion: a.congestion.clone(),
+    };
+    cfg.socket = socket.clone();
+    let faults = faults(a)?;
+    let exports = cfg
+        .exports
+        .iter()
+        .map(|e| {
+            let name = if e.name.is_empty() {
+                String::new()
+            } else {
+                format!("{} = ", e.name)
+            };
+            let ro = if e.read_only || a.read_only {
+                " (read-only)"
+            } else {
+                ""
+            };
+            format!("{name}{}{ro}", e.path.display())
+        })
+        .collect();
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    Ok(ServeJob {
+        config: cfg,
+        faults,
+        listen,
+        listen_chosen,
+        socket,
+        metrics,
+        metrics_tokens,
+        key_origin,
+        exports,
+        net_threads: a.net_threads.map_or(cores, usize::from),
+        reload: Reload {
+            root: a.root.clone(),
+            config: a.config.clone(),
+            token_file: a.token_file.clone(),
+            started: file,
+        },
+    })
+}
+
+/// The exports and users: `--root` (with `--token-file`'s shared token), or the
+/// config file's.
+fn access(a: &ServeArgs, file: &ConfigFile) -> anyhow::Result<ServerConfig> {
+    match (&a.root, &a.config) {
+        (Some(root), _) => {
+            let mut cfg = ServerConfig::new(root);
+            if let Some(f) = &a.token_file {
+                cfg.shared_token(&super::token_file(f)?);
+            }
+            // One shared credential: its users together get the whole session limit.
+            cfg.max_sessions_per_user = usize::MAX;
+            Ok(cfg)
+        }
+        (None, Some(p)) => {
+            let (exports, users) = file.access(p)?;
+            let mut cfg = ServerConfig::new("");
+            cfg.exports = exports;
+            cfg.users = Some(users);
+            Ok(cfg)
+        }
+        (None, None) => Err(usage("pass --root DIR or --config FILE")),
+    }
+}
+
+/// The address to listen on, and whether it was chosen. By default an authenticated
+/// server listens on every address, IPv6 and IPv4 on one socket (`[::]`, dual stack;
+/// IPv4 alone where IPv6 is off); without credentials it listens on loopback only,
+/// and a chosen address that is not loopback is refused.
+fn listen(
+    a: &ServeArgs,
+    file: &ConfigFile,
+    authenticated: bool,
+) -> anyhow::Result<(SocketAddr, bool)> {
+    let chosen = a.listen.or(file.listen);
+    let listen = chosen.unwrap_or_else(|| {
+        if authenticated {
+            SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, dmover_proto::DEFAULT_PORT))
+        } else {
+            SocketAddr::from(([127, 0, 0, 1], dmover_proto::DEFAULT_PORT))
+        }
+    });
+    if !authenticated && !listen.ip().is_loopback() {
+        return Err(usage(format!(
+            "refusing to listen on {listen} without authentication: pass --token-file FILE \
+             or --config FILE, or listen on loopback (127.0.0.1)"
+        )));
+    }
+    Ok((listen, chosen.is_some()))
+}
+
+/// The metrics' address and the users whose bearer tokens may read them: loopback,
+/// or TLS and tokens (docs/metrics.md).
+fn metrics(
+    a: &ServeArgs,
+    file: &ConfigFile,
+    cfg: &ServerConfig,
+) -> anyhow::Result<(Option<SocketAddr>, MetricsTokens)> {
+    let metrics = a.metrics.or(file.metrics);
+    let metrics_users = file.metrics_users.clone().unwrap_or_default();
+    let tokens = crate::metrics::Access::tokens_of(&metrics_users, cfg.users.as_ref())
+        .map_err(|e| usage(format!("config: {e}")))?;
+    let open = metrics.filter(|m| !crate::metrics::is_local(m));
+    if let (Some(m), true) = (open, tokens.is_empty()) {
+        return Err(usage(format!(
+            "refusing to serve metrics on {m}, which is not loopback: name the users whose \
+             bearer tokens may read them in the config's metrics_users (the metrics then \
+             take TLS with the server's key), or serve them on 127.0.0.1"
+        )));
+    }
+    Ok((metrics, tokens))
+}
+
+/// The TLS identity: the operator's files, else the key in the state directory (made
+/// there on first start).
+fn identity(
+    a: &ServeArgs,
+    file: &ConfigFile,
+    env: &Env,
+) -> anyhow::Result<(ServerIdentity, KeyOrigin)> {
+    let (cert, key) = (
+        a.tls_cert.clone().or(file.tls_cert.clone()),
+        a.tls_key.clone().or(file.tls_key.clone()),
+    );
+    Ok(match (cert, key) {
+        (Some(c), Some(k)) => (ServerIdentity::from_files(&c, &k)?, KeyOrigin::Files),
+        (None, None) => {
+            let dir: PathBuf = a
+                .state_dir
+                .clone()
+                .or(file.state_dir.clone())
+                .or_else(|| default_state_dir(env.state_dir().as_deref()))
+                .context("no state directory: pass --state-dir DIR")?;
+            ServerIdentity::load_or_create(&dir)?
+        }
+        _ => bail!("tls_cert and tls_key go together"),
+    })
+}
+
+/// Threads, sessions, timeouts, manifest bounds, third-party settings and the
+/// exports' flags, from the flags over the file.
+fn limits(cfg: &mut ServerConfig, a: &ServeArgs, file: &ConfigFile) {
+    // Slowness injected for a test stays as slow as asked: its threads are pinned.
+    let pinned = a.io_threads.map(usize::from).or(a
+        .debug_chunk_delay_ms
+        .map(|_| dmover_core::diskpool::DEFAULT_THREADS));
+    (cfg.io_threads, cfg.io_threads_max) = dmover_core::diskpool::threads_from(pinned);
+    cfg.max_sessions = a.max_sessions.or(file.max_sessions).unwrap_or(64);
+    cfg.max_handshakes = a.max_handshakes.or(file.max_handshakes).unwrap_or(256);
+    if let Some(n) = file.max_sessions_per_user {
+        cfg.max_sessions_per_user = n;
+    }
+    if let Some(s) = file.handshake_timeout_secs {
+        cfg.handshake_timeout = Duration::from_secs(s.max(1));
+    }
+    if let Some(s) = file.idle_timeout_secs {
+        cfg.idle_timeout = Duration::from_secs(s.max(1));
+    }
+    if let Some(n) = file.max_manifest_entries {
+        cfg.max_entries = n;
+    }
+    if let Some(n) = file.max_manifest_bytes {
+        cfg.max_manifest_bytes = n;
+    }
+    cfg.tpc_address = a.tpc_address.clone().or(file.tpc_address.clone());
+    if let Some(s) = file.tpc_capability_ttl_secs {
+        cfg.tpc_capability_ttl =
+            Duration::from_secs(s.clamp(1, dmover_proto::capability::MAX_TTL_SECS));
+    }
+    for e in &mut cfg.exports {
+        e.third_party |= a.third_party;
+        e.preserve_owner |= a.preserve_owner;
+        e.xattrs_all |= a.all_xattrs;
+    }
+    cfg.memory_budget = a.memory;
+}
+
+/// `--debug-cut-stream-after`, `--debug-chunk-delay-ms`, `--debug-io-latency-ms`.
+fn faults(a: &ServeArgs) -> anyhow::Result<Faults> {
+    let cut = match a.debug_cut_stream_after.as_deref() {
+        None => None,
+        Some(v) => {
+            let (n, reset) = match v.strip_suffix(":reset") {
+                Some(n) => (n, true),
+                None => (v, false),
+            };
+            let n = dmover_proto::units::parse_size(n)
+                .map_err(|e| anyhow::anyhow!("--debug-cut-stream-after: {e}"))?;
+            Some((n, reset))
+        }
+    };
+    Ok(Faults {
+        link: cut.map(|c| dmover_net::fault::FaultPlan::new(Some(c))),
+        chunk_delay: a
+            .debug_chunk_delay_ms
+            .or(a.debug_io_latency_ms)
+            .map(Duration::from_millis),
+    })
+}
