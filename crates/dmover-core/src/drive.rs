@@ -1445,7 +1445,7 @@ where
                 }
                 SrcIn::Written { stream, chunk } => {
                     if let Some((_, src, _)) = &live {
-                        crate::monitor::count_files(&env.run.progress, &src.layout(), chunk);
+                        env.run.progress.count_files(&src.layout(), chunk);
                     }
                     m.chunk_written(now(), stream, chunk)
                 }
@@ -2312,7 +2312,7 @@ where
                 }
                 SinkIn::Written { chunk, result: Ok(()) } => {
                     if let Some((_, sink, _)) = &live {
-                        crate::monitor::count_files(&env.run.progress, &sink.layout(), chunk);
+                        env.run.progress.count_files(&sink.layout(), chunk);
                     }
                     m.chunk_written(now(), chunk);
                     if let Some(n) = &news {

@@ -53,7 +53,7 @@ use dmover_proto::manifest::XattrScope;
 use dmover_proto::session::features;
 use dmover_store::Source;
 use dmover_store::meta::MetaPolicy;
-use dmover_store::paths::{self, Base};
+use dmover_store::paths;
 use dmover_store::sink::{FileSink, SinkOptions, prepare_sink};
 use dmover_store::source::{FileSource, SourceOptions};
 use dmover_store::walk;
@@ -918,73 +918,6 @@ impl Server {
         Ok((grant, open))
     }
 
-    /// Resolves a path a client named to its export: the export's base, the path
-    /// within it, and the name a pull of the whole export gets. `write`: the session
-    /// writes there; `read_only`: the whole server is. `policy`: the one in force.
-    pub(crate) fn resolve<'s, 'p>(
-        policy: &'s Policy,
-        read_only: bool,
-        grant: &Grant,
-        path: &'p [u8],
-        write: bool,
-    ) -> Result<(&'s ExportSpec, Base, &'p [u8], Vec<u8>)> {
-        let (export, rest) = match policy.exports.as_slice() {
-            [only] if only.spec.name.is_empty() => (only, path),
-            all => {
-                let trimmed = path.strip_prefix(b"./").unwrap_or(path);
-                let (first, rest) = match trimmed.iter().position(|&b| b == b'/') {
-                    Some(i) => (&trimmed[..i], &trimmed[i + 1..]),
-                    None => (trimmed, &b""[..]),
-                };
-                let names: Vec<&str> = all
-                    .iter()
-                    .filter(|e| grant.exports.contains_key(&e.spec.name))
-                    .map(|e| e.spec.name.as_str())
-                    .collect();
-                let found = all.iter().find(|e| {
-                    e.spec.name.as_bytes() == first && grant.exports.contains_key(&e.spec.name)
-                });
-                match found {
-                    Some(e) => (e, rest),
-                    None => {
-                        return Err(Error::refused(
-                            ErrorCode::NotFound,
-                            format!(
-                                "{:?}: paths start with an export's name; yours: {}",
-                                String::from_utf8_lossy(path),
-                                names.join(", ")
-                            ),
-                        ));
-                    }
-                }
-            }
-        };
-        let rights = grant.exports.get(&export.spec.name).copied();
-        if rights.is_none() {
-            return Err(Error::refused(
-                ErrorCode::PermissionDenied,
-                format!("user {:?} has no access to this export", grant.user),
-            ));
-        }
-        if write && (read_only || export.spec.read_only || rights != Some(Rights::ReadWrite)) {
-            let what = if export.spec.name.is_empty() {
-                "this server".to_string()
-            } else {
-                format!("export {:?}", export.spec.name)
-            };
-            return Err(Error::refused(
-                ErrorCode::ReadOnly,
-                format!("{what} is read-only for user {:?}", grant.user),
-            ));
-        }
-        Ok((
-            &export.spec,
-            Base::Export(export.root.clone()),
-            rest,
-            export.root_name.clone(),
-        ))
-    }
-
     #[allow(clippy::too_many_arguments)]
     async fn run_session<S: AsyncRead + AsyncWrite + Unpin + Send>(
         &self,
@@ -1052,7 +985,7 @@ impl Server {
         let mut uses = Vec::new();
         let push_dest = match &open.op {
             Op::Push { dest } => {
-                let (export, base, rest, _) = Self::resolve(&policy, read_only, grant, dest, true)?;
+                let (export, base, rest, _) = policy.resolve(read_only, grant, dest, true)?;
                 uses.push(Use {
                     path: dest.clone(),
                     write: true,
@@ -1100,7 +1033,7 @@ impl Server {
                     .iter()
                     .map(|p| {
                         let (export, base, rest, name) =
-                            Self::resolve(&policy, read_only, grant, p, false)?;
+                            policy.resolve(read_only, grant, p, false)?;
                         uses.push(Use {
                             path: p.clone(),
                             write: false,

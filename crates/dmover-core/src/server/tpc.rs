@@ -63,8 +63,7 @@ impl Server {
         path: &[u8],
         write: bool,
     ) -> Result<(Root, Use)> {
-        let (export, base, rest, name) =
-            Self::resolve(policy, self.cfg.read_only, grant, path, write)?;
+        let (export, base, rest, name) = policy.resolve(self.cfg.read_only, grant, path, write)?;
         if !export.third_party {
             let what = if export.name.is_empty() {
                 "this server's export".to_string()
