@@ -10,6 +10,8 @@
 //! once it is complete and its digest matches ([`dmover_store::sink`]).
 //!
 //! - [`client::Client`] pushes or pulls; [`server::Server`] serves many clients at once.
+//! - [`dialer`]: the dialing side of a session, the client's and a server's that dials
+//!   another for a third-party copy.
 //! - [`access`]: exports, users, credentials and the server's configuration file.
 //! - [`memtest`]: the memory-to-memory network test (`dmover bench net`).
 //! - [`monitor`]: the server's live sessions and counters (`dmover serve --metrics`).
@@ -21,6 +23,7 @@
 pub mod access;
 mod buffers;
 pub mod client;
+pub mod dialer;
 pub mod diskpool;
 pub mod disktune;
 pub mod drive;

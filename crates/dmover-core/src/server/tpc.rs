@@ -11,7 +11,7 @@ use dmover_proto::control::{
 };
 
 use super::*;
-use crate::client::{AsServer, Client, Root};
+use crate::dialer::{AsServer, Dialer, Root};
 use crate::policy::Use;
 
 /// How long a client may stay silent on a third-party control connection before the
@@ -302,7 +302,7 @@ impl Server {
             log.bwlimit = Some(rate);
             opts.bwlimit = Some(rate);
         }
-        let client = Client::as_server(
+        let client = Dialer::as_server(
             opts,
             self.disk.clone(),
             AsServer {

@@ -1,0 +1,422 @@
+//! A pull's attempts: the request (with the client's filters or `--files-from` list),
+//! `sync --checksum`'s comparison, the sink role driven to its end, and `--delete`.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use dmover_net::NetError;
+use dmover_net::join::JoinWait;
+use dmover_proto::control::{self, Control, ErrorCode, FailedFile, Op};
+use dmover_proto::manifest::{NO_PARENT, Totals};
+use dmover_proto::session::{Limits, SinkSession};
+use dmover_store::paths::{self, Base};
+use dmover_store::sink::{FileSink, SinkOptions, prepare_sink};
+use dmover_store::walk;
+
+use super::push::{delete_refusal, merge_pruned, same_content};
+use super::{Dialer, Report, failed_line, mirror_dest, now};
+use crate::drive;
+use crate::engine::Run;
+use crate::error::{Error, Result};
+use crate::session;
+
+/// What [`Client::same_remote_content`] found: the files (paths below the mirror's
+/// root) the destination holds with the source's content.
+#[derive(Debug, Default)]
+pub(crate) struct SameContent {
+    pub(crate) paths: std::collections::HashSet<Vec<u8>>,
+    pub(crate) files: u64,
+    pub(crate) bytes: u64,
+}
+
+impl Dialer {
+    /// [`Client::pull`] into `dest` under `base`.
+    pub(crate) async fn pull_into(
+        &self,
+        server: &str,
+        sources: &[Vec<u8>],
+        base: &Base,
+        dest: &[u8],
+        run: Arc<Run>,
+    ) -> Result<Report> {
+        // A `--files-from` list too large for the request fails before any connection.
+        self.pull_op(sources.to_vec(), false)?;
+        // `sync --checksum`: the files the mirror already holds with the source's
+        // content, found before the session (the quick check cannot tell them).
+        let compare = self.opts.mirror && self.opts.compare_content;
+        let mut same = None;
+        let (mut same_files, mut same_bytes) = (0, 0);
+        if compare {
+            let [source] = sources else {
+                return Err(Error::refused(
+                    ErrorCode::Unsupported,
+                    "sync --checksum takes one source",
+                ));
+            };
+            let found = tokio::select! {
+                r = self.same_remote_content(server, source, base, dest) => r?,
+                _ = run.cancelled() => return Err(Error::Aborted),
+            };
+            (same_files, same_bytes) = (found.files, found.bytes);
+            same = Some(Arc::new(found.paths));
+        }
+        let report = self
+            .with_retries(&run, |r, resume| {
+                self.pull_once(server, sources, (base, dest), r, resume, same.clone())
+            })
+            .await
+            .map_err(|e| self.pull_error(e))?;
+        if compare {
+            tracing::info!("{same_files} files ({same_bytes} bytes) hold the same content here");
+        }
+        // The sink counts them among the files it held (`files_unchanged`).
+        Ok(report)
+    }
+
+    /// `sync --checksum` on a pull: the files of the local mirror `dest` (under `base`)
+    /// whose content is the server's `source`'s. The mirror's manifest goes to the
+    /// server ([`Op::Digests`]), which digests its files of the same sizes; this side
+    /// digests its own of those and keeps the paths whose digests match.
+    pub(crate) async fn same_remote_content(
+        &self,
+        server: &str,
+        source: &[u8],
+        base: &Base,
+        dest: &[u8],
+    ) -> Result<SameContent> {
+        let (parent, name) = mirror_dest(dest, matches!(base, Base::Local))?;
+        let (base, filter) = (base.clone(), self.opts.filter.clone().unwrap_or_default());
+        let walked = self
+            .disk
+            .run(move || {
+                let walked = paths::source_root(&base, &[parent, name].concat(), b"")
+                    .and_then(|root| walk::walk_filtered(vec![root], &filter));
+                match walked {
+                    Ok(w) => Ok(Some(w)),
+                    // No mirror yet: nothing to compare.
+                    Err(e) if e.code() == ErrorCode::NotFound => Ok(None),
+                    Err(e) => Err(e),
+                }
+            })
+            .await
+            .ok_or(Error::Aborted)??;
+        let Some(walked) = walked else {
+            return Ok(SameContent::default());
+        };
+        let entries = walked.tree.entries().to_vec();
+        let conn = self.connect(server).await?;
+        let open = self.open_request(
+            Op::Digests(control::Digests {
+                source: source.to_vec(),
+            }),
+            0,
+        );
+        let report = conn
+            .prune(server, open, self.opts.session_options(false), &entries)
+            .await?;
+        let digests = report.digests;
+        let (tree, same) = self
+            .disk
+            .run(move || same_content(walked.tree, &digests))
+            .await
+            .ok_or(Error::Aborted)?;
+        let mut out = SameContent::default();
+        for i in same {
+            out.files += 1;
+            out.bytes += tree.entries()[i as usize].file_size();
+            out.paths.insert(tree.rel_path(i));
+        }
+        Ok(out)
+    }
+
+    /// The op of a pull of `sources`: with filters, [`Op::PullFiltered`] (the server
+    /// walks through them; a server older than it refuses the op), with a
+    /// `--files-from` list [`Op::PullListed`] (likewise).
+    /// `report_skipped`: the server reports what its walk skipped (`sync --delete`).
+    /// A list whose `Open` would not fit in a control frame is refused here, before
+    /// any connection.
+    pub(crate) fn pull_op(&self, sources: Vec<Vec<u8>>, report_skipped: bool) -> Result<Op> {
+        if let Some(list) = &self.opts.files_from {
+            let op = Op::PullListed(control::PullListed {
+                sources,
+                rules: self.opts.rules.clone(),
+                report_skipped,
+                list: list.clone(),
+            });
+            // The largest `Open` of this op (a chunk size of 5 varint bytes): the
+            // encoder refuses a frame over the limit.
+            let mut frame = Vec::new();
+            if let Err(e) =
+                Control::Open(self.open_request(op.clone(), u32::MAX)).encode(&mut frame)
+            {
+                return Err(Error::refused(
+                    ErrorCode::Unsupported,
+                    format!(
+                        "--files-from list of {} bytes is too large for a pull (the request, \
+                         list and source paths together, must fit in {} bytes: {e})",
+                        list.len(),
+                        control::MAX_FRAME
+                    ),
+                ));
+            }
+            Ok(op)
+        } else if self.opts.rules.is_empty() && !report_skipped {
+            Ok(Op::Pull { sources })
+        } else {
+            Ok(Op::PullFiltered(control::PullFiltered {
+                sources,
+                rules: self.opts.rules.clone(),
+                report_skipped,
+            }))
+        }
+    }
+
+    /// A pull's failure `e`, explained when the server may be older than
+    /// [`Op::PullListed`]: such a server cannot decode the request (or finds it too
+    /// large before authentication). Servers of this protocol version end the
+    /// connection then (handled in `pull_once`); one that answers says
+    /// `Error{Protocol}`.
+    pub(crate) fn pull_error(&self, e: Error) -> Error {
+        match e {
+            Error::Remote {
+                peer,
+                code: ErrorCode::Protocol,
+                message,
+            } if self.opts.files_from.is_some() && !message.contains("--files-from") => {
+                Error::Remote {
+                    peer,
+                    code: ErrorCode::Protocol,
+                    message: format!(
+                        "{message} (--files-from on a pull needs a server that knows it: \
+                         an older dmover server must be upgraded)"
+                    ),
+                }
+            }
+            e => e,
+        }
+    }
+
+    /// One attempt of a pull into `dest` under `base`. `same`: `sync --checksum`'s
+    /// files (paths below the mirror's root) the destination holds with the source's
+    /// content.
+    pub(crate) async fn pull_once(
+        &self,
+        server: &str,
+        sources: &[Vec<u8>],
+        (base, dest): (&Base, &[u8]),
+        run: Arc<Run>,
+        resume: bool,
+        same: Option<Arc<std::collections::HashSet<Vec<u8>>>>,
+    ) -> Result<Report> {
+        // A busy server may keep us waiting: an interrupt ends the wait.
+        let mut conn = tokio::select! {
+            r = self.connect(server) => r?,
+            _ = run.cancelled() => return Err(Error::Aborted),
+        };
+        let report_skipped = self.opts.mirror && self.opts.delete;
+        let mut open = self.open_request(
+            self.pull_op(sources.to_vec(), report_skipped)?,
+            self.opts.chunk_size,
+        );
+        // The server may send its manifest in parts, data flowing from the first on,
+        // where nothing here depends on the whole of it: not on a resume or a sync
+        // (the files held are answered for the first part only).
+        // The server may also cut them from its walk while it runs (`WALKING`), hard
+        // links and files with holes in later parts.
+        if !resume && !self.opts.mirror && same.is_none() {
+            open.features |= dmover_proto::session::features::STREAMED
+                | dmover_proto::session::features::WALKING;
+            if self.opts.chunk_size == 0 {
+                // Later parts in chunks of their own size, unless `--chunk` pinned it.
+                open.features |= dmover_proto::session::features::PART_CHUNKS;
+            }
+        }
+        // Early data (protocol version 8), on the terms of a push's (`push_once`): the
+        // data streams join with the first flight, and the server sends from its
+        // manifest's end, a round trip before this side's `Go` would have let it.
+        let early_id = conn.early(resume, open.streams);
+        if early_id.is_some() {
+            open.features |= dmover_proto::session::features::EARLY;
+        }
+        let options = self.opts.session_options(resume);
+        let mut d = conn.dial(open, options);
+        d.limits = self.limits(true);
+        let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
+        // The xattr namespaces this pull takes (`--all-xattrs`: every one).
+        let limits = Limits {
+            xattrs: self.opts.meta.xattrs,
+            ..Limits::default()
+        };
+        let m = match early_id {
+            Some((id, salt)) => {
+                tracing::info!(
+                    "early data: session {id:016x}'s streams join with the first flight"
+                );
+                SinkSession::dial_early(now(), server, timing, limits, d, id, salt)
+            }
+            None => SinkSession::dial(now(), server, timing, limits, d),
+        };
+        let (mut dest, base) = (dest.to_vec(), base.clone());
+        let mut rename = None;
+        let mirror_path = dest.clone();
+        let delete = self.opts.mirror && self.opts.delete;
+        let prune_opts = dmover_store::prune::PruneOptions {
+            filter: self.opts.filter.as_deref().cloned().unwrap_or_default(),
+            max_delete: self.opts.max_delete,
+            dry_run: false,
+            conflicts_only: true,
+            checksum: false,
+        };
+        // What `--delete` removed before the transfer (entries of another kind where
+        // the source's go), from the preparation (a disk thread).
+        let early: Arc<parking_lot::Mutex<Option<dmover_store::prune::Pruned>>> =
+            Default::default();
+        if self.opts.mirror {
+            // `dmover sync`: the source becomes `dest` itself, in `dest`'s parent.
+            let (parent, name) = mirror_dest(&dest, matches!(base, Base::Local))?;
+            dest = parent;
+            rename = Some(name);
+        }
+        let o = &self.opts;
+        let (checksum, direct_io, fsync, verify, journal) =
+            (o.checksum, o.direct_io, o.fsync, o.verify, o.journal);
+        let meta = o.meta;
+        let (pre, early_in, mirror_in) = (prune_opts.clone(), early.clone(), mirror_path.clone());
+        // Whether the server answered the request with its manifest (see below).
+        let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let answered_in = answered.clone();
+        let prepare: drive::Prepare<FileSink> = Box::new(move |mut entries, chunk, so| {
+            answered_in.store(true, Relaxed);
+            if let Some(name) = rename {
+                let mut roots = entries.iter_mut().filter(|e| e.parent == NO_PARENT);
+                if let (Some(root), None) = (roots.next(), roots.next()) {
+                    root.name = name;
+                }
+            }
+            if delete {
+                if let Some((parent, name)) = paths::dest_parent(&base, &mirror_in)? {
+                    let p = dmover_store::prune::prune(&parent, &name, &entries, &pre)?;
+                    *early_in.lock() = Some(p);
+                }
+            }
+            let opts = SinkOptions {
+                checksum,
+                direct_io,
+                fsync,
+                verify: verify && checksum,
+                journal,
+                resume: so.resume,
+                // Files already there with the manifest's size and mtime are
+                // kept (a re-run or `dmover sync` sends only what changed); with
+                // `--checksum`, those whose digests matched instead.
+                unchanged: so.resume && same.is_none(),
+                meta,
+            };
+            let mut sink = prepare_sink(&base, &dest, entries, chunk, opts)?;
+            if let Some(same) = same {
+                sink.hold_same_content(same.as_ref().clone());
+            }
+            Ok(sink)
+        });
+        let (fixed, threads) = (self.opts.buffers, self.disk.threads());
+        let buffers = Box::new(move |streams| {
+            fixed.unwrap_or_else(|| session::default_buffers(streams, threads))
+        });
+        let dials = std::mem::take(&mut conn.dials);
+        let mut joins = self.dialing(server, conn.master, dials, JoinWait::Answer);
+        if let Some((id, salt)) = early_id {
+            joins.set_session(id, &salt);
+        }
+        let env = self.env(&run, buffers);
+        let r = match drive::sink(m, &mut conn.ch, joins, prepare, Some(options), env).await {
+            Ok(r) => r,
+            // A server that cannot decode the request's op ends the connection without
+            // a word (an `Op::PullListed` to a server older than it).
+            Err(Error::Net(NetError::Closed { peer }))
+                if self.opts.files_from.is_some() && !answered.load(Relaxed) =>
+            {
+                return Err(Error::Remote {
+                    peer,
+                    code: ErrorCode::Protocol,
+                    message: "closed the connection without answering the request (a server \
+                              older than this client does so: --files-from on a pull needs \
+                              a server that knows it, an older dmover server must be \
+                              upgraded)"
+                        .into(),
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        let (totals, held_files) = {
+            let names = r.store.tree_entries();
+            let with_data = names.iter().filter(|e| e.file_size() > 0).count() as u64;
+            (
+                Totals::of(&names),
+                with_data - r.store.layout().files().len() as u64,
+            )
+        };
+        // The server's count of entries its walk skipped, if it was asked for it.
+        let (skips, failed): (Vec<FailedFile>, Vec<FailedFile>) = r
+            .report
+            .failed
+            .into_iter()
+            .partition(|f| f.entry == dmover_store::source::SKIPPED_MARKER);
+        let skipped: u64 = skips
+            .iter()
+            .map(|f| f.message.parse::<u64>().unwrap_or(1))
+            .sum();
+        let mut pruned = None;
+        let mut delete_refused = None;
+        if delete {
+            pruned = early.lock().take().map(session::prune_report);
+            delete_refused = delete_refusal(skipped, failed.len());
+            if delete_refused.is_none() {
+                // Every file is verified and under its final name (our own `Done`).
+                let entries = r.store.tree_entries().to_vec();
+                let opts = dmover_store::prune::PruneOptions {
+                    conflicts_only: false,
+                    max_delete: prune_opts
+                        .max_delete
+                        .map(|m| m.saturating_sub(pruned.as_ref().map_or(0, |p| p.deleted))),
+                    ..prune_opts
+                };
+                let after = self
+                    .disk
+                    .run(move || {
+                        let Some((parent, name)) = paths::dest_parent(&Base::Local, &mirror_path)?
+                        else {
+                            return Ok(dmover_store::prune::Pruned::default());
+                        };
+                        dmover_store::prune::prune(&parent, &name, &entries, &opts)
+                    })
+                    .await
+                    .ok_or(Error::Aborted)??;
+                merge_pruned(
+                    pruned.get_or_insert_with(Default::default),
+                    session::prune_report(after),
+                );
+            }
+        }
+        Ok(Report {
+            summary: r.summary,
+            totals,
+            streams: r.info.streams,
+            chunk_size: r.info.chunk_size,
+            chunk_sizes: r.store.layout().chunk_sizes(),
+            skipped,
+            held_bytes: r.store.held_bytes(),
+            held_files,
+            bytes_sent: 0,
+            chunks_resent: r.report.chunks_resent,
+            streams_lost: r.report.streams_lost,
+            attempts: 1,
+            failed: {
+                let names = r.store.tree_entries();
+                failed.into_iter().map(|f| failed_line(&names, f)).collect()
+            },
+            pruned,
+            delete_refused,
+            relayed: None,
+        })
+    }
+}
