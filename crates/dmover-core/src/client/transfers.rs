@@ -331,9 +331,7 @@ impl Client {
                 skipped: walked.skipped,
             });
         }
-        let remote = crate::remote::Remote::open(self, server, source)
-            .await
-            .map_err(|e| self.pull_error(e))?;
+        let remote = crate::remote::Remote::open(self, server, source).await?;
         let entries = remote.entries().to_vec();
         remote.close().await?;
         // `--checksum`: unchanged means the same content, whatever the mtime.

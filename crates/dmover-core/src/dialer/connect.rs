@@ -170,17 +170,6 @@ impl Connection {
             .await?
         {
             Control::Pruned(r) => Ok(r),
-            // A server older than `Op::Prune` cannot decode the request: it answers a
-            // protocol error about it (its wording is the decoder's).
-            Control::Error(e) if e.code == ErrorCode::Protocol => Err(Error::Remote {
-                peer: server.to_string(),
-                code: ErrorCode::Protocol,
-                message: format!(
-                    "{} (sync --delete/--dry-run/--checksum need a server that knows them: \
-                     an older dmover server must be upgraded)",
-                    e.message
-                ),
-            }),
             other => Err(session::unexpected(server, other, "Pruned")),
         }
     }
@@ -195,12 +184,6 @@ impl Connection {
         let mut ch = self.request(server, open, options).await?;
         match ch.recv_timeout(HANDSHAKE_TIMEOUT, "the rename").await? {
             Control::Done(_) => Ok(()),
-            // A server older than `Op::Rename` cannot decode the request.
-            Control::Error(e) if e.code == ErrorCode::Protocol => Err(Error::Remote {
-                peer: server.to_string(),
-                code: ErrorCode::Unsupported,
-                message: format!("{} (renaming needs a newer dmover server)", e.message),
-            }),
             other => Err(session::unexpected(server, other, "Done")),
         }
     }

@@ -2,9 +2,7 @@
 //! `sync --checksum`'s comparison, the sink role driven to its end, and `--delete`.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 
-use dmover_net::NetError;
 use dmover_net::join::JoinWait;
 use dmover_proto::control::{self, Control, ErrorCode, FailedFile, Op};
 use dmover_proto::manifest::{NO_PARENT, Totals};
@@ -64,8 +62,7 @@ impl Dialer {
             .with_retries(&run, |r, resume| {
                 self.pull_once(server, sources, (base, dest), r, resume, same.clone())
             })
-            .await
-            .map_err(|e| self.pull_error(e))?;
+            .await?;
         if compare {
             tracing::info!("{same_files} files ({same_bytes} bytes) hold the same content here");
         }
@@ -130,8 +127,8 @@ impl Dialer {
     }
 
     /// The op of a pull of `sources`: with filters, [`Op::PullFiltered`] (the server
-    /// walks through them; a server older than it refuses the op), with a
-    /// `--files-from` list [`Op::PullListed`] (likewise).
+    /// walks through them), with a `--files-from` list [`Op::PullListed`] (both in
+    /// protocol version 8's base: docs/protocol.md, "Versioning").
     /// `report_skipped`: the server reports what its walk skipped (`sync --delete`).
     /// A list whose `Open` would not fit in a control frame is refused here, before
     /// any connection.
@@ -168,31 +165,6 @@ impl Dialer {
                 rules: self.opts.rules.clone(),
                 report_skipped,
             }))
-        }
-    }
-
-    /// A pull's failure `e`, explained when the server may be older than
-    /// [`Op::PullListed`]: such a server cannot decode the request (or finds it too
-    /// large before authentication). Servers of this protocol version end the
-    /// connection then (handled in `pull_once`); one that answers says
-    /// `Error{Protocol}`.
-    pub(crate) fn pull_error(&self, e: Error) -> Error {
-        match e {
-            Error::Remote {
-                peer,
-                code: ErrorCode::Protocol,
-                message,
-            } if self.opts.files_from.is_some() && !message.contains("--files-from") => {
-                Error::Remote {
-                    peer,
-                    code: ErrorCode::Protocol,
-                    message: format!(
-                        "{message} (--files-from on a pull needs a server that knows it: \
-                         an older dmover server must be upgraded)"
-                    ),
-                }
-            }
-            e => e,
         }
     }
 
@@ -282,11 +254,7 @@ impl Dialer {
             (o.checksum, o.direct_io, o.fsync, o.verify, o.journal);
         let meta = o.meta;
         let (pre, early_in, mirror_in) = (prune_opts.clone(), early.clone(), mirror_path.clone());
-        // Whether the server answered the request with its manifest (see below).
-        let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let answered_in = answered.clone();
         let prepare: drive::Prepare<FileSink> = Box::new(move |mut entries, chunk, so| {
-            answered_in.store(true, Relaxed);
             if let Some(name) = rename {
                 let mut roots = entries.iter_mut().filter(|e| e.parent == NO_PARENT);
                 if let (Some(root), None) = (roots.next(), roots.next()) {
@@ -328,25 +296,7 @@ impl Dialer {
             joins.set_session(id, &salt);
         }
         let env = self.env(&run, buffers);
-        let r = match drive::sink(m, &mut conn.ch, joins, prepare, Some(options), env).await {
-            Ok(r) => r,
-            // A server that cannot decode the request's op ends the connection without
-            // a word (an `Op::PullListed` to a server older than it).
-            Err(Error::Net(NetError::Closed { peer }))
-                if self.opts.files_from.is_some() && !answered.load(Relaxed) =>
-            {
-                return Err(Error::Remote {
-                    peer,
-                    code: ErrorCode::Protocol,
-                    message: "closed the connection without answering the request (a server \
-                              older than this client does so: --files-from on a pull needs \
-                              a server that knows it, an older dmover server must be \
-                              upgraded)"
-                        .into(),
-                });
-            }
-            Err(e) => return Err(e),
-        };
+        let r = drive::sink(m, &mut conn.ch, joins, prepare, Some(options), env).await?;
         let (totals, held_files) = {
             let names = r.store.tree_entries();
             let with_data = names.iter().filter(|e| e.file_size() > 0).count() as u64;
