@@ -36,6 +36,7 @@ pub mod policy;
 pub mod pool;
 pub mod relay;
 pub mod remote;
+mod roles;
 pub mod server;
 pub mod session;
 

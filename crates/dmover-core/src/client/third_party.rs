@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use dmover_net::join::JoinWait;
-use dmover_net::tcp;
 use dmover_proto::capability::Scope;
 use dmover_proto::control::{Control, ErrorCode, GrantRequest, Op, ThirdParty, TpcMode};
 use dmover_proto::manifest::{Entry, Totals};
@@ -120,8 +119,8 @@ impl Client {
         let ring = Ring::new(cap);
         // Disk threads of each session's own: the push's reads wait for chunks the
         // pull's writes bring.
-        let in_disk = Arc::new(DiskPool::new(2, "dmover-relay-in"));
-        let out_disk = Arc::new(DiskPool::new(2, "dmover-relay-out"));
+        let inwards = self.on_disk(Arc::new(DiskPool::new(2, "dmover-relay-in")));
+        let outwards = self.on_disk(Arc::new(DiskPool::new(2, "dmover-relay-out")));
         // Whatever happens to this attempt, nothing waits on the ring after it (this
         // goes before the disk threads are joined).
         struct Release(Arc<Ring>);
@@ -132,14 +131,12 @@ impl Client {
         }
         let _release = Release(ring.clone());
         let (from, to) = (c.source_server.as_str(), c.dest_server.as_str());
-        // Resumed on both sides or on neither (B's answer is the pull's). With
+        // Both sessions resume or neither does (B's answer is the pull's). With
         // continue-on-error A marks the files it cannot read, and the markers go on to
         // B, which drops those files.
-        let options = self.opts.session_options(resume);
-        let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
         let (tx, rx) = tokio::sync::oneshot::channel::<(Vec<Entry>, u32)>();
         let pulling = async {
-            let mut conn = tokio::select! {
+            let conn = tokio::select! {
                 r = self.connect(from) => r?,
                 _ = run.cancelled() => return Err(Error::Aborted),
             };
@@ -147,9 +144,9 @@ impl Client {
                 self.pull_op(c.sources.clone(), false)?,
                 self.opts.chunk_size,
             );
-            let mut d = conn.dial(open, options);
-            d.limits = self.limits(true);
-            let m = SinkSession::dial(now(), from, timing, Limits::default(), d);
+            let mut p = inwards.prepare(conn, from, open, resume, JoinWait::Answer, &inbound);
+            p.dial.limits = self.limits(true);
+            let m = SinkSession::dial(now(), from, p.timing, Limits::default(), p.dial);
             let (checksum, r, name) = (self.opts.checksum, ring.clone(), from.to_string());
             let prepare: drive::Prepare<RelaySink> = Box::new(move |entries, chunk, _| {
                 r.set_cap(cap.max(2 * chunk as usize));
@@ -157,25 +154,7 @@ impl Client {
                 let _ = tx.send((entries, chunk));
                 Ok(sink)
             });
-            let (fixed, threads) = (self.opts.buffers, in_disk.threads());
-            let buffers = Box::new(move |streams| {
-                fixed.unwrap_or_else(|| session::default_buffers(streams, threads))
-            });
-            let dials = std::mem::take(&mut conn.dials);
-            let joins = self.dialing(from, conn.master, dials, JoinWait::Answer);
-            let env = drive::Env {
-                disk: in_disk.clone(),
-                run: inbound.clone(),
-                buffers,
-                chunk_delay: self.opts.chunk_delay,
-                zerocopy: None,
-                limits: None,
-                receive_budget: self.opts.socket.budget(tcp::Buffer::Receive),
-                send_budget: self.opts.socket.budget(tcp::Buffer::Send),
-                tuned_start: session::TUNED_START,
-                disk_room: None,
-            };
-            drive::sink(m, &mut conn.ch, joins, prepare, Some(options), env).await
+            drive::sink(m, &mut p.ch, p.joins, prepare, Some(p.options), p.env).await
         };
         let pulling = async {
             let r = pulling.await;
@@ -197,7 +176,7 @@ impl Client {
                 run.progress
                     .total_files
                     .store(crate::engine::files_with_data(&entries), Relaxed);
-                let mut conn = tokio::select! {
+                let conn = tokio::select! {
                     r = self.connect(to) => r?,
                     _ = run.cancelled() => return Err(Error::Aborted),
                 };
@@ -208,30 +187,12 @@ impl Client {
                     chunk,
                 );
                 let early = conn.early(resume, open.streams);
-                let mut d = conn.dial(open, options);
-                d.limits = self.limits(false);
-                let mut m = Connection::push_machine(early, to, timing, d);
+                let mut p = outwards.prepare(conn, to, open, resume, JoinWait::Pipelined, &run);
+                p.dial.limits = self.limits(false);
+                let mut m = Connection::push_machine(early, to, p.timing, p.dial);
                 m.push_manifest(&entries);
                 m.end_manifest(totals, drive::chunk_set(source.chunks()));
-                let (fixed, threads) = (self.opts.buffers, out_disk.threads());
-                let buffers = Box::new(move |streams| {
-                    fixed.unwrap_or_else(|| session::default_buffers(streams, threads))
-                });
-                let dials = std::mem::take(&mut conn.dials);
-                let joins = self.dialing(to, conn.master, dials, JoinWait::Pipelined);
-                let env = drive::Env {
-                    disk: out_disk.clone(),
-                    run: run.clone(),
-                    buffers,
-                    chunk_delay: self.opts.chunk_delay,
-                    zerocopy: None,
-                    limits: None,
-                    receive_budget: self.opts.socket.budget(tcp::Buffer::Receive),
-                    send_budget: self.opts.socket.budget(tcp::Buffer::Send),
-                    tuned_start: session::TUNED_START,
-                    disk_room: None,
-                };
-                let r = drive::source(m, &mut conn.ch, joins, source, env).await?;
+                let r = drive::source(m, &mut p.ch, p.joins, source, p.env).await?;
                 // B took every chunk it expected (none, maybe) without a resume
                 // answer: a pull still waiting for one hears that nothing was held.
                 ring.offer_none(&entries);

@@ -8,7 +8,6 @@ use dmover_net::join::JoinWait;
 use dmover_proto::control::{ErrorCode, Op, Prune, PruneReport};
 use dmover_proto::manifest::{Entry, EntryKind, Totals};
 use dmover_store::paths::{self, Base};
-use dmover_store::source::FileSource;
 use dmover_store::walk;
 use tokio::sync::mpsc;
 
@@ -18,6 +17,7 @@ use crate::drive::{self, GrowPart};
 use crate::engine::Run;
 use crate::error::{Error, Result};
 use crate::memtest::{MemTestOptions, MemTestReport};
+use crate::roles::{self, SourcePlan, SourceRole, WalkSpec};
 use crate::session;
 use dmover_proto::session::SourceSession;
 
@@ -175,12 +175,14 @@ impl Client {
         filter
             .set_files_from(b"")
             .map_err(|e| Error::refused(ErrorCode::Unsupported, e))?;
-        let walked = self
-            .disk
-            .run(move || walk::walk_filtered(vec![root], &filter))
-            .await
-            .ok_or(Error::Aborted)??;
-        let tree = walked.tree;
+        let spec = WalkSpec {
+            filter,
+            live: false,
+            meta: None,
+            ask_xattrs: false,
+        };
+        let walk = roles::walk(&self.disk, move || Ok(vec![root]), spec).await?;
+        let tree = &walk.tree;
         if tree.entries().first().map(|e| &e.kind) != Some(&EntryKind::Dir) {
             return Err(Error::refused(
                 ErrorCode::Unsupported,
@@ -195,23 +197,28 @@ impl Client {
             ))
         })?;
         let first = tree.entries().to_vec();
-        let chunk = match self.opts.chunk_size {
-            0 => dmover_proto::layout::DEFAULT_CHUNK,
-            c => c,
+        // The first part is the root alone: an automatic chunk size is the default one
+        // (the files of later parts are not known yet).
+        let chunk = walk.chunk(self.opts.chunk_size);
+        // Parts carry plain files (no links, no sparse list).
+        let plan = SourcePlan {
+            chunk,
+            options: self.source_options(),
+            streamed: false,
+            links: false,
+            report_skipped: false,
         };
-        let mut source = FileSource::new(tree, chunk, self.source_options())?;
+        let mut source = SourceRole::new(walk, plan)?.store;
         source.set_grown_meta(self.opts.meta.xattrs, self.opts.meta.owner);
-        let mut conn = tokio::select! {
+        let conn = tokio::select! {
             r = self.connect(server) => r?,
             _ = run.cancelled() => return Err(Error::Aborted),
         };
         let mut open = self.open_request(Op::Push { dest: parent }, chunk);
-        // Parts carry plain files (no links, no sparse list).
         open.features &= !dmover_proto::session::features::LINKS;
-        let mut d = conn.dial(open, self.opts.session_options(false));
-        d.limits = self.limits(false);
-        let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
-        let m = SourceSession::dial(now(), server, timing, d);
+        let mut p = self.prepare(conn, server, open, false, JoinWait::Pipelined, &run);
+        p.dial.limits = self.limits(false);
+        let m = SourceSession::dial(now(), server, p.timing, p.dial);
         let (tx, rx) = mpsc::unbounded_channel();
         let totals = Totals::of(&first);
         let _ = tx.send(GrowPart {
@@ -225,15 +232,8 @@ impl Client {
             sent: false,
             sparse: Vec::new(),
         });
-        let (fixed, threads) = (self.opts.buffers, self.disk.threads());
-        let buffers = Box::new(move |streams| {
-            fixed.unwrap_or_else(|| session::default_buffers(streams, threads))
-        });
-        let dials = std::mem::take(&mut conn.dials);
-        let joins = self.dialing(server, conn.master, dials, JoinWait::Pipelined);
-        let env = self.env(&run, buffers);
         let task = tokio::spawn(async move {
-            let r = drive::source_growing(m, &mut conn.ch, joins, source, env, Some(rx)).await?;
+            let r = drive::source_growing(m, &mut p.ch, p.joins, source, p.env, Some(rx)).await?;
             let failed = r.store.failed();
             let tree = r.store.tree();
             Ok(Report {

@@ -12,7 +12,6 @@ use dmover_net::ControlStream;
 use dmover_net::control::ControlChannel;
 use dmover_net::join::{self, Dials, JoinWait, LinkMode};
 use dmover_net::pace::Pacer;
-use dmover_net::tcp;
 use dmover_net::tls::TlsConnector;
 use dmover_proto::control::{ErrorCode, FailedFile, Op, Open, PruneReport, Summary};
 use dmover_proto::manifest::{Entry, Totals};
@@ -25,7 +24,7 @@ use crate::diskpool::DiskPool;
 use crate::drive;
 use crate::engine::Run;
 use crate::error::{Error, Result};
-use crate::livewalk;
+use crate::roles;
 use crate::session::{self, HANDSHAKE_TIMEOUT, TransferOptions};
 
 mod connect;
@@ -232,21 +231,13 @@ impl Dialer {
     }
 
     /// The owners and xattrs a push sends (feature `METADATA`), as far as the options
-    /// let them travel; a server without the feature never gets them. Read here, on
-    /// the task (one stat and one listxattr per entry: docs/sync.md).
-    pub(crate) fn read_meta(
-        &self,
-        tree: &dmover_store::tree::Tree,
-    ) -> Vec<dmover_proto::manifest::EntryMeta> {
+    /// let them travel (`None`: none); a server without the feature never gets them.
+    pub(crate) fn meta_want(&self) -> Option<roles::MetaWant> {
         let p = self.opts.meta;
-        if !(p.owner || p.xattrs.user || p.xattrs.acls || p.xattrs.all) {
-            return Vec::new();
-        }
-        let mut meta = dmover_store::meta::read_tree(tree, p.xattrs);
-        if !p.owner {
-            livewalk::without_owners(&mut meta);
-        }
-        meta
+        (p.owner || p.xattrs.user || p.xattrs.acls || p.xattrs.all).then_some(roles::MetaWant {
+            scope: p.xattrs,
+            owners: p.owner,
+        })
     }
 
     /// The `Open` of a session for `op`.
@@ -303,7 +294,8 @@ impl Dialer {
     }
 
     /// A session with `server`, set up to be driven: connected, the first flight for
-    /// `op` ready, the data streams to be joined when asked.
+    /// `op` ready (without hard links: a mount reads each path by its own layout slot,
+    /// and the memory test has none), the data streams to be joined when asked.
     pub(crate) async fn session(
         &self,
         server: &str,
@@ -311,29 +303,44 @@ impl Dialer {
         chunk: u32,
         run: &Arc<Run>,
     ) -> Result<Prepared> {
-        let mut conn = tokio::select! {
+        let conn = tokio::select! {
             r = self.connect(server) => r?,
             _ = run.cancelled() => return Err(Error::Aborted),
         };
-        let options = self.opts.session_options(false);
-        // A mount reads each path by its own layout slot: no hard links (each path of
-        // an inode comes as a file of its own).
         let mut open = self.open_request(op, chunk);
         open.features &= !dmover_proto::session::features::LINKS;
+        Ok(self.prepare(conn, server, open, false, JoinWait::Answer, run))
+    }
+
+    /// The session `open` on `conn` (to `server`), set up to be driven: the first
+    /// flight with the options of an attempt that resumes or not (its limits left to
+    /// the caller), the data streams joined when the machine asks (`wait`: how), and
+    /// the driver's environment with as many buffers as the streams and disk threads
+    /// need (or `--buffers`).
+    pub(crate) fn prepare(
+        &self,
+        mut conn: Connection,
+        server: &str,
+        open: Open,
+        resume: bool,
+        wait: JoinWait,
+        run: &Arc<Run>,
+    ) -> Prepared {
+        let options = self.opts.session_options(resume);
         let dial = conn.dial(open, options);
         let (fixed, threads) = (self.opts.buffers, self.disk.threads());
         let buffers = Box::new(move |streams| {
             fixed.unwrap_or_else(|| session::default_buffers(streams, threads))
         });
         let dials = std::mem::take(&mut conn.dials);
-        Ok(Prepared {
-            joins: self.dialing(server, conn.master, dials, JoinWait::Answer),
+        Prepared {
+            joins: self.dialing(server, conn.master, dials, wait),
             ch: conn.ch,
             dial,
             options,
             timing: drive::timing(self.opts.heartbeat, self.opts.idle_timeout),
             env: self.env(run, buffers),
-        })
+        }
     }
 
     /// A push's source options, from this client's.
@@ -359,28 +366,37 @@ impl Dialer {
         }
     }
 
-    /// What a driver needs of this client for a session.
+    /// What a driver needs of this dialer for a session ([`roles::env`]): the disk
+    /// threads grow with their buffers unless the user pinned them.
     pub(crate) fn env(
         &self,
         run: &Arc<Run>,
         buffers: Box<dyn Fn(u16) -> usize + Send>,
     ) -> drive::Env {
-        drive::Env {
-            disk: self.disk.clone(),
-            run: run.clone(),
+        let env = roles::env(
+            self.disk.clone(),
+            run.clone(),
+            &self.opts.socket,
+            self.opts.chunk_delay,
             buffers,
-            chunk_delay: self.opts.chunk_delay,
-            zerocopy: None,
-            limits: None,
-            receive_budget: self.opts.socket.budget(tcp::Buffer::Receive),
-            send_budget: self.opts.socket.budget(tcp::Buffer::Send),
-            tuned_start: session::TUNED_START,
-            // The buffers grow with the threads unless the user pinned them.
+        );
+        drive::Env {
             disk_room: self
                 .opts
                 .buffers
                 .is_none()
                 .then(|| Box::new(|n| n) as drive::DiskRoom),
+            ..env
+        }
+    }
+
+    /// This dialer on the disk threads `disk` (a relay's sessions have their own).
+    pub(crate) fn on_disk(&self, disk: Arc<DiskPool>) -> Self {
+        Dialer {
+            disk,
+            opts: self.opts.clone(),
+            as_server: self.as_server.clone(),
+            uploads: self.uploads.clone(),
         }
     }
 

@@ -4,11 +4,12 @@
 use std::sync::Arc;
 
 use dmover_net::join::JoinWait;
-use dmover_proto::control::{self, Control, ErrorCode, FailedFile, Op};
-use dmover_proto::manifest::{NO_PARENT, Totals};
+use dmover_proto::control::{self, Control, ErrorCode, FailedFile, Op, Open};
+use dmover_proto::manifest::Totals;
 use dmover_proto::session::{Limits, SinkSession};
 use dmover_store::paths::{self, Base};
-use dmover_store::sink::{FileSink, SinkOptions, prepare_sink};
+use dmover_store::prune::PruneOptions;
+use dmover_store::sink::FileSink;
 use dmover_store::walk;
 
 use super::push::{delete_refusal, merge_pruned, same_content};
@@ -16,9 +17,10 @@ use super::{Dialer, Report, failed_line, mirror_dest, now};
 use crate::drive;
 use crate::engine::Run;
 use crate::error::{Error, Result};
+use crate::roles::{PruneFirst, SinkPlan};
 use crate::session;
 
-/// What [`Client::same_remote_content`] found: the files (paths below the mirror's
+/// What [`Dialer::same_remote_content`] found: the files (paths below the mirror's
 /// root) the destination holds with the source's content.
 #[derive(Debug, Default)]
 pub(crate) struct SameContent {
@@ -181,28 +183,11 @@ impl Dialer {
         same: Option<Arc<std::collections::HashSet<Vec<u8>>>>,
     ) -> Result<Report> {
         // A busy server may keep us waiting: an interrupt ends the wait.
-        let mut conn = tokio::select! {
+        let conn = tokio::select! {
             r = self.connect(server) => r?,
             _ = run.cancelled() => return Err(Error::Aborted),
         };
-        let report_skipped = self.opts.mirror && self.opts.delete;
-        let mut open = self.open_request(
-            self.pull_op(sources.to_vec(), report_skipped)?,
-            self.opts.chunk_size,
-        );
-        // The server may send its manifest in parts, data flowing from the first on,
-        // where nothing here depends on the whole of it: not on a resume or a sync
-        // (the files held are answered for the first part only).
-        // The server may also cut them from its walk while it runs (`WALKING`), hard
-        // links and files with holes in later parts.
-        if !resume && !self.opts.mirror && same.is_none() {
-            open.features |= dmover_proto::session::features::STREAMED
-                | dmover_proto::session::features::WALKING;
-            if self.opts.chunk_size == 0 {
-                // Later parts in chunks of their own size, unless `--chunk` pinned it.
-                open.features |= dmover_proto::session::features::PART_CHUNKS;
-            }
-        }
+        let mut open = self.pull_open(sources, resume, same.is_some())?;
         // Early data (protocol version 8), on the terms of a push's (`push_once`): the
         // data streams join with the first flight, and the server sends from its
         // manifest's end, a round trip before this side's `Go` would have let it.
@@ -210,10 +195,8 @@ impl Dialer {
         if early_id.is_some() {
             open.features |= dmover_proto::session::features::EARLY;
         }
-        let options = self.opts.session_options(resume);
-        let mut d = conn.dial(open, options);
-        d.limits = self.limits(true);
-        let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
+        let mut p = self.prepare(conn, server, open, resume, JoinWait::Answer, &run);
+        p.dial.limits = self.limits(true);
         // The xattr namespaces this pull takes (`--all-xattrs`: every one).
         let limits = Limits {
             xattrs: self.opts.meta.xattrs,
@@ -224,79 +207,99 @@ impl Dialer {
                 tracing::info!(
                     "early data: session {id:016x}'s streams join with the first flight"
                 );
-                SinkSession::dial_early(now(), server, timing, limits, d, id, salt)
+                p.joins.set_session(id, &salt);
+                SinkSession::dial_early(now(), server, p.timing, limits, p.dial, id, salt)
             }
-            None => SinkSession::dial(now(), server, timing, limits, d),
+            None => SinkSession::dial(now(), server, p.timing, limits, p.dial),
         };
-        let (mut dest, base) = (dest.to_vec(), base.clone());
-        let mut rename = None;
-        let mirror_path = dest.clone();
-        let delete = self.opts.mirror && self.opts.delete;
-        let prune_opts = dmover_store::prune::PruneOptions {
+        let (plan, pruned_first) = self.pull_sink(base, dest, same)?;
+        let prepare = plan.prepare();
+        let r = drive::sink(m, &mut p.ch, p.joins, prepare, Some(p.options), p.env).await?;
+        self.pull_report(r, dest, pruned_first).await
+    }
+
+    /// A pull's `Open` of `sources`. The server may send its manifest in parts, data
+    /// flowing from the first on, where nothing here depends on the whole of it: not
+    /// on a resume or a sync (the files held are answered for the first part only),
+    /// nor with `sync --checksum`'s files held (`same`). The server may also cut them
+    /// from its walk while it runs (`WALKING`), hard links and files with holes in
+    /// later parts.
+    fn pull_open(&self, sources: &[Vec<u8>], resume: bool, same: bool) -> Result<Open> {
+        use dmover_proto::session::features::{PART_CHUNKS, STREAMED, WALKING};
+        let report_skipped = self.opts.mirror && self.opts.delete;
+        let op = self.pull_op(sources.to_vec(), report_skipped)?;
+        let mut open = self.open_request(op, self.opts.chunk_size);
+        if !resume && !self.opts.mirror && !same {
+            open.features |= STREAMED | WALKING;
+            if self.opts.chunk_size == 0 {
+                // Later parts in chunks of their own size, unless `--chunk` pinned it.
+                open.features |= PART_CHUNKS;
+            }
+        }
+        Ok(open)
+    }
+
+    /// The sink of a pull into `dest` under `base` (`same`: see [`Dialer::pull_once`]),
+    /// and where `sync --delete` leaves what it deleted before the transfer (entries
+    /// of another kind where the source's go, pruned as the sink is prepared).
+    fn pull_sink(
+        &self,
+        base: &Base,
+        dest: &[u8],
+        same: Option<Arc<std::collections::HashSet<Vec<u8>>>>,
+    ) -> Result<(SinkPlan, Option<PrunedFirst>)> {
+        let o = &self.opts;
+        let mut plan = SinkPlan {
+            base: base.clone(),
+            dest: dest.to_vec(),
+            checksum: o.checksum,
+            direct_io: o.direct_io,
+            meta: o.meta,
+            root_name: None,
+            prune_first: None,
+            same,
+        };
+        if o.mirror {
+            // `dmover sync`: the source becomes `dest` itself, in `dest`'s parent.
+            let (parent, name) = mirror_dest(dest, matches!(base, Base::Local))?;
+            plan.dest = parent;
+            plan.root_name = Some(name);
+        }
+        if !(o.mirror && o.delete) {
+            return Ok((plan, None));
+        }
+        let first = PruneFirst {
+            mirror: dest.to_vec(),
+            options: self.prune_options(),
+            pruned: Arc::default(),
+        };
+        let pruned = first.pruned.clone();
+        plan.prune_first = Some(first);
+        Ok((plan, Some(pruned)))
+    }
+
+    /// How `sync --delete` prunes a pull's mirror: with this client's filters, at most
+    /// `--max-delete` entries, the conflicting ones only (before the transfer).
+    fn prune_options(&self) -> PruneOptions {
+        PruneOptions {
             filter: self.opts.filter.as_deref().cloned().unwrap_or_default(),
             max_delete: self.opts.max_delete,
             dry_run: false,
             conflicts_only: true,
             checksum: false,
-        };
-        // What `--delete` removed before the transfer (entries of another kind where
-        // the source's go), from the preparation (a disk thread).
-        let early: Arc<parking_lot::Mutex<Option<dmover_store::prune::Pruned>>> =
-            Default::default();
-        if self.opts.mirror {
-            // `dmover sync`: the source becomes `dest` itself, in `dest`'s parent.
-            let (parent, name) = mirror_dest(&dest, matches!(base, Base::Local))?;
-            dest = parent;
-            rename = Some(name);
         }
-        let o = &self.opts;
-        let (checksum, direct_io, fsync, verify, journal) =
-            (o.checksum, o.direct_io, o.fsync, o.verify, o.journal);
-        let meta = o.meta;
-        let (pre, early_in, mirror_in) = (prune_opts.clone(), early.clone(), mirror_path.clone());
-        let prepare: drive::Prepare<FileSink> = Box::new(move |mut entries, chunk, so| {
-            if let Some(name) = rename {
-                let mut roots = entries.iter_mut().filter(|e| e.parent == NO_PARENT);
-                if let (Some(root), None) = (roots.next(), roots.next()) {
-                    root.name = name;
-                }
-            }
-            if delete {
-                if let Some((parent, name)) = paths::dest_parent(&base, &mirror_in)? {
-                    let p = dmover_store::prune::prune(&parent, &name, &entries, &pre)?;
-                    *early_in.lock() = Some(p);
-                }
-            }
-            let opts = SinkOptions {
-                checksum,
-                direct_io,
-                fsync,
-                verify: verify && checksum,
-                journal,
-                resume: so.resume,
-                // Files already there with the manifest's size and mtime are
-                // kept (a re-run or `dmover sync` sends only what changed); with
-                // `--checksum`, those whose digests matched instead.
-                unchanged: so.resume && same.is_none(),
-                meta,
-            };
-            let mut sink = prepare_sink(&base, &dest, entries, chunk, opts)?;
-            if let Some(same) = same {
-                sink.hold_same_content(same.as_ref().clone());
-            }
-            Ok(sink)
-        });
-        let (fixed, threads) = (self.opts.buffers, self.disk.threads());
-        let buffers = Box::new(move |streams| {
-            fixed.unwrap_or_else(|| session::default_buffers(streams, threads))
-        });
-        let dials = std::mem::take(&mut conn.dials);
-        let mut joins = self.dialing(server, conn.master, dials, JoinWait::Answer);
-        if let Some((id, salt)) = early_id {
-            joins.set_session(id, &salt);
-        }
-        let env = self.env(&run, buffers);
-        let r = drive::sink(m, &mut conn.ch, joins, prepare, Some(options), env).await?;
+    }
+
+    /// A finished pull's report; with `--delete`, what the mirror `mirror` holds that
+    /// the source does not is deleted now (every file is verified and under its final
+    /// name: our own `Done`), unless the source's listing was incomplete.
+    /// `pruned_first`: what `--delete` deleted before the transfer.
+    async fn pull_report(
+        &self,
+        r: drive::SinkRun<FileSink>,
+        mirror: &[u8],
+        pruned_first: Option<PrunedFirst>,
+    ) -> Result<Report> {
         let (totals, held_files) = {
             let names = r.store.tree_entries();
             let with_data = names.iter().filter(|e| e.file_size() > 0).count() as u64;
@@ -317,23 +320,24 @@ impl Dialer {
             .sum();
         let mut pruned = None;
         let mut delete_refused = None;
-        if delete {
-            pruned = early.lock().take().map(session::prune_report);
+        if let Some(first) = pruned_first {
+            pruned = first.lock().take().map(session::prune_report);
             delete_refused = delete_refusal(skipped, failed.len());
             if delete_refused.is_none() {
-                // Every file is verified and under its final name (our own `Done`).
                 let entries = r.store.tree_entries().to_vec();
-                let opts = dmover_store::prune::PruneOptions {
+                let opts = PruneOptions {
                     conflicts_only: false,
-                    max_delete: prune_opts
+                    max_delete: self
+                        .opts
                         .max_delete
                         .map(|m| m.saturating_sub(pruned.as_ref().map_or(0, |p| p.deleted))),
-                    ..prune_opts
+                    ..self.prune_options()
                 };
+                let mirror = mirror.to_vec();
                 let after = self
                     .disk
                     .run(move || {
-                        let Some((parent, name)) = paths::dest_parent(&Base::Local, &mirror_path)?
+                        let Some((parent, name)) = paths::dest_parent(&Base::Local, &mirror)?
                         else {
                             return Ok(dmover_store::prune::Pruned::default());
                         };
@@ -370,3 +374,6 @@ impl Dialer {
         })
     }
 }
+
+/// What `sync --delete` deleted before a pull's transfer, once its sink is prepared.
+type PrunedFirst = Arc<parking_lot::Mutex<Option<dmover_store::prune::Pruned>>>;

@@ -5,21 +5,18 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use dmover_proto::control::{Op, Prune, PruneReport};
+use dmover_net::join::JoinWait;
+use dmover_proto::control::{Op, Open, Prune, PruneReport};
 use dmover_proto::manifest::{Entry, Totals};
-use dmover_store::Source;
 use dmover_store::paths;
 use dmover_store::source::FileSource;
-use dmover_store::walk;
-use tokio::sync::mpsc;
 
 use super::{Connection, Dialer, Report, Root, failed_line, mirror_dest};
 use crate::drive;
 use crate::engine::Run;
 use crate::error::{Error, Result};
 use crate::livewalk;
-use crate::session;
-use dmover_net::join::JoinWait;
+use crate::roles::{self, Feed, SourcePlan, SourceRole, SourceWalk, WalkSpec};
 
 /// How long a connection set up while a push's walk runs may wait to be used: a walk
 /// (and metadata read) that takes longer connects again once done (the server drops
@@ -147,6 +144,7 @@ impl Dialer {
         }
     }
 
+    /// One attempt of a push of `roots` into `dest` on `server`.
     pub(crate) async fn push_once(
         &self,
         roots: &[Root],
@@ -160,165 +158,67 @@ impl Dialer {
             .map(|(base, p, name)| paths::source_root(base, p, name))
             .collect::<dmover_store::Result<Vec<_>>>()?;
         let mirror_path = dest;
-        let mut dest = dest;
-        let mirror;
+        let mut dest = dest.to_vec();
         if self.opts.mirror {
             // `dmover sync`: the source becomes `dest` itself, in `dest`'s parent.
-            let (parent, name) = mirror_dest(dest, false)?;
+            let (parent, name) = mirror_dest(&dest, false)?;
             if let [root] = roots.as_mut_slice() {
                 root.name = name;
             }
-            mirror = parent;
-            dest = &mirror;
+            dest = parent;
         }
-        let filter = self.opts.filter.clone().unwrap_or_default();
         let delete = self.opts.mirror && self.opts.delete;
         let compare = self.opts.mirror && self.opts.compare_content;
-        // The connection (TCP, TLS, the data connections dialed ahead) is set up while
-        // the tree is walked: on a long link that is two round trips off every push, and
-        // off a re-run that sends nothing even more in proportion. Not with `--delete`
-        // or `--checksum`, whose prune request comes between the walk and the session.
-        // Whether the files have extended attributes is asked by the walk's threads,
-        // beside their `stat`, when the metadata read after the walk would ask it.
-        //
-        // A fresh push's walk runs live (feature WALKING, docs/protocol.md "Live walk"):
-        // a large tree's manifest goes in parts as the walk finds them, the data from
-        // the first part on, instead of after the whole walk. Not on a resume, a sync
-        // or with `--checksum`, where the server answers for what it holds of the
-        // first part only.
-        let live = !(delete || compare || resume || self.opts.mirror);
-        let x = self.opts.meta.xattrs;
-        let ask = x.user || x.acls || x.all;
-        // A live walk's first part: its later parts' channel, every entry walked when
-        // it was cut (for the choices that depend on the files' sizes) and its
-        // entries' metadata, read by the walk.
-        let mut walk_rest: Option<(mpsc::UnboundedReceiver<livewalk::Walk>, Vec<Entry>)> = None;
-        let mut walked_meta = None;
-        let (walked, mut early) = if live {
-            let scope = (self.opts.meta.owner || ask).then_some(x);
-            let mut rx = livewalk::start(move || Ok(roots), (*filter).clone(), scope)?;
-            let starting = async move {
-                match rx.recv().await {
-                    Some(livewalk::Walk::Start(s)) => Some(Ok((s, rx))),
-                    Some(livewalk::Walk::Failed(e)) => Some(Err(e)),
-                    Some(livewalk::Walk::Part(_)) | None => None,
-                }
-            };
-            let (started, early) = self.walk_connected(starting, server, &run).await?;
-            let walked = started.map(|r| {
-                r.map(|(s, rx)| match s {
-                    walk::Start::Whole(w, meta) => {
-                        walked_meta = Some(meta);
-                        w
-                    }
-                    walk::Start::First(w, meta, so_far) => {
-                        walked_meta = Some(meta);
-                        walk_rest = Some((rx, so_far));
-                        w
-                    }
-                })
-            });
-            (walked, early)
-        } else {
-            let walking = self.disk.run(move || walk::walk_with(roots, &filter, ask));
-            if delete || compare {
-                (walking.await, None)
-            } else {
-                self.walk_connected(walking, server, &run).await?
-            }
+        let (walk, mut early) = self.walk_push(roots, server, resume, &run).await?;
+        if walk.filtered > 0 {
+            tracing::info!("the filters left out {} entries", walk.filtered);
+        }
+        let walked = Walked {
+            skipped: walk.skipped,
+            totals: Totals::of(walk.tree.entries()),
         };
-        let walked = walked.ok_or(Error::Aborted)??;
-        if walked.filtered > 0 {
-            tracing::info!("the filters left out {} entries", walked.filtered);
-        }
-        let skipped = walked.skipped;
-        let mut tree = walked.tree;
-        let full_totals = Totals::of(tree.entries());
-        // `--delete`: entries of another kind where the source's go (a directory where
-        // a file comes, or the reverse) must go first; the rest once all is in place.
-        // `--checksum`: the destination's digests of its files of the right size.
-        let mut pruned = None;
-        let mut full = None;
-        let (mut same_files, mut same_bytes) = (0u64, 0u64);
-        if delete || compare {
-            let req = Prune {
-                dry_run: !delete,
-                conflicts_only: true,
-                checksum: compare,
-                ..self.prune_request(mirror_path, self.opts.max_delete)
-            };
-            let mut r = self.prune_remote(server, tree.entries(), req).await?;
-            let digests = std::mem::take(&mut r.digests);
-            if delete {
-                pruned = Some(r);
-                full = Some(tree.entries().to_vec());
-            }
-            if !digests.is_empty() {
-                let (t, same) = self
-                    .disk
-                    .run(move || same_content(tree, &digests))
-                    .await
-                    .ok_or(Error::Aborted)?;
-                tree = t;
-                for &i in &same {
-                    same_files += 1;
-                    same_bytes += tree.entries()[i as usize].file_size();
-                }
-                if !same.is_empty() {
-                    tracing::info!("{same_files} files hold the same content at the destination");
-                    tree = tree.without(&same);
-                }
-            }
-        }
+        let (mut walk, before) = match delete || compare {
+            true => self.sync_before(server, mirror_path, walk).await?,
+            false => (walk, SyncBefore::default()),
+        };
         // The round trip is the connection's made during the walk, when there is one.
         let rtt = early.as_ref().and_then(|(c, _)| c.rtt());
-        // What the choices that depend on the files' sizes see: the whole walk, or
-        // what a live walk had walked when it cut its first part.
-        let sized = walk_rest
-            .as_ref()
-            .map_or(tree.entries(), |(_, e)| e.as_slice());
-        let chunk = match self.opts.chunk_size {
-            0 => session::auto_chunk_on(sized, walk_rest.is_none()),
-            c => c,
-        };
-        let tuned_start = session::tuned_start(sized, rtt);
-        if let Some((_, so_far)) = &walk_rest {
+        let chunk = walk.chunk(self.opts.chunk_size);
+        let tuned_start = walk.tuned_start(rtt);
+        if walk.goes_on() {
             tracing::debug!(
                 "the walk goes on: its first part of {} entries goes with {} walked",
-                tree.entries().len(),
-                so_far.len()
+                walk.tree.entries().len(),
+                walk.sized().len()
             );
         }
-        let totals = Totals::of(tree.entries());
-        run.progress.total.store(totals.bytes, Relaxed);
-        let files = crate::engine::files_with_data(tree.entries());
-        run.progress.total_files.store(files, Relaxed);
-        run.progress.set_manifest(tree.entries());
-        let deep = session::mostly_aligned(sized);
+        let progress = &run.progress;
+        let entries = walk.tree.entries();
+        progress.total.store(Totals::of(entries).bytes, Relaxed);
+        progress
+            .total_files
+            .store(crate::engine::files_with_data(entries), Relaxed);
+        progress.set_manifest(entries);
+        let (fixed, threads) = (self.opts.buffers, self.disk.threads());
+        let want = walk.buffers(chunk, threads);
+        let buffers = Box::new(move |streams| fixed.unwrap_or_else(|| want(streams)));
         // Before connecting, as the walk: no connection idles while it is read (a
         // live walk read it with the entries).
-        let meta = match walked_meta {
-            Some(mut meta) => {
-                if !self.opts.meta.owner {
-                    livewalk::without_owners(&mut meta);
-                }
-                meta
-            }
-            None => self.read_meta(&tree),
-        };
+        let meta = walk.meta(self.meta_want());
         // A large tree's manifest in parts (feature STREAMED), the first in the first
         // flight and the data from it on, where nothing at the server depends on the
         // whole: not on a resume or a sync (the files it holds are answered for the
         // first part only), nor with `--checksum`.
-        let streamed = if resume || compare || self.opts.mirror || walk_rest.is_some() {
-            None
-        } else {
-            session::manifest_parts(tree.entries().len())
-                .and_then(|ends| tree.split_off(ends[0]).map(|rest| (rest, ends)))
+        let plan = SourcePlan {
+            chunk,
+            options: self.source_options(),
+            streamed: !(resume || compare || self.opts.mirror),
+            links: true,
+            report_skipped: false,
         };
-        let source = FileSource::new(tree, chunk, self.source_options())?;
+        let role = SourceRole::new(walk, plan)?;
         // A busy server may keep us waiting: an interrupt ends the wait.
-        let mut conn = match early.take() {
+        let conn = match early.take() {
             // Made while the walk ran, and not waiting too long since.
             Some((c, at)) if at.elapsed() < EARLY_CONNECTION_FRESH => c,
             _ => tokio::select! {
@@ -326,106 +226,191 @@ impl Dialer {
                 _ = run.cancelled() => return Err(Error::Aborted),
             },
         };
-        // The options and the whole manifest follow the first flight at once: the
-        // server reads them once it has opened the session (with the chunk size we
-        // asked for; a server never changes a push's).
-        let mut open = self.open_request(
-            Op::Push {
-                dest: dest.to_vec(),
-            },
-            chunk,
-        );
-        if streamed.is_some() {
-            open.features |= dmover_proto::session::features::STREAMED;
-        }
-        if walk_rest.is_some() {
-            // Its later parts may hold hard links and holes, if `Session` grants it.
-            open.features |= dmover_proto::session::features::STREAMED
-                | dmover_proto::session::features::WALKING;
-        }
-        if (streamed.is_some() || walk_rest.is_some()) && self.opts.chunk_size == 0 {
-            // Later parts in chunks of their own size, if `Session` grants it (not
-            // when `--chunk` pinned the size).
-            open.features |= dmover_proto::session::features::PART_CHUNKS;
-        }
+        let open = self.push_open(dest, chunk, &role);
         // `--checksum`: the manifest holds only files whose content differs (or that
         // the destination lacks), and the quick check (same size and mtime: held)
         // must not skip them, so the session does not resume (a retry sends the
         // reduced manifest again whole).
         let resume = resume && !compare;
-        let open_features = open.features;
         let early = conn.early(resume, open.streams);
-        let mut d = conn.dial(open, self.opts.session_options(resume));
-        d.limits = self.limits(false);
-        let timing = drive::timing(self.opts.heartbeat, self.opts.idle_timeout);
-        let mut m = Connection::push_machine(early, server, timing, d);
-        // The whole manifest, or a streamed one's first part.
-        m.push_manifest(source.tree().entries());
-        let mut growth = None;
-        let mut walk_ended = None;
-        match streamed {
-            None if walk_rest.is_some() => {
-                // A live walk: its first part in the first flight, the others as the
-                // walk finds them (their `Grow` once `Session` came).
-                let (rest, _) = walk_rest.take().expect("checked");
-                let (tell, ended) = tokio::sync::oneshot::channel();
-                walk_ended = Some(ended);
-                let onward = livewalk::Onward {
-                    walk: rest,
-                    run: run.clone(),
-                    peer: server.to_string(),
-                    owners: self.opts.meta.owner,
-                    ended: Some(tell),
-                };
-                let rx = livewalk::parts(&source, meta, true, onward);
-                growth = Some(rx);
-            }
-            None => {
-                if open_features & dmover_proto::session::features::LINKS != 0 {
-                    m.sparse_files(source.tree().sparse());
-                }
-                m.push_meta(meta);
-                m.end_manifest(totals, drive::chunk_set(source.chunks()));
-            }
-            Some((rest, ends)) => {
-                let first = source.tree().entries().to_vec();
-                let mut parts =
-                    drive::streamed_parts(first, source.layout().n_chunks(), rest, &ends, meta);
-                // Its entries are in the first flight, and its `Grow` behind them
-                // (the server takes parts: STREAMED is offered, and granted).
-                parts[0].sent = true;
-                let (tx, rx) = mpsc::unbounded_channel();
-                for p in parts {
-                    let _ = tx.send(p);
-                }
-                growth = Some(rx);
-            }
-        }
-        let (fixed, threads) = (self.opts.buffers, self.disk.threads());
-        let buffers = Box::new(move |streams| {
-            fixed.unwrap_or_else(|| session::deep_buffers(deep, chunk, streams, threads))
-        });
-        let dials = std::mem::take(&mut conn.dials);
-        // The first chunks follow the joins' proofs without waiting for the answers
-        // (checked by each stream before anything it receives).
-        let joins = self.dialing(server, conn.master, dials, JoinWait::Pipelined);
+        let mut p = self.prepare(conn, server, open, resume, JoinWait::Pipelined, &run);
+        p.dial.limits = self.limits(false);
+        let mut m = Connection::push_machine(early, server, p.timing, p.dial);
+        let (tell, walk_ended) = match role.live() {
+            true => Some(tokio::sync::oneshot::channel()).unzip(),
+            false => (None, None),
+        };
+        let feed = Feed {
+            first_flight: true,
+            run: run.clone(),
+            peer: server.to_string(),
+            owners: self.opts.meta.owner,
+            ended: tell,
+        };
+        let (source, growth) = role.queue(&mut m, meta, feed);
         let env = drive::Env {
             tuned_start,
-            ..self.env(&run, buffers)
+            buffers,
+            ..p.env
         };
-        let r = drive::source_growing(m, &mut conn.ch, joins, source, env, growth).await?;
-        let (mut skipped, mut full_totals) = (skipped, full_totals);
+        // The first chunks follow the joins' proofs without waiting for the answers
+        // (checked by each stream before anything it receives).
+        let r = drive::source_growing(m, &mut p.ch, p.joins, source, env, growth).await?;
+        let after = AfterPush {
+            walked,
+            before,
+            walk_ended,
+            delete,
+        };
+        self.push_report(server, mirror_path, r, after).await
+    }
+
+    /// A push's `Open` of `role` into `dest`, in `chunk`-byte chunks. The options and
+    /// the whole manifest follow the first flight at once: the server reads them once
+    /// it has opened the session (with the chunk size we asked for; a server never
+    /// changes a push's).
+    fn push_open(&self, dest: Vec<u8>, chunk: u32, role: &SourceRole) -> Open {
+        use dmover_proto::session::features::{PART_CHUNKS, STREAMED, WALKING};
+        let mut open = self.open_request(Op::Push { dest }, chunk);
+        if role.streamed() {
+            open.features |= STREAMED;
+        }
+        if role.live() {
+            // Its later parts may hold hard links and holes, if `Session` grants it.
+            open.features |= STREAMED | WALKING;
+        }
+        if (role.streamed() || role.live()) && self.opts.chunk_size == 0 {
+            // Later parts in chunks of their own size, if `Session` grants it (not
+            // when `--chunk` pinned the size).
+            open.features |= PART_CHUNKS;
+        }
+        open
+    }
+
+    /// A push's walk of `roots`, with the connection to `server` made meanwhile when
+    /// there is nothing to do between the two.
+    ///
+    /// The connection (TCP, TLS, the data connections dialed ahead) is set up while
+    /// the tree is walked: on a long link that is two round trips off every push, and
+    /// off a re-run that sends nothing even more in proportion. Not with `--delete` or
+    /// `--checksum`, whose prune request comes between the walk and the session.
+    /// Whether the files have extended attributes is asked by the walk's threads,
+    /// beside their `stat`, when the metadata read after the walk would ask it.
+    ///
+    /// A fresh push's walk runs live (feature WALKING, docs/protocol.md "Live walk"):
+    /// a large tree's manifest goes in parts as the walk finds them, the data from the
+    /// first part on, instead of after the whole walk. Not on a resume, a sync or with
+    /// `--checksum`, where the server answers for what it holds of the first part
+    /// only.
+    async fn walk_push(
+        &self,
+        roots: Vec<paths::SourceRoot>,
+        server: &str,
+        resume: bool,
+        run: &Run,
+    ) -> Result<(SourceWalk, Option<(Connection, tokio::time::Instant)>)> {
+        let o = &self.opts;
+        let sync_first = o.mirror && (o.delete || o.compare_content);
+        let want = self.meta_want();
+        let spec = WalkSpec {
+            filter: o.filter.as_deref().cloned().unwrap_or_default(),
+            live: !(sync_first || resume || o.mirror),
+            meta: want.map(|w| w.scope),
+            ask_xattrs: want.is_some_and(|w| w.scope.user || w.scope.acls || w.scope.all),
+        };
+        let walking = roles::walk(&self.disk, move || Ok(roots), spec);
+        match sync_first {
+            true => Ok((walking.await?, None)),
+            false => self.walk_connected(walking, server, run).await,
+        }
+    }
+
+    /// `sync --delete` and `--checksum` before a push's session, with the walk's
+    /// manifest: entries of another kind where the source's go (a directory where a
+    /// file comes, or the reverse) are deleted first, the rest once all is in place;
+    /// the destination's digests of its files of the right size leave out of the
+    /// manifest those it holds with the same content.
+    async fn sync_before(
+        &self,
+        server: &str,
+        mirror: &[u8],
+        mut walk: SourceWalk,
+    ) -> Result<(SourceWalk, SyncBefore)> {
+        let delete = self.opts.delete;
+        let compare = self.opts.compare_content;
+        let mut before = SyncBefore::default();
+        let req = Prune {
+            dry_run: !delete,
+            conflicts_only: true,
+            checksum: compare,
+            ..self.prune_request(mirror, self.opts.max_delete)
+        };
+        let mut r = self.prune_remote(server, walk.tree.entries(), req).await?;
+        let digests = std::mem::take(&mut r.digests);
+        if delete {
+            before.pruned = Some(r);
+            before.full = Some(walk.tree.entries().to_vec());
+        }
+        if digests.is_empty() {
+            return Ok((walk, before));
+        }
+        let tree = walk.tree;
+        let (tree, same) = self
+            .disk
+            .run(move || same_content(tree, &digests))
+            .await
+            .ok_or(Error::Aborted)?;
+        for &i in &same {
+            before.same_files += 1;
+            before.same_bytes += tree.entries()[i as usize].file_size();
+        }
+        walk.tree = tree;
+        if !same.is_empty() {
+            tracing::info!(
+                "{} files hold the same content at the destination",
+                before.same_files
+            );
+            walk.tree = walk.tree.without(&same);
+        }
+        Ok((walk, before))
+    }
+
+    /// A finished push's report; with `--delete`, what the destination holds that the
+    /// source does not is deleted now (every file is verified and under its final
+    /// name: the sink's `Done`), unless the source's listing was incomplete.
+    async fn push_report(
+        &self,
+        server: &str,
+        mirror: &[u8],
+        r: drive::SourceRun<FileSource>,
+        after: AfterPush,
+    ) -> Result<Report> {
+        let AfterPush {
+            walked: Walked {
+                mut skipped,
+                mut totals,
+            },
+            before,
+            walk_ended,
+            delete,
+        } = after;
         if let Some(mut ended) = walk_ended {
-            // A live walk: what it left out came with its last part, and the
-            // totals are those of every part.
+            // A live walk: what it left out came with its last part, and the totals
+            // are those of every part.
             let e = ended.try_recv().unwrap_or_default();
             if e.filtered > 0 {
                 tracing::info!("the filters left out {} entries", e.filtered);
             }
             skipped = e.skipped;
-            full_totals = Totals::of(r.store.tree().entries());
+            totals = Totals::of(r.store.tree().entries());
         }
         let failed = r.store.failed();
+        let SyncBefore {
+            mut pruned,
+            full,
+            same_files,
+            same_bytes,
+        } = before;
         // The lines naming the failed files, and with `--delete` what the mirror must
         // hold: every entry walked (also those `--checksum` found there already).
         let (failed_lines, listed) = {
@@ -445,19 +430,18 @@ impl Dialer {
         if delete {
             delete_refused = delete_refusal(skipped, failed.len());
             if delete_refused.is_none() {
-                // Every file is verified and under its final name (the sink's `Done`).
                 let max = self
                     .opts
                     .max_delete
                     .map(|m| m.saturating_sub(pruned.as_ref().map_or(0, |p| p.deleted)));
-                let req = self.prune_request(mirror_path, max);
+                let req = self.prune_request(mirror, max);
                 let after = self.prune_remote(server, &listed, req).await?;
                 merge_pruned(pruned.get_or_insert_with(Default::default), after);
             }
         }
         Ok(Report {
             summary: r.summary,
-            totals: full_totals,
+            totals,
             streams: r.info.streams,
             chunk_size: r.info.chunk_size,
             chunk_sizes: r.store.layout().chunk_sizes(),
@@ -480,35 +464,30 @@ impl Dialer {
     /// The caller drops a connection that has waited longer than
     /// [`EARLY_CONNECTION_FRESH`] when it comes to use it (and connects again), well
     /// before the server gives up on a connection that does not open its session
-    /// ([`HANDSHAKE_TIMEOUT`](crate::session::HANDSHAKE_TIMEOUT)). A failed walk is returned without a connection; a
-    /// failed connection is the error, as it would have been after the walk.
-    pub(crate) async fn walk_connected<F, T>(
+    /// ([`HANDSHAKE_TIMEOUT`](crate::session::HANDSHAKE_TIMEOUT)). A failed walk is
+    /// its error, the connection dropped; a failed connection is the error, as it
+    /// would have been after the walk.
+    async fn walk_connected<F, T>(
         &self,
         walking: F,
         server: &str,
         run: &Run,
-    ) -> Result<(
-        Option<dmover_store::Result<T>>,
-        Option<(Connection, tokio::time::Instant)>,
-    )>
+    ) -> Result<(T, Option<(Connection, tokio::time::Instant)>)>
     where
-        F: std::future::Future<Output = Option<dmover_store::Result<T>>>,
+        F: std::future::Future<Output = Result<T>>,
     {
         let connecting = self.connect(server);
         tokio::pin!(walking, connecting);
         let mut early = None;
         let walked = loop {
             tokio::select! {
-                w = &mut walking => break w,
+                w = &mut walking => break w?,
                 c = &mut connecting, if early.is_none() => {
                     early = Some(c.map(|c| (c, tokio::time::Instant::now())));
                 }
                 _ = run.cancelled() => return Err(Error::Aborted),
             }
         };
-        if !matches!(walked, Some(Ok(_))) {
-            return Ok((walked, None));
-        }
         let conn = match early {
             Some(Ok(c)) => c,
             Some(Err(e)) => return Err(e),
@@ -517,7 +496,39 @@ impl Dialer {
                 _ = run.cancelled() => return Err(Error::Aborted),
             },
         };
-        let conn = Some(conn);
-        Ok((walked, conn))
+        Ok((walked, Some(conn)))
     }
+}
+
+/// What a push's walk found, as its report gives it (a live walk's is replaced by
+/// what it found by its end).
+struct Walked {
+    /// Entries the walk skipped.
+    skipped: u64,
+    /// The whole walk's totals (before `--checksum` left files out).
+    totals: Totals,
+}
+
+/// What `sync --delete` and `--checksum` did before a push's session
+/// ([`Dialer::sync_before`]).
+#[derive(Default)]
+struct SyncBefore {
+    /// What was deleted (`--delete`).
+    pruned: Option<PruneReport>,
+    /// The whole walk's manifest, which the mirror holds once the push is done
+    /// (`--delete`).
+    full: Option<Vec<Entry>>,
+    /// Files (and their bytes) the destination holds with the same content.
+    same_files: u64,
+    same_bytes: u64,
+}
+
+/// What a push's report needs besides the run ([`Dialer::push_report`]).
+struct AfterPush {
+    walked: Walked,
+    before: SyncBefore,
+    /// A live walk tells what it left out by its end.
+    walk_ended: Option<tokio::sync::oneshot::Receiver<livewalk::Ended>>,
+    /// `sync --delete`.
+    delete: bool,
 }
