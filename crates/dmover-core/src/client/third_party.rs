@@ -228,33 +228,7 @@ impl Client {
                 });
             }
         };
-        Ok(Report {
-            summary: sent.summary,
-            totals: Totals::of(&entries),
-            streams: sent.info.streams,
-            chunk_size: sent.info.chunk_size,
-            chunk_sizes: sent.store.layout().chunk_sizes(),
-            skipped: 0,
-            held_bytes: crate::drive::SourceStore::held_bytes(&*sent.store),
-            held_files: sent.store.held_files(),
-            bytes_sent: 0,
-            chunks_resent: sent.stats.chunks_resent + pulled.report.chunks_resent,
-            streams_lost: sent.stats.streams_lost + pulled.report.streams_lost,
-            attempts: 1,
-            // A's account of the files it could not read.
-            failed: pulled
-                .report
-                .failed
-                .into_iter()
-                .map(|f| failed_line(&entries, f))
-                .collect(),
-            pruned: None,
-            delete_refused: None,
-            relayed: Some(Relayed {
-                bytes_received: 0,
-                peak_buffered: ring.peak() as u64,
-            }),
-        })
+        Ok(relay_report(sent, pulled, &entries, ring.peak() as u64))
     }
 
     /// The fingerprint of `server`'s key (checked against this client's trust).
@@ -360,5 +334,43 @@ impl Client {
                 },
             }
         }
+    }
+}
+
+/// A relay's report: what B did and A could not read, from the push to B (`sent`)
+/// and the pull from A (`pulled`) of `entries`; `peak`: the most bytes of chunks the
+/// ring held at once.
+fn relay_report(
+    sent: drive::SourceRun<crate::relay::RelaySource>,
+    pulled: drive::SinkRun<crate::relay::RelaySink>,
+    entries: &[Entry],
+    peak: u64,
+) -> Report {
+    Report {
+        summary: sent.summary,
+        totals: Totals::of(entries),
+        streams: sent.info.streams,
+        chunk_size: sent.info.chunk_size,
+        chunk_sizes: sent.store.layout().chunk_sizes(),
+        skipped: 0,
+        held_bytes: crate::drive::SourceStore::held_bytes(&*sent.store),
+        held_files: sent.store.held_files(),
+        bytes_sent: 0,
+        chunks_resent: sent.stats.chunks_resent + pulled.report.chunks_resent,
+        streams_lost: sent.stats.streams_lost + pulled.report.streams_lost,
+        attempts: 1,
+        // A's account of the files it could not read.
+        failed: pulled
+            .report
+            .failed
+            .into_iter()
+            .map(|f| failed_line(entries, f))
+            .collect(),
+        pruned: None,
+        delete_refused: None,
+        relayed: Some(Relayed {
+            bytes_received: 0,
+            peak_buffered: peak,
+        }),
     }
 }
