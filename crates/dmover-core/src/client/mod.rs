@@ -2,9 +2,9 @@
 //!
 //! A [`Client`] is a [`Dialer`] (the dialing side of sessions, shared with a server
 //! that dials another for a third-party copy) with the client's own jobs: transfers
-//! (push, pull, a growing push, `sync --dry-run`, the memory test: [`transfers`]),
-//! copies between two servers, steered or relayed ([`third_party`]), and operations
-//! on a server's files (remove, rename, a directory's mtime: [`files`]).
+//! (push, pull, a growing push, `sync --dry-run`, the memory test: `transfers.rs`),
+//! copies between two servers, steered or relayed (`third_party.rs`), and operations
+//! on a server's files (remove, rename, a directory's mtime: `files.rs`).
 
 use std::sync::Arc;
 

@@ -3,7 +3,7 @@
 //! a pull's source walked (so that an automatic chunk size fits the dataset and a bad
 //! path is refused before any session exists), then its place, its data streams' slot
 //! in the join listener, its buffers within the memory budget, its limits, and the
-//! driver's environment ([`Admitted`]). What runs it is [`super::run`].
+//! driver's environment ([`Admitted`]). What runs it is `server/run.rs`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
