@@ -1493,7 +1493,7 @@ where
             }
             SrcIn::Written { stream, chunk } => {
                 if let Some((_, src, _)) = &self.live {
-                    crate::monitor::count_files(&self.env.run.progress, &src.layout(), chunk);
+                    self.env.run.progress.count_files(&src.layout(), chunk);
                 }
                 self.m.chunk_written(now(), stream, chunk)
             }
@@ -2739,7 +2739,7 @@ where
                 result: Ok(()),
             } => {
                 if let Some((_, sink, _)) = &self.live {
-                    crate::monitor::count_files(&self.env.run.progress, &sink.layout(), chunk);
+                    self.env.run.progress.count_files(&sink.layout(), chunk);
                 }
                 self.m.chunk_written(now(), chunk);
                 if let Some(n) = &self.news {

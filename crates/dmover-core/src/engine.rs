@@ -281,6 +281,23 @@ impl Progress {
         self.extend_manifest(entries);
     }
 
+    /// Counts the files chunk `k` of `layout` completes (those whose last piece it
+    /// carries) into `files`: called once per chunk written (a receiver) or sent (a
+    /// sender).
+    pub fn count_files(&self, layout: &dmover_proto::layout::Layout, k: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut n = 0;
+        for piece in layout.pieces(k).filter(|piece| piece.last) {
+            n += 1;
+            if let Some(f) = layout.files().get(piece.file as usize) {
+                self.file_done(f.entry);
+            }
+        }
+        if n > 0 {
+            self.files.fetch_add(n, Relaxed);
+        }
+    }
+
     /// Notes that the file of manifest entry `entry` is done (its last byte crossed
     /// the data streams), when files are named.
     pub fn file_done(&self, entry: u32) {

@@ -180,7 +180,7 @@ impl Error {
     /// The server could not take the session yet and said so after authentication
     /// (its user's session limit, its memory budget, its session places): a client
     /// comes back within its `busy_wait` without counting a retry. A busy answer
-    /// before TLS is handled where it is read ([`crate::client`]'s connect), and a
+    /// before TLS is handled where it is read ([`crate::dialer`]'s connect), and a
     /// permanent refusal (credentials, a read-only export) has another code.
     pub fn server_busy(&self) -> bool {
         matches!(

@@ -13,6 +13,8 @@
 //!   destination, options), run it ([`Transfer::run`]), hear its [`Event`]s, get its
 //!   report; cancel it from anywhere. `dmover cp` and `dmover sync` run through it.
 //! - [`client::Client`] pushes or pulls; [`server::Server`] serves many clients at once.
+//! - [`dialer`]: the dialing side of a session, the client's and a server's that dials
+//!   another for a third-party copy.
 //! - [`access`]: exports, users, credentials and the server's configuration file.
 //! - [`memtest`]: the memory-to-memory network test (`dmover bench net`).
 //! - [`monitor`]: the server's live sessions and counters (`dmover serve --metrics`).
@@ -23,6 +25,7 @@
 
 pub mod access;
 pub mod client;
+pub mod dialer;
 pub mod diskpool;
 pub mod disktune;
 pub mod drive;
@@ -35,6 +38,7 @@ pub mod policy;
 pub mod pool;
 pub mod relay;
 pub mod remote;
+mod roles;
 pub mod server;
 pub mod session;
 pub mod transfer;

@@ -25,7 +25,7 @@ use dmover_proto::session::{Limits, SinkSession, SourceSession, features};
 use dmover_store::{ChunkRead, Sink, Source};
 use tokio::sync::mpsc;
 
-use crate::client::Client;
+use crate::dialer::Dialer;
 use crate::drive::{self, GrowPart, SinkStore, SourceStore, ZeroCopyUse};
 use crate::engine::{Progress, Run};
 use crate::error::{Error, Result};
@@ -472,98 +472,96 @@ pub(crate) fn check_features(features: u64) -> Result<()> {
     Ok(())
 }
 
-impl Client {
-    /// Runs a memory-to-memory test against `server` (`host:port`) with this client's
-    /// streams, chunk size (0: [`DEFAULT_CHUNK`]), checksum setting and socket options.
-    pub async fn memtest(
-        &self,
-        server: &str,
-        t: &MemTestOptions,
-        run: Arc<Run>,
-    ) -> Result<MemTestReport> {
-        let chunk = match self.opts.chunk_size {
-            0 => DEFAULT_CHUNK,
-            c => c,
-        };
-        let millis = t.duration.as_millis().min(u128::from(MAX_MILLIS)) as u32;
-        let op = Op::MemTest(MemTest {
-            direction: t.direction,
-            millis,
-            zerocopy: t.zerocopy,
-            congestion: t.congestion.clone().unwrap_or_default(),
-        });
-        let mut s = self.memtest_session(server, op, chunk, &run).await?;
-        let checksum = self.opts.checksum;
-        let (bytes, frames, streams, chunk_size, zerocopy) = match t.direction {
-            MemDirection::ToServer => {
-                let z = t.zerocopy.then(|| Arc::new(ZeroCopyUse::default()));
-                s.env.zerocopy = z.clone();
-                let m = SourceSession::dial(std::time::Instant::now(), server, s.timing, s.dial);
-                // The streams are as many as the client asked for until the session says
-                // otherwise: the feed's first part only sizes itself by them.
-                let tuned = self.opts.tune;
-                let pool = if tuned {
-                    (s.env.buffers)(crate::session::buffer_streams(self.opts.streams, tuned)) as u64
-                } else {
-                    0
-                };
-                let growth = feed(
-                    chunk,
-                    first_streams(self.opts.streams, tuned),
-                    pool,
-                    Duration::from_millis(u64::from(millis)),
-                    run.progress.clone(),
-                );
-                let store = Pattern::new(chunk, checksum)?;
-                let r = drive::source_growing(m, &mut s.ch, s.joins, store, s.env, Some(growth))
-                    .await?;
-                let zc = ZeroCopyOutcome::of(z.as_deref());
-                (
-                    r.summary.bytes,
-                    r.summary.chunks,
-                    r.info.streams,
-                    r.info.chunk_size,
-                    zc,
-                )
-            }
-            MemDirection::FromServer => {
-                let m = SinkSession::dial(
-                    std::time::Instant::now(),
-                    server,
-                    s.timing,
-                    Limits::default(),
-                    s.dial,
-                );
-                let prepare: drive::Prepare<Discard> =
-                    Box::new(move |entries, chunk, _| Discard::new(entries, chunk, checksum));
-                let r = drive::sink(m, &mut s.ch, s.joins, prepare, Some(s.options), s.env).await?;
-                let zc = if t.zerocopy {
-                    ZeroCopyOutcome::Remote
-                } else {
-                    ZeroCopyOutcome::Off
-                };
-                (
-                    r.summary.bytes,
-                    r.summary.chunks,
-                    r.info.streams,
-                    r.info.chunk_size,
-                    zc,
-                )
-            }
-        };
-        let seconds = run
-            .progress
-            .first_data()
-            .map_or(0.0, |t0| Instant::now().duration_since(t0).as_secs_f64());
-        Ok(MemTestReport {
-            bytes,
-            frames,
-            seconds,
-            streams,
-            chunk_size,
-            zerocopy,
-        })
-    }
+/// Runs a memory-to-memory test against `server` (`host:port`) with `dialer`'s
+/// streams, chunk size (0: [`DEFAULT_CHUNK`]), checksum setting and socket options.
+pub(crate) async fn run(
+    dialer: &Dialer,
+    server: &str,
+    t: &MemTestOptions,
+    run: Arc<Run>,
+) -> Result<MemTestReport> {
+    let chunk = match dialer.opts.chunk_size {
+        0 => DEFAULT_CHUNK,
+        c => c,
+    };
+    let millis = t.duration.as_millis().min(u128::from(MAX_MILLIS)) as u32;
+    let op = Op::MemTest(MemTest {
+        direction: t.direction,
+        millis,
+        zerocopy: t.zerocopy,
+        congestion: t.congestion.clone().unwrap_or_default(),
+    });
+    let mut s = dialer.session(server, op, chunk, &run).await?;
+    let checksum = dialer.opts.checksum;
+    let (bytes, frames, streams, chunk_size, zerocopy) = match t.direction {
+        MemDirection::ToServer => {
+            let z = t.zerocopy.then(|| Arc::new(ZeroCopyUse::default()));
+            s.env.zerocopy = z.clone();
+            let m = SourceSession::dial(std::time::Instant::now(), server, s.timing, s.dial);
+            // The streams are as many as the client asked for until the session says
+            // otherwise: the feed's first part only sizes itself by them.
+            let tuned = dialer.opts.tune;
+            let pool = if tuned {
+                (s.env.buffers)(crate::session::buffer_streams(dialer.opts.streams, tuned)) as u64
+            } else {
+                0
+            };
+            let growth = feed(
+                chunk,
+                first_streams(dialer.opts.streams, tuned),
+                pool,
+                Duration::from_millis(u64::from(millis)),
+                run.progress.clone(),
+            );
+            let store = Pattern::new(chunk, checksum)?;
+            let r =
+                drive::source_growing(m, &mut s.ch, s.joins, store, s.env, Some(growth)).await?;
+            let zc = ZeroCopyOutcome::of(z.as_deref());
+            (
+                r.summary.bytes,
+                r.summary.chunks,
+                r.info.streams,
+                r.info.chunk_size,
+                zc,
+            )
+        }
+        MemDirection::FromServer => {
+            let m = SinkSession::dial(
+                std::time::Instant::now(),
+                server,
+                s.timing,
+                Limits::default(),
+                s.dial,
+            );
+            let prepare: drive::Prepare<Discard> =
+                Box::new(move |entries, chunk, _| Discard::new(entries, chunk, checksum));
+            let r = drive::sink(m, &mut s.ch, s.joins, prepare, Some(s.options), s.env).await?;
+            let zc = if t.zerocopy {
+                ZeroCopyOutcome::Remote
+            } else {
+                ZeroCopyOutcome::Off
+            };
+            (
+                r.summary.bytes,
+                r.summary.chunks,
+                r.info.streams,
+                r.info.chunk_size,
+                zc,
+            )
+        }
+    };
+    let seconds = run
+        .progress
+        .first_data()
+        .map_or(0.0, |t0| Instant::now().duration_since(t0).as_secs_f64());
+    Ok(MemTestReport {
+        bytes,
+        frames,
+        seconds,
+        streams,
+        chunk_size,
+        zerocopy,
+    })
 }
 
 #[cfg(test)]

@@ -20,7 +20,6 @@ use std::time::{Instant, SystemTime};
 
 use dmover_net::NetError;
 use dmover_proto::control::ErrorCode;
-use dmover_proto::layout::Layout;
 use parking_lot::Mutex;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -99,21 +98,6 @@ pub const REFUSALS: [&str; 5] = [
     // No room in the buffer memory budget in time.
     "memory_budget",
 ];
-
-/// Counts the files chunk `k` completes (those whose last piece it carries) into
-/// `p.files`: called once per chunk written (a receiver) or sent (a sender).
-pub fn count_files(p: &Progress, layout: &Layout, k: u64) {
-    let mut n = 0;
-    for piece in layout.pieces(k).filter(|piece| piece.last) {
-        n += 1;
-        if let Some(f) = layout.files().get(piece.file as usize) {
-            p.file_done(f.entry);
-        }
-    }
-    if n > 0 {
-        p.files.fetch_add(n, Relaxed);
-    }
-}
 
 /// The server's sessions, live and recent, and its counters.
 #[derive(Debug)]

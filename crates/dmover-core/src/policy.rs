@@ -1,5 +1,5 @@
 //! The exports and users a server enforces, and their reload (`dmover serve` on
-//! SIGHUP, [`Server::reload`]): the policy in force sits behind a `watch` channel;
+//! SIGHUP, [`Server::reload`](crate::server::Server::reload)): the policy in force sits behind a `watch` channel;
 //! a connection authenticates against the policy of the moment, and each running
 //! session checks itself against every new one ([`watch`]), ending with "credential
 //! revoked" when its user is gone, the credential it proved is no longer its user's,
@@ -11,13 +11,13 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use dmover_proto::control::ErrorCode;
+use dmover_store::paths::Base;
 use rustix::fs::OFlags;
 use tokio::sync::watch;
 
 use crate::access::{ExportSpec, Grant, Rights, Users};
 use crate::engine::Run;
 use crate::error::{Error, Result};
-use crate::server::Server;
 
 /// An open export.
 pub(crate) struct Export {
@@ -27,7 +27,7 @@ pub(crate) struct Export {
     pub(crate) root_name: Vec<u8>,
 }
 
-/// The exports and users in force: replaced whole by [`Server::reload`].
+/// The exports and users in force: replaced whole by [`Server::reload`](crate::server::Server::reload).
 pub(crate) struct Policy {
     pub(crate) exports: Vec<Export>,
     pub(crate) users: Users,
@@ -120,6 +120,73 @@ impl Policy {
         Ok((new, changed))
     }
 
+    /// Resolves a path a client named to its export: the export's base, the path
+    /// within it, and the name a pull of the whole export gets. `write`: the session
+    /// writes there; `read_only`: the whole server is.
+    pub(crate) fn resolve<'s, 'p>(
+        &'s self,
+        read_only: bool,
+        grant: &Grant,
+        path: &'p [u8],
+        write: bool,
+    ) -> Result<(&'s ExportSpec, Base, &'p [u8], Vec<u8>)> {
+        let (export, rest) = match self.exports.as_slice() {
+            [only] if only.spec.name.is_empty() => (only, path),
+            all => {
+                let trimmed = path.strip_prefix(b"./").unwrap_or(path);
+                let (first, rest) = match trimmed.iter().position(|&b| b == b'/') {
+                    Some(i) => (&trimmed[..i], &trimmed[i + 1..]),
+                    None => (trimmed, &b""[..]),
+                };
+                let names: Vec<&str> = all
+                    .iter()
+                    .filter(|e| grant.exports.contains_key(&e.spec.name))
+                    .map(|e| e.spec.name.as_str())
+                    .collect();
+                let found = all.iter().find(|e| {
+                    e.spec.name.as_bytes() == first && grant.exports.contains_key(&e.spec.name)
+                });
+                match found {
+                    Some(e) => (e, rest),
+                    None => {
+                        return Err(Error::refused(
+                            ErrorCode::NotFound,
+                            format!(
+                                "{:?}: paths start with an export's name; yours: {}",
+                                String::from_utf8_lossy(path),
+                                names.join(", ")
+                            ),
+                        ));
+                    }
+                }
+            }
+        };
+        let rights = grant.exports.get(&export.spec.name).copied();
+        if rights.is_none() {
+            return Err(Error::refused(
+                ErrorCode::PermissionDenied,
+                format!("user {:?} has no access to this export", grant.user),
+            ));
+        }
+        if write && (read_only || export.spec.read_only || rights != Some(Rights::ReadWrite)) {
+            let what = if export.spec.name.is_empty() {
+                "this server".to_string()
+            } else {
+                format!("export {:?}", export.spec.name)
+            };
+            return Err(Error::refused(
+                ErrorCode::ReadOnly,
+                format!("{what} is read-only for user {:?}", grant.user),
+            ));
+        }
+        Ok((
+            &export.spec,
+            Base::Export(export.root.clone()),
+            rest,
+            export.root_name.clone(),
+        ))
+    }
+
     /// Read-write rights to every export (a server without authentication).
     pub(crate) fn all_exports(&self) -> BTreeMap<String, Rights> {
         self.exports
@@ -129,7 +196,7 @@ impl Policy {
     }
 }
 
-/// What a reload changed ([`Server::reload`]), by name; its `Display` is the log line.
+/// What a reload changed ([`Server::reload`](crate::server::Server::reload)), by name; its `Display` is the log line.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reloaded {
     /// Users that are new.
@@ -230,7 +297,7 @@ fn disallowed(p: &Policy, read_only: bool, grant: &Grant, uses: &[Use]) -> Optio
         },
     };
     for u in uses {
-        match Server::resolve(p, read_only, &grant, &u.path, u.write) {
+        match p.resolve(read_only, &grant, &u.path, u.write) {
             Err(e) => return Some(e.to_string()),
             Ok((e, ..)) if e.path != u.export.path => {
                 return Some(format!("export {:?} now serves another directory", e.name));
@@ -281,7 +348,7 @@ pub(crate) fn watch(
 mod tests {
     use super::*;
     use crate::access::{Proven, User};
-    use crate::server::ServerConfig;
+    use crate::server::{Server, ServerConfig};
     use dmover_proto::auth;
     use std::time::Duration;
 

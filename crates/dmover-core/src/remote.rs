@@ -47,7 +47,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::client::{Client, Prepared};
+use crate::dialer::{Dialer, Prepared};
 use crate::drive::{self, Demand, DemandAsk, DemandEvent, Fault, SinkStore};
 use crate::engine::Run;
 use crate::error::{Error, Result};
@@ -63,39 +63,7 @@ pub struct RemoteOptions {
     pub read_ahead: u64,
 }
 
-/// Whole-file uploads ([`StagedFile::upload_within`]) one [`Client`] runs at once; the
-/// others wait for a slot. Each upload is a session of its own: a thousand files
-/// closed together through a mount would otherwise open a thousand sessions, and a
-/// server sheds connections beyond its set-up limit (measured over a 50 ms link: 452
-/// of 768 such uploads failed with "closed the connection"; docs/benchmarks.md).
-pub const UPLOAD_SLOTS: usize = 16;
-
-/// A [`Client`]'s upload slots, and when an upload last went unanswered.
-#[derive(Debug)]
-pub(crate) struct Uploads {
-    slots: tokio::sync::Semaphore,
-    /// When an upload last got no answer within its limit, and to which server.
-    silent: Mutex<Option<(std::time::Instant, String)>>,
-}
-
-impl Default for Uploads {
-    fn default() -> Self {
-        Uploads {
-            slots: tokio::sync::Semaphore::new(UPLOAD_SLOTS),
-            silent: Mutex::new(None),
-        }
-    }
-}
-
-impl Uploads {
-    /// How long ago an upload to `server` went unanswered, if less than `limit`.
-    fn silent_since(&self, server: &str, limit: Duration) -> Option<Duration> {
-        let last = self.silent.lock();
-        let (at, s) = last.as_ref()?;
-        let ago = at.elapsed();
-        (s == server && ago < limit).then_some(ago)
-    }
-}
+pub use crate::dialer::UPLOAD_SLOTS;
 
 /// How far a sequential read is read ahead by default, in bytes: enough to keep a
 /// 1 Gbit/s link with a 60 ms round trip busy from one file.
@@ -463,7 +431,7 @@ pub struct Remote {
 
 impl Remote {
     /// Opens `path` on `server` (`host:port`) with the default [`RemoteOptions`].
-    pub async fn open(client: &Client, server: &str, path: &[u8]) -> Result<Remote> {
+    pub async fn open(client: &Dialer, server: &str, path: &[u8]) -> Result<Remote> {
         Self::open_with(client, server, path, RemoteOptions::default()).await
     }
 
@@ -472,7 +440,7 @@ impl Remote {
     /// manifest and answers it with `OnDemand`. The server must speak the ranges
     /// feature.
     pub async fn open_with(
-        client: &Client,
+        client: &Dialer,
         server: &str,
         path: &[u8],
         opts: RemoteOptions,
@@ -487,7 +455,7 @@ impl Remote {
             joins,
             env,
         } = client
-            .memtest_session(server, op, client.opts.chunk_size, &run)
+            .session(server, op, client.opts.chunk_size, &run)
             .await?;
         let bound = timing.silence() + timing.report_wait;
         // The server sends: with the congestion control asked for (`--congestion`),
@@ -965,7 +933,7 @@ impl StagedFile {
 
     /// Pushes the file as it is now to its path on the server (staging + rename there,
     /// verified); may run again after more writes. `run` cancels it.
-    pub async fn upload(&self, client: &Client, run: Arc<Run>) -> Result<()> {
+    pub async fn upload(&self, client: &Dialer, run: Arc<Run>) -> Result<()> {
         use std::os::unix::ffi::OsStrExt;
         let sources = [self.staging.as_os_str().as_bytes().to_vec()];
         client
@@ -981,7 +949,7 @@ impl StagedFile {
     /// no further `limit`). `run` cancels it.
     pub async fn upload_within(
         &self,
-        client: &Client,
+        client: &Dialer,
         run: Arc<Run>,
         limit: Duration,
     ) -> Result<()> {
@@ -1011,7 +979,7 @@ impl StagedFile {
     }
 
     /// [`StagedFile::upload`], then the staging file goes.
-    pub async fn close(self, client: &Client) -> Result<()> {
+    pub async fn close(self, client: &Dialer) -> Result<()> {
         self.upload(client, Run::new()).await
     }
 
@@ -1033,6 +1001,7 @@ impl Drop for StagedFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialer::Uploads;
 
     /// An upload that went unanswered fails the next ones to the same server for as
     /// long as the limit, not those to another server, and not after the limit.

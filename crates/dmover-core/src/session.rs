@@ -110,7 +110,7 @@ pub struct TransferOptions {
     pub retry_wait: Duration,
     /// How long to keep connecting again to a server that answers busy (too many
     /// connections in set-up), whatever `retries` says; zero: fail at the first busy
-    /// answer. See [`crate::client`].
+    /// answer. See [`crate::dialer::Dialer`]'s connect.
     pub busy_wait: Duration,
     /// Fault injection for tests: each chunk read or written here waits this long (a
     /// server's `--debug-chunk-delay-ms`, passed to the third-party sessions it dials).

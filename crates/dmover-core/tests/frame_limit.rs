@@ -81,7 +81,8 @@ async fn unauthenticated_frames_stay_limited() {
 
 /// What a server older than an op sees: an `Open` whose op variant it does not know.
 /// It fails to decode it, says so (`Error{Protocol}`, the decoder's words) and ends the
-/// session (a client then says the server must be upgraded).
+/// session (a client knows an older server by the features it states, never by this
+/// error's words: docs/protocol.md, "Versioning").
 #[tokio::test]
 async fn an_unknown_op_is_answered_with_a_protocol_error() {
     let t = tempfile::tempdir().unwrap();
@@ -103,4 +104,31 @@ async fn an_unknown_op_is_answered_with_a_protocol_error() {
     }
     let e = task.await.unwrap().unwrap_err();
     assert!(e.to_string().contains("malformed control message"), "{e}");
+}
+
+/// An `Open` of a known op with more after its last field (as a later client's `Open`
+/// with a field this server does not know would be) is answered with a protocol error
+/// too, not a closed connection (docs/protocol.md, "Versioning").
+#[tokio::test]
+async fn an_open_this_server_cannot_decode_is_answered_with_a_protocol_error() {
+    let t = tempfile::tempdir().unwrap();
+    let (mut ch, task) = connect(server(t.path()));
+    for m in [hello("test".into()), good_auth()] {
+        ch.send(&m).await.unwrap();
+    }
+    let mut frame = Vec::new();
+    open(Op::Push {
+        dest: b"x".to_vec(),
+    })
+    .encode(&mut frame)
+    .unwrap();
+    frame.push(1);
+    let body = (frame.len() - 4) as u32;
+    frame[..4].copy_from_slice(&body.to_be_bytes());
+    ch.get_mut().write_all(&frame).await.unwrap();
+    match answer(&mut ch).await {
+        Some(Control::Error(e)) => assert_eq!(e.code, ErrorCode::Protocol, "{e:?}"),
+        other => panic!("expected a protocol error, got {other:?}"),
+    }
+    assert!(task.await.unwrap().is_err());
 }

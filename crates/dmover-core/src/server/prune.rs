@@ -29,8 +29,7 @@ impl Server {
         }
         let filter = crate::session::filter_of_rules(&req.rules)?;
         let policy = self.policy.borrow().clone();
-        let (_, base, rest, _) =
-            Self::resolve(&policy, self.cfg.read_only, grant, &req.dest, true)?;
+        let (_, base, rest, _) = policy.resolve(self.cfg.read_only, grant, &req.dest, true)?;
         let rest = rest.to_vec();
         log.what = format!(
             "{}prune of {:?}",
@@ -101,8 +100,7 @@ impl Server {
             ));
         }
         let policy = self.policy.borrow().clone();
-        let (_, base, rest, _) =
-            Self::resolve(&policy, self.cfg.read_only, grant, &req.source, false)?;
+        let (_, base, rest, _) = policy.resolve(self.cfg.read_only, grant, &req.source, false)?;
         let rest = rest.to_vec();
         log.what = format!("digests of {:?}", String::from_utf8_lossy(&req.source));
         let entries = self.read_manifest(ch).await?;

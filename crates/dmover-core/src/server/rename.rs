@@ -27,8 +27,8 @@ impl Server {
         let policy = self.policy.borrow().clone();
         let read_only = self.cfg.read_only;
         let (from_export, from_base, from, _) =
-            Self::resolve(&policy, read_only, grant, &req.from, true)?;
-        let (to_export, to_base, to, _) = Self::resolve(&policy, read_only, grant, &req.to, true)?;
+            policy.resolve(read_only, grant, &req.from, true)?;
+        let (to_export, to_base, to, _) = policy.resolve(read_only, grant, &req.to, true)?;
         if from_export.name != to_export.name {
             return Err(refused(
                 ErrorCode::Unsupported,

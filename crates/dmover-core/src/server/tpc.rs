@@ -11,7 +11,7 @@ use dmover_proto::control::{
 };
 
 use super::*;
-use crate::client::{AsServer, Client, Root};
+use crate::dialer::{AsServer, Dialer, Report, Root};
 use crate::policy::Use;
 
 /// How long a client may stay silent on a third-party control connection before the
@@ -63,8 +63,7 @@ impl Server {
         path: &[u8],
         write: bool,
     ) -> Result<(Root, Use)> {
-        let (export, base, rest, name) =
-            Self::resolve(policy, self.cfg.read_only, grant, path, write)?;
+        let (export, base, rest, name) = policy.resolve(self.cfg.read_only, grant, path, write)?;
         if !export.third_party {
             let what = if export.name.is_empty() {
                 "this server's export".to_string()
@@ -236,42 +235,7 @@ impl Server {
                 "a capability cannot start a third-party copy",
             ));
         }
-        // The capability is checked before anything is dialed: this server connects
-        // only to a server that asked to be dialed, by it, at that address.
-        let g = dmover_net::capability::verify(&tp.capability, &tp.peer_key).map_err(cap_error)?;
-        g.check(unix_now(), self.identity.fingerprint())
-            .and_then(|()| g.check_addr(&tp.peer))
-            .map_err(cap_error)?;
-        // The address the issuer advertises for servers, when it gives one (the grant's
-        // later addresses), else the one the client named.
-        let target = g
-            .addrs
-            .get(1..)
-            .and_then(<[String]>::last)
-            .unwrap_or(&tp.peer)
-            .clone();
-        let streams = open.streams.clamp(1, MAX_STREAMS);
-        let mut opts = crate::session::TransferOptions {
-            streams,
-            // The client's choice: a client that tunes (no `-P`) offers the feature,
-            // and the session between the servers tunes as its own would.
-            tune: open.features & dmover_proto::session::features::TUNING != 0,
-            chunk_size: open.chunk_size,
-            checksum: open.checksum,
-            direct_io: open.direct_io,
-            protection: open.protection,
-            fsync: options.fsync,
-            verify: options.verify,
-            journal: options.journal,
-            resume: options.resume,
-            continue_on_error: options.continue_on_error,
-            socket: self.cfg.socket.clone(),
-            idle_timeout: self.cfg.idle_timeout,
-            retries: 0,
-            busy_wait: Duration::from_secs(10),
-            chunk_delay: self.faults.chunk_delay,
-            ..Default::default()
-        };
+        let (g, target) = self.tpc_target(&tp)?;
         // The local paths, checked now and at every reload, as for any session.
         let policy = self.policy.borrow().clone();
         let write = tp.mode == TpcMode::Pull;
@@ -288,12 +252,7 @@ impl Server {
             .collect::<Result<Vec<_>>>()?
             .into_iter()
             .unzip();
-        // A pull writes here: owners only where the export keeps them, as for a push
-        // to this server.
-        opts.meta.owner = !write || uses.iter().all(|u| u.export.preserve_owner);
-        // Every xattr namespace, read here or set here, where this server's exports
-        // say so (the other server's decide for its side).
-        opts.meta.xattrs.all = uses.iter().all(|u| u.export.xattrs_all);
+        let mut opts = self.tpc_options(open, &options, write, &uses);
         // This server's own limit for the user and the exports, paced on its side.
         if let Some((rate, by)) = super::session_bwlimit(&policy, grant, &uses) {
             tracing::info!(
@@ -303,7 +262,7 @@ impl Server {
             log.bwlimit = Some(rate);
             opts.bwlimit = Some(rate);
         }
-        let client = Client::as_server(
+        let dialer = Dialer::as_server(
             opts,
             self.disk.clone(),
             AsServer {
@@ -335,12 +294,12 @@ impl Server {
             match (tp.mode, &g.scope) {
                 (TpcMode::Push, Scope::Push { dest }) => {
                     log.what = format!("third-party push of {} path(s) to {target}", roots.len());
-                    client.push_roots(&roots, &target, dest, run.clone()).await
+                    dialer.push_roots(&roots, &target, dest, run.clone()).await
                 }
                 (TpcMode::Pull, Scope::Pull { sources }) => {
                     let (base, rest, _) = &roots[0];
                     log.what = format!("third-party pull from {target}");
-                    client
+                    dialer
                         .pull_into(&target, sources, base, rest, run.clone())
                         .await
                 }
@@ -350,84 +309,8 @@ impl Server {
                 )),
             }
         };
-        tokio::pin!(work);
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        let mut heard = tokio::time::Instant::now();
-        let peer = ch.peer().to_string();
-        // Once the client is gone, its connection is not read again (it would answer
-        // at once, forever) while the copy winds down.
-        let mut gone = false;
-        let r = loop {
-            tokio::select! {
-                r = &mut work => break r,
-                _ = tick.tick() => {
-                    if heard.elapsed() > STEER_SILENCE {
-                        run.fail(refused(ErrorCode::Aborted, format!("{peer} went silent")));
-                        continue;
-                    }
-                    let p = &run.progress;
-                    let msg = Control::TpcProgress(TpcProgress {
-                        bytes: p.bytes.load(Ordering::Relaxed),
-                        total: p.total.load(Ordering::Relaxed),
-                        held: p.held.load(Ordering::Relaxed),
-                        streams_lost: p.streams_lost.load(Ordering::Relaxed),
-                        attempt: p.attempt.load(Ordering::Relaxed),
-                    });
-                    if !gone && ch.send(&msg).await.is_err() {
-                        gone = true;
-                        run.fail(refused(ErrorCode::Aborted, format!("{peer} is gone")));
-                    }
-                }
-                msg = ch.recv(), if !gone => match msg {
-                    Ok(Control::Ping) => heard = tokio::time::Instant::now(),
-                    Ok(Control::Error(e)) => run.fail(Error::Remote {
-                        peer: peer.clone(),
-                        code: e.code,
-                        message: e.message,
-                    }),
-                    Ok(other) => run.fail(session::unexpected(&peer, other, "Ping")),
-                    Err(_) => {
-                        gone = true;
-                        run.fail(refused(
-                            ErrorCode::Aborted,
-                            format!("{peer} closed the connection"),
-                        ));
-                    }
-                },
-            }
-        };
-        let report = match r {
-            Ok(r) => r,
-            // The other server's error goes to the client as this copy's, naming that
-            // server (a `Remote` error is otherwise taken for the client's own, and
-            // not sent back to it).
-            Err(Error::Remote {
-                peer,
-                code,
-                message,
-            }) => return Err(refused(code, format!("{peer}: {message}"))),
-            // Servers that cannot reach each other: say so, and what to try.
-            Err(
-                e @ Error::Net(NetError::Io {
-                    what: "connecting to" | "resolving",
-                    ..
-                }),
-            )
-            | Err(e @ Error::Net(NetError::Timeout { .. }))
-                if run.progress.bytes.load(Ordering::Relaxed) == 0 =>
-            {
-                return Err(refused(
-                    ErrorCode::Unsupported,
-                    format!(
-                        "this server could not reach {target} ({e}); if only one of the two \
-                         servers accepts connections, the other mode may work (--tpc push or \
-                         pull); if neither can reach the other, --via-client relays the data \
-                         through the client (slower: its link carries the data twice)"
-                    ),
-                ));
-            }
-            Err(e) => return Err(e),
-        };
+        let r = steer(ch, work, &run).await;
+        let report = r.map_err(|e| tpc_error(e, &target, &run))?;
         let (bytes, files) = (report.summary.bytes, report.summary.files);
         ch.send(&Control::TpcDone(TpcReport {
             summary: report.summary,
@@ -444,6 +327,153 @@ impl Server {
         }))
         .await?;
         Ok((bytes, files))
+    }
+
+    /// The grant of a third-party copy's capability `tp` names, checked before
+    /// anything is dialed (this server connects only to a server that asked to be
+    /// dialed, by it, at that address), and the address to dial: the one the issuer
+    /// advertises for servers, when it gives one (the grant's later addresses), else
+    /// the one the client named.
+    fn tpc_target(&self, tp: &ThirdParty) -> Result<(cap::Grant, String)> {
+        let g = dmover_net::capability::verify(&tp.capability, &tp.peer_key).map_err(cap_error)?;
+        g.check(unix_now(), self.identity.fingerprint())
+            .and_then(|()| g.check_addr(&tp.peer))
+            .map_err(cap_error)?;
+        let target = g
+            .addrs
+            .get(1..)
+            .and_then(<[String]>::last)
+            .unwrap_or(&tp.peer)
+            .clone();
+        Ok((g, target))
+    }
+
+    /// The options of the session this server dials for a third-party copy: the
+    /// client's `open` and `options`, this server's sockets and timeouts, no retry; a
+    /// pull (`write`) keeps owners only where the exports `uses` keep them, as for a
+    /// push to this server, and every xattr namespace goes where this server's exports
+    /// say so (the other server's decide for its side).
+    fn tpc_options(
+        &self,
+        open: &Open,
+        options: &SessionOptions,
+        write: bool,
+        uses: &[Use],
+    ) -> crate::session::TransferOptions {
+        let mut opts = crate::session::TransferOptions {
+            streams: open.streams.clamp(1, MAX_STREAMS),
+            // The client's choice: a client that tunes (no `-P`) offers the feature,
+            // and the session between the servers tunes as its own would.
+            tune: open.features & dmover_proto::session::features::TUNING != 0,
+            chunk_size: open.chunk_size,
+            checksum: open.checksum,
+            direct_io: open.direct_io,
+            protection: open.protection,
+            fsync: options.fsync,
+            verify: options.verify,
+            journal: options.journal,
+            resume: options.resume,
+            continue_on_error: options.continue_on_error,
+            socket: self.cfg.socket.clone(),
+            idle_timeout: self.cfg.idle_timeout,
+            retries: 0,
+            busy_wait: Duration::from_secs(10),
+            chunk_delay: self.faults.chunk_delay,
+            ..Default::default()
+        };
+        opts.meta.owner = !write || uses.iter().all(|u| u.export.preserve_owner);
+        opts.meta.xattrs.all = uses.iter().all(|u| u.export.xattrs_all);
+        opts
+    }
+}
+
+/// Runs `work` (a third-party copy's session) while reporting its progress to the
+/// steering client on `ch` every second and reading its pings; a client that goes
+/// silent, goes away or sends an error fails `run`. Once the client is gone, its
+/// connection is not read again (it would answer at once, forever) while the copy
+/// winds down.
+async fn steer<S, F>(ch: &mut ControlChannel<S>, work: F, run: &Run) -> Result<Report>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+    F: std::future::Future<Output = Result<Report>>,
+{
+    tokio::pin!(work);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut heard = tokio::time::Instant::now();
+    let peer = ch.peer().to_string();
+    let mut gone = false;
+    loop {
+        tokio::select! {
+            r = &mut work => return r,
+            _ = tick.tick() => {
+                if heard.elapsed() > STEER_SILENCE {
+                    run.fail(refused(ErrorCode::Aborted, format!("{peer} went silent")));
+                    continue;
+                }
+                let p = &run.progress;
+                let msg = Control::TpcProgress(TpcProgress {
+                    bytes: p.bytes.load(Ordering::Relaxed),
+                    total: p.total.load(Ordering::Relaxed),
+                    held: p.held.load(Ordering::Relaxed),
+                    streams_lost: p.streams_lost.load(Ordering::Relaxed),
+                    attempt: p.attempt.load(Ordering::Relaxed),
+                });
+                if !gone && ch.send(&msg).await.is_err() {
+                    gone = true;
+                    run.fail(refused(ErrorCode::Aborted, format!("{peer} is gone")));
+                }
+            }
+            msg = ch.recv(), if !gone => match msg {
+                Ok(Control::Ping) => heard = tokio::time::Instant::now(),
+                Ok(Control::Error(e)) => run.fail(Error::Remote {
+                    peer: peer.clone(),
+                    code: e.code,
+                    message: e.message,
+                }),
+                Ok(other) => run.fail(session::unexpected(&peer, other, "Ping")),
+                Err(_) => {
+                    gone = true;
+                    run.fail(refused(
+                        ErrorCode::Aborted,
+                        format!("{peer} closed the connection"),
+                    ));
+                }
+            },
+        }
+    }
+}
+
+/// A third-party copy's failure `e` (dialing `target`), as the steering client is
+/// told it.
+fn tpc_error(e: Error, target: &str, run: &Run) -> Error {
+    match e {
+        // The other server's error goes to the client as this copy's, naming that
+        // server (a `Remote` error is otherwise taken for the client's own, and not
+        // sent back to it).
+        Error::Remote {
+            peer,
+            code,
+            message,
+        } => refused(code, format!("{peer}: {message}")),
+        // Servers that cannot reach each other: say so, and what to try.
+        e @ Error::Net(NetError::Io {
+            what: "connecting to" | "resolving",
+            ..
+        })
+        | e @ Error::Net(NetError::Timeout { .. })
+            if run.progress.bytes.load(Ordering::Relaxed) == 0 =>
+        {
+            refused(
+                ErrorCode::Unsupported,
+                format!(
+                    "this server could not reach {target} ({e}); if only one of the two \
+                     servers accepts connections, the other mode may work (--tpc push or \
+                     pull); if neither can reach the other, --via-client relays the data \
+                     through the client (slower: its link carries the data twice)"
+                ),
+            )
+        }
+        e => e,
     }
 }
 
