@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use dmover_net::fault::Faulty;
 use dmover_net::join::Joined;
+use dmover_net::link::SocketOptions;
 use dmover_net::pace::{Paced, Pacer};
 use dmover_net::stream::DataIo;
-use dmover_net::link::SocketOptions;
 use dmover_proto::auth;
 use dmover_proto::control::{
     DataProtection, ErrorCode, FilterRule, MemDirection, Op, Open, SessionInfo, SessionLimits,
