@@ -28,10 +28,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use dmover_net::control::{ControlChannel, read_preamble, write_preamble};
+use dmover_net::control::ControlChannel;
 use dmover_net::fault::FaultPlan;
 use dmover_net::join::{AcceptError, JoinTable};
-use dmover_net::tcp::{self, SocketOptions};
+use dmover_net::link::SocketOptions;
+use dmover_net::listen::{Incoming, Listener};
 use dmover_net::tls::ServerIdentity;
 use dmover_net::{ControlStream, NetError};
 use dmover_proto::auth;
@@ -42,7 +43,6 @@ use dmover_proto::preamble::{ConnKind, Preamble};
 use dmover_proto::{PROTOCOL_VERSION, negotiate_version};
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -192,10 +192,6 @@ pub const BUSY_PREAMBLE_WAIT: Duration = Duration::from_secs(2);
 /// The longest "retry after" a busy answer names, in seconds.
 pub const MAX_RETRY_AFTER: u8 = 8;
 
-/// How long a connection closed for load is read (and what it sent discarded) after
-/// our side is shut down, so that the close is no reset.
-const DRAIN_WAIT: Duration = Duration::from_secs(1);
-
 /// Where a new connection stands against the set-up limits.
 enum Setup {
     /// Within [`ServerConfig::max_handshakes`].
@@ -210,24 +206,6 @@ fn overflow_limit(max_handshakes: usize) -> usize {
         .max(1)
         .saturating_mul(OVERFLOW_FACTOR)
         .clamp(OVERFLOW_MIN, Semaphore::MAX_PERMITS)
-}
-
-/// Closes a connection without a reset: our side shut down, then what the peer sent
-/// read and discarded until it closes too (briefly, and at most 64 KiB).
-async fn close_gracefully(mut stream: TcpStream) {
-    use tokio::io::AsyncWriteExt;
-    let _ = stream.shutdown().await;
-    let _ = tokio::time::timeout(DRAIN_WAIT, async {
-        let mut sink = [0u8; 4096];
-        let mut left = 64usize << 10;
-        while left > 0 {
-            match stream.read(&mut sink).await {
-                Ok(n) if n > 0 => left = left.saturating_sub(n),
-                _ => break,
-            }
-        }
-    })
-    .await;
 }
 
 /// Budget unit for buffer memory.
@@ -400,10 +378,15 @@ impl Server {
     }
 
     /// Accepts connections until `shutdown` is cancelled.
-    pub async fn serve(self: &Arc<Self>, listener: TcpListener, shutdown: CancellationToken) {
+    pub async fn serve(
+        self: &Arc<Self>,
+        listener: impl Into<Listener>,
+        shutdown: CancellationToken,
+    ) {
+        let listener = listener.into();
         // Connections start on an unpaced congestion control; each sending session
         // then sets its own (see `limits`).
-        if let Err(e) = tcp::set_congestion(&listener, limits::UNPACED_START) {
+        if let Err(e) = listener.start_on(limits::UNPACED_START) {
             tracing::debug!(
                 "the listening socket keeps its congestion control ({e}): request-driven \
                  sessions may send paced"
@@ -417,7 +400,7 @@ impl Server {
         loop {
             let (stream, peer) = tokio::select! {
                 _ = shutdown.cancelled() => return,
-                r = listener.accept() => match r {
+                r = listener.accept(&accepted) => match r {
                     Ok(x) => x,
                     Err(e) => {
                         // EMFILE and friends: back off rather than spin.
@@ -427,7 +410,6 @@ impl Server {
                     }
                 },
             };
-            tcp::tune_stream(&stream, &accepted);
             let setup = match self.handshakes.clone().try_acquire_owned() {
                 Ok(p) => Setup::Slot(p),
                 Err(_) => match self.overflow.clone().try_acquire_owned() {
@@ -488,22 +470,22 @@ impl Server {
     /// `reason`: the limit reached, for the metrics (see [`crate::monitor::REFUSALS`]).
     async fn answer_busy(
         &self,
-        mut stream: TcpStream,
+        mut stream: Incoming,
         peer: &str,
         why: String,
         reason: &'static str,
     ) {
         let n = self.retry_after();
         let answer = Preamble::busy(n);
-        if write_preamble(&mut stream, answer, peer).await.is_ok() {
+        if stream.write_preamble(answer, peer).await.is_ok() {
             tracing::info!("busy: answered {peer} \"retry after {n} s\": {why}");
         }
         self.monitor.busy_refused();
         self.monitor.refused(reason);
-        close_gracefully(stream).await;
+        stream.close_gracefully().await;
     }
 
-    async fn connection(self: Arc<Self>, mut stream: TcpStream, peer: SocketAddr, setup: Setup) {
+    async fn connection(self: Arc<Self>, mut stream: Incoming, peer: SocketAddr, setup: Setup) {
         let p = peer.to_string();
         // A connection beyond the set-up limit waits for its preamble briefly.
         let wait = match setup {
@@ -511,7 +493,7 @@ impl Server {
             Setup::Overflow(_) => self.cfg.handshake_timeout.min(BUSY_PREAMBLE_WAIT),
         };
         let deadline = tokio::time::Instant::now() + self.cfg.handshake_timeout;
-        let pre = match tokio::time::timeout(wait, read_preamble(&mut stream, &p)).await {
+        let pre = match tokio::time::timeout(wait, stream.read_preamble(&p)).await {
             Ok(Ok(pre)) => pre,
             Ok(Err(e)) => {
                 tracing::warn!("refused {p}: {e}");
@@ -533,7 +515,7 @@ impl Server {
             // A data connection costs a challenge and one read (no TLS): beyond the
             // set-up limit it still joins, on an overflow slot.
             ConnKind::Data => {
-                match tokio::time::timeout_at(deadline, self.joins.accept(stream, &p)).await {
+                match tokio::time::timeout_at(deadline, stream.join(&self.joins, &p)).await {
                     Ok(Ok(())) => {}
                     // Its client went away before joining (e.g. answered busy on its
                     // control connection, it dropped the data connections it dialed).
@@ -587,7 +569,7 @@ impl Server {
 
     async fn control_connection(
         &self,
-        stream: TcpStream,
+        stream: Incoming,
         peer: &str,
         pre: Preamble,
         deadline: tokio::time::Instant,
@@ -608,22 +590,18 @@ impl Server {
     /// The preamble's answer, TLS and the connection's exported secrets.
     async fn control_setup(
         &self,
-        mut stream: TcpStream,
+        mut stream: Incoming,
         peer: &str,
         pre: Preamble,
         deadline: tokio::time::Instant,
     ) -> Result<(ControlChannel<ControlStream>, Conn)> {
         let version = negotiate_version(PROTOCOL_VERSION, pre.version).unwrap_or(0);
-        write_preamble(
-            &mut stream,
-            Preamble {
-                kind: ConnKind::Control,
-                version,
-                busy: None,
-            },
-            peer,
-        )
-        .await?;
+        let answer = Preamble {
+            kind: ConnKind::Control,
+            version,
+            busy: None,
+        };
+        stream.write_preamble(answer, peer).await?;
         if version == 0 {
             return Err(Error::refused(
                 ErrorCode::Unsupported,
@@ -634,9 +612,7 @@ impl Server {
                 ),
             ));
         }
-        let accepted = self
-            .tls
-            .accept(dmover_net::control::ControlTcp::new(stream));
+        let accepted = self.tls.accept(stream.into_control());
         let (tls, peer_key) = match tokio::time::timeout_at(deadline, accepted).await {
             Ok(Ok(tls)) => {
                 let key = dmover_net::tls::peer_fingerprint(&tls);
@@ -659,7 +635,7 @@ impl Server {
         };
         let binding = dmover_net::tls::export(&tls, auth::AUTH_EXPORTER_LABEL, None)?;
         let master = dmover_net::tls::export(&tls, auth::SESSION_EXPORTER_LABEL, None)?;
-        let rtt = dmover_net::tcpinfo::min_rtt(tls.get_ref().0.get_ref());
+        let rtt = tls.get_ref().0.min_rtt();
         let ch = ControlChannel::unauthenticated(tls, peer, PRE_AUTH_MAX_FRAME);
         Ok((
             ch,

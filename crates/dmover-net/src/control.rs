@@ -108,6 +108,12 @@ impl ControlTcp {
         &self.tcp
     }
 
+    /// The smallest round trip the connection has seen (`None`: none yet, or the
+    /// kernel does not tell): once TLS is up, its handshake's and TLS's.
+    pub fn min_rtt(&self) -> Option<Duration> {
+        crate::tcpinfo::min_rtt(&self.tcp)
+    }
+
     fn check_answer(&self) -> io::Result<()> {
         let p = Preamble::decode(&self.answer)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
@@ -359,6 +365,32 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ControlChannel<S> {
     pub fn into_inner(self) -> S {
         self.stream
     }
+}
+
+/// Connects `server`'s control connection (`host:port`), each address tried for
+/// `timeout`: TCP with Fast Open where it can, the control preamble written with the
+/// first bytes after it (TLS's ClientHello) and the server's answer read and checked
+/// before the first TLS byte ([`ControlTcp::awaiting_answer`]). A server that is not
+/// there may show only at the handshake's first read ([`never_connected`]).
+pub async fn connect(server: &str, timeout: Duration) -> Result<ControlTcp, NetError> {
+    let tcp =
+        crate::tcp::connect_fast_open(server, &crate::link::SocketOptions::default(), timeout)
+            .await?;
+    Ok(ControlTcp::awaiting_answer(
+        tcp,
+        Preamble {
+            kind: ConnKind::Control,
+            version: dmover_proto::PROTOCOL_VERSION,
+            busy: None,
+        },
+    ))
+}
+
+/// Whether a connection failed before it was ever made: one opened with TCP Fast
+/// Open is made at its first write, so a server that is not there shows at the first
+/// read (as `ENOTCONN` or a refused connection), to be said as a failed connect.
+pub fn never_connected(e: &io::Error) -> bool {
+    crate::tcp::never_connected(e)
 }
 
 /// Writes a preamble.

@@ -4,7 +4,9 @@
 //!   congestion control), with fallbacks reported instead of failing.
 //! - [`control`]: the framed control channel over any async byte stream: preamble
 //!   exchange and [`dmover_proto::control::Control`] messages with size limits and
-//!   timeouts.
+//!   timeouts; a client's control connection ([`control::connect`]).
+//! - [`listen`]: a server's listening endpoint and its accepted connections before
+//!   their preamble (control, or a data stream's join).
 //! - [`tls`]: TLS 1.3 for the control channel (rustls with aws-lc-rs): the server's
 //!   key pair, created on first start, and the client's trust in it (pinned on first
 //!   use in [`known_hosts`], or a CA).
@@ -40,6 +42,7 @@ pub mod fault;
 pub mod join;
 pub mod known_hosts;
 pub mod link;
+pub mod listen;
 pub mod memnet;
 pub mod pace;
 pub mod stream;

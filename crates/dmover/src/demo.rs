@@ -42,7 +42,8 @@ pub fn run(a: DemoArgs, client: ClientSetup) -> anyhow::Result<ExitCode> {
     let server = Server::new(ServerConfig::new(&root))?;
     let shutdown = CancellationToken::new();
     let addr = rt.block_on(async {
-        let listener = dmover_net::tcp::listen(([127, 0, 0, 1], 0).into(), &Default::default())?;
+        let listener =
+            dmover_net::listen::Listener::bind(([127, 0, 0, 1], 0).into(), &Default::default())?;
         let addr = listener.local_addr().context("reading the bound address")?;
         let (server, stop) = (server.clone(), shutdown.clone());
         tokio::spawn(async move { server.serve(listener, stop).await });

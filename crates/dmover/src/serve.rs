@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use dmover_core::access::ConfigFile;
 use dmover_core::server::{Server, ServerConfig};
-use dmover_net::tcp;
+use dmover_net::listen::Listener;
 use dmover_net::tls::{KeyOrigin, ServerIdentity};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -44,11 +44,11 @@ pub fn run(job: ServeJob, env: &Env, log_format: LogFormat) -> anyhow::Result<Ex
             None => None,
             Some(m) => Some(bind_metrics(m, &identity).await?),
         };
-        let listener = match tcp::listen(job.listen, &job.socket) {
+        let listener = match Listener::bind(job.listen, &job.socket) {
             Err(e) if !job.listen_chosen && job.listen.is_ipv6() => {
                 tracing::info!("IPv6 unavailable ({e}); listening on IPv4 only");
                 let any_v4 = SocketAddr::from(([0, 0, 0, 0], dmover_proto::DEFAULT_PORT));
-                tcp::listen(any_v4, &job.socket)?
+                Listener::bind(any_v4, &job.socket)?
             }
             r => r?,
         };

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use dmover_net::control::ControlChannel;
 use dmover_net::join::Dials;
-use dmover_net::tcp;
 use dmover_net::{ControlStream, NetError};
 use dmover_proto::auth;
 use dmover_proto::control::{
@@ -13,7 +12,6 @@ use dmover_proto::control::{
     PruneReport, SessionOptions,
 };
 use dmover_proto::manifest::{Entry, Totals};
-use dmover_proto::preamble::{ConnKind, Preamble};
 use dmover_proto::session::{Dial, SourceSession, Timing};
 use dmover_proto::{PROTOCOL_VERSION, control};
 
@@ -275,23 +273,10 @@ impl Dialer {
         let dials = self
             .data_dialer(server)
             .dial_ahead(self.opts.streams.min(session::MAX_STREAMS));
-        let stream = tcp::connect_fast_open(
-            server,
-            &tcp::SocketOptions::default(),
-            self.opts.connect_timeout,
-        )
-        .await?;
         // TLS starts right behind the preamble, which goes out with the ClientHello
         // (in a TCP Fast Open SYN, where the server offers it); the server's answer is
         // read (and checked) before the first TLS bytes.
-        let stream = dmover_net::control::ControlTcp::awaiting_answer(
-            stream,
-            Preamble {
-                kind: ConnKind::Control,
-                version: PROTOCOL_VERSION,
-                busy: None,
-            },
-        );
+        let stream = dmover_net::control::connect(server, self.opts.connect_timeout).await?;
         let (tls, key_known) = match tokio::time::timeout(
             HANDSHAKE_TIMEOUT,
             connector.connect_checked(stream, server),
@@ -324,9 +309,11 @@ impl Dialer {
                     ),
                 ));
             }
-            // A connection opened with TCP Fast Open is made at its first write: a
-            // server that is not there shows here, and is said as a failed connect.
-            Ok(Err(NetError::Tls { source, .. })) if tcp::never_connected(&source) => {
+            // A connection may be made only at its first write: a server that is not
+            // there shows here, and is said as a failed connect.
+            Ok(Err(NetError::Tls { source, .. }))
+                if dmover_net::control::never_connected(&source) =>
+            {
                 return Err(Error::Net(NetError::Io {
                     what: "connecting to",
                     peer: server.into(),
