@@ -1,11 +1,11 @@
 //! A dialer's data streams: each opened when its machine asks, on a connection dialed
-//! ahead when it is still good ([`Dialing`]).
+//! ahead when it is still good ([`Dialing`]), over any transport's [`Dial`] (TCP's
+//! [`join::Dialer`]; the in-memory [`dmover_net::memnet::MemDial`] in tests).
 
 use std::sync::Arc;
 
-use dmover_net::join::{self, Dials, JoinError, JoinWait, LinkMode};
+use dmover_net::join::{self, Ahead, Dial, JoinError, JoinWait, LinkMode};
 use dmover_net::pace::{Paced, Pacer};
-use dmover_net::stream::DataIo;
 use dmover_proto::auth;
 use dmover_proto::control::SessionInfo;
 
@@ -15,8 +15,8 @@ use crate::error::{Error, Result};
 
 /// The dialer's data streams: each opened when its machine asks, on the connection
 /// dialed during set-up when it is still good (see [`Dialer::join`]).
-pub(crate) struct Dialing {
-    pub(super) dialer: join::Dialer,
+pub(crate) struct Dialing<D: Dial = join::Dialer> {
+    pub(super) dialer: D,
     pub(super) mode: LinkMode,
     pub(super) wait: JoinWait,
     pub(super) master: [u8; 32],
@@ -24,13 +24,13 @@ pub(crate) struct Dialing {
     pub(super) key: Option<(u64, [u8; 32])>,
     /// Streams asked for before the session's key was known.
     pub(super) asked: Vec<u16>,
-    pub(super) early: Dials,
+    pub(super) early: Ahead<D::Early>,
     /// The transfer's bandwidth limit, shared by its streams.
     pub(super) pacer: Option<Arc<Pacer>>,
-    pub(super) set: tokio::task::JoinSet<(u16, Result<DataStream<Paced<DataIo>>>)>,
+    pub(super) set: tokio::task::JoinSet<(u16, Result<DataStream<Paced<D::Link>>>)>,
 }
 
-impl Dialing {
+impl<D: Dial> Dialing<D> {
     /// The session's id and salt, known before `Session` (early data): its streams
     /// may join now.
     pub(crate) fn set_session(&mut self, id: u64, salt: &[u8; 32]) {
@@ -38,8 +38,8 @@ impl Dialing {
     }
 }
 
-impl drive::Joins for Dialing {
-    type Link = Paced<DataIo>;
+impl<D: Dial> drive::Joins for Dialing<D> {
+    type Link = Paced<D::Link>;
 
     fn opened(&mut self, info: &SessionInfo) {
         self.set_session(info.id, &info.salt);
@@ -72,7 +72,7 @@ impl drive::Joins for Dialing {
         });
     }
 
-    async fn next(&mut self) -> (u16, Result<DataStream<Paced<DataIo>>>) {
+    async fn next(&mut self) -> (u16, Result<DataStream<Paced<D::Link>>>) {
         loop {
             match self.set.join_next().await {
                 Some(Ok(r)) => return r,
