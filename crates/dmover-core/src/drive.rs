@@ -2958,23 +2958,24 @@ async fn sink_stream<L: DataLink, K>(
 
 #[cfg(test)]
 mod tests {
-    //! Both role drivers against each other in one process: a control channel and data
-    //! streams over in-memory pipes, memory storage, the dialer's handshake answered by
-    //! [`accept`]. Everything but sockets and files is the code a real session runs.
+    //! Both role drivers against each other in one process: a control channel over an
+    //! in-memory pipe, data streams over the in-memory transport (`memnet`: the
+    //! dialer's production `Dialing` joins them through a real `JoinTable` with the
+    //! real proofs, the acceptor's `Accepted` takes them as a server's does), memory
+    //! storage, the dialer's handshake answered by [`accept`]. Everything but sockets
+    //! and files is the code a real session runs.
 
     use super::*;
 
     use dmover_net::fault::{FaultPlan, Faulty};
-    use dmover_net::stream::DataIo;
-    use dmover_proto::auth::Role;
     use dmover_proto::control::{Credential, DataProtection, DirectIo, Op, Welcome};
     use dmover_proto::manifest::{EntryKind, Mtime, NO_PARENT, Totals};
     use dmover_proto::session::{Dial, Limits};
     use dmover_store::mem::{MemSink, MemSource};
-    use tokio::io::DuplexStream;
 
     const CHUNK: u32 = 64 << 10;
-    const KEY: [u8; 32] = [7; 32];
+    /// The control connection's secret both sides derive the session key from.
+    const MASTER: [u8; 32] = [7; 32];
 
     #[test]
     fn streamed_parts_cut_the_manifest_with_running_totals_and_their_metadata() {
@@ -3082,45 +3083,6 @@ mod tests {
         (entries, data)
     }
 
-    /// The dialer's streams: an in-memory pipe per stream, the far end handed to the
-    /// acceptor as its join listener would; `plan` cuts the dialer's ends.
-    struct Pipes {
-        to_acceptor: mpsc::Sender<Joined<DuplexStream>>,
-        plan: Option<Arc<FaultPlan>>,
-        ready: Vec<u16>,
-    }
-
-    impl Joins for Pipes {
-        type Link = Faulty<DataIo<DuplexStream>>;
-
-        fn opened(&mut self, _info: &SessionInfo) {}
-
-        fn open(&mut self, stream: u16) {
-            self.ready.push(stream);
-        }
-
-        async fn next(&mut self) -> (u16, Result<DataStream<Self::Link>>) {
-            let Some(i) = self.ready.pop() else {
-                return std::future::pending().await;
-            };
-            let (a, b) = tokio::io::duplex(128 << 10);
-            let p = DataProtection::Authenticated;
-            let far = DataIo::new(b, p, &KEY, i, Role::Server, None);
-            let _ = self
-                .to_acceptor
-                .send(Joined {
-                    stream: i,
-                    io: far,
-                    peer: "source".into(),
-                })
-                .await;
-            let near = DataIo::new(a, p, &KEY, i, Role::Client, None);
-            let io = Faulty::new(near, self.plan.clone());
-            let peer = "sink".into();
-            (i, Ok(DataStream { io, peer }))
-        }
-    }
-
     fn env(buffers: usize) -> Env {
         Env {
             disk: Arc::new(DiskPool::new(2, "test-disk")),
@@ -3211,14 +3173,24 @@ mod tests {
         };
         let mut m = SourceSession::dial(start, "sink", timing, d);
         let growth = manifest(&mut m);
-        let (tx, rx) = mpsc::channel(streams as usize);
-        let pipes = Pipes {
-            to_acceptor: tx,
-            plan,
-            ready: Vec::new(),
+        // The data streams: the production dialer's joins over in-memory pipes, through
+        // the acceptor's join table, with the real proofs; `plan` cuts the sink's ends.
+        let net = dmover_net::memnet::MemNet::new(Duration::from_secs(30), Duration::from_secs(5));
+        let mode = dmover_net::join::LinkMode {
+            protection: DataProtection::Authenticated,
+            idle: Duration::from_secs(30),
         };
+        let dial = net.dialer("sink", Duration::from_secs(5));
+        let joins = crate::dialer::Dialing::new(
+            dial,
+            mode,
+            dmover_net::join::JoinWait::Pipelined,
+            MASTER,
+            Default::default(),
+            None,
+        );
         let sending =
-            async { self::source_growing(m, &mut dialer, pipes, source, env(6), growth).await };
+            async { self::source_growing(m, &mut dialer, joins, source, env(6), growth).await };
         let receiving = async {
             let welcome = Welcome {
                 software: "test".into(),
@@ -3229,20 +3201,23 @@ mod tests {
             let a = Acceptance::new("source", timing, deadline, welcome);
             let open = accept(a, &mut acceptor, |_, _| Ok(AuthOk { proof: None })).await?;
             let mut m = SinkSession::accept(now(), "source", timing, Limits::default(), deadline);
-            m.grant(
-                now(),
-                SessionInfo {
-                    id: 9,
-                    salt: [3; 32],
-                    streams: open.streams,
-                    chunk_size: open.chunk_size,
-                    features: dmover_proto::session::features::negotiate(
-                        open.features,
-                        dmover_proto::session::features::SUPPORTED,
-                    ),
-                },
-            );
-            let joins = Accepted::new(rx, |io| io);
+            let info = SessionInfo {
+                id: 9,
+                salt: [3; 32],
+                streams: open.streams,
+                chunk_size: open.chunk_size,
+                features: dmover_proto::session::features::negotiate(
+                    open.features,
+                    dmover_proto::session::features::SUPPORTED,
+                ),
+            };
+            let key = dmover_proto::auth::session_key(&MASTER, info.id, &info.salt);
+            let rx = net
+                .table()
+                .open(info.id, key, open.protection, info.streams)
+                .expect("a new session");
+            m.grant(now(), info);
+            let joins = Accepted::new(rx, move |io| Faulty::new(io, plan.clone()));
             sink(m, &mut acceptor, joins, prepare, None, env(4)).await
         };
         tokio::join!(sending, receiving)

@@ -27,10 +27,38 @@ pub(crate) struct Dialing<D: Dial = join::Dialer> {
     pub(super) early: Ahead<D::Early>,
     /// The transfer's bandwidth limit, shared by its streams.
     pub(super) pacer: Option<Arc<Pacer>>,
-    pub(super) set: tokio::task::JoinSet<(u16, Result<DataStream<Paced<D::Link>>>)>,
+    pub(super) set: tokio::task::JoinSet<Joined<D>>,
 }
 
+/// A stream's join, done: its index and the stream, or why it failed.
+type Joined<D> = (u16, Result<DataStream<Paced<<D as Dial>::Link>>>);
+
 impl<D: Dial> Dialing<D> {
+    /// A session's data streams, to be joined with `dialer` as its machine asks (on
+    /// the connections opened ahead, `early`), carried as `mode` says, each waiting for
+    /// its join's answer or not (`wait`); `master`: the control connection's secret the
+    /// session's key derives from; `pacer`: the transfer's bandwidth limit.
+    pub(crate) fn new(
+        dialer: D,
+        mode: LinkMode,
+        wait: JoinWait,
+        master: [u8; 32],
+        early: Ahead<D::Early>,
+        pacer: Option<Arc<Pacer>>,
+    ) -> Self {
+        Dialing {
+            dialer,
+            mode,
+            wait,
+            master,
+            key: None,
+            asked: Vec::new(),
+            early,
+            pacer,
+            set: tokio::task::JoinSet::new(),
+        }
+    }
+
     /// The session's id and salt, known before `Session` (early data): its streams
     /// may join now.
     pub(crate) fn set_session(&mut self, id: u64, salt: &[u8; 32]) {

@@ -280,17 +280,14 @@ impl Dialer {
         dials: Dials,
         wait: JoinWait,
     ) -> Dialing {
-        Dialing {
-            dialer: self.data_dialer(server),
-            mode: self.link_mode(),
+        Dialing::new(
+            self.data_dialer(server),
+            self.link_mode(),
             wait,
             master,
-            key: None,
-            asked: Vec::new(),
-            early: dials,
-            pacer: self.opts.bwlimit.map(Pacer::new),
-            set: tokio::task::JoinSet::new(),
-        }
+            dials,
+            self.opts.bwlimit.map(Pacer::new),
+        )
     }
 
     /// A session with `server`, set up to be driven: connected, the first flight for
