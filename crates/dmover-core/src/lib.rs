@@ -23,6 +23,8 @@
 //! - Storage (trees, paths, walks, sources and sinks, the resume journal) is
 //!   [`dmover_store`]; its errors arrive here as [`Error::Store`].
 
+#![deny(clippy::too_many_lines)]
+
 pub mod access;
 pub mod client;
 pub mod dialer;

@@ -761,30 +761,32 @@ fn counter<V: prometheus_client::encoding::EncodeCounterValue>(
     c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)
 }
 
-impl Collector for Collect {
-    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
-        let m = &self.0;
-        // One consistent reading: finished sessions' sums plus the running ones'
-        // counters, under the lock a session takes to move from one to the other.
-        let (mut moved, sessions, errors, active_by_op) = {
-            let inner = m.inner.lock();
-            let mut moved = inner.moved.clone();
-            let mut active_by_op: BTreeMap<&'static str, u64> =
-                OPS.iter().map(|&o| (o, 0)).collect();
-            for s in inner.active.values() {
-                *active_by_op.entry(s.op).or_default() += 1;
-                moved
-                    .entry((s.direction, s.user.clone()))
-                    .or_default()
-                    .add(s.moved());
-            }
-            (
-                moved,
-                inner.sessions.clone(),
-                inner.errors.clone(),
-                active_by_op,
-            )
-        };
+/// One consistent reading of the counters the metrics report.
+struct Reading {
+    /// What sessions moved, finished ones' sums plus running ones', by (direction,
+    /// user), every direction present for every user seen.
+    moved: BTreeMap<(&'static str, String), Moved>,
+    sessions: BTreeMap<(&'static str, &'static str), u64>,
+    errors: BTreeMap<&'static str, u64>,
+    active_by_op: BTreeMap<&'static str, u64>,
+}
+
+impl Reading {
+    /// Finished sessions' sums plus the running ones' counters, under the lock a
+    /// session takes to move from one to the other.
+    fn of(m: &Monitor) -> Self {
+        let inner = m.inner.lock();
+        let mut moved = inner.moved.clone();
+        let mut active_by_op: BTreeMap<&'static str, u64> = OPS.iter().map(|&o| (o, 0)).collect();
+        for s in inner.active.values() {
+            *active_by_op.entry(s.op).or_default() += 1;
+            moved
+                .entry((s.direction, s.user.clone()))
+                .or_default()
+                .add(s.moved());
+        }
+        let (sessions, errors) = (inner.sessions.clone(), inner.errors.clone());
+        drop(inner);
         // Every direction appears for every user seen, so rates start from 0.
         let users: Vec<String> = moved.keys().map(|(_, u)| u.clone()).collect();
         for u in users {
@@ -792,165 +794,208 @@ impl Collector for Collect {
                 moved.entry((dir, u.clone())).or_default();
             }
         }
-        let series = |f: fn(&Moved) -> u64| {
-            moved
-                .iter()
-                .map(move |((dir, user), v)| {
-                    (
-                        [("direction", (*dir).to_string()), ("user", user.clone())],
-                        f(v),
-                    )
-                })
-                .collect::<Vec<_>>()
-        };
-
-        {
-            let g = ConstGauge::new(0i64);
-            let mut family = enc.encode_descriptor(
-                "dmover_sessions_active",
-                "Sessions running now, by op.",
-                None,
-                g.metric_type(),
-            )?;
-            for (op, n) in active_by_op {
-                ConstGauge::new(n as i64).encode(family.encode_family(&[("op", op)])?)?;
-            }
+        Reading {
+            moved,
+            sessions,
+            errors,
+            active_by_op,
         }
-        let mut rows: BTreeMap<(&str, &str), u64> = OPS
+    }
+}
+
+impl Collector for Collect {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let m = &self.0;
+        let r = Reading::of(m);
+        encode_sessions(&mut enc, r.active_by_op, r.sessions, r.errors)?;
+        encode_moved(&mut enc, &r.moved)?;
+        encode_refusals(&mut enc, m)?;
+        encode_usage(&mut enc, m)
+    }
+}
+
+/// Sessions running, ended and failed.
+fn encode_sessions(
+    enc: &mut DescriptorEncoder<'_>,
+    active_by_op: BTreeMap<&'static str, u64>,
+    sessions: BTreeMap<(&'static str, &'static str), u64>,
+    errors: BTreeMap<&'static str, u64>,
+) -> std::fmt::Result {
+    {
+        let g = ConstGauge::new(0i64);
+        let mut family = enc.encode_descriptor(
+            "dmover_sessions_active",
+            "Sessions running now, by op.",
+            None,
+            g.metric_type(),
+        )?;
+        for (op, n) in active_by_op {
+            ConstGauge::new(n as i64).encode(family.encode_family(&[("op", op)])?)?;
+        }
+    }
+    let mut rows: BTreeMap<(&str, &str), u64> = OPS
+        .iter()
+        .flat_map(|&o| [((o, "ok"), 0), ((o, "error"), 0)])
+        .collect();
+    rows.extend(sessions);
+    counter_family(
+        enc,
+        "dmover_sessions",
+        "Sessions ended (after authentication), by op and result.",
+        rows.into_iter()
+            .map(|((op, result), v)| ([("op", op), ("result", result)], v)),
+    )?;
+    counter_family(
+        enc,
+        "dmover_session_errors",
+        "Failed sessions, by error class.",
+        errors.into_iter().map(|(kind, v)| ([("kind", kind)], v)),
+    )?;
+    Ok(())
+}
+
+/// What the sessions moved, by direction and user.
+fn encode_moved(
+    enc: &mut DescriptorEncoder<'_>,
+    moved: &BTreeMap<(&'static str, String), Moved>,
+) -> std::fmt::Result {
+    let series = |f: fn(&Moved) -> u64| {
+        moved
             .iter()
-            .flat_map(|&o| [((o, "ok"), 0), ((o, "error"), 0)])
-            .collect();
-        rows.extend(sessions);
-        counter_family(
-            &mut enc,
-            "dmover_sessions",
-            "Sessions ended (after authentication), by op and result.",
-            rows.into_iter()
-                .map(|((op, result), v)| ([("op", op), ("result", result)], v)),
-        )?;
-        counter_family(
-            &mut enc,
-            "dmover_session_errors",
-            "Failed sessions, by error class.",
-            errors.into_iter().map(|(kind, v)| ([("kind", kind)], v)),
-        )?;
-        counter_family(
-            &mut enc,
-            "dmover_bytes",
-            "Payload bytes that crossed the data streams (chunks sent again count again), \
+            .map(move |((dir, user), v)| {
+                (
+                    [("direction", (*dir).to_string()), ("user", user.clone())],
+                    f(v),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    counter_family(
+        enc,
+        "dmover_bytes",
+        "Payload bytes that crossed the data streams (chunks sent again count again), \
              by direction (received: pushes, sent: pulls, third_party_received/sent: \
              third-party copies, memtest_received/sent: memory-to-memory tests) and user.",
-            series(|v| v.bytes),
-        )?;
-        counter_family(
-            &mut enc,
-            "dmover_files",
-            "Regular files completed, by direction and user.",
-            series(|v| v.files),
-        )?;
-        counter_family(
-            &mut enc,
-            "dmover_streams_lost",
-            "Data streams that broke mid-session (their chunks went on the others).",
-            series(|v| v.streams_lost),
-        )?;
-        counter_family(
-            &mut enc,
-            "dmover_sessions_resumed",
-            "Sessions whose destination already held part of the data: a resumed or \
+        series(|v| v.bytes),
+    )?;
+    counter_family(
+        enc,
+        "dmover_files",
+        "Regular files completed, by direction and user.",
+        series(|v| v.files),
+    )?;
+    counter_family(
+        enc,
+        "dmover_streams_lost",
+        "Data streams that broke mid-session (their chunks went on the others).",
+        series(|v| v.streams_lost),
+    )?;
+    counter_family(
+        enc,
+        "dmover_sessions_resumed",
+        "Sessions whose destination already held part of the data: a resumed or \
              retried copy (--resume, --retries), or a sync re-run.",
-            series(|v| v.resumed),
-        )?;
-        counter_family(
-            &mut enc,
-            "dmover_chunks_resent",
-            "Chunks this server sent again because their data stream broke.",
-            series(|v| v.chunks_resent),
-        )?;
-        counter(
-            &mut enc,
-            "dmover_busy_refusals",
-            "Control connections answered busy before TLS (session or set-up limit).",
-            m.busy_refused.load(Relaxed),
-        )?;
-        let failures = m.failures.lock().clone();
-        let of = |class: &'static str, labels: &'static [&'static str]| {
-            labels
-                .iter()
-                .map(|&l| (l, failures.get(&(class, l)).copied().unwrap_or(0)))
-                .collect::<Vec<_>>()
-        };
-        counter_family(
-            &mut enc,
-            "dmover_auth_failures",
-            "Authentication failures, by kind (bad_credential, unknown_user, revoked, tls, \
+        series(|v| v.resumed),
+    )?;
+    counter_family(
+        enc,
+        "dmover_chunks_resent",
+        "Chunks this server sent again because their data stream broke.",
+        series(|v| v.chunks_resent),
+    )?;
+    Ok(())
+}
+
+/// What the server refused: busy answers, authentication failures, limits reached.
+fn encode_refusals(enc: &mut DescriptorEncoder<'_>, m: &Monitor) -> std::fmt::Result {
+    counter(
+        enc,
+        "dmover_busy_refusals",
+        "Control connections answered busy before TLS (session or set-up limit).",
+        m.busy_refused.load(Relaxed),
+    )?;
+    let failures = m.failures.lock().clone();
+    let of = |class: &'static str, labels: &'static [&'static str]| {
+        labels
+            .iter()
+            .map(|&l| (l, failures.get(&(class, l)).copied().unwrap_or(0)))
+            .collect::<Vec<_>>()
+    };
+    counter_family(
+        enc,
+        "dmover_auth_failures",
+        "Authentication failures, by kind (bad_credential, unknown_user, revoked, tls, \
              capability).",
-            of("auth", &AUTH_FAILURES)
-                .into_iter()
-                .map(|(k, v)| ([("kind", k)], v)),
-        )?;
-        counter_family(
-            &mut enc,
-            "dmover_refusals",
-            "Sessions or connections the server could not take (yet), by the limit reached.",
-            of("refusal", &REFUSALS)
-                .into_iter()
-                .map(|(k, v)| ([("reason", k)], v)),
-        )?;
-        counter(
-            &mut enc,
-            "dmover_network_busy_seconds",
-            "Seconds during which some session's data streams moved payload bytes (0.25 s \
+        of("auth", &AUTH_FAILURES)
+            .into_iter()
+            .map(|(k, v)| ([("kind", k)], v)),
+    )?;
+    counter_family(
+        enc,
+        "dmover_refusals",
+        "Sessions or connections the server could not take (yet), by the limit reached.",
+        of("refusal", &REFUSALS)
+            .into_iter()
+            .map(|(k, v)| ([("reason", k)], v)),
+    )?;
+    Ok(())
+}
+
+/// How busy the network and the disk threads were, and the buffer memory.
+fn encode_usage(enc: &mut DescriptorEncoder<'_>, m: &Monitor) -> std::fmt::Result {
+    counter(
+        enc,
+        "dmover_network_busy_seconds",
+        "Seconds during which some session's data streams moved payload bytes (0.25 s \
              resolution); its rate is the fraction of time data was moving.",
-            m.network_busy_seconds(),
-        )?;
-        let u = m.usage();
-        counter(
-            &mut enc,
-            "dmover_disk_busy_seconds",
-            "Seconds the disk threads spent on jobs (reads, writes, walks), all threads \
+        m.network_busy_seconds(),
+    )?;
+    let u = m.usage();
+    counter(
+        enc,
+        "dmover_disk_busy_seconds",
+        "Seconds the disk threads spent on jobs (reads, writes, walks), all threads \
              together; divide its rate by dmover_disk_threads for utilisation.",
-            u.disk_busy,
-        )?;
-        counter(
-            &mut enc,
-            "dmover_disk_jobs",
-            "Jobs the disk threads ran.",
-            u.disk_jobs,
-        )?;
-        counter(
-            &mut enc,
-            "dmover_disk_wait_seconds",
-            "Seconds disk jobs waited in the queue for a thread, all jobs together; its \
+        u.disk_busy,
+    )?;
+    counter(
+        enc,
+        "dmover_disk_jobs",
+        "Jobs the disk threads ran.",
+        u.disk_jobs,
+    )?;
+    counter(
+        enc,
+        "dmover_disk_wait_seconds",
+        "Seconds disk jobs waited in the queue for a thread, all jobs together; its \
              rate is the mean number of jobs waiting.",
-            u.disk_wait,
-        )?;
-        gauge(
-            &mut enc,
-            "dmover_disk_threads",
-            "Disk I/O threads shared by all sessions, now.",
-            u.disk_threads as i64,
-        )?;
-        gauge(
-            &mut enc,
-            "dmover_buffer_memory_budget_bytes",
-            "Bytes of chunk buffers all sessions may hold together (--memory).",
-            u.memory_budget as i64,
-        )?;
-        gauge(
-            &mut enc,
-            "dmover_buffer_memory_reserved_bytes",
-            "Bytes of the buffer budget the running sessions hold.",
-            u.memory_reserved as i64,
-        )?;
-        gauge(
-            &mut enc,
-            "dmover_start_time_seconds",
-            "When the server started, seconds since the Unix epoch.",
-            m.started_unix,
-        )?;
-        Ok(())
-    }
+        u.disk_wait,
+    )?;
+    gauge(
+        enc,
+        "dmover_disk_threads",
+        "Disk I/O threads shared by all sessions, now.",
+        u.disk_threads as i64,
+    )?;
+    gauge(
+        enc,
+        "dmover_buffer_memory_budget_bytes",
+        "Bytes of chunk buffers all sessions may hold together (--memory).",
+        u.memory_budget as i64,
+    )?;
+    gauge(
+        enc,
+        "dmover_buffer_memory_reserved_bytes",
+        "Bytes of the buffer budget the running sessions hold.",
+        u.memory_reserved as i64,
+    )?;
+    gauge(
+        enc,
+        "dmover_start_time_seconds",
+        "When the server started, seconds since the Unix epoch.",
+        m.started_unix,
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -34,6 +34,8 @@
 //! - [`zerocopy`]: `MSG_ZEROCOPY` sends with completion reaping, reporting when the
 //!   kernel copied after all.
 
+#![deny(clippy::too_many_lines)]
+
 pub mod budget;
 pub mod capability;
 pub mod chunkio;

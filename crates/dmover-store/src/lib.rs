@@ -16,6 +16,8 @@
 //! - [`verify`]: comparing two trees (tests, the demo, benchmark copies).
 //! - [`Error`]: the storage error, wrapped transparently by `dmover_core::Error`.
 
+#![deny(clippy::too_many_lines)]
+
 pub mod chunk;
 pub mod error;
 pub mod fault;

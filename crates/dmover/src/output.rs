@@ -662,197 +662,264 @@ pub fn report_with(
     bwlimit: Option<u64>,
     sync: bool,
 ) -> ExitCode {
-    let server_limit = server_bwlimit(progress);
-    let held = limit_held(bwlimit, server_limit);
+    let o = Outcome {
+        direction,
+        dialer,
+        secs,
+        timing,
+        json,
+        quiet,
+        progress,
+        bwlimit,
+        sync,
+    };
     match result {
-        Ok(r) => {
-            let s = r.summary;
-            let gbps = r.bytes_sent as f64 * 8.0 / secs.max(1e-9) / 1e9;
-            let fps = s.files as f64 / secs.max(1e-9);
-            let failed = r.failed.len() as u64;
-            let pruned = r.pruned.clone().unwrap_or_default();
-            let deleting = r.pruned.is_some() || r.delete_refused.is_some();
-            let over = pruned.over_limit;
-            let ok = failed == 0 && r.delete_refused.is_none() && over == 0;
-            if json {
-                let j = JsonReport {
-                    schema: SCHEMA,
-                    kind: "summary",
-                    ok,
-                    direction,
-                    dialer: dialer.map(str::to_string),
-                    bytes: r.totals.bytes,
-                    bytes_sent: r.bytes_sent,
-                    bytes_resumed: r.held_bytes,
-                    files_unchanged: sync.then_some(r.held_files),
-                    bytes_unchanged: sync.then_some(r.held_bytes),
-                    files_deleted: deleting.then_some(pruned.deleted),
-                    bytes_deleted: deleting.then_some(pruned.deleted_bytes),
-                    delete_over_limit: deleting.then_some(over),
-                    files: r.totals.files - failed,
-                    files_sent: s.files,
-                    dirs: s.dirs,
-                    symlinks: s.symlinks,
-                    seconds: secs,
-                    gbit_per_s: gbps,
-                    files_per_s: fps,
-                    streams: r.streams,
-                    chunk: r.chunk_size,
-                    chunk_sizes: r
-                        .chunk_sizes
-                        .iter()
-                        .map(|&(size, chunks)| ChunkSize { size, chunks })
-                        .collect(),
-                    verified: s.verified,
-                    skipped: r.skipped,
-                    retries: r.chunks_resent,
-                    streams_lost: r.streams_lost,
-                    attempts: r.attempts,
-                    errors: failed,
-                    failed: r.failed.clone(),
-                    error: None,
-                    bwlimit,
-                    server_bwlimit: server_limit,
-                    bwlimit_from: held.map(|h| h.0),
-                    tuning: tuning_json(progress),
-                    disk_threads: disk_json(progress),
-                    bytes_received: r.relayed.map(|x| x.bytes_received),
-                    relay_peak_bytes: r.relayed.map(|x| x.peak_buffered),
-                    manifest_parts: match progress.manifest_grown.load(Ordering::Relaxed) {
-                        0 => None,
-                        n => Some(n + 1),
-                    },
-                    receive_buffer: match progress.receive_buffer.load(Ordering::Relaxed) {
-                        0 => None,
-                        n => Some(n),
-                    },
-                    send_buffer: match progress.send_buffer.load(Ordering::Relaxed) {
-                        0 => None,
-                        n => Some(n),
-                    },
-                    timing,
-                };
-                print_line(&j);
-            } else if !quiet {
-                let verb = match direction {
-                    Direction::Push => "pushed",
-                    Direction::Pull => "pulled",
-                    Direction::TpcPush | Direction::TpcPull => "copied server to server",
-                    Direction::TpcRelay => "relayed server to server",
-                };
-                eprintln!(
-                    "{verb} {} in {} files, {} dirs, {} symlinks in {secs:.2} s: {gbps:.2} Gbit/s, {fps:.0} files/s ({} streams, {} chunks{}){}{}{}",
-                    human_bytes(r.bytes_sent),
-                    s.files,
-                    s.dirs,
-                    s.symlinks,
-                    match *progress.tuning.lock() {
-                        Some(t) => format!("{} of {} tuned", t.streams, t.of),
-                        None => r.streams.to_string(),
-                    },
-                    human_bytes(r.chunk_size.into()),
-                    if s.verified {
-                        ", checksums verified"
-                    } else {
-                        ", not checksummed"
-                    },
-                    if r.skipped > 0 {
-                        format!("; skipped {} special files", r.skipped)
-                    } else {
-                        String::new()
-                    },
-                    resilience(&r),
-                    limit_words(held),
-                );
-            }
-            for f in &r.failed {
-                eprintln!("dmover: not copied: {f}");
-            }
-            if r.pruned.is_some() && !quiet && !json {
-                eprintln!(
-                    "deleted {} entries ({}) the source does not have{}",
-                    pruned.deleted,
-                    human_bytes(pruned.deleted_bytes),
-                    if pruned.protected > 0 {
-                        format!("; kept {} excluded by the filters", pruned.protected)
-                    } else {
-                        String::new()
-                    }
-                );
-            }
-            if let Some(why) = &r.delete_refused {
-                eprintln!("dmover: error: {why}");
-            }
-            if over > 0 {
-                eprintln!(
-                    "dmover: error: --max-delete stopped deletions: {over} more entries the \
-                     source does not have were not deleted"
-                );
-            }
-            if failed == 0 && !ok {
-                ExitCode::from(1)
-            } else if failed > 0 {
-                eprintln!(
-                    "dmover: error: {failed} files could not be copied; the rest was (rerun with --resume to retry them)"
-                );
-                ExitCode::from(1)
-            } else {
-                ExitCode::SUCCESS
-            }
+        Ok(r) => o.done(&r),
+        Err(e) => o.failed(&e),
+    }
+}
+
+/// How a run's outcome is reported (see [`report_with`]).
+struct Outcome<'a> {
+    direction: Direction,
+    dialer: Option<&'a str>,
+    secs: f64,
+    timing: Timing,
+    json: bool,
+    quiet: bool,
+    progress: &'a Progress,
+    bwlimit: Option<u64>,
+    sync: bool,
+}
+
+impl Outcome<'_> {
+    /// A run that finished: its summary (JSON or a line), what was not copied or
+    /// deleted, and the exit code.
+    fn done(&self, r: &Report) -> ExitCode {
+        let failed = r.failed.len() as u64;
+        let over = r.pruned.as_ref().map_or(0, |p| p.over_limit);
+        let ok = failed == 0 && r.delete_refused.is_none() && over == 0;
+        if self.json {
+            print_line(&self.done_json(r, ok));
+        } else if !self.quiet {
+            self.done_line(r);
         }
-        Err(e) => {
-            if json {
-                // What the run achieved before it failed (all attempts); what only a
-                // finished session reports (files, streams, chunk size) stays 0.
-                let bytes_sent = progress.bytes.load(Ordering::Relaxed);
-                let j = JsonReport {
-                    schema: SCHEMA,
-                    kind: "summary",
-                    ok: false,
-                    direction,
-                    dialer: dialer.map(str::to_string),
-                    bytes: progress.total.load(Ordering::Relaxed),
-                    bytes_sent,
-                    bytes_resumed: progress.held.load(Ordering::Relaxed),
-                    files_unchanged: None,
-                    bytes_unchanged: None,
-                    files_deleted: None,
-                    bytes_deleted: None,
-                    delete_over_limit: None,
-                    files: 0,
-                    files_sent: 0,
-                    dirs: 0,
-                    symlinks: 0,
-                    seconds: secs,
-                    gbit_per_s: bytes_sent as f64 * 8.0 / secs.max(1e-9) / 1e9,
-                    files_per_s: 0.0,
-                    streams: 0,
-                    chunk: 0,
-                    chunk_sizes: Vec::new(),
-                    verified: false,
-                    skipped: 0,
-                    retries: progress.chunks_resent.load(Ordering::Relaxed),
-                    streams_lost: progress.streams_lost.load(Ordering::Relaxed),
-                    attempts: progress.attempt.load(Ordering::Relaxed),
-                    errors: 1,
-                    failed: Vec::new(),
-                    error: Some(e.to_string()),
-                    bwlimit,
-                    server_bwlimit: server_limit,
-                    bwlimit_from: held.map(|h| h.0),
-                    tuning: tuning_json(progress),
-                    disk_threads: disk_json(progress),
-                    bytes_received: None,
-                    relay_peak_bytes: None,
-                    manifest_parts: None,
-                    receive_buffer: None,
-                    send_buffer: None,
-                    timing,
-                };
-                print_line(&j);
-            }
-            eprintln!("dmover: error: {e}");
-            ExitCode::from(exit_code(&e))
+        self.aftermath(r, ok)
+    }
+
+    fn done_json(&self, r: &Report, ok: bool) -> JsonReport {
+        let (direction, dialer, secs, timing) =
+            (self.direction, self.dialer, self.secs, self.timing);
+        let (sync, progress, bwlimit) = (self.sync, self.progress, self.bwlimit);
+        let server_limit = server_bwlimit(progress);
+        let held = limit_held(bwlimit, server_limit);
+        let s = r.summary;
+        let gbps = r.bytes_sent as f64 * 8.0 / secs.max(1e-9) / 1e9;
+        let fps = s.files as f64 / secs.max(1e-9);
+        let failed = r.failed.len() as u64;
+        let pruned = r.pruned.clone().unwrap_or_default();
+        let deleting = r.pruned.is_some() || r.delete_refused.is_some();
+        let over = pruned.over_limit;
+        JsonReport {
+            schema: SCHEMA,
+            kind: "summary",
+            ok,
+            direction,
+            dialer: dialer.map(str::to_string),
+            bytes: r.totals.bytes,
+            bytes_sent: r.bytes_sent,
+            bytes_resumed: r.held_bytes,
+            files_unchanged: sync.then_some(r.held_files),
+            bytes_unchanged: sync.then_some(r.held_bytes),
+            files_deleted: deleting.then_some(pruned.deleted),
+            bytes_deleted: deleting.then_some(pruned.deleted_bytes),
+            delete_over_limit: deleting.then_some(over),
+            files: r.totals.files - failed,
+            files_sent: s.files,
+            dirs: s.dirs,
+            symlinks: s.symlinks,
+            seconds: secs,
+            gbit_per_s: gbps,
+            files_per_s: fps,
+            streams: r.streams,
+            chunk: r.chunk_size,
+            chunk_sizes: r
+                .chunk_sizes
+                .iter()
+                .map(|&(size, chunks)| ChunkSize { size, chunks })
+                .collect(),
+            verified: s.verified,
+            skipped: r.skipped,
+            retries: r.chunks_resent,
+            streams_lost: r.streams_lost,
+            attempts: r.attempts,
+            errors: failed,
+            failed: r.failed.clone(),
+            error: None,
+            bwlimit,
+            server_bwlimit: server_limit,
+            bwlimit_from: held.map(|h| h.0),
+            tuning: tuning_json(progress),
+            disk_threads: disk_json(progress),
+            bytes_received: r.relayed.map(|x| x.bytes_received),
+            relay_peak_bytes: r.relayed.map(|x| x.peak_buffered),
+            manifest_parts: match progress.manifest_grown.load(Ordering::Relaxed) {
+                0 => None,
+                n => Some(n + 1),
+            },
+            receive_buffer: match progress.receive_buffer.load(Ordering::Relaxed) {
+                0 => None,
+                n => Some(n),
+            },
+            send_buffer: match progress.send_buffer.load(Ordering::Relaxed) {
+                0 => None,
+                n => Some(n),
+            },
+            timing,
+        }
+    }
+
+    fn done_line(&self, r: &Report) {
+        let (direction, secs, progress) = (self.direction, self.secs, self.progress);
+        let held = limit_held(self.bwlimit, server_bwlimit(progress));
+        let s = r.summary;
+        let gbps = r.bytes_sent as f64 * 8.0 / secs.max(1e-9) / 1e9;
+        let fps = s.files as f64 / secs.max(1e-9);
+        let verb = match direction {
+            Direction::Push => "pushed",
+            Direction::Pull => "pulled",
+            Direction::TpcPush | Direction::TpcPull => "copied server to server",
+            Direction::TpcRelay => "relayed server to server",
+        };
+        eprintln!(
+            "{verb} {} in {} files, {} dirs, {} symlinks in {secs:.2} s: {gbps:.2} Gbit/s, {fps:.0} files/s ({} streams, {} chunks{}){}{}{}",
+            human_bytes(r.bytes_sent),
+            s.files,
+            s.dirs,
+            s.symlinks,
+            match *progress.tuning.lock() {
+                Some(t) => format!("{} of {} tuned", t.streams, t.of),
+                None => r.streams.to_string(),
+            },
+            human_bytes(r.chunk_size.into()),
+            if s.verified {
+                ", checksums verified"
+            } else {
+                ", not checksummed"
+            },
+            if r.skipped > 0 {
+                format!("; skipped {} special files", r.skipped)
+            } else {
+                String::new()
+            },
+            resilience(r),
+            limit_words(held),
+        );
+    }
+
+    /// What was not copied or deleted, and the exit code.
+    fn aftermath(&self, r: &Report, ok: bool) -> ExitCode {
+        let (json, quiet) = (self.json, self.quiet);
+        let failed = r.failed.len() as u64;
+        let pruned = r.pruned.clone().unwrap_or_default();
+        let over = pruned.over_limit;
+        for f in &r.failed {
+            eprintln!("dmover: not copied: {f}");
+        }
+        if r.pruned.is_some() && !quiet && !json {
+            eprintln!(
+                "deleted {} entries ({}) the source does not have{}",
+                pruned.deleted,
+                human_bytes(pruned.deleted_bytes),
+                if pruned.protected > 0 {
+                    format!("; kept {} excluded by the filters", pruned.protected)
+                } else {
+                    String::new()
+                }
+            );
+        }
+        if let Some(why) = &r.delete_refused {
+            eprintln!("dmover: error: {why}");
+        }
+        if over > 0 {
+            eprintln!(
+                "dmover: error: --max-delete stopped deletions: {over} more entries the \
+                 source does not have were not deleted"
+            );
+        }
+        if failed == 0 && !ok {
+            ExitCode::from(1)
+        } else if failed > 0 {
+            eprintln!(
+                "dmover: error: {failed} files could not be copied; the rest was (rerun with --resume to retry them)"
+            );
+            ExitCode::from(1)
+        } else {
+            ExitCode::SUCCESS
+        }
+    }
+
+    /// A run that failed: its JSON summary reports what it achieved from the run's
+    /// counters (all attempts); the error, and its exit code.
+    fn failed(&self, e: &Error) -> ExitCode {
+        if self.json {
+            print_line(&self.failed_json(e));
+        }
+        eprintln!("dmover: error: {e}");
+        ExitCode::from(exit_code(e))
+    }
+
+    fn failed_json(&self, e: &Error) -> JsonReport {
+        let (direction, dialer, secs, timing) =
+            (self.direction, self.dialer, self.secs, self.timing);
+        let (progress, bwlimit) = (self.progress, self.bwlimit);
+        let server_limit = server_bwlimit(progress);
+        let held = limit_held(bwlimit, server_limit);
+        // What only a finished session reports (files, streams, chunk size) stays 0.
+        let bytes_sent = progress.bytes.load(Ordering::Relaxed);
+        JsonReport {
+            schema: SCHEMA,
+            kind: "summary",
+            ok: false,
+            direction,
+            dialer: dialer.map(str::to_string),
+            bytes: progress.total.load(Ordering::Relaxed),
+            bytes_sent,
+            bytes_resumed: progress.held.load(Ordering::Relaxed),
+            files_unchanged: None,
+            bytes_unchanged: None,
+            files_deleted: None,
+            bytes_deleted: None,
+            delete_over_limit: None,
+            files: 0,
+            files_sent: 0,
+            dirs: 0,
+            symlinks: 0,
+            seconds: secs,
+            gbit_per_s: bytes_sent as f64 * 8.0 / secs.max(1e-9) / 1e9,
+            files_per_s: 0.0,
+            streams: 0,
+            chunk: 0,
+            chunk_sizes: Vec::new(),
+            verified: false,
+            skipped: 0,
+            retries: progress.chunks_resent.load(Ordering::Relaxed),
+            streams_lost: progress.streams_lost.load(Ordering::Relaxed),
+            attempts: progress.attempt.load(Ordering::Relaxed),
+            errors: 1,
+            failed: Vec::new(),
+            error: Some(e.to_string()),
+            bwlimit,
+            server_bwlimit: server_limit,
+            bwlimit_from: held.map(|h| h.0),
+            tuning: tuning_json(progress),
+            disk_threads: disk_json(progress),
+            bytes_received: None,
+            relay_peak_bytes: None,
+            manifest_parts: None,
+            receive_buffer: None,
+            send_buffer: None,
+            timing,
         }
     }
 }
