@@ -618,32 +618,7 @@ fn measure(a: &NetArgs, env: &Env, host: &str, out_dir: &Path) -> anyhow::Result
                         gbit.push(r.gbit_per_s());
                         outcome = r.zerocopy;
                     }
-                    let (zc_text, copied) = match &outcome {
-                        ZeroCopyOutcome::Off => ("off".to_string(), Value::Null),
-                        ZeroCopyOutcome::Unsupported(e) => {
-                            report.note(format!(
-                                "zero-copy not available ({e}): ordinary sends used"
-                            ));
-                            (format!("unsupported: {e}"), Value::Null)
-                        }
-                        ZeroCopyOutcome::Remote => {
-                            ("on (server side, not reported)".to_string(), Value::Null)
-                        }
-                        ZeroCopyOutcome::Used(s) => {
-                            let pct = s.copied as f64 * 100.0 / s.completed.max(1) as f64;
-                            if pct > 50.0 {
-                                report.note(
-                                    "the kernel copied most zero-copy sends (it always does on \
-                                     loopback and for devices without scatter-gather): zero-copy \
-                                     rows measure MSG_ZEROCOPY's overhead, not its gain",
-                                );
-                            }
-                            (
-                                format!("on: {} sends, {:.0}% copied by the kernel", s.sends, pct),
-                                json!(round_sig(pct, 3)),
-                            )
-                        }
-                    };
+                    let (zc_text, copied) = zerocopy_columns(&outcome, &mut report);
                     let mut r = row(&[
                         ("tool", json!("dmover")),
                         ("direction", json!(dir.name())),
@@ -706,6 +681,35 @@ fn measure(a: &NetArgs, env: &Env, host: &str, out_dir: &Path) -> anyhow::Result
     drop(iperf);
     add_ratio_to_iperf(&mut report);
     Ok(report)
+}
+
+/// What zero-copy did in a point, as its row says it (and a note when it was not
+/// available, or the kernel copied most sends).
+fn zerocopy_columns(outcome: &ZeroCopyOutcome, report: &mut Report) -> (String, Value) {
+    match outcome {
+        ZeroCopyOutcome::Off => ("off".to_string(), Value::Null),
+        ZeroCopyOutcome::Unsupported(e) => {
+            report.note(format!(
+                "zero-copy not available ({e}): ordinary sends used"
+            ));
+            (format!("unsupported: {e}"), Value::Null)
+        }
+        ZeroCopyOutcome::Remote => ("on (server side, not reported)".to_string(), Value::Null),
+        ZeroCopyOutcome::Used(s) => {
+            let pct = s.copied as f64 * 100.0 / s.completed.max(1) as f64;
+            if pct > 50.0 {
+                report.note(
+                    "the kernel copied most zero-copy sends (it always does on \
+                     loopback and for devices without scatter-gather): zero-copy \
+                     rows measure MSG_ZEROCOPY's overhead, not its gain",
+                );
+            }
+            (
+                format!("on: {} sends, {:.0}% copied by the kernel", s.sends, pct),
+                json!(round_sig(pct, 3)),
+            )
+        }
+    }
 }
 
 /// Gives every dmover row the ratio to the iperf3 row of the same point.

@@ -659,32 +659,7 @@ fn sweep_links(
         for rep in 0..a.repeats {
             for (i, &(dir, point)) in grid.iter().enumerate() {
                 interrupt::check()?;
-                let (label, log) = match point {
-                    Setting::Fixed { streams, chunk } => (
-                        format!(
-                            "{rtt} {} {streams} stream(s) {} chunks r{}",
-                            dir.name(),
-                            size_label(chunk),
-                            rep + 1
-                        ),
-                        format!(
-                            "{}-{}-P{streams}-c{}-r{}.log",
-                            rtt.replace(' ', ""),
-                            dir.name(),
-                            size_label(chunk),
-                            rep + 1
-                        ),
-                    ),
-                    Setting::Tuned { .. } => (
-                        format!("{rtt} {} tuned r{}", dir.name(), rep + 1),
-                        format!(
-                            "{}-{}-tuned-r{}.log",
-                            rtt.replace(' ', ""),
-                            dir.name(),
-                            rep + 1
-                        ),
-                    ),
-                };
+                let (label, log) = point_label(&rtt, dir, point, rep);
                 progress.start(&label);
                 let mut c = link.client.command(&exe);
                 c.args(["cp", "--quiet"]);
@@ -805,20 +780,7 @@ fn sweep_links(
             if a.tune {
                 add_tuned_columns(&mut r, &traces[i]);
             }
-            // The forwarder over this link's whole sweep (both directions).
-            let (cpu, late, qdrops, ldrops) = match &fwd {
-                None => (json!(null), json!(null), json!(null), json!(null)),
-                Some(f) => (
-                    json!(round_sig(f.cpu_cores(), 3)),
-                    json!(f.a_to_b.late_p99_us.max(f.b_to_a.late_p99_us)),
-                    json!(f.a_to_b.queue_drops + f.b_to_a.queue_drops),
-                    json!(f.a_to_b.loss_drops + f.b_to_a.loss_drops),
-                ),
-            };
-            r.insert("fwd_cpu_cores".into(), cpu);
-            r.insert("fwd_late_p99_us".into(), late);
-            r.insert("fwd_queue_drops".into(), qdrops);
-            r.insert("fwd_loss_drops".into(), ldrops);
+            add_forwarder_columns(&mut r, fwd.as_ref());
             report.push(r);
         }
         drop(push_srv);
@@ -829,6 +791,52 @@ fn sweep_links(
     }
     progress.finish();
     Ok(())
+}
+
+/// A point's label in the progress lines and its log file's name.
+fn point_label(rtt: &str, dir: Direction, point: Setting, rep: u32) -> (String, String) {
+    let file_rtt = rtt.replace(' ', "");
+    match point {
+        Setting::Fixed { streams, chunk } => (
+            format!(
+                "{rtt} {} {streams} stream(s) {} chunks r{}",
+                dir.name(),
+                size_label(chunk),
+                rep + 1
+            ),
+            format!(
+                "{file_rtt}-{}-P{streams}-c{}-r{}.log",
+                dir.name(),
+                size_label(chunk),
+                rep + 1
+            ),
+        ),
+        Setting::Tuned { .. } => (
+            format!("{rtt} {} tuned r{}", dir.name(), rep + 1),
+            format!("{file_rtt}-{}-tuned-r{}.log", dir.name(), rep + 1),
+        ),
+    }
+}
+
+/// The emulated link's forwarder over a link's whole sweep (both directions), in a
+/// row's columns (null on a link without one).
+fn add_forwarder_columns(
+    r: &mut serde_json::Map<String, serde_json::Value>,
+    fwd: Option<&dmover_netlab::ForwarderStats>,
+) {
+    let (cpu, late, qdrops, ldrops) = match fwd {
+        None => (json!(null), json!(null), json!(null), json!(null)),
+        Some(f) => (
+            json!(round_sig(f.cpu_cores(), 3)),
+            json!(f.a_to_b.late_p99_us.max(f.b_to_a.late_p99_us)),
+            json!(f.a_to_b.queue_drops + f.b_to_a.queue_drops),
+            json!(f.a_to_b.loss_drops + f.b_to_a.loss_drops),
+        ),
+    };
+    r.insert("fwd_cpu_cores".into(), cpu);
+    r.insert("fwd_late_p99_us".into(), late);
+    r.insert("fwd_queue_drops".into(), qdrops);
+    r.insert("fwd_loss_drops".into(), ldrops);
 }
 
 /// The grid's points in the order they run: per direction, the fixed points (streams ×
