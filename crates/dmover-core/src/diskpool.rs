@@ -64,6 +64,8 @@ pub struct DiskPool {
     base: usize,
     max: usize,
     spawned: AtomicUsize,
+    /// Runs each job at once on the thread that queues it ([`DiskPool::inline`]).
+    inline: bool,
 }
 
 impl DiskPool {
@@ -85,9 +87,30 @@ impl DiskPool {
             base,
             max: max.max(base),
             spawned: AtomicUsize::new(0),
+            inline: false,
         };
         pool.grow_to(base);
         pool
+    }
+
+    /// A pool without threads that runs each job at once, on the thread that queues
+    /// it: for tests of whole sessions on tokio's paused clock, whose time must not
+    /// move while a job runs elsewhere (the clock moves when every task waits).
+    pub fn inline() -> Self {
+        let (tx, rx) = unbounded();
+        let shared = Arc::new(Shared::default());
+        shared.target.store(1, Ordering::Relaxed);
+        DiskPool {
+            tx: Some(tx),
+            rx,
+            threads: Mutex::new(Vec::new()),
+            shared,
+            name: "inline".to_string(),
+            base: 1,
+            max: 1,
+            spawned: AtomicUsize::new(0),
+            inline: true,
+        }
     }
 
     /// Seconds the threads spent running jobs, all threads together (a job that
@@ -122,6 +145,9 @@ impl DiskPool {
     /// Sets the threads to `n`, within the base and the most. New threads start at
     /// once; threads above `n` leave after their next job (each is sent an empty one).
     pub fn grow_to(&self, n: usize) -> usize {
+        if self.inline {
+            return 1;
+        }
         let n = n.clamp(self.base, self.max);
         let Some(tx) = &self.tx else { return 0 };
         self.shared.target.store(n, Ordering::Relaxed);
@@ -162,6 +188,9 @@ impl DiskPool {
     /// Queues a job. Jobs are bounded by the buffers that travel with them, so the
     /// queue needs no bound of its own.
     pub fn spawn(&self, job: impl FnOnce() + Send + 'static) {
+        if self.inline {
+            return run_one(&self.shared, Instant::now(), Box::new(job));
+        }
         if let Some(tx) = &self.tx {
             // Only fails after shutdown started, when nobody waits for results.
             let _ = tx.send((Instant::now(), Box::new(job)));
@@ -182,21 +211,26 @@ impl DiskPool {
     }
 }
 
+/// Runs one job queued at `queued`, counting its wait and its time.
+fn run_one(s: &Shared, queued: Instant, job: Job) {
+    let t = Instant::now();
+    let waited = t.saturating_duration_since(queued).as_nanos();
+    s.waited_ns
+        .fetch_add(waited.min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
+    // A panicking job must not shrink the pool; its session sees the dropped result
+    // and fails with an error.
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
+        tracing::error!("a disk job panicked; its session is aborted");
+    }
+    let ns = t.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+    s.busy_ns.fetch_add(ns, Ordering::Relaxed);
+    s.jobs.fetch_add(1, Ordering::Relaxed);
+}
+
 /// A disk thread: jobs until the pool shuts down or has more threads than it should.
 fn run(rx: Receiver<(Instant, Job)>, s: Arc<Shared>) {
     for (queued, job) in rx.iter() {
-        let t = Instant::now();
-        let waited = t.saturating_duration_since(queued).as_nanos();
-        s.waited_ns
-            .fetch_add(waited.min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
-        // A panicking job must not shrink the pool; its session sees the dropped
-        // result and fails with an error.
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
-            tracing::error!("a disk job panicked; its session is aborted");
-        }
-        let ns = t.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
-        s.busy_ns.fetch_add(ns, Ordering::Relaxed);
-        s.jobs.fetch_add(1, Ordering::Relaxed);
+        run_one(&s, queued, job);
         // One thread above the target leaves.
         let leave = s
             .live

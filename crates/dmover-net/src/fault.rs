@@ -1,6 +1,7 @@
 //! Faults injected at the transport seam, for tests (the idea of WDT's network error
 //! simulator): a [`Faulty`] data stream behaves as the one it wraps, except that it
-//! may break the connection in the middle of a chunk. With no plan it is the stream it
+//! may break the connection in the middle of a chunk, or go silent there (nothing
+//! moves on it any more and nobody is told, as when a path blackholes). With no plan it is the stream it
 //! wraps (one branch per chunk). Slow storage is the storage's fault, not the
 //! transport's: `dmover serve --debug-chunk-delay-ms` slows the server's reads and
 //! writes.
@@ -23,7 +24,18 @@ pub struct FaultPlan {
     /// The first stream whose chunk payload passes this many bytes (sent or received)
     /// is cut in the middle of that chunk; `true`: with a TCP reset. Once per plan.
     pub cut_after: Option<(u64, bool)>,
+    /// The stream goes silent there instead of being cut ([`FaultPlan::silence`]).
+    silent: bool,
     cut_done: AtomicBool,
+}
+
+/// What happens to the stream a plan picks.
+#[derive(Debug, Clone, Copy)]
+enum Fate {
+    /// Cut (`true`: with a reset).
+    Cut(bool),
+    /// Silent from then on: every send and receive waits for ever.
+    Silence,
 }
 
 impl FaultPlan {
@@ -31,6 +43,18 @@ impl FaultPlan {
     pub fn new(cut_after: Option<(u64, bool)>) -> Arc<Self> {
         Arc::new(FaultPlan {
             cut_after,
+            silent: false,
+            cut_done: AtomicBool::new(false),
+        })
+    }
+
+    /// A plan that silences the first stream whose chunk payload passes `after` bytes,
+    /// in the middle of that chunk: from then on its sends and receives never finish
+    /// and it is not closed (the other end must notice by time).
+    pub fn silence(after: u64) -> Arc<Self> {
+        Arc::new(FaultPlan {
+            cut_after: Some((after, false)),
+            silent: true,
             cut_done: AtomicBool::new(false),
         })
     }
@@ -41,11 +65,21 @@ impl FaultPlan {
     }
 
     /// Whether a stream that moved `moved` bytes and is about to move `more` is the one
-    /// to cut (true once).
-    fn cuts(&self, moved: u64, more: u64) -> Option<bool> {
+    /// to cut or silence (once per plan).
+    fn fate(&self, moved: u64, more: u64) -> Option<Fate> {
         let (after, reset) = self.cut_after?;
-        (moved + more > after && !self.cut_done.swap(true, Ordering::SeqCst)).then_some(reset)
+        let picked = moved + more > after && !self.cut_done.swap(true, Ordering::SeqCst);
+        picked.then_some(if self.silent {
+            Fate::Silence
+        } else {
+            Fate::Cut(reset)
+        })
     }
+}
+
+/// What a silenced stream's calls do: wait for ever.
+async fn silence<T>() -> io::Result<T> {
+    std::future::pending().await
 }
 
 fn cut_error() -> io::Error {
@@ -61,6 +95,7 @@ pub struct Faulty<L> {
     plan: Option<Arc<FaultPlan>>,
     moved: u64,
     cut: bool,
+    silent: bool,
 }
 
 impl<L> Faulty<L> {
@@ -71,6 +106,7 @@ impl<L> Faulty<L> {
             plan,
             moved: 0,
             cut: false,
+            silent: false,
         }
     }
 
@@ -86,6 +122,7 @@ pub struct FaultyTx<T> {
     plan: Option<Arc<FaultPlan>>,
     moved: u64,
     cut: bool,
+    silent: bool,
 }
 
 impl<L: DataLink> DataLink for Faulty<L> {
@@ -100,12 +137,16 @@ impl<L: DataLink> DataLink for Faulty<L> {
                 plan: self.plan,
                 moved: self.moved,
                 cut: self.cut,
+                silent: self.silent,
             },
             acks,
         )
     }
 
     async fn recv_header(&mut self) -> io::Result<[u8; HEADER_LEN]> {
+        if self.silent {
+            return silence().await;
+        }
         if self.cut {
             return Err(cut_error());
         }
@@ -121,15 +162,25 @@ impl<L: DataLink> DataLink for Faulty<L> {
     }
 
     async fn recv_into(&mut self, dst: &mut [u8]) -> io::Result<()> {
+        if self.silent {
+            return silence().await;
+        }
         if self.cut {
             return Err(cut_error());
         }
         let more = dst.len() as u64;
-        if let Some(reset) = self.plan.as_ref().and_then(|p| p.cuts(self.moved, more)) {
+        match self.plan.as_ref().and_then(|p| p.fate(self.moved, more)) {
             // In the middle of a frame: its chunk is lost with the stream.
-            self.cut = true;
-            self.inner.cut(reset);
-            return Err(cut_error());
+            Some(Fate::Cut(reset)) => {
+                self.cut = true;
+                self.inner.cut(reset);
+                return Err(cut_error());
+            }
+            Some(Fate::Silence) => {
+                self.silent = true;
+                return silence().await;
+            }
+            None => {}
         }
         self.inner.recv_into(dst).await?;
         self.moved += more;
@@ -137,6 +188,9 @@ impl<L: DataLink> DataLink for Faulty<L> {
     }
 
     async fn send_ack(&mut self, frames: u64) -> io::Result<()> {
+        if self.silent {
+            return silence().await;
+        }
         if self.cut {
             return Err(cut_error());
         }
@@ -150,18 +204,28 @@ impl<L: DataLink> DataLink for Faulty<L> {
 }
 
 impl<T: ChunkTx> FaultyTx<T> {
-    /// Whether the stream is (now) cut before a chunk of `more` payload bytes.
-    fn cuts(&mut self, more: u64) -> io::Result<()> {
+    /// Whether the stream is (now) cut or silent before a chunk of `more` payload
+    /// bytes: a cut is an error, a silent stream waits for ever.
+    async fn cuts(&mut self, more: u64) -> io::Result<()> {
+        if self.silent {
+            return silence().await;
+        }
         if self.cut {
             return Err(cut_error());
         }
         if let Some(p) = &self.plan {
-            if let Some(reset) = p.cuts(self.moved, more) {
-                self.cut = true;
-                self.inner.cut(reset);
-                return Err(cut_error());
+            match p.fate(self.moved, more) {
+                Some(Fate::Cut(reset)) => {
+                    self.cut = true;
+                    self.inner.cut(reset);
+                    return Err(cut_error());
+                }
+                Some(Fate::Silence) => {
+                    self.silent = true;
+                    return silence().await;
+                }
+                None => self.moved += more,
             }
-            self.moved += more;
         }
         Ok(())
     }
@@ -169,7 +233,7 @@ impl<T: ChunkTx> FaultyTx<T> {
 
 impl<T: ChunkTx> ChunkTx for FaultyTx<T> {
     async fn send_chunk(&mut self, f: ChunkFrame<'_>, buf: &mut [u8]) -> io::Result<()> {
-        self.cuts(f.payload_len() as u64)?;
+        self.cuts(f.payload_len() as u64).await?;
         self.inner.send_chunk(f, buf).await
     }
 
@@ -179,11 +243,14 @@ impl<T: ChunkTx> ChunkTx for FaultyTx<T> {
         buf: &'a mut [u8],
         pacer: &'a Pacer,
     ) -> io::Result<()> {
-        self.cuts(f.payload_len() as u64)?;
+        self.cuts(f.payload_len() as u64).await?;
         self.inner.send_chunk_paced(f, buf, pacer).await
     }
 
     async fn send_end(&mut self, sent: u64) -> io::Result<()> {
+        if self.silent {
+            return silence().await;
+        }
         if self.cut {
             return Err(cut_error());
         }
