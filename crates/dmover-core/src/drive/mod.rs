@@ -188,7 +188,16 @@ pub fn session_error(e: SessionError<Fault>) -> Error {
     }
 }
 
-/// The time limits of a session driven here.
+/// The time limits of a session driven here, whose data streams time out after
+/// `idle` without progress.
+///
+/// A sink gives its streams half as long again ([`Timing::idle`]) as a source does
+/// ([`Timing::stall`]): at the end of a transfer every stream may wait on the chunks of
+/// one silent stream, and then only the source knows which stream is at fault (it
+/// lacks that stream's acknowledgements); with equal limits the sink would give up
+/// every quiet stream at the moment the source gives up the silent one, and fail a
+/// session that the other streams could finish (found by the pair schedules of
+/// `drive/pair_props.rs` on the paused clock).
 pub fn timing(heartbeat: Duration, idle: Duration) -> Timing {
     Timing {
         handshake: crate::session::HANDSHAKE_TIMEOUT,
@@ -196,7 +205,7 @@ pub fn timing(heartbeat: Duration, idle: Duration) -> Timing {
         silent_intervals: crate::session::SILENT_INTERVALS,
         stall: idle,
         stuck: dmover_proto::session::STUCK.min(idle),
-        idle: Some(idle),
+        idle: Some(idle + idle / 2),
         join: crate::session::HANDSHAKE_TIMEOUT,
         report_wait: Duration::from_secs(2),
     }
@@ -952,6 +961,10 @@ where
     }
 }
 
+#[cfg(test)]
+mod pair;
+#[cfg(test)]
+mod pair_props;
 mod sink;
 mod source;
 #[cfg(test)]

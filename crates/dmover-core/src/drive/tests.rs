@@ -1,21 +1,14 @@
-//! Both role drivers against each other in one process: a control channel over an
-//! in-memory pipe, data streams over the in-memory transport (`memnet`: the
-//! dialer's production `Dialing` joins them through a real `JoinTable` with the
-//! real proofs, the acceptor's `Accepted` takes them as a server's does), memory
-//! storage, the dialer's handshake answered by [`accept`]. Everything but sockets
-//! and files is the code a real session runs.
+//! Both role drivers against each other in one process, on the harness of
+//! [`super::pair`] (in-memory control and data streams, the production dialer and
+//! acceptor), with memory storage: everything but sockets and files is the code a
+//! real session runs.
 
 use super::*;
 
-use dmover_net::fault::{FaultPlan, Faulty};
-use dmover_proto::control::{Credential, DataProtection, DirectIo, Op, Welcome};
+use super::pair::{CHUNK, Wire, session};
+use dmover_net::fault::FaultPlan;
 use dmover_proto::manifest::{EntryKind, Mtime, NO_PARENT, Totals};
-use dmover_proto::session::{Dial, Limits};
 use dmover_store::mem::{MemSink, MemSource};
-
-const CHUNK: u32 = 64 << 10;
-/// The control connection's secret both sides derive the session key from.
-const MASTER: [u8; 32] = [7; 32];
 
 #[test]
 fn streamed_parts_cut_the_manifest_with_running_totals_and_their_metadata() {
@@ -123,32 +116,6 @@ fn dataset() -> (Vec<Entry>, Vec<Vec<u8>>) {
     (entries, data)
 }
 
-fn env(buffers: usize) -> Env {
-    Env {
-        disk: Arc::new(DiskPool::new(2, "test-disk")),
-        run: Run::new(),
-        buffers: Box::new(move |_| buffers),
-        chunk_delay: None,
-        zerocopy: None,
-        limits: None,
-        receive_budget: None,
-        send_budget: None,
-        tuned_start: crate::session::TUNED_START,
-        disk_room: None,
-    }
-}
-
-fn options() -> SessionOptions {
-    SessionOptions {
-        resume: false,
-        journal: false,
-        fsync: false,
-        verify: false,
-        continue_on_error: false,
-        heartbeat_ms: 0,
-    }
-}
-
 /// Pushes `source` into a memory sink over `streams` streams: the source dials, the
 /// sink accepts.
 async fn push<K: SourceStore + Entries>(
@@ -161,7 +128,7 @@ async fn push<K: SourceStore + Entries>(
     let chunks = chunk_set(source.chunks());
     let prepare: Prepare<MemSink> =
         Box::new(move |entries, chunk, _| Ok(MemSink::new(entries, chunk, checksum)?));
-    pair(source, checksum, streams, plan, 0, prepare, |m| {
+    pair(source, checksum, streams, plan, 0, prepare, move |m| {
         m.push_manifest(&entries);
         m.end_manifest(Totals::of(&entries), chunks);
         None
@@ -169,9 +136,10 @@ async fn push<K: SourceStore + Entries>(
     .await
 }
 
-/// A session between both drivers: `source` dials with `features`, `manifest`
-/// queues the manifest on its machine (or returns the feed of a growing one), the
-/// sink accepts with the storage `prepare` makes.
+/// A push between both drivers ([`super::pair`]): `source` dials with `features`,
+/// `manifest` queues the manifest on its machine (or returns the feed of a growing
+/// one), the sink accepts with the storage `prepare` makes, `plan` cuts the sink's
+/// ends of the data streams.
 async fn pair<K: SourceStore, S: SinkStore>(
     source: K,
     checksum: bool,
@@ -179,88 +147,14 @@ async fn pair<K: SourceStore, S: SinkStore>(
     plan: Option<Arc<FaultPlan>>,
     features: u64,
     prepare: Prepare<S>,
-    manifest: impl FnOnce(&mut SourceSession<Fault>) -> Option<mpsc::UnboundedReceiver<GrowPart>>,
+    manifest: impl FnOnce(&mut SourceSession<Fault>) -> Option<mpsc::UnboundedReceiver<GrowPart>>
+    + Send
+    + 'static,
 ) -> (Result<SourceRun<K>>, Result<SinkRun<S>>) {
-    let (a, b) = tokio::io::duplex(1 << 16);
-    let max = dmover_proto::control::MAX_FRAME;
-    let mut dialer = ControlChannel::new(a, "sink", max);
-    let mut acceptor = ControlChannel::new(b, "source", max);
-    let timing = timing(Duration::from_secs(5), Duration::from_secs(30));
-    let start = now();
-    let d = Dial {
-        hello: Hello {
-            software: "test".into(),
-            nonce: [1; 32],
-        },
-        auth: Auth {
-            user: String::new(),
-            credential: Credential::None,
-        },
-        open: Open {
-            op: Op::Push {
-                dest: b"d".to_vec(),
-            },
-            streams,
-            chunk_size: CHUNK,
-            checksum,
-            direct_io: DirectIo::Auto,
-            protection: DataProtection::Authenticated,
-            features,
-        },
-        options: options(),
-        server_proof: None,
-        limits: Default::default(),
-    };
-    let mut m = SourceSession::dial(start, "sink", timing, d);
-    let growth = manifest(&mut m);
-    // The data streams: the production dialer's joins over in-memory pipes, through
-    // the acceptor's join table, with the real proofs; `plan` cuts the sink's ends.
-    let net = dmover_net::memnet::MemNet::new(Duration::from_secs(30), Duration::from_secs(5));
-    let mode = dmover_net::join::LinkMode {
-        protection: DataProtection::Authenticated,
-        idle: Duration::from_secs(30),
-    };
-    let dial = net.dialer("sink", Duration::from_secs(5));
-    let joins = crate::dialer::Dialing::new(
-        dial,
-        mode,
-        dmover_net::join::JoinWait::Pipelined,
-        MASTER,
-        Default::default(),
-        None,
-    );
-    let sending =
-        async { self::source_growing(m, &mut dialer, joins, source, env(6), growth).await };
-    let receiving = async {
-        let welcome = Welcome {
-            software: "test".into(),
-            nonce: [2; 32],
-            auth: dmover_proto::control::AuthMethod::None,
-        };
-        let deadline = start + Duration::from_secs(30);
-        let a = Acceptance::new("source", timing, deadline, welcome);
-        let open = accept(a, &mut acceptor, |_, _| Ok(AuthOk { proof: None })).await?;
-        let mut m = SinkSession::accept(now(), "source", timing, Limits::default(), deadline);
-        let info = SessionInfo {
-            id: 9,
-            salt: [3; 32],
-            streams: open.streams,
-            chunk_size: open.chunk_size,
-            features: dmover_proto::session::features::negotiate(
-                open.features,
-                dmover_proto::session::features::SUPPORTED,
-            ),
-        };
-        let key = dmover_proto::auth::session_key(&MASTER, info.id, &info.salt);
-        let rx = net
-            .table()
-            .open(info.id, key, open.protection, info.streams)
-            .expect("a new session");
-        m.grant(now(), info);
-        let joins = Accepted::new(rx, move |io| Faulty::new(io, plan.clone()));
-        sink(m, &mut acceptor, joins, prepare, None, env(4)).await
-    };
-    tokio::join!(sending, receiving)
+    let mut wire = Wire::push(streams, checksum).with_plan(plan);
+    wire.features = features;
+    let ends = session(wire, source, prepare, Box::new(manifest)).await;
+    (ends.source, ends.sink)
 }
 
 /// A manifest that grows in parts, some sent before the sink is prepared and some

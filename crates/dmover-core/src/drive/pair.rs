@@ -1,0 +1,347 @@
+//! Whole sessions on the production drivers, one process, no sockets: the harness
+//! the driver tests and the pair properties share.
+//!
+//! The dialer's control channel and the acceptor's meet in an in-memory relay that a
+//! script may break or silence; data streams go over the in-memory transport
+//! (`memnet`: the dialer's production `Dialing` joins them through a real
+//! `JoinTable` with the real proofs, the acceptor's `Accepted` takes them as a
+//! server's does, each wrapped in the script's [`FaultPlan`]); the dialer's handshake
+//! is answered by [`accept`]. Either role dials: a push (the source dials) or a pull
+//! (the sink dials). Everything but sockets and files is the code a real session runs.
+//!
+//! On a current-thread runtime with tokio's clock paused ([`paused`]) and a disk pool
+//! that runs its jobs where they are queued ([`DiskPool::inline`]), a session runs
+//! the same way every time, and its time limits (stalls, silences, the heartbeat)
+//! cost no wall-clock time: tokio moves the clock on whenever every task waits.
+
+use super::*;
+
+use dmover_net::fault::{FaultPlan, Faulty};
+use dmover_proto::control::{Credential, DataProtection, DirectIo, Op, Welcome};
+use dmover_proto::session::{Dial, Limits};
+use tokio::io::DuplexStream;
+
+/// The chunk size of the harness's sessions.
+pub(super) const CHUNK: u32 = 64 << 10;
+/// The control connection's secret both sides derive the session key from.
+const MASTER: [u8; 32] = [7; 32];
+
+/// What happens to the control connection, some time after the start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ControlFault {
+    /// It breaks: both ends see it close.
+    Break(Duration),
+    /// It goes silent both ways, and stays open.
+    Silence(Duration),
+}
+
+/// Which data stream goes wrong how: given the order in which the acceptor took a
+/// stream (0 for the first), its fault plan.
+pub(super) type LinkFaults = Arc<dyn Fn(usize) -> Option<Arc<FaultPlan>> + Send + Sync>;
+
+/// How a session is wired, and what goes wrong in it.
+#[derive(Clone)]
+pub(super) struct Wire {
+    /// The source dials (a push); otherwise the sink does (a pull).
+    pub push: bool,
+    pub streams: u16,
+    pub checksum: bool,
+    /// Features the dialer offers.
+    pub features: u64,
+    pub timing: Timing,
+    /// The data streams' faults.
+    pub links: LinkFaults,
+    pub control: Option<ControlFault>,
+    /// The acceptor refuses the dialer's credential.
+    pub refuse: bool,
+    /// The disk pool both ends use.
+    pub disk: Arc<DiskPool>,
+    /// Chunk buffers of the source and of the sink.
+    pub buffers: (usize, usize),
+}
+
+impl Wire {
+    /// A push over `streams` streams with nothing going wrong, on a disk pool of two
+    /// threads (for real-time tests).
+    pub fn push(streams: u16, checksum: bool) -> Self {
+        Wire {
+            push: true,
+            streams,
+            checksum,
+            features: 0,
+            timing: timing(Duration::from_secs(5), Duration::from_secs(30)),
+            links: Arc::new(|_| None),
+            control: None,
+            refuse: false,
+            disk: Arc::new(DiskPool::new(2, "test-disk")),
+            buffers: (6, 4),
+        }
+    }
+
+    /// The same, every stream with `plan` (a plan cuts at most one stream).
+    pub fn with_plan(mut self, plan: Option<Arc<FaultPlan>>) -> Self {
+        self.links = Arc::new(move |_| plan.clone());
+        self
+    }
+
+    fn env(&self, buffers: usize) -> Env {
+        Env {
+            disk: self.disk.clone(),
+            run: Run::new(),
+            buffers: Box::new(move |_| buffers),
+            chunk_delay: None,
+            zerocopy: None,
+            limits: None,
+            receive_budget: None,
+            send_budget: None,
+            tuned_start: crate::session::TUNED_START,
+            disk_room: None,
+        }
+    }
+
+    fn dial(&self) -> Dial {
+        let op = if self.push {
+            Op::Push {
+                dest: b"d".to_vec(),
+            }
+        } else {
+            Op::Pull {
+                sources: vec![b"d".to_vec()],
+            }
+        };
+        Dial {
+            hello: Hello {
+                software: "test".into(),
+                nonce: [1; 32],
+            },
+            auth: Auth {
+                user: String::new(),
+                credential: Credential::None,
+            },
+            open: Open {
+                op,
+                streams: self.streams,
+                chunk_size: CHUNK,
+                checksum: self.checksum,
+                direct_io: DirectIo::Auto,
+                protection: DataProtection::Authenticated,
+                features: self.features,
+            },
+            options: options(self.timing.heartbeat),
+            server_proof: None,
+            limits: Default::default(),
+        }
+    }
+}
+
+/// The options a harness session runs with: a heartbeat every `heartbeat`.
+pub(super) fn options(heartbeat: Duration) -> SessionOptions {
+    SessionOptions {
+        resume: false,
+        journal: false,
+        fsync: false,
+        verify: false,
+        continue_on_error: false,
+        heartbeat_ms: heartbeat.as_millis() as u32,
+    }
+}
+
+/// How a session ended at each end, and when (from its start).
+pub(super) struct Ends<K, S> {
+    pub source: Result<SourceRun<K>>,
+    pub sink: Result<SinkRun<S>>,
+    pub source_at: Duration,
+    pub sink_at: Duration,
+}
+
+/// A current-thread runtime whose clock is paused: it moves only when every task
+/// waits, straight to the next timer.
+pub(super) fn paused() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime")
+}
+
+/// The queue a source's manifest comes from: given the source's machine, queues the
+/// manifest on it, or returns the feed of a growing one.
+pub(super) type Manifest =
+    Box<dyn FnOnce(&mut SourceSession<Fault>) -> Option<mpsc::UnboundedReceiver<GrowPart>> + Send>;
+
+/// A manifest queued whole: `entries`, whose data are `chunks`.
+pub(super) fn whole(entries: Vec<Entry>, chunks: ChunkSet) -> Manifest {
+    Box::new(move |m| {
+        m.push_manifest(&entries);
+        m.end_manifest(Totals::of(&entries), chunks);
+        None
+    })
+}
+
+/// One session between both drivers, wired as `wire` says: `source` sends the
+/// manifest `manifest` queues, the sink's storage is what `prepare` makes.
+pub(super) async fn session<K: SourceStore, S: SinkStore>(
+    wire: Wire,
+    source: K,
+    prepare: Prepare<S>,
+    manifest: Manifest,
+) -> Ends<K, S> {
+    let start = tokio::time::Instant::now();
+    let (dialer, acceptor) = control(wire.control);
+    let max = dmover_proto::control::MAX_FRAME;
+    let net = dmover_net::memnet::MemNet::new(Duration::from_secs(30), Duration::from_secs(5));
+    let joins = crate::dialer::Dialing::new(
+        net.dialer("acceptor", Duration::from_secs(5)),
+        dmover_net::join::LinkMode {
+            protection: DataProtection::Authenticated,
+            idle: Duration::from_secs(30),
+        },
+        dmover_net::join::JoinWait::Pipelined,
+        MASTER,
+        Default::default(),
+        None,
+    );
+    let at = |r| (r, start.elapsed());
+    let at2 = |r| (r, start.elapsed());
+    if wire.push {
+        let mut ch = ControlChannel::new(dialer, "sink", max);
+        let mut m = SourceSession::dial(now(), "sink", wire.timing, wire.dial());
+        let growth = manifest(&mut m);
+        let env = wire.env(wire.buffers.0);
+        let sending = async { at(source_growing(m, &mut ch, joins, source, env, growth).await) };
+        let receiving = async {
+            let mut ch = ControlChannel::new(acceptor, "source", max);
+            let Some((info, joins)) = open(&wire, &net, &mut ch).await else {
+                let e = Error::refused(ErrorCode::Auth, "refused");
+                return at2(Err(e));
+            };
+            let deadline = now() + wire.timing.handshake;
+            let mut m =
+                SinkSession::accept(now(), "source", wire.timing, Limits::default(), deadline);
+            m.grant(now(), info);
+            at2(sink(m, &mut ch, joins, prepare, None, wire.env(wire.buffers.1)).await)
+        };
+        let ((source, source_at), (sink, sink_at)) = tokio::join!(sending, receiving);
+        Ends {
+            source,
+            sink,
+            source_at,
+            sink_at,
+        }
+    } else {
+        let mut ch = ControlChannel::new(dialer, "source", max);
+        let m = SinkSession::dial(now(), "source", wire.timing, Limits::default(), wire.dial());
+        let env = wire.env(wire.buffers.1);
+        let receiving = async {
+            at2(sink(
+                m,
+                &mut ch,
+                joins,
+                prepare,
+                Some(options(wire.timing.heartbeat)),
+                env,
+            )
+            .await)
+        };
+        let sending = async {
+            let mut ch = ControlChannel::new(acceptor, "sink", max);
+            let Some((info, joins)) = open(&wire, &net, &mut ch).await else {
+                let e = Error::refused(ErrorCode::Auth, "refused");
+                return at(Err(e));
+            };
+            let deadline = now() + wire.timing.handshake;
+            let mut m = SourceSession::accept(now(), "sink", wire.timing, deadline);
+            m.grant(now(), info);
+            let growth = manifest(&mut m);
+            let env = wire.env(wire.buffers.0);
+            at(source_growing(m, &mut ch, joins, source, env, growth).await)
+        };
+        let ((source, source_at), (sink, sink_at)) = tokio::join!(sending, receiving);
+        Ends {
+            source,
+            sink,
+            source_at,
+            sink_at,
+        }
+    }
+}
+
+/// The data streams an acceptor takes: joined through the in-memory table, wrapped
+/// in their faults.
+type Taken = Accepted<DuplexStream, Faulty<dmover_net::stream::DataIo<DuplexStream>>>;
+
+/// The acceptor's handshake, as a server's: verifies the dialer (or refuses it, as
+/// `wire` says), opens the session on the join table and gives the session and its
+/// streams (`None`: the handshake failed, and the dialer was told).
+async fn open(
+    wire: &Wire,
+    net: &dmover_net::memnet::MemNet,
+    ch: &mut ControlChannel<DuplexStream>,
+) -> Option<(SessionInfo, Taken)> {
+    let welcome = Welcome {
+        software: "test".into(),
+        nonce: [2; 32],
+        auth: dmover_proto::control::AuthMethod::None,
+    };
+    let deadline = now() + wire.timing.handshake;
+    let a = Acceptance::new("dialer", wire.timing, deadline, welcome);
+    let refuse = wire.refuse;
+    let verify = |_: &Hello, _: &Auth| {
+        if refuse {
+            Err(Error::refused(
+                ErrorCode::Auth,
+                "this credential is refused here",
+            ))
+        } else {
+            Ok(AuthOk { proof: None })
+        }
+    };
+    let open = accept(a, ch, verify).await.ok()?;
+    let info = SessionInfo {
+        id: 9,
+        salt: [3; 32],
+        streams: open.streams,
+        chunk_size: open.chunk_size,
+        features: dmover_proto::session::features::negotiate(
+            open.features,
+            dmover_proto::session::features::SUPPORTED,
+        ),
+    };
+    let key = dmover_proto::auth::session_key(&MASTER, info.id, &info.salt);
+    let rx = net
+        .table()
+        .open(info.id, key, open.protection, info.streams)
+        .expect("a new session");
+    let links = wire.links.clone();
+    let taken = std::sync::atomic::AtomicUsize::new(0);
+    let joins = Accepted::new(rx, move |io| {
+        let n = taken.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Faulty::new(io, links(n))
+    });
+    Some((info, joins))
+}
+
+/// The two ends of a control connection, through a relay that `fault` may break or
+/// silence.
+fn control(fault: Option<ControlFault>) -> (DuplexStream, DuplexStream) {
+    let (dialer, mut near) = tokio::io::duplex(1 << 16);
+    let (mut far, acceptor) = tokio::io::duplex(1 << 16);
+    tokio::spawn(async move {
+        let relay = tokio::io::copy_bidirectional(&mut near, &mut far);
+        let Some(fault) = fault else {
+            let _ = relay.await;
+            return;
+        };
+        let (ControlFault::Break(at) | ControlFault::Silence(at)) = fault;
+        tokio::select! {
+            _ = relay => return,
+            () = tokio::time::sleep(at) => {}
+        }
+        if let ControlFault::Silence(_) = fault {
+            // Open and silent until the runtime goes (the ends must give up first).
+            std::future::pending::<()>().await;
+        }
+        drop((near, far));
+    });
+    (dialer, acceptor)
+}
