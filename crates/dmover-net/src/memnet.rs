@@ -5,8 +5,9 @@
 //!
 //! [`MemNet`] is the acceptor's side (its table; open sessions on it as a server
 //! does) and [`MemDial`] the dialer's, implementing [`Dial`]. The pipes have no
-//! latency of their own; wrap the links ([`crate::fault::Faulty`],
-//! [`crate::pace::Paced`]) for cuts and rates.
+//! latency of their own unless made with one ([`MemNet::with_latency`], [`pipe`]);
+//! wrap the links ([`crate::fault::Faulty`], [`crate::pace::Paced`]) for cuts and
+//! rates.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +26,7 @@ pub const PIPE_BYTES: usize = 1 << 20;
 #[derive(Debug, Clone)]
 pub struct MemNet {
     table: Arc<JoinTable<DuplexStream>>,
+    latency: Duration,
 }
 
 impl MemNet {
@@ -33,7 +35,14 @@ impl MemNet {
     pub fn new(idle: Duration, park: Duration) -> Self {
         MemNet {
             table: Arc::new(JoinTable::new(idle, park)),
+            latency: Duration::ZERO,
         }
+    }
+
+    /// The same, each byte arriving `latency` after it was written, both ways (a link
+    /// of twice that round-trip time and no bandwidth limit).
+    pub fn with_latency(self, latency: Duration) -> Self {
+        MemNet { latency, ..self }
     }
 
     /// The acceptor's join table: open and close sessions on it.
@@ -48,8 +57,56 @@ impl MemNet {
             table: self.table.clone(),
             server: server.to_string(),
             handshake,
+            latency: self.latency,
         }
     }
+}
+
+/// Two connected ends of an in-memory pipe whose bytes arrive `latency` after they
+/// were written (none: a plain [`tokio::io::duplex`]), both ways, each way holding
+/// [`PIPE_BYTES`] before a writer waits (and, with a latency, what is in flight
+/// besides). Closing one end is seen at the other after the bytes written before it.
+/// Must be called within a tokio runtime (its relays are tasks).
+pub fn pipe(latency: Duration) -> (DuplexStream, DuplexStream) {
+    let (near, a) = tokio::io::duplex(PIPE_BYTES);
+    if latency.is_zero() {
+        return (near, a);
+    }
+    let (b, far) = tokio::io::duplex(PIPE_BYTES);
+    let (a_rx, a_tx) = tokio::io::split(a);
+    let (b_rx, b_tx) = tokio::io::split(b);
+    tokio::spawn(delay(a_rx, b_tx, latency));
+    tokio::spawn(delay(b_rx, a_tx, latency));
+    (near, far)
+}
+
+/// Copies `from` to `to`, each read's bytes written `latency` after they were read;
+/// shuts `to` down once `from` ends.
+async fn delay<R, W>(mut from: R, mut to: W, latency: Duration)
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let writer = tokio::spawn(async move {
+        while let Some((at, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(at).await;
+            if to.write_all(&bytes).await.is_err() {
+                return;
+            }
+        }
+        let _ = to.shutdown().await;
+    });
+    let mut buf = vec![0u8; 64 << 10];
+    while let Ok(n @ 1..) = from.read(&mut buf).await {
+        let at = tokio::time::Instant::now() + latency;
+        if tx.send((at, buf[..n].to_vec())).is_err() {
+            break;
+        }
+    }
+    drop(tx);
+    let _ = writer.await;
 }
 
 /// The dialer's side of an in-memory transport ([`MemNet::dialer`]).
@@ -58,12 +115,13 @@ pub struct MemDial {
     table: Arc<JoinTable<DuplexStream>>,
     server: String,
     handshake: Duration,
+    latency: Duration,
 }
 
 impl MemDial {
     /// A pipe whose far end the acceptor's table takes, and its challenge.
     async fn connect(&self) -> Result<Dialed<DuplexStream>, NetError> {
-        let (mut near, far) = tokio::io::duplex(PIPE_BYTES);
+        let (mut near, far) = pipe(self.latency);
         let table = self.table.clone();
         tokio::spawn(async move {
             if let Err(e) = table.accept(far, "memory").await {
@@ -126,6 +184,24 @@ impl Dial for MemDial {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pipe with a latency delivers every byte, in order, that long after it was
+    /// written, both ways, and its end after them.
+    #[tokio::test(start_paused = true)]
+    async fn a_latent_pipe_delays_each_way() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut a, mut b) = pipe(Duration::from_millis(50));
+        let t0 = tokio::time::Instant::now();
+        a.write_all(b"ping").await.unwrap();
+        let mut got = [0u8; 4];
+        b.read_exact(&mut got).await.unwrap();
+        assert_eq!((&got, t0.elapsed()), (b"ping", Duration::from_millis(50)));
+        b.write_all(b"pong").await.unwrap();
+        a.read_exact(&mut got).await.unwrap();
+        assert_eq!((&got, t0.elapsed()), (b"pong", Duration::from_millis(100)));
+        drop(a);
+        assert_eq!(b.read(&mut got).await.unwrap(), 0, "the end arrives");
+    }
     use crate::transport::{AckRx, ChunkFrame, ChunkTx, DataLink, Received};
     use dmover_proto::control::DataProtection;
     use dmover_proto::data::FrameLimits;

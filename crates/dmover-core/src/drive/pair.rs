@@ -58,6 +58,9 @@ pub(super) struct Wire {
     pub disk: Arc<DiskPool>,
     /// Chunk buffers of the source and of the sink.
     pub buffers: (usize, usize),
+    /// How long every byte takes one way, on the control connection and the data
+    /// streams.
+    pub latency: Duration,
 }
 
 impl Wire {
@@ -75,6 +78,7 @@ impl Wire {
             refuse: false,
             disk: Arc::new(DiskPool::new(2, "test-disk")),
             buffers: (6, 4),
+            latency: Duration::ZERO,
         }
     }
 
@@ -179,17 +183,25 @@ pub(super) fn whole(entries: Vec<Entry>, chunks: ChunkSet) -> Manifest {
 }
 
 /// One session between both drivers, wired as `wire` says: `source` sends the
-/// manifest `manifest` queues, the sink's storage is what `prepare` makes.
+/// manifest `manifest` queues, the sink's storage is what `prepare` makes. With
+/// `demand` (a pull only) the session is request-driven, a mount's: the sink asks
+/// for what `demand`'s owner asks.
 pub(super) async fn session<K: SourceStore, S: SinkStore>(
     wire: Wire,
     source: K,
     prepare: Prepare<S>,
     manifest: Manifest,
+    demand: Option<Demand<S>>,
 ) -> Ends<K, S> {
+    assert!(
+        demand.is_none() || !wire.push,
+        "only a pull is request-driven"
+    );
     let start = tokio::time::Instant::now();
-    let (dialer, acceptor) = control(wire.control);
+    let (dialer, acceptor) = control(wire.control, wire.latency);
     let max = dmover_proto::control::MAX_FRAME;
-    let net = dmover_net::memnet::MemNet::new(Duration::from_secs(30), Duration::from_secs(5));
+    let net = dmover_net::memnet::MemNet::new(Duration::from_secs(30), Duration::from_secs(5))
+        .with_latency(wire.latency);
     let joins = crate::dialer::Dialing::new(
         net.dialer("acceptor", Duration::from_secs(5)),
         dmover_net::join::LinkMode {
@@ -232,16 +244,12 @@ pub(super) async fn session<K: SourceStore, S: SinkStore>(
         let mut ch = ControlChannel::new(dialer, "source", max);
         let m = SinkSession::dial(now(), "source", wire.timing, Limits::default(), wire.dial());
         let env = wire.env(wire.buffers.1);
+        let options = Some(options(wire.timing.heartbeat));
         let receiving = async {
-            at2(sink(
-                m,
-                &mut ch,
-                joins,
-                prepare,
-                Some(options(wire.timing.heartbeat)),
-                env,
-            )
-            .await)
+            at2(match demand {
+                Some(d) => sink_on_demand(m, &mut ch, joins, prepare, options, env, d).await,
+                None => sink(m, &mut ch, joins, prepare, options, env).await,
+            })
         };
         let sending = async {
             let mut ch = ControlChannel::new(acceptor, "sink", max);
@@ -321,10 +329,10 @@ async fn open(
     Some((info, joins))
 }
 
-/// The two ends of a control connection, through a relay that `fault` may break or
-/// silence.
-fn control(fault: Option<ControlFault>) -> (DuplexStream, DuplexStream) {
-    let (dialer, mut near) = tokio::io::duplex(1 << 16);
+/// The two ends of a control connection `latency` long one way, through a relay
+/// that `fault` may break or silence.
+fn control(fault: Option<ControlFault>, latency: Duration) -> (DuplexStream, DuplexStream) {
+    let (dialer, mut near) = dmover_net::memnet::pipe(latency);
     let (mut far, acceptor) = tokio::io::duplex(1 << 16);
     tokio::spawn(async move {
         let relay = tokio::io::copy_bidirectional(&mut near, &mut far);

@@ -153,7 +153,7 @@ async fn pair<K: SourceStore, S: SinkStore>(
 ) -> (Result<SourceRun<K>>, Result<SinkRun<S>>) {
     let mut wire = Wire::push(streams, checksum).with_plan(plan);
     wire.features = features;
-    let ends = session(wire, source, prepare, Box::new(manifest)).await;
+    let ends = session(wire, source, prepare, Box::new(manifest), None).await;
     (ends.source, ends.sink)
 }
 
