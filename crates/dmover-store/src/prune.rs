@@ -306,7 +306,10 @@ impl Pruner<'_> {
     }
 
     /// Deletes `name` in `dir` (a directory with what it holds, but for excluded
-    /// entries); returns whether it is gone.
+    /// entries); returns whether it is gone. A directory is taken apart without
+    /// recursion (a stack of its open levels): a tree however deep costs no call stack,
+    /// and one more than [`MAX_PRUNE_DEPTH`] levels deep is refused with an error
+    /// (each level holds a directory handle).
     fn remove(
         &mut self,
         dir: &OwnedFd,
@@ -316,45 +319,90 @@ impl Pruner<'_> {
         size: u64,
     ) -> Result<bool> {
         if !is_dir {
-            if !self.may_delete() {
-                return Ok(false);
-            }
-            if !self.opts.dry_run {
-                match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
-                    Ok(()) | Err(Errno::NOENT) => {}
-                    Err(e) => return Err(Error::io("deleting", lossy(path), e)),
-                }
-            }
-            self.out.deleted += 1;
-            self.out.deleted_bytes += size;
-            self.out.note(path, false);
-            return Ok(true);
+            return self.remove_file(dir, name, path, size);
         }
-        // A directory: what it holds first, then itself if it is then empty.
-        let sub = match sys::open_in(dir, name, READ_DIR, 0) {
-            Ok(fd) => fd,
-            Err(e) if e.raw_os_error() == Some(Errno::NOENT.raw_os_error()) => return Ok(true),
-            Err(e) => return Err(Error::io("opening", lossy(path), e)),
+        let Some(top) = Level::open(dir, name, path)? else {
+            return Ok(true);
         };
-        let mut empty = true;
-        for child in list(&sub, path)? {
-            let cpath = join(path, &child);
-            let st = match rustix::fs::statat(&sub, child.as_slice(), AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(st) => st,
-                Err(Errno::NOENT) => continue,
-                Err(e) => return Err(Error::io("reading", lossy(&cpath), e)),
+        let mut stack = vec![top];
+        loop {
+            let depth = stack.len();
+            let Some(level) = stack.last_mut() else {
+                unreachable!("the stack ends with its first level");
             };
-            let cdir = FileType::from_raw_mode(st.st_mode) == FileType::Directory;
-            if !self.opts.filter.admits(&cpath, cdir) {
-                self.out.protected += 1;
-                empty = false;
+            if let Some(child) = level.left.next() {
+                let cpath = join(&level.path, &child);
+                let st = match rustix::fs::statat(
+                    &level.fd,
+                    child.as_slice(),
+                    AtFlags::SYMLINK_NOFOLLOW,
+                ) {
+                    Ok(st) => st,
+                    Err(Errno::NOENT) => continue,
+                    Err(e) => return Err(Error::io("reading", lossy(&cpath), e)),
+                };
+                let cdir = FileType::from_raw_mode(st.st_mode) == FileType::Directory;
+                if !self.opts.filter.admits(&cpath, cdir) {
+                    self.out.protected += 1;
+                    level.empty = false;
+                } else if !cdir {
+                    if !self.remove_file(&level.fd, &child, &cpath, size_of(&st))? {
+                        level.empty = false;
+                    }
+                } else if depth >= MAX_PRUNE_DEPTH {
+                    return Err(Error::refused(
+                        dmover_proto::control::ErrorCode::Io,
+                        format!(
+                            "{}: more than {MAX_PRUNE_DEPTH} directories deep; not deleted",
+                            lossy(&cpath)
+                        ),
+                    ));
+                } else if let Some(sub) = Level::open(&level.fd, &child, &cpath)? {
+                    stack.push(sub);
+                }
                 continue;
             }
-            if !self.remove(&sub, &child, &cpath, cdir, size_of(&st))? {
-                empty = false;
+            // Its children done: the directory itself, if it is then empty.
+            let Some(done) = stack.pop() else {
+                unreachable!("a level was on the stack");
+            };
+            let parent = stack.last().map_or(dir, |l| &l.fd);
+            let gone = self.remove_emptied(parent, done)?;
+            match stack.last_mut() {
+                Some(up) => up.empty &= gone,
+                None => return Ok(gone),
             }
         }
-        drop(sub);
+    }
+
+    /// Deletes the file (or symlink, or other non-directory) `name` in `dir`.
+    fn remove_file(&mut self, dir: &OwnedFd, name: &[u8], path: &[u8], size: u64) -> Result<bool> {
+        if !self.may_delete() {
+            return Ok(false);
+        }
+        if !self.opts.dry_run {
+            match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(e) => return Err(Error::io("deleting", lossy(path), e)),
+            }
+        }
+        self.out.deleted += 1;
+        self.out.deleted_bytes += size;
+        self.out.note(path, false);
+        Ok(true)
+    }
+
+    /// Deletes the directory `level` (in `parent`) whose children were deleted, if all
+    /// were; returns whether it is gone.
+    fn remove_emptied(&mut self, parent: &OwnedFd, level: Level) -> Result<bool> {
+        let Level {
+            fd,
+            path,
+            name,
+            empty,
+            ..
+        } = level;
+        drop(fd);
         if !empty {
             if self.opts.max_delete.is_some_and(|m| self.out.deleted >= m) {
                 self.out.over_limit += 1;
@@ -367,14 +415,48 @@ impl Pruner<'_> {
             return Ok(false);
         }
         if !self.opts.dry_run {
-            match rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
+            match rustix::fs::unlinkat(parent, name.as_slice(), AtFlags::REMOVEDIR) {
                 Ok(()) | Err(Errno::NOENT) => {}
-                Err(e) => return Err(Error::io("deleting", lossy(path), e)),
+                Err(e) => return Err(Error::io("deleting", lossy(&path), e)),
             }
         }
         self.out.deleted += 1;
-        self.out.note(path, true);
+        self.out.note(&path, true);
         Ok(true)
+    }
+}
+
+/// The deepest directory [`prune`] takes apart below an extraneous directory: each
+/// level holds an open handle while its children go. As deep as a manifest may be
+/// ([`dmover_proto::manifest::MAX_DEPTH`]).
+pub const MAX_PRUNE_DEPTH: usize = dmover_proto::manifest::MAX_DEPTH as usize;
+
+/// A directory being taken apart: its handle, its path below the mirror, its name in
+/// its parent, the children not yet looked at, and whether every child so far went.
+struct Level {
+    fd: OwnedFd,
+    path: Vec<u8>,
+    name: Vec<u8>,
+    left: std::vec::IntoIter<Vec<u8>>,
+    empty: bool,
+}
+
+impl Level {
+    /// Opens directory `name` in `dir` and lists it (`None`: it is gone already).
+    fn open(dir: &OwnedFd, name: &[u8], path: &[u8]) -> Result<Option<Level>> {
+        let fd = match sys::open_in(dir, name, READ_DIR, 0) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(Errno::NOENT.raw_os_error()) => return Ok(None),
+            Err(e) => return Err(Error::io("opening", lossy(path), e)),
+        };
+        let left = list(&fd, path)?.into_iter();
+        Ok(Some(Level {
+            fd,
+            path: path.to_vec(),
+            name: name.to_vec(),
+            left,
+            empty: true,
+        }))
     }
 }
 

@@ -227,3 +227,78 @@ fn content_digest_is_the_digest_of_4_mib_pieces() {
         assert_eq!(got, want, "size {size}");
     }
 }
+
+/// A chain of `depth` directories named `d` in `dir`, a file at its bottom; made
+/// level by level through handles (the whole path is far longer than `PATH_MAX`).
+fn chain(dir: &Path, depth: usize) {
+    use rustix::fs::{Mode, OFlags, mkdirat, openat};
+    let mut fd = openat(
+        rustix::fs::CWD,
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY,
+        Mode::empty(),
+    )
+    .unwrap();
+    for _ in 0..depth {
+        mkdirat(&fd, "d", Mode::from_raw_mode(0o755)).unwrap();
+        fd = openat(&fd, "d", OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+    }
+    let f = openat(
+        &fd,
+        "f",
+        OFlags::WRONLY | OFlags::CREATE,
+        Mode::from_raw_mode(0o644),
+    );
+    drop(f.unwrap());
+}
+
+/// An extraneous directory chain 2000 levels deep in a mirror (planted by a
+/// local user, say) is deleted without recursion: on a thread with a 256 KiB stack,
+/// where a call per level overflowed and aborted the process. One deeper than
+/// `MAX_PRUNE_DEPTH` is refused with an error naming it, and nothing crashes.
+#[test]
+fn a_deep_extraneous_chain_costs_no_stack() {
+    dmover_store::sys::raise_fd_limit();
+    let t = tempfile::tempdir().unwrap();
+    touch(&t.path().join("src/a"));
+    touch(&t.path().join("dst/a"));
+    std::fs::create_dir(t.path().join("dst/old")).unwrap();
+    chain(&t.path().join("dst/old"), 2000);
+    let path = t.path().to_path_buf();
+    let pruned = std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(move || run(&path, &[], PruneOptions::default()))
+        .unwrap()
+        .join()
+        .expect("no stack overflow");
+    // The chain's 2000 directories, its file and `old` itself.
+    assert_eq!(pruned.deleted, 2002, "{pruned:?}");
+    assert!(!t.path().join("dst/old").exists());
+    assert!(t.path().join("dst/a").exists());
+
+    std::fs::create_dir(t.path().join("dst/deep")).unwrap();
+    chain(
+        &t.path().join("dst/deep"),
+        dmover_store::prune::MAX_PRUNE_DEPTH + 5,
+    );
+    let f = filter(&[]);
+    let root = source_root(
+        &Base::Local,
+        t.path().join("src").to_str().unwrap().as_bytes(),
+        b"",
+    )
+    .unwrap();
+    let walked = walk_filtered(vec![root], &f).unwrap();
+    let parent = std::fs::File::open(t.path()).unwrap();
+    let e = prune(
+        &parent,
+        b"dst",
+        walked.tree.entries(),
+        &PruneOptions::default(),
+    )
+    .expect_err("too deep");
+    assert!(
+        e.to_string().contains("directories deep; not deleted"),
+        "{e}"
+    );
+}
