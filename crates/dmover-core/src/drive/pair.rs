@@ -61,6 +61,10 @@ pub(super) struct Wire {
     /// How long every byte takes one way, on the control connection and the data
     /// streams.
     pub latency: Duration,
+    /// Early data (protocol version 8): the dialer takes the session the acceptor will
+    /// open as known from the start (its id from the connection's secret) and its
+    /// streams join, and a push's first chunks go, with the first flight.
+    pub early: bool,
 }
 
 impl Wire {
@@ -79,6 +83,7 @@ impl Wire {
             disk: Arc::new(DiskPool::new(2, "test-disk")),
             buffers: (6, 4),
             latency: Duration::ZERO,
+            early: false,
         }
     }
 
@@ -129,7 +134,11 @@ impl Wire {
                 checksum: self.checksum,
                 direct_io: DirectIo::Auto,
                 protection: DataProtection::Authenticated,
-                features: self.features,
+                features: if self.early {
+                    self.features | dmover_proto::session::features::EARLY
+                } else {
+                    self.features
+                },
             },
             options: options(self.timing.heartbeat),
             server_proof: None,
@@ -202,7 +211,7 @@ pub(super) async fn session<K: SourceStore, S: SinkStore>(
     let max = dmover_proto::control::MAX_FRAME;
     let net = dmover_net::memnet::MemNet::new(Duration::from_secs(30), Duration::from_secs(5))
         .with_latency(wire.latency);
-    let joins = crate::dialer::Dialing::new(
+    let mut joins = crate::dialer::Dialing::new(
         net.dialer("acceptor", Duration::from_secs(5)),
         dmover_net::join::LinkMode {
             protection: DataProtection::Authenticated,
@@ -213,11 +222,21 @@ pub(super) async fn session<K: SourceStore, S: SinkStore>(
         Default::default(),
         None,
     );
+    // The session every acceptor opens: its id and salt from the connection's secret
+    // (as a server's), which an early dialer knows from the start.
+    let (id, salt) = dmover_proto::auth::session_id(&MASTER);
+    if wire.early {
+        joins.set_session(id, &salt);
+    }
     let at = |r| (r, start.elapsed());
     let at2 = |r| (r, start.elapsed());
     if wire.push {
         let mut ch = ControlChannel::new(dialer, "sink", max);
-        let mut m = SourceSession::dial(now(), "sink", wire.timing, wire.dial());
+        let mut m = if wire.early {
+            SourceSession::dial_early(now(), "sink", wire.timing, wire.dial(), id, salt)
+        } else {
+            SourceSession::dial(now(), "sink", wire.timing, wire.dial())
+        };
         let growth = manifest(&mut m);
         let env = wire.env(wire.buffers.0);
         let sending = async { at(source_growing(m, &mut ch, joins, source, env, growth).await) };
@@ -242,7 +261,12 @@ pub(super) async fn session<K: SourceStore, S: SinkStore>(
         }
     } else {
         let mut ch = ControlChannel::new(dialer, "source", max);
-        let m = SinkSession::dial(now(), "source", wire.timing, Limits::default(), wire.dial());
+        let (timing, limits, dial) = (wire.timing, Limits::default(), wire.dial());
+        let m = if wire.early {
+            SinkSession::dial_early(now(), "source", timing, limits, dial, id, salt)
+        } else {
+            SinkSession::dial(now(), "source", timing, limits, dial)
+        };
         let env = wire.env(wire.buffers.1);
         let options = Some(options(wire.timing.heartbeat));
         let receiving = async {
@@ -305,9 +329,10 @@ async fn open(
         }
     };
     let open = accept(a, ch, verify).await.ok()?;
+    let (id, salt) = dmover_proto::auth::session_id(&MASTER);
     let info = SessionInfo {
-        id: 9,
-        salt: [3; 32],
+        id,
+        salt,
         streams: open.streams,
         chunk_size: open.chunk_size,
         features: dmover_proto::session::features::negotiate(

@@ -119,6 +119,9 @@ struct Script {
     buffers: (usize, usize),
     /// Milliseconds each byte takes one way.
     latency: u64,
+    /// Early data: the dialer's streams join, and a push's chunks go, with its first
+    /// flight.
+    early: bool,
     /// (a request-driven pull, feature `RANGES`: a mount's session) The chunks the
     /// sink asks for, in turns, each this many milliseconds after the one before; it
     /// closes the session once it has them all.
@@ -300,6 +303,7 @@ fn run(s: &Script) -> Ran {
         disk: Arc::new(DiskPool::inline()),
         buffers: s.buffers,
         latency: Duration::from_millis(s.latency),
+        early: s.early,
     };
     let (demand, owner) = match &s.wants {
         Some(wants) => {
@@ -632,6 +636,58 @@ fn a_small_transfer_costs_three_round_trips() {
     }
 }
 
+/// As above with early data: a push's chunk follows the first flight on a stream
+/// joined at once and its acknowledgement and `Done` come back a round trip later
+/// (1.5 RTT in all); a pull's sink joins its streams with its first flight.
+#[test]
+fn early_data_saves_a_round_trip() {
+    for push in [true, false] {
+        let mut s = script(push, 2, &[1000]);
+        s.latency = 50;
+        let late = run(&s);
+        s.early = true;
+        let r = run(&s);
+        finished(&r);
+        let end = |r: &Ran| {
+            if push {
+                r.ends.source_at
+            } else {
+                r.ends.sink_at
+            }
+        };
+        let (t, t_late) = (end(&r), end(&late));
+        // A push: 150 ms against 250. A pull: 200 against 250 (the machines' model
+        // says 200 both ways: here a late pull's streams also wait for their join's
+        // challenge, which over TCP the connections the dialer opens ahead hide).
+        let saved = if push { 100 } else { 50 };
+        assert!(
+            t + Duration::from_millis(saved) <= t_late,
+            "push {push}: early {t:?}, late {t_late:?}"
+        );
+        assert!(t <= Duration::from_millis(200), "push {push}: early {t:?}");
+    }
+}
+
+/// Early pushes and pulls of many chunks and streams, growing or whole, with a broken
+/// stream: as without early data.
+#[test]
+fn early_transfers_move_every_chunk_once() {
+    for push in [true, false] {
+        for (parts, cut) in [(false, false), (true, false), (false, true), (true, true)] {
+            let mut s = script(push, 3, &SIZES);
+            s.early = true;
+            s.latency = 5;
+            if parts {
+                s.parts = vec![(3, 0), (1, 2), (7, 4), (0, 2), (5, 0)];
+            }
+            if cut {
+                s.links = vec![(0, 100_000, false)];
+            }
+            finished(&run(&s));
+        }
+    }
+}
+
 /// A session's files, streams and buffers, with up to all streams but one cut.
 fn schedule() -> impl Strategy<Value = Script> {
     (
@@ -642,27 +698,31 @@ fn schedule() -> impl Strategy<Value = Script> {
         proptest::collection::vec((0usize..6, 0u64..600_000), 0..4),
         (1usize..8, 1usize..6),
         0u64..80,
+        any::<bool>(),
     )
-        .prop_map(|(push, streams, checksum, sizes, cuts, buffers, latency)| {
-            let mut links: Vec<(usize, u64, bool)> = cuts
-                .into_iter()
-                .filter(|&(n, _)| n < usize::from(streams))
-                .map(|(n, after)| (n, after, false))
-                .collect();
-            links.sort_by_key(|l| l.0);
-            links.dedup_by_key(|l| l.0);
-            links.truncate(usize::from(streams) - 1);
-            Script {
-                push,
-                streams,
-                checksum,
-                sizes,
-                links,
-                buffers,
-                latency,
-                ..Script::default()
-            }
-        })
+        .prop_map(
+            |(push, streams, checksum, sizes, cuts, buffers, latency, early)| {
+                let mut links: Vec<(usize, u64, bool)> = cuts
+                    .into_iter()
+                    .filter(|&(n, _)| n < usize::from(streams))
+                    .map(|(n, after)| (n, after, false))
+                    .collect();
+                links.sort_by_key(|l| l.0);
+                links.dedup_by_key(|l| l.0);
+                links.truncate(usize::from(streams) - 1);
+                Script {
+                    push,
+                    streams,
+                    checksum,
+                    sizes,
+                    links,
+                    buffers,
+                    latency,
+                    early,
+                    ..Script::default()
+                }
+            },
+        )
 }
 
 /// A growing manifest's parts (`Script::parts`): up to 5 parts of up to 4 chunks,
@@ -720,7 +780,8 @@ proptest! {
         let wants: Vec<(u64, Vec<u64>)> = wants.into_iter()
             .map(|(at, ks)| (at, ks.into_iter().filter_map(|k| k.checked_rem(n)).collect()))
             .collect();
-        let s = Script { push: false, wants: Some(wants.clone()), ..s };
+        // A request-driven session is a mount's: never early data.
+        let s = Script { push: false, early: false, wants: Some(wants.clone()), ..s };
         let r = run(&s);
         prop_assert!(r.ends.source.is_ok() && r.ends.sink.is_ok(),
             "{:?} / {:?} for {s:?}", r.ends.source.as_ref().err(), r.ends.sink.as_ref().err());
