@@ -961,10 +961,12 @@ where
     }
 }
 
-#[cfg(test)]
-mod pair;
+#[cfg(any(test, feature = "testing"))]
+pub mod pair;
 #[cfg(test)]
 mod pair_props;
+#[cfg(any(test, feature = "testing"))]
+pub mod script;
 mod sink;
 mod source;
 #[cfg(test)]

@@ -22,13 +22,13 @@ use dmover_proto::session::{Dial, Limits};
 use tokio::io::DuplexStream;
 
 /// The chunk size of the harness's sessions.
-pub(super) const CHUNK: u32 = 64 << 10;
+pub const CHUNK: u32 = 64 << 10;
 /// The control connection's secret both sides derive the session key from.
 const MASTER: [u8; 32] = [7; 32];
 
 /// What happens to the control connection, some time after the start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum ControlFault {
+pub enum ControlFault {
     /// It breaks: both ends see it close.
     Break(Duration),
     /// It goes silent both ways, and stays open.
@@ -37,11 +37,11 @@ pub(super) enum ControlFault {
 
 /// Which data stream goes wrong how: given the order in which the acceptor took a
 /// stream (0 for the first), its fault plan.
-pub(super) type LinkFaults = Arc<dyn Fn(usize) -> Option<Arc<FaultPlan>> + Send + Sync>;
+pub type LinkFaults = Arc<dyn Fn(usize) -> Option<Arc<FaultPlan>> + Send + Sync>;
 
 /// How a session is wired, and what goes wrong in it.
 #[derive(Clone)]
-pub(super) struct Wire {
+pub struct Wire {
     /// The source dials (a push); otherwise the sink does (a pull).
     pub push: bool,
     pub streams: u16,
@@ -148,7 +148,7 @@ impl Wire {
 }
 
 /// The options a harness session runs with: a heartbeat every `heartbeat`.
-pub(super) fn options(heartbeat: Duration) -> SessionOptions {
+pub fn options(heartbeat: Duration) -> SessionOptions {
     SessionOptions {
         resume: false,
         journal: false,
@@ -160,7 +160,7 @@ pub(super) fn options(heartbeat: Duration) -> SessionOptions {
 }
 
 /// How a session ended at each end, and when (from its start).
-pub(super) struct Ends<K, S> {
+pub struct Ends<K, S> {
     pub source: Result<SourceRun<K>>,
     pub sink: Result<SinkRun<S>>,
     pub source_at: Duration,
@@ -169,7 +169,7 @@ pub(super) struct Ends<K, S> {
 
 /// A current-thread runtime whose clock is paused: it moves only when every task
 /// waits, straight to the next timer.
-pub(super) fn paused() -> tokio::runtime::Runtime {
+pub fn paused() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -179,11 +179,11 @@ pub(super) fn paused() -> tokio::runtime::Runtime {
 
 /// The queue a source's manifest comes from: given the source's machine, queues the
 /// manifest on it, or returns the feed of a growing one.
-pub(super) type Manifest =
+pub type Manifest =
     Box<dyn FnOnce(&mut SourceSession<Fault>) -> Option<mpsc::UnboundedReceiver<GrowPart>> + Send>;
 
 /// A manifest queued whole: `entries`, whose data are `chunks`.
-pub(super) fn whole(entries: Vec<Entry>, chunks: ChunkSet) -> Manifest {
+pub fn whole(entries: Vec<Entry>, chunks: ChunkSet) -> Manifest {
     Box::new(move |m| {
         m.push_manifest(&entries);
         m.end_manifest(Totals::of(&entries), chunks);
@@ -195,7 +195,7 @@ pub(super) fn whole(entries: Vec<Entry>, chunks: ChunkSet) -> Manifest {
 /// manifest `manifest` queues, the sink's storage is what `prepare` makes. With
 /// `demand` (a pull only) the session is request-driven, a mount's: the sink asks
 /// for what `demand`'s owner asks.
-pub(super) async fn session<K: SourceStore, S: SinkStore>(
+pub async fn session<K: SourceStore, S: SinkStore>(
     wire: Wire,
     source: K,
     prepare: Prepare<S>,

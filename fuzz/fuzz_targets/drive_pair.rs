@@ -1,0 +1,140 @@
+//! Structured: whole sessions on the production drivers (`dmover_core::drive`, through
+//! its `testing` feature): a push or a pull between memory storage over the in-memory
+//! transport on a paused clock (`drive::script`), with arbitrary files (or a growing
+//! manifest's parts, or a mount's chunk requests), streams, buffers, latency, early
+//! data and faults (streams cut or silenced, the control connection broken or
+//! silenced, a chunk the storage cannot read or write, a refused credential). Checks:
+//! both ends always end within a minute of the paused clock; an end that finished
+//! means the sink holds every file whole (or, request-driven, every chunk asked for
+//! and nothing else); a refused dialer or a storage fault on a chunk sent fails both
+//! ends; with at least one stream left and no other fault, both ends finish.
+#![no_main]
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use dmover_core::drive::pair::{CHUNK, ControlFault};
+use dmover_core::drive::script::{Script, dataset, run};
+use libfuzzer_sys::arbitrary::{Result, Unstructured};
+use libfuzzer_sys::fuzz_target;
+
+fn script(u: &mut Unstructured<'_>) -> Result<Script> {
+    let streams = u.int_in_range(1..=5)?;
+    let mut s = Script {
+        push: u.arbitrary()?,
+        streams,
+        checksum: u.arbitrary()?,
+        buffers: (u.int_in_range(1..=7)?, u.int_in_range(1..=5)?),
+        latency: u.int_in_range(0..=80)?,
+        early: u.arbitrary()?,
+        ..Script::default()
+    };
+    match u.int_in_range(0..=2u8)? {
+        0 => {
+            let n = u.int_in_range(0..=8)?;
+            for _ in 0..n {
+                s.sizes.push(u.int_in_range(0..=300_000)?);
+            }
+        }
+        1 => {
+            let n = u.int_in_range(1..=5)?;
+            for _ in 0..n {
+                s.parts.push((u.int_in_range(0..=4)?, u.int_in_range(0..=120)?));
+            }
+        }
+        _ => {
+            let n = u.int_in_range(0..=6)?;
+            for _ in 0..n {
+                s.sizes.push(u.int_in_range(0..=300_000)?);
+            }
+            let turns = u.int_in_range(1..=4)?;
+            let mut wants = Vec::new();
+            for _ in 0..turns {
+                let k = u.int_in_range(0..=5)?;
+                let ks = (0..k)
+                    .map(|_| u.int_in_range(0..=1000))
+                    .collect::<Result<Vec<u64>>>()?;
+                wants.push((u.int_in_range(0..=200)?, ks));
+            }
+            // A mount's session: a pull, never early data; requests name chunks
+            // that exist.
+            let (entries, _) = dataset(&s.sizes);
+            let n = dmover_proto::layout::Layout::new(&entries, CHUNK)
+                .map_or(0, |l| l.n_chunks());
+            for w in &mut wants {
+                w.1 = w.1.iter().filter_map(|k| k.checked_rem(n)).collect();
+            }
+            s.push = false;
+            s.early = false;
+            s.wants = Some(wants);
+        }
+    }
+    let faults = u.int_in_range(0..=4)?;
+    for _ in 0..faults {
+        let at = Duration::from_millis(u.int_in_range(0..=300)?);
+        match u.int_in_range(0..=5u8)? {
+            0 | 1 => s.links.push((
+                u.int_in_range(0..=5)?,
+                u.int_in_range(0..=600_000)?,
+                u.arbitrary()?,
+            )),
+            2 => s.control = Some(ControlFault::Break(at)),
+            3 => s.control = Some(ControlFault::Silence(at)),
+            4 => s.read_error = Some(u.int_in_range(0..=40)?),
+            _ => {
+                if u.arbitrary()? {
+                    s.write_error = Some(u.int_in_range(0..=40)?);
+                } else {
+                    s.refuse = true;
+                }
+            }
+        }
+    }
+    Ok(s)
+}
+
+fn check(data: &[u8]) -> Result<()> {
+    let mut u = Unstructured::new(data);
+    let s = script(&mut u)?;
+    let r = run(&s);
+    let bound = Duration::from_secs(60);
+    assert!(
+        r.ends.source_at < bound && r.ends.sink_at < bound,
+        "ended at {:?} / {:?} for {s:?}",
+        r.ends.source_at,
+        r.ends.sink_at
+    );
+    let (source_ok, sink_ok) = (r.ends.source.is_ok(), r.ends.sink.is_ok());
+    match &s.wants {
+        Some(wants) if sink_ok => {
+            let wanted: BTreeSet<u64> = wants.iter().flat_map(|w| w.1.clone()).collect();
+            let written: BTreeSet<u64> = r.writes.lock().keys().copied().collect();
+            assert_eq!(written, wanted, "{s:?}");
+        }
+        Some(_) => {}
+        None if source_ok || sink_ok => {
+            assert_eq!(r.missing(), Vec::<usize>::new(), "{s:?}");
+        }
+        None => {}
+    }
+    let sent = |k: Option<u64>| s.wants.is_none() && k.is_some_and(|k| k < r.chunks);
+    if s.refuse || sent(s.read_error) || sent(s.write_error) {
+        assert!(!source_ok && !sink_ok, "an end finished: {s:?}");
+    }
+    let streams_left = s.links.iter().map(|l| l.0).collect::<BTreeSet<_>>().len()
+        < usize::from(s.streams);
+    let clean = s.control.is_none() && !s.refuse && s.read_error.is_none();
+    if streams_left && clean && s.write_error.is_none() {
+        assert!(
+            source_ok && sink_ok,
+            "{:?} / {:?} for {s:?}",
+            r.ends.source.as_ref().err(),
+            r.ends.sink.as_ref().err()
+        );
+    }
+    Ok(())
+}
+
+fuzz_target!(|data: &[u8]| {
+    let _ = check(data);
+});
