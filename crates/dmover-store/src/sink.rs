@@ -715,6 +715,18 @@ impl FileSink {
         sparse: Vec<u32>,
         chunk: u32,
     ) -> Result<()> {
+        // A later part adds entries below the roots of the first, never a root: the
+        // roots are what the destination's side checked (a pull's, those it asked
+        // for), so a source may not name a new one here.
+        if let Some(root) = entries.iter().find(|e| e.parent == NO_PARENT) {
+            return Err(Error::protocol(
+                "the source",
+                format!(
+                    "a later part of the manifest adds the root {:?}; roots come in the first part only",
+                    String::from_utf8_lossy(&root.name)
+                ),
+            ));
+        }
         if !meta.is_empty() {
             self.meta
                 .write()
