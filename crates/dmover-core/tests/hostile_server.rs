@@ -373,3 +373,40 @@ async fn honest_pulls_of_every_shape_still_work() {
     }
     stop.cancel();
 }
+
+/// A pull's manifest may not name dmover's own files (`.dmv.*`) below the root asked
+/// for: refused before anything is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_refuses_dmovers_own_names() {
+    let t = tempfile::tempdir().unwrap();
+    let dest = t.path().join("dest");
+    std::fs::create_dir(&dest).unwrap();
+    let stop = CancellationToken::new();
+    let hostile = vec![
+        entry(NO_PARENT, "x", EntryKind::Dir),
+        entry(0, "ok", EntryKind::File { size: 0 }),
+        entry(
+            0,
+            ".dmv.journal.0000000000000001",
+            EntryKind::File { size: 0 },
+        ),
+    ];
+    let addr = scripted_server(vec![hostile], stop.clone()).await;
+    let c = client(&t.path().join("known_hosts"));
+    let e = c
+        .pull(
+            &addr,
+            &[b"x".to_vec()],
+            dest.as_os_str().as_encoded_bytes(),
+            Run::new(),
+        )
+        .await
+        .expect_err("a .dmv. name must be refused")
+        .to_string();
+    assert!(
+        e.contains(".dmv.journal.") && e.contains("dmover's own"),
+        "{e}"
+    );
+    assert!(listing(&dest).is_empty(), "{:?}", listing(&dest));
+    stop.cancel();
+}
