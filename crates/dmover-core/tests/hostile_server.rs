@@ -410,3 +410,38 @@ async fn a_pull_refuses_dmovers_own_names() {
     assert!(listing(&dest).is_empty(), "{:?}", listing(&dest));
     stop.cancel();
 }
+
+/// A copy relayed through this client (`--via-client`) from a hostile source server
+/// to an honest destination: A's root not asked for is refused before B is sent
+/// anything, and B's export stays empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_refuses_a_root_the_source_was_not_asked_for() {
+    use dmover_core::client::ThirdPartyCopy;
+    use dmover_proto::control::TpcMode;
+    let t = tempfile::tempdir().unwrap();
+    let b_root = t.path().join("b");
+    std::fs::create_dir(&b_root).unwrap();
+    let stop = CancellationToken::new();
+    let hostile = vec![
+        entry(NO_PARENT, ".ssh", EntryKind::Dir),
+        entry(0, "authorized_keys", EntryKind::File { size: 0 }),
+    ];
+    let a = scripted_server(vec![hostile], stop.clone()).await;
+    let b = honest_server(&b_root, stop.clone()).await;
+    let c = client(&t.path().join("known_hosts"));
+    let copy = ThirdPartyCopy {
+        mode: TpcMode::Push,
+        source_server: a,
+        sources: vec![b"x".to_vec()],
+        dest_server: b,
+        dest: Vec::new(),
+    };
+    let e = tokio::time::timeout(Duration::from_secs(30), c.relay(&copy, 8, Run::new()))
+        .await
+        .expect("the relay ends")
+        .expect_err("a root not asked for must be refused")
+        .to_string();
+    assert!(e.contains("not a source this pull asked for"), "{e}");
+    assert!(listing(&b_root).is_empty(), "{:?}", listing(&b_root));
+    stop.cancel();
+}
