@@ -24,6 +24,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use dmover_net::link::{Direction, SocketOptions};
+use dmover_proto::control::ErrorCode;
 use dmover_proto::manifest::{Entry, EntryMeta, NO_PARENT, Totals, XattrScope};
 use dmover_proto::session::SourceSession;
 use dmover_store::Source;
@@ -399,6 +400,73 @@ pub(crate) struct SinkPlan {
     /// holds with the source's content, which it keeps (instead of those with the
     /// manifest's size and mtime).
     pub same: Option<Arc<HashSet<Vec<u8>>>>,
+    /// (a pull) The roots this side asked for ([`AskedRoots`]): the manifest's roots
+    /// must be among them, so a peer never chooses the names written here.
+    pub asked: Option<AskedRoots>,
+}
+
+/// The roots a pull asked for, by the names they get: each source path's last
+/// component, or (`None`) the name of an export's whole root, which only the server
+/// knows (its directory's name).
+#[derive(Debug, Clone)]
+pub(crate) struct AskedRoots(Vec<Option<Vec<u8>>>);
+
+impl AskedRoots {
+    /// The names the roots of a pull of `sources` (paths on the server) get.
+    pub fn of(sources: &[Vec<u8>]) -> Self {
+        AskedRoots(
+            sources
+                .iter()
+                .map(|p| {
+                    p.split(|&b| b == b'/')
+                        .rfind(|c| !c.is_empty() && *c != b".")
+                        .map(<[u8]>::to_vec)
+                })
+                .collect(),
+        )
+    }
+
+    /// Checks the roots of `entries` (a manifest's first part; later parts add none)
+    /// against what was asked: each root has the name of a source asked for, each
+    /// source gives at most one root; a server names an export's whole root itself,
+    /// but only with a plain name (not hidden: not starting with `.`). A hostile
+    /// server could otherwise name a root `.ssh` and write `~/.ssh/authorized_keys`
+    /// through `dmover cp srv:x ~/` (scp's CVE-2019-6111, rsync's CVE-2024-12087).
+    pub fn check(&self, entries: &[Entry]) -> Result<()> {
+        let mut left: Vec<Option<&[u8]>> = self.0.iter().map(Option::as_deref).collect();
+        for root in entries.iter().filter(|e| e.parent == NO_PARENT) {
+            let name = root.name.as_slice();
+            let slot = left.iter().position(|a| *a == Some(name)).or_else(|| {
+                let plain = !name.starts_with(b".");
+                left.iter().position(|a| a.is_none()).filter(|_| plain)
+            });
+            match slot {
+                Some(i) => {
+                    left.remove(i);
+                }
+                None => {
+                    let asked: Vec<String> = self
+                        .0
+                        .iter()
+                        .map(|a| match a {
+                            Some(n) => format!("{:?}", String::from_utf8_lossy(n)),
+                            None => "an export's root".into(),
+                        })
+                        .collect();
+                    return Err(Error::refused(
+                        ErrorCode::Protocol,
+                        format!(
+                            "the server sent {:?}, which is not a source this pull asked for \
+                             (asked: {}); nothing was written",
+                            String::from_utf8_lossy(name),
+                            asked.join(", ")
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// See [`SinkPlan::prune_first`].
@@ -416,6 +484,9 @@ impl SinkPlan {
     /// the session's chunk size and options).
     pub fn prepare(self) -> drive::Prepare<FileSink> {
         Box::new(move |mut entries, chunk, so| {
+            if let Some(asked) = &self.asked {
+                asked.check(&entries)?;
+            }
             if let Some(name) = self.root_name {
                 let mut roots = entries.iter_mut().filter(|e| e.parent == NO_PARENT);
                 if let (Some(root), None) = (roots.next(), roots.next()) {
@@ -447,5 +518,56 @@ impl SinkPlan {
             }
             Ok(sink)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dmover_proto::manifest::{EntryKind, Mtime};
+
+    fn root(name: &str) -> Entry {
+        Entry {
+            parent: NO_PARENT,
+            name: name.as_bytes().to_vec(),
+            kind: EntryKind::Dir,
+            mode: 0o755,
+            mtime: Mtime::default(),
+        }
+    }
+
+    fn asked(sources: &[&str]) -> AskedRoots {
+        let s: Vec<Vec<u8>> = sources.iter().map(|s| s.as_bytes().to_vec()).collect();
+        AskedRoots::of(&s)
+    }
+
+    #[test]
+    fn the_names_asked_for_are_the_sources_last_components() {
+        let names = |s: &[&str]| asked(s).0;
+        let x = Some(b"x".to_vec());
+        assert_eq!(
+            names(&["x", "x/", "x/.", "a/x//", "./x"]),
+            vec![x.clone(); 5]
+        );
+        // An export's whole root: named by the server.
+        assert_eq!(names(&["", ".", "/", "./"]), vec![None; 4]);
+    }
+
+    #[test]
+    fn only_roots_asked_for_pass() {
+        let ok = |s: &[&str], roots: &[&str]| {
+            let e: Vec<Entry> = roots.iter().map(|r| root(r)).collect();
+            asked(s).check(&e).is_ok()
+        };
+        assert!(ok(&["x"], &["x"]));
+        assert!(ok(&["a/x", "b/y/"], &["y", "x"]));
+        assert!(ok(&["."], &["export"]));
+        assert!(ok(&["x", "."], &["x", "export"]));
+        assert!(!ok(&["x"], &[".ssh"]));
+        assert!(!ok(&["x"], &["y"]));
+        // One root per source, and an export's root never hidden.
+        assert!(!ok(&["x"], &["x", "x2"]));
+        assert!(!ok(&["."], &[".ssh"]));
+        assert!(!ok(&["x", "."], &["x", ".profile"]));
     }
 }

@@ -96,3 +96,98 @@ async fn a_list_line_longer_than_a_path_is_refused() {
         other => panic!("an honest pull should get its session, got {other:?}"),
     }
 }
+
+/// A push whose manifest names dmover's own files: `name` below the root `d`, or the
+/// push's destination itself (`dest`).
+async fn push_naming(server: std::sync::Arc<Server>, dest: &[u8], name: &[u8]) -> Option<Control> {
+    use dmover_proto::control::{ManifestEnd, ManifestPart, SessionOptions};
+    use dmover_proto::manifest::{Entry, EntryKind, Mtime, NO_PARENT, Totals};
+    let (mut ch, task) = connect(server);
+    let entry = |parent, name: &[u8], kind| Entry {
+        parent,
+        name: name.to_vec(),
+        kind,
+        mode: 0o600,
+        mtime: Mtime::default(),
+    };
+    let entries = vec![
+        entry(NO_PARENT, b"d", EntryKind::Dir),
+        entry(0, name, EntryKind::File { size: 0 }),
+    ];
+    let options = SessionOptions {
+        resume: true,
+        journal: true,
+        fsync: false,
+        verify: false,
+        continue_on_error: false,
+        heartbeat_ms: 0,
+    };
+    let totals = Totals::of(&entries);
+    let mut push = open(Op::Push {
+        dest: dest.to_vec(),
+    });
+    if let Control::Open(o) = &mut push {
+        o.chunk_size = 1 << 20;
+    }
+    for m in [
+        hello("hostile".into()),
+        good_auth(),
+        push,
+        Control::Options(options),
+        Control::Manifest(ManifestPart { entries }),
+        Control::ManifestEnd(ManifestEnd { totals }),
+    ] {
+        ch.send(&m).await.unwrap();
+    }
+    let a = loop {
+        match answer(&mut ch).await {
+            Some(Control::Session(_) | Control::Limits(_)) => {}
+            other => break other,
+        }
+    };
+    drop(ch);
+    let _ = task.await.unwrap();
+    a
+}
+
+/// Every path below `dir`, relative, sorted.
+fn listing(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            if p.is_dir() && !p.is_symlink() {
+                stack.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A pushed manifest may not name dmover's own files (`.dmv.*`: a journal read back on
+/// `--resume`, a staging file another transfer takes up), below its root nor as its
+/// destination: refused, and nothing is written.
+#[tokio::test]
+async fn a_push_may_not_name_dmovers_own_files() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("export");
+    std::fs::create_dir(&root).unwrap();
+    let server = common::server(&root);
+    for (dest, name) in [
+        (&b""[..], &b".dmv.journal.0000000000000001"[..]),
+        (b"", b".dmv.0123456789abcdef.f"),
+        (b".dmv.journal.0000000000000002", b"f"),
+    ] {
+        match push_naming(server.clone(), dest, name).await {
+            Some(Control::Error(e)) => {
+                assert_eq!(e.code, ErrorCode::PermissionDenied, "{e:?}");
+                assert!(e.message.contains("dmover's own"), "{e:?}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert!(listing(&root).is_empty(), "{:?}", listing(&root));
+    }
+}

@@ -81,6 +81,34 @@ const VERSION: u16 = 1;
 const KIND_FILE: u8 = 1;
 const KIND_PIECE: u8 = 2;
 
+/// What a transfer holds, which bounds its journal ([`Extent::max_len`]): a journal
+/// longer than its transfer's files could have recorded is not read (it was not written
+/// by dmover for this transfer: a sparse file planted in its place, say) but discarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    /// Its regular files.
+    pub files: u64,
+    /// Their bytes in all.
+    pub bytes: u64,
+}
+
+impl Extent {
+    /// The longest journal of this transfer with chunks of `chunk` bytes (the smaller
+    /// of the earlier attempt's and this one's): its header, and for every file a
+    /// done record and a record per piece (at most one per chunk of its bytes, and two
+    /// more where it straddles chunks), all twice over (a file that changed between
+    /// attempts is recorded again), and 64 records to spare.
+    pub fn max_len(&self, chunk: u32) -> u64 {
+        let chunk = u64::from(chunk.max(dmover_proto::layout::MIN_CHUNK));
+        let pieces = self
+            .files
+            .saturating_mul(2)
+            .saturating_add(self.bytes / chunk);
+        let records = self.files.saturating_add(pieces).saturating_mul(2);
+        records.saturating_add(65).saturating_mul(RECORD_LEN as u64)
+    }
+}
+
 /// The key of a transfer into a directory: a hash of its roots' names there and kinds.
 pub fn transfer_key<'a>(roots: impl IntoIterator<Item = (&'a [u8], &'a EntryKind)>) -> u64 {
     let mut v = b"dmover-transfer-1\0".to_vec();
@@ -373,13 +401,15 @@ impl Journal {
     /// Opens (creating it if needed) and locks the journal of transfer `key` in `dir`,
     /// waiting up to [`LOCK_WAIT`] for another session to release it. With `resume`
     /// its records are read back (those of another chunk size are dropped); otherwise,
-    /// or when it is unreadable, it starts empty. Returns the journal, what it held,
-    /// and whether a journal of an earlier attempt existed.
+    /// or when it is unreadable or longer than a transfer of `extent` permits
+    /// ([`Extent::max_len`], checked before reading it), it starts empty. Returns the
+    /// journal, what it held, and whether a journal of an earlier attempt existed.
     pub fn open(
         dir: Arc<OwnedFd>,
         key: u64,
         chunk_size: u32,
         resume: bool,
+        extent: Extent,
     ) -> Result<(Journal, Contents, bool), JournalError> {
         let name = journal_name(key);
         let shown = String::from_utf8_lossy(&name).into_owned();
@@ -406,7 +436,28 @@ impl Journal {
             ..Contents::default()
         };
         let mut keep = 0;
-        if resume && existed {
+        let readable = resume && existed && {
+            // The earlier attempt's chunk size (its header's), if smaller, bounds it.
+            let mut head = [0u8; RECORD_LEN];
+            let got = sys::pread_full(&fd, &mut head, 0).map_err(err)?;
+            let theirs = u32::from_le_bytes(head[16..20].try_into().unwrap());
+            let chunk = if got == RECORD_LEN && sealed(&head) && theirs > 0 {
+                theirs.min(chunk_size)
+            } else {
+                chunk_size
+            };
+            let max = extent.max_len(chunk);
+            let within = len as u64 <= max;
+            if !within {
+                tracing::warn!(
+                    "journal {shown} holds {len} bytes, more than this transfer's {} files \
+                     could have recorded ({max}); starting over without reading it",
+                    extent.files
+                );
+            }
+            within
+        };
+        if readable {
             let mut bytes = vec![0u8; len];
             let got = sys::pread_full(&fd, &mut bytes, 0).map_err(err)?;
             bytes.truncate(got);
@@ -645,10 +696,64 @@ mod tests {
         (t, Arc::new(fd))
     }
 
+    /// A transfer large enough for any journal of these tests.
+    const ANY: Extent = Extent {
+        files: 1 << 20,
+        bytes: 1 << 40,
+    };
+
+    /// A journal longer than its transfer's files could have recorded is discarded
+    /// unread; one within the bound is read. A sparse terabyte in its place costs
+    /// nothing either.
+    #[test]
+    fn a_journal_longer_than_its_transfer_permits_is_discarded() {
+        let (t, d) = dir();
+        let (j, _, _) = Journal::open(d.clone(), 5, 1 << 20, true, ANY).unwrap();
+        for f in 0..500 {
+            j.file_done(&id(f, 100), f as u64);
+        }
+        j.flush();
+        drop(j);
+        let path = t.path().join(".dmv.journal.0000000000000005");
+        let small = Extent {
+            files: 2,
+            bytes: 200,
+        };
+        assert!(small.max_len(1 << 20) < 501 * RECORD_LEN as u64);
+        let (j, c, existed) = Journal::open(d.clone(), 5, 1 << 20, true, small).unwrap();
+        assert!(existed);
+        assert!(c.files.is_empty(), "{} files read", c.files.len());
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), RECORD_LEN as u64);
+        for f in 0..500 {
+            j.file_done(&id(f, 100), f as u64);
+        }
+        j.flush();
+        drop(j);
+        let fits = Extent {
+            files: 500,
+            bytes: 500 * 100,
+        };
+        let (j, c, _) = Journal::open(d.clone(), 5, 1 << 20, true, fits).unwrap();
+        assert_eq!(c.files.len(), 500);
+        drop(j);
+        // A planted sparse terabyte: not read (nor allocated).
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(1 << 40)
+            .unwrap();
+        let started = std::time::Instant::now();
+        let (_, c, existed) = Journal::open(d, 5, 1 << 20, true, fits).unwrap();
+        assert!(existed && c.files.is_empty());
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), RECORD_LEN as u64);
+    }
+
     #[test]
     fn records_survive_and_torn_tails_are_cut() {
         let (t, d) = dir();
-        let (j, c, existed) = Journal::open(d.clone(), 7, 1 << 20, true).unwrap();
+        let (j, c, existed) = Journal::open(d.clone(), 7, 1 << 20, true, ANY).unwrap();
         assert!(!existed && c.files.is_empty());
         j.file_done(&id(1, 100), 0xabc);
         j.piece_done(&id(2, 5 << 20), 0, 11);
@@ -662,7 +767,7 @@ mod tests {
         bytes.extend_from_slice(&[KIND_FILE; 30]);
         std::fs::write(&path, &bytes).unwrap();
 
-        let (j, c, existed) = Journal::open(d.clone(), 7, 1 << 20, true).unwrap();
+        let (j, c, existed) = Journal::open(d.clone(), 7, 1 << 20, true, ANY).unwrap();
         assert!(existed);
         assert_eq!(c.torn, 1);
         assert_eq!(c.files[&1].done, Some(0xabc));
@@ -680,7 +785,7 @@ mod tests {
             5 * RECORD_LEN as u64,
             "the torn bytes were cut before appending"
         );
-        let (_, c, _) = Journal::open(d.clone(), 7, 1 << 20, true).unwrap();
+        let (_, c, _) = Journal::open(d.clone(), 7, 1 << 20, true, ANY).unwrap();
         assert_eq!(c.files[&2].size, 6 << 20);
         assert_eq!(c.files[&2].pieces, BTreeMap::from([(0, 99)]));
     }
@@ -688,33 +793,33 @@ mod tests {
     #[test]
     fn another_key_chunk_size_or_fresh_start_forgets() {
         let (t, d) = dir();
-        let (j, _, _) = Journal::open(d.clone(), 1, 1 << 20, true).unwrap();
+        let (j, _, _) = Journal::open(d.clone(), 1, 1 << 20, true, ANY).unwrap();
         j.piece_done(&id(2, 5 << 20), 0, 11);
         j.file_done(&id(3, 5), 1);
         j.flush();
         drop(j);
-        let (_, c, _) = Journal::open(d.clone(), 1, 2 << 20, true).unwrap();
+        let (_, c, _) = Journal::open(d.clone(), 1, 2 << 20, true, ANY).unwrap();
         assert!(
             c.files[&2].pieces.is_empty(),
             "pieces of another chunk size"
         );
         assert_eq!(c.files[&3].done, Some(1), "whole files still count");
-        let (_, c, existed) = Journal::open(d.clone(), 1, 2 << 20, false).unwrap();
+        let (_, c, existed) = Journal::open(d.clone(), 1, 2 << 20, false, ANY).unwrap();
         assert!(existed && c.files.is_empty());
         // A damaged header: unreadable, starts over.
         let path = t.path().join(".dmv.journal.0000000000000001");
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[9] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        let (_, c, _) = Journal::open(d, 1, 2 << 20, true).unwrap();
+        let (_, c, _) = Journal::open(d, 1, 2 << 20, true, ANY).unwrap();
         assert!(c.files.is_empty());
     }
 
     #[test]
     fn batches_are_committed_without_a_flush() {
         let (_t, d) = dir();
-        let (j, _, _) = Journal::open(d.clone(), 3, 1 << 20, false).unwrap();
-        let (other, _, _) = Journal::open(d.clone(), 4, 1 << 20, false).unwrap();
+        let (j, _, _) = Journal::open(d.clone(), 3, 1 << 20, false, ANY).unwrap();
+        let (other, _, _) = Journal::open(d.clone(), 4, 1 << 20, false, ANY).unwrap();
         j.file_done(&id(1, 1), 1);
         j.file_done(&id(2, 1), 2);
         other.file_done(&id(1, 1), 1);
@@ -730,7 +835,7 @@ mod tests {
         // written, and the lock is free at once.
         j.file_done(&id(3, 1), 3);
         drop(j);
-        let (_, c, existed) = Journal::open(d, 3, 1 << 20, true).unwrap();
+        let (_, c, existed) = Journal::open(d, 3, 1 << 20, true, ANY).unwrap();
         assert!(existed);
         assert_eq!(c.files.len(), 2, "{:?}", c.files.keys());
     }
@@ -738,9 +843,10 @@ mod tests {
     #[test]
     fn one_session_at_a_time() {
         let (_t, d) = dir();
-        let (j, _, _) = Journal::open(d.clone(), 9, 1 << 20, false).unwrap();
+        let (j, _, _) = Journal::open(d.clone(), 9, 1 << 20, false, ANY).unwrap();
         let d2 = d.clone();
-        let waiter = std::thread::spawn(move || Journal::open(d2, 9, 1 << 20, true).map(|_| ()));
+        let waiter =
+            std::thread::spawn(move || Journal::open(d2, 9, 1 << 20, true, ANY).map(|_| ()));
         std::thread::sleep(Duration::from_millis(200));
         assert!(!waiter.is_finished(), "waits for the lock");
         drop(j);

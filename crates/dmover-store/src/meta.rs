@@ -13,7 +13,8 @@
 //! the ACLs (setting `system.posix_acl_access` sets the group bits of the mode from
 //! the ACL's mask, which on the source equal them), then the mtime. A setuid or
 //! setgid bit is kept only where the file's owner (group) is the source's: applied,
-//! or the receiving process's own.
+//! or the receiving process's own; a `security.capability` attribute (file
+//! capabilities, setuid's kin) only where the owner is applied.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
@@ -24,6 +25,12 @@ use rustix::fs::{AtFlags, Gid, Uid, XattrFlags};
 use rustix::io::Errno;
 
 use crate::tree::Tree;
+
+/// The file capabilities attribute (`setcap`): an executable carrying it gains those
+/// capabilities when run, as a setuid-root one gains root. A destination sets it (with
+/// `xattrs = "all"`) only where it applies the source's owner, as it keeps a setuid
+/// bit ([`Applier::file_mode`]); anywhere else it is dropped.
+pub const CAPABILITY: &[u8] = b"security.capability";
 
 /// What a destination applies of the metadata it receives.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -363,6 +370,11 @@ impl Applier {
         }
         for x in &m.xattrs {
             if x.name != ACL_ACCESS && x.name != ACL_DEFAULT && self.policy.xattrs.allows(&x.name) {
+                if x.name == CAPABILITY && !self.applies_owner(Some(m)) {
+                    // File capabilities are setuid's kin: kept only where the owner
+                    // is the source's (applied), as a setuid bit is by `file_mode`.
+                    continue;
+                }
                 self.set(t, x)?;
             }
         }
@@ -505,6 +517,68 @@ mod tests {
             keep.file_mode(0o6755, Some(&m(euid + 1, egid + 1))),
             applied
         );
+    }
+
+    /// `cap_net_raw+ep` as `setcap` writes it (VFS_CAP_REVISION_2, effective).
+    const CAP_NET_RAW: [u8; 20] = [
+        1, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ];
+
+    /// With `xattrs = "all"`, a received file's `security.capability` is dropped
+    /// unless its owner is applied (as a setuid bit is); other attributes are set.
+    #[test]
+    fn file_capabilities_only_where_the_owner_is_applied() {
+        if rustix::process::geteuid().as_raw() != 0 {
+            eprintln!("skipped: setting file capabilities needs root");
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let all = XattrScope {
+            user: true,
+            acls: true,
+            all: true,
+        };
+        let meta = |uid| EntryMeta {
+            entry: 0,
+            uid,
+            gid: uid,
+            xattrs: vec![
+                Xattr {
+                    name: CAPABILITY.to_vec(),
+                    value: CAP_NET_RAW.to_vec(),
+                },
+                Xattr {
+                    name: b"user.k".to_vec(),
+                    value: b"v".to_vec(),
+                },
+            ],
+        };
+        let names = |p: &std::path::Path| {
+            let mut list = vec![0u8; 4096];
+            let n = rustix::fs::llistxattr(p, &mut list[..]).unwrap();
+            String::from_utf8_lossy(&list[..n]).into_owned()
+        };
+        for (owner, uid, kept) in [(false, 0, false), (false, 1234, false), (true, 1234, true)] {
+            let path = t.path().join(format!("f{owner}{uid}"));
+            std::fs::write(&path, b"#!/bin/sh\n").unwrap();
+            let fd = rustix::fs::open(&path, rustix::fs::OFlags::RDWR, 0.into()).unwrap();
+            let a = Applier::new(MetaPolicy { xattrs: all, owner });
+            match a.before_mode::<std::os::fd::OwnedFd>(&Target::Fd(&fd), Some(&meta(uid))) {
+                Ok(()) => {}
+                Err(e) if Errno::from_io_error(&e) == Some(Errno::OPNOTSUPP) => {
+                    eprintln!("skipped: no xattrs here ({e})");
+                    return;
+                }
+                Err(e) => panic!("{e}"),
+            }
+            let got = names(&path);
+            assert!(got.contains("user.k"), "{owner} {uid}: {got:?}");
+            assert_eq!(
+                got.contains("security.capability"),
+                kept,
+                "owner applied {owner}, uid {uid}: {got:?}"
+            );
+        }
     }
 
     #[test]

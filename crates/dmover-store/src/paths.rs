@@ -32,6 +32,35 @@ pub enum Base {
 
 const DIR_HANDLE: OFlags = OFlags::PATH.union(OFlags::DIRECTORY);
 
+/// Names starting with this are dmover's own: staging files (`.dmv.<key>.<name>`) and
+/// journals (`.dmv.journal.<key>`). A peer may not name them (a received manifest
+/// naming one is refused, see [`check_unreserved`], as a rename is), a walk does not
+/// send them, and `--delete` leaves them alone.
+pub const RESERVED_PREFIX: &[u8] = b".dmv.";
+
+/// Whether `name` is in dmover's own namespace ([`RESERVED_PREFIX`]).
+pub fn is_reserved(name: &[u8]) -> bool {
+    name.starts_with(RESERVED_PREFIX)
+}
+
+/// Refuses names in dmover's own namespace among those a received manifest would
+/// write (its entries' names, the roots' as bound at the destination): a peer could
+/// otherwise plant a journal read back on `--resume`, or a staging file another
+/// transfer would take up.
+pub fn check_unreserved<'a>(names: impl IntoIterator<Item = &'a [u8]>) -> Result<()> {
+    match names.into_iter().find(|n| is_reserved(n)) {
+        None => Ok(()),
+        Some(n) => Err(Error::refused(
+            ErrorCode::PermissionDenied,
+            format!(
+                "the manifest names {:?}: names starting with .dmv. are dmover's own \
+                 (staging files and journals), never written from a peer's manifest",
+                lossy(n)
+            ),
+        )),
+    }
+}
+
 /// Splits a path a peer sent into its components, refusing absolute paths and `..`;
 /// empty and `.` components are dropped, so `""`, `"."` and `"a//./b/"` are fine.
 pub fn checked_components(path: &[u8]) -> Result<Vec<&[u8]>> {
@@ -219,10 +248,7 @@ pub fn rename_beneath(from_base: &Base, from: &[u8], to_base: &Base, to: &[u8]) 
             format!("renaming {shown}: an export's root cannot be renamed or replaced"),
         ));
     };
-    if [&from_name, &to_name]
-        .iter()
-        .any(|n| n.starts_with(b".dmv."))
-    {
+    if [&from_name, &to_name].iter().any(|n| is_reserved(n)) {
         return Err(Error::refused(
             ErrorCode::PermissionDenied,
             format!("renaming {shown}: names starting with .dmv. are dmover's own"),

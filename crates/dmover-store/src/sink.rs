@@ -336,7 +336,13 @@ impl FileSink {
         let roots_dir = sink.bound.get_mut().tree.roots_dir();
         if opts.journal {
             if let Some(dir) = roots_dir {
-                match Journal::open(dir, key, chunk_size, opts.resume) {
+                // Every entry counted as a file: a generous bound.
+                let entries = sink.bound.get_mut().tree.entries();
+                let extent = journal::Extent {
+                    files: entries.len() as u64,
+                    bytes: entries.iter().map(Entry::file_size).sum(),
+                };
+                match Journal::open(dir, key, chunk_size, opts.resume, extent) {
                     Ok((j, contents, earlier)) => {
                         *sink.journal.get_mut() = Some(j);
                         sink.contents = Some(contents);
@@ -715,6 +721,19 @@ impl FileSink {
         sparse: Vec<u32>,
         chunk: u32,
     ) -> Result<()> {
+        // A later part adds entries below the roots of the first, never a root: the
+        // roots are what the destination's side checked (a pull's, those it asked
+        // for), so a source may not name a new one here.
+        if let Some(root) = entries.iter().find(|e| e.parent == NO_PARENT) {
+            return Err(Error::protocol(
+                "the source",
+                format!(
+                    "a later part of the manifest adds the root {:?}; roots come in the first part only",
+                    String::from_utf8_lossy(&root.name)
+                ),
+            ));
+        }
+        paths::check_unreserved(entries.iter().map(|e| e.name.as_slice()))?;
         if !meta.is_empty() {
             self.meta
                 .write()
@@ -1617,7 +1636,17 @@ pub fn prepare_sink(
         Some(b) => b,
         None => paths::resolve_dest(base, dest, &roots)?,
     };
-    let sink = FileSink::new(Tree::new(entries, bound), chunk_size, opts)?;
+    let tree = Tree::new(entries, bound);
+    paths::check_unreserved(
+        tree.entries()
+            .iter()
+            .enumerate()
+            .map(|(i, e)| match e.parent {
+                NO_PARENT => tree.root_name(i as u32),
+                _ => e.name.as_slice(),
+            }),
+    )?;
+    let sink = FileSink::new(tree, chunk_size, opts)?;
     sink.prepare()?;
     Ok(sink)
 }

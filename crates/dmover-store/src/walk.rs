@@ -696,7 +696,9 @@ fn list_dir(fd: &OwnedFd, rel: &[u8], how: How<'_>) -> std::io::Result<Listing> 
     for de in rustix::fs::Dir::read_from(fd)? {
         let de = de?;
         let name = de.file_name().to_bytes();
-        if name == b"." || name == b".." {
+        // dmover's own files (staging files, journals) are never sent: a receiver
+        // refuses those names.
+        if name == b"." || name == b".." || crate::paths::is_reserved(name) {
             continue;
         }
         kids.push((de.ino(), name.to_vec()));
@@ -968,13 +970,15 @@ impl Grower {
     /// The next part: the entries of `rels` (`/`-separated paths below the root) as
     /// they are now and of the directories leading to them not in the manifest yet,
     /// parents first. A path already in the manifest, gone, not below a directory,
-    /// or of another kind than a regular file, directory or symlink is left out.
+    /// of another kind than a regular file, directory or symlink, or through one of
+    /// dmover's own names (`.dmv.*`) is left out.
     /// Returns the entries and the paths of `rels` they hold.
     pub fn part(&mut self, rels: &[Vec<u8>]) -> (Vec<Entry>, Vec<Vec<u8>>) {
         let mut entries = Vec::new();
         let mut taken = Vec::new();
         for rel in rels {
-            if rel.is_empty() || self.has(rel) {
+            let own = rel.split(|&b| b == b'/').any(crate::paths::is_reserved);
+            if rel.is_empty() || own || self.has(rel) {
                 continue;
             }
             if self.add(rel, &mut entries).is_some() {
@@ -1235,6 +1239,33 @@ mod live_tests {
             name: name.as_bytes().to_vec(),
             label: name.into(),
         }
+    }
+
+    /// dmover's own files (staging files, journals) are not walked: a receiver refuses
+    /// their names, and they are no part of the tree.
+    #[test]
+    fn dmovers_own_files_are_not_walked() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("r");
+        std::fs::create_dir_all(root.join("sub/.dmv.dir")).unwrap();
+        for f in [
+            "kept",
+            ".dmv.journal.0000000000000001",
+            "sub/.dmv.0123.kept2",
+            "sub/.dmv",
+        ] {
+            std::fs::write(root.join(f), b"x").unwrap();
+        }
+        let w = walk(vec![src(t.path(), "r")]).unwrap();
+        let mut names: Vec<String> = w
+            .tree
+            .entries()
+            .iter()
+            .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+            .collect();
+        names.sort();
+        // `.dmv` itself is no name of dmover's (the prefix is `.dmv.`).
+        assert_eq!(names, [".dmv", "kept", "r", "sub"]);
     }
 
     /// A tree whose later directories hold hard links to files of earlier ones and

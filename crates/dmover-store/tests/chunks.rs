@@ -292,3 +292,143 @@ fn a_later_part_in_chunks_of_its_own_size() {
     let files_done = j[n..].chunks(n).filter(|r| r[0] == 1).count();
     assert_eq!((pieces, files_done), (1, 0), "{} records", j.len() / n - 1);
 }
+
+/// dmover's own files (`.dmv.*`) anywhere below `dir`.
+fn own_files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            if name.starts_with(".dmv.") {
+                out.push(name);
+            }
+            if p.is_dir() && !p.is_symlink() {
+                stack.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The staging files an aborted transfer keeps are those its journal describes (for a
+/// resume); the next attempt of the same transfer removes them as it completes, also
+/// without `--resume`: none is left unaccounted for.
+#[test]
+fn an_aborted_transfers_staging_files_go_with_its_next_attempt() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::write(src.join("big"), vec![7u8; 4 * CHUNK as usize]).unwrap();
+    fs::write(src.join("sub/big2"), vec![9u8; 3 * CHUNK as usize]).unwrap();
+    fs::write(src.join("small"), b"small").unwrap();
+    let new_source = || {
+        let root = paths::source_root(&Base::Local, bytes(&src), b"").unwrap();
+        let tree = walk::walk(vec![root]).unwrap().tree;
+        let opts = SourceOptions {
+            checksum: true,
+            direct_io: DirectIo::Never,
+            ..SourceOptions::default()
+        };
+        FileSource::new(tree, CHUNK, opts).unwrap()
+    };
+    let entries = new_source().tree().entries().to_vec();
+    let out = t.path().join("out");
+    fs::create_dir(&out).unwrap();
+    let sink_for = |resume: bool| {
+        let opts = SinkOptions {
+            journal: true,
+            resume,
+            ..sink_options()
+        };
+        let mut sink =
+            prepare_sink(&Base::Local, bytes(&out), entries.clone(), CHUNK, opts).unwrap();
+        sink.resume(&Held::none(&entries)).unwrap();
+        sink
+    };
+    let mut buf = vec![0u8; CHUNK as usize];
+    let mut digests = Vec::new();
+    let sink = sink_for(false);
+    // The first chunk of each large file, then an abort.
+    let source = new_source();
+    let starts: Vec<u64> = source
+        .layout()
+        .files()
+        .iter()
+        .filter(|f| f.size > u64::from(CHUNK))
+        .map(|f| f.start / u64::from(CHUNK))
+        .collect();
+    assert_eq!(starts.len(), 2);
+    for &k in &starts {
+        let read = source.read_chunk(k, &mut buf, &mut digests).unwrap();
+        sink.write_chunk(k, &buf, &digests, read.crc).unwrap();
+    }
+    drop(sink);
+    let kept = own_files(&out);
+    assert!(
+        kept.iter().any(|n| n.starts_with(".dmv.journal."))
+            && kept.iter().filter(|n| n.contains(".big")).count() == 2,
+        "the journal and the large files' staging files are kept: {kept:?}"
+    );
+    // The next attempt, not resumed, completes and takes them away.
+    let sink = sink_for(false);
+    pump(&new_source(), &sink).unwrap();
+    sink.finish().unwrap();
+    drop(sink);
+    assert_eq!(own_files(&out), Vec::<String>::new());
+    assert_eq!(
+        fs::read(out.join("src/big")).unwrap(),
+        vec![7u8; 4 * CHUNK as usize]
+    );
+}
+
+/// A later part of a growing manifest may not name dmover's own files, nor add a root.
+#[test]
+fn a_later_part_may_not_name_dmovers_own_files_nor_add_a_root() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    let root = paths::source_root(&Base::Local, bytes(&src), b"").unwrap();
+    let entries = walk::walk(vec![root]).unwrap().tree.entries().to_vec();
+    let dest = t.path().join("dest");
+    let mut sink = prepare_sink(
+        &Base::Local,
+        bytes(&dest),
+        entries.clone(),
+        CHUNK,
+        sink_options(),
+    )
+    .unwrap();
+    sink.resume(&Held::none(&entries)).unwrap();
+    let file = |parent, name: &str| Entry {
+        parent,
+        name: name.as_bytes().to_vec(),
+        kind: EntryKind::File { size: 0 },
+        mode: 0o644,
+        mtime: entries[0].mtime,
+    };
+    let e = sink
+        .grow(
+            vec![file(0, ".dmv.journal.0000000000000001")],
+            0..0,
+            Vec::new(),
+            Vec::new(),
+            CHUNK,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("dmover's own"), "{e}");
+    let e = sink
+        .grow(
+            vec![file(NO_PARENT, ".ssh")],
+            0..0,
+            Vec::new(),
+            Vec::new(),
+            CHUNK,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("later part"), "{e}");
+    assert!(!dest.join(".dmv.journal.0000000000000001").exists());
+    assert_eq!(own_files(t.path()), Vec::<String>::new());
+}

@@ -418,6 +418,50 @@ fn other_namespaces_travel_only_where_the_export_allows() {
     );
 }
 
+/// `security.capability` (file capabilities, as `setcap cap_net_raw+ep` writes them) is
+/// setuid's kin: with `xattrs = "all"` at both ends it reaches a destination only
+/// where the owner is applied (`--preserve-owner`), as a setuid bit does; a server
+/// that does not keep owners drops it (and still sets the other attributes).
+#[test]
+fn a_pushed_file_keeps_its_capabilities_only_where_owners_are_kept() {
+    let test = "a_pushed_file_keeps_its_capabilities_only_where_owners_are_kept";
+    if !is_root() {
+        eprintln!("{test}: skipped: setting file capabilities needs root");
+        return;
+    }
+    let t = tmp();
+    if !xattrs_supported(t.path(), test) {
+        return;
+    }
+    const CAP_NET_RAW: [u8; 20] = [
+        1, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ];
+    let src = t.path().join("d");
+    std::fs::create_dir(&src).unwrap();
+    write_file(&src.join("ping"), 1, 1000, 0o755, 1_600_000_000);
+    set(&src.join("ping"), "security.capability", &CAP_NET_RAW).unwrap();
+    set(&src.join("ping"), "trusted.other", b"x").unwrap();
+    let has = |p: &Path, name: &str| {
+        let mut v = vec![0u8; 256];
+        rustix::fs::lgetxattr(p, name, &mut v[..]).is_ok()
+    };
+    assert!(has(&src.join("ping"), "security.capability"));
+    let (plain, owners) = (t.path().join("plain"), t.path().join("owners"));
+    std::fs::create_dir(&plain).unwrap();
+    std::fs::create_dir(&owners).unwrap();
+    let plain_srv = Server::start(&plain, &["--all-xattrs"]);
+    ok(&cp(&["--all-xattrs", s(&src), &plain_srv.url("")]));
+    let f = plain.join("d/ping");
+    assert!(has(&f, "trusted.other"), "other attributes travel");
+    assert!(
+        !has(&f, "security.capability"),
+        "a server that does not keep owners drops file capabilities"
+    );
+    let owners_srv = Server::start(&owners, &["--all-xattrs", "--preserve-owner"]);
+    ok(&cp(&["--all-xattrs", s(&src), &owners_srv.url("")]));
+    assert!(has(&owners.join("d/ping"), "security.capability"));
+}
+
 /// A re-run of `sync` whose files changed only in their `user.*` xattrs and ACLs (size
 /// and mtime as they were, so no data is sent) brings the mirror's to the source's:
 /// changed and new ones set, gone ones removed (also one added at the mirror), a

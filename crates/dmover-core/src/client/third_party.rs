@@ -148,7 +148,10 @@ impl Client {
             p.dial.limits = self.limits(true);
             let m = SinkSession::dial(now(), from, p.timing, Limits::default(), p.dial);
             let (checksum, r, name) = (self.opts.checksum, ring.clone(), from.to_string());
+            // A's roots must be those asked for: they are named so at B.
+            let asked = crate::roles::AskedRoots::of(&c.sources);
             let prepare: drive::Prepare<RelaySink> = Box::new(move |entries, chunk, _| {
+                asked.check(&entries)?;
                 r.set_cap(cap.max(2 * chunk as usize));
                 let sink = RelaySink::new(entries.clone(), chunk, checksum, r, &name)?;
                 let _ = tx.send((entries, chunk));

@@ -17,7 +17,7 @@ use super::{Dialer, Report, failed_line, mirror_dest, now};
 use crate::drive;
 use crate::engine::Run;
 use crate::error::{Error, Result};
-use crate::roles::{PruneFirst, SinkPlan};
+use crate::roles::{AskedRoots, PruneFirst, SinkPlan};
 use crate::session;
 
 /// What [`Dialer::same_remote_content`] found: the files (paths below the mirror's
@@ -212,7 +212,9 @@ impl Dialer {
             }
             None => SinkSession::dial(now(), server, p.timing, limits, p.dial),
         };
-        let (plan, pruned_first) = self.pull_sink(base, dest, same)?;
+        let (mut plan, pruned_first) = self.pull_sink(base, dest, same)?;
+        // Only the roots asked for are taken: the server does not choose names here.
+        plan.asked = Some(AskedRoots::of(sources));
         let prepare = plan.prepare();
         let r = drive::sink(m, &mut p.ch, p.joins, prepare, Some(p.options), p.env).await?;
         self.pull_report(r, dest, pruned_first).await
@@ -258,6 +260,7 @@ impl Dialer {
             root_name: None,
             prune_first: None,
             same,
+            asked: None,
         };
         if o.mirror {
             // `dmover sync`: the source becomes `dest` itself, in `dest`'s parent.

@@ -125,6 +125,8 @@ impl Server {
             root_name: None,
             prune_first: None,
             same: None,
+            // The client names a push's roots: they land in its destination.
+            asked: None,
         };
         let info = admitted.info.clone();
         let (joins, env, _held) = admitted.into_parts();
