@@ -89,7 +89,8 @@ pub const AUTH_FAILURES: [&str; 5] = [
 pub const REFUSALS: [&str; 5] = [
     // Set-up places taken: the control connection was answered busy before TLS.
     "max_handshakes",
-    // Beyond the set-up places and their overflow: closed unanswered.
+    // Beyond the set-up places and their overflow: answered busy (control) or closed
+    // (data), in order.
     "max_handshakes_overflow",
     // All session places taken (answered busy before TLS, or at `Open`).
     "max_sessions",

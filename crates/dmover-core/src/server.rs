@@ -12,13 +12,18 @@
 //! ```
 //! Connections still in setup are limited in number ([`ServerConfig::max_handshakes`]):
 //! beyond the limit a connection takes an overflow place (at most
-//! `max(OVERFLOW_FACTOR × max_handshakes, OVERFLOW_MIN)`, more are closed at once), its
-//! preamble is read within [`BUSY_PREAMBLE_WAIT`], a control connection is answered
-//! busy ([`Preamble::busy`]: retry after 1 to [`MAX_RETRY_AFTER`] s) and closed
-//! gracefully, a data connection still joins. Control frames before authentication are
-//! limited to [`PRE_AUTH_MAX_FRAME`] bytes and never packed; from the verified
-//! credential on (`Open` included), to [`dmover_proto::control::MAX_FRAME`], packed or
-//! not.
+//! `max(OVERFLOW_FACTOR × max_handshakes, OVERFLOW_MIN)`), its preamble is read within
+//! [`BUSY_PREAMBLE_WAIT`], a control connection is answered busy ([`Preamble::busy`]:
+//! retry after 1 to [`MAX_RETRY_AFTER`] s) and closed gracefully, a data connection
+//! still joins; one whose preamble does not come in time is answered busy too.
+//! Beyond the overflow places a connection is refused by a task of its own (at most
+//! [`REFUSING_MAX`] at once, more are closed at once): answered busy at once, whatever
+//! its kind, and closed gracefully. Every close before authentication is graceful (our
+//! side shut down, what the peer sent read briefly): closing with the peer's bytes
+//! unread resets the connection, and the peer could lose the answer written before.
+//! Control frames before authentication are limited to [`PRE_AUTH_MAX_FRAME`] bytes
+//! and never packed; from the verified credential on (`Open` included), to
+//! [`dmover_proto::control::MAX_FRAME`], packed or not.
 //! Every refusal is logged with the peer's address.
 
 use std::collections::{BTreeMap, HashMap};
@@ -192,6 +197,11 @@ pub const BUSY_PREAMBLE_WAIT: Duration = Duration::from_secs(2);
 /// The longest "retry after" a busy answer names, in seconds.
 pub const MAX_RETRY_AFTER: u8 = 8;
 
+/// Connections refused at accept (beyond the overflow places) that may be answered
+/// busy and closed in order at once (each for at most the second the close waits for
+/// the client's); more are closed at once.
+pub const REFUSING_MAX: usize = 4096;
+
 /// Where a new connection stands against the set-up limits.
 enum Setup {
     /// Within [`ServerConfig::max_handshakes`].
@@ -228,8 +238,10 @@ pub struct Server {
     send_default: Option<String>,
     handshakes: Arc<Semaphore>,
     /// Connections beyond `handshakes`, waiting for their preamble to be answered busy
-    /// (control) or joining (data); more are closed at once.
+    /// (control) or joining (data); more are refused (see [`Server::refuse`]).
     overflow: Arc<Semaphore>,
+    /// Connections refused at accept that are being answered and closed in order.
+    refusing: Arc<Semaphore>,
     memory: Arc<Semaphore>,
     /// Faults injected into every session (tests).
     faults: Faults,
@@ -351,6 +363,7 @@ impl Server {
                 .or_else(dmover_net::link::default_congestion),
             handshakes: Arc::new(Semaphore::new(cfg.max_handshakes.max(1))),
             overflow: Arc::new(Semaphore::new(overflow_limit(cfg.max_handshakes))),
+            refusing: Arc::new(Semaphore::new(REFUSING_MAX)),
             memory: Arc::new(Semaphore::new(units)),
             faults,
             nonces: tpc::Nonces::default(),
@@ -415,12 +428,11 @@ impl Server {
                 Err(_) => match self.overflow.clone().try_acquire_owned() {
                     Ok(p) => Setup::Overflow(p),
                     Err(_) => {
-                        tracing::info!(
-                            "busy: closed {peer} unanswered: {} connections already wait \
-                             beyond the set-up limit",
+                        let why = format!(
+                            "{} connections already wait beyond the set-up limit",
                             self.overflow_limit()
                         );
-                        self.monitor.refused("max_handshakes_overflow");
+                        self.refuse(stream, peer, why, "max_handshakes_overflow");
                         continue;
                     }
                 },
@@ -485,6 +497,44 @@ impl Server {
         stream.close_gracefully().await;
     }
 
+    /// A connection refused at accept (`why`; `reason`, for the metrics): answered
+    /// busy at once, whatever its kind (its preamble may not have come yet: under load
+    /// a client can be slow to send it), and closed in order (no reset, which could
+    /// cost the client the answer), by a task of its own; beyond [`REFUSING_MAX`] such
+    /// connections at once, closed at once. A data client reads the answer as a
+    /// broken connection and dials again; a control client comes back after the time
+    /// asked.
+    fn refuse(
+        self: &Arc<Self>,
+        stream: Incoming,
+        peer: SocketAddr,
+        why: String,
+        reason: &'static str,
+    ) {
+        let Ok(permit) = self.refusing.clone().try_acquire_owned() else {
+            // Answered still, then closed at once: a reset if the client's bytes are
+            // unread, but what reached the client before it stays readable.
+            let answered = stream.try_write_preamble(Preamble::busy(self.retry_after()));
+            tracing::info!(
+                "busy: closed {peer} at once{} ({why}): {REFUSING_MAX} refused connections \
+                 are being closed already",
+                if answered {
+                    ", answered busy"
+                } else {
+                    " unanswered"
+                }
+            );
+            self.monitor.busy_refused();
+            self.monitor.refused(reason);
+            return;
+        };
+        let me = self.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            me.answer_busy(stream, &peer.to_string(), why, reason).await;
+        });
+    }
+
     async fn connection(self: Arc<Self>, mut stream: Incoming, peer: SocketAddr, setup: Setup) {
         let p = peer.to_string();
         // A connection beyond the set-up limit waits for its preamble briefly.
@@ -497,10 +547,21 @@ impl Server {
             Ok(Ok(pre)) => pre,
             Ok(Err(e)) => {
                 tracing::warn!("refused {p}: {e}");
+                drop(setup);
+                stream.close_gracefully().await;
                 return;
             }
             Err(_) => {
-                tracing::warn!("refused {p}: no greeting within {} s", wait.as_secs());
+                // Under load a client can be slow to send it: it is told to come back.
+                drop(setup);
+                let n = self.retry_after();
+                if stream.write_preamble(Preamble::busy(n), &p).await.is_ok() {
+                    tracing::warn!(
+                        "busy: answered {p} \"retry after {n} s\": no preamble within {} s",
+                        wait.as_secs()
+                    );
+                }
+                stream.close_gracefully().await;
                 return;
             }
         };
@@ -511,6 +572,8 @@ impl Server {
                     pre.version,
                     dmover_proto::MIN_PROTOCOL_VERSION
                 );
+                drop(setup);
+                stream.close_gracefully().await;
             }
             // A data connection costs a challenge and one read (no TLS): beyond the
             // set-up limit it still joins, on an overflow slot.
@@ -603,6 +666,9 @@ impl Server {
         };
         stream.write_preamble(answer, peer).await?;
         if version == 0 {
+            // The TLS ClientHello behind the preamble is read, so that the answer is
+            // not lost to a reset.
+            stream.close_gracefully().await;
             return Err(Error::refused(
                 ErrorCode::Unsupported,
                 format!(
