@@ -13,6 +13,7 @@
 //! max_sessions = 64                # all users together
 //! max_sessions_per_user = 8
 //! max_handshakes = 256             # connections in set-up; more answered busy
+//! max_unauthenticated_per_address = 64  # per source address (0: no limit)
 //! handshake_timeout_secs = 30      # connection to session, and each data join
 //! idle_timeout_secs = 120          # a data stream without progress
 //! max_manifest_entries = 50000000
@@ -303,6 +304,9 @@ pub struct ConfigFile {
     pub max_sessions_per_user: Option<usize>,
     /// Connections in set-up (before their session or join) at once.
     pub max_handshakes: Option<usize>,
+    /// Connections one source address may have before authenticating or joining (0:
+    /// no limit).
+    pub max_unauthenticated_per_address: Option<usize>,
     /// Seconds from connecting to an open session, and for each data join.
     pub handshake_timeout_secs: Option<u64>,
     /// Seconds a data stream may go without progress.

@@ -61,9 +61,12 @@ use crate::error::{Error, Result};
 use crate::policy::{Policy, Reloaded, Use, open_exports};
 use crate::session::{self, HANDSHAKE_TIMEOUT, MAX_STREAMS, SOFTWARE};
 use dmover_proto::session::Acceptance;
+pub use preauth::MAX_UNAUTHENTICATED_PER_ADDRESS;
+use preauth::{AddrHold, PerAddress};
 
 mod admit;
 mod limits;
+mod preauth;
 mod prune;
 mod rename;
 mod run;
@@ -102,8 +105,14 @@ pub struct ServerConfig {
     /// connections are answered busy, more data connections still join, up to the
     /// overflow bound (see the module docs).
     pub max_handshakes: usize,
+    /// Connections one source address may have before authentication (control) or
+    /// before joining (data), at once (0: no limit); beyond it a control connection
+    /// is answered busy, a data connection closed. Its unauthenticated control
+    /// connections also hold at most half of `max_sessions` places. IPv6 addresses
+    /// count per /64. Sites whose clients share one NAT address raise it.
+    pub max_unauthenticated_per_address: usize,
     /// Time from accepting a control connection to its open session, and for a data
-    /// connection's join.
+    /// connection's join (its preamble within [`PREAMBLE_WAIT`] of that).
     pub handshake_timeout: Duration,
     /// Time a data stream may wait without progress.
     pub idle_timeout: Duration,
@@ -154,6 +163,7 @@ impl ServerConfig {
             max_sessions: 64,
             max_sessions_per_user: 16,
             max_handshakes: 256,
+            max_unauthenticated_per_address: MAX_UNAUTHENTICATED_PER_ADDRESS,
             handshake_timeout: HANDSHAKE_TIMEOUT,
             idle_timeout: Duration::from_secs(120),
             memory_budget: 2 << 30,
@@ -197,7 +207,12 @@ pub const BUSY_PREAMBLE_WAIT: Duration = Duration::from_secs(2);
 /// The longest "retry after" a busy answer names, in seconds.
 pub const MAX_RETRY_AFTER: u8 = 8;
 
-/// Connections refused at accept (beyond the overflow places) that may be answered
+/// How long any connection may take to send its preamble (at most the handshake
+/// timeout): a client sends it as soon as it is connected.
+pub const PREAMBLE_WAIT: Duration = Duration::from_secs(10);
+
+/// Connections refused at accept (beyond the overflow places, or beyond their
+/// address's limit) that may be answered
 /// busy and closed in order at once (each for at most the second the close waits for
 /// the client's); more are closed at once.
 pub const REFUSING_MAX: usize = 4096;
@@ -217,6 +232,13 @@ fn overflow_limit(max_handshakes: usize) -> usize {
         .saturating_mul(OVERFLOW_FACTOR)
         .clamp(OVERFLOW_MIN, Semaphore::MAX_PERMITS)
 }
+
+/// What a connection holds in set-up until it has authenticated: its set-up place and
+/// its count against its source address.
+struct SetupHeld(
+    #[allow(dead_code)] Option<tokio::sync::OwnedSemaphorePermit>,
+    #[allow(dead_code)] Option<AddrHold>,
+);
 
 /// Budget unit for buffer memory.
 const MIB: u64 = 1 << 20;
@@ -242,6 +264,8 @@ pub struct Server {
     overflow: Arc<Semaphore>,
     /// Connections refused at accept that are being answered and closed in order.
     refusing: Arc<Semaphore>,
+    /// Unauthenticated connections per source address.
+    per_address: Arc<PerAddress>,
     memory: Arc<Semaphore>,
     /// Faults injected into every session (tests).
     faults: Faults,
@@ -364,6 +388,7 @@ impl Server {
             handshakes: Arc::new(Semaphore::new(cfg.max_handshakes.max(1))),
             overflow: Arc::new(Semaphore::new(overflow_limit(cfg.max_handshakes))),
             refusing: Arc::new(Semaphore::new(REFUSING_MAX)),
+            per_address: PerAddress::new(cfg.max_unauthenticated_per_address, cfg.max_sessions),
             memory: Arc::new(Semaphore::new(units)),
             faults,
             nonces: tpc::Nonces::default(),
@@ -423,6 +448,15 @@ impl Server {
                     }
                 },
             };
+            let Some(hold) = self.per_address.take(peer.ip()) else {
+                let why = format!(
+                    "{} connections from {} already in set-up",
+                    self.per_address.cap(),
+                    peer.ip()
+                );
+                self.refuse(stream, peer, why, "max_unauthenticated_per_address");
+                continue;
+            };
             let setup = match self.handshakes.clone().try_acquire_owned() {
                 Ok(p) => Setup::Slot(p),
                 Err(_) => match self.overflow.clone().try_acquire_owned() {
@@ -432,13 +466,14 @@ impl Server {
                             "{} connections already wait beyond the set-up limit",
                             self.overflow_limit()
                         );
+                        drop(hold);
                         self.refuse(stream, peer, why, "max_handshakes_overflow");
                         continue;
                     }
                 },
             };
             let me = self.clone();
-            tokio::spawn(async move { me.connection(stream, peer, setup).await });
+            tokio::spawn(async move { me.connection(stream, peer, setup, hold).await });
         }
     }
 
@@ -535,11 +570,17 @@ impl Server {
         });
     }
 
-    async fn connection(self: Arc<Self>, mut stream: Incoming, peer: SocketAddr, setup: Setup) {
+    async fn connection(
+        self: Arc<Self>,
+        mut stream: Incoming,
+        peer: SocketAddr,
+        setup: Setup,
+        mut hold: AddrHold,
+    ) {
         let p = peer.to_string();
         // A connection beyond the set-up limit waits for its preamble briefly.
         let wait = match setup {
-            Setup::Slot(_) => self.cfg.handshake_timeout,
+            Setup::Slot(_) => self.cfg.handshake_timeout.min(PREAMBLE_WAIT),
             Setup::Overflow(_) => self.cfg.handshake_timeout.min(BUSY_PREAMBLE_WAIT),
         };
         let deadline = tokio::time::Instant::now() + self.cfg.handshake_timeout;
@@ -547,13 +588,13 @@ impl Server {
             Ok(Ok(pre)) => pre,
             Ok(Err(e)) => {
                 tracing::warn!("refused {p}: {e}");
-                drop(setup);
+                drop((setup, hold));
                 stream.close_gracefully().await;
                 return;
             }
             Err(_) => {
                 // Under load a client can be slow to send it: it is told to come back.
-                drop(setup);
+                drop((setup, hold));
                 let n = self.retry_after();
                 if stream.write_preamble(Preamble::busy(n), &p).await.is_ok() {
                     tracing::warn!(
@@ -572,7 +613,7 @@ impl Server {
                     pre.version,
                     dmover_proto::MIN_PROTOCOL_VERSION
                 );
-                drop(setup);
+                drop((setup, hold));
                 stream.close_gracefully().await;
             }
             // A data connection costs a challenge and one read (no TLS): beyond the
@@ -591,7 +632,7 @@ impl Server {
                         self.cfg.handshake_timeout.as_secs()
                     ),
                 }
-                drop(setup);
+                drop((setup, hold));
             }
             ConnKind::Control => {
                 let permit = match setup {
@@ -614,6 +655,18 @@ impl Server {
                         }
                     }
                 };
+                // One address's unauthenticated connections hold at most half the
+                // session places.
+                if !hold.take_place() {
+                    let why = format!(
+                        "unauthenticated connections from {} hold {} session places",
+                        hold.ip(),
+                        self.per_address.places()
+                    );
+                    self.answer_busy(stream, &p, why, "max_unauthenticated_per_address")
+                        .await;
+                    return;
+                }
                 // The session's place is taken now: a client the server has no room
                 // for learns it before TLS, and comes back.
                 let Some(place) = self.session_place() else {
@@ -623,8 +676,9 @@ impl Server {
                 };
                 // A failure is logged once, where it happens: before the session in
                 // `control_connection`, after it in the session's own line.
+                let held = SetupHeld(Some(permit), Some(hold));
                 let _ = self
-                    .control_connection(stream, &p, pre, deadline, permit, place)
+                    .control_connection(stream, &p, pre, deadline, held, place)
                     .await;
             }
         }
@@ -636,7 +690,7 @@ impl Server {
         peer: &str,
         pre: Preamble,
         deadline: tokio::time::Instant,
-        permit: tokio::sync::OwnedSemaphorePermit,
+        held: SetupHeld,
         place: SessionPlace<'_>,
     ) -> Result<()> {
         let (ch, conn) = match self.control_setup(stream, peer, pre, deadline).await {
@@ -646,8 +700,7 @@ impl Server {
                 return Err(e);
             }
         };
-        self.control_session_in(ch, conn, Some(permit), Some(place))
-            .await
+        self.control_session_in(ch, conn, held, Some(place)).await
     }
 
     /// The preamble's answer, TLS and the connection's exported secrets.
@@ -734,7 +787,8 @@ impl Server {
             peer_key: None,
             rtt: None,
         };
-        self.control_session_in(ch, conn, permit, None).await
+        self.control_session_in(ch, conn, SetupHeld(permit, None), None)
+            .await
     }
 
     /// [`Server::control_session`], with the session's place if it was taken at the
@@ -743,7 +797,7 @@ impl Server {
         &self,
         mut ch: ControlChannel<S>,
         conn: Conn,
-        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+        held: SetupHeld,
         place: Option<SessionPlace<'_>>,
     ) -> Result<()> {
         let Conn {
@@ -766,7 +820,7 @@ impl Server {
                 Err(e)
             }
             Ok((grant, open)) => {
-                drop(permit);
+                drop(held);
                 ch.authenticated();
                 let mut log = SessionLog::new(&open.op);
                 let r = match self.user_slot(&grant) {

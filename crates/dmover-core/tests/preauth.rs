@@ -1,13 +1,16 @@
 //! Connections before authentication against a real server on loopback (issue 46,
-//! item 12): every refusal is an answer and an orderly close, never a reset that
-//! could cost the client the answer. Sources are spread over 127.0.0.0/8 (each
-//! socket bound to its own 127.0.0.x).
+//! items 12 and 5): every refusal is an answer and an orderly close, never a reset
+//! that could cost the client the answer; and one source address that opens
+//! connections and stalls them cannot keep a client from another address out.
+//! Sources are spread over 127.0.0.0/8 (each socket bound to its own 127.0.0.x).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dmover_core::server::{Server, ServerConfig};
+use dmover_core::session::TransferOptions;
+use dmover_core::transfer::{Endpoint, Transfer, TransferSpec, Watch};
 use dmover_proto::preamble::{self, ConnKind, Preamble};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -131,5 +134,102 @@ async fn refused_connections_get_their_answer_and_no_reset() {
         .await
         .expect("an orderly close, not a reset");
     assert!(got.is_empty(), "{got:?}");
+    stop.cancel();
+}
+
+/// Item 5: one address opens many control connections, sends their preambles and
+/// stalls them before TLS. It gets at most half the session places and at most its
+/// limit of connections in set-up (the rest answered busy), and a client from
+/// another address still gets in at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_stalling_its_set_up_leaves_room_for_others() {
+    let t = tempfile::tempdir().unwrap();
+    let (root, src) = (t.path().join("root"), t.path().join("src"));
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&src).unwrap();
+    for i in 0..5u8 {
+        std::fs::write(src.join(format!("f{i}")), vec![i; 10_000]).unwrap();
+    }
+    let mut cfg = ServerConfig::new(&root);
+    cfg.io_threads = 1;
+    cfg.io_threads_max = 1;
+    let (max_sessions, cap) = (cfg.max_sessions, cfg.max_unauthenticated_per_address);
+    assert_eq!(
+        (max_sessions, cap),
+        (64, 64),
+        "the defaults this test is about"
+    );
+    let stop = CancellationToken::new();
+    let (_server, addr) = start(cfg, &stop).await;
+
+    // 100 control connections from 127.0.0.2, each with its preamble sent, no TLS.
+    let (mut taken, mut busy, mut stalled) = (0, 0, Vec::new());
+    for _ in 0..100 {
+        let mut s = connect_from(2, addr).await;
+        s.write_all(&preamble(ConnKind::Control, dmover_proto::PROTOCOL_VERSION))
+            .await
+            .unwrap();
+        let mut answer = [0u8; preamble::LEN];
+        s.read_exact(&mut answer).await.unwrap();
+        match Preamble::decode(&answer).unwrap().busy {
+            Some(_) => busy += 1,
+            None => {
+                taken += 1;
+                stalled.push(s);
+            }
+        }
+    }
+    assert_eq!(taken, max_sessions / 2, "half the session places at most");
+    assert_eq!(busy, 100 - max_sessions / 2);
+
+    // A client from 127.0.0.1 pushes at once, without waiting out the stalled ones
+    // (the handshake timeout, 30 s).
+    let started = Instant::now();
+    let options = TransferOptions {
+        trust: Some(dmover_net::tls::Trust::KnownHosts(t.path().join("kh"))),
+        streams: 2,
+        busy_wait: Duration::from_secs(5),
+        ..TransferOptions::default()
+    };
+    let spec = TransferSpec::copy(
+        vec![Endpoint::local(&src)],
+        Endpoint::remote(&addr.to_string(), "dest").unwrap(),
+    )
+    .options(options);
+    let done = Transfer::new(spec)
+        .unwrap()
+        .run(Watch::every(Duration::from_millis(50)), |_| {})
+        .await
+        .expect("the honest client's push completes");
+    assert_eq!(done.report.summary.files, 5, "{:?}", done.report);
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert_eq!(
+        std::fs::read(root.join("dest/f3")).unwrap(),
+        vec![3; 10_000]
+    );
+
+    // The stalled address is still refused; another address is not.
+    let s = connect_from(2, addr).await;
+    let got = send_and_read_all(
+        s,
+        &preamble(ConnKind::Control, dmover_proto::PROTOCOL_VERSION),
+    )
+    .await
+    .unwrap();
+    assert!(
+        Preamble::decode(got[..8].try_into().unwrap())
+            .unwrap()
+            .busy
+            .is_some()
+    );
+    let mut s = connect_from(3, addr).await;
+    s.write_all(&preamble(ConnKind::Control, dmover_proto::PROTOCOL_VERSION))
+        .await
+        .unwrap();
+    let mut answer = [0u8; preamble::LEN];
+    s.read_exact(&mut answer).await.unwrap();
+    assert_eq!(Preamble::decode(&answer).unwrap().busy, None);
+    drop(stalled);
     stop.cancel();
 }
