@@ -310,23 +310,29 @@ pub fn busy_of(e: &NetError) -> Option<Duration> {
 async fn read_challenge_bytes<S: AsyncRead + Unpin>(io: &mut S, buf: &mut [u8]) -> io::Result<()> {
     let mut got = 0;
     while got < buf.len() {
-        let n = io.read(&mut buf[got..]).await?;
-        if n == 0 {
-            let busy = (got >= dmover_proto::preamble::LEN)
-                .then(|| Preamble::decode(buf[..8].try_into().expect("8 bytes")).ok())
-                .flatten()
-                .and_then(|p| p.busy);
-            return Err(match busy {
-                Some(n) => io::Error::new(
-                    io::ErrorKind::ConnectionRefused,
-                    crate::control::Busy {
-                        retry_after: Duration::from_secs(n.get().into()),
-                    },
-                ),
-                None => io::ErrorKind::UnexpectedEof.into(),
-            });
-        }
-        got += n;
+        // The busy answer then the end, or a reset (the server closed before all the
+        // client sent came in).
+        let end = match io.read(&mut buf[got..]).await {
+            Ok(0) => io::ErrorKind::UnexpectedEof.into(),
+            Ok(n) => {
+                got += n;
+                continue;
+            }
+            Err(e) => e,
+        };
+        let busy = (got >= dmover_proto::preamble::LEN)
+            .then(|| Preamble::decode(buf[..8].try_into().expect("8 bytes")).ok())
+            .flatten()
+            .and_then(|p| p.busy);
+        return Err(match busy {
+            Some(n) => io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                crate::control::Busy {
+                    retry_after: Duration::from_secs(n.get().into()),
+                },
+            ),
+            None => end,
+        });
     }
     Ok(())
 }
