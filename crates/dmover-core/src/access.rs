@@ -100,6 +100,9 @@ pub struct User {
     pub exports: BTreeMap<String, Rights>,
     /// Bandwidth limit of each of the user's sessions, in bytes per second.
     pub bwlimit: Option<u64>,
+    /// A monitoring user (named in `metrics_users`): its token reads the metrics and
+    /// opens no session (issue 46, item 9).
+    pub metrics_only: bool,
 }
 
 /// The identity a session runs as, after authentication.
@@ -481,6 +484,19 @@ impl ConfigFile {
                     format!("user {name} has neither a token nor a key"),
                 ));
             }
+            let metrics_only = self
+                .metrics_users
+                .as_ref()
+                .is_some_and(|m| m.contains(name));
+            if metrics_only && !u.exports.is_empty() {
+                return Err(config_err(
+                    path,
+                    format!(
+                        "user {name} is in metrics_users, whose tokens read the metrics \
+                         only: give it no exports (transfers need a user of their own)"
+                    ),
+                ));
+            }
             for export in u.exports.keys() {
                 if !self.exports.contains_key(export) {
                     return Err(config_err(
@@ -503,6 +519,7 @@ impl ConfigFile {
                     keys,
                     exports: u.exports.clone(),
                     bwlimit,
+                    metrics_only,
                 },
             );
         }
@@ -612,6 +629,7 @@ mod tests {
             keys,
             exports: BTreeMap::from([("data".to_string(), Rights::ReadWrite)]),
             bwlimit: None,
+            metrics_only: false,
         };
         let users = |us: Vec<User>| -> BTreeMap<String, User> {
             us.into_iter().map(|u| (u.name.clone(), u)).collect()

@@ -189,6 +189,7 @@ impl ServerConfig {
             keys: Vec::new(),
             exports,
             bwlimit: None,
+            metrics_only: false,
         };
         self.users = Some(BTreeMap::from([("*".to_string(), user)]));
     }
@@ -1148,6 +1149,11 @@ pub fn check_credential(
         .get(name)
         .or_else(|| users.get("*"))
         .ok_or(UNKNOWN_USER)?;
+    if user.metrics_only {
+        // Checked before the credential: a monitoring token never opens a session,
+        // whatever it proves.
+        return Err("a metrics user (metrics_users): its token reads the metrics only");
+    }
     let (proof, proven) = match credential {
         Credential::None => return Err("no credential given"),
         Credential::Capability(_) => return Err("a capability, checked elsewhere"),
@@ -1215,6 +1221,7 @@ mod tests {
                     keys: Vec::new(),
                     exports: BTreeMap::new(),
                     bwlimit,
+                    metrics_only: false,
                 },
             )])),
         };
