@@ -13,6 +13,7 @@
 //! max_sessions = 64                # all users together
 //! max_sessions_per_user = 8
 //! max_handshakes = 256             # connections in set-up; more answered busy
+//! max_unauthenticated_per_address = 64  # per source address (0: no limit)
 //! handshake_timeout_secs = 30      # connection to session, and each data join
 //! idle_timeout_secs = 120          # a data stream without progress
 //! max_manifest_entries = 50000000
@@ -99,6 +100,9 @@ pub struct User {
     pub exports: BTreeMap<String, Rights>,
     /// Bandwidth limit of each of the user's sessions, in bytes per second.
     pub bwlimit: Option<u64>,
+    /// A monitoring user (named in `metrics_users`): its token reads the metrics and
+    /// opens no session (issue 46, item 9).
+    pub metrics_only: bool,
 }
 
 /// The identity a session runs as, after authentication.
@@ -303,6 +307,9 @@ pub struct ConfigFile {
     pub max_sessions_per_user: Option<usize>,
     /// Connections in set-up (before their session or join) at once.
     pub max_handshakes: Option<usize>,
+    /// Connections one source address may have before authenticating or joining (0:
+    /// no limit).
+    pub max_unauthenticated_per_address: Option<usize>,
     /// Seconds from connecting to an open session, and for each data join.
     pub handshake_timeout_secs: Option<u64>,
     /// Seconds a data stream may go without progress.
@@ -477,6 +484,19 @@ impl ConfigFile {
                     format!("user {name} has neither a token nor a key"),
                 ));
             }
+            let metrics_only = self
+                .metrics_users
+                .as_ref()
+                .is_some_and(|m| m.contains(name));
+            if metrics_only && !u.exports.is_empty() {
+                return Err(config_err(
+                    path,
+                    format!(
+                        "user {name} is in metrics_users, whose tokens read the metrics \
+                         only: give it no exports (transfers need a user of their own)"
+                    ),
+                ));
+            }
             for export in u.exports.keys() {
                 if !self.exports.contains_key(export) {
                     return Err(config_err(
@@ -499,6 +519,7 @@ impl ConfigFile {
                     keys,
                     exports: u.exports.clone(),
                     bwlimit,
+                    metrics_only,
                 },
             );
         }
@@ -608,6 +629,7 @@ mod tests {
             keys,
             exports: BTreeMap::from([("data".to_string(), Rights::ReadWrite)]),
             bwlimit: None,
+            metrics_only: false,
         };
         let users = |us: Vec<User>| -> BTreeMap<String, User> {
             us.into_iter().map(|u| (u.name.clone(), u)).collect()

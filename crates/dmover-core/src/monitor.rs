@@ -86,11 +86,15 @@ pub const AUTH_FAILURES: [&str; 5] = [
 
 /// Why the server could not take a session (yet), as labels of
 /// `dmover_refusals_total`: the limit that was reached.
-pub const REFUSALS: [&str; 5] = [
+pub const REFUSALS: [&str; 6] = [
     // Set-up places taken: the control connection was answered busy before TLS.
     "max_handshakes",
-    // Beyond the set-up places and their overflow: closed unanswered.
+    // Beyond the set-up places and their overflow: answered busy (control) or closed
+    // (data), in order.
     "max_handshakes_overflow",
+    // The source address's unauthenticated connections at their limit, or holding
+    // their share of the session places: answered busy before TLS.
+    "max_unauthenticated_per_address",
     // All session places taken (answered busy before TLS, or at `Open`).
     "max_sessions",
     // The user's sessions at their limit (after authentication).

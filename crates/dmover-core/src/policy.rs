@@ -359,6 +359,7 @@ mod tests {
             keys: Vec::new(),
             exports: rights.iter().map(|(e, r)| (e.to_string(), *r)).collect(),
             bwlimit: None,
+            metrics_only: false,
         }
     }
 

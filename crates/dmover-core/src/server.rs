@@ -12,13 +12,18 @@
 //! ```
 //! Connections still in setup are limited in number ([`ServerConfig::max_handshakes`]):
 //! beyond the limit a connection takes an overflow place (at most
-//! `max(OVERFLOW_FACTOR × max_handshakes, OVERFLOW_MIN)`, more are closed at once), its
-//! preamble is read within [`BUSY_PREAMBLE_WAIT`], a control connection is answered
-//! busy ([`Preamble::busy`]: retry after 1 to [`MAX_RETRY_AFTER`] s) and closed
-//! gracefully, a data connection still joins. Control frames before authentication are
-//! limited to [`PRE_AUTH_MAX_FRAME`] bytes and never packed; from the verified
-//! credential on (`Open` included), to [`dmover_proto::control::MAX_FRAME`], packed or
-//! not.
+//! `max(OVERFLOW_FACTOR × max_handshakes, OVERFLOW_MIN)`), its preamble is read within
+//! [`BUSY_PREAMBLE_WAIT`], a control connection is answered busy ([`Preamble::busy`]:
+//! retry after 1 to [`MAX_RETRY_AFTER`] s) and closed gracefully, a data connection
+//! still joins; one whose preamble does not come in time is answered busy too.
+//! Beyond the overflow places a connection is refused by a task of its own (at most
+//! [`REFUSING_MAX`] at once, more are closed at once): answered busy at once, whatever
+//! its kind, and closed gracefully. Every close before authentication is graceful (our
+//! side shut down, what the peer sent read briefly): closing with the peer's bytes
+//! unread resets the connection, and the peer could lose the answer written before.
+//! Control frames before authentication are limited to [`PRE_AUTH_MAX_FRAME`] bytes
+//! and never packed; from the verified credential on (`Open` included), to
+//! [`dmover_proto::control::MAX_FRAME`], packed or not.
 //! Every refusal is logged with the peer's address.
 
 use std::collections::{BTreeMap, HashMap};
@@ -56,9 +61,12 @@ use crate::error::{Error, Result};
 use crate::policy::{Policy, Reloaded, Use, open_exports};
 use crate::session::{self, HANDSHAKE_TIMEOUT, MAX_STREAMS, SOFTWARE};
 use dmover_proto::session::Acceptance;
+pub use preauth::MAX_UNAUTHENTICATED_PER_ADDRESS;
+use preauth::{AddrHold, PerAddress};
 
 mod admit;
 mod limits;
+mod preauth;
 mod prune;
 mod rename;
 mod run;
@@ -97,8 +105,14 @@ pub struct ServerConfig {
     /// connections are answered busy, more data connections still join, up to the
     /// overflow bound (see the module docs).
     pub max_handshakes: usize,
+    /// Connections one source address may have before authentication (control) or
+    /// before joining (data), at once (0: no limit); beyond it a control connection
+    /// is answered busy, a data connection closed. Its unauthenticated control
+    /// connections also hold at most half of `max_sessions` places. IPv6 addresses
+    /// count per /64. Sites whose clients share one NAT address raise it.
+    pub max_unauthenticated_per_address: usize,
     /// Time from accepting a control connection to its open session, and for a data
-    /// connection's join.
+    /// connection's join (its preamble within [`PREAMBLE_WAIT`] of that).
     pub handshake_timeout: Duration,
     /// Time a data stream may wait without progress.
     pub idle_timeout: Duration,
@@ -149,6 +163,7 @@ impl ServerConfig {
             max_sessions: 64,
             max_sessions_per_user: 16,
             max_handshakes: 256,
+            max_unauthenticated_per_address: MAX_UNAUTHENTICATED_PER_ADDRESS,
             handshake_timeout: HANDSHAKE_TIMEOUT,
             idle_timeout: Duration::from_secs(120),
             memory_budget: 2 << 30,
@@ -174,6 +189,7 @@ impl ServerConfig {
             keys: Vec::new(),
             exports,
             bwlimit: None,
+            metrics_only: false,
         };
         self.users = Some(BTreeMap::from([("*".to_string(), user)]));
     }
@@ -192,6 +208,16 @@ pub const BUSY_PREAMBLE_WAIT: Duration = Duration::from_secs(2);
 /// The longest "retry after" a busy answer names, in seconds.
 pub const MAX_RETRY_AFTER: u8 = 8;
 
+/// How long any connection may take to send its preamble (at most the handshake
+/// timeout): a client sends it as soon as it is connected.
+pub const PREAMBLE_WAIT: Duration = Duration::from_secs(10);
+
+/// Connections refused at accept (beyond the overflow places, or beyond their
+/// address's limit) that may be answered
+/// busy and closed in order at once (each for at most the second the close waits for
+/// the client's); more are closed at once.
+pub const REFUSING_MAX: usize = 4096;
+
 /// Where a new connection stands against the set-up limits.
 enum Setup {
     /// Within [`ServerConfig::max_handshakes`].
@@ -207,6 +233,13 @@ fn overflow_limit(max_handshakes: usize) -> usize {
         .saturating_mul(OVERFLOW_FACTOR)
         .clamp(OVERFLOW_MIN, Semaphore::MAX_PERMITS)
 }
+
+/// What a connection holds in set-up until it has authenticated: its set-up place and
+/// its count against its source address.
+struct SetupHeld(
+    #[allow(dead_code)] Option<tokio::sync::OwnedSemaphorePermit>,
+    #[allow(dead_code)] Option<AddrHold>,
+);
 
 /// Budget unit for buffer memory.
 const MIB: u64 = 1 << 20;
@@ -228,8 +261,12 @@ pub struct Server {
     send_default: Option<String>,
     handshakes: Arc<Semaphore>,
     /// Connections beyond `handshakes`, waiting for their preamble to be answered busy
-    /// (control) or joining (data); more are closed at once.
+    /// (control) or joining (data); more are refused (see [`Server::refuse`]).
     overflow: Arc<Semaphore>,
+    /// Connections refused at accept that are being answered and closed in order.
+    refusing: Arc<Semaphore>,
+    /// Unauthenticated connections per source address.
+    per_address: Arc<PerAddress>,
     memory: Arc<Semaphore>,
     /// Faults injected into every session (tests).
     faults: Faults,
@@ -351,6 +388,8 @@ impl Server {
                 .or_else(dmover_net::link::default_congestion),
             handshakes: Arc::new(Semaphore::new(cfg.max_handshakes.max(1))),
             overflow: Arc::new(Semaphore::new(overflow_limit(cfg.max_handshakes))),
+            refusing: Arc::new(Semaphore::new(REFUSING_MAX)),
+            per_address: PerAddress::new(cfg.max_unauthenticated_per_address, cfg.max_sessions),
             memory: Arc::new(Semaphore::new(units)),
             faults,
             nonces: tpc::Nonces::default(),
@@ -410,23 +449,32 @@ impl Server {
                     }
                 },
             };
+            let Some(hold) = self.per_address.take(peer.ip()) else {
+                let why = format!(
+                    "{} connections from {} already in set-up",
+                    self.per_address.cap(),
+                    peer.ip()
+                );
+                self.refuse(stream, peer, why, "max_unauthenticated_per_address");
+                continue;
+            };
             let setup = match self.handshakes.clone().try_acquire_owned() {
                 Ok(p) => Setup::Slot(p),
                 Err(_) => match self.overflow.clone().try_acquire_owned() {
                     Ok(p) => Setup::Overflow(p),
                     Err(_) => {
-                        tracing::info!(
-                            "busy: closed {peer} unanswered: {} connections already wait \
-                             beyond the set-up limit",
+                        let why = format!(
+                            "{} connections already wait beyond the set-up limit",
                             self.overflow_limit()
                         );
-                        self.monitor.refused("max_handshakes_overflow");
+                        drop(hold);
+                        self.refuse(stream, peer, why, "max_handshakes_overflow");
                         continue;
                     }
                 },
             };
             let me = self.clone();
-            tokio::spawn(async move { me.connection(stream, peer, setup).await });
+            tokio::spawn(async move { me.connection(stream, peer, setup, hold).await });
         }
     }
 
@@ -485,11 +533,55 @@ impl Server {
         stream.close_gracefully().await;
     }
 
-    async fn connection(self: Arc<Self>, mut stream: Incoming, peer: SocketAddr, setup: Setup) {
+    /// A connection refused at accept (`why`; `reason`, for the metrics): answered
+    /// busy at once, whatever its kind (its preamble may not have come yet: under load
+    /// a client can be slow to send it), and closed in order (no reset, which could
+    /// cost the client the answer), by a task of its own; beyond [`REFUSING_MAX`] such
+    /// connections at once, closed at once. A data client reads the answer as a
+    /// broken connection and dials again; a control client comes back after the time
+    /// asked.
+    fn refuse(
+        self: &Arc<Self>,
+        stream: Incoming,
+        peer: SocketAddr,
+        why: String,
+        reason: &'static str,
+    ) {
+        let Ok(permit) = self.refusing.clone().try_acquire_owned() else {
+            // Answered still, then closed at once: a reset if the client's bytes are
+            // unread, but what reached the client before it stays readable.
+            let answered = stream.try_write_preamble(Preamble::busy(self.retry_after()));
+            tracing::info!(
+                "busy: closed {peer} at once{} ({why}): {REFUSING_MAX} refused connections \
+                 are being closed already",
+                if answered {
+                    ", answered busy"
+                } else {
+                    " unanswered"
+                }
+            );
+            self.monitor.busy_refused();
+            self.monitor.refused(reason);
+            return;
+        };
+        let me = self.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            me.answer_busy(stream, &peer.to_string(), why, reason).await;
+        });
+    }
+
+    async fn connection(
+        self: Arc<Self>,
+        mut stream: Incoming,
+        peer: SocketAddr,
+        setup: Setup,
+        mut hold: AddrHold,
+    ) {
         let p = peer.to_string();
         // A connection beyond the set-up limit waits for its preamble briefly.
         let wait = match setup {
-            Setup::Slot(_) => self.cfg.handshake_timeout,
+            Setup::Slot(_) => self.cfg.handshake_timeout.min(PREAMBLE_WAIT),
             Setup::Overflow(_) => self.cfg.handshake_timeout.min(BUSY_PREAMBLE_WAIT),
         };
         let deadline = tokio::time::Instant::now() + self.cfg.handshake_timeout;
@@ -497,10 +589,21 @@ impl Server {
             Ok(Ok(pre)) => pre,
             Ok(Err(e)) => {
                 tracing::warn!("refused {p}: {e}");
+                drop((setup, hold));
+                stream.close_gracefully().await;
                 return;
             }
             Err(_) => {
-                tracing::warn!("refused {p}: no greeting within {} s", wait.as_secs());
+                // Under load a client can be slow to send it: it is told to come back.
+                drop((setup, hold));
+                let n = self.retry_after();
+                if stream.write_preamble(Preamble::busy(n), &p).await.is_ok() {
+                    tracing::warn!(
+                        "busy: answered {p} \"retry after {n} s\": no preamble within {} s",
+                        wait.as_secs()
+                    );
+                }
+                stream.close_gracefully().await;
                 return;
             }
         };
@@ -511,6 +614,8 @@ impl Server {
                     pre.version,
                     dmover_proto::MIN_PROTOCOL_VERSION
                 );
+                drop((setup, hold));
+                stream.close_gracefully().await;
             }
             // A data connection costs a challenge and one read (no TLS): beyond the
             // set-up limit it still joins, on an overflow slot.
@@ -528,7 +633,7 @@ impl Server {
                         self.cfg.handshake_timeout.as_secs()
                     ),
                 }
-                drop(setup);
+                drop((setup, hold));
             }
             ConnKind::Control => {
                 let permit = match setup {
@@ -551,6 +656,18 @@ impl Server {
                         }
                     }
                 };
+                // One address's unauthenticated connections hold at most half the
+                // session places.
+                if !hold.take_place() {
+                    let why = format!(
+                        "unauthenticated connections from {} hold {} session places",
+                        hold.ip(),
+                        self.per_address.places()
+                    );
+                    self.answer_busy(stream, &p, why, "max_unauthenticated_per_address")
+                        .await;
+                    return;
+                }
                 // The session's place is taken now: a client the server has no room
                 // for learns it before TLS, and comes back.
                 let Some(place) = self.session_place() else {
@@ -560,8 +677,9 @@ impl Server {
                 };
                 // A failure is logged once, where it happens: before the session in
                 // `control_connection`, after it in the session's own line.
+                let held = SetupHeld(Some(permit), Some(hold));
                 let _ = self
-                    .control_connection(stream, &p, pre, deadline, permit, place)
+                    .control_connection(stream, &p, pre, deadline, held, place)
                     .await;
             }
         }
@@ -573,7 +691,7 @@ impl Server {
         peer: &str,
         pre: Preamble,
         deadline: tokio::time::Instant,
-        permit: tokio::sync::OwnedSemaphorePermit,
+        held: SetupHeld,
         place: SessionPlace<'_>,
     ) -> Result<()> {
         let (ch, conn) = match self.control_setup(stream, peer, pre, deadline).await {
@@ -583,8 +701,7 @@ impl Server {
                 return Err(e);
             }
         };
-        self.control_session_in(ch, conn, Some(permit), Some(place))
-            .await
+        self.control_session_in(ch, conn, held, Some(place)).await
     }
 
     /// The preamble's answer, TLS and the connection's exported secrets.
@@ -603,6 +720,9 @@ impl Server {
         };
         stream.write_preamble(answer, peer).await?;
         if version == 0 {
+            // The TLS ClientHello behind the preamble is read, so that the answer is
+            // not lost to a reset.
+            stream.close_gracefully().await;
             return Err(Error::refused(
                 ErrorCode::Unsupported,
                 format!(
@@ -668,7 +788,8 @@ impl Server {
             peer_key: None,
             rtt: None,
         };
-        self.control_session_in(ch, conn, permit, None).await
+        self.control_session_in(ch, conn, SetupHeld(permit, None), None)
+            .await
     }
 
     /// [`Server::control_session`], with the session's place if it was taken at the
@@ -677,7 +798,7 @@ impl Server {
         &self,
         mut ch: ControlChannel<S>,
         conn: Conn,
-        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+        held: SetupHeld,
         place: Option<SessionPlace<'_>>,
     ) -> Result<()> {
         let Conn {
@@ -700,7 +821,7 @@ impl Server {
                 Err(e)
             }
             Ok((grant, open)) => {
-                drop(permit);
+                drop(held);
                 ch.authenticated();
                 let mut log = SessionLog::new(&open.op);
                 let r = match self.user_slot(&grant) {
@@ -1028,6 +1149,11 @@ pub fn check_credential(
         .get(name)
         .or_else(|| users.get("*"))
         .ok_or(UNKNOWN_USER)?;
+    if user.metrics_only {
+        // Checked before the credential: a monitoring token never opens a session,
+        // whatever it proves.
+        return Err("a metrics user (metrics_users): its token reads the metrics only");
+    }
     let (proof, proven) = match credential {
         Credential::None => return Err("no credential given"),
         Credential::Capability(_) => return Err("a capability, checked elsewhere"),
@@ -1095,6 +1221,7 @@ mod tests {
                     keys: Vec::new(),
                     exports: BTreeMap::new(),
                     bwlimit,
+                    metrics_only: false,
                 },
             )])),
         };

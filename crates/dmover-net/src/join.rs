@@ -229,7 +229,27 @@ impl Dialer {
                     ),
                 }
             }
-            let d = self.connect().await.map_err(JoinError::Net)?;
+            // A server under load answers a data connection busy (before its
+            // challenge): dialed again, after a short wait, within the join's limit.
+            let d = loop {
+                match self.connect().await {
+                    Ok(d) => break d,
+                    Err(e) => match busy_of(&e) {
+                        Some(after) => {
+                            let wait = after
+                                .min(DATA_BUSY_WAIT)
+                                .mul_f64(0.5 + rand::random::<f64>());
+                            tracing::debug!(
+                                "data stream {stream}: the server is busy; dialing again in \
+                                 {:.2} s",
+                                wait.as_secs_f64()
+                            );
+                            tokio::time::sleep(wait).await;
+                        }
+                        None => return Err(JoinError::Net(e)),
+                    },
+                }
+            };
             d.join(&hello, key, mode, wait).await
         };
         tokio::time::timeout(self.handshake, joined)
@@ -269,6 +289,54 @@ impl Dial for Dialer {
     }
 }
 
+/// The longest a data connection answered busy waits before it is dialed again (the
+/// server's "retry after" is meant for control connections; a join has its limit).
+const DATA_BUSY_WAIT: Duration = Duration::from_millis(500);
+
+/// The server's "busy, retry after" in `e`: a data connection answered with the busy
+/// preamble instead of its challenge (a server refusing connections under load answers
+/// every kind so), or a control connection's [`crate::control::Busy`].
+pub fn busy_of(e: &NetError) -> Option<Duration> {
+    match e {
+        NetError::Io { source, .. } | NetError::Tls { source, .. } => {
+            crate::control::Busy::of(source).map(|b| b.retry_after)
+        }
+        _ => None,
+    }
+}
+
+/// Reads exactly `buf` from `io`; at an early end, the error says "busy" if what came
+/// first is the busy preamble.
+async fn read_challenge_bytes<S: AsyncRead + Unpin>(io: &mut S, buf: &mut [u8]) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        // The busy answer then the end, or a reset (the server closed before all the
+        // client sent came in).
+        let end = match io.read(&mut buf[got..]).await {
+            Ok(0) => io::ErrorKind::UnexpectedEof.into(),
+            Ok(n) => {
+                got += n;
+                continue;
+            }
+            Err(e) => e,
+        };
+        let busy = (got >= dmover_proto::preamble::LEN)
+            .then(|| Preamble::decode(buf[..8].try_into().expect("8 bytes")).ok())
+            .flatten()
+            .and_then(|p| p.busy);
+        return Err(match busy {
+            Some(n) => io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                crate::control::Busy {
+                    retry_after: Duration::from_secs(n.get().into()),
+                },
+            ),
+            None => end,
+        });
+    }
+    Ok(())
+}
+
 /// Reads the server's join challenge from a data connection, within `handshake`.
 pub(crate) async fn read_challenge<S: AsyncRead + Unpin>(
     io: &mut S,
@@ -276,7 +344,7 @@ pub(crate) async fn read_challenge<S: AsyncRead + Unpin>(
     handshake: Duration,
 ) -> Result<[u8; JOIN_PROOF_LEN], NetError> {
     let mut challenge = [0u8; JOIN_PROOF_LEN];
-    tokio::time::timeout(handshake, io.read_exact(&mut challenge))
+    tokio::time::timeout(handshake, read_challenge_bytes(io, &mut challenge))
         .await
         .map_err(|_| NetError::Timeout {
             peer: server.into(),
@@ -763,6 +831,67 @@ mod tests {
             Dialer::new(addr, SocketOptions::default(), LIMIT, LIMIT),
             rx,
         )
+    }
+
+    /// A server under load answers data connections busy (issue 46, item 12): the
+    /// connection dialed ahead and the next two get the busy preamble and an orderly
+    /// close; the join dials again after a short wait each time, and joins. (It dialed
+    /// once more only, and failed, before.)
+    #[tokio::test]
+    async fn a_join_answered_busy_dials_again() {
+        let table = Arc::new(JoinTable::new(LIMIT, PARK));
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let t = table.clone();
+        tokio::spawn(async move {
+            let mut n = 0;
+            loop {
+                let (mut s, peer) = l.accept().await.unwrap();
+                n += 1;
+                if n <= 3 {
+                    let busy = Preamble::busy(std::num::NonZeroU8::new(5).unwrap());
+                    s.write_all(&busy.encode()).await.unwrap();
+                    s.shutdown().await.unwrap();
+                    let mut sink = Vec::new();
+                    let _ = s.read_to_end(&mut sink).await;
+                    continue;
+                }
+                let p = peer.to_string();
+                read_preamble(&mut s, &p).await.unwrap();
+                let t = t.clone();
+                tokio::spawn(async move { t.accept(s, &p).await });
+            }
+        });
+        let dialer = Dialer::new(addr, SocketOptions::default(), LIMIT, LIMIT);
+        let mut joined = table.open(42, KEY, DataProtection::Plain, 1).unwrap();
+        let mut dials = dialer.dial_ahead(1);
+        let early = dials.take(0);
+        let started = std::time::Instant::now();
+        let mut io = dialer
+            .join(
+                early,
+                42,
+                0,
+                &KEY,
+                mode(DataProtection::Plain),
+                JoinWait::Answer,
+            )
+            .await
+            .expect("joined after the busy answers");
+        assert!(started.elapsed() < LIMIT, "{:?}", started.elapsed());
+        io.write_all(b"hi").await.unwrap();
+        io.flush().await.unwrap();
+        let mut j = joined.recv().await.unwrap();
+        let mut b = [0u8; 2];
+        j.io.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"hi");
+        // The busy answer is told apart from a connection that just closed.
+        let mut busy: &[u8] = &Preamble::busy(std::num::NonZeroU8::MIN).encode();
+        let e = read_challenge(&mut busy, "srv", LIMIT).await.unwrap_err();
+        assert_eq!(busy_of(&e), Some(Duration::from_secs(1)), "{e}");
+        let mut short: &[u8] = &[1u8; 12];
+        let e = read_challenge(&mut short, "srv", LIMIT).await.unwrap_err();
+        assert!(matches!(e, NetError::Closed { .. }), "{e}");
     }
 
     /// Both sides of a join, waiting for the answer or sending right behind the proof,

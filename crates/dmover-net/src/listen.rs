@@ -83,6 +83,13 @@ impl Incoming {
         write_preamble(&mut self.0, p, peer).await
     }
 
+    /// Writes a preamble if the socket takes it now (a fresh connection's always
+    /// does), without waiting: whether it was written whole.
+    pub fn try_write_preamble(&self, p: Preamble) -> bool {
+        let b = p.encode();
+        matches!(self.0.try_write(&b), Ok(n) if n == b.len())
+    }
+
     /// The stream of a control connection, for TLS.
     pub fn into_control(self) -> ControlTcp {
         ControlTcp::new(self.0)

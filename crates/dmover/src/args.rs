@@ -473,10 +473,15 @@ pub struct ServeArgs {
     /// Connections in set-up (before TLS and authentication are done, or a data
     /// stream joined) at once. Beyond it a client's control connection is answered
     /// "busy, retry after N s" before TLS (clients wait and connect again by
-    /// themselves, see `cp --busy-wait`); beyond 4 times it connections are closed
-    /// [default: 256, or the config's].
+    /// themselves, see `cp --busy-wait`); beyond 4 times it connections are answered
+    /// busy and closed [default: 256, or the config's].
     #[arg(long, value_parser = parse_at_least_one, value_name = "N")]
     pub max_handshakes: Option<usize>,
+    /// Connections one source address may have before they authenticate or join (0:
+    /// no limit); more are answered busy. Raise it for clients behind one NAT address
+    /// [default: 64, or the config's max_unauthenticated_per_address].
+    #[arg(long, value_name = "N")]
+    pub max_unauthenticated_per_address: Option<usize>,
     /// Memory for chunk buffers shared by all sessions (e.g. 512M, 2G; binary units;
     /// at least 2M). A session needs two buffers of its chunk size, and is refused if
     /// they do not fit.

@@ -229,6 +229,12 @@ fn limits(cfg: &mut ServerConfig, a: &ServeArgs, file: &ConfigFile) {
     (cfg.io_threads, cfg.io_threads_max) = dmover_core::diskpool::threads_from(pinned);
     cfg.max_sessions = a.max_sessions.or(file.max_sessions).unwrap_or(64);
     cfg.max_handshakes = a.max_handshakes.or(file.max_handshakes).unwrap_or(256);
+    if let Some(n) = a
+        .max_unauthenticated_per_address
+        .or(file.max_unauthenticated_per_address)
+    {
+        cfg.max_unauthenticated_per_address = n;
+    }
     if let Some(n) = file.max_sessions_per_user {
         cfg.max_sessions_per_user = n;
     }
