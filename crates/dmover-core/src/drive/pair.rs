@@ -68,8 +68,8 @@ pub struct Wire {
 }
 
 impl Wire {
-    /// A push over `streams` streams with nothing going wrong, on a disk pool of two
-    /// threads (for real-time tests).
+    /// A push over `streams` streams with nothing going wrong, on a disk pool that
+    /// runs its jobs where they are queued (for a [`paused`] runtime).
     pub fn push(streams: u16, checksum: bool) -> Self {
         Wire {
             push: true,
@@ -80,7 +80,7 @@ impl Wire {
             links: Arc::new(|_| None),
             control: None,
             refuse: false,
-            disk: Arc::new(DiskPool::new(2, "test-disk")),
+            disk: Arc::new(DiskPool::inline()),
             buffers: (6, 4),
             latency: Duration::ZERO,
             early: false,

@@ -310,12 +310,9 @@ impl Entries for MemSource {
     }
 }
 
+/// The harness's runtime: one thread, tokio's clock paused ([`super::pair::paused`]).
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
+    super::pair::paused()
 }
 
 #[test]
