@@ -1,6 +1,6 @@
 //! Structured: whole sessions on the production drivers (`dmover_core::drive`, through
 //! its `testing` feature): a push or a pull between memory storage over the in-memory
-//! transport on a paused clock (`drive::script`), with arbitrary files (or a growing
+//! transport on a paused clock (`dmover_core::harness::script`), with arbitrary files (or a growing
 //! manifest's parts, or a mount's chunk requests), streams, buffers, latency, early
 //! data and faults (streams cut or silenced, the control connection broken or
 //! silenced, a chunk the storage cannot read or write, a refused credential). Checks:
@@ -14,8 +14,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use dmover_core::drive::pair::{CHUNK, ControlFault};
-use dmover_core::drive::script::{Script, dataset, run};
+use dmover_core::harness::pair::{CHUNK, ControlFault};
+use dmover_core::harness::script::{Script, dataset, run};
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
 

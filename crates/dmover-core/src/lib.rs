@@ -33,6 +33,8 @@ pub mod disktune;
 pub mod drive;
 pub mod engine;
 pub mod error;
+#[cfg(any(test, feature = "testing"))]
+pub mod harness;
 mod livewalk;
 pub mod memtest;
 pub mod monitor;

@@ -197,7 +197,7 @@ pub fn session_error(e: SessionError<Fault>) -> Error {
 /// lacks that stream's acknowledgements); with equal limits the sink would give up
 /// every quiet stream at the moment the source gives up the silent one, and fail a
 /// session that the other streams could finish (found by the pair schedules of
-/// `drive/pair_props.rs` on the paused clock).
+/// `harness/props.rs` on the paused clock).
 pub fn timing(heartbeat: Duration, idle: Duration) -> Timing {
     Timing {
         handshake: crate::session::HANDSHAKE_TIMEOUT,
@@ -961,12 +961,6 @@ where
     }
 }
 
-#[cfg(any(test, feature = "testing"))]
-pub mod pair;
-#[cfg(test)]
-mod pair_props;
-#[cfg(any(test, feature = "testing"))]
-pub mod script;
 mod sink;
 mod source;
 #[cfg(test)]

@@ -6,7 +6,9 @@
 
 use super::pair::{CHUNK, ControlFault};
 use super::script::{Dst, Ran, Script, Src, dataset, run};
-use super::*;
+use std::time::Duration;
+
+use crate::drive::*;
 
 use proptest::prelude::*;
 

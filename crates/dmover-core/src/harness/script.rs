@@ -3,11 +3,24 @@
 //! requests) and what goes wrong (streams cut or silenced, the control connection
 //! broken or silenced, a chunk the storage cannot read or write, a refused
 //! credential), run on a paused clock with memory storage; the outcome at both ends,
-//! and what the sink holds. The pair schedules (`drive/pair_props.rs`) and the
+//! and what the sink holds. The pair schedules (`harness/props.rs`) and the
 //! `drive_pair` fuzz target run them (the latter through the `testing` feature).
 
 use super::pair::{CHUNK, ControlFault, Ends, Manifest, Wire, paused, session, whole};
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use dmover_proto::control::Summary;
+use dmover_proto::data::DigestEntry;
+use dmover_proto::manifest::{Entry, Totals};
+use dmover_proto::session::Timing;
+use dmover_store::{Sink, Source};
+use tokio::sync::mpsc;
+
+use crate::diskpool::DiskPool;
+use crate::drive::*;
+use crate::error::Result;
 
 use dmover_net::fault::FaultPlan;
 use dmover_proto::manifest::{EntryKind, Mtime, NO_PARENT};

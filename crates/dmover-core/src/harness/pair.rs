@@ -14,7 +14,20 @@
 //! the same way every time, and its time limits (stalls, silences, the heartbeat)
 //! cost no wall-clock time: tokio moves the clock on whenever every task waits.
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dmover_net::control::ControlChannel;
+use dmover_proto::control::{Auth, AuthOk, ErrorCode, Hello, Open, SessionInfo, SessionOptions};
+use dmover_proto::manifest::{Entry, Totals};
+use dmover_proto::session::{Acceptance, ChunkSet, SinkSession, SourceSession, Timing};
+use tokio::sync::mpsc;
+
+use crate::dialer::now;
+use crate::diskpool::DiskPool;
+use crate::drive::*;
+use crate::engine::Run;
+use crate::error::{Error, Result};
 
 use dmover_net::fault::{FaultPlan, Faulty};
 use dmover_proto::control::{Credential, DataProtection, DirectIo, Op, Welcome};
