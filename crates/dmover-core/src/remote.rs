@@ -24,7 +24,8 @@
 //! spent waiting for its report); one that goes silent fails them after the heartbeat
 //! silence, [`TransferOptions::heartbeat`] × 4, plus that wait ([`Remote::bound`]);
 //! data streams that bring nothing while chunks are outstanding are lost after
-//! [`TransferOptions::idle_timeout`]. A read never waits for ever.
+//! 1.5 × [`TransferOptions::idle_timeout`] (a sink's limit, [`crate::drive::timing`]).
+//! A read never waits for ever.
 //!
 //! [`TransferOptions::heartbeat`]: crate::session::TransferOptions::heartbeat
 //! [`TransferOptions::idle_timeout`]: crate::session::TransferOptions::idle_timeout
