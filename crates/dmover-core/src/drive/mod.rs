@@ -188,6 +188,12 @@ pub fn session_error(e: SessionError<Fault>) -> Error {
     }
 }
 
+/// Why a cancelled run's session fails: the reason it was cancelled for (an
+/// interrupt, a revoked credential), which the peer learns; without one, aborted.
+fn cancellation(run: &Run) -> Fault {
+    Fault::cancelled(run.take_error().unwrap_or(Error::Aborted))
+}
+
 /// The time limits of a session driven here, whose data streams time out after
 /// `idle` without progress.
 ///

@@ -635,10 +635,7 @@ where
         match wake {
             SinkWake::Cancelled => {
                 self.cancelled = true;
-                // Why the run was cancelled (an interrupt, a revoked credential) is
-                // what the peer learns; without a reason, the session was aborted.
-                let why = self.env.run.take_error().unwrap_or(Error::Aborted);
-                self.m.fail(now(), Fault::cancelled(why));
+                self.m.fail(now(), cancellation(&self.env.run));
             }
             SinkWake::Input(input) => self.input(input),
             SinkWake::Ask(Some(DemandAsk::Want(chunks))) => self.m.want(now(), &chunks),

@@ -507,10 +507,7 @@ where
         match wake {
             SrcWake::Cancelled => {
                 self.cancelled = true;
-                // Why the run was cancelled (an interrupt, a revoked credential) is
-                // what the peer learns; without a reason, the session was aborted.
-                let why = self.env.run.take_error().unwrap_or(Error::Aborted);
-                self.m.fail(now(), Fault::cancelled(why));
+                self.m.fail(now(), cancellation(&self.env.run));
             }
             SrcWake::Part(part) => self.part(part),
             SrcWake::Input(input) => self.input(input),

@@ -17,43 +17,14 @@ use crate::drive::*;
 use crate::error::{Error, Result};
 
 use super::pair::{CHUNK, Wire, session};
+use super::script::SIZES;
 use dmover_net::fault::FaultPlan;
 use dmover_proto::manifest::{EntryKind, Mtime, NO_PARENT};
 use dmover_store::mem::{MemSink, MemSource};
 
-/// A directory with files of every shape the layout cuts differently: empty, one
-/// byte, unaligned, one chunk exactly, several chunks and a tail, aligned and not.
+/// The directory of files of every shape the layout cuts differently.
 fn dataset() -> (Vec<Entry>, Vec<Vec<u8>>) {
-    let mtime = Mtime { sec: 1, nsec: 2 };
-    let mut entries = vec![Entry {
-        parent: NO_PARENT,
-        name: b"d".to_vec(),
-        kind: EntryKind::Dir,
-        mode: 0o755,
-        mtime,
-    }];
-    let mut data = vec![Vec::new()];
-    let sizes = [
-        0usize,
-        1,
-        4095,
-        65_536,
-        3 * 65_536 + 17,
-        200_000,
-        300,
-        500_000,
-    ];
-    for (i, &size) in sizes.iter().enumerate() {
-        entries.push(Entry {
-            parent: 0,
-            name: format!("f{i}").into_bytes(),
-            kind: EntryKind::File { size: size as u64 },
-            mode: 0o644,
-            mtime,
-        });
-        data.push((0..size).map(|j| (j * 31 + i * 7) as u8).collect());
-    }
-    (entries, data)
+    super::script::dataset(&SIZES)
 }
 
 /// Pushes `source` into a memory sink over `streams` streams: the source dials, the

@@ -5,7 +5,7 @@
 //! of the machines, checked here of the code that runs them.
 
 use super::pair::{CHUNK, ControlFault};
-use super::script::{Dst, Ran, Script, Src, dataset, run};
+use super::script::{Dst, Ran, SIZES, Script, Src, dataset, run};
 use std::time::Duration;
 
 use crate::drive::*;
@@ -22,9 +22,6 @@ fn script(push: bool, streams: u16, sizes: &[usize]) -> Script {
         ..Script::default()
     }
 }
-
-/// Files of every shape the layout cuts differently.
-const SIZES: [usize; 8] = [0, 1, 4095, 65_536, 3 * 65_536 + 17, 200_000, 300, 500_000];
 
 fn finished(r: &Ran) -> (&SourceRun<Src>, &SinkRun<Dst>) {
     let source = r.ends.source.as_ref().expect("the source finishes");

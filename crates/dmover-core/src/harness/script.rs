@@ -168,6 +168,12 @@ impl Ran {
     }
 }
 
+/// Files of every shape the layout cuts differently: empty, one byte, unaligned, one
+/// chunk exactly, several chunks and a tail, aligned and not.
+pub const SIZES: [usize; 8] = [0, 1, 4095, 65_536, 3 * 65_536 + 17, 200_000, 300, 500_000];
+
+/// A directory `d` holding a file of each size of `sizes` (`f0`, `f1`, ...) and their
+/// data (entry 0, the directory, has none).
 pub fn dataset(sizes: &[usize]) -> (Vec<Entry>, Vec<Vec<u8>>) {
     let mtime = Mtime { sec: 1, nsec: 2 };
     let mut entries = vec![Entry {
