@@ -11,7 +11,7 @@
 
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use dmover_proto::data::HEADER_LEN;
 
@@ -27,6 +27,8 @@ pub struct FaultPlan {
     /// The stream goes silent there instead of being cut ([`FaultPlan::silence`]).
     silent: bool,
     cut_done: AtomicBool,
+    /// Chunk payload bytes moved on the streams it was given to.
+    moved: AtomicU64,
 }
 
 /// What happens to the stream a plan picks.
@@ -45,6 +47,7 @@ impl FaultPlan {
             cut_after,
             silent: false,
             cut_done: AtomicBool::new(false),
+            moved: AtomicU64::new(0),
         })
     }
 
@@ -56,12 +59,18 @@ impl FaultPlan {
             cut_after: Some((after, false)),
             silent: true,
             cut_done: AtomicBool::new(false),
+            moved: AtomicU64::new(0),
         })
     }
 
     /// Whether a stream was cut.
     pub fn cut_done(&self) -> bool {
         self.cut_done.load(Ordering::SeqCst)
+    }
+
+    /// Chunk payload bytes moved (sent or received) on the streams given this plan.
+    pub fn moved(&self) -> u64 {
+        self.moved.load(Ordering::Relaxed)
     }
 
     /// Whether a stream that moved `moved` bytes and is about to move `more` is the one
@@ -184,6 +193,9 @@ impl<L: DataLink> DataLink for Faulty<L> {
         }
         self.inner.recv_into(dst).await?;
         self.moved += more;
+        if let Some(p) = &self.plan {
+            p.moved.fetch_add(more, Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -224,7 +236,10 @@ impl<T: ChunkTx> FaultyTx<T> {
                     self.silent = true;
                     return silence().await;
                 }
-                None => self.moved += more,
+                None => {
+                    self.moved += more;
+                    p.moved.fetch_add(more, Ordering::Relaxed);
+                }
             }
         }
         Ok(())

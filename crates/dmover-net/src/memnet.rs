@@ -21,12 +21,52 @@ use crate::stream::DataIo;
 /// Bytes each direction of a pipe holds before a writer waits: a socket buffer's worth.
 pub const PIPE_BYTES: usize = 1 << 20;
 
+/// What goes wrong with one data stream below its records (tests of what a session
+/// does about it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WireFault {
+    /// The stream never connects: the dialer's join waits for ever.
+    NoJoin,
+    /// One byte is flipped once this many bytes went one way (`from_dialer`: from the
+    /// dialer to the acceptor), as a broken middlebox would: the records' check finds it.
+    Flip {
+        /// Bytes that pass untouched.
+        after: u64,
+        /// The way that is corrupted.
+        from_dialer: bool,
+    },
+}
+
+/// Each data stream's fault, by its number in the session.
+pub type WireFaults = Arc<dyn Fn(u16) -> Option<WireFault> + Send + Sync>;
+
+/// How a pipe carries bytes, each way: how late, how fast, and which byte it flips.
+#[derive(Debug, Clone, Copy, Default)]
+struct Shape {
+    latency: Duration,
+    /// Bytes per second (`None`: no limit).
+    rate: Option<u64>,
+    /// The byte flipped (its offset), from the near end and from the far end.
+    flip: [Option<u64>; 2],
+}
+
 /// The acceptor's side of an in-memory transport: the sessions its data streams may
 /// join.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct MemNet {
     table: Arc<JoinTable<DuplexStream>>,
     latency: Duration,
+    rate: Option<u64>,
+    faults: Option<WireFaults>,
+}
+
+impl std::fmt::Debug for MemNet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemNet")
+            .field("latency", &self.latency)
+            .field("rate", &self.rate)
+            .finish_non_exhaustive()
+    }
 }
 
 impl MemNet {
@@ -36,6 +76,8 @@ impl MemNet {
         MemNet {
             table: Arc::new(JoinTable::new(idle, park)),
             latency: Duration::ZERO,
+            rate: None,
+            faults: None,
         }
     }
 
@@ -43,6 +85,23 @@ impl MemNet {
     /// of twice that round-trip time and no bandwidth limit).
     pub fn with_latency(self, latency: Duration) -> Self {
         MemNet { latency, ..self }
+    }
+
+    /// The same, each data stream carrying at most `bytes_per_sec` each way (what is
+    /// written queues, as behind a slow link).
+    pub fn with_rate(self, bytes_per_sec: u64) -> Self {
+        MemNet {
+            rate: Some(bytes_per_sec.max(1)),
+            ..self
+        }
+    }
+
+    /// The same, data streams going wrong as `faults` says.
+    pub fn with_faults(self, faults: WireFaults) -> Self {
+        MemNet {
+            faults: Some(faults),
+            ..self
+        }
     }
 
     /// The acceptor's join table: open and close sessions on it.
@@ -58,6 +117,8 @@ impl MemNet {
             server: server.to_string(),
             handshake,
             latency: self.latency,
+            rate: self.rate,
+            faults: self.faults.clone(),
         }
     }
 }
@@ -68,21 +129,30 @@ impl MemNet {
 /// besides). Closing one end is seen at the other after the bytes written before it.
 /// Must be called within a tokio runtime (its relays are tasks).
 pub fn pipe(latency: Duration) -> (DuplexStream, DuplexStream) {
+    shaped(Shape {
+        latency,
+        ..Shape::default()
+    })
+}
+
+/// A pipe shaped as `shape` says, each way.
+fn shaped(shape: Shape) -> (DuplexStream, DuplexStream) {
     let (near, a) = tokio::io::duplex(PIPE_BYTES);
-    if latency.is_zero() {
+    if shape.latency.is_zero() && shape.rate.is_none() && shape.flip == [None, None] {
         return (near, a);
     }
     let (b, far) = tokio::io::duplex(PIPE_BYTES);
     let (a_rx, a_tx) = tokio::io::split(a);
     let (b_rx, b_tx) = tokio::io::split(b);
-    tokio::spawn(delay(a_rx, b_tx, latency));
-    tokio::spawn(delay(b_rx, a_tx, latency));
+    tokio::spawn(delay(a_rx, b_tx, shape, shape.flip[0]));
+    tokio::spawn(delay(b_rx, a_tx, shape, shape.flip[1]));
     (near, far)
 }
 
-/// Copies `from` to `to`, each read's bytes written `latency` after they were read;
-/// shuts `to` down once `from` ends.
-async fn delay<R, W>(mut from: R, mut to: W, latency: Duration)
+/// Copies `from` to `to`, each read's bytes written `latency` after they were read
+/// (and, at a rate, after the bytes before them had their time on the link); flips the
+/// byte at offset `flip`; shuts `to` down once `from` ends.
+async fn delay<R, W>(mut from: R, mut to: W, shape: Shape, mut flip: Option<u64>)
 where
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -99,8 +169,20 @@ where
         let _ = to.shutdown().await;
     });
     let mut buf = vec![0u8; 64 << 10];
+    let (mut passed, mut free) = (0u64, tokio::time::Instant::now());
     while let Ok(n @ 1..) = from.read(&mut buf).await {
-        let at = tokio::time::Instant::now() + latency;
+        let now = tokio::time::Instant::now();
+        let mut at = now + shape.latency;
+        if let Some(rate) = shape.rate {
+            let took = Duration::from_nanos((n as u64).saturating_mul(1_000_000_000) / rate);
+            free = free.max(now) + took;
+            at = free + shape.latency;
+        }
+        if let Some(i) = flip.filter(|&f| f >= passed && f < passed + n as u64) {
+            buf[(i - passed) as usize] ^= 0x5a;
+            flip = None;
+        }
+        passed += n as u64;
         if tx.send((at, buf[..n].to_vec())).is_err() {
             break;
         }
@@ -110,18 +192,40 @@ where
 }
 
 /// The dialer's side of an in-memory transport ([`MemNet::dialer`]).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct MemDial {
     table: Arc<JoinTable<DuplexStream>>,
     server: String,
     handshake: Duration,
     latency: Duration,
+    rate: Option<u64>,
+    faults: Option<WireFaults>,
+}
+
+impl std::fmt::Debug for MemDial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemDial")
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
 }
 
 impl MemDial {
-    /// A pipe whose far end the acceptor's table takes, and its challenge.
-    async fn connect(&self) -> Result<Dialed<DuplexStream>, NetError> {
-        let (mut near, far) = pipe(self.latency);
+    /// A pipe for data stream `stream` whose far end the acceptor's table takes, and
+    /// its challenge.
+    async fn connect(&self, stream: u16) -> Result<Dialed<DuplexStream>, NetError> {
+        let mut shape = Shape {
+            latency: self.latency,
+            rate: self.rate,
+            flip: [None, None],
+        };
+        match self.faults.as_ref().and_then(|f| f(stream)) {
+            Some(WireFault::Flip { after, from_dialer }) => {
+                shape.flip[usize::from(!from_dialer)] = Some(after);
+            }
+            Some(WireFault::NoJoin) | None => {}
+        }
+        let (mut near, far) = shaped(shape);
         let table = self.table.clone();
         tokio::spawn(async move {
             if let Err(e) = table.accept(far, "memory").await {
@@ -160,13 +264,16 @@ impl Dial for MemDial {
         mode: LinkMode,
         wait: JoinWait,
     ) -> Result<DataIo<DuplexStream>, JoinError> {
+        if let Some(WireFault::NoJoin) = self.faults.as_ref().and_then(|f| f(stream)) {
+            std::future::pending::<()>().await;
+        }
         let hello = dmover_proto::data::DataHello {
             session,
             stream,
             nonce: rand::random(),
         };
         let joined = async {
-            let d = self.connect().await.map_err(JoinError::Net)?;
+            let d = self.connect(stream).await.map_err(JoinError::Net)?;
             d.join(&hello, key, mode, wait).await
         };
         tokio::time::timeout(self.handshake, joined)

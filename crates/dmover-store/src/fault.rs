@@ -116,6 +116,16 @@ impl<T: ?Sized> Failing<T> {
         &self.inner
     }
 
+    /// The storage it wraps, to change (`None` while it is shared).
+    pub fn get_mut(&mut self) -> Option<&mut T> {
+        Arc::get_mut(&mut self.inner)
+    }
+
+    /// The storage it wraps, shared.
+    pub fn shared(&self) -> Arc<T> {
+        self.inner.clone()
+    }
+
     fn check(&self, k: u64, op: &'static str) -> Result<()> {
         if self.chunk == Some(k) {
             return Err(crate::Error::io(

@@ -18,6 +18,7 @@ use dmover_proto::manifest::{Entry, EntryKind};
 
 use crate::chunk::{ChunkRead, Sink, Source};
 use crate::error::{Error, Result};
+use crate::resume::{Held, Skips};
 use crate::track::{RecvTracker, SendTracker};
 
 fn layout_of(entries: &[Entry], chunk_size: u32) -> Result<Layout> {
@@ -33,6 +34,8 @@ pub struct MemSource {
     layout: std::sync::Arc<Layout>,
     checksum: bool,
     digests: SendTracker,
+    /// After a resume: the pieces the sink holds, which do not travel.
+    skips: Skips,
 }
 
 impl MemSource {
@@ -63,12 +66,49 @@ impl MemSource {
             layout: layout.into(),
             checksum,
             digests: SendTracker::default(),
+            skips: Skips::default(),
         })
     }
 
     /// The manifest.
     pub fn entries(&self) -> &[Entry] {
         &self.entries
+    }
+
+    /// The partial files of `held` whose held pieces differ from the data here (to be
+    /// sent whole), as [`crate::FileSource::check_held`] finds them on disk.
+    pub fn check_held(&self, held: &Held) -> Vec<u32> {
+        let chunk = self.layout.chunk_size();
+        let mut stale: Vec<u32> = held
+            .partial
+            .iter()
+            .filter(|(e, pieces)| {
+                let data = &self.data[**e as usize];
+                !pieces.iter().all(|&(i, hash)| {
+                    let from = (i * chunk) as usize;
+                    let to = data.len().min(from + chunk as usize);
+                    from < to && piece_hash(&data[from..to]) == hash
+                })
+            })
+            .map(|(e, _)| *e)
+            .collect();
+        stale.sort_unstable();
+        stale
+    }
+
+    /// Leaves out what the sink holds (`held`, after the plan was applied): lays out
+    /// the files not done and skips the chunks of held pieces.
+    pub fn resume(&mut self, held: &Held) -> Result<()> {
+        let layout = held
+            .layout(&self.entries, self.layout.chunk_size() as u32)
+            .map_err(|e| Error::refused(ErrorCode::Protocol, e.to_string()))?;
+        let skips = held.skips(&layout);
+        for f in 0..layout.files().len() as u32 {
+            self.digests.seed(f, skips.held(f));
+        }
+        self.layout = layout.into();
+        self.skips = skips;
+        Ok(())
     }
 
     fn fill(&self, k: u64, buf: &mut [u8], mut each: impl FnMut(u32, u64, &[u8])) {
@@ -88,7 +128,7 @@ impl Source for MemSource {
     }
 
     fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
-        Box::new(0..self.layout.n_chunks())
+        Box::new(self.skips.chunks(&self.layout))
     }
 
     fn read_chunk(
@@ -145,6 +185,23 @@ pub struct MemSink {
     bytes: AtomicU64,
     chunks: AtomicU64,
     aborted: std::sync::atomic::AtomicBool,
+    /// What an earlier attempt left: per manifest entry, a complete file's bytes, or
+    /// a partial file's pieces (index, bytes).
+    left: Vec<Left>,
+    /// After a resume: the held pieces of partial files, which do not travel.
+    skips: Skips,
+}
+
+/// What an earlier attempt left of one manifest entry ([`MemSink::leave`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Left {
+    /// Nothing.
+    #[default]
+    Nothing,
+    /// The whole file.
+    Done(Vec<u8>),
+    /// Pieces of the file: (index, bytes), increasing.
+    Pieces(Vec<(u64, Vec<u8>)>),
 }
 
 impl MemSink {
@@ -152,6 +209,7 @@ impl MemSink {
     /// checks chunk CRCs and file digests.
     pub fn new(entries: Vec<Entry>, chunk_size: u32, checksum: bool) -> Result<Self> {
         let layout = layout_of(&entries, chunk_size)?;
+        let entries_len = entries.len();
         let files = layout
             .files()
             .iter()
@@ -168,7 +226,67 @@ impl MemSink {
             bytes: AtomicU64::new(0),
             chunks: AtomicU64::new(0),
             aborted: Default::default(),
+            left: vec![Left::Nothing; entries_len],
+            skips: Skips::default(),
         })
+    }
+
+    /// Takes what an earlier attempt left of entry `entry` (before [`MemSink::held`]).
+    pub fn leave(&mut self, entry: u32, left: Left) {
+        self.left[entry as usize] = left;
+    }
+
+    /// What an earlier attempt left, as a file sink's journal tells it.
+    pub fn held(&self) -> Held {
+        let mut held = Held::none(&self.entries);
+        for (e, left) in self.left.iter().enumerate() {
+            match left {
+                Left::Nothing => {}
+                Left::Done(_) => held.done[e] = true,
+                Left::Pieces(p) => {
+                    let hashes = p.iter().map(|(i, b)| (*i, piece_hash(b))).collect();
+                    held.partial.insert(e as u32, hashes);
+                }
+            }
+        }
+        held
+    }
+
+    /// Leaves out what is held (`held`, as the source agreed it): lays out the files
+    /// not done, takes up the held pieces of partial files, and keeps the done ones.
+    pub fn resume(&mut self, held: &Held) -> Result<()> {
+        let chunk = self.layout.chunk_size();
+        let layout = held
+            .layout(&self.entries, chunk as u32)
+            .map_err(|e| Error::refused(ErrorCode::Protocol, e.to_string()))?;
+        let skips = held.skips(&layout);
+        let mut files = Vec::with_capacity(layout.files().len());
+        for (f, slot) in layout.files().iter().enumerate() {
+            let mut bytes = vec![0; slot.size as usize];
+            let pieces = skips.held(f as u32);
+            if let (false, Left::Pieces(left)) =
+                (pieces.is_empty(), &self.left[slot.entry as usize])
+            {
+                for (i, b) in left
+                    .iter()
+                    .filter(|(i, _)| pieces.iter().any(|p| p.0 == *i))
+                {
+                    bytes[(i * chunk) as usize..][..b.len()].copy_from_slice(b);
+                }
+                self.tracker
+                    .seed(f as u32, layout.n_pieces(f as u32), pieces);
+            }
+            files.push(Mutex::new(bytes));
+        }
+        let mut done = self.done.lock();
+        for (e, d) in held.done.iter().enumerate() {
+            done[e] = *d;
+        }
+        drop(done);
+        self.files = files;
+        self.layout = layout.into();
+        self.skips = skips;
+        Ok(())
     }
 
     /// The manifest's entries.
@@ -183,7 +301,11 @@ impl MemSink {
             return None;
         }
         let f = self.layout.files().iter().position(|s| s.entry == entry);
-        Some(f.map(|f| self.files[f].lock().clone()).unwrap_or_default())
+        Some(match (f, &self.left[entry as usize]) {
+            (Some(f), _) => self.files[f].lock().clone(),
+            (None, Left::Done(bytes)) => bytes.clone(),
+            (None, _) => Vec::new(),
+        })
     }
 
     fn complete(&self, file: u32, done: crate::track::Complete) -> Result<()> {
@@ -208,7 +330,7 @@ impl Sink for MemSink {
     }
 
     fn chunks(&self) -> Box<dyn Iterator<Item = u64> + Send + '_> {
-        Box::new(0..self.layout.n_chunks())
+        Box::new(self.skips.chunks(&self.layout))
     }
 
     fn write_chunk(
