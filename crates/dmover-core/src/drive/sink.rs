@@ -514,10 +514,9 @@ where
         );
         let expected = chunk_set(sink.chunks());
         let n = k.layout_chunks();
-        let timed = self.news.is_some() || tuned;
         for (i, s) in std::mem::take(&mut self.waiting) {
             let p = &self.env.run.progress;
-            let t = spawn_sink_stream(i, s, sink.clone(), pool.clone(), &self.tx, p, timed);
+            let t = spawn_sink_stream(i, s, sink.clone(), pool.clone(), &self.tx, p);
             self.tasks.insert(i, t);
         }
         match &self.news {
@@ -753,9 +752,8 @@ where
         self.windows.join(now(), i, s.io.probe().as_ref());
         match &self.live {
             Some((_, sink, pool)) => {
-                let timed = self.news.is_some() || self.m.uses(features::TUNING);
                 let p = &self.env.run.progress;
-                let t = spawn_sink_stream(i, s, sink.clone(), pool.clone(), &self.tx, p, timed);
+                let t = spawn_sink_stream(i, s, sink.clone(), pool.clone(), &self.tx, p);
                 self.tasks.insert(i, t);
             }
             None => self.waiting.push((i, s)),
@@ -795,13 +793,15 @@ fn spawn_sink_stream<L: DataLink, K: Send + 'static>(
     pool: Pool,
     tx: &mpsc::UnboundedSender<SinkIn<K>>,
     progress: &Arc<Progress>,
-    timed_by_machine: bool,
 ) -> Task<u64> {
-    if timed_by_machine {
-        // Idle while nothing is asked for (request-driven) or while the source's tuner
-        // leaves it out (tuning); the machine times the streams instead.
-        s.io.reads_timed_by_caller();
-    }
+    // The machine times the streams' reads, not their own idle limit. A stream may
+    // rightly bring nothing for long (a mount's while nothing is asked for, a tuned
+    // source's idle streams, a growing manifest's quiet spells, every stream waiting
+    // on a silent one's chunk at the end), which the machine's idle rule knows; and
+    // it gives a stream 1.5 x the stream timeout, so that the source, which knows
+    // which stream is at fault, acts first. A link's own limit (1 x) would drop every
+    // quiet stream at once and fail the session.
+    s.io.reads_timed_by_caller();
     let (atx, arx) = mpsc::unbounded_channel();
     let (tx, progress) = (tx.clone(), progress.clone());
     let h = tokio::spawn(async move {

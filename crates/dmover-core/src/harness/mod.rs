@@ -10,6 +10,8 @@ pub mod pair;
 pub mod script;
 
 #[cfg(test)]
+mod cases;
+#[cfg(test)]
 mod drivers;
 #[cfg(test)]
 mod props;

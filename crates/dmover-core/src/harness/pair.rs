@@ -30,7 +30,8 @@ use crate::engine::Run;
 use crate::error::{Error, Result};
 
 use dmover_net::fault::{FaultPlan, Faulty};
-use dmover_proto::control::{Credential, DataProtection, DirectIo, Op, Welcome};
+use dmover_net::memnet::WireFaults;
+use dmover_proto::control::{Credential, DataProtection, DirectIo, Op, SessionLimits, Welcome};
 use dmover_proto::session::{Dial, Limits};
 use tokio::io::DuplexStream;
 
@@ -78,6 +79,33 @@ pub struct Wire {
     /// open as known from the start (its id from the connection's secret) and its
     /// streams join, and a push's first chunks go, with the first flight.
     pub early: bool,
+    /// The sink's manifest limits.
+    pub limits: Limits,
+    /// (feature TUNING) The streams the source's tuner starts with.
+    pub tuned_start: u16,
+    /// The dialer's options say `resume` (the sink tells what it holds) and
+    /// `continue_on_error`.
+    pub resume: bool,
+    pub continue_on_error: bool,
+    /// Bytes per second each data stream carries each way (`None`: no limit).
+    pub rate: Option<u64>,
+    /// What goes wrong with data streams below their records.
+    pub wire: Option<WireFaults>,
+    /// Added to `latency` on the control connection: what a side sends there arrives
+    /// after what it sent on the data streams at the same time.
+    pub control_delay: Duration,
+    /// (feature LIMITS) The dialer's limits; the acceptor answers with half its rate
+    /// and the congestion control asked for ([`answer_limits`]).
+    pub asks: SessionLimits,
+}
+
+/// The acceptor's answer to the dialer's limits `l` (feature LIMITS).
+pub fn answer_limits(l: &SessionLimits) -> SessionLimits {
+    SessionLimits {
+        bwlimit: l.bwlimit / 2,
+        congestion: l.congestion.clone(),
+        refused: String::new(),
+    }
 }
 
 impl Wire {
@@ -97,6 +125,23 @@ impl Wire {
             buffers: (6, 4),
             latency: Duration::ZERO,
             early: false,
+            limits: Limits::default(),
+            tuned_start: crate::session::TUNED_START,
+            resume: false,
+            continue_on_error: false,
+            rate: None,
+            wire: None,
+            control_delay: Duration::ZERO,
+            asks: SessionLimits::default(),
+        }
+    }
+
+    /// The options the dialer sends.
+    fn options(&self) -> SessionOptions {
+        SessionOptions {
+            resume: self.resume,
+            continue_on_error: self.continue_on_error,
+            ..options(self.timing.heartbeat)
         }
     }
 
@@ -116,7 +161,7 @@ impl Wire {
             limits: None,
             receive_budget: None,
             send_budget: None,
-            tuned_start: crate::session::TUNED_START,
+            tuned_start: self.tuned_start,
             disk_room: None,
         }
     }
@@ -153,9 +198,9 @@ impl Wire {
                     self.features
                 },
             },
-            options: options(self.timing.heartbeat),
+            options: self.options(),
             server_proof: None,
-            limits: Default::default(),
+            limits: self.asks.clone(),
         }
     }
 }
@@ -178,6 +223,22 @@ pub struct Ends<K, S> {
     pub sink: Result<SinkRun<S>>,
     pub source_at: Duration,
     pub sink_at: Duration,
+    /// (feature LIMITS) The dialer's limits as the acceptor heard them, and the
+    /// acceptor's answer as the dialer heard it.
+    pub limits: (Option<SessionLimits>, Option<SessionLimits>),
+}
+
+/// Where an acceptor's limits answer ([`answer_limits`]) notes what it heard.
+type Heard = Arc<parking_lot::Mutex<Option<SessionLimits>>>;
+
+/// The acceptor's environment: `env`, answering the dialer's limits.
+fn answering(mut env: Env, heard: &Heard) -> Env {
+    let heard = heard.clone();
+    env.limits = Some(Box::new(move |l: &SessionLimits| {
+        *heard.lock() = Some(l.clone());
+        answer_limits(l)
+    }));
+    env
 }
 
 /// A current-thread runtime whose clock is paused: it moves only when every task
@@ -220,15 +281,23 @@ pub async fn session<K: SourceStore, S: SinkStore>(
         "only a pull is request-driven"
     );
     let start = tokio::time::Instant::now();
-    let (dialer, acceptor) = control(wire.control, wire.latency);
+    let (dialer, acceptor) = control(wire.control, wire.latency + wire.control_delay);
     let max = dmover_proto::control::MAX_FRAME;
-    let net = dmover_net::memnet::MemNet::new(Duration::from_secs(30), Duration::from_secs(5))
-        .with_latency(wire.latency);
+    // A stream's own idle limit is the stream timeout, as a server's and a client's.
+    let idle = wire.timing.stall;
+    let mut net =
+        dmover_net::memnet::MemNet::new(idle, Duration::from_secs(5)).with_latency(wire.latency);
+    if let Some(rate) = wire.rate {
+        net = net.with_rate(rate);
+    }
+    if let Some(faults) = wire.wire.clone() {
+        net = net.with_faults(faults);
+    }
     let mut joins = crate::dialer::Dialing::new(
         net.dialer("acceptor", Duration::from_secs(5)),
         dmover_net::join::LinkMode {
             protection: DataProtection::Authenticated,
-            idle: Duration::from_secs(30),
+            idle,
         },
         dmover_net::join::JoinWait::Pipelined,
         MASTER,
@@ -243,6 +312,7 @@ pub async fn session<K: SourceStore, S: SinkStore>(
     }
     let at = |r| (r, start.elapsed());
     let at2 = |r| (r, start.elapsed());
+    let heard = Heard::default();
     if wire.push {
         let mut ch = ControlChannel::new(dialer, "sink", max);
         let mut m = if wire.early {
@@ -252,6 +322,7 @@ pub async fn session<K: SourceStore, S: SinkStore>(
         };
         let growth = manifest(&mut m);
         let env = wire.env(wire.buffers.0);
+        let run = env.run.clone();
         let sending = async { at(source_growing(m, &mut ch, joins, source, env, growth).await) };
         let receiving = async {
             let mut ch = ControlChannel::new(acceptor, "source", max);
@@ -260,28 +331,32 @@ pub async fn session<K: SourceStore, S: SinkStore>(
                 return at2(Err(e));
             };
             let deadline = now() + wire.timing.handshake;
-            let mut m =
-                SinkSession::accept(now(), "source", wire.timing, Limits::default(), deadline);
+            let limits = wire.limits;
+            let mut m = SinkSession::accept(now(), "source", wire.timing, limits, deadline);
             m.grant(now(), info);
-            at2(sink(m, &mut ch, joins, prepare, None, wire.env(wire.buffers.1)).await)
+            let env = answering(wire.env(wire.buffers.1), &heard);
+            at2(sink(m, &mut ch, joins, prepare, None, env).await)
         };
         let ((source, source_at), (sink, sink_at)) = tokio::join!(sending, receiving);
+        let answer = run.progress.peer_limits.lock().clone();
         Ends {
             source,
             sink,
             source_at,
             sink_at,
+            limits: (heard.lock().clone(), answer),
         }
     } else {
         let mut ch = ControlChannel::new(dialer, "source", max);
-        let (timing, limits, dial) = (wire.timing, Limits::default(), wire.dial());
+        let (timing, limits, dial) = (wire.timing, wire.limits, wire.dial());
         let m = if wire.early {
             SinkSession::dial_early(now(), "source", timing, limits, dial, id, salt)
         } else {
             SinkSession::dial(now(), "source", timing, limits, dial)
         };
         let env = wire.env(wire.buffers.1);
-        let options = Some(options(wire.timing.heartbeat));
+        let run = env.run.clone();
+        let options = Some(wire.options());
         let receiving = async {
             at2(match demand {
                 Some(d) => sink_on_demand(m, &mut ch, joins, prepare, options, env, d).await,
@@ -298,15 +373,17 @@ pub async fn session<K: SourceStore, S: SinkStore>(
             let mut m = SourceSession::accept(now(), "sink", wire.timing, deadline);
             m.grant(now(), info);
             let growth = manifest(&mut m);
-            let env = wire.env(wire.buffers.0);
+            let env = answering(wire.env(wire.buffers.0), &heard);
             at(source_growing(m, &mut ch, joins, source, env, growth).await)
         };
         let ((source, source_at), (sink, sink_at)) = tokio::join!(sending, receiving);
+        let answer = run.progress.peer_limits.lock().clone();
         Ends {
             source,
             sink,
             source_at,
             sink_at,
+            limits: (heard.lock().clone(), answer),
         }
     }
 }

@@ -226,7 +226,7 @@ fn a_request_driven_pull_sends_only_what_is_wanted() {
     let r = run(&s);
     let sink = r.ends.sink.as_ref().expect("the sink finishes");
     r.ends.source.as_ref().expect("the source finishes");
-    let writes: Vec<(u64, u32)> = r.writes.lock().iter().map(|(&k, &n)| (k, n)).collect();
+    let writes: Vec<(u64, u32)> = r.writes().iter().map(|(&k, &n)| (k, n)).collect();
     // Chunk 5, asked for twice, came twice if its first copy had arrived by then.
     let fives = writes.iter().find(|w| w.0 == 5).map_or(0, |w| w.1);
     assert!((1..=2).contains(&fives), "{writes:?}");
@@ -416,7 +416,7 @@ proptest! {
         prop_assert!(r.ends.source.is_ok() && r.ends.sink.is_ok(),
             "{:?} / {:?} for {s:?}", r.ends.source.as_ref().err(), r.ends.sink.as_ref().err());
         let wanted: std::collections::BTreeSet<u64> = wants.iter().flat_map(|w| w.1.clone()).collect();
-        let written: std::collections::BTreeSet<u64> = r.writes.lock().keys().copied().collect();
+        let written: std::collections::BTreeSet<u64> = r.writes().keys().copied().collect();
         let chunks = r.ends.sink.as_ref().unwrap().summary.chunks;
         prop_assert!(chunks >= wanted.len() as u64, "{chunks} chunks for {wanted:?}");
         prop_assert_eq!(written, wanted);

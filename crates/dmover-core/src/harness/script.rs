@@ -23,14 +23,47 @@ use crate::drive::*;
 use crate::error::Result;
 
 use dmover_net::fault::FaultPlan;
+use dmover_net::memnet::{WireFault, WireFaults};
+use dmover_proto::control::{Have, Plan};
+use dmover_proto::manifest::EntryMeta;
 use dmover_proto::manifest::{EntryKind, Mtime, NO_PARENT};
+use dmover_proto::session::Limits;
 use dmover_proto::session::features;
 use dmover_store::fault::Failing;
-use dmover_store::mem::{MemSink, MemSource};
+use dmover_store::mem::{Left, MemSink, MemSource};
+use dmover_store::resume::Held;
 
 pub type Src = Failing<MemSource>;
 
-impl SourceStore for Src {}
+impl SourceStore for Src {
+    /// Checks the pieces the sink holds against the data, as a file source does.
+    fn resume_from(&mut self, peer: &str, parts: &[Have]) -> Result<Plan> {
+        let chunk = self.layout().chunk_size() as u32;
+        let inner = self
+            .get_mut()
+            .expect("the source's storage is not shared yet");
+        let mut held = Held::from_have(inner.entries(), chunk, parts)
+            .map_err(|e| crate::Error::protocol(peer, format!("resume: {e}")))?;
+        let plan = Plan {
+            stale: inner.check_held(&held),
+        };
+        held.apply(&plan)
+            .map_err(|e| crate::Error::protocol("this side", e))?;
+        inner.resume(&held)?;
+        Ok(plan)
+    }
+}
+
+/// What an earlier attempt left at the sink of one file (`Script::held`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Had {
+    /// The whole file, as the source has it.
+    Done,
+    /// These pieces (chunk-sized, by index), as the source has them.
+    Pieces(Vec<u64>),
+    /// These pieces, with bytes the source no longer has (the file changed since).
+    Changed(Vec<u64>),
+}
 
 /// The sink's storage: memory, laid out for the whole manifest at once and failing
 /// as the script says; of a growing manifest it takes each part as it comes (the
@@ -44,6 +77,10 @@ pub struct Dst {
     /// Entries and chunks of the manifest so far.
     known: std::sync::atomic::AtomicUsize,
     chunks: std::sync::atomic::AtomicU64,
+    /// Where the storage is shown once the session may write (after the resume).
+    slot: Arc<parking_lot::Mutex<Option<Arc<MemSink>>>>,
+    /// The metadata the source sent (feature `METADATA`).
+    meta: Arc<parking_lot::Mutex<Vec<EntryMeta>>>,
 }
 
 impl Sink for Dst {
@@ -111,6 +148,27 @@ impl SinkStore for Dst {
     fn entries(&self) -> impl std::ops::Deref<Target = [Entry]> + '_ {
         &self.store.get_ref().entries()[..self.known.load(Relaxed)]
     }
+
+    fn held(&self) -> Held {
+        self.store.get_ref().held()
+    }
+
+    fn resume(&mut self, held: &Held) -> Result<()> {
+        if !held.is_empty() {
+            let store = self
+                .store
+                .get_mut()
+                .expect("the sink's storage is not shared yet");
+            store.resume(held)?;
+            self.chunks.store(store.layout().n_chunks(), Relaxed);
+        }
+        *self.slot.lock() = Some(self.store.shared());
+        Ok(())
+    }
+
+    fn set_meta(&mut self, meta: Vec<EntryMeta>) {
+        *self.meta.lock() = meta;
+    }
 }
 
 /// What moves and what goes wrong in one session.
@@ -144,27 +202,72 @@ pub struct Script {
     /// parts: each one file of this many whole chunks (none for 0), coming this many
     /// milliseconds after the one before.
     pub parts: Vec<(u64, u64)>,
+    /// (a resume) What the sink holds of manifest entries from an earlier attempt.
+    pub held: Vec<(u32, Had)>,
+    /// The dialer's options say `resume` (implied by `held`) and `continue_on_error`.
+    pub resume: bool,
+    pub continue_on_error: bool,
+    /// Features offered besides those the script implies.
+    pub features: u64,
+    /// (feature TUNING, implied) The streams the source's tuner starts with.
+    pub tuned: Option<u16>,
+    /// The source's metadata of its entries (sent with feature `METADATA`).
+    pub meta: Vec<EntryMeta>,
+    /// The sink's limit of manifest entries.
+    pub max_entries: Option<u64>,
+    /// Bytes per second each data stream carries each way.
+    pub rate: Option<u64>,
+    /// Data streams (by number) that go wrong below their records.
+    pub wire: Vec<(u16, WireFault)>,
+    /// The session's limits (default: [`short_timing`]).
+    pub timing: Option<Timing>,
+    /// (feature LIMITS) The dialer's limits.
+    pub asks: dmover_proto::control::SessionLimits,
+    /// Milliseconds the control connection takes one way beyond `latency`.
+    pub control_delay: u64,
 }
 
-/// How a script ended: both ends, the data sent, and the sink's storage (whatever
-/// became of the session).
+/// How a script ended: both ends, the data sent, and what was seen of it.
 pub struct Ran {
     pub ends: Ends<Src, Dst>,
-    pub writes: Arc<parking_lot::Mutex<std::collections::BTreeMap<u64, u32>>>,
     pub data: Vec<Vec<u8>>,
-    pub sink: Arc<parking_lot::Mutex<Option<Arc<MemSink>>>>,
     pub chunks: u64,
+    pub seen: Seen,
+}
+
+/// What a session's storage and streams saw, whatever became of the session.
+#[derive(Default)]
+pub struct Seen {
+    /// Copies written of each chunk.
+    pub writes: Arc<parking_lot::Mutex<std::collections::BTreeMap<u64, u32>>>,
+    /// The sink's storage, once data may be written to it.
+    pub sink: Arc<parking_lot::Mutex<Option<Arc<MemSink>>>>,
+    /// Each data stream's plan (with the payload bytes it carried), in the order the
+    /// acceptor took them.
+    pub streams: Arc<parking_lot::Mutex<Vec<Arc<FaultPlan>>>>,
+    /// The metadata the sink was given.
+    pub meta: Arc<parking_lot::Mutex<Vec<EntryMeta>>>,
 }
 
 impl Ran {
+    /// Copies written of each chunk.
+    pub fn writes(&self) -> std::collections::BTreeMap<u64, u32> {
+        self.seen.writes.lock().clone()
+    }
+
     /// Entries whose data the sink does not hold complete and right.
     pub fn missing(&self) -> Vec<usize> {
-        let Some(sink) = self.sink.lock().clone() else {
+        let Some(sink) = self.seen.sink.lock().clone() else {
             return (1..self.data.len()).collect();
         };
         (1..self.data.len())
             .filter(|&i| sink.file(i as u32).as_ref() != Some(&self.data[i]))
             .collect()
+    }
+
+    /// Payload bytes each data stream carried.
+    pub fn moved(&self) -> Vec<u64> {
+        self.seen.streams.lock().iter().map(|p| p.moved()).collect()
     }
 }
 
@@ -256,6 +359,117 @@ pub fn grow(entries: Vec<Entry>, parts: Vec<(u64, u64)>) -> Manifest {
     })
 }
 
+/// The sink's storage for `s`: memory laid out for `entries`, holding what the script
+/// says an earlier attempt left, failing as it says; shown in `slot` once resumed.
+fn sink_store(s: &Script, entries: Vec<Entry>, data: &[Vec<u8>], seen: &Seen) -> Prepare<Dst> {
+    let (checksum, write_error, on_demand) = (s.checksum, s.write_error, s.wants.is_some());
+    let left = left_by(&s.held, data);
+    let (slot, writes, meta) = (seen.sink.clone(), seen.writes.clone(), seen.meta.clone());
+    Box::new(move |first, chunk, _| {
+        let mut mem = MemSink::new(entries, chunk, checksum)?;
+        for (e, l) in left {
+            mem.leave(e, l);
+        }
+        // The first part's chunks: those of the manifest it begins.
+        let chunks = dmover_proto::layout::Layout::new(&first, chunk)
+            .unwrap()
+            .n_chunks();
+        Ok(Dst {
+            store: Failing::new(Arc::new(mem), write_error),
+            writes,
+            on_demand,
+            known: first.len().into(),
+            chunks: chunks.into(),
+            slot,
+            meta,
+        })
+    })
+}
+
+/// What the sink holds of each entry in `held`, of the data `data`.
+fn left_by(held: &[(u32, Had)], data: &[Vec<u8>]) -> Vec<(u32, Left)> {
+    let chunk = CHUNK as usize;
+    let piece = |e: u32, i: u64| {
+        let d = &data[e as usize];
+        let from = i as usize * chunk;
+        d[from..d.len().min(from + chunk)].to_vec()
+    };
+    held.iter()
+        .map(|(e, h)| {
+            let left = match h {
+                Had::Done => Left::Done(data[*e as usize].clone()),
+                Had::Pieces(p) => Left::Pieces(p.iter().map(|&i| (i, piece(*e, i))).collect()),
+                Had::Changed(p) => Left::Pieces(
+                    p.iter()
+                        .map(|&i| {
+                            let mut b = piece(*e, i);
+                            b[0] ^= 1;
+                            (i, b)
+                        })
+                        .collect(),
+                ),
+            };
+            (*e, left)
+        })
+        .collect()
+}
+
+/// The features `s` offers: those it names and those its shape implies.
+fn features_of(s: &Script) -> u64 {
+    let mut f = s.features;
+    if s.wants.is_some() {
+        f |= features::RANGES;
+    } else if !s.parts.is_empty() {
+        f |= features::GROWING_MANIFEST;
+    }
+    if s.tuned.is_some() {
+        f |= features::TUNING;
+    }
+    f
+}
+
+/// The wiring of `s`'s session; each data stream's plan goes to `streams` as the
+/// acceptor takes it.
+fn wire_of(s: &Script, streams: Arc<parking_lot::Mutex<Vec<Arc<FaultPlan>>>>) -> Wire {
+    let links = s.links.clone();
+    let faults = s.wire.clone();
+    Wire {
+        push: s.push,
+        streams: s.streams,
+        checksum: s.checksum,
+        features: features_of(s),
+        timing: s.timing.unwrap_or_else(short_timing),
+        links: Arc::new(move |n| {
+            let plan = match links.iter().find(|l| l.0 == n) {
+                Some(&(_, after, true)) => FaultPlan::silence(after),
+                Some(&(_, after, false)) => FaultPlan::new(Some((after, false))),
+                None => FaultPlan::new(None),
+            };
+            streams.lock().push(plan.clone());
+            Some(plan)
+        }),
+        control: s.control,
+        refuse: s.refuse,
+        disk: Arc::new(DiskPool::inline()),
+        buffers: s.buffers,
+        latency: Duration::from_millis(s.latency),
+        early: s.early,
+        limits: Limits {
+            max_entries: s.max_entries.unwrap_or(Limits::default().max_entries),
+            ..Limits::default()
+        },
+        tuned_start: s.tuned.unwrap_or(crate::session::TUNED_START),
+        resume: s.resume || !s.held.is_empty(),
+        continue_on_error: s.continue_on_error,
+        rate: s.rate,
+        wire: (!faults.is_empty()).then(|| -> WireFaults {
+            Arc::new(move |n| faults.iter().find(|f| f.0 == n).map(|f| f.1))
+        }),
+        asks: s.asks.clone(),
+        control_delay: Duration::from_millis(s.control_delay),
+    }
+}
+
 /// Runs `s` on a paused clock, with a disk pool that works where jobs are queued.
 pub fn run(s: &Script) -> Ran {
     let sizes = if s.parts.is_empty() {
@@ -264,67 +478,25 @@ pub fn run(s: &Script) -> Ran {
         part_sizes(&s.parts)
     };
     let (entries, data) = dataset(&sizes);
-    let checksum = s.checksum;
-    let inner = MemSource::new(entries.clone(), data.clone(), CHUNK, checksum).unwrap();
+    let inner = MemSource::new(entries.clone(), data.clone(), CHUNK, s.checksum).unwrap();
     let chunks = chunk_set(inner.chunks());
     let n_chunks = inner.chunks().count() as u64;
+    let seen = Seen::default();
     let source = Failing::new(Arc::new(inner), s.read_error);
-    let slot = Arc::new(parking_lot::Mutex::new(None));
-    let writes = Arc::new(parking_lot::Mutex::new(std::collections::BTreeMap::new()));
-    let (kept, write_error, all) = (slot.clone(), s.write_error, entries.clone());
-    let (counted, on_demand) = (writes.clone(), s.wants.is_some());
-    let prepare: Prepare<Dst> = Box::new(move |first, chunk, _| {
-        let mem = Arc::new(MemSink::new(all, chunk, checksum)?);
-        // The first part's chunks: those of the manifest it begins.
-        let chunks = dmover_proto::layout::Layout::new(&first, chunk)
-            .unwrap()
-            .n_chunks();
-        *kept.lock() = Some(mem.clone());
-        Ok(Dst {
-            store: Failing::new(mem, write_error),
-            writes: counted,
-            on_demand,
-            known: first.len().into(),
-            chunks: chunks.into(),
-        })
-    });
-    let (features, manifest) = if s.wants.is_some() {
-        (features::RANGES, whole(entries, chunks))
-    } else if s.parts.is_empty() {
-        (0, whole(entries, chunks))
+    let prepare = sink_store(s, entries.clone(), &data, &seen);
+    let mut manifest = if s.parts.is_empty() {
+        whole(entries, chunks)
     } else {
-        let growing = dmover_proto::session::features::GROWING_MANIFEST;
-        (growing, grow(entries, s.parts.clone()))
+        grow(entries, s.parts.clone())
     };
-    let plans: Vec<(usize, Arc<FaultPlan>)> = s
-        .links
-        .iter()
-        .map(|&(n, after, silent)| {
-            let plan = if silent {
-                FaultPlan::silence(after)
-            } else {
-                FaultPlan::new(Some((after, false)))
-            };
-            (n, plan)
-        })
-        .collect();
-    let wire = Wire {
-        push: s.push,
-        streams: s.streams,
-        checksum,
-        features,
-        timing: short_timing(),
-        links: Arc::new(move |n| {
-            let found = plans.iter().find(|(i, _)| *i == n);
-            found.map(|(_, p)| p.clone())
-        }),
-        control: s.control,
-        refuse: s.refuse,
-        disk: Arc::new(DiskPool::inline()),
-        buffers: s.buffers,
-        latency: Duration::from_millis(s.latency),
-        early: s.early,
-    };
+    if !s.meta.is_empty() {
+        let (meta, queue) = (s.meta.clone(), manifest);
+        manifest = Box::new(move |m| {
+            m.push_meta(meta);
+            queue(m)
+        });
+    }
+    let wire = wire_of(s, seen.streams.clone());
     let (demand, owner) = match &s.wants {
         Some(wants) => {
             let (d, owner) = owner(wants.clone());
@@ -348,10 +520,9 @@ pub fn run(s: &Script) -> Ran {
     });
     Ran {
         ends,
-        writes,
         data,
-        sink: slot,
         chunks: n_chunks,
+        seen,
     }
 }
 
