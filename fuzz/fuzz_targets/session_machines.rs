@@ -1,7 +1,9 @@
 //! Structured: the session role machines (`dmover_proto::session`), two ways.
-//! Mode 0: a whole session in the in-memory simulator (`session::sim`) with arbitrary
-//! sizes, latencies, buffers and faults: both sides always end within a bound, no
-//! chunk is written twice, and a side that finished means the sink has every chunk.
+//! Mode 0: a whole session on the production drivers that run the machines, over the
+//! in-memory transport on a paused clock, with arbitrary files, streams, buffers,
+//! latency, resume and faults (`dmover_fuzz::pair`, also the `drive_pair` target):
+//! both ends always end within a bound, and an end that finished means the sink holds
+//! every file whole.
 //! Mode 1: one machine (source or sink, dialer or acceptor) fed arbitrary control
 //! messages, stream events and driver calls at arbitrary times: it never panics, and
 //! while it runs it always has a deadline (nothing can leave it waiting forever).
@@ -16,7 +18,7 @@ use dmover_proto::control::{
     Auth, Credential, DataProtection, DirectIo, ErrorCode, Hello, Op, Open, SessionInfo,
     SessionOptions, Summary,
 };
-use dmover_proto::session::sim::{Config, Fault, Outcome, Sim, SimError, manifest, totals};
+use dmover_proto::session::testkit::{TestError, manifest, totals};
 use dmover_proto::session::{
     ChunkMeta, ChunkSet, Dial, Limits, SinkSession, SourceSession, State, Timing, features,
 };
@@ -27,140 +29,8 @@ fn ms(u: &mut Unstructured<'_>, max: u64) -> Result<Duration> {
     Ok(Duration::from_millis(u.int_in_range(0..=max)?))
 }
 
-fn fault(u: &mut Unstructured<'_>) -> Result<Fault> {
-    let stream = u.int_in_range(0..=5)?;
-    Ok(match u.int_in_range(0..=8u8)? {
-        0 => Fault::Break {
-            stream,
-            at: ms(u, 500)?,
-        },
-        1 => Fault::Silence {
-            stream,
-            at: ms(u, 500)?,
-        },
-        2 => Fault::Corrupt {
-            stream,
-            at: ms(u, 500)?,
-        },
-        3 => Fault::ControlSilence { at: ms(u, 500)? },
-        4 => Fault::ControlBreak { at: ms(u, 500)? },
-        5 => Fault::NoJoin { stream },
-        6 => Fault::WriteError {
-            chunk: u.int_in_range(0..=200)?,
-        },
-        7 => Fault::ReadError {
-            chunk: u.int_in_range(0..=200)?,
-        },
-        _ => Fault::Refuse,
-    })
-}
-
-fn simulated(u: &mut Unstructured<'_>) -> Result<()> {
-    let streams = u.int_in_range(1..=6)?;
-    let chunks = u.int_in_range(0..=200)?;
-    let mut faults = Vec::new();
-    for _ in 0..u.int_in_range(0..=4)? {
-        faults.push(fault(u)?);
-    }
-    let mut held = Vec::new();
-    for _ in 0..u.int_in_range(0..=20)? {
-        held.push(u.int_in_range(0..=200)?);
-    }
-    let features = u.int_in_range(0..=features::MACHINES)?;
-    let parts = if features & features::GROWING_MANIFEST != 0 {
-        u.int_in_range(0..=4)?
-    } else {
-        0
-    };
-    let (ranges, on_demand) = (features & features::RANGES != 0, u.arbitrary()?);
-    let mut wants = Vec::new();
-    for _ in 0..u.int_in_range(0..=3)? {
-        let mut w = Vec::new();
-        for _ in 0..u.int_in_range(0..=6)? {
-            w.push(u.int_in_range(0..=200)?);
-        }
-        wants.push((ms(u, 500)?, w));
-    }
-    // Wants name chunks of the first part (later ones may not be known yet).
-    let first = if parts == 0 {
-        chunks
-    } else {
-        chunks / u64::from(parts)
-    };
-    if !ranges || first == 0 {
-        wants.clear();
-    }
-    for (_, w) in &mut wants {
-        w.iter_mut().for_each(|k| *k %= first.max(1));
-    }
-    let push = u.arbitrary()?;
-    // Early data: a fresh transfer, not a mount's (request-driven).
-    let early = held.is_empty() && !(ranges && on_demand) && u.arbitrary()?;
-    let cfg = Config {
-        push,
-        streams,
-        chunks,
-        held,
-        latency: ms(u, 100)?,
-        read: Duration::from_micros(u.int_in_range(0..=5000)?),
-        send: Duration::from_micros(u.int_in_range(0..=5000)?),
-        write: Duration::from_micros(u.int_in_range(0..=5000)?),
-        buffers: u.int_in_range(1..=12)?,
-        window: u.int_in_range(1..=8)?,
-        faults,
-        timing: Timing {
-            heartbeat: Duration::from_secs(1),
-            stall: Duration::from_secs(10),
-            idle: Some(Duration::from_secs(10)),
-            join: Duration::from_secs(10),
-            handshake: Duration::from_secs(10),
-            ..Timing::default()
-        },
-        limits: Limits::default(),
-        files: u.int_in_range(0..=5)?,
-        features,
-        parts,
-        part_every: ms(u, 200)?,
-        wants,
-        on_demand: ranges && on_demand,
-        active: if u.arbitrary()? {
-            Some(u.int_in_range(1..=streams.max(1))?)
-        } else {
-            None
-        },
-        meta: Vec::new(),
-        early,
-        prepare: Duration::from_micros(u.int_in_range(0..=5000)?),
-        continue_on_error: u.arbitrary()?,
-        ack_delay: ms(u, 50)?,
-        control_delay: ms(u, 20)?,
-    };
-    let r = Sim::new(cfg.clone()).run(Duration::from_secs(3600));
-    assert!(
-        r.source != Outcome::Running && r.sink != Outcome::Running,
-        "a side never ended: {:?} / {:?} for {cfg:?}",
-        r.source,
-        r.sink
-    );
-    let bound = Duration::from_secs(120);
-    assert!(
-        r.source_at.unwrap() < bound && r.sink_at.unwrap() < bound,
-        "{cfg:?}"
-    );
-    let (missing, extra) = r.write_errors();
-    // A request-driven sink writes a chunk again when it wants it again.
-    assert!(
-        cfg.on_demand || extra.iter().all(|k| r.writes[k] == 1),
-        "a chunk written twice: {cfg:?}"
-    );
-    if r.source == Outcome::Finished || r.sink == Outcome::Finished {
-        assert!(missing.is_empty(), "finished without {missing:?}: {cfg:?}");
-    }
-    Ok(())
-}
-
-fn err(u: &mut Unstructured<'_>) -> Result<SimError> {
-    Ok(SimError {
+fn err(u: &mut Unstructured<'_>) -> Result<TestError> {
+    Ok(TestError {
         code: ErrorCode::Io,
         rank: u.int_in_range(0..=4)?,
         ends: u.arbitrary()?,
@@ -242,7 +112,7 @@ fn single(u: &mut Unstructured<'_>) -> Result<()> {
     let chunks = u.int_in_range(0..=64)?;
     if source {
         let mut m = if dialer {
-            SourceSession::<SimError>::dial(now, "peer", timing, dial(u, true)?)
+            SourceSession::<TestError>::dial(now, "peer", timing, dial(u, true)?)
         } else {
             let mut m = SourceSession::accept(now, "peer", timing, now + timing.handshake);
             m.grant(now, info(u)?);
@@ -294,7 +164,7 @@ fn single(u: &mut Unstructured<'_>) -> Result<()> {
             ..Limits::default()
         };
         let mut m = if dialer {
-            SinkSession::<SimError>::dial(now, "peer", timing, limits, dial(u, false)?)
+            SinkSession::<TestError>::dial(now, "peer", timing, limits, dial(u, false)?)
         } else {
             let mut m = SinkSession::accept(now, "peer", timing, limits, now + timing.handshake);
             m.grant(now, info(u)?);
@@ -344,7 +214,7 @@ fn single(u: &mut Unstructured<'_>) -> Result<()> {
 fuzz_target!(|data: &[u8]| {
     let mut u = Unstructured::new(data);
     let _ = match u.int_in_range(0..=1u8) {
-        Ok(0) => simulated(&mut u),
+        Ok(0) => dmover_fuzz::pair::check(&mut u),
         Ok(_) => single(&mut u),
         Err(_) => return,
     };

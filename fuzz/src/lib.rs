@@ -3,6 +3,8 @@
 //! Every function here panics when the protocol crate breaks one of its promises;
 //! libFuzzer reports the panic as a crash and saves the input under `artifacts/`.
 
+pub mod pair;
+
 use dmover_proto::Error;
 use dmover_proto::control::{
     Auth, AuthMethod, AuthOk, Control, Credential, DataProtection, DirectIo, EntryRange, ErrorCode,

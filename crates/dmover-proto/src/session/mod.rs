@@ -19,9 +19,10 @@
 //! - Roles are not sides: which side opened the control connection ([`Side`]) is an
 //!   input. A server is the sink of a push and the source of a pull, and either toward
 //!   another server.
-//! - Deterministic: the same events at the same times give the same outputs, so a pair
-//!   of machines wired together in memory on a simulated clock tests a whole session in
-//!   microseconds (`tests/pair.rs`), and arbitrary event sequences fuzz them.
+//! - Deterministic: the same events at the same times give the same outputs, so the
+//!   machines are tested by feeding them messages and events (`tests/pair.rs`, the
+//!   `session_machines` fuzz target), and whole sessions run on the production drivers
+//!   over an in-memory transport on a paused clock (`dmover-core`'s `harness`).
 //!
 //! # Non-goals
 //! Encoding (see [`crate::control`] and [`crate::data`]), authentication cryptography
@@ -89,9 +90,9 @@
 mod accept;
 mod chunks;
 mod link;
-pub mod sim;
 mod sink;
 mod source;
+pub mod testkit;
 pub mod tune;
 
 pub use accept::{AcceptEvent, Acceptance};
