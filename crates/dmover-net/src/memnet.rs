@@ -309,6 +309,38 @@ mod tests {
         drop(a);
         assert_eq!(b.read(&mut got).await.unwrap(), 0, "the end arrives");
     }
+    /// A pipe with a rate takes each write's time on the link, one after the other,
+    /// and flips the byte it was told to, once.
+    #[tokio::test(start_paused = true)]
+    async fn a_shaped_pipe_keeps_its_rate_and_flips_one_byte() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut a, mut b) = shaped(Shape {
+            latency: Duration::from_millis(10),
+            rate: Some(64 << 10),
+            flip: [Some(70_000), None],
+        });
+        let t0 = tokio::time::Instant::now();
+        let sent = vec![7u8; 128 << 10];
+        let writing = async move {
+            a.write_all(&sent).await.unwrap();
+            a
+        };
+        let reading = async {
+            let mut got = vec![0u8; 128 << 10];
+            b.read_exact(&mut got).await.unwrap();
+            got
+        };
+        let (_a, got) = tokio::join!(writing, reading);
+        // Two seconds on the link, and the latency.
+        let took = t0.elapsed();
+        assert!(
+            took >= Duration::from_millis(2010) && took < Duration::from_millis(2100),
+            "{took:?}"
+        );
+        let flipped: Vec<usize> = (0..got.len()).filter(|&i| got[i] != 7).collect();
+        assert_eq!(flipped, vec![70_000]);
+    }
+
     use crate::transport::{AckRx, ChunkFrame, ChunkTx, DataLink, Received};
     use dmover_proto::control::DataProtection;
     use dmover_proto::data::FrameLimits;
