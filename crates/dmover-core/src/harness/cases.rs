@@ -18,12 +18,17 @@ use crate::drive::timing;
 
 fn script(push: bool, streams: u16, sizes: &[usize]) -> Script {
     Script {
-        push,
-        streams,
-        checksum: true,
-        sizes: sizes.to_vec(),
         buffers: (8, 6),
-        ..Script::default()
+        ..Script::files(push, streams, sizes)
+    }
+}
+
+/// Neither end lost a stream.
+fn no_stream_lost(r: &Ran, push: bool) {
+    let source = r.ends.source.as_ref().expect("the source finishes");
+    let sink = r.ends.sink.as_ref().expect("the sink finishes");
+    for stats in [source.stats, sink.stats] {
+        assert_eq!(stats.streams_lost, 0, "push {push}");
     }
 }
 
@@ -198,12 +203,7 @@ fn slow_streams_that_all_move_are_not_stuck() {
         s.rate = Some(8 << 10);
         let r = run(&s);
         finished(&r);
-        for stats in [
-            r.ends.source.as_ref().unwrap().stats,
-            r.ends.sink.as_ref().unwrap().stats,
-        ] {
-            assert_eq!(stats.streams_lost, 0, "push {push}");
-        }
+        no_stream_lost(&r, push);
         assert!(r.ends.source_at > secs(20), "{:?}", r.ends.source_at);
     }
 }
@@ -226,12 +226,7 @@ fn a_tuned_source_leaves_streams_idle_and_the_sink_keeps_them() {
             "push {push}: one stream carried the data: {moved:?}"
         );
         assert!(r.ends.sink_at > secs(16), "{:?}", r.ends.sink_at);
-        for stats in [
-            r.ends.source.as_ref().unwrap().stats,
-            r.ends.sink.as_ref().unwrap().stats,
-        ] {
-            assert_eq!(stats.streams_lost, 0, "push {push}");
-        }
+        no_stream_lost(&r, push);
     }
 }
 
@@ -303,12 +298,7 @@ fn quiet_spells_between_small_parts_lose_no_stream() {
         s.parts = vec![(1, 0), (0, 25_000), (2, 25_000), (1, 25_000)];
         let r = run(&s);
         finished(&r);
-        for stats in [
-            r.ends.source.as_ref().unwrap().stats,
-            r.ends.sink.as_ref().unwrap().stats,
-        ] {
-            assert_eq!(stats.streams_lost, 0, "push {push}");
-        }
+        no_stream_lost(&r, push);
         assert!(r.ends.sink_at >= secs(75), "{:?}", r.ends.sink_at);
     }
 }

@@ -13,14 +13,7 @@ use crate::drive::*;
 use proptest::prelude::*;
 
 fn script(push: bool, streams: u16, sizes: &[usize]) -> Script {
-    Script {
-        push,
-        streams,
-        checksum: true,
-        sizes: sizes.to_vec(),
-        buffers: (6, 4),
-        ..Script::default()
-    }
+    Script::files(push, streams, sizes)
 }
 
 fn finished(r: &Ran) -> (&SourceRun<Src>, &SinkRun<Dst>) {

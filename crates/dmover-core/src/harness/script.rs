@@ -227,6 +227,21 @@ pub struct Script {
     pub control_delay: u64,
 }
 
+impl Script {
+    /// A push or a pull of files of `sizes` over `streams` streams, checksummed, with
+    /// six chunk buffers at the source and four at the sink, nothing going wrong.
+    pub fn files(push: bool, streams: u16, sizes: &[usize]) -> Script {
+        Script {
+            push,
+            streams,
+            checksum: true,
+            sizes: sizes.to_vec(),
+            buffers: (6, 4),
+            ..Script::default()
+        }
+    }
+}
+
 /// How a script ended: both ends, the data sent, and what was seen of it.
 pub struct Ran {
     pub ends: Ends<Src, Dst>,
