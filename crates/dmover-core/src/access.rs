@@ -318,9 +318,11 @@ pub struct ConfigFile {
     pub max_manifest_entries: Option<u64>,
     /// Most memory (bytes) a session's manifest may take.
     pub max_manifest_bytes: Option<u64>,
-    /// The address other servers dial for third-party copies, besides the one the
-    /// steering client named (docs/third-party.md).
+    /// The address other servers dial for third-party copies, the one the
+    /// capabilities this server issues name (docs/third-party.md).
     pub tpc_address: Option<String>,
+    /// Key fingerprints of the servers this one may dial for third-party copies.
+    pub tpc_peers: Option<Vec<String>>,
     /// Seconds a third-party capability this server issues stays valid.
     pub tpc_capability_ttl_secs: Option<u64>,
     /// Address of the metrics, the live page and its JSON (`--metrics`).

@@ -124,9 +124,14 @@ pub struct ServerConfig {
     pub max_entries: u64,
     /// Most memory a session's manifest may take (see [`session::entry_bytes`]).
     pub max_manifest_bytes: u64,
-    /// The address other servers should dial for third-party copies, besides the one
-    /// the steering client used (docs/third-party.md).
+    /// The address other servers dial for third-party copies, the only one named in
+    /// the capabilities this server issues; `None`: the address the steering client's
+    /// connection reached this server at (docs/third-party.md).
     pub tpc_address: Option<String>,
+    /// Key fingerprints of the servers this one may dial for third-party copies (the
+    /// issuers of the capabilities it accepts from clients); empty: any server the
+    /// steering client pinned (docs/third-party.md, "Trust").
+    pub tpc_peers: Vec<String>,
     /// How long a third-party capability this server issues stays valid.
     pub tpc_capability_ttl: Duration,
 }
@@ -171,6 +176,7 @@ impl ServerConfig {
             max_entries: session::MAX_ENTRIES,
             max_manifest_bytes: session::MAX_MANIFEST_BYTES,
             tpc_address: None,
+            tpc_peers: Vec::new(),
             tpc_capability_ttl: Duration::from_secs(60),
         }
     }
@@ -756,6 +762,7 @@ impl Server {
         let binding = dmover_net::tls::export(&tls, auth::AUTH_EXPORTER_LABEL, None)?;
         let master = dmover_net::tls::export(&tls, auth::SESSION_EXPORTER_LABEL, None)?;
         let rtt = tls.get_ref().0.min_rtt();
+        let local = tls.get_ref().0.local_addr().ok().map(|a| a.to_string());
         let ch = ControlChannel::unauthenticated(tls, peer, PRE_AUTH_MAX_FRAME);
         Ok((
             ch,
@@ -765,6 +772,7 @@ impl Server {
                 deadline,
                 peer_key,
                 rtt,
+                local,
             },
         ))
     }
@@ -787,6 +795,7 @@ impl Server {
             deadline,
             peer_key: None,
             rtt: None,
+            local: None,
         };
         self.control_session_in(ch, conn, SetupHeld(permit, None), None)
             .await
@@ -807,6 +816,7 @@ impl Server {
             deadline,
             peer_key,
             rtt,
+            local,
         } = conn;
         let peer = ch.peer().to_string();
         // Errors the machines reported to the client themselves.
@@ -827,7 +837,10 @@ impl Server {
                 let r = match self.user_slot(&grant) {
                     Err(e) => Err(e),
                     Ok(_user) => match open.op.clone() {
-                        Op::Grant(req) => self.grant_capability(&mut ch, &grant, req).await,
+                        Op::Grant(req) => {
+                            self.grant_capability(&mut ch, &grant, req, local.as_deref())
+                                .await
+                        }
                         Op::Prune(req) => self.prune(&mut ch, &grant, req, &mut log).await,
                         Op::Rename(req) => self.rename(&mut ch, &grant, req, &mut log).await,
                         Op::Digests(req) => self.digests(&mut ch, &grant, req, &mut log).await,
@@ -1031,6 +1044,8 @@ struct Conn {
     /// The smallest round trip the connection's TCP saw by the end of TLS (its
     /// handshake's and TLS's), where the kernel tells.
     rtt: Option<Duration>,
+    /// The address the client reached this server at (`None` in memory).
+    local: Option<String>,
 }
 
 /// What the server logs of a session when it ends: one event, `session finished` or

@@ -449,11 +449,18 @@ pub struct ServeArgs {
     /// sent, pulls send them); with --config, per export `xattrs = "all"`.
     #[arg(long)]
     pub all_xattrs: bool,
-    /// The address other servers dial for third-party copies, besides the one the
-    /// steering client named (e.g. an address on a data network); config
+    /// The address other servers dial for third-party copies (e.g. an address on a
+    /// data network), the only one the capabilities this server issues name; without
+    /// it, the address the steering client reached this server at; config
     /// `tpc_address`.
     #[arg(long, value_name = "HOST:PORT")]
     pub tpc_address: Option<String>,
+    /// A server this one may dial for third-party copies, by key fingerprint
+    /// (`sha256:...`, as `dmover doctor` or a client's known-hosts file shows it);
+    /// repeatable. Without any, it dials any server the steering client pinned, at the
+    /// address that server named for itself; config `tpc_peers`.
+    #[arg(long = "tpc-peer", value_name = "FINGERPRINT")]
+    pub tpc_peers: Vec<String>,
     /// File holding the shared token clients must prove. Without one (or --config) the
     /// server only listens on loopback.
     #[arg(long, conflicts_with = "config")]
