@@ -122,8 +122,14 @@ pub struct ServerConfig {
     pub socket: SocketOptions,
     /// Most manifest entries accepted per session.
     pub max_entries: u64,
-    /// Most memory a session's manifest may take (see [`session::entry_bytes`]).
+    /// Most memory a push's or a prune's manifest may take (see
+    /// [`session::entry_bytes`]).
     pub max_manifest_bytes: u64,
+    /// Most memory the manifest of an op a read-only user can run may take: a pull's
+    /// (its walk) and `sync --checksum`'s digests (the client's manifest).
+    pub max_manifest_bytes_read: u64,
+    /// Memory all sessions' manifests may take together ([`crate::manifests`]).
+    pub manifest_memory: u64,
     /// The address other servers dial for third-party copies, the only one named in
     /// the capabilities this server issues; `None`: the address the steering client's
     /// connection reached this server at (docs/third-party.md).
@@ -175,6 +181,8 @@ impl ServerConfig {
             socket: SocketOptions::default(),
             max_entries: session::MAX_ENTRIES,
             max_manifest_bytes: session::MAX_MANIFEST_BYTES,
+            max_manifest_bytes_read: crate::manifests::MAX_MANIFEST_BYTES_READ,
+            manifest_memory: crate::manifests::default_budget(crate::manifests::host_memory()),
             tpc_address: None,
             tpc_peers: Vec::new(),
             tpc_capability_ttl: Duration::from_secs(60),
@@ -278,6 +286,8 @@ pub struct Server {
     faults: Faults,
     /// Third-party capabilities accepted (single use).
     nonces: tpc::Nonces,
+    /// What all sessions' manifests take together.
+    manifests: Arc<crate::manifests::ManifestBudget>,
     /// The sessions and counters `dmover serve --metrics` shows.
     monitor: Arc<crate::monitor::Monitor>,
 }
@@ -399,6 +409,7 @@ impl Server {
             memory: Arc::new(Semaphore::new(units)),
             faults,
             nonces: tpc::Nonces::default(),
+            manifests: crate::manifests::ManifestBudget::new(cfg.manifest_memory),
             monitor: Arc::default(),
             cfg,
         }))
@@ -407,6 +418,12 @@ impl Server {
     /// The fingerprint of the key clients pin.
     pub fn fingerprint(&self) -> &str {
         self.identity.fingerprint()
+    }
+
+    /// Bytes of the server's manifest memory (`manifest_memory`) the running sessions'
+    /// manifests hold now ([`crate::manifests`]).
+    pub fn manifest_memory_in_use(&self) -> u64 {
+        self.manifests.used()
     }
 
     /// Puts `exports` and `users` in force (the listener and everything else stay):

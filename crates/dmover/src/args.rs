@@ -489,6 +489,16 @@ pub struct ServeArgs {
     /// [default: 64, or the config's max_unauthenticated_per_address].
     #[arg(long, value_name = "N")]
     pub max_unauthenticated_per_address: Option<usize>,
+    /// Memory all sessions' manifests may take together (e.g. 1G; binary units); a
+    /// manifest that does not fit beside the others' is refused as busy [default: a
+    /// quarter of the host's memory, at most 4G, or the config's manifest_memory].
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub manifest_memory: Option<u64>,
+    /// Most memory the manifest of a pull or of `sync --checksum`'s digests (the ops a
+    /// read-only user can run) may take, per session [default: 256M, or the config's
+    /// max_manifest_bytes_read].
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub max_manifest_bytes_read: Option<u64>,
     /// Memory for chunk buffers shared by all sessions (e.g. 512M, 2G; binary units;
     /// at least 2M). A session needs two buffers of its chunk size, and is refused if
     /// they do not fit.

@@ -118,6 +118,7 @@ impl Wire {
             send_budget: None,
             tuned_start: crate::session::TUNED_START,
             disk_room: None,
+            manifest_charge: None,
         }
     }
 

@@ -251,6 +251,12 @@ fn limits(cfg: &mut ServerConfig, a: &ServeArgs, file: &ConfigFile) {
     if let Some(n) = file.max_manifest_bytes {
         cfg.max_manifest_bytes = n;
     }
+    if let Some(n) = a.max_manifest_bytes_read.or(file.max_manifest_bytes_read) {
+        cfg.max_manifest_bytes_read = n;
+    }
+    if let Some(n) = a.manifest_memory.or(file.manifest_memory) {
+        cfg.manifest_memory = n;
+    }
     cfg.tpc_address = a.tpc_address.clone().or(file.tpc_address.clone());
 
     if let Some(s) = file.tpc_capability_ttl_secs {
