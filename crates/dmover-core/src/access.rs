@@ -17,7 +17,9 @@
 //! handshake_timeout_secs = 30      # connection to session, and each data join
 //! idle_timeout_secs = 120          # a data stream without progress
 //! max_manifest_entries = 50000000
-//! max_manifest_bytes = 8589934592  # memory of entries, names and link targets
+//! max_manifest_bytes = 8589934592  # a push's: entries, names, link targets, checks
+//! max_manifest_bytes_read = 268435456  # a pull's or digests' (read-only users)
+//! # manifest_memory = 4294967296    # all sessions together (default: RAM/4, at most 4 GiB)
 //!
 //! [exports.data]
 //! path = "/data"
@@ -316,11 +318,17 @@ pub struct ConfigFile {
     pub idle_timeout_secs: Option<u64>,
     /// Most manifest entries per session.
     pub max_manifest_entries: Option<u64>,
-    /// Most memory (bytes) a session's manifest may take.
+    /// Most memory (bytes) a push's or a prune's manifest may take.
     pub max_manifest_bytes: Option<u64>,
-    /// The address other servers dial for third-party copies, besides the one the
-    /// steering client named (docs/third-party.md).
+    /// Most memory (bytes) the manifest of a pull or of digests may take.
+    pub max_manifest_bytes_read: Option<u64>,
+    /// Memory (bytes) all sessions' manifests may take together.
+    pub manifest_memory: Option<u64>,
+    /// The address other servers dial for third-party copies, the one the
+    /// capabilities this server issues name (docs/third-party.md).
     pub tpc_address: Option<String>,
+    /// Key fingerprints of the servers this one may dial for third-party copies.
+    pub tpc_peers: Option<Vec<String>>,
     /// Seconds a third-party capability this server issues stays valid.
     pub tpc_capability_ttl_secs: Option<u64>,
     /// Address of the metrics, the live page and its JSON (`--metrics`).

@@ -36,6 +36,7 @@ pub mod error;
 #[cfg(any(test, feature = "testing"))]
 pub mod harness;
 mod livewalk;
+pub mod manifests;
 pub mod memtest;
 pub mod monitor;
 pub mod policy;

@@ -70,6 +70,7 @@ pub(crate) fn env(
         send_budget: socket.budget(Direction::Send),
         tuned_start: session::TUNED_START,
         disk_room: None,
+        manifest_charge: None,
     }
 }
 

@@ -122,11 +122,22 @@ pub struct ServerConfig {
     pub socket: SocketOptions,
     /// Most manifest entries accepted per session.
     pub max_entries: u64,
-    /// Most memory a session's manifest may take (see [`session::entry_bytes`]).
+    /// Most memory a push's or a prune's manifest may take (see
+    /// [`session::entry_bytes`]).
     pub max_manifest_bytes: u64,
-    /// The address other servers should dial for third-party copies, besides the one
-    /// the steering client used (docs/third-party.md).
+    /// Most memory the manifest of an op a read-only user can run may take: a pull's
+    /// (its walk) and `sync --checksum`'s digests (the client's manifest).
+    pub max_manifest_bytes_read: u64,
+    /// Memory all sessions' manifests may take together ([`crate::manifests`]).
+    pub manifest_memory: u64,
+    /// The address other servers dial for third-party copies, the only one named in
+    /// the capabilities this server issues; `None`: the address the steering client's
+    /// connection reached this server at (docs/third-party.md).
     pub tpc_address: Option<String>,
+    /// Key fingerprints of the servers this one may dial for third-party copies (the
+    /// issuers of the capabilities it accepts from clients); empty: any server the
+    /// steering client pinned (docs/third-party.md, "Trust").
+    pub tpc_peers: Vec<String>,
     /// How long a third-party capability this server issues stays valid.
     pub tpc_capability_ttl: Duration,
 }
@@ -170,7 +181,10 @@ impl ServerConfig {
             socket: SocketOptions::default(),
             max_entries: session::MAX_ENTRIES,
             max_manifest_bytes: session::MAX_MANIFEST_BYTES,
+            max_manifest_bytes_read: crate::manifests::MAX_MANIFEST_BYTES_READ,
+            manifest_memory: crate::manifests::default_budget(crate::manifests::host_memory()),
             tpc_address: None,
+            tpc_peers: Vec::new(),
             tpc_capability_ttl: Duration::from_secs(60),
         }
     }
@@ -272,6 +286,8 @@ pub struct Server {
     faults: Faults,
     /// Third-party capabilities accepted (single use).
     nonces: tpc::Nonces,
+    /// What all sessions' manifests take together.
+    manifests: Arc<crate::manifests::ManifestBudget>,
     /// The sessions and counters `dmover serve --metrics` shows.
     monitor: Arc<crate::monitor::Monitor>,
 }
@@ -393,6 +409,7 @@ impl Server {
             memory: Arc::new(Semaphore::new(units)),
             faults,
             nonces: tpc::Nonces::default(),
+            manifests: crate::manifests::ManifestBudget::new(cfg.manifest_memory),
             monitor: Arc::default(),
             cfg,
         }))
@@ -401,6 +418,12 @@ impl Server {
     /// The fingerprint of the key clients pin.
     pub fn fingerprint(&self) -> &str {
         self.identity.fingerprint()
+    }
+
+    /// Bytes of the server's manifest memory (`manifest_memory`) the running sessions'
+    /// manifests hold now ([`crate::manifests`]).
+    pub fn manifest_memory_in_use(&self) -> u64 {
+        self.manifests.used()
     }
 
     /// Puts `exports` and `users` in force (the listener and everything else stay):
@@ -756,6 +779,7 @@ impl Server {
         let binding = dmover_net::tls::export(&tls, auth::AUTH_EXPORTER_LABEL, None)?;
         let master = dmover_net::tls::export(&tls, auth::SESSION_EXPORTER_LABEL, None)?;
         let rtt = tls.get_ref().0.min_rtt();
+        let local = tls.get_ref().0.local_addr().ok().map(|a| a.to_string());
         let ch = ControlChannel::unauthenticated(tls, peer, PRE_AUTH_MAX_FRAME);
         Ok((
             ch,
@@ -765,6 +789,7 @@ impl Server {
                 deadline,
                 peer_key,
                 rtt,
+                local,
             },
         ))
     }
@@ -787,6 +812,7 @@ impl Server {
             deadline,
             peer_key: None,
             rtt: None,
+            local: None,
         };
         self.control_session_in(ch, conn, SetupHeld(permit, None), None)
             .await
@@ -807,6 +833,7 @@ impl Server {
             deadline,
             peer_key,
             rtt,
+            local,
         } = conn;
         let peer = ch.peer().to_string();
         // Errors the machines reported to the client themselves.
@@ -827,7 +854,10 @@ impl Server {
                 let r = match self.user_slot(&grant) {
                     Err(e) => Err(e),
                     Ok(_user) => match open.op.clone() {
-                        Op::Grant(req) => self.grant_capability(&mut ch, &grant, req).await,
+                        Op::Grant(req) => {
+                            self.grant_capability(&mut ch, &grant, req, local.as_deref())
+                                .await
+                        }
                         Op::Prune(req) => self.prune(&mut ch, &grant, req, &mut log).await,
                         Op::Rename(req) => self.rename(&mut ch, &grant, req, &mut log).await,
                         Op::Digests(req) => self.digests(&mut ch, &grant, req, &mut log).await,
@@ -1031,6 +1061,8 @@ struct Conn {
     /// The smallest round trip the connection's TCP saw by the end of TLS (its
     /// handshake's and TLS's), where the kernel tells.
     rtt: Option<Duration>,
+    /// The address the client reached this server at (`None` in memory).
+    local: Option<String>,
 }
 
 /// What the server logs of a session when it ends: one event, `session finished` or

@@ -1,6 +1,8 @@
 //! Third-party capabilities refused for what they are (docs/third-party.md): replayed,
-//! expired, made for another dialer, naming another address. Two servers in this
-//! process on loopback, a client steering them; nothing is written when refused.
+//! expired, made for another dialer, naming another address, issued by a server the
+//! dialer does not trust; and a dialer that cannot reach the other server says so in
+//! the same words whatever answers there. Two servers in this process on loopback, a
+//! client steering them; nothing is written when refused.
 
 use std::path::Path;
 use std::time::Duration;
@@ -15,9 +17,17 @@ use tokio_util::sync::CancellationToken;
 
 /// A server of `root` allowing third-party copies, on a loopback port.
 async fn server(root: &Path, ttl: Duration) -> (String, CancellationToken) {
+    server_with(root, |cfg| cfg.tpc_capability_ttl = ttl).await
+}
+
+/// [`server`] with `tweak` applied to its configuration.
+async fn server_with(
+    root: &Path,
+    tweak: impl FnOnce(&mut ServerConfig),
+) -> (String, CancellationToken) {
     let mut cfg = ServerConfig::new(root);
     cfg.exports[0].third_party = true;
-    cfg.tpc_capability_ttl = ttl;
+    tweak(&mut cfg);
     let srv = Server::new(cfg).unwrap();
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap().to_string();
@@ -187,4 +197,202 @@ async fn a_capability_for_another_dialer_or_naming_another_address_is_refused() 
         .unwrap_err();
     assert!(e.to_string().contains("was issued by"), "{e}");
     assert_eq!(entries(&p.b_root), 0);
+}
+
+/// A loopback port where a listener waits and is never accepted from: whether
+/// anything connected to it shows as a pending connection.
+struct Trap(std::net::TcpListener);
+
+impl Trap {
+    fn new() -> (Trap, String) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        (Trap(l), addr)
+    }
+
+    /// Whether a connection came (a connect completes in the kernel at once on
+    /// loopback, before the dialer's error can reach the client).
+    fn dialed(&self) -> bool {
+        match self.0.accept() {
+            Ok(_) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+}
+
+/// Issue 46, item 4: a client that names another address for the issuer in its
+/// grant request (a port of its choosing) gets a capability naming the issuer's own
+/// address only, and the dialer, asked to dial that port, refuses without a
+/// connection attempt. Before, the issuer signed the address the client named and the
+/// dialer connected to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_issuer_vouches_only_for_its_own_address_and_nothing_else_is_dialed() {
+    let p = pair(Duration::from_secs(60)).await;
+    let a_key = p.client.server_key(&p.a).await.unwrap();
+    let b_key = p.client.server_key(&p.b).await.unwrap();
+    let (trap, trap_addr) = Trap::new();
+    let scope = Scope::Push {
+        dest: b"copy".to_vec(),
+    };
+    let cap = p
+        .client
+        .request_capability_naming(&p.b, &trap_addr, scope, &a_key)
+        .await
+        .unwrap();
+    let mut tp = push_to(&p, cap.clone(), &b_key);
+    tp.peer = trap_addr.clone();
+    let e = p.client.steer(&p.a, tp, Run::new()).await.unwrap_err();
+    assert!(!trap.dialed(), "the dialer connected to {trap_addr}: {e}");
+    assert!(
+        e.to_string()
+            .contains(&format!("does not name {trap_addr}")),
+        "{e}"
+    );
+    let g = dmover_proto::capability::Grant::decode(&cap.grant).unwrap();
+    assert_eq!(g.addrs, vec![p.b.clone()]);
+    assert_eq!(entries(&p.b_root), 0);
+    // The same capability at the address B named: the copy runs.
+    let r = p
+        .client
+        .steer(&p.a, push_to(&p, cap, &b_key), Run::new())
+        .await
+        .unwrap();
+    assert_eq!(r.summary.bytes, 100_000);
+}
+
+/// A capability made by the client itself (its own key as "issuer", naming a port of
+/// its choosing): a dialer whose `tpc_peers` does not name that key refuses it
+/// without a connection attempt, while a copy from a server it names runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dialer_with_tpc_peers_dials_only_those_servers() {
+    let t = tempfile::tempdir().unwrap();
+    let (a_root, b_root) = (t.path().join("a"), t.path().join("b"));
+    std::fs::create_dir_all(a_root.join("src")).unwrap();
+    std::fs::create_dir(&b_root).unwrap();
+    std::fs::write(a_root.join("src/f"), vec![7u8; 100_000]).unwrap();
+    let b_id = dmover_net::tls::ServerIdentity::ephemeral().unwrap();
+    let b_fp = b_id.fingerprint().to_string();
+    let (a, sa) = server_with(&a_root, |c| c.tpc_peers = vec![b_fp.clone()]).await;
+    let (b, sb) = server_with(&b_root, |c| c.identity = Some(b_id)).await;
+    let p = Pair {
+        a,
+        b,
+        b_root,
+        client: client(&t.path().join("known_hosts")),
+        stops: [sa, sb],
+        _t: t,
+    };
+    let a_key = p.client.server_key(&p.a).await.unwrap();
+    let b_key = p.client.server_key(&p.b).await.unwrap();
+    assert_eq!(b_key, b_fp);
+    let (trap, trap_addr) = Trap::new();
+    let mallory = dmover_net::tls::ServerIdentity::ephemeral().unwrap();
+    let cap = minted(&mallory, &a_key, &trap_addr);
+    let tp = ThirdParty {
+        peer: trap_addr.clone(),
+        ..push_to(&p, cap, mallory.fingerprint())
+    };
+    let e = p.client.steer(&p.a, tp, Run::new()).await.unwrap_err();
+    assert!(!trap.dialed(), "the dialer connected to {trap_addr}: {e}");
+    assert!(e.to_string().contains("tpc_peers"), "{e}");
+    // B is one of A's peers: its capability works.
+    let cap = p
+        .client
+        .request_capability(
+            &p.b,
+            Scope::Push {
+                dest: b"copy".to_vec(),
+            },
+            &a_key,
+        )
+        .await
+        .unwrap();
+    let r = p
+        .client
+        .steer(&p.a, push_to(&p, cap, &b_key), Run::new())
+        .await
+        .unwrap();
+    assert_eq!(r.summary.bytes, 100_000);
+}
+
+/// A capability signed with `issuer`'s key for the dialer `dialer`, naming `addr`.
+fn minted(
+    issuer: &dmover_net::tls::ServerIdentity,
+    dialer: &str,
+    addr: &str,
+) -> dmover_proto::capability::Capability {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let g = dmover_proto::capability::Grant {
+        version: dmover_proto::capability::GRANT_VERSION,
+        issuer: issuer.fingerprint().to_string(),
+        addrs: vec![addr.to_string()],
+        dialer: dialer.to_string(),
+        user: "anyone".into(),
+        scope: Scope::Push {
+            dest: b"copy".to_vec(),
+        },
+        expires: now + 60,
+        nonce: [3; 16],
+    };
+    dmover_net::capability::issue(issuer, &g).unwrap()
+}
+
+/// A dialer that cannot reach the other server says so in the same words whatever
+/// answers at the address: nothing (connection refused), a listener that never
+/// speaks (its TLS handshake times out), or another service (it sends a banner and
+/// closes). So steering a server at addresses tells a client nothing of them. The
+/// capabilities are the client's own (a dialer without `tpc_peers` trusts the key the
+/// client pinned); A's handshake timeout is short so that the silent one ends soon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_peer_is_told_without_its_cause() {
+    let t = tempfile::tempdir().unwrap();
+    let a_root = t.path().join("a");
+    std::fs::create_dir_all(a_root.join("src")).unwrap();
+    std::fs::write(a_root.join("src/f"), b"x").unwrap();
+    let (a, stop) = server_with(&a_root, |c| c.handshake_timeout = Duration::from_secs(2)).await;
+    let client = client(&t.path().join("known_hosts"));
+    let a_key = client.server_key(&a).await.unwrap();
+    // Refused: a port whose listener is gone.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    // Silent: a listener nobody accepts from (the kernel completes the connect).
+    let (silent_trap, silent) = Trap::new();
+    // Another service: a banner, then the connection closed.
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let banner = other.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        use std::io::Write;
+        for c in other.incoming().take(32) {
+            let Ok(mut c) = c else { break };
+            let _ = c.write_all(b"SSH-2.0-OpenSSH_9.6\r\n");
+        }
+    });
+    let mut said = Vec::new();
+    for addr in [&closed, &silent, &banner] {
+        let mallory = dmover_net::tls::ServerIdentity::ephemeral().unwrap();
+        let tp = ThirdParty {
+            mode: TpcMode::Push,
+            peer: addr.clone(),
+            peer_key: mallory.fingerprint().to_string(),
+            capability: minted(&mallory, &a_key, addr),
+            paths: vec![b"src".to_vec()],
+        };
+        let started = std::time::Instant::now();
+        let e = client.steer(&a, tp, Run::new()).await.unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(20), "{e}");
+        let e = e.to_string();
+        assert!(e.contains(&format!("could not reach {addr}")), "{e}");
+        said.push(e.replace(addr.as_str(), "ADDR"));
+    }
+    assert!(silent_trap.dialed());
+    assert_eq!(said[0], said[1]);
+    assert_eq!(said[0], said[2]);
+    stop.cancel();
 }

@@ -233,3 +233,46 @@ async fn one_address_stalling_its_set_up_leaves_room_for_others() {
     drop(stalled);
     stop.cancel();
 }
+
+/// Item 5's preamble deadline: a connection that never sends its 8-byte preamble is
+/// answered busy ("retry after") and closed after [`PREAMBLE_WAIT`] (10 s), well
+/// before the handshake timeout (30 s by default), and its set-up place comes free.
+/// Tokio's clock is paused: while the server waits on the silent socket the runtime
+/// is idle and the clock jumps to the server's next deadline, so the test takes no
+/// real 10 s and the deadline it observes is the server's, not the machine's load.
+#[tokio::test(start_paused = true)]
+async fn a_connection_that_never_sends_its_preamble_is_closed_at_the_deadline() {
+    use dmover_core::server::PREAMBLE_WAIT;
+    let t = tempfile::tempdir().unwrap();
+    let stop = CancellationToken::new();
+    let mut cfg = ServerConfig::new(t.path());
+    // One set-up place: the silent connection holds it until the deadline.
+    cfg.max_handshakes = 1;
+    assert!(cfg.handshake_timeout > PREAMBLE_WAIT);
+    let (_server, addr) = start(cfg, &stop).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let mut got = Vec::new();
+    // Nothing is sent; the server closes the connection (read_to_end ends).
+    tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut got))
+        .await
+        .expect("the server closes a connection without a preamble")
+        .unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= PREAMBLE_WAIT && took < PREAMBLE_WAIT + Duration::from_secs(2),
+        "closed after {took:?}"
+    );
+    assert_eq!(got.len(), preamble::LEN, "{got:?}");
+    let answer = Preamble::decode(got[..].try_into().unwrap()).unwrap();
+    assert!(answer.busy.is_some(), "{answer:?}");
+    // The set-up place came free: the next client's preamble is answered at once.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(&preamble(ConnKind::Control, dmover_proto::PROTOCOL_VERSION))
+        .await
+        .unwrap();
+    let mut answer = [0u8; preamble::LEN];
+    s.read_exact(&mut answer).await.unwrap();
+    assert_eq!(Preamble::decode(&answer).unwrap().busy, None);
+    stop.cancel();
+}

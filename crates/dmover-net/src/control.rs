@@ -114,6 +114,11 @@ impl ControlTcp {
         crate::tcpinfo::min_rtt(&self.tcp)
     }
 
+    /// This end's address: on a server, the address the client reached it at.
+    pub fn local_addr(&self) -> io::Result<std::net::SocketAddr> {
+        self.tcp.local_addr()
+    }
+
     fn check_answer(&self) -> io::Result<()> {
         let p = Preamble::decode(&self.answer)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;

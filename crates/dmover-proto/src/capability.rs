@@ -4,8 +4,8 @@
 //! pull) issues a [`Capability`] to the client steering the copy: a [`Grant`] (who may
 //! dial it, where, for which user and scope, until when), encoded with postcard and
 //! signed with the issuer's TLS key. The client hands it to the dialing server, which
-//! checks it *before it connects* (the issuer's key is the one the client pinned, the
-//! signature holds, the grant names the dialer's own key and the address it would dial,
+//! checks it *before it connects* (the issuer's key is the one the client pinned and
+//! one the dialer trusts, the signature holds, the grant names the dialer's own key and the address it would dial,
 //! it has not expired), and presents it as its credential; the issuer checks its own
 //! signature again, that the TLS peer holds the key the grant names, the expiry, and
 //! that the nonce was never used (single use), and grants only the scope.
@@ -48,7 +48,8 @@ pub struct Grant {
     pub version: u8,
     /// The issuer's key fingerprint (`sha256:` + base64 of its SubjectPublicKeyInfo).
     pub issuer: String,
-    /// Addresses (`host:port`) the dialer may connect to for the issuer.
+    /// Addresses (`host:port`) the dialer may connect to for the issuer: since issue
+    /// 46 only the issuer's own one (its advertised or local address).
     pub addrs: Vec<String>,
     /// The dialer's key fingerprint: only a TLS peer holding that key may use it.
     pub dialer: String,

@@ -625,8 +625,9 @@ pub struct GrantRequest {
     pub scope: crate::capability::Scope,
     /// The key fingerprint of the server that will dial (the client's pin for it).
     pub dialer: String,
-    /// The address (`host:port`) the client named this server by, which the dialer
-    /// will use unless this server advertises another.
+    /// The address (`host:port`) the client named this server by. Informational: a
+    /// server names only its own address in a capability, never one a client asks
+    /// for (docs/third-party.md, "Trust").
     pub addr: String,
 }
 
@@ -644,7 +645,8 @@ pub enum TpcMode {
 pub struct ThirdParty {
     /// Push (this server is the source) or pull (the destination).
     pub mode: TpcMode,
-    /// The other server's address, one the capability names.
+    /// The other server's address: the one the capability names (the dialer dials
+    /// nothing else).
     pub peer: String,
     /// The other server's key fingerprint (the client's pin for it).
     pub peer_key: String,

@@ -158,13 +158,23 @@ pub const MAX_MANIFEST_BYTES: u64 = 8 << 30;
 /// Manifest parts are cut at about this many encoded bytes.
 pub const PART_BYTES: usize = 1 << 20;
 
-/// Memory an entry takes once received: its fixed part plus its name and link target.
+/// Memory an entry takes once received: its fixed part, its name and link target, and
+/// what the manifest's check keeps of it ([`validator_bytes`]).
 pub fn entry_bytes(e: &Entry) -> u64 {
     let target = match &e.kind {
         EntryKind::Symlink { target } => target.len(),
         _ => 0,
     };
-    (std::mem::size_of::<Entry>() + e.name.len() + target) as u64
+    (std::mem::size_of::<Entry>() + e.name.len() + target) as u64 + validator_bytes(e)
+}
+
+/// Memory a [`Validator`] (the check of a manifest, whole or growing) keeps of one
+/// entry: a copy of its name with its parent in a hash set (a slot and its control
+/// byte, counted twice: a table that just doubled is less than half full), and its
+/// kind and depth.
+pub fn validator_bytes(e: &Entry) -> u64 {
+    let slot = std::mem::size_of::<(u32, Vec<u8>)>() + 1;
+    (2 * slot + e.name.len() + std::mem::size_of::<Kind>() + std::mem::size_of::<u16>()) as u64
 }
 
 /// Cuts `entries` into runs of about [`PART_BYTES`] encoded bytes, one

@@ -1490,6 +1490,7 @@ impl Sink for FileSink {
         for f in self.tracker.in_flight() {
             if kept && keep.contains(&f) {
                 held += 1;
+                self.release_unwritten(&b, f);
                 continue;
             }
             let entry = b.layout.files()[f as usize].entry;
@@ -1504,6 +1505,27 @@ impl Sink for FileSink {
             tracing::info!(
                 "removed {removed} incomplete staging files; kept {held} the journal can resume"
             );
+        }
+    }
+}
+
+impl FileSink {
+    /// Gives back the space preallocated for kept staging file `f` beyond what was
+    /// written (issue 46, item 7: a peer that declares a huge size, sends one chunk and
+    /// goes away reserves no more than it sent). Its size and data stay, for a resume.
+    fn release_unwritten(&self, b: &Bound, f: u32) {
+        let file = &b.layout.files()[f as usize];
+        if file.size < PREALLOC_MIN {
+            return;
+        }
+        let Ok((dir, name)) = b.tree.locate(file.entry) else {
+            return;
+        };
+        let staging = self.staging_name(name);
+        let released = sys::open_in(&*dir, &staging, OFlags::WRONLY, 0)
+            .and_then(|fd| sys::release_unwritten(&fd, file.size));
+        if let Err(e) = released {
+            tracing::warn!("giving back the unwritten space of a kept staging file: {e}");
         }
     }
 }

@@ -138,6 +138,27 @@ pub fn preallocate(fd: impl AsFd, len: u64) -> io::Result<()> {
     }
 }
 
+/// Gives back the space reserved for a file of `size` bytes where it holds no data
+/// (its preallocation, [`preallocate`], never written): the holes between its data
+/// extents ([`data_extents`]) are punched, its size and data kept. A file system
+/// without hole punching keeps the reservation.
+pub fn release_unwritten(fd: impl AsFd, size: u64) -> io::Result<()> {
+    let extents = data_extents(&fd, size)?;
+    let mut at = 0;
+    for (start, end) in extents.into_iter().chain(std::iter::once((size, size))) {
+        if start > at {
+            let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+            match rustix::fs::fallocate(&fd, flags, at, start - at) {
+                Ok(()) => {}
+                Err(Errno::OPNOTSUPP) | Err(Errno::NOSYS) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        at = at.max(end);
+    }
+    Ok(())
+}
+
 /// The data extents of a file of `size` bytes (`[start, end)`, ascending), found with
 /// `SEEK_DATA`/`SEEK_HOLE`: everything between them is a hole, which reads as zeros.
 /// A file system without them reports the whole file as data (the kernel's default).

@@ -449,11 +449,18 @@ pub struct ServeArgs {
     /// sent, pulls send them); with --config, per export `xattrs = "all"`.
     #[arg(long)]
     pub all_xattrs: bool,
-    /// The address other servers dial for third-party copies, besides the one the
-    /// steering client named (e.g. an address on a data network); config
+    /// The address other servers dial for third-party copies (e.g. an address on a
+    /// data network), the only one the capabilities this server issues name; without
+    /// it, the address the steering client reached this server at; config
     /// `tpc_address`.
     #[arg(long, value_name = "HOST:PORT")]
     pub tpc_address: Option<String>,
+    /// A server this one may dial for third-party copies, by key fingerprint
+    /// (`sha256:...`, as `dmover doctor` or a client's known-hosts file shows it);
+    /// repeatable. Without any, it dials any server the steering client pinned, at the
+    /// address that server named for itself; config `tpc_peers`.
+    #[arg(long = "tpc-peer", value_name = "FINGERPRINT")]
+    pub tpc_peers: Vec<String>,
     /// File holding the shared token clients must prove. Without one (or --config) the
     /// server only listens on loopback.
     #[arg(long, conflicts_with = "config")]
@@ -482,6 +489,16 @@ pub struct ServeArgs {
     /// [default: 64, or the config's max_unauthenticated_per_address].
     #[arg(long, value_name = "N")]
     pub max_unauthenticated_per_address: Option<usize>,
+    /// Memory all sessions' manifests may take together (e.g. 1G; binary units); a
+    /// manifest that does not fit beside the others' is refused as busy [default: a
+    /// quarter of the host's memory, at most 4G, or the config's manifest_memory].
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub manifest_memory: Option<u64>,
+    /// Most memory the manifest of a pull or of `sync --checksum`'s digests (the ops a
+    /// read-only user can run) may take, per session [default: 256M, or the config's
+    /// max_manifest_bytes_read].
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub max_manifest_bytes_read: Option<u64>,
     /// Memory for chunk buffers shared by all sessions (e.g. 512M, 2G; binary units;
     /// at least 2M). A session needs two buffers of its chunk size, and is refused if
     /// they do not fit.

@@ -70,14 +70,29 @@ impl Client {
         };
         let dialer_key = d.server_key.clone();
         let acceptor_key = a.server_key.clone();
-        let capability = self.grant_on(a, acceptor, scope, &dialer_key).await?;
+        let capability = self
+            .grant_on(a, acceptor, acceptor, scope, &dialer_key)
+            .await?;
         let paths = match c.mode {
             TpcMode::Push => c.sources.clone(),
             TpcMode::Pull => vec![c.dest.clone()],
         };
+        // The dialer dials the address the acceptor named for itself in the
+        // capability (the one this client used, if it is that one).
+        let peer = dmover_proto::capability::Grant::decode(&capability.grant)
+            .ok()
+            .and_then(|g| {
+                let named = g.addrs.iter().any(|x| x == acceptor);
+                if named {
+                    Some(acceptor.clone())
+                } else {
+                    g.addrs.first().cloned()
+                }
+            })
+            .unwrap_or_else(|| acceptor.clone());
         let tp = ThirdParty {
             mode: c.mode,
-            peer: acceptor.clone(),
+            peer,
             peer_key: acceptor_key,
             capability,
             paths,
@@ -247,21 +262,36 @@ impl Client {
         scope: Scope,
         dialer_key: &str,
     ) -> Result<dmover_proto::capability::Capability> {
+        self.request_capability_naming(acceptor, acceptor, scope, dialer_key)
+            .await
+    }
+
+    /// [`Client::request_capability`], naming the acceptor `named` in the request (a
+    /// client names the address it reached it at; the acceptor names only its own in
+    /// the capability, whatever the request says).
+    pub async fn request_capability_naming(
+        &self,
+        acceptor: &str,
+        named: &str,
+        scope: Scope,
+        dialer_key: &str,
+    ) -> Result<dmover_proto::capability::Capability> {
         let a = self.connect(acceptor).await?;
-        self.grant_on(a, acceptor, scope, dialer_key).await
+        self.grant_on(a, acceptor, named, scope, dialer_key).await
     }
 
     async fn grant_on(
         &self,
         a: Connection,
         acceptor: &str,
+        named: &str,
         scope: Scope,
         dialer_key: &str,
     ) -> Result<dmover_proto::capability::Capability> {
         let grant = Op::Grant(GrantRequest {
             scope,
             dialer: dialer_key.to_string(),
-            addr: acceptor.to_string(),
+            addr: named.to_string(),
         });
         let mut ach = a
             .request(

@@ -226,7 +226,22 @@ impl Dialer {
     /// [`TransferOptions::busy_wait`] in all (the last wait cut to end there, for a last
     /// try; whatever [`TransferOptions::retries`] says); then the error is a refusal
     /// with [`ErrorCode::Busy`].
+    ///
+    /// A server dialing another for a third-party copy says only that it could not
+    /// reach it ([`peer_unreachable`]); the cause goes to its log.
     pub(crate) async fn connect(&self, server: &str) -> Result<Connection> {
+        let r = self.connect_busy_wait(server).await;
+        match r {
+            Err(e) if self.as_server.is_some() => {
+                tracing::warn!("third-party copy: could not reach {server}: {e}");
+                Err(peer_unreachable(server))
+            }
+            r => r,
+        }
+    }
+
+    /// [`Dialer::connect`], every cause told.
+    async fn connect_busy_wait(&self, server: &str) -> Result<Connection> {
         let started = tokio::time::Instant::now();
         let mut backoff = Duration::ZERO;
         loop {
@@ -277,8 +292,13 @@ impl Dialer {
         // (in a TCP Fast Open SYN, where the server offers it); the server's answer is
         // read (and checked) before the first TLS bytes.
         let stream = dmover_net::control::connect(server, self.opts.connect_timeout).await?;
+        // A server dialing another keeps to its own handshake timeout.
+        let handshake = self
+            .as_server
+            .as_ref()
+            .map_or(HANDSHAKE_TIMEOUT, |s| s.handshake_timeout);
         let (tls, key_known) = match tokio::time::timeout(
-            HANDSHAKE_TIMEOUT,
+            handshake,
             connector.connect_checked(stream, server),
         )
         .await
@@ -287,7 +307,7 @@ impl Dialer {
                 return Err(Error::Net(NetError::Timeout {
                     peer: server.into(),
                     what: "TLS handshake",
-                    secs: HANDSHAKE_TIMEOUT.as_secs(),
+                    secs: handshake.as_secs(),
                 }));
             }
             Ok(Err(NetError::Tls { source, .. }))
@@ -361,4 +381,22 @@ impl Dialer {
             key_known,
         })))
     }
+}
+
+/// A third-party copy's dialer could not set up its connection to the other server
+/// `server` (connect, TLS, the pinned key, busy answers): the same words whatever the
+/// cause, so that a client learns nothing of what answers at an address (refused,
+/// silent, another service) by steering a server at it; the cause is in the dialer's
+/// log. With the way out when the servers cannot reach each other.
+pub(crate) fn peer_unreachable(server: &str) -> Error {
+    Error::refused(
+        ErrorCode::Unsupported,
+        format!(
+            "this server could not reach {server}, the peer server (the cause is in this \
+             server's log); if only one of the two servers accepts connections, the other \
+             mode may work (--tpc push or pull); if neither can reach the other, \
+             --via-client relays the data through the client (slower: its link carries \
+             the data twice)"
+        ),
+    )
 }

@@ -112,6 +112,8 @@ pub(crate) struct AsServer {
     pub(crate) peer_key: String,
     /// The other server's capability for this one.
     pub(crate) capability: dmover_proto::capability::Capability,
+    /// How long its TLS handshake may take (this server's handshake timeout).
+    pub(crate) handshake_timeout: std::time::Duration,
 }
 
 /// A source root: a base, a path under it, and the name the root gets when the path

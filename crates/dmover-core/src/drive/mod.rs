@@ -533,6 +533,10 @@ pub struct Env {
     /// the threads its disk tuner adds ([`crate::disktune`]). `None`: the disk
     /// threads are not tuned (pinned by `--io-threads`, or the buffers by `--buffers`).
     pub disk_room: Option<DiskRoom>,
+    /// (a sink) The session's charge on the server's manifest budget
+    /// ([`crate::manifests`]): the manifest's memory is charged as it arrives, and a
+    /// manifest that does not fit fails the session. `None`: no budget (a client).
+    pub manifest_charge: Option<crate::manifests::Charge>,
 }
 
 /// See [`Env::disk_room`].

@@ -644,12 +644,27 @@ where
                 self.finish();
             }
             SinkWake::Joined(i, r) => self.joined(i, r),
-            SinkWake::Control(Ok(msg)) => self.m.handle_control(now(), msg),
+            SinkWake::Control(Ok(msg)) => {
+                self.m.handle_control(now(), msg);
+                self.charge_manifest();
+            }
             SinkWake::Control(Err(e)) => {
                 self.ctl.open = false;
                 self.m.control_closed(now(), Fault::new(Error::Net(e)));
             }
             SinkWake::Timeout => self.m.handle_timeout(now()),
+        }
+    }
+
+    /// Charges the manifest's growth to the server's manifest budget; a manifest that
+    /// does not fit fails the session (its charge given back at once).
+    fn charge_manifest(&mut self) {
+        let Some(charge) = self.env.manifest_charge.as_mut() else {
+            return;
+        };
+        if let Err(e) = charge.grow_to(self.m.manifest_bytes()) {
+            self.env.manifest_charge = None;
+            self.m.fail(now(), Fault::new(e));
         }
     }
 

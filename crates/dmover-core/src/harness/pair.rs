@@ -163,6 +163,7 @@ impl Wire {
             send_budget: None,
             tuned_start: self.tuned_start,
             disk_room: None,
+            manifest_charge: None,
         }
     }
 

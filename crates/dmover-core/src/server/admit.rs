@@ -17,7 +17,7 @@ use dmover_proto::auth;
 use dmover_proto::control::{
     DataProtection, ErrorCode, FilterRule, MemDirection, Op, Open, SessionInfo, SessionLimits,
 };
-use dmover_proto::manifest::XattrScope;
+use dmover_proto::manifest::{self, XattrScope};
 use dmover_proto::session::features;
 use dmover_store::paths::{self, Base};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
@@ -28,6 +28,7 @@ use crate::dialer::Root;
 use crate::drive;
 use crate::engine::Run;
 use crate::error::{Error, Result};
+use crate::manifests::Charge;
 use crate::policy::{self, Policy, Use};
 use crate::roles::{self, SourceWalk, WalkSpec};
 use crate::session::{self, MAX_STREAMS};
@@ -283,6 +284,7 @@ impl Server {
         let tuned_start = walk.map_or(session::TUNED_START, |w| w.tuned_start(rtt));
         dmover_proto::layout::validate_chunk_size(chunk)
             .map_err(|e| Error::refused(ErrorCode::Protocol, e.to_string()))?;
+        let manifest_charge = self.manifest_charge(walk)?;
         let Some(place) = place.or_else(|| self.session_place()) else {
             self.monitor.refused("max_sessions");
             return Err(Error::refused(
@@ -341,6 +343,7 @@ impl Server {
                 limits: Some(answer),
                 tuned_start,
                 disk_room: Some(self.disk_room(chunk)),
+                manifest_charge: Some(manifest_charge),
                 ..env
             },
             rx,
@@ -352,6 +355,30 @@ impl Server {
                 _policy: watch,
             },
         })
+    }
+
+    /// A session's charge on the server's manifest budget ([`crate::manifests`]): a
+    /// push's grows as its manifest arrives (its sink charges it); a pull's is its
+    /// walk's manifest, at most `max_manifest_bytes_read` (the ops a read-only user
+    /// can run get the smaller limit).
+    fn manifest_charge(&self, walk: Option<&SourceWalk>) -> Result<Charge> {
+        let mut charge = Charge::new(self.manifests.clone());
+        if let Some(w) = walk {
+            let bytes: u64 = w.tree.entries().iter().map(manifest::entry_bytes).sum();
+            if bytes > self.cfg.max_manifest_bytes_read {
+                return Err(Error::refused(
+                    ErrorCode::Unsupported,
+                    format!(
+                        "the pull's manifest takes more than this server's limit for a \
+                         read ({}, max_manifest_bytes_read in its config): pull fewer \
+                         files at once",
+                        crate::manifests::size(self.cfg.max_manifest_bytes_read)
+                    ),
+                ));
+            }
+            charge.grow_to(bytes)?;
+        }
+        Ok(charge)
     }
 
     /// A session's buffers: what it wants (a pull's source sizes them with its walk)

@@ -8,6 +8,7 @@ use dmover_proto::control::{Digests, FilterRule, Prune, PruneReport};
 use dmover_proto::manifest::{self, Entry, Validator};
 
 use super::*;
+use crate::manifests::Charge;
 
 impl Server {
     /// [`Op::Prune`]: reads the manifest behind `Options`, prunes the mirror
@@ -36,7 +37,10 @@ impl Server {
             if req.dry_run { "dry-run " } else { "" },
             String::from_utf8_lossy(&req.dest)
         );
-        let entries = self.read_manifest(ch).await?;
+        // A prune needs write rights: it gets a push's manifest limit.
+        let (entries, _charge) = self
+            .read_manifest(ch, self.cfg.max_manifest_bytes, "max_manifest_bytes")
+            .await?;
         let opts = dmover_store::prune::PruneOptions {
             filter,
             max_delete: (req.max_delete != u64::MAX).then_some(req.max_delete),
@@ -103,7 +107,14 @@ impl Server {
         let (_, base, rest, _) = policy.resolve(self.cfg.read_only, grant, &req.source, false)?;
         let rest = rest.to_vec();
         log.what = format!("digests of {:?}", String::from_utf8_lossy(&req.source));
-        let entries = self.read_manifest(ch).await?;
+        // Read rights suffice: the smaller limit of the ops a read-only user can run.
+        let (entries, _charge) = self
+            .read_manifest(
+                ch,
+                self.cfg.max_manifest_bytes_read,
+                "max_manifest_bytes_read",
+            )
+            .await?;
         let opts = dmover_store::prune::PruneOptions {
             dry_run: true,
             conflicts_only: true,
@@ -140,15 +151,20 @@ impl Server {
         Ok(())
     }
 
-    /// `Manifest* ManifestEnd`, checked as a session's sink checks it.
+    /// `Manifest* ManifestEnd`, checked as a session's sink checks it, of at most
+    /// `limit` bytes of memory (the config key `key`), charged to the server's
+    /// manifest budget for as long as the returned charge is held.
     async fn read_manifest<S: AsyncRead + AsyncWrite + Unpin + Send>(
         &self,
         ch: &mut ControlChannel<S>,
-    ) -> Result<Vec<Entry>> {
+        limit: u64,
+        key: &str,
+    ) -> Result<(Vec<Entry>, Charge)> {
         let peer = ch.peer().to_string();
         let mut v = Validator::new();
         let mut entries = Vec::new();
         let mut bytes = 0u64;
+        let mut charge = Charge::new(self.manifests.clone());
         loop {
             match ch
                 .recv_timeout(self.cfg.handshake_timeout, "manifest")
@@ -158,15 +174,17 @@ impl Server {
                     v.extend(&part.entries, self.cfg.max_entries)
                         .map_err(|e| refused(ErrorCode::Protocol, e.to_string()))?;
                     bytes += part.entries.iter().map(manifest::entry_bytes).sum::<u64>();
-                    if bytes > self.cfg.max_manifest_bytes {
+                    if bytes > limit {
                         return Err(refused(
-                            ErrorCode::Busy,
+                            ErrorCode::Unsupported,
                             format!(
-                                "manifest larger than this server's limit ({} bytes)",
-                                self.cfg.max_manifest_bytes
+                                "the manifest takes more than this server's limit for this \
+                                 op ({}, {key} in its config)",
+                                crate::manifests::size(limit)
                             ),
                         ));
                     }
+                    charge.grow_to(bytes)?;
                     entries.extend(part.entries);
                 }
                 Control::ManifestEnd(end) => {
@@ -176,7 +194,7 @@ impl Server {
                             "the manifest's totals do not match its entries",
                         ));
                     }
-                    return Ok(entries);
+                    return Ok((entries, charge));
                 }
                 other => return Err(session::unexpected(&peer, other, "Manifest")),
             }

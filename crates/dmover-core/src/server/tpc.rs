@@ -160,12 +160,15 @@ impl Server {
     }
 
     /// [`Op::Grant`]: a capability for the dialer the client names, for a session the
-    /// client could run itself.
+    /// client could run itself. It names one address for the dialer: this server's own
+    /// (`tpc_address`, else `local`, the address the client's connection reached it
+    /// at), never one the client names (docs/third-party.md, "Trust").
     pub(super) async fn grant_capability<S: AsyncRead + AsyncWrite + Unpin + Send>(
         &self,
         ch: &mut ControlChannel<S>,
         grant: &Grant,
         req: GrantRequest,
+        local: Option<&str>,
     ) -> Result<()> {
         self.options(ch).await?;
         if grant.scope.is_some() {
@@ -191,10 +194,21 @@ impl Server {
                 format!("{:?} is not a key fingerprint", req.dialer),
             ));
         }
-        let mut addrs = vec![req.addr.clone()];
-        if let Some(a) = &self.cfg.tpc_address {
-            addrs.push(a.clone());
+        let Some(own) = self.cfg.tpc_address.as_deref().or(local) else {
+            return Err(refused(
+                ErrorCode::Unsupported,
+                "this server knows no address of its own to name in a capability \
+                 (tpc_address in its config)",
+            ));
+        };
+        if req.addr != own {
+            tracing::debug!(
+                "{}: the client named this server {:?}; the capability names {own:?}",
+                ch.peer(),
+                req.addr
+            );
         }
+        let addrs = vec![own.to_string()];
         let ttl = self.cfg.tpc_capability_ttl.as_secs().min(cap::MAX_TTL_SECS);
         let g = cap::Grant {
             version: cap::GRANT_VERSION,
@@ -269,6 +283,7 @@ impl Server {
                 identity: self.identity.clone(),
                 peer_key: tp.peer_key.clone(),
                 capability: tp.capability.clone(),
+                handshake_timeout: self.cfg.handshake_timeout,
             },
         );
         let run = Run::new();
@@ -310,7 +325,7 @@ impl Server {
             }
         };
         let r = steer(ch, work, &run).await;
-        let report = r.map_err(|e| tpc_error(e, &target, &run))?;
+        let report = r.map_err(tpc_error)?;
         let (bytes, files) = (report.summary.bytes, report.summary.files);
         ch.send(&Control::TpcDone(TpcReport {
             summary: report.summary,
@@ -329,23 +344,29 @@ impl Server {
         Ok((bytes, files))
     }
 
-    /// The grant of a third-party copy's capability `tp` names, checked before
-    /// anything is dialed (this server connects only to a server that asked to be
-    /// dialed, by it, at that address), and the address to dial: the one the issuer
-    /// advertises for servers, when it gives one (the grant's later addresses), else
-    /// the one the client named.
+    /// The grant of a third-party copy's capability `tp` names, and the address to
+    /// dial, checked before anything is dialed: the issuer's key is one this server
+    /// trusts (`tpc_peers`; without it, the key the client pinned), the signature is
+    /// the issuer's, the grant is for this server and alive, and the address is the
+    /// one the issuer named for itself. So this server connects only to an address a
+    /// server vouched for as its own, for this dialer.
     fn tpc_target(&self, tp: &ThirdParty) -> Result<(cap::Grant, String)> {
+        let peers = &self.cfg.tpc_peers;
+        if !peers.is_empty() && !peers.contains(&tp.peer_key) {
+            return Err(refused(
+                ErrorCode::PermissionDenied,
+                format!(
+                    "third-party copy refused: this server dials only the servers its \
+                     tpc_peers names, and {} is not one",
+                    tp.peer_key
+                ),
+            ));
+        }
         let g = dmover_net::capability::verify(&tp.capability, &tp.peer_key).map_err(cap_error)?;
         g.check(unix_now(), self.identity.fingerprint())
             .and_then(|()| g.check_addr(&tp.peer))
             .map_err(cap_error)?;
-        let target = g
-            .addrs
-            .get(1..)
-            .and_then(<[String]>::last)
-            .unwrap_or(&tp.peer)
-            .clone();
-        Ok((g, target))
+        Ok((g, tp.peer.clone()))
     }
 
     /// The options of the session this server dials for a third-party copy: the
@@ -443,9 +464,10 @@ where
     }
 }
 
-/// A third-party copy's failure `e` (dialing `target`), as the steering client is
-/// told it.
-fn tpc_error(e: Error, target: &str, run: &Run) -> Error {
+/// A third-party copy's failure `e`, as the steering client is told it (a failure
+/// to reach the other server is already told without its cause:
+/// [`crate::dialer::connect::peer_unreachable`]).
+fn tpc_error(e: Error) -> Error {
     match e {
         // The other server's error goes to the client as this copy's, naming that
         // server (a `Remote` error is otherwise taken for the client's own, and not
@@ -455,24 +477,6 @@ fn tpc_error(e: Error, target: &str, run: &Run) -> Error {
             code,
             message,
         } => refused(code, format!("{peer}: {message}")),
-        // Servers that cannot reach each other: say so, and what to try.
-        e @ Error::Net(NetError::Io {
-            what: "connecting to" | "resolving",
-            ..
-        })
-        | e @ Error::Net(NetError::Timeout { .. })
-            if run.progress.bytes.load(Ordering::Relaxed) == 0 =>
-        {
-            refused(
-                ErrorCode::Unsupported,
-                format!(
-                    "this server could not reach {target} ({e}); if only one of the two \
-                     servers accepts connections, the other mode may work (--tpc push or \
-                     pull); if neither can reach the other, --via-client relays the data \
-                     through the client (slower: its link carries the data twice)"
-                ),
-            )
-        }
         e => e,
     }
 }

@@ -429,6 +429,13 @@ impl<E: Cause + Clone> SinkSession<E> {
         self.stats
     }
 
+    /// Memory the manifest received so far takes ([`manifest::entry_bytes`] of its
+    /// entries, and [`manifest::meta_bytes`] of their metadata): what
+    /// [`Limits::max_manifest_bytes`] bounds.
+    pub fn manifest_bytes(&self) -> u64 {
+        self.entry_bytes
+    }
+
     /// Distinct expected chunks arrived so far.
     pub fn arrived_chunks(&self) -> u64 {
         self.distinct

@@ -76,6 +76,7 @@ pub fn serve(a: &ServeArgs, env: &Env) -> anyhow::Result<ServeJob> {
     cfg.identity = Some(identity);
     cfg.require_encryption = file.require_encryption;
     limits(&mut cfg, a, &file);
+    cfg.tpc_peers = tpc_peers(a, &file)?;
     let socket = SocketOptions {
         send_buffer: a.tcp_buffer.map(|b| b as usize),
         recv_buffer: a.tcp_buffer.map(|b| b as usize),
@@ -250,7 +251,14 @@ fn limits(cfg: &mut ServerConfig, a: &ServeArgs, file: &ConfigFile) {
     if let Some(n) = file.max_manifest_bytes {
         cfg.max_manifest_bytes = n;
     }
+    if let Some(n) = a.max_manifest_bytes_read.or(file.max_manifest_bytes_read) {
+        cfg.max_manifest_bytes_read = n;
+    }
+    if let Some(n) = a.manifest_memory.or(file.manifest_memory) {
+        cfg.manifest_memory = n;
+    }
     cfg.tpc_address = a.tpc_address.clone().or(file.tpc_address.clone());
+
     if let Some(s) = file.tpc_capability_ttl_secs {
         cfg.tpc_capability_ttl =
             Duration::from_secs(s.clamp(1, dmover_proto::capability::MAX_TTL_SECS));
@@ -264,6 +272,23 @@ fn limits(cfg: &mut ServerConfig, a: &ServeArgs, file: &ConfigFile) {
 }
 
 /// `--debug-cut-stream-after`, `--debug-chunk-delay-ms`, `--debug-io-latency-ms`.
+/// The servers this one may dial for third-party copies: `--tpc-peer` and config
+/// `tpc_peers` together, each a key fingerprint.
+fn tpc_peers(a: &ServeArgs, file: &ConfigFile) -> anyhow::Result<Vec<String>> {
+    let peers: Vec<String> = a
+        .tpc_peers
+        .iter()
+        .chain(file.tpc_peers.iter().flatten())
+        .cloned()
+        .collect();
+    if let Some(bad) = peers.iter().find(|k| !k.starts_with("sha256:")) {
+        return Err(usage(format!(
+            "tpc_peers: {bad:?} is not a key fingerprint (sha256:...)"
+        )));
+    }
+    Ok(peers)
+}
+
 fn faults(a: &ServeArgs) -> anyhow::Result<Faults> {
     let cut = match a.debug_cut_stream_after.as_deref() {
         None => None,
