@@ -55,10 +55,11 @@ pub fn check_control_stream(buf: &[u8], max: usize) {
                 rest = &rest[n..];
             }
             Ok(None) => {
-                // Only an incomplete frame may ask for more.
+                // Only an incomplete frame may ask for more. (The prefix's top bit
+                // says the body is packed: the length is the rest.)
                 if let Some(prefix) = rest.first_chunk::<LEN_PREFIX>() {
-                    let n = u32::from_be_bytes(*prefix) as usize;
-                    assert!(n <= max && rest.len() < LEN_PREFIX + n);
+                    let head = Control::frame_head(*prefix, max).expect("a prefix it took");
+                    assert!(head.len <= max && rest.len() < LEN_PREFIX + head.len);
                 }
                 return;
             }

@@ -78,7 +78,9 @@ pub fn script(u: &mut Unstructured<'_>) -> Result<Script> {
     if u.arbitrary()? {
         s.tuned = Some(u.int_in_range(1..=streams)?);
     }
-    if s.parts.is_empty() && s.wants.is_none() && u.arbitrary()? {
+    // A resume, never with early data (a dialer that resumes waits for the sink's
+    // answer before it sends, as `Connection::early` decides).
+    if s.parts.is_empty() && s.wants.is_none() && !s.early && u.arbitrary()? {
         s.held = held(u, &s.sizes)?;
     }
     let faults = u.int_in_range(0..=4)?;
