@@ -14,4 +14,5 @@
 #![deny(clippy::too_many_lines)]
 
 pub mod model;
+pub mod runner;
 pub mod store;

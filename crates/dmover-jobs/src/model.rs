@@ -157,6 +157,9 @@ pub struct Job {
     pub bytes: u64,
     /// Bytes to copy.
     pub bytes_total: u64,
+    /// Bytes the destination already held when the last run started (a resumed run
+    /// does not send them again).
+    pub bytes_resumed: u64,
     /// Files copied.
     pub files_done: u64,
     /// Files that could not be copied.
@@ -180,6 +183,8 @@ pub struct Counters {
     pub bytes: u64,
     /// Bytes to copy.
     pub bytes_total: u64,
+    /// Bytes the destination held at the start of the run.
+    pub bytes_resumed: u64,
     /// Files copied.
     pub files_done: u64,
     /// Files to copy.

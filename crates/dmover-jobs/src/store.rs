@@ -116,6 +116,7 @@ const MIGRATIONS: &[&str] = &[
         not_before_ms INTEGER NOT NULL DEFAULT 0,
         bytes INTEGER NOT NULL DEFAULT 0,
         bytes_total INTEGER NOT NULL DEFAULT 0,
+        bytes_resumed INTEGER NOT NULL DEFAULT 0,
         files_done INTEGER NOT NULL DEFAULT 0,
         files_failed INTEGER NOT NULL DEFAULT 0,
         files_total INTEGER NOT NULL DEFAULT 0,
@@ -147,7 +148,7 @@ pub struct SqliteStore {
 
 /// The columns [`row_job`] reads, in order.
 const COLUMNS: &str = "id, owner, kind, state, spec, attempts, tries, created_ms, started_ms, \
-    ended_ms, not_before_ms, bytes, bytes_total, files_done, files_failed, files_total, rate, \
+    ended_ms, not_before_ms, bytes, bytes_total, bytes_resumed, files_done, files_failed, files_total, rate, \
     error, cancel_requested";
 
 impl SqliteStore {
@@ -288,13 +289,14 @@ fn row_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Job, StoreError>> {
         not_before_ms: r.get(10)?,
         bytes: u(11)?,
         bytes_total: u(12)?,
-        files_done: u(13)?,
-        files_failed: u(14)?,
-        files_total: u(15)?,
-        rate: r.get(16)?,
-        error: r.get(17)?,
+        bytes_resumed: u(13)?,
+        files_done: u(14)?,
+        files_failed: u(15)?,
+        files_total: u(16)?,
+        rate: r.get(17)?,
+        error: r.get(18)?,
         file_errors: Vec::new(),
-        cancel_requested: r.get::<_, i64>(18)? != 0,
+        cancel_requested: r.get::<_, i64>(19)? != 0,
     }))
 }
 
@@ -326,14 +328,15 @@ fn set_counters(tx: &rusqlite::Transaction<'_>, id: JobId, c: &Counters) -> Resu
     let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     tx.execute(
         "UPDATE jobs SET bytes = ?2, bytes_total = ?3, files_done = ?4, files_total = ?5, \
-         rate = ?6 WHERE id = ?1",
+         rate = ?6, bytes_resumed = ?7 WHERE id = ?1",
         params![
             id,
             i(c.bytes),
             i(c.bytes_total),
             i(c.files_done),
             i(c.files_total),
-            c.rate
+            c.rate,
+            i(c.bytes_resumed)
         ],
     )?;
     Ok(())

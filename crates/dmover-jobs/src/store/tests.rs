@@ -13,6 +13,7 @@ fn counters(bytes: u64) -> Counters {
     Counters {
         bytes,
         bytes_total: 100,
+        bytes_resumed: 0,
         files_done: 1,
         files_total: 2,
         rate: 5.0,
@@ -37,8 +38,12 @@ fn a_job_goes_from_queued_to_done_and_survives_a_reopen() {
         );
         assert!(c.started_ms.is_some());
         assert_eq!(s.claim(now_ms()).unwrap(), None, "one job, claimed once");
-        s.progress(j.id, &counters(40)).unwrap();
-        assert_eq!(s.get(j.id).unwrap().bytes, 40);
+        let mut c = counters(40);
+        c.bytes_resumed = 7;
+        s.progress(j.id, &c).unwrap();
+        let p = s.get(j.id).unwrap();
+        assert_eq!((p.bytes, p.bytes_total, p.bytes_resumed), (40, 100, 7));
+        assert_eq!((p.files_done, p.files_total, p.rate), (1, 2, 5.0));
         let done = s.finish(j.id, &Outcome::Done(counters(100))).unwrap();
         assert_eq!((done.state, done.bytes), (State::Done, 100));
         assert!(done.ended_ms.is_some());
