@@ -13,6 +13,8 @@
 
 #![deny(clippy::too_many_lines)]
 
+pub mod api;
+pub mod client;
 pub mod model;
 pub mod runner;
 pub mod store;
