@@ -430,7 +430,8 @@ fn report_counters(f: &dmover_core::transfer::Finished, c: Counters) -> Counters
         },
         bytes_total: r.totals.bytes,
         bytes_resumed: r.held_bytes.max(c.bytes_resumed),
-        files_done: r.summary.files,
+        // Files finalised in this run, and those an earlier run completed.
+        files_done: r.summary.files + r.held_files,
         files_total: r.totals.files,
         rate: c.rate,
     }

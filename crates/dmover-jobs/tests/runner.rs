@@ -127,6 +127,7 @@ fn a_crashed_service_resumes_its_running_job_on_restart() {
     let j = second.wait_end(job.id);
     assert_eq!(j.state, State::Done, "{j:#?}");
     assert_eq!(j.attempts, 2);
+    assert_eq!((j.files_done, j.files_total), (1, 1));
     assert_eq!(
         std::fs::read(lab.b_root.join("in/big")).unwrap(),
         bytes(9, BIG)
