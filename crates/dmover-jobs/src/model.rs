@@ -147,6 +147,8 @@ pub struct Job {
     pub tries: u32,
     /// When it was submitted (Unix milliseconds).
     pub created_ms: i64,
+    /// When it was submitted or last retried: its deadline counts from here.
+    pub queued_ms: i64,
     /// When its last run started.
     pub started_ms: Option<i64>,
     /// When it ended.

@@ -38,7 +38,7 @@ pub struct RunnerConfig {
     pub retry_wait: Duration,
     /// The longest wait between retries.
     pub max_retry_wait: Duration,
-    /// A job not done this long after its submission fails.
+    /// A job not done this long after its submission (or its last retry) fails.
     pub deadline: Duration,
     /// The sessions' options: the service's credential (token, key, user name), how
     /// it trusts servers' keys (a known-hosts file of its own), streams, timeouts.
@@ -302,7 +302,7 @@ impl Service {
     async fn attempt(&self, job: &Job, shutdown: &CancellationToken) -> Option<Outcome> {
         let id = job.id;
         let deadline_ms = job
-            .created_ms
+            .queued_ms
             .saturating_add(self.cfg.deadline.as_millis() as i64);
         let failed = |error: String| Outcome::Failed {
             counters: Counters::default(),
@@ -311,7 +311,7 @@ impl Service {
         };
         if now_ms() >= deadline_ms {
             return Some(failed(format!(
-                "the job's deadline ({} s after its submission) passed{}",
+                "the job's deadline ({} s after its submission or retry) passed{}",
                 self.cfg.deadline.as_secs(),
                 job.error
                     .as_ref()
@@ -326,6 +326,14 @@ impl Service {
             Err(e) => return Some(failed(e)),
         };
         self.lock_running().insert(id, transfer.canceller());
+        // A cancel asked between the claim and now found no transfer to stop.
+        let store = self.store.clone();
+        if blocking(move || store.get(id))
+            .await
+            .is_ok_and(|j| j.cancel_requested)
+        {
+            transfer.canceller().cancel(format!("job {id} cancelled"));
+        }
         let (tx, rx) = tokio::sync::watch::channel(None::<Snapshot>);
         let recorder = tokio::spawn(record_progress(self.store.clone(), id, rx));
         let left = Duration::from_millis((deadline_ms - now_ms()).max(0) as u64);
@@ -371,7 +379,7 @@ impl Service {
                 return Outcome::Failed {
                     counters: c,
                     error: format!(
-                        "the job's deadline ({} s after its submission) passed during a run",
+                        "the job's deadline ({} s after its submission or retry) passed during a run",
                         self.cfg.deadline.as_secs()
                     ),
                     files: Vec::new(),

@@ -111,6 +111,7 @@ const MIGRATIONS: &[&str] = &[
         attempts INTEGER NOT NULL DEFAULT 0,
         tries INTEGER NOT NULL DEFAULT 0,
         created_ms INTEGER NOT NULL,
+        queued_ms INTEGER NOT NULL,
         started_ms INTEGER,
         ended_ms INTEGER,
         not_before_ms INTEGER NOT NULL DEFAULT 0,
@@ -147,7 +148,7 @@ pub struct SqliteStore {
 }
 
 /// The columns [`row_job`] reads, in order.
-const COLUMNS: &str = "id, owner, kind, state, spec, attempts, tries, created_ms, started_ms, \
+const COLUMNS: &str = "id, owner, kind, state, spec, attempts, tries, created_ms, queued_ms, started_ms, \
     ended_ms, not_before_ms, bytes, bytes_total, bytes_resumed, files_done, files_failed, files_total, rate, \
     error, cancel_requested";
 
@@ -284,19 +285,20 @@ fn row_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Job, StoreError>> {
         attempts: u(5)? as u32,
         tries: u(6)? as u32,
         created_ms: r.get(7)?,
-        started_ms: r.get(8)?,
-        ended_ms: r.get(9)?,
-        not_before_ms: r.get(10)?,
-        bytes: u(11)?,
-        bytes_total: u(12)?,
-        bytes_resumed: u(13)?,
-        files_done: u(14)?,
-        files_failed: u(15)?,
-        files_total: u(16)?,
-        rate: r.get(17)?,
-        error: r.get(18)?,
+        queued_ms: r.get(8)?,
+        started_ms: r.get(9)?,
+        ended_ms: r.get(10)?,
+        not_before_ms: r.get(11)?,
+        bytes: u(12)?,
+        bytes_total: u(13)?,
+        bytes_resumed: u(14)?,
+        files_done: u(15)?,
+        files_failed: u(16)?,
+        files_total: u(17)?,
+        rate: r.get(18)?,
+        error: r.get(19)?,
         file_errors: Vec::new(),
-        cancel_requested: r.get::<_, i64>(19)? != 0,
+        cancel_requested: r.get::<_, i64>(20)? != 0,
     }))
 }
 
@@ -347,7 +349,8 @@ impl JobStore for SqliteStore {
         let spec = serde_json::to_string(spec).map_err(|e| StoreError::Db(e.to_string()))?;
         self.tx(|tx| {
             tx.execute(
-                "INSERT INTO jobs (owner, kind, state, spec, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT INTO jobs (owner, kind, state, spec, created_ms, queued_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
                 params![owner, kind.as_str(), State::Queued.as_str(), spec, now_ms()],
             )?;
             load(tx, tx.last_insert_rowid())
@@ -492,8 +495,8 @@ impl JobStore for SqliteStore {
             }
             tx.execute(
                 "UPDATE jobs SET state = 'queued', tries = 0, not_before_ms = 0, ended_ms = NULL, \
-                 error = NULL WHERE id = ?1",
-                [id],
+                 error = NULL, queued_ms = ?2 WHERE id = ?1",
+                params![id, now_ms()],
             )?;
             load(tx, id)
         })

@@ -138,3 +138,62 @@ fn a_crashed_service_resumes_its_running_job_on_restart() {
     assert!(j.bytes_resumed > 0, "{j:#?}");
     second.stop();
 }
+
+/// A source server that refuses connections: each run fails in a way that may pass,
+/// so the job is retried after its backoff until its retries are spent.
+#[test]
+fn an_unreachable_server_is_retried_with_backoff_then_fails() {
+    let lab = Lab::new(None);
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gone = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    let svc = Running::start(&lab.db(), lab.runner_config());
+    let mut spec = lab.spec(&["x"], "in/");
+    spec.sources = vec![format!("dmover://{gone}/x")];
+    let t = std::time::Instant::now();
+    let job = svc.rt.block_on(svc.service.submit("alice", spec)).unwrap();
+    let j = svc.wait_end(job.id);
+    assert_eq!(j.state, State::Failed, "{j:#?}");
+    // retries = 2: three runs, after waits of 50 and 100 ms.
+    assert_eq!((j.attempts, j.tries), (3, 3), "{j:#?}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(150),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(j.error.as_deref().unwrap().contains(&gone), "{j:#?}");
+    svc.stop();
+}
+
+/// A job past its deadline fails with a message that says so; a retry gives it a
+/// new deadline.
+#[test]
+fn a_job_past_its_deadline_fails_and_a_retry_starts_a_new_one() {
+    let lab = Lab::new(None);
+    std::fs::write(lab.a_root.join("data/f"), bytes(1, 1000)).unwrap();
+    let mut cfg = lab.runner_config();
+    cfg.deadline = Duration::from_millis(1);
+    let store: std::sync::Arc<dyn dmover_jobs::store::JobStore> =
+        std::sync::Arc::new(dmover_jobs::store::SqliteStore::open(&lab.db()).unwrap());
+    let job = store
+        .submit(
+            "alice",
+            dmover_jobs::model::JobKind::Copy,
+            &lab.spec(&["data/f"], "in/"),
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    drop(store);
+    let svc = Running::start(&lab.db(), cfg);
+    let j = svc.wait_end(job.id);
+    assert_eq!(j.state, State::Failed, "{j:#?}");
+    assert!(j.error.as_deref().unwrap().contains("deadline"), "{j:#?}");
+    svc.stop();
+    let mut cfg = lab.runner_config();
+    cfg.deadline = Duration::from_secs(60);
+    let svc = Running::start(&lab.db(), cfg);
+    let r = svc.rt.block_on(svc.service.retry(job.id)).unwrap();
+    assert!(r.queued_ms > j.queued_ms);
+    assert_eq!(svc.wait_end(job.id).state, State::Done);
+    svc.stop();
+}

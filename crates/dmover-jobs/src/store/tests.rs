@@ -90,6 +90,7 @@ fn failures_keep_errors_by_file_and_a_retry_queues_again() {
     assert!(matches!(s.cancel(j.id), Err(StoreError::Conflict(_))));
     let r = s.retry(j.id).unwrap();
     assert_eq!((r.state, r.tries, r.attempts), (State::Queued, 0, 1));
+    assert!(r.queued_ms >= j.queued_ms && r.created_ms == j.created_ms);
     assert_eq!(r.file_errors, files, "kept until the next run ends");
     let c = s.claim(now_ms()).unwrap().unwrap();
     assert_eq!((c.tries, c.attempts), (1, 2));
