@@ -342,6 +342,44 @@ pub struct ConfigFile {
     /// Users by name.
     #[serde(default)]
     pub users: BTreeMap<String, UserEntry>,
+    /// The job service beside the server (`dmover serve --jobs`; docs/jobs.md).
+    pub jobs: Option<JobsEntry>,
+}
+
+/// The `[jobs]` section: the job service's settings (docs/jobs.md, docs/config.md).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobsEntry {
+    /// Run the job service (as `--jobs` does).
+    #[serde(default)]
+    pub enabled: bool,
+    /// Address of its REST API [default: 127.0.0.1:7780]; not loopback: TLS.
+    pub listen: Option<SocketAddr>,
+    /// The SQLite database [default: `jobs.sqlite` in the state directory].
+    pub database: Option<PathBuf>,
+    /// Jobs run at once [default: 4].
+    pub concurrency: Option<usize>,
+    /// Runs after the first a job may take after failures that may pass [default: 3].
+    pub retries: Option<u32>,
+    /// Seconds before the first retry, doubled for each next [default: 30].
+    pub retry_wait_secs: Option<u64>,
+    /// Longest wait between retries, seconds [default: 3600].
+    pub max_retry_wait_secs: Option<u64>,
+    /// A job not done this many seconds after submission fails [default: 86400].
+    pub deadline_secs: Option<u64>,
+    /// Users who see and act on every user's jobs.
+    #[serde(default)]
+    pub admins: Vec<String>,
+    /// The service's own credential on the servers it steers: a token file...
+    pub token_file: Option<PathBuf>,
+    /// ...or an Ed25519 key file (`dmover credential key`).
+    pub key_file: Option<PathBuf>,
+    /// The user name the service logs in as [default: none, as `dmover cp` without
+    /// `--user`].
+    pub user: Option<String>,
+    /// Where it pins the servers' keys [default: `jobs_known_hosts` in the state
+    /// directory].
+    pub known_hosts: Option<PathBuf>,
 }
 
 /// An export in the configuration file.

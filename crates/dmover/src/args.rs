@@ -519,6 +519,15 @@ pub struct ServeArgs {
     /// `metrics_users` (then TLS and bearer tokens; docs/metrics.md).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<SocketAddr>,
+    /// Run the job service beside the server (docs/jobs.md): a queue of transfers in
+    /// a database in the state directory, run by the service, and its REST API
+    /// (bearer tokens of the server's users) [default: the config's `[jobs] enabled`].
+    #[arg(long)]
+    pub jobs: bool,
+    /// The job service's REST API address [default: the config's `[jobs] listen`,
+    /// else 127.0.0.1:7780]. Not loopback: TLS with the server's key.
+    #[arg(long, value_name = "ADDR")]
+    pub jobs_listen: Option<SocketAddr>,
     /// Fault injection for tests: sleep this many milliseconds per chunk read or written,
     /// on threads pinned at their start (`--io-threads`, else 8), so that a transfer lasts
     /// as long as the test needs.

@@ -49,6 +49,20 @@ pub enum Command {
     Sync(CpArgs),
     /// Serve a directory to dmover clients.
     Serve(ServeArgs),
+    /// Hand a copy between servers to a job service (docs/jobs.md) and print its id at
+    /// once; the service runs it with no client connected, retrying and resuming.
+    #[command(override_usage = "dmover submit [OPTIONS] --service URL SRC... DST")]
+    Submit(crate::jobs::SubmitArgs),
+    /// List your jobs on a job service (an admin's: everyone's), newest first.
+    Jobs(crate::jobs::JobsArgs),
+    /// Show a job: state, files done/failed/total, bytes, rate, attempts, errors by
+    /// file, times.
+    Job(crate::jobs::JobArgs),
+    /// Cancel a job (a running one stops; files it completed stay).
+    Cancel(crate::jobs::JobArgs),
+    /// Queue a failed or cancelled job again (it resumes: what arrived is not sent
+    /// again).
+    Retry(crate::jobs::JobArgs),
     /// Mount a server's directory here (FUSE; read-only unless --rw): its files are read
     /// in place, chunk by chunk (docs/remote.md). Runs in the foreground until unmounted
     /// (`umount DIR`, Ctrl-C or SIGTERM).

@@ -24,6 +24,7 @@ mod demo;
 mod doctor;
 mod env;
 mod interrupt;
+mod jobs;
 mod manual;
 mod metrics;
 mod mount;
@@ -64,6 +65,11 @@ fn main() -> ExitCode {
         Command::Serve(a) => {
             resolve::serve(&a, &env).and_then(|s| serve::run(s, &env, cli.log_format))
         }
+        Command::Submit(a) => jobs::submit(a, &env),
+        Command::Jobs(a) => jobs::list(a, &env),
+        Command::Job(a) => jobs::act(a, jobs::Act::Show, &env),
+        Command::Cancel(a) => jobs::act(a, jobs::Act::Cancel, &env),
+        Command::Retry(a) => jobs::act(a, jobs::Act::Retry, &env),
         Command::Mount(a) => resolve::mount(&a, &env).and_then(mount::run),
         Command::Demo(a) => resolve::client(&a.transfer, &env).and_then(|c| demo::run(a, c)),
         Command::Bench(a) => bench::run(a, &env),

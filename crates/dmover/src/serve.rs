@@ -32,6 +32,7 @@ pub fn run(job: ServeJob, env: &Env, log_format: LogFormat) -> anyhow::Result<Ex
     let json = log_format == LogFormat::Json;
     let identity = job.config.identity.clone().context("a resolved identity")?;
     let authenticated = job.config.users.is_some();
+    let users = job.config.users.clone().unwrap_or_default();
     let server = Server::with_faults(job.config, job.faults)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(job.net_threads)
@@ -53,10 +54,17 @@ pub fn run(job: ServeJob, env: &Env, log_format: LogFormat) -> anyhow::Result<Ex
             r => r?,
         };
         let bound = listener.local_addr().context("reading the bound address")?;
+        // The job service's database and address, before anyone learns the server is
+        // up: a locked or corrupt database stops the start.
+        let jobs = match job.jobs {
+            None => None,
+            Some(j) => Some(open_jobs(j, &users, &identity).await?),
+        };
         // SIGINT or SIGTERM stops the server. The handlers are in place before anyone
         // learns the server is up.
         let shutdown = CancellationToken::new();
-        handle_signals(&server, job.reload, &shutdown, env);
+        let auth = jobs.as_ref().map(|j| j.auth.clone());
+        handle_signals(&server, job.reload, auth, &shutdown, env);
         // The first line on stdout, so scripts and tests learn the port when asked for
         // port 0; the key's fingerprint follows.
         println!("dmover: listening on {bound}");
@@ -97,6 +105,9 @@ pub fn run(job: ServeJob, env: &Env, log_format: LogFormat) -> anyhow::Result<Ex
                 shutdown.clone(),
             ));
         }
+        if let Some(j) = jobs {
+            start_jobs(j, json, &shutdown);
+        }
         announce(
             json,
             &job.key_origin,
@@ -136,11 +147,85 @@ async fn bind_metrics(
     Ok((l, bound, tls))
 }
 
-/// SIGHUP reloads the users and exports ([`reload`]); SIGINT or SIGTERM tells the
-/// service manager and cancels `shutdown`.
+/// The job service, ready to start: its store open (and locked), its API's address
+/// bound.
+struct Jobs {
+    service: Arc<dmover_jobs::runner::Service>,
+    auth: Arc<dmover_jobs::api::Auth>,
+    listener: TcpListener,
+    bound: SocketAddr,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+/// Opens the job database and binds the API (TLS with the server's key unless on
+/// loopback).
+async fn open_jobs(
+    j: crate::resolve::JobsSetup,
+    users: &std::collections::BTreeMap<String, dmover_core::access::User>,
+    identity: &ServerIdentity,
+) -> anyhow::Result<Jobs> {
+    let db = j.database.clone();
+    let store = tokio::task::spawn_blocking(move || dmover_jobs::store::SqliteStore::open(&db))
+        .await
+        .context("opening the job database")??;
+    let listener = TcpListener::bind(j.listen)
+        .await
+        .with_context(|| format!("listening on {} for the job service", j.listen))?;
+    let bound = listener
+        .local_addr()
+        .context("reading the job service's address")?;
+    let tls = if bound.ip().is_loopback() {
+        None
+    } else {
+        Some(identity.acceptor()?)
+    };
+    Ok(Jobs {
+        service: dmover_jobs::runner::Service::new(Arc::new(store), j.runner),
+        auth: Arc::new(dmover_jobs::api::Auth::new(users, &j.admins)),
+        listener,
+        bound,
+        tls,
+    })
+}
+
+/// Starts the runner and the API; says where on stdout (`dmover: jobs on URL`).
+fn start_jobs(j: Jobs, json: bool, shutdown: &CancellationToken) {
+    let scheme = if j.tls.is_some() { "https" } else { "http" };
+    {
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout(), "dmover: jobs on {scheme}://{}", j.bound);
+    }
+    say(
+        json,
+        &format!(
+            "job service on {scheme}://{} (bearer tokens of the server's users)",
+            j.bound
+        ),
+    );
+    let api = Arc::new(dmover_jobs::api::Api {
+        service: j.service.clone(),
+        auth: j.auth,
+    });
+    tokio::spawn(dmover_jobs::api::serve(
+        j.listener,
+        j.tls,
+        dmover_jobs::api::router(api),
+        shutdown.clone(),
+    ));
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        if let Err(e) = j.service.run(stop).await {
+            tracing::error!("the job service stopped: {e}");
+        }
+    });
+}
+
+/// SIGHUP reloads the users and exports ([`reload`]), and the job API's users with
+/// them; SIGINT or SIGTERM tells the service manager and cancels `shutdown`.
 fn handle_signals(
     server: &Arc<Server>,
     reload_of: Reload,
+    jobs_auth: Option<Arc<dmover_jobs::api::Auth>>,
     shutdown: &CancellationToken,
     env: &Env,
 ) {
@@ -153,7 +238,7 @@ fn handle_signals(
         let server = server.clone();
         tokio::spawn(async move {
             while hup.recv().await.is_some() {
-                reload(&server, &reload_of);
+                reload(&server, &reload_of, jobs_auth.as_deref());
             }
         });
     }
@@ -217,7 +302,7 @@ fn announce(
 /// ([`Server::reload`]): running sessions that lose their rights end with "credential
 /// revoked", the others go on. A file that does not parse or check keeps the old
 /// users and exports; either way the outcome is logged, and the server goes on.
-fn reload(server: &Server, a: &Reload) {
+fn reload(server: &Server, a: &Reload, jobs_auth: Option<&dmover_jobs::api::Auth>) {
     let what = match (&a.root, &a.config, &a.token_file) {
         (Some(_), _, Some(f)) | (None, Some(f), _) => f.display().to_string(),
         _ => {
@@ -241,7 +326,11 @@ fn reload(server: &Server, a: &Reload) {
         }
     };
     let result = loaded().and_then(|(exports, users, file)| {
+        let for_jobs = users.clone();
         let changed = server.reload(exports, users)?;
+        if let (Some(auth), Some(users)) = (jobs_auth, &for_jobs) {
+            auth.replace(users);
+        }
         Ok((changed, file))
     });
     match result {

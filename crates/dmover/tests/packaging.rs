@@ -351,9 +351,12 @@ fn the_example_config_names_every_key_and_parses() {
             accepted_keys("[exports.x]\npath = \"/x\"\n"),
         ),
         ("[users.NAME]", accepted_keys("[users.x]\n")),
+        ("[jobs]", accepted_keys("[jobs]\n")),
     ];
     // Tables are sections of their own, not `key = ` lines.
-    sections[0].1.retain(|k| k != "exports" && k != "users");
+    sections[0]
+        .1
+        .retain(|k| k != "exports" && k != "users" && k != "jobs");
     for (section, keys) in &sections {
         for key in keys {
             assert!(
@@ -362,7 +365,9 @@ fn the_example_config_names_every_key_and_parses() {
             );
         }
     }
-    assert!(text.contains("\n[exports.") && text.contains("\n[users."));
+    assert!(
+        text.contains("\n[exports.") && text.contains("\n[users.") && text.contains("\n[jobs]")
+    );
 
     // docs/config.md shows the same example, whole, and a row for every key.
     let doc = std::fs::read_to_string(repo().join("docs/config.md")).unwrap();

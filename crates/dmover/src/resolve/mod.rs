@@ -15,7 +15,7 @@ mod serve;
 
 pub use copy::{Copy, Sync, WatchJob, copy, sync};
 pub use mount::{MOUNT_CHUNK, MountJob, mount};
-pub use serve::{Reload, ServeJob, serve};
+pub use serve::{JobsSetup, Reload, ServeJob, serve};
 
 use std::path::Path;
 

@@ -43,7 +43,26 @@ pub struct ServeJob {
     pub net_threads: usize,
     /// What a SIGHUP reads again.
     pub reload: Reload,
+    /// The job service, with `--jobs` or `[jobs] enabled`.
+    pub jobs: Option<JobsSetup>,
 }
+
+/// The job service's settings, resolved (docs/jobs.md).
+#[derive(Debug)]
+pub struct JobsSetup {
+    /// The SQLite database.
+    pub database: PathBuf,
+    /// The REST API's address.
+    pub listen: SocketAddr,
+    /// How jobs run, with the service's credential.
+    pub runner: dmover_jobs::runner::RunnerConfig,
+    /// Users who see every user's jobs.
+    pub admins: Vec<String>,
+}
+
+/// The job API's address unless configured.
+pub const JOBS_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 7780);
 
 /// Users and their tokens' stored keys ([`crate::metrics::Access::tokens`]).
 pub type MetricsTokens = Vec<(String, [u8; 32])>;
@@ -84,6 +103,7 @@ pub fn serve(a: &ServeArgs, env: &Env) -> anyhow::Result<ServeJob> {
     };
     cfg.socket = socket.clone();
     let faults = faults(a)?;
+    let jobs = jobs(a, &file, &cfg, env)?;
     let exports = cfg
         .exports
         .iter()
@@ -119,7 +139,76 @@ pub fn serve(a: &ServeArgs, env: &Env) -> anyhow::Result<ServeJob> {
             token_file: a.token_file.clone(),
             started: file,
         },
+        jobs,
     })
+}
+
+/// The job service: `--jobs` or `[jobs] enabled`, its database and credential. It
+/// needs the server's users (its API takes their tokens), and refuses a `[jobs]`
+/// name that is not a user as admin.
+fn jobs(
+    a: &ServeArgs,
+    file: &ConfigFile,
+    cfg: &ServerConfig,
+    env: &Env,
+) -> anyhow::Result<Option<JobsSetup>> {
+    let j = file.jobs.clone().unwrap_or_default();
+    if !(a.jobs || j.enabled) {
+        return Ok(None);
+    }
+    let Some(users) = &cfg.users else {
+        return Err(usage(
+            "the job service takes bearer tokens of the server's users: pass --token-file \
+             FILE or --config FILE with users",
+        ));
+    };
+    if let Some(n) = j.admins.iter().find(|n| !users.contains_key(*n)) {
+        return Err(usage(format!(
+            "config: [jobs] admins names {n:?}, which is not a user"
+        )));
+    }
+    let state: PathBuf = a
+        .state_dir
+        .clone()
+        .or(file.state_dir.clone())
+        .or_else(|| default_state_dir(env.state_dir().as_deref()))
+        .context("no state directory for the job database: pass --state-dir DIR")?;
+    let token = j.token_file.as_deref().map(super::token_file).transpose()?;
+    let key = j
+        .key_file
+        .as_deref()
+        .map(dmover_core::access::ClientKey::load)
+        .transpose()?;
+    let known_hosts = j
+        .known_hosts
+        .clone()
+        .unwrap_or_else(|| state.join("jobs_known_hosts"));
+    let defaults = dmover_jobs::runner::RunnerConfig::default();
+    let secs = |v: Option<u64>, d: Duration| v.map_or(d, |s| Duration::from_secs(s.max(1)));
+    let runner = dmover_jobs::runner::RunnerConfig {
+        concurrency: j.concurrency.unwrap_or(defaults.concurrency).max(1),
+        retries: j.retries.unwrap_or(defaults.retries),
+        retry_wait: secs(j.retry_wait_secs, defaults.retry_wait),
+        max_retry_wait: secs(j.max_retry_wait_secs, defaults.max_retry_wait),
+        deadline: secs(j.deadline_secs, defaults.deadline),
+        options: dmover_core::session::TransferOptions {
+            token,
+            key,
+            user: j.user.clone().unwrap_or_default(),
+            trust: Some(dmover_net::tls::Trust::KnownHosts(known_hosts)),
+            ..Default::default()
+        },
+        ..defaults
+    };
+    Ok(Some(JobsSetup {
+        database: j
+            .database
+            .clone()
+            .unwrap_or_else(|| state.join("jobs.sqlite")),
+        listen: a.jobs_listen.or(j.listen).unwrap_or(JOBS_LISTEN),
+        runner,
+        admins: j.admins,
+    }))
 }
 
 /// The exports and users: `--root` (with `--token-file`'s shared token), or the

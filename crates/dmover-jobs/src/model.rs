@@ -1,0 +1,230 @@
+//! What a job is, as the store keeps it and the API shows it.
+
+use serde::{Deserialize, Serialize};
+
+/// A job's identifier (assigned by the store, increasing).
+pub type JobId = i64;
+
+/// Where a job is in its life. `Queued` and `Running` can change; `Done`, `Failed`
+/// and `Cancelled` are ends (a failed or cancelled job can be retried, which queues it
+/// again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Waiting for a runner (new, retried, or re-queued after a failed attempt).
+    Queued,
+    /// A runner is moving its data.
+    Running,
+    /// Every file copied.
+    Done,
+    /// Ended with an error, or with files that could not be copied.
+    Failed,
+    /// Cancelled by its owner or an admin.
+    Cancelled,
+}
+
+impl State {
+    /// The name stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Queued => "queued",
+            State::Running => "running",
+            State::Done => "done",
+            State::Failed => "failed",
+            State::Cancelled => "cancelled",
+        }
+    }
+
+    /// The state a stored name names.
+    pub fn parse(s: &str) -> Option<State> {
+        Some(match s {
+            "queued" => State::Queued,
+            "running" => State::Running,
+            "done" => State::Done,
+            "failed" => State::Failed,
+            "cancelled" => State::Cancelled,
+            _ => return None,
+        })
+    }
+
+    /// Whether the job has ended.
+    pub fn is_end(self) -> bool {
+        matches!(self, State::Done | State::Failed | State::Cancelled)
+    }
+}
+
+/// What a job does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum JobKind {
+    /// A copy of the sources into the destination (`dmover cp`).
+    #[default]
+    Copy,
+}
+
+impl JobKind {
+    /// The name stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobKind::Copy => "copy",
+        }
+    }
+
+    /// The kind a stored name names.
+    pub fn parse(s: &str) -> Option<JobKind> {
+        (s == "copy").then_some(JobKind::Copy)
+    }
+}
+
+/// How a copy between two servers moves its data (`dmover cp --tpc`, `--via-client`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Route {
+    /// The source server dials the destination.
+    #[default]
+    Push,
+    /// The destination server dials the source.
+    Pull,
+    /// Through the job service.
+    ViaService,
+}
+
+/// The options of a job's transfer, a subset of `dmover cp`'s.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobOptions {
+    /// Parallel data streams (`None`: the engine's default).
+    pub streams: Option<u16>,
+    /// Leave files that cannot be copied and go on with the rest (their errors are
+    /// kept by file); without it the first such file fails the job.
+    pub continue_on_error: bool,
+    /// Read every file back at the destination and compare digests.
+    pub verify: bool,
+    /// How the data goes between the two servers.
+    pub route: Route,
+}
+
+/// What a job copies: `dmover://HOST[:PORT]/PATH` sources (one server) and a
+/// destination on a server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// The sources, as submitted.
+    pub sources: Vec<String>,
+    /// The destination, as submitted.
+    pub destination: String,
+    /// The transfer's options.
+    #[serde(default)]
+    pub options: JobOptions,
+}
+
+/// A file that could not be copied, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileError {
+    /// The file's path, as the engine names it.
+    pub path: String,
+    /// Why.
+    pub error: String,
+}
+
+/// A job as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    /// Its id.
+    pub id: JobId,
+    /// The user who submitted it.
+    pub owner: String,
+    /// What it does.
+    pub kind: JobKind,
+    /// Where it is.
+    pub state: State,
+    /// What it copies.
+    pub spec: JobSpec,
+    /// Runs started, all told.
+    pub attempts: u32,
+    /// Runs started since it was submitted or last retried (what the retry limit
+    /// counts).
+    pub tries: u32,
+    /// When it was submitted (Unix milliseconds).
+    pub created_ms: i64,
+    /// When it was submitted or last retried: its deadline counts from here.
+    pub queued_ms: i64,
+    /// When its last run started.
+    pub started_ms: Option<i64>,
+    /// When it ended.
+    pub ended_ms: Option<i64>,
+    /// Not run before this time (a retry's backoff).
+    pub not_before_ms: i64,
+    /// Bytes copied (counting what a resume found already there).
+    pub bytes: u64,
+    /// Bytes to copy.
+    pub bytes_total: u64,
+    /// Bytes the destination already held when the last run started (a resumed run
+    /// does not send them again).
+    pub bytes_resumed: u64,
+    /// Files copied.
+    pub files_done: u64,
+    /// Files that could not be copied.
+    pub files_failed: u64,
+    /// Files to copy.
+    pub files_total: u64,
+    /// Rate of the last run, bytes per second (average so far).
+    pub rate: f64,
+    /// Why the job (or its last attempt) failed.
+    pub error: Option<String>,
+    /// The files that could not be copied in its last run.
+    pub file_errors: Vec<FileError>,
+    /// Cancelling was asked while it ran.
+    pub cancel_requested: bool,
+}
+
+/// A run's counters, recorded while it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Counters {
+    /// Bytes copied.
+    pub bytes: u64,
+    /// Bytes to copy.
+    pub bytes_total: u64,
+    /// Bytes the destination held at the start of the run.
+    pub bytes_resumed: u64,
+    /// Files copied.
+    pub files_done: u64,
+    /// Files to copy.
+    pub files_total: u64,
+    /// Bytes per second.
+    pub rate: f64,
+}
+
+/// How a run ended, as the runner records it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Every file copied.
+    Done(Counters),
+    /// Ended for good: the error, and the files that could not be copied.
+    Failed {
+        /// The counters at the end.
+        counters: Counters,
+        /// Why.
+        error: String,
+        /// The files not copied.
+        files: Vec<FileError>,
+    },
+    /// Cancelled.
+    Cancelled(Counters),
+    /// Failed, to be run again from `not_before_ms` on.
+    Requeue {
+        /// The counters at the end.
+        counters: Counters,
+        /// Why this attempt failed.
+        error: String,
+        /// When the next attempt may start.
+        not_before_ms: i64,
+    },
+}
+
+/// The milliseconds since the Unix epoch now.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}

@@ -1,0 +1,538 @@
+//! The job store: one interface ([`JobStore`]) for the runner and the API, and its
+//! first implementation, an embedded SQLite database ([`SqliteStore`]) in the server's
+//! state directory. The cluster's PostgreSQL store implements the same trait.
+//!
+//! The trait is synchronous: SQLite is, and the runner and the API call it from
+//! `spawn_blocking`. Each method is one transaction.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::model::{Counters, FileError, Job, JobId, JobKind, JobSpec, Outcome, State, now_ms};
+
+/// Why the store could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No such job.
+    #[error("no job {0}")]
+    NotFound(JobId),
+    /// The job is not in a state that allows it.
+    #[error("{0}")]
+    Conflict(String),
+    /// The database file is not a jobs database, or is damaged.
+    #[error(
+        "the jobs database {path} is corrupt or not a database ({detail}); move it aside to start with an empty queue"
+    )]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// SQLite's words.
+        detail: String,
+    },
+    /// Another job service has the database open.
+    #[error(
+        "the jobs database {0} is in use by another job service (two services cannot share one file)"
+    )]
+    Locked(PathBuf),
+    /// Written by a newer dmover.
+    #[error("the jobs database {path} has schema version {found}; this dmover knows up to {known}")]
+    TooNew {
+        /// The file.
+        path: PathBuf,
+        /// Its version.
+        found: i64,
+        /// Ours.
+        known: i64,
+    },
+    /// A stored row that does not read back.
+    #[error("job {0}: stored data does not read back: {1}")]
+    BadRow(JobId, String),
+    /// Anything else SQLite or the file system said.
+    #[error("jobs database: {0}")]
+    Db(String),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Db(e.to_string())
+    }
+}
+
+/// A page of jobs, newest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Page<'a> {
+    /// Only this owner's jobs (`None`: everyone's).
+    pub owner: Option<&'a str>,
+    /// Only jobs with an id below this one (the previous page's last).
+    pub before: Option<JobId>,
+    /// At most this many.
+    pub limit: u32,
+}
+
+/// What the runner and the API need of a job store.
+pub trait JobStore: Send + Sync + std::fmt::Debug {
+    /// Records a new queued job and returns it.
+    fn submit(&self, owner: &str, kind: JobKind, spec: &JobSpec) -> Result<Job, StoreError>;
+    /// One job.
+    fn get(&self, id: JobId) -> Result<Job, StoreError>;
+    /// A page of jobs, newest first.
+    fn list(&self, page: Page<'_>) -> Result<Vec<Job>, StoreError>;
+    /// Takes the oldest queued job whose backoff has passed at `now_ms`: it becomes
+    /// running, its attempts counted.
+    fn claim(&self, now_ms: i64) -> Result<Option<Job>, StoreError>;
+    /// Records a running job's counters.
+    fn progress(&self, id: JobId, c: &Counters) -> Result<(), StoreError>;
+    /// Records how a run ended.
+    fn finish(&self, id: JobId, outcome: &Outcome) -> Result<Job, StoreError>;
+    /// Cancels a queued job at once; marks a running one (its runner stops it and
+    /// records [`Outcome::Cancelled`]). An ended job cannot be cancelled.
+    fn cancel(&self, id: JobId) -> Result<Job, StoreError>;
+    /// Queues a failed or cancelled job again, its tries counted from zero.
+    fn retry(&self, id: JobId) -> Result<Job, StoreError>;
+    /// At start: the jobs left running by a service that stopped without recording
+    /// their end (a crash, kill -9) are queued again (or cancelled, if that was
+    /// asked). Returns their ids.
+    fn recover(&self) -> Result<Vec<JobId>, StoreError>;
+    /// Queued jobs whose backoff has not passed: the earliest time one is due.
+    fn next_due(&self) -> Result<Option<i64>, StoreError>;
+}
+
+/// The schema, one step per version (`PRAGMA user_version` counts the steps applied).
+const MIGRATIONS: &[&str] = &[
+    // 1: jobs and the files they could not copy.
+    "CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        owner TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        state TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        tries INTEGER NOT NULL DEFAULT 0,
+        created_ms INTEGER NOT NULL,
+        queued_ms INTEGER NOT NULL,
+        started_ms INTEGER,
+        ended_ms INTEGER,
+        not_before_ms INTEGER NOT NULL DEFAULT 0,
+        bytes INTEGER NOT NULL DEFAULT 0,
+        bytes_total INTEGER NOT NULL DEFAULT 0,
+        bytes_resumed INTEGER NOT NULL DEFAULT 0,
+        files_done INTEGER NOT NULL DEFAULT 0,
+        files_failed INTEGER NOT NULL DEFAULT 0,
+        files_total INTEGER NOT NULL DEFAULT 0,
+        rate REAL NOT NULL DEFAULT 0,
+        error TEXT,
+        cancel_requested INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX jobs_queue ON jobs (state, not_before_ms, id);
+    CREATE INDEX jobs_owner ON jobs (owner, id);
+    CREATE TABLE file_errors (
+        job INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+        path TEXT NOT NULL,
+        error TEXT NOT NULL
+    );
+    CREATE INDEX file_errors_job ON file_errors (job);",
+];
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Jobs in an SQLite database (WAL mode), held by one service at a time.
+#[derive(Debug)]
+pub struct SqliteStore {
+    conn: Mutex<Connection>,
+    path: PathBuf,
+    /// The lock file `PATH.lock`, locked (`flock`) while the store is open.
+    _lock: std::fs::File,
+}
+
+/// The columns [`row_job`] reads, in order.
+const COLUMNS: &str = "id, owner, kind, state, spec, attempts, tries, created_ms, queued_ms, started_ms, \
+    ended_ms, not_before_ms, bytes, bytes_total, bytes_resumed, files_done, files_failed, files_total, rate, \
+    error, cancel_requested";
+
+impl SqliteStore {
+    /// Opens (or makes) the database at `path`, takes its lock, and migrates its
+    /// schema to [`SCHEMA_VERSION`].
+    pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| StoreError::Db(format!("making {}: {e}", dir.display())))?;
+        }
+        let lock = lock(path)?;
+        let corrupt = |e: rusqlite::Error| classify(path, e);
+        let conn = Connection::open(path).map_err(corrupt)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(corrupt)?;
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .map_err(corrupt)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Db(format!(
+                "{}: WAL mode refused (journal mode {mode})",
+                path.display()
+            )));
+        }
+        conn.execute_batch("PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL;")
+            .map_err(corrupt)?;
+        let mut store = SqliteStore {
+            conn: Mutex::new(conn),
+            path: path.to_path_buf(),
+            _lock: lock,
+        };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Applies the migrations the file lacks, each in its own transaction.
+    fn migrate(&mut self) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let conn = self.conn.get_mut().unwrap_or_else(|p| p.into_inner());
+        let found: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| classify(&path, e))?;
+        if found > SCHEMA_VERSION {
+            return Err(StoreError::TooNew {
+                path,
+                found,
+                known: SCHEMA_VERSION,
+            });
+        }
+        for (i, step) in MIGRATIONS.iter().enumerate().skip(found.max(0) as usize) {
+            let tx = conn.transaction().map_err(|e| classify(&path, e))?;
+            tx.execute_batch(step).map_err(|e| classify(&path, e))?;
+            tx.pragma_update(None, "user_version", i as i64 + 1)?;
+            tx.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Runs `f` in a transaction.
+    fn tx<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = conn.transaction().map_err(|e| classify(&self.path, e))?;
+        let out = f(&tx)?;
+        tx.commit().map_err(|e| classify(&self.path, e))?;
+        Ok(out)
+    }
+}
+
+/// Takes `PATH.lock` exclusively, or says who holds it.
+fn lock(path: &Path) -> Result<std::fs::File, StoreError> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let lock_path = PathBuf::from(name);
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| StoreError::Db(format!("opening {}: {e}", lock_path.display())))?;
+    match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(f),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(StoreError::Locked(path.to_path_buf())),
+        Err(e) => Err(StoreError::Db(format!(
+            "locking {}: {e}",
+            lock_path.display()
+        ))),
+    }
+}
+
+/// SQLite's error, with a corrupt or foreign file said as such.
+fn classify(path: &Path, e: rusqlite::Error) -> StoreError {
+    use rusqlite::ErrorCode::{DatabaseBusy, DatabaseCorrupt, DatabaseLocked, NotADatabase};
+    match e.sqlite_error_code() {
+        Some(NotADatabase | DatabaseCorrupt) => StoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail: e.to_string(),
+        },
+        Some(DatabaseBusy | DatabaseLocked) => StoreError::Locked(path.to_path_buf()),
+        _ => StoreError::Db(format!("{}: {e}", path.display())),
+    }
+}
+
+/// Reads a job row ([`COLUMNS`]); its file errors are read apart.
+fn row_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Job, StoreError>> {
+    let id: JobId = r.get(0)?;
+    let (kind, state, spec): (String, String, String) = (r.get(2)?, r.get(3)?, r.get(4)?);
+    let bad = |what: &str| Err(StoreError::BadRow(id, what.to_string()));
+    let Some(kind) = JobKind::parse(&kind) else {
+        return Ok(bad(&format!("kind {kind:?}")));
+    };
+    let Some(state) = State::parse(&state) else {
+        return Ok(bad(&format!("state {state:?}")));
+    };
+    let spec: JobSpec = match serde_json::from_str(&spec) {
+        Ok(s) => s,
+        Err(e) => return Ok(bad(&format!("spec: {e}"))),
+    };
+    let u = |i: usize| -> rusqlite::Result<u64> { Ok(r.get::<_, i64>(i)?.max(0) as u64) };
+    Ok(Ok(Job {
+        id,
+        owner: r.get(1)?,
+        kind,
+        state,
+        spec,
+        attempts: u(5)? as u32,
+        tries: u(6)? as u32,
+        created_ms: r.get(7)?,
+        queued_ms: r.get(8)?,
+        started_ms: r.get(9)?,
+        ended_ms: r.get(10)?,
+        not_before_ms: r.get(11)?,
+        bytes: u(12)?,
+        bytes_total: u(13)?,
+        bytes_resumed: u(14)?,
+        files_done: u(15)?,
+        files_failed: u(16)?,
+        files_total: u(17)?,
+        rate: r.get(18)?,
+        error: r.get(19)?,
+        file_errors: Vec::new(),
+        cancel_requested: r.get::<_, i64>(20)? != 0,
+    }))
+}
+
+/// Job `id` with its file errors, in `tx`.
+fn load(tx: &rusqlite::Transaction<'_>, id: JobId) -> Result<Job, StoreError> {
+    let row = tx
+        .query_row(
+            &format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1"),
+            [id],
+            row_job,
+        )
+        .optional()?;
+    let mut job = row.ok_or(StoreError::NotFound(id))??;
+    let mut q =
+        tx.prepare_cached("SELECT path, error FROM file_errors WHERE job = ?1 ORDER BY rowid")?;
+    job.file_errors = q
+        .query_map([id], |r| {
+            Ok(FileError {
+                path: r.get(0)?,
+                error: r.get(1)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(job)
+}
+
+/// Writes a run's counters.
+fn set_counters(tx: &rusqlite::Transaction<'_>, id: JobId, c: &Counters) -> Result<(), StoreError> {
+    let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    tx.execute(
+        "UPDATE jobs SET bytes = ?2, bytes_total = ?3, files_done = ?4, files_total = ?5, \
+         rate = ?6, bytes_resumed = ?7 WHERE id = ?1",
+        params![
+            id,
+            i(c.bytes),
+            i(c.bytes_total),
+            i(c.files_done),
+            i(c.files_total),
+            c.rate,
+            i(c.bytes_resumed)
+        ],
+    )?;
+    Ok(())
+}
+
+impl JobStore for SqliteStore {
+    fn submit(&self, owner: &str, kind: JobKind, spec: &JobSpec) -> Result<Job, StoreError> {
+        let spec = serde_json::to_string(spec).map_err(|e| StoreError::Db(e.to_string()))?;
+        self.tx(|tx| {
+            tx.execute(
+                "INSERT INTO jobs (owner, kind, state, spec, created_ms, queued_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
+                params![owner, kind.as_str(), State::Queued.as_str(), spec, now_ms()],
+            )?;
+            load(tx, tx.last_insert_rowid())
+        })
+    }
+
+    fn get(&self, id: JobId) -> Result<Job, StoreError> {
+        self.tx(|tx| load(tx, id))
+    }
+
+    fn list(&self, page: Page<'_>) -> Result<Vec<Job>, StoreError> {
+        self.tx(|tx| {
+            let mut q = tx.prepare_cached(
+                "SELECT id FROM jobs WHERE (?1 IS NULL OR owner = ?1) AND (?2 IS NULL OR id < ?2) \
+                 ORDER BY id DESC LIMIT ?3",
+            )?;
+            let ids: Vec<JobId> = q
+                .query_map(params![page.owner, page.before, page.limit], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            ids.into_iter().map(|id| load(tx, id)).collect()
+        })
+    }
+
+    fn claim(&self, now_ms: i64) -> Result<Option<Job>, StoreError> {
+        self.tx(|tx| {
+            let id: Option<JobId> = tx
+                .query_row(
+                    "SELECT id FROM jobs WHERE state = 'queued' AND not_before_ms <= ?1 \
+                     ORDER BY id LIMIT 1",
+                    [now_ms],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            let Some(id) = id else { return Ok(None) };
+            tx.execute(
+                "UPDATE jobs SET state = 'running', attempts = attempts + 1, tries = tries + 1, \
+                 started_ms = ?2, ended_ms = NULL WHERE id = ?1",
+                params![id, now_ms],
+            )?;
+            load(tx, id).map(Some)
+        })
+    }
+
+    fn progress(&self, id: JobId, c: &Counters) -> Result<(), StoreError> {
+        self.tx(|tx| set_counters(tx, id, c))
+    }
+
+    fn finish(&self, id: JobId, outcome: &Outcome) -> Result<Job, StoreError> {
+        self.tx(|tx| {
+            let job = load(tx, id)?;
+            if job.state != State::Running {
+                return Err(StoreError::Conflict(format!(
+                    "job {id} is {}, not running",
+                    job.state.as_str()
+                )));
+            }
+            let now = now_ms();
+            let (state, counters, error, files, not_before, ended) = match outcome {
+                Outcome::Done(c) => (State::Done, c, None, &[][..], 0, Some(now)),
+                Outcome::Cancelled(c) => (State::Cancelled, c, None, &[][..], 0, Some(now)),
+                Outcome::Failed {
+                    counters,
+                    error,
+                    files,
+                } => (
+                    State::Failed,
+                    counters,
+                    Some(error),
+                    &files[..],
+                    0,
+                    Some(now),
+                ),
+                Outcome::Requeue {
+                    counters,
+                    error,
+                    not_before_ms,
+                } => (
+                    State::Queued,
+                    counters,
+                    Some(error),
+                    &[][..],
+                    *not_before_ms,
+                    None,
+                ),
+            };
+            set_counters(tx, id, counters)?;
+            tx.execute("DELETE FROM file_errors WHERE job = ?1", [id])?;
+            for f in files {
+                tx.execute(
+                    "INSERT INTO file_errors (job, path, error) VALUES (?1, ?2, ?3)",
+                    params![id, f.path, f.error],
+                )?;
+            }
+            tx.execute(
+                "UPDATE jobs SET state = ?2, error = ?3, not_before_ms = ?4, ended_ms = ?5, \
+                 files_failed = ?6, cancel_requested = 0 WHERE id = ?1",
+                params![
+                    id,
+                    state.as_str(),
+                    error,
+                    not_before,
+                    ended,
+                    files.len() as i64
+                ],
+            )?;
+            load(tx, id)
+        })
+    }
+
+    fn cancel(&self, id: JobId) -> Result<Job, StoreError> {
+        self.tx(|tx| {
+            let job = load(tx, id)?;
+            match job.state {
+                State::Queued => {
+                    tx.execute(
+                        "UPDATE jobs SET state = 'cancelled', ended_ms = ?2 WHERE id = ?1",
+                        params![id, now_ms()],
+                    )?;
+                }
+                State::Running => {
+                    tx.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?1", [id])?;
+                }
+                s => {
+                    return Err(StoreError::Conflict(format!(
+                        "job {id} has ended ({}): nothing to cancel",
+                        s.as_str()
+                    )));
+                }
+            }
+            load(tx, id)
+        })
+    }
+
+    fn retry(&self, id: JobId) -> Result<Job, StoreError> {
+        self.tx(|tx| {
+            let job = load(tx, id)?;
+            if !matches!(job.state, State::Failed | State::Cancelled) {
+                return Err(StoreError::Conflict(format!(
+                    "job {id} is {}: only a failed or cancelled job can be retried",
+                    job.state.as_str()
+                )));
+            }
+            tx.execute(
+                "UPDATE jobs SET state = 'queued', tries = 0, not_before_ms = 0, ended_ms = NULL, \
+                 error = NULL, queued_ms = ?2 WHERE id = ?1",
+                params![id, now_ms()],
+            )?;
+            load(tx, id)
+        })
+    }
+
+    fn recover(&self) -> Result<Vec<JobId>, StoreError> {
+        self.tx(|tx| {
+            let mut q = tx.prepare("SELECT id FROM jobs WHERE state = 'running' ORDER BY id")?;
+            let ids: Vec<JobId> = q
+                .query_map([], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            tx.execute(
+                "UPDATE jobs SET state = 'cancelled', ended_ms = ?1, cancel_requested = 0 \
+                 WHERE state = 'running' AND cancel_requested != 0",
+                [now_ms()],
+            )?;
+            tx.execute(
+                "UPDATE jobs SET state = 'queued', not_before_ms = 0, \
+                 error = 'the job service stopped during the run; resumed' \
+                 WHERE state = 'running'",
+                [],
+            )?;
+            Ok(ids)
+        })
+    }
+
+    fn next_due(&self) -> Result<Option<i64>, StoreError> {
+        self.tx(|tx| {
+            Ok(tx.query_row(
+                "SELECT MIN(not_before_ms) FROM jobs WHERE state = 'queued'",
+                [],
+                |r| r.get(0),
+            )?)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,246 @@
+//! `dmover submit`, `jobs`, `job`, `cancel`, `retry`: clients of a job service's REST
+//! API (docs/jobs.md), through [`dmover_jobs::client`].
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+use dmover_jobs::client::ApiClient;
+use dmover_jobs::model::{Job, JobId, JobOptions, JobSpec, Route};
+
+use crate::args::{TpcArg, usage};
+use crate::env::Env;
+
+/// How to reach the job service: shared by the job commands.
+#[derive(Debug, Clone, Args)]
+pub struct ServiceArgs {
+    /// The job service: http://HOST:PORT (loopback) or https://HOST:PORT.
+    #[arg(long, env = "DMOVER_SERVICE", value_name = "URL")]
+    pub service: String,
+    /// File holding your token on the service's server [default: DMOVER_TOKEN].
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Known-hosts file where an https:// service's key is pinned [default: the
+    /// client's known-hosts file].
+    #[arg(long, value_name = "FILE")]
+    pub known_hosts: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `dmover submit`.
+#[derive(Debug, Clone, Args)]
+pub struct SubmitArgs {
+    /// Sources on one server, then the destination on a server: dmover://HOST[:PORT]/PATH
+    /// or HOST:PATH. A destination ending in / is a directory that receives the sources.
+    #[arg(required = true, num_args = 2.., value_name = "PATH")]
+    pub paths: Vec<OsString>,
+    /// Parallel data streams.
+    #[arg(short = 'P', long, value_parser = clap::value_parser!(u16).range(1..=128))]
+    pub streams: Option<u16>,
+    /// Leave files that cannot be copied and go on with the rest (their errors are kept
+    /// by file; the job ends failed).
+    #[arg(long)]
+    pub continue_on_error: bool,
+    /// Read every file back at the destination and compare digests.
+    #[arg(long)]
+    pub verify: bool,
+    /// Which server dials the other.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub tpc: Option<TpcArg>,
+    /// Relay the data through the job service (servers that cannot reach each other).
+    #[arg(long, conflicts_with = "tpc")]
+    pub via_client: bool,
+    #[command(flatten)]
+    pub service: ServiceArgs,
+}
+
+/// `dmover jobs`.
+#[derive(Debug, Clone, Args)]
+pub struct JobsArgs {
+    /// Jobs per page.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub limit: u32,
+    /// The page after this job id (the previous page's `next`).
+    #[arg(long, value_name = "ID")]
+    pub before: Option<JobId>,
+    #[command(flatten)]
+    pub service: ServiceArgs,
+}
+
+/// `dmover job`, `cancel`, `retry`.
+#[derive(Debug, Clone, Args)]
+pub struct JobArgs {
+    /// The job's id.
+    pub id: JobId,
+    #[command(flatten)]
+    pub service: ServiceArgs,
+}
+
+/// What a job command does with its job.
+#[derive(Debug, Clone, Copy)]
+pub enum Act {
+    /// Show it.
+    Show,
+    /// Cancel it.
+    Cancel,
+    /// Queue it again.
+    Retry,
+}
+
+fn client(a: &ServiceArgs, env: &Env) -> anyhow::Result<ApiClient> {
+    let token = crate::resolve::token(a.token_file.as_deref(), env)?
+        .map(|t| String::from_utf8_lossy(&t).trim().to_string());
+    let kh = a
+        .known_hosts
+        .clone()
+        .or_else(|| env.known_hosts())
+        .context("no known-hosts file: pass --known-hosts FILE")?;
+    Ok(ApiClient::new(&a.service, token, kh)?)
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting a runtime")
+}
+
+/// The spec `dmover submit`'s arguments describe; local paths are refused here.
+fn spec(a: &SubmitArgs) -> anyhow::Result<JobSpec> {
+    let mut paths = Vec::new();
+    for p in &a.paths {
+        let s = p
+            .to_str()
+            .ok_or_else(|| usage(format!("{} is not UTF-8", p.to_string_lossy())))?;
+        match dmover_core::transfer::Endpoint::parse(s) {
+            Ok(e) if e.is_remote() => paths.push(s.to_string()),
+            Ok(_) => {
+                return Err(usage(format!(
+                    "{s} is a local path: a job runs on the service, so its sources and \
+                     destination are paths on servers (dmover://HOST[:PORT]/PATH or \
+                     HOST:PATH); use dmover cp for local files"
+                )));
+            }
+            Err(e) => return Err(usage(format!("{s}: {e}"))),
+        }
+    }
+    let destination = paths.pop().expect("clap requires two paths");
+    Ok(JobSpec {
+        sources: paths,
+        destination,
+        options: JobOptions {
+            streams: a.streams,
+            continue_on_error: a.continue_on_error,
+            verify: a.verify,
+            route: match (a.via_client, a.tpc) {
+                (true, _) => Route::ViaService,
+                (_, Some(TpcArg::Pull)) => Route::Pull,
+                _ => Route::Push,
+            },
+        },
+    })
+}
+
+/// `dmover submit`: prints the new job's id (`--json`: `{"id": N}`).
+pub fn submit(a: SubmitArgs, env: &Env) -> anyhow::Result<ExitCode> {
+    let spec = spec(&a)?;
+    let c = client(&a.service, env)?;
+    let job = runtime()?.block_on(c.submit(&spec))?;
+    if a.service.json {
+        println!("{}", serde_json::json!({ "id": job.id }));
+    } else {
+        println!("{}", job.id);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `dmover jobs`: a page of jobs, newest first.
+pub fn list(a: JobsArgs, env: &Env) -> anyhow::Result<ExitCode> {
+    let c = client(&a.service, env)?;
+    let page = runtime()?.block_on(c.list(a.limit, a.before))?;
+    if a.service.json {
+        println!("{}", serde_json::to_string(&page)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:>6}  {:<9}  {:<10}  {:>11}  {:>15}  SOURCES -> DESTINATION",
+        "ID", "STATE", "OWNER", "FILES", "BYTES"
+    );
+    for j in &page.jobs {
+        println!(
+            "{:>6}  {:<9}  {:<10}  {:>11}  {:>15}  {} -> {}",
+            j.id,
+            j.state.as_str(),
+            j.owner,
+            format!("{}/{}", j.files_done, j.files_total),
+            format!("{}/{}", j.bytes, j.bytes_total),
+            j.spec.sources.join(" "),
+            j.spec.destination
+        );
+    }
+    if let Some(n) = page.next {
+        println!("more: dmover jobs --before {n}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `dmover job`, `cancel`, `retry`: the job afterwards.
+pub fn act(a: JobArgs, act: Act, env: &Env) -> anyhow::Result<ExitCode> {
+    let c = client(&a.service, env)?;
+    let rt = runtime()?;
+    let job = rt.block_on(async {
+        match act {
+            Act::Show => c.job(a.id).await,
+            Act::Cancel => c.cancel(a.id).await,
+            Act::Retry => c.retry(a.id).await,
+        }
+    })?;
+    if a.service.json {
+        println!("{}", serde_json::to_string(&job)?);
+    } else {
+        print!("{}", describe(&job));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A job in lines.
+fn describe(j: &Job) -> String {
+    let time = |ms: Option<i64>| ms.map_or("-".to_string(), |t| format!("{:.3}", t as f64 / 1e3));
+    let mut out = format!(
+        "job {}: {}{}\nowner: {}\nsources: {}\ndestination: {}\nfiles: {} done, {} failed, \
+         {} total\nbytes: {} of {} ({} resumed), {:.1} MB/s\nattempts: {}\n\
+         submitted: {} s, started: {} s, ended: {} s (Unix time)\n",
+        j.id,
+        j.state.as_str(),
+        if j.cancel_requested {
+            " (cancel requested)"
+        } else {
+            ""
+        },
+        j.owner,
+        j.spec.sources.join(" "),
+        j.spec.destination,
+        j.files_done,
+        j.files_failed,
+        j.files_total,
+        j.bytes,
+        j.bytes_total,
+        j.bytes_resumed,
+        j.rate / 1e6,
+        j.attempts,
+        time(Some(j.created_ms)),
+        time(j.started_ms),
+        time(j.ended_ms),
+    );
+    if let Some(e) = &j.error {
+        out.push_str(&format!("error: {e}\n"));
+    }
+    for f in &j.file_errors {
+        out.push_str(&format!("  {}: {}\n", f.path, f.error));
+    }
+    out
+}

@@ -1,0 +1,240 @@
+//! `dmover serve --jobs` and its clients, as processes: servers A (the data, slow) and
+//! B (the destination) without credentials on loopback, and C, a server with a token
+//! running the job service. Jobs are submitted with `dmover submit`, watched with
+//! `dmover job`/`jobs`, and survive C killed with SIGKILL mid-job and started again.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Server, bin, bytes};
+
+/// A child process, killed (SIGKILL) and reaped when dropped.
+struct Proc(Child);
+
+impl Proc {
+    /// SIGKILL, as a crash.
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// C: `dmover serve --root ROOT --token-file TOKEN --jobs` with its state in `state`;
+/// the process and the job service's URL (from its `dmover: jobs on URL` line).
+fn start_service(root: &Path, token: &Path, state: &Path) -> (Proc, String) {
+    let child = Command::new(bin())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--jobs",
+            "--jobs-listen",
+        ])
+        .arg("127.0.0.1:0")
+        .arg("--root")
+        .arg(root)
+        .arg("--token-file")
+        .arg(token)
+        .arg("--state-dir")
+        .arg(state)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = Proc(child);
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "no jobs line");
+        if let Some(url) = line.trim().strip_prefix("dmover: jobs on ") {
+            // Keep reading stdout so the server never blocks on it.
+            std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+            return (child, url.to_string());
+        }
+    }
+}
+
+/// `dmover ARGS` against `url` with the token in `token` (if any).
+fn dm(url: &str, token: Option<&Path>, kh: &Path, args: &[&str]) -> Output {
+    let mut c = Command::new(bin());
+    c.args(args)
+        .args(["--service", url, "--known-hosts"])
+        .arg(kh)
+        .env_remove("DMOVER_TOKEN")
+        .env_remove("DMOVER_SERVICE");
+    if let Some(t) = token {
+        c.arg("--token-file").arg(t);
+    }
+    c.output().unwrap()
+}
+
+fn json_of(o: &Output) -> serde_json::Value {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// `dmover job ID --json` until `until` holds (at most 60 s).
+fn wait(
+    url: &str,
+    token: &Path,
+    kh: &Path,
+    id: &str,
+    until: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let t = Instant::now();
+    loop {
+        let j = json_of(&dm(url, Some(token), kh, &["job", id, "--json"]));
+        if until(&j) {
+            return j;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "{j}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_job_submitted_from_the_cli_survives_a_killed_service() {
+    let t = tempfile::tempdir().unwrap();
+    let p = |s: &str| t.path().join(s);
+    for d in ["a/run", "b/in", "c", "state"] {
+        std::fs::create_dir_all(p(d)).unwrap();
+    }
+    // 40 files of 256 KiB, read one chunk at a time at 100 ms a chunk: about 4 s.
+    for i in 0..40u64 {
+        std::fs::write(p(&format!("a/run/{i}")), bytes(i, 256 << 10)).unwrap();
+    }
+    std::fs::write(p("token"), "sekrit\n").unwrap();
+    let slow = [
+        "--third-party",
+        "--io-threads",
+        "1",
+        "--debug-chunk-delay-ms",
+        "100",
+    ];
+    let a = Server::start(&p("a"), &slow);
+    let b = Server::start(&p("b"), &["--third-party"]);
+    let (mut c, url) = start_service(&p("c"), &p("token"), &p("state"));
+    let (tok, kh) = (p("token"), p("known_hosts"));
+
+    // Refused before anything is sent: a local path, and no token.
+    let o = dm(
+        &url,
+        Some(&tok),
+        &kh,
+        &["submit", "/etc/hosts", &b.url("in/")],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("is a local path"));
+    let o = dm(&url, None, &kh, &["submit", &a.url("run"), &b.url("in/")]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("HTTP 401") && e.contains("bearer token"), "{e}");
+
+    let o = dm(
+        &url,
+        Some(&tok),
+        &kh,
+        &["submit", &a.url("run"), &b.url("in/"), "--json"],
+    );
+    let id = json_of(&o)["id"].as_i64().unwrap().to_string();
+    let seen = wait(&url, &tok, &kh, &id, |j| j["bytes"].as_u64() > Some(0));
+    assert_eq!(seen["state"], "running", "{seen}");
+    c.kill();
+    // Whatever is at B under a final name is whole.
+    let mut whole = 0;
+    for e in std::fs::read_dir(p("b/in/run"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Ok(i) = name.parse::<u64>() {
+            assert_eq!(
+                std::fs::read(e.path()).unwrap(),
+                bytes(i, 256 << 10),
+                "{name}"
+            );
+            whole += 1;
+        }
+    }
+    assert!(whole < 40, "the job was killed mid-way ({whole} files)");
+
+    let (mut c, url) = start_service(&p("c"), &p("token"), &p("state"));
+    let j = wait(&url, &tok, &kh, &id, |j| {
+        j["state"] != "running" && j["state"] != "queued"
+    });
+    assert_eq!(j["state"], "done", "{j}");
+    assert_eq!(j["attempts"], 2, "{j}");
+    assert_eq!(j["files_done"].as_u64(), Some(40), "{j}");
+    for i in 0..40u64 {
+        assert_eq!(
+            std::fs::read(p(&format!("b/in/run/{i}"))).unwrap(),
+            bytes(i, 256 << 10)
+        );
+    }
+    assert_eq!(
+        common::staging_files(&p("b")),
+        Vec::<std::path::PathBuf>::new()
+    );
+    let list = json_of(&dm(&url, Some(&tok), &kh, &["jobs", "--json"]));
+    assert_eq!(list["jobs"][0]["id"].to_string(), id, "{list}");
+    assert_eq!(list["next"], serde_json::Value::Null);
+    let text = dm(&url, Some(&tok), &kh, &["job", &id]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains(&format!("job {id}: done")));
+    let o = dm(&url, Some(&tok), &kh, &["cancel", &id]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("nothing to cancel"));
+    c.kill();
+    drop((a, b));
+}
+
+#[test]
+fn a_second_service_on_the_same_database_does_not_start() {
+    let t = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(t.path().join("c")).unwrap();
+    std::fs::write(t.path().join("token"), "sekrit\n").unwrap();
+    let state = t.path().join("state");
+    let (mut first, _) = start_service(&t.path().join("c"), &t.path().join("token"), &state);
+    let o = Command::new(bin())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--jobs",
+            "--jobs-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--root")
+        .arg(t.path().join("c"))
+        .arg("--token-file")
+        .arg(t.path().join("token"))
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("in use by another job service"), "{e}");
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("listening"));
+    first.kill();
+    // Without users, the job service is refused.
+    let o = Command::new(bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--jobs", "--root"])
+        .arg(t.path().join("c"))
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("bearer tokens of the server's users"));
+}
