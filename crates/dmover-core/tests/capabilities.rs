@@ -91,6 +91,17 @@ fn push_to(p: &Pair, capability: dmover_proto::capability::Capability, b_key: &s
     }
 }
 
+/// B's capability for A to push into B's `copy`.
+async fn push_capability(p: &Pair, a_key: &str) -> dmover_proto::capability::Capability {
+    let scope = Scope::Push {
+        dest: b"copy".to_vec(),
+    };
+    p.client
+        .request_capability(&p.b, scope, a_key)
+        .await
+        .unwrap()
+}
+
 fn entries(dir: &Path) -> usize {
     std::fs::read_dir(dir).unwrap().count()
 }
@@ -179,17 +190,7 @@ async fn a_capability_for_another_dialer_or_naming_another_address_is_refused() 
     let e = p.client.steer(&p.a, tp, Run::new()).await.unwrap_err();
     assert!(e.to_string().contains("does not name 127.0.0.1:25"), "{e}");
     // The key the client pinned for B must be the capability's issuer.
-    let cap = p
-        .client
-        .request_capability(
-            &p.b,
-            Scope::Push {
-                dest: b"copy".to_vec(),
-            },
-            &a_key,
-        )
-        .await
-        .unwrap();
+    let cap = push_capability(&p, &a_key).await;
     let e = p
         .client
         .steer(&p.a, push_to(&p, cap, other.fingerprint()), Run::new())
@@ -298,17 +299,7 @@ async fn a_dialer_with_tpc_peers_dials_only_those_servers() {
     assert!(!trap.dialed(), "the dialer connected to {trap_addr}: {e}");
     assert!(e.to_string().contains("tpc_peers"), "{e}");
     // B is one of A's peers: its capability works.
-    let cap = p
-        .client
-        .request_capability(
-            &p.b,
-            Scope::Push {
-                dest: b"copy".to_vec(),
-            },
-            &a_key,
-        )
-        .await
-        .unwrap();
+    let cap = push_capability(&p, &a_key).await;
     let r = p
         .client
         .steer(&p.a, push_to(&p, cap, &b_key), Run::new())

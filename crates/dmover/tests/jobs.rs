@@ -32,21 +32,7 @@ impl Drop for Proc {
 /// C: `dmover serve --root ROOT --token-file TOKEN --jobs` with its state in `state`;
 /// the process and the job service's URL (from its `dmover: jobs on URL` line).
 fn start_service(root: &Path, token: &Path, state: &Path) -> (Proc, String) {
-    let child = Command::new(bin())
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--jobs",
-            "--jobs-listen",
-        ])
-        .arg("127.0.0.1:0")
-        .arg("--root")
-        .arg(root)
-        .arg("--token-file")
-        .arg(token)
-        .arg("--state-dir")
-        .arg(state)
+    let child = service(root, token, state)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -63,6 +49,27 @@ fn start_service(root: &Path, token: &Path, state: &Path) -> (Proc, String) {
             return (child, url.to_string());
         }
     }
+}
+
+/// `dmover serve --jobs` on loopback, exporting `root` to the token in `token`, its
+/// state in `state`.
+fn service(root: &Path, token: &Path, state: &Path) -> Command {
+    let mut c = Command::new(bin());
+    c.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--jobs",
+        "--jobs-listen",
+    ])
+    .arg("127.0.0.1:0")
+    .arg("--root")
+    .arg(root)
+    .arg("--token-file")
+    .arg(token)
+    .arg("--state-dir")
+    .arg(state);
+    c
 }
 
 /// `dmover ARGS` against `url` with the token in `token` (if any).
@@ -205,21 +212,7 @@ fn a_second_service_on_the_same_database_does_not_start() {
     std::fs::write(t.path().join("token"), "sekrit\n").unwrap();
     let state = t.path().join("state");
     let (mut first, _) = start_service(&t.path().join("c"), &t.path().join("token"), &state);
-    let o = Command::new(bin())
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--jobs",
-            "--jobs-listen",
-            "127.0.0.1:0",
-        ])
-        .arg("--root")
-        .arg(t.path().join("c"))
-        .arg("--token-file")
-        .arg(t.path().join("token"))
-        .arg("--state-dir")
-        .arg(&state)
+    let o = service(&t.path().join("c"), &t.path().join("token"), &state)
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
