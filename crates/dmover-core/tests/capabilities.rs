@@ -133,6 +133,87 @@ async fn a_capability_is_used_once() {
     assert_eq!(entries(&p.b_root), 0);
 }
 
+/// A capability the issuer gave out before it restarted (same key, same address) is
+/// refused, though unused and unexpired: the set of used nonces lived in the old
+/// process, so the new one accepts only the nonces it issued itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capability_from_before_the_issuers_restart_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let (a_root, b_root) = (t.path().join("a"), t.path().join("b"));
+    std::fs::create_dir_all(a_root.join("src")).unwrap();
+    std::fs::create_dir(&b_root).unwrap();
+    std::fs::write(a_root.join("src/f"), vec![7u8; 1000]).unwrap();
+    let (a, stop_a) = server(&a_root, Duration::from_secs(60)).await;
+    let b_id = dmover_net::tls::ServerIdentity::ephemeral().unwrap();
+    let start_b = |l: tokio::net::TcpListener| {
+        let mut cfg = ServerConfig::new(&b_root);
+        cfg.exports[0].third_party = true;
+        cfg.identity = Some(b_id.clone());
+        let srv = Server::new(cfg).unwrap();
+        let stop = CancellationToken::new();
+        let s = stop.clone();
+        let task = tokio::spawn(async move { srv.serve(l, s).await });
+        (stop, task)
+    };
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let b = l.local_addr().unwrap().to_string();
+    let (stop_b, task) = start_b(l);
+    let client = client(&t.path().join("known_hosts"));
+    let a_key = client.server_key(&a).await.unwrap();
+    let b_key = client.server_key(&b).await.unwrap();
+    let scope = Scope::Push {
+        dest: b"copy".to_vec(),
+    };
+    let cap = client.request_capability(&b, scope, &a_key).await.unwrap();
+    // B restarts on its address, with its key.
+    stop_b.cancel();
+    let _ = task.await;
+    let mut tries = 0;
+    let l = loop {
+        match tokio::net::TcpListener::bind(&b).await {
+            Ok(l) => break l,
+            Err(_) if tries < 100 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("binding {b} again: {e}"),
+        }
+    };
+    let (stop_b, _task) = start_b(l);
+    let tp = ThirdParty {
+        mode: TpcMode::Push,
+        peer: b.clone(),
+        peer_key: b_key.clone(),
+        capability: cap,
+        paths: vec![b"src".to_vec()],
+    };
+    let e = client.steer(&a, tp.clone(), Run::new()).await.unwrap_err();
+    assert!(
+        e.to_string().contains("before this server restarted"),
+        "{e}"
+    );
+    assert_eq!(entries(&b_root), 0);
+    // A capability the new process issues works.
+    let scope = Scope::Push {
+        dest: b"copy".to_vec(),
+    };
+    let cap = client.request_capability(&b, scope, &a_key).await.unwrap();
+    let r = client
+        .steer(
+            &a,
+            ThirdParty {
+                capability: cap,
+                ..tp
+            },
+            Run::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.summary.bytes, 1000);
+    stop_a.cancel();
+    stop_b.cancel();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_capability_is_refused_before_anything_is_dialed() {
     let p = pair(Duration::from_secs(1)).await;

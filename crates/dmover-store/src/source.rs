@@ -152,7 +152,7 @@ impl FileSource {
             let size = b.tree.entries()[entry as usize].file_size();
             let same = (|| -> std::io::Result<bool> {
                 let (dir, name) = b.tree.locate(entry)?;
-                let fd = sys::open_in(&*dir, name, OFlags::RDONLY, 0)?;
+                let fd = sys::open_regular(&*dir, name)?;
                 for &(i, hash) in &held.partial[&entry] {
                     let len = chunk.min(size - i * chunk) as usize;
                     let got = sys::pread_full(&fd, &mut buf[..len], i * chunk)?;
@@ -314,8 +314,17 @@ impl FileSource {
             .tree
             .locate(slot.entry)
             .map_err(|e| Error::io("opening", path(), e))?;
-        let fd = sys::open_in(&*dir, name, OFlags::RDONLY, 0)
-            .map_err(|e| Error::io("opening", path(), e))?;
+        let fd = sys::open_regular(&*dir, name).map_err(|e| {
+            if sys::is_not_regular(&e) {
+                // Swapped for a FIFO, device or directory since the walk.
+                Error::Changed {
+                    path: path(),
+                    what: sys::NOT_REGULAR.into(),
+                }
+            } else {
+                Error::io("opening", path(), e)
+            }
+        })?;
         if Self::in_hole(b, slot.entry, &fd, p.file_offset, p.len as u64, slot.size) {
             buf[p.buf_offset..p.buf_offset + p.len].fill(0);
         } else {

@@ -29,6 +29,29 @@ pub fn open_in(dir: impl AsFd, name: &[u8], flags: OFlags, mode: u32) -> io::Res
     )?)
 }
 
+/// Opens the regular file `name` in `dir` to read its data: without following a
+/// symlink, and with `O_NONBLOCK`, so that a FIFO or a device swapped in for a file
+/// since it was walked (by a local user who can write there) neither blocks the
+/// opening thread — a FIFO with no writer would, forever — nor is read: anything but a
+/// regular file is refused with [`NOT_REGULAR`] as its message. `O_NONBLOCK` changes
+/// nothing for a regular file's reads.
+pub fn open_regular(dir: impl AsFd, name: &[u8]) -> io::Result<OwnedFd> {
+    let fd = open_in(dir, name, OFlags::RDONLY | OFlags::NONBLOCK, 0)?;
+    let st = rustix::fs::fstat(&fd)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, NOT_REGULAR));
+    }
+    Ok(fd)
+}
+
+/// What [`open_regular`] says of a name that is no longer a regular file.
+pub const NOT_REGULAR: &str = "it is no longer a regular file";
+
+/// Whether `e` is [`open_regular`]'s refusal of something not a regular file.
+pub fn is_not_regular(e: &io::Error) -> bool {
+    e.raw_os_error().is_none() && e.get_ref().is_some_and(|x| x.to_string() == NOT_REGULAR)
+}
+
 /// Opens a multi-component relative `path` below `root`, refusing any resolution that
 /// would leave `root` (`..`, absolute symlinks, symlinks pointing outside): the kernel
 /// checks every step (`openat2` with `RESOLVE_BENEATH`), so there is no race between

@@ -155,3 +155,35 @@ fn a_deep_chain_of_directories_costs_no_stack() {
         rustix::fs::FileType::RegularFile
     );
 }
+
+/// A source file swapped for a FIFO after the walk (by a local user who can write in
+/// the tree) fails that file as changed, at once: opening a FIFO with no writer would
+/// block the reading disk thread for good, and reading one would send whatever a
+/// writer put there.
+#[test]
+fn a_file_swapped_for_a_fifo_is_refused_without_blocking() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), vec![7u8; 5000]).unwrap();
+    let root = paths::source_root(&Base::Local, bytes(&src), b"").unwrap();
+    let tree = walk::walk(vec![root]).unwrap().tree;
+    let source = FileSource::new(tree, CHUNK, SourceOptions::default()).unwrap();
+    fs::remove_file(src.join("f")).unwrap();
+    let fifo = std::ffi::CString::new(bytes(&src.join("f")).to_vec()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; CHUNK as usize];
+        let mut digests = Vec::new();
+        let k = source.chunks().next().unwrap();
+        let _ = tx.send(source.read_chunk(k, &mut buf, &mut digests).map(|_| ()));
+    });
+    let got = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("reading blocked on the FIFO");
+    let e = got.expect_err("a FIFO read as the file");
+    assert!(e.to_string().contains("no longer a regular file"), "{e}");
+    assert!(e.retryable(), "{e}");
+}

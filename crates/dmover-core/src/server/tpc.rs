@@ -21,13 +21,61 @@ const STEER_SILENCE: Duration =
 
 /// Nonces of the capabilities this server accepted, kept until they expire: each is
 /// accepted once.
-#[derive(Debug, Default)]
-pub(super) struct Nonces(Mutex<HashMap<[u8; 16], u64>>);
+///
+/// The set lives in memory, so a server would forget it at a restart, and a capability
+/// it had accepted before could be used again while it lasts (at most an hour, and only
+/// by the dialer, whose TLS key it names). So the nonces this server issues carry a tag
+/// keyed by a secret of this process: half random, half a keyed BLAKE3 hash of that
+/// half. A capability issued before a restart carries a tag the new process cannot make,
+/// and is refused as such; every attempt of a copy asks for a new one, so a restart
+/// costs a steering client nothing but the attempt it interrupted. Nothing is stored,
+/// and the nonce keeps its size on the wire.
+#[derive(Debug)]
+pub(super) struct Nonces {
+    taken: Mutex<HashMap<[u8; 16], u64>>,
+    key: [u8; 32],
+}
+
+impl Default for Nonces {
+    fn default() -> Self {
+        Nonces {
+            taken: Mutex::default(),
+            key: rand::random(),
+        }
+    }
+}
 
 impl Nonces {
+    /// A new nonce for a capability this process issues.
+    pub(super) fn issue(&self) -> [u8; 16] {
+        let mut n = [0u8; 16];
+        n[..8].copy_from_slice(&rand::random::<[u8; 8]>());
+        let tag = self.tag(&n[..8]);
+        n[8..].copy_from_slice(&tag);
+        n
+    }
+
+    /// Whether this process issued `nonce`.
+    fn ours(&self, nonce: &[u8; 16]) -> bool {
+        // Compared in constant time, though a tag guessed is worth nothing without
+        // the issuer's signature over it.
+        let tag = self.tag(&nonce[..8]);
+        tag.iter()
+            .zip(&nonce[8..])
+            .fold(0u8, |d, (a, b)| d | (a ^ b))
+            == 0
+    }
+
+    fn tag(&self, half: &[u8]) -> [u8; 8] {
+        let h = blake3::keyed_hash(&self.key, half);
+        let mut t = [0u8; 8];
+        t.copy_from_slice(&h.as_bytes()[..8]);
+        t
+    }
+
     /// Takes `nonce` (valid until `expires`); `false` if it was taken before.
     fn take(&self, nonce: [u8; 16], expires: u64, now: u64) -> bool {
-        let mut m = self.0.lock();
+        let mut m = self.taken.lock();
         m.retain(|_, e| *e >= now);
         m.insert(nonce, expires).is_none()
     }
@@ -101,6 +149,11 @@ impl Server {
         };
         let now = unix_now();
         g.check(now, pk).map_err(|e| e.to_string())?;
+        if !self.nonces.ours(&g.nonce) {
+            return Err(
+                "a capability issued before this server restarted: ask for a new one".into(),
+            );
+        }
         if !self.nonces.take(g.nonce, g.expires, now) {
             return Err(CapabilityError::Replayed.to_string());
         }
@@ -218,7 +271,7 @@ impl Server {
             user: grant.user.clone(),
             scope: req.scope,
             expires: unix_now() + ttl,
-            nonce: rand::random(),
+            nonce: self.nonces.issue(),
         };
         let c = dmover_net::capability::issue(&self.identity, &g)?;
         tracing::info!(
@@ -558,6 +611,20 @@ mod tests {
         // Past its expiry a nonce is dropped (a capability that old is refused as
         // expired before its nonce is looked at).
         assert!(n.take([1; 16], 300, 200));
-        assert_eq!(n.0.lock().len(), 1);
+        assert_eq!(n.taken.lock().len(), 1);
+    }
+
+    /// A nonce is this process's: another process (a restarted server) does not
+    /// take it for its own, nor does a nonce with its tag changed pass.
+    #[test]
+    fn nonces_issued_before_a_restart_are_not_ours() {
+        let (before, after) = (Nonces::default(), Nonces::default());
+        let n = before.issue();
+        assert!(before.ours(&n));
+        assert!(!after.ours(&n));
+        let mut bent = n;
+        bent[15] ^= 1;
+        assert!(!before.ours(&bent));
+        assert_ne!(before.issue(), n);
     }
 }
