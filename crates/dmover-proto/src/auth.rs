@@ -94,6 +94,43 @@ pub fn token_keys(token: &[u8]) -> TokenKeys {
     }
 }
 
+/// The fewest bits of entropy a token must be able to hold before a verifier is made
+/// of it: a verifier is a fast hash (BLAKE3) of the token, so whoever reads a server's
+/// config can test guesses offline at billions per second; at 2^128 guesses there is
+/// nothing to find.
+pub const MIN_TOKEN_BITS: u32 = 128;
+
+/// An upper bound on the entropy of `token` in bits: its length (surrounding whitespace
+/// ignored) times log2 of the alphabet of the character classes it uses (lower case,
+/// upper case, digits, other ASCII, other bytes). A random token reaches it; a word
+/// or a phrase holds far less, so a token under [`MIN_TOKEN_BITS`] by this measure is
+/// certainly too weak, and one above it is not proven strong. `dmover credential
+/// token` makes 256-bit tokens (43 characters of base64).
+pub fn token_bits(token: &[u8]) -> u32 {
+    let token = token.trim_ascii();
+    let mut classes = [false; 5];
+    for &b in token {
+        let class = match b {
+            b'a'..=b'z' => 0,
+            b'A'..=b'Z' => 1,
+            b'0'..=b'9' => 2,
+            0x20..=0x7e => 3,
+            _ => 4,
+        };
+        classes[class] = true;
+    }
+    let alphabet: u32 = [26, 26, 10, 33, 161]
+        .iter()
+        .zip(classes)
+        .filter(|(_, used)| *used)
+        .map(|(n, _)| n)
+        .sum();
+    if alphabet < 2 {
+        return 0;
+    }
+    (token.len() as f64 * f64::from(alphabet).log2()).floor() as u32
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -314,5 +351,24 @@ mod tests {
             record_key(&k, 0, Role::Client),
             record_key(&k, 1, Role::Client)
         );
+    }
+
+    #[test]
+    fn token_bits_bound_what_a_token_can_hold() {
+        // `dmover credential token`: 32 random bytes in base64url, 43 characters.
+        assert!(token_bits(b"kQ2x-7pV_aL0mZ3bC8dE1fG4hJ6kN9oR2sT5uW8yXzA\n") >= 256);
+        // 32 hex digits: 128 bits of randomness, and the bound says at least that.
+        assert!(token_bits(b"0123456789abcdef0123456789abcdef") >= MIN_TOKEN_BITS);
+        for weak in [
+            &b"sekrit"[..],
+            b"alice-token",
+            b"correct horse battery",
+            b"",
+            b"  \n",
+        ] {
+            assert!(token_bits(weak) < MIN_TOKEN_BITS, "{weak:?}");
+        }
+        assert_eq!(token_bits(b"aaaa"), (4.0 * 26f64.log2()) as u32);
+        assert_eq!(token_bits(b" aA1!\n"), (4.0 * 95f64.log2()) as u32);
     }
 }

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use base64::Engine;
 use dmover_core::access::{ClientKey, format_public_key};
-use dmover_proto::auth::token_keys;
+use dmover_proto::auth::{MIN_TOKEN_BITS, token_bits, token_keys};
 
 use crate::args::{CredentialArgs, CredentialCommand};
 
@@ -36,6 +36,17 @@ pub fn run(a: CredentialArgs) -> anyhow::Result<ExitCode> {
         }
         CredentialCommand::Verifier { file } => {
             let token = crate::resolve::token_file(&file)?;
+            let bits = token_bits(&token);
+            if bits < MIN_TOKEN_BITS {
+                anyhow::bail!(
+                    "{}: this token holds at most {bits} bits of entropy, under the \
+                     {MIN_TOKEN_BITS} a verifier needs (whoever reads a server's config can \
+                     test guesses against a verifier offline, fast); make a token with \
+                     `dmover credential token FILE`, or use one of at least 22 random \
+                     characters of letters and digits",
+                    file.display()
+                );
+            }
             println!("token = \"{}\"", token_keys(&token).verifier.to_text());
         }
         CredentialCommand::Key { file } => {

@@ -242,6 +242,32 @@ fn credential(args: &[&str]) -> String {
     String::from_utf8(o.stdout).unwrap()
 }
 
+/// `dmover credential verifier` makes no verifier of a token too weak to survive an
+/// offline guess (a verifier is a fast hash of it), and makes the same one as
+/// `credential token` for a strong token.
+#[test]
+fn a_verifier_is_made_only_of_a_strong_token() {
+    let t = tmp();
+    for weak in ["sekrit\n", "alice-token\n", "0123456789abcdef\n"] {
+        let f = t.path().join("weak");
+        std::fs::write(&f, weak).unwrap();
+        let o = std::process::Command::new(bin())
+            .args(["credential", "verifier", s(&f)])
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{weak:?}");
+        assert!(o.stdout.is_empty());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("bits of entropy") && err.contains("credential token"),
+            "{err}"
+        );
+    }
+    let strong = t.path().join("strong");
+    let line = credential(&["token", s(&strong)]);
+    assert_eq!(credential(&["verifier", s(&strong)]), line);
+}
+
 /// Two exports and three users: alice (token; rw data, ro public), bob (key; ro data),
 /// mallory's key is known to nobody.
 fn setup_users(t: &Path, extra: &str) -> Creds {

@@ -218,7 +218,18 @@ fn access(a: &ServeArgs, file: &ConfigFile) -> anyhow::Result<ServerConfig> {
         (Some(root), _) => {
             let mut cfg = ServerConfig::new(root);
             if let Some(f) = &a.token_file {
-                cfg.shared_token(&super::token_file(f)?);
+                let token = super::token_file(f)?;
+                let bits = dmover_proto::auth::token_bits(&token);
+                if bits < dmover_proto::auth::MIN_TOKEN_BITS {
+                    // Only guesses over the network can find it (no verifier of it is
+                    // written anywhere), so a warning, not a refusal.
+                    tracing::warn!(
+                        "the token in {} holds at most {bits} bits of entropy: make one \
+                         with `dmover credential token FILE`",
+                        f.display()
+                    );
+                }
+                cfg.shared_token(&token);
             }
             // One shared credential: its users together get the whole session limit.
             cfg.max_sessions_per_user = usize::MAX;
