@@ -975,7 +975,10 @@ impl Server {
                         Ok(AuthOk { proof: None })
                     }
                     Err(why) => {
-                        tracing::warn!("capability refused for {peer} ({}): {why}", hello.software);
+                        tracing::warn!(
+                            "capability refused for {peer} ({}): {why}",
+                            hello.software.escape_debug()
+                        );
                         self.monitor.auth_failed("capability");
                         Err(Error::refused(
                             ErrorCode::Auth,
@@ -1000,7 +1003,7 @@ impl Server {
                     Err(why) => {
                         tracing::warn!(
                             "authentication failed for {peer} ({}): user {:?}: {why}",
-                            hello.software,
+                            hello.software.escape_debug(),
                             a.user
                         );
                         self.monitor.auth_failed(if why == UNKNOWN_USER {
@@ -1019,12 +1022,12 @@ impl Server {
                 tracing::info!(
                     "{peer}: authenticated as {:?} ({})",
                     grant.user,
-                    hello.software
+                    hello.software.escape_debug()
                 );
             } else {
                 tracing::info!(
                     "{peer}: connected without authentication ({})",
-                    hello.software
+                    hello.software.escape_debug()
                 );
             }
             granted = Some(grant);

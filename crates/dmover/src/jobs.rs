@@ -236,11 +236,13 @@ fn describe(j: &Job) -> String {
         time(j.started_ms),
         time(j.ended_ms),
     );
+    // What servers said, and names from their trees: escaped for the terminal.
+    let p = |s: &str| crate::output::printable(s).replace('\n', "\\n");
     if let Some(e) = &j.error {
-        out.push_str(&format!("error: {e}\n"));
+        out.push_str(&format!("error: {}\n", p(e)));
     }
     for f in &j.file_errors {
-        out.push_str(&format!("  {}: {}\n", f.path, f.error));
+        out.push_str(&format!("  {}: {}\n", p(&f.path), p(&f.error)));
     }
     out
 }

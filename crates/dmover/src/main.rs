@@ -83,7 +83,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("dmover: error: {e:#}");
+            eprintln!("dmover: error: {}", output::printable(&format!("{e:#}")));
             ExitCode::from(if e.is::<args::UsageError>() { 2 } else { 1 })
         }
     }

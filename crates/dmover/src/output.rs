@@ -191,6 +191,31 @@ impl ProgressBar {
 /// meaning or goes away; new fields may appear without it.
 pub const SCHEMA: u32 = 1;
 
+/// `s` as it may reach a terminal: control characters (an escape sequence that
+/// recolours, moves the cursor or retitles the window; a carriage return or backspace
+/// that overwrites what was shown) and the bidirectional overrides that reorder it are
+/// written escaped (`\u{1b}`); newlines and tabs stay (dmover's own messages use
+/// them). Errors and names that came from a peer (a server's error message, a file
+/// name in its manifest) pass through this before they are printed.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| {
+        (c.is_control() && c != '\n' && c != '\t')
+            || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !s.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if bad(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Writes one JSON line on stdout (a closed stdout is not worth a panic).
 fn print_line(v: &impl Serialize) {
     let line = serde_json::to_string(v).expect("serialisable");
@@ -824,7 +849,7 @@ impl Outcome<'_> {
         let pruned = r.pruned.clone().unwrap_or_default();
         let over = pruned.over_limit;
         for f in &r.failed {
-            eprintln!("dmover: not copied: {f}");
+            eprintln!("dmover: not copied: {}", printable(&f.to_string()));
         }
         if r.pruned.is_some() && !quiet && !json {
             eprintln!(
@@ -839,7 +864,7 @@ impl Outcome<'_> {
             );
         }
         if let Some(why) = &r.delete_refused {
-            eprintln!("dmover: error: {why}");
+            eprintln!("dmover: error: {}", printable(why));
         }
         if over > 0 {
             eprintln!(
@@ -865,7 +890,7 @@ impl Outcome<'_> {
         if self.json {
             print_line(&self.failed_json(e));
         }
-        eprintln!("dmover: error: {e}");
+        eprintln!("dmover: error: {}", printable(&e.to_string()));
         ExitCode::from(exit_code(e))
     }
 
@@ -927,6 +952,18 @@ impl Outcome<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_reaches_the_terminal_is_printable() {
+        assert!(matches!(
+            printable("plain\nline\t2 é"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert_eq!(
+            printable("a\u{1b}]0;title\u{7}b\rc\u{202e}d"),
+            "a\\u{1b}]0;title\\u{7}b\\u{d}c\\u{202e}d"
+        );
+    }
 
     #[test]
     fn the_lower_bandwidth_limit_holds_and_is_named() {

@@ -242,6 +242,28 @@ fn credential(args: &[&str]) -> String {
     String::from_utf8(o.stdout).unwrap()
 }
 
+/// A server's error message reaches the terminal with its control characters escaped:
+/// here it names a path holding a window-title escape sequence and a carriage return.
+#[test]
+fn a_servers_error_reaches_the_terminal_escaped() {
+    let t = tmp();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = Server::start(&root, &[]);
+    let kh = t.path().join("kh");
+    let name = "x\u{1b}]0;pwned\u{7}\rdone";
+    let o = cpk(&[&srv.url(name), s(&t.path().join("got"))], &kh, &[]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.stderr
+            .iter()
+            .any(|&b| b == 0x1b || b == 0x07 || b == b'\r'),
+        "{err:?}"
+    );
+    assert!(err.contains("x\\u{1b}]0;pwned\\u{7}\\u{d}done"), "{err}");
+}
+
 /// `dmover credential verifier` makes no verifier of a token too weak to survive an
 /// offline guess (a verifier is a fast hash of it), and makes the same one as
 /// `credential token` for a strong token.
