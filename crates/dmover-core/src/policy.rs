@@ -75,7 +75,39 @@ pub(crate) fn open_exports(specs: &[ExportSpec], old: &[Export]) -> Result<Vec<E
             root_name,
         });
     }
+    let canonical: Vec<_> = specs
+        .iter()
+        .filter_map(|s| Some((s, std::fs::canonicalize(&s.path).ok()?)))
+        .collect();
+    for (outer, inner) in read_only_within_writable(&canonical) {
+        tracing::warn!(
+            "export {:?} contains export {:?}, which is read-only: a user with write rights \
+             on {:?} can change {:?}'s files through it (read_only is per export, not per \
+             directory; docs/protocol.md, \"Hardening\")",
+            outer.name,
+            inner.name,
+            outer.name,
+            inner.name
+        );
+    }
     Ok(exports)
+}
+
+/// The pairs (outer, inner) of exports, each given with its canonical path, where the
+/// writable `outer` contains the read-only `inner`: writes through `outer` reach
+/// `inner`'s files.
+fn read_only_within_writable<'a>(
+    exports: &[(&'a ExportSpec, std::path::PathBuf)],
+) -> Vec<(&'a ExportSpec, &'a ExportSpec)> {
+    let mut pairs = Vec::new();
+    for (outer, op) in exports {
+        for (inner, ip) in exports {
+            if !outer.read_only && inner.read_only && ip != op && ip.starts_with(op) {
+                pairs.push((*outer, *inner));
+            }
+        }
+    }
+    pairs
 }
 
 impl Policy {
@@ -361,6 +393,30 @@ mod tests {
             bwlimit: None,
             metrics_only: false,
         }
+    }
+
+    #[test]
+    fn a_read_only_export_inside_a_writable_one_is_named() {
+        let p = std::path::PathBuf::from;
+        let (data, public, other, dataset) = (
+            spec("data", &p("/d"), false),
+            spec("public", &p("/d/pub"), true),
+            spec("other", &p("/dx"), true),
+            spec("dataset", &p("/d/pub/set"), false),
+        );
+        let all = [
+            (&data, p("/d")),
+            (&public, p("/d/pub")),
+            (&other, p("/dx")),
+            (&dataset, p("/d/pub/set")),
+        ];
+        let names: Vec<_> = read_only_within_writable(&all)
+            .iter()
+            .map(|(o, i)| (o.name.as_str(), i.name.as_str()))
+            .collect();
+        // `/dx` is beside `/d`, not in it; a writable export inside a read-only one
+        // is not a way around the read-only one.
+        assert_eq!(names, [("data", "public")]);
     }
 
     fn spec(name: &str, path: &std::path::Path, read_only: bool) -> ExportSpec {

@@ -147,6 +147,8 @@ struct Request {
     head: bool,
     path: String,
     authorization: Option<String>,
+    /// The `Host` header, if any.
+    host: Option<String>,
 }
 
 /// Reads one request head; `Ok(None)`: malformed or too large (answered 400).
@@ -166,12 +168,14 @@ async fn read_request<S: AsyncRead + Unpin>(s: &mut S) -> std::io::Result<Option
                 let method = req.method.unwrap_or("");
                 let path = req.path.unwrap_or("/");
                 let path = path.split(['?', '#']).next().unwrap_or("/").to_string();
-                let authorization = req
-                    .headers
-                    .iter()
-                    .find(|h| h.name.eq_ignore_ascii_case("authorization"))
-                    .and_then(|h| std::str::from_utf8(h.value).ok())
-                    .map(str::to_string);
+                let header = |name: &str| {
+                    req.headers
+                        .iter()
+                        .find(|h| h.name.eq_ignore_ascii_case(name))
+                        .and_then(|h| std::str::from_utf8(h.value).ok())
+                        .map(str::to_string)
+                };
+                let (authorization, host) = (header("authorization"), header("host"));
                 return Ok(Some(Request {
                     head: method == "HEAD",
                     path: if method == "GET" || method == "HEAD" {
@@ -180,12 +184,34 @@ async fn read_request<S: AsyncRead + Unpin>(s: &mut S) -> std::io::Result<Option
                         String::new()
                     },
                     authorization,
+                    host,
                 }));
             }
             Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => continue,
             _ => return Ok(None),
         }
     }
+}
+
+/// Whether a request naming `host` may be answered by a plain-HTTP (loopback) server:
+/// the host must be a loopback name or address. A web page whose own name an attacker
+/// re-points at 127.0.0.1 (DNS rebinding) makes the browser send that name, so it is
+/// refused, and the page cannot read this server's transfers. A request without `Host`
+/// does not come from a browser.
+fn host_is_local(host: Option<&str>) -> bool {
+    let Some(h) = host.map(str::trim) else {
+        return true;
+    };
+    // Without the port: `name:port`, `[v6]:port`, `[v6]`.
+    let name = if let Some(rest) = h.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else {
+        h.rsplit_once(':').map_or(h, |(n, _)| n)
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Whether `authorization` carries one of the accepted bearer tokens (always, when no
@@ -224,6 +250,11 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     let req = read_request(&mut s).await?;
     let (status, ctype, body): (&str, &str, Vec<u8>) = match &req {
         None => ("400 Bad Request", "text/plain", b"bad request\n".to_vec()),
+        Some(r) if access.tls.is_none() && !host_is_local(r.host.as_deref()) => (
+            "421 Misdirected Request",
+            "text/plain",
+            b"this server answers only requests for a loopback host\n".to_vec(),
+        ),
         Some(r) if r.path.is_empty() => (
             "405 Method Not Allowed",
             "text/plain",
@@ -294,6 +325,31 @@ mod tests {
                     ("u".to_string(), v.stored_key)
                 })
                 .collect(),
+        }
+    }
+
+    #[test]
+    fn plain_http_answers_only_loopback_hosts() {
+        for ok in [
+            None,
+            Some("localhost"),
+            Some("LOCALHOST:9100"),
+            Some("127.0.0.1:9100"),
+            Some("127.1.2.3"),
+            Some("[::1]:9100"),
+            Some("[::1]"),
+        ] {
+            assert!(host_is_local(ok), "{ok:?}");
+        }
+        for bad in [
+            Some("evil.example:9100"),
+            Some("evil.example"),
+            Some("10.0.0.1:9100"),
+            Some("localhost.evil.example"),
+            Some("127.0.0.1.nip.io:9100"),
+            Some(""),
+        ] {
+            assert!(!host_is_local(bad), "{bad:?}");
         }
     }
 

@@ -337,6 +337,17 @@ fn counters_move_during_a_transfer_and_equal_its_summary_after() {
     let (status, page) = get(&server.metrics, "/", None);
     assert_eq!(status, 200);
     assert!(page.contains("api/transfers") && !page.contains("127.0.0.1"));
+
+    // A request for another host name (a page whose name was re-pointed at 127.0.0.1:
+    // DNS rebinding) is not answered with the transfers.
+    let addr = server.metrics.strip_prefix("http://").unwrap();
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"GET /api/transfers HTTP/1.1\r\nHost: rebound.example:80\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    c.read_to_string(&mut answer).unwrap();
+    assert_eq!(parse_answer(&answer).0, 421, "{answer}");
 }
 
 #[test]
