@@ -261,9 +261,10 @@ class ServiceTest(unittest.TestCase):
             self.client("bob").cancel(mine.id)
         self.assertEqual(e.exception.status, 404)
         self.assertEqual(self.client("root").job(mine.id).owner, "alice")
+        (self.tmp / "b/in/w").mkdir()
         with self.assertRaises(dmover_jobs.WaitTimeout) as w:
-            # A wait that cannot see the end in time (the job fails in milliseconds; a
-            # zero timeout gives up after the first look unless it has already ended).
+            # A wait that cannot see the end in time: a job of seconds, and a zero
+            # timeout, which gives up after the first look.
             c.wait(c.submit(self.src("big", self.s), self.dst("in/w/")).id, timeout=0)
         self.assertIn(w.exception.job.state, ("queued", "running"))
         c.cancel(w.exception.job.id)
