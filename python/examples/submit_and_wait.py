@@ -17,6 +17,12 @@ import sys
 from dmover_jobs import APIError, Client, Error, Job
 
 
+def printable(s: str) -> str:
+    """What a server said, or a name from its tree, safe for a terminal: control
+    characters and bidi overrides escaped (as the CLI does)."""
+    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in s)
+
+
 def show(job: Job) -> None:
     done = f"{job.fraction:6.1%}" if job.fraction is not None else "     ?"
     print(
@@ -45,15 +51,15 @@ def main() -> int:
         print(f"submitted job {job.id}", file=sys.stderr)
         job = c.wait(job.id, poll=1.0, timeout=a.timeout, progress=show)
     except APIError as e:
-        print(f"error: {e.message} (HTTP {e.status}, {e.code})", file=sys.stderr)
+        print(f"error: {printable(e.message)} (HTTP {e.status}, {e.code})", file=sys.stderr)
         return 2 if e.status == 400 else 1
     except Error as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {printable(str(e))}", file=sys.stderr)
         return 1
     for f in job.file_errors:
-        print(f"  {f.path}: {f.error}", file=sys.stderr)
+        print(f"  {printable(f.path)}: {printable(f.error)}", file=sys.stderr)
     if job.error:
-        print(f"error: {job.error}", file=sys.stderr)
+        print(f"error: {printable(job.error)}", file=sys.stderr)
     print(job.state)
     return 0 if job.state == "done" else 1
 
