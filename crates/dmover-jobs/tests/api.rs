@@ -4,50 +4,13 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Lab, Running, bytes};
-use dmover_core::access::User;
-use dmover_jobs::api::{Api, Auth, router, serve};
+use common::{Lab, Running, bytes, start_api};
 use dmover_jobs::client::{ApiClient, ClientError};
 use dmover_jobs::model::State;
 use tokio_util::sync::CancellationToken;
-
-fn user(name: &str, token: &str, metrics_only: bool) -> (String, User) {
-    let u = User {
-        name: name.into(),
-        token: Some(dmover_proto::auth::token_keys(token.as_bytes()).verifier),
-        keys: Vec::new(),
-        exports: BTreeMap::new(),
-        bwlimit: None,
-        metrics_only,
-    };
-    (name.to_string(), u)
-}
-
-/// The API of `svc` on a loopback port (TLS with `tls`); its URL.
-fn start_api(svc: &Running, tls: Option<tokio_rustls::TlsAcceptor>) -> String {
-    let users = BTreeMap::from([
-        user("alice", "alice-token", false),
-        user("bob", "bob-token", false),
-        user("root", "root-token", false),
-        user("mon", "mon-token", true),
-    ]);
-    let api = Arc::new(Api {
-        service: svc.service.clone(),
-        auth: Arc::new(Auth::new(&users, &["root".to_string()])),
-    });
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let stop: CancellationToken = svc.stop.clone();
-    svc.rt.block_on(async move {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        tokio::spawn(serve(l, tls, router(api), stop));
-        format!("{scheme}://{addr}")
-    })
-}
 
 fn client(lab: &Lab, url: &str, token: Option<&str>) -> ApiClient {
     let kh = lab.dir.path().join("client_known_hosts");

@@ -3,12 +3,15 @@
 
 #![allow(dead_code)] // each test file uses part of it
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dmover_core::access::User;
 use dmover_core::server::{Faults, Server, ServerConfig};
 use dmover_core::session::TransferOptions;
+use dmover_jobs::api::{Api, Auth, router, serve};
 use dmover_jobs::model::{Job, JobId, JobOptions, JobSpec, State};
 use dmover_jobs::runner::{RunnerConfig, Service};
 use dmover_jobs::store::{JobStore, SqliteStore};
@@ -203,4 +206,40 @@ pub fn staging(dir: &Path) -> Vec<PathBuf> {
 /// Whether a job is done.
 pub fn done(j: &Job) -> bool {
     j.state == State::Done
+}
+
+/// A user of the API's tests, with a token (a monitoring user with `metrics_only`).
+pub fn user(name: &str, token: &str, metrics_only: bool) -> (String, User) {
+    let u = User {
+        name: name.into(),
+        token: Some(dmover_proto::auth::token_keys(token.as_bytes()).verifier),
+        keys: Vec::new(),
+        exports: BTreeMap::new(),
+        bwlimit: None,
+        metrics_only,
+    };
+    (name.to_string(), u)
+}
+
+/// The API of `svc` on a loopback port (TLS with `tls`); its URL. Its users: alice,
+/// bob and root (an admin) with tokens `NAME-token`, and mon, a monitoring user.
+pub fn start_api(svc: &Running, tls: Option<tokio_rustls::TlsAcceptor>) -> String {
+    let users = BTreeMap::from([
+        user("alice", "alice-token", false),
+        user("bob", "bob-token", false),
+        user("root", "root-token", false),
+        user("mon", "mon-token", true),
+    ]);
+    let api = Arc::new(Api {
+        service: svc.service.clone(),
+        auth: Arc::new(Auth::new(&users, &["root".to_string()])),
+    });
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let stop: CancellationToken = svc.stop.clone();
+    svc.rt.block_on(async move {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(serve(l, tls, router(api), stop));
+        format!("{scheme}://{addr}")
+    })
 }

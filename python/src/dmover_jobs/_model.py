@@ -1,0 +1,140 @@
+"""The API's objects as Python dataclasses (docs/openapi.json, components/schemas)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
+
+#: A job's states; the last three are ends.
+STATES = ("queued", "running", "done", "failed", "cancelled")
+END_STATES = frozenset(("done", "failed", "cancelled"))
+#: How the data goes between the two servers.
+ROUTES = ("push", "pull", "via-service")
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """The transfer's options (a subset of ``dmover cp``'s)."""
+
+    streams: Optional[int] = None
+    continue_on_error: bool = False
+    verify: bool = False
+    route: str = "push"
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "JobOptions":
+        return cls(
+            streams=d.get("streams"),
+            continue_on_error=bool(d.get("continue_on_error", False)),
+            verify=bool(d.get("verify", False)),
+            route=str(d.get("route", "push")),
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "streams": self.streams,
+            "continue_on_error": self.continue_on_error,
+            "verify": self.verify,
+            "route": self.route,
+        }
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a job copies: sources on one server, a destination on a server."""
+
+    sources: List[str]
+    destination: str
+    options: JobOptions = field(default_factory=JobOptions)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "JobSpec":
+        return cls(
+            sources=list(d["sources"]),
+            destination=str(d["destination"]),
+            options=JobOptions.from_dict(d.get("options") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class FileError:
+    """A file a job's last run could not copy, and why."""
+
+    path: str
+    error: str
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as the API shows it. Times are Unix milliseconds."""
+
+    id: int
+    owner: str
+    kind: str
+    state: str
+    spec: JobSpec
+    attempts: int
+    tries: int
+    created_ms: int
+    queued_ms: int
+    started_ms: Optional[int]
+    ended_ms: Optional[int]
+    not_before_ms: int
+    bytes: int
+    bytes_total: int
+    bytes_resumed: int
+    files_done: int
+    files_failed: int
+    files_total: int
+    rate: float
+    error: Optional[str]
+    file_errors: List[FileError]
+    cancel_requested: bool
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Job":
+        """A job from the API's JSON (fields this version does not know are ignored)."""
+        return cls(
+            id=int(d["id"]),
+            owner=str(d["owner"]),
+            kind=str(d["kind"]),
+            state=str(d["state"]),
+            spec=JobSpec.from_dict(d["spec"]),
+            attempts=int(d["attempts"]),
+            tries=int(d["tries"]),
+            created_ms=int(d["created_ms"]),
+            queued_ms=int(d["queued_ms"]),
+            started_ms=d.get("started_ms"),
+            ended_ms=d.get("ended_ms"),
+            not_before_ms=int(d["not_before_ms"]),
+            bytes=int(d["bytes"]),
+            bytes_total=int(d["bytes_total"]),
+            bytes_resumed=int(d["bytes_resumed"]),
+            files_done=int(d["files_done"]),
+            files_failed=int(d["files_failed"]),
+            files_total=int(d["files_total"]),
+            rate=float(d["rate"]),
+            error=d.get("error"),
+            file_errors=[FileError(str(f["path"]), str(f["error"])) for f in d["file_errors"]],
+            cancel_requested=bool(d["cancel_requested"]),
+        )
+
+    @property
+    def ended(self) -> bool:
+        """Whether the job is done, failed or cancelled."""
+        return self.state in END_STATES
+
+    @property
+    def fraction(self) -> Optional[float]:
+        """Bytes copied of the total, 0 to 1 (None while the total is not known)."""
+        if self.bytes_total <= 0:
+            return 1.0 if self.state == "done" else None
+        return min(1.0, self.bytes / self.bytes_total)
+
+
+@dataclass(frozen=True)
+class Page:
+    """A page of jobs, newest first; ``next`` is the ``before`` of the next page."""
+
+    jobs: List[Job]
+    next: Optional[int]
