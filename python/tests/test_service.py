@@ -225,8 +225,19 @@ class ServiceTest(unittest.TestCase):
             self.assertEqual(f.read_bytes(), data(100 + int(f.name), 256 << 10), f)
         r = c.retry(job.id)
         self.assertEqual(r.state, "queued")
-        j = c.wait(job.id, poll=0.05, timeout=60)
+        # Followed through its event stream this time: it runs, bytes grow, it ends.
+        followed = list(c.events(job.id))
+        j = followed[-1]
         self.assertEqual((j.state, j.attempts), ("done", 2), j)
+        self.assertIn("running", [f.state for f in followed], followed)
+        self.assertTrue(all(f.state != "done" for f in followed[:-1]), followed)
+        grown = [f.bytes for f in followed]
+        self.assertEqual(grown, sorted(grown), grown)
+        # An ended job's stream: one line, the job.
+        self.assertEqual(list(c.events(job.id)), [c.job(job.id)])
+        with self.assertRaises(APIError) as e:
+            next(self.client("bob").events(job.id))
+        self.assertEqual(e.exception.status, 404)
         for i in range(24):
             self.assertEqual((big / str(i)).read_bytes(), data(100 + i, 256 << 10), i)
         # An ended job is neither cancelled nor retried again.

@@ -9,6 +9,7 @@
 //! | `GET /api/v1/jobs/{id}` | the job |
 //! | `POST /api/v1/jobs/{id}/cancel` | the job (cancelled, or still running with `cancel_requested`) |
 //! | `POST /api/v1/jobs/{id}/retry` | the job, queued again |
+//! | `GET /api/v1/jobs/{id}/events` | NDJSON: the job, then again at each change, until it ends |
 //!
 //! Errors are `{"error": {"code": "...", "message": "..."}}` with the HTTP status:
 //! 400 `bad_request`, 401 `unauthorized`, 404 `not_found` (also another user's job,
@@ -191,6 +192,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/api/v1/jobs/{id}", get(show))
         .route("/api/v1/jobs/{id}/cancel", post(cancel))
         .route("/api/v1/jobs/{id}/retry", post(retry))
+        .route("/api/v1/jobs/{id}/events", get(events))
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such API path")
         })
@@ -299,6 +301,110 @@ async fn retry(State(api): State<Arc<Api>>, headers: HeaderMap, Path(id): Path<S
     let job = visible(&api, &caller, job_id(&id)?).await?;
     let job = api.service.retry(job.id).await?;
     json(StatusCode::OK, &job)
+}
+
+/// How long an event stream may stay silent before a heartbeat line (proxies and
+/// clients with read time-outs keep the connection).
+pub const HEARTBEAT: Duration = Duration::from_secs(15);
+
+/// One line of an event stream.
+#[derive(Debug, Serialize)]
+struct EventLine<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    job: Option<&'a Job>,
+}
+
+/// `GET /api/v1/jobs/{id}/events`: NDJSON (`application/x-ndjson`), one line per
+/// change of the job's record as the store has it — the first its state now — and
+/// `{"type":"heartbeat"}` after [`HEARTBEAT`] of quiet; the stream ends after the line
+/// of an ended job (done, failed, cancelled), at once for a job that has ended.
+async fn events(State(api): State<Arc<Api>>, headers: HeaderMap, Path(id): Path<String>) -> Answer {
+    let caller = api.auth.check(&headers)?;
+    // Subscribed before the first read: no change falls between the two.
+    let changes = api.service.changes();
+    let job = visible(&api, &caller, job_id(&id)?).await?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    tokio::spawn(stream_events(api.clone(), job, changes, tx));
+    let mut r = Response::new(axum::body::Body::new(Lines(rx)));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/x-ndjson"),
+    );
+    r.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    Ok(r)
+}
+
+/// Sends `job`'s lines into `tx` until it ends, the store loses it, or the client
+/// goes (`tx` closed).
+async fn stream_events(
+    api: Arc<Api>,
+    mut job: Job,
+    mut changes: tokio::sync::broadcast::Receiver<JobId>,
+    tx: tokio::sync::mpsc::Sender<Bytes>,
+) {
+    let line = |kind, job: Option<&Job>| {
+        let mut l = serde_json::to_vec(&EventLine { kind, job }).unwrap_or_default();
+        l.push(b'\n');
+        Bytes::from(l)
+    };
+    let id = job.id;
+    if tx.send(line("job", Some(&job))).await.is_err() {
+        return;
+    }
+    while !job.state.is_end() {
+        let heard = tokio::select! {
+            r = changes.recv() => r,
+            _ = tokio::time::sleep(HEARTBEAT) => {
+                if tx.send(line("heartbeat", None)).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            _ = tx.closed() => return,
+        };
+        match heard {
+            Ok(changed) if changed != id => continue,
+            // Lagged: some change may have been this job's.
+            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
+        let store = api.service.store().clone();
+        let now = match tokio::task::spawn_blocking(move || store.get(id)).await {
+            Ok(Ok(j)) => j,
+            // Purged, or the store failed: the stream ends (the client reads the job
+            // again to learn which).
+            _ => return,
+        };
+        if serde_json::to_value(&now).ok() == serde_json::to_value(&job).ok() {
+            continue;
+        }
+        job = now;
+        if tx.send(line("job", Some(&job))).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A response body of the lines sent into a channel; it ends when the sender does.
+struct Lines(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl http_body::Body for Lines {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|b| b.map(|b| Ok(http_body::Frame::data(b))))
+    }
 }
 
 /// Time a connection has to send a request's head.

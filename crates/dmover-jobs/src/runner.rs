@@ -83,7 +83,14 @@ pub struct Service {
     engine: Engine,
     running: Mutex<HashMap<JobId, Canceller>>,
     wake: Notify,
+    /// The id of every job whose record changed (state, counters), for the API's
+    /// event streams: they read the job again from the store, so an event never says
+    /// anything the store does not.
+    changed: tokio::sync::broadcast::Sender<JobId>,
 }
+
+/// Changes a slow event stream may fall behind by before it reads its job again.
+const CHANGES_QUEUED: usize = 1024;
 
 /// Runs `f` on the store off the runtime's threads.
 async fn blocking<T: Send + 'static>(
@@ -172,7 +179,19 @@ impl Service {
             cfg,
             running: Mutex::new(HashMap::new()),
             wake: Notify::new(),
+            changed: tokio::sync::broadcast::channel(CHANGES_QUEUED).0,
         })
+    }
+
+    /// The ids of jobs as their records change, from now on (a receiver that falls
+    /// behind is told it lagged, and reads its jobs again).
+    pub fn changes(&self) -> tokio::sync::broadcast::Receiver<JobId> {
+        self.changed.subscribe()
+    }
+
+    fn changed(&self, id: JobId) {
+        // Nobody listening is not an error.
+        let _ = self.changed.send(id);
     }
 
     /// The store.
@@ -193,6 +212,7 @@ impl Service {
         tokio::task::spawn_blocking(move || drop(checked));
         let (store, owner) = (self.store.clone(), owner.to_string());
         let job = blocking(move || store.submit(&owner, JobKind::Copy, &spec)).await?;
+        self.changed(job.id);
         self.wake.notify_one();
         Ok(job)
     }
@@ -202,6 +222,7 @@ impl Service {
     pub async fn cancel(&self, id: JobId, by: &str) -> Result<Job, StoreError> {
         let store = self.store.clone();
         let job = blocking(move || store.cancel(id)).await?;
+        self.changed(id);
         if job.state == State::Running {
             let c = self.lock_running().get(&id).cloned();
             if let Some(c) = c {
@@ -215,6 +236,7 @@ impl Service {
     pub async fn retry(&self, id: JobId) -> Result<Job, StoreError> {
         let store = self.store.clone();
         let job = blocking(move || store.retry(id)).await?;
+        self.changed(id);
         self.wake.notify_one();
         Ok(job)
     }
@@ -242,6 +264,7 @@ impl Service {
                 let store = self.store.clone();
                 match blocking(move || store.claim(now_ms())).await {
                     Ok(Some(job)) => {
+                        self.changed(job.id);
                         let me = self.clone();
                         let stop = shutdown.clone();
                         tasks.spawn(async move { me.run_job(job, stop).await });
@@ -295,6 +318,7 @@ impl Service {
             ),
             Err(e) => tracing::error!("jobs: recording the end of job {id}: {e}"),
         }
+        self.changed(id);
         self.wake.notify_one();
     }
 
@@ -335,7 +359,12 @@ impl Service {
             transfer.canceller().cancel(format!("job {id} cancelled"));
         }
         let (tx, rx) = tokio::sync::watch::channel(None::<Snapshot>);
-        let recorder = tokio::spawn(record_progress(self.store.clone(), id, rx));
+        let recorder = tokio::spawn(record_progress(
+            self.store.clone(),
+            id,
+            rx,
+            self.changed.clone(),
+        ));
         let left = Duration::from_millis((deadline_ms - now_ms()).max(0) as u64);
         let watch = Watch {
             interval: Some(self.cfg.progress_interval),
@@ -474,14 +503,18 @@ async fn record_progress(
     store: Arc<dyn JobStore>,
     id: JobId,
     mut rx: tokio::sync::watch::Receiver<Option<Snapshot>>,
+    changed: tokio::sync::broadcast::Sender<JobId>,
 ) {
     while rx.changed().await.is_ok() {
         let Some(s) = *rx.borrow_and_update() else {
             continue;
         };
         let store = store.clone();
-        if let Err(e) = blocking(move || store.progress(id, &counters(&s))).await {
-            tracing::warn!("jobs: recording job {id}'s progress: {e}");
+        match blocking(move || store.progress(id, &counters(&s))).await {
+            Ok(()) => {
+                let _ = changed.send(id);
+            }
+            Err(e) => tracing::warn!("jobs: recording job {id}'s progress: {e}"),
         }
     }
 }

@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Lab, Running, bytes, start_api};
+use common::{Lab, Running, bytes, get_all, start_api};
 use dmover_jobs::client::{ApiClient, ClientError};
 use dmover_jobs::model::State;
 use tokio_util::sync::CancellationToken;
@@ -211,5 +211,66 @@ fn over_tls_a_running_job_is_cancelled() {
         Some("alice-token"),
     );
     assert!(svc.rt.block_on(plain.job(job.id)).is_err());
+    svc.stop();
+}
+
+/// A job's event stream: its record now, then at each change (bytes growing while it
+/// runs), ending with the line of the ended job; at once for an ended job; another
+/// user's job is not found.
+#[test]
+fn a_jobs_events_follow_it_to_its_end() {
+    // About 2.5 s: a copy between two servers hears its counters once a second.
+    let lab = Lab::new(Some(Duration::from_millis(50)));
+    std::fs::write(lab.a_root.join("data/big"), bytes(5, 6 << 20)).unwrap();
+    let svc = Running::start(&lab.db(), lab.runner_config());
+    let url = start_api(&svc, None);
+    let addr = url.strip_prefix("http://").unwrap().to_string();
+    let alice = client(&lab, &url, Some("alice-token"));
+    let job = svc
+        .rt
+        .block_on(alice.submit(&lab.spec(&["data/big"], "in/")))
+        .unwrap();
+    let path = format!("/api/v1/jobs/{}/events", job.id);
+    let (status, headers, body) = get_all(&addr, &path, "alice-token");
+    assert_eq!(status, 200);
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k == "content-type" && v == "application/x-ndjson"),
+        "{headers:?}"
+    );
+    let text = String::from_utf8(body).unwrap();
+    assert!(text.ends_with('\n'), "{text}");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let jobs: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["type"] == "job")
+        .map(|l| &l["job"])
+        .collect();
+    assert!(jobs.len() >= 3, "{text}");
+    assert_eq!(jobs.last().unwrap()["state"], "done", "{text}");
+    assert_eq!(jobs.last().unwrap()["bytes"], 6 << 20);
+    assert!(jobs[..jobs.len() - 1].iter().all(|j| j["state"] != "done"));
+    let bytes_seen: Vec<u64> = jobs.iter().map(|j| j["bytes"].as_u64().unwrap()).collect();
+    assert!(
+        bytes_seen.windows(2).all(|w| w[0] <= w[1]),
+        "{bytes_seen:?}"
+    );
+    assert!(
+        bytes_seen.iter().any(|&b| b > 0 && b < 6 << 20),
+        "no line while it ran: {bytes_seen:?}"
+    );
+    // Ended: one line, the job as it is.
+    let (status, _, body) = get_all(&addr, &path, "alice-token");
+    assert_eq!(status, 200);
+    let text = String::from_utf8(body).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(text.contains("\"state\":\"done\""), "{text}");
+    // Not bob's; no token.
+    assert_eq!(get_all(&addr, &path, "bob-token").0, 404);
+    assert_eq!(get_all(&addr, &path, "nobody").0, 401);
     svc.stop();
 }

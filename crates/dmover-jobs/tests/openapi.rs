@@ -208,7 +208,14 @@ fn http(addr: &str, method: &str, path: &str, auth: Option<&str>, body: Option<&
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
         .collect();
-    let body = raw[split + 4..].to_vec();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let body = if chunked {
+        common::dechunk(&raw[split + 4..])
+    } else {
+        raw[split + 4..].to_vec()
+    };
     let a = Answer {
         status,
         headers,
@@ -320,12 +327,29 @@ impl Conformance {
         let content = response["content"].as_object().expect("JSON content");
         let (ctype, media) = content.iter().next().unwrap();
         assert_eq!(a.header("content-type"), Some(ctype.as_str()), "{what}");
-        let v = a.json();
-        let errs = validate(&self.doc, &media["schema"], &v, "$");
-        assert!(
-            errs.is_empty(),
-            "{what}: the body breaks the schema: {errs:#?}\n{v:#}"
-        );
+        // NDJSON: each line is checked, and the lines are returned as an array.
+        let v = if ctype == "application/x-ndjson" {
+            let text = String::from_utf8(a.body.clone()).unwrap();
+            assert!(text.ends_with('\n'), "{what}: {text:?}");
+            Value::Array(
+                text.lines()
+                    .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{what}: {e}: {l}")))
+                    .collect(),
+            )
+        } else {
+            a.json()
+        };
+        let lines = match (&v, ctype.as_str()) {
+            (Value::Array(lines), "application/x-ndjson") => lines.clone(),
+            _ => vec![v.clone()],
+        };
+        for line in &lines {
+            let errs = validate(&self.doc, &media["schema"], line, "$");
+            assert!(
+                errs.is_empty(),
+                "{what}: the body breaks the schema: {errs:#?}\n{line:#}"
+            );
+        }
         if a.status >= 400 {
             assert_eq!(v["error"]["code"], code_of(a.status), "{what}: {v}");
         }
@@ -479,11 +503,12 @@ fn the_service_answers_what_the_document_says() {
         addr: url.strip_prefix("http://").unwrap().to_string(),
         seen: BTreeSet::new(),
     };
-    let (jobs, one, cancel, retry) = (
+    let (jobs, one, cancel, retry, events) = (
         "/api/v1/jobs",
         "/api/v1/jobs/{id}",
         "/api/v1/jobs/{id}/cancel",
         "/api/v1/jobs/{id}/retry",
+        "/api/v1/jobs/{id}/events",
     );
     let alice = Some("alice-token");
     let spec =
@@ -550,6 +575,17 @@ fn the_service_answers_what_the_document_says() {
         (Some(done_id), &Value::Null)
     );
     assert_eq!(c.call(jobs, "get", jobs, Some("root-token"), None).0, 200);
+    // An ended job's events: one line, the job.
+    let (s, lines) = c.call(
+        events,
+        "get",
+        &format!("{jobs}/{done_id}/events"),
+        alice,
+        None,
+    );
+    assert_eq!(s, 200);
+    assert_eq!(lines.as_array().map(Vec::len), Some(1), "{lines}");
+    assert_eq!(lines[0]["job"]["state"], "done", "{lines}");
 
     // Cancel and retry: a long job (A reads slowly) cancelled while it runs, retried,
     // cancelled again; a done job neither (409).
@@ -628,6 +664,7 @@ fn the_service_answers_what_the_document_says() {
         (one, "get", "/api/v1/jobs/0"),
         (cancel, "post", "/api/v1/jobs/-1/cancel"),
         (retry, "post", "/api/v1/jobs/x/retry"),
+        (events, "get", "/api/v1/jobs/1.5/events"),
         (jobs, "get", "/api/v1/jobs?before=x"),
         (jobs, "get", "/api/v1/jobs?colour=red"),
     ] {
@@ -641,6 +678,7 @@ fn the_service_answers_what_the_document_says() {
             (one, "get", format!("{jobs}/{id}")),
             (cancel, "post", format!("{jobs}/{id}/cancel")),
             (retry, "post", format!("{jobs}/{id}/retry")),
+            (events, "get", format!("{jobs}/{id}/events")),
         ] {
             let token = if id == done_id {
                 "bob-token"
@@ -658,6 +696,7 @@ fn the_service_answers_what_the_document_says() {
         (one, "get", format!("{jobs}/{done_id}")),
         (cancel, "post", format!("{jobs}/{done_id}/cancel")),
         (retry, "post", format!("{jobs}/{done_id}/retry")),
+        (events, "get", format!("{jobs}/{done_id}/events")),
     ];
     for (t, m, p) in &ops {
         for auth in [
@@ -710,7 +749,6 @@ fn the_service_answers_what_the_document_says() {
         "/api/v1",
         "/api/v1/job",
         "/api/v2/jobs",
-        "/api/v1/jobs/1/events",
         "/api/v1/jobs/1/delete",
         "/api/v1/jobs/1/cancel/now",
         "/openapi.json",

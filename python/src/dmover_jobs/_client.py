@@ -343,6 +343,51 @@ class Client:
         """Queues a failed or cancelled job again (its next run resumes)."""
         return Job.from_dict(self._call("POST", f"/api/v1/jobs/{int(id)}/retry"))
 
+    def events(self, id: int) -> Iterator[Job]:
+        """Follows job ``id``: yields it as it is now, then again each time its record
+        changes (state, counters, errors), until it ends (the last one yielded is the
+        ended job). One connection, no polling: the service's event stream
+        (``GET /api/v1/jobs/{id}/events``, newline-delimited JSON; its heartbeats are
+        skipped). Closing the generator closes the connection."""
+        headers: Dict[str, str] = {"Host": self._authority, "Accept": "application/x-ndjson"}
+        if self._token is not None:
+            headers["Authorization"] = f"Bearer {self._token}"
+        conn = self._connect()
+        try:
+            # The service sends a heartbeat after 15 s of quiet: wait longer than that.
+            if conn.sock is not None and (self._timeout is None or self._timeout < 30):
+                conn.sock.settimeout(30)
+            try:
+                conn.request("GET", f"/api/v1/jobs/{int(id)}/events", headers=headers)
+                res = conn.getresponse()
+            except (OSError, http.client.HTTPException) as e:
+                raise UnreachableError(f"the job service at {self.url}: {e}") from e
+            if res.status != 200:
+                try:
+                    v = json.loads(res.read())
+                except (ValueError, OSError, http.client.HTTPException):
+                    v = {}
+                e = v.get("error") if isinstance(v, dict) else None
+                e = e if isinstance(e, dict) else {}
+                raise APIError(
+                    res.status, str(e.get("code", "unknown")), str(e.get("message", "(no message)"))
+                )
+            while True:
+                try:
+                    line = res.readline()
+                except (OSError, http.client.HTTPException) as e:
+                    raise UnreachableError(f"the job service at {self.url}: {e}") from e
+                if not line:
+                    return
+                try:
+                    event = json.loads(line)
+                except ValueError as e:
+                    raise Error(f"the job service at {self.url} sent {line[:200]!r}") from e
+                if event.get("type") == "job":
+                    yield Job.from_dict(event["job"])
+        finally:
+            conn.close()
+
     def wait(
         self,
         id: int,
