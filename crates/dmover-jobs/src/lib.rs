@@ -8,6 +8,7 @@
 //! - [`api`]: the REST API over HTTP/1.1 (axum on hyper), bearer tokens of the
 //!   server's users.
 //! - [`client`]: the API's client, for the CLI and tests.
+//! - [`metrics`]: the service's Prometheus metrics.
 //!
 //! The layering is one-way: dmover (CLI) → dmover-jobs → dmover-core.
 
@@ -15,6 +16,7 @@
 
 pub mod api;
 pub mod client;
+pub mod metrics;
 pub mod model;
 pub mod runner;
 pub mod store;

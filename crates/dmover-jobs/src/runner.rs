@@ -87,6 +87,7 @@ pub struct Service {
     /// event streams: they read the job again from the store, so an event never says
     /// anything the store does not.
     changed: tokio::sync::broadcast::Sender<JobId>,
+    counters: crate::metrics::JobCounters,
 }
 
 /// Changes a slow event stream may fall behind by before it reads its job again.
@@ -180,7 +181,13 @@ impl Service {
             running: Mutex::new(HashMap::new()),
             wake: Notify::new(),
             changed: tokio::sync::broadcast::channel(CHANGES_QUEUED).0,
+            counters: crate::metrics::JobCounters::default(),
         })
+    }
+
+    /// What the service counted since it started (its Prometheus metrics).
+    pub fn counters(&self) -> &crate::metrics::JobCounters {
+        &self.counters
     }
 
     /// The ids of jobs as their records change, from now on (a receiver that falls
@@ -212,6 +219,7 @@ impl Service {
         tokio::task::spawn_blocking(move || drop(checked));
         let (store, owner) = (self.store.clone(), owner.to_string());
         let job = blocking(move || store.submit(&owner, JobKind::Copy, &spec)).await?;
+        self.counters.submitted();
         self.changed(job.id);
         self.wake.notify_one();
         Ok(job)
@@ -308,6 +316,7 @@ impl Service {
             // Shut down mid-run: left running, resumed by the next start.
             return;
         };
+        self.counters.ended(&outcome);
         let store = self.store.clone();
         match blocking(move || store.finish(id, &outcome)).await {
             Ok(j) => tracing::info!(

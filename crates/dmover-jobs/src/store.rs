@@ -97,6 +97,8 @@ pub trait JobStore: Send + Sync + std::fmt::Debug {
     fn recover(&self) -> Result<Vec<JobId>, StoreError>;
     /// Queued jobs whose backoff has not passed: the earliest time one is due.
     fn next_due(&self) -> Result<Option<i64>, StoreError>;
+    /// How many jobs the store holds in each state (states without one left out).
+    fn counts(&self) -> Result<Vec<(State, u64)>, StoreError>;
 }
 
 /// The schema, one step per version (`PRAGMA user_version` counts the steps applied).
@@ -530,6 +532,23 @@ impl JobStore for SqliteStore {
                 [],
                 |r| r.get(0),
             )?)
+        })
+    }
+
+    fn counts(&self) -> Result<Vec<(State, u64)>, StoreError> {
+        self.tx(|tx| {
+            let mut q = tx.prepare_cached("SELECT state, COUNT(*) FROM jobs GROUP BY state")?;
+            let rows: Vec<(String, i64)> = q
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<_>>()?;
+            rows.into_iter()
+                .map(|(s, n)| {
+                    let state = State::parse(&s).ok_or_else(|| {
+                        StoreError::Db(format!("a job in an unknown state {s:?}"))
+                    })?;
+                    Ok((state, n.max(0) as u64))
+                })
+                .collect()
         })
     }
 }

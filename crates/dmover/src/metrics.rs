@@ -34,6 +34,8 @@ pub struct Access {
     /// The users whose bearer tokens are accepted, with their verifiers' stored keys;
     /// empty: no token needed (loopback only).
     pub tokens: Vec<(String, [u8; 32])>,
+    /// The job service (`serve --jobs`), whose metrics follow the server's.
+    pub jobs: Option<Arc<dmover_jobs::runner::Service>>,
 }
 
 impl Access {
@@ -274,10 +276,22 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
                     b"a bearer token of a user in metrics_users is needed\n".to_vec(),
                 )
             } else if r.path == "/metrics" {
+                let mut text = monitor.prometheus();
+                if let Some(service) = access.jobs.clone() {
+                    let jobs = tokio::task::spawn_blocking(move || {
+                        dmover_jobs::metrics::of_service(&service)
+                    })
+                    .await;
+                    match jobs {
+                        Ok(Ok(t)) => text.push_str(&t),
+                        Ok(Err(e)) => tracing::warn!("metrics: the job store: {e}"),
+                        Err(e) => tracing::warn!("metrics: the job store: {e}"),
+                    }
+                }
                 (
                     "200 OK",
                     dmover_core::monitor::PROMETHEUS_CONTENT_TYPE,
-                    monitor.prometheus().into_bytes(),
+                    text.into_bytes(),
                 )
             } else {
                 let body = serde_json::to_vec(&monitor.transfers())
@@ -317,6 +331,7 @@ mod tests {
 
     fn access(tokens: &[&str]) -> Access {
         Access {
+            jobs: None,
             tls: None,
             tokens: tokens
                 .iter()

@@ -97,6 +97,7 @@ pub fn run(job: ServeJob, env: &Env, log_format: LogFormat) -> anyhow::Result<Ex
             let access = crate::metrics::Access {
                 tls,
                 tokens: job.metrics_tokens,
+                jobs: jobs.as_ref().map(|j| j.service.clone()),
             };
             tokio::spawn(crate::metrics::serve(
                 l,

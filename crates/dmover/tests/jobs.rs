@@ -29,9 +29,10 @@ impl Drop for Proc {
     }
 }
 
-/// C: `dmover serve --root ROOT --token-file TOKEN --jobs` with its state in `state`;
-/// the process and the job service's URL (from its `dmover: jobs on URL` line).
-fn start_service(root: &Path, token: &Path, state: &Path) -> (Proc, String) {
+/// C: `dmover serve --root ROOT --token-file TOKEN --jobs --metrics` with its state in
+/// `state`; the process, the job service's URL (from its `dmover: jobs on URL` line)
+/// and the metrics' address.
+fn start_service(root: &Path, token: &Path, state: &Path) -> (Proc, String, String) {
     let child = service(root, token, state)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -40,13 +41,17 @@ fn start_service(root: &Path, token: &Path, state: &Path) -> (Proc, String) {
     let mut child = Proc(child);
     let mut out = BufReader::new(child.0.stdout.take().unwrap());
     let mut line = String::new();
+    let mut metrics = String::new();
     loop {
         line.clear();
         assert!(out.read_line(&mut line).unwrap() > 0, "no jobs line");
+        if let Some(m) = line.trim().strip_prefix("dmover: metrics on http://") {
+            metrics = m.trim_end_matches('/').to_string();
+        }
         if let Some(url) = line.trim().strip_prefix("dmover: jobs on ") {
             // Keep reading stdout so the server never blocks on it.
             std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-            return (child, url.to_string());
+            return (child, url.to_string(), metrics);
         }
     }
 }
@@ -60,6 +65,8 @@ fn service(root: &Path, token: &Path, state: &Path) -> Command {
         "--listen",
         "127.0.0.1:0",
         "--jobs",
+        "--metrics",
+        "127.0.0.1:0",
         "--jobs-listen",
     ])
     .arg("127.0.0.1:0")
@@ -131,7 +138,7 @@ fn a_job_submitted_from_the_cli_survives_a_killed_service() {
     ];
     let a = Server::start(&p("a"), &slow);
     let b = Server::start(&p("b"), &["--third-party"]);
-    let (mut c, url) = start_service(&p("c"), &p("token"), &p("state"));
+    let (mut c, url, _) = start_service(&p("c"), &p("token"), &p("state"));
     let (tok, kh) = (p("token"), p("known_hosts"));
 
     // Refused before anything is sent: a local path, and no token.
@@ -177,7 +184,7 @@ fn a_job_submitted_from_the_cli_survives_a_killed_service() {
     }
     assert!(whole < 40, "the job was killed mid-way ({whole} files)");
 
-    let (mut c, url) = start_service(&p("c"), &p("token"), &p("state"));
+    let (mut c, url, metrics) = start_service(&p("c"), &p("token"), &p("state"));
     let j = wait(&url, &tok, &kh, &id, |j| {
         j["state"] != "running" && j["state"] != "queued"
     });
@@ -201,8 +208,38 @@ fn a_job_submitted_from_the_cli_survives_a_killed_service() {
     assert!(String::from_utf8_lossy(&text.stdout).contains(&format!("job {id}: done")));
     let o = dm(&url, Some(&tok), &kh, &["cancel", &id]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("nothing to cancel"));
+    // The job service's metrics beside the server's: the store's jobs by state, and
+    // what this process counted (the job was submitted to the one killed).
+    let scrape = get_metrics(&metrics);
+    for line in [
+        "dmover_jobs{state=\"done\"} 1",
+        "dmover_jobs{state=\"queued\"} 0",
+        "dmover_jobs_submitted_total 0",
+        "dmover_job_runs_total{outcome=\"done\"} 1",
+    ] {
+        assert!(
+            scrape.lines().any(|l| l == line),
+            "{line} not in:\n{scrape}"
+        );
+    }
+    assert!(scrape.contains("dmover_sessions_active"), "{scrape}");
     c.kill();
     drop((a, b));
+}
+
+/// `GET /metrics` from the plain-HTTP metrics address `addr`: the body.
+fn get_metrics(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    answer.split_once("\r\n\r\n").unwrap().1.to_string()
 }
 
 #[test]
@@ -211,7 +248,7 @@ fn a_second_service_on_the_same_database_does_not_start() {
     std::fs::create_dir_all(t.path().join("c")).unwrap();
     std::fs::write(t.path().join("token"), "sekrit\n").unwrap();
     let state = t.path().join("state");
-    let (mut first, _) = start_service(&t.path().join("c"), &t.path().join("token"), &state);
+    let (mut first, _, _) = start_service(&t.path().join("c"), &t.path().join("token"), &state);
     let o = service(&t.path().join("c"), &t.path().join("token"), &state)
         .output()
         .unwrap();
