@@ -104,10 +104,37 @@ impl ApiClient {
         path: &str,
         body: Option<&serde_json::Value>,
     ) -> Result<(u16, serde_json::Value), ClientError> {
-        let unreachable = |why: String| ClientError::Unreachable {
+        let res = self.send(method, path, body).await?;
+        let status = res.status().as_u16();
+        let body = res
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| self.unreachable(e.to_string()))?
+            .to_bytes();
+        let value: serde_json::Value =
+            serde_json::from_slice(&body).map_err(|e| ClientError::BadAnswer {
+                url: self.url.clone(),
+                why: format!("HTTP {status}, not JSON: {e}"),
+            })?;
+        Ok((status, value))
+    }
+
+    fn unreachable(&self, why: String) -> ClientError {
+        ClientError::Unreachable {
             url: self.url.clone(),
             why,
-        };
+        }
+    }
+
+    /// Sends one request on a connection of its own; the answer's body streams in as
+    /// it is read (the connection lives until then).
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, ClientError> {
         let mut req = hyper::Request::builder()
             .method(method)
             .uri(path)
@@ -118,34 +145,77 @@ impl ApiClient {
         let bytes = match body {
             Some(b) => {
                 req = req.header(hyper::header::CONTENT_TYPE, "application/json");
-                Bytes::from(serde_json::to_vec(b).map_err(|e| unreachable(e.to_string()))?)
+                Bytes::from(serde_json::to_vec(b).map_err(|e| self.unreachable(e.to_string()))?)
             }
             None => Bytes::new(),
         };
         let req = req
             .body(Full::new(bytes))
-            .map_err(|e| unreachable(e.to_string()))?;
+            .map_err(|e| self.unreachable(e.to_string()))?;
         let tcp = tokio::net::TcpStream::connect(&self.authority)
             .await
-            .map_err(|e| unreachable(e.to_string()))?;
+            .map_err(|e| self.unreachable(e.to_string()))?;
         let _ = tcp.set_nodelay(true);
-        let answer = match &self.tls {
-            None => exchange(TokioIo::new(tcp), req).await,
+        match &self.tls {
+            None => send_on(TokioIo::new(tcp), req).await,
             Some(tls) => {
                 let s = tls
                     .connect(tcp, &self.authority)
                     .await
-                    .map_err(|e| unreachable(e.to_string()))?;
-                exchange(TokioIo::new(s), req).await
+                    .map_err(|e| self.unreachable(e.to_string()))?;
+                send_on(TokioIo::new(s), req).await
             }
+        }
+        .map_err(|e| self.unreachable(e))
+    }
+
+    /// Follows job `id`'s event stream: `on` sees the job as it is, then at each
+    /// change of its record; returns the ended job.
+    pub async fn events(&self, id: JobId, mut on: impl FnMut(&Job)) -> Result<Job, ClientError> {
+        let res = self
+            .send("GET", &format!("/api/v1/jobs/{id}/events"), None)
+            .await?;
+        let status = res.status().as_u16();
+        let mut body = res.into_body();
+        if status != 200 {
+            let bytes = body
+                .collect()
+                .await
+                .map_err(|e| self.unreachable(e.to_string()))?
+                .to_bytes();
+            let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+            return Err(api_error(status, &v));
+        }
+        let bad = |why: String| ClientError::BadAnswer {
+            url: self.url.clone(),
+            why,
         };
-        let (status, body) = answer.map_err(unreachable)?;
-        let value: serde_json::Value =
-            serde_json::from_slice(&body).map_err(|e| ClientError::BadAnswer {
-                url: self.url.clone(),
-                why: format!("HTTP {status}, not JSON: {e}"),
-            })?;
-        Ok((status, value))
+        let (mut pending, mut last) = (Vec::new(), None::<Job>);
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| self.unreachable(e.to_string()))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            pending.extend_from_slice(&data);
+            while let Some(nl) = pending.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=nl).collect();
+                let v: serde_json::Value =
+                    serde_json::from_slice(&line).map_err(|e| bad(format!("an event: {e}")))?;
+                if v["type"] == "job" {
+                    let job: Job = serde_json::from_value(v["job"].clone())
+                        .map_err(|e| bad(format!("an event's job: {e}")))?;
+                    on(&job);
+                    last = Some(job);
+                }
+            }
+        }
+        match last {
+            Some(j) if j.state.is_end() => Ok(j),
+            _ => Err(bad(format!(
+                "the event stream of job {id} ended before the job did (purged, or the \
+                 service stopped)"
+            ))),
+        }
     }
 
     /// A request whose success is a `T`; an error answer becomes [`ClientError::Api`].
@@ -157,12 +227,7 @@ impl ApiClient {
     ) -> Result<T, ClientError> {
         let (status, v) = self.request(method, path, body).await?;
         if !(200..300).contains(&status) {
-            let e = &v["error"];
-            return Err(ClientError::Api {
-                status,
-                code: e["code"].as_str().unwrap_or("unknown").to_string(),
-                message: e["message"].as_str().unwrap_or("(no message)").to_string(),
-            });
+            return Err(api_error(status, &v));
         }
         serde_json::from_value(v).map_err(|e| ClientError::BadAnswer {
             url: self.url.clone(),
@@ -206,30 +271,28 @@ impl ApiClient {
     }
 }
 
-/// One request and its answer over `io`.
-async fn exchange<IO>(
+/// The API's error answer `v` with `status`.
+fn api_error(status: u16, v: &serde_json::Value) -> ClientError {
+    let e = &v["error"];
+    ClientError::Api {
+        status,
+        code: e["code"].as_str().unwrap_or("unknown").to_string(),
+        message: e["message"].as_str().unwrap_or("(no message)").to_string(),
+    }
+}
+
+/// Sends `req` over `io`; the connection is driven by a task of its own until the
+/// answer's body has been read (or dropped).
+async fn send_on<IO>(
     io: TokioIo<IO>,
     req: hyper::Request<Full<Bytes>>,
-) -> Result<(u16, Bytes), String>
+) -> Result<hyper::Response<hyper::body::Incoming>, String>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let (mut send, conn) = hyper::client::conn::http1::handshake(io)
         .await
         .map_err(|e| e.to_string())?;
-    let driver = tokio::spawn(conn);
-    let answer = async {
-        let res = send.send_request(req).await.map_err(|e| e.to_string())?;
-        let status = res.status().as_u16();
-        let body = res
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        Ok((status, body))
-    }
-    .await;
-    driver.abort();
-    answer
+    tokio::spawn(conn);
+    send.send_request(req).await.map_err(|e| e.to_string())
 }

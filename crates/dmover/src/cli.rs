@@ -56,8 +56,8 @@ pub enum Command {
     /// List your jobs on a job service (an admin's: everyone's), newest first.
     Jobs(crate::jobs::JobsArgs),
     /// Show a job: state, files done/failed/total, bytes, rate, attempts, errors by
-    /// file, times.
-    Job(crate::jobs::JobArgs),
+    /// file, times; with --follow, follow it to its end.
+    Job(crate::jobs::ShowArgs),
     /// Cancel a job (a running one stops; files it completed stay).
     Cancel(crate::jobs::JobArgs),
     /// Queue a failed or cancelled job again (it resumes: what arrived is not sent

@@ -71,7 +71,20 @@ pub struct JobsArgs {
     pub service: ServiceArgs,
 }
 
-/// `dmover job`, `cancel`, `retry`.
+/// `dmover job`.
+#[derive(Debug, Clone, Args)]
+pub struct ShowArgs {
+    /// The job's id.
+    pub id: JobId,
+    /// Follow the job until it ends: a line at each change (with --json, the job as
+    /// NDJSON), then the job; exit 0 if it is done, 1 if it failed or was cancelled.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    #[command(flatten)]
+    pub service: ServiceArgs,
+}
+
+/// `dmover cancel`, `retry`.
 #[derive(Debug, Clone, Args)]
 pub struct JobArgs {
     /// The job's id.
@@ -83,8 +96,6 @@ pub struct JobArgs {
 /// What a job command does with its job.
 #[derive(Debug, Clone, Copy)]
 pub enum Act {
-    /// Show it.
-    Show,
     /// Cancel it.
     Cancel,
     /// Queue it again.
@@ -194,7 +205,6 @@ pub fn act(a: JobArgs, act: Act, env: &Env) -> anyhow::Result<ExitCode> {
     let rt = runtime()?;
     let job = rt.block_on(async {
         match act {
-            Act::Show => c.job(a.id).await,
             Act::Cancel => c.cancel(a.id).await,
             Act::Retry => c.retry(a.id).await,
         }
@@ -205,6 +215,53 @@ pub fn act(a: JobArgs, act: Act, env: &Env) -> anyhow::Result<ExitCode> {
         print!("{}", describe(&job));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `dmover job`: the job, or (`--follow`) its changes until it ends.
+pub fn show(a: ShowArgs, env: &Env) -> anyhow::Result<ExitCode> {
+    let c = client(&a.service, env)?;
+    let rt = runtime()?;
+    if !a.follow {
+        let job = rt.block_on(c.job(a.id))?;
+        if a.service.json {
+            println!("{}", serde_json::to_string(&job)?);
+        } else {
+            print!("{}", describe(&job));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let json = a.service.json;
+    let job = rt.block_on(c.events(a.id, |j| {
+        if json {
+            if let Ok(line) = serde_json::to_string(j) {
+                println!("{line}");
+            }
+        } else if !j.state.is_end() {
+            println!("{}", one_line(j));
+        }
+    }))?;
+    if !json {
+        print!("{}", describe(&job));
+    }
+    Ok(if job.state == dmover_jobs::model::State::Done {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// A job's state and counters in one line.
+fn one_line(j: &Job) -> String {
+    format!(
+        "job {}: {}, {}/{} files, {} of {} bytes, {:.1} MB/s",
+        j.id,
+        j.state.as_str(),
+        j.files_done,
+        j.files_total,
+        j.bytes,
+        j.bytes_total,
+        j.rate / 1e6
+    )
 }
 
 /// A job in lines.

@@ -67,7 +67,7 @@ fn main() -> ExitCode {
         }
         Command::Submit(a) => jobs::submit(a, &env),
         Command::Jobs(a) => jobs::list(a, &env),
-        Command::Job(a) => jobs::act(a, jobs::Act::Show, &env),
+        Command::Job(a) => jobs::show(a, &env),
         Command::Cancel(a) => jobs::act(a, jobs::Act::Cancel, &env),
         Command::Retry(a) => jobs::act(a, jobs::Act::Retry, &env),
         Command::Mount(a) => resolve::mount(&a, &env).and_then(mount::run),

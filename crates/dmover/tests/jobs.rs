@@ -185,9 +185,21 @@ fn a_job_submitted_from_the_cli_survives_a_killed_service() {
     assert!(whole < 40, "the job was killed mid-way ({whole} files)");
 
     let (mut c, url, metrics) = start_service(&p("c"), &p("token"), &p("state"));
-    let j = wait(&url, &tok, &kh, &id, |j| {
-        j["state"] != "running" && j["state"] != "queued"
-    });
+    // Followed to its end through the event stream: NDJSON, the last line the job
+    // done, exit 0.
+    let o = dm(&url, Some(&tok), &kh, &["job", &id, "--follow", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let lines: Vec<serde_json::Value> = String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let j = lines.last().unwrap().clone();
+    assert!(
+        lines[..lines.len() - 1]
+            .iter()
+            .all(|l| l["state"] != "done")
+    );
     assert_eq!(j["state"], "done", "{j}");
     assert_eq!(j["attempts"], 2, "{j}");
     assert_eq!(j["files_done"].as_u64(), Some(40), "{j}");
@@ -206,6 +218,10 @@ fn a_job_submitted_from_the_cli_survives_a_killed_service() {
     assert_eq!(list["next"], serde_json::Value::Null);
     let text = dm(&url, Some(&tok), &kh, &["job", &id]);
     assert!(String::from_utf8_lossy(&text.stdout).contains(&format!("job {id}: done")));
+    // Following an ended job: at once, its description, exit 0.
+    let text = dm(&url, Some(&tok), &kh, &["job", &id, "--follow"]);
+    assert!(text.status.success());
+    assert!(String::from_utf8_lossy(&text.stdout).starts_with(&format!("job {id}: done")));
     let o = dm(&url, Some(&tok), &kh, &["cancel", &id]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("nothing to cancel"));
     // The job service's metrics beside the server's: the store's jobs by state, and
