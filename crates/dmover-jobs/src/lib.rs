@@ -9,6 +9,7 @@
 //!   server's users.
 //! - [`client`]: the API's client, for the CLI and tests.
 //! - [`metrics`]: the service's Prometheus metrics.
+//! - [`webhook`]: ended jobs POSTed to allowed URLs.
 //!
 //! The layering is one-way: dmover (CLI) → dmover-jobs → dmover-core.
 
@@ -20,3 +21,4 @@ pub mod metrics;
 pub mod model;
 pub mod runner;
 pub mod store;
+pub mod webhook;
