@@ -244,6 +244,32 @@ fn authorized(access: &Access, authorization: Option<&str>) -> bool {
     found
 }
 
+/// Jobs the page lists: the newest of every user.
+const PAGE_JOBS: u32 = 100;
+
+/// `/api/jobs`: the newest jobs of every user, for the page (`{"jobs": [...],
+/// "counts": {"queued": N, ...}, "now_unix": T}`).
+fn jobs_json(
+    service: &dmover_jobs::runner::Service,
+) -> Result<Vec<u8>, dmover_jobs::store::StoreError> {
+    let store = service.store();
+    let jobs = store.list(dmover_jobs::store::Page {
+        owner: None,
+        before: None,
+        limit: PAGE_JOBS,
+    })?;
+    let counts: std::collections::BTreeMap<&str, u64> = store
+        .counts()?
+        .into_iter()
+        .map(|(s, n)| (s.as_str(), n))
+        .collect();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let body = serde_json::json!({ "jobs": jobs, "counts": counts, "now_unix": now });
+    Ok(serde_json::to_vec(&body).unwrap_or_default())
+}
+
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     mut s: S,
     monitor: &Arc<Monitor>,
@@ -268,6 +294,29 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
             "text/html; charset=utf-8",
             PAGE.as_bytes().to_vec(),
         ),
+        Some(r) if r.path == "/api/jobs" && access.jobs.is_some() => {
+            if authorized(access, r.authorization.as_deref()) {
+                let service = access.jobs.clone().expect("checked above");
+                match tokio::task::spawn_blocking(move || jobs_json(&service)).await {
+                    Ok(Ok(body)) => ("200 OK", "application/json", body),
+                    Ok(Err(e)) => {
+                        tracing::warn!("metrics: the job store: {e}");
+                        (
+                            "500 Internal Server Error",
+                            "text/plain",
+                            b"the job store failed\n".to_vec(),
+                        )
+                    }
+                    Err(e) => return Err(std::io::Error::other(e.to_string())),
+                }
+            } else {
+                (
+                    "401 Unauthorized",
+                    "text/plain",
+                    b"a bearer token of a user in metrics_users is needed\n".to_vec(),
+                )
+            }
+        }
         Some(r) if r.path == "/metrics" || r.path == "/api/transfers" => {
             if !authorized(access, r.authorization.as_deref()) {
                 (

@@ -284,3 +284,73 @@ fn a_second_service_on_the_same_database_does_not_start() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("bearer tokens of the server's users"));
 }
+
+/// The live page (`serve --metrics`) lists the job service's jobs: a running one with
+/// its bytes, a failed one with its error by file, rendered by a headless browser.
+#[test]
+fn the_page_shows_jobs_in_a_headless_browser() {
+    let Some(browser) = common::chromium() else {
+        if std::env::var("DMOVER_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1") {
+            panic!("chromium is not installed but DMOVER_REQUIRE_CHROMIUM=1");
+        }
+        eprintln!("\n!!! SKIPPING the jobs page test: chromium is not installed !!!\n");
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let p = |s: &str| t.path().join(s);
+    for d in ["a/run", "b/in", "c", "state"] {
+        std::fs::create_dir_all(p(d)).unwrap();
+    }
+    // 40 chunks at 300 ms: 12 s, far longer than the page needs.
+    for i in 0..40u64 {
+        std::fs::write(p(&format!("a/run/{i}")), bytes(i, 256 << 10)).unwrap();
+    }
+    std::fs::write(p("token"), "sekrit\n").unwrap();
+    let slow = [
+        "--third-party",
+        "--io-threads",
+        "1",
+        "--debug-chunk-delay-ms",
+        "300",
+    ];
+    let a = Server::start(&p("a"), &slow);
+    let b = Server::start(&p("b"), &["--third-party"]);
+    let (mut c, url, metrics) = start_service(&p("c"), &p("token"), &p("state"));
+    let (tok, kh) = (p("token"), p("known_hosts"));
+    let submit = |src: &str| {
+        let o = dm(
+            &url,
+            Some(&tok),
+            &kh,
+            &["submit", src, &b.url("in/"), "--json"],
+        );
+        json_of(&o)["id"].as_i64().unwrap().to_string()
+    };
+    let running = submit(&a.url("run"));
+    let failed = submit(&a.url("nothing/here"));
+    wait(&url, &tok, &kh, &running, |j| j["bytes"].as_u64() > Some(0));
+    wait(&url, &tok, &kh, &failed, |j| j["state"] == "failed");
+    let html = common::render_page(browser, &format!("http://{metrics}/"), t.path());
+    c.kill();
+    let row = |id: &str| {
+        let at = format!("data-job-id=\"{id}\"");
+        let start = html
+            .find(&at)
+            .unwrap_or_else(|| panic!("no row {at} in the rendered page:\n{html}"));
+        html[start..start + html[start..].find("</tr>").unwrap()].to_string()
+    };
+    let r = row(&running);
+    assert!(r.contains(">running<"), "{r}");
+    let bytes_shown: u64 = r
+        .split("data-bytes=\"")
+        .nth(1)
+        .and_then(|x| x.split('"').next())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no bytes in {r}"));
+    assert!(bytes_shown > 0, "{r}");
+    let f = row(&failed);
+    assert!(f.contains(">failed<"), "{f}");
+    assert!(f.contains("no such file"), "{f}");
+    assert!(html.contains("1 running"), "{html}");
+    drop((a, b));
+}

@@ -456,23 +456,9 @@ fn metrics_off_loopback_take_tls_and_a_bearer_token() {
     assert_eq!(get_tls(&addr, "/", None, &kh).0, 200);
 }
 
-/// Debian's chromium, if installed.
-fn chromium() -> Option<&'static str> {
-    ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|b| {
-            Command::new(b)
-                .arg("--version")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-}
-
 #[test]
 fn the_page_shows_a_running_transfer_in_a_headless_browser() {
-    let Some(browser) = chromium() else {
+    let Some(browser) = common::chromium() else {
         if std::env::var("DMOVER_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1") {
             panic!("chromium is not installed but DMOVER_REQUIRE_CHROMIUM=1");
         }
@@ -514,27 +500,9 @@ fn the_page_shows_a_running_transfer_in_a_headless_browser() {
             )
         })
     });
-    let profile = t.path().join("chromium-profile");
-    let started = Instant::now();
-    let dom = Command::new(browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--no-first-run",
-            "--virtual-time-budget=3000",
-            "--dump-dom",
-        ])
-        .arg(format!("--user-data-dir={}", s(&profile)))
-        .arg(format!("{}/", server.metrics))
-        .output()
-        .expect("running chromium");
-    let took = started.elapsed();
+    let html = common::render_page(browser, &format!("{}/", server.metrics), t.path());
     let _ = client.kill();
     let _ = client.wait();
-    let html = String::from_utf8_lossy(&dom.stdout);
-    eprintln!("chromium rendered the page in {took:?}");
     let row = format!("data-id=\"{}\"", peer.0);
     let start = html
         .find(&row)

@@ -465,3 +465,40 @@ pub fn ns_serve_with(
         _state: state,
     }
 }
+
+/// Debian's chromium, if installed.
+pub fn chromium() -> Option<&'static str> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|b| {
+            Command::new(b)
+                .arg("--version")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+}
+
+/// The DOM of the page at `url` after its scripts ran (3 s of virtual time), rendered
+/// by `browser` headless with a profile under `dir`.
+pub fn render_page(browser: &str, url: &str, dir: &Path) -> String {
+    let profile = dir.join("chromium-profile");
+    let started = std::time::Instant::now();
+    let dom = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--virtual-time-budget=3000",
+            "--dump-dom",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(url)
+        .output()
+        .expect("running chromium");
+    eprintln!("chromium rendered the page in {:?}", started.elapsed());
+    String::from_utf8_lossy(&dom.stdout).into_owned()
+}
