@@ -122,6 +122,10 @@ fn malformed_endpoints_are_usage_errors() {
             &["cp", "--tpc", "push", "a", "h:b"],
             "--tpc and --via-client are for copies between two servers",
         ),
+        (
+            &["sync", "--via-client", "h:a", "g:b"],
+            "sync between two servers with --via-client is not supported yet",
+        ),
     ] {
         usage_error(args, says);
     }
