@@ -226,6 +226,14 @@ fn checksum_between_servers_finds_a_same_size_same_mtime_change() {
 fn a_sync_between_servers_stays_in_its_export() {
     let p = Pair::new();
     write_file(&p.src.join("a"), 1, 100, 0o644, 1_600_000_000);
+    // Not yet: a dry run between servers (it says so, and changes nothing).
+    let o = p.sync("push", &["--dry-run", "--delete"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("not supported yet"), "{}", stderr(&o));
+    assert_eq!(names(&p.b_root), Vec::<String>::new());
+    drop(p);
+    let p = Pair::new();
+    write_file(&p.src.join("a"), 1, 100, 0o644, 1_600_000_000);
     // Paths out of either export are refused, and nothing is written.
     for (from, to) in [
         (p.a.url("../b"), p.b.url("m")),
