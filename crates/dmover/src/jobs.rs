@@ -162,7 +162,7 @@ fn spec(a: &SubmitArgs) -> anyhow::Result<JobSpec> {
                 (_, Some(TpcArg::Pull)) => Route::Pull,
                 _ => Route::Push,
             },
-            sync: a.sync.then(|| SyncOptions {
+            sync: a.sync.then_some(SyncOptions {
                 delete: a.delete,
                 max_delete: a.max_delete,
                 checksum: a.checksum,
