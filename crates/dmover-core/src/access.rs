@@ -133,6 +133,9 @@ pub enum Proven {
     Token(TokenVerifier),
     /// The private half of this Ed25519 public key.
     Key([u8; 32]),
+    /// A third-party capability, by its nonce (the user named in it, no credential
+    /// of theirs).
+    Capability([u8; 16]),
 }
 
 impl Grant {
@@ -150,7 +153,7 @@ impl Grant {
             ));
         }
         let kept = match &self.proven {
-            Proven::Nothing => true,
+            Proven::Nothing | Proven::Capability(_) => true,
             Proven::Token(v) => user.token.as_ref() == Some(v),
             Proven::Key(k) => user.keys.contains(k),
         };

@@ -862,6 +862,17 @@ impl Server {
                         Op::Rename(req) => self.rename(&mut ch, &grant, req, &mut log).await,
                         Op::Digests(req) => self.digests(&mut ch, &grant, req, &mut log).await,
                         Op::ThirdParty(tp) => {
+                            let tp = tpc::Steered::copy(tp);
+                            match self.third_party(&mut ch, &grant, &open, tp, &mut log).await {
+                                Ok(done) => {
+                                    log.done = Some(done);
+                                    Ok(())
+                                }
+                                Err(e) => Err(e),
+                            }
+                        }
+                        Op::ThirdPartySync(s) => {
+                            let tp = tpc::Steered::sync(s);
                             match self.third_party(&mut ch, &grant, &open, tp, &mut log).await {
                                 Ok(done) => {
                                     log.done = Some(done);
@@ -886,6 +897,11 @@ impl Server {
                     },
                 };
                 log.emit(&peer, &grant.user, &r);
+                if let Proven::Capability(nonce) = grant.proven {
+                    // A sync's capability: its next session may follow a long one.
+                    let ttl = self.cfg.tpc_capability_ttl.as_secs();
+                    self.nonces.ended(nonce, tpc::unix_now(), ttl);
+                }
                 r
             }
         };
@@ -1098,7 +1114,7 @@ impl SessionLog {
                 Op::Pull { .. } | Op::PullFiltered(_) | Op::PullListed(_) => "pull",
                 Op::MemTest(_) => "memtest",
                 Op::Grant(_) => "grant",
-                Op::ThirdParty(_) => "third-party",
+                Op::ThirdParty(_) | Op::ThirdPartySync(_) => "third-party",
                 Op::Prune(_) => "prune",
                 Op::Rename(_) => "rename",
                 Op::Digests(_) => "digests",

@@ -63,12 +63,28 @@ impl Drop for Pair {
 }
 
 async fn pair(ttl: Duration) -> Pair {
+    pair_with(ttl, Default::default()).await
+}
+
+/// [`pair`], A injecting `a_faults`.
+async fn pair_with(ttl: Duration, a_faults: dmover_core::server::Faults) -> Pair {
     let t = tempfile::tempdir().unwrap();
     let (a_root, b_root) = (t.path().join("a"), t.path().join("b"));
     std::fs::create_dir_all(a_root.join("src")).unwrap();
     std::fs::create_dir(&b_root).unwrap();
     std::fs::write(a_root.join("src/f"), vec![7u8; 100_000]).unwrap();
-    let (a, sa) = server(&a_root, ttl).await;
+    let (a, sa) = {
+        let mut cfg = ServerConfig::new(&a_root);
+        cfg.exports[0].third_party = true;
+        cfg.tpc_capability_ttl = ttl;
+        let srv = Server::with_faults(cfg, a_faults).unwrap();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let stop = CancellationToken::new();
+        let s = stop.clone();
+        tokio::spawn(async move { srv.serve(l, s).await });
+        (addr, stop)
+    };
     let (b, sb) = server(&b_root, ttl).await;
     let client = client(&t.path().join("known_hosts"));
     Pair {
@@ -467,4 +483,216 @@ async fn an_unreachable_peer_is_told_without_its_cause() {
     assert_eq!(said[0], said[1]);
     assert_eq!(said[0], said[2]);
     stop.cancel();
+}
+
+/// A client that syncs (`dmover sync --delete`) with `kh` as its known hosts.
+fn syncing(kh: &Path) -> Client {
+    let opts = TransferOptions {
+        trust: Some(dmover_net::tls::Trust::KnownHosts(kh.to_path_buf())),
+        mirror: true,
+        resume: true,
+        delete: true,
+        ..TransferOptions::default()
+    };
+    Client::new(opts, 1)
+}
+
+/// A sync between servers (`--delete`, pushed by A into B's mirror `m`) steered
+/// with a capability B issued for it; `a_faults`: A's.
+async fn mirror_pair(ttl: Duration, a_faults: dmover_core::server::Faults) -> (Pair, Client) {
+    let p = pair_with(ttl, a_faults).await;
+    let c = syncing(&p.b_root.parent().unwrap().join("known_hosts"));
+    (p, c)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_syncs_capability_opens_its_prunes_and_push_and_no_more() {
+    let (p, c) = mirror_pair(Duration::from_secs(60), Default::default()).await;
+    std::fs::create_dir(p.b_root.join("m")).unwrap();
+    std::fs::write(p.b_root.join("m/extra"), b"x").unwrap();
+    let a_key = c.server_key(&p.a).await.unwrap();
+    let b_key = c.server_key(&p.b).await.unwrap();
+    let scope = Scope::Mirror {
+        dest: b"m".to_vec(),
+    };
+    let cap = c.request_capability(&p.b, scope, &a_key).await.unwrap();
+    let tp = ThirdParty {
+        mode: TpcMode::Push,
+        peer: p.b.clone(),
+        peer_key: b_key,
+        capability: cap,
+        paths: vec![b"src".to_vec()],
+    };
+    // A prune before the push, the push, a prune after: three sessions at B.
+    let r = c.steer(&p.a, tp.clone(), Run::new()).await.unwrap();
+    assert_eq!(r.summary.bytes, 100_000);
+    assert_eq!(r.pruned.map(|x| x.deleted), Some(1));
+    assert_eq!(std::fs::read(p.b_root.join("m/f")).unwrap().len(), 100_000);
+    assert!(!p.b_root.join("m/extra").exists());
+    // Used up: B refuses it, nothing changes.
+    std::fs::write(p.b_root.join("m/extra"), b"x").unwrap();
+    let e = c.steer(&p.a, tp.clone(), Run::new()).await.unwrap_err();
+    assert!(e.to_string().contains("already used"), "{e}");
+    assert!(p.b_root.join("m/extra").exists());
+    // A copy's client cannot use a sync's capability for a copy (A refuses to
+    // push into `m` itself: the scope is the mirror's).
+    let e = p.client.steer(&p.a, tp, Run::new()).await.unwrap_err();
+    assert!(e.to_string().contains("scope"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_syncs_prune_after_a_push_longer_than_the_capability_is_accepted() {
+    // A reads each chunk 2.5 s late: the push outlives B's capability (1 s).
+    let faults = dmover_core::server::Faults {
+        chunk_delay: Some(Duration::from_millis(2500)),
+        ..Default::default()
+    };
+    let (p, c) = mirror_pair(Duration::from_secs(1), faults).await;
+    std::fs::create_dir(p.b_root.join("m")).unwrap();
+    std::fs::write(p.b_root.join("m/extra"), b"x").unwrap();
+    let a_key = c.server_key(&p.a).await.unwrap();
+    let b_key = c.server_key(&p.b).await.unwrap();
+    let scope = Scope::Mirror {
+        dest: b"m".to_vec(),
+    };
+    let cap = c.request_capability(&p.b, scope, &a_key).await.unwrap();
+    let tp = ThirdParty {
+        mode: TpcMode::Push,
+        peer: p.b.clone(),
+        peer_key: b_key,
+        capability: cap,
+        paths: vec![b"src".to_vec()],
+    };
+    let started = std::time::Instant::now();
+    let r = c.steer(&p.a, tp, Run::new()).await.unwrap();
+    assert!(
+        started.elapsed() > Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(r.pruned.map(|x| x.deleted), Some(1));
+    assert!(!p.b_root.join("m/extra").exists());
+    assert_eq!(std::fs::read(p.b_root.join("m/f")).unwrap().len(), 100_000);
+}
+
+/// A server on loopback as a server older than `Op::ThirdPartySync` and the sync
+/// scopes answers them: it authenticates anyone, and answers an `Open` it could not
+/// decode (those ops, a grant of those scopes) with `Error{Protocol}` in its decoder's
+/// words; `opened` counts the other `Open`s.
+async fn older_server(
+    stop: CancellationToken,
+    opened: std::sync::Arc<std::sync::atomic::AtomicU32>,
+) -> String {
+    use dmover_net::control::ControlChannel;
+    use dmover_net::link::SocketOptions;
+    use dmover_net::listen::Listener;
+    use dmover_net::tls::ServerIdentity;
+    use dmover_proto::control::{
+        AuthMethod, AuthOk, Control, ErrorCode, ErrorMsg, MAX_FRAME, Op, Welcome,
+    };
+    use dmover_proto::preamble::{ConnKind, Preamble};
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = tcp.local_addr().unwrap().to_string();
+    let listener = Listener::from(tcp);
+    let tls = ServerIdentity::ephemeral()
+        .unwrap()
+        .mutual_acceptor()
+        .unwrap();
+    tokio::spawn(async move {
+        let opts = SocketOptions::default();
+        loop {
+            let (mut inc, _) = tokio::select! {
+                _ = stop.cancelled() => return,
+                r = listener.accept(&opts) => r.unwrap(),
+            };
+            let Ok(pre) = inc.read_preamble("client").await else {
+                continue;
+            };
+            let answer = Preamble::new(ConnKind::Control, pre.version);
+            inc.write_preamble(answer, "client").await.unwrap();
+            let Ok(tls) = tls.accept(inc.into_control()).await else {
+                continue;
+            };
+            let mut ch =
+                ControlChannel::new(dmover_net::ControlStream::Server(tls), "c", MAX_FRAME);
+            let opened = opened.clone();
+            tokio::spawn(async move {
+                loop {
+                    let msg = match ch.recv().await {
+                        Ok(Control::Hello(_)) => Control::Welcome(Welcome {
+                            software: "older".into(),
+                            nonce: [1; 32],
+                            auth: AuthMethod::None,
+                        }),
+                        Ok(Control::Auth(_)) => Control::AuthOk(AuthOk { proof: None }),
+                        Ok(Control::Open(o)) => {
+                            let unknown = match &o.op {
+                                Op::ThirdPartySync(_) => true,
+                                Op::Grant(g) => g.scope.uses() > 1,
+                                _ => false,
+                            };
+                            if !unknown {
+                                opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                return;
+                            }
+                            Control::Error(ErrorMsg {
+                                code: ErrorCode::Protocol,
+                                message: "malformed control message: Found an enum \
+                                          discriminant that was not in the enum"
+                                    .into(),
+                            })
+                        }
+                        Ok(_) => continue,
+                        Err(_) => return,
+                    };
+                    if ch.send(&msg).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_older_than_sync_between_servers_refuses_it_clearly() {
+    use dmover_core::client::ThirdPartyCopy;
+    let t = tempfile::tempdir().unwrap();
+    let (a_root, b_root) = (t.path().join("a"), t.path().join("b"));
+    std::fs::create_dir_all(a_root.join("src")).unwrap();
+    std::fs::create_dir(&b_root).unwrap();
+    std::fs::write(a_root.join("src/f"), vec![7u8; 1000]).unwrap();
+    let (a, sa) = server(&a_root, Duration::from_secs(60)).await;
+    let (b, sb) = server(&b_root, Duration::from_secs(60)).await;
+    let stop = CancellationToken::new();
+    let opened = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let old = older_server(stop.clone(), opened.clone()).await;
+    let c = syncing(&t.path().join("known_hosts"));
+    // The older server as the dialer (push: the source) or the acceptor (the
+    // destination), and the other way of dialing.
+    for (mode, from, to) in [
+        (TpcMode::Push, &old, &b),
+        (TpcMode::Pull, &a, &old),
+        (TpcMode::Push, &a, &old),
+        (TpcMode::Pull, &old, &b),
+    ] {
+        let copy = ThirdPartyCopy {
+            mode,
+            source_server: from.clone(),
+            sources: vec![b"src".to_vec()],
+            dest_server: to.clone(),
+            dest: b"m".to_vec(),
+        };
+        let e = c.third_party(&copy, Run::new()).await.unwrap_err();
+        let e = e.to_string();
+        assert!(e.contains("needs both to speak it"), "{mode:?}: {e}");
+        assert!(e.contains("upgrade"), "{mode:?}: {e}");
+        assert_eq!(entries(&b_root), 0, "{mode:?}");
+    }
+    // Nothing else was asked of it: no copy without the sync's options.
+    assert_eq!(opened.load(std::sync::atomic::Ordering::Relaxed), 0);
+    stop.cancel();
+    sa.cancel();
+    sb.cancel();
 }

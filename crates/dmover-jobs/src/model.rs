@@ -60,6 +60,9 @@ pub enum JobKind {
     /// A copy of the sources into the destination (`dmover cp`).
     #[default]
     Copy,
+    /// The destination made a mirror of the one source (`dmover sync`): only what
+    /// changed is sent, and with `delete` what the source does not hold is deleted.
+    Sync,
 }
 
 impl JobKind {
@@ -67,13 +70,40 @@ impl JobKind {
     pub fn as_str(self) -> &'static str {
         match self {
             JobKind::Copy => "copy",
+            JobKind::Sync => "sync",
         }
     }
 
     /// The kind a stored name names.
     pub fn parse(s: &str) -> Option<JobKind> {
-        (s == "copy").then_some(JobKind::Copy)
+        match s {
+            "copy" => Some(JobKind::Copy),
+            "sync" => Some(JobKind::Sync),
+            _ => None,
+        }
     }
+}
+
+/// A sync job's options (`dmover submit --sync`, as `dmover sync`'s).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct SyncOptions {
+    /// Delete what the mirror holds that the source does not (`--delete`).
+    pub delete: bool,
+    /// Delete at most this many entries (`--max-delete`, with `delete`).
+    pub max_delete: Option<u64>,
+    /// Compare files of equal size by content, not mtime (`--checksum`).
+    pub checksum: bool,
+}
+
+/// One `--include`/`--exclude` rule (rsync's pattern syntax), in command-line order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilterRule {
+    /// `--include` (else `--exclude`).
+    pub include: bool,
+    /// The pattern.
+    pub pattern: String,
 }
 
 /// How a copy between two servers moves its data (`dmover cp --tpc`, `--via-client`).
@@ -102,6 +132,12 @@ pub struct JobOptions {
     pub verify: bool,
     /// How the data goes between the two servers.
     pub route: Route,
+    /// A sync (the job's kind is [`JobKind::Sync`]): the destination is the mirror of
+    /// the one source.
+    pub sync: Option<SyncOptions>,
+    /// `--include`/`--exclude` rules applied to the source's walk (and, for a sync,
+    /// protecting what they exclude from deletion).
+    pub filters: Vec<FilterRule>,
 }
 
 /// What a job copies: `dmover://HOST[:PORT]/PATH` sources (one server) and a
@@ -116,6 +152,16 @@ pub struct JobSpec {
     /// The transfer's options.
     #[serde(default)]
     pub options: JobOptions,
+}
+
+impl JobSpec {
+    /// What the job does: a sync when it has a sync's options.
+    pub fn kind(&self) -> JobKind {
+        match self.options.sync {
+            Some(_) => JobKind::Sync,
+            None => JobKind::Copy,
+        }
+    }
 }
 
 /// A file that could not be copied, and why.

@@ -136,13 +136,42 @@ pub fn transfer_spec(spec: &JobSpec, base: &TransferOptions) -> Result<TransferS
         }
         options.streams = n;
     }
+    sync_options(spec, &mut options)?;
     let mut t = TransferSpec::copy(sources, dest).options(options);
+    if spec.kind() == JobKind::Sync {
+        t.kind = dmover_core::transfer::Kind::Sync;
+    }
     t.between_servers = Some(match o.route {
         Route::Push => Between::Direct(TpcMode::Push),
         Route::Pull => Between::Direct(TpcMode::Pull),
         Route::ViaService => Between::via_client(),
     });
     Ok(t)
+}
+
+/// A spec's filters and sync options on the transfer's `options` (a sync's
+/// `mirror` and `resume` are the engine's to set).
+fn sync_options(spec: &JobSpec, options: &mut TransferOptions) -> Result<(), String> {
+    let rules: Vec<dmover_proto::control::FilterRule> = spec
+        .options
+        .filters
+        .iter()
+        .map(|r| dmover_proto::control::FilterRule {
+            include: r.include,
+            pattern: r.pattern.clone().into_bytes(),
+        })
+        .collect();
+    if !rules.is_empty() {
+        let filter = dmover_core::session::filter_of_rules(&rules).map_err(|e| e.to_string())?;
+        options.filter = Some(Arc::new(filter));
+        options.rules = rules;
+    }
+    if let Some(s) = &spec.options.sync {
+        options.delete = s.delete;
+        options.max_delete = s.max_delete;
+        options.compare_content = s.checksum;
+    }
+    Ok(())
 }
 
 /// A run's snapshot as the store records it.
@@ -218,7 +247,8 @@ impl Service {
             .map_err(|e| SubmitError::Invalid(e.to_string()))?;
         tokio::task::spawn_blocking(move || drop(checked));
         let (store, owner) = (self.store.clone(), owner.to_string());
-        let job = blocking(move || store.submit(&owner, JobKind::Copy, &spec)).await?;
+        let kind = spec.kind();
+        let job = blocking(move || store.submit(&owner, kind, &spec)).await?;
         self.counters.submitted();
         self.changed(job.id);
         self.wake.notify_one();

@@ -26,7 +26,8 @@ pub const SIGNING_CONTEXT: &[u8] = b"dmover third-party capability v1\0";
 /// Longest validity an issuer grants (the default is shorter, see the server's config).
 pub const MAX_TTL_SECS: u64 = 3600;
 
-/// What a capability allows: one session of this op on the issuer.
+/// What a capability allows: one session of this op on the issuer (a sync's scopes:
+/// the few sessions of one sync, [`Scope::uses`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Scope {
     /// The dialer pushes into `dest` on the issuer (a path as in [`crate::control::Op::Push`]).
@@ -39,6 +40,35 @@ pub enum Scope {
         /// Source paths on the issuer.
         sources: Vec<Vec<u8>>,
     },
+    /// (appended; feature `SYNC_BETWEEN`) A sync between servers into the mirror
+    /// `dest` on the issuer: the dialer pushes the mirror (`Op::Push` of `dest`'s
+    /// parent, the manifest's one root named as `dest`) and prunes it (`Op::Prune` of
+    /// `dest`, before and after the push).
+    Mirror {
+        /// The mirror on the issuer (the directory itself).
+        dest: Vec<u8>,
+    },
+    /// (appended; feature `SYNC_BETWEEN`) A sync between servers from `source` on the
+    /// issuer: the dialer pulls it (`Op::Pull`, `Op::PullFiltered` or
+    /// `Op::PullListed` of `[source]`) and, for `--checksum`, asks the digests of its
+    /// files (`Op::Digests` of `source`).
+    MirrorSource {
+        /// The sync's source on the issuer.
+        source: Vec<u8>,
+    },
+}
+
+impl Scope {
+    /// How many sessions a capability of this scope allows: one for a copy; for a
+    /// sync, its prunes or digest request too (docs/third-party.md, "Sync between
+    /// servers").
+    pub fn uses(&self) -> u8 {
+        match self {
+            Scope::Push { .. } | Scope::Pull { .. } => 1,
+            Scope::Mirror { .. } => 3,
+            Scope::MirrorSource { .. } => 2,
+        }
+    }
 }
 
 /// The signed content of a capability.

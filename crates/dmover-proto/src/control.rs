@@ -509,6 +509,33 @@ pub enum Op {
     /// A pull whose sources the server walks through a `--files-from` list and filter
     /// rules (appended, 9): [`Op::PullFiltered`] with the list (see [`PullListed`]).
     PullListed(PullListed),
+    /// A third-party copy with a sync's options or filters (appended, 10; offered
+    /// with feature bit [`crate::session::features::SYNC_BETWEEN`]): as
+    /// [`Op::ThirdParty`], the dialer applying them as a client would (see
+    /// [`ThirdPartySync`]).
+    ThirdPartySync(ThirdPartySync),
+}
+
+/// What [`Op::ThirdPartySync`] asks for: the copy, and the options the dialer's walk
+/// (push) or request (pull) and the destination's mirror take, as a two-party
+/// `dmover sync` (or a filtered `dmover cp`) would.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThirdPartySync {
+    /// The copy, as [`Op::ThirdParty`]'s.
+    pub copy: ThirdParty,
+    /// `dmover sync`: the destination is the mirror itself (its capability's scope is
+    /// [`crate::capability::Scope::Mirror`] or `MirrorSource`); else a filtered copy.
+    pub mirror: bool,
+    /// `--delete` (a sync): what the mirror holds that the source does not is deleted.
+    pub delete: bool,
+    /// `--max-delete` (`u64::MAX`: no limit).
+    pub max_delete: u64,
+    /// `--checksum` (a sync): files of equal size are compared by content.
+    pub checksum: bool,
+    /// `--include`/`--exclude` rules, in order (paths relative to the source root).
+    pub rules: Vec<FilterRule>,
+    /// The `--files-from` file's contents, as [`PullListed::list`].
+    pub files_from: Option<Vec<u8>>,
 }
 
 /// What [`Op::Digests`] asks for.

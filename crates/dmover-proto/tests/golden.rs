@@ -684,6 +684,94 @@ fn control_open_pull_listed() {
 }
 
 #[test]
+fn control_open_third_party_sync() {
+    use dmover_proto::capability::Capability;
+    use dmover_proto::control::{ThirdParty, ThirdPartySync, TpcMode};
+    golden_control(
+        Control::Open(Open {
+            op: Op::ThirdPartySync(ThirdPartySync {
+                copy: ThirdParty {
+                    mode: TpcMode::Pull,
+                    peer: "p".into(),
+                    peer_key: "k".into(),
+                    capability: Capability {
+                        grant: vec![1],
+                        cert: vec![2],
+                        scheme: 0x0403,
+                        signature: vec![3],
+                    },
+                    paths: vec![b"m".to_vec()],
+                },
+                mirror: true,
+                delete: true,
+                max_delete: 5,
+                checksum: false,
+                rules: vec![FilterRule {
+                    include: false,
+                    pattern: b"k".to_vec(),
+                }],
+                files_from: None,
+            }),
+            streams: 1,
+            chunk_size: 0,
+            checksum: true,
+            direct_io: DirectIo::Auto,
+            protection: DataProtection::Authenticated,
+            features: dmover_proto::session::features::SYNC_BETWEEN,
+        }),
+        "
+        00 00 00 22   # frame length: 34
+        04            # Control::Open (variant 4)
+        0a            # op: Op::ThirdPartySync (variant 10, appended)
+        01            #   copy.mode: TpcMode::Pull
+        01 70         #   copy.peer: \"p\"
+        01 6b         #   copy.peer_key: \"k\"
+        01 01 01 02   #   copy.capability: grant [1], cert [2],
+        83 08 01 03   #     scheme 0x0403 (varint), signature [3]
+        01 01 6d      #   copy.paths: 1 path of 1 byte, \"m\"
+        01 01 05 00   #   mirror, delete, max_delete 5, checksum: false
+        01 00 01 6b   #   rules: 1, include: false, pattern \"k\"
+        00            #   files_from: None
+        01 00 01 01 01   # streams 1, chunk 0, checksum, Auto, Authenticated
+        80 20         # features: SYNC_BETWEEN (4096, varint)
+        ",
+    );
+}
+
+#[test]
+fn control_open_grant_of_a_mirror() {
+    use dmover_proto::capability::Scope;
+    use dmover_proto::control::GrantRequest;
+    golden_control(
+        Control::Open(Open {
+            op: Op::Grant(GrantRequest {
+                scope: Scope::Mirror {
+                    dest: b"m".to_vec(),
+                },
+                dialer: "d".into(),
+                addr: "a".into(),
+            }),
+            streams: 1,
+            chunk_size: 0,
+            checksum: true,
+            direct_io: DirectIo::Auto,
+            protection: DataProtection::Authenticated,
+            features: dmover_proto::session::features::SYNC_BETWEEN,
+        }),
+        "
+        00 00 00 10   # frame length: 16
+        04            # Control::Open (variant 4)
+        03            # op: Op::Grant (variant 3)
+        02 01 6d      #   scope: Scope::Mirror (variant 2, appended), dest \"m\"
+        01 64         #   dialer: \"d\"
+        01 61         #   addr: \"a\"
+        01 00 01 01 01   # streams 1, chunk 0, checksum, Auto, Authenticated
+        80 20         # features: SYNC_BETWEEN (4096, varint)
+        ",
+    );
+}
+
+#[test]
 fn control_open_rename() {
     golden_control(
         Control::Open(Open {

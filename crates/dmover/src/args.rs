@@ -211,7 +211,7 @@ pub struct CpArgs {
 /// Which source entries travel, with rsync's pattern rules (docs/sync.md): the first
 /// matching `--include`/`--exclude` wins, in the order given on the command line
 /// (which clap's derive loses, hence the hand-written parts below). Sources of a push.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct FilterArgs {
     /// `(include, pattern)` in command-line order.
     pub rules: Vec<(bool, OsString)>,

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Args;
 use dmover_jobs::client::ApiClient;
-use dmover_jobs::model::{Job, JobId, JobOptions, JobSpec, Route};
+use dmover_jobs::model::{FilterRule, Job, JobId, JobOptions, JobSpec, Route, SyncOptions};
 
 use crate::args::{TpcArg, usage};
 use crate::env::Env;
@@ -54,6 +54,22 @@ pub struct SubmitArgs {
     /// Relay the data through the job service (servers that cannot reach each other).
     #[arg(long, conflicts_with = "tpc")]
     pub via_client: bool,
+    /// A sync, as `dmover sync`: one source, DST is its mirror; only what changed is
+    /// sent (docs/sync.md).
+    #[arg(long)]
+    pub sync: bool,
+    /// (--sync) Delete what the mirror holds that the source does not (entries the
+    /// filters exclude are kept).
+    #[arg(long, requires = "sync")]
+    pub delete: bool,
+    /// (--sync --delete) Delete at most N entries.
+    #[arg(long, value_name = "N", requires = "delete")]
+    pub max_delete: Option<u64>,
+    /// (--sync) Compare files of equal size by content, not by mtime.
+    #[arg(short = 'c', long, requires = "sync")]
+    pub checksum: bool,
+    #[command(flatten)]
+    pub filters: crate::args::FilterArgs,
     #[command(flatten)]
     pub service: ServiceArgs,
 }
@@ -140,6 +156,11 @@ fn spec(a: &SubmitArgs) -> anyhow::Result<JobSpec> {
         }
     }
     let destination = paths.pop().expect("clap requires two paths");
+    if a.sync && paths.len() != 1 {
+        return Err(usage(
+            "submit --sync takes one source and the destination: dmover submit --sync SRC DST",
+        ));
+    }
     Ok(JobSpec {
         sources: paths,
         destination,
@@ -152,8 +173,33 @@ fn spec(a: &SubmitArgs) -> anyhow::Result<JobSpec> {
                 (_, Some(TpcArg::Pull)) => Route::Pull,
                 _ => Route::Push,
             },
+            sync: a.sync.then_some(SyncOptions {
+                delete: a.delete,
+                max_delete: a.max_delete,
+                checksum: a.checksum,
+            }),
+            filters: filters(&a.filters)?,
         },
     })
+}
+
+/// A job's `--include`/`--exclude` rules, in order; `--files-from` is not for jobs yet.
+fn filters(f: &crate::args::FilterArgs) -> anyhow::Result<Vec<FilterRule>> {
+    if f.files_from.is_some() {
+        return Err(usage("--files-from is not supported for jobs yet"));
+    }
+    f.rules
+        .iter()
+        .map(|(include, p)| {
+            let pattern = p
+                .to_str()
+                .ok_or_else(|| usage(format!("{} is not UTF-8", p.to_string_lossy())))?;
+            Ok(FilterRule {
+                include: *include,
+                pattern: pattern.to_string(),
+            })
+        })
+        .collect()
 }
 
 /// `dmover submit`: prints the new job's id (`--json`: `{"id": N}`).

@@ -128,9 +128,10 @@ fn sync_refuses_what_it_cannot_do() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("no such directory"), "{}", stderr(&o));
     assert!(!exists(&root.join("nope")));
-    // --files-from between two servers: not yet (a usage error).
-    let o = cp(&["--files-from", "/dev/null", &srv.url("x"), &srv.url("y")]);
+    // A sync between two servers relayed through the client: not yet (a usage error).
+    let o = sync(&["--via-client", &srv.url("x"), &srv.url("y")]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--via-client"), "{}", stderr(&o));
 }
 
 /// The same tree at `dir`.

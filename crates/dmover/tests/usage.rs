@@ -122,6 +122,45 @@ fn malformed_endpoints_are_usage_errors() {
             &["cp", "--tpc", "push", "a", "h:b"],
             "--tpc and --via-client are for copies between two servers",
         ),
+        (
+            &["sync", "--via-client", "h:a", "g:b"],
+            "sync between two servers with --via-client is not supported yet",
+        ),
+        (
+            &[
+                "submit",
+                "--service",
+                "http://127.0.0.1:1",
+                "--sync",
+                "h:a",
+                "h:b",
+                "g:c",
+            ],
+            "submit --sync takes one source",
+        ),
+        (
+            &[
+                "submit",
+                "--service",
+                "http://127.0.0.1:1",
+                "--delete",
+                "h:a",
+                "g:b",
+            ],
+            "--sync",
+        ),
+        (
+            &[
+                "submit",
+                "--service",
+                "http://127.0.0.1:1",
+                "--files-from",
+                "f",
+                "h:a",
+                "g:b",
+            ],
+            "--files-from is not supported for jobs yet",
+        ),
     ] {
         usage_error(args, says);
     }

@@ -7,8 +7,11 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use dmover_net::join::JoinWait;
 use dmover_proto::capability::Scope;
-use dmover_proto::control::{Control, ErrorCode, GrantRequest, Op, ThirdParty, TpcMode};
+use dmover_proto::control::{
+    Control, ErrorCode, GrantRequest, Op, ThirdParty, ThirdPartySync, TpcMode,
+};
 use dmover_proto::manifest::{Entry, Totals};
+use dmover_proto::session::features::SYNC_BETWEEN;
 use dmover_proto::session::{Limits, SinkSession};
 use dmover_store::Source;
 
@@ -60,14 +63,7 @@ impl Client {
             r = async { tokio::try_join!(self.connect(dialer), self.connect(acceptor)) } => r?,
             _ = run.cancelled() => return Err(Error::Aborted),
         };
-        let scope = match c.mode {
-            TpcMode::Push => Scope::Push {
-                dest: c.dest.clone(),
-            },
-            TpcMode::Pull => Scope::Pull {
-                sources: c.sources.clone(),
-            },
-        };
+        let scope = self.tpc_scope(c)?;
         let dialer_key = d.server_key.clone();
         let acceptor_key = a.server_key.clone();
         let capability = self
@@ -97,7 +93,52 @@ impl Client {
             capability,
             paths,
         };
-        self.steer_on(d, dialer, tp, run, resume).await
+        self.steer_on(d, dialer, self.tpc_op(tp), run, resume).await
+    }
+
+    /// The scope of the capability of copy `c`: a sync's (this client's options say
+    /// `mirror`) is its mirror's, the few sessions of one sync on the acceptor.
+    fn tpc_scope(&self, c: &ThirdPartyCopy) -> Result<Scope> {
+        Ok(match (c.mode, self.opts.mirror) {
+            (TpcMode::Push, false) => Scope::Push {
+                dest: c.dest.clone(),
+            },
+            (TpcMode::Pull, false) => Scope::Pull {
+                sources: c.sources.clone(),
+            },
+            (TpcMode::Push, true) => Scope::Mirror {
+                dest: c.dest.clone(),
+            },
+            (TpcMode::Pull, true) => match c.sources.as_slice() {
+                [source] => Scope::MirrorSource {
+                    source: source.clone(),
+                },
+                _ => {
+                    return Err(Error::refused(
+                        ErrorCode::Unsupported,
+                        "a sync takes one source",
+                    ));
+                }
+            },
+        })
+    }
+
+    /// The op asking the dialer for `tp`: with a sync's options or filters,
+    /// [`Op::ThirdPartySync`] (docs/third-party.md, "Sync between servers").
+    fn tpc_op(&self, tp: ThirdParty) -> Op {
+        let o = &self.opts;
+        if !o.mirror && o.rules.is_empty() && o.files_from.is_none() {
+            return Op::ThirdParty(tp);
+        }
+        Op::ThirdPartySync(ThirdPartySync {
+            copy: tp,
+            mirror: o.mirror,
+            delete: o.mirror && o.delete,
+            max_delete: o.max_delete.unwrap_or(u64::MAX),
+            checksum: o.mirror && o.compare_content,
+            rules: o.rules.clone(),
+            files_from: o.files_from.clone(),
+        })
     }
 
     /// Copies between two servers through this client (`cp --via-client`, for servers
@@ -288,21 +329,29 @@ impl Client {
         scope: Scope,
         dialer_key: &str,
     ) -> Result<dmover_proto::capability::Capability> {
+        let sync = matches!(scope, Scope::Mirror { .. } | Scope::MirrorSource { .. });
         let grant = Op::Grant(GrantRequest {
             scope,
             dialer: dialer_key.to_string(),
             addr: named.to_string(),
         });
-        let mut ach = a
-            .request(
-                acceptor,
-                self.open_request(grant, 0),
-                self.opts.session_options(false),
-            )
-            .await?;
-        match ach.recv_timeout(HANDSHAKE_TIMEOUT, "capability").await? {
+        let mut open = self.open_request(grant, 0);
+        if sync {
+            open.features |= SYNC_BETWEEN;
+        }
+        let asked = async {
+            let mut ach = a
+                .request(acceptor, open, self.opts.session_options(false))
+                .await?;
+            Ok::<_, Error>(ach.recv_timeout(HANDSHAKE_TIMEOUT, "capability").await?)
+        };
+        match asked.await.map_err(|e| older(e, sync))? {
             Control::Capability(c) => Ok(c),
-            other => Err(session::unexpected(acceptor, other, "Capability")),
+            // An error answer too.
+            other => Err(older(
+                session::unexpected(acceptor, other, "Capability"),
+                sync,
+            )),
         }
     }
 
@@ -310,24 +359,47 @@ impl Client {
     /// second half of [`Client::third_party`]).
     pub async fn steer(&self, dialer: &str, tp: ThirdParty, run: Arc<Run>) -> Result<Report> {
         let d = self.connect(dialer).await?;
-        self.steer_on(d, dialer, tp, run, self.opts.resume).await
+        self.steer_on(d, dialer, self.tpc_op(tp), run, self.opts.resume)
+            .await
     }
 
     async fn steer_on(
         &self,
         d: Connection,
         dialer: &str,
-        tp: ThirdParty,
+        op: Op,
         run: Arc<Run>,
         resume: bool,
     ) -> Result<Report> {
-        let open = self.open_request(Op::ThirdParty(tp), self.opts.chunk_size);
+        let sync = matches!(op, Op::ThirdPartySync(_));
+        let mut open = self.open_request(op, self.opts.chunk_size);
+        if sync {
+            open.features |= SYNC_BETWEEN;
+        }
+        let mut heard = false;
+        let r = self.follow(d, dialer, open, run, resume, &mut heard).await;
+        // An error before any progress: maybe a server older than the op.
+        r.map_err(|e| if heard { e } else { older(e, sync) })
+    }
+
+    /// Sends `open` to `dialer` and follows the third-party copy it asks for to its
+    /// end; `heard`: the dialer reported progress (it took the request).
+    async fn follow(
+        &self,
+        d: Connection,
+        dialer: &str,
+        open: dmover_proto::control::Open,
+        run: Arc<Run>,
+        resume: bool,
+        heard: &mut bool,
+    ) -> Result<Report> {
         let mut ch = d
             .request(dialer, open, self.opts.session_options(resume))
             .await?;
         let mut ping = tokio::time::interval(self.opts.heartbeat);
         let silence = self.opts.heartbeat * session::SILENT_INTERVALS;
         let p = &run.progress;
+        let mut pruned = None;
         loop {
             tokio::select! {
                 _ = run.cancelled() => {
@@ -336,7 +408,13 @@ impl Client {
                 }
                 _ = ping.tick() => ch.send(&Control::Ping).await?,
                 msg = ch.recv_timeout(silence, "progress") => match msg? {
+                    Control::Pruned(r) => {
+                        // A sync's deletions at the destination (before `TpcDone`).
+                        *heard = true;
+                        pruned = Some(r);
+                    }
                     Control::TpcProgress(t) => {
+                        *heard = true;
                         // Counters of the dialer's session; this client's own are these.
                         p.bytes.store(t.bytes, Relaxed);
                         p.total.store(t.total, Relaxed);
@@ -358,7 +436,7 @@ impl Client {
                             streams_lost: r.streams_lost,
                             attempts: 1,
                             failed: r.failed,
-                            pruned: None,
+                            pruned,
                             delete_refused: None,
                             relayed: None,
                         });
@@ -367,6 +445,28 @@ impl Client {
                 },
             }
         }
+    }
+}
+
+/// `e`, a server's answer to a request of a sync between servers (`sync`), with what
+/// a protocol error there most likely means: a server older than the request (it
+/// cannot decode it, and copies nothing).
+fn older(e: Error, sync: bool) -> Error {
+    match e {
+        Error::Remote {
+            peer,
+            code: ErrorCode::Protocol,
+            message,
+        } if sync => Error::Remote {
+            message: format!(
+                "{message} (a sync or filtered copy between two servers needs both to \
+                 speak it, protocol feature {SYNC_BETWEEN}, \"{}\": upgrade {peer})",
+                dmover_proto::session::features::name(SYNC_BETWEEN)
+            ),
+            peer,
+            code: ErrorCode::Protocol,
+        },
+        e => e,
     }
 }
 

@@ -217,7 +217,7 @@ impl Dialer {
         plan.asked = Some(AskedRoots::of(sources));
         let prepare = plan.prepare();
         let r = drive::sink(m, &mut p.ch, p.joins, prepare, Some(p.options), p.env).await?;
-        self.pull_report(r, dest, pruned_first).await
+        self.pull_report(r, (base, dest), pruned_first).await
     }
 
     /// A pull's `Open` of `sources`. The server may send its manifest in parts, data
@@ -293,14 +293,15 @@ impl Dialer {
         }
     }
 
-    /// A finished pull's report; with `--delete`, what the mirror `mirror` holds that
+    /// A finished pull's report; with `--delete`, what the mirror `mirror` (under
+    /// `base`) holds that
     /// the source does not is deleted now (every file is verified and under its final
     /// name: our own `Done`), unless the source's listing was incomplete.
     /// `pruned_first`: what `--delete` deleted before the transfer.
     async fn pull_report(
         &self,
         r: drive::SinkRun<FileSink>,
-        mirror: &[u8],
+        (base, mirror): (&Base, &[u8]),
         pruned_first: Option<PrunedFirst>,
     ) -> Result<Report> {
         let (totals, held_files) = {
@@ -336,12 +337,11 @@ impl Dialer {
                         .map(|m| m.saturating_sub(pruned.as_ref().map_or(0, |p| p.deleted))),
                     ..self.prune_options()
                 };
-                let mirror = mirror.to_vec();
+                let (base, mirror) = (base.clone(), mirror.to_vec());
                 let after = self
                     .disk
                     .run(move || {
-                        let Some((parent, name)) = paths::dest_parent(&Base::Local, &mirror)?
-                        else {
+                        let Some((parent, name)) = paths::dest_parent(&base, &mirror)? else {
                             return Ok(dmover_store::prune::Pruned::default());
                         };
                         dmover_store::prune::prune(&parent, &name, &entries, &opts)

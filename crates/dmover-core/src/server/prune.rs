@@ -22,12 +22,8 @@ impl Server {
         log: &mut SessionLog,
     ) -> Result<()> {
         self.options(ch).await?;
-        if grant.scope.is_some() {
-            return Err(refused(
-                ErrorCode::PermissionDenied,
-                "a third-party capability does not allow deleting",
-            ));
-        }
+        // A capability allows this only for a sync between servers into `req.dest`.
+        Self::check_scope(grant, &Op::Prune(req.clone()))?;
         let filter = crate::session::filter_of_rules(&req.rules)?;
         let policy = self.policy.borrow().clone();
         let (_, base, rest, _) = policy.resolve(self.cfg.read_only, grant, &req.dest, true)?;
@@ -97,12 +93,8 @@ impl Server {
         log: &mut SessionLog,
     ) -> Result<()> {
         self.options(ch).await?;
-        if grant.scope.is_some() {
-            return Err(refused(
-                ErrorCode::PermissionDenied,
-                "a third-party capability does not allow asking for digests",
-            ));
-        }
+        // A capability allows this only for a sync between servers from `req.source`.
+        Self::check_scope(grant, &Op::Digests(req.clone()))?;
         let policy = self.policy.borrow().clone();
         let (_, base, rest, _) = policy.resolve(self.cfg.read_only, grant, &req.source, false)?;
         let rest = rest.to_vec();

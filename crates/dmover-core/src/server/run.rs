@@ -125,8 +125,14 @@ impl Server {
             root_name: None,
             prune_first: None,
             same: None,
-            // The client names a push's roots: they land in its destination.
-            asked: None,
+            // The client names a push's roots: they land in its destination; a sync
+            // between servers has the one root its capability's mirror names.
+            asked: match &asked.grant.scope {
+                Some(dmover_proto::capability::Scope::Mirror { dest }) => {
+                    Some(crate::roles::AskedRoots::of(std::slice::from_ref(dest)))
+                }
+                _ => None,
+            },
         };
         let info = admitted.info.clone();
         let (joins, env, _held) = admitted.into_parts();

@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use dmover_proto::capability::{self as cap, Capability, CapabilityError, Scope};
 use dmover_proto::control::{
-    GrantRequest, SessionOptions, ThirdParty, TpcMode, TpcProgress, TpcReport,
+    GrantRequest, SessionOptions, ThirdParty, ThirdPartySync, TpcMode, TpcProgress, TpcReport,
 };
 
 use super::*;
@@ -19,8 +19,8 @@ use crate::policy::Use;
 const STEER_SILENCE: Duration =
     Duration::from_secs(session::HEARTBEAT.as_secs() * session::SILENT_INTERVALS as u64);
 
-/// Nonces of the capabilities this server accepted, kept until they expire: each is
-/// accepted once.
+/// Nonces of the capabilities this server accepted, kept until they expire: a copy's
+/// is accepted once, a sync's as many times as its scope allows ([`Scope::uses`]).
 ///
 /// The set lives in memory, so a server would forget it at a restart, and a capability
 /// it had accepted before could be used again while it lasts (at most an hour, and only
@@ -32,7 +32,7 @@ const STEER_SILENCE: Duration =
 /// and the nonce keeps its size on the wire.
 #[derive(Debug)]
 pub(super) struct Nonces {
-    taken: Mutex<HashMap<[u8; 16], u64>>,
+    taken: Mutex<HashMap<[u8; 16], Taken>>,
     key: [u8; 32],
 }
 
@@ -44,6 +44,26 @@ impl Default for Nonces {
         }
     }
 }
+
+/// A nonce's uses so far.
+#[derive(Debug, Clone, Copy)]
+struct Taken {
+    /// Until when it is kept (its capability's expiry, or later: [`Nonces::ended`]).
+    until: u64,
+    /// Its capability's expiry.
+    expires: u64,
+    /// Sessions it opened.
+    used: u8,
+    /// Sessions it may open.
+    uses: u8,
+    /// Sessions under it running now.
+    running: u8,
+}
+
+/// How long after its expiry a sync's capability may still open its later sessions
+/// (while one runs, or within its lifetime after the last one ended): a bound on a
+/// sync's push.
+const SYNC_LIFETIME_SECS: u64 = 24 * 3600;
 
 impl Nonces {
     /// A new nonce for a capability this process issues.
@@ -73,16 +93,77 @@ impl Nonces {
         t
     }
 
-    /// Takes `nonce` (valid until `expires`); `false` if it was taken before.
-    fn take(&self, nonce: [u8; 16], expires: u64, now: u64) -> bool {
+    /// Takes `nonce` (of a capability valid until `expires`, allowing `uses`
+    /// sessions) for a session that starts at `now`; `false` if it was used up.
+    fn take(&self, nonce: [u8; 16], expires: u64, uses: u8, now: u64) -> bool {
         let mut m = self.taken.lock();
-        m.retain(|_, e| *e >= now);
-        m.insert(nonce, expires).is_none()
+        m.retain(|_, t| t.until >= now || (t.running > 0 && t.used < t.uses && t.alive(now)));
+        let t = m.entry(nonce).or_insert(Taken {
+            until: expires,
+            expires,
+            used: 0,
+            uses,
+            running: 0,
+        });
+        if t.used >= t.uses {
+            return false;
+        }
+        t.used += 1;
+        t.running += 1;
+        true
+    }
+
+    /// Whether a session under `nonce`, taken before and with uses left, may start
+    /// at `now` after its capability's expiry: a sync's later session (its prune
+    /// after a long push) while another runs or within the lifetime after the last
+    /// ended.
+    fn renewed(&self, nonce: [u8; 16], now: u64) -> bool {
+        self.taken
+            .lock()
+            .get(&nonce)
+            .is_some_and(|t| t.used < t.uses && t.alive(now) && (t.running > 0 || t.until >= now))
+    }
+
+    /// A session under `nonce` ended at `now`: a sync's capability with uses left
+    /// stays good for `ttl` more seconds.
+    pub(super) fn ended(&self, nonce: [u8; 16], now: u64, ttl: u64) {
+        if let Some(t) = self.taken.lock().get_mut(&nonce) {
+            t.running = t.running.saturating_sub(1);
+            if t.used < t.uses {
+                t.until = t.until.max(now + ttl);
+            }
+        }
+    }
+}
+
+impl Taken {
+    fn alive(&self, now: u64) -> bool {
+        now <= self.expires + SYNC_LIFETIME_SECS
+    }
+}
+
+/// What a client asks the dialer of a third-party copy: [`Op::ThirdParty`], or
+/// [`Op::ThirdPartySync`] with a sync's options or filters.
+pub(super) struct Steered {
+    tp: ThirdParty,
+    sync: Option<ThirdPartySync>,
+}
+
+impl Steered {
+    pub(super) fn copy(tp: ThirdParty) -> Self {
+        Steered { tp, sync: None }
+    }
+
+    pub(super) fn sync(s: ThirdPartySync) -> Self {
+        Steered {
+            tp: s.copy.clone(),
+            sync: Some(s),
+        }
     }
 }
 
 /// Seconds since the Unix epoch.
-fn unix_now() -> u64 {
+pub(super) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -148,13 +229,19 @@ impl Server {
             return Err("a capability without a TLS client certificate".into());
         };
         let now = unix_now();
-        g.check(now, pk).map_err(|e| e.to_string())?;
+        match g.check(now, pk) {
+            Ok(()) => {}
+            // A sync's later session, within the window its last one opened.
+            Err(CapabilityError::Expired(_))
+                if g.dialer == pk && self.nonces.renewed(g.nonce, now) => {}
+            Err(e) => return Err(e.to_string()),
+        }
         if !self.nonces.ours(&g.nonce) {
             return Err(
                 "a capability issued before this server restarted: ask for a new one".into(),
             );
         }
-        if !self.nonces.take(g.nonce, g.expires, now) {
+        if !self.nonces.take(g.nonce, g.expires, g.scope.uses(), now) {
             return Err(CapabilityError::Replayed.to_string());
         }
         // The user's rights as they are now (a user removed since is refused); a reload
@@ -171,7 +258,7 @@ impl Server {
         Ok(Grant {
             login: g.user.clone(),
             user: g.user,
-            proven: crate::access::Proven::Nothing,
+            proven: crate::access::Proven::Capability(g.nonce),
             exports,
             scope: Some(g.scope),
         })
@@ -185,6 +272,16 @@ impl Server {
         let ok = match (scope, op) {
             (Scope::Push { dest }, Op::Push { dest: d }) => dest == d,
             (Scope::Pull { sources }, Op::Pull { sources: s }) => sources == s,
+            // A sync's push goes into the mirror's parent, its one root named as the
+            // mirror ([`Server::mirror_root`]).
+            (Scope::Mirror { dest }, Op::Push { dest: d }) => {
+                crate::dialer::mirror_dest(dest, false).is_ok_and(|(parent, _)| parent == *d)
+            }
+            (Scope::Mirror { dest }, Op::Prune(p)) => *dest == p.dest,
+            (Scope::MirrorSource { source }, Op::Pull { sources }) => {
+                sources.as_slice() == std::slice::from_ref(source)
+            }
+            (Scope::MirrorSource { source }, Op::Digests(d)) => *source == d.source,
             _ => false,
         };
         if ok {
@@ -235,10 +332,17 @@ impl Server {
             Scope::Push { dest } => {
                 self.resolve_tpc(&policy, grant, dest, true)?;
             }
+            Scope::Mirror { dest } => {
+                crate::dialer::mirror_dest(dest, false)?;
+                self.resolve_tpc(&policy, grant, dest, true)?;
+            }
             Scope::Pull { sources } => {
                 for p in sources {
                     self.resolve_tpc(&policy, grant, p, false)?;
                 }
+            }
+            Scope::MirrorSource { source } => {
+                self.resolve_tpc(&policy, grant, source, false)?;
             }
         }
         if !req.dialer.starts_with("sha256:") {
@@ -292,9 +396,10 @@ impl Server {
         ch: &mut ControlChannel<S>,
         grant: &Grant,
         open: &Open,
-        tp: ThirdParty,
+        steered: Steered,
         log: &mut SessionLog,
     ) -> Result<(u64, u64)> {
+        let Steered { tp, sync } = steered;
         let options = self.options(ch).await?;
         if grant.scope.is_some() {
             return Err(refused(
@@ -320,6 +425,16 @@ impl Server {
             .into_iter()
             .unzip();
         let mut opts = self.tpc_options(open, &options, write, &uses);
+        match sync {
+            Some(s) => sync_options(&mut opts, s, &g.scope, tp.mode)?,
+            None if g.scope.uses() > 1 => {
+                return Err(refused(
+                    ErrorCode::Protocol,
+                    "the capability's scope (a sync's) does not match the third-party copy",
+                ));
+            }
+            None => {}
+        }
         // This server's own limit for the user and the exports, paced on its side.
         if let Some((rate, by)) = super::session_bwlimit(&policy, grant, &uses) {
             tracing::info!(
@@ -360,9 +475,17 @@ impl Server {
         log.protection = Some(open.protection);
         let work = async {
             match (tp.mode, &g.scope) {
-                (TpcMode::Push, Scope::Push { dest }) => {
+                (TpcMode::Push, Scope::Push { dest } | Scope::Mirror { dest }) => {
                     log.what = format!("third-party push of {} path(s) to {target}", roots.len());
                     dialer.push_roots(&roots, &target, dest, run.clone()).await
+                }
+                (TpcMode::Pull, Scope::MirrorSource { source }) => {
+                    let (base, rest, _) = &roots[0];
+                    log.what = format!("third-party sync from {target}");
+                    let sources = std::slice::from_ref(source);
+                    dialer
+                        .pull_into(&target, sources, base, rest, run.clone())
+                        .await
                 }
                 (TpcMode::Pull, Scope::Pull { sources }) => {
                     let (base, rest, _) = &roots[0];
@@ -379,6 +502,15 @@ impl Server {
         };
         let r = steer(ch, work, &run).await;
         let report = r.map_err(tpc_error)?;
+        if let Some(why) = report.delete_refused {
+            // Copied, but the mirror keeps what the source may still hold.
+            return Err(refused(ErrorCode::Io, format!("sync --delete: {why}")));
+        }
+        if let Some(pruned) = report.pruned {
+            // A sync's deletions at the destination, before the end (a client that
+            // asked for a sync between servers reads it).
+            ch.send(&Control::Pruned(pruned)).await?;
+        }
         let (bytes, files) = (report.summary.bytes, report.summary.files);
         ch.send(&Control::TpcDone(TpcReport {
             summary: report.summary,
@@ -459,6 +591,58 @@ impl Server {
         opts.meta.xattrs.all = uses.iter().all(|u| u.export.xattrs_all);
         opts
     }
+}
+
+/// A sync's options or filters `s` (of [`Op::ThirdPartySync`]) on the options `o` of
+/// the session this server dials under a capability of scope `scope` in `mode`: a
+/// sync's capability is a mirror's ([`Scope::Mirror`], `MirrorSource`), a filtered
+/// copy's a copy's; the deletion options belong to a sync.
+fn sync_options(
+    o: &mut crate::session::TransferOptions,
+    s: ThirdPartySync,
+    scope: &Scope,
+    mode: TpcMode,
+) -> Result<()> {
+    let fits = matches!(
+        (s.mirror, mode, scope),
+        (true, TpcMode::Push, Scope::Mirror { .. })
+            | (true, TpcMode::Pull, Scope::MirrorSource { .. })
+            | (false, TpcMode::Push, Scope::Push { .. })
+            | (false, TpcMode::Pull, Scope::Pull { .. })
+    );
+    if !fits {
+        return Err(refused(
+            ErrorCode::Protocol,
+            "the capability's scope does not match the third-party sync",
+        ));
+    }
+    let deletes = s.delete || s.max_delete != u64::MAX;
+    if !s.mirror && (deletes || s.checksum) {
+        return Err(refused(
+            ErrorCode::Protocol,
+            "deleting and comparing content are options of a sync",
+        ));
+    }
+    if s.delete && s.files_from.is_some() {
+        return Err(refused(
+            ErrorCode::Unsupported,
+            "deleting with a list of files is not supported",
+        ));
+    }
+    let filter = match &s.files_from {
+        Some(list) => crate::session::filter_of_list(&s.rules, list)?,
+        None => crate::session::filter_of_rules(&s.rules)?,
+    };
+    o.mirror = s.mirror;
+    // A sync looks at the destination's files (size, mtime) as a resume does.
+    o.resume |= s.mirror;
+    o.delete = s.delete;
+    o.max_delete = (s.max_delete != u64::MAX).then_some(s.max_delete);
+    o.compare_content = s.checksum;
+    o.filter = Some(std::sync::Arc::new(filter));
+    o.rules = s.rules;
+    o.files_from = s.files_from;
+    Ok(())
 }
 
 /// Runs `work` (a third-party copy's session) while reporting its progress to the
@@ -598,6 +782,64 @@ mod tests {
             )
             .is_err()
         );
+        // A sync's: into the mirror's parent (the root named by the sink), prunes of
+        // the mirror; from its one source, its digests. Nothing else.
+        use dmover_proto::control::{Digests, Prune};
+        let prune = |dest: &[u8]| {
+            Op::Prune(Prune {
+                dest: dest.to_vec(),
+                rules: Vec::new(),
+                max_delete: u64::MAX,
+                dry_run: false,
+                conflicts_only: false,
+                checksum: false,
+            })
+        };
+        let mirror = granted(Some(Scope::Mirror {
+            dest: b"d/m".to_vec(),
+        }));
+        let push = |d: &[u8]| Op::Push { dest: d.to_vec() };
+        assert!(Server::check_scope(&mirror, &push(b"d/")).is_ok());
+        assert!(Server::check_scope(&mirror, &prune(b"d/m")).is_ok());
+        for op in [
+            push(b"d/m"),
+            push(b"d"),
+            push(b""),
+            prune(b"d"),
+            prune(b"d/m/x"),
+        ] {
+            assert!(Server::check_scope(&mirror, &op).is_err(), "{op:?}");
+        }
+        // A copy's capability prunes nothing.
+        assert!(Server::check_scope(&g, &prune(b"data/x")).is_err());
+        let source = granted(Some(Scope::MirrorSource {
+            source: b"s".to_vec(),
+        }));
+        let digests = |s: &[u8]| Op::Digests(Digests { source: s.to_vec() });
+        assert!(
+            Server::check_scope(
+                &source,
+                &Op::Pull {
+                    sources: vec![b"s".to_vec()]
+                }
+            )
+            .is_ok()
+        );
+        assert!(Server::check_scope(&source, &digests(b"s")).is_ok());
+        for op in [
+            Op::Pull {
+                sources: vec![b"s".to_vec(), b"t".to_vec()],
+            },
+            Op::Pull {
+                sources: vec![b"t".to_vec()],
+            },
+            digests(b"t"),
+            push(b""),
+            prune(b"s"),
+        ] {
+            assert!(Server::check_scope(&source, &op).is_err(), "{op:?}");
+        }
+        assert!(Server::check_scope(&pull, &digests(b"a")).is_err());
         // Without a capability, the user's rights decide (elsewhere).
         assert!(Server::check_scope(&granted(None), &Op::Pull { sources: vec![] }).is_ok());
     }
@@ -605,12 +847,12 @@ mod tests {
     #[test]
     fn nonces_are_taken_once_and_forgotten_after_they_expire() {
         let n = Nonces::default();
-        assert!(n.take([1; 16], 100, 50));
-        assert!(!n.take([1; 16], 100, 60));
-        assert!(n.take([2; 16], 100, 60));
+        assert!(n.take([1; 16], 100, 1, 50));
+        assert!(!n.take([1; 16], 100, 1, 60));
+        assert!(n.take([2; 16], 100, 1, 60));
         // Past its expiry a nonce is dropped (a capability that old is refused as
         // expired before its nonce is looked at).
-        assert!(n.take([1; 16], 300, 200));
+        assert!(n.take([1; 16], 300, 1, 200));
         assert_eq!(n.taken.lock().len(), 1);
     }
 
@@ -626,5 +868,34 @@ mod tests {
         bent[15] ^= 1;
         assert!(!before.ours(&bent));
         assert_ne!(before.issue(), n);
+    }
+
+    #[test]
+    fn a_syncs_nonce_opens_its_sessions_while_one_runs_or_soon_after() {
+        let n = Nonces::default();
+        // Three uses: a prune, a push, a prune.
+        assert!(n.take([1; 16], 100, 3, 50));
+        n.ended([1; 16], 51, 60);
+        assert!(n.take([1; 16], 100, 3, 52));
+        // The push runs past the expiry: the prune after may come while it runs...
+        assert!(n.renewed([1; 16], 5000));
+        // ... and within the lifetime after it ended, not later.
+        n.ended([1; 16], 6000, 60);
+        assert!(n.renewed([1; 16], 6060));
+        assert!(!n.renewed([1; 16], 6061));
+        assert!(n.take([1; 16], 100, 3, 6060));
+        // Used up (and once forgotten, its capability is refused as expired).
+        assert!(!n.renewed([1; 16], 6060));
+        assert!(!n.take([1; 16], 100, 3, 6060));
+        n.ended([1; 16], 6061, 60);
+        assert!(!n.renewed([1; 16], 6061));
+        // A copy's nonce is never renewed.
+        assert!(n.take([2; 16], 100, 1, 50));
+        n.ended([2; 16], 51, 60);
+        assert!(!n.renewed([2; 16], 101));
+        // Nor a sync's past its lifetime, even with a session left running.
+        assert!(n.take([3; 16], 100, 2, 50));
+        assert!(n.renewed([3; 16], 100 + SYNC_LIFETIME_SECS));
+        assert!(!n.renewed([3; 16], 101 + SYNC_LIFETIME_SECS));
     }
 }

@@ -414,7 +414,12 @@ impl Transfer {
                 sources,
                 dest,
             } => (false, server, sources, dest),
-            Route::ThirdParty(_) | Route::Relay { .. } => return Err(not_dry(self.kind)),
+            Route::ThirdParty(_) | Route::Relay { .. } => {
+                return Err(Error::refused(
+                    ErrorCode::Unsupported,
+                    "a dry run of a sync between two servers is not supported yet",
+                ));
+            }
         };
         let found = self
             .client

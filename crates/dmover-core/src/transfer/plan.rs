@@ -31,12 +31,11 @@ pub enum PlanError {
          the list protects is not defined)"
     )]
     DeleteWithFilesFrom,
-    /// Filters on a copy between two servers.
-    #[error("filters do not apply to a copy between two servers yet")]
-    FiltersBetweenServers,
-    /// A sync whose source and destination are both on servers.
-    #[error("sync between two servers is not supported yet")]
-    SyncBetweenServers,
+    /// A sync between two servers relayed through this side.
+    #[error(
+        "a sync between two servers goes directly from one to the other (not through the client) yet"
+    )]
+    SyncViaClient,
     /// A sync's destination that names no directory of its own.
     #[error("sync: DST must name the mirror directory itself (not '.', '..' or a server's root)")]
     MirrorName,
@@ -127,14 +126,10 @@ pub(super) fn plan(spec: TransferSpec) -> Result<(Route, TransferOptions), PlanE
         options.resume = true;
     }
     let remote_source = sources.iter().any(Endpoint::is_remote);
-    let filtered =
-        options.filter.is_some() || !options.rules.is_empty() || options.files_from.is_some();
-    if remote_source && filtered && dest.is_remote() {
-        return Err(PlanError::FiltersBetweenServers);
-    }
     if sync {
-        if dest.is_remote() && sources[0].is_remote() {
-            return Err(PlanError::SyncBetweenServers);
+        let relayed = matches!(between_servers, Some(Between::ViaClient { .. }));
+        if relayed && dest.is_remote() && sources[0].is_remote() {
+            return Err(PlanError::SyncViaClient);
         }
         check_mirror_name(dest.path())?;
     }
@@ -274,6 +269,16 @@ mod tests {
         assert!(o.mirror && o.resume);
         let (_, o) = plan(spec(&["a"], "h:d")).unwrap();
         assert!(!o.mirror && !o.resume);
+        // Between two servers: a sync, and a copy with filters.
+        let (route, o) = plan(TransferSpec::sync(r("h:a"), r("k:m"))).unwrap();
+        assert_eq!(route.direction(), Direction::ThirdPartyPush);
+        assert!(o.mirror && o.resume);
+        let mut s = spec(&["h:a"], "k:d");
+        s.options.rules = vec![dmover_proto::control::FilterRule {
+            include: false,
+            pattern: b"x".to_vec(),
+        }];
+        assert_eq!(plan(s).unwrap().0.direction(), Direction::ThirdPartyPush);
     }
 
     #[test]
@@ -293,12 +298,6 @@ mod tests {
         let mut s = spec(&["h:a"], "k:d");
         s.options.bwlimit = Some(1);
         assert_eq!(e(s), PlanError::BwlimitBetweenServers);
-        let mut s = spec(&["h:a"], "k:d");
-        s.options.rules = vec![dmover_proto::control::FilterRule {
-            include: false,
-            pattern: b"x".to_vec(),
-        }];
-        assert_eq!(e(s), PlanError::FiltersBetweenServers);
         let mut s = spec(&["a"], "h:d");
         s.options.delete = true;
         assert_eq!(e(s), PlanError::SyncOnly);
@@ -308,10 +307,9 @@ mod tests {
         let mut s = TransferSpec::sync(r("a"), r("h:m"));
         (s.options.delete, s.options.files_from) = (true, Some(b"x\n".to_vec()));
         assert_eq!(e(s), PlanError::DeleteWithFilesFrom);
-        assert_eq!(
-            e(TransferSpec::sync(r("h:a"), r("k:m"))),
-            PlanError::SyncBetweenServers
-        );
+        let mut s = TransferSpec::sync(r("h:a"), r("k:m"));
+        s.between_servers = Some(Between::via_client());
+        assert_eq!(e(s), PlanError::SyncViaClient);
         for dest in ["h:", "h:.", "h:a/..", "h:/", "."] {
             assert_eq!(
                 e(TransferSpec::sync(r("a"), r(dest))),

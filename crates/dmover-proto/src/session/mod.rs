@@ -193,6 +193,11 @@ pub mod features {
     /// for them). Negotiated; a dialer offers it only where its storage lays parts
     /// out ([`crate::layout::Layout::extend_with`]).
     pub const PART_CHUNKS: u64 = 2048;
+    /// Not a session's: offered in the `Open` of [`crate::control::Op::ThirdPartySync`]
+    /// and of an `Op::Grant` for a sync's scope (`Scope::Mirror`, `MirrorSource`), which
+    /// a server without it cannot decode (it answers `Error{Protocol}`, and copies
+    /// nothing). Never negotiated in a session.
+    pub const SYNC_BETWEEN: u64 = 4096;
 
     /// The features every acceptor of protocol version 6 speaks and grants whenever
     /// the dialer offers them. A dialer thus knows, as it sends `Open`, which of them
@@ -262,6 +267,7 @@ pub mod features {
             EARLY => "early data",
             WALKING => "live walk",
             PART_CHUNKS => "chunks per part",
+            SYNC_BETWEEN => "sync between servers",
             _ => "unknown",
         }
     }

@@ -89,9 +89,6 @@ pub fn sync(a: &CpArgs, env: &Env) -> anyhow::Result<Sync> {
             "sync takes one source and the destination: dmover sync SRC DST",
         ));
     }
-    if a.tpc.is_some() || a.via_client {
-        return Err(usage("sync between two servers is not supported yet"));
-    }
     if a.watch {
         return watch(a, env).map(Sync::Watch);
     }
@@ -180,8 +177,9 @@ use Between::Direct;
 /// A refused [`TransferSpec`] as the usage error naming the flags.
 fn plan_usage(e: PlanError) -> anyhow::Error {
     usage(match e {
-        PlanError::FiltersBetweenServers => "--exclude, --include and --files-from do not \
-                                             apply to a copy between two servers yet"
+        PlanError::SyncViaClient => "sync between two servers with --via-client is not \
+                                     supported yet (without it, the data go from one server \
+                                     to the other directly)"
             .to_string(),
         PlanError::BwlimitBetweenServers => "--bwlimit does not apply to a copy between two \
                                              servers (the data does not pass through this \
