@@ -54,6 +54,9 @@ pub struct SubmitArgs {
     /// Relay the data through the job service (servers that cannot reach each other).
     #[arg(long, conflicts_with = "tpc")]
     pub via_client: bool,
+    /// Its order among your own queued jobs, 1 (last) to 5 (first) [default: 3].
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=5))]
+    pub priority: Option<u8>,
     #[command(flatten)]
     pub service: ServiceArgs,
 }
@@ -141,6 +144,7 @@ fn spec(a: &SubmitArgs) -> anyhow::Result<JobSpec> {
                 (_, Some(TpcArg::Pull)) => Route::Pull,
                 _ => Route::Push,
             },
+            priority: a.priority,
         },
     })
 }
