@@ -300,10 +300,10 @@ fn simulate(backlog: &[(&str, usize)], concurrency: usize, link_limit: u32) -> R
         max_running: 0,
         work: Vec::new(),
     };
-    let mut running: Vec<(JobId, i64)> = Vec::new();
+    let mut running: Vec<(JobId, i64, String)> = Vec::new();
     let mut now = 1_000_000;
     while !running.is_empty() || queued.values().any(|n| *n > 0) {
-        running.retain(|&(id, end)| {
+        running.retain(|&(id, end, _)| {
             if end > now {
                 return true;
             }
@@ -320,7 +320,7 @@ fn simulate(backlog: &[(&str, usize)], concurrency: usize, link_limit: u32) -> R
                 run.contended += 1;
             }
             run.claims.push(j.owner.clone());
-            running.push((j.id, now + 10 + (j.id * 7) % 5));
+            running.push((j.id, now + 10 + (j.id * 7) % 5, j.owner.clone()));
             run.max_running = run.max_running.max(running.len());
             let by_link = running_by_link(&s);
             run.max_link = run
@@ -329,8 +329,8 @@ fn simulate(backlog: &[(&str, usize)], concurrency: usize, link_limit: u32) -> R
         }
         if queued.values().all(|n| *n > 0) {
             let mut tick = std::collections::BTreeMap::new();
-            for (id, _) in &running {
-                *tick.entry(s.get(*id).unwrap().owner).or_insert(0) += 1;
+            for (_, _, owner) in &running {
+                *tick.entry(owner.clone()).or_insert(0) += 1;
             }
             run.work.push(tick);
         }
