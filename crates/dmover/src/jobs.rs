@@ -215,7 +215,8 @@ pub fn act(a: JobArgs, act: Act, env: &Env) -> anyhow::Result<ExitCode> {
 fn describe(j: &Job) -> String {
     let time = |ms: Option<i64>| ms.map_or("-".to_string(), |t| format!("{:.3}", t as f64 / 1e3));
     let mut out = format!(
-        "job {}: {}{}\nowner: {}\nsources: {}\ndestination: {}\nfiles: {} done, {} failed, \
+        "job {}: {}{}\nowner: {}\nsources: {}\ndestination: {}\npriority: {}, link: {}\n\
+         files: {} done, {} failed, \
          {} total\nbytes: {} of {} ({} resumed), {:.1} MB/s\nattempts: {}\n\
          submitted: {} s, started: {} s, ended: {} s (Unix time)\n",
         j.id,
@@ -228,6 +229,8 @@ fn describe(j: &Job) -> String {
         j.owner,
         j.spec.sources.join(" "),
         j.spec.destination,
+        j.priority,
+        j.link,
         j.files_done,
         j.files_failed,
         j.files_total,
