@@ -591,3 +591,46 @@ fn a_version_one_database_gets_links_and_priorities() {
     assert_eq!(d.link, q.link);
     assert_eq!(s.claim(now_ms()).unwrap().unwrap().id, 1);
 }
+
+/// Claims from eight threads at once: no job is claimed twice, and no link runs more
+/// than its limit (the counts and the claim are one transaction).
+#[test]
+fn concurrent_claims_never_share_a_job_or_pass_a_link_limit() {
+    let t = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(&t.path().join("j.sqlite"))
+        .unwrap()
+        .with_policy(Policy {
+            link_concurrency: 3,
+            max_unfinished_per_user: None,
+        });
+    let dsts = ["b", "c", "d", "e"];
+    for i in 0..80 {
+        let owner = format!("u{}", i % 5);
+        let spec = job_on("a", dsts[i % dsts.len()], &i.to_string(), None);
+        s.submit(&owner, JobKind::Copy, &spec).unwrap();
+    }
+    let now = now_ms();
+    let claimed: Vec<Job> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    while let Some(j) = s.claim(now).unwrap() {
+                        mine.push(j);
+                    }
+                    mine
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect()
+    });
+    let mut ids: Vec<JobId> = claimed.iter().map(|j| j.id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), claimed.len(), "a job claimed twice");
+    assert_eq!(claimed.len(), 3 * dsts.len(), "three on each of four links");
+    assert!(running_by_link(&s).values().all(|n| *n == 3));
+}
