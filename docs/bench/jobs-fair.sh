@@ -26,7 +26,7 @@ LINK=${LINK:-4}
 WINDOW=${WINDOW:-10}
 W=$(mktemp -d)
 PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$W"' EXIT
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2> /dev/null || true; done; wait 2> /dev/null || true; rm -rf "$W"' EXIT
 mkdir -p "$W/a/src" "$W/b/in" "$W/c" "$W/state"
 python3 - "$W/a/src" "$FILES" "$SIZE_KB" <<'EOF'
 import os, sys
