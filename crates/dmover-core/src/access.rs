@@ -370,6 +370,16 @@ pub struct JobsEntry {
     pub max_retry_wait_secs: Option<u64>,
     /// A job not done this many seconds after submission fails [default: 86400].
     pub deadline_secs: Option<u64>,
+    /// Jobs running at once on one link (source server, destination server)
+    /// [default: 4].
+    pub link_concurrency: Option<u32>,
+    /// Unfinished (queued or running) jobs one user may have; 0: no cap [default:
+    /// 1000].
+    pub max_unfinished_per_user: Option<u32>,
+    /// Sources one job may name [default: 1000].
+    pub max_sources: Option<usize>,
+    /// Days a finished job is kept, then deleted; 0: kept [default: 30].
+    pub keep_finished_days: Option<u64>,
     /// Users who see and act on every user's jobs.
     #[serde(default)]
     pub admins: Vec<String>,

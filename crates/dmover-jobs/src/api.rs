@@ -13,7 +13,9 @@
 //!
 //! Errors are `{"error": {"code": "...", "message": "..."}}` with the HTTP status:
 //! 400 `bad_request`, 401 `unauthorized`, 404 `not_found` (also another user's job,
-//! which a non-admin cannot tell from a missing one), 409 `conflict`, 500 `internal`.
+//! which a non-admin cannot tell from a missing one), 409 `conflict`, 413 `limit` (a
+//! job naming more sources than `max_sources`), 429 `limit` (the user's cap on
+//! unfinished jobs), 500 `internal`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
@@ -145,6 +147,7 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::NotFound(id) => ApiError::not_found(id),
             StoreError::Conflict(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
+            StoreError::Limit(m) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "limit", m),
             e => {
                 tracing::error!("jobs API: {e}");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
@@ -232,6 +235,10 @@ async fn submit(State(api): State<Arc<Api>>, headers: HeaderMap, body: Bytes) ->
     match api.service.submit(&caller.name, spec).await {
         Ok(job) => json(StatusCode::CREATED, &job),
         Err(SubmitError::Invalid(m)) => Err(ApiError::bad(m)),
+        Err(SubmitError::Limit(m)) => Err(ApiError::new(StatusCode::TOO_MANY_REQUESTS, "limit", m)),
+        Err(SubmitError::TooLarge(m)) => {
+            Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "limit", m))
+        }
         Err(SubmitError::Store(e)) => Err(e.into()),
     }
 }

@@ -138,6 +138,42 @@ pub struct JobOptions {
     /// `--include`/`--exclude` rules applied to the source's walk (and, for a sync,
     /// protecting what they exclude from deletion).
     pub filters: Vec<FilterRule>,
+    /// Its order in its owner's queue, 1 (last) to 5 (first) (`None`: 3,
+    /// [`DEFAULT_PRIORITY`]). It orders one user's jobs only: which user's job runs
+    /// next is the fair share's choice (docs/jobs.md, "Scheduling").
+    pub priority: Option<u8>,
+}
+
+/// The lowest priority a job can have.
+pub const MIN_PRIORITY: u8 = 1;
+/// The highest priority a job can have.
+pub const MAX_PRIORITY: u8 = 5;
+/// A job's priority unless it says.
+pub const DEFAULT_PRIORITY: u8 = 3;
+
+impl JobOptions {
+    /// The job's priority, [`DEFAULT_PRIORITY`] unless set (and clamped to the
+    /// range: the service refuses a priority out of it at submission).
+    pub fn priority(&self) -> u8 {
+        self.priority
+            .unwrap_or(DEFAULT_PRIORITY)
+            .clamp(MIN_PRIORITY, MAX_PRIORITY)
+    }
+}
+
+/// The link a job runs on: its source server and its destination server
+/// (`HOST:PORT -> HOST:PORT`, the default port filled in), or the sources and
+/// destination as given when they do not parse (such a job fails at its run). Jobs on
+/// one link share its concurrency limit.
+pub fn link_of(spec: &JobSpec) -> String {
+    let server = |s: &str| {
+        dmover_core::transfer::Endpoint::parse(s)
+            .ok()
+            .and_then(|e| e.server().map(str::to_string))
+            .unwrap_or_else(|| s.to_string())
+    };
+    let source = spec.sources.first().map_or(String::new(), |s| server(s));
+    format!("{source} -> {}", server(&spec.destination))
 }
 
 /// What a job copies: `dmover://HOST[:PORT]/PATH` sources (one server) and a
@@ -186,6 +222,10 @@ pub struct Job {
     pub state: State,
     /// What it copies.
     pub spec: JobSpec,
+    /// Its priority in its owner's queue (1 to 5; [`JobOptions::priority`]).
+    pub priority: u8,
+    /// Its source and destination servers ([`link_of`]).
+    pub link: String,
     /// Runs started, all told.
     pub attempts: u32,
     /// Runs started since it was submitted or last retried (what the retry limit

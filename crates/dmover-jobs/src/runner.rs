@@ -22,7 +22,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{
-    Counters, FileError, Job, JobId, JobKind, JobSpec, Outcome, Route, State, now_ms,
+    Counters, FileError, Job, JobId, JobKind, JobSpec, MAX_PRIORITY, MIN_PRIORITY, Outcome, Route,
+    State, now_ms,
 };
 use crate::store::{JobStore, StoreError};
 
@@ -47,7 +48,14 @@ pub struct RunnerConfig {
     pub progress_interval: Duration,
     /// The engine's disk threads (`None`: its default).
     pub disk_threads: Option<usize>,
+    /// Sources one job may name.
+    pub max_sources: usize,
+    /// Finished jobs are deleted this long after their end (`None`: kept).
+    pub keep_finished: Option<Duration>,
 }
+
+/// How often the runner deletes the finished jobs past [`RunnerConfig::keep_finished`].
+pub const PURGE_EVERY: Duration = Duration::from_secs(600);
 
 impl Default for RunnerConfig {
     fn default() -> Self {
@@ -60,6 +68,8 @@ impl Default for RunnerConfig {
             options: TransferOptions::default(),
             progress_interval: Duration::from_secs(1),
             disk_threads: None,
+            max_sources: 1000,
+            keep_finished: Some(Duration::from_secs(30 * 24 * 3600)),
         }
     }
 }
@@ -70,6 +80,12 @@ pub enum SubmitError {
     /// The spec is not a job the service can run.
     #[error("{0}")]
     Invalid(String),
+    /// The user's cap on unfinished jobs refused it (the API's 429 `limit`).
+    #[error("{0}")]
+    Limit(String),
+    /// A per-job cap (its sources) refused it (the API's 413 `limit`).
+    #[error("{0}")]
+    TooLarge(String),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -116,6 +132,15 @@ pub fn transfer_spec(spec: &JobSpec, base: &TransferOptions) -> Result<TransferS
     };
     if spec.sources.is_empty() {
         return Err("a job needs at least one source".into());
+    }
+    if let Some(p) = spec
+        .options
+        .priority
+        .filter(|p| !(MIN_PRIORITY..=MAX_PRIORITY).contains(p))
+    {
+        return Err(format!(
+            "priority: {p} is not between {MIN_PRIORITY} and {MAX_PRIORITY}"
+        ));
     }
     let sources = spec
         .sources
@@ -238,6 +263,14 @@ impl Service {
     /// Checks `spec` as the engine would run it, records it queued and wakes the
     /// runner.
     pub async fn submit(&self, owner: &str, spec: JobSpec) -> Result<Job, SubmitError> {
+        if spec.sources.len() > self.cfg.max_sources {
+            return Err(SubmitError::TooLarge(format!(
+                "the job names {} sources, more than a job may (max_sources = {}); \
+                 name their directories, or split the job",
+                spec.sources.len(),
+                self.cfg.max_sources
+            )));
+        }
         let t = transfer_spec(&spec, &self.cfg.options).map_err(SubmitError::Invalid)?;
         // The engine's own checks (sources on one server, options that do not apply
         // between servers), nothing connected yet.
@@ -248,7 +281,12 @@ impl Service {
         tokio::task::spawn_blocking(move || drop(checked));
         let (store, owner) = (self.store.clone(), owner.to_string());
         let kind = spec.kind();
-        let job = blocking(move || store.submit(&owner, kind, &spec)).await?;
+        let job = blocking(move || store.submit(&owner, kind, &spec))
+            .await
+            .map_err(|e| match e {
+                StoreError::Limit(m) => SubmitError::Limit(m),
+                e => SubmitError::Store(e),
+            })?;
         self.counters.submitted();
         self.changed(job.id);
         self.wake.notify_one();
@@ -297,7 +335,14 @@ impl Service {
             );
         }
         let mut tasks = tokio::task::JoinSet::new();
+        let mut purged_at: Option<std::time::Instant> = None;
         loop {
+            if purged_at.is_none_or(|t| t.elapsed() >= PURGE_EVERY) {
+                purged_at = Some(std::time::Instant::now());
+                if let Err(e) = self.purge(now_ms()).await {
+                    tracing::error!("jobs: purging finished jobs: {e}");
+                }
+            }
             while tasks.len() < self.cfg.concurrency.max(1) {
                 let store = self.store.clone();
                 match blocking(move || store.claim(now_ms())).await {
@@ -326,14 +371,33 @@ impl Service {
         Ok(())
     }
 
+    /// Deletes the jobs that ended more than [`RunnerConfig::keep_finished`] before
+    /// `now_ms` (the loop passes the time now; tests pass a later one). Returns how
+    /// many.
+    pub async fn purge(&self, now_ms: i64) -> Result<u64, StoreError> {
+        let Some(keep) = self.cfg.keep_finished else {
+            return Ok(0);
+        };
+        let before = now_ms.saturating_sub(i64::try_from(keep.as_millis()).unwrap_or(i64::MAX));
+        let store = self.store.clone();
+        let n = blocking(move || store.purge(before)).await?;
+        if n > 0 {
+            tracing::info!("jobs: {n} job(s) that ended before {before} (Unix ms) deleted");
+        }
+        Ok(n)
+    }
+
     /// How long the loop may sleep: until the next backoff ends (at most a minute).
+    /// A due job that was not claimed waits for its link (or the concurrency) to
+    /// free a place: a run's end wakes the loop.
     async fn next_wait(&self, tasks: &tokio::task::JoinSet<()>) -> Duration {
         if tasks.len() >= self.cfg.concurrency.max(1) {
             return Duration::from_secs(60);
         }
         let store = self.store.clone();
-        match blocking(move || store.next_due()).await {
-            Ok(Some(t)) => Duration::from_millis((t - now_ms()).clamp(0, 60_000) as u64),
+        let now = now_ms();
+        match blocking(move || store.next_due(now)).await {
+            Ok(Some(t)) => Duration::from_millis((t - now).clamp(0, 60_000) as u64),
             _ => Duration::from_secs(60),
         }
     }

@@ -10,7 +10,9 @@ use std::sync::Mutex;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::model::{Counters, FileError, Job, JobId, JobKind, JobSpec, Outcome, State, now_ms};
+use crate::model::{
+    Counters, FileError, Job, JobId, JobKind, JobSpec, Outcome, State, link_of, now_ms,
+};
 
 /// Why the store could not do what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +48,9 @@ pub enum StoreError {
         /// Ours.
         known: i64,
     },
+    /// A per-user cap refused the request (the API's 429 `limit`).
+    #[error("{0}")]
+    Limit(String),
     /// A stored row that does not read back.
     #[error("job {0}: stored data does not read back: {1}")]
     BadRow(JobId, String),
@@ -71,6 +76,26 @@ pub struct Page<'a> {
     pub limit: u32,
 }
 
+/// The store's share of the scheduling policy (docs/jobs.md, "Scheduling"): what
+/// [`JobStore::claim`] and [`JobStore::submit`] enforce, for every runner of the
+/// store at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// Jobs running at once on one link (source server, destination server).
+    pub link_concurrency: u32,
+    /// Unfinished (queued or running) jobs one user may have; `None`: no cap.
+    pub max_unfinished_per_user: Option<u32>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            link_concurrency: 4,
+            max_unfinished_per_user: Some(1000),
+        }
+    }
+}
+
 /// What the runner and the API need of a job store.
 pub trait JobStore: Send + Sync + std::fmt::Debug {
     /// Records a new queued job and returns it.
@@ -79,8 +104,12 @@ pub trait JobStore: Send + Sync + std::fmt::Debug {
     fn get(&self, id: JobId) -> Result<Job, StoreError>;
     /// A page of jobs, newest first.
     fn list(&self, page: Page<'_>) -> Result<Vec<Job>, StoreError>;
-    /// Takes the oldest queued job whose backoff has passed at `now_ms`: it becomes
-    /// running, its attempts counted.
+    /// Takes the next queued job whose backoff has passed at `now_ms` and whose link
+    /// has fewer running jobs than the [`Policy`]'s limit: it becomes running, its
+    /// attempts counted. Which one ([`CLAIM`]): the user with the fewest running jobs,
+    /// then the one served least recently (a claim sequence), then by name; of that
+    /// user's jobs the highest priority, then the oldest. One transaction: a job is
+    /// never claimed twice.
     fn claim(&self, now_ms: i64) -> Result<Option<Job>, StoreError>;
     /// Records a running job's counters.
     fn progress(&self, id: JobId, c: &Counters) -> Result<(), StoreError>;
@@ -95,11 +124,34 @@ pub trait JobStore: Send + Sync + std::fmt::Debug {
     /// their end (a crash, kill -9) are queued again (or cancelled, if that was
     /// asked). Returns their ids.
     fn recover(&self) -> Result<Vec<JobId>, StoreError>;
-    /// Queued jobs whose backoff has not passed: the earliest time one is due.
-    fn next_due(&self) -> Result<Option<i64>, StoreError>;
+    /// Queued jobs whose backoff has not passed at `after_ms`: the earliest time one
+    /// is due.
+    fn next_due(&self, after_ms: i64) -> Result<Option<i64>, StoreError>;
+    /// Deletes the jobs that ended (done, failed, cancelled) before `before_ms`, with
+    /// their errors by file; returns how many.
+    fn purge(&self, before_ms: i64) -> Result<u64, StoreError>;
     /// How many jobs the store holds in each state (states without one left out).
     fn counts(&self) -> Result<Vec<(State, u64)>, StoreError>;
 }
+
+/// The claim's choice, in SQL (SQLite's and PostgreSQL's): `?1` now, `?2` the link
+/// limit. Eligible jobs are queued, due, and on a link below its limit; their owners
+/// are ranked by running jobs, then by their last claim's sequence number (never
+/// claimed: 0), then by name; the first owner's best job (priority, then id) wins.
+pub const CLAIM: &str = "\
+    WITH link_running AS ( \
+        SELECT link, COUNT(*) AS n FROM jobs WHERE state = 'running' GROUP BY link), \
+    owner_running AS ( \
+        SELECT owner, COUNT(*) AS n FROM jobs WHERE state = 'running' GROUP BY owner), \
+    eligible AS ( \
+        SELECT j.id, j.owner, j.priority FROM jobs j \
+        LEFT JOIN link_running l ON l.link = j.link \
+        WHERE j.state = 'queued' AND j.not_before_ms <= ?1 AND COALESCE(l.n, 0) < ?2) \
+    SELECT e.id FROM eligible e \
+    LEFT JOIN owner_running r ON r.owner = e.owner \
+    LEFT JOIN owners o ON o.owner = e.owner \
+    ORDER BY COALESCE(r.n, 0), COALESCE(o.last_claim, 0), e.owner, e.priority DESC, e.id \
+    LIMIT 1";
 
 /// The schema, one step per version (`PRAGMA user_version` counts the steps applied).
 const MIGRATIONS: &[&str] = &[
@@ -135,6 +187,16 @@ const MIGRATIONS: &[&str] = &[
         error TEXT NOT NULL
     );
     CREATE INDEX file_errors_job ON file_errors (job);",
+    // 2: scheduling (a job's priority and link; when each owner was last served)
+    // and purging (finished jobs by their end).
+    "ALTER TABLE jobs ADD COLUMN priority INTEGER NOT NULL DEFAULT 3;
+    ALTER TABLE jobs ADD COLUMN link TEXT NOT NULL DEFAULT '';
+    CREATE INDEX jobs_owner_state ON jobs (owner, state);
+    CREATE INDEX jobs_ended ON jobs (state, ended_ms);
+    CREATE TABLE owners (
+        owner TEXT PRIMARY KEY,
+        last_claim INTEGER NOT NULL
+    );",
 ];
 
 /// The schema version this build writes.
@@ -145,6 +207,7 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 pub struct SqliteStore {
     conn: Mutex<Connection>,
     path: PathBuf,
+    policy: Policy,
     /// The lock file `PATH.lock`, locked (`flock`) while the store is open.
     _lock: std::fs::File,
 }
@@ -152,7 +215,7 @@ pub struct SqliteStore {
 /// The columns [`row_job`] reads, in order.
 const COLUMNS: &str = "id, owner, kind, state, spec, attempts, tries, created_ms, queued_ms, started_ms, \
     ended_ms, not_before_ms, bytes, bytes_total, bytes_resumed, files_done, files_failed, files_total, rate, \
-    error, cancel_requested";
+    error, cancel_requested, priority, link";
 
 impl SqliteStore {
     /// Opens (or makes) the database at `path`, takes its lock, and migrates its
@@ -181,10 +244,44 @@ impl SqliteStore {
         let mut store = SqliteStore {
             conn: Mutex::new(conn),
             path: path.to_path_buf(),
+            policy: Policy::default(),
             _lock: lock,
         };
         store.migrate()?;
+        store.fill_links()?;
         Ok(store)
+    }
+
+    /// The store with `policy` in force.
+    #[must_use]
+    pub fn with_policy(mut self, policy: Policy) -> SqliteStore {
+        self.policy = policy;
+        self
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// The jobs of a database made before schema 2 get their link and priority from
+    /// their spec (once: a link is never empty after).
+    fn fill_links(&self) -> Result<(), StoreError> {
+        self.tx(|tx| {
+            let mut q = tx.prepare("SELECT id, spec FROM jobs WHERE link = ''")?;
+            let rows: Vec<(JobId, String)> = q
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<_>>()?;
+            for (id, spec) in rows {
+                let spec: JobSpec = serde_json::from_str(&spec)
+                    .map_err(|e| StoreError::BadRow(id, format!("spec: {e}")))?;
+                tx.execute(
+                    "UPDATE jobs SET link = ?2, priority = ?3 WHERE id = ?1",
+                    params![id, link_of(&spec), spec.options.priority()],
+                )?;
+            }
+            Ok(())
+        })
     }
 
     /// The database file.
@@ -301,6 +398,8 @@ fn row_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Job, StoreError>> {
         error: r.get(19)?,
         file_errors: Vec::new(),
         cancel_requested: r.get::<_, i64>(20)? != 0,
+        priority: u(21)?.min(255) as u8,
+        link: r.get(22)?,
     }))
 }
 
@@ -348,12 +447,35 @@ fn set_counters(tx: &rusqlite::Transaction<'_>, id: JobId, c: &Counters) -> Resu
 
 impl JobStore for SqliteStore {
     fn submit(&self, owner: &str, kind: JobKind, spec: &JobSpec) -> Result<Job, StoreError> {
+        let (link, priority) = (link_of(spec), spec.options.priority());
         let spec = serde_json::to_string(spec).map_err(|e| StoreError::Db(e.to_string()))?;
         self.tx(|tx| {
+            if let Some(cap) = self.policy.max_unfinished_per_user {
+                let n: i64 = tx.query_row(
+                    "SELECT COUNT(*) FROM jobs WHERE owner = ?1 AND state IN ('queued', 'running')",
+                    [owner],
+                    |r| r.get(0),
+                )?;
+                if n >= i64::from(cap) {
+                    return Err(StoreError::Limit(format!(
+                        "{owner} has {n} unfinished (queued or running) jobs, the most a user \
+                         may have (max_unfinished_per_user = {cap}); submit again when some \
+                         have ended"
+                    )));
+                }
+            }
             tx.execute(
-                "INSERT INTO jobs (owner, kind, state, spec, created_ms, queued_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
-                params![owner, kind.as_str(), State::Queued.as_str(), spec, now_ms()],
+                "INSERT INTO jobs (owner, kind, state, spec, created_ms, queued_ms, priority, link) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6, ?7)",
+                params![
+                    owner,
+                    kind.as_str(),
+                    State::Queued.as_str(),
+                    spec,
+                    now_ms(),
+                    priority,
+                    link
+                ],
             )?;
             load(tx, tx.last_insert_rowid())
         })
@@ -380,9 +502,8 @@ impl JobStore for SqliteStore {
         self.tx(|tx| {
             let id: Option<JobId> = tx
                 .query_row(
-                    "SELECT id FROM jobs WHERE state = 'queued' AND not_before_ms <= ?1 \
-                     ORDER BY id LIMIT 1",
-                    [now_ms],
+                    CLAIM,
+                    params![now_ms, self.policy.link_concurrency.max(1)],
                     |r| r.get(0),
                 )
                 .optional()?;
@@ -391,6 +512,14 @@ impl JobStore for SqliteStore {
                 "UPDATE jobs SET state = 'running', attempts = attempts + 1, tries = tries + 1, \
                  started_ms = ?2, ended_ms = NULL WHERE id = ?1",
                 params![id, now_ms],
+            )?;
+            // The owner was served now: the next claims prefer the others.
+            tx.execute(
+                "INSERT INTO owners (owner, last_claim) \
+                 SELECT owner, (SELECT COALESCE(MAX(last_claim), 0) + 1 FROM owners) \
+                 FROM jobs WHERE id = ?1 \
+                 ON CONFLICT (owner) DO UPDATE SET last_claim = excluded.last_claim",
+                [id],
             )?;
             load(tx, id).map(Some)
         })
@@ -525,11 +654,11 @@ impl JobStore for SqliteStore {
         })
     }
 
-    fn next_due(&self) -> Result<Option<i64>, StoreError> {
+    fn next_due(&self, after_ms: i64) -> Result<Option<i64>, StoreError> {
         self.tx(|tx| {
             Ok(tx.query_row(
-                "SELECT MIN(not_before_ms) FROM jobs WHERE state = 'queued'",
-                [],
+                "SELECT MIN(not_before_ms) FROM jobs WHERE state = 'queued' AND not_before_ms > ?1",
+                [after_ms],
                 |r| r.get(0),
             )?)
         })
@@ -549,6 +678,25 @@ impl JobStore for SqliteStore {
                     Ok((state, n.max(0) as u64))
                 })
                 .collect()
+        })
+    }
+
+    fn purge(&self, before_ms: i64) -> Result<u64, StoreError> {
+        self.tx(|tx| {
+            let ended = "state IN ('done', 'failed', 'cancelled') AND ended_ms < ?1";
+            tx.execute(
+                &format!(
+                    "DELETE FROM file_errors WHERE job IN (SELECT id FROM jobs WHERE {ended})"
+                ),
+                [before_ms],
+            )?;
+            let n = tx.execute(&format!("DELETE FROM jobs WHERE {ended}"), [before_ms])?;
+            // Owners with no job left are forgotten (their next job is served first).
+            tx.execute(
+                "DELETE FROM owners WHERE owner NOT IN (SELECT owner FROM jobs)",
+                [],
+            )?;
+            Ok(n as u64)
         })
     }
 }

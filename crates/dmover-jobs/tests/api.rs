@@ -274,3 +274,78 @@ fn a_jobs_events_follow_it_to_its_end() {
     assert_eq!(get_all(&addr, &path, "nobody").0, 401);
     svc.stop();
 }
+
+/// The caps answer `limit`: 413 for a job naming more sources than `max_sources`,
+/// 429 for a user at `max_unfinished_per_user`; 400 for a priority out of 1 to 5.
+/// The job's priority and link are in its JSON.
+#[test]
+fn caps_are_refused_with_limit_and_priorities_are_shown() {
+    let lab = Lab::new(None);
+    // No runner: the jobs stay queued.
+    let store: Arc<dyn dmover_jobs::store::JobStore> = Arc::new(
+        dmover_jobs::store::SqliteStore::open(&lab.db())
+            .unwrap()
+            .with_policy(dmover_jobs::store::Policy {
+                link_concurrency: 4,
+                max_unfinished_per_user: Some(2),
+            }),
+    );
+    let mut cfg = lab.runner_config();
+    cfg.max_sources = 2;
+    let service = dmover_jobs::runner::Service::new(store, cfg);
+    let svc = Running {
+        service,
+        rt: tokio::runtime::Runtime::new().unwrap(),
+        stop: CancellationToken::new(),
+    };
+    let url = start_api(&svc, None);
+    let (alice, bob) = (
+        client(&lab, &url, Some("alice-token")),
+        client(&lab, &url, Some("bob-token")),
+    );
+    let mut spec = lab.spec(&["data/a"], "in/");
+    spec.options.priority = Some(5);
+    let j = svc.rt.block_on(alice.submit(&spec)).unwrap();
+    assert_eq!(j.priority, 5);
+    assert_eq!(j.link, format!("{} -> {}", lab.a, lab.b));
+    let (s, b) = svc
+        .rt
+        .block_on(alice.request("GET", &format!("/api/v1/jobs/{}", j.id), None))
+        .unwrap();
+    assert_eq!(s, 200);
+    assert_eq!(
+        (
+            b["priority"].as_u64(),
+            b["spec"]["options"]["priority"].as_u64()
+        ),
+        (Some(5), Some(5)),
+        "{b}"
+    );
+    spec.options.priority = Some(6);
+    let (s, code, m) = api_error(svc.rt.block_on(alice.submit(&spec)).unwrap_err());
+    assert_eq!((s, code.as_str()), (400, "bad_request"), "{m}");
+    assert!(m.contains("priority: 6 is not between 1 and 5"), "{m}");
+    let three = lab.spec(&["data/a", "data/b", "data/c"], "in/");
+    let (s, code, m) = api_error(svc.rt.block_on(alice.submit(&three)).unwrap_err());
+    assert_eq!((s, code.as_str()), (413, "limit"), "{m}");
+    assert!(m.contains("max_sources = 2"), "{m}");
+    svc.rt
+        .block_on(alice.submit(&lab.spec(&["data/b"], "in/")))
+        .unwrap();
+    let (s, code, m) = api_error(
+        svc.rt
+            .block_on(alice.submit(&lab.spec(&["data/c"], "in/")))
+            .unwrap_err(),
+    );
+    assert_eq!((s, code.as_str()), (429, "limit"), "{m}");
+    assert!(m.contains("max_unfinished_per_user = 2"), "{m}");
+    // Bob is counted apart; a cancelled job of alice's frees a place.
+    svc.rt
+        .block_on(bob.submit(&lab.spec(&["data/c"], "in/")))
+        .unwrap();
+    svc.rt.block_on(alice.cancel(j.id)).unwrap();
+    svc.rt
+        .block_on(alice.submit(&lab.spec(&["data/c"], "in/")))
+        .unwrap();
+    svc.stop();
+}

@@ -7,7 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::{Lab, Running, bytes, staging};
-use dmover_jobs::model::State;
+use dmover_jobs::model::{JobId, State};
+use dmover_jobs::store::StoreError;
 
 #[test]
 fn a_job_copies_between_two_servers_and_records_its_end() {
@@ -195,5 +196,147 @@ fn a_job_past_its_deadline_fails_and_a_retry_starts_a_new_one() {
     let r = svc.rt.block_on(svc.service.retry(job.id)).unwrap();
     assert!(r.queued_ms > j.queued_ms);
     assert_eq!(svc.wait_end(job.id).state, State::Done);
+    svc.stop();
+}
+
+/// A store that watches its claims and ends: the jobs running at once, by link and
+/// in all, counted under one lock with the store's own transitions.
+#[derive(Debug)]
+struct Watched {
+    inner: dmover_jobs::store::SqliteStore,
+    seen: std::sync::Mutex<Seen>,
+}
+
+#[derive(Debug, Default)]
+struct Seen {
+    running: usize,
+    by_link: std::collections::HashMap<String, usize>,
+    max_running: usize,
+    max_link: usize,
+    /// The owner of each claim, in order.
+    claims: Vec<String>,
+}
+
+impl dmover_jobs::store::JobStore for Watched {
+    fn submit(
+        &self,
+        owner: &str,
+        kind: dmover_jobs::model::JobKind,
+        spec: &dmover_jobs::model::JobSpec,
+    ) -> Result<dmover_jobs::model::Job, StoreError> {
+        self.inner.submit(owner, kind, spec)
+    }
+    fn get(&self, id: JobId) -> Result<dmover_jobs::model::Job, StoreError> {
+        self.inner.get(id)
+    }
+    fn list(
+        &self,
+        page: dmover_jobs::store::Page<'_>,
+    ) -> Result<Vec<dmover_jobs::model::Job>, StoreError> {
+        self.inner.list(page)
+    }
+    fn claim(&self, now_ms: i64) -> Result<Option<dmover_jobs::model::Job>, StoreError> {
+        let mut seen = self.seen.lock().unwrap();
+        let j = self.inner.claim(now_ms)?;
+        if let Some(j) = &j {
+            seen.running += 1;
+            let n = seen.by_link.entry(j.link.clone()).or_default();
+            *n += 1;
+            let n = *n;
+            seen.max_link = seen.max_link.max(n);
+            seen.max_running = seen.max_running.max(seen.running);
+            seen.claims.push(j.owner.clone());
+        }
+        Ok(j)
+    }
+    fn progress(&self, id: JobId, c: &dmover_jobs::model::Counters) -> Result<(), StoreError> {
+        self.inner.progress(id, c)
+    }
+    fn finish(
+        &self,
+        id: JobId,
+        outcome: &dmover_jobs::model::Outcome,
+    ) -> Result<dmover_jobs::model::Job, StoreError> {
+        let mut seen = self.seen.lock().unwrap();
+        let j = self.inner.finish(id, outcome)?;
+        seen.running -= 1;
+        *seen.by_link.get_mut(&j.link).unwrap() -= 1;
+        Ok(j)
+    }
+    fn cancel(&self, id: JobId) -> Result<dmover_jobs::model::Job, StoreError> {
+        self.inner.cancel(id)
+    }
+    fn retry(&self, id: JobId) -> Result<dmover_jobs::model::Job, StoreError> {
+        self.inner.retry(id)
+    }
+    fn recover(&self) -> Result<Vec<JobId>, StoreError> {
+        self.inner.recover()
+    }
+    fn next_due(&self, after_ms: i64) -> Result<Option<i64>, StoreError> {
+        self.inner.next_due(after_ms)
+    }
+    fn purge(&self, before_ms: i64) -> Result<u64, StoreError> {
+        self.inner.purge(before_ms)
+    }
+    fn counts(&self) -> Result<Vec<(dmover_jobs::model::State, u64)>, StoreError> {
+        self.inner.counts()
+    }
+}
+
+/// Four users with 7, 1, 1 and 1 small jobs on one link (A to B), the big user's
+/// queued first: the runner (3 at once) never runs more than the link's limit (2)
+/// at once, each small user's job is among the first four started, every file
+/// arrives; then the finished jobs are purged on a clock the test moves.
+#[test]
+fn four_users_share_a_link_within_its_limit_and_finished_jobs_are_purged() {
+    use dmover_jobs::model::JobKind;
+    use dmover_jobs::store::{JobStore, Policy, SqliteStore};
+    let lab = Lab::new(Some(Duration::from_millis(10)));
+    let owners = [("big", 7), ("s1", 1), ("s2", 1), ("s3", 1)];
+    let store = std::sync::Arc::new(Watched {
+        inner: SqliteStore::open(&lab.db()).unwrap().with_policy(Policy {
+            link_concurrency: 2,
+            max_unfinished_per_user: Some(7),
+        }),
+        seen: std::sync::Mutex::default(),
+    });
+    let mut jobs = Vec::new();
+    for (owner, n) in owners {
+        for i in 0..n {
+            let name = format!("{owner}-{i}");
+            let dir = lab.a_root.join("data").join(&name);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("f"), bytes(jobs.len() as u64, 200_000)).unwrap();
+            let spec = lab.spec(&[&format!("data/{name}")], "in/");
+            jobs.push((store.submit(owner, JobKind::Copy, &spec).unwrap().id, name));
+        }
+    }
+    let e = store
+        .submit("big", JobKind::Copy, &lab.spec(&["data/x"], "in/"))
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Limit(_)), "{e}");
+    let mut cfg = lab.runner_config();
+    cfg.concurrency = 3;
+    let svc = Running::with_store(store.clone(), cfg);
+    for (i, (id, name)) in jobs.iter().enumerate() {
+        let j = svc.wait_end(*id);
+        assert_eq!(j.state, State::Done, "{j:#?}");
+        let got = std::fs::read(lab.b_root.join("in").join(name).join("f")).unwrap();
+        assert_eq!(got, bytes(i as u64, 200_000), "{name}");
+    }
+    {
+        let seen = store.seen.lock().unwrap();
+        assert_eq!(seen.claims.len(), 10, "{:?}", seen.claims);
+        assert_eq!((seen.max_link, seen.max_running), (2, 2), "{seen:?}");
+        let mut first: Vec<&str> = seen.claims[..4].iter().map(String::as_str).collect();
+        first.sort_unstable();
+        assert_eq!(first, ["big", "s1", "s2", "s3"], "{:?}", seen.claims);
+    }
+    // Purge: nothing has ended 30 days ago; 30 days and a minute later, all has.
+    let now = dmover_jobs::model::now_ms();
+    assert_eq!(svc.rt.block_on(svc.service.purge(now)).unwrap(), 0);
+    let later = now + 30 * 24 * 3600 * 1000 + 60_000;
+    assert_eq!(svc.rt.block_on(svc.service.purge(later)).unwrap(), 10);
+    assert!(matches!(store.get(jobs[0].0), Err(StoreError::NotFound(_))));
     svc.stop();
 }

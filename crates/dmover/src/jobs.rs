@@ -70,6 +70,9 @@ pub struct SubmitArgs {
     pub checksum: bool,
     #[command(flatten)]
     pub filters: crate::args::FilterArgs,
+    /// Its order among your own queued jobs, 1 (last) to 5 (first) [default: 3].
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=5))]
+    pub priority: Option<u8>,
     #[command(flatten)]
     pub service: ServiceArgs,
 }
@@ -179,6 +182,7 @@ fn spec(a: &SubmitArgs) -> anyhow::Result<JobSpec> {
                 checksum: a.checksum,
             }),
             filters: filters(&a.filters)?,
+            priority: a.priority,
         },
     })
 }
@@ -314,7 +318,8 @@ fn one_line(j: &Job) -> String {
 fn describe(j: &Job) -> String {
     let time = |ms: Option<i64>| ms.map_or("-".to_string(), |t| format!("{:.3}", t as f64 / 1e3));
     let mut out = format!(
-        "job {}: {}{}\nowner: {}\nsources: {}\ndestination: {}\nfiles: {} done, {} failed, \
+        "job {}: {}{}\nowner: {}\nsources: {}\ndestination: {}\npriority: {}, link: {}\n\
+         files: {} done, {} failed, \
          {} total\nbytes: {} of {} ({} resumed), {:.1} MB/s\nattempts: {}\n\
          submitted: {} s, started: {} s, ended: {} s (Unix time)\n",
         j.id,
@@ -327,6 +332,8 @@ fn describe(j: &Job) -> String {
         j.owner,
         j.spec.sources.join(" "),
         j.spec.destination,
+        j.priority,
+        j.link,
         j.files_done,
         j.files_failed,
         j.files_total,

@@ -165,10 +165,12 @@ async fn open_jobs(
     users: &std::collections::BTreeMap<String, dmover_core::access::User>,
     identity: &ServerIdentity,
 ) -> anyhow::Result<Jobs> {
-    let db = j.database.clone();
-    let store = tokio::task::spawn_blocking(move || dmover_jobs::store::SqliteStore::open(&db))
-        .await
-        .context("opening the job database")??;
+    let (db, policy) = (j.database.clone(), j.policy);
+    let store = tokio::task::spawn_blocking(move || {
+        dmover_jobs::store::SqliteStore::open(&db).map(|s| s.with_policy(policy))
+    })
+    .await
+    .context("opening the job database")??;
     let listener = TcpListener::bind(j.listen)
         .await
         .with_context(|| format!("listening on {} for the job service", j.listen))?;

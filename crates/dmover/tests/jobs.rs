@@ -217,7 +217,9 @@ fn a_job_submitted_from_the_cli_survives_a_killed_service() {
     assert_eq!(list["jobs"][0]["id"].to_string(), id, "{list}");
     assert_eq!(list["next"], serde_json::Value::Null);
     let text = dm(&url, Some(&tok), &kh, &["job", &id]);
-    assert!(String::from_utf8_lossy(&text.stdout).contains(&format!("job {id}: done")));
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains(&format!("job {id}: done")), "{text}");
+    assert!(text.contains("\npriority: 3, link: 127.0.0.1:"), "{text}");
     // Following an ended job: at once, its description, exit 0.
     let text = dm(&url, Some(&tok), &kh, &["job", &id, "--follow"]);
     assert!(text.status.success());

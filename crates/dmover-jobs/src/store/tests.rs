@@ -118,7 +118,8 @@ fn a_requeued_job_waits_for_its_backoff() {
         .unwrap();
     assert_eq!(q.state, State::Queued);
     assert_eq!(q.error.as_deref(), Some("connection refused"));
-    assert_eq!(s.next_due().unwrap(), Some(now + 60_000));
+    assert_eq!(s.next_due(now).unwrap(), Some(now + 60_000));
+    assert_eq!(s.next_due(now + 60_000).unwrap(), None);
     assert_eq!(s.claim(now + 59_999).unwrap(), None);
     assert_eq!(s.claim(now + 60_000).unwrap().unwrap().tries, 2);
 }
@@ -225,4 +226,411 @@ fn a_database_at_version_one_is_left_as_it_is() {
     drop(c);
     let s = SqliteStore::open(&path).unwrap();
     s.submit("u", JobKind::Copy, &spec("a")).unwrap();
+}
+
+/// A job of `owner` from server `src` to server `dst`, with `priority`.
+fn job_on(src: &str, dst: &str, name: &str, priority: Option<u8>) -> JobSpec {
+    let mut s = JobSpec {
+        sources: vec![format!("dmover://{src}/{name}")],
+        destination: format!("dmover://{dst}/in/"),
+        options: JobOptions::default(),
+    };
+    s.options.priority = priority;
+    s
+}
+
+/// Running jobs by link, as the store has them.
+fn running_by_link(s: &SqliteStore) -> std::collections::BTreeMap<String, i64> {
+    let c = s.conn.lock().unwrap();
+    let mut q = c
+        .prepare("SELECT link, COUNT(*) FROM jobs WHERE state = 'running' GROUP BY link")
+        .unwrap();
+    q.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap()
+}
+
+/// What [`simulate`] saw.
+struct Run {
+    /// The owner of each claim, in order.
+    claims: Vec<String>,
+    /// How many claims were made while every user still had queued jobs.
+    contended: usize,
+    /// The most jobs running at once on one link.
+    max_link: i64,
+    /// The most jobs running at once.
+    max_running: usize,
+    /// Each tick's running jobs by owner while every user still had queued jobs (a
+    /// run's work: jobs of equal size move equal data per tick).
+    work: Vec<std::collections::BTreeMap<String, usize>>,
+}
+
+/// Queues `backlog` jobs per user (on three links, in turn) and runs them as a
+/// runner of `concurrency` would, on a clock driven here: each tick ends the runs
+/// due, then claims while fewer than `concurrency` run. A run lasts 10 to 14 ticks.
+fn simulate(backlog: &[(&str, usize)], concurrency: usize, link_limit: u32) -> Run {
+    let t = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(&t.path().join("j.sqlite"))
+        .unwrap()
+        .with_policy(Policy {
+            link_concurrency: link_limit,
+            max_unfinished_per_user: None,
+        });
+    let links = [("a", "b"), ("a", "c"), ("d", "b")];
+    // Submitted in the order a big backlog is worst for the others: the big user's
+    // jobs first.
+    let mut queued = std::collections::BTreeMap::new();
+    for (owner, n) in backlog {
+        for i in 0..*n {
+            let (src, dst) = links[i % links.len()];
+            s.submit(
+                owner,
+                JobKind::Copy,
+                &job_on(src, dst, &format!("{owner}{i}"), None),
+            )
+            .unwrap();
+        }
+        queued.insert(owner.to_string(), *n);
+    }
+    let mut run = Run {
+        claims: Vec::new(),
+        contended: 0,
+        max_link: 0,
+        max_running: 0,
+        work: Vec::new(),
+    };
+    let mut running: Vec<(JobId, i64, String)> = Vec::new();
+    let mut now = 1_000_000;
+    while !running.is_empty() || queued.values().any(|n| *n > 0) {
+        running.retain(|&(id, end, _)| {
+            if end > now {
+                return true;
+            }
+            s.finish(id, &Outcome::Done(counters(100))).unwrap();
+            false
+        });
+        while running.len() < concurrency {
+            let all_have_work = queued.values().all(|n| *n > 0);
+            let Some(j) = s.claim(now).unwrap() else {
+                break;
+            };
+            *queued.get_mut(&j.owner).unwrap() -= 1;
+            if all_have_work {
+                run.contended += 1;
+            }
+            run.claims.push(j.owner.clone());
+            running.push((j.id, now + 10 + (j.id * 7) % 5, j.owner.clone()));
+            run.max_running = run.max_running.max(running.len());
+            let by_link = running_by_link(&s);
+            run.max_link = run
+                .max_link
+                .max(by_link.values().copied().max().unwrap_or(0));
+        }
+        if queued.values().all(|n| *n > 0) {
+            let mut tick = std::collections::BTreeMap::new();
+            for (_, _, owner) in &running {
+                *tick.entry(owner.clone()).or_insert(0) += 1;
+            }
+            run.work.push(tick);
+        }
+        now += 1;
+    }
+    run
+}
+
+/// Each user's claims in each window of `window` claims while all had work are
+/// within ±20 % of the mean.
+fn assert_fair(run: &Run, users: &[&str], window: usize) {
+    assert!(run.contended >= window, "{}", run.contended);
+    let mean = window as f64 / users.len() as f64;
+    for (w, claims) in run.claims[..run.contended - run.contended % window]
+        .chunks(window)
+        .enumerate()
+    {
+        for u in users {
+            let n = claims.iter().filter(|c| c == u).count() as f64;
+            assert!(
+                (n - mean).abs() <= 0.2 * mean + 1e-9,
+                "window {w}: {u} had {n} of {window} claims (mean {mean}): {claims:?}"
+            );
+        }
+    }
+}
+
+/// Each user's work (running jobs × ticks) in each window of `ticks` ticks while all
+/// had work is within ±20 % of the mean.
+fn assert_fair_work(run: &Run, users: &[&str], ticks: usize) {
+    assert!(run.work.len() >= ticks, "{} ticks", run.work.len());
+    for (w, window) in run.work.chunks_exact(ticks).enumerate() {
+        let of = |u: &str| {
+            window
+                .iter()
+                .map(|t| t.get(u).copied().unwrap_or(0))
+                .sum::<usize>()
+        };
+        let mean = users.iter().map(|u| of(u)).sum::<usize>() as f64 / users.len() as f64;
+        for u in users {
+            let n = of(u) as f64;
+            assert!(
+                (n - mean).abs() <= 0.2 * mean,
+                "window {w} ({ticks} ticks): {u} had {n} job-ticks (mean {mean})"
+            );
+        }
+    }
+}
+
+#[test]
+fn four_users_with_70_10_10_10_jobs_share_the_claims_evenly() {
+    let users = ["big", "s1", "s2", "s3"];
+    // The default concurrency, 4, and links of 2 (three links).
+    let run = simulate(&[("big", 70), ("s1", 10), ("s2", 10), ("s3", 10)], 4, 2);
+    assert_eq!(run.claims.len(), 100);
+    assert!(run.contended >= 36, "{}", run.contended);
+    assert_fair(&run, &users, 8);
+    assert_fair_work(&run, &users, 60);
+    assert_eq!(run.max_running, 4);
+    assert!(run.max_link <= 2, "a link ran {} jobs", run.max_link);
+    // The small users' jobs all started within the first 44 claims.
+    let last_small = run.claims.iter().rposition(|c| c != "big").unwrap();
+    assert!(last_small < 44, "{last_small}: {:?}", run.claims);
+    // Six places for four users: no fair split of the claims in short windows (two
+    // users hold two places at a time), but the work is fair.
+    let run = simulate(&[("big", 70), ("s1", 10), ("s2", 10), ("s3", 10)], 6, 2);
+    assert_fair_work(&run, &users, 60);
+}
+
+#[test]
+fn the_share_holds_at_ten_times_the_backlog_and_under_the_link_limit() {
+    let users = ["big", "s1", "s2", "s3"];
+    let run = simulate(&[("big", 700), ("s1", 100), ("s2", 100), ("s3", 100)], 8, 2);
+    assert!(run.contended >= 390, "{}", run.contended);
+    assert_fair(&run, &users, 20);
+    assert_fair_work(&run, &users, 60);
+    // Three links of two: the links bind before the concurrency.
+    assert_eq!((run.max_link, run.max_running), (2, 6));
+}
+
+#[test]
+fn priorities_order_a_users_own_queue_only() {
+    let t = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(&t.path().join("j.sqlite")).unwrap();
+    let mut ids = std::collections::BTreeMap::new();
+    for (name, p) in [
+        ("low", Some(1)),
+        ("mid", None),
+        ("top", Some(5)),
+        ("mid2", Some(3)),
+    ] {
+        let j = s
+            .submit("alice", JobKind::Copy, &job_on("a", "b", name, p))
+            .unwrap();
+        assert_eq!(j.priority, p.unwrap_or(3));
+        assert_eq!(j.link, "a:7700 -> b:7700");
+        ids.insert(j.id, name);
+    }
+    // Bob's one job, priority 1, still comes before alice's second.
+    let b = s
+        .submit("bob", JobKind::Copy, &job_on("a", "b", "bob", Some(1)))
+        .unwrap();
+    ids.insert(b.id, "bob");
+    let mut order = Vec::new();
+    let now = now_ms();
+    while let Some(j) = s.claim(now).unwrap() {
+        order.push(ids[&j.id]);
+        s.finish(j.id, &Outcome::Done(counters(1))).unwrap();
+    }
+    assert_eq!(order, ["top", "bob", "mid", "mid2", "low"]);
+}
+
+#[test]
+fn a_link_at_its_limit_leaves_its_jobs_queued_and_others_run() {
+    let t = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(&t.path().join("j.sqlite"))
+        .unwrap()
+        .with_policy(Policy {
+            link_concurrency: 2,
+            max_unfinished_per_user: None,
+        });
+    for i in 0..4 {
+        s.submit(
+            "u",
+            JobKind::Copy,
+            &job_on("a", "b", &format!("x{i}"), None),
+        )
+        .unwrap();
+    }
+    let other = s
+        .submit("u", JobKind::Copy, &job_on("a", "c:9", "y", Some(1)))
+        .unwrap();
+    let now = now_ms();
+    let (j1, j2) = (
+        s.claim(now).unwrap().unwrap(),
+        s.claim(now).unwrap().unwrap(),
+    );
+    assert_eq!((j1.id, j2.id), (1, 2));
+    let third = s.claim(now).unwrap().unwrap();
+    assert_eq!(third.id, other.id, "the full link is skipped");
+    assert_eq!(third.link, "a:7700 -> c:9");
+    assert_eq!(s.claim(now).unwrap(), None, "a:7700 -> b:7700 is full");
+    s.finish(j1.id, &Outcome::Done(counters(1))).unwrap();
+    assert_eq!(s.claim(now).unwrap().unwrap().id, 3);
+    assert_eq!(s.claim(now).unwrap(), None);
+}
+
+#[test]
+fn a_user_with_too_many_unfinished_jobs_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(&t.path().join("j.sqlite"))
+        .unwrap()
+        .with_policy(Policy {
+            link_concurrency: 4,
+            max_unfinished_per_user: Some(2),
+        });
+    let a = s.submit("alice", JobKind::Copy, &spec("1")).unwrap();
+    s.submit("alice", JobKind::Copy, &spec("2")).unwrap();
+    let e = s.submit("alice", JobKind::Copy, &spec("3")).unwrap_err();
+    assert!(matches!(e, StoreError::Limit(_)), "{e:?}");
+    assert!(e.to_string().contains("max_unfinished_per_user = 2"), "{e}");
+    // Another user is not counted with her.
+    s.submit("bob", JobKind::Copy, &spec("b")).unwrap();
+    // A running job counts; an ended one does not.
+    assert_eq!(s.claim(now_ms()).unwrap().unwrap().id, a.id);
+    assert!(s.submit("alice", JobKind::Copy, &spec("3")).is_err());
+    s.finish(a.id, &Outcome::Done(counters(1))).unwrap();
+    s.submit("alice", JobKind::Copy, &spec("3")).unwrap();
+    assert_eq!(
+        s.list(Page {
+            owner: Some("alice"),
+            before: None,
+            limit: 10
+        })
+        .unwrap()
+        .len(),
+        3
+    );
+}
+
+#[test]
+fn purge_deletes_only_jobs_that_ended_before_the_time_with_their_errors() {
+    let t = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(&t.path().join("j.sqlite")).unwrap();
+    let ids: Vec<JobId> = (0..6)
+        .map(|i| {
+            s.submit("u", JobKind::Copy, &spec(&i.to_string()))
+                .unwrap()
+                .id
+        })
+        .collect();
+    let now = now_ms();
+    let failed = Outcome::Failed {
+        counters: counters(1),
+        error: "x".into(),
+        files: vec![FileError {
+            path: "p".into(),
+            error: "e".into(),
+        }],
+    };
+    // 1 done, 2 failed (with an error by file), 3 cancelled, 4 running, 5 and 6
+    // queued.
+    for (id, how) in [
+        (ids[0], Outcome::Done(counters(1))),
+        (ids[1], failed),
+        (ids[2], Outcome::Cancelled(counters(1))),
+    ] {
+        assert_eq!(s.claim(now).unwrap().unwrap().id, id);
+        s.finish(id, &how).unwrap();
+    }
+    s.claim(now).unwrap().unwrap();
+    let ended = s.get(ids[2]).unwrap().ended_ms.unwrap();
+    assert_eq!(s.purge(now - 1).unwrap(), 0, "nothing ended that early");
+    assert_eq!(s.purge(ended + 1).unwrap(), 3);
+    for id in &ids[..3] {
+        assert!(matches!(s.get(*id), Err(StoreError::NotFound(_))));
+    }
+    for id in &ids[3..] {
+        assert!(!s.get(*id).unwrap().state.is_end());
+    }
+    let c = s.conn.lock().unwrap();
+    let n: i64 = c
+        .query_row("SELECT COUNT(*) FROM file_errors", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 0);
+    drop(c);
+    // A cancelled queued job has an end too, and goes the same way.
+    s.cancel(ids[5]).unwrap();
+    assert_eq!(s.purge(now_ms() + 1).unwrap(), 1);
+    assert_eq!(
+        s.purge(i64::MAX).unwrap(),
+        0,
+        "running and queued jobs stay"
+    );
+}
+
+#[test]
+fn a_version_one_database_gets_links_and_priorities() {
+    let t = tempfile::tempdir().unwrap();
+    let path = t.path().join("j.sqlite");
+    {
+        let c = Connection::open(&path).unwrap();
+        c.execute_batch(MIGRATIONS[0]).unwrap();
+        c.pragma_update(None, "user_version", 1).unwrap();
+        let spec = serde_json::to_string(&job_on("a", "b:9", "x", None)).unwrap();
+        for state in ["queued", "done"] {
+            c.execute(
+                "INSERT INTO jobs (owner, kind, state, spec, created_ms, queued_ms) \
+                 VALUES ('u', 'copy', ?1, ?2, 1, 1)",
+                params![state, spec],
+            )
+            .unwrap();
+        }
+    }
+    let s = SqliteStore::open(&path).unwrap();
+    let (q, d) = (s.get(1).unwrap(), s.get(2).unwrap());
+    assert_eq!((q.link.as_str(), q.priority), ("a:7700 -> b:9", 3));
+    assert_eq!(d.link, q.link);
+    assert_eq!(s.claim(now_ms()).unwrap().unwrap().id, 1);
+}
+
+/// Claims from eight threads at once: no job is claimed twice, and no link runs more
+/// than its limit (the counts and the claim are one transaction).
+#[test]
+fn concurrent_claims_never_share_a_job_or_pass_a_link_limit() {
+    let t = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(&t.path().join("j.sqlite"))
+        .unwrap()
+        .with_policy(Policy {
+            link_concurrency: 3,
+            max_unfinished_per_user: None,
+        });
+    let dsts = ["b", "c", "d", "e"];
+    for i in 0..80 {
+        let owner = format!("u{}", i % 5);
+        let spec = job_on("a", dsts[i % dsts.len()], &i.to_string(), None);
+        s.submit(&owner, JobKind::Copy, &spec).unwrap();
+    }
+    let now = now_ms();
+    let claimed: Vec<Job> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    while let Some(j) = s.claim(now).unwrap() {
+                        mine.push(j);
+                    }
+                    mine
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect()
+    });
+    let mut ids: Vec<JobId> = claimed.iter().map(|j| j.id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), claimed.len(), "a job claimed twice");
+    assert_eq!(claimed.len(), 3 * dsts.len(), "three on each of four links");
+    assert!(running_by_link(&s).values().all(|n| *n == 3));
 }

@@ -114,6 +114,7 @@ impl Lab {
             },
             progress_interval: Duration::from_millis(20),
             disk_threads: Some(1),
+            ..RunnerConfig::default()
         }
     }
 
@@ -141,7 +142,11 @@ pub struct Running {
 impl Running {
     /// Opens the store at `db` and starts the service.
     pub fn start(db: &Path, cfg: RunnerConfig) -> Running {
-        let store: Arc<dyn JobStore> = Arc::new(SqliteStore::open(db).unwrap());
+        Running::with_store(Arc::new(SqliteStore::open(db).unwrap()), cfg)
+    }
+
+    /// Starts the service on `store`.
+    pub fn with_store(store: Arc<dyn JobStore>, cfg: RunnerConfig) -> Running {
         let service = Service::new(store, cfg);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

@@ -56,6 +56,8 @@ pub struct JobsSetup {
     pub listen: SocketAddr,
     /// How jobs run, with the service's credential.
     pub runner: dmover_jobs::runner::RunnerConfig,
+    /// What the store's claims and submissions enforce (link limit, per-user cap).
+    pub policy: dmover_jobs::store::Policy,
     /// Users who see every user's jobs.
     pub admins: Vec<String>,
 }
@@ -184,6 +186,7 @@ fn jobs(
         .clone()
         .unwrap_or_else(|| state.join("jobs_known_hosts"));
     let defaults = dmover_jobs::runner::RunnerConfig::default();
+    let policy = dmover_jobs::store::Policy::default();
     let secs = |v: Option<u64>, d: Duration| v.map_or(d, |s| Duration::from_secs(s.max(1)));
     let runner = dmover_jobs::runner::RunnerConfig {
         concurrency: j.concurrency.unwrap_or(defaults.concurrency).max(1),
@@ -191,6 +194,12 @@ fn jobs(
         retry_wait: secs(j.retry_wait_secs, defaults.retry_wait),
         max_retry_wait: secs(j.max_retry_wait_secs, defaults.max_retry_wait),
         deadline: secs(j.deadline_secs, defaults.deadline),
+        max_sources: j.max_sources.unwrap_or(defaults.max_sources).max(1),
+        keep_finished: match j.keep_finished_days {
+            Some(0) => None,
+            Some(d) => Some(Duration::from_secs(d.saturating_mul(24 * 3600))),
+            None => defaults.keep_finished,
+        },
         options: dmover_core::session::TransferOptions {
             token,
             key,
@@ -207,6 +216,13 @@ fn jobs(
             .unwrap_or_else(|| state.join("jobs.sqlite")),
         listen: a.jobs_listen.or(j.listen).unwrap_or(JOBS_LISTEN),
         runner,
+        policy: dmover_jobs::store::Policy {
+            link_concurrency: j.link_concurrency.unwrap_or(policy.link_concurrency).max(1),
+            max_unfinished_per_user: j
+                .max_unfinished_per_user
+                .or(policy.max_unfinished_per_user)
+                .filter(|n| *n > 0),
+        },
         admins: j.admins,
     }))
 }
