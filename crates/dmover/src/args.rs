@@ -341,7 +341,7 @@ pub struct ReliabilityArgs {
     #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "D")]
     pub busy_wait: std::time::Duration,
     /// Skip source files that cannot be read (vanished, unreadable, changed while
-    /// read), copy the rest, list the skipped ones and exit with 1.
+    /// read), copy the rest, list the skipped ones and exit with 23 (as rsync).
     #[arg(long)]
     pub continue_on_error: bool,
     /// Re-read every file at the destination after fsync and compare its digest

@@ -2,7 +2,10 @@
 //!
 //! Exit codes: 0 success; 1 the transfer failed (I/O, checksum, refused path, ...);
 //! 2 usage error; 3 authentication refused (or the server's key is not the pinned one); 4 network failure (unreachable server,
-//! dropped connection, a server still busy after `--busy-wait`). `dmover doctor` exits with 1 when a check warns.
+//! dropped connection, a server still busy after `--busy-wait`); 23 a `cp` or `sync` that
+//! copied all but some files (`--continue-on-error`, rsync's code); 130 and 143 a `cp` or
+//! `sync` that SIGINT or SIGTERM stopped (cleanly, see [`interrupt`]). `dmover doctor`
+//! exits with 1 when a check warns. The man page's EXIT STATUS ([`manual`]) says the same.
 
 //!
 //! The layers, each using only those below it: [`cli`] (the command tree clap parses)
