@@ -65,6 +65,7 @@ fn main() -> ExitCode {
             resolve::Sync::Once(c) => cp::run(c),
             resolve::Sync::Watch(w) => watch::run(w),
         }),
+        Command::Serve(a) if a.check => Ok(serve_check(&a, &env)),
         Command::Serve(a) => {
             resolve::serve(&a, &env).and_then(|s| serve::run(s, &env, cli.log_format))
         }
@@ -88,6 +89,20 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("dmover: error: {}", output::printable(&format!("{e:#}")));
             ExitCode::from(if e.is::<args::UsageError>() { 2 } else { 1 })
+        }
+    }
+}
+
+/// `dmover serve --check`: exit 0 with one line on stdout, or 2 with what is wrong.
+fn serve_check(a: &args::ServeArgs, env: &Env) -> ExitCode {
+    match resolve::serve_check(a, env) {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("dmover: error: {}", output::printable(&format!("{e:#}")));
+            ExitCode::from(2)
         }
     }
 }

@@ -59,7 +59,8 @@ pub const EXIT_STATUS: &[(&str, &str)] = &[
     (
         "2",
         "Usage error: an unknown option, options that contradict each other, a malformed \
-         HOST:PATH.",
+         HOST:PATH; dmover serve --check: the configuration is wrong (the key and its \
+         line are named).",
     ),
     (
         "3",
@@ -141,7 +142,9 @@ const FILES: &[(&str, &str)] = &[
     (
         "/etc/dmover/server.toml",
         "The server's configuration as packaged (dmover serve --config): exports, users, \
-         rights, limits. Its keys are described in docs/config.md of the source.",
+         rights, limits and every setting of dmover serve, sizes and durations with units \
+         (\"8G\", \"30s\"). dmover serve --check checks it. Its keys are described in \
+         docs/config.md of the source.",
     ),
     (
         "/var/lib/dmover",
@@ -163,6 +166,11 @@ const EXAMPLES: &[(&str, &str)] = &[
         "Serve what the configuration file exports (a first start makes the server's TLS \
          key):",
         "dmover serve --config /etc/dmover/server.toml",
+    ),
+    (
+        "Check a changed configuration before restarting the server (exit 0, or 2 naming \
+         the key and its line):",
+        "dmover serve --check --config /etc/dmover/server.toml",
     ),
     (
         "Push a tree into a directory of server dtn1, then pull it back:",
