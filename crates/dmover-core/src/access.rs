@@ -783,6 +783,46 @@ mod tests {
     use super::*;
 
     #[test]
+    fn sizes_and_durations_take_units_and_older_integers_are_named() {
+        let p = Path::new("t.toml");
+        let f = ConfigFile::parse(
+            "memory = \"512M\"\nmax_manifest_bytes = 8589934592\nmanifest_memory = 1536\n\
+             idle_timeout = \"2m\"\nhandshake_timeout_secs = 30\ntpc_capability_ttl_secs = 3600\n",
+            p,
+        )
+        .unwrap();
+        assert_eq!(f.memory.map(|m| m.bytes), Some(512 << 20));
+        assert_eq!(f.max_manifest_bytes.map(|m| m.bytes), Some(8 << 30));
+        assert_eq!(f.idle_timeout(), Some(std::time::Duration::from_secs(120)));
+        assert_eq!(
+            f.handshake_timeout(),
+            Some(std::time::Duration::from_secs(30))
+        );
+        assert_eq!(
+            f.deprecated(),
+            [
+                "max_manifest_bytes = 8589934592: a bare number of bytes; write max_manifest_bytes = \"8G\"",
+                "manifest_memory = 1536: a bare number of bytes; write manifest_memory = \"1536B\"",
+                "handshake_timeout_secs = 30: seconds as a bare number; write handshake_timeout = \"30s\"",
+                "tpc_capability_ttl_secs = 3600: seconds as a bare number; write tpc_capability_ttl = \"1h\"",
+            ]
+        );
+        for (bad, words) in [
+            ("idle_timeout = 120", "a duration with a unit"),
+            ("memory = \"2 apples\"", "memory"),
+            ("memory = \"1M\"", "at least \"2M\""),
+            ("io_threads = 0", "from 1 to 256"),
+            (
+                "idle_timeout = \"1s\"\nidle_timeout_secs = 1",
+                "keep idle_timeout",
+            ),
+        ] {
+            let e = ConfigFile::parse(bad, p).unwrap_err().to_string();
+            assert!(e.contains(words), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn a_config_file_parses_and_is_checked() {
         let v = dmover_proto::auth::token_keys(b"t").verifier.to_text();
         let dir = tempfile::tempdir().unwrap();

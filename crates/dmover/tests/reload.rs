@@ -505,6 +505,10 @@ fn serve_check_names_the_key_and_line_and_the_file_holds_the_former_flags() {
             ["line 7", "manifest_memory"],
         ),
         (missing, ["exports.data (line 1)", "missing"]),
+        (
+            format!("{head}{users}").replace("= \"rw\"", "= \"rw\", other = \"ro\""),
+            ["no export named \"other\"", "[users.alice] at line 10"],
+        ),
     ] {
         let o = check(&text);
         let e = stderr(&o);

@@ -63,11 +63,14 @@ pub fn check(a: &ServeArgs, env: &Env) -> anyhow::Result<String> {
         }
         None => ConfigFile::default(),
     };
-    let cfg = access(a, &file)?;
     let text = match &a.config {
         Some(p) => std::fs::read_to_string(p).unwrap_or_default(),
         None => String::new(),
     };
+    let cfg = access(a, &file).map_err(|e| match section_of(&format!("{e:#}"), &text) {
+        Some(at) => anyhow::anyhow!("{e:#} ({at})"),
+        None => e,
+    })?;
     for e in &cfg.exports {
         let line = text
             .lines()
@@ -116,6 +119,20 @@ pub fn check(a: &ServeArgs, env: &Env) -> anyhow::Result<String> {
         cfg.exports.len(),
         cfg.users.as_ref().map_or(0, |u| u.len()),
     ))
+}
+
+/// The section of the user or export an error of the file names (`user alice: ...`),
+/// with its line: `[users.alice] at line 12`.
+fn section_of(error: &str, text: &str) -> Option<String> {
+    [("user ", "users"), ("export ", "exports")]
+        .into_iter()
+        .find_map(|(word, table)| {
+            let at = error.find(word)? + word.len();
+            let name = error[at..].split([':', ' ']).next()?;
+            let header = format!("[{table}.{name}]");
+            let n = text.lines().position(|l| l.trim() == header)?;
+            Some(format!("{header} at line {}", n + 1))
+        })
 }
 
 /// The job service's settings, resolved (docs/jobs.md).
