@@ -553,6 +553,44 @@ fn sigterm_and_sigint_stop_a_copy_cleanly_and_it_resumes() {
         same(&src, &copy);
         assert_eq!(debris(dest), Vec::<PathBuf>::new(), "{signal:?}");
     }
+    // A sync stopped so goes on when run again (a sync always resumes).
+    let mirror = t.path().join("mirror");
+    let sync_args = [
+        "--quiet",
+        "--chunk",
+        "64K",
+        "--bwlimit",
+        "16mbit",
+        &url,
+        s(&mirror),
+    ];
+    let client = Command::new(bin())
+        .arg("sync")
+        .args(sync_args)
+        .env_remove("DMOVER_TOKEN")
+        .env("DMOVER_KNOWN_HOSTS", known_hosts_in(t.path()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let under_way = || journals(t.path()).len() == 1 && debris(t.path()).len() > 1;
+    assert!(
+        wait_for(Duration::from_secs(20), under_way),
+        "sync: no data arrived"
+    );
+    let pid = rustix::process::Pid::from_raw(client.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let o = client.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(143), "sync: {}", stderr(&o));
+    assert!(
+        stderr(&o).contains("run the same sync again"),
+        "{}",
+        stderr(&o)
+    );
+    no_partial_files(&src, &mirror);
+    ok(&sync(&["--quiet", "--chunk", "64K", &url, s(&mirror)]));
+    same(&src, &mirror);
+    assert_eq!(debris(t.path()), Vec::<PathBuf>::new());
 }
 
 #[test]
