@@ -5,7 +5,7 @@
 //! Every key, with its default, is in docs/config.md (its example is
 //! packaging/server.toml, which a test parses with [`ConfigFile`]).
 //! ```toml
-//! listen = "0.0.0.0:7700"          # optional; --listen overrides
+//! listen = "[::]:7700"             # optional (the default with users); --listen overrides
 //! state_dir = "/var/lib/dmover"    # optional; where the server key lives
 //! # tls_cert = "/etc/dmover/cert.pem"   # optional: a CA-signed chain and its key
 //! # tls_key = "/etc/dmover/key.pem"     # instead of the key in state_dir
@@ -14,12 +14,12 @@
 //! max_sessions_per_user = 8
 //! max_handshakes = 256             # connections in set-up; more answered busy
 //! max_unauthenticated_per_address = 64  # per source address (0: no limit)
-//! handshake_timeout_secs = 30      # connection to session, and each data join
-//! idle_timeout_secs = 120          # a data stream without progress
+//! handshake_timeout = "30s"       # connection to session, and each data join
+//! idle_timeout = "2m"              # a data stream without progress
 //! max_manifest_entries = 50000000
-//! max_manifest_bytes = 8589934592  # a push's: entries, names, link targets, checks
-//! max_manifest_bytes_read = 268435456  # a pull's or digests' (read-only users)
-//! # manifest_memory = 4294967296    # all sessions together (default: RAM/4, at most 4 GiB)
+//! max_manifest_bytes = "8G"        # a push's: entries, names, link targets, checks
+//! max_manifest_bytes_read = "256M" # a pull's or digests' (read-only users)
+//! # manifest_memory = "4G"         # all sessions together (default: RAM/4, at most 4G)
 //!
 //! [exports.data]
 //! path = "/data"
@@ -315,24 +315,43 @@ pub struct ConfigFile {
     /// Connections one source address may have before authenticating or joining (0:
     /// no limit).
     pub max_unauthenticated_per_address: Option<usize>,
-    /// Seconds from connecting to an open session, and for each data join.
+    /// Refuse pushes on every export (`--read-only`).
+    #[serde(default)]
+    pub read_only: bool,
+    /// Memory for chunk buffers shared by all sessions (`--memory`).
+    pub memory: Option<Size>,
+    /// Disk I/O threads, pinned (`--io-threads`).
+    pub io_threads: Option<u16>,
+    /// Network threads (`--net-threads`).
+    pub net_threads: Option<u16>,
+    /// Socket buffer size of accepted connections (`--tcp-buffer`).
+    pub tcp_buffer: Option<Size>,
+    /// TCP congestion control when the client names none (`--congestion`).
+    pub congestion: Option<String>,
+    /// From connecting to an open session, and for each data join.
+    pub handshake_timeout: Option<Span>,
+    /// Seconds of `handshake_timeout`, as older configs wrote it.
     pub handshake_timeout_secs: Option<u64>,
-    /// Seconds a data stream may go without progress.
+    /// How long a data stream may go without progress.
+    pub idle_timeout: Option<Span>,
+    /// Seconds of `idle_timeout`, as older configs wrote it.
     pub idle_timeout_secs: Option<u64>,
     /// Most manifest entries per session.
     pub max_manifest_entries: Option<u64>,
-    /// Most memory (bytes) a push's or a prune's manifest may take.
-    pub max_manifest_bytes: Option<u64>,
-    /// Most memory (bytes) the manifest of a pull or of digests may take.
-    pub max_manifest_bytes_read: Option<u64>,
-    /// Memory (bytes) all sessions' manifests may take together.
-    pub manifest_memory: Option<u64>,
+    /// Most memory a push's or a prune's manifest may take.
+    pub max_manifest_bytes: Option<Size>,
+    /// Most memory the manifest of a pull or of digests may take.
+    pub max_manifest_bytes_read: Option<Size>,
+    /// Memory all sessions' manifests may take together.
+    pub manifest_memory: Option<Size>,
     /// The address other servers dial for third-party copies, the one the
     /// capabilities this server issues name (docs/third-party.md).
     pub tpc_address: Option<String>,
     /// Key fingerprints of the servers this one may dial for third-party copies.
     pub tpc_peers: Option<Vec<String>>,
-    /// Seconds a third-party capability this server issues stays valid.
+    /// How long a third-party capability this server issues stays valid.
+    pub tpc_capability_ttl: Option<Span>,
+    /// Seconds of `tpc_capability_ttl`, as older configs wrote it.
     pub tpc_capability_ttl_secs: Option<u64>,
     /// Address of the metrics, the live page and its JSON (`--metrics`).
     pub metrics: Option<SocketAddr>,
@@ -347,6 +366,85 @@ pub struct ConfigFile {
     pub users: BTreeMap<String, UserEntry>,
     /// The job service beside the server (`dmover serve --jobs`; docs/jobs.md).
     pub jobs: Option<JobsEntry>,
+}
+
+/// A size in the configuration file: a string with a unit as on the command line
+/// (`"2G"`, [`dmover_proto::units::parse_size`]), or a bare integer of bytes as older
+/// configs wrote it ([`ConfigFile::deprecated`] names the new spelling).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size {
+    /// The size in bytes.
+    pub bytes: u64,
+    /// Written as a bare integer.
+    pub bare: bool,
+}
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Size;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a size with a unit, e.g. \"2G\" or \"512M\"")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<Size, E> {
+                u64::try_from(v)
+                    .map(|bytes| Size { bytes, bare: true })
+                    .map_err(|_| E::custom("a size cannot be negative"))
+            }
+            fn visit_u64<E: serde::de::Error>(self, bytes: u64) -> std::result::Result<Size, E> {
+                Ok(Size { bytes, bare: true })
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Size, E> {
+                dmover_proto::units::parse_size(v)
+                    .map(|bytes| Size { bytes, bare: false })
+                    .map_err(E::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A duration in the configuration file: a string with a unit as on the command line
+/// (`"30s"`, `"2m"`; [`dmover_proto::units::parse_duration`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span(pub std::time::Duration);
+
+impl<'de> Deserialize<'de> for Span {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Span;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a duration with a unit, e.g. \"30s\" or \"2m\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Span, E> {
+                dmover_proto::units::parse_duration(v)
+                    .map(Span)
+                    .map_err(E::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `bytes` in the largest binary unit that writes it whole (`8589934592` → `8G`).
+fn size_text(bytes: u64) -> String {
+    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes}B")
+}
+
+/// `secs` in the largest unit that writes it whole (`3600` → `1h`).
+fn secs_text(secs: u64) -> String {
+    match secs {
+        s if s >= 3600 && s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s >= 60 && s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
 }
 
 /// The `[jobs]` section: the job service's settings (docs/jobs.md, docs/config.md).
@@ -454,6 +552,12 @@ fn config_err(file: &Path, what: impl std::fmt::Display) -> Error {
     )
 }
 
+/// A duration key, or its older `_secs` spelling.
+fn either(span: Option<Span>, secs: Option<u64>) -> Option<std::time::Duration> {
+    span.map(|s| s.0)
+        .or(secs.map(std::time::Duration::from_secs))
+}
+
 impl ConfigFile {
     /// Reads and parses a configuration file.
     pub fn load(path: &Path) -> Result<Self> {
@@ -464,7 +568,98 @@ impl ConfigFile {
 
     /// Parses configuration text (`path` names it in errors).
     pub fn parse(text: &str, path: &Path) -> Result<Self> {
-        toml::from_str(text).map_err(|e| config_err(path, e))
+        let file: ConfigFile = toml::from_str(text).map_err(|e| config_err(path, e))?;
+        for (new, old) in [
+            (
+                "handshake_timeout",
+                file.handshake_timeout.is_some() && file.handshake_timeout_secs.is_some(),
+            ),
+            (
+                "idle_timeout",
+                file.idle_timeout.is_some() && file.idle_timeout_secs.is_some(),
+            ),
+            (
+                "tpc_capability_ttl",
+                file.tpc_capability_ttl.is_some() && file.tpc_capability_ttl_secs.is_some(),
+            ),
+        ] {
+            if old {
+                return Err(config_err(
+                    path,
+                    format!("{new} and {new}_secs say the same: keep {new}"),
+                ));
+            }
+        }
+        if let Some(m) = file.memory.filter(|m| m.bytes < 2 << 20) {
+            return Err(config_err(
+                path,
+                format!(
+                    "memory = {}: too little, sessions need two chunk buffers, at least \"2M\"",
+                    m.bytes
+                ),
+            ));
+        }
+        for (key, n) in [
+            ("io_threads", file.io_threads),
+            ("net_threads", file.net_threads),
+        ] {
+            if let Some(n) = n.filter(|n| !(1..=256).contains(n)) {
+                return Err(config_err(path, format!("{key} = {n}: from 1 to 256")));
+            }
+        }
+        Ok(file)
+    }
+
+    /// The keys written the older way, each with its new spelling: sizes as bare
+    /// integers of bytes (`max_manifest_bytes = 8589934592` is now
+    /// `max_manifest_bytes = "8G"`) and durations as `*_secs` integers
+    /// (`idle_timeout_secs = 120` is now `idle_timeout = "2m"`). Both are still
+    /// accepted; the server warns at start.
+    pub fn deprecated(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (key, size) in [
+            ("memory", self.memory),
+            ("tcp_buffer", self.tcp_buffer),
+            ("max_manifest_bytes", self.max_manifest_bytes),
+            ("max_manifest_bytes_read", self.max_manifest_bytes_read),
+            ("manifest_memory", self.manifest_memory),
+        ] {
+            if let Some(s) = size.filter(|s| s.bare) {
+                out.push(format!(
+                    "{key} = {}: a bare number of bytes; write {key} = \"{}\"",
+                    s.bytes,
+                    size_text(s.bytes)
+                ));
+            }
+        }
+        for (key, secs) in [
+            ("handshake_timeout", self.handshake_timeout_secs),
+            ("idle_timeout", self.idle_timeout_secs),
+            ("tpc_capability_ttl", self.tpc_capability_ttl_secs),
+        ] {
+            if let Some(s) = secs {
+                out.push(format!(
+                    "{key}_secs = {s}: seconds as a bare number; write {key} = \"{}\"",
+                    secs_text(s)
+                ));
+            }
+        }
+        out
+    }
+
+    /// `handshake_timeout`, or the older `handshake_timeout_secs`.
+    pub fn handshake_timeout(&self) -> Option<std::time::Duration> {
+        either(self.handshake_timeout, self.handshake_timeout_secs)
+    }
+
+    /// `idle_timeout`, or the older `idle_timeout_secs`.
+    pub fn idle_timeout(&self) -> Option<std::time::Duration> {
+        either(self.idle_timeout, self.idle_timeout_secs)
+    }
+
+    /// `tpc_capability_ttl`, or the older `tpc_capability_ttl_secs`.
+    pub fn tpc_capability_ttl(&self) -> Option<std::time::Duration> {
+        either(self.tpc_capability_ttl, self.tpc_capability_ttl_secs)
     }
 
     /// The exports and users it describes, checked: every export a user names exists,
@@ -599,6 +794,46 @@ pub fn default_state_dir(user_state_dir: Option<&Path>) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_and_durations_take_units_and_older_integers_are_named() {
+        let p = Path::new("t.toml");
+        let f = ConfigFile::parse(
+            "memory = \"512M\"\nmax_manifest_bytes = 8589934592\nmanifest_memory = 1536\n\
+             idle_timeout = \"2m\"\nhandshake_timeout_secs = 30\ntpc_capability_ttl_secs = 3600\n",
+            p,
+        )
+        .unwrap();
+        assert_eq!(f.memory.map(|m| m.bytes), Some(512 << 20));
+        assert_eq!(f.max_manifest_bytes.map(|m| m.bytes), Some(8 << 30));
+        assert_eq!(f.idle_timeout(), Some(std::time::Duration::from_secs(120)));
+        assert_eq!(
+            f.handshake_timeout(),
+            Some(std::time::Duration::from_secs(30))
+        );
+        assert_eq!(
+            f.deprecated(),
+            [
+                "max_manifest_bytes = 8589934592: a bare number of bytes; write max_manifest_bytes = \"8G\"",
+                "manifest_memory = 1536: a bare number of bytes; write manifest_memory = \"1536B\"",
+                "handshake_timeout_secs = 30: seconds as a bare number; write handshake_timeout = \"30s\"",
+                "tpc_capability_ttl_secs = 3600: seconds as a bare number; write tpc_capability_ttl = \"1h\"",
+            ]
+        );
+        for (bad, words) in [
+            ("idle_timeout = 120", "a duration with a unit"),
+            ("memory = \"2 apples\"", "memory"),
+            ("memory = \"1M\"", "at least \"2M\""),
+            ("io_threads = 0", "from 1 to 256"),
+            (
+                "idle_timeout = \"1s\"\nidle_timeout_secs = 1",
+                "keep idle_timeout",
+            ),
+        ] {
+            let e = ConfigFile::parse(bad, p).unwrap_err().to_string();
+            assert!(e.contains(words), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn a_config_file_parses_and_is_checked() {

@@ -341,7 +341,7 @@ pub struct ReliabilityArgs {
     #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "D")]
     pub busy_wait: std::time::Duration,
     /// Skip source files that cannot be read (vanished, unreadable, changed while
-    /// read), copy the rest, list the skipped ones and exit with 1.
+    /// read), copy the rest, list the skipped ones and exit with 23 (as rsync).
     #[arg(long)]
     pub continue_on_error: bool,
     /// Re-read every file at the destination after fsync and compare its digest
@@ -430,10 +430,17 @@ pub struct ServeArgs {
     /// The private key (PEM) of --tls-cert.
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// Address to listen on [default: 127.0.0.1:7700 without a token, 0.0.0.0:7700 with one].
+    /// Check the configuration file (and these flags) as a start would, without
+    /// listening or writing anything (not even a first key), and exit: 0 with one line
+    /// saying what it would serve, or 2 naming the key (and its line) at fault.
+    #[arg(long)]
+    pub check: bool,
+    /// Address to listen on [default: [::]:7700 (IPv6 and IPv4 on one socket; IPv4
+    /// alone where IPv6 is off) with credentials, 127.0.0.1:7700 without; config
+    /// listen].
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// Refuse pushes.
+    /// Refuse pushes [config: read_only].
     #[arg(long)]
     pub read_only: bool,
     /// Allow third-party copies (`dmover cp dmover://A/.. dmover://B/..`) to read from
@@ -467,10 +474,11 @@ pub struct ServeArgs {
     pub token_file: Option<PathBuf>,
     /// Disk I/O threads shared by all sessions [default: 8 at the start, and more
     /// while sessions run when jobs wait for a thread and more threads move more data,
-    /// up to 64; docs/tuning.md]. A number pins it.
+    /// up to 64; docs/tuning.md]. A number pins it [config: io_threads].
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub io_threads: Option<u16>,
-    /// Network threads shared by all sessions [default: number of cores].
+    /// Network threads shared by all sessions [default: number of cores; config:
+    /// net_threads].
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub net_threads: Option<u16>,
     /// Sessions at once; more are answered busy (clients come back, see `cp
@@ -501,16 +509,17 @@ pub struct ServeArgs {
     pub max_manifest_bytes_read: Option<u64>,
     /// Memory for chunk buffers shared by all sessions (e.g. 512M, 2G; binary units;
     /// at least 2M). A session needs two buffers of its chunk size, and is refused if
-    /// they do not fit.
-    #[arg(long, default_value = "2G", value_parser = parse_memory)]
-    pub memory: u64,
+    /// they do not fit [default: 2G, or the config's memory].
+    #[arg(long, value_parser = parse_memory, value_name = "SIZE")]
+    pub memory: Option<u64>,
     /// Socket buffer size for accepted connections, e.g. 64M [default: kernel
     /// autotuning, within each session's share, raised to it past a lower host limit
-    /// (docs/tuning.md, "Socket buffers")].
+    /// (docs/tuning.md, "Socket buffers"); config tcp_buffer].
     #[arg(long, value_parser = parse_size)]
     pub tcp_buffer: Option<u64>,
     /// TCP congestion control this server sends data with when the client names none
-    /// [default: system's] (connections start on cubic; docs/protocol.md, Limits).
+    /// [default: system's; config congestion] (connections start on cubic;
+    /// docs/protocol.md, Limits).
     #[arg(long)]
     pub congestion: Option<String>,
     /// Serve Prometheus metrics (/metrics), a live page of the transfers (/) and its

@@ -94,16 +94,20 @@ pub enum Command {
     Man(ManArgs),
 }
 
-/// The end of `dmover --help` and of the man page.
-const AFTER_LONG_HELP: &str = "\
+/// The end of `dmover --help`: a summary of the man page's EXIT STATUS and ENVIRONMENT
+/// ([`crate::manual`], whose tests hold the two together).
+pub(crate) const AFTER_LONG_HELP: &str = "\
 Exit status: 0 success; 1 the transfer failed (I/O, checksum, refused path, ...); 2 usage \
 error; 3 authentication refused, or the server's key is not the pinned one; 4 network \
-failure (unreachable server, dropped connection, a server still busy after --busy-wait).
+failure (unreachable server, dropped connection, a server still busy after --busy-wait); \
+23 a partial copy (cp or sync copied all but some files: --continue-on-error); 130, 143 \
+cp or sync stopped cleanly by SIGINT or SIGTERM (rerun with --resume to go on).
 
 Environment: DMOVER_TOKEN (the token when no --token-file is given), DMOVER_USER \
-(--user), DMOVER_KEY (--key), DMOVER_KNOWN_HOSTS (--known-hosts), DMOVER_LOG (log \
-filter, overrides -v), XDG_CONFIG_HOME and HOME (the known-hosts file), XDG_STATE_HOME \
-(the server's key when not root), NOTIFY_SOCKET (systemd readiness for dmover serve).
+(--user), DMOVER_KEY (--key), DMOVER_KNOWN_HOSTS (--known-hosts), DMOVER_SERVICE (the \
+job service's URL), DMOVER_LOG (log filter, overrides -v), XDG_CONFIG_HOME and HOME (the \
+known-hosts file), XDG_STATE_HOME (the server's key when not root), NOTIFY_SOCKET \
+(systemd readiness for dmover serve). More in the man page (dmover man).
 
 Server configuration: docs/config.md in the source, or /etc/dmover/server.toml as \
 packaged.";

@@ -27,7 +27,8 @@ pub fn run(c: Copy) -> anyhow::Result<ExitCode> {
     let dialer = transfer.dialer().map(str::to_string);
     let bwlimit = transfer.options().bwlimit;
     let rt = crate::resolve::runtime(transfer.options().streams)?;
-    crate::interrupt::cancel_on_ctrl_c(&rt, transfer.canceller());
+    let signals = crate::interrupt::cancel_on_signals(&rt, transfer.canceller())?;
+    let journal = transfer.options().journal;
     let ndjson = show.progress == ProgressMode::Ndjson;
     let progress = transfer.progress().clone();
     let bar = (show.progress == ProgressMode::Bar
@@ -57,7 +58,8 @@ pub fn run(c: Copy) -> anyhow::Result<ExitCode> {
     // Join the disk threads: an aborted transfer's staging files are gone after this.
     drop(transfer);
     drop(rt);
-    Ok(output::report_with(
+    let stopped = result.is_err().then(|| signals.caught()).flatten();
+    let code = output::report_with(
         result.map(|f| f.report),
         direction,
         dialer.as_deref(),
@@ -68,7 +70,28 @@ pub fn run(c: Copy) -> anyhow::Result<ExitCode> {
         &progress,
         bwlimit,
         sync,
-    ))
+    );
+    match stopped {
+        Some(signal) => {
+            stopped_by(sync, journal);
+            Ok(ExitCode::from(signal.exit_code()))
+        }
+        None => Ok(code),
+    }
+}
+
+/// After a transfer a signal stopped: what is left and how to go on.
+fn stopped_by(sync: bool, journal: bool) {
+    let next = match (journal, sync) {
+        (false, _) => "it kept no journal (--no-journal): a rerun starts over",
+        (true, false) => {
+            "the destination keeps its journal: rerun with --resume to go on from there"
+        }
+        (true, true) => {
+            "the destination keeps its journal: run the same sync again to go on from there"
+        }
+    };
+    eprintln!("dmover: stopped cleanly, nothing incomplete under a final name; {next}");
 }
 
 /// `dmover sync --dry-run`: what would be sent, skipped and deleted (docs/sync.md).

@@ -2,7 +2,10 @@
 //!
 //! Exit codes: 0 success; 1 the transfer failed (I/O, checksum, refused path, ...);
 //! 2 usage error; 3 authentication refused (or the server's key is not the pinned one); 4 network failure (unreachable server,
-//! dropped connection, a server still busy after `--busy-wait`). `dmover doctor` exits with 1 when a check warns.
+//! dropped connection, a server still busy after `--busy-wait`); 23 a `cp` or `sync` that
+//! copied all but some files (`--continue-on-error`, rsync's code); 130 and 143 a `cp` or
+//! `sync` that SIGINT or SIGTERM stopped (cleanly, see [`interrupt`]). `dmover doctor`
+//! exits with 1 when a check warns. The man page's EXIT STATUS ([`manual`]) says the same.
 
 //!
 //! The layers, each using only those below it: [`cli`] (the command tree clap parses)
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
             resolve::Sync::Once(c) => cp::run(c),
             resolve::Sync::Watch(w) => watch::run(w),
         }),
+        Command::Serve(a) if a.check => Ok(serve_check(&a, &env)),
         Command::Serve(a) => {
             resolve::serve(&a, &env).and_then(|s| serve::run(s, &env, cli.log_format))
         }
@@ -85,6 +89,20 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("dmover: error: {}", output::printable(&format!("{e:#}")));
             ExitCode::from(if e.is::<args::UsageError>() { 2 } else { 1 })
+        }
+    }
+}
+
+/// `dmover serve --check`: exit 0 with one line on stdout, or 2 with what is wrong.
+fn serve_check(a: &args::ServeArgs, env: &Env) -> ExitCode {
+    match resolve::serve_check(a, env) {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("dmover: error: {}", output::printable(&format!("{e:#}")));
+            ExitCode::from(2)
         }
     }
 }

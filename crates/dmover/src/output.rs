@@ -187,6 +187,10 @@ impl ProgressBar {
     }
 }
 
+/// The exit code of a copy that copied all but some files (`--continue-on-error`): 23,
+/// rsync's "partial transfer due to error".
+pub const PARTIAL: u8 = 23;
+
 /// The version of the JSON lines' schema (docs/json.md): raised when a field changes
 /// meaning or goes away; new fields may appear without it.
 pub const SCHEMA: u32 = 1;
@@ -878,7 +882,7 @@ impl Outcome<'_> {
             eprintln!(
                 "dmover: error: {failed} files could not be copied; the rest was (rerun with --resume to retry them)"
             );
-            ExitCode::from(1)
+            ExitCode::from(PARTIAL)
         } else {
             ExitCode::SUCCESS
         }

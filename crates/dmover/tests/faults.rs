@@ -455,11 +455,12 @@ fn a_source_file_that_vanishes_is_reported_and_the_rest_arrives() {
     assert!(stderr(&o).contains("zz-grow"), "{}", stderr(&o));
     no_partial_files(&src, &dest);
 
-    // --continue-on-error: everything else arrives; the file is listed; exit 1.
+    // --continue-on-error: everything else arrives; the file is listed; exit 23 (a
+    // partial copy, rsync's code).
     let (_t, src, dest, o, _srv) = pull_while_changing(&["--continue-on-error"], |src| {
         std::fs::remove_file(src.join("zz-grow")).unwrap()
     });
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(23), "{}", stderr(&o));
     let j = json(&o);
     let failed = j["failed"].as_array().unwrap();
     assert_eq!(failed.len(), 1, "{j}");
@@ -468,6 +469,128 @@ fn a_source_file_that_vanishes_is_reported_and_the_rest_arrives() {
     // Every other file arrived whole (the directory's mtime changed with the removal).
     assert_eq!(no_partial_files(&src, &dest), 40);
     assert_eq!(staging_files(&dest), Vec::<PathBuf>::new());
+}
+
+/// The `.dmv.journal.*` files under `dir`.
+fn journals(dir: &Path) -> Vec<PathBuf> {
+    debris(dir)
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(".dmv.journal.")
+        })
+        .collect()
+}
+
+/// SIGTERM to a pull and SIGINT (Ctrl-C) to a push, once data is arriving: the copy
+/// stops cleanly (exit 143 and 130, as a shell reports the signal), nothing incomplete
+/// is under a final name, the destination keeps its journal, the message says to rerun
+/// with --resume, and that rerun completes the copy.
+#[test]
+fn sigterm_and_sigint_stop_a_copy_cleanly_and_it_resumes() {
+    let t = tmp();
+    let root = t.path().join("root");
+    let src = root.join("src");
+    make_small_files(&src, 40, 2);
+    write_file(&src.join("zz-big"), 9, 8 << 20, 0o644, 1_700_000_000);
+    let srv = Server::start(&root, &["--debug-chunk-delay-ms", "40"]);
+    let pulled = t.path().join("pulled");
+    std::fs::create_dir(&pulled).unwrap();
+    let pushed = root.join("pushed");
+    std::fs::create_dir(&pushed).unwrap();
+    let url = srv.url("src");
+    let back = srv.url("pushed/");
+    let cases = [
+        (
+            rustix::process::Signal::TERM,
+            143,
+            url.as_str(),
+            s(&pulled),
+            &pulled,
+        ),
+        (
+            rustix::process::Signal::INT,
+            130,
+            s(&src),
+            back.as_str(),
+            &pushed,
+        ),
+    ];
+    for (signal, code, from, to, dest) in cases {
+        let copy = dest.join("src");
+        // 2 MB/s: some 4 s for the whole copy.
+        let args = ["--quiet", "--chunk", "64K", "--bwlimit", "16mbit", from, to];
+        let client = spawn_cp(t.path(), &args);
+        // A journal and a staging file: data is arriving; some 600 KB more of it.
+        let under_way = || journals(dest).len() == 1 && debris(dest).len() > 1;
+        assert!(
+            wait_for(Duration::from_secs(20), under_way),
+            "{signal:?}: no data arrived"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        let pid = rustix::process::Pid::from_raw(client.id() as i32).unwrap();
+        rustix::process::kill_process(pid, signal).unwrap();
+        let o = client.wait_with_output().unwrap();
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(code), "{signal:?}: {e}");
+        assert!(e.contains("interrupted by SIG"), "{signal:?}: {e}");
+        assert!(e.contains("rerun with --resume"), "{signal:?}: {e}");
+        assert!(
+            no_partial_files(&src, &copy) < 41,
+            "{signal:?}: the copy was complete before the signal"
+        );
+        assert_eq!(journals(dest).len(), 1, "{signal:?}: the journal is kept");
+        // The staging files the journal does not describe are gone; a resume goes on.
+        let args = ["--json", "--resume", "--chunk", "64K", from, to];
+        let o = cp(&args);
+        ok(&o);
+        assert!(
+            json(&o)["bytes_resumed"].as_u64().unwrap() > 0,
+            "{signal:?}"
+        );
+        same(&src, &copy);
+        assert_eq!(debris(dest), Vec::<PathBuf>::new(), "{signal:?}");
+    }
+    // A sync stopped so goes on when run again (a sync always resumes).
+    let mirror = t.path().join("mirror");
+    let sync_args = [
+        "--quiet",
+        "--chunk",
+        "64K",
+        "--bwlimit",
+        "16mbit",
+        &url,
+        s(&mirror),
+    ];
+    let client = Command::new(bin())
+        .arg("sync")
+        .args(sync_args)
+        .env_remove("DMOVER_TOKEN")
+        .env("DMOVER_KNOWN_HOSTS", known_hosts_in(t.path()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let under_way = || journals(t.path()).len() == 1 && debris(t.path()).len() > 1;
+    assert!(
+        wait_for(Duration::from_secs(20), under_way),
+        "sync: no data arrived"
+    );
+    let pid = rustix::process::Pid::from_raw(client.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let o = client.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(143), "sync: {}", stderr(&o));
+    assert!(
+        stderr(&o).contains("run the same sync again"),
+        "{}",
+        stderr(&o)
+    );
+    no_partial_files(&src, &mirror);
+    ok(&sync(&["--quiet", "--chunk", "64K", &url, s(&mirror)]));
+    same(&src, &mirror);
+    assert_eq!(debris(t.path()), Vec::<PathBuf>::new());
 }
 
 #[test]

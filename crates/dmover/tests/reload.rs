@@ -452,3 +452,84 @@ fn a_removed_key_ends_its_pull_and_the_same_users_token_session_goes_on() {
     let l = read_log(&st.log);
     assert!(l.contains("users changed: \"u\""), "{l}");
 }
+
+/// `dmover serve --check` (issue 47, item 5): 0 and one line for a good file, with a
+/// warning naming the new spelling of each older one; 2 with the key and its line for
+/// a bad one; it neither listens nor writes a key. A server started from the file takes
+/// the settings that were flags only (`read_only` here refuses a push).
+#[test]
+fn serve_check_names_the_key_and_line_and_the_file_holds_the_former_flags() {
+    let t = tmp();
+    let data = t.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let tok = t.path().join("alice.token");
+    let line = credential("token", &tok);
+    let users = config(&data, &[("alice", &line, "rw")]);
+    let state = t.path().join("state");
+    let path = t.path().join("server.toml");
+    let check = |text: &str| -> Output {
+        std::fs::write(&path, text).unwrap();
+        Command::new(bin())
+            .args(["serve", "--check", "--config", s(&path), "--state-dir"])
+            .arg(&state)
+            .output()
+            .unwrap()
+    };
+    // Six lines, so that a seventh is the one at fault below.
+    let head = "read_only = true\nmemory = \"64M\"\nio_threads = 2\nnet_threads = 2\n\
+                tcp_buffer = \"4M\"\nhandshake_timeout = \"10s\"\n";
+    let good = format!("{head}idle_timeout_secs = 120\nmax_manifest_bytes = 8589934592\n{users}");
+    let o = check(&good);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains(": OK: 1 exports, 1 users, would listen on [::]:7700"),
+        "{out}"
+    );
+    let e = stderr(&o);
+    assert!(e.contains("write idle_timeout = \"2m\""), "{e}");
+    assert!(e.contains("write max_manifest_bytes = \"8G\""), "{e}");
+    assert!(!state.exists(), "--check wrote a key");
+    let missing = config(&t.path().join("missing"), &[("alice", &line, "rw")]);
+    for (text, words) in [
+        (
+            format!("{head}max_session = 3\n{users}"),
+            ["line 7", "max_session"],
+        ),
+        (
+            format!("{head}idle_timeout = 120\n{users}"),
+            ["line 7", "a duration with a unit"],
+        ),
+        (
+            format!("{head}manifest_memory = \"4 parsecs\"\n{users}"),
+            ["line 7", "manifest_memory"],
+        ),
+        (missing, ["exports.data (line 1)", "missing"]),
+        (
+            format!("{head}{users}").replace("= \"rw\"", "= \"rw\", other = \"ro\""),
+            ["no export named \"other\"", "[users.alice] at line 10"],
+        ),
+    ] {
+        let o = check(&text);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{text}: {e}");
+        for w in words {
+            assert!(e.contains(w), "{text}: no {w:?} in {e}");
+        }
+    }
+    // The file's read_only holds.
+    std::fs::write(&path, &good).unwrap();
+    let args: Vec<&std::ffi::OsStr> = vec!["--config".as_ref(), path.as_os_str()];
+    let srv = Server::start_with(&args, &data, None, None);
+    let src = t.path().join("src");
+    make_small_files(&src, 3, 1);
+    let kh = t.path().join("kh");
+    let o = run_cp(
+        &[s(&src), &srv.url("data/")],
+        &kh,
+        "alice",
+        ("--token-file", &tok),
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("read-only"), "{}", stderr(&o));
+}

@@ -895,7 +895,7 @@ fn a_relay_retried_after_its_destination_restarts_resumes() {
 
 /// `--continue-on-error` with `--via-client`: a file A cannot read (removed while the
 /// relay runs) is reported with A's reason and dropped at B (A's failure markers pass
-/// through the client), everything else arrives; exit 1. Once the file is back,
+/// through the client), everything else arrives; exit 23 (a partial copy). Once the file is back,
 /// `--resume` sends only it.
 #[test]
 fn a_relay_continues_past_a_file_the_source_cannot_read() {
@@ -925,7 +925,7 @@ fn a_relay_continues_past_a_file_the_source_cannot_read() {
     }
     std::fs::remove_file(src.join("zz-grow")).unwrap();
     let o = child.wait_with_output().unwrap();
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(23), "{}", stderr(&o));
     let j = json(&o);
     assert_eq!(j["direction"], "third-party-relay", "{j}");
     let failed = j["failed"].as_array().unwrap();

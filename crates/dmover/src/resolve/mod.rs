@@ -15,7 +15,7 @@ mod serve;
 
 pub use copy::{Copy, Sync, WatchJob, copy, sync};
 pub use mount::{MOUNT_CHUNK, MountJob, mount};
-pub use serve::{JobsSetup, Reload, ServeJob, serve};
+pub use serve::{JobsSetup, Reload, ServeJob, check as serve_check, serve};
 
 use std::path::Path;
 

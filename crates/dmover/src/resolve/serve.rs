@@ -47,6 +47,94 @@ pub struct ServeJob {
     pub jobs: Option<JobsSetup>,
 }
 
+/// `dmover serve --check`: the configuration file and the flags resolved and checked
+/// as a start would (the users' credentials, the exports' directories, the listen and
+/// metrics addresses, the TLS files, the job service's settings) without binding or
+/// writing anything. `Ok`: the line that says what it would serve; the keys written
+/// the older way are warned about on stderr.
+pub fn check(a: &ServeArgs, env: &Env) -> anyhow::Result<String> {
+    let file = match &a.config {
+        Some(p) => {
+            let file = ConfigFile::load(p)?;
+            for w in file.deprecated() {
+                eprintln!("dmover: warning: config {}: {w}", p.display());
+            }
+            file
+        }
+        None => ConfigFile::default(),
+    };
+    let text = match &a.config {
+        Some(p) => std::fs::read_to_string(p).unwrap_or_default(),
+        None => String::new(),
+    };
+    let cfg = access(a, &file).map_err(|e| match section_of(&format!("{e:#}"), &text) {
+        Some(at) => anyhow::anyhow!("{e:#} ({at})"),
+        None => e,
+    })?;
+    for e in &cfg.exports {
+        let line = text
+            .lines()
+            .position(|l| l.trim() == format!("[exports.{}]", e.name))
+            .map_or(String::new(), |n| format!(" (line {})", n + 1));
+        match std::fs::metadata(&e.path) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => bail!(
+                "exports.{}{line}: path {} is not a directory",
+                e.name,
+                e.path.display()
+            ),
+            Err(err) => bail!("exports.{}{line}: path {}: {err}", e.name, e.path.display()),
+        }
+    }
+    let authenticated = cfg.users.is_some();
+    let (listen, _) = listen(a, &file, authenticated)?;
+    metrics(a, &file, &cfg)?;
+    tpc_peers(a, &file)?;
+    jobs(a, &file, &cfg, env)?;
+    let key = match (
+        a.tls_cert.clone().or(file.tls_cert.clone()),
+        a.tls_key.clone().or(file.tls_key.clone()),
+    ) {
+        (Some(c), Some(k)) => {
+            ServerIdentity::from_files(&c, &k)?;
+            format!("certificate {}", c.display())
+        }
+        (None, None) => {
+            let dir: PathBuf = a
+                .state_dir
+                .clone()
+                .or(file.state_dir.clone())
+                .or_else(|| default_state_dir(env.state_dir().as_deref()))
+                .context("no state directory: pass --state-dir DIR")?;
+            format!("key in {}", dir.display())
+        }
+        _ => bail!("tls_cert and tls_key go together"),
+    };
+    let what = match &a.config {
+        Some(p) => format!("config {}", p.display()),
+        None => "the flags".to_string(),
+    };
+    Ok(format!(
+        "dmover: {what}: OK: {} exports, {} users, would listen on {listen}, {key}",
+        cfg.exports.len(),
+        cfg.users.as_ref().map_or(0, |u| u.len()),
+    ))
+}
+
+/// The section of the user or export an error of the file names (`user alice: ...`),
+/// with its line: `[users.alice] at line 12`.
+fn section_of(error: &str, text: &str) -> Option<String> {
+    [("user ", "users"), ("export ", "exports")]
+        .into_iter()
+        .find_map(|(word, table)| {
+            let at = error.find(word)? + word.len();
+            let name = error[at..].split([':', ' ']).next()?;
+            let header = format!("[{table}.{name}]");
+            let n = text.lines().position(|l| l.trim() == header)?;
+            Some(format!("{header} at line {}", n + 1))
+        })
+}
+
 /// The job service's settings, resolved (docs/jobs.md).
 #[derive(Debug)]
 pub struct JobsSetup {
@@ -85,7 +173,13 @@ pub struct Reload {
 /// `dmover serve`.
 pub fn serve(a: &ServeArgs, env: &Env) -> anyhow::Result<ServeJob> {
     let file = match &a.config {
-        Some(p) => ConfigFile::load(p)?,
+        Some(p) => {
+            let file = ConfigFile::load(p)?;
+            for w in file.deprecated() {
+                tracing::warn!("config {}: {w}", p.display());
+            }
+            file
+        }
         None => ConfigFile::default(),
     };
     let mut cfg = access(a, &file)?;
@@ -93,15 +187,16 @@ pub fn serve(a: &ServeArgs, env: &Env) -> anyhow::Result<ServeJob> {
     let (listen, listen_chosen) = listen(a, &file, authenticated)?;
     let (metrics, metrics_tokens) = metrics(a, &file, &cfg)?;
     let (identity, key_origin) = identity(a, &file, env)?;
-    cfg.read_only = a.read_only;
+    cfg.read_only = a.read_only || file.read_only;
     cfg.identity = Some(identity);
     cfg.require_encryption = file.require_encryption;
     limits(&mut cfg, a, &file);
     cfg.tpc_peers = tpc_peers(a, &file)?;
+    let tcp_buffer = a.tcp_buffer.or(file.tcp_buffer.map(|b| b.bytes));
     let socket = SocketOptions {
-        send_buffer: a.tcp_buffer.map(|b| b as usize),
-        recv_buffer: a.tcp_buffer.map(|b| b as usize),
-        congestion: a.congestion.clone(),
+        send_buffer: tcp_buffer.map(|b| b as usize),
+        recv_buffer: tcp_buffer.map(|b| b as usize),
+        congestion: a.congestion.clone().or(file.congestion.clone()),
     };
     cfg.socket = socket.clone();
     let faults = faults(a)?;
@@ -115,7 +210,7 @@ pub fn serve(a: &ServeArgs, env: &Env) -> anyhow::Result<ServeJob> {
             } else {
                 format!("{} = ", e.name)
             };
-            let ro = if e.read_only || a.read_only {
+            let ro = if e.read_only || a.read_only || file.read_only {
                 " (read-only)"
             } else {
                 ""
@@ -134,7 +229,10 @@ pub fn serve(a: &ServeArgs, env: &Env) -> anyhow::Result<ServeJob> {
         metrics_tokens,
         key_origin,
         exports,
-        net_threads: a.net_threads.map_or(cores, usize::from),
+        net_threads: a
+            .net_threads
+            .or(file.net_threads)
+            .map_or(cores, usize::from),
         reload: Reload {
             root: a.root.clone(),
             config: a.config.clone(),
@@ -340,7 +438,7 @@ fn identity(
 /// exports' flags, from the flags over the file.
 fn limits(cfg: &mut ServerConfig, a: &ServeArgs, file: &ConfigFile) {
     // Slowness injected for a test stays as slow as asked: its threads are pinned.
-    let pinned = a.io_threads.map(usize::from).or(a
+    let pinned = a.io_threads.or(file.io_threads).map(usize::from).or(a
         .debug_chunk_delay_ms
         .map(|_| dmover_core::diskpool::DEFAULT_THREADS));
     (cfg.io_threads, cfg.io_threads_max) = dmover_core::diskpool::threads_from(pinned);
@@ -355,37 +453,49 @@ fn limits(cfg: &mut ServerConfig, a: &ServeArgs, file: &ConfigFile) {
     if let Some(n) = file.max_sessions_per_user {
         cfg.max_sessions_per_user = n;
     }
-    if let Some(s) = file.handshake_timeout_secs {
-        cfg.handshake_timeout = Duration::from_secs(s.max(1));
+    if let Some(d) = file.handshake_timeout() {
+        cfg.handshake_timeout = d.max(Duration::from_secs(1));
     }
-    if let Some(s) = file.idle_timeout_secs {
-        cfg.idle_timeout = Duration::from_secs(s.max(1));
+    if let Some(d) = file.idle_timeout() {
+        cfg.idle_timeout = d.max(Duration::from_secs(1));
     }
     if let Some(n) = file.max_manifest_entries {
         cfg.max_entries = n;
     }
     if let Some(n) = file.max_manifest_bytes {
-        cfg.max_manifest_bytes = n;
+        cfg.max_manifest_bytes = n.bytes;
     }
-    if let Some(n) = a.max_manifest_bytes_read.or(file.max_manifest_bytes_read) {
+    let bytes = |s: Option<dmover_core::access::Size>| s.map(|s| s.bytes);
+    if let Some(n) = a
+        .max_manifest_bytes_read
+        .or(bytes(file.max_manifest_bytes_read))
+    {
         cfg.max_manifest_bytes_read = n;
     }
-    if let Some(n) = a.manifest_memory.or(file.manifest_memory) {
+    if let Some(n) = a.manifest_memory.or(bytes(file.manifest_memory)) {
         cfg.manifest_memory = n;
     }
     cfg.tpc_address = a.tpc_address.clone().or(file.tpc_address.clone());
 
-    if let Some(s) = file.tpc_capability_ttl_secs {
-        cfg.tpc_capability_ttl =
-            Duration::from_secs(s.clamp(1, dmover_proto::capability::MAX_TTL_SECS));
+    if let Some(d) = file.tpc_capability_ttl() {
+        cfg.tpc_capability_ttl = d.clamp(
+            Duration::from_secs(1),
+            Duration::from_secs(dmover_proto::capability::MAX_TTL_SECS),
+        );
     }
     for e in &mut cfg.exports {
         e.third_party |= a.third_party;
         e.preserve_owner |= a.preserve_owner;
         e.xattrs_all |= a.all_xattrs;
     }
-    cfg.memory_budget = a.memory;
+    cfg.memory_budget = a
+        .memory
+        .or(file.memory.map(|m| m.bytes))
+        .unwrap_or(DEFAULT_MEMORY);
 }
+
+/// `--memory` and `memory` unless given: 2 GiB of chunk buffers.
+const DEFAULT_MEMORY: u64 = 2 << 30;
 
 /// `--debug-cut-stream-after`, `--debug-chunk-delay-ms`, `--debug-io-latency-ms`.
 /// The servers this one may dial for third-party copies: `--tpc-peer` and config
