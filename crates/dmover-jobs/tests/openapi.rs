@@ -234,6 +234,7 @@ fn code_of(status: u16) -> &'static str {
         401 => "unauthorized",
         404 => "not_found",
         409 => "conflict",
+        413 | 429 => "limit",
         500 => "internal",
         s => panic!("no error code for {s}"),
     }
@@ -521,8 +522,10 @@ fn the_service_answers_what_the_document_says() {
     assert_eq!((s, &j["state"]), (201, &json!("queued")), "{j}");
     let done_id = j["id"].as_i64().unwrap();
     let mut full = spec(&["data/f"], "in/g");
-    full["options"] =
-        json!({"streams": 2, "continue_on_error": true, "verify": true, "route": "pull"});
+    full["options"] = json!({
+        "streams": 2, "continue_on_error": true, "verify": true, "route": "pull",
+        "sync": null, "filters": [], "priority": 4
+    });
     c.check_request(jobs, "post", &full, true);
     let (s, j) = c.call(jobs, "post", jobs, alice, Some(&full));
     assert_eq!(s, 201, "{j}");
@@ -586,6 +589,23 @@ fn the_service_answers_what_the_document_says() {
     assert_eq!(s, 200);
     assert_eq!(lines.as_array().map(Vec::len), Some(1), "{lines}");
     assert_eq!(lines[0]["job"]["state"], "done", "{lines}");
+
+    // A sync job, with filters and a priority.
+    let mut mirror = spec(&["data"], "in/mirror");
+    mirror["options"] = json!({
+        "sync": {"delete": true},
+        "filters": [{"include": false, "pattern": "*.tmp"}],
+        "priority": 5
+    });
+    c.check_request(jobs, "post", &mirror, true);
+    let (s, j) = c.call(jobs, "post", jobs, alice, Some(&mirror));
+    assert_eq!(
+        (s, &j["kind"], &j["priority"]),
+        (201, &json!("sync"), &json!(5)),
+        "{j}"
+    );
+    let mirror_id = j["id"].as_i64().unwrap();
+    svc.wait_end(mirror_id);
 
     // Cancel and retry: a long job (A reads slowly) cancelled while it runs, retried,
     // cancelled again; a done job neither (409).
@@ -771,6 +791,36 @@ fn the_service_answers_what_the_document_says() {
     }
     db.execute_batch("ALTER TABLE jobs_gone RENAME TO jobs")
         .unwrap();
+
+    // The caps (413, 429): a service of its own with max_sources 2 and one unfinished
+    // job per user, and no runner (its jobs stay queued).
+    let capped: std::sync::Arc<dyn dmover_jobs::store::JobStore> = std::sync::Arc::new(
+        dmover_jobs::store::SqliteStore::open(&lab.dir.path().join("capped/jobs.sqlite"))
+            .unwrap()
+            .with_policy(dmover_jobs::store::Policy {
+                link_concurrency: 4,
+                max_unfinished_per_user: Some(1),
+            }),
+    );
+    let mut cfg = lab.runner_config();
+    cfg.max_sources = 2;
+    let capped = Running {
+        service: dmover_jobs::runner::Service::new(capped, cfg),
+        rt: tokio::runtime::Runtime::new().unwrap(),
+        stop: tokio_util::sync::CancellationToken::new(),
+    };
+    let main_addr = std::mem::replace(
+        &mut c.addr,
+        start_api(&capped, None)
+            .strip_prefix("http://")
+            .unwrap()
+            .to_string(),
+    );
+    let three = spec(&["data/a", "data/b", "data/c"], "in/");
+    assert_eq!(c.call(jobs, "post", jobs, alice, Some(&three)).0, 413);
+    assert_eq!(c.call(jobs, "post", jobs, alice, Some(&good)).0, 201);
+    assert_eq!(c.call(jobs, "post", jobs, alice, Some(&good)).0, 429);
+    c.addr = main_addr;
 
     // Every status the document lists was seen.
     let missed: Vec<_> = c.documented().difference(&c.seen).cloned().collect();
