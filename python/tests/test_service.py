@@ -188,6 +188,27 @@ class ServiceTest(unittest.TestCase):
         for name, content in self.files.items():
             self.assertEqual((self.tmp / "b/in/copy" / name).read_bytes(), content, name)
 
+    def test_a_sync_job_with_a_filter_and_a_priority(self) -> None:
+        c = self.client()
+        mirror = self.tmp / "b/in/mirror"
+        mirror.mkdir()
+        (mirror / "stale").write_bytes(b"not in the source")
+        job = c.submit(
+            self.src("run"),
+            self.dst("in/mirror"),
+            sync=dmover_jobs.SyncOptions(delete=True),
+            exclude=["two"],
+            priority=5,
+        )
+        self.assertEqual((job.kind, job.priority), ("sync", 5), job)
+        self.assertEqual(job.spec.options.filters, ((False, "two"),))
+        self.assertIn(" -> ", job.link)
+        done = c.wait(job.id, poll=0.05, timeout=60)
+        self.assertEqual(done.state, "done", done)
+        self.assertEqual((mirror / "one").read_bytes(), self.files["run/one"])
+        self.assertFalse((mirror / "stale").exists(), "deleted: the source does not hold it")
+        self.assertFalse((mirror / "sub/two").exists(), "excluded")
+
     def test_list_and_pages(self) -> None:
         c = self.client("bob")
         ids = [c.submit(self.src(f"nothing/{i}"), self.dst("in/")).id for i in range(5)]

@@ -21,7 +21,17 @@ from ._client import (
     default_known_hosts,
     spki_fingerprint,
 )
-from ._model import END_STATES, ROUTES, STATES, FileError, Job, JobOptions, JobSpec, Page
+from ._model import (
+    END_STATES,
+    ROUTES,
+    STATES,
+    FileError,
+    Job,
+    JobOptions,
+    JobSpec,
+    Page,
+    SyncOptions,
+)
 
 __version__ = "0.1.0"
 
@@ -37,6 +47,7 @@ __all__ = [
     "Page",
     "ROUTES",
     "STATES",
+    "SyncOptions",
     "TrustError",
     "UnreachableError",
     "WaitTimeout",

@@ -14,7 +14,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, Union
 
-from ._model import JobOptions, Job, Page
+from ._model import Job, JobOptions, Page, SyncOptions
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -297,13 +297,23 @@ class Client:
         continue_on_error: bool = False,
         verify: bool = False,
         route: str = "push",
+        sync: Optional[SyncOptions] = None,
+        exclude: Sequence[str] = (),
+        include: Sequence[str] = (),
+        priority: Optional[int] = None,
     ) -> Job:
         """Submits a copy of ``sources`` (paths on one server, ``dmover://HOST[:PORT]/PATH``
         or ``HOST:PATH``) into ``destination`` (a path on a server; ending in ``/``: an
-        existing directory that receives them). Returns the job, ``queued``."""
+        existing directory that receives them). With ``sync``, a sync: one source, and
+        ``destination`` its mirror. ``include`` rules come before ``exclude`` ones (for
+        another order, pass ``JobOptions.filters`` through :meth:`request`). ``priority``
+        (1 to 5) orders your own queue. Returns the job, ``queued``."""
         if isinstance(sources, str):
             sources = [sources]
-        options = JobOptions(streams, continue_on_error, verify, route)
+        filters = tuple((True, p) for p in include) + tuple((False, p) for p in exclude)
+        options = JobOptions(
+            streams, continue_on_error, verify, route, sync, filters, priority
+        )
         body = {
             "sources": list(sources),
             "destination": destination,

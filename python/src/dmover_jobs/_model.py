@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 #: A job's states; the last three are ends.
 STATES = ("queued", "running", "done", "failed", "cancelled")
@@ -13,21 +13,52 @@ ROUTES = ("push", "pull", "via-service")
 
 
 @dataclass(frozen=True)
+class SyncOptions:
+    """A sync job's options (``dmover sync``'s): the destination mirrors the source."""
+
+    delete: bool = False
+    max_delete: Optional[int] = None
+    checksum: bool = False
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SyncOptions":
+        return cls(
+            delete=bool(d.get("delete", False)),
+            max_delete=d.get("max_delete"),
+            checksum=bool(d.get("checksum", False)),
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"delete": self.delete, "max_delete": self.max_delete, "checksum": self.checksum}
+
+
+@dataclass(frozen=True)
 class JobOptions:
-    """The transfer's options (a subset of ``dmover cp``'s)."""
+    """The transfer's options (a subset of ``dmover cp``'s). ``filters`` are
+    ``(include, pattern)`` pairs in order (rsync's patterns); ``sync`` makes the job a
+    sync; ``priority`` (1 to 5, None: 3) orders the owner's own queue."""
 
     streams: Optional[int] = None
     continue_on_error: bool = False
     verify: bool = False
     route: str = "push"
+    sync: Optional[SyncOptions] = None
+    filters: Tuple[Tuple[bool, str], ...] = ()
+    priority: Optional[int] = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "JobOptions":
+        sync = d.get("sync")
         return cls(
             streams=d.get("streams"),
             continue_on_error=bool(d.get("continue_on_error", False)),
             verify=bool(d.get("verify", False)),
             route=str(d.get("route", "push")),
+            sync=SyncOptions.from_dict(sync) if isinstance(sync, Mapping) else None,
+            filters=tuple(
+                (bool(f["include"]), str(f["pattern"])) for f in d.get("filters") or ()
+            ),
+            priority=d.get("priority"),
         )
 
     def to_dict(self) -> Dict[str, Any]:
@@ -36,6 +67,9 @@ class JobOptions:
             "continue_on_error": self.continue_on_error,
             "verify": self.verify,
             "route": self.route,
+            "sync": self.sync.to_dict() if self.sync is not None else None,
+            "filters": [{"include": i, "pattern": p} for i, p in self.filters],
+            "priority": self.priority,
         }
 
 
@@ -90,6 +124,10 @@ class Job:
     error: Optional[str]
     file_errors: List[FileError]
     cancel_requested: bool
+    #: 1 to 5, as scheduled (the options' priority, else 3).
+    priority: int = 3
+    #: ``HOST:PORT -> HOST:PORT``: jobs on one link share its limit.
+    link: str = ""
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Job":
@@ -117,6 +155,8 @@ class Job:
             error=d.get("error"),
             file_errors=[FileError(str(f["path"]), str(f["error"])) for f in d["file_errors"]],
             cancel_requested=bool(d["cancel_requested"]),
+            priority=int(d.get("priority", 3)),
+            link=str(d.get("link", "")),
         )
 
     @property
