@@ -117,27 +117,37 @@ fn wait(
     }
 }
 
-#[test]
-fn a_job_submitted_from_the_cli_survives_a_killed_service() {
+/// A temporary directory with A (40 files of 256 KiB in `a/run`, each chunk read
+/// `delay_ms` late, one disk thread) and B (`b/in`) started, both allowing third-party
+/// copies; C's root `c`, its state `state` and its token `token` ("sekrit").
+fn lab(delay_ms: u32) -> (tempfile::TempDir, Server, Server) {
     let t = tempfile::tempdir().unwrap();
     let p = |s: &str| t.path().join(s);
     for d in ["a/run", "b/in", "c", "state"] {
         std::fs::create_dir_all(p(d)).unwrap();
     }
-    // 40 files of 256 KiB, read one chunk at a time at 100 ms a chunk: about 4 s.
     for i in 0..40u64 {
         std::fs::write(p(&format!("a/run/{i}")), bytes(i, 256 << 10)).unwrap();
     }
     std::fs::write(p("token"), "sekrit\n").unwrap();
+    let delay = delay_ms.to_string();
     let slow = [
         "--third-party",
         "--io-threads",
         "1",
         "--debug-chunk-delay-ms",
-        "100",
+        &delay,
     ];
     let a = Server::start(&p("a"), &slow);
     let b = Server::start(&p("b"), &["--third-party"]);
+    (t, a, b)
+}
+
+#[test]
+fn a_job_submitted_from_the_cli_survives_a_killed_service() {
+    // 40 files of 256 KiB, read one chunk at a time at 100 ms a chunk: about 4 s.
+    let (t, a, b) = lab(100);
+    let p = |s: &str| t.path().join(s);
     let (mut c, url, _) = start_service(&p("c"), &p("token"), &p("state"));
     let (tok, kh) = (p("token"), p("known_hosts"));
 
@@ -298,25 +308,9 @@ fn the_page_shows_jobs_in_a_headless_browser() {
         eprintln!("\n!!! SKIPPING the jobs page test: chromium is not installed !!!\n");
         return;
     };
-    let t = tempfile::tempdir().unwrap();
-    let p = |s: &str| t.path().join(s);
-    for d in ["a/run", "b/in", "c", "state"] {
-        std::fs::create_dir_all(p(d)).unwrap();
-    }
     // 40 chunks at 300 ms: 12 s, far longer than the page needs.
-    for i in 0..40u64 {
-        std::fs::write(p(&format!("a/run/{i}")), bytes(i, 256 << 10)).unwrap();
-    }
-    std::fs::write(p("token"), "sekrit\n").unwrap();
-    let slow = [
-        "--third-party",
-        "--io-threads",
-        "1",
-        "--debug-chunk-delay-ms",
-        "300",
-    ];
-    let a = Server::start(&p("a"), &slow);
-    let b = Server::start(&p("b"), &["--third-party"]);
+    let (t, a, b) = lab(300);
+    let p = |s: &str| t.path().join(s);
     let (mut c, url, metrics) = start_service(&p("c"), &p("token"), &p("state"));
     let (tok, kh) = (p("token"), p("known_hosts"));
     let submit = |src: &str| {

@@ -281,7 +281,16 @@ pub fn get_all(addr: &str, path: &str, token: &str) -> (u16, Vec<(String, String
     .unwrap();
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).unwrap();
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    parse_answer(&raw)
+}
+
+/// An HTTP/1.1 answer read to its end: the status, the headers (names in lower case)
+/// and the body (decoded when chunked).
+pub fn parse_answer(raw: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an answer's head");
     let head = String::from_utf8(raw[..split].to_vec()).unwrap();
     let mut lines = head.split("\r\n");
     let status = lines
