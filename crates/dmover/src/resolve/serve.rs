@@ -100,12 +100,8 @@ pub fn check(a: &ServeArgs, env: &Env) -> anyhow::Result<String> {
             format!("certificate {}", c.display())
         }
         (None, None) => {
-            let dir: PathBuf = a
-                .state_dir
-                .clone()
-                .or(file.state_dir.clone())
-                .or_else(|| default_state_dir(env.state_dir().as_deref()))
-                .context("no state directory: pass --state-dir DIR")?;
+            let dir: PathBuf =
+                state_dir(a, &file, env).context("no state directory: pass --state-dir DIR")?;
             format!("key in {}", dir.display())
         }
         _ => bail!("tls_cert and tls_key go together"),
@@ -267,11 +263,7 @@ fn jobs(
             "config: [jobs] admins names {n:?}, which is not a user"
         )));
     }
-    let state: PathBuf = a
-        .state_dir
-        .clone()
-        .or(file.state_dir.clone())
-        .or_else(|| default_state_dir(env.state_dir().as_deref()))
+    let state: PathBuf = state_dir(a, file, env)
         .context("no state directory for the job database: pass --state-dir DIR")?;
     let token = j.token_file.as_deref().map(super::token_file).transpose()?;
     let key = j
@@ -408,6 +400,15 @@ fn metrics(
     Ok((metrics, tokens))
 }
 
+/// The state directory: `--state-dir`, else the config's `state_dir`, else the default
+/// (`None` when there is none).
+fn state_dir(a: &ServeArgs, file: &ConfigFile, env: &Env) -> Option<PathBuf> {
+    a.state_dir
+        .clone()
+        .or(file.state_dir.clone())
+        .or_else(|| default_state_dir(env.state_dir().as_deref()))
+}
+
 /// The TLS identity: the operator's files, else the key in the state directory (made
 /// there on first start).
 fn identity(
@@ -422,12 +423,8 @@ fn identity(
     Ok(match (cert, key) {
         (Some(c), Some(k)) => (ServerIdentity::from_files(&c, &k)?, KeyOrigin::Files),
         (None, None) => {
-            let dir: PathBuf = a
-                .state_dir
-                .clone()
-                .or(file.state_dir.clone())
-                .or_else(|| default_state_dir(env.state_dir().as_deref()))
-                .context("no state directory: pass --state-dir DIR")?;
+            let dir: PathBuf =
+                state_dir(a, file, env).context("no state directory: pass --state-dir DIR")?;
             ServerIdentity::load_or_create(&dir)?
         }
         _ => bail!("tls_cert and tls_key go together"),
