@@ -1762,3 +1762,36 @@ fn session_ids_are_pinned() {
     // Another connection, another session.
     assert_ne!(dmover_proto::auth::session_id(&seq32(0x61)).0, id);
 }
+
+/// The feature bits are wire values (`Open.features`, `Session.features`): a bit keeps
+/// its number for good, a new feature takes the next free one, and the base (what
+/// every version 8 peer grants when offered) never changes while version 8 is the
+/// oldest spoken (docs/protocol.md, "Compatibility policy").
+#[test]
+fn feature_bits_are_pinned() {
+    use dmover_proto::session::features::*;
+    let pinned = [
+        (GROWING_MANIFEST, 1, "GROWING_MANIFEST"),
+        (RANGES, 2, "RANGES"),
+        (TUNING, 4, "TUNING"),
+        (METADATA, 8, "METADATA"),
+        (LINKS, 16, "LINKS"),
+        (CONTINUOUS, 32, "CONTINUOUS"),
+        (LIMITS, 64, "LIMITS"),
+        (STREAMED, 128, "STREAMED"),
+        (PARTS, 256, "PARTS"),
+        (EARLY, 512, "EARLY"),
+        (WALKING, 1024, "WALKING"),
+        (PART_CHUNKS, 2048, "PART_CHUNKS"),
+        (SYNC_BETWEEN, 4096, "SYNC_BETWEEN"),
+    ];
+    for (value, wire, name) in pinned {
+        assert_eq!(value, wire, "feature {name} moved");
+    }
+    assert_eq!(BASE, 0x1ff, "the base features of version 8");
+    // A version 8 peer of e8ed9b2 offered exactly these; one that offers them still
+    // gets a session of them all.
+    let e8ed9b2 = BASE | EARLY | WALKING | PART_CHUNKS;
+    assert_eq!(negotiate(e8ed9b2, SUPPORTED), e8ed9b2);
+    assert_eq!(negotiate(SUPPORTED, e8ed9b2), e8ed9b2);
+}

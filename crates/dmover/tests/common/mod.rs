@@ -47,6 +47,19 @@ impl Server {
         log: Option<&Path>,
         state_dir: Option<&Path>,
     ) -> Server {
+        Self::spawn(Path::new(bin()), listen, args, root, log, state_dir)
+    }
+
+    /// [`Server::start_on`] with another dmover binary (an older build, in the
+    /// upgrade tests).
+    pub fn spawn(
+        binary: &Path,
+        listen: &str,
+        args: &[&std::ffi::OsStr],
+        root: &Path,
+        log: Option<&Path>,
+        state_dir: Option<&Path>,
+    ) -> Server {
         let state = tempfile::Builder::new()
             .prefix("dmover-state-")
             .tempdir()
@@ -67,7 +80,7 @@ impl Server {
             ),
             (None, None) => Stdio::null(),
         };
-        let mut child = Command::new(bin())
+        let mut child = Command::new(binary)
             .arg("serve")
             .args(args)
             .args(["--listen", listen, "--state-dir"])
@@ -128,11 +141,16 @@ pub fn sync(args: &[&str]) -> Output {
 /// Runs `dmover SUBCOMMAND ARGS` with `env` set and, unless `env` names one, a fresh
 /// known-hosts file.
 fn command_env(sub: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+    command_of(Path::new(bin()), sub, args, env)
+}
+
+/// [`command_env`] with another dmover binary (an older build, in the upgrade tests).
+pub fn command_of(binary: &Path, sub: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
     let kh = tempfile::Builder::new()
         .prefix("dmover-kh-")
         .tempdir()
         .unwrap();
-    let mut c = Command::new(bin());
+    let mut c = Command::new(binary);
     c.arg(sub)
         .args(args)
         .env_remove("DMOVER_TOKEN")
