@@ -6,6 +6,8 @@ admin). The binary is ``$DMOVER_BIN``, else ``target/release/dmover`` of the che
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
 import shutil
 import socket
@@ -82,7 +84,38 @@ def credential(path: Path) -> str:
     return out.strip().split("=", 1)[1].strip()
 
 
+class Hooks:
+    """A webhook receiver on loopback: records each POST's headers and JSON body;
+    answers 503 to the first, then 204."""
+
+    def __init__(self) -> None:
+        self.posts: List[tuple] = []
+        hooks = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (the library's name)
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                hooks.posts.append(({k.lower(): v for k, v in self.headers.items()}, json.loads(body)))
+                self.send_response(503 if len(hooks.posts) == 1 else 204)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/"
+
+    def start(self) -> None:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 class ServiceTest(unittest.TestCase):
+    hooks: Hooks
     tmp: Path
     procs: List[Proc]
     url: str
@@ -138,10 +171,13 @@ class ServiceTest(unittest.TestCase):
             verifier = credential(t / f"{u}.token")
             cls.tokens[u] = (t / f"{u}.token").read_text().strip()
             users += f'[users.{u}]\ntoken = {verifier}\nexports = {{ c = "ro" }}\n\n'
+        cls.hooks = Hooks()
+        cls.hooks.start()
         config = t / "c.toml"
         config.write_text(
             f'[exports.c]\npath = "{t / "c"}"\n\n{users}'
             '[jobs]\nenabled = true\nadmins = ["root"]\nretry_wait_secs = 1\n'
+            f'webhooks = ["{cls.hooks.url}"]\n'
         )
         cls.config = config
         c = Proc(
@@ -157,6 +193,8 @@ class ServiceTest(unittest.TestCase):
     def tearDownClass(cls) -> None:
         for p in cls.procs:
             p.stop()
+        if getattr(cls, "hooks", None) is not None:
+            cls.hooks.stop()
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def client(self, user: str = "alice", **kw: object) -> Client:
@@ -208,6 +246,27 @@ class ServiceTest(unittest.TestCase):
         self.assertEqual((mirror / "one").read_bytes(), self.files["run/one"])
         self.assertFalse((mirror / "stale").exists(), "deleted: the source does not hold it")
         self.assertFalse((mirror / "sub/two").exists(), "excluded")
+
+    def test_a_webhook_gets_the_ended_job(self) -> None:
+        c = self.client()
+        with self.assertRaises(APIError) as refused:
+            c.submit(self.src("run"), self.dst("in/"), notify="http://127.0.0.1:9/elsewhere")
+        self.assertEqual(refused.exception.status, 400)
+        self.assertIn("allow-list", str(refused.exception))
+        (self.tmp / "b/in/hooked").mkdir()
+        job = c.submit(self.src("run"), self.dst("in/hooked/"), notify=self.hooks.url + "x")
+        self.assertEqual(job.spec.options.notify, self.hooks.url + "x")
+        deadline = time.monotonic() + 60
+        while (j := c.job(job.id)).webhook != "delivered":
+            self.assertLess(time.monotonic(), deadline, j)
+            time.sleep(0.05)
+        self.assertEqual(j.state, "done", j)
+        mine = [p for p in self.hooks.posts if p[1]["id"] == job.id]
+        self.assertEqual(len(mine), 2, "a 503, then taken")
+        headers, body = mine[-1]
+        self.assertEqual(headers.get("x-dmover-job"), str(job.id))
+        self.assertEqual(Job.from_dict(body).state, "done")
+        self.assertEqual(body["bytes"], sum(len(v) for v in self.files.values()))
 
     def test_list_and_pages(self) -> None:
         c = self.client("bob")

@@ -481,6 +481,12 @@ pub struct JobsEntry {
     /// Users who see and act on every user's jobs.
     #[serde(default)]
     pub admins: Vec<String>,
+    /// URLs (`http[s]://HOST[:PORT]/PATH`) under which jobs may name a webhook
+    /// (`notify`) [default: none, every webhook refused].
+    #[serde(default)]
+    pub webhooks: Vec<String>,
+    /// CA certificates (PEM) that sign `https` webhook receivers.
+    pub webhook_ca: Option<PathBuf>,
     /// The service's own credential on the servers it steers: a token file...
     pub token_file: Option<PathBuf>,
     /// ...or an Ed25519 key file (`dmover credential key`).

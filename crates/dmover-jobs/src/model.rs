@@ -142,6 +142,43 @@ pub struct JobOptions {
     /// [`DEFAULT_PRIORITY`]). It orders one user's jobs only: which user's job runs
     /// next is the fair share's choice (docs/jobs.md, "Scheduling").
     pub priority: Option<u8>,
+    /// A URL the job's record is POSTed to (JSON) each time it ends (done, failed,
+    /// cancelled): under the service's allow-list (`[jobs] webhooks`), checked at
+    /// submission and before each delivery.
+    pub notify: Option<String>,
+}
+
+/// Where a job's webhook ([`JobOptions::notify`]) is, once the job has ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WebhookState {
+    /// To be delivered (also after a restart of the service).
+    Pending,
+    /// Answered 2xx.
+    Delivered,
+    /// Given up on (the reason in `webhook_error`).
+    Failed,
+}
+
+impl WebhookState {
+    /// The name stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WebhookState::Pending => "pending",
+            WebhookState::Delivered => "delivered",
+            WebhookState::Failed => "failed",
+        }
+    }
+
+    /// The state a stored name names.
+    pub fn parse(s: &str) -> Option<WebhookState> {
+        match s {
+            "pending" => Some(WebhookState::Pending),
+            "delivered" => Some(WebhookState::Delivered),
+            "failed" => Some(WebhookState::Failed),
+            _ => None,
+        }
+    }
 }
 
 /// The lowest priority a job can have.
@@ -262,6 +299,11 @@ pub struct Job {
     pub file_errors: Vec<FileError>,
     /// Cancelling was asked while it ran.
     pub cancel_requested: bool,
+    /// Its webhook's delivery after its last end (`None`: it names no webhook, or has
+    /// not ended).
+    pub webhook: Option<WebhookState>,
+    /// Why its webhook was not delivered.
+    pub webhook_error: Option<String>,
 }
 
 /// A run's counters, recorded while it runs.

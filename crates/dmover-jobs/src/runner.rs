@@ -52,6 +52,11 @@ pub struct RunnerConfig {
     pub max_sources: usize,
     /// Finished jobs are deleted this long after their end (`None`: kept).
     pub keep_finished: Option<Duration>,
+    /// Where jobs may ask to be notified of their end ([`JobOptions::notify`]),
+    /// and how.
+    ///
+    /// [`JobOptions::notify`]: crate::model::JobOptions::notify
+    pub webhooks: crate::webhook::Webhooks,
 }
 
 /// How often the runner deletes the finished jobs past [`RunnerConfig::keep_finished`].
@@ -70,6 +75,7 @@ impl Default for RunnerConfig {
             disk_threads: None,
             max_sources: 1000,
             keep_finished: Some(Duration::from_secs(30 * 24 * 3600)),
+            webhooks: crate::webhook::Webhooks::none(),
         }
     }
 }
@@ -104,7 +110,12 @@ pub struct Service {
     /// anything the store does not.
     changed: tokio::sync::broadcast::Sender<JobId>,
     counters: crate::metrics::JobCounters,
+    /// Jobs whose webhook is being delivered now.
+    delivering: Mutex<std::collections::HashSet<JobId>>,
 }
+
+/// Webhooks read from the store at a time (the rest on the next turn of the loop).
+const WEBHOOKS_AT_ONCE: usize = 64;
 
 /// Changes a slow event stream may fall behind by before it reads its job again.
 const CHANGES_QUEUED: usize = 1024;
@@ -236,6 +247,7 @@ impl Service {
             wake: Notify::new(),
             changed: tokio::sync::broadcast::channel(CHANGES_QUEUED).0,
             counters: crate::metrics::JobCounters::default(),
+            delivering: Mutex::new(std::collections::HashSet::new()),
         })
     }
 
@@ -271,6 +283,12 @@ impl Service {
                 self.cfg.max_sources
             )));
         }
+        if let Some(url) = &spec.options.notify {
+            self.cfg
+                .webhooks
+                .check(url)
+                .map_err(|e| SubmitError::Invalid(format!("notify: {e}")))?;
+        }
         let t = transfer_spec(&spec, &self.cfg.options).map_err(SubmitError::Invalid)?;
         // The engine's own checks (sources on one server, options that do not apply
         // between servers), nothing connected yet.
@@ -299,6 +317,10 @@ impl Service {
         let store = self.store.clone();
         let job = blocking(move || store.cancel(id)).await?;
         self.changed(id);
+        if job.state.is_end() {
+            // Its webhook, if it names one.
+            self.wake.notify_one();
+        }
         if job.state == State::Running {
             let c = self.lock_running().get(&id).cloned();
             if let Some(c) = c {
@@ -343,6 +365,7 @@ impl Service {
                     tracing::error!("jobs: purging finished jobs: {e}");
                 }
             }
+            self.send_webhooks().await;
             while tasks.len() < self.cfg.concurrency.max(1) {
                 let store = self.store.clone();
                 match blocking(move || store.claim(now_ms())).await {
@@ -369,6 +392,49 @@ impl Service {
         }
         while tasks.join_next().await.is_some() {}
         Ok(())
+    }
+
+    /// Starts delivering the webhooks of ended jobs that are pending (a job's end,
+    /// or a restart, leaves them so) and not being delivered already. A delivery the
+    /// service's stop interrupts stays pending, and is made again by the next start:
+    /// a receiver may see one twice (`X-Dmover-Job` and `ended_ms` tell them apart).
+    async fn send_webhooks(self: &Arc<Self>) {
+        let store = self.store.clone();
+        let pending = match blocking(move || store.webhooks_pending(WEBHOOKS_AT_ONCE)).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!("jobs: reading the webhooks to send: {e}");
+                return;
+            }
+        };
+        for job in pending {
+            if !self.lock_delivering().insert(job.id) {
+                continue;
+            }
+            let me = self.clone();
+            tokio::spawn(async move {
+                let id = job.id;
+                let result = match &job.spec.options.notify {
+                    Some(url) => me.cfg.webhooks.deliver(url, &job).await,
+                    None => Err("the job names no webhook".to_string()),
+                };
+                match &result {
+                    Ok(n) => tracing::info!("jobs: job {id}'s webhook delivered (attempt {n})"),
+                    Err(e) => tracing::warn!("jobs: job {id}'s webhook not delivered: {e}"),
+                }
+                let store = me.store.clone();
+                let result = result.map(|_| ());
+                if let Err(e) = blocking(move || store.webhook_result(id, result)).await {
+                    tracing::error!("jobs: recording job {id}'s webhook: {e}");
+                }
+                me.lock_delivering().remove(&id);
+                me.changed(id);
+            });
+        }
+    }
+
+    fn lock_delivering(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<JobId>> {
+        self.delivering.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Deletes the jobs that ended more than [`RunnerConfig::keep_finished`] before

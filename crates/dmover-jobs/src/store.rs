@@ -11,7 +11,8 @@ use std::sync::Mutex;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::model::{
-    Counters, FileError, Job, JobId, JobKind, JobSpec, Outcome, State, link_of, now_ms,
+    Counters, FileError, Job, JobId, JobKind, JobSpec, Outcome, State, WebhookState, link_of,
+    now_ms,
 };
 
 /// Why the store could not do what was asked.
@@ -132,6 +133,12 @@ pub trait JobStore: Send + Sync + std::fmt::Debug {
     fn purge(&self, before_ms: i64) -> Result<u64, StoreError>;
     /// How many jobs the store holds in each state (states without one left out).
     fn counts(&self) -> Result<Vec<(State, u64)>, StoreError>;
+    /// The ended jobs whose webhook is still to be delivered, oldest end first (at
+    /// most `limit`).
+    fn webhooks_pending(&self, limit: usize) -> Result<Vec<Job>, StoreError>;
+    /// Records a delivery's result for job `id`, unless the job was retried (or
+    /// deleted) meanwhile: delivered, or why not.
+    fn webhook_result(&self, id: JobId, result: Result<(), String>) -> Result<(), StoreError>;
 }
 
 /// The claim's choice, in SQL (SQLite's and PostgreSQL's): `?1` now, `?2` the link
@@ -197,6 +204,11 @@ const MIGRATIONS: &[&str] = &[
         owner TEXT PRIMARY KEY,
         last_claim INTEGER NOT NULL
     );",
+    // 3: webhooks: each ended job's delivery (pending ones are found again after a
+    // restart).
+    "ALTER TABLE jobs ADD COLUMN webhook TEXT;
+    ALTER TABLE jobs ADD COLUMN webhook_error TEXT;
+    CREATE INDEX jobs_webhook ON jobs (webhook);",
 ];
 
 /// The schema version this build writes.
@@ -215,7 +227,7 @@ pub struct SqliteStore {
 /// The columns [`row_job`] reads, in order.
 const COLUMNS: &str = "id, owner, kind, state, spec, attempts, tries, created_ms, queued_ms, started_ms, \
     ended_ms, not_before_ms, bytes, bytes_total, bytes_resumed, files_done, files_failed, files_total, rate, \
-    error, cancel_requested, priority, link";
+    error, cancel_requested, priority, link, webhook, webhook_error";
 
 impl SqliteStore {
     /// Opens (or makes) the database at `path`, takes its lock, and migrates its
@@ -400,6 +412,14 @@ fn row_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Job, StoreError>> {
         cancel_requested: r.get::<_, i64>(20)? != 0,
         priority: u(21)?.min(255) as u8,
         link: r.get(22)?,
+        webhook: match r.get::<_, Option<String>>(23)? {
+            None => None,
+            Some(w) => match WebhookState::parse(&w) {
+                Some(w) => Some(w),
+                None => return Ok(bad(&format!("webhook {w:?}"))),
+            },
+        },
+        webhook_error: r.get(24)?,
     }))
 }
 
@@ -424,6 +444,17 @@ fn load(tx: &rusqlite::Transaction<'_>, id: JobId) -> Result<Job, StoreError> {
         })?
         .collect::<rusqlite::Result<_>>()?;
     Ok(job)
+}
+
+/// Marks `job`'s webhook pending, if it names one: it has just ended.
+fn webhook_due(tx: &rusqlite::Transaction<'_>, job: &Job) -> Result<(), StoreError> {
+    if job.spec.options.notify.is_some() {
+        tx.execute(
+            "UPDATE jobs SET webhook = 'pending', webhook_error = NULL WHERE id = ?1",
+            [job.id],
+        )?;
+    }
+    Ok(())
 }
 
 /// Writes a run's counters.
@@ -587,6 +618,9 @@ impl JobStore for SqliteStore {
                     files.len() as i64
                 ],
             )?;
+            if state.is_end() {
+                webhook_due(tx, &job)?;
+            }
             load(tx, id)
         })
     }
@@ -600,6 +634,7 @@ impl JobStore for SqliteStore {
                         "UPDATE jobs SET state = 'cancelled', ended_ms = ?2 WHERE id = ?1",
                         params![id, now_ms()],
                     )?;
+                    webhook_due(tx, &job)?;
                 }
                 State::Running => {
                     tx.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?1", [id])?;
@@ -626,7 +661,7 @@ impl JobStore for SqliteStore {
             }
             tx.execute(
                 "UPDATE jobs SET state = 'queued', tries = 0, not_before_ms = 0, ended_ms = NULL, \
-                 error = NULL, queued_ms = ?2 WHERE id = ?1",
+                 error = NULL, queued_ms = ?2, webhook = NULL, webhook_error = NULL WHERE id = ?1",
                 params![id, now_ms()],
             )?;
             load(tx, id)
@@ -635,15 +670,21 @@ impl JobStore for SqliteStore {
 
     fn recover(&self) -> Result<Vec<JobId>, StoreError> {
         self.tx(|tx| {
-            let mut q = tx.prepare("SELECT id FROM jobs WHERE state = 'running' ORDER BY id")?;
-            let ids: Vec<JobId> = q
-                .query_map([], |r| r.get(0))?
+            let mut q = tx.prepare(
+                "SELECT id, cancel_requested FROM jobs WHERE state = 'running' ORDER BY id",
+            )?;
+            let found: Vec<(JobId, bool)> = q
+                .query_map([], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? != 0)))?
                 .collect::<rusqlite::Result<_>>()?;
+            let ids = found.iter().map(|(id, _)| *id).collect();
             tx.execute(
                 "UPDATE jobs SET state = 'cancelled', ended_ms = ?1, cancel_requested = 0 \
                  WHERE state = 'running' AND cancel_requested != 0",
                 [now_ms()],
             )?;
+            for (id, _) in found.iter().filter(|(_, cancelled)| *cancelled) {
+                webhook_due(tx, &load(tx, *id)?)?;
+            }
             tx.execute(
                 "UPDATE jobs SET state = 'queued', not_before_ms = 0, \
                  error = 'the job service stopped during the run; resumed' \
@@ -678,6 +719,37 @@ impl JobStore for SqliteStore {
                     Ok((state, n.max(0) as u64))
                 })
                 .collect()
+        })
+    }
+
+    fn webhooks_pending(&self, limit: usize) -> Result<Vec<Job>, StoreError> {
+        self.tx(|tx| {
+            let mut q = tx.prepare_cached(
+                "SELECT id FROM jobs WHERE webhook = 'pending' ORDER BY ended_ms, id LIMIT ?1",
+            )?;
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let ids: Vec<JobId> = q
+                .query_map([limit], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            // With their errors by file: what a delivery sends is what the API shows.
+            ids.into_iter().map(|id| load(tx, id)).collect()
+        })
+    }
+
+    fn webhook_result(&self, id: JobId, result: Result<(), String>) -> Result<(), StoreError> {
+        let (state, error) = match result {
+            Ok(()) => (WebhookState::Delivered, None),
+            Err(e) => (WebhookState::Failed, Some(e)),
+        };
+        self.tx(|tx| {
+            // A job retried meanwhile has no pending webhook any more: its next end
+            // makes a new one.
+            tx.execute(
+                "UPDATE jobs SET webhook = ?2, webhook_error = ?3 \
+                 WHERE id = ?1 AND webhook = 'pending'",
+                params![id, state.as_str(), error],
+            )?;
+            Ok(())
         })
     }
 

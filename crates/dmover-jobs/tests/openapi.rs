@@ -472,7 +472,11 @@ fn the_service_answers_what_the_document_says() {
     // A reads a chunk in 50 ms: a 6 MiB file takes seconds, long enough to cancel.
     let lab = Lab::new(Some(std::time::Duration::from_millis(50)));
     std::fs::write(lab.a_root.join("data/f"), bytes(7, 100_000)).unwrap();
-    let svc = Running::start(&lab.db(), lab.runner_config());
+    let mut cfg = lab.runner_config();
+    // Nothing listens there: the webhook is tried and stays pending or fails.
+    cfg.webhooks =
+        dmover_jobs::webhook::Webhooks::new(&["http://127.0.0.1:9/hooks/".into()], None).unwrap();
+    let svc = Running::start(&lab.db(), cfg);
     let url = start_api(&svc, None);
     let mut c = Conformance {
         doc: doc(),
@@ -499,7 +503,7 @@ fn the_service_answers_what_the_document_says() {
     let mut full = spec(&["data/f"], "in/g");
     full["options"] = json!({
         "streams": 2, "continue_on_error": true, "verify": true, "route": "pull",
-        "sync": null, "filters": [], "priority": 4
+        "sync": null, "filters": [], "priority": 4, "notify": "http://127.0.0.1:9/hooks/full"
     });
     c.check_request(jobs, "post", &full, true);
     let (s, j) = c.call(jobs, "post", jobs, alice, Some(&full));

@@ -281,6 +281,12 @@ impl dmover_jobs::store::JobStore for Watched {
     fn counts(&self) -> Result<Vec<(dmover_jobs::model::State, u64)>, StoreError> {
         self.inner.counts()
     }
+    fn webhooks_pending(&self, limit: usize) -> Result<Vec<dmover_jobs::model::Job>, StoreError> {
+        self.inner.webhooks_pending(limit)
+    }
+    fn webhook_result(&self, id: JobId, result: Result<(), String>) -> Result<(), StoreError> {
+        self.inner.webhook_result(id, result)
+    }
 }
 
 /// Four users with 7, 1, 1 and 1 small jobs on one link (A to B), the big user's

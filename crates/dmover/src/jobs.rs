@@ -73,6 +73,10 @@ pub struct SubmitArgs {
     /// Its order among your own queued jobs, 1 (last) to 5 (first) [default: 3].
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=5))]
     pub priority: Option<u8>,
+    /// A webhook: POST the job's record (JSON) to URL each time it ends (the URL must
+    /// be under one of the service's `[jobs] webhooks`; docs/jobs.md).
+    #[arg(long, value_name = "URL")]
+    pub notify: Option<String>,
     #[command(flatten)]
     pub service: ServiceArgs,
 }
@@ -183,6 +187,7 @@ fn spec(a: &SubmitArgs) -> anyhow::Result<JobSpec> {
             }),
             filters: filters(&a.filters)?,
             priority: a.priority,
+            notify: a.notify.clone(),
         },
     })
 }
@@ -353,6 +358,16 @@ fn describe(j: &Job) -> String {
     }
     for f in &j.file_errors {
         out.push_str(&format!("  {}: {}\n", p(&f.path), p(&f.error)));
+    }
+    if let Some(url) = &j.spec.options.notify {
+        let state = j
+            .webhook
+            .map_or("not yet (the job has not ended)", |w| w.as_str());
+        out.push_str(&format!("webhook: {}: {state}", p(url)));
+        if let Some(e) = &j.webhook_error {
+            out.push_str(&format!(" ({})", p(e)));
+        }
+        out.push('\n');
     }
     out
 }

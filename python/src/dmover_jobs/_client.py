@@ -301,18 +301,21 @@ class Client:
         exclude: Sequence[str] = (),
         include: Sequence[str] = (),
         priority: Optional[int] = None,
+        notify: Optional[str] = None,
     ) -> Job:
         """Submits a copy of ``sources`` (paths on one server, ``dmover://HOST[:PORT]/PATH``
         or ``HOST:PATH``) into ``destination`` (a path on a server; ending in ``/``: an
         existing directory that receives them). With ``sync``, a sync: one source, and
         ``destination`` its mirror. ``include`` rules come before ``exclude`` ones (for
         another order, pass ``JobOptions.filters`` through :meth:`request`). ``priority``
-        (1 to 5) orders your own queue. Returns the job, ``queued``."""
+        (1 to 5) orders your own queue. ``notify``: a webhook URL the job's record is
+        POSTed to each time it ends (the service must allow it). Returns the job,
+        ``queued``."""
         if isinstance(sources, str):
             sources = [sources]
         filters = tuple((True, p) for p in include) + tuple((False, p) for p in exclude)
         options = JobOptions(
-            streams, continue_on_error, verify, route, sync, filters, priority
+            streams, continue_on_error, verify, route, sync, filters, priority, notify
         )
         body = {
             "sources": list(sources),

@@ -36,7 +36,9 @@ class SyncOptions:
 class JobOptions:
     """The transfer's options (a subset of ``dmover cp``'s). ``filters`` are
     ``(include, pattern)`` pairs in order (rsync's patterns); ``sync`` makes the job a
-    sync; ``priority`` (1 to 5, None: 3) orders the owner's own queue."""
+    sync; ``priority`` (1 to 5, None: 3) orders the owner's own queue; ``notify`` is a
+    webhook URL the job's record is POSTed to each time it ends (under the service's
+    ``[jobs] webhooks``)."""
 
     streams: Optional[int] = None
     continue_on_error: bool = False
@@ -45,6 +47,7 @@ class JobOptions:
     sync: Optional[SyncOptions] = None
     filters: Tuple[Tuple[bool, str], ...] = ()
     priority: Optional[int] = None
+    notify: Optional[str] = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "JobOptions":
@@ -59,10 +62,11 @@ class JobOptions:
                 (bool(f["include"]), str(f["pattern"])) for f in d.get("filters") or ()
             ),
             priority=d.get("priority"),
+            notify=d.get("notify"),
         )
 
     def to_dict(self) -> Dict[str, Any]:
-        return {
+        d: Dict[str, Any] = {
             "streams": self.streams,
             "continue_on_error": self.continue_on_error,
             "verify": self.verify,
@@ -71,6 +75,10 @@ class JobOptions:
             "filters": [{"include": i, "pattern": p} for i, p in self.filters],
             "priority": self.priority,
         }
+        # Only when set: a service older than webhooks refuses the field.
+        if self.notify is not None:
+            d["notify"] = self.notify
+        return d
 
 
 @dataclass(frozen=True)
@@ -128,6 +136,11 @@ class Job:
     priority: int = 3
     #: ``HOST:PORT -> HOST:PORT``: jobs on one link share its limit.
     link: str = ""
+    #: Its webhook after its last end: ``pending``, ``delivered``, ``failed`` (None: it
+    #: names none, or has not ended).
+    webhook: Optional[str] = None
+    #: Why its webhook was not delivered.
+    webhook_error: Optional[str] = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Job":
@@ -157,6 +170,8 @@ class Job:
             cancel_requested=bool(d["cancel_requested"]),
             priority=int(d.get("priority", 3)),
             link=str(d.get("link", "")),
+            webhook=d.get("webhook"),
+            webhook_error=d.get("webhook_error"),
         )
 
     @property

@@ -297,6 +297,8 @@ fn jobs(
             trust: Some(dmover_net::tls::Trust::KnownHosts(known_hosts)),
             ..Default::default()
         },
+        webhooks: dmover_jobs::webhook::Webhooks::new(&j.webhooks, j.webhook_ca.as_deref())
+            .map_err(|e| usage(format!("config: [jobs] webhooks: {e}")))?,
         ..defaults
     };
     Ok(Some(JobsSetup {
