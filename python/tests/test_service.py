@@ -268,6 +268,23 @@ class ServiceTest(unittest.TestCase):
         self.assertEqual(Job.from_dict(body).state, "done")
         self.assertEqual(body["bytes"], sum(len(v) for v in self.files.values()))
 
+    def test_a_recurring_sync_waits_queued_between_runs(self) -> None:
+        c = self.client()
+        sync = dmover_jobs.SyncOptions()
+        with self.assertRaises(APIError) as refused:
+            c.submit(self.src("run"), self.dst("in/every"), sync=sync, every_secs=30)
+        self.assertIn("too often", str(refused.exception))
+        job = c.submit(self.src("run"), self.dst("in/every"), sync=sync, every_secs=3600)
+        self.assertEqual(job.spec.options.every_secs, 3600)
+        deadline = time.monotonic() + 60
+        while not ((j := c.job(job.id)).attempts == 1 and j.state == "queued"):
+            self.assertLess(time.monotonic(), deadline, j)
+            time.sleep(0.05)
+        self.assertIsNotNone(j.started_ms)
+        self.assertEqual(j.not_before_ms, j.started_ms + 3_600_000)
+        self.assertEqual((self.tmp / "b/in/every/one").read_bytes(), self.files["run/one"])
+        self.assertEqual(c.cancel(job.id).state, "cancelled")
+
     def test_list_and_pages(self) -> None:
         c = self.client("bob")
         ids = [c.submit(self.src(f"nothing/{i}"), self.dst("in/")).id for i in range(5)]

@@ -146,7 +146,14 @@ pub struct JobOptions {
     /// cancelled): under the service's allow-list (`[jobs] webhooks`), checked at
     /// submission and before each delivery.
     pub notify: Option<String>,
+    /// A recurring sync: run again this many seconds after each run started (at least
+    /// [`MIN_EVERY_SECS`]); between runs the job is queued, its counters, `error` and
+    /// `ended_ms` its last run's. Only a sync recurs (it sends only what changed).
+    pub every_secs: Option<u64>,
 }
+
+/// The shortest period of a recurring job.
+pub const MIN_EVERY_SECS: u64 = 60;
 
 /// Where a job's webhook ([`JobOptions::notify`]) is, once the job has ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -57,6 +57,31 @@ pub struct RunnerConfig {
     ///
     /// [`JobOptions::notify`]: crate::model::JobOptions::notify
     pub webhooks: crate::webhook::Webhooks,
+    /// The time (Unix milliseconds) the runner goes by: when jobs are due, and their
+    /// deadlines. The system's; tests drive their own.
+    pub clock: Clock,
+}
+
+/// A source of the time now, in Unix milliseconds.
+#[derive(Clone)]
+pub struct Clock(pub Arc<dyn Fn() -> i64 + Send + Sync>);
+
+impl Clock {
+    /// The system's clock.
+    pub fn system() -> Clock {
+        Clock(Arc::new(now_ms))
+    }
+
+    /// The time now.
+    pub fn now(&self) -> i64 {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Clock({})", self.now())
+    }
 }
 
 /// How often the runner deletes the finished jobs past [`RunnerConfig::keep_finished`].
@@ -76,6 +101,7 @@ impl Default for RunnerConfig {
             max_sources: 1000,
             keep_finished: Some(Duration::from_secs(30 * 24 * 3600)),
             webhooks: crate::webhook::Webhooks::none(),
+            clock: Clock::system(),
         }
     }
 }
@@ -283,6 +309,19 @@ impl Service {
                 self.cfg.max_sources
             )));
         }
+        if let Some(every) = spec.options.every_secs {
+            if spec.options.sync.is_none() {
+                return Err(SubmitError::Invalid(
+                    "every_secs: only a sync recurs (a copy would send everything again)".into(),
+                ));
+            }
+            if every < crate::model::MIN_EVERY_SECS {
+                return Err(SubmitError::Invalid(format!(
+                    "every_secs: {every} is too often: at least {} s",
+                    crate::model::MIN_EVERY_SECS
+                )));
+            }
+        }
         if let Some(url) = &spec.options.notify {
             self.cfg
                 .webhooks
@@ -339,6 +378,16 @@ impl Service {
         Ok(job)
     }
 
+    /// The runner's time now ([`RunnerConfig::clock`]).
+    fn now(&self) -> i64 {
+        self.cfg.clock.now()
+    }
+
+    /// Has the runner look for due jobs now (tests that moved its clock).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
     fn lock_running(&self) -> std::sync::MutexGuard<'_, HashMap<JobId, Canceller>> {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -361,14 +410,15 @@ impl Service {
         loop {
             if purged_at.is_none_or(|t| t.elapsed() >= PURGE_EVERY) {
                 purged_at = Some(std::time::Instant::now());
-                if let Err(e) = self.purge(now_ms()).await {
+                if let Err(e) = self.purge(self.now()).await {
                     tracing::error!("jobs: purging finished jobs: {e}");
                 }
             }
             self.send_webhooks().await;
             while tasks.len() < self.cfg.concurrency.max(1) {
                 let store = self.store.clone();
-                match blocking(move || store.claim(now_ms())).await {
+                let now = self.now();
+                match blocking(move || store.claim(now)).await {
                     Ok(Some(job)) => {
                         self.changed(job.id);
                         let me = self.clone();
@@ -414,6 +464,17 @@ impl Service {
             let me = self.clone();
             tokio::spawn(async move {
                 let id = job.id;
+                // Read again: a delivery that ended after the list was read has
+                // recorded its result (before leaving `delivering`), so the job is
+                // sent once.
+                let store = me.store.clone();
+                let job = match blocking(move || store.get(id)).await {
+                    Ok(j) if j.webhook == Some(crate::model::WebhookState::Pending) => j,
+                    _ => {
+                        me.lock_delivering().remove(&id);
+                        return;
+                    }
+                };
                 let result = match &job.spec.options.notify {
                     Some(url) => me.cfg.webhooks.deliver(url, &job).await,
                     None => Err("the job names no webhook".to_string()),
@@ -461,7 +522,7 @@ impl Service {
             return Duration::from_secs(60);
         }
         let store = self.store.clone();
-        let now = now_ms();
+        let now = self.now();
         match blocking(move || store.next_due(now)).await {
             Ok(Some(t)) => Duration::from_millis((t - now).clamp(0, 60_000) as u64),
             _ => Duration::from_secs(60),
@@ -502,7 +563,7 @@ impl Service {
             error,
             files: Vec::new(),
         };
-        if now_ms() >= deadline_ms {
+        if self.now() >= deadline_ms {
             return Some(failed(format!(
                 "the job's deadline ({} s after its submission or retry) passed{}",
                 self.cfg.deadline.as_secs(),
@@ -534,7 +595,7 @@ impl Service {
             rx,
             self.changed.clone(),
         ));
-        let left = Duration::from_millis((deadline_ms - now_ms()).max(0) as u64);
+        let left = Duration::from_millis((deadline_ms - self.now()).max(0) as u64);
         let watch = Watch {
             interval: Some(self.cfg.progress_interval),
             files: false,
@@ -606,7 +667,7 @@ impl Service {
             .retry_wait
             .saturating_mul(1 << job.tries.saturating_sub(1).min(16))
             .min(self.cfg.max_retry_wait);
-        let not_before_ms = now_ms().saturating_add(wait.as_millis() as i64);
+        let not_before_ms = self.now().saturating_add(wait.as_millis() as i64);
         if error.retryable() && job.tries <= self.cfg.retries && not_before_ms < deadline_ms {
             return Outcome::Requeue {
                 counters: c,

@@ -570,7 +570,7 @@ impl JobStore for SqliteStore {
                 )));
             }
             let now = now_ms();
-            let (state, counters, error, files, not_before, ended) = match outcome {
+            let (mut state, counters, error, files, mut not_before, ended) = match outcome {
                 Outcome::Done(c) => (State::Done, c, None, &[][..], 0, Some(now)),
                 Outcome::Cancelled(c) => (State::Cancelled, c, None, &[][..], 0, Some(now)),
                 Outcome::Failed {
@@ -598,6 +598,18 @@ impl JobStore for SqliteStore {
                     None,
                 ),
             };
+            // A recurring job's run that ended done or failed: queued for its next
+            // run, a period after this one started (at once if that has passed).
+            let recurs = match (job.spec.options.every_secs, state) {
+                (Some(every), State::Done | State::Failed) => {
+                    let every_ms = i64::try_from(every.saturating_mul(1000)).unwrap_or(i64::MAX);
+                    let started = job.started_ms.unwrap_or(now);
+                    not_before = started.saturating_add(every_ms);
+                    state = State::Queued;
+                    true
+                }
+                _ => false,
+            };
             set_counters(tx, id, counters)?;
             tx.execute("DELETE FROM file_errors WHERE job = ?1", [id])?;
             for f in files {
@@ -618,7 +630,14 @@ impl JobStore for SqliteStore {
                     files.len() as i64
                 ],
             )?;
-            if state.is_end() {
+            if recurs {
+                // Its next run's tries and deadline count from its time.
+                tx.execute(
+                    "UPDATE jobs SET tries = 0, queued_ms = ?2 WHERE id = ?1",
+                    params![id, not_before],
+                )?;
+            }
+            if state.is_end() || recurs {
                 webhook_due(tx, &job)?;
             }
             load(tx, id)

@@ -503,7 +503,8 @@ fn the_service_answers_what_the_document_says() {
     let mut full = spec(&["data/f"], "in/g");
     full["options"] = json!({
         "streams": 2, "continue_on_error": true, "verify": true, "route": "pull",
-        "sync": null, "filters": [], "priority": 4, "notify": "http://127.0.0.1:9/hooks/full"
+        "sync": null, "filters": [], "priority": 4, "notify": "http://127.0.0.1:9/hooks/full",
+        "every_secs": null
     });
     c.check_request(jobs, "post", &full, true);
     let (s, j) = c.call(jobs, "post", jobs, alice, Some(&full));

@@ -97,3 +97,82 @@ fn a_sync_job_refuses_what_a_sync_refuses_at_submission() {
     }
     svc.stop();
 }
+
+/// A recurring sync (`every_secs`) on a clock the test drives: the first run mirrors,
+/// the job waits queued until its period has passed on that clock, the second run
+/// sends only the change; a cancel ends the recurrence. Too short a period, and a
+/// recurring copy, are refused.
+#[test]
+fn a_recurring_sync_runs_again_on_its_clock_and_sends_only_changes() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicI64, Ordering};
+    let lab = Lab::new(None);
+    let src = lab.a_root.join("data/src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a"), bytes(5, 100_000)).unwrap();
+    std::fs::write(src.join("b"), bytes(6, 2_000)).unwrap();
+    let clock = Arc::new(AtomicI64::new(dmover_jobs::model::now_ms()));
+    let mut cfg = lab.runner_config();
+    let c = clock.clone();
+    cfg.clock = dmover_jobs::runner::Clock(Arc::new(move || c.load(Ordering::SeqCst)));
+    let svc = Running::start(&lab.db(), cfg);
+
+    let submit = |every: u64, sync: bool| {
+        let mut spec = sync_spec(&lab, SyncOptions::default(), &[]);
+        spec.options.every_secs = Some(every);
+        if !sync {
+            spec.options.sync = None;
+        }
+        svc.rt.block_on(svc.service.submit("alice", spec))
+    };
+    for (every, sync, says) in [(59, true, "too often"), (3600, false, "only a sync")] {
+        let e = submit(every, sync).unwrap_err().to_string();
+        assert!(e.contains(says), "{e}");
+    }
+    let job = submit(3600, true).unwrap();
+    let j = svc.wait(job.id, "the first run's end", |j| {
+        j.attempts == 1 && j.state == State::Queued
+    });
+    let started = j.started_ms.unwrap();
+    assert_eq!(j.not_before_ms, started + 3_600_000, "{j:#?}");
+    assert_eq!(
+        (j.bytes_total, j.bytes_resumed, j.error.as_deref()),
+        (102_000, 0, None)
+    );
+    assert!(j.ended_ms.is_some());
+    let mirror = lab.b_root.join("in/m");
+    assert_eq!(std::fs::read(mirror.join("b")).unwrap(), bytes(6, 2_000));
+
+    // Not due yet: nothing runs, however long the wait in real time.
+    std::fs::write(src.join("b"), bytes(7, 2_000)).unwrap();
+    svc.service.wake();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(svc.service.store().get(job.id).unwrap().attempts, 1);
+
+    // An hour later on the runner's clock: the second run sends only b.
+    clock.fetch_add(3_600_001, Ordering::SeqCst);
+    svc.service.wake();
+    let j = svc.wait(job.id, "the second run's end", |j| {
+        j.attempts == 2 && j.state == State::Queued
+    });
+    assert_eq!(
+        (j.bytes_total, j.bytes_resumed),
+        (102_000, 100_000),
+        "{j:#?}"
+    );
+    assert_eq!(std::fs::read(mirror.join("b")).unwrap(), bytes(7, 2_000));
+    assert_eq!(staging(&lab.b_root), Vec::<std::path::PathBuf>::new());
+
+    // Cancelled between runs: it ends, and runs no more.
+    let j = svc
+        .rt
+        .block_on(svc.service.cancel(job.id, "alice"))
+        .unwrap();
+    assert_eq!(j.state, State::Cancelled);
+    clock.fetch_add(7_200_000, Ordering::SeqCst);
+    svc.service.wake();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let j = svc.service.store().get(job.id).unwrap();
+    assert_eq!((j.state, j.attempts), (State::Cancelled, 2));
+    svc.stop();
+}

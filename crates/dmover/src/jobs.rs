@@ -77,6 +77,10 @@ pub struct SubmitArgs {
     /// be under one of the service's `[jobs] webhooks`; docs/jobs.md).
     #[arg(long, value_name = "URL")]
     pub notify: Option<String>,
+    /// (--sync) Run the sync again this long after each run started (a duration with
+    /// a unit: 15m, 1h, 1d; at least 1m); `dmover cancel` ends it.
+    #[arg(long, requires = "sync", value_name = "D", value_parser = parse_every)]
+    pub every: Option<u64>,
     #[command(flatten)]
     pub service: ServiceArgs,
 }
@@ -188,8 +192,19 @@ fn spec(a: &SubmitArgs) -> anyhow::Result<JobSpec> {
             filters: filters(&a.filters)?,
             priority: a.priority,
             notify: a.notify.clone(),
+            every_secs: a.every,
         },
     })
+}
+
+/// `--every`: a duration of at least a minute, in seconds.
+fn parse_every(s: &str) -> Result<u64, String> {
+    let d = dmover_proto::units::parse_duration(s)?;
+    let min = dmover_jobs::model::MIN_EVERY_SECS;
+    if d.as_secs() < min {
+        return Err(format!("{s:?} is too often: at least {min}s"));
+    }
+    Ok(d.as_secs())
 }
 
 /// A job's `--include`/`--exclude` rules, in order; `--files-from` is not for jobs yet.
@@ -358,6 +373,16 @@ fn describe(j: &Job) -> String {
     }
     for f in &j.file_errors {
         out.push_str(&format!("  {}: {}\n", p(&f.path), p(&f.error)));
+    }
+    if let Some(every) = j.spec.options.every_secs {
+        out.push_str(&format!("every: {every} s"));
+        if j.state == dmover_jobs::model::State::Queued {
+            out.push_str(&format!(
+                ", next run at {} s (Unix time)",
+                time(Some(j.not_before_ms))
+            ));
+        }
+        out.push('\n');
     }
     if let Some(url) = &j.spec.options.notify {
         let state = j

@@ -302,6 +302,7 @@ class Client:
         include: Sequence[str] = (),
         priority: Optional[int] = None,
         notify: Optional[str] = None,
+        every_secs: Optional[int] = None,
     ) -> Job:
         """Submits a copy of ``sources`` (paths on one server, ``dmover://HOST[:PORT]/PATH``
         or ``HOST:PATH``) into ``destination`` (a path on a server; ending in ``/``: an
@@ -309,13 +310,15 @@ class Client:
         ``destination`` its mirror. ``include`` rules come before ``exclude`` ones (for
         another order, pass ``JobOptions.filters`` through :meth:`request`). ``priority``
         (1 to 5) orders your own queue. ``notify``: a webhook URL the job's record is
-        POSTed to each time it ends (the service must allow it). Returns the job,
-        ``queued``."""
+        POSTed to each time it ends (the service must allow it). ``every_secs`` (with
+        ``sync``): run the sync again that long after each run started. Returns the
+        job, ``queued``."""
         if isinstance(sources, str):
             sources = [sources]
         filters = tuple((True, p) for p in include) + tuple((False, p) for p in exclude)
         options = JobOptions(
-            streams, continue_on_error, verify, route, sync, filters, priority, notify
+            streams, continue_on_error, verify, route, sync, filters, priority, notify,
+            every_secs,
         )
         body = {
             "sources": list(sources),

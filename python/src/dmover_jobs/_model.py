@@ -38,7 +38,7 @@ class JobOptions:
     ``(include, pattern)`` pairs in order (rsync's patterns); ``sync`` makes the job a
     sync; ``priority`` (1 to 5, None: 3) orders the owner's own queue; ``notify`` is a
     webhook URL the job's record is POSTed to each time it ends (under the service's
-    ``[jobs] webhooks``)."""
+    ``[jobs] webhooks``); ``every_secs`` makes a sync recur (at least 60)."""
 
     streams: Optional[int] = None
     continue_on_error: bool = False
@@ -48,6 +48,7 @@ class JobOptions:
     filters: Tuple[Tuple[bool, str], ...] = ()
     priority: Optional[int] = None
     notify: Optional[str] = None
+    every_secs: Optional[int] = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "JobOptions":
@@ -63,6 +64,7 @@ class JobOptions:
             ),
             priority=d.get("priority"),
             notify=d.get("notify"),
+            every_secs=d.get("every_secs"),
         )
 
     def to_dict(self) -> Dict[str, Any]:
@@ -78,6 +80,8 @@ class JobOptions:
         # Only when set: a service older than webhooks refuses the field.
         if self.notify is not None:
             d["notify"] = self.notify
+        if self.every_secs is not None:
+            d["every_secs"] = self.every_secs
         return d
 
 
