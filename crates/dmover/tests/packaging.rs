@@ -716,3 +716,39 @@ fn lab_commands_are_in_the_lab_build_only() {
         }
     }
 }
+
+/// scripts/package-deb.sh packages every file of packaging/, and docs/packaging.md
+/// explains every setting of the template's example.
+#[test]
+fn the_package_and_its_page_cover_the_packaging_files() {
+    let script = std::fs::read_to_string(repo().join("scripts/package-deb.sh")).unwrap();
+    let mut files = 0;
+    for entry in std::fs::read_dir(repo().join("packaging")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        assert!(
+            script.contains(&format!("\"$REPO/packaging/{name}\"")),
+            "scripts/package-deb.sh does not install packaging/{name}"
+        );
+        files += 1;
+    }
+    assert!(files >= 5, "{files} files in packaging/");
+    let page = std::fs::read_to_string(repo().join("docs/packaging.md")).unwrap();
+    let example = std::fs::read_to_string(repo().join("packaging/sync.env")).unwrap();
+    // The settings, and those shown commented out.
+    let names: Vec<&str> = example
+        .lines()
+        .map(|l| l.strip_prefix("# ").unwrap_or(l))
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k))
+        .filter(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_uppercase() || b == b'_'))
+        .collect();
+    assert!(
+        names.contains(&"SRC") && names.contains(&"DMOVER_TOKEN"),
+        "{names:?}"
+    );
+    for name in names {
+        assert!(
+            page.contains(&format!("| `{name}`")) || page.contains(&format!(" `{name}` |")),
+            "docs/packaging.md's table lacks {name}"
+        );
+    }
+}
