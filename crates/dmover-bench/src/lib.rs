@@ -12,10 +12,11 @@
 //! - Copies made by any tool are checked against their source with
 //!   `dmover_store::verify::compare` (its content comparison).
 //! - [`plot`]: SVG/PNG figures of results (lines over file size or streams, bars per tool,
-//!   trajectories over time).
+//!   trajectories over time); with the `plot` feature (default).
 
 pub mod mkdata;
 pub mod peers;
+#[cfg(feature = "plot")]
 pub mod plot;
 pub mod report;
 pub mod stats;

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use crate::args::{
     CompletionsArgs, CpArgs, CredentialArgs, DemoArgs, LogFormat, ManArgs, MountArgs, ServeArgs,
 };
+#[cfg(feature = "lab")]
 use crate::bench::BenchArgs;
 
 /// Move files and trees between Data Transfer Nodes at line rate.
@@ -71,10 +72,12 @@ pub enum Command {
     /// Start a server on loopback, push a generated dataset to it, verify, clean up.
     Demo(DemoArgs),
     /// Measurement tools.
+    #[cfg(feature = "lab")]
     Bench(BenchArgs),
     /// Make credentials: a token or a key pair, and the line for the server's config.
     Credential(CredentialArgs),
     /// Emulated long-haul links (RTT, rate, loss) between two network namespaces.
+    #[cfg(feature = "lab")]
     Netlab(crate::netlab::NetlabArgs),
     /// Probe a link (and a storage path) within a time and size cap, clean up, and
     /// print the settings it would use and what limits a transfer: disk read, disk

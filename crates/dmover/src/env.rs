@@ -24,8 +24,10 @@ pub struct Env {
     pub log: Option<String>,
     /// The directories of `PATH` (`/usr/sbin:/usr/bin:/sbin:/bin` when unset), where
     /// the benchmarks look for peer tools.
+    #[cfg_attr(not(feature = "lab"), allow(dead_code))]
     pub path: Vec<PathBuf>,
     /// The command line, for the benchmark reports.
+    #[cfg_attr(not(feature = "lab"), allow(dead_code))]
     pub argv: Vec<String>,
     /// `NOTIFY_SOCKET`, unless unset or empty: where `dmover serve` tells systemd it is
     /// ready (`Type=notify`) and stopping; `@` starts an abstract socket name.

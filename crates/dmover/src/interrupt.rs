@@ -5,6 +5,10 @@
 //! signal killed. A second signal exits at once with that code, without waiting for the
 //! clean stop (what it leaves is what a killed client leaves: staging files under
 //! `.dmv.` names that a resume removes, never a partial file under a final name).
+//!
+//! [`sweep`]: the same signals during a long measurement (`dmover bench`, `dmover tune`).
+
+pub mod sweep;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};

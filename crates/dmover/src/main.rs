@@ -18,6 +18,7 @@
 
 mod args;
 // Benchmark drivers are long measurement scripts, kept whole to be read as such.
+#[cfg(feature = "lab")]
 #[allow(clippy::too_many_lines)]
 mod bench;
 mod cli;
@@ -31,12 +32,15 @@ mod jobs;
 mod manual;
 mod metrics;
 mod mount;
+#[cfg(feature = "lab")]
 mod netlab;
 mod output;
 mod resolve;
 mod serve;
 mod tune;
 mod watch;
+#[cfg(not(feature = "lab"))]
+mod without_lab;
 
 use std::process::ExitCode;
 
@@ -46,7 +50,11 @@ use crate::cli::{Cli, Command};
 use crate::env::Env;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::try_parse().unwrap_or_else(|e| {
+        #[cfg(not(feature = "lab"))]
+        without_lab::explain(&e);
+        e.exit()
+    });
     // The one read of the environment: everything below takes its values from `env`.
     let env = Env::capture();
     init_logging(
@@ -76,8 +84,10 @@ fn main() -> ExitCode {
         Command::Retry(a) => jobs::act(a, jobs::Act::Retry, &env),
         Command::Mount(a) => resolve::mount(&a, &env).and_then(mount::run),
         Command::Demo(a) => resolve::client(&a.transfer, &env).and_then(|c| demo::run(a, c)),
+        #[cfg(feature = "lab")]
         Command::Bench(a) => bench::run(a, &env),
         Command::Credential(a) => credential::run(a),
+        #[cfg(feature = "lab")]
         Command::Netlab(a) => netlab::run(a),
         Command::Doctor(a) => doctor::run(a),
         Command::Tune(a) => resolve::client(&a.transfer, &env).and_then(|c| tune::run(a, c)),

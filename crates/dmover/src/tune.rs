@@ -45,7 +45,7 @@ use rustix::fs::{Mode, OFlags};
 use serde_json::{Value, json};
 
 use crate::args::{TransferArgs, usage};
-use crate::bench::interrupt;
+use crate::interrupt::sweep as interrupt;
 use crate::output;
 use crate::resolve::ClientSetup;
 

@@ -3,7 +3,6 @@
 
 mod common;
 pub mod compare;
-pub(crate) mod interrupt;
 pub mod net;
 pub mod remote;
 pub mod storage;
@@ -20,6 +19,7 @@ use clap::{Args, Subcommand};
 
 use crate::args::parse_scale;
 use crate::env::Env;
+use crate::interrupt::sweep as interrupt;
 
 /// `dmover bench`.
 #[derive(Debug, Args)]

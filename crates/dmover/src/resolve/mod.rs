@@ -14,7 +14,10 @@ mod mount;
 mod serve;
 
 pub use copy::{Copy, Sync, WatchJob, copy, sync};
-pub use mount::{MOUNT_CHUNK, MountJob, mount};
+// `dmover bench remote`'s chunk through a mount.
+#[cfg(feature = "lab")]
+pub use mount::MOUNT_CHUNK;
+pub use mount::{MountJob, mount};
 pub use serve::{JobsSetup, Reload, ServeJob, check as serve_check, serve};
 
 use std::path::Path;

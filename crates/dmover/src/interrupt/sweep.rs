@@ -62,7 +62,8 @@ pub fn requested() -> bool {
     REQUESTED.load(Ordering::SeqCst)
 }
 
-/// An error when a stop signal has arrived.
+/// An error when a stop signal has arrived (a benchmark's sweep).
+#[cfg(feature = "lab")]
 pub fn check() -> anyhow::Result<()> {
     if requested() {
         anyhow::bail!("interrupted");
@@ -71,6 +72,7 @@ pub fn check() -> anyhow::Result<()> {
 }
 
 /// Remembers the copy that runs now (its process gets SIGTERM on an interrupt).
+#[cfg(feature = "lab")]
 pub fn set_child(pid: Option<u32>) {
     CHILD.store(pid.unwrap_or(0), Ordering::SeqCst);
 }
