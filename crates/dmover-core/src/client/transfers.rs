@@ -266,6 +266,13 @@ impl Client {
         })
     }
 
+    /// Copies the local `sources` into the local `dest` through the same session as
+    /// a push or a pull, both halves in this process (no server, no listener: see
+    /// `dialer/local.rs`).
+    pub async fn local(&self, sources: &[Vec<u8>], dest: &[u8], run: Arc<Run>) -> Result<Report> {
+        self.dialer.local(sources, dest, run).await
+    }
+
     /// Copies `sources` on `server` into the local `dest`.
     pub async fn pull(
         &self,

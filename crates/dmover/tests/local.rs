@@ -1,0 +1,137 @@
+//! rsync's and scp's habits, end to end with the real binary: a copy between two
+//! local paths (the same session as a pull, both halves in the process) and `-` for
+//! one file on stdin or stdout.
+
+mod common;
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::*;
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("dmover-local-")
+        .tempdir()
+        .unwrap()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn a_local_tree_copy_keeps_everything_and_a_second_sync_sends_nothing() {
+    let t = tmp();
+    let src = t.path().join("src");
+    make_tree(&src);
+    // cp: DST that does not exist becomes the copy.
+    let dst = t.path().join("dst");
+    let o = cp(&["--json", s(&src), s(&dst)]);
+    ok(&o);
+    let j = json(&o);
+    assert_eq!(j["direction"], "local", "{j}");
+    assert!(j["bytes"].as_u64().unwrap() > 12 << 20, "{j}");
+    same(&src, &dst);
+    assert!(staging_files(&dst).is_empty(), "{:?}", staging_files(&dst));
+    // A copy into an existing directory lands in it.
+    let into = t.path().join("into");
+    std::fs::create_dir(&into).unwrap();
+    ok(&cp(&[s(&src), s(&into)]));
+    same(&src, &into.join("src"));
+
+    // sync: the mirror, then nothing sent, then --delete.
+    let mirror = t.path().join("mirror");
+    ok(&sync(&[s(&src), s(&mirror)]));
+    same(&src, &mirror);
+    let o = sync(&["--json", s(&src), s(&mirror)]);
+    ok(&o);
+    let j = json(&o);
+    assert_eq!(j["bytes_sent"], 0, "{j}");
+    assert_eq!(j["files_unchanged"], 11, "the files with data: {j}");
+    std::fs::write(mirror.join("extra"), b"not in the source").unwrap();
+    std::fs::write(src.join("one"), b"changed").unwrap();
+    let o = sync(&["--json", "--delete", s(&src), s(&mirror)]);
+    ok(&o);
+    let j = json(&o);
+    assert_eq!(j["bytes_sent"], 7, "the changed file alone: {j}");
+    assert!(!mirror.join("extra").exists());
+    same(&src, &mirror);
+    assert!(staging_files(&mirror).is_empty());
+}
+
+#[test]
+fn a_local_copy_resumes_and_refuses_a_directory_into_itself() {
+    let t = tmp();
+    let src = t.path().join("src");
+    make_small_files(&src, 40, 3);
+    let dst = t.path().join("dst");
+    ok(&cp(&[s(&src), s(&dst)]));
+    // --resume after a finished copy: everything is held, nothing sent, no nesting.
+    let o = cp(&["--json", "--resume", s(&src), s(&dst)]);
+    ok(&o);
+    let j = json(&o);
+    assert_eq!(j["bytes_sent"], 0, "{j}");
+    assert_eq!(j["files_sent"], 0, "{j}");
+    assert_eq!(j["bytes_resumed"], j["bytes"], "{j}");
+    assert!(!dst.join("src").exists());
+    same(&src, &dst);
+    let o = cp(&[s(&src), s(&src.join("d000/inner"))]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("into itself"), "{}", stderr(&o));
+    assert!(!src.join("d000/inner").exists());
+}
+
+#[test]
+fn a_local_copy_into_a_read_only_directory_fails_with_nothing_visible() {
+    let t = tmp();
+    // Run as an unprivileged user when the tests run as root (root writes anywhere).
+    let root = rustix::process::geteuid().is_root();
+    std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let f = t.path().join("f");
+    write_file(&f, 7, 3 << 20, 0o644, 1_600_000_000);
+    let ro = t.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let mut c = Command::new(bin());
+    c.args(["cp", s(&f), s(&ro)]);
+    if root {
+        std::os::unix::process::CommandExt::uid(&mut c, 65534);
+        std::os::unix::process::CommandExt::gid(&mut c, 65534);
+    }
+    let o = c.output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("Permission denied"), "{}", stderr(&o));
+    let left: Vec<_> = std::fs::read_dir(&ro).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+#[allow(dead_code)]
+fn pipe_into(args: &[&str], input: &[u8]) -> std::process::Output {
+    let kh = tmp();
+    let mut child = Command::new(bin())
+        .args(args)
+        .env_remove("DMOVER_TOKEN")
+        .env("DMOVER_KNOWN_HOSTS", kh.path().join("known_hosts"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let data = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        // In pieces, as a producer writes.
+        for piece in data.chunks(100_000) {
+            if stdin.write_all(piece).is_err() {
+                return;
+            }
+        }
+    });
+    let o = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    o
+}
