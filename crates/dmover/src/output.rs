@@ -620,7 +620,7 @@ pub fn exit_code(e: &Error) -> u8 {
     }
 }
 
-fn human_bytes(b: u64) -> String {
+pub fn human_bytes(b: u64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = b as f64;
     let mut u = 0;

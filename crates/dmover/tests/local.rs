@@ -109,7 +109,6 @@ fn a_local_copy_into_a_read_only_directory_fails_with_nothing_visible() {
     std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
-#[allow(dead_code)]
 fn pipe_into(args: &[&str], input: &[u8]) -> std::process::Output {
     let kh = tmp();
     let mut child = Command::new(bin())
@@ -134,4 +133,70 @@ fn pipe_into(args: &[&str], input: &[u8]) -> std::process::Output {
     let o = child.wait_with_output().unwrap();
     writer.join().unwrap();
     o
+}
+
+#[test]
+fn stdin_to_a_server_and_a_server_to_stdout_carry_the_same_bytes() {
+    let t = tmp();
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::create_dir(root.join("d")).unwrap();
+    let srv = Server::start(&root, &[]);
+    let data = bytes(42, (5 << 20) + 12345);
+    // stdin → a file on the server, written in pieces by the child's producer.
+    let o = pipe_into(&["cp", "-", &srv.url("in/up.bin")], &data);
+    assert_eq!(o.status.code(), Some(1), "its directory must exist");
+    assert!(stderr(&o).contains("no such directory"), "{}", stderr(&o));
+    assert!(!root.join("in").exists());
+    let o = pipe_into(&["cp", "-", &srv.url("d/up.bin")], &data);
+    ok(&o);
+    assert!(std::fs::read(root.join("d/up.bin")).unwrap() == data);
+    assert!(staging_files(&root).is_empty());
+    // DST names a file: an existing directory is not replaced.
+    let o = pipe_into(&["cp", "-", &srv.url("d")], &data);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(root.join("d/up.bin").exists());
+
+    // The server's file → stdout, byte for byte; a tree is refused.
+    let o = pipe_into(&["cp", "--chunk", "1M", &srv.url("d/up.bin"), "-"], b"");
+    ok(&o);
+    assert_eq!(o.stdout.len(), data.len());
+    assert!(o.stdout == data, "stdout differs from the file");
+    assert!(stderr(&o).contains("checksums verified"), "{}", stderr(&o));
+    let o = pipe_into(&["cp", &srv.url("d"), "-"], b"");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("takes one file"), "{}", stderr(&o));
+    assert!(o.stdout.is_empty());
+
+    // Local to local through stdin.
+    let local = t.path().join("local.bin");
+    ok(&pipe_into(&["cp", "-", s(&local)], &data));
+    assert!(std::fs::read(&local).unwrap() == data);
+}
+
+#[test]
+fn dash_refuses_resume_several_sources_and_sync() {
+    let t = tmp();
+    let f = t.path().join("f");
+    write_file(&f, 1, 10, 0o644, 1_600_000_000);
+    for (args, says) in [
+        (
+            &["cp", "--resume", "-", "h:x"][..],
+            "--resume does not apply to '-'",
+        ),
+        (
+            &["cp", "--resume", "h:x", "-"],
+            "--resume does not apply to '-'",
+        ),
+        (&["cp", "-", s(&f), "h:x"], "takes one file"),
+        (&["cp", "h:a", "h:b", "-"], "takes one file"),
+        (&["cp", "-", "-"], "both sides"),
+        (&["sync", "-", "h:x"], "not sync"),
+        (&["cp", "--json", "h:x", "-"], "stdout"),
+    ] {
+        let o = pipe_into(args, b"data");
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+        assert!(o.stdout.is_empty(), "{args:?}");
+    }
 }
