@@ -53,6 +53,13 @@ fn a_local_tree_copy_keeps_everything_and_a_second_sync_sends_nothing() {
     assert_eq!(j["files_unchanged"], 11, "the files with data: {j}");
     std::fs::write(mirror.join("extra"), b"not in the source").unwrap();
     std::fs::write(src.join("one"), b"changed").unwrap();
+    // A dry run tells what the run will do, and changes nothing.
+    let o = sync(&["--dry-run", "--delete", s(&src), s(&mirror)]);
+    ok(&o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.lines().any(|l| l == "send one"), "{out}");
+    assert!(out.lines().any(|l| l == "delete extra"), "{out}");
+    assert!(mirror.join("extra").exists());
     let o = sync(&["--json", "--delete", s(&src), s(&mirror)]);
     ok(&o);
     let j = json(&o);

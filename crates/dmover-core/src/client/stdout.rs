@@ -200,7 +200,8 @@ impl Sink for WriterSink {
 
     fn finish(&self) -> dmover_store::Result<Summary> {
         let empty = matches!(self.entries[0].kind, EntryKind::File { size: 0 });
-        if !empty && self.done.load(Relaxed) != 1 {
+        let written = self.out.lock().next;
+        if !empty && (self.done.load(Relaxed) != 1 || written != self.layout.n_chunks()) {
             return Err(dmover_store::Error::protocol(
                 "the source",
                 "the file is incomplete at the end of the transfer",

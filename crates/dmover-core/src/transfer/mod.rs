@@ -421,11 +421,9 @@ impl Transfer {
                     "a dry run of a sync between two servers is not supported yet",
                 ));
             }
-            Route::Local { .. } => {
-                return Err(Error::refused(
-                    ErrorCode::Unsupported,
-                    "a dry run of a sync between two local paths is not supported yet",
-                ));
+            Route::Local { sources, dest } => {
+                let found = self.client.sync_dry_run_local(&sources[0], dest).await?;
+                return Ok(DryRunPlan::of(&found, self.client.opts.delete));
             }
         };
         let found = self
