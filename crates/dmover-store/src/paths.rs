@@ -299,6 +299,13 @@ pub fn resolve_dest(
             _ => return Err(open_error(base, dest, e)),
         },
     }
+    // `dest/` names a directory: one that is not there is not made into a file.
+    if dest.len() > 1 && dest.ends_with(b"/") && !roots.is_empty() {
+        return Err(Error::refused(
+            ErrorCode::NotFound,
+            format!("destination {shown}: no such directory"),
+        ));
+    }
     // `dest` is not an existing directory: it names the single root itself.
     let [(idx, root)] = roots else {
         if roots.is_empty() {

@@ -113,7 +113,12 @@ pub struct TransferArgs {
 #[command(override_usage = "dmover cp [OPTIONS] SRC... DST")]
 pub struct CpArgs {
     /// Sources and destination: local paths, `HOST:PATH`, or `dmover://HOST[:PORT]/PATH`.
-    /// Paths on a server are relative to its root.
+    /// Paths on a server are relative to its root; with no server named, both sides are
+    /// local. `-` (cp only, one file, no --resume): `cp - DST` reads stdin to its end
+    /// (into a temporary file in TMPDIR first) and writes the file DST, whose directory
+    /// must exist; `cp HOST:PATH -` writes the file to stdout as it arrives, each chunk's
+    /// CRC checked first and the file's digest at the end: a failed check exits 1 with
+    /// the bytes already written (discard the output), as with curl or xrdcp.
     #[arg(required = true, num_args = 2.., value_name = "PATH")]
     pub paths: Vec<OsString>,
     #[command(flatten)]

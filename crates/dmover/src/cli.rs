@@ -41,7 +41,7 @@ impl Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Copy files and trees to or from a dmover server.
+    /// Copy files and trees to or from a dmover server, or between local paths.
     Cp(CpArgs),
     /// Make DST a mirror of SRC: DST is the copy itself (never its parent), so a re-run
     /// converges on one tree and sends only files whose size or mtime changed

@@ -10,7 +10,7 @@ use dmover_core::transfer::{DryRunPlan, Event, Watch};
 
 use crate::args::ProgressMode;
 use crate::output::{self, Direction, ProgressBar};
-use crate::resolve::Copy;
+use crate::resolve::{Copy, CopyOut};
 
 /// Runs a resolved `dmover cp` or `dmover sync`.
 pub fn run(c: Copy) -> anyhow::Result<ExitCode> {
@@ -21,6 +21,7 @@ pub fn run(c: Copy) -> anyhow::Result<ExitCode> {
         transfer,
         show,
         sync,
+        spool,
         ..
     } = c;
     let direction = Direction::of(transfer.direction());
@@ -58,6 +59,8 @@ pub fn run(c: Copy) -> anyhow::Result<ExitCode> {
     // Join the disk threads: an aborted transfer's staging files are gone after this.
     drop(transfer);
     drop(rt);
+    // `cp - DST`: stdin's copy goes.
+    drop(spool);
     let stopped = result.is_err().then(|| signals.caught()).flatten();
     let code = output::report_with(
         result.map(|f| f.report),
@@ -77,6 +80,55 @@ pub fn run(c: Copy) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(signal.exit_code()))
         }
         None => Ok(code),
+    }
+}
+
+/// Runs a resolved `dmover cp HOST:PATH -`: the file's bytes to stdout as they come,
+/// checked; a summary line on stderr. A failed check fails the run (exit 1) after the
+/// bytes went out: the error says so.
+pub fn run_out(c: CopyOut) -> anyhow::Result<ExitCode> {
+    let rt = c.client.runtime()?;
+    let client = c.client.client();
+    let run = dmover_core::engine::Run::new();
+    let started = Instant::now();
+    let result = rt.block_on(client.pull_to_writer(
+        &c.server,
+        &c.source,
+        Box::new(std::io::stdout()),
+        run.clone(),
+    ));
+    let secs = started.elapsed().as_secs_f64();
+    drop(client);
+    drop(rt);
+    match result {
+        Ok(s) => {
+            if !c.quiet {
+                eprintln!(
+                    "wrote {} to stdout in {secs:.2} s{}",
+                    output::human_bytes(s.bytes),
+                    if s.verified {
+                        " (checksums verified)"
+                    } else {
+                        " (not verified: --no-checksum)"
+                    }
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            let written = run
+                .progress
+                .bytes
+                .load(std::sync::atomic::Ordering::Relaxed);
+            eprintln!("dmover: error: {}", output::printable(&e.to_string()));
+            if written > 0 {
+                eprintln!(
+                    "dmover: {} had already been written to stdout: discard the output",
+                    output::human_bytes(written)
+                );
+            }
+            Ok(ExitCode::from(output::exit_code(&e)))
+        }
     }
 }
 

@@ -68,7 +68,11 @@ fn main() -> ExitCode {
         dmover_store::sys::raise_fd_limit();
     }
     let result = match cli.command {
-        Command::Cp(a) => resolve::copy(&a, &env).and_then(cp::run),
+        Command::Cp(a) => match resolve::stdio(&a, false) {
+            Ok(resolve::Stdio::Out) => resolve::copy_out(&a, &env).and_then(cp::run_out),
+            Ok(_) => resolve::copy(&a, &env).and_then(cp::run),
+            Err(e) => Err(e),
+        },
         Command::Sync(a) => resolve::sync(&a, &env).and_then(|s| match s {
             resolve::Sync::Once(c) => cp::run(c),
             resolve::Sync::Watch(w) => watch::run(w),

@@ -126,6 +126,10 @@ pub const ENVIRONMENT: &[(&str, &str)] = &[
         "Where dmover bench looks for peer tools and iperf3.",
     ),
     (
+        "TMPDIR",
+        "Where dmover cp - DST keeps stdin until it has all of it (removed at the end).",
+    ),
+    (
         "NOTIFY_SOCKET",
         "Set by systemd for Type=notify services: dmover serve sends READY=1 there once \
          it listens, and STOPPING=1 on SIGTERM.",
@@ -194,6 +198,17 @@ const EXAMPLES: &[(&str, &str)] = &[
          130|143) echo \"stopped: rerun with --resume\" ;;\n\
          *) echo failed ;;\n\
          esac",
+    ),
+    (
+        "Copy between two local paths, through the same checks and atomic renames (no \
+         server):",
+        "dmover sync --delete /scratch/run1 /project/run1",
+    ),
+    (
+        "A producer's output to a file on a server, and a file on a server to a consumer \
+         (a failed check exits 1 after the bytes went out: discard them):",
+        "tar cf - run1 | dmover cp - dtn1:in/run1.tar\n\
+         dmover cp dtn1:in/run1.tar - | tar xf -",
     ),
     (
         "Copy between two servers, the data going from one to the other directly:",

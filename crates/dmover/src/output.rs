@@ -33,6 +33,8 @@ pub enum Direction {
     /// Server to server through this client (`--via-client`).
     #[serde(rename = "third-party-relay")]
     TpcRelay,
+    /// Local to local (both halves of the session in this process).
+    Local,
 }
 
 impl Direction {
@@ -45,6 +47,7 @@ impl Direction {
             D::ThirdPartyPush => Direction::TpcPush,
             D::ThirdPartyPull => Direction::TpcPull,
             D::Relay => Direction::TpcRelay,
+            D::Local => Direction::Local,
         }
     }
 }
@@ -617,7 +620,7 @@ pub fn exit_code(e: &Error) -> u8 {
     }
 }
 
-fn human_bytes(b: u64) -> String {
+pub fn human_bytes(b: u64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = b as f64;
     let mut u = 0;
@@ -819,6 +822,7 @@ impl Outcome<'_> {
             Direction::Pull => "pulled",
             Direction::TpcPush | Direction::TpcPull => "copied server to server",
             Direction::TpcRelay => "relayed server to server",
+            Direction::Local => "copied locally",
         };
         eprintln!(
             "{verb} {} in {} files, {} dirs, {} symlinks in {secs:.2} s: {gbps:.2} Gbit/s, {fps:.0} files/s ({} streams, {} chunks{}){}{}{}",

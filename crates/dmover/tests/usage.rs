@@ -109,7 +109,10 @@ fn malformed_endpoints_are_usage_errors() {
             &["cp", "a", "dmover://::1/x"],
             "IPv6 addresses go in brackets",
         ),
-        (&["cp", "a", "b"], "both local"),
+        (
+            &["cp", "h:a", "b", "c"],
+            "b is local and the other sources are on a server",
+        ),
         (
             &["cp", "h1:a", "h2:b", "c"],
             "all sources must be on the same server",

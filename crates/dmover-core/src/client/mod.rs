@@ -13,11 +13,13 @@ use crate::diskpool::DiskPool;
 use crate::session::TransferOptions;
 
 mod files;
+mod stdout;
 mod third_party;
 mod transfers;
 
 pub use crate::dialer::{MAX_BUSY_BACKOFF, Relayed, Report};
 pub use crate::session::SOFTWARE;
+pub use stdout::WriterSink;
 pub use third_party::ThirdPartyCopy;
 pub use transfers::{DryRun, Growing, Part};
 

@@ -266,6 +266,13 @@ impl Client {
         })
     }
 
+    /// Copies the local `sources` into the local `dest` through the same session as
+    /// a push or a pull, both halves in this process (no server, no listener: see
+    /// `dialer/local.rs`).
+    pub async fn local(&self, sources: &[Vec<u8>], dest: &[u8], run: Arc<Run>) -> Result<Report> {
+        self.dialer.local(sources, dest, run).await
+    }
+
     /// Copies `sources` on `server` into the local `dest`.
     pub async fn pull(
         &self,
@@ -376,6 +383,51 @@ impl Client {
             entries,
             report: session::prune_report(pruned),
             skipped: 0,
+        })
+    }
+
+    /// `dmover sync --dry-run` between two local paths: the local `source`'s walk,
+    /// and what the local mirror `dest` holds unchanged and (with `--delete`) would
+    /// delete, as [`Client::sync_dry_run`] finds them; nothing is changed.
+    pub async fn sync_dry_run_local(&self, source: &[u8], dest: &[u8]) -> Result<DryRun> {
+        if self.opts.compare_content {
+            return Err(Error::refused(
+                ErrorCode::Unsupported,
+                "sync --checksum between two local paths is not supported yet",
+            ));
+        }
+        let (_, name) = mirror_dest(dest, true)?;
+        let mut root = paths::source_root(&Base::Local, source, b"")?;
+        root.name = name;
+        let filter = self.opts.filter.clone().unwrap_or_default();
+        let walked = self
+            .disk
+            .run(move || walk::walk_filtered(vec![root], &filter))
+            .await
+            .ok_or(Error::Aborted)??;
+        let entries = walked.tree.entries().to_vec();
+        let opts = dmover_store::prune::PruneOptions {
+            filter: self.opts.filter.as_deref().cloned().unwrap_or_default(),
+            max_delete: self.opts.max_delete,
+            dry_run: true,
+            conflicts_only: !self.opts.delete,
+            checksum: false,
+        };
+        let (dest, listed) = (dest.to_vec(), entries.clone());
+        let pruned = self
+            .disk
+            .run(move || {
+                let Some((parent, name)) = paths::dest_parent(&Base::Local, &dest)? else {
+                    return Ok(dmover_store::prune::Pruned::default());
+                };
+                dmover_store::prune::prune(&parent, &name, &listed, &opts)
+            })
+            .await
+            .ok_or(Error::Aborted)??;
+        Ok(DryRun {
+            entries,
+            report: session::prune_report(pruned),
+            skipped: walked.skipped,
         })
     }
 

@@ -29,6 +29,7 @@ use crate::session::{self, HANDSHAKE_TIMEOUT, TransferOptions};
 
 mod connect;
 mod joins;
+mod local;
 mod pull;
 mod push;
 mod retry;
@@ -36,6 +37,7 @@ mod retry;
 pub(crate) use connect::Connection;
 pub use connect::MAX_BUSY_BACKOFF;
 pub(crate) use joins::Dialing;
+pub use local::LOCAL_STREAMS;
 pub(crate) use push::same_content;
 
 /// What a finished transfer reports.

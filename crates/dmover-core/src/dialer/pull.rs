@@ -226,7 +226,7 @@ impl Dialer {
     /// nor with `sync --checksum`'s files held (`same`). The server may also cut them
     /// from its walk while it runs (`WALKING`), hard links and files with holes in
     /// later parts.
-    fn pull_open(&self, sources: &[Vec<u8>], resume: bool, same: bool) -> Result<Open> {
+    pub(super) fn pull_open(&self, sources: &[Vec<u8>], resume: bool, same: bool) -> Result<Open> {
         use dmover_proto::session::features::{PART_CHUNKS, STREAMED, WALKING};
         let report_skipped = self.opts.mirror && self.opts.delete;
         let op = self.pull_op(sources.to_vec(), report_skipped)?;
@@ -244,7 +244,7 @@ impl Dialer {
     /// The sink of a pull into `dest` under `base` (`same`: see [`Dialer::pull_once`]),
     /// and where `sync --delete` leaves what it deleted before the transfer (entries
     /// of another kind where the source's go, pruned as the sink is prepared).
-    fn pull_sink(
+    pub(super) fn pull_sink(
         &self,
         base: &Base,
         dest: &[u8],
@@ -298,7 +298,7 @@ impl Dialer {
     /// the source does not is deleted now (every file is verified and under its final
     /// name: our own `Done`), unless the source's listing was incomplete.
     /// `pruned_first`: what `--delete` deleted before the transfer.
-    async fn pull_report(
+    pub(super) async fn pull_report(
         &self,
         r: drive::SinkRun<FileSink>,
         (base, mirror): (&Base, &[u8]),

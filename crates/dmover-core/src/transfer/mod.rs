@@ -260,7 +260,7 @@ impl Transfer {
     pub fn new(spec: TransferSpec) -> Result<Transfer, PlanError> {
         let disk_threads = spec.disk_threads;
         Transfer::with_client(spec, |options, route| match route {
-            Route::Push { .. } | Route::Pull { .. } => {
+            Route::Push { .. } | Route::Pull { .. } | Route::Local { .. } => {
                 let (start, max) = crate::diskpool::threads_from(disk_threads);
                 Client::elastic(options, start, max)
             }
@@ -395,6 +395,7 @@ impl Transfer {
             } => c.pull(server, sources, dest, run).await,
             Route::ThirdParty(copy) => c.third_party(copy, run).await,
             Route::Relay { copy, ring } => c.relay(copy, *ring, run).await,
+            Route::Local { sources, dest } => c.local(sources, dest, run).await,
         }
     }
 
@@ -419,6 +420,10 @@ impl Transfer {
                     ErrorCode::Unsupported,
                     "a dry run of a sync between two servers is not supported yet",
                 ));
+            }
+            Route::Local { sources, dest } => {
+                let found = self.client.sync_dry_run_local(&sources[0], dest).await?;
+                return Ok(DryRunPlan::of(&found, self.client.opts.delete));
             }
         };
         let found = self

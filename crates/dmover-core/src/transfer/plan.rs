@@ -51,9 +51,9 @@ pub enum PlanError {
     /// A local source among the sources of a copy between two servers.
     #[error("{0}: a copy between two servers takes sources on one server only")]
     LocalSourceBetweenServers(String),
-    /// A local source and a local destination.
-    #[error("{0} and the destination are both local: name a server as HOST:PATH on one side")]
-    BothLocal(String),
+    /// A local source among remote ones, with a local destination.
+    #[error("{0} is local and the other sources are on a server: copy them in two runs")]
+    MixedLocal(String),
     /// [`TransferSpec::between_servers`] set on a transfer that is not between two
     /// servers.
     #[error("a third-party mode is for copies between two servers")]
@@ -73,6 +73,9 @@ pub enum Direction {
     ThirdPartyPull,
     /// Server to server through this side (a pull and a push at once).
     Relay,
+    /// Local paths to a local path, through the same session, both halves in this
+    /// process.
+    Local,
 }
 
 /// What runs: the client call and its arguments.
@@ -93,6 +96,10 @@ pub(super) enum Route {
         copy: ThirdPartyCopy,
         ring: usize,
     },
+    Local {
+        sources: Vec<Vec<u8>>,
+        dest: Vec<u8>,
+    },
 }
 
 impl Route {
@@ -103,6 +110,7 @@ impl Route {
             Route::ThirdParty(c) if c.mode == TpcMode::Push => Direction::ThirdPartyPush,
             Route::ThirdParty(_) => Direction::ThirdPartyPull,
             Route::Relay { .. } => Direction::Relay,
+            Route::Local { .. } => Direction::Local,
         }
     }
 }
@@ -146,8 +154,12 @@ pub(super) fn plan(spec: TransferSpec) -> Result<(Route, TransferOptions), PlanE
             sources: sources.into_iter().map(|s| s.path().to_vec()).collect(),
             dest: path,
         },
+        Endpoint::Local(dest) if !remote_source => Route::Local {
+            sources: sources.into_iter().map(|s| s.path().to_vec()).collect(),
+            dest,
+        },
         Endpoint::Local(dest) => {
-            let (server, sources) = one_server(sources, PlanError::BothLocal)?;
+            let (server, sources) = one_server(sources, PlanError::MixedLocal)?;
             Route::Pull {
                 server,
                 sources,
@@ -257,6 +269,10 @@ mod tests {
         assert_eq!(route.direction(), Direction::Push);
         let (route, _) = plan(spec(&["h:a", "h:b"], "d")).unwrap();
         assert_eq!(route.direction(), Direction::Pull);
+        let (route, _) = plan(spec(&["a", "b"], "d")).unwrap();
+        assert_eq!(route.direction(), Direction::Local);
+        let (_, o) = plan(TransferSpec::sync(r("a"), r("m"))).unwrap();
+        assert!(o.mirror && o.resume);
         let (route, _) = plan(spec(&["h:a"], "g:d")).unwrap();
         assert_eq!(route.direction(), Direction::ThirdPartyPush);
         let mut s = spec(&["h:a"], "g:d");
@@ -285,7 +301,10 @@ mod tests {
     fn refusals() {
         let e = |s: TransferSpec| plan(s).unwrap_err();
         assert_eq!(e(spec(&[], "h:d")), PlanError::NoSource);
-        assert_eq!(e(spec(&["a"], "b")), PlanError::BothLocal("a".into()));
+        assert_eq!(
+            e(spec(&["h:a", "b"], "d")),
+            PlanError::MixedLocal("b".into())
+        );
         assert_eq!(e(spec(&["h:a", "g:b"], "d")), PlanError::MixedServers);
         assert_eq!(e(spec(&["h:a", "g:b"], "k:d")), PlanError::MixedServers);
         assert_eq!(

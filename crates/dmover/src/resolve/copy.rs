@@ -39,6 +39,9 @@ pub struct Show {
 pub struct Copy {
     /// The checked transfer, its disk threads started.
     pub transfer: Transfer,
+    /// `dmover cp - HOST:PATH`: stdin read into this private directory, removed once
+    /// the copy is done.
+    pub spool: Option<tempfile::TempDir>,
     /// Its output.
     pub show: Show,
     /// `sync --dry-run`: tell what would be done instead.
@@ -98,7 +101,58 @@ pub fn sync(a: &CpArgs, env: &Env) -> anyhow::Result<Sync> {
     copy_as(a, env, Kind::Sync).map(Sync::Once)
 }
 
+/// What `-` stands for in a copy: one file on stdin or stdout.
+#[derive(Debug)]
+pub enum Stdio {
+    /// No `-`: an ordinary copy.
+    None,
+    /// `dmover cp - DST`: stdin to the file DST.
+    In,
+    /// `dmover cp SRC -`: the file SRC to stdout.
+    Out,
+}
+
+/// Where `-` stands in `a`'s paths, refusing what it cannot mean: `-` with `--resume`,
+/// several sources, a sync, or on both sides.
+pub fn stdio(a: &CpArgs, sync: bool) -> anyhow::Result<Stdio> {
+    let dash = |p: &OsString| p.as_bytes() == b"-";
+    let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
+    let (from, to) = (srcs.iter().any(dash), dash(dst));
+    if !from && !to {
+        return Ok(Stdio::None);
+    }
+    if a.reliability.resume {
+        return Err(usage(
+            "--resume does not apply to '-' (stdin or stdout cannot be read or written \
+             again from where a run stopped): run the copy again whole",
+        ));
+    }
+    if sync || a.watch {
+        return Err(usage(
+            "'-' (stdin or stdout) is for dmover cp, not sync: a mirror is a tree",
+        ));
+    }
+    if from && to {
+        return Err(usage("'-' on both sides: name a file on one of them"));
+    }
+    if srcs.len() != 1 {
+        return Err(usage(
+            "'-' (stdin or stdout) takes one file: one source and the destination",
+        ));
+    }
+    Ok(if from { Stdio::In } else { Stdio::Out })
+}
+
 fn copy_as(a: &CpArgs, env: &Env, kind: Kind) -> anyhow::Result<Copy> {
+    let spool = match stdio(a, kind == Kind::Sync)? {
+        Stdio::In => Some(spool_stdin(a)?),
+        Stdio::None => None,
+        Stdio::Out => {
+            return Err(usage(
+                "cp SRC -: the file goes to stdout (resolve::copy_out), not through a transfer",
+            ));
+        }
+    };
     let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
     let dst = Endpoint::parse(dst.as_bytes()).map_err(|e| usage(format!("destination: {e}")))?;
     let srcs = srcs
@@ -108,6 +162,10 @@ fn copy_as(a: &CpArgs, env: &Env, kind: Kind) -> anyhow::Result<Copy> {
                 .map_err(|e| usage(format!("source {}: {e}", s.to_string_lossy())))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let (srcs, dst) = match &spool {
+        Some((_, file, dest)) => (vec![Endpoint::Local(file.clone())], dest.clone()),
+        None => (srcs, dst),
+    };
     let sync = kind == Kind::Sync;
     if !sync
         && (a.delete
@@ -147,6 +205,7 @@ fn copy_as(a: &CpArgs, env: &Env, kind: Kind) -> anyhow::Result<Copy> {
     let transfer = Transfer::new(spec).map_err(plan_usage)?;
     Ok(Copy {
         transfer,
+        spool: spool.map(|(dir, _, _)| dir),
         show: Show {
             json: a.json,
             quiet: a.quiet,
@@ -156,6 +215,92 @@ fn copy_as(a: &CpArgs, env: &Env, kind: Kind) -> anyhow::Result<Copy> {
         dry_run: a.dry_run,
         sync,
     })
+}
+
+/// A resolved `dmover cp HOST:PATH -`: one file of a server to stdout.
+#[derive(Debug)]
+pub struct CopyOut {
+    /// The client's settings.
+    pub client: ClientSetup,
+    /// The server (`host:port`).
+    pub server: String,
+    /// The file's path on it.
+    pub source: Vec<u8>,
+    /// `--quiet`: no summary line.
+    pub quiet: bool,
+}
+
+/// `dmover cp HOST:PATH -` ([`stdio`] said `-` is the destination).
+pub fn copy_out(a: &CpArgs, env: &Env) -> anyhow::Result<CopyOut> {
+    let src = &a.paths[0];
+    let parsed = Endpoint::parse(src.as_bytes())
+        .map_err(|e| usage(format!("source {}: {e}", src.to_string_lossy())))?;
+    let Endpoint::Remote { server, path } = parsed else {
+        return Err(usage(
+            "cp SRC -: SRC must be a file on a server (HOST:PATH); a local file is read \
+             with cat",
+        ));
+    };
+    if a.json || a.progress == ProgressMode::Ndjson {
+        return Err(usage(
+            "--json and --progress ndjson write to stdout, which '-' takes for the data",
+        ));
+    }
+    if between(a).is_some() {
+        return Err(usage(
+            "--tpc and --via-client are for copies between two servers",
+        ));
+    }
+    let client = copy_options(a, env)?;
+    Ok(CopyOut {
+        client,
+        server,
+        source: path,
+        quiet: a.quiet,
+    })
+}
+
+/// `dmover cp - DST`: stdin read to its end into a file of a private temporary
+/// directory, named as DST's last component, and the destination that puts it at DST
+/// (DST's directory, which must exist). Its size must be known before its manifest goes:
+/// the protocol has no file that grows while it is sent. Returns the directory (removed
+/// when dropped), the file and the destination.
+fn spool_stdin(a: &CpArgs) -> anyhow::Result<(tempfile::TempDir, Vec<u8>, Endpoint)> {
+    let dst = a.paths.last().expect("clap requires two paths");
+    let parsed = Endpoint::parse(dst.as_bytes()).map_err(|e| usage(format!("destination: {e}")))?;
+    let path = parsed.path().to_vec();
+    let name = path
+        .split(|&b| b == b'/')
+        .next_back()
+        .unwrap_or_default()
+        .to_vec();
+    if name.is_empty() || name == b"." || name == b".." {
+        return Err(usage(format!(
+            "cp - DST: DST must name the file to write (not a directory): {}",
+            dst.to_string_lossy()
+        )));
+    }
+    let parent = &path[..path.len() - name.len()];
+    // A trailing `/`: the directory must exist (the file is never renamed after it).
+    let dest = match parsed {
+        Endpoint::Local(_) if parent.is_empty() => Endpoint::Local(b"./".to_vec()),
+        Endpoint::Local(_) => Endpoint::Local(parent.to_vec()),
+        Endpoint::Remote { server, .. } => Endpoint::Remote {
+            server,
+            path: parent.to_vec(),
+        },
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("dmover-stdin-")
+        .tempdir()
+        .context("making a directory for stdin")?;
+    let file = dir.path().join(std::ffi::OsStr::from_bytes(&name));
+    let mut out =
+        std::fs::File::create(&file).with_context(|| format!("creating {}", file.display()))?;
+    std::io::copy(&mut std::io::stdin().lock(), &mut out)
+        .with_context(|| format!("reading stdin into {}", file.display()))?;
+    out.sync_all().ok();
+    Ok((dir, file.as_os_str().as_bytes().to_vec(), dest))
 }
 
 /// `--tpc` and `--via-client`.

@@ -13,7 +13,7 @@ mod copy;
 mod mount;
 mod serve;
 
-pub use copy::{Copy, Sync, WatchJob, copy, sync};
+pub use copy::{Copy, CopyOut, Stdio, Sync, WatchJob, copy, copy_out, stdio, sync};
 // `dmover bench remote`'s chunk through a mount.
 #[cfg(feature = "lab")]
 pub use mount::MOUNT_CHUNK;
