@@ -176,7 +176,7 @@ class ServiceTest(unittest.TestCase):
         config = t / "c.toml"
         config.write_text(
             f'[exports.c]\npath = "{t / "c"}"\n\n{users}'
-            '[jobs]\nenabled = true\nadmins = ["root"]\nretry_wait_secs = 1\n'
+            '[jobs]\nenabled = true\nadmins = ["root"]\nretry_wait = "1s"\n'
             f'webhooks = ["{cls.hooks.url}"]\n'
         )
         cls.config = config

@@ -462,11 +462,17 @@ pub struct JobsEntry {
     pub concurrency: Option<usize>,
     /// Runs after the first a job may take after failures that may pass [default: 3].
     pub retries: Option<u32>,
-    /// Seconds before the first retry, doubled for each next [default: 30].
+    /// The wait before the first retry, doubled for each next [default: 30s].
+    pub retry_wait: Option<Span>,
+    /// Seconds of `retry_wait`, as older configs wrote it.
     pub retry_wait_secs: Option<u64>,
-    /// Longest wait between retries, seconds [default: 3600].
+    /// The longest wait between retries [default: 1h].
+    pub max_retry_wait: Option<Span>,
+    /// Seconds of `max_retry_wait`, as older configs wrote it.
     pub max_retry_wait_secs: Option<u64>,
-    /// A job not done this many seconds after submission fails [default: 86400].
+    /// A job not done this long after submission fails [default: 1d].
+    pub deadline: Option<Span>,
+    /// Seconds of `deadline`, as older configs wrote it.
     pub deadline_secs: Option<u64>,
     /// Jobs running at once on one link (source server, destination server)
     /// [default: 4].
@@ -476,7 +482,9 @@ pub struct JobsEntry {
     pub max_unfinished_per_user: Option<u32>,
     /// Sources one job may name [default: 1000].
     pub max_sources: Option<usize>,
-    /// Days a finished job is kept, then deleted; 0: kept [default: 30].
+    /// How long a finished job is kept, then deleted; "0": kept [default: 30d].
+    pub keep_finished: Option<Span>,
+    /// Days of `keep_finished`, as older configs wrote it.
     pub keep_finished_days: Option<u64>,
     /// Users who see and act on every user's jobs.
     #[serde(default)]
@@ -564,6 +572,56 @@ fn either(span: Option<Span>, secs: Option<u64>) -> Option<std::time::Duration> 
         .or(secs.map(std::time::Duration::from_secs))
 }
 
+impl JobsEntry {
+    /// `retry_wait`, or the older `retry_wait_secs`.
+    pub fn retry_wait(&self) -> Option<std::time::Duration> {
+        either(self.retry_wait, self.retry_wait_secs)
+    }
+
+    /// `max_retry_wait`, or the older `max_retry_wait_secs`.
+    pub fn max_retry_wait(&self) -> Option<std::time::Duration> {
+        either(self.max_retry_wait, self.max_retry_wait_secs)
+    }
+
+    /// `deadline`, or the older `deadline_secs`.
+    pub fn deadline(&self) -> Option<std::time::Duration> {
+        either(self.deadline, self.deadline_secs)
+    }
+
+    /// `keep_finished`, or the older `keep_finished_days` (zero: kept for good).
+    pub fn keep_finished(&self) -> Option<std::time::Duration> {
+        self.keep_finished.map(|s| s.0).or(self
+            .keep_finished_days
+            .map(|d| std::time::Duration::from_secs(d.saturating_mul(86_400))))
+    }
+
+    /// The new and old spellings of its duration keys, and whether both are given.
+    fn doubled(&self) -> [(&'static str, &'static str, bool); 4] {
+        [
+            (
+                "retry_wait",
+                "retry_wait_secs",
+                self.retry_wait.is_some() && self.retry_wait_secs.is_some(),
+            ),
+            (
+                "max_retry_wait",
+                "max_retry_wait_secs",
+                self.max_retry_wait.is_some() && self.max_retry_wait_secs.is_some(),
+            ),
+            (
+                "deadline",
+                "deadline_secs",
+                self.deadline.is_some() && self.deadline_secs.is_some(),
+            ),
+            (
+                "keep_finished",
+                "keep_finished_days",
+                self.keep_finished.is_some() && self.keep_finished_days.is_some(),
+            ),
+        ]
+    }
+}
+
 impl ConfigFile {
     /// Reads and parses a configuration file.
     pub fn load(path: &Path) -> Result<Self> {
@@ -593,6 +651,14 @@ impl ConfigFile {
                 return Err(config_err(
                     path,
                     format!("{new} and {new}_secs say the same: keep {new}"),
+                ));
+            }
+        }
+        for (new, old, both) in file.jobs.iter().flat_map(JobsEntry::doubled) {
+            if both {
+                return Err(config_err(
+                    path,
+                    format!("[jobs] {new} and {old} say the same: keep {new}"),
                 ));
             }
         }
@@ -647,6 +713,31 @@ impl ConfigFile {
                 out.push(format!(
                     "{key}_secs = {s}: seconds as a bare number; write {key} = \"{}\"",
                     secs_text(s)
+                ));
+            }
+        }
+        if let Some(j) = &self.jobs {
+            for (key, secs) in [
+                ("retry_wait", j.retry_wait_secs),
+                ("max_retry_wait", j.max_retry_wait_secs),
+                ("deadline", j.deadline_secs),
+            ] {
+                if let Some(s) = secs {
+                    out.push(format!(
+                        "[jobs] {key}_secs = {s}: seconds as a bare number; write {key} = \"{}\"",
+                        secs_text(s)
+                    ));
+                }
+            }
+            if let Some(d) = j.keep_finished_days {
+                let new = if d == 0 {
+                    "0".to_string()
+                } else {
+                    format!("{d}d")
+                };
+                out.push(format!(
+                    "[jobs] keep_finished_days = {d}: days as a bare number; write \
+                     keep_finished = \"{new}\""
                 ));
             }
         }
@@ -834,6 +925,62 @@ mod tests {
             (
                 "idle_timeout = \"1s\"\nidle_timeout_secs = 1",
                 "keep idle_timeout",
+            ),
+        ] {
+            let e = ConfigFile::parse(bad, p).unwrap_err().to_string();
+            assert!(e.contains(words), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_job_services_durations_take_units_and_older_integers_are_named() {
+        let p = Path::new("t.toml");
+        let secs = std::time::Duration::from_secs;
+        let f = ConfigFile::parse(
+            "[jobs]\nretry_wait = \"5s\"\nmax_retry_wait = \"10m\"\ndeadline = \"2d\"\n\
+             keep_finished = \"0\"\n",
+            p,
+        )
+        .unwrap();
+        let j = f.jobs.clone().unwrap();
+        assert_eq!(
+            (
+                j.retry_wait(),
+                j.max_retry_wait(),
+                j.deadline(),
+                j.keep_finished()
+            ),
+            (
+                Some(secs(5)),
+                Some(secs(600)),
+                Some(secs(2 * 86_400)),
+                Some(secs(0))
+            )
+        );
+        assert!(f.deprecated().is_empty());
+        let f = ConfigFile::parse(
+            "[jobs]\nretry_wait_secs = 30\ndeadline_secs = 86400\nkeep_finished_days = 7\n",
+            p,
+        )
+        .unwrap();
+        let j = f.jobs.clone().unwrap();
+        assert_eq!(
+            (j.retry_wait(), j.deadline(), j.keep_finished()),
+            (Some(secs(30)), Some(secs(86_400)), Some(secs(7 * 86_400)))
+        );
+        assert_eq!(
+            f.deprecated(),
+            [
+                "[jobs] retry_wait_secs = 30: seconds as a bare number; write retry_wait = \"30s\"",
+                "[jobs] deadline_secs = 86400: seconds as a bare number; write deadline = \"24h\"",
+                "[jobs] keep_finished_days = 7: days as a bare number; write keep_finished = \"7d\"",
+            ]
+        );
+        for (bad, words) in [
+            ("[jobs]\nretry_wait = 30", "a duration with a unit"),
+            (
+                "[jobs]\ndeadline = \"1h\"\ndeadline_secs = 60",
+                "keep deadline",
             ),
         ] {
             let e = ConfigFile::parse(bad, p).unwrap_err().to_string();

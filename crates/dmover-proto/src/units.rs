@@ -35,7 +35,7 @@ use std::time::Duration;
 const SIZE_UNITS: &str = "B, K/KiB, M/MiB, G/GiB or T/TiB; KB, MB, GB, TB are binary too";
 const RATE_UNITS: &str =
     "bits: kbit, mbit, gbit, tbit (or kbps … tbps); bytes: KB/s, MB/s, GB/s, TB/s, KiB/s … TiB/s";
-const DURATION_UNITS: &str = "ns, us, ms, s, m or h";
+const DURATION_UNITS: &str = "ns, us, ms, s, m, h or d";
 
 /// A non-negative decimal number, kept exact: `int + frac / scale`.
 #[derive(Debug, Clone, Copy)]
@@ -215,7 +215,7 @@ pub fn format_rate(bps: u64) -> String {
     format!("{bps}bit")
 }
 
-/// Parses a duration: `100ms`, `1.5s`, `250us`, `2m`, `1h`. A unit is required; a bare
+/// Parses a duration: `100ms`, `1.5s`, `250us`, `2m`, `1h`, `30d`. A unit is required; a bare
 /// `0` is allowed (see the [module docs](self)).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let (n, num, unit) = split("duration", s, "500ms, 5s or 2m", "too long")?;
@@ -232,6 +232,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "s" | "sec" | "secs" => 1_000_000_000,
         "m" | "min" | "mins" => 60_000_000_000,
         "h" => 3_600_000_000_000,
+        "d" => 86_400_000_000_000,
         _ => {
             return Err(format!(
                 "unknown unit {unit:?} in duration {s:?} (use {DURATION_UNITS})"
@@ -408,6 +409,7 @@ mod tests {
             ("1m", ms(60_000)),
             ("1.5min", ms(90_000)),
             ("2h", ms(7_200_000)),
+            ("30d", Duration::from_secs(30 * 86_400)),
             ("20000000000ns", Duration::from_secs(20)),
             ("18446744073709551615s", Duration::from_secs(u64::MAX)),
             (
@@ -429,7 +431,7 @@ mod tests {
             ("NaN", "not a number"),
             ("ms", "not a number"),
             ("5x", "unknown unit"),
-            ("1d", "unknown unit"),
+            ("1w", "unknown unit"),
             ("18446744073709551616s", "too long"),
             ("5124095576030432h", "too long"),
             ("9999999999999999999999999999999999999999h", "too long"),

@@ -421,6 +421,10 @@ fn the_example_config_names_every_key_and_parses() {
         "handshake_timeout_secs",
         "idle_timeout_secs",
         "tpc_capability_ttl_secs",
+        "retry_wait_secs",
+        "max_retry_wait_secs",
+        "deadline_secs",
+        "keep_finished_days",
     ];
     for (section, keys) in &sections {
         for key in keys.iter().filter(|k| !older.contains(&k.as_str())) {

@@ -277,17 +277,18 @@ fn jobs(
         .unwrap_or_else(|| state.join("jobs_known_hosts"));
     let defaults = dmover_jobs::runner::RunnerConfig::default();
     let policy = dmover_jobs::store::Policy::default();
-    let secs = |v: Option<u64>, d: Duration| v.map_or(d, |s| Duration::from_secs(s.max(1)));
+    let at_least_1s =
+        |v: Option<Duration>, d: Duration| v.map_or(d, |s| s.max(Duration::from_secs(1)));
     let runner = dmover_jobs::runner::RunnerConfig {
         concurrency: j.concurrency.unwrap_or(defaults.concurrency).max(1),
         retries: j.retries.unwrap_or(defaults.retries),
-        retry_wait: secs(j.retry_wait_secs, defaults.retry_wait),
-        max_retry_wait: secs(j.max_retry_wait_secs, defaults.max_retry_wait),
-        deadline: secs(j.deadline_secs, defaults.deadline),
+        retry_wait: at_least_1s(j.retry_wait(), defaults.retry_wait),
+        max_retry_wait: at_least_1s(j.max_retry_wait(), defaults.max_retry_wait),
+        deadline: at_least_1s(j.deadline(), defaults.deadline),
         max_sources: j.max_sources.unwrap_or(defaults.max_sources).max(1),
-        keep_finished: match j.keep_finished_days {
-            Some(0) => None,
-            Some(d) => Some(Duration::from_secs(d.saturating_mul(24 * 3600))),
+        keep_finished: match j.keep_finished() {
+            Some(d) if d.is_zero() => None,
+            Some(d) => Some(d),
             None => defaults.keep_finished,
         },
         options: dmover_core::session::TransferOptions {
