@@ -630,3 +630,24 @@ struct AfterPush {
     /// `sync --delete`.
     delete: bool,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_protocol_error_to_prune_keep_names_the_feature_and_the_server() {
+        let remote = |code| Error::Remote {
+            peer: "dtn1:7700".into(),
+            code,
+            message: "unknown variant".into(),
+        };
+        let e = older_than_keep(remote(ErrorCode::Protocol)).to_string();
+        assert!(e.contains("protocol feature 8192"), "{e}");
+        assert!(e.contains("upgrade dtn1:7700"), "{e}");
+        assert!(e.contains("unknown variant"), "{e}");
+        // Other errors are left as they came.
+        let e = older_than_keep(remote(ErrorCode::ReadOnly)).to_string();
+        assert!(!e.contains("upgrade"), "{e}");
+    }
+}
