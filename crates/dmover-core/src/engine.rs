@@ -60,6 +60,11 @@ pub struct Progress {
     manifest: Mutex<Option<Arc<Vec<dmover_proto::manifest::Entry>>>>,
     /// Paths of the files done since the reader last took them.
     files_done: Mutex<Vec<String>>,
+    /// Files the destination already held are named ([`Progress::take_files_held`]):
+    /// a reader asked for them (with `file_events`).
+    pub held_events: std::sync::atomic::AtomicBool,
+    /// Paths of the files held since the reader last took them.
+    files_held: Mutex<Vec<String>>,
     /// The smallest round trip a tuning source's data streams measured (their
     /// `TCP_INFO` `tcpi_min_rtt`, or the acknowledgements' when not TCP), in
     /// microseconds; 0 while unknown (see [`Progress::note_rtt`]).
@@ -311,6 +316,36 @@ impl Progress {
                 self.files_done.lock().push(path);
             }
         }
+    }
+
+    /// Notes that the destination holds the files of manifest entries `entries`
+    /// whole (unchanged in a sync, complete in a resume; not sent), when held files
+    /// are named.
+    pub fn files_held(&self, entries: impl IntoIterator<Item = u32>) {
+        if !self.held_events.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let m = self.manifest.lock().clone();
+        if let Some(m) = m {
+            let named = entries
+                .into_iter()
+                .filter(|&e| (e as usize) < m.len())
+                .map(|e| crate::session::entry_path(&m, e));
+            self.files_held.lock().extend(named);
+        }
+    }
+
+    /// [`Progress::files_held`] of files named already (paths as in the manifest),
+    /// e.g. left out of it before the session.
+    pub fn paths_held(&self, paths: impl IntoIterator<Item = String>) {
+        if self.held_events.load(std::sync::atomic::Ordering::Relaxed) {
+            self.files_held.lock().extend(paths);
+        }
+    }
+
+    /// Takes the paths of the files held noted since the last call.
+    pub fn take_files_held(&self) -> Vec<String> {
+        std::mem::take(&mut *self.files_held.lock())
     }
 
     /// Takes the paths of the files done since the last call, in the order they

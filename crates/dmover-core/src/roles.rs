@@ -31,7 +31,7 @@ use dmover_store::Source;
 use dmover_store::filter::Filter;
 use dmover_store::meta::MetaPolicy;
 use dmover_store::paths::{self, Base, SourceRoot};
-use dmover_store::prune::{PruneOptions, Pruned};
+use dmover_store::prune::{PruneOptions, Pruned, QuickCheck};
 use dmover_store::sink::{FileSink, SinkOptions, prepare_sink};
 use dmover_store::source::{FileSource, SourceOptions};
 use dmover_store::tree::Tree;
@@ -401,6 +401,9 @@ pub(crate) struct SinkPlan {
     /// holds with the source's content, which it keeps (instead of those with the
     /// manifest's size and mtime).
     pub same: Option<Arc<HashSet<Vec<u8>>>>,
+    /// Which files under their final names the quick check keeps (a pull's
+    /// `sync --size-only`, `--ignore-existing`; else size and mtime).
+    pub quick: QuickCheck,
     /// (a pull) The roots this side asked for ([`AskedRoots`]): the manifest's roots
     /// must be among them, so a peer never chooses the names written here.
     pub asked: Option<AskedRoots>,
@@ -511,6 +514,7 @@ impl SinkPlan {
                 // re-run or `dmover sync` sends only what changed); with
                 // `--checksum`, those whose digests matched instead.
                 unchanged: so.resume && self.same.is_none(),
+                quick: self.quick,
                 meta: self.meta,
             };
             let mut sink = prepare_sink(&self.base, &self.dest, entries, chunk, opts)?;

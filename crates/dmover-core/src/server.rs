@@ -859,6 +859,7 @@ impl Server {
                                 .await
                         }
                         Op::Prune(req) => self.prune(&mut ch, &grant, req, &mut log).await,
+                        Op::PruneKeep(req) => self.prune_keep(&mut ch, &grant, req, &mut log).await,
                         Op::Rename(req) => self.rename(&mut ch, &grant, req, &mut log).await,
                         Op::Digests(req) => self.digests(&mut ch, &grant, req, &mut log).await,
                         Op::ThirdParty(tp) => {
@@ -1115,7 +1116,7 @@ impl SessionLog {
                 Op::MemTest(_) => "memtest",
                 Op::Grant(_) => "grant",
                 Op::ThirdParty(_) | Op::ThirdPartySync(_) => "third-party",
-                Op::Prune(_) => "prune",
+                Op::Prune(_) | Op::PruneKeep(_) => "prune",
                 Op::Rename(_) => "rename",
                 Op::Digests(_) => "digests",
             },

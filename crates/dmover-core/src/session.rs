@@ -143,6 +143,14 @@ pub struct TransferOptions {
     /// `sync --checksum`: files of equal size are compared by content, not mtime
     /// (pushes).
     pub compare_content: bool,
+    /// `sync --size-only` ([`QuickCheck::Size`]) or `--ignore-existing`
+    /// ([`QuickCheck::Exists`]): which files the mirror keeps as they are, instead of
+    /// those with the source's size and mtime. Push and pull, not between two servers
+    /// (docs/sync.md).
+    ///
+    /// [`QuickCheck::Size`]: dmover_store::prune::QuickCheck::Size
+    /// [`QuickCheck::Exists`]: dmover_store::prune::QuickCheck::Exists
+    pub quick_check: dmover_store::prune::QuickCheck,
     /// Heartbeat interval on the control channel.
     pub heartbeat: Duration,
     /// Bandwidth limit of the transfer, all data streams together, in bytes per
@@ -202,6 +210,7 @@ impl Default for TransferOptions {
             delete: false,
             max_delete: None,
             compare_content: false,
+            quick_check: dmover_store::prune::QuickCheck::SizeAndMtime,
             heartbeat: HEARTBEAT,
             bwlimit: None,
             meta: dmover_store::meta::MetaPolicy {

@@ -599,6 +599,7 @@ impl Service {
         let watch = Watch {
             interval: Some(self.cfg.progress_interval),
             files: false,
+            held: false,
         };
         let canceller = transfer.canceller();
         let run = transfer.run(watch, |e| {

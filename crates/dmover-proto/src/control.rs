@@ -514,6 +514,33 @@ pub enum Op {
     /// [`Op::ThirdParty`], the dialer applying them as a client would (see
     /// [`ThirdPartySync`]).
     ThirdPartySync(ThirdPartySync),
+    /// `dmover sync --size-only` / `--ignore-existing` on a push (appended, 11; offered
+    /// with feature bit [`crate::session::features::KEEP`]): [`Op::Prune`] whose answer's
+    /// `unchanged` lists, dry run or not, the regular files of the manifest that the
+    /// mirror holds as `keep` says it keeps them (see [`PruneKeep`]); the client leaves
+    /// them out of its session's manifest.
+    PruneKeep(PruneKeep),
+}
+
+/// What [`Op::PruneKeep`] asks for: a prune, and which of the mirror's files stay as
+/// they are instead of the quick check's (size and mtime).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PruneKeep {
+    /// The prune, as [`Op::Prune`]'s (its `checksum` must be false).
+    pub prune: Prune,
+    /// Which files the mirror keeps.
+    pub keep: Keep,
+}
+
+/// Which files a sync leaves as the mirror holds them ([`PruneKeep`]), besides those
+/// with the manifest's size and mtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Keep {
+    /// `--size-only`: a regular file with the manifest's size, whatever its mtime.
+    SameSize,
+    /// `--ignore-existing`: any regular file at the manifest's path, whatever its size,
+    /// mtime or content (also where the manifest's file is empty).
+    Existing,
 }
 
 /// What [`Op::ThirdPartySync`] asks for: the copy, and the options the dialer's walk

@@ -618,6 +618,50 @@ fn control_open_prune() {
 }
 
 #[test]
+fn control_open_prune_keep() {
+    use dmover_proto::control::{Keep, PruneKeep};
+    golden_control(
+        Control::Open(Open {
+            op: Op::PruneKeep(PruneKeep {
+                prune: Prune {
+                    dest: b"m".to_vec(),
+                    rules: Vec::new(),
+                    max_delete: u64::MAX,
+                    dry_run: false,
+                    conflicts_only: true,
+                    checksum: false,
+                },
+                keep: Keep::Existing,
+            }),
+            streams: 4,
+            chunk_size: 0,
+            checksum: true,
+            direct_io: DirectIo::Auto,
+            protection: DataProtection::Authenticated,
+            features: dmover_proto::session::features::KEEP,
+        }),
+        "
+        00 00 00 1a   # frame length: 26
+        04            # Control::Open (variant 4)
+        0b            # op: Op::PruneKeep (variant 11, appended)
+        01 6d         #   prune.dest: 1 byte, \"m\"
+        00            #   prune.rules: none
+        ff ff ff ff ff ff ff ff ff 01   # prune.max_delete: u64::MAX (no limit; varint)
+        00            #   prune.dry_run: false
+        01            #   prune.conflicts_only: true
+        00            #   prune.checksum: false
+        01            #   keep: Keep::Existing (variant 1; SameSize is 0)
+        04            # streams: 4
+        00            # chunk_size: 0
+        01            # checksum: true
+        01            # direct_io: DirectIo::Auto (variant 1)
+        01            # protection: DataProtection::Authenticated (variant 1)
+        80 40         # features: KEEP (8192, varint)
+        ",
+    );
+}
+
+#[test]
 fn control_open_pull_filtered() {
     golden_control(
         Control::Open(Open {
@@ -1784,6 +1828,7 @@ fn feature_bits_are_pinned() {
         (WALKING, 1024, "WALKING"),
         (PART_CHUNKS, 2048, "PART_CHUNKS"),
         (SYNC_BETWEEN, 4096, "SYNC_BETWEEN"),
+        (KEEP, 8192, "KEEP"),
     ];
     for (value, wire, name) in pinned {
         assert_eq!(value, wire, "feature {name} moved");

@@ -46,6 +46,44 @@ pub struct PruneOptions {
     /// `--checksum`: compute the [`content_digest`] of every regular file that has
     /// the size the manifest gives it (whatever its mtime), into [`Pruned::digests`].
     pub checksum: bool,
+    /// Which regular files the mirror keeps as they are, listed in
+    /// [`Pruned::unchanged`]: with [`QuickCheck::SizeAndMtime`] (the default) only
+    /// in a dry run; with the others (`--size-only`, `--ignore-existing`) in every
+    /// run, as the client leaves them out of its manifest.
+    pub quick: QuickCheck,
+}
+
+/// Which files a sync finds unchanged at the destination, and keeps as they are (not
+/// sent): rsync's quick check, or the looser ones of `--size-only` and
+/// `--ignore-existing`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QuickCheck {
+    /// A regular file with the source's size and mtime (nanoseconds).
+    #[default]
+    SizeAndMtime,
+    /// `--size-only`: a regular file with the source's size, whatever its mtime.
+    Size,
+    /// `--ignore-existing`: any regular file at the source file's path, whatever its
+    /// size, mtime or content (an empty source file included).
+    Exists,
+}
+
+impl QuickCheck {
+    /// Whether a regular file at the destination of `size` bytes modified at `mtime`
+    /// is kept for the source's regular file `e`.
+    pub fn keeps(self, e: &Entry, size: u64, mtime: dmover_proto::manifest::Mtime) -> bool {
+        match self {
+            QuickCheck::SizeAndMtime => size == e.file_size() && mtime == e.mtime,
+            QuickCheck::Size => size == e.file_size(),
+            QuickCheck::Exists => true,
+        }
+    }
+
+    /// Whether files of no bytes are kept too (not rewritten, as every run rewrites
+    /// them otherwise).
+    pub fn keeps_empty(self) -> bool {
+        self == QuickCheck::Exists
+    }
 }
 
 /// The piece size of [`content_digest`].
@@ -154,7 +192,8 @@ pub struct Pruned {
     /// [`MAX_LISTED`].
     pub paths: Vec<Vec<u8>>,
     /// Manifest entries of regular files with data the destination holds with the
-    /// manifest's size and mtime (dry runs only).
+    /// manifest's size and mtime (dry runs only), or as [`PruneOptions::quick`] keeps
+    /// them (every run; with [`QuickCheck::Exists`] empty files too).
     pub unchanged: Vec<u32>,
     /// `checksum`: `(manifest entry, content digest)` of the destination's regular
     /// files of the manifest's size.
@@ -273,12 +312,18 @@ impl Pruner<'_> {
                         && st.st_size as u64 == e.file_size()
                     {
                         to_digest.push((c, name));
-                    } else if self.opts.dry_run
+                    } else if (self.opts.dry_run || self.opts.quick != QuickCheck::SizeAndMtime)
                         && ft == FileType::RegularFile
-                        && e.file_size() > 0
-                        && st.st_size as u64 == e.file_size()
-                        && st.st_mtime == e.mtime.sec
-                        && st.st_mtime_nsec as u32 == e.mtime.nsec
+                        && matches!(e.kind, EntryKind::File { .. })
+                        && (e.file_size() > 0 || self.opts.quick.keeps_empty())
+                        && self.opts.quick.keeps(
+                            e,
+                            st.st_size as u64,
+                            dmover_proto::manifest::Mtime {
+                                sec: st.st_mtime,
+                                nsec: st.st_mtime_nsec as u32,
+                            },
+                        )
                     {
                         self.out.unchanged.push(c);
                     }

@@ -51,6 +51,7 @@ use crate::error::{Error, Result};
 use crate::journal::{self, Contents, FileId, Journal};
 use crate::meta::{self, Applier, MetaPolicy, Target};
 use crate::paths::{self, Base};
+use crate::prune::QuickCheck;
 use crate::resume::{Held, Skips};
 use crate::sys;
 use crate::track::{Complete, RecvTracker, TrackError};
@@ -84,6 +85,12 @@ pub struct SinkOptions {
     /// file) as held, journaled or not: the quick check of `dmover sync` (and of
     /// `--resume` after a copy that finished, whose journal is gone).
     pub unchanged: bool,
+    /// Which files under their final names [`SinkOptions::unchanged`] keeps: rsync's
+    /// quick check (size and mtime), or `--size-only`'s (a kept file gets the source's
+    /// mtime at the end, as `rsync --size-only -t` gives it) or `--ignore-existing`'s
+    /// (any regular file, left as it is: not even its mode changes; an empty source
+    /// file does not replace it either).
+    pub quick: QuickCheck,
     /// What of the source's owners and extended attributes to apply
     /// ([`FileSink::set_meta`]); by default nothing, and no setuid/setgid bit.
     pub meta: MetaPolicy,
@@ -439,18 +446,28 @@ impl FileSink {
                     continue;
                 }
             }
-            // Kept as it is when its size and mtime are the manifest's; its mode and
-            // owner are set at the end where they differ.
+            // Kept as it is when its size and mtime are the manifest's (or as
+            // `quick` says); its mode and owner are set at the end where they differ
+            // (with `--size-only` its mtime too; with `--ignore-existing` nothing).
+            let quick = self.opts.quick;
             let on_disk = || {
                 let found = match &looked {
                     Some(looked) => looked[f].clone(),
                     None => final_stat_with(&dir, name, entry, xattrs),
                 };
-                let Some(found) = found.filter(|s| s.size == e.file_size() && s.mtime == e.mtime)
-                else {
+                let Some(found) = found.filter(|s| quick.keeps(e, s.size, s.mtime)) else {
                     return false;
                 };
-                self.note_fixup((entry, e.mode, None), &found, &source_meta);
+                match quick {
+                    QuickCheck::Exists => {}
+                    QuickCheck::Size => {
+                        let mtime = (found.mtime != e.mtime).then_some(e.mtime);
+                        self.note_fixup((entry, e.mode, mtime), &found, &source_meta);
+                    }
+                    QuickCheck::SizeAndMtime => {
+                        self.note_fixup((entry, e.mode, None), &found, &source_meta)
+                    }
+                }
                 true
             };
             let id = Self::file_id(&b, entry);
@@ -1102,6 +1119,13 @@ impl FileSink {
 
     /// Creates entry `i`, an empty file or a symlink, under its staging name with its
     /// metadata, and renames it into place.
+    /// Whether entry `i`'s path holds a regular file (not followed if a symlink).
+    fn exists_regular(b: &Bound, i: u32) -> bool {
+        b.tree
+            .locate(i)
+            .is_ok_and(|(dir, name)| final_stat(&dir, name).is_some())
+    }
+
     fn complete_dataless(&self, b: &Bound, i: u32) -> Result<()> {
         let e = &b.tree.entries()[i as usize];
         let path = || b.tree.display(i);
@@ -1389,6 +1413,9 @@ impl Sink for FileSink {
             let i = i as u32;
             match &e.kind {
                 // A later part's were completed when it came.
+                // `--ignore-existing`: a file already there stays, whatever its size.
+                EntryKind::File { size: 0 }
+                    if self.opts.quick.keeps_empty() && Self::exists_regular(&b, i) => {}
                 EntryKind::File { size: 0 } | EntryKind::Symlink { .. }
                     if (i as usize) < self.first_part =>
                 {

@@ -69,6 +69,8 @@ pub struct FileSource {
     skips: Skips,
     held_bytes: u64,
     held_files: u64,
+    /// The manifest entries of the files held whole.
+    held_entries: Vec<u32>,
     /// Layout file → why it could not be sent.
     failed: Mutex<BTreeMap<u32, String>>,
     /// Entries the walk skipped, reported in [`FileSource::failed`] when nonzero.
@@ -100,6 +102,7 @@ impl FileSource {
             skips: Skips::default(),
             held_bytes: 0,
             held_files: 0,
+            held_entries: Vec::new(),
             failed: Mutex::default(),
             skipped_report: 0,
             grown_meta: None,
@@ -190,6 +193,10 @@ impl FileSource {
         b.layout = Arc::new(layout);
         self.held_bytes = held_bytes;
         self.held_files = held.done_files();
+        self.held_entries = (held.done.iter().enumerate())
+            .filter(|(_, d)| **d)
+            .map(|(i, _)| i as u32)
+            .collect();
         self.skips = skips;
         Ok(())
     }
@@ -202,6 +209,11 @@ impl FileSource {
     /// Files the destination already held whole.
     pub fn held_files(&self) -> u64 {
         self.held_files
+    }
+
+    /// Their manifest entries, in order.
+    pub fn held_entries(&self) -> &[u32] {
+        &self.held_entries
     }
 
     /// Files that could not be sent, with why, in layout order; then, when

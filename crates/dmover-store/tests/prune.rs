@@ -161,6 +161,81 @@ fn conflicts_only_and_max_delete() {
     assert!(p.over_limit > 0);
 }
 
+/// The files a prune finds unchanged: with the quick check (size and mtime) only in a
+/// dry run; with `--size-only` and `--ignore-existing`'s (QuickCheck::Size, Exists) in
+/// every run, an empty file too for the latter.
+#[test]
+fn unchanged_files_by_each_quick_check() {
+    use dmover_store::prune::QuickCheck;
+    use std::time::{Duration, SystemTime};
+    let t = tempfile::tempdir().unwrap();
+    let at = |secs| SystemTime::UNIX_EPOCH + Duration::from_secs(secs);
+    let file = |rel: &str, bytes: &[u8], secs| {
+        let p = t.path().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, bytes).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_modified(at(secs))
+            .unwrap();
+    };
+    // same: size and mtime; newer: same size, other mtime; longer: another size;
+    // empty: an empty source file where the mirror has one with data; new: not there.
+    for (name, src, dst) in [
+        ("same", (&b"0123"[..], 1), Some((&b"abcd"[..], 1))),
+        ("newer", (b"0123", 1), Some((b"abcd", 2))),
+        ("longer", (b"0123", 1), Some((b"abcdef", 1))),
+        ("empty", (b"", 1), Some((b"data", 1))),
+        ("new", (b"0123", 1), None),
+    ] {
+        file(&format!("src/{name}"), src.0, src.1);
+        if let Some((bytes, secs)) = dst {
+            file(&format!("dst/{name}"), bytes, secs);
+        }
+    }
+    let root = source_root(
+        &Base::Local,
+        t.path().join("src").to_str().unwrap().as_bytes(),
+        b"",
+    )
+    .unwrap();
+    let walked = walk_filtered(vec![root], &Filter::none()).unwrap();
+    let entries = walked.tree.entries();
+    let names = |p: &Pruned| -> BTreeSet<String> {
+        p.unchanged
+            .iter()
+            .map(|&i| String::from_utf8_lossy(&entries[i as usize].name).into_owned())
+            .collect()
+    };
+    let parent = std::fs::File::open(t.path()).unwrap();
+    let unchanged = |quick, dry_run| {
+        let opts = PruneOptions {
+            quick,
+            dry_run,
+            conflicts_only: true,
+            ..Default::default()
+        };
+        names(&prune(&parent, b"dst", entries, &opts).unwrap())
+    };
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(unchanged(QuickCheck::SizeAndMtime, true), set(&["same"]));
+    assert_eq!(unchanged(QuickCheck::SizeAndMtime, false), set(&[]));
+    for dry_run in [true, false] {
+        assert_eq!(
+            unchanged(QuickCheck::Size, dry_run),
+            set(&["same", "newer"])
+        );
+        assert_eq!(
+            unchanged(QuickCheck::Exists, dry_run),
+            set(&["same", "newer", "longer", "empty"])
+        );
+    }
+    // Nothing was changed.
+    assert_eq!(std::fs::read(t.path().join("dst/empty")).unwrap(), b"data");
+}
+
 #[test]
 fn same_deletions_as_rsync() {
     if Command::new("rsync").arg("--version").output().is_err() {

@@ -39,8 +39,10 @@ pub struct ManArgs {
 #[derive(Debug, Clone, Args)]
 pub struct TransferArgs {
     /// Parallel TCP data streams, pinned [default: tuned while the data flows: starts
-    /// with 4 of 16 and keeps the count that sends fastest; docs/tuning.md].
-    #[arg(short = 'P', long, value_parser = clap::value_parser!(u16).range(1..=128))]
+    /// with 4 of 16 and keeps the count that sends fastest; docs/tuning.md]. Not
+    /// rsync's -P (--partial --progress): the bar shows by default on a terminal, and
+    /// --resume goes on from an interrupted copy.
+    #[arg(short = 'P', long, value_parser = parse_streams, value_name = "N")]
     pub streams: Option<u16>,
     /// Chunk size: the unit of I/O, sending and checksumming (64K..64M, a multiple of
     /// 4K; binary units: 4M = 4MB = 4 MiB), or auto: 16M when files average 16 MiB or
@@ -89,9 +91,10 @@ pub struct TransferArgs {
     /// Ed25519 private key to authenticate with (from `dmover credential key`).
     #[arg(long, env = "DMOVER_KEY")]
     pub key: Option<PathBuf>,
-    /// User name on the server.
-    #[arg(long, env = "DMOVER_USER", default_value = "")]
-    pub user: String,
+    /// User name on the server: a dmover user of its configuration, not an account
+    /// on its host; `USER@HOST:PATH` names it too [env: DMOVER_USER].
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
     /// Known-hosts file pinning servers' keys on first use
     /// [default: ~/.config/dmover/known_hosts].
     #[arg(long, env = "DMOVER_KNOWN_HOSTS")]
@@ -112,13 +115,16 @@ pub struct TransferArgs {
 #[derive(Debug, Args)]
 #[command(override_usage = "dmover cp [OPTIONS] SRC... DST")]
 pub struct CpArgs {
-    /// Sources and destination: local paths, `HOST:PATH`, or `dmover://HOST[:PORT]/PATH`.
-    /// Paths on a server are relative to its root; with no server named, both sides are
-    /// local. `-` (cp only, one file, no --resume): `cp - DST` reads stdin to its end
-    /// (into a temporary file in TMPDIR first) and writes the file DST, whose directory
-    /// must exist; `cp HOST:PATH -` writes the file to stdout as it arrives, each chunk's
-    /// CRC checked first and the file's digest at the end: a failed check exits 1 with
-    /// the bytes already written (discard the output), as with curl or xrdcp.
+    /// Sources and destination: local paths, `[USER@]HOST:PATH`, or
+    /// `dmover://[USER@]HOST[:PORT]/PATH`. Paths on a server are relative to its root;
+    /// USER is a dmover user of the server (as --user), not an account on its host; with
+    /// no server named, both sides are local. Directories are copied with everything
+    /// below them (-r or not). `-` (cp only, one file, no --resume): `cp - DST` reads
+    /// stdin to its end (into a temporary file in TMPDIR first) and writes the file DST,
+    /// whose directory must exist; `cp HOST:PATH -` writes the file to stdout as it
+    /// arrives, each chunk's CRC checked first and the file's digest at the end: a
+    /// failed check exits 1 with the bytes already written (discard the output), as
+    /// with curl or xrdcp.
     #[arg(required = true, num_args = 2.., value_name = "PATH")]
     pub paths: Vec<OsString>,
     #[command(flatten)]
@@ -133,8 +139,16 @@ pub struct CpArgs {
     pub json: bool,
     /// How to show progress: `bar` on stderr when it is a terminal, `ndjson` one JSON
     /// line on stdout per --progress-interval and per event (retry, lost stream), the
-    /// last line being the --json summary (docs/json.md), or `none`.
-    #[arg(long, value_enum, default_value_t = ProgressMode::Bar, value_name = "MODE")]
+    /// last line being the --json summary (docs/json.md), or `none`. A bare --progress
+    /// is `bar` (a path named bar, ndjson or none after it: write --progress=bar).
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = ProgressMode::Bar,
+        value_name = "MODE",
+        num_args = 0..=1,
+        default_missing_value = "bar"
+    )]
     pub progress: ProgressMode,
     /// Time between two `--progress ndjson` lines: a duration with a unit (500ms, 1s,
     /// 1m).
@@ -166,14 +180,22 @@ pub struct CpArgs {
     /// code is 1.
     #[arg(long, value_name = "N")]
     pub max_delete: Option<u64>,
-    /// `sync`: show what would be sent, skipped (unchanged) and deleted, changing
-    /// nothing on either side.
-    #[arg(long)]
+    /// Show what would be sent (`sync`: also skipped as unchanged, and deleted),
+    /// changing nothing on either side. A push's `cp` walks the source here only.
+    #[arg(short = 'n', long)]
     pub dry_run: bool,
     /// `sync`: compare files of equal size by content (a digest each side computes)
     /// instead of size and mtime; files with the same content are not sent.
     #[arg(short = 'c', long)]
     pub checksum: bool,
+    /// `sync`: a file whose size the destination's has is not sent, whatever its mtime
+    /// (a pull gives the kept file the source's mtime; a push leaves it as it is).
+    #[arg(long, conflicts_with_all = ["checksum", "ignore_existing"])]
+    pub size_only: bool,
+    /// `sync`: a file the destination has already (a regular file at its path) is not
+    /// sent or changed at all, whatever its size, mtime or content.
+    #[arg(long, conflicts_with = "checksum")]
+    pub ignore_existing: bool,
     /// `sync` (push): after the sync, keep watching SRC and ship each file once it is
     /// closed after writing and quiet for `--quiet-time`; with `--delete`, deletes and
     /// renames are mirrored too. Runs until SIGINT/SIGTERM. docs/sync.md.
@@ -187,6 +209,10 @@ pub struct CpArgs {
     /// ACLs and (as root) owners by default.
     #[arg(short = 'a', long)]
     pub archive: bool,
+    /// Accepted for rsync and scp habits: dmover always copies a directory with
+    /// everything below it.
+    #[arg(short = 'r', long)]
+    pub recursive: bool,
     /// Accepted for rsync habits: `user.*` extended attributes are preserved by
     /// default (see --no-xattrs).
     #[arg(short = 'X', long)]
@@ -214,34 +240,49 @@ pub struct CpArgs {
 }
 
 /// Which source entries travel, with rsync's pattern rules (docs/sync.md): the first
-/// matching `--include`/`--exclude` wins, in the order given on the command line
-/// (which clap's derive loses, hence the hand-written parts below). Sources of a push.
+/// matching `--include`/`--exclude` wins, in the order given on the command line,
+/// `--exclude-from`/`--include-from` files' patterns at the file's place (which clap's
+/// derive loses, hence the hand-written parts below). Sources of a push.
 #[derive(Debug, Clone, Default)]
 pub struct FilterArgs {
-    /// `(include, pattern)` in command-line order.
-    pub rules: Vec<(bool, OsString)>,
+    /// The rules and rule files in command-line order.
+    pub rules: Vec<FilterArg>,
     /// `--files-from FILE`.
     pub files_from: Option<PathBuf>,
 }
 
-impl FilterArgs {
-    /// Whether any filter is set.
-    pub fn is_empty(&self) -> bool {
-        self.rules.is_empty() && self.files_from.is_none()
-    }
+/// One `--include`/`--exclude` argument, or a file of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FilterArg {
+    /// `--include PATTERN` (`true`) or `--exclude PATTERN`.
+    Rule(bool, OsString),
+    /// `--include-from FILE` (`true`) or `--exclude-from FILE` (`-`: stdin): patterns
+    /// one per line, read by [`crate::resolve`].
+    From(bool, PathBuf),
 }
 
 impl clap::FromArgMatches for FilterArgs {
     fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
-        let mut rules: Vec<(usize, bool, OsString)> = Vec::new();
+        let mut rules: Vec<(usize, FilterArg)> = Vec::new();
         for (id, include) in [("exclude", false), ("include", true)] {
             if let (Some(vals), Some(idx)) = (m.get_many::<OsString>(id), m.indices_of(id)) {
-                rules.extend(idx.zip(vals).map(|(i, v)| (i, include, v.clone())));
+                rules.extend(
+                    idx.zip(vals)
+                        .map(|(i, v)| (i, FilterArg::Rule(include, v.clone()))),
+                );
+            }
+        }
+        for (id, include) in [("exclude_from", false), ("include_from", true)] {
+            if let (Some(vals), Some(idx)) = (m.get_many::<PathBuf>(id), m.indices_of(id)) {
+                rules.extend(
+                    idx.zip(vals)
+                        .map(|(i, v)| (i, FilterArg::From(include, v.clone()))),
+                );
             }
         }
         rules.sort_by_key(|r| r.0);
         Ok(FilterArgs {
-            rules: rules.into_iter().map(|(_, i, v)| (i, v)).collect(),
+            rules: rules.into_iter().map(|(_, r)| r).collect(),
             files_from: m.get_one::<PathBuf>("files_from").cloned(),
         })
     }
@@ -275,6 +316,27 @@ impl clap::Args for FilterArgs {
                 .action(ArgAction::Append)
                 .value_parser(value_parser!(OsString))
                 .help("Send entries matching PATTERN (the first matching rule wins)"),
+        )
+        .arg(
+            Arg::new("exclude_from")
+                .long("exclude-from")
+                .value_name("FILE")
+                .action(ArgAction::Append)
+                .value_parser(value_parser!(PathBuf))
+                .help(
+                    "--exclude each pattern of FILE, one per line, where the option stands \
+                     among the others (rsync's: blank lines and lines starting with `#` or \
+                     `;` skipped, a line starting with `+ ` is an --include, `- ` an \
+                     --exclude; `-` reads stdin)",
+                ),
+        )
+        .arg(
+            Arg::new("include_from")
+                .long("include-from")
+                .value_name("FILE")
+                .action(ArgAction::Append)
+                .value_parser(value_parser!(PathBuf))
+                .help("--include each pattern of FILE, as --exclude-from reads it"),
         )
         .arg(
             Arg::new("files_from")
@@ -312,6 +374,67 @@ pub enum ProgressMode {
     Ndjson,
     /// Nothing.
     None,
+}
+
+/// What `-P` is in dmover, for those who type rsync's `-P` (`--partial --progress`).
+pub const STREAMS_NOT_PARTIAL: &str = "-P is the number of parallel data streams in dmover \
+     (-P 8), not rsync's --partial --progress: the progress bar shows by default on a \
+     terminal (--progress), and an interrupted copy goes on with --resume (a sync goes on \
+     by itself)";
+
+/// Parses `-P`/`--streams`: 1 to 128; a word says what `-P` is in dmover.
+fn parse_streams(s: &str) -> Result<u16, String> {
+    match s.parse::<u64>() {
+        Ok(n) if (1..=128).contains(&n) => Ok(n as u16),
+        Ok(n) => Err(format!("{n} is not in 1..=128")),
+        Err(_) => Err(STREAMS_NOT_PARTIAL.to_string()),
+    }
+}
+
+/// The rsync habits that clap cannot take as they are, made into what it takes, for
+/// `cp` and `sync` (`argv` with the program's name first; nothing after `--`):
+/// - a bare `--progress` (followed by nothing, an option or a path, not by `bar`,
+///   `ndjson` or `none`) is `--progress=bar`, so it does not take the path as its
+///   value;
+/// - `-P` with no count after it (`-avP SRC DST` as the last option, or before
+///   another option) is refused saying what `-P` is ([`STREAMS_NOT_PARTIAL`]); a word
+///   after it is refused by its value parser with the same words.
+pub fn habits(mut argv: Vec<OsString>) -> Result<Vec<OsString>, (&'static str, String)> {
+    // The subcommand: the first word that is not an option (`--log-format`, before
+    // it, takes a value).
+    let mut i = 1;
+    while let Some(a) = argv.get(i) {
+        match a.to_str() {
+            Some("--log-format") => i += 2,
+            Some(o) if o.starts_with('-') => i += 1,
+            _ => break,
+        }
+    }
+    let sub = match argv.get(i).and_then(|a| a.to_str()) {
+        Some("cp") => "cp",
+        Some("sync") => "sync",
+        _ => return Ok(argv),
+    };
+    let end = argv.iter().position(|a| a == "--").unwrap_or(argv.len());
+    let modes = ["bar", "ndjson", "none"];
+    for j in i + 1..end {
+        let Some(a) = argv[j].to_str().map(str::to_string) else {
+            continue;
+        };
+        let next = argv[..end].get(j + 1).and_then(|n| n.to_str());
+        let bare = a == "--progress" && !next.is_some_and(|n| modes.contains(&n));
+        let cluster = a.len() >= 2
+            && a.starts_with('-')
+            && !a.starts_with("--")
+            && a[1..].bytes().all(|b| b.is_ascii_alphabetic());
+        if cluster && a.ends_with('P') && next.is_none_or(|n| n.starts_with('-')) {
+            return Err((sub, STREAMS_NOT_PARTIAL.to_string()));
+        }
+        if bare {
+            argv[j] = OsString::from("--progress=bar");
+        }
+    }
+    Ok(argv)
 }
 
 /// Parses `--progress-interval`: a duration of at least 10 ms.
@@ -369,8 +492,8 @@ pub struct ReliabilityArgs {
 /// `dmover mount`.
 #[derive(Debug, Clone, Args)]
 pub struct MountArgs {
-    /// The server's directory: `dmover://HOST[:PORT]/PATH` or `HOST:PATH` (relative to
-    /// its root).
+    /// The server's directory: `dmover://[USER@]HOST[:PORT]/PATH` or
+    /// `[USER@]HOST:PATH` (relative to its root; USER as --user).
     #[arg(value_name = "SOURCE")]
     pub source: OsString,
     /// The mount point: an existing directory.
@@ -675,6 +798,70 @@ mod tests {
         assert!(parse_chunk("128M").is_err());
         assert!(parse_chunk("1gb").is_err());
         assert!(parse_chunk("4X").unwrap_err().contains("K/KiB"));
+    }
+
+    #[test]
+    fn streams_say_what_p_is() {
+        assert_eq!(parse_streams("8"), Ok(8));
+        assert_eq!(parse_streams("0"), Err("0 is not in 1..=128".into()));
+        assert_eq!(parse_streams("129"), Err("129 is not in 1..=128".into()));
+        assert_eq!(parse_streams("src"), Err(STREAMS_NOT_PARTIAL.into()));
+    }
+
+    #[test]
+    fn rsync_habits_are_made_into_arguments() {
+        let h = |a: &[&str]| {
+            let argv: Vec<OsString> = a.iter().map(OsString::from).collect();
+            habits(argv).map(|v| {
+                v.iter()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+        };
+        assert_eq!(
+            h(&["dmover", "cp", "--progress", "a", "h:"]),
+            Ok("dmover cp --progress=bar a h:".into())
+        );
+        assert_eq!(
+            h(&["dmover", "-v", "sync", "a", "h:m", "--progress"]),
+            Ok("dmover -v sync a h:m --progress=bar".into())
+        );
+        assert_eq!(
+            h(&["dmover", "cp", "--progress", "-q", "a", "h:"]),
+            Ok("dmover cp --progress=bar -q a h:".into())
+        );
+        for mode in ["bar", "ndjson", "none"] {
+            let line = format!("dmover cp --progress {mode} a h:");
+            let args: Vec<&str> = line.split(' ').collect();
+            assert_eq!(h(&args), Ok(line.clone()));
+        }
+        // Not after `--`, not for other commands.
+        assert_eq!(
+            h(&["dmover", "cp", "--", "--progress", "h:"]),
+            Ok("dmover cp -- --progress h:".into())
+        );
+        assert_eq!(
+            h(&["dmover", "--log-format", "json", "bench", "--progress", "x"]),
+            Ok("dmover --log-format json bench --progress x".into())
+        );
+        // A -P with no count.
+        for bad in [
+            &["dmover", "cp", "a", "h:", "-avP"][..],
+            &["dmover", "cp", "-P", "--resume", "a", "h:"],
+            &["dmover", "sync", "a", "h:m", "-P"],
+        ] {
+            assert_eq!(h(bad), Err((bad[1], STREAMS_NOT_PARTIAL.into())), "{bad:?}");
+        }
+        // A count, or a word its value parser refuses with the same words.
+        assert_eq!(
+            h(&["dmover", "cp", "-avP", "8", "a", "h:"]),
+            Ok("dmover cp -avP 8 a h:".into())
+        );
+        assert_eq!(
+            h(&["dmover", "cp", "-avP", "a", "h:"]),
+            Ok("dmover cp -avP a h:".into())
+        );
     }
 
     #[test]

@@ -21,7 +21,10 @@ use crate::bench::BenchArgs;
     after_long_help = AFTER_LONG_HELP
 )]
 pub struct Cli {
-    /// More log output (-v info, -vv debug); DMOVER_LOG overrides (e.g. DMOVER_LOG=debug).
+    /// More output: -v logs at info, -vv at debug, -vvv everything. cp and sync, as
+    /// rsync: -v also lists each file sent (stdout; stderr with --json or --progress
+    /// ndjson), -vv also the files left as they were (`PATH is uptodate`), and log
+    /// debug needs -vvv. DMOVER_LOG overrides the logs' level (e.g. DMOVER_LOG=debug).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
     /// Log lines on stderr as `text`, or as `json`: one JSON object per line
@@ -36,6 +39,16 @@ impl Cli {
     /// Whether the command asked for quiet output.
     pub fn quiet_logs(&self) -> bool {
         matches!(&self.command, Command::Cp(a) | Command::Sync(a) if a.quiet)
+    }
+
+    /// The logs' verbosity `-v` asks for (1 info, 2 debug, 3 and more trace): cp's and
+    /// sync's `-vv` lists more files, not more logs (rsync's), so their levels come
+    /// one `v` later from the second on.
+    pub fn log_verbosity(&self) -> u8 {
+        match &self.command {
+            Command::Cp(_) | Command::Sync(_) if self.verbose >= 2 => self.verbose - 1,
+            _ => self.verbose,
+        }
     }
 }
 
@@ -108,7 +121,7 @@ cp or sync stopped cleanly by SIGINT or SIGTERM (rerun with --resume to go on).
 
 Environment: DMOVER_TOKEN (the token when no --token-file is given), DMOVER_USER \
 (--user), DMOVER_KEY (--key), DMOVER_KNOWN_HOSTS (--known-hosts), DMOVER_SERVICE (the \
-job service's URL), DMOVER_LOG (log filter, overrides -v), XDG_CONFIG_HOME and HOME (the \
+job service's URL), DMOVER_LOG (log filter, overrides -v for the logs), XDG_CONFIG_HOME and HOME (the \
 known-hosts file), XDG_STATE_HOME (the server's key when not root), NOTIFY_SOCKET \
 (systemd readiness for dmover serve). More in the man page (dmover man).
 
@@ -160,6 +173,55 @@ mod tests {
         let e = cli(&["--retry-wait", "5"]).unwrap_err();
         assert_eq!(e.exit_code(), 2);
         assert!(e.to_string().contains("needs a unit"), "{e}");
+    }
+
+    #[test]
+    fn filter_files_keep_their_place_and_habits_parse() {
+        use crate::args::FilterArg;
+        let args = [
+            "dmover",
+            "cp",
+            "-rn",
+            "--exclude",
+            "a",
+            "--include-from",
+            "f1",
+            "--include",
+            "b",
+            "--exclude-from",
+            "f2",
+            "--size-only",
+            "x",
+            "h:",
+        ];
+        let Command::Cp(c) = Cli::try_parse_from(args).unwrap().command else {
+            panic!("not cp");
+        };
+        assert_eq!(
+            c.filters.rules,
+            vec![
+                FilterArg::Rule(false, "a".into()),
+                FilterArg::From(true, "f1".into()),
+                FilterArg::Rule(true, "b".into()),
+                FilterArg::From(false, "f2".into()),
+            ]
+        );
+        assert!(c.recursive && c.dry_run && c.size_only);
+        // A bare --progress before an option is the bar.
+        let Command::Sync(c) =
+            Cli::try_parse_from(["dmover", "sync", "--progress", "-q", "x", "h:m"])
+                .unwrap()
+                .command
+        else {
+            panic!("not sync");
+        };
+        assert_eq!(c.progress, crate::args::ProgressMode::Bar);
+        // cp's and sync's -vv lists files; their logs need one more v.
+        let v = |a: &[&str]| Cli::try_parse_from(a).unwrap().log_verbosity();
+        assert_eq!(v(&["dmover", "-v", "cp", "x", "h:"]), 1);
+        assert_eq!(v(&["dmover", "cp", "-vv", "x", "h:"]), 1);
+        assert_eq!(v(&["dmover", "sync", "-vvv", "x", "h:m"]), 2);
+        assert_eq!(v(&["dmover", "serve", "-vv", "--root", "."]), 2);
     }
 
     #[test]

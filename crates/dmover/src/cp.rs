@@ -1,6 +1,7 @@
 //! `dmover cp` and `dmover sync`, resolved ([`crate::resolve::copy`]): the transfer runs
 //! through the library API ([`dmover_core::transfer`]) while the progress shows (a bar,
-//! or JSON lines), then the summary; `sync --dry-run` tells what a sync would do.
+//! or JSON lines) and `-v` lists the files, then the summary; `--dry-run` tells what a
+//! copy or a sync would do.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -12,8 +13,9 @@ use crate::args::ProgressMode;
 use crate::output::{self, Direction, ProgressBar};
 use crate::resolve::{Copy, CopyOut};
 
-/// Runs a resolved `dmover cp` or `dmover sync`.
-pub fn run(c: Copy) -> anyhow::Result<ExitCode> {
+/// Runs a resolved `dmover cp` or `dmover sync`; `list`: `-v`'s count (1: name each
+/// file sent, 2: each file held too).
+pub fn run(c: Copy, list: u8) -> anyhow::Result<ExitCode> {
     if c.dry_run {
         return dry_run(c);
     }
@@ -39,16 +41,29 @@ pub fn run(c: Copy) -> anyhow::Result<ExitCode> {
     .then(|| ProgressBar::start(&rt, progress.clone()));
     let started = Instant::now();
     let sampler = output::Sampler::start(&rt, progress.clone());
-    let (watch, mut lines) = match ndjson {
+    let (mut watch, mut lines) = match ndjson {
         true => (
             Watch::every(show.interval),
             Some(output::Ndjson::new(started)),
         ),
         false => (Watch::events(), None),
     };
+    if list > 0 && !ndjson {
+        // The files as they are done, a few times a second.
+        watch = Watch::every(LIST_EVERY);
+    }
+    watch.held = list > 1;
+    // `-v`'s lines go to stdout, as rsync's, unless it carries JSON.
+    let listing = (list > 0).then(|| output::FileList::new(sync, show.json || ndjson));
     let result = rt.block_on(transfer.run(watch, |e: Event| {
         if let Some(l) = lines.as_mut() {
             l.event(&e);
+        }
+        if let Some(l) = &listing {
+            match &bar {
+                Some(b) => b.suspend(|| l.event(&e)),
+                None => l.event(&e),
+            }
         }
     }));
     let secs = started.elapsed().as_secs_f64();
@@ -132,6 +147,9 @@ pub fn run_out(c: CopyOut) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// How often `-v` lists the files done meanwhile.
+const LIST_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// After a transfer a signal stopped: what is left and how to go on.
 fn stopped_by(sync: bool, journal: bool) {
     let next = match (journal, sync) {
@@ -146,7 +164,8 @@ fn stopped_by(sync: bool, journal: bool) {
     eprintln!("dmover: stopped cleanly, nothing incomplete under a final name; {next}");
 }
 
-/// `dmover sync --dry-run`: what would be sent, skipped and deleted (docs/sync.md).
+/// `dmover sync --dry-run`: what would be sent, skipped and deleted (docs/sync.md);
+/// `dmover cp --dry-run`: what would be sent.
 fn dry_run(c: Copy) -> anyhow::Result<ExitCode> {
     let direction = Direction::of(c.transfer.direction());
     let rt = crate::resolve::runtime(c.transfer.options().streams)?;
@@ -172,12 +191,17 @@ fn dry_run(c: Copy) -> anyhow::Result<ExitCode> {
             print_dry_run_lines(&plan);
         }
         eprintln!(
-            "dry run: would send {} files ({} bytes), skip {} unchanged ({} bytes){}; \
-             nothing was changed",
+            "dry run: would send {} files ({} bytes){}{}; nothing was changed",
             plan.files_to_send,
             plan.bytes_to_send,
-            plan.files_unchanged,
-            plan.bytes_unchanged,
+            if c.sync {
+                format!(
+                    ", skip {} unchanged ({} bytes)",
+                    plan.files_unchanged, plan.bytes_unchanged
+                )
+            } else {
+                String::new()
+            },
             if delete {
                 format!(", delete {deleted} entries ({deleted_bytes} bytes)")
             } else {
@@ -205,10 +229,10 @@ fn dry_run(c: Copy) -> anyhow::Result<ExitCode> {
 /// The files a dry run would send, then those it would delete, one a line on stdout.
 fn print_dry_run_lines(plan: &DryRunPlan) {
     for rel in &plan.send {
-        println!("send {rel}");
+        println!("send {}", output::printable(rel));
     }
     for p in plan.delete.iter().flat_map(|d| &d.paths) {
-        println!("delete {p}");
+        println!("delete {}", output::printable(p));
     }
 }
 

@@ -1,8 +1,9 @@
 //! The environment, read once: `main` captures it into an [`Env`] before any command
 //! runs, and the commands pass the values down. No other code of dmover reads
 //! environment variables; the libraries take paths and values as arguments. (clap
-//! reads `DMOVER_KEY`, `DMOVER_USER` and `DMOVER_KNOWN_HOSTS` while it parses the
-//! command line, for the options of those names.) The README's "Environment" section
+//! reads `DMOVER_KEY` and `DMOVER_KNOWN_HOSTS` while it parses the command line, for
+//! the options of those names; `DMOVER_USER` is read here, as `--user` and a `USER@`
+//! in an endpoint take precedence over it.) The README's "Environment" section
 //! lists every variable dmover honours.
 
 use std::ffi::OsString;
@@ -20,6 +21,9 @@ pub struct Env {
     pub state_home: Option<PathBuf>,
     /// `DMOVER_TOKEN`: the token a client sends when no `--token-file` is given.
     pub token: Option<Vec<u8>>,
+    /// `DMOVER_USER`, unless unset or empty: the user name on a server when neither
+    /// `--user` nor an endpoint's `USER@` names one.
+    pub user: Option<String>,
     /// `DMOVER_LOG`: log filter directives, overriding `-v`/`--quiet`.
     pub log: Option<String>,
     /// The directories of `PATH` (`/usr/sbin:/usr/bin:/sbin:/bin` when unset), where
@@ -50,6 +54,7 @@ impl Env {
             state_home: dir("XDG_STATE_HOME"),
             token: std::env::var_os("DMOVER_TOKEN").map(OsStringExt::into_vec),
             log: std::env::var("DMOVER_LOG").ok(),
+            user: std::env::var("DMOVER_USER").ok().filter(|u| !u.is_empty()),
             path: std::env::split_paths(&path).collect(),
             argv: std::env::args().collect(),
             notify_socket: std::env::var_os("NOTIFY_SOCKET").filter(|v| !v.is_empty()),

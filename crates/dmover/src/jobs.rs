@@ -207,21 +207,22 @@ fn parse_every(s: &str) -> Result<u64, String> {
     Ok(d.as_secs())
 }
 
-/// A job's `--include`/`--exclude` rules, in order; `--files-from` is not for jobs yet.
+/// A job's `--include`/`--exclude` rules, in order (`--exclude-from` and
+/// `--include-from` files read in their place); `--files-from` is not for jobs yet.
 fn filters(f: &crate::args::FilterArgs) -> anyhow::Result<Vec<FilterRule>> {
     if f.files_from.is_some() {
         return Err(usage("--files-from is not supported for jobs yet"));
     }
-    f.rules
-        .iter()
+    crate::resolve::filter_rules(f)?
+        .into_iter()
         .map(|(include, p)| {
-            let pattern = p
-                .to_str()
-                .ok_or_else(|| usage(format!("{} is not UTF-8", p.to_string_lossy())))?;
-            Ok(FilterRule {
-                include: *include,
-                pattern: pattern.to_string(),
-            })
+            let pattern = String::from_utf8(p).map_err(|e| {
+                usage(format!(
+                    "{} is not UTF-8",
+                    String::from_utf8_lossy(e.as_bytes())
+                ))
+            })?;
+            Ok(FilterRule { include, pattern })
         })
         .collect()
 }

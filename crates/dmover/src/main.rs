@@ -50,15 +50,27 @@ use crate::cli::{Cli, Command};
 use crate::env::Env;
 
 fn main() -> ExitCode {
-    let cli = Cli::try_parse().unwrap_or_else(|e| {
+    // rsync's habits that clap cannot parse as they are (a bare `--progress`, `-avP`).
+    let argv = args::habits(std::env::args_os().collect()).unwrap_or_else(|(sub, msg)| {
+        use clap::CommandFactory;
+        let mut cmd = Cli::command();
+        cmd.build();
+        let sub = cmd
+            .find_subcommand_mut(sub)
+            .expect("cp and sync are commands");
+        sub.error(clap::error::ErrorKind::ValueValidation, msg)
+            .exit()
+    });
+    let cli = Cli::try_parse_from(argv).unwrap_or_else(|e| {
         #[cfg(not(feature = "lab"))]
         without_lab::explain(&e);
         e.exit()
     });
     // The one read of the environment: everything below takes its values from `env`.
     let env = Env::capture();
+    let verbose = cli.verbose;
     init_logging(
-        cli.verbose,
+        cli.log_verbosity(),
         cli.quiet_logs(),
         env.log.as_deref(),
         cli.log_format,
@@ -70,11 +82,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Cp(a) => match resolve::stdio(&a, false) {
             Ok(resolve::Stdio::Out) => resolve::copy_out(&a, &env).and_then(cp::run_out),
-            Ok(_) => resolve::copy(&a, &env).and_then(cp::run),
+            Ok(_) => resolve::copy(&a, &env).and_then(|c| cp::run(c, verbose)),
             Err(e) => Err(e),
         },
         Command::Sync(a) => resolve::sync(&a, &env).and_then(|s| match s {
-            resolve::Sync::Once(c) => cp::run(c),
+            resolve::Sync::Once(c) => cp::run(c, verbose),
             resolve::Sync::Watch(w) => watch::run(w),
         }),
         Command::Serve(a) if a.check => Ok(serve_check(&a, &env)),

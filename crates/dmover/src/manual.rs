@@ -98,7 +98,11 @@ pub const ENVIRONMENT: &[(&str, &str)] = &[
         "The token a client sends when no --token-file is given (cp, sync, bench net, the \
          job commands).",
     ),
-    ("DMOVER_USER", "The user name, as --user."),
+    (
+        "DMOVER_USER",
+        "The user name, as --user (a dmover user of the server); --user and a USER@ of \
+         an endpoint go before it.",
+    ),
     ("DMOVER_KEY", "The private key file, as --key."),
     (
         "DMOVER_KNOWN_HOSTS",
@@ -111,7 +115,7 @@ pub const ENVIRONMENT: &[(&str, &str)] = &[
     (
         "DMOVER_LOG",
         "Log filter (tracing directives, e.g. debug or dmover_core=trace); overrides -v \
-         and --quiet.",
+         and --quiet for the logs (not the files cp -v and sync -v list).",
     ),
     (
         "XDG_CONFIG_HOME, HOME",
@@ -179,6 +183,16 @@ const EXAMPLES: &[(&str, &str)] = &[
     (
         "Push a tree into a directory of server dtn1, then pull it back:",
         "dmover cp run1 dtn1:incoming/\ndmover cp dtn1:incoming/run1 back/",
+    ),
+    (
+        "rsync's habits: see what a copy would send, then copy as user alice of dtn1 \
+         listing each file sent (-r and -a change nothing: trees and metadata go by \
+         default; -P is the number of streams):",
+        "dmover cp -n run1 dtn1:incoming/\ndmover cp -av run1 alice@dtn1:incoming/",
+    ),
+    (
+        "A mirror that leaves alone every file already there, with rsync's exclude file:",
+        "dmover sync --ignore-existing --exclude-from excludes.txt run1 dtn1:mirror/run1",
     ),
     (
         "Go on with a copy that was interrupted (a signal, a network failure):",

@@ -183,6 +183,11 @@ impl ProgressBar {
         ProgressBar { bar, task }
     }
 
+    /// Runs `f` (which prints) with the bar cleared, and draws it again after.
+    pub fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.bar.suspend(f)
+    }
+
     /// Removes the bar.
     pub fn finish(self) {
         self.task.abort();
@@ -318,6 +323,50 @@ impl Ndjson {
             // Named in the summary's `failed`.
             _ => {}
         }
+    }
+}
+
+/// `-v`: a line per file sent (rsync's `-v`: the path alone), and with `-vv` per file
+/// the destination held (`PATH is uptodate`, rsync's `-vv` words), on stdout, or on
+/// stderr when stdout carries JSON. A copy's paths start with their source's name (as
+/// they land in the destination directory), a sync's are below the mirror; names from
+/// a server pass through [`printable`].
+pub struct FileList {
+    sync: bool,
+    stderr: bool,
+}
+
+impl FileList {
+    /// A sync's list (`sync`) or a copy's; on stderr (`stderr`) or stdout.
+    pub fn new(sync: bool, stderr: bool) -> Self {
+        FileList { sync, stderr }
+    }
+
+    /// The lines of `e`, if it names files.
+    pub fn event(&self, e: &Event) {
+        let (paths, held) = match e {
+            Event::FilesDone { paths, .. } => (paths, false),
+            Event::FilesHeld { paths, .. } => (paths, true),
+            _ => return,
+        };
+        let mut text = String::new();
+        for p in paths {
+            let p = match self.sync {
+                // The root's name is the mirror's; a mirror of one file is its name.
+                true => p.split_once('/').map_or(p.as_str(), |(_, rel)| rel),
+                false => p,
+            };
+            text.push_str(&printable(p));
+            text.push_str(if held { " is uptodate\n" } else { "\n" });
+        }
+        // A closed stdout or stderr is not worth a panic.
+        let _ = match self.stderr {
+            true => std::io::stderr().lock().write_all(text.as_bytes()),
+            false => {
+                let mut out = std::io::stdout().lock();
+                out.write_all(text.as_bytes()).and_then(|()| out.flush())
+            }
+        };
     }
 }
 

@@ -315,7 +315,7 @@ impl Client {
                 checksum: compare,
                 ..self.prune_request(dest, self.opts.max_delete)
             };
-            let mut report = self.prune_remote(server, &entries, req).await?;
+            let mut report = self.prune_keeping(server, &entries, req).await?;
             if compare {
                 // `--checksum`: unchanged means the same content, whatever the mtime.
                 let digests = std::mem::take(&mut report.digests);
@@ -355,6 +355,7 @@ impl Client {
             dry_run: true,
             conflicts_only,
             checksum: false,
+            quick: self.opts.quick_check,
         };
         let dest = dest.to_vec();
         let (e2, o2) = (entries.clone(), opts);
@@ -412,6 +413,7 @@ impl Client {
             dry_run: true,
             conflicts_only: !self.opts.delete,
             checksum: false,
+            quick: self.opts.quick_check,
         };
         let (dest, listed) = (dest.to_vec(), entries.clone());
         let pruned = self
@@ -428,6 +430,52 @@ impl Client {
             entries,
             report: session::prune_report(pruned),
             skipped: walked.skipped,
+        })
+    }
+
+    /// `dmover cp --dry-run`: the manifest a copy of `sources` would send, through the
+    /// filters. `server`: the sources are paths on it, listed through a request-driven
+    /// session per source that asks for no data; else local paths, walked here. Nothing
+    /// is changed anywhere.
+    pub async fn copy_dry_run(&self, server: Option<&str>, sources: &[Vec<u8>]) -> Result<DryRun> {
+        let Some(server) = server else {
+            let roots = sources
+                .iter()
+                .map(|p| paths::source_root(&Base::Local, p, b""))
+                .collect::<dmover_store::Result<Vec<_>>>()?;
+            let filter = self.opts.filter.clone().unwrap_or_default();
+            let walked = self
+                .disk
+                .run(move || walk::walk_filtered(roots, &filter))
+                .await
+                .ok_or(Error::Aborted)??;
+            return Ok(DryRun {
+                entries: walked.tree.entries().to_vec(),
+                report: PruneReport::default(),
+                skipped: walked.skipped,
+            });
+        };
+        let mut entries: Vec<Entry> = Vec::new();
+        for source in sources {
+            let remote = crate::remote::Remote::open(self, server, source).await?;
+            // Each source's manifest after the others', its parents renumbered.
+            let offset = entries.len() as u32;
+            entries.extend(remote.entries().iter().map(|e| {
+                let mut e = e.clone();
+                if e.parent != dmover_proto::manifest::NO_PARENT {
+                    e.parent += offset;
+                }
+                if let EntryKind::HardLink { first } = &mut e.kind {
+                    *first += offset;
+                }
+                e
+            }));
+            remote.close().await?;
+        }
+        Ok(DryRun {
+            entries,
+            report: PruneReport::default(),
+            skipped: 0,
         })
     }
 

@@ -260,6 +260,10 @@ impl Dialer {
             root_name: None,
             prune_first: None,
             same,
+            quick: match o.mirror {
+                true => o.quick_check,
+                false => Default::default(),
+            },
             asked: None,
         };
         if o.mirror {
@@ -290,6 +294,7 @@ impl Dialer {
             dry_run: false,
             conflicts_only: true,
             checksum: false,
+            quick: Default::default(),
         }
     }
 

@@ -6,8 +6,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use dmover_net::join::JoinWait;
-use dmover_proto::control::{Op, Open, Prune, PruneReport};
-use dmover_proto::manifest::{Entry, Totals};
+use dmover_proto::control::{ErrorCode, Keep, Op, Open, Prune, PruneKeep, PruneReport};
+use dmover_proto::manifest::{Entry, EntryKind, Totals};
+use dmover_proto::session::features::KEEP;
 use dmover_store::paths;
 use dmover_store::source::FileSource;
 
@@ -86,6 +87,39 @@ pub(crate) fn same_content(
     (tree, same)
 }
 
+/// The paths of `entries`' entries `kept`, in manifest order (for
+/// [`crate::engine::Progress::paths_held`]).
+fn held_paths(entries: &[Entry], kept: &std::collections::HashSet<u32>) -> Vec<String> {
+    let mut named: Vec<u32> = kept.iter().copied().collect();
+    named.sort_unstable();
+    named
+        .into_iter()
+        .map(|i| crate::session::entry_path(entries, i))
+        .collect()
+}
+
+/// `e`, a server's answer to [`Op::PruneKeep`], with what a protocol error there most
+/// likely means: a server older than the op (it cannot decode it, and changed
+/// nothing). As for a sync between servers, the code is read, not the words.
+fn older_than_keep(e: Error) -> Error {
+    match e {
+        Error::Remote {
+            peer,
+            code: ErrorCode::Protocol,
+            message,
+        } => Error::Remote {
+            message: format!(
+                "{message} (--size-only and --ignore-existing on a push need the server to \
+                 speak protocol feature {KEEP}, \"{}\": upgrade {peer})",
+                dmover_proto::session::features::name(KEEP)
+            ),
+            peer,
+            code: ErrorCode::Protocol,
+        },
+        e => e,
+    }
+}
+
 /// Why `sync --delete` must not delete after a transfer whose source listing missed
 /// `skipped` entries and could not read `failed` files.
 pub(crate) fn delete_refusal(skipped: u64, failed: usize) -> Option<String> {
@@ -132,6 +166,32 @@ impl Dialer {
             .await
     }
 
+    /// [`Dialer::prune_remote`] of a sync's check before its push, or of its dry run:
+    /// with `--size-only` or `--ignore-existing` ([`TransferOptions::quick_check`]),
+    /// [`Op::PruneKeep`] (offered with feature bit `KEEP`), whose answer lists in
+    /// `unchanged` the files the mirror keeps, dry run or not.
+    ///
+    /// [`TransferOptions::quick_check`]: crate::session::TransferOptions::quick_check
+    pub(crate) async fn prune_keeping(
+        &self,
+        server: &str,
+        entries: &[Entry],
+        req: Prune,
+    ) -> Result<PruneReport> {
+        use dmover_store::prune::QuickCheck;
+        let keep = match self.opts.quick_check {
+            QuickCheck::SizeAndMtime => return self.prune_remote(server, entries, req).await,
+            QuickCheck::Size => Keep::SameSize,
+            QuickCheck::Exists => Keep::Existing,
+        };
+        let conn = self.connect(server).await?;
+        let mut open = self.open_request(Op::PruneKeep(PruneKeep { prune: req, keep }), 0);
+        open.features |= KEEP;
+        conn.prune(server, open, self.opts.session_options(false), entries)
+            .await
+            .map_err(older_than_keep)
+    }
+
     /// A [`Prune`] request of the mirror `dest` with this client's filters.
     pub(crate) fn prune_request(&self, dest: &[u8], max_delete: Option<u64>) -> Prune {
         Prune {
@@ -169,6 +229,7 @@ impl Dialer {
         }
         let delete = self.opts.mirror && self.opts.delete;
         let compare = self.opts.mirror && self.opts.compare_content;
+        let keep = self.opts.mirror && self.opts.quick_check != Default::default();
         let (walk, mut early) = self.walk_push(roots, server, resume, &run).await?;
         if walk.filtered > 0 {
             tracing::info!("the filters left out {} entries", walk.filtered);
@@ -177,8 +238,8 @@ impl Dialer {
             skipped: walk.skipped,
             totals: Totals::of(walk.tree.entries()),
         };
-        let (mut walk, before) = match delete || compare {
-            true => self.sync_before(server, mirror_path, walk).await?,
+        let (mut walk, before) = match delete || compare || keep {
+            true => (self.sync_before(server, mirror_path, walk, &run.progress)).await?,
             false => (walk, SyncBefore::default()),
         };
         // The round trip is the connection's made during the walk, when there is one.
@@ -310,7 +371,8 @@ impl Dialer {
         run: &Run,
     ) -> Result<(SourceWalk, Option<(Connection, tokio::time::Instant)>)> {
         let o = &self.opts;
-        let sync_first = o.mirror && (o.delete || o.compare_content);
+        let sync_first =
+            o.mirror && (o.delete || o.compare_content || o.quick_check != Default::default());
         let want = self.meta_want();
         let spec = WalkSpec {
             filter: o.filter.as_deref().cloned().unwrap_or_default(),
@@ -335,6 +397,7 @@ impl Dialer {
         server: &str,
         mirror: &[u8],
         mut walk: SourceWalk,
+        progress: &crate::engine::Progress,
     ) -> Result<(SourceWalk, SyncBefore)> {
         let delete = self.opts.delete;
         let compare = self.opts.compare_content;
@@ -345,11 +408,45 @@ impl Dialer {
             checksum: compare,
             ..self.prune_request(mirror, self.opts.max_delete)
         };
-        let mut r = self.prune_remote(server, walk.tree.entries(), req).await?;
+        let mut r = self.prune_keeping(server, walk.tree.entries(), req).await?;
         let digests = std::mem::take(&mut r.digests);
+        // `--size-only`, `--ignore-existing`: the files the mirror keeps as they are.
+        let kept = match self.opts.quick_check != Default::default() {
+            true => std::mem::take(&mut r.unchanged),
+            false => Vec::new(),
+        };
         if delete {
             before.pruned = Some(r);
             before.full = Some(walk.tree.entries().to_vec());
+        }
+        if !kept.is_empty() {
+            let kept: std::collections::HashSet<u32> = kept
+                .iter()
+                .flat_map(|r| r.first..r.first.saturating_add(r.count))
+                .filter(|&i| {
+                    walk.tree
+                        .entries()
+                        .get(i as usize)
+                        .is_some_and(|e| matches!(e.kind, EntryKind::File { .. }))
+                })
+                .collect();
+            let entries = walk.tree.entries();
+            // Counted as the sink counts what it holds: files with data.
+            for &i in &kept {
+                let size = entries[i as usize].file_size();
+                before.same_files += u64::from(size > 0);
+                before.same_bytes += size;
+            }
+            progress.paths_held(held_paths(entries, &kept));
+            tracing::info!(
+                "{} files stay as the destination holds them ({})",
+                kept.len(),
+                match self.opts.quick_check {
+                    dmover_store::prune::QuickCheck::Size => "--size-only",
+                    _ => "--ignore-existing",
+                }
+            );
+            walk.tree = walk.tree.without(&kept);
         }
         if digests.is_empty() {
             return Ok((walk, before));
@@ -364,6 +461,7 @@ impl Dialer {
             before.same_files += 1;
             before.same_bytes += tree.entries()[i as usize].file_size();
         }
+        progress.paths_held(held_paths(tree.entries(), &same));
         walk.tree = tree;
         if !same.is_empty() {
             tracing::info!(
@@ -531,4 +629,25 @@ struct AfterPush {
     walk_ended: Option<tokio::sync::oneshot::Receiver<livewalk::Ended>>,
     /// `sync --delete`.
     delete: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_protocol_error_to_prune_keep_names_the_feature_and_the_server() {
+        let remote = |code| Error::Remote {
+            peer: "dtn1:7700".into(),
+            code,
+            message: "unknown variant".into(),
+        };
+        let e = older_than_keep(remote(ErrorCode::Protocol)).to_string();
+        assert!(e.contains("protocol feature 8192"), "{e}");
+        assert!(e.contains("upgrade dtn1:7700"), "{e}");
+        assert!(e.contains("unknown variant"), "{e}");
+        // Other errors are left as they came.
+        let e = older_than_keep(remote(ErrorCode::ReadOnly)).to_string();
+        assert!(!e.contains("upgrade"), "{e}");
+    }
 }

@@ -315,6 +315,11 @@ pub trait SourceStore: Source + Sized + 'static {
         0
     }
 
+    /// The manifest entries of the files the sink already held whole.
+    fn held_entries(&self) -> Vec<u32> {
+        Vec::new()
+    }
+
     /// (growing manifest) Takes a later part of the manifest, `entries` (numbered
     /// after the earlier parts'), of which `sparse` may have holes (a live walk's,
     /// feature `WALKING`), cut into chunks of `chunk` bytes (the session's, or with
@@ -380,6 +385,10 @@ impl SourceStore for FileSource {
 
     fn held_bytes(&self) -> u64 {
         FileSource::held_bytes(self)
+    }
+
+    fn held_entries(&self) -> Vec<u32> {
+        FileSource::held_entries(self).to_vec()
     }
 }
 

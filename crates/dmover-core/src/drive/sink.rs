@@ -490,6 +490,10 @@ where
                 }
                 k.resume(&held)
             });
+        if r.is_ok() {
+            let done = held.done.iter().enumerate().filter(|(_, d)| **d);
+            (self.env.run.progress).files_held(done.map(|(i, _)| i as u32));
+        }
         match r {
             Ok(()) => self.start(k),
             Err(e) => self.m.fail(now(), Fault::new(e)),

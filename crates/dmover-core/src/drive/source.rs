@@ -356,6 +356,7 @@ where
         };
         let info = self.m.info().expect("open before Go").clone();
         self.env.run.progress.held.store(k.held_bytes(), Relaxed);
+        self.env.run.progress.files_held(k.held_entries());
         let k = Arc::new(k);
         let mut src: Arc<dyn Source> = k.clone();
         if let Some(d) = self.env.chunk_delay {

@@ -4,8 +4,9 @@
 //! Also `dmover sync --checksum` on a pull ([`Op::Digests`]): the content digests of
 //! the source's files that the client's mirror holds with the same size.
 
-use dmover_proto::control::{Digests, FilterRule, Prune, PruneReport};
+use dmover_proto::control::{Digests, FilterRule, Keep, Prune, PruneKeep, PruneReport};
 use dmover_proto::manifest::{self, Entry, Validator};
+use dmover_store::prune::QuickCheck;
 
 use super::*;
 use crate::manifests::Charge;
@@ -19,6 +20,36 @@ impl Server {
         ch: &mut ControlChannel<S>,
         grant: &Grant,
         req: Prune,
+        log: &mut SessionLog,
+    ) -> Result<()> {
+        self.prune_keeping(ch, grant, req, None, log).await
+    }
+
+    /// [`Op::PruneKeep`]: [`Server::prune`], answering in `unchanged` the regular files
+    /// the mirror keeps as `keep` says (dry run or not).
+    pub(super) async fn prune_keep<S: AsyncRead + AsyncWrite + Unpin + Send>(
+        &self,
+        ch: &mut ControlChannel<S>,
+        grant: &Grant,
+        req: PruneKeep,
+        log: &mut SessionLog,
+    ) -> Result<()> {
+        if req.prune.checksum {
+            return Err(refused(
+                ErrorCode::Protocol,
+                "a prune that keeps files by size or existence does not take checksum",
+            ));
+        }
+        self.prune_keeping(ch, grant, req.prune, Some(req.keep), log)
+            .await
+    }
+
+    async fn prune_keeping<S: AsyncRead + AsyncWrite + Unpin + Send>(
+        &self,
+        ch: &mut ControlChannel<S>,
+        grant: &Grant,
+        req: Prune,
+        keep: Option<Keep>,
         log: &mut SessionLog,
     ) -> Result<()> {
         self.options(ch).await?;
@@ -43,6 +74,11 @@ impl Server {
             dry_run: req.dry_run,
             conflicts_only: req.conflicts_only,
             checksum: req.checksum,
+            quick: match keep {
+                None => QuickCheck::SizeAndMtime,
+                Some(Keep::SameSize) => QuickCheck::Size,
+                Some(Keep::Existing) => QuickCheck::Exists,
+            },
         };
         let named_only = names_only(&req.rules);
         let pruned = self

@@ -125,6 +125,7 @@ impl Server {
             root_name: None,
             prune_first: None,
             same: None,
+            quick: Default::default(),
             // The client names a push's roots: they land in its destination; a sync
             // between servers has the one root its capability's mirror names.
             asked: match &asked.grant.scope {

@@ -278,6 +278,7 @@ impl Server {
                 crate::dialer::mirror_dest(dest, false).is_ok_and(|(parent, _)| parent == *d)
             }
             (Scope::Mirror { dest }, Op::Prune(p)) => *dest == p.dest,
+            (Scope::Mirror { dest }, Op::PruneKeep(p)) => *dest == p.prune.dest,
             (Scope::MirrorSource { source }, Op::Pull { sources }) => {
                 sources.as_slice() == std::slice::from_ref(source)
             }

@@ -1,15 +1,18 @@
-//! What a sync would do, told without doing it ([`super::Transfer::dry_run`]): the
-//! files it would send, those it would leave (unchanged), and with `delete` what it
-//! would delete.
+//! What a transfer would do, told without doing it ([`super::Transfer::dry_run`]): the
+//! files it would send, and for a sync those it would leave (unchanged) and with
+//! `delete` what it would delete.
 
 use dmover_proto::manifest::EntryKind;
 
 use crate::client::DryRun;
 
-/// What a sync would send, leave and delete; nothing was changed on either side.
+/// What a transfer would send (a sync: also leave and delete); nothing was changed on
+/// either side.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DryRunPlan {
-    /// The files it would send, as paths below the mirror, in manifest order.
+    /// The files it would send, in manifest order: a sync's as paths below the mirror,
+    /// a copy's as paths starting with their source's name (where they land in the
+    /// destination directory).
     pub send: Vec<String>,
     /// Regular files it would send.
     pub files_to_send: u64,
@@ -42,8 +45,9 @@ pub struct Deletions {
 
 impl DryRunPlan {
     /// The plan of `found` (the source's manifest and the destination's answer);
-    /// `delete`: the sync deletes.
-    pub(super) fn of(found: &DryRun, delete: bool) -> Self {
+    /// `delete`: the sync deletes; `mirror`: a sync (paths below the mirror), else a
+    /// copy (paths with their root's name).
+    pub(super) fn of(found: &DryRun, delete: bool, mirror: bool) -> Self {
         let r = &found.report;
         let mut unchanged = vec![false; found.entries.len()];
         for range in &r.unchanged {
@@ -68,9 +72,11 @@ impl DryRunPlan {
                 plan.files_to_send += 1;
                 plan.bytes_to_send += size;
                 let path = crate::session::entry_path(&found.entries, i as u32);
-                // The path below the mirror (the root's name is the mirror's).
-                plan.send
-                    .push(path.split_once('/').map_or("", |(_, r)| r).to_string());
+                // A sync's: the path below the mirror (the root's name is the mirror's).
+                plan.send.push(match mirror {
+                    true => path.split_once('/').map_or("", |(_, r)| r).to_string(),
+                    false => path,
+                });
             }
         }
         plan.delete = delete.then(|| Deletions {
@@ -121,13 +127,15 @@ mod tests {
             },
             skipped: 1,
         };
-        let p = DryRunPlan::of(&found, true);
+        let p = DryRunPlan::of(&found, true, true);
         assert_eq!(p.send, ["a", "c"]);
         assert_eq!((p.files_to_send, p.bytes_to_send), (2, 40));
         assert_eq!((p.files_unchanged, p.bytes_unchanged), (1, 20));
         let d = p.delete.unwrap();
         assert_eq!((d.entries, d.bytes, d.paths.len()), (2, 7, 2));
         assert_eq!(p.skipped, 1);
-        assert_eq!(DryRunPlan::of(&found, false).delete, None);
+        assert_eq!(DryRunPlan::of(&found, false, true).delete, None);
+        // A copy's paths keep their root's name.
+        assert_eq!(DryRunPlan::of(&found, false, false).send, ["m/a", "m/c"]);
     }
 }

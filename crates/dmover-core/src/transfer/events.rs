@@ -21,6 +21,9 @@ pub struct Watch {
     /// Name the files as they are done ([`Event::FilesDone`]): the transfer then keeps
     /// its manifest's names in memory.
     pub files: bool,
+    /// With `files`, name too the files the destination already held whole
+    /// ([`Event::FilesHeld`]: unchanged in a sync, complete in a resume).
+    pub held: bool,
 }
 
 impl Watch {
@@ -29,6 +32,7 @@ impl Watch {
         Watch {
             interval: None,
             files: false,
+            held: false,
         }
     }
 
@@ -37,6 +41,7 @@ impl Watch {
         Watch {
             interval: Some(interval),
             files: true,
+            held: false,
         }
     }
 }
@@ -59,6 +64,16 @@ pub enum Event {
     /// were done; only with [`Watch::files`].
     FilesDone {
         /// The attempt they were done in (1 for the first).
+        attempt: u32,
+        /// Their paths.
+        paths: Vec<String>,
+    },
+    /// Files the destination already held whole, not sent (paths as in the
+    /// manifest: unchanged in a sync, complete in a resume, kept by `--size-only` or
+    /// `--ignore-existing`); only with [`Watch::held`]. Told as the attempt knows them,
+    /// before its data flow.
+    FilesHeld {
+        /// The attempt they were held in (1 for the first).
         attempt: u32,
         /// Their paths.
         paths: Vec<String>,
@@ -176,6 +191,15 @@ impl<'a, F: FnMut(Event)> Reporter<'a, F> {
         if !paths.is_empty() {
             let attempt = self.progress.attempt.load(Relaxed);
             (self.emit)(Event::FilesDone { attempt, paths });
+        }
+    }
+
+    /// The files held noted since the last call, if any.
+    pub(super) fn files_held(&mut self) {
+        let paths = self.progress.take_files_held();
+        if !paths.is_empty() {
+            let attempt = self.progress.attempt.load(Relaxed);
+            (self.emit)(Event::FilesHeld { attempt, paths });
         }
     }
 

@@ -25,8 +25,8 @@
 //!   a resume) and `run` returns the reason given. Dropping `run`'s future cancels too.
 //! - [`Transfer::progress`] and [`Transfer::snapshot`] are the live counters for a
 //!   view that polls (a progress bar) rather than listens.
-//! - A sync can be tried first: [`Transfer::dry_run`] says what it would send, leave and
-//!   delete ([`DryRunPlan`]), changing nothing.
+//! - A transfer can be tried first: [`Transfer::dry_run`] says what it would send (a
+//!   sync: also leave and delete; [`DryRunPlan`]), changing nothing.
 //!
 //! ```ignore
 //! // Runnable: crates/dmover-core/examples/push.rs (`cargo run -p dmover-core --example push`).
@@ -344,6 +344,7 @@ impl Transfer {
         let progress = &self.run.progress;
         if watch.files {
             progress.file_events.store(true, Relaxed);
+            progress.held_events.store(watch.held, Relaxed);
         }
         let mut reporter = Reporter::new(progress, started, on_event);
         let guard = CancelOnDrop(Some(&self.run));
@@ -359,6 +360,7 @@ impl Transfer {
                 r = &mut work => break r,
                 _ = next_tick(&mut tick) => {
                     reporter.session_events();
+                    reporter.files_held();
                     reporter.files_done();
                     reporter.snapshot();
                 }
@@ -367,6 +369,7 @@ impl Transfer {
         };
         guard.disarm();
         reporter.session_events();
+        reporter.files_held();
         reporter.files_done();
         reporter.snapshot();
         let report = result?;
@@ -399,12 +402,36 @@ impl Transfer {
         }
     }
 
-    /// A sync's dry run: what it would send, leave unchanged and (with `delete`)
-    /// delete, changing nothing on either side. Only for a sync between this side and
-    /// a server; it does not count as the transfer's run.
+    /// A dry run: what the transfer would send, changing nothing on either side; it
+    /// does not count as the transfer's run.
+    ///
+    /// - A sync between this side and a server: what it would send, leave unchanged
+    ///   and (with `delete`) delete, comparing both sides (not between two servers
+    ///   yet).
+    /// - A copy: every file of its sources (through the filters), as a copy sends them
+    ///   all: a push's and a local copy's are walked here (the server is not
+    ///   contacted), a pull's and a
+    ///   copy between servers' are listed by the source server through a session that
+    ///   asks for no data.
     pub async fn dry_run(&self) -> Result<DryRunPlan> {
+        let sync = self.kind == Kind::Sync;
+        if !sync {
+            let found = match &self.route {
+                Route::Push { sources, .. } | Route::Local { sources, .. } => {
+                    self.client.copy_dry_run(None, sources).await?
+                }
+                Route::Pull {
+                    server, sources, ..
+                } => self.client.copy_dry_run(Some(server), sources).await?,
+                Route::ThirdParty(c) | Route::Relay { copy: c, .. } => {
+                    self.client
+                        .copy_dry_run(Some(&c.source_server), &c.sources)
+                        .await?
+                }
+            };
+            return Ok(DryRunPlan::of(&found, false, false));
+        }
         let (push, server, sources, dest) = match &self.route {
-            _ if self.kind != Kind::Sync => return Err(not_dry(self.kind)),
             Route::Push {
                 server,
                 sources,
@@ -423,23 +450,15 @@ impl Transfer {
             }
             Route::Local { sources, dest } => {
                 let found = self.client.sync_dry_run_local(&sources[0], dest).await?;
-                return Ok(DryRunPlan::of(&found, self.client.opts.delete));
+                return Ok(DryRunPlan::of(&found, self.client.opts.delete, true));
             }
         };
         let found = self
             .client
             .sync_dry_run(push, server, &sources[0], dest)
             .await?;
-        Ok(DryRunPlan::of(&found, self.client.opts.delete))
+        Ok(DryRunPlan::of(&found, self.client.opts.delete, true))
     }
-}
-
-/// The refusal of a dry run that is not a sync's between this side and a server.
-fn not_dry(kind: Kind) -> Error {
-    Error::refused(
-        ErrorCode::Unsupported,
-        format!("a dry run is for a sync between this side and a server, not a {kind:?}"),
-    )
 }
 
 /// The next tick, or never.
@@ -517,6 +536,5 @@ mod tests {
         );
         let again = t.run(Watch::events(), |_| {}).await.unwrap_err();
         assert!(again.to_string().contains("ran already"), "{again}");
-        assert!(t.dry_run().await.is_err(), "a copy has no dry run");
     }
 }

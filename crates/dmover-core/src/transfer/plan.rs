@@ -19,9 +19,18 @@ pub enum PlanError {
     /// A sync takes exactly one source (the tree its destination mirrors).
     #[error("a sync takes one source and the destination")]
     SyncSources,
-    /// `delete`, `max_delete` or `compare_content` on a copy.
-    #[error("deleting and comparing content are options of a sync")]
+    /// `delete`, `max_delete`, `compare_content` or `quick_check` on a copy.
+    #[error("deleting and comparing with the destination are options of a sync")]
     SyncOnly,
+    /// `compare_content` with a `quick_check` other than size and mtime.
+    #[error("comparing content and keeping files by size or existence exclude each other")]
+    ContentAndQuickCheck,
+    /// A `quick_check` other than size and mtime on a sync between two servers.
+    #[error(
+        "keeping files by size or existence is not supported on a sync between two \
+         servers yet"
+    )]
+    QuickCheckBetweenServers,
     /// `max_delete` without `delete`.
     #[error("a limit of deletions needs deleting on")]
     MaxDeleteWithoutDelete,
@@ -146,6 +155,9 @@ pub(super) fn plan(spec: TransferSpec) -> Result<(Route, TransferOptions), PlanE
             if options.bwlimit.is_some() {
                 return Err(PlanError::BwlimitBetweenServers);
             }
+            if options.quick_check != dmover_store::prune::QuickCheck::SizeAndMtime {
+                return Err(PlanError::QuickCheckBetweenServers);
+            }
             between(sources, server, path, between_servers.unwrap_or_default())?
         }
         _ if between_servers.is_some() => return Err(PlanError::NotBetweenServers),
@@ -178,8 +190,12 @@ fn check_options(sources: &[Endpoint], kind: Kind, o: &TransferOptions) -> Resul
     if kind == Kind::Sync && sources.len() != 1 {
         return Err(PlanError::SyncSources);
     }
-    if kind == Kind::Copy && (o.delete || o.max_delete.is_some() || o.compare_content) {
+    let quick = o.quick_check != dmover_store::prune::QuickCheck::SizeAndMtime;
+    if kind == Kind::Copy && (o.delete || o.max_delete.is_some() || o.compare_content || quick) {
         return Err(PlanError::SyncOnly);
+    }
+    if o.compare_content && quick {
+        return Err(PlanError::ContentAndQuickCheck);
     }
     if o.max_delete.is_some() && !o.delete {
         return Err(PlanError::MaxDeleteWithoutDelete);
@@ -329,6 +345,21 @@ mod tests {
         let mut s = TransferSpec::sync(r("h:a"), r("k:m"));
         s.between_servers = Some(Between::via_client());
         assert_eq!(e(s), PlanError::SyncViaClient);
+        use dmover_store::prune::QuickCheck;
+        let mut s = spec(&["a"], "h:d");
+        s.options.quick_check = QuickCheck::Exists;
+        assert_eq!(e(s), PlanError::SyncOnly);
+        let mut s = TransferSpec::sync(r("a"), r("h:m"));
+        (s.options.quick_check, s.options.compare_content) = (QuickCheck::Size, true);
+        assert_eq!(e(s), PlanError::ContentAndQuickCheck);
+        let mut s = TransferSpec::sync(r("h:a"), r("k:m"));
+        s.options.quick_check = QuickCheck::Size;
+        assert_eq!(e(s), PlanError::QuickCheckBetweenServers);
+        for q in [QuickCheck::Size, QuickCheck::Exists] {
+            let mut s = TransferSpec::sync(r("h:a"), r("m"));
+            s.options.quick_check = q;
+            assert!(plan(s).is_ok(), "{q:?} on a pull");
+        }
         for dest in ["h:", "h:.", "h:a/..", "h:/", "."] {
             assert_eq!(
                 e(TransferSpec::sync(r("a"), r(dest))),

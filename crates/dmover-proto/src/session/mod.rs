@@ -198,6 +198,11 @@ pub mod features {
     /// a server without it cannot decode (it answers `Error{Protocol}`, and copies
     /// nothing). Never negotiated in a session.
     pub const SYNC_BETWEEN: u64 = 4096;
+    /// Not a session's: offered in the `Open` of [`crate::control::Op::PruneKeep`]
+    /// (`sync --size-only`, `--ignore-existing` on a push), which a server without it
+    /// cannot decode (it answers `Error{Protocol}`, and changes nothing). Never
+    /// negotiated in a session.
+    pub const KEEP: u64 = 8192;
 
     /// The features every acceptor of protocol version 6 speaks and grants whenever
     /// the dialer offers them. A dialer thus knows, as it sends `Open`, which of them
@@ -268,6 +273,7 @@ pub mod features {
             WALKING => "live walk",
             PART_CHUNKS => "chunks per part",
             SYNC_BETWEEN => "sync between servers",
+            KEEP => "size-only and ignore-existing",
             _ => "unknown",
         }
     }

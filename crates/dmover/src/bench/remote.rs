@@ -1136,8 +1136,8 @@ fn forward_transfer_args(cmd: &mut Command, t: &TransferArgs) {
             cmd.arg(flag).arg(v);
         }
     }
-    if !t.user.is_empty() {
-        cmd.arg("--user").arg(&t.user);
+    if let Some(user) = &t.user {
+        cmd.arg("--user").arg(user);
     }
     if t.encrypt {
         cmd.arg("--encrypt");

@@ -2,7 +2,6 @@
 //! together checked, the options read into a [`TransferSpec`] and checked by the
 //! library into a [`Transfer`]; `sync --watch` into a [`WatchJob`].
 
-use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,9 +11,10 @@ use anyhow::Context;
 use dmover_core::transfer::{Between, Endpoint, Kind, PlanError, Transfer, TransferSpec};
 use dmover_proto::control::{FilterRule, TpcMode};
 use dmover_store::filter::{Action, Filter, Rule};
+use dmover_store::prune::QuickCheck;
 
 use super::ClientSetup;
-use crate::args::{CpArgs, FilterArgs, ProgressMode, TpcArg, usage};
+use crate::args::{CpArgs, FilterArg, FilterArgs, ProgressMode, TpcArg, usage};
 use crate::env::Env;
 
 /// `--quiet-time`'s default: short enough for a close-to-remote-rename lag under a
@@ -44,7 +44,7 @@ pub struct Copy {
     pub spool: Option<tempfile::TempDir>,
     /// Its output.
     pub show: Show,
-    /// `sync --dry-run`: tell what would be done instead.
+    /// `--dry-run`: tell what would be done instead.
     pub dry_run: bool,
     /// A sync (its summary counts unchanged files).
     pub sync: bool,
@@ -115,7 +115,7 @@ pub enum Stdio {
 /// Where `-` stands in `a`'s paths, refusing what it cannot mean: `-` with `--resume`,
 /// several sources, a sync, or on both sides.
 pub fn stdio(a: &CpArgs, sync: bool) -> anyhow::Result<Stdio> {
-    let dash = |p: &OsString| p.as_bytes() == b"-";
+    let dash = |p: &std::ffi::OsString| p.as_bytes() == b"-";
     let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
     let (from, to) = (srcs.iter().any(dash), dash(dst));
     if !from && !to {
@@ -143,6 +143,23 @@ pub fn stdio(a: &CpArgs, sync: bool) -> anyhow::Result<Stdio> {
     Ok(if from { Stdio::In } else { Stdio::Out })
 }
 
+/// The sources and the destination of `a`, and the users their `USER@`s name.
+fn endpoints(a: &CpArgs) -> anyhow::Result<(Vec<Endpoint>, Endpoint, Vec<String>)> {
+    let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
+    let mut users = Vec::new();
+    let (dst, user) = Endpoint::parse_with_user(dst.as_bytes())
+        .map_err(|e| usage(format!("destination: {e}")))?;
+    users.extend(user);
+    let mut sources = Vec::new();
+    for s in srcs {
+        let (e, user) = Endpoint::parse_with_user(s.as_bytes())
+            .map_err(|e| usage(format!("source {}: {e}", s.to_string_lossy())))?;
+        sources.push(e);
+        users.extend(user);
+    }
+    Ok((sources, dst, users))
+}
+
 fn copy_as(a: &CpArgs, env: &Env, kind: Kind) -> anyhow::Result<Copy> {
     let spool = match stdio(a, kind == Kind::Sync)? {
         Stdio::In => Some(spool_stdin(a)?),
@@ -153,15 +170,7 @@ fn copy_as(a: &CpArgs, env: &Env, kind: Kind) -> anyhow::Result<Copy> {
             ));
         }
     };
-    let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
-    let dst = Endpoint::parse(dst.as_bytes()).map_err(|e| usage(format!("destination: {e}")))?;
-    let srcs = srcs
-        .iter()
-        .map(|s| {
-            Endpoint::parse(s.as_bytes())
-                .map_err(|e| usage(format!("source {}: {e}", s.to_string_lossy())))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let (srcs, dst, users) = endpoints(a)?;
     let (srcs, dst) = match &spool {
         Some((_, file, dest)) => (vec![Endpoint::Local(file.clone())], dest.clone()),
         None => (srcs, dst),
@@ -170,14 +179,22 @@ fn copy_as(a: &CpArgs, env: &Env, kind: Kind) -> anyhow::Result<Copy> {
     if !sync
         && (a.delete
             || a.max_delete.is_some()
-            || a.dry_run
             || a.checksum
+            || a.size_only
+            || a.ignore_existing
             || a.watch
             || a.quiet_time.is_some())
     {
         return Err(usage(
-            "--delete, --max-delete, --dry-run, --checksum, --watch and --quiet-time are \
-             options of dmover sync",
+            "--delete, --max-delete, --checksum, --size-only, --ignore-existing, --watch and \
+             --quiet-time are options of dmover sync (cp sends every file; sync compares \
+             with the destination)",
+        ));
+    }
+    if !sync && a.dry_run && a.reliability.resume {
+        return Err(usage(
+            "cp --dry-run lists every file a copy sends; with --resume it cannot tell what \
+             the destination's journal keeps: drop one (a sync's --dry-run compares)",
         ));
     }
     if a.max_delete.is_some() && !a.delete {
@@ -189,7 +206,7 @@ fn copy_as(a: &CpArgs, env: &Env, kind: Kind) -> anyhow::Result<Copy> {
              the list protects is not defined)",
         ));
     }
-    let mut client = copy_options(a, env)?;
+    let mut client = copy_options(a, env, &users)?;
     let opts = &mut client.options;
     opts.resume = a.reliability.resume;
     opts.continue_on_error = a.reliability.continue_on_error;
@@ -233,8 +250,9 @@ pub struct CopyOut {
 /// `dmover cp HOST:PATH -` ([`stdio`] said `-` is the destination).
 pub fn copy_out(a: &CpArgs, env: &Env) -> anyhow::Result<CopyOut> {
     let src = &a.paths[0];
-    let parsed = Endpoint::parse(src.as_bytes())
+    let (parsed, user) = Endpoint::parse_with_user(src.as_bytes())
         .map_err(|e| usage(format!("source {}: {e}", src.to_string_lossy())))?;
+    let users: Vec<String> = user.into_iter().collect();
     let Endpoint::Remote { server, path } = parsed else {
         return Err(usage(
             "cp SRC -: SRC must be a file on a server (HOST:PATH); a local file is read \
@@ -251,7 +269,7 @@ pub fn copy_out(a: &CpArgs, env: &Env) -> anyhow::Result<CopyOut> {
             "--tpc and --via-client are for copies between two servers",
         ));
     }
-    let client = copy_options(a, env)?;
+    let client = copy_options(a, env, &users)?;
     Ok(CopyOut {
         client,
         server,
@@ -267,7 +285,8 @@ pub fn copy_out(a: &CpArgs, env: &Env) -> anyhow::Result<CopyOut> {
 /// when dropped), the file and the destination.
 fn spool_stdin(a: &CpArgs) -> anyhow::Result<(tempfile::TempDir, Vec<u8>, Endpoint)> {
     let dst = a.paths.last().expect("clap requires two paths");
-    let parsed = Endpoint::parse(dst.as_bytes()).map_err(|e| usage(format!("destination: {e}")))?;
+    let (parsed, _user) = Endpoint::parse_with_user(dst.as_bytes())
+        .map_err(|e| usage(format!("destination: {e}")))?;
     let path = parsed.path().to_vec();
     let name = path
         .split(|&b| b == b'/')
@@ -339,9 +358,10 @@ fn plan_usage(e: PlanError) -> anyhow::Error {
 
 /// The options `cp` and `sync` (a one-off run and each batch of `--watch`) take from
 /// their arguments alike: transfer, reliability, filters, `--delete`, metadata.
-fn copy_options(a: &CpArgs, env: &Env) -> anyhow::Result<ClientSetup> {
+fn copy_options(a: &CpArgs, env: &Env, users: &[String]) -> anyhow::Result<ClientSetup> {
     let mut client = super::client(&a.transfer, env)?;
     let opts = &mut client.options;
+    opts.user = super::user(a.transfer.user.as_deref(), users, env)?;
     let r = &a.reliability;
     opts.retries = r.retries;
     opts.retry_wait = r.retry_wait;
@@ -352,20 +372,21 @@ fn copy_options(a: &CpArgs, env: &Env) -> anyhow::Result<ClientSetup> {
     if let Some(ms) = r.debug_heartbeat_ms {
         opts.heartbeat = Duration::from_millis(ms.max(50));
     }
-    (opts.filter, opts.files_from) = filters(&a.filters)?;
-    opts.rules = a
-        .filters
-        .rules
-        .iter()
-        .map(|(include, p)| FilterRule {
-            include: *include,
-            pattern: p.as_bytes().to_vec(),
-        })
+    let rules = filter_rules(&a.filters)?;
+    (opts.filter, opts.files_from) = filters(&rules, a.filters.files_from.as_deref())?;
+    opts.rules = rules
+        .into_iter()
+        .map(|(include, pattern)| FilterRule { include, pattern })
         .collect();
     opts.delete = a.delete;
     opts.max_delete = a.max_delete;
-    // -a, -X, -A ask for what is done by default.
-    let _ = (a.archive, a.xattrs, a.acls);
+    opts.quick_check = match (a.size_only, a.ignore_existing) {
+        (true, _) => QuickCheck::Size,
+        (_, true) => QuickCheck::Exists,
+        _ => QuickCheck::SizeAndMtime,
+    };
+    // -a, -r, -X, -A ask for what is done by default.
+    let _ = (a.archive, a.recursive, a.xattrs, a.acls);
     opts.meta.xattrs.user = !a.no_xattrs;
     opts.meta.xattrs.acls = !a.no_acls;
     opts.meta.xattrs.all = a.all_xattrs;
@@ -377,49 +398,126 @@ fn copy_options(a: &CpArgs, env: &Env) -> anyhow::Result<ClientSetup> {
 /// server, which parses them again).
 type Filters = (Option<Arc<Filter>>, Option<Vec<u8>>);
 
-/// The walk's filters from `--exclude`, `--include` and `--files-from` (`-`: stdin).
-fn filters(f: &FilterArgs) -> anyhow::Result<Filters> {
-    if f.is_empty() {
+/// The `--include`/`--exclude` rules in command-line order, `(include, pattern)`,
+/// with the patterns of `--exclude-from`/`--include-from` files read in their place
+/// (rsync's reading: one per line, a `\r` before the newline dropped, blank lines and
+/// lines starting with `#` or `;` skipped, `+ PATTERN` an include and `- PATTERN` an
+/// exclude whichever option read it; `-` is stdin, once).
+pub fn filter_rules(f: &FilterArgs) -> anyhow::Result<Vec<(bool, Vec<u8>)>> {
+    let stdin_users = f
+        .rules
+        .iter()
+        .filter(|r| matches!(r, FilterArg::From(_, p) if p.as_os_str() == "-"))
+        .count()
+        + usize::from(
+            f.files_from
+                .as_deref()
+                .is_some_and(|p| p.as_os_str() == "-"),
+        );
+    if stdin_users > 1 {
+        return Err(usage(
+            "stdin (-) can be read once: by one of --exclude-from, --include-from and \
+             --files-from",
+        ));
+    }
+    let mut rules = Vec::new();
+    for r in &f.rules {
+        match r {
+            FilterArg::Rule(include, p) => rules.push((*include, p.as_bytes().to_vec())),
+            FilterArg::From(include, file) => {
+                let option = if *include {
+                    "--include-from"
+                } else {
+                    "--exclude-from"
+                };
+                let text = read_list(file, option)?;
+                rules.extend(rules_of_file(&text, *include).map_err(|line| {
+                    usage(format!(
+                        "{option} {}: line {line}: `!` (clear the rules) is not supported",
+                        file.display()
+                    ))
+                })?);
+            }
+        }
+    }
+    Ok(rules)
+}
+
+/// A list file's bytes (`-`: stdin).
+fn read_list(file: &std::path::Path, option: &str) -> anyhow::Result<Vec<u8>> {
+    if file.as_os_str() == "-" {
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut v)
+            .with_context(|| format!("reading {option} from stdin"))?;
+        Ok(v)
+    } else {
+        std::fs::read(file).with_context(|| format!("reading {option} {}", file.display()))
+    }
+}
+
+/// The rules of an `--exclude-from` (`include` false) or `--include-from` file's
+/// bytes, as rsync reads them; `Err(line)`: the line (from 1) of a `!`.
+fn rules_of_file(text: &[u8], include: bool) -> Result<Vec<(bool, Vec<u8>)>, usize> {
+    let mut out = Vec::new();
+    for (n, line) in text.split(|&b| b == b'\n').enumerate() {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() || line.starts_with(b"#") || line.starts_with(b";") {
+            continue;
+        }
+        if line == b"!" {
+            return Err(n + 1);
+        }
+        out.push(match line {
+            [b'+', b' ', rest @ ..] => (true, rest.to_vec()),
+            [b'-', b' ', rest @ ..] => (false, rest.to_vec()),
+            _ => (include, line.to_vec()),
+        });
+    }
+    Ok(out)
+}
+
+/// The walk's filters from the rules ([`filter_rules`]) and `--files-from` (`-`:
+/// stdin).
+fn filters(
+    rules: &[(bool, Vec<u8>)],
+    files_from: Option<&std::path::Path>,
+) -> anyhow::Result<Filters> {
+    if rules.is_empty() && files_from.is_none() {
         return Ok((None, None));
     }
     let mut filter = Filter::none();
-    for (include, pattern) in &f.rules {
+    for (include, pattern) in rules {
         let action = if *include {
             Action::Include
         } else {
             Action::Exclude
         };
-        let rule = Rule::new(action, pattern.as_bytes()).map_err(|e| {
+        let rule = Rule::new(action, pattern).map_err(|e| {
             usage(format!(
                 "--{} {}: {e}",
                 if *include { "include" } else { "exclude" },
-                pattern.to_string_lossy()
+                String::from_utf8_lossy(pattern)
             ))
         })?;
         filter.push(rule);
     }
-    let mut files_from = None;
-    if let Some(file) = &f.files_from {
-        let list = if file.as_os_str() == "-" {
-            let mut v = Vec::new();
-            std::io::Read::read_to_end(&mut std::io::stdin(), &mut v)
-                .context("reading --files-from from stdin")?;
-            v
-        } else {
-            std::fs::read(file).with_context(|| format!("reading {}", file.display()))?
-        };
-        filter.set_files_from(&list).map_err(usage)?;
-        files_from = Some(list);
+    let mut list = None;
+    if let Some(file) = files_from {
+        let bytes = read_list(file, "--files-from")?;
+        filter.set_files_from(&bytes).map_err(usage)?;
+        list = Some(bytes);
     }
-    Ok((Some(Arc::new(filter)), files_from))
+    Ok((Some(Arc::new(filter)), list))
 }
 
 /// `dmover sync --watch` (`dmover sync` with `--watch`).
 fn watch(a: &CpArgs, env: &Env) -> anyhow::Result<WatchJob> {
-    let (src, server, dest) = watch_endpoints(a)?;
-    if a.dry_run || a.checksum || a.filters.files_from.is_some() {
+    let (src, server, dest, users) = watch_endpoints(a)?;
+    if a.dry_run || a.checksum || a.size_only || a.ignore_existing || a.filters.files_from.is_some()
+    {
         return Err(usage(
-            "--watch does not take --dry-run, --checksum or --files-from",
+            "--watch does not take --dry-run, --checksum, --size-only, --ignore-existing or \
+             --files-from",
         ));
     }
     if a.max_delete.is_some() && !a.delete {
@@ -436,7 +534,7 @@ fn watch(a: &CpArgs, env: &Env) -> anyhow::Result<WatchJob> {
         )));
     }
     let quiet_time = a.quiet_time.unwrap_or(QUIET_TIME);
-    let mut client = copy_options(a, env)?;
+    let mut client = copy_options(a, env, &users)?;
     // A file being written when read is left for its next close, not a failure.
     client.options.continue_on_error = true;
     client.options.mirror = true;
@@ -453,12 +551,14 @@ fn watch(a: &CpArgs, env: &Env) -> anyhow::Result<WatchJob> {
     })
 }
 
-/// A watch's local source, the server and the mirror's path on it.
-fn watch_endpoints(a: &CpArgs) -> anyhow::Result<(Vec<u8>, String, Vec<u8>)> {
-    let parse = |p: &OsString| {
-        Endpoint::parse(p.as_bytes()).map_err(|e| usage(format!("{}: {e}", p.to_string_lossy())))
-    };
-    let (src, dst) = (parse(&a.paths[0])?, parse(&a.paths[1])?);
+/// A watch's local source, the server, the mirror's path on it, and the users the
+/// endpoints name.
+type WatchEnds = (Vec<u8>, String, Vec<u8>, Vec<String>);
+
+/// The [`WatchEnds`] of `a`.
+fn watch_endpoints(a: &CpArgs) -> anyhow::Result<WatchEnds> {
+    let (mut srcs, dst, users) = endpoints(a)?;
+    let src = srcs.remove(0);
     let Endpoint::Local(src) = src else {
         return Err(usage("watch needs a local source"));
     };
@@ -476,5 +576,58 @@ fn watch_endpoints(a: &CpArgs) -> anyhow::Result<(Vec<u8>, String, Vec<u8>)> {
             "sync: DST must name the mirror directory itself (not '.', '..' or a server's root)",
         ));
     }
-    Ok((src, server, path))
+    Ok((src, server, path, users))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rule_files_are_read_as_rsync_reads_them() {
+        let text = b"# comment\n; comment\n\n*.log\r\n+ keep.log\n- tmp/\n  spaced \n#x\n";
+        let r = |include| rules_of_file(text, include).unwrap();
+        let b = |s: &str| s.as_bytes().to_vec();
+        assert_eq!(
+            r(false),
+            vec![
+                (false, b("*.log")),
+                (true, b("keep.log")),
+                (false, b("tmp/")),
+                (false, b("  spaced ")),
+            ]
+        );
+        assert_eq!(r(true)[0], (true, b("*.log")));
+        assert_eq!(r(true)[2], (false, b("tmp/")));
+        assert_eq!(rules_of_file(b"a\n!\n", false), Err(2));
+        assert_eq!(rules_of_file(b"", true), Ok(Vec::new()));
+    }
+
+    #[test]
+    fn rule_files_keep_their_place_among_the_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("ex");
+        std::fs::write(&file, "*.o\n+ a.o\n").unwrap();
+        let f = FilterArgs {
+            rules: vec![
+                FilterArg::Rule(true, "x.o".into()),
+                FilterArg::From(false, file.clone()),
+                FilterArg::Rule(false, "y".into()),
+            ],
+            files_from: None,
+        };
+        let got = filter_rules(&f).unwrap();
+        let want: Vec<(bool, Vec<u8>)> =
+            [(true, "x.o"), (false, "*.o"), (true, "a.o"), (false, "y")]
+                .iter()
+                .map(|(i, p)| (*i, p.as_bytes().to_vec()))
+                .collect();
+        assert_eq!(got, want);
+        let missing = FilterArgs {
+            rules: vec![FilterArg::From(true, dir.path().join("nope"))],
+            files_from: None,
+        };
+        let e = format!("{:#}", filter_rules(&missing).unwrap_err());
+        assert!(e.contains("--include-from"), "{e}");
+    }
 }

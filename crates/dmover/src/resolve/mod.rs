@@ -13,7 +13,7 @@ mod copy;
 mod mount;
 mod serve;
 
-pub use copy::{Copy, CopyOut, Stdio, Sync, WatchJob, copy, copy_out, stdio, sync};
+pub use copy::{Copy, CopyOut, Stdio, Sync, WatchJob, copy, copy_out, filter_rules, stdio, sync};
 // `dmover bench remote`'s chunk through a mount.
 #[cfg(feature = "lab")]
 pub use mount::MOUNT_CHUNK;
@@ -93,7 +93,7 @@ pub fn client(a: &TransferArgs, env: &Env) -> anyhow::Result<ClientSetup> {
         bwlimit: a.bwlimit,
         token,
         key,
-        user: a.user.clone(),
+        user: user(a.user.as_deref(), &[], env)?,
         trust,
         protection: if a.encrypt {
             DataProtection::Encrypted
@@ -108,6 +108,28 @@ pub fn client(a: &TransferArgs, env: &Env) -> anyhow::Result<ClientSetup> {
         options,
         io_threads: a.io_threads,
     })
+}
+
+/// The user name on the servers: the `USER@` the endpoints name (`named`, one per
+/// endpoint that names one), else `--user` (`flag`), else `DMOVER_USER`, else none
+/// (""). Endpoints that name two users, or a `--user` other than theirs, are a usage
+/// error: a transfer runs as one dmover user.
+pub fn user(flag: Option<&str>, named: &[String], env: &Env) -> anyhow::Result<String> {
+    let mut named = named.iter();
+    let first = named.next();
+    if let (Some(a), Some(b)) = (first, named.find(|u| Some(*u) != first)) {
+        return Err(crate::args::usage(format!(
+            "the endpoints name two users, {a}@ and {b}@: a transfer runs as one dmover user"
+        )));
+    }
+    match (first, flag) {
+        (Some(u), Some(f)) if u != f => Err(crate::args::usage(format!(
+            "--user {f} and {u}@ name different users: give one"
+        ))),
+        (Some(u), _) => Ok(u.clone()),
+        (None, Some(f)) => Ok(f.to_string()),
+        (None, None) => Ok(env.user.clone().unwrap_or_default()),
+    }
 }
 
 /// The token for a server: from `file`, else `DMOVER_TOKEN`, else none; an empty one
@@ -144,4 +166,36 @@ pub fn runtime(streams: u16) -> anyhow::Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
         .context("starting the network runtime")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_user_is_the_endpoints_then_the_flags_then_the_environments() {
+        let env = Env {
+            user: Some("carol".into()),
+            ..Env::default()
+        };
+        let u = |flag: Option<&str>, named: &[&str]| {
+            let named: Vec<String> = named.iter().map(|n| n.to_string()).collect();
+            user(flag, &named, &env).map_err(|e| e.to_string())
+        };
+        assert_eq!(u(None, &[]), Ok("carol".into()));
+        assert_eq!(u(Some("bob"), &[]), Ok("bob".into()));
+        assert_eq!(u(None, &["alice"]), Ok("alice".into()));
+        assert_eq!(u(Some("alice"), &["alice", "alice"]), Ok("alice".into()));
+        assert!(
+            u(Some("bob"), &["alice"])
+                .unwrap_err()
+                .contains("--user bob and alice@")
+        );
+        assert!(
+            u(None, &["alice", "bob"])
+                .unwrap_err()
+                .contains("two users")
+        );
+        assert_eq!(user(None, &[], &Env::default()).unwrap(), "");
+    }
 }

@@ -43,9 +43,9 @@ pub struct MountJob {
 /// `dmover mount SOURCE DIR`.
 pub fn mount(a: &MountArgs, env: &Env) -> anyhow::Result<MountJob> {
     let source = a.source.to_string_lossy();
-    let (server, path) = match Endpoint::parse(a.source.as_bytes())
-        .map_err(|e| usage(format!("{source}: {e}")))?
-    {
+    let (endpoint, user) = Endpoint::parse_with_user(a.source.as_bytes())
+        .map_err(|e| usage(format!("{source}: {e}")))?;
+    let (server, path) = match endpoint {
         Endpoint::Remote { server, path } => (server, path),
         Endpoint::Local(_) => {
             return Err(usage(format!(
@@ -60,6 +60,7 @@ pub fn mount(a: &MountArgs, env: &Env) -> anyhow::Result<MountJob> {
     }
     let mut client = super::client(&a.transfer, env)?;
     let opts = &mut client.options;
+    opts.user = super::user(a.transfer.user.as_deref(), &Vec::from_iter(user), env)?;
     if opts.chunk_size == 0 {
         opts.chunk_size = MOUNT_CHUNK;
     }
