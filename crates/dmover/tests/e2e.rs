@@ -480,7 +480,7 @@ fn usage_errors() {
         (&["--chunk", "4X"], "(use B, K/KiB, M/MiB"),
         (&["--tcp-buffer=-1M"], "\"-1M\" is negative"),
         (&["--retry-wait", "5"], "\"5\" needs a unit, e.g. 5s or 5ms"),
-        (&["--stream-timeout", "2d"], "unknown unit \"d\""),
+        (&["--stream-timeout", "2w"], "unknown unit \"w\""),
     ] {
         let o = cp(&[args, &["a", "b:"][..]].concat());
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));

@@ -202,4 +202,25 @@ fn a_feature_the_old_side_lacks_is_refused_before_anything_is_copied() {
             );
         }
     }
+    // `sync --size-only` and `--ignore-existing` pushed to an old server (`KEEP`):
+    // refused before the mirror changes.
+    let t = tmp();
+    let src = t.path().join("tree");
+    make_tree(&src);
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let srv = serve(&old, &root, &[]);
+    for mode in ["--size-only", "--ignore-existing"] {
+        let o = sync(&[mode, s(&src), &srv.url("mirror")]);
+        assert!(!o.status.success(), "{mode} with an old server succeeded");
+        let err = stderr(&o);
+        assert!(
+            err.contains(&format!("upgrade {}", srv.addr)),
+            "{mode}: {err}"
+        );
+        assert!(
+            !root.join("mirror").exists(),
+            "{mode}: the mirror was written"
+        );
+    }
 }
