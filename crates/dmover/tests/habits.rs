@@ -31,19 +31,7 @@ fn stdout(o: &Output) -> String {
 /// `dmover SUB ARGS` with `env`, a known-hosts file of its own and no credentials
 /// from the environment.
 fn run(sub: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let kh = tempfile::tempdir().unwrap();
-    let mut c = Command::new(bin());
-    c.arg(sub)
-        .args(args)
-        .env_remove("DMOVER_TOKEN")
-        .env_remove("DMOVER_KEY")
-        .env_remove("DMOVER_USER")
-        .env_remove("DMOVER_LOG")
-        .env("DMOVER_KNOWN_HOSTS", kh.path().join("known_hosts"));
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.output().unwrap()
+    command_of(Path::new(bin()), sub, args, env)
 }
 
 /// A usage error: exit code 2 and `says` on stderr.

@@ -285,6 +285,26 @@ impl Client {
             .await
     }
 
+    /// The local `source` walked through the filters as the root of the mirror `dest`
+    /// (named as the mirror; `local`: `dest` is a local path): what a sync from here
+    /// would send.
+    async fn walk_as_mirror(
+        &self,
+        source: &[u8],
+        dest: &[u8],
+        local: bool,
+    ) -> Result<walk::Walked> {
+        let (_, name) = mirror_dest(dest, local)?;
+        let mut root = paths::source_root(&Base::Local, source, b"")?;
+        root.name = name;
+        let filter = self.opts.filter.clone().unwrap_or_default();
+        Ok(self
+            .disk
+            .run(move || walk::walk_filtered(vec![root], &filter))
+            .await
+            .ok_or(Error::Aborted)??)
+    }
+
     /// `dmover sync --dry-run`: the source's manifest, and what the destination holds
     /// unchanged and (with `--delete`) would delete; nothing is changed on either side.
     /// `push`: the local `source` to the mirror `dest` on `server`; else the server's
@@ -298,15 +318,7 @@ impl Client {
     ) -> Result<DryRun> {
         let conflicts_only = !self.opts.delete;
         if push {
-            let (_, name) = mirror_dest(dest, false)?;
-            let mut root = paths::source_root(&Base::Local, source, b"")?;
-            root.name = name;
-            let filter = self.opts.filter.clone().unwrap_or_default();
-            let walked = self
-                .disk
-                .run(move || walk::walk_filtered(vec![root], &filter))
-                .await
-                .ok_or(Error::Aborted)??;
+            let walked = self.walk_as_mirror(source, dest, false).await?;
             let entries = walked.tree.entries().to_vec();
             let compare = self.opts.compare_content;
             let req = Prune {
@@ -397,15 +409,7 @@ impl Client {
                 "sync --checksum between two local paths is not supported yet",
             ));
         }
-        let (_, name) = mirror_dest(dest, true)?;
-        let mut root = paths::source_root(&Base::Local, source, b"")?;
-        root.name = name;
-        let filter = self.opts.filter.clone().unwrap_or_default();
-        let walked = self
-            .disk
-            .run(move || walk::walk_filtered(vec![root], &filter))
-            .await
-            .ok_or(Error::Aborted)??;
+        let walked = self.walk_as_mirror(source, dest, true).await?;
         let entries = walked.tree.entries().to_vec();
         let opts = dmover_store::prune::PruneOptions {
             filter: self.opts.filter.as_deref().cloned().unwrap_or_default(),

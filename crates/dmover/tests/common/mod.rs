@@ -156,6 +156,7 @@ pub fn command_of(binary: &Path, sub: &str, args: &[&str], env: &[(&str, &str)])
         .env_remove("DMOVER_TOKEN")
         .env_remove("DMOVER_KEY")
         .env_remove("DMOVER_USER")
+        .env_remove("DMOVER_LOG")
         .env("DMOVER_KNOWN_HOSTS", kh.path().join("known_hosts"));
     for (k, v) in env {
         c.env(k, v);
