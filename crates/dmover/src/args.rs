@@ -137,10 +137,11 @@ pub struct CpArgs {
     /// docs/json.md).
     #[arg(long)]
     pub json: bool,
-    /// How to show progress: `bar` on stderr when it is a terminal, `ndjson` one JSON
-    /// line on stdout per --progress-interval and per event (retry, lost stream), the
-    /// last line being the --json summary (docs/json.md), or `none`. A bare --progress
-    /// is `bar` (a path named bar, ndjson or none after it: write --progress=bar).
+    /// How to show progress: `bar` on stderr (a bar on a terminal, else a status line
+    /// every --progress-interval), `ndjson` one JSON line on stdout per
+    /// --progress-interval and per event (retry, lost stream), the last line being the
+    /// --json summary (docs/json.md), or `none`. A bare --progress is `bar` (a path
+    /// named bar, ndjson or none after it: write --progress=bar).
     #[arg(
         long,
         value_enum,
@@ -150,11 +151,12 @@ pub struct CpArgs {
         default_missing_value = "bar"
     )]
     pub progress: ProgressMode,
-    /// Time between two `--progress ndjson` lines: a duration with a unit (500ms, 1s,
-    /// 1m).
-    #[arg(long, default_value = "1s", value_parser = parse_interval, value_name = "D")]
-    pub progress_interval: std::time::Duration,
-    /// No progress bar and no summary line (errors are still printed).
+    /// Time between two `--progress ndjson` lines (default 1s), or between two status
+    /// lines of `--progress bar` when stderr is not a terminal (default 10s): a
+    /// duration with a unit (500ms, 1s, 1m).
+    #[arg(long, value_parser = parse_interval, value_name = "D")]
+    pub progress_interval: Option<std::time::Duration>,
+    /// No progress bar, no status lines and no summary line (errors are still printed).
     #[arg(short, long)]
     pub quiet: bool,
     /// A copy between two servers: `push` (the source server dials the destination,

@@ -30,8 +30,8 @@ pub struct Show {
     pub quiet: bool,
     /// `--progress`.
     pub progress: ProgressMode,
-    /// `--progress-interval`.
-    pub interval: Duration,
+    /// `--progress-interval`, if given.
+    pub interval: Option<Duration>,
 }
 
 /// A resolved `dmover cp` or `dmover sync`.
