@@ -24,6 +24,7 @@ pub fn run(c: Copy, list: u8) -> anyhow::Result<ExitCode> {
         show,
         sync,
         spool,
+        endpoints,
         ..
     } = c;
     let direction = Direction::of(transfer.direction());
@@ -94,6 +95,7 @@ pub fn run(c: Copy, list: u8) -> anyhow::Result<ExitCode> {
         &progress,
         bwlimit,
         sync,
+        Some(&endpoints),
     );
     match stopped {
         Some(signal) => {

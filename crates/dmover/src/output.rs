@@ -581,6 +581,17 @@ struct JsonReport {
     /// `"summary"`: the last line of `--progress ndjson`.
     #[serde(rename = "type")]
     kind: &'static str,
+    /// dmover's version.
+    version: &'static str,
+    /// When the run started and ended, RFC 3339 in UTC (whole seconds).
+    started: String,
+    ended: String,
+    /// The sources and the destination as the command named them (absent from
+    /// `dmover demo`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    destination: Option<String>,
     ok: bool,
     direction: Direction,
     /// A third-party copy: the server that dialed the other (as named).
@@ -841,11 +852,23 @@ pub fn report(
     bwlimit: Option<u64>,
 ) -> ExitCode {
     report_with(
-        result, direction, dialer, secs, timing, json, quiet, progress, bwlimit, false,
+        result, direction, dialer, secs, timing, json, quiet, progress, bwlimit, false, None,
     )
 }
 
-/// [`report`]; `sync`: a `dmover sync`, whose summary counts the unchanged files.
+/// The sources and the destination of a copy as the command named them (the JSON
+/// summary's `source` and `destination`).
+#[derive(Debug, Clone)]
+pub struct Endpoints {
+    pub source: Vec<String>,
+    pub destination: String,
+}
+
+/// dmover's version, in every JSON summary.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// [`report`]; `sync`: a `dmover sync`, whose summary counts the unchanged files;
+/// `endpoints`: what the command named.
 #[allow(clippy::too_many_arguments)]
 pub fn report_with(
     result: Result<Report, Error>,
@@ -858,8 +881,11 @@ pub fn report_with(
     progress: &Progress,
     bwlimit: Option<u64>,
     sync: bool,
+    endpoints: Option<&Endpoints>,
 ) -> ExitCode {
     let o = Outcome {
+        endpoints,
+        ended: std::time::SystemTime::now(),
         direction,
         dialer,
         secs,
@@ -887,9 +913,22 @@ struct Outcome<'a> {
     progress: &'a Progress,
     bwlimit: Option<u64>,
     sync: bool,
+    endpoints: Option<&'a Endpoints>,
+    /// When the run ended (now, as it is reported).
+    ended: std::time::SystemTime,
 }
 
 impl Outcome<'_> {
+    fn started(&self) -> String {
+        let secs = Duration::try_from_secs_f64(self.secs).unwrap_or_default();
+        let started = self.ended.checked_sub(secs).unwrap_or(self.ended);
+        dmover_bench::report::timestamps(started).1
+    }
+
+    fn ended(&self) -> String {
+        dmover_bench::report::timestamps(self.ended).1
+    }
+
     /// A run that finished: its summary (JSON or a line), what was not copied or
     /// deleted, and the exit code.
     fn done(&self, r: &Report) -> ExitCode {
@@ -920,6 +959,11 @@ impl Outcome<'_> {
         JsonReport {
             schema: SCHEMA,
             kind: "summary",
+            version: VERSION,
+            started: self.started(),
+            ended: self.ended(),
+            source: self.endpoints.map(|e| e.source.clone()),
+            destination: self.endpoints.map(|e| e.destination.clone()),
             ok,
             direction,
             dialer: dialer.map(str::to_string),
@@ -1078,6 +1122,11 @@ impl Outcome<'_> {
         JsonReport {
             schema: SCHEMA,
             kind: "summary",
+            version: VERSION,
+            started: self.started(),
+            ended: self.ended(),
+            source: self.endpoints.map(|e| e.source.clone()),
+            destination: self.endpoints.map(|e| e.destination.clone()),
             ok: false,
             direction,
             dialer: dialer.map(str::to_string),
