@@ -86,29 +86,29 @@ pub struct TransferArgs {
     #[arg(long, value_parser = dmover_core::access::parse_bwlimit, value_name = "RATE")]
     pub bwlimit: Option<u64>,
     /// File holding the token the server requires (or set DMOVER_TOKEN).
-    #[arg(long)]
+    #[arg(help_heading = "Security", long)]
     pub token_file: Option<PathBuf>,
     /// Ed25519 private key to authenticate with (from `dmover credential key`).
-    #[arg(long, env = "DMOVER_KEY")]
+    #[arg(help_heading = "Security", long, env = "DMOVER_KEY")]
     pub key: Option<PathBuf>,
     /// User name on the server: a dmover user of its configuration, not an account
     /// on its host; `USER@HOST:PATH` names it too [env: DMOVER_USER].
-    #[arg(long, value_name = "NAME")]
+    #[arg(help_heading = "Security", long, value_name = "NAME")]
     pub user: Option<String>,
     /// Known-hosts file pinning servers' keys on first use
     /// [default: ~/.config/dmover/known_hosts].
-    #[arg(long, env = "DMOVER_KNOWN_HOSTS")]
+    #[arg(help_heading = "Security", long, env = "DMOVER_KNOWN_HOSTS")]
     pub known_hosts: Option<PathBuf>,
     /// Trust servers whose certificate a CA in this PEM file signed, instead of pinning
     /// (takes precedence over --known-hosts).
-    #[arg(long)]
+    #[arg(help_heading = "Security", long)]
     pub ca: Option<PathBuf>,
     /// Encrypt the data streams (AES-256-GCM), not just authenticate them.
-    #[arg(long)]
+    #[arg(help_heading = "Security", long)]
     pub encrypt: bool,
     /// Send data unauthenticated (no per-record MAC; the join is still proven).
     /// Only for networks you trust.
-    #[arg(long, conflicts_with = "encrypt")]
+    #[arg(help_heading = "Security", long, conflicts_with = "encrypt")]
     pub plain_data: bool,
 }
 
@@ -127,21 +127,22 @@ pub struct CpArgs {
     /// with curl or xrdcp.
     #[arg(required = true, num_args = 2.., value_name = "PATH")]
     pub paths: Vec<OsString>,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Transfer")]
     pub transfer: TransferArgs,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Reliability")]
     pub reliability: ReliabilityArgs,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Filters")]
     pub filters: FilterArgs,
     /// Print one JSON object with the results on stdout at the end (fields:
     /// docs/json.md).
-    #[arg(long)]
+    #[arg(help_heading = "Output", long)]
     pub json: bool,
-    /// How to show progress: `bar` on stderr when it is a terminal, `ndjson` one JSON
-    /// line on stdout per --progress-interval and per event (retry, lost stream), the
-    /// last line being the --json summary (docs/json.md), or `none`. A bare --progress
-    /// is `bar` (a path named bar, ndjson or none after it: write --progress=bar).
-    #[arg(
+    /// How to show progress: `bar` on stderr (a bar on a terminal, else a status line
+    /// every --progress-interval), `ndjson` one JSON line on stdout per
+    /// --progress-interval and per event (retry, lost stream), the last line being the
+    /// --json summary (docs/json.md), or `none`. A bare --progress is `bar` (a path
+    /// named bar, ndjson or none after it: write --progress=bar).
+    #[arg(help_heading = "Output", 
         long,
         value_enum,
         default_value_t = ProgressMode::Bar,
@@ -150,22 +151,28 @@ pub struct CpArgs {
         default_missing_value = "bar"
     )]
     pub progress: ProgressMode,
-    /// Time between two `--progress ndjson` lines: a duration with a unit (500ms, 1s,
-    /// 1m).
-    #[arg(long, default_value = "1s", value_parser = parse_interval, value_name = "D")]
-    pub progress_interval: std::time::Duration,
-    /// No progress bar and no summary line (errors are still printed).
-    #[arg(short, long)]
+    /// Time between two `--progress ndjson` lines (default 1s), or between two status
+    /// lines of `--progress bar` when stderr is not a terminal (default 10s): a
+    /// duration with a unit (500ms, 1s, 1m).
+    #[arg(help_heading = "Output", long, value_parser = parse_interval, value_name = "D")]
+    pub progress_interval: Option<std::time::Duration>,
+    /// No progress bar, no status lines and no summary line (errors are still printed).
+    #[arg(help_heading = "Output", short, long)]
     pub quiet: bool,
     /// A copy between two servers: `push` (the source server dials the destination,
     /// the default) or `pull` (the destination dials the source), for sites where only
     /// one side accepts connections (docs/third-party.md).
-    #[arg(long, value_enum, value_name = "MODE")]
+    #[arg(
+        help_heading = "Between servers",
+        long,
+        value_enum,
+        value_name = "MODE"
+    )]
     pub tpc: Option<TpcArg>,
     /// A copy between two servers that cannot reach each other: the data goes through
     /// this client (pulled from the source and pushed to the destination at once, in
     /// bounded memory; this client's link carries it twice). docs/third-party.md.
-    #[arg(long, conflicts_with = "tpc")]
+    #[arg(help_heading = "Between servers", long, conflicts_with = "tpc")]
     pub via_client: bool,
     /// `--via-client`: the bytes of chunks the client holds for the destination
     /// (tests; at least two chunks).
@@ -174,68 +181,68 @@ pub struct CpArgs {
     /// `sync`: after a successful transfer, delete destination entries the source does
     /// not have (never outside DST; entries the filters exclude are kept; nothing is
     /// deleted when the source walk was incomplete). docs/sync.md.
-    #[arg(long)]
+    #[arg(help_heading = "Sync", long)]
     pub delete: bool,
     /// `sync --delete`: delete at most N entries; the rest are reported and the exit
     /// code is 1.
-    #[arg(long, value_name = "N")]
+    #[arg(help_heading = "Sync", long, value_name = "N")]
     pub max_delete: Option<u64>,
     /// Show what would be sent (`sync`: also skipped as unchanged, and deleted),
     /// changing nothing on either side. A push's `cp` walks the source here only.
-    #[arg(short = 'n', long)]
+    #[arg(help_heading = "Output", short = 'n', long)]
     pub dry_run: bool,
     /// `sync`: compare files of equal size by content (a digest each side computes)
     /// instead of size and mtime; files with the same content are not sent.
-    #[arg(short = 'c', long)]
+    #[arg(help_heading = "Sync", short = 'c', long)]
     pub checksum: bool,
     /// `sync`: a file whose size the destination's has is not sent, whatever its mtime
     /// (a pull gives the kept file the source's mtime; a push leaves it as it is).
-    #[arg(long, conflicts_with_all = ["checksum", "ignore_existing"])]
+    #[arg(help_heading = "Sync", long, conflicts_with_all = ["checksum", "ignore_existing"])]
     pub size_only: bool,
     /// `sync`: a file the destination has already (a regular file at its path) is not
     /// sent or changed at all, whatever its size, mtime or content.
-    #[arg(long, conflicts_with = "checksum")]
+    #[arg(help_heading = "Sync", long, conflicts_with = "checksum")]
     pub ignore_existing: bool,
     /// `sync` (push): after the sync, keep watching SRC and ship each file once it is
     /// closed after writing and quiet for `--quiet-time`; with `--delete`, deletes and
     /// renames are mirrored too. Runs until SIGINT/SIGTERM. docs/sync.md.
-    #[arg(long)]
+    #[arg(help_heading = "Sync", long)]
     pub watch: bool,
     /// `sync --watch`: how long a closed file must stay untouched before it ships (a
     /// writer that reopens it within that time is waited for). Default 200ms.
-    #[arg(long, value_parser = parse_interval, value_name = "D")]
+    #[arg(help_heading = "Sync", long, value_parser = parse_interval, value_name = "D")]
     pub quiet_time: Option<std::time::Duration>,
     /// Accepted for rsync habits: dmover preserves modes, mtimes, symlinks, xattrs,
     /// ACLs and (as root) owners by default.
-    #[arg(short = 'a', long)]
+    #[arg(help_heading = "Metadata", short = 'a', long)]
     pub archive: bool,
     /// Accepted for rsync and scp habits: dmover always copies a directory with
     /// everything below it.
-    #[arg(short = 'r', long)]
+    #[arg(help_heading = "Metadata", short = 'r', long)]
     pub recursive: bool,
     /// Accepted for rsync habits: `user.*` extended attributes are preserved by
     /// default (see --no-xattrs).
-    #[arg(short = 'X', long)]
+    #[arg(help_heading = "Metadata", short = 'X', long)]
     pub xattrs: bool,
     /// Accepted for rsync habits: POSIX ACLs are preserved by default (see
     /// --no-acls).
-    #[arg(short = 'A', long)]
+    #[arg(help_heading = "Metadata", short = 'A', long)]
     pub acls: bool,
     /// Do not copy `user.*` extended attributes (push: not sent; pull: not set).
-    #[arg(long, conflicts_with = "xattrs")]
+    #[arg(help_heading = "Metadata", long, conflicts_with = "xattrs")]
     pub no_xattrs: bool,
     /// Do not copy POSIX ACLs.
-    #[arg(long, conflicts_with = "acls")]
+    #[arg(help_heading = "Metadata", long, conflicts_with = "acls")]
     pub no_acls: bool,
     /// Also copy every other extended-attribute namespace (`trusted.*`,
     /// `security.*`, ...): a push reads and sends them (a server sets them only into an
     /// export with `xattrs = "all"`), a pull sets what such an export sends (setting
     /// `trusted.*` needs root).
-    #[arg(long, conflicts_with = "no_xattrs")]
+    #[arg(help_heading = "Metadata", long, conflicts_with = "no_xattrs")]
     pub all_xattrs: bool,
     /// Do not copy numeric owners (kept by a destination that runs as root and, on
     /// a server, whose export has `preserve_owner = true`).
-    #[arg(long)]
+    #[arg(help_heading = "Metadata", long)]
     pub no_owner: bool,
 }
 

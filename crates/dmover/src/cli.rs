@@ -55,6 +55,16 @@ impl Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Copy files and trees to or from a dmover server, or between local paths.
+    // `sync`'s own options, which cp refuses, stay out of cp's help.
+    #[command(
+        mut_arg("delete", |a| a.hide(true)),
+        mut_arg("max_delete", |a| a.hide(true)),
+        mut_arg("checksum", |a| a.hide(true)),
+        mut_arg("size_only", |a| a.hide(true)),
+        mut_arg("ignore_existing", |a| a.hide(true)),
+        mut_arg("watch", |a| a.hide(true)),
+        mut_arg("quiet_time", |a| a.hide(true))
+    )]
     Cp(CpArgs),
     /// Make DST a mirror of SRC: DST is the copy itself (never its parent), so a re-run
     /// converges on one tree and sends only files whose size or mtime changed
@@ -241,5 +251,53 @@ mod tests {
     fn cli_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+    /// `dmover SUB --help` as printed.
+    fn help(sub: &str) -> String {
+        use clap::CommandFactory;
+        let mut cmd = Cli::command();
+        cmd.build();
+        let c = cmd.find_subcommand_mut(sub).expect("subcommand");
+        c.render_long_help().to_string()
+    }
+
+    #[test]
+    fn cp_help_leaves_out_sync_options_and_groups_the_rest() {
+        let sync_only = [
+            "--delete",
+            "--max-delete",
+            "--checksum",
+            "--size-only",
+            "--ignore-existing",
+            "--watch",
+            "--quiet-time",
+        ];
+        let (cp, sync) = (help("cp"), help("sync"));
+        for o in sync_only {
+            assert!(
+                !cp.contains(&format!("{o}\n")) && !cp.contains(&format!("{o} ")),
+                "cp shows {o}:\n{cp}"
+            );
+            assert!(sync.contains(o), "sync lacks {o}:\n{sync}");
+        }
+        assert!(!cp.contains("\nSync:\n"), "{cp}");
+        assert!(sync.contains("\nSync:\n"), "{sync}");
+        for h in [
+            "Transfer",
+            "Security",
+            "Reliability",
+            "Filters",
+            "Output",
+            "Between servers",
+            "Metadata",
+        ] {
+            assert!(cp.contains(&format!("\n{h}:\n")), "cp lacks {h}:\n{cp}");
+            assert!(
+                sync.contains(&format!("\n{h}:\n")),
+                "sync lacks {h}:\n{sync}"
+            );
+        }
+        // cp still takes them, to refuse them with a message naming sync.
+        assert!(Cli::try_parse_from(["dmover", "cp", "--delete", "a", "h:b"]).is_ok());
     }
 }

@@ -24,6 +24,7 @@ pub fn run(c: Copy, list: u8) -> anyhow::Result<ExitCode> {
         show,
         sync,
         spool,
+        endpoints,
         ..
     } = c;
     let direction = Direction::of(transfer.direction());
@@ -34,16 +35,19 @@ pub fn run(c: Copy, list: u8) -> anyhow::Result<ExitCode> {
     let journal = transfer.options().journal;
     let ndjson = show.progress == ProgressMode::Ndjson;
     let progress = transfer.progress().clone();
-    let bar = (show.progress == ProgressMode::Bar
-        && !show.quiet
-        && !show.json
-        && std::io::stderr().is_terminal())
-    .then(|| ProgressBar::start(&rt, progress.clone()));
+    let show_bar = show.progress == ProgressMode::Bar && !show.quiet && !show.json;
+    let terminal = std::io::stderr().is_terminal();
+    let bar = (show_bar && terminal).then(|| ProgressBar::start(&rt, progress.clone()));
+    // Not on a terminal (a batch job, cron): a status line now and then.
+    let status = (show_bar && !terminal).then(|| {
+        let every = show.interval.unwrap_or(STATUS_EVERY);
+        output::StatusLines::start(&rt, progress.clone(), every)
+    });
     let started = Instant::now();
     let sampler = output::Sampler::start(&rt, progress.clone());
     let (mut watch, mut lines) = match ndjson {
         true => (
-            Watch::every(show.interval),
+            Watch::every(show.interval.unwrap_or(NDJSON_EVERY)),
             Some(output::Ndjson::new(started)),
         ),
         false => (Watch::events(), None),
@@ -71,6 +75,9 @@ pub fn run(c: Copy, list: u8) -> anyhow::Result<ExitCode> {
     if let Some(bar) = bar {
         bar.finish();
     }
+    if let Some(s) = status {
+        s.finish();
+    }
     // Join the disk threads: an aborted transfer's staging files are gone after this.
     drop(transfer);
     drop(rt);
@@ -88,6 +95,7 @@ pub fn run(c: Copy, list: u8) -> anyhow::Result<ExitCode> {
         &progress,
         bwlimit,
         sync,
+        Some(&endpoints),
     );
     match stopped {
         Some(signal) => {
@@ -97,6 +105,13 @@ pub fn run(c: Copy, list: u8) -> anyhow::Result<ExitCode> {
         None => Ok(code),
     }
 }
+
+/// Time between two `--progress ndjson` lines unless `--progress-interval` says.
+const NDJSON_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Time between two status lines (`--progress bar`, stderr not a terminal) unless
+/// `--progress-interval` says.
+const STATUS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Runs a resolved `dmover cp HOST:PATH -`: the file's bytes to stdout as they come,
 /// checked; a summary line on stderr. A failed check fails the run (exit 1) after the

@@ -343,7 +343,7 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
                     text.into_bytes(),
                 )
             } else {
-                let body = serde_json::to_vec(&monitor.transfers())
+                let body = serde_json::to_vec(&transfers_json(&monitor.transfers()))
                     .map_err(|e| std::io::Error::other(e.to_string()))?;
                 ("200 OK", "application/json", body)
             }
@@ -372,6 +372,21 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     s.flush().await?;
     let _ = s.shutdown().await;
     Ok(())
+}
+
+/// `/api/transfers`' object: the monitor's view with the schema's version and
+/// dmover's first (docs/json.md).
+fn transfers_json(t: &dmover_core::monitor::Transfers) -> serde_json::Value {
+    let mut j = serde_json::json!({
+        "schema": crate::output::SCHEMA,
+        "version": crate::output::VERSION,
+    });
+    if let (Some(head), Ok(serde_json::Value::Object(view))) =
+        (j.as_object_mut(), serde_json::to_value(t))
+    {
+        head.extend(view);
+    }
+    j
 }
 
 #[cfg(test)]

@@ -141,6 +141,92 @@ impl Sampler {
     }
 }
 
+/// What a transfer has done so far, read from its counters, in the summary's units
+/// (bytes in KiB/MiB/GiB, the rate in Gbit/s, files counted): the progress bar's text
+/// and the status lines' (`--progress bar` when stderr is not a terminal).
+struct Status {
+    /// Samples `(seconds, bytes crossed)` of the last few seconds, for the rate.
+    window: std::collections::VecDeque<(f64, u64)>,
+    started: std::time::Instant,
+}
+
+/// How far back the rate looks.
+const RATE_WINDOW: f64 = 5.0;
+
+impl Status {
+    fn new() -> Self {
+        Status {
+            window: std::collections::VecDeque::new(),
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// Samples the counters; `window`: how far back the rate looks (seconds).
+    fn sample(&mut self, p: &Progress, window: f64) -> StatusNow {
+        let now = self.started.elapsed().as_secs_f64();
+        let sent = p.bytes.load(Ordering::Relaxed);
+        self.window.push_back((now, sent));
+        while self.window.len() > 2 && self.window[1].0 <= now - window {
+            self.window.pop_front();
+        }
+        let (t0, b0) = self.window[0];
+        let gbps = if now > t0 {
+            sent.saturating_sub(b0) as f64 * 8.0 / (now - t0) / 1e9
+        } else {
+            0.0
+        };
+        StatusNow {
+            done: p.held.load(Ordering::Relaxed) + sent + p.holes.load(Ordering::Relaxed),
+            total: p.total.load(Ordering::Relaxed),
+            files: p.files.load(Ordering::Relaxed),
+            total_files: p.total_files.load(Ordering::Relaxed),
+            gbps,
+            elapsed: now,
+        }
+    }
+}
+
+/// One reading of [`Status`].
+#[derive(Debug, Clone, Copy)]
+struct StatusNow {
+    done: u64,
+    total: u64,
+    files: u64,
+    total_files: u64,
+    gbps: f64,
+    elapsed: f64,
+}
+
+impl StatusNow {
+    /// `1.50 GiB/4.00 GiB, 12/40 files, 2.41 Gbit/s` (the totals once known).
+    fn counts(&self) -> String {
+        let (bytes, files) = match self.total {
+            0 => (human_bytes(self.done), self.files.to_string()),
+            t => (
+                format!("{}/{}", human_bytes(self.done), human_bytes(t)),
+                format!("{}/{}", self.files, self.total_files),
+            ),
+        };
+        format!("{bytes}, {files} files, {:.2} Gbit/s", self.gbps)
+    }
+
+    /// A status line: `progress: 37% 1.50 GiB/4.00 GiB, 12/40 files, 2.41 Gbit/s,
+    /// 10 s elapsed, ETA 15 s` (no percentage nor ETA before the total is known).
+    fn line(&self) -> String {
+        let elapsed = format!("{:.0} s elapsed", self.elapsed);
+        if self.total == 0 {
+            return format!("progress: {}, {elapsed}", self.counts());
+        }
+        let pct = (self.done as f64 * 100.0 / self.total as f64).min(100.0);
+        let left = self.total.saturating_sub(self.done);
+        let eta = match self.gbps > 0.0 {
+            true => format!(", ETA {:.0} s", left as f64 * 8.0 / (self.gbps * 1e9)),
+            false => String::new(),
+        };
+        format!("progress: {pct:.0}% {}, {elapsed}{eta}", self.counts())
+    }
+}
+
 /// A progress bar on stderr fed from a transfer's counters.
 pub struct ProgressBar {
     bar: indicatif::ProgressBar,
@@ -156,28 +242,23 @@ impl ProgressBar {
             indicatif::ProgressDrawTarget::hidden(),
         );
         bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} {bytes:>10}/{total_bytes:<10} [{wide_bar}] {binary_bytes_per_sec:>12} ETA {eta}",
-            )
-            .expect("valid template")
-            .progress_chars("=> "),
+            indicatif::ProgressStyle::with_template("{spinner} {msg} [{wide_bar}] ETA {eta}")
+                .expect("valid template")
+                .progress_chars("=> "),
         );
         let b = bar.clone();
         let task = rt.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(200));
+            let mut status = Status::new();
             loop {
                 tick.tick().await;
-                let p = &progress;
-                let total = p.total.load(Ordering::Relaxed);
-                if total > 0 && b.is_hidden() {
+                let now = status.sample(&progress, RATE_WINDOW);
+                if now.total > 0 && b.is_hidden() {
                     b.set_draw_target(indicatif::ProgressDrawTarget::stderr());
                 }
-                b.set_length(total);
-                b.set_position(
-                    p.held.load(Ordering::Relaxed)
-                        + p.bytes.load(Ordering::Relaxed)
-                        + p.holes.load(Ordering::Relaxed),
-                );
+                b.set_length(now.total);
+                b.set_position(now.done);
+                b.set_message(now.counts());
             }
         });
         ProgressBar { bar, task }
@@ -192,6 +273,41 @@ impl ProgressBar {
     pub fn finish(self) {
         self.task.abort();
         self.bar.finish_and_clear();
+    }
+}
+
+/// `--progress bar` when stderr is not a terminal (a batch job, cron, a pipe): one
+/// status line on stderr every `--progress-interval` ([`StatusNow::line`]).
+pub struct StatusLines {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StatusLines {
+    /// Starts writing a line every `interval` (the first after one interval).
+    pub fn start(
+        rt: &tokio::runtime::Runtime,
+        progress: Arc<Progress>,
+        interval: Duration,
+    ) -> Self {
+        let task = rt.spawn(async move {
+            let mut status = Status::new();
+            status.sample(&progress, f64::MAX);
+            let mut tick =
+                tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                // The rate over the last interval.
+                let now = status.sample(&progress, interval.as_secs_f64());
+                eprintln!("{}", now.line());
+            }
+        });
+        StatusLines { task }
+    }
+
+    /// Stops the lines.
+    pub fn finish(self) {
+        self.task.abort();
     }
 }
 
@@ -465,6 +581,17 @@ struct JsonReport {
     /// `"summary"`: the last line of `--progress ndjson`.
     #[serde(rename = "type")]
     kind: &'static str,
+    /// dmover's version.
+    version: &'static str,
+    /// When the run started and ended, RFC 3339 in UTC (whole seconds).
+    started: String,
+    ended: String,
+    /// The sources and the destination as the command named them (absent from
+    /// `dmover demo`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    destination: Option<String>,
     ok: bool,
     direction: Direction,
     /// A third-party copy: the server that dialed the other (as named).
@@ -725,11 +852,23 @@ pub fn report(
     bwlimit: Option<u64>,
 ) -> ExitCode {
     report_with(
-        result, direction, dialer, secs, timing, json, quiet, progress, bwlimit, false,
+        result, direction, dialer, secs, timing, json, quiet, progress, bwlimit, false, None,
     )
 }
 
-/// [`report`]; `sync`: a `dmover sync`, whose summary counts the unchanged files.
+/// The sources and the destination of a copy as the command named them (the JSON
+/// summary's `source` and `destination`).
+#[derive(Debug, Clone)]
+pub struct Endpoints {
+    pub source: Vec<String>,
+    pub destination: String,
+}
+
+/// dmover's version, in every JSON summary.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// [`report`]; `sync`: a `dmover sync`, whose summary counts the unchanged files;
+/// `endpoints`: what the command named.
 #[allow(clippy::too_many_arguments)]
 pub fn report_with(
     result: Result<Report, Error>,
@@ -742,8 +881,11 @@ pub fn report_with(
     progress: &Progress,
     bwlimit: Option<u64>,
     sync: bool,
+    endpoints: Option<&Endpoints>,
 ) -> ExitCode {
     let o = Outcome {
+        endpoints,
+        ended: std::time::SystemTime::now(),
         direction,
         dialer,
         secs,
@@ -771,9 +913,22 @@ struct Outcome<'a> {
     progress: &'a Progress,
     bwlimit: Option<u64>,
     sync: bool,
+    endpoints: Option<&'a Endpoints>,
+    /// When the run ended (now, as it is reported).
+    ended: std::time::SystemTime,
 }
 
 impl Outcome<'_> {
+    fn started(&self) -> String {
+        let secs = Duration::try_from_secs_f64(self.secs).unwrap_or_default();
+        let started = self.ended.checked_sub(secs).unwrap_or(self.ended);
+        dmover_bench::report::timestamps(started).1
+    }
+
+    fn ended(&self) -> String {
+        dmover_bench::report::timestamps(self.ended).1
+    }
+
     /// A run that finished: its summary (JSON or a line), what was not copied or
     /// deleted, and the exit code.
     fn done(&self, r: &Report) -> ExitCode {
@@ -804,6 +959,11 @@ impl Outcome<'_> {
         JsonReport {
             schema: SCHEMA,
             kind: "summary",
+            version: VERSION,
+            started: self.started(),
+            ended: self.ended(),
+            source: self.endpoints.map(|e| e.source.clone()),
+            destination: self.endpoints.map(|e| e.destination.clone()),
             ok,
             direction,
             dialer: dialer.map(str::to_string),
@@ -962,6 +1122,11 @@ impl Outcome<'_> {
         JsonReport {
             schema: SCHEMA,
             kind: "summary",
+            version: VERSION,
+            started: self.started(),
+            ended: self.ended(),
+            source: self.endpoints.map(|e| e.source.clone()),
+            destination: self.endpoints.map(|e| e.destination.clone()),
             ok: false,
             direction,
             dialer: dialer.map(str::to_string),
@@ -1009,6 +1174,53 @@ impl Outcome<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_line_counts_bytes_and_files_in_the_summary_units() {
+        let mut now = StatusNow {
+            done: 3 << 30,
+            total: 4 << 30,
+            files: 30,
+            total_files: 40,
+            gbps: 8.0 * 1.024 * 1.024 * 1.024,
+            elapsed: 12.4,
+        };
+        // 1 GiB left at 1 GiB/s.
+        assert_eq!(
+            now.line(),
+            "progress: 75% 3.00 GiB/4.00 GiB, 30/40 files, 8.59 Gbit/s, 12 s elapsed, ETA 1 s"
+        );
+        now.gbps = 0.0;
+        assert_eq!(
+            now.line(),
+            "progress: 75% 3.00 GiB/4.00 GiB, 30/40 files, 0.00 Gbit/s, 12 s elapsed"
+        );
+        // Before the walk tells the totals.
+        now.total = 0;
+        now.total_files = 0;
+        assert_eq!(
+            now.line(),
+            "progress: 3.00 GiB, 30 files, 0.00 Gbit/s, 12 s elapsed"
+        );
+    }
+
+    #[test]
+    fn the_status_rate_is_over_the_window() {
+        let p = Progress::default();
+        let mut s = Status::new();
+        s.sample(&p, 1.0);
+        std::thread::sleep(Duration::from_millis(50));
+        p.bytes.store(1_000_000, Ordering::Relaxed);
+        let now = s.sample(&p, 1.0);
+        assert!(now.gbps > 0.0, "{now:?}");
+        assert_eq!(now.done, 1_000_000);
+        // Nothing more crossed: the rate over a short window falls to 0.
+        std::thread::sleep(Duration::from_millis(30));
+        s.sample(&p, 0.01);
+        std::thread::sleep(Duration::from_millis(30));
+        let now = s.sample(&p, 0.01);
+        assert_eq!(now.gbps, 0.0, "{now:?}");
+    }
 
     #[test]
     fn what_reaches_the_terminal_is_printable() {

@@ -209,6 +209,8 @@ fn tuned_host_is_all_ok_and_json_lists_every_check() {
         assert!(f["fix"].as_array().unwrap().is_empty(), "{f:#}");
     }
     assert_eq!(code, 0);
+    assert_eq!(r["schema"], 1, "{r:#}");
+    assert_eq!(r["version"], env!("CARGO_PKG_VERSION"), "{r:#}");
     assert_eq!(r["warnings"], 0);
     assert_eq!(r["sizing"]["bdp_bytes"], 125_000_000);
     assert_eq!(r["sizing"]["rtt_from"], "option");

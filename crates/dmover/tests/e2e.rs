@@ -691,3 +691,99 @@ fn ipv6_loopback_end_to_end() {
     ok(&o);
     same(&src, &back);
 }
+
+/// Checks one status line (`--progress bar`, stderr not a terminal): `progress: 37%
+/// 1.50 GiB/4.00 GiB, 12/40 files, 2.41 Gbit/s, 10 s elapsed[, ETA 15 s]`, or before
+/// the totals are known `progress: 1.50 GiB, 12 files, 2.41 Gbit/s, 10 s elapsed`.
+fn check_status_line(line: &str, total_bytes: &str, total_files: u64) {
+    let rest = line
+        .strip_prefix("progress: ")
+        .unwrap_or_else(|| panic!("{line}"));
+    let parts: Vec<&str> = rest.split(", ").collect();
+    assert!(parts.len() >= 4, "{line}");
+    let files = parts[1]
+        .strip_suffix(" files")
+        .unwrap_or_else(|| panic!("{line}"));
+    let rate = parts[2]
+        .strip_suffix(" Gbit/s")
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(rate.parse::<f64>().unwrap() >= 0.0, "{line}");
+    let elapsed = parts[3]
+        .strip_suffix(" s elapsed")
+        .unwrap_or_else(|| panic!("{line}"));
+    elapsed.parse::<u64>().unwrap_or_else(|_| panic!("{line}"));
+    match parts[0].split_once(' ') {
+        Some((pct, bytes)) if pct.ends_with('%') => {
+            let pct: u64 = pct.trim_end_matches('%').parse().unwrap();
+            assert!(pct <= 100, "{line}");
+            let (done, total) = bytes.split_once('/').unwrap_or_else(|| panic!("{line}"));
+            assert!(done.ends_with("iB") || done.ends_with(" B"), "{line}");
+            assert_eq!(total, total_bytes, "{line}");
+            let (n, of) = files.split_once('/').unwrap_or_else(|| panic!("{line}"));
+            assert!(n.parse::<u64>().unwrap() <= total_files, "{line}");
+            assert_eq!(of.parse::<u64>().unwrap(), total_files, "{line}");
+            if let Some(eta) = parts.get(4) {
+                let s = eta.strip_prefix("ETA ").and_then(|e| e.strip_suffix(" s"));
+                s.unwrap_or_else(|| panic!("{line}"))
+                    .parse::<u64>()
+                    .unwrap();
+            }
+        }
+        _ => {
+            files.parse::<u64>().unwrap_or_else(|_| panic!("{line}"));
+        }
+    }
+}
+
+#[test]
+fn progress_off_a_terminal_is_a_status_line_every_interval() {
+    let t = tmp();
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    for i in 0..4 {
+        write_file(&src.join(format!("f{i}")), i, 2 << 20, 0o644, 1_700_000_000);
+    }
+    let root = t.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    // 128 chunks of 64 KiB, each 100 ms on one of 8 disk threads: ~1.6 s.
+    let srv = Server::start(&root, &["--debug-chunk-delay-ms", "100"]);
+    // stderr is a pipe here, not a terminal.
+    let o = cp(&[
+        "--chunk",
+        "64K",
+        "--progress-interval",
+        "200ms",
+        s(&src),
+        &srv.url(""),
+    ]);
+    ok(&o);
+    let err = stderr(&o);
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("progress: "))
+        .collect();
+    assert!(lines.len() >= 2, "{err}");
+    for l in &lines {
+        check_status_line(l, "8.00 MiB", 4);
+    }
+    assert!(lines.iter().any(|l| l.contains("/8.00 MiB, ")), "{err}");
+    // The summary line comes after the last status line.
+    let last = err.lines().last().unwrap();
+    assert!(last.starts_with("pushed 8.00 MiB in 4 files"), "{err}");
+    same(&src, &root.join("src"));
+
+    // --quiet and --progress none: no status line.
+    for off in [&["--quiet"][..], &["--progress", "none"][..]] {
+        let dest = srv.url(&format!("off{}", off.len()));
+        let mut args = vec!["--chunk", "64K", "--progress-interval", "200ms"];
+        args.extend_from_slice(off);
+        args.extend([s(&src), dest.as_str()]);
+        let o = cp(&args);
+        ok(&o);
+        assert!(
+            !stderr(&o).contains("progress: "),
+            "{off:?}: {}",
+            stderr(&o)
+        );
+    }
+}

@@ -48,10 +48,33 @@ fn small_tree(root: &Path) {
     }
 }
 
-/// The summary's fields as `--json` has always printed them, plus the schema.
+/// `YYYY-MM-DDTHH:MM:SSZ` (RFC 3339, UTC, whole seconds).
+fn assert_utc_timestamp(v: &Value) {
+    let t = v.as_str().unwrap_or_else(|| panic!("not a string: {v}"));
+    let b = t.as_bytes();
+    assert_eq!(b.len(), 20, "{t}");
+    for (i, c) in b.iter().enumerate() {
+        match i {
+            4 | 7 => assert_eq!(*c, b'-', "{t}"),
+            10 => assert_eq!(*c, b'T', "{t}"),
+            13 | 16 => assert_eq!(*c, b':', "{t}"),
+            19 => assert_eq!(*c, b'Z', "{t}"),
+            _ => assert!(c.is_ascii_digit(), "{t}"),
+        }
+    }
+    assert!(t > "2020", "{t}");
+}
+
+/// The summary's fields as `--json` has always printed them, plus the schema, dmover's
+/// version and when the run started and ended.
 fn assert_summary_fields(j: &Value) {
     assert_eq!(j["schema"], 1, "{j}");
     assert_eq!(j["type"], "summary", "{j}");
+    assert_eq!(j["version"], env!("CARGO_PKG_VERSION"), "{j}");
+    assert_utc_timestamp(&j["started"]);
+    assert_utc_timestamp(&j["ended"]);
+    // Same format, so the strings compare as the times do.
+    assert!(j["started"].as_str() <= j["ended"].as_str(), "{j}");
     for f in [
         "ok",
         "direction",
@@ -293,6 +316,9 @@ fn json_alone_prints_only_the_summary() {
     assert_eq!(ls.len(), 1, "{ls:?}");
     assert_summary_fields(&ls[0]);
     assert_eq!(ls[0]["ok"], true);
+    // The endpoints as the command named them.
+    assert_eq!(ls[0]["source"], serde_json::json!([s(&src)]), "{}", ls[0]);
+    assert_eq!(ls[0]["destination"], srv.url(""), "{}", ls[0]);
     // And without either, stdout stays empty.
     let o = cp(&["--quiet", s(&src), &srv.url("again")]);
     ok(&o);
@@ -340,6 +366,8 @@ fn a_failed_pull_still_ends_with_a_summary() {
     assert_summary_fields(j);
     assert_eq!(j["ok"], false);
     assert_eq!(j["direction"], "pull");
+    assert_eq!(j["source"], serde_json::json!([srv.url("missing")]), "{j}");
+    assert_eq!(j["destination"], s(&t.path().join("dest")), "{j}");
     assert_eq!(j["attempts"], 1, "{j}");
     assert_eq!(j["errors"], 1);
     assert!(

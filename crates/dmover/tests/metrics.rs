@@ -213,6 +213,9 @@ fn counters_move_during_a_transfer_and_equal_its_summary_after() {
     let (status, body) = get(&server.metrics, "/api/transfers", None);
     assert_eq!(status, 200);
     let j: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(j["schema"], 1, "{j}");
+    assert_eq!(j["version"], env!("CARGO_PKG_VERSION"), "{j}");
+    assert!(j["now_unix"].as_f64().unwrap() > 0.0, "{j}");
     let first = &j["transfers"][0];
     assert_eq!(first["op"], "push", "{j}");
     assert_eq!(first["user"], "", "{j}");

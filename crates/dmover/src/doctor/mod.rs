@@ -140,6 +140,10 @@ pub struct Sizing {
 /// The JSON document of `--json`.
 #[derive(Debug, Serialize)]
 struct Report<'a> {
+    /// The schema's version ([`crate::output::SCHEMA`]).
+    schema: u32,
+    /// dmover's version.
+    version: &'static str,
     sysroot: String,
     sizing: &'a Sizing,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -182,6 +186,8 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     if a.json {
         let report = Report {
+            schema: crate::output::SCHEMA,
+            version: crate::output::VERSION,
             sysroot: a.sysroot.display().to_string(),
             sizing: &sizing,
             host: probe.as_ref(),

@@ -30,8 +30,8 @@ pub struct Show {
     pub quiet: bool,
     /// `--progress`.
     pub progress: ProgressMode,
-    /// `--progress-interval`.
-    pub interval: Duration,
+    /// `--progress-interval`, if given.
+    pub interval: Option<Duration>,
 }
 
 /// A resolved `dmover cp` or `dmover sync`.
@@ -48,6 +48,8 @@ pub struct Copy {
     pub dry_run: bool,
     /// A sync (its summary counts unchanged files).
     pub sync: bool,
+    /// The sources and the destination as named.
+    pub endpoints: crate::output::Endpoints,
 }
 
 /// A resolved `dmover sync`: once, or watching.
@@ -83,6 +85,23 @@ pub struct WatchJob {
 /// `dmover cp`.
 pub fn copy(a: &CpArgs, env: &Env) -> anyhow::Result<Copy> {
     copy_as(a, env, Kind::Copy)
+}
+
+/// The sources and the destination of `a` as named (lossy UTF-8).
+fn named(a: &CpArgs) -> crate::output::Endpoints {
+    let named: Vec<String> = a
+        .paths
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    let (destination, source) = match named.split_last() {
+        Some((d, s)) => (d.clone(), s.to_vec()),
+        None => (String::new(), Vec::new()),
+    };
+    crate::output::Endpoints {
+        source,
+        destination,
+    }
 }
 
 /// `dmover sync SRC DST`: DST is the mirror itself (docs/sync.md).
@@ -231,6 +250,7 @@ fn copy_as(a: &CpArgs, env: &Env, kind: Kind) -> anyhow::Result<Copy> {
         },
         dry_run: a.dry_run,
         sync,
+        endpoints: named(a),
     })
 }
 
