@@ -10,7 +10,7 @@ use dmover_proto::control::Summary;
 use dmover_proto::data::DigestEntry;
 use dmover_proto::layout::Layout;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// What reading a chunk produced besides its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,4 +100,20 @@ pub trait Sink: Send + Sync {
     /// Gives up the transfer: nothing incomplete stays under a final name. Dropping a
     /// sink whose `finish` did not succeed does the same.
     fn abort(&self);
+}
+
+/// Checks chunk `k`'s CRC32C (`crc`, as its frame carried it) over its pieces, placed
+/// in `buf` at `layout`'s offsets: what every sink does first when checksums are on.
+/// `from` names the sender in the error of a chunk that carries none.
+pub fn check_crc(layout: &Layout, k: u64, buf: &[u8], crc: Option<u32>, from: &str) -> Result<()> {
+    let want = crc.ok_or_else(|| Error::protocol(from, format!("chunk {k} carries no CRC")))?;
+    let got = layout.pieces(k).fold(0, |c, p| {
+        dmover_proto::digest::crc32c_append(c, &buf[p.buf_offset..p.buf_offset + p.len])
+    });
+    if got != want {
+        return Err(Error::Checksum(format!(
+            "chunk {k} arrived corrupted (CRC32C {got:08x}, sent as {want:08x})"
+        )));
+    }
+    Ok(())
 }

@@ -341,17 +341,7 @@ impl Sink for MemSink {
         crc: Option<u32>,
     ) -> Result<()> {
         if self.checksum {
-            let want = crc.ok_or_else(|| {
-                Error::protocol("the source", format!("chunk {k} carries no CRC"))
-            })?;
-            let got = self.layout.pieces(k).fold(0, |c, p| {
-                crc32c_append(c, &buf[p.buf_offset..p.buf_offset + p.len])
-            });
-            if got != want {
-                return Err(Error::Checksum(format!(
-                    "chunk {k} arrived corrupted (CRC32C {got:08x}, sent as {want:08x})"
-                )));
-            }
+            crate::chunk::check_crc(&self.layout, k, buf, crc, "the source")?;
         }
         let bad = |what: String| Error::protocol("the source", format!("chunk {k}: {what}"));
         for d in digests {

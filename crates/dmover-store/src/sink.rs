@@ -37,7 +37,7 @@ use parking_lot::{Mutex, RwLock};
 
 use dmover_proto::control::{ErrorCode, Summary};
 use dmover_proto::data::DigestEntry;
-use dmover_proto::digest::{FileDigest, crc32c_append, piece_hash};
+use dmover_proto::digest::{FileDigest, piece_hash};
 use dmover_proto::layout::{Layout, Piece};
 use dmover_proto::manifest::{
     ACL_ACCESS, ACL_DEFAULT, Entry, EntryKind, EntryMeta, MAX_NAME, Mtime, NO_PARENT, Xattr,
@@ -1234,21 +1234,7 @@ impl FileSink {
         if !self.opts.checksum {
             return Ok(());
         }
-        let Some(want) = crc else {
-            return Err(Error::protocol(
-                "the source",
-                format!("chunk {k} carries no CRC"),
-            ));
-        };
-        let got = b.layout.pieces(k).fold(0, |c, p| {
-            crc32c_append(c, &buf[p.buf_offset..p.buf_offset + p.len])
-        });
-        if got != want {
-            return Err(Error::Checksum(format!(
-                "chunk {k} arrived corrupted (CRC32C {got:08x}, sent as {want:08x})"
-            )));
-        }
-        Ok(())
+        crate::chunk::check_crc(&b.layout, k, buf, crc, "the source")
     }
 
     /// Step two: the digests of the files chunk `k` completes at the source (and the

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use dmover_proto::control::{ErrorCode, Op, Summary};
 use dmover_proto::data::DigestEntry;
-use dmover_proto::digest::{crc32c_append, piece_hash};
+use dmover_proto::digest::piece_hash;
 use dmover_proto::layout::Layout;
 use dmover_proto::manifest::{Entry, EntryKind};
 use dmover_proto::session::{Limits, SinkSession};
@@ -144,16 +144,7 @@ impl Sink for WriterSink {
     ) -> dmover_store::Result<()> {
         use dmover_store::Error as E;
         if self.checksum {
-            let want =
-                crc.ok_or_else(|| E::protocol("the source", format!("chunk {k} carries no CRC")))?;
-            let got = self.layout.pieces(k).fold(0, |c, p| {
-                crc32c_append(c, &buf[p.buf_offset..p.buf_offset + p.len])
-            });
-            if got != want {
-                return Err(E::Checksum(format!(
-                    "chunk {k} arrived corrupted (CRC32C {got:08x}, sent as {want:08x})"
-                )));
-            }
+            dmover_store::chunk::check_crc(&self.layout, k, buf, crc, "the source")?;
         }
         let bad = |what: String| E::protocol("the source", format!("chunk {k}: {what}"));
         let failed = |e: Error| match e {
