@@ -605,18 +605,27 @@ async fn older_server(
                 _ = stop.cancelled() => return,
                 r = listener.accept(&opts) => r.unwrap(),
             };
-            let Ok(pre) = inc.read_preamble("client").await else {
-                continue;
-            };
-            let answer = Preamble::new(ConnKind::Control, pre.version);
-            inc.write_preamble(answer, "client").await.unwrap();
-            let Ok(tls) = tls.accept(inc.into_control()).await else {
-                continue;
-            };
-            let mut ch =
-                ControlChannel::new(dmover_net::ControlStream::Server(tls), "c", MAX_FRAME);
-            let opened = opened.clone();
+            // One task per connection: the client dials its data connections
+            // ahead, beside the control one, and those never start TLS (one
+            // waited on here in the accept loop held the control connection back
+            // until the client's handshake timeout; CI saw it once).
+            let (opened, tls) = (opened.clone(), tls.clone());
             tokio::spawn(async move {
+                let Ok(pre) = inc.read_preamble("client").await else {
+                    return;
+                };
+                if pre.kind != ConnKind::Control {
+                    return;
+                }
+                let answer = Preamble::new(ConnKind::Control, pre.version);
+                if inc.write_preamble(answer, "client").await.is_err() {
+                    return;
+                }
+                let Ok(tls) = tls.accept(inc.into_control()).await else {
+                    return;
+                };
+                let mut ch =
+                    ControlChannel::new(dmover_net::ControlStream::Server(tls), "c", MAX_FRAME);
                 loop {
                     let msg = match ch.recv().await {
                         Ok(Control::Hello(_)) => Control::Welcome(Welcome {
