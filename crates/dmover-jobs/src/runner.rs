@@ -25,7 +25,7 @@ use crate::model::{
     Counters, FileError, Job, JobId, JobKind, JobSpec, MAX_PRIORITY, MIN_PRIORITY, Outcome, Route,
     State, now_ms,
 };
-use crate::store::{JobStore, StoreError};
+use crate::store::{JobStore, RunState, StoreError};
 
 /// How the runner runs jobs.
 #[derive(Debug, Clone)]
@@ -139,6 +139,9 @@ pub struct Service {
     /// Jobs whose webhook is being delivered now.
     delivering: Mutex<std::collections::HashSet<JobId>>,
 }
+
+/// How soon the runner claims again after a claim failed (the database away).
+const CLAIM_AGAIN: Duration = Duration::from_secs(2);
 
 /// Webhooks read from the store at a time (the rest on the next turn of the loop).
 const WEBHOOKS_AT_ONCE: usize = 64;
@@ -407,6 +410,10 @@ impl Service {
         }
         let mut tasks = tokio::task::JoinSet::new();
         let mut purged_at: Option<std::time::Instant> = None;
+        let lease = self
+            .store
+            .heartbeat_every()
+            .map(|every| tokio::spawn(self.clone().keep_lease(every, shutdown.clone())));
         loop {
             if purged_at.is_none_or(|t| t.elapsed() >= PURGE_EVERY) {
                 purged_at = Some(std::time::Instant::now());
@@ -415,6 +422,7 @@ impl Service {
                 }
             }
             self.send_webhooks().await;
+            let mut claim_failed = false;
             while tasks.len() < self.cfg.concurrency.max(1) {
                 let store = self.store.clone();
                 let now = self.now();
@@ -428,11 +436,16 @@ impl Service {
                     Ok(None) => break,
                     Err(e) => {
                         tracing::error!("jobs: claiming a job: {e}");
+                        claim_failed = true;
                         break;
                     }
                 }
             }
-            let wait = self.next_wait(&tasks).await;
+            let mut wait = self.next_wait(&tasks).await;
+            if std::mem::take(&mut claim_failed) {
+                // The database is away: try again soon (the running jobs go on).
+                wait = wait.min(CLAIM_AGAIN);
+            }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = self.wake.notified() => {}
@@ -441,7 +454,60 @@ impl Service {
             }
         }
         while tasks.join_next().await.is_some() {}
+        if let Some(l) = lease {
+            let _ = l.await;
+        }
         Ok(())
+    }
+
+    /// On a store shared by several services: heartbeats every `every` and queues
+    /// again the jobs of agents whose lease ran out, until `shutdown`. A database that
+    /// cannot be reached leaves the runs going (their progress waits, nothing new is
+    /// claimed); a lease taken by another service under this agent's name stops them.
+    async fn keep_lease(self: Arc<Self>, every: Duration, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut unreachable = false;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let store = self.store.clone();
+            match blocking(move || store.heartbeat()).await {
+                Ok(()) if unreachable => {
+                    unreachable = false;
+                    tracing::info!("jobs: the database answers again; claiming again");
+                    self.wake.notify_one();
+                }
+                Ok(()) => {}
+                Err(StoreError::Lost(e)) => {
+                    tracing::error!("jobs: {e}: stopping this service's runs");
+                    for c in self.lock_running().values() {
+                        c.cancel(e.clone());
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    if !unreachable {
+                        tracing::warn!("jobs: heartbeat: {e} (the runs go on)");
+                    }
+                    unreachable = true;
+                    continue;
+                }
+            }
+            let store = self.store.clone();
+            match blocking(move || store.reclaim()).await {
+                Ok(ids) if !ids.is_empty() => {
+                    for id in ids {
+                        self.changed(id);
+                    }
+                    self.wake.notify_one();
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("jobs: looking for jobs whose lease ran out: {e}"),
+            }
+        }
     }
 
     /// Starts delivering the webhooks of ended jobs that are pending (a job's end,
@@ -546,6 +612,9 @@ impl Service {
                 j.attempts,
                 j.error.map(|e| format!(": {e}")).unwrap_or_default()
             ),
+            Err(StoreError::Lost(e)) => {
+                tracing::warn!("jobs: job {id}'s run stopped, its end not recorded: {e}");
+            }
             Err(e) => tracing::error!("jobs: recording the end of job {id}: {e}"),
         }
         self.changed(id);
@@ -594,6 +663,7 @@ impl Service {
             id,
             rx,
             self.changed.clone(),
+            transfer.canceller(),
         ));
         let left = Duration::from_millis((deadline_ms - self.now()).max(0) as u64);
         let watch = Watch {
@@ -735,6 +805,7 @@ async fn record_progress(
     id: JobId,
     mut rx: tokio::sync::watch::Receiver<Option<Snapshot>>,
     changed: tokio::sync::broadcast::Sender<JobId>,
+    canceller: Canceller,
 ) {
     while rx.changed().await.is_ok() {
         let Some(s) = *rx.borrow_and_update() else {
@@ -742,8 +813,18 @@ async fn record_progress(
         };
         let store = store.clone();
         match blocking(move || store.progress(id, &counters(&s))).await {
-            Ok(()) => {
+            Ok(state) => {
                 let _ = changed.send(id);
+                match state {
+                    RunState::Running => {}
+                    // Asked through another service sharing the store (this one's
+                    // own cancels stop the transfer at once).
+                    RunState::CancelAsked => canceller.cancel(format!("job {id} cancelled")),
+                    RunState::Lost => canceller.cancel(format!(
+                        "job {id} is no longer this service's: its lease ran out and \
+                         another agent runs it"
+                    )),
+                }
             }
             Err(e) => tracing::warn!("jobs: recording job {id}'s progress: {e}"),
         }

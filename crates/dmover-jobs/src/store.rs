@@ -55,7 +55,11 @@ pub enum StoreError {
     /// A stored row that does not read back.
     #[error("job {0}: stored data does not read back: {1}")]
     BadRow(JobId, String),
-    /// Anything else SQLite or the file system said.
+    /// This service's lease on a shared store was lost (another service took its
+    /// agent name, or its jobs were given to others while it could not heartbeat).
+    #[error("{0}")]
+    Lost(String),
+    /// Anything else the database or the file system said.
     #[error("jobs database: {0}")]
     Db(String),
 }
@@ -112,8 +116,12 @@ pub trait JobStore: Send + Sync + std::fmt::Debug {
     /// user's jobs the highest priority, then the oldest. One transaction: a job is
     /// never claimed twice.
     fn claim(&self, now_ms: i64) -> Result<Option<Job>, StoreError>;
-    /// Records a running job's counters.
-    fn progress(&self, id: JobId, c: &Counters) -> Result<(), StoreError>;
+    /// Records a running job's counters, and says whether the run should go on:
+    /// [`RunState::CancelAsked`] when a cancel was recorded meanwhile (by this service
+    /// or, on a shared store, another), [`RunState::Lost`] when the job is no longer
+    /// this service's (a shared store gave it to another agent after this one's lease
+    /// ran out).
+    fn progress(&self, id: JobId, c: &Counters) -> Result<RunState, StoreError>;
     /// Records how a run ended.
     fn finish(&self, id: JobId, outcome: &Outcome) -> Result<Job, StoreError>;
     /// Cancels a queued job at once; marks a running one (its runner stops it and
@@ -139,6 +147,165 @@ pub trait JobStore: Send + Sync + std::fmt::Debug {
     /// Records a delivery's result for job `id`, unless the job was retried (or
     /// deleted) meanwhile: delivered, or why not.
     fn webhook_result(&self, id: JobId, result: Result<(), String>) -> Result<(), StoreError>;
+    /// A store shared by several services (each an agent holding a lease on the jobs
+    /// it runs): how often [`JobStore::heartbeat`] must be called. `None` (the
+    /// default): one service holds the store, and there is no lease to keep.
+    fn heartbeat_every(&self) -> Option<std::time::Duration> {
+        None
+    }
+    /// Renews this service's lease ([`JobStore::heartbeat_every`]). An error says it
+    /// could not (the database is unreachable: the runs go on, nothing new is claimed
+    /// until it is back), or that the lease was lost ([`StoreError::Lost`]).
+    fn heartbeat(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// Queues again the running jobs of agents whose lease ran out (a shared store;
+    /// [`JobStore::recover`] does it once at start for a store of one's own).
+    /// Returns their ids.
+    fn reclaim(&self) -> Result<Vec<JobId>, StoreError> {
+        Ok(Vec::new())
+    }
+}
+
+/// Whether a run goes on ([`JobStore::progress`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunState {
+    /// It does.
+    Running,
+    /// A cancel was asked: stop it (its end records the cancel).
+    CancelAsked,
+    /// The job is no longer this service's: stop it, record nothing.
+    Lost,
+}
+
+/// A job's fields that a store keeps as text, read back ([`Job`]'s kind, state, spec
+/// and webhook state), or the row's fault.
+pub(crate) fn parse_row(
+    id: JobId,
+    kind: &str,
+    state: &str,
+    spec: &str,
+    webhook: Option<&str>,
+) -> Result<(JobKind, State, JobSpec, Option<WebhookState>), StoreError> {
+    let bad = |what: String| StoreError::BadRow(id, what);
+    let kind = JobKind::parse(kind).ok_or_else(|| bad(format!("kind {kind:?}")))?;
+    let state = State::parse(state).ok_or_else(|| bad(format!("state {state:?}")))?;
+    let spec: JobSpec = serde_json::from_str(spec).map_err(|e| bad(format!("spec: {e}")))?;
+    let webhook = match webhook {
+        None => None,
+        Some(w) => Some(WebhookState::parse(w).ok_or_else(|| bad(format!("webhook {w:?}")))?),
+    };
+    Ok((kind, state, spec, webhook))
+}
+
+/// How a run's [`Outcome`] changes its job ([`JobStore::finish`]), the same in every
+/// store.
+#[derive(Debug)]
+pub(crate) struct Ending<'a> {
+    /// Its state after.
+    pub state: State,
+    /// The run's counters.
+    pub counters: &'a Counters,
+    /// Why it failed (this attempt, or for good).
+    pub error: Option<&'a str>,
+    /// The files not copied.
+    pub files: &'a [FileError],
+    /// Not run again before.
+    pub not_before: i64,
+    /// When it ended (`None`: queued again).
+    pub ended: Option<i64>,
+    /// A recurring job queued for its next run: its tries and deadline count from
+    /// `not_before`.
+    pub recurs: bool,
+}
+
+impl Ending<'_> {
+    /// The job ended (or a recurring one's run did): its webhook is due.
+    pub fn webhook_due(&self) -> bool {
+        self.state.is_end() || self.recurs
+    }
+}
+
+/// The [`Ending`] of `job`'s run with `outcome`, at `now`.
+pub(crate) fn ending<'a>(job: &Job, outcome: &'a Outcome, now: i64) -> Ending<'a> {
+    let (mut state, counters, error, files, mut not_before, ended) = match outcome {
+        Outcome::Done(c) => (State::Done, c, None, &[][..], 0, Some(now)),
+        Outcome::Cancelled(c) => (State::Cancelled, c, None, &[][..], 0, Some(now)),
+        Outcome::Failed {
+            counters,
+            error,
+            files,
+        } => (
+            State::Failed,
+            counters,
+            Some(error.as_str()),
+            &files[..],
+            0,
+            Some(now),
+        ),
+        Outcome::Requeue {
+            counters,
+            error,
+            not_before_ms,
+        } => (
+            State::Queued,
+            counters,
+            Some(error.as_str()),
+            &[][..],
+            *not_before_ms,
+            None,
+        ),
+    };
+    // A recurring job's run that ended done or failed: queued for its next run, a
+    // period after this one started (at once if that has passed).
+    let recurs = match (job.spec.options.every_secs, state) {
+        (Some(every), State::Done | State::Failed) => {
+            let every_ms = i64::try_from(every.saturating_mul(1000)).unwrap_or(i64::MAX);
+            let started = job.started_ms.unwrap_or(now);
+            not_before = started.saturating_add(every_ms);
+            state = State::Queued;
+            true
+        }
+        _ => false,
+    };
+    Ending {
+        state,
+        counters,
+        error,
+        files,
+        not_before,
+        ended,
+        recurs,
+    }
+}
+
+/// The cap on a user's unfinished jobs refused a submission.
+pub(crate) fn too_many(owner: &str, n: i64, cap: u32) -> StoreError {
+    StoreError::Limit(format!(
+        "{owner} has {n} unfinished (queued or running) jobs, the most a user may have \
+         (max_unfinished_per_user = {cap}); submit again when some have ended"
+    ))
+}
+
+/// A cancel of an ended job.
+pub(crate) fn nothing_to_cancel(id: JobId, s: State) -> StoreError {
+    StoreError::Conflict(format!(
+        "job {id} has ended ({}): nothing to cancel",
+        s.as_str()
+    ))
+}
+
+/// A retry of a job that is not failed or cancelled.
+pub(crate) fn not_retryable(id: JobId, s: State) -> StoreError {
+    StoreError::Conflict(format!(
+        "job {id} is {}: only a failed or cancelled job can be retried",
+        s.as_str()
+    ))
+}
+
+/// A stored counter as a database integer (saturating).
+pub(crate) fn db_int(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 /// The claim's choice, in SQL (SQLite's and PostgreSQL's): `?1` now, `?2` the link
@@ -375,16 +542,11 @@ fn classify(path: &Path, e: rusqlite::Error) -> StoreError {
 fn row_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Job, StoreError>> {
     let id: JobId = r.get(0)?;
     let (kind, state, spec): (String, String, String) = (r.get(2)?, r.get(3)?, r.get(4)?);
-    let bad = |what: &str| Err(StoreError::BadRow(id, what.to_string()));
-    let Some(kind) = JobKind::parse(&kind) else {
-        return Ok(bad(&format!("kind {kind:?}")));
-    };
-    let Some(state) = State::parse(&state) else {
-        return Ok(bad(&format!("state {state:?}")));
-    };
-    let spec: JobSpec = match serde_json::from_str(&spec) {
-        Ok(s) => s,
-        Err(e) => return Ok(bad(&format!("spec: {e}"))),
+    let webhook: Option<String> = r.get(23)?;
+    let (kind, state, spec, webhook) = match parse_row(id, &kind, &state, &spec, webhook.as_deref())
+    {
+        Ok(x) => x,
+        Err(e) => return Ok(Err(e)),
     };
     let u = |i: usize| -> rusqlite::Result<u64> { Ok(r.get::<_, i64>(i)?.max(0) as u64) };
     Ok(Ok(Job {
@@ -412,13 +574,7 @@ fn row_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Job, StoreError>> {
         cancel_requested: r.get::<_, i64>(20)? != 0,
         priority: u(21)?.min(255) as u8,
         link: r.get(22)?,
-        webhook: match r.get::<_, Option<String>>(23)? {
-            None => None,
-            Some(w) => match WebhookState::parse(&w) {
-                Some(w) => Some(w),
-                None => return Ok(bad(&format!("webhook {w:?}"))),
-            },
-        },
+        webhook,
         webhook_error: r.get(24)?,
     }))
 }
@@ -459,7 +615,7 @@ fn webhook_due(tx: &rusqlite::Transaction<'_>, job: &Job) -> Result<(), StoreErr
 
 /// Writes a run's counters.
 fn set_counters(tx: &rusqlite::Transaction<'_>, id: JobId, c: &Counters) -> Result<(), StoreError> {
-    let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let i = db_int;
     tx.execute(
         "UPDATE jobs SET bytes = ?2, bytes_total = ?3, files_done = ?4, files_total = ?5, \
          rate = ?6, bytes_resumed = ?7 WHERE id = ?1",
@@ -488,11 +644,7 @@ impl JobStore for SqliteStore {
                     |r| r.get(0),
                 )?;
                 if n >= i64::from(cap) {
-                    return Err(StoreError::Limit(format!(
-                        "{owner} has {n} unfinished (queued or running) jobs, the most a user \
-                         may have (max_unfinished_per_user = {cap}); submit again when some \
-                         have ended"
-                    )));
+                    return Err(too_many(owner, n, cap));
                 }
             }
             tx.execute(
@@ -556,8 +708,22 @@ impl JobStore for SqliteStore {
         })
     }
 
-    fn progress(&self, id: JobId, c: &Counters) -> Result<(), StoreError> {
-        self.tx(|tx| set_counters(tx, id, c))
+    fn progress(&self, id: JobId, c: &Counters) -> Result<RunState, StoreError> {
+        self.tx(|tx| {
+            set_counters(tx, id, c)?;
+            let cancel: Option<i64> = tx
+                .query_row(
+                    "SELECT cancel_requested FROM jobs WHERE id = ?1 AND state = 'running'",
+                    [id],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            Ok(match cancel {
+                None => RunState::Lost,
+                Some(0) => RunState::Running,
+                Some(_) => RunState::CancelAsked,
+            })
+        })
     }
 
     fn finish(&self, id: JobId, outcome: &Outcome) -> Result<Job, StoreError> {
@@ -569,50 +735,10 @@ impl JobStore for SqliteStore {
                     job.state.as_str()
                 )));
             }
-            let now = now_ms();
-            let (mut state, counters, error, files, mut not_before, ended) = match outcome {
-                Outcome::Done(c) => (State::Done, c, None, &[][..], 0, Some(now)),
-                Outcome::Cancelled(c) => (State::Cancelled, c, None, &[][..], 0, Some(now)),
-                Outcome::Failed {
-                    counters,
-                    error,
-                    files,
-                } => (
-                    State::Failed,
-                    counters,
-                    Some(error),
-                    &files[..],
-                    0,
-                    Some(now),
-                ),
-                Outcome::Requeue {
-                    counters,
-                    error,
-                    not_before_ms,
-                } => (
-                    State::Queued,
-                    counters,
-                    Some(error),
-                    &[][..],
-                    *not_before_ms,
-                    None,
-                ),
-            };
-            // A recurring job's run that ended done or failed: queued for its next
-            // run, a period after this one started (at once if that has passed).
-            let recurs = match (job.spec.options.every_secs, state) {
-                (Some(every), State::Done | State::Failed) => {
-                    let every_ms = i64::try_from(every.saturating_mul(1000)).unwrap_or(i64::MAX);
-                    let started = job.started_ms.unwrap_or(now);
-                    not_before = started.saturating_add(every_ms);
-                    state = State::Queued;
-                    true
-                }
-                _ => false,
-            };
-            set_counters(tx, id, counters)?;
+            let e = ending(&job, outcome, now_ms());
+            set_counters(tx, id, e.counters)?;
             tx.execute("DELETE FROM file_errors WHERE job = ?1", [id])?;
-            for f in files {
+            for f in e.files {
                 tx.execute(
                     "INSERT INTO file_errors (job, path, error) VALUES (?1, ?2, ?3)",
                     params![id, f.path, f.error],
@@ -623,21 +749,21 @@ impl JobStore for SqliteStore {
                  files_failed = ?6, cancel_requested = 0 WHERE id = ?1",
                 params![
                     id,
-                    state.as_str(),
-                    error,
-                    not_before,
-                    ended,
-                    files.len() as i64
+                    e.state.as_str(),
+                    e.error,
+                    e.not_before,
+                    e.ended,
+                    e.files.len() as i64
                 ],
             )?;
-            if recurs {
+            if e.recurs {
                 // Its next run's tries and deadline count from its time.
                 tx.execute(
                     "UPDATE jobs SET tries = 0, queued_ms = ?2 WHERE id = ?1",
-                    params![id, not_before],
+                    params![id, e.not_before],
                 )?;
             }
-            if state.is_end() || recurs {
+            if e.webhook_due() {
                 webhook_due(tx, &job)?;
             }
             load(tx, id)
@@ -658,12 +784,7 @@ impl JobStore for SqliteStore {
                 State::Running => {
                     tx.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?1", [id])?;
                 }
-                s => {
-                    return Err(StoreError::Conflict(format!(
-                        "job {id} has ended ({}): nothing to cancel",
-                        s.as_str()
-                    )));
-                }
+                s => return Err(nothing_to_cancel(id, s)),
             }
             load(tx, id)
         })
@@ -673,10 +794,7 @@ impl JobStore for SqliteStore {
         self.tx(|tx| {
             let job = load(tx, id)?;
             if !matches!(job.state, State::Failed | State::Cancelled) {
-                return Err(StoreError::Conflict(format!(
-                    "job {id} is {}: only a failed or cancelled job can be retried",
-                    job.state.as_str()
-                )));
+                return Err(not_retryable(id, job.state));
             }
             tx.execute(
                 "UPDATE jobs SET state = 'queued', tries = 0, not_before_ms = 0, ended_ms = NULL, \
@@ -791,6 +909,8 @@ impl JobStore for SqliteStore {
         })
     }
 }
+
+pub mod pg;
 
 #[cfg(test)]
 mod tests;

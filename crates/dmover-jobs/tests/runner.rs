@@ -249,7 +249,11 @@ impl dmover_jobs::store::JobStore for Watched {
         }
         Ok(j)
     }
-    fn progress(&self, id: JobId, c: &dmover_jobs::model::Counters) -> Result<(), StoreError> {
+    fn progress(
+        &self,
+        id: JobId,
+        c: &dmover_jobs::model::Counters,
+    ) -> Result<dmover_jobs::store::RunState, StoreError> {
         self.inner.progress(id, c)
     }
     fn finish(

@@ -316,3 +316,5 @@ pub fn parse_answer(raw: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
     };
     (status, headers, body)
 }
+
+pub mod pg;
