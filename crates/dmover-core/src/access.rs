@@ -456,8 +456,24 @@ pub struct JobsEntry {
     pub enabled: bool,
     /// Address of its REST API [default: 127.0.0.1:7780]; not loopback: TLS.
     pub listen: Option<SocketAddr>,
-    /// The SQLite database [default: `jobs.sqlite` in the state directory].
+    /// The SQLite database [default: `jobs.sqlite` in the state directory], or a
+    /// PostgreSQL database shared by several services (`postgres://USER@HOST/DB`;
+    /// docs/cluster.md).
     pub database: Option<PathBuf>,
+    /// PostgreSQL: a file holding the database user's password (kept out of the URL
+    /// and this file; readable by the service's user only).
+    pub database_password_file: Option<PathBuf>,
+    /// PostgreSQL: the schema holding this cluster's tables (several clusters share
+    /// one database in schemas of their own) [default: the database user's].
+    pub database_schema: Option<String>,
+    /// PostgreSQL: this service's name among the services sharing the database
+    /// [default: the host's name].
+    pub agent: Option<String>,
+    /// PostgreSQL: the time between this service's heartbeats [default: 5s].
+    pub heartbeat: Option<Span>,
+    /// PostgreSQL: heartbeats a lease lasts: a service silent this long loses its
+    /// running jobs to the others [default: 6; at least 2].
+    pub lease_heartbeats: Option<u32>,
     /// Jobs run at once [default: 4].
     pub concurrency: Option<usize>,
     /// Runs after the first a job may take after failures that may pass [default: 3].

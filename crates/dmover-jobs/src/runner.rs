@@ -604,8 +604,7 @@ impl Service {
             return;
         };
         self.counters.ended(&outcome);
-        let store = self.store.clone();
-        match blocking(move || store.finish(id, &outcome)).await {
+        match self.record_end(id, outcome, &shutdown).await {
             Ok(j) => tracing::info!(
                 "jobs: job {id} {} (attempt {}){}",
                 j.state.as_str(),
@@ -619,6 +618,36 @@ impl Service {
         }
         self.changed(id);
         self.wake.notify_one();
+    }
+
+    /// Records a run's end; while the database cannot be reached, tries again every
+    /// [`CLAIM_AGAIN`] (the job stays this service's meanwhile: nobody else may
+    /// record it) until it answers, the service shuts down (the next start resumes
+    /// the job), or the answer is final (the job gone, or no longer this service's).
+    async fn record_end(
+        &self,
+        id: JobId,
+        outcome: Outcome,
+        shutdown: &CancellationToken,
+    ) -> Result<Job, StoreError> {
+        let outcome = Arc::new(outcome);
+        let mut said = false;
+        loop {
+            let (store, o) = (self.store.clone(), outcome.clone());
+            match blocking(move || store.finish(id, &o)).await {
+                Err(StoreError::Db(e)) if !shutdown.is_cancelled() => {
+                    if !said {
+                        tracing::warn!("jobs: recording the end of job {id}: {e}; trying again");
+                        said = true;
+                    }
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return Err(StoreError::Db(e)),
+                        _ = tokio::time::sleep(CLAIM_AGAIN) => {}
+                    }
+                }
+                r => return r,
+            }
+        }
     }
 
     /// One run of `job`; `None` when the service shut down during it.

@@ -55,6 +55,11 @@ pub enum StoreError {
     /// A stored row that does not read back.
     #[error("job {0}: stored data does not read back: {1}")]
     BadRow(JobId, String),
+    /// A shared store's agent name is held by a live service.
+    #[error(
+        "agent {0} is in use by a live job service on this database: give each service its own agent name"
+    )]
+    AgentInUse(String),
     /// This service's lease on a shared store was lost (another service took its
     /// agent name, or its jobs were given to others while it could not heartbeat).
     #[error("{0}")]

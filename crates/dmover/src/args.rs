@@ -672,6 +672,17 @@ pub struct ServeArgs {
     /// else 127.0.0.1:7780]. Not loopback: TLS with the server's key.
     #[arg(long, value_name = "ADDR")]
     pub jobs_listen: Option<SocketAddr>,
+    /// The job service's database: a PostgreSQL URL (`postgres://USER@HOST/DB`) that
+    /// several services share, one per DTN (docs/cluster.md), or an SQLite file
+    /// [default: the config's `[jobs] database`, else `jobs.sqlite` in the state
+    /// directory].
+    #[arg(long, value_name = "URL|FILE")]
+    pub db: Option<String>,
+    /// This service's name among those sharing a PostgreSQL job database (one live
+    /// service per name) [default: the config's `[jobs] agent`, else the host's
+    /// name].
+    #[arg(long, value_name = "NAME")]
+    pub agent: Option<String>,
     /// Fault injection for tests: sleep this many milliseconds per chunk read or written,
     /// on threads pinned at their start (`--io-threads`, else 8), so that a transfer lasts
     /// as long as the test needs.

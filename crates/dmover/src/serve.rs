@@ -166,11 +166,23 @@ async fn open_jobs(
     identity: &ServerIdentity,
 ) -> anyhow::Result<Jobs> {
     let (db, policy) = (j.database.clone(), j.policy);
-    let store = tokio::task::spawn_blocking(move || {
-        dmover_jobs::store::SqliteStore::open(&db).map(|s| s.with_policy(policy))
-    })
-    .await
-    .context("opening the job database")??;
+    let store: Arc<dyn dmover_jobs::store::JobStore> =
+        tokio::task::spawn_blocking(move || match db {
+            crate::resolve::Database::Sqlite(path) => dmover_jobs::store::SqliteStore::open(&path)
+                .map(|s| Arc::new(s.with_policy(policy)) as Arc<_>),
+            crate::resolve::Database::Postgres(o) => {
+                let (agent, schema) = (o.agent.clone(), o.schema.clone());
+                let s = dmover_jobs::store::pg::PgStore::open(o)?;
+                tracing::info!(
+                    "jobs: on PostgreSQL as agent {agent} (epoch {}){}",
+                    s.epoch(),
+                    schema.map(|s| format!(", schema {s}")).unwrap_or_default()
+                );
+                Ok(Arc::new(s) as Arc<_>)
+            }
+        })
+        .await
+        .context("opening the job database")??;
     let listener = TcpListener::bind(j.listen)
         .await
         .with_context(|| format!("listening on {} for the job service", j.listen))?;
@@ -183,7 +195,7 @@ async fn open_jobs(
         Some(identity.acceptor()?)
     };
     Ok(Jobs {
-        service: dmover_jobs::runner::Service::new(Arc::new(store), j.runner),
+        service: dmover_jobs::runner::Service::new(store, j.runner),
         auth: Arc::new(dmover_jobs::api::Auth::new(users, &j.admins)),
         listener,
         bound,

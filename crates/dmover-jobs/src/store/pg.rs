@@ -279,10 +279,7 @@ impl PgStore {
             .map_err(db)?
             .get(0);
         if !held {
-            return Err(StoreError::Locked(std::path::PathBuf::from(format!(
-                "agent {}",
-                self.opts.agent
-            ))));
+            return Err(StoreError::AgentInUse(self.opts.agent.clone()));
         }
         Ok(client)
     }
@@ -329,10 +326,18 @@ impl PgStore {
                 *guard = Some(self.connect().await?);
             }
             let client = guard.as_mut().expect("connected");
-            let tx = client.transaction().await.map_err(db)?;
-            let out = f(&tx).await?;
-            tx.commit().await.map_err(db)?;
-            Ok(out)
+            let out = async {
+                let tx = client.transaction().await.map_err(db)?;
+                let out = f(&tx).await?;
+                tx.commit().await.map_err(db)?;
+                Ok(out)
+            }
+            .await;
+            // A connection that broke is made again by the next call.
+            if out.is_err() && guard.as_ref().is_some_and(Client::is_closed) {
+                *guard = None;
+            }
+            out
         })
     }
 

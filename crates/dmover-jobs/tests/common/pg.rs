@@ -7,6 +7,8 @@
 //! Without PostgreSQL installed the tests that need it say so and pass, unless
 //! `DMOVER_REQUIRE_POSTGRES` is set (CI sets it, and installs the package).
 
+#![allow(dead_code)] // each test binary uses part of it
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -103,7 +105,9 @@ impl PgServer {
         if is_root() {
             std::os::unix::fs::chown(&root, Some(pg_uid()), None).unwrap();
         }
+        // In the directory: the test's own may be closed to PostgreSQL's user.
         let out = as_pg(&bin, "initdb")
+            .current_dir(&root)
             .arg("-D")
             .arg(&data)
             .args(["-U", "dmover", "--auth=trust", "-E", "UTF8", "--no-sync"])
@@ -139,6 +143,7 @@ impl PgServer {
              kill -INT $pid 2>/dev/null; wait $pid; rm -rf \"$root\""
         );
         let mut child = Command::new("sh")
+            .current_dir(&root)
             .args(["-c", &script, "sh"])
             .arg(&root)
             .stdin(Stdio::piped())
@@ -230,4 +235,12 @@ fn pg_uid() -> u32 {
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+impl PgServer {
+    /// The URL form (`postgres://dmover@127.0.0.1:PORT/postgres`), as a config file
+    /// names it.
+    pub fn postgres_url(&self) -> String {
+        format!("postgres://dmover@127.0.0.1:{}/postgres", self.port)
+    }
 }

@@ -18,7 +18,7 @@ pub use copy::{Copy, CopyOut, Stdio, Sync, WatchJob, copy, copy_out, filter_rule
 #[cfg(feature = "lab")]
 pub use mount::MOUNT_CHUNK;
 pub use mount::{MountJob, mount};
-pub use serve::{JobsSetup, Reload, ServeJob, check as serve_check, serve};
+pub use serve::{Database, JobsSetup, Reload, ServeJob, check as serve_check, serve};
 
 use std::path::Path;
 

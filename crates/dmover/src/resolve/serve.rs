@@ -134,8 +134,8 @@ fn section_of(error: &str, text: &str) -> Option<String> {
 /// The job service's settings, resolved (docs/jobs.md).
 #[derive(Debug)]
 pub struct JobsSetup {
-    /// The SQLite database.
-    pub database: PathBuf,
+    /// Its database.
+    pub database: Database,
     /// The REST API's address.
     pub listen: SocketAddr,
     /// How jobs run, with the service's credential.
@@ -144,6 +144,82 @@ pub struct JobsSetup {
     pub policy: dmover_jobs::store::Policy,
     /// Users who see every user's jobs.
     pub admins: Vec<String>,
+}
+
+/// Where the job service keeps its jobs.
+#[derive(Debug, Clone)]
+pub enum Database {
+    /// An SQLite file of its own.
+    Sqlite(PathBuf),
+    /// A PostgreSQL database shared with other services (the policy is set on the
+    /// store when it opens).
+    Postgres(dmover_jobs::store::pg::PgOptions),
+}
+
+/// Whether `s` names a PostgreSQL database.
+fn is_postgres(s: &str) -> bool {
+    s.starts_with("postgres://") || s.starts_with("postgresql://")
+}
+
+/// The job database `[jobs] database` or `--db` names.
+fn database(
+    named: Option<String>,
+    agent: Option<String>,
+    j: &dmover_core::access::JobsEntry,
+    state: &std::path::Path,
+    policy: dmover_jobs::store::Policy,
+) -> anyhow::Result<Database> {
+    let Some(named) = named.clone().filter(|n| is_postgres(n)) else {
+        if j.database_schema.is_some() || j.database_password_file.is_some() || agent.is_some() {
+            return Err(usage(
+                "--agent and [jobs] database_schema and database_password_file are for a \
+                 PostgreSQL database (--db or database = \"postgres://…\")",
+            ));
+        }
+        return Ok(Database::Sqlite(
+            named.map_or_else(|| state.join("jobs.sqlite"), PathBuf::from),
+        ));
+    };
+    let mut url = named;
+    if let Some(f) = &j.database_password_file {
+        let pw = std::fs::read_to_string(f)
+            .with_context(|| format!("reading [jobs] database_password_file {}", f.display()))?;
+        let pw = pw.trim_end_matches(['\n', '\r']);
+        // Appended as a key-value pair would not be: a URL carries it encoded.
+        let enc: String = pw
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                    (b as char).to_string()
+                }
+                b => format!("%{b:02X}"),
+            })
+            .collect();
+        url.push(if url.contains('?') { '&' } else { '?' });
+        url.push_str("password=");
+        url.push_str(&enc);
+    }
+    let defaults = dmover_jobs::store::pg::Lease::default();
+    let lease = dmover_jobs::store::pg::Lease {
+        heartbeat: j
+            .heartbeat
+            .map_or(defaults.heartbeat, |s| s.0.max(Duration::from_millis(100))),
+        heartbeats: j.lease_heartbeats.unwrap_or(defaults.heartbeats).max(2),
+    };
+    let agent = match agent.or_else(|| j.agent.clone()) {
+        Some(a) => a,
+        None => rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned(),
+    };
+    Ok(Database::Postgres(dmover_jobs::store::pg::PgOptions {
+        url,
+        schema: j.database_schema.clone(),
+        agent,
+        lease,
+        policy,
+    }))
 }
 
 /// The job API's address unless configured.
@@ -302,20 +378,23 @@ fn jobs(
             .map_err(|e| usage(format!("config: [jobs] webhooks: {e}")))?,
         ..defaults
     };
+    let policy = dmover_jobs::store::Policy {
+        link_concurrency: j.link_concurrency.unwrap_or(policy.link_concurrency).max(1),
+        max_unfinished_per_user: j
+            .max_unfinished_per_user
+            .or(policy.max_unfinished_per_user)
+            .filter(|n| *n > 0),
+    };
+    let named = a.db.clone().or_else(|| {
+        j.database
+            .as_ref()
+            .map(|d| d.to_string_lossy().into_owned())
+    });
     Ok(Some(JobsSetup {
-        database: j
-            .database
-            .clone()
-            .unwrap_or_else(|| state.join("jobs.sqlite")),
+        database: database(named, a.agent.clone(), &j, &state, policy)?,
         listen: a.jobs_listen.or(j.listen).unwrap_or(JOBS_LISTEN),
         runner,
-        policy: dmover_jobs::store::Policy {
-            link_concurrency: j.link_concurrency.unwrap_or(policy.link_concurrency).max(1),
-            max_unfinished_per_user: j
-                .max_unfinished_per_user
-                .or(policy.max_unfinished_per_user)
-                .filter(|n| *n > 0),
-        },
+        policy,
         admins: j.admins,
     }))
 }

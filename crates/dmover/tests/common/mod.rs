@@ -521,3 +521,5 @@ pub fn render_page(browser: &str, url: &str, dir: &Path) -> String {
     eprintln!("chromium rendered the page in {:?}", started.elapsed());
     String::from_utf8_lossy(&dom.stdout).into_owned()
 }
+
+pub mod jobs;
