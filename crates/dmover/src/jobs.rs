@@ -16,10 +16,13 @@ use crate::env::Env;
 /// How to reach the job service: shared by the job commands.
 #[derive(Debug, Clone, Args)]
 pub struct ServiceArgs {
-    /// The job service: http://HOST:PORT (loopback) or https://HOST:PORT.
+    /// The job service: http://HOST:PORT (loopback) or https://HOST:PORT [default:
+    /// the client config's `service`, docs/client.md].
     #[arg(long, env = "DMOVER_SERVICE", value_name = "URL")]
-    pub service: String,
-    /// File holding your token on the service's server [default: DMOVER_TOKEN].
+    pub service: Option<String>,
+    /// File holding your token on the service's server [default: DMOVER_TOKEN, else
+    /// the token file of the client config's profile of the service's host, else of
+    /// its `[defaults]`].
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
     /// Known-hosts file where an https:// service's key is pinned [default: the
@@ -130,14 +133,47 @@ pub enum Act {
 }
 
 fn client(a: &ServiceArgs, env: &Env) -> anyhow::Result<ApiClient> {
-    let token = crate::resolve::token(a.token_file.as_deref(), env)?
-        .map(|t| String::from_utf8_lossy(&t).trim().to_string());
+    let profiles = crate::resolve::profile::loaded(env)?;
+    let defaults = profiles.map(|p| &p.file.defaults);
+    let service = a
+        .service
+        .clone()
+        .or_else(|| defaults.and_then(|d| d.service.clone()))
+        .ok_or_else(|| {
+            usage(
+                "no job service: pass --service URL, set DMOVER_SERVICE, or write service = \
+                 \"URL\" under [defaults] in the client config (docs/client.md)",
+            )
+        })?;
+    let mut token = crate::resolve::token(a.token_file.as_deref(), env)?;
+    if token.is_none() {
+        // The profile of the service's host (by name or address), else [defaults].
+        let host = service_host(&service);
+        let file = profiles
+            .and_then(|p| p.host(host))
+            .and_then(|(_, h)| h.token_file.as_deref())
+            .or_else(|| defaults.and_then(|d| d.token_file.as_deref()));
+        token = crate::resolve::profile::credential(file, None)?.0;
+    }
+    let token = token.map(|t| String::from_utf8_lossy(&t).trim().to_string());
     let kh = a
         .known_hosts
         .clone()
+        .or_else(|| defaults.and_then(|d| d.known_hosts.clone()))
         .or_else(|| env.known_hosts())
         .context("no known-hosts file: pass --known-hosts FILE")?;
-    Ok(ApiClient::new(&a.service, token, kh)?)
+    Ok(ApiClient::new(&service, token, kh)?)
+}
+
+/// The host of a service URL (`https://HOST:PORT/...`), an IPv6 address without its
+/// brackets.
+fn service_host(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or_default();
+    match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    }
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
