@@ -90,11 +90,13 @@ pub struct TransferArgs {
     /// client config's, docs/client.md].
     #[arg(help_heading = "Security", long)]
     pub token_file: Option<PathBuf>,
-    /// Ed25519 private key to authenticate with (from `dmover credential key`).
+    /// Ed25519 private key to authenticate with (from `dmover credential key`)
+    /// [default: the client config's, docs/client.md].
     #[arg(help_heading = "Security", long, env = "DMOVER_KEY")]
     pub key: Option<PathBuf>,
     /// User name on the server: a dmover user of its configuration, not an account
-    /// on its host; `USER@HOST:PATH` names it too [env: DMOVER_USER].
+    /// on its host; `USER@HOST:PATH` names it too [env: DMOVER_USER; default: the
+    /// client config's profile of the host, else its `[defaults]`].
     #[arg(help_heading = "Security", long, value_name = "NAME")]
     pub user: Option<String>,
     /// Known-hosts file pinning servers' keys on first use [default: the client

@@ -91,8 +91,8 @@ fn check(env: &Env) -> anyhow::Result<(Value, Vec<String>)> {
             "known_hosts": d.known_hosts,
             "streams": d.streams,
             "retries": d.retries,
-            "retry_wait": d.retry_wait.map(|w| format!("{w:?}")),
-            "busy_wait": d.busy_wait.map(|w| format!("{w:?}")),
+            "retry_wait": d.retry_wait.map(|w| format!("{}s", w.as_secs_f64())),
+            "busy_wait": d.busy_wait.map(|w| format!("{}s", w.as_secs_f64())),
         },
         "hosts": hosts,
     });
@@ -194,6 +194,14 @@ fn text(r: &Value) -> String {
         d["user"].as_str().unwrap_or("none"),
         cred(&d["credential"])
     ));
+    let options: Vec<String> = ["streams", "retries", "retry_wait", "busy_wait"]
+        .iter()
+        .filter(|k| !d[**k].is_null())
+        .map(|k| format!("{k} {}", d[*k].to_string().trim_matches('"')))
+        .collect();
+    if !options.is_empty() {
+        out.push_str(&format!("options: {}\n", options.join(", ")));
+    }
     for h in r["hosts"].as_array().into_iter().flatten() {
         out.push_str(&format!(
             "host {}: {}, user {}, credential {}\n",

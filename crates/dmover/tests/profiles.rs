@@ -101,7 +101,8 @@ fn a_profile_routes_a_copy_and_flags_and_the_environment_beat_it() {
     let home = Home::new(
         t.path(),
         &format!(
-            "[host.alpha]\naddress = \"127.0.0.1\"\nport = {}\ntoken_file = \"alpha.token\"\n",
+            "[defaults]\nstreams = 3\n\n[host.alpha]\naddress = \"127.0.0.1\"\nport = {}\n\
+             token_file = \"alpha.token\"\n",
             port(&srv)
         ),
     );
@@ -115,13 +116,19 @@ fn a_profile_routes_a_copy_and_flags_and_the_environment_beat_it() {
     for d in ["one", "two"] {
         std::fs::create_dir(root.join(d)).unwrap();
     }
-    let o = home.run(&["cp", "-q", s(&src), "alpha:one/"], &[]);
+    let o = home.run(&["cp", "--json", s(&src), "alpha:one/"], &[]);
     ok(&o);
     assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
     same(&src, &root.join("one/src"));
-    let o = home.run(&["cp", "-q", s(&src), "dmover://alpha/two/"], &[]);
+    // [defaults]' streams, and -P beating them.
+    assert_eq!(json(&o)["streams"], 3, "{}", json(&o));
+    let o = home.run(
+        &["cp", "--json", "-P", "2", s(&src), "dmover://alpha/two/"],
+        &[],
+    );
     ok(&o);
     same(&src, &root.join("two/src"));
+    assert_eq!(json(&o)["streams"], 2, "{}", json(&o));
     // A wrong token on the command line or in the environment wins: refused (3).
     let wrong = token(
         &t.path().join("wrong.token"),
@@ -220,7 +227,8 @@ fn config_check_shows_each_host_and_warns_of_a_loose_token_file() {
     let home = Home::new(
         t.path(),
         &format!(
-            "[defaults]\nservice = \"https://dtn1.example.org:7702\"\nuser = \"carol\"\n\n\
+            "[defaults]\nservice = \"https://dtn1.example.org:7702\"\nuser = \"carol\"\n\
+             retry_wait = \"1m\"\n\n\
              [host.dtn1]\naddress = \"dtn1.example.org\"\nport = 7701\nuser = \"alice\"\n\
              token_file = \"{}\"\n\n[host.dtn2]\naddress = \"127.0.0.1\"\nport = 1\n\
              token_file = \"{}\"\n",
@@ -235,6 +243,7 @@ fn config_check_shows_each_host_and_warns_of_a_loose_token_file() {
     for w in [
         format!("config {}: OK", home.config().display()),
         "service: https://dtn1.example.org:7702".into(),
+        "options: retry_wait 60s".into(),
         format!(
             "host dtn1: dtn1.example.org:7701, user alice, credential token {} (readable, mode 600)",
             tight.display()
@@ -271,7 +280,7 @@ fn config_check_shows_each_host_and_warns_of_a_loose_token_file() {
     let o = home.run(&["config", "check"], &[]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("[host.dtn2] (line 11)"),
+        stderr(&o).contains("[host.dtn2] (line 12)"),
         "{}",
         stderr(&o)
     );

@@ -330,14 +330,14 @@ impl Profiles {
 /// The credential files that were warned about in this process.
 static WARNED: std::sync::Mutex<Option<HashSet<PathBuf>>> = std::sync::Mutex::new(None);
 
-/// What is wrong with the mode of credential file `f`, if anything: readable or
-/// writable by its group or others.
+/// What is wrong with the mode of credential file `f`, if anything: any permission
+/// for its group or others.
 pub fn loose_mode(f: &Path) -> Option<String> {
     let mode = std::fs::metadata(f).ok()?.permissions().mode() & 0o777;
     (mode & 0o077 != 0).then(|| {
         format!(
-            "credential file {} can be read by others than its owner (mode {mode:o}): \
-             chmod 600 {}",
+            "credential file {} is open to its group or others (mode {mode:o}): chmod \
+             600 {}",
             f.display(),
             f.display()
         )
