@@ -526,6 +526,31 @@ mod tests {
     use dmover_proto::manifest::{EntryKind, Mtime, NO_PARENT};
 
     #[test]
+    fn a_server_of_its_own_gets_its_own_credential() {
+        let mut o = TransferOptions {
+            user: "alice".into(),
+            token: Some(b"shared".to_vec()),
+            ..TransferOptions::default()
+        };
+        assert_eq!(o.credential_for("a:7700").0, "alice");
+        o.per_server.insert(
+            "b:7700".into(),
+            ServerCredential {
+                user: "bob".into(),
+                token: Some(b"bob's".to_vec()),
+                key: None,
+            },
+        );
+        let (user, token, key) = o.credential_for("b:7700");
+        assert_eq!(
+            (user, token, key.is_none()),
+            ("bob", Some(&b"bob's"[..]), true)
+        );
+        let (user, token, _) = o.credential_for("a:7700");
+        assert_eq!((user, token), ("alice", Some(&b"shared"[..])));
+    }
+
+    #[test]
     fn manifest_parts_start_small_and_double() {
         assert_eq!(manifest_parts(0), None);
         assert_eq!(manifest_parts(4 * FIRST_PART - 1), None);
