@@ -12,6 +12,7 @@ use dmover_jobs::model::{FilterRule, Job, JobId, JobOptions, JobSpec, Route, Syn
 
 use crate::args::{TpcArg, usage};
 use crate::env::Env;
+use crate::resolve::profile::Profiles;
 
 /// How to reach the job service: shared by the job commands.
 #[derive(Debug, Clone, Args)]
@@ -183,15 +184,23 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting a runtime")
 }
 
-/// The spec `dmover submit`'s arguments describe; local paths are refused here.
-fn spec(a: &SubmitArgs) -> anyhow::Result<JobSpec> {
+/// The spec `dmover submit`'s arguments describe; local paths are refused here. A
+/// host the client config has a profile for goes to the service as the profile's
+/// address and port (`dmover://ADDRESS:PORT/PATH`): the service dials it with its own
+/// credential.
+fn spec(a: &SubmitArgs, profiles: Option<&Profiles>) -> anyhow::Result<JobSpec> {
     let mut paths = Vec::new();
     for p in &a.paths {
         let s = p
             .to_str()
             .ok_or_else(|| usage(format!("{} is not UTF-8", p.to_string_lossy())))?;
         match dmover_core::transfer::Endpoint::parse(s) {
-            Ok(e) if e.is_remote() => paths.push(s.to_string()),
+            Ok(mut e) if e.is_remote() => {
+                match profiles.and_then(|pr| pr.route(s.as_bytes(), &mut e, None)) {
+                    Some(_) => paths.push(e.to_string()),
+                    None => paths.push(s.to_string()),
+                }
+            }
             Ok(_) => {
                 return Err(usage(format!(
                     "{s} is a local path: a job runs on the service, so its sources and \
@@ -265,7 +274,7 @@ fn filters(f: &crate::args::FilterArgs) -> anyhow::Result<Vec<FilterRule>> {
 
 /// `dmover submit`: prints the new job's id (`--json`: `{"id": N}`).
 pub fn submit(a: SubmitArgs, env: &Env) -> anyhow::Result<ExitCode> {
-    let spec = spec(&a)?;
+    let spec = spec(&a, crate::resolve::profile::loaded(env)?)?;
     let c = client(&a.service, env)?;
     let job = runtime()?.block_on(c.submit(&spec))?;
     if a.service.json {
@@ -432,4 +441,45 @@ fn describe(j: &Job) -> String {
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A host with a profile goes to the service as its address and port; the others
+    /// as written.
+    #[test]
+    fn submit_routes_hosts_by_their_profiles() {
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from([
+            "dmover",
+            "submit",
+            "--service",
+            "http://127.0.0.1:7780",
+            "alpha:run1",
+            "dmover://beta:9/x",
+            "other:in/",
+        ])
+        .unwrap();
+        let crate::cli::Command::Submit(a) = cli.command else {
+            panic!("not submit");
+        };
+        let file = toml::from_str(
+            "[host.alpha]\naddress = \"10.0.0.1\"\nport = 7701\n[host.beta]\naddress = \"::1\"\n",
+        )
+        .unwrap();
+        let p = Profiles {
+            path: "c".into(),
+            file,
+        };
+        let s = spec(&a, Some(&p)).unwrap();
+        assert_eq!(
+            s.sources,
+            ["dmover://10.0.0.1:7701/run1", "dmover://[::1]:9/x"]
+        );
+        assert_eq!(s.destination, "other:in/");
+        let s = spec(&a, None).unwrap();
+        assert_eq!(s.sources, ["alpha:run1", "dmover://beta:9/x"]);
+    }
 }
