@@ -91,12 +91,27 @@ fn check(env: &Env) -> anyhow::Result<(Value, Vec<String>)> {
             "known_hosts": d.known_hosts,
             "streams": d.streams,
             "retries": d.retries,
-            "retry_wait": d.retry_wait.map(|w| format!("{}s", w.as_secs_f64())),
-            "busy_wait": d.busy_wait.map(|w| format!("{}s", w.as_secs_f64())),
+            "retry_wait": d.retry_wait.map(secs),
+            "busy_wait": d.busy_wait.map(secs),
         },
         "hosts": hosts,
     });
     Ok((report, warnings))
+}
+
+/// A duration as `N s`.
+fn secs(d: std::time::Duration) -> String {
+    format!("{}s", d.as_secs_f64())
+}
+
+/// The options of cp and sync that `v` (`[defaults]` or a host) sets, as
+/// `KEY VALUE`s.
+fn options(v: &Value) -> Vec<String> {
+    ["streams", "retries", "retry_wait", "busy_wait"]
+        .iter()
+        .filter(|k| !v[**k].is_null())
+        .map(|k| format!("{k} {}", v[*k].to_string().trim_matches('"')))
+        .collect()
 }
 
 /// ` (line N)` of the table `[NAME]` in `text`, or nothing.
@@ -124,6 +139,10 @@ fn host(p: &Profiles, name: &str, h: &HostProfile, credential: Value) -> Value {
         "dial": format!("{address}:{port}"),
         "user": h.user.as_ref().or(d.user.as_ref()),
         "credential": credential,
+        "streams": h.streams,
+        "retries": h.retries,
+        "retry_wait": h.retry_wait.map(secs),
+        "busy_wait": h.busy_wait.map(secs),
     })
 }
 
@@ -194,21 +213,20 @@ fn text(r: &Value) -> String {
         d["user"].as_str().unwrap_or("none"),
         cred(&d["credential"])
     ));
-    let options: Vec<String> = ["streams", "retries", "retry_wait", "busy_wait"]
-        .iter()
-        .filter(|k| !d[**k].is_null())
-        .map(|k| format!("{k} {}", d[*k].to_string().trim_matches('"')))
-        .collect();
-    if !options.is_empty() {
-        out.push_str(&format!("options: {}\n", options.join(", ")));
+    let set = options(d);
+    if !set.is_empty() {
+        out.push_str(&format!("options: {}\n", set.join(", ")));
     }
     for h in r["hosts"].as_array().into_iter().flatten() {
+        let set = options(h);
         out.push_str(&format!(
-            "host {}: {}, user {}, credential {}\n",
+            "host {}: {}, user {}, credential {}{}{}\n",
             s(&h["name"]),
             s(&h["dial"]),
             h["user"].as_str().unwrap_or("none"),
-            cred(&h["credential"])
+            cred(&h["credential"]),
+            if set.is_empty() { "" } else { ", " },
+            set.join(", ")
         ));
     }
     out

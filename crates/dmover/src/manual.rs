@@ -154,7 +154,8 @@ const FILES: &[(&str, &str)] = &[
         "The client's configuration (else ~/.config/dmover/config.toml; DMOVER_CONFIG \
          names another file): [host.NAME] profiles (the address and port dialed for the \
          host NAME of an endpoint, the dmover user, a token_file or key: each server of \
-         a copy between two servers gets its own) and [defaults] (the job service's URL, \
+         a copy between two servers gets its own; streams, retries, retry_wait, \
+         busy_wait) and [defaults] (the job service's URL, \
          the user and credential of hosts without a profile, known_hosts, streams, \
          retries, retry_wait, busy_wait). A flag wins over the environment, which wins \
          over the host's profile, which wins over [defaults]. A credential file others \

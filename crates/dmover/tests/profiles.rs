@@ -101,8 +101,9 @@ fn a_profile_routes_a_copy_and_flags_and_the_environment_beat_it() {
     let home = Home::new(
         t.path(),
         &format!(
-            "[defaults]\nstreams = 3\n\n[host.alpha]\naddress = \"127.0.0.1\"\nport = {}\n\
-             token_file = \"alpha.token\"\n",
+            "[defaults]\nstreams = 3\n\n[host.alpha]\naddress = \"127.0.0.1\"\nport = {0}\n\
+             token_file = \"alpha.token\"\nstreams = 5\n\n[host.same]\naddress = \"127.0.0.1\"\n\
+             port = {0}\ntoken_file = \"alpha.token\"\n",
             port(&srv)
         ),
     );
@@ -113,14 +114,18 @@ fn a_profile_routes_a_copy_and_flags_and_the_environment_beat_it() {
     );
     let src = t.path().join("src");
     make_small_files(&src, 5, 1);
-    for d in ["one", "two"] {
+    for d in ["one", "two", "three"] {
         std::fs::create_dir(root.join(d)).unwrap();
     }
     let o = home.run(&["cp", "--json", s(&src), "alpha:one/"], &[]);
     ok(&o);
     assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
     same(&src, &root.join("one/src"));
-    // [defaults]' streams, and -P beating them.
+    // The profile's streams, [defaults]' for a host without, and -P beating both.
+    assert_eq!(json(&o)["streams"], 5, "{}", json(&o));
+    let o = home.run(&["cp", "--json", s(&src), "same:three/"], &[]);
+    ok(&o);
+    same(&src, &root.join("three/src"));
     assert_eq!(json(&o)["streams"], 3, "{}", json(&o));
     let o = home.run(
         &["cp", "--json", "-P", "2", s(&src), "dmover://alpha/two/"],
@@ -142,13 +147,13 @@ fn a_profile_routes_a_copy_and_flags_and_the_environment_beat_it() {
             "--token-file",
             s(&wrong),
             s(&src),
-            "alpha:three/",
+            "alpha:four/",
         ],
         &[],
     );
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     let o = home.run(
-        &["cp", "-q", s(&src), "alpha:three/"],
+        &["cp", "-q", s(&src), "alpha:four/"],
         &[("DMOVER_TOKEN", "not the token of alpha 9")],
     );
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
@@ -160,13 +165,13 @@ fn a_profile_routes_a_copy_and_flags_and_the_environment_beat_it() {
             "--busy-wait",
             "0",
             s(&src),
-            "dmover://alpha:1/three/",
+            "dmover://alpha:1/four/",
         ],
         &[],
     );
     assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
     assert!(stderr(&o).contains("127.0.0.1:1"), "{}", stderr(&o));
-    assert!(!root.join("three").exists());
+    assert!(!root.join("four").exists());
     // DMOVER_CONFIG names another file; one that is not there is an error (2).
     let other = t.path().join("other.toml");
     std::fs::write(&other, "[host.beta]\naddress = \"127.0.0.1\"\n").unwrap();
@@ -230,7 +235,7 @@ fn config_check_shows_each_host_and_warns_of_a_loose_token_file() {
             "[defaults]\nservice = \"https://dtn1.example.org:7702\"\nuser = \"carol\"\n\
              retry_wait = \"1m\"\n\n\
              [host.dtn1]\naddress = \"dtn1.example.org\"\nport = 7701\nuser = \"alice\"\n\
-             token_file = \"{}\"\n\n[host.dtn2]\naddress = \"127.0.0.1\"\nport = 1\n\
+             token_file = \"{}\"\nstreams = 16\n\n[host.dtn2]\naddress = \"127.0.0.1\"\nport = 1\n\
              token_file = \"{}\"\n",
             tight.display(),
             loose.display()
@@ -245,7 +250,8 @@ fn config_check_shows_each_host_and_warns_of_a_loose_token_file() {
         "service: https://dtn1.example.org:7702".into(),
         "options: retry_wait 60s".into(),
         format!(
-            "host dtn1: dtn1.example.org:7701, user alice, credential token {} (readable, mode 600)",
+            "host dtn1: dtn1.example.org:7701, user alice, credential token {} (readable, \
+             mode 600), streams 16",
             tight.display()
         ),
         format!(
@@ -266,6 +272,7 @@ fn config_check_shows_each_host_and_warns_of_a_loose_token_file() {
     assert_eq!(j["service"], "https://dtn1.example.org:7702", "{j}");
     assert_eq!(j["hosts"][0]["dial"], "dtn1.example.org:7701", "{j}");
     assert_eq!(j["hosts"][0]["credential"]["mode_ok"], true, "{j}");
+    assert_eq!(j["hosts"][0]["streams"], 16, "{j}");
     assert_eq!(j["hosts"][1]["credential"]["mode"], "644", "{j}");
     assert_eq!(j["hosts"][1]["credential"]["mode_ok"], false, "{j}");
     assert_eq!(j["warnings"].as_array().unwrap().len(), 1, "{j}");
@@ -280,7 +287,7 @@ fn config_check_shows_each_host_and_warns_of_a_loose_token_file() {
     let o = home.run(&["config", "check"], &[]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("[host.dtn2] (line 12)"),
+        stderr(&o).contains("[host.dtn2] (line 13)"),
         "{}",
         stderr(&o)
     );

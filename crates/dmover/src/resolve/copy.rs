@@ -412,9 +412,17 @@ fn copy_options(
     let d = &client.defaults;
     let r = &a.reliability;
     let opts = &mut client.options;
-    opts.retries = r.retries.or(d.retries).unwrap_or(0);
-    opts.retry_wait = r.retry_wait.or(d.retry_wait).unwrap_or(RETRY_WAIT);
-    opts.busy_wait = r.busy_wait.or(d.busy_wait).unwrap_or(BUSY_WAIT);
+    // The flag, else the servers' profiles, else [defaults], else the built-in.
+    use super::profile::host_option as host;
+    opts.retries = (r.retries.or_else(|| host(routes, |h| h.retries)))
+        .or(d.retries)
+        .unwrap_or(0);
+    opts.retry_wait = (r.retry_wait.or_else(|| host(routes, |h| h.retry_wait)))
+        .or(d.retry_wait)
+        .unwrap_or(RETRY_WAIT);
+    opts.busy_wait = (r.busy_wait.or_else(|| host(routes, |h| h.busy_wait)))
+        .or(d.busy_wait)
+        .unwrap_or(BUSY_WAIT);
     opts.verify = r.verify;
     opts.journal = !r.no_journal;
     opts.idle_timeout = r.stream_timeout.max(Duration::from_secs(1));

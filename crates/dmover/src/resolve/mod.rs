@@ -69,7 +69,7 @@ impl ClientSetup {
 /// credentials (`--token-file`, else `DMOVER_TOKEN`; `--key`; else the client
 /// config's `[defaults]`), trust (`--ca`, else `--known-hosts`, else the config's,
 /// else the default known-hosts file), data protection. The config's host profiles
-/// apply to the servers an endpoint names ([`route`], [`ClientSetup::per_server`]).
+/// apply to the servers an endpoint names ([`route`], [`ClientSetup::users`]).
 pub fn client(a: &TransferArgs, env: &Env) -> anyhow::Result<ClientSetup> {
     let defaults = profile::loaded(env)?
         .map(|p| p.file.defaults.clone())
@@ -129,9 +129,10 @@ pub fn client(a: &TransferArgs, env: &Env) -> anyhow::Result<ClientSetup> {
 }
 
 impl ClientSetup {
-    /// Sets the user on the servers ([`user`], else `[defaults]`' user) and each
-    /// server a profile routed ([`route`]) its own user and credential
-    /// ([`profile::per_server`]).
+    /// Sets the user on the servers ([`user`], else `[defaults]`' user), each server
+    /// a profile routed ([`route`]) its own user and credential
+    /// ([`profile::per_server`]), and the streams a profile pins
+    /// ([`profile::host_option`]) unless `-P` does.
     pub fn users(
         &mut self,
         a: &TransferArgs,
@@ -155,6 +156,13 @@ impl ClientSetup {
         };
         for (server, c) in profile::per_server(routes, given, env, &self.defaults, &global)? {
             opts.per_server.insert(server, c);
+        }
+        // A profile's streams go before [defaults]' (which `client` applied).
+        if a.streams.is_none() {
+            if let Some(n) = profile::host_option(routes, |h| h.streams) {
+                opts.streams = n;
+                opts.tune = false;
+            }
         }
         Ok(())
     }

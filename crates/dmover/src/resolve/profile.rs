@@ -1,9 +1,9 @@
 //! The client's configuration file (docs/client.md): `dmover/config.toml` in
 //! `$XDG_CONFIG_HOME` (else `~/.config`), or the file `DMOVER_CONFIG` names. Host
 //! profiles (`[host.NAME]`: the address and port to dial for the host NAME named on
-//! the command line, the dmover user, a token file or a key) and `[defaults]` (the
-//! job service's URL, the user and credential of hosts without their own, and a few
-//! options of cp and sync).
+//! the command line, the dmover user, a token file or a key, a few options of cp and
+//! sync) and `[defaults]` (the job service's URL, the user, credential and options of
+//! hosts without their own).
 //!
 //! What wins: a command-line flag (and a `USER@` in an endpoint), then the
 //! environment (`DMOVER_TOKEN`, `DMOVER_KEY`, `DMOVER_USER`, `DMOVER_KNOWN_HOSTS`,
@@ -88,6 +88,23 @@ pub struct HostProfile {
     pub token_file: Option<PathBuf>,
     /// An Ed25519 key for this server (`dmover credential key`).
     pub key: Option<PathBuf>,
+    /// `-P`/`--streams` for copies with this server, before `[defaults]`'.
+    #[serde(default, deserialize_with = "streams")]
+    pub streams: Option<u16>,
+    /// `--retries`, likewise.
+    pub retries: Option<u32>,
+    /// `--retry-wait`, likewise.
+    #[serde(default, deserialize_with = "duration")]
+    pub retry_wait: Option<Duration>,
+    /// `--busy-wait`, likewise.
+    #[serde(default, deserialize_with = "duration")]
+    pub busy_wait: Option<Duration>,
+}
+
+/// An option of a copy from the profiles of its servers: the first of `routes` (the
+/// destination's first, then the sources' in order) whose profile sets it.
+pub fn host_option<T>(routes: &[Route], f: impl Fn(&HostProfile) -> Option<T>) -> Option<T> {
+    routes.iter().find_map(|r| f(&r.host))
 }
 
 fn service_url<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
@@ -530,6 +547,10 @@ mod tests {
             ("[host.h]", "user = \"u\""),
             ("[host.h]", "token_file = \"t\""),
             ("[host.h]", "key = \"k\""),
+            ("[host.h]", "streams = 2"),
+            ("[host.h]", "retries = 2"),
+            ("[host.h]", "retry_wait = \"1s\""),
+            ("[host.h]", "busy_wait = \"1s\""),
         ];
         for (table, line) in keys {
             parse(&format!("{table}\n{line}\n")).unwrap();
