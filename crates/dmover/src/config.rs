@@ -72,7 +72,9 @@ fn check(env: &Env) -> anyhow::Result<(Value, Vec<String>)> {
     let mut warnings = Vec::new();
     let mut hosts = Vec::new();
     for (name, h) in &p.file.host {
-        let at = line_of(&text, &format!("host.{name}"));
+        let at = Some(line_of(&text, &format!("host.{name}")))
+            .filter(|l| !l.is_empty())
+            .unwrap_or_else(|| line_of(&text, &format!("host.\"{name}\"")));
         let credential = credential(h.token_file.as_deref(), h.key.as_deref(), &mut warnings)
             .map_err(|e| anyhow::anyhow!("[host.{name}]{at}: {e:#}"))?;
         hosts.push(host(&p, name, h, credential));
@@ -130,7 +132,7 @@ fn host(p: &Profiles, name: &str, h: &HostProfile, credential: Value) -> Value {
     let address = h.address.clone().unwrap_or_else(|| name.to_string());
     let port = h.port.unwrap_or(dmover_proto::DEFAULT_PORT);
     let credential = if credential.is_null() {
-        json!({ "from": "defaults", "file": d.token_file.as_ref().or(d.key.as_ref()) })
+        json!({ "from": "defaults", "file": d.key.as_ref().or(d.token_file.as_ref()) })
     } else {
         credential
     };
