@@ -97,6 +97,10 @@ pub struct TransferOptions {
     pub user: String,
     /// Ed25519 key to authenticate with (preferred over a token when both are set).
     pub key: Option<crate::access::ClientKey>,
+    /// The user and credential for particular servers (`host:port` as dialed), in
+    /// place of `user`, `token` and `key`: a client's profiles give each server of a
+    /// copy between two servers its own. Empty: every server gets the options' own.
+    pub per_server: std::collections::HashMap<String, ServerCredential>,
     /// How the data streams are protected.
     pub protection: dmover_proto::control::DataProtection,
     /// How long a data stream may wait without progress.
@@ -163,7 +167,30 @@ pub struct TransferOptions {
     pub meta: dmover_store::meta::MetaPolicy,
 }
 
+/// A server's own user and credential ([`TransferOptions::per_server`]).
+#[derive(Debug, Clone, Default)]
+pub struct ServerCredential {
+    /// User name sent to the server (empty: none).
+    pub user: String,
+    /// Shared token, if the server requires one.
+    pub token: Option<Vec<u8>>,
+    /// Ed25519 key (preferred over a token when both are set).
+    pub key: Option<crate::access::ClientKey>,
+}
+
 impl TransferOptions {
+    /// The user, token and key to present to `server` (`host:port` as dialed): its
+    /// own ([`TransferOptions::per_server`]), else the options'.
+    pub fn credential_for(
+        &self,
+        server: &str,
+    ) -> (&str, Option<&[u8]>, Option<&crate::access::ClientKey>) {
+        match self.per_server.get(server) {
+            Some(c) => (&c.user, c.token.as_deref(), c.key.as_ref()),
+            None => (&self.user, self.token.as_deref(), self.key.as_ref()),
+        }
+    }
+
     /// The options sent to the server for one attempt.
     pub fn session_options(&self, resume: bool) -> SessionOptions {
         SessionOptions {
@@ -194,6 +221,7 @@ impl Default for TransferOptions {
             trust: None,
             user: String::new(),
             key: None,
+            per_server: std::collections::HashMap::new(),
             protection: Default::default(),
             idle_timeout: Duration::from_secs(120),
             resume: false,
@@ -496,6 +524,31 @@ pub(crate) async fn peer_report<S: AsyncRead + AsyncWrite + Unpin>(
 mod tests {
     use super::*;
     use dmover_proto::manifest::{EntryKind, Mtime, NO_PARENT};
+
+    #[test]
+    fn a_server_of_its_own_gets_its_own_credential() {
+        let mut o = TransferOptions {
+            user: "alice".into(),
+            token: Some(b"shared".to_vec()),
+            ..TransferOptions::default()
+        };
+        assert_eq!(o.credential_for("a:7700").0, "alice");
+        o.per_server.insert(
+            "b:7700".into(),
+            ServerCredential {
+                user: "bob".into(),
+                token: Some(b"bob's".to_vec()),
+                key: None,
+            },
+        );
+        let (user, token, key) = o.credential_for("b:7700");
+        assert_eq!(
+            (user, token, key.is_none()),
+            ("bob", Some(&b"bob's"[..]), true)
+        );
+        let (user, token, _) = o.credential_for("a:7700");
+        assert_eq!((user, token), ("alice", Some(&b"shared"[..])));
+    }
 
     #[test]
     fn manifest_parts_start_small_and_double() {

@@ -38,8 +38,9 @@ pub struct ManArgs {
 /// Options shared by everything that moves data.
 #[derive(Debug, Clone, Args)]
 pub struct TransferArgs {
-    /// Parallel TCP data streams, pinned [default: tuned while the data flows: starts
-    /// with 4 of 16 and keeps the count that sends fastest; docs/tuning.md]. Not
+    /// Parallel TCP data streams, pinned [default: the client config's `streams`, else
+    /// tuned while the data flows: starts with 4 of 16 and keeps the count that sends
+    /// fastest; docs/tuning.md]. Not
     /// rsync's -P (--partial --progress): the bar shows by default on a terminal, and
     /// --resume goes on from an interrupted copy.
     #[arg(short = 'P', long, value_parser = parse_streams, value_name = "N")]
@@ -85,18 +86,21 @@ pub struct TransferArgs {
     /// is refused). A server's own limit for the user or export holds if lower.
     #[arg(long, value_parser = dmover_core::access::parse_bwlimit, value_name = "RATE")]
     pub bwlimit: Option<u64>,
-    /// File holding the token the server requires (or set DMOVER_TOKEN).
+    /// File holding the token the server requires (or set DMOVER_TOKEN) [default: the
+    /// client config's, docs/client.md].
     #[arg(help_heading = "Security", long)]
     pub token_file: Option<PathBuf>,
-    /// Ed25519 private key to authenticate with (from `dmover credential key`).
+    /// Ed25519 private key to authenticate with (from `dmover credential key`)
+    /// [default: the client config's, docs/client.md].
     #[arg(help_heading = "Security", long, env = "DMOVER_KEY")]
     pub key: Option<PathBuf>,
     /// User name on the server: a dmover user of its configuration, not an account
-    /// on its host; `USER@HOST:PATH` names it too [env: DMOVER_USER].
+    /// on its host; `USER@HOST:PATH` names it too [env: DMOVER_USER; default: the
+    /// client config's profile of the host, else its `[defaults]`].
     #[arg(help_heading = "Security", long, value_name = "NAME")]
     pub user: Option<String>,
-    /// Known-hosts file pinning servers' keys on first use
-    /// [default: ~/.config/dmover/known_hosts].
+    /// Known-hosts file pinning servers' keys on first use [default: the client
+    /// config's `known_hosts`, else ~/.config/dmover/known_hosts].
     #[arg(help_heading = "Security", long, env = "DMOVER_KNOWN_HOSTS")]
     pub known_hosts: Option<PathBuf>,
     /// Trust servers whose certificate a CA in this PEM file signed, instead of pinning
@@ -461,20 +465,21 @@ pub struct ReliabilityArgs {
     #[arg(long)]
     pub resume: bool,
     /// Start again, resuming, up to N times after a failure that may pass (network,
-    /// busy server, a file changed while read).
-    #[arg(long, default_value_t = 0, value_name = "N")]
-    pub retries: u32,
+    /// busy server, a file changed while read) [default: 0, or the client config's
+    /// `retries`].
+    #[arg(long, value_name = "N")]
+    pub retries: Option<u32>,
     /// Pause before each retry: a duration with a unit (500ms, 5s, 1m; units ns, us,
-    /// ms, s, m, h).
-    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "D")]
-    pub retry_wait: std::time::Duration,
+    /// ms, s, m, h) [default: 5s, or the client config's `retry_wait`].
+    #[arg(long, value_parser = parse_duration, value_name = "D")]
+    pub retry_wait: Option<std::time::Duration>,
     /// How long to keep connecting again to a server that answers busy (too many
     /// connections in set-up or sessions) or refuses the session for now (your user's
     /// session limit, its memory budget), whatever --retries says: after the wait it
     /// asks for (1s for a refusal), doubled each time (at most 8s), jittered; 0 fails
-    /// at once (exit 4).
-    #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "D")]
-    pub busy_wait: std::time::Duration,
+    /// at once (exit 4) [default: 60s, or the client config's `busy_wait`].
+    #[arg(long, value_parser = parse_duration, value_name = "D")]
+    pub busy_wait: Option<std::time::Duration>,
     /// Skip source files that cannot be read (vanished, unreadable, changed while
     /// read), copy the rest, list the skipped ones and exit with 23 (as rsync).
     #[arg(long)]

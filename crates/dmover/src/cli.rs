@@ -99,6 +99,9 @@ pub enum Command {
     Bench(BenchArgs),
     /// Make credentials: a token or a key pair, and the line for the server's config.
     Credential(CredentialArgs),
+    /// The client's configuration file (~/.config/dmover/config.toml: host profiles,
+    /// defaults, the job service; docs/client.md): `dmover config check`.
+    Config(crate::config::ConfigArgs),
     /// Emulated long-haul links (RTT, rate, loss) between two network namespaces.
     #[cfg(feature = "lab")]
     Netlab(crate::netlab::NetlabArgs),
@@ -131,9 +134,15 @@ cp or sync stopped cleanly by SIGINT or SIGTERM (rerun with --resume to go on).
 
 Environment: DMOVER_TOKEN (the token when no --token-file is given), DMOVER_USER \
 (--user), DMOVER_KEY (--key), DMOVER_KNOWN_HOSTS (--known-hosts), DMOVER_SERVICE (the \
-job service's URL), DMOVER_LOG (log filter, overrides -v for the logs), XDG_CONFIG_HOME and HOME (the \
-known-hosts file), XDG_STATE_HOME (the server's key when not root), NOTIFY_SOCKET \
+job service's URL), DMOVER_CONFIG (the client's configuration file), DMOVER_LOG (log \
+filter, overrides -v for the logs), XDG_CONFIG_HOME and HOME (the client's configuration \
+file, dmover/config.toml, and the known-hosts file), XDG_STATE_HOME (the server's key when not root), NOTIFY_SOCKET \
 (systemd readiness for dmover serve). More in the man page (dmover man).
+
+Client configuration (host profiles, defaults, the job service): \
+~/.config/dmover/config.toml, checked by dmover config check; docs/client.md in the \
+source. Precedence: a flag, then the environment, then the host's profile, then \
+[defaults].
 
 Server configuration: docs/config.md in the source, or /etc/dmover/server.toml as \
 packaged.";
@@ -178,7 +187,7 @@ mod tests {
         else {
             panic!("not cp");
         };
-        assert_eq!(c.reliability.retry_wait, Duration::from_millis(100));
+        assert_eq!(c.reliability.retry_wait, Some(Duration::from_millis(100)));
         assert_eq!(c.reliability.stream_timeout, Duration::from_secs(120));
         let e = cli(&["--retry-wait", "5"]).unwrap_err();
         assert_eq!(e.exit_code(), 2);

@@ -19,6 +19,9 @@ pub struct Env {
     pub config_home: Option<PathBuf>,
     /// `XDG_STATE_HOME`, unless unset or empty.
     pub state_home: Option<PathBuf>,
+    /// `DMOVER_CONFIG`, unless unset or empty: the client's configuration file, in
+    /// place of `dmover/config.toml` in [`Env::config_dir`] (docs/client.md).
+    pub config: Option<PathBuf>,
     /// `DMOVER_TOKEN`: the token a client sends when no `--token-file` is given.
     pub token: Option<Vec<u8>>,
     /// `DMOVER_USER`, unless unset or empty: the user name on a server when neither
@@ -52,6 +55,7 @@ impl Env {
             home: dir("HOME"),
             config_home: dir("XDG_CONFIG_HOME"),
             state_home: dir("XDG_STATE_HOME"),
+            config: dir("DMOVER_CONFIG"),
             token: std::env::var_os("DMOVER_TOKEN").map(OsStringExt::into_vec),
             log: std::env::var("DMOVER_LOG").ok(),
             user: std::env::var("DMOVER_USER").ok().filter(|u| !u.is_empty()),

@@ -12,14 +12,18 @@ use dmover_jobs::model::{FilterRule, Job, JobId, JobOptions, JobSpec, Route, Syn
 
 use crate::args::{TpcArg, usage};
 use crate::env::Env;
+use crate::resolve::profile::Profiles;
 
 /// How to reach the job service: shared by the job commands.
 #[derive(Debug, Clone, Args)]
 pub struct ServiceArgs {
-    /// The job service: http://HOST:PORT (loopback) or https://HOST:PORT.
+    /// The job service: http://HOST:PORT (loopback) or https://HOST:PORT [default:
+    /// the client config's `service`, docs/client.md].
     #[arg(long, env = "DMOVER_SERVICE", value_name = "URL")]
-    pub service: String,
-    /// File holding your token on the service's server [default: DMOVER_TOKEN].
+    pub service: Option<String>,
+    /// File holding your token on the service's server [default: DMOVER_TOKEN, else
+    /// the token file of the client config's profile of the service's host, else of
+    /// its `[defaults]`].
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
     /// Known-hosts file where an https:// service's key is pinned [default: the
@@ -130,14 +134,47 @@ pub enum Act {
 }
 
 fn client(a: &ServiceArgs, env: &Env) -> anyhow::Result<ApiClient> {
-    let token = crate::resolve::token(a.token_file.as_deref(), env)?
-        .map(|t| String::from_utf8_lossy(&t).trim().to_string());
+    let profiles = crate::resolve::profile::loaded(env)?;
+    let defaults = profiles.map(|p| &p.file.defaults);
+    let service = a
+        .service
+        .clone()
+        .or_else(|| defaults.and_then(|d| d.service.clone()))
+        .ok_or_else(|| {
+            usage(
+                "no job service: pass --service URL, set DMOVER_SERVICE, or write service = \
+                 \"URL\" under [defaults] in the client config (docs/client.md)",
+            )
+        })?;
+    let mut token = crate::resolve::token(a.token_file.as_deref(), env)?;
+    if token.is_none() {
+        // The profile of the service's host (by name or address), else [defaults].
+        let host = service_host(&service);
+        let file = profiles
+            .and_then(|p| p.host(host))
+            .and_then(|(_, h)| h.token_file.as_deref())
+            .or_else(|| defaults.and_then(|d| d.token_file.as_deref()));
+        token = crate::resolve::profile::credential(file, None)?.0;
+    }
+    let token = token.map(|t| String::from_utf8_lossy(&t).trim().to_string());
     let kh = a
         .known_hosts
         .clone()
+        .or_else(|| defaults.and_then(|d| d.known_hosts.clone()))
         .or_else(|| env.known_hosts())
         .context("no known-hosts file: pass --known-hosts FILE")?;
-    Ok(ApiClient::new(&a.service, token, kh)?)
+    Ok(ApiClient::new(&service, token, kh)?)
+}
+
+/// The host of a service URL (`https://HOST:PORT/...`), an IPv6 address without its
+/// brackets.
+fn service_host(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or_default();
+    match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    }
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -147,15 +184,23 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting a runtime")
 }
 
-/// The spec `dmover submit`'s arguments describe; local paths are refused here.
-fn spec(a: &SubmitArgs) -> anyhow::Result<JobSpec> {
+/// The spec `dmover submit`'s arguments describe; local paths are refused here. A
+/// host the client config has a profile for goes to the service as the profile's
+/// address and port (`dmover://ADDRESS:PORT/PATH`): the service dials it with its own
+/// credential.
+fn spec(a: &SubmitArgs, profiles: Option<&Profiles>) -> anyhow::Result<JobSpec> {
     let mut paths = Vec::new();
     for p in &a.paths {
         let s = p
             .to_str()
             .ok_or_else(|| usage(format!("{} is not UTF-8", p.to_string_lossy())))?;
         match dmover_core::transfer::Endpoint::parse(s) {
-            Ok(e) if e.is_remote() => paths.push(s.to_string()),
+            Ok(mut e) if e.is_remote() => {
+                match profiles.and_then(|pr| pr.route(s.as_bytes(), &mut e, None)) {
+                    Some(_) => paths.push(e.to_string()),
+                    None => paths.push(s.to_string()),
+                }
+            }
             Ok(_) => {
                 return Err(usage(format!(
                     "{s} is a local path: a job runs on the service, so its sources and \
@@ -229,7 +274,7 @@ fn filters(f: &crate::args::FilterArgs) -> anyhow::Result<Vec<FilterRule>> {
 
 /// `dmover submit`: prints the new job's id (`--json`: `{"id": N}`).
 pub fn submit(a: SubmitArgs, env: &Env) -> anyhow::Result<ExitCode> {
-    let spec = spec(&a)?;
+    let spec = spec(&a, crate::resolve::profile::loaded(env)?)?;
     let c = client(&a.service, env)?;
     let job = runtime()?.block_on(c.submit(&spec))?;
     if a.service.json {
@@ -396,4 +441,45 @@ fn describe(j: &Job) -> String {
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A host with a profile goes to the service as its address and port; the others
+    /// as written.
+    #[test]
+    fn submit_routes_hosts_by_their_profiles() {
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from([
+            "dmover",
+            "submit",
+            "--service",
+            "http://127.0.0.1:7780",
+            "alpha:run1",
+            "dmover://beta:9/x",
+            "other:in/",
+        ])
+        .unwrap();
+        let crate::cli::Command::Submit(a) = cli.command else {
+            panic!("not submit");
+        };
+        let file = toml::from_str(
+            "[host.alpha]\naddress = \"10.0.0.1\"\nport = 7701\n[host.beta]\naddress = \"::1\"\n",
+        )
+        .unwrap();
+        let p = Profiles {
+            path: "c".into(),
+            file,
+        };
+        let s = spec(&a, Some(&p)).unwrap();
+        assert_eq!(
+            s.sources,
+            ["dmover://10.0.0.1:7701/run1", "dmover://[::1]:9/x"]
+        );
+        assert_eq!(s.destination, "other:in/");
+        let s = spec(&a, None).unwrap();
+        assert_eq!(s.sources, ["alpha:run1", "dmover://beta:9/x"]);
+    }
 }

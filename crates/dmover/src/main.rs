@@ -22,6 +22,7 @@ mod args;
 #[allow(clippy::too_many_lines)]
 mod bench;
 mod cli;
+mod config;
 mod cp;
 mod credential;
 mod demo;
@@ -103,10 +104,11 @@ fn main() -> ExitCode {
         #[cfg(feature = "lab")]
         Command::Bench(a) => bench::run(a, &env),
         Command::Credential(a) => credential::run(a),
+        Command::Config(a) => Ok(config::run(a, &env)),
         #[cfg(feature = "lab")]
         Command::Netlab(a) => netlab::run(a),
         Command::Doctor(a) => doctor::run(a),
-        Command::Tune(a) => resolve::client(&a.transfer, &env).and_then(|c| tune::run(a, c)),
+        Command::Tune(a) => resolve::tune(a, &env).and_then(|(a, c)| tune::run(a, c)),
         Command::Completions(a) => manual::completions(a),
         Command::Man(a) => manual::man(a),
     };

@@ -59,8 +59,9 @@ pub const EXIT_STATUS: &[(&str, &str)] = &[
     (
         "2",
         "Usage error: an unknown option, options that contradict each other, a malformed \
-         HOST:PATH; dmover serve --check: the configuration is wrong (the key and its \
-         line are named).",
+         HOST:PATH; dmover serve --check or dmover config check: the configuration is \
+         wrong (the key and its line are named); any command of a client whose \
+         configuration file (FILES) does not parse.",
     ),
     (
         "3",
@@ -113,13 +114,19 @@ pub const ENVIRONMENT: &[(&str, &str)] = &[
         "The job service's URL, as --service of submit, jobs, job, cancel and retry.",
     ),
     (
+        "DMOVER_CONFIG",
+        "The client's configuration file, in place of $XDG_CONFIG_HOME/dmover/config.toml \
+         (FILES); it must exist.",
+    ),
+    (
         "DMOVER_LOG",
         "Log filter (tracing directives, e.g. debug or dmover_core=trace); overrides -v \
          and --quiet for the logs (not the files cp -v and sync -v list).",
     ),
     (
         "XDG_CONFIG_HOME, HOME",
-        "Where the default known-hosts file is (FILES).",
+        "Where the client's configuration file and the default known-hosts file are \
+         (FILES).",
     ),
     (
         "XDG_STATE_HOME, HOME",
@@ -142,6 +149,19 @@ pub const ENVIRONMENT: &[(&str, &str)] = &[
 
 /// The files dmover reads and writes.
 const FILES: &[(&str, &str)] = &[
+    (
+        "$XDG_CONFIG_HOME/dmover/config.toml",
+        "The client's configuration (else ~/.config/dmover/config.toml; DMOVER_CONFIG \
+         names another file): [host.NAME] profiles (the address and port dialed for the \
+         host NAME of an endpoint, the dmover user, a token_file or key: each server of \
+         a copy between two servers gets its own; streams, retries, retry_wait, \
+         busy_wait) and [defaults] (the job service's URL, \
+         the user and credential of hosts without a profile, known_hosts, streams, \
+         retries, retry_wait, busy_wait). A flag wins over the environment, which wins \
+         over the host's profile, which wins over [defaults]. A credential file others \
+         can read is warned about. dmover config check checks it. Its keys are \
+         described in docs/client.md of the source.",
+    ),
     (
         "$XDG_CONFIG_HOME/dmover/known_hosts",
         "Servers' keys, pinned on first use by a client (else ~/.config/dmover/known_hosts; \
@@ -227,6 +247,10 @@ const EXAMPLES: &[(&str, &str)] = &[
     (
         "Copy between two servers, the data going from one to the other directly:",
         "dmover cp dmover://dtn1/run1 dmover://dtn2/in/",
+    ),
+    (
+        "Check the client's configuration file and see each host profile as it resolves:",
+        "dmover config check",
     ),
 ];
 

@@ -348,12 +348,14 @@ impl Dialer {
         let master = dmover_net::tls::export(&tls, auth::SESSION_EXPORTER_LABEL, None)?;
         let ch = ControlChannel::new(tls, server, control::MAX_FRAME);
         let nonce: [u8; 32] = rand::random();
-        let user = self.opts.user.clone();
+        // This server's own credential (a client's profile), else the options'.
+        let (user, token, key) = self.opts.credential_for(server);
+        let user = user.to_string();
         let transcript = auth::transcript(&binding, &user, &nonce);
-        let token = self.opts.token.as_deref().map(auth::token_keys);
+        let token = token.map(auth::token_keys);
         // Whatever credential we have goes out at once; a server without
         // authentication ignores it.
-        let credential = match (&self.opts.key, &token) {
+        let credential = match (key, &token) {
             _ if self.as_server.is_some() => {
                 Credential::Capability(self.as_server.as_ref().expect("checked").capability.clone())
             }

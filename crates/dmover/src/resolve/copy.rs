@@ -14,12 +14,19 @@ use dmover_store::filter::{Action, Filter, Rule};
 use dmover_store::prune::QuickCheck;
 
 use super::ClientSetup;
+use super::profile::Route;
 use crate::args::{CpArgs, FilterArg, FilterArgs, ProgressMode, TpcArg, usage};
 use crate::env::Env;
 
 /// `--quiet-time`'s default: short enough for a close-to-remote-rename lag under a
 /// second plus the wire time, long enough for a writer's close-and-reopen.
 pub const QUIET_TIME: Duration = Duration::from_millis(200);
+
+/// `--retry-wait`'s default.
+const RETRY_WAIT: Duration = Duration::from_secs(5);
+
+/// `--busy-wait`'s default.
+const BUSY_WAIT: Duration = Duration::from_secs(60);
 
 /// How a copy shows itself: progress while it runs, the summary at the end.
 #[derive(Debug, Clone, Copy)]
@@ -162,26 +169,38 @@ pub fn stdio(a: &CpArgs, sync: bool) -> anyhow::Result<Stdio> {
     Ok(if from { Stdio::In } else { Stdio::Out })
 }
 
-/// The sources and the destination of `a`, and the users their `USER@`s name.
-fn endpoints(a: &CpArgs) -> anyhow::Result<(Vec<Endpoint>, Endpoint, Vec<String>)> {
-    let (dst, srcs) = a.paths.split_last().expect("clap requires two paths");
+/// The sources and the destination of a copy, the users their `USER@`s name, and
+/// the servers the client config's profiles routed.
+type Ends = (Vec<Endpoint>, Endpoint, Vec<String>, Vec<Route>);
+
+/// The [`Ends`] of `a`.
+fn endpoints(a: &CpArgs, env: &Env) -> anyhow::Result<Ends> {
+    let (dst_arg, srcs) = a.paths.split_last().expect("clap requires two paths");
     let mut users = Vec::new();
-    let (dst, user) = Endpoint::parse_with_user(dst.as_bytes())
+    let mut routes = Vec::new();
+    let (mut dst, user) = Endpoint::parse_with_user(dst_arg.as_bytes())
         .map_err(|e| usage(format!("destination: {e}")))?;
+    routes.extend(super::route(
+        dst_arg.as_bytes(),
+        &mut dst,
+        user.as_deref(),
+        env,
+    )?);
     users.extend(user);
     let mut sources = Vec::new();
     for s in srcs {
-        let (e, user) = Endpoint::parse_with_user(s.as_bytes())
+        let (mut e, user) = Endpoint::parse_with_user(s.as_bytes())
             .map_err(|e| usage(format!("source {}: {e}", s.to_string_lossy())))?;
+        routes.extend(super::route(s.as_bytes(), &mut e, user.as_deref(), env)?);
         sources.push(e);
         users.extend(user);
     }
-    Ok((sources, dst, users))
+    Ok((sources, dst, users, routes))
 }
 
 fn copy_as(a: &CpArgs, env: &Env, kind: Kind) -> anyhow::Result<Copy> {
     let spool = match stdio(a, kind == Kind::Sync)? {
-        Stdio::In => Some(spool_stdin(a)?),
+        Stdio::In => Some(spool_stdin(a, env)?),
         Stdio::None => None,
         Stdio::Out => {
             return Err(usage(
@@ -189,7 +208,7 @@ fn copy_as(a: &CpArgs, env: &Env, kind: Kind) -> anyhow::Result<Copy> {
             ));
         }
     };
-    let (srcs, dst, users) = endpoints(a)?;
+    let (srcs, dst, users, routes) = endpoints(a, env)?;
     let (srcs, dst) = match &spool {
         Some((_, file, dest)) => (vec![Endpoint::Local(file.clone())], dest.clone()),
         None => (srcs, dst),
@@ -225,7 +244,7 @@ fn copy_as(a: &CpArgs, env: &Env, kind: Kind) -> anyhow::Result<Copy> {
              the list protects is not defined)",
         ));
     }
-    let mut client = copy_options(a, env, &users)?;
+    let mut client = copy_options(a, env, &users, &routes)?;
     let opts = &mut client.options;
     opts.resume = a.reliability.resume;
     opts.continue_on_error = a.reliability.continue_on_error;
@@ -270,8 +289,11 @@ pub struct CopyOut {
 /// `dmover cp HOST:PATH -` ([`stdio`] said `-` is the destination).
 pub fn copy_out(a: &CpArgs, env: &Env) -> anyhow::Result<CopyOut> {
     let src = &a.paths[0];
-    let (parsed, user) = Endpoint::parse_with_user(src.as_bytes())
+    let (mut parsed, user) = Endpoint::parse_with_user(src.as_bytes())
         .map_err(|e| usage(format!("source {}: {e}", src.to_string_lossy())))?;
+    let routes: Vec<Route> = super::route(src.as_bytes(), &mut parsed, user.as_deref(), env)?
+        .into_iter()
+        .collect();
     let users: Vec<String> = user.into_iter().collect();
     let Endpoint::Remote { server, path } = parsed else {
         return Err(usage(
@@ -289,7 +311,7 @@ pub fn copy_out(a: &CpArgs, env: &Env) -> anyhow::Result<CopyOut> {
             "--tpc and --via-client are for copies between two servers",
         ));
     }
-    let client = copy_options(a, env, &users)?;
+    let client = copy_options(a, env, &users, &routes)?;
     Ok(CopyOut {
         client,
         server,
@@ -303,10 +325,11 @@ pub fn copy_out(a: &CpArgs, env: &Env) -> anyhow::Result<CopyOut> {
 /// (DST's directory, which must exist). Its size must be known before its manifest goes:
 /// the protocol has no file that grows while it is sent. Returns the directory (removed
 /// when dropped), the file and the destination.
-fn spool_stdin(a: &CpArgs) -> anyhow::Result<(tempfile::TempDir, Vec<u8>, Endpoint)> {
+fn spool_stdin(a: &CpArgs, env: &Env) -> anyhow::Result<(tempfile::TempDir, Vec<u8>, Endpoint)> {
     let dst = a.paths.last().expect("clap requires two paths");
-    let (parsed, _user) = Endpoint::parse_with_user(dst.as_bytes())
+    let (mut parsed, user) = Endpoint::parse_with_user(dst.as_bytes())
         .map_err(|e| usage(format!("destination: {e}")))?;
+    super::route(dst.as_bytes(), &mut parsed, user.as_deref(), env)?;
     let path = parsed.path().to_vec();
     let name = path
         .split(|&b| b == b'/')
@@ -378,14 +401,28 @@ fn plan_usage(e: PlanError) -> anyhow::Error {
 
 /// The options `cp` and `sync` (a one-off run and each batch of `--watch`) take from
 /// their arguments alike: transfer, reliability, filters, `--delete`, metadata.
-fn copy_options(a: &CpArgs, env: &Env, users: &[String]) -> anyhow::Result<ClientSetup> {
+fn copy_options(
+    a: &CpArgs,
+    env: &Env,
+    users: &[String],
+    routes: &[Route],
+) -> anyhow::Result<ClientSetup> {
     let mut client = super::client(&a.transfer, env)?;
-    let opts = &mut client.options;
-    opts.user = super::user(a.transfer.user.as_deref(), users, env)?;
+    client.users(&a.transfer, users, routes, env)?;
+    let d = &client.defaults;
     let r = &a.reliability;
-    opts.retries = r.retries;
-    opts.retry_wait = r.retry_wait;
-    opts.busy_wait = r.busy_wait;
+    let opts = &mut client.options;
+    // The flag, else the servers' profiles, else [defaults], else the built-in.
+    use super::profile::host_option as host;
+    opts.retries = (r.retries.or_else(|| host(routes, |h| h.retries)))
+        .or(d.retries)
+        .unwrap_or(0);
+    opts.retry_wait = (r.retry_wait.or_else(|| host(routes, |h| h.retry_wait)))
+        .or(d.retry_wait)
+        .unwrap_or(RETRY_WAIT);
+    opts.busy_wait = (r.busy_wait.or_else(|| host(routes, |h| h.busy_wait)))
+        .or(d.busy_wait)
+        .unwrap_or(BUSY_WAIT);
     opts.verify = r.verify;
     opts.journal = !r.no_journal;
     opts.idle_timeout = r.stream_timeout.max(Duration::from_secs(1));
@@ -532,7 +569,7 @@ fn filters(
 
 /// `dmover sync --watch` (`dmover sync` with `--watch`).
 fn watch(a: &CpArgs, env: &Env) -> anyhow::Result<WatchJob> {
-    let (src, server, dest, users) = watch_endpoints(a)?;
+    let (src, server, dest, users, routes) = watch_endpoints(a, env)?;
     if a.dry_run || a.checksum || a.size_only || a.ignore_existing || a.filters.files_from.is_some()
     {
         return Err(usage(
@@ -554,7 +591,7 @@ fn watch(a: &CpArgs, env: &Env) -> anyhow::Result<WatchJob> {
         )));
     }
     let quiet_time = a.quiet_time.unwrap_or(QUIET_TIME);
-    let mut client = copy_options(a, env, &users)?;
+    let mut client = copy_options(a, env, &users, &routes)?;
     // A file being written when read is left for its next close, not a failure.
     client.options.continue_on_error = true;
     client.options.mirror = true;
@@ -573,11 +610,11 @@ fn watch(a: &CpArgs, env: &Env) -> anyhow::Result<WatchJob> {
 
 /// A watch's local source, the server, the mirror's path on it, and the users the
 /// endpoints name.
-type WatchEnds = (Vec<u8>, String, Vec<u8>, Vec<String>);
+type WatchEnds = (Vec<u8>, String, Vec<u8>, Vec<String>, Vec<Route>);
 
 /// The [`WatchEnds`] of `a`.
-fn watch_endpoints(a: &CpArgs) -> anyhow::Result<WatchEnds> {
-    let (mut srcs, dst, users) = endpoints(a)?;
+fn watch_endpoints(a: &CpArgs, env: &Env) -> anyhow::Result<WatchEnds> {
+    let (mut srcs, dst, users, routes) = endpoints(a, env)?;
     let src = srcs.remove(0);
     let Endpoint::Local(src) = src else {
         return Err(usage("watch needs a local source"));
@@ -596,7 +633,7 @@ fn watch_endpoints(a: &CpArgs) -> anyhow::Result<WatchEnds> {
             "sync: DST must name the mirror directory itself (not '.', '..' or a server's root)",
         ));
     }
-    Ok((src, server, path, users))
+    Ok((src, server, path, users, routes))
 }
 
 #[cfg(test)]

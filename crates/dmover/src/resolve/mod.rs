@@ -11,6 +11,7 @@
 
 mod copy;
 mod mount;
+pub mod profile;
 mod serve;
 
 pub use copy::{Copy, CopyOut, Stdio, Sync, WatchJob, copy, copy_out, filter_rules, stdio, sync};
@@ -37,6 +38,8 @@ use crate::env::Env;
 /// A client's resolved settings: its sessions' options and its disk threads.
 #[derive(Debug, Clone)]
 pub struct ClientSetup {
+    /// `[defaults]` of the client's configuration file (docs/client.md), if any.
+    pub defaults: profile::Defaults,
     /// The sessions' options.
     pub options: TransferOptions,
     /// `--io-threads`: pinned disk threads; `None`: elastic (docs/tuning.md, "Disk
@@ -63,19 +66,33 @@ impl ClientSetup {
 }
 
 /// The options shared by everything that moves data: streams, chunks, I/O, sockets,
-/// credentials (`--token-file`, else `DMOVER_TOKEN`; `--key`), trust (`--ca`, else
-/// `--known-hosts`, else the default known-hosts file), data protection.
+/// credentials (`--token-file`, else `DMOVER_TOKEN`; `--key`; else the client
+/// config's `[defaults]`), trust (`--ca`, else `--known-hosts`, else the config's,
+/// else the default known-hosts file), data protection. The config's host profiles
+/// apply to the servers an endpoint names ([`route`], [`ClientSetup::users`]).
 pub fn client(a: &TransferArgs, env: &Env) -> anyhow::Result<ClientSetup> {
-    let token = token(a.token_file.as_deref(), env)?;
-    let key = a.key.as_deref().map(ClientKey::load).transpose()?;
+    let defaults = profile::loaded(env)?
+        .map(|p| p.file.defaults.clone())
+        .unwrap_or_default();
+    let mut token = token(a.token_file.as_deref(), env)?;
+    let mut key = a.key.as_deref().map(ClientKey::load).transpose()?;
+    if token.is_none() && key.is_none() {
+        (token, key) = profile::credential(defaults.token_file.as_deref(), defaults.key.as_deref())
+            .context("the client config's [defaults]")?;
+    }
     let trust = match (&a.ca, &a.known_hosts) {
         (Some(ca), _) => Some(Trust::Ca(ca.clone())),
         (None, Some(kh)) => Some(Trust::KnownHosts(kh.clone())),
-        (None, None) => env.known_hosts().map(Trust::KnownHosts),
+        (None, None) => defaults
+            .known_hosts
+            .clone()
+            .or_else(|| env.known_hosts())
+            .map(Trust::KnownHosts),
     };
+    let streams = a.streams.or(defaults.streams);
     let options = TransferOptions {
-        streams: a.streams.unwrap_or(dmover_core::session::TUNED_MAX),
-        tune: a.streams.is_none(),
+        streams: streams.unwrap_or(dmover_core::session::TUNED_MAX),
+        tune: streams.is_none(),
         chunk_size: a.chunk,
         checksum: !a.no_checksum,
         direct_io: match (a.direct_io, a.buffered_io) {
@@ -105,9 +122,81 @@ pub fn client(a: &TransferArgs, env: &Env) -> anyhow::Result<ClientSetup> {
         ..TransferOptions::default()
     };
     Ok(ClientSetup {
+        defaults,
         options,
         io_threads: a.io_threads,
     })
+}
+
+impl ClientSetup {
+    /// Sets the user on the servers ([`user`], else `[defaults]`' user), each server
+    /// a profile routed ([`route`]) its own user and credential
+    /// ([`profile::per_server`]), and the streams a profile pins
+    /// ([`profile::host_option`]) unless `-P` does.
+    pub fn users(
+        &mut self,
+        a: &TransferArgs,
+        named: &[String],
+        routes: &[profile::Route],
+        env: &Env,
+    ) -> anyhow::Result<()> {
+        let opts = &mut self.options;
+        opts.user = user(a.user.as_deref(), named, env)?;
+        if opts.user.is_empty() {
+            opts.user = self.defaults.user.clone().unwrap_or_default();
+        }
+        let given = profile::Given {
+            user: a.user.as_deref(),
+            credential: a.token_file.is_some() || a.key.is_some() || env.token.is_some(),
+        };
+        let global = dmover_core::session::ServerCredential {
+            user: opts.user.clone(),
+            token: opts.token.clone(),
+            key: opts.key.clone(),
+        };
+        for (server, c) in profile::per_server(routes, given, env, &self.defaults, &global)? {
+            opts.per_server.insert(server, c);
+        }
+        // A profile's streams go before [defaults]' (which `client` applied).
+        if a.streams.is_none() {
+            if let Some(n) = profile::host_option(routes, |h| h.streams) {
+                opts.streams = n;
+                opts.tune = false;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `dmover tune HOST[:PORT]`: its client, and HOST routed by the client config's
+/// profile of it (read as `dmover://HOST[:PORT]`) with its user and credential.
+pub fn tune(
+    mut a: crate::tune::TuneArgs,
+    env: &Env,
+) -> anyhow::Result<(crate::tune::TuneArgs, ClientSetup)> {
+    let mut client = client(&a.transfer, env)?;
+    let arg = format!("dmover://{}", a.host);
+    let mut routes = Vec::new();
+    // A HOST that does not parse is refused by the command, in its words.
+    if let Ok(mut e) = dmover_core::transfer::Endpoint::parse(&arg) {
+        if let Some(r) = route(arg.as_bytes(), &mut e, None, env)? {
+            a.host = r.server.clone();
+            routes.push(r);
+        }
+    }
+    client.users(&a.transfer, &[], &routes, env)?;
+    Ok((a, client))
+}
+
+/// Routes endpoint `e` (parsed from `arg`, with the user `user` it names) by the
+/// client config's profile of its host, if there is one ([`profile::Profiles::route`]).
+pub fn route(
+    arg: &[u8],
+    e: &mut dmover_core::transfer::Endpoint,
+    user: Option<&str>,
+    env: &Env,
+) -> anyhow::Result<Option<profile::Route>> {
+    Ok(profile::loaded(env)?.and_then(|p| p.route(arg, e, user)))
 }
 
 /// The user name on the servers: the `USER@` the endpoints name (`named`, one per

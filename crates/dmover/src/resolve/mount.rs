@@ -43,8 +43,12 @@ pub struct MountJob {
 /// `dmover mount SOURCE DIR`.
 pub fn mount(a: &MountArgs, env: &Env) -> anyhow::Result<MountJob> {
     let source = a.source.to_string_lossy();
-    let (endpoint, user) = Endpoint::parse_with_user(a.source.as_bytes())
+    let (mut endpoint, user) = Endpoint::parse_with_user(a.source.as_bytes())
         .map_err(|e| usage(format!("{source}: {e}")))?;
+    let routes: Vec<super::profile::Route> =
+        super::route(a.source.as_bytes(), &mut endpoint, user.as_deref(), env)?
+            .into_iter()
+            .collect();
     let (server, path) = match endpoint {
         Endpoint::Remote { server, path } => (server, path),
         Endpoint::Local(_) => {
@@ -59,8 +63,8 @@ pub fn mount(a: &MountArgs, env: &Env) -> anyhow::Result<MountJob> {
         Err(e) => return Err(usage(format!("mount point {}: {e}", a.dir.display()))),
     }
     let mut client = super::client(&a.transfer, env)?;
+    client.users(&a.transfer, &Vec::from_iter(user), &routes, env)?;
     let opts = &mut client.options;
-    opts.user = super::user(a.transfer.user.as_deref(), &Vec::from_iter(user), env)?;
     if opts.chunk_size == 0 {
         opts.chunk_size = MOUNT_CHUNK;
     }
