@@ -463,6 +463,7 @@ fn cpu_rates_every_primitive() {
             "{r:?}"
         );
         assert_eq!(r["gbyte_per_s_samples"].split(';').count(), 2, "{r:?}");
+        assert!(number(r, "gbyte_per_s_wall") > 0.0, "{r:?}");
     }
     positive(&rows, "gbyte_per_s", 1e4);
     for r in &rows {
