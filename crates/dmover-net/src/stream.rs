@@ -28,8 +28,74 @@ use tokio::time::{Instant, Sleep};
 
 use crate::chunkio::{ChunkOut, DataWrite, IN_PLACE_MIN};
 
-fn key(k: &[u8; 32]) -> LessSafeKey {
-    LessSafeKey::new(UnboundKey::new(&AES_256_GCM, k).expect("a 32-byte AES-256 key"))
+/// The AES-256-GCM protection of one direction of a data stream (a stream's key for one
+/// writing end): every record a data stream seals or opens goes through
+/// [`RecordCipher::seal`] or [`RecordCipher::open`]. Public so that `dmover bench cpu`
+/// measures the very calls the data streams make.
+pub struct RecordCipher {
+    key: LessSafeKey,
+    encrypt: bool,
+}
+
+impl RecordCipher {
+    /// A cipher with the record key `key`. `encrypt`: encrypt record bodies (else
+    /// authenticate only: the tag is a GMAC over header and body).
+    pub fn new(key: &[u8; 32], encrypt: bool) -> Self {
+        RecordCipher {
+            key: LessSafeKey::new(
+                UnboundKey::new(&AES_256_GCM, key).expect("a 32-byte AES-256 key"),
+            ),
+            encrypt,
+        }
+    }
+
+    /// Seals record number `seq`, whose header is `header`, and returns its tag.
+    /// Encrypted: `run[body_at..]` is the body, encrypted in place, with the header as
+    /// associated data. Authenticated: `run` is the header's bytes followed by the body
+    /// (the MAC covers them as one run) and is left as it is.
+    pub fn seal(
+        &self,
+        seq: u64,
+        header: [u8; HEADER_LEN],
+        run: &mut [u8],
+        body_at: usize,
+    ) -> [u8; TAG_LEN] {
+        let nonce = Nonce::assume_unique_for_key(record::nonce(seq));
+        let tag = if self.encrypt {
+            self.key
+                .seal_in_place_separate_tag(nonce, Aad::from(header), &mut run[body_at..])
+        } else {
+            debug_assert_eq!(run[..HEADER_LEN], header);
+            self.key
+                .seal_in_place_separate_tag(nonce, Aad::from(&*run), &mut [])
+        }
+        .expect("sealing a record within AES-GCM's limits");
+        tag.as_ref().try_into().expect("a 16-byte tag")
+    }
+
+    /// Opens record number `seq` with tag `tag`, laid out as for [`RecordCipher::seal`]:
+    /// an encrypted body is decrypted in place. `false` if the record fails
+    /// authentication (an encrypted body's bytes are then unspecified).
+    pub fn open(
+        &self,
+        seq: u64,
+        header: [u8; HEADER_LEN],
+        run: &mut [u8],
+        body_at: usize,
+        tag: &[u8; TAG_LEN],
+    ) -> bool {
+        let nonce = Nonce::assume_unique_for_key(record::nonce(seq));
+        if self.encrypt {
+            self.key
+                .open_in_place_separate_tag(nonce, Aad::from(header), tag, &mut run[body_at..])
+                .is_ok()
+        } else {
+            debug_assert_eq!(run[..HEADER_LEN], header);
+            self.key
+                .open_in_place_separate_tag(nonce, Aad::from(&*run), tag, &mut [])
+                .is_ok()
+        }
+    }
 }
 
 /// A stream carrying AES-256-GCM records: authenticated (GMAC over the plaintext) or
@@ -37,12 +103,12 @@ fn key(k: &[u8; 32]) -> LessSafeKey {
 pub struct Sealed<S> {
     io: S,
     encrypt: bool,
-    wkey: LessSafeKey,
+    wkey: RecordCipher,
     wseq: u64,
     /// Sealed bytes not yet written, from `wpos`.
     wbuf: Vec<u8>,
     wpos: usize,
-    rkey: LessSafeKey,
+    rkey: RecordCipher,
     rseq: u64,
     /// The record being received, then its opened plaintext at `pstart..pend`.
     rbuf: Box<[u8]>,
@@ -71,11 +137,11 @@ impl<S> Sealed<S> {
         Sealed {
             io,
             encrypt,
-            wkey: key(&record_key(session_key, stream, me)),
+            wkey: RecordCipher::new(&record_key(session_key, stream, me), encrypt),
             wseq: 0,
             wbuf: Vec::with_capacity(HEADER_LEN + MAX_RECORD + TAG_LEN),
             wpos: 0,
-            rkey: key(&record_key(session_key, stream, peer)),
+            rkey: RecordCipher::new(&record_key(session_key, stream, peer), encrypt),
             rseq: 0,
             rbuf: vec![0u8; HEADER_LEN + MAX_RECORD + TAG_LEN].into_boxed_slice(),
             rlen: 0,
@@ -113,20 +179,11 @@ impl<S> Sealed<S> {
         }
         let header = record::encode_header(taken);
         self.wbuf[..HEADER_LEN].copy_from_slice(&header);
-        let nonce = Nonce::assume_unique_for_key(record::nonce(self.wseq));
+        let tag = self
+            .wkey
+            .seal(self.wseq, header, &mut self.wbuf, HEADER_LEN);
         self.wseq += 1;
-        let tag = if self.encrypt {
-            self.wkey.seal_in_place_separate_tag(
-                nonce,
-                Aad::from(header),
-                &mut self.wbuf[HEADER_LEN..],
-            )
-        } else {
-            self.wkey
-                .seal_in_place_separate_tag(nonce, Aad::from(&self.wbuf[..]), &mut [])
-        }
-        .expect("sealing a record within AES-GCM's limits");
-        self.wbuf.extend_from_slice(tag.as_ref());
+        self.wbuf.extend_from_slice(&tag);
         taken
     }
 
@@ -139,18 +196,9 @@ impl<S> Sealed<S> {
         run: &mut [u8],
         body_at: usize,
     ) -> [u8; TAG_LEN] {
-        let nonce = Nonce::assume_unique_for_key(record::nonce(self.wseq));
+        let tag = self.wkey.seal(self.wseq, header, run, body_at);
         self.wseq += 1;
-        let tag = if self.encrypt {
-            self.wkey
-                .seal_in_place_separate_tag(nonce, Aad::from(header), &mut run[body_at..])
-        } else {
-            debug_assert_eq!(run[..HEADER_LEN], header);
-            self.wkey
-                .seal_in_place_separate_tag(nonce, Aad::from(&*run), &mut [])
-        }
-        .expect("sealing a record within AES-GCM's limits");
-        tag.as_ref().try_into().expect("a 16-byte tag")
+        tag
     }
 
     /// Closes the copied record open at `copied[start..]` (header room, then body), if
@@ -247,20 +295,13 @@ impl<S> Sealed<S> {
     /// Opens the complete record in `rbuf[..total]`, leaving its plaintext at
     /// `pstart..pend`.
     fn open(&mut self, body: usize) -> io::Result<()> {
-        let nonce = Nonce::assume_unique_for_key(record::nonce(self.rseq));
+        let end = HEADER_LEN + body;
+        let header: [u8; HEADER_LEN] = self.rbuf[..HEADER_LEN].try_into().unwrap();
+        let tag: [u8; TAG_LEN] = self.rbuf[end..end + TAG_LEN].try_into().unwrap();
+        let ok = self
+            .rkey
+            .open(self.rseq, header, &mut self.rbuf[..end], HEADER_LEN, &tag);
         self.rseq += 1;
-        let total = HEADER_LEN + body + TAG_LEN;
-        let ok = if self.encrypt {
-            let header: [u8; HEADER_LEN] = self.rbuf[..HEADER_LEN].try_into().unwrap();
-            self.rkey
-                .open_in_place(nonce, Aad::from(header), &mut self.rbuf[HEADER_LEN..total])
-                .is_ok()
-        } else {
-            let (aad, tag) = self.rbuf[..total].split_at_mut(HEADER_LEN + body);
-            self.rkey
-                .open_in_place(nonce, Aad::from(&*aad), tag)
-                .is_ok()
-        };
         if !ok {
             return Err(self.forged());
         }
@@ -284,13 +325,11 @@ impl<S> Sealed<S> {
     /// Opens the record whose header is in `rbuf`, body in `dst[at..]` and tag in `tag`,
     /// leaving its plaintext in `dst[at..]`.
     fn open_direct(&mut self, dst: &mut [u8], at: usize) -> io::Result<()> {
-        let nonce = Nonce::assume_unique_for_key(record::nonce(self.rseq));
+        let seq = self.rseq;
         self.rseq += 1;
         let header: [u8; HEADER_LEN] = self.rbuf[..HEADER_LEN].try_into().unwrap();
         let ok = if self.encrypt {
-            self.rkey
-                .open_in_place_separate_tag(nonce, Aad::from(header), &self.tag, &mut dst[at..])
-                .is_ok()
+            self.rkey.open(seq, header, dst, at, &self.tag)
         } else {
             // The MAC covers header and body as one run of bytes: the header borrows the
             // HEADER_LEN bytes before the body (plaintext this read already delivered
@@ -298,10 +337,7 @@ impl<S> Sealed<S> {
             let aad = &mut dst[at - HEADER_LEN..];
             let saved: [u8; HEADER_LEN] = aad[..HEADER_LEN].try_into().unwrap();
             aad[..HEADER_LEN].copy_from_slice(&header);
-            let ok = self
-                .rkey
-                .open_in_place_separate_tag(nonce, Aad::from(&*aad), &self.tag, &mut [])
-                .is_ok();
+            let ok = self.rkey.open(seq, header, aad, HEADER_LEN, &self.tag);
             aad[..HEADER_LEN].copy_from_slice(&saved);
             ok
         };

@@ -417,6 +417,112 @@ fn transfer_tune_records_the_tuned_copy_and_its_trajectory() {
     assert!(svg.contains("streams sending") && svg.contains("-P 2, 1M"));
 }
 
+/// `bench cpu` with a tiny duration: every primitive has a positive rate, the report has
+/// its context, and openssl is compared when it is installed and reported missing when
+/// it is not (no speed is asserted: the goals are in the report's notes).
+#[test]
+fn cpu_rates_every_primitive() {
+    let t = tmp();
+    let out = t.path().join("out");
+    let o = bench(&[
+        "cpu",
+        "--seconds",
+        "0.01",
+        "--repeats",
+        "2",
+        "--buffer",
+        "300K",
+        "--json",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    ok(&o);
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("--json prints JSON");
+    assert_eq!(json["command"], "cpu");
+    assert_eq!(json["parameters"]["buffer"], 300 * 1024);
+    assert_eq!(json["parameters"]["repeats"], 2);
+    let rows = results(&out);
+    let primitives = [
+        "aes256gcm_seal",
+        "aes256gcm_open",
+        "gmac_seal",
+        "gmac_open",
+        "crc32c",
+        "xxh3",
+        "file_digest",
+        "memcpy",
+    ];
+    for p in primitives {
+        let r = rows
+            .iter()
+            .find(|r| r["primitive"] == p)
+            .unwrap_or_else(|| panic!("no row {p}: {rows:?}"));
+        assert_eq!(number(r, "repeats"), 2.0, "{r:?}");
+        assert!(
+            !r["library"].is_empty() && !r["used_for"].is_empty(),
+            "{r:?}"
+        );
+        assert_eq!(r["gbyte_per_s_samples"].split(';').count(), 2, "{r:?}");
+        assert!(number(r, "gbyte_per_s_wall") > 0.0, "{r:?}");
+    }
+    positive(&rows, "gbyte_per_s", 1e4);
+    for r in &rows {
+        assert!(
+            number(r, "gbyte_per_s_min") <= number(r, "gbyte_per_s"),
+            "{r:?}"
+        );
+        assert!(
+            number(r, "gbyte_per_s") <= number(r, "gbyte_per_s_max"),
+            "{r:?}"
+        );
+    }
+    let openssl = json["tools"]["openssl"].as_str().expect("tools.openssl");
+    let notes = json["notes"].to_string();
+    if openssl == "missing" {
+        // Not installed here: the same report without the reference row.
+        assert_eq!(rows.len(), primitives.len());
+        assert!(notes.contains("openssl is missing"), "{notes}");
+    } else {
+        assert_eq!(rows.len(), primitives.len() + 1, "{rows:?}");
+        let r = rows.iter().find(|r| r["primitive"] == "openssl_aes256gcm");
+        assert!(r.is_some(), "{rows:?}");
+        for p in ["aes256gcm_seal", "aes256gcm_open"] {
+            let r = rows.iter().find(|r| r["primitive"] == p).unwrap();
+            assert!(number(r, "vs_openssl") > 0.0, "{r:?}");
+        }
+        assert!(notes.contains("goal (issue 44)"), "{notes}");
+    }
+    // Without openssl (as when it is not installed): said so, every primitive still
+    // measured.
+    let out2 = t.path().join("out2");
+    let csv = t.path().join("cpu.csv");
+    let o = bench(&[
+        "cpu",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--seconds",
+        "0.01",
+        "--repeats",
+        "1",
+        "--openssl",
+        "none",
+        "--out",
+        out2.to_str().unwrap(),
+    ]);
+    ok(&o);
+    let rows = results(&out2);
+    assert_eq!(rows.len(), primitives.len(), "{rows:?}");
+    assert_eq!(
+        std::fs::read_to_string(&csv).unwrap(),
+        std::fs::read_to_string(out2.join("results.csv")).unwrap()
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("GB/s") && stdout.contains("no openssl comparison: --openssl none"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn mkdata_is_deterministic_by_seed() {
     let t = tmp();

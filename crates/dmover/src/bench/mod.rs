@@ -3,6 +3,7 @@
 
 mod common;
 pub mod compare;
+pub mod cpu;
 pub mod net;
 pub mod remote;
 pub mod storage;
@@ -48,6 +49,10 @@ pub enum BenchCommand {
     /// server through the library API or a `dmover mount`: per-I/O latency percentiles
     /// and throughput (docs/remote.md).
     Remote(crate::bench::remote::RemoteBenchArgs),
+    /// Single-core GB/s of every primitive dmover runs over every byte (AES-256-GCM seal
+    /// and open, encrypted and authenticated; CRC32C; xxh3; the per-file digest; memcpy),
+    /// beside `openssl speed -evp aes-256-gcm`.
+    Cpu(crate::bench::cpu::CpuArgs),
 }
 
 #[derive(Debug, Args)]
@@ -76,6 +81,7 @@ pub fn run(a: BenchArgs, env: &Env) -> anyhow::Result<ExitCode> {
         BenchCommand::Compare(c) => compare::run(c, env).map(|()| ExitCode::SUCCESS),
         BenchCommand::Transfer(t) => transfer::run(t, env).map(|()| ExitCode::SUCCESS),
         BenchCommand::Remote(r) => remote::run(r, env).map(|()| ExitCode::SUCCESS),
+        BenchCommand::Cpu(c) => cpu::run(c, env).map(|()| ExitCode::SUCCESS),
     }
 }
 
