@@ -463,6 +463,9 @@ pub struct JobsEntry {
     /// PostgreSQL: a file holding the database user's password (kept out of the URL
     /// and this file; readable by the service's user only).
     pub database_password_file: Option<PathBuf>,
+    /// PostgreSQL: CA certificates (PEM) that sign the database server's
+    /// certificate; the connection is then TLS, never in clear.
+    pub database_ca: Option<PathBuf>,
     /// PostgreSQL: the schema holding this cluster's tables (several clusters share
     /// one database in schemas of their own) [default: the database user's].
     pub database_schema: Option<String>,

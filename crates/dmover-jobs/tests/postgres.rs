@@ -10,6 +10,7 @@
 mod common;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,7 @@ fn options(pg: &PgServer, schema: &str, agent: &str) -> PgOptions {
         agent: agent.into(),
         lease: quick(),
         policy: Policy::default(),
+        ca: None,
     }
 }
 
@@ -397,6 +399,7 @@ fn an_unreachable_database_is_a_clear_error_at_start() {
         agent: "dtn1".into(),
         lease: quick(),
         policy: Policy::default(),
+        ca: None,
     };
     let e = PgStore::open(o).unwrap_err().to_string();
     assert!(
@@ -494,4 +497,130 @@ fn an_end_while_the_database_is_away_is_recorded_when_it_is_back() {
         bytes(3, len)
     );
     svc.stop();
+}
+
+/// `openssl` making a CA and a certificate for 127.0.0.1 signed by it, in `dir`
+/// (readable by PostgreSQL's user): (CA file, certificate, key).
+fn certificates(dir: &std::path::Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let f = |s: &str| dir.join(format!("{name}-{s}"));
+    let run = |args: &[&str]| {
+        let o = std::process::Command::new("openssl")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    let s = |p: &PathBuf| p.to_str().unwrap().to_string();
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=test CA",
+        "-keyout",
+        &s(&f("ca.key")),
+        "-out",
+        &s(&f("ca.pem")),
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        &s(&f("key.pem")),
+        "-out",
+        &s(&f("csr.pem")),
+    ]);
+    let ext = f("ext");
+    std::fs::write(&ext, "subjectAltName=IP:127.0.0.1\n").unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        &s(&f("csr.pem")),
+        "-CA",
+        &s(&f("ca.pem")),
+        "-CAkey",
+        &s(&f("ca.key")),
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        &s(&ext),
+        "-out",
+        &s(&f("cert.pem")),
+    ]);
+    std::fs::set_permissions(f("key.pem"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    (f("ca.pem"), f("cert.pem"), f("key.pem"))
+}
+
+/// With `database_ca` the connection is TLS, checked against the CA: a server whose
+/// certificate another CA signed is refused, and a server without TLS is refused
+/// rather than used in clear.
+#[test]
+fn tls_to_the_database_is_checked_against_its_ca() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if PgServer::shared().is_none() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (ca, cert, key) = certificates(t.path(), "db");
+    let (other_ca, _, _) = certificates(t.path(), "other");
+    // PostgreSQL reads its key only if its own user owns it (mode 600).
+    let root = std::fs::metadata("/proc/self").unwrap().uid() == 0;
+    if root {
+        let out = std::process::Command::new("id")
+            .args(["-u", "postgres"])
+            .output()
+            .unwrap();
+        let uid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        std::os::unix::fs::chown(&key, Some(uid), None).unwrap();
+    }
+    let (cert, key) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let pg = PgServer::start_with(&[
+        ("ssl", "on"),
+        ("ssl_cert_file", cert),
+        ("ssl_key_file", key),
+    ])
+    .unwrap();
+    let with = |ca: &std::path::Path| {
+        let mut o = options(&pg, "tls", "dtn1");
+        o.ca = Some(ca.to_path_buf());
+        PgStore::open(o)
+    };
+    let s = with(&ca).unwrap();
+    s.submit("alice", JobKind::Copy, &spec("x", "y", "f"))
+        .unwrap();
+    let _: Vec<Job> = s
+        .list(Page {
+            owner: None,
+            before: None,
+            limit: 1,
+        })
+        .unwrap();
+    drop(s);
+    let e = with(&other_ca).unwrap_err().to_string();
+    assert!(e.to_lowercase().contains("certificate"), "{e}");
+    // The shared server has no TLS: refused, not used in clear.
+    let mut o = options(PgServer::shared().unwrap(), "tls", "dtn2");
+    o.ca = Some(ca.clone());
+    let e = PgStore::open(o).unwrap_err().to_string();
+    assert!(e.contains("TLS") || e.contains("SSL"), "{e}");
 }

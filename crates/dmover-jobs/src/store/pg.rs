@@ -140,6 +140,11 @@ pub struct PgOptions {
     pub lease: Lease,
     /// The scheduling policy (the same in every agent).
     pub policy: Policy,
+    /// CA certificates (PEM) that sign the database server's certificate: the
+    /// connection is then TLS, the server's name checked against it, and never made
+    /// in clear (`sslmode=require` whatever the URL says). `None`: no TLS (a URL asking
+    /// for it is refused at connect).
+    pub ca: Option<std::path::PathBuf>,
 }
 
 /// Jobs in a PostgreSQL database shared by agents.
@@ -240,23 +245,35 @@ impl PgStore {
 
     /// A new connection, in this cluster's schema, holding the agent's name.
     async fn connect(&self) -> Result<Client, StoreError> {
-        let (client, connection) = tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            tokio_postgres::connect(&self.opts.url, NoTls),
-        )
-        .await
-        .map_err(|_| {
+        let mut config: tokio_postgres::Config = self.opts.url.parse().map_err(db)?;
+        let timed_out = |_| {
             StoreError::Db(format!(
                 "PostgreSQL did not answer within {} s",
                 CONNECT_TIMEOUT.as_secs()
             ))
-        })?
-        .map_err(db)?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!("jobs: the PostgreSQL connection ended: {e}");
+        };
+        let client = match &self.opts.ca {
+            None => {
+                let (client, connection) =
+                    tokio::time::timeout(CONNECT_TIMEOUT, config.connect(NoTls))
+                        .await
+                        .map_err(timed_out)?
+                        .map_err(db)?;
+                tokio::spawn(drive(connection));
+                client
             }
-        });
+            Some(ca) => {
+                config.ssl_mode(tokio_postgres::config::SslMode::Require);
+                let tls = tls::MakeTls::new(ca)?;
+                let (client, connection) =
+                    tokio::time::timeout(CONNECT_TIMEOUT, config.connect(tls))
+                        .await
+                        .map_err(timed_out)?
+                        .map_err(db)?;
+                tokio::spawn(drive(connection));
+                client
+            }
+        };
         if let Some(s) = &self.opts.schema {
             client
                 .batch_execute(&format!(
@@ -359,6 +376,126 @@ impl PgStore {
                 _ => format!("it is {} now", job.state.as_str()),
             }
         )))
+    }
+}
+
+/// Runs a connection until it ends.
+async fn drive<F: std::future::Future<Output = Result<(), tokio_postgres::Error>>>(connection: F) {
+    if let Err(e) = connection.await {
+        tracing::warn!("jobs: the PostgreSQL connection ended: {e}");
+    }
+}
+
+/// TLS to PostgreSQL with rustls (the process's provider), trusting a CA file. No
+/// channel binding: SCRAM-SHA-256 without `-PLUS` (PostgreSQL's default
+/// `channel_binding=prefer` accepts it).
+mod tls {
+    use std::future::Future;
+    use std::io;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::task::{Context, Poll};
+
+    use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+    use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect};
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+
+    use super::StoreError;
+
+    /// Makes a TLS connection per database connection.
+    #[derive(Clone)]
+    pub struct MakeTls(Arc<rustls::ClientConfig>);
+
+    impl MakeTls {
+        /// Trusting the CA certificates in `ca`.
+        pub fn new(ca: &std::path::Path) -> Result<MakeTls, StoreError> {
+            let bad = |e: &dyn std::fmt::Display| {
+                StoreError::Db(format!("the database's CA file {}: {e}", ca.display()))
+            };
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_file_iter(ca).map_err(|e| bad(&e))? {
+                roots.add(c.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
+            }
+            if roots.is_empty() {
+                return Err(bad(&"no certificate in it"));
+            }
+            let cfg = rustls::ClientConfig::builder_with_provider(dmover_net::tls::provider())
+                .with_safe_default_protocol_versions()
+                .map_err(|e| bad(&e))?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            Ok(MakeTls(Arc::new(cfg)))
+        }
+    }
+
+    /// One connection's TLS set-up: the server's name to check.
+    pub struct Connect {
+        cfg: Arc<rustls::ClientConfig>,
+        name: ServerName<'static>,
+    }
+
+    impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> MakeTlsConnect<S> for MakeTls {
+        type Stream = Stream<S>;
+        type TlsConnect = Connect;
+        type Error = io::Error;
+
+        fn make_tls_connect(&mut self, domain: &str) -> io::Result<Connect> {
+            let name = ServerName::try_from(domain.to_string())
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+            Ok(Connect {
+                cfg: self.0.clone(),
+                name,
+            })
+        }
+    }
+
+    impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> TlsConnect<S> for Connect {
+        type Stream = Stream<S>;
+        type Error = io::Error;
+        type Future = Pin<Box<dyn Future<Output = io::Result<Stream<S>>> + Send>>;
+
+        fn connect(self, stream: S) -> Self::Future {
+            let connector = tokio_rustls::TlsConnector::from(self.cfg);
+            Box::pin(async move { Ok(Stream(connector.connect(self.name, stream).await?)) })
+        }
+    }
+
+    /// A TLS stream to the database.
+    pub struct Stream<S>(tokio_rustls::client::TlsStream<S>);
+
+    impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Stream<S> {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.0).poll_read(cx, buf)
+        }
+    }
+
+    impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Stream<S> {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            Pin::new(&mut self.0).poll_write(cx, buf)
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.0).poll_flush(cx)
+        }
+
+        fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.0).poll_shutdown(cx)
+        }
+    }
+
+    impl<S: AsyncRead + AsyncWrite + Unpin> tokio_postgres::tls::TlsStream for Stream<S> {
+        fn channel_binding(&self) -> ChannelBinding {
+            ChannelBinding::none()
+        }
     }
 }
 

@@ -93,6 +93,11 @@ impl PgServer {
     /// A new server of this test's own (stopped and deleted when it is dropped or
     /// the process ends), or `None` where PostgreSQL is not installed.
     pub fn start() -> Option<PgServer> {
+        PgServer::start_with(&[])
+    }
+
+    /// [`PgServer::start`] with more settings (`-c NAME=VALUE` each).
+    pub fn start_with(settings: &[(&str, &str)]) -> Option<PgServer> {
         let Some(bin) = bin_dir() else {
             return unavailable("PostgreSQL is not installed");
         };
@@ -128,10 +133,14 @@ impl PgServer {
             postgres =
                 format!("setpriv --reuid=postgres --regid=postgres --init-groups -- {postgres}");
         }
+        let extra: String = settings
+            .iter()
+            .map(|(k, v)| format!(" -c '{k}={v}'"))
+            .collect();
         let script = format!(
             "root=\"$1\"
              run() {{ {postgres} -D \"$root/data\" -p {port} -k \"$root\" \
-               -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200 \
+               -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200{extra} \
                >>\"$root/log\" 2>&1 & pid=$!; }}
              run
              while read cmd; do

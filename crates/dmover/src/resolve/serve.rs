@@ -170,9 +170,14 @@ fn database(
     policy: dmover_jobs::store::Policy,
 ) -> anyhow::Result<Database> {
     let Some(named) = named.clone().filter(|n| is_postgres(n)) else {
-        if j.database_schema.is_some() || j.database_password_file.is_some() || agent.is_some() {
+        if j.database_schema.is_some()
+            || j.database_password_file.is_some()
+            || j.database_ca.is_some()
+            || agent.is_some()
+        {
             return Err(usage(
-                "--agent and [jobs] database_schema and database_password_file are for a \
+                "--agent and [jobs] database_schema, database_password_file and database_ca are \
+                 for a \
                  PostgreSQL database (--db or database = \"postgres://…\")",
             ));
         }
@@ -219,6 +224,7 @@ fn database(
         agent,
         lease,
         policy,
+        ca: j.database_ca.clone(),
     }))
 }
 
