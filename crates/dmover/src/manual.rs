@@ -59,8 +59,8 @@ pub const EXIT_STATUS: &[(&str, &str)] = &[
     (
         "2",
         "Usage error: an unknown option, options that contradict each other, a malformed \
-         HOST:PATH; dmover serve --check or dmover config check: the configuration is \
-         wrong (the key and its line are named); any command of a client whose \
+         HOST:PATH; dmover serve (with or without --check) or dmover config check: the \
+         configuration is wrong (the key and its line are named); any command of a client whose \
          configuration file (FILES) does not parse.",
     ),
     (

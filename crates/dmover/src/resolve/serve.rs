@@ -250,9 +250,11 @@ pub struct Reload {
 
 /// `dmover serve`.
 pub fn serve(a: &ServeArgs, env: &Env) -> anyhow::Result<ServeJob> {
+    // A config that does not parse, or whose exports and users do not hold, exits 2
+    // as `--check` does (a usage error: the file is the server's command line).
     let file = match &a.config {
         Some(p) => {
-            let file = ConfigFile::load(p)?;
+            let file = ConfigFile::load(p).map_err(|e| usage(format!("{e:#}")))?;
             for w in file.deprecated() {
                 tracing::warn!("config {}: {w}", p.display());
             }
@@ -260,7 +262,11 @@ pub fn serve(a: &ServeArgs, env: &Env) -> anyhow::Result<ServeJob> {
         }
         None => ConfigFile::default(),
     };
-    let mut cfg = access(a, &file)?;
+    let mut cfg = access(a, &file).map_err(|e| match e.downcast::<crate::args::UsageError>() {
+        Ok(u) => u.into(),
+        Err(e) if a.config.is_some() => usage(format!("{e:#}")),
+        Err(e) => e,
+    })?;
     let authenticated = cfg.users.is_some();
     let (listen, listen_chosen) = listen(a, &file, authenticated)?;
     let (metrics, metrics_tokens) = metrics(a, &file, &cfg)?;
