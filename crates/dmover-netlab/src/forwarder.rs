@@ -104,6 +104,10 @@ pub struct DirectionStats {
     pub cpu_seconds: f64,
     /// Mean of how late packets were released after their due time, microseconds.
     pub late_mean_us: f64,
+    /// Median of the release lateness (upper bound of its histogram bucket),
+    /// microseconds.
+    #[serde(default)]
+    pub late_p50_us: f64,
     /// 99th percentile of the release lateness (upper bound of its histogram bucket),
     /// microseconds.
     pub late_p99_us: f64,
@@ -136,7 +140,20 @@ pub struct ForwarderStats {
     /// What made the link (with [`crate::Emulator::Netem`] the counters stay zero).
     #[serde(default)]
     pub emulator: crate::Emulator,
+    /// Whether the TUN devices hand over UDP super-packets (UDP segmentation offload):
+    /// without it, a `UDP_SEGMENT` sender's datagrams cross one read each.
+    #[serde(default)]
+    pub uso: bool,
 }
+
+/// A forwarder thread busier than this fraction of a core is the link's limit, not
+/// the tool's: it has no slack left to absorb bursts, and past it packets queue in
+/// the TUN device, unseen by the shaper, and leave late.
+pub const LIMIT_CPU_FRACTION: f64 = 0.8;
+/// Release lateness (99th percentile) above which the emulated delay is no longer
+/// what was asked: 1 ms is 10 % of a 10 ms RTT and what a TCP RTT estimate and a
+/// pacing rate start to notice.
+pub const LIMIT_LATE_P99_US: f64 = 1000.0;
 
 impl ForwarderStats {
     /// The forwarder's CPU use over its life, in cores (1.0 = one core busy).
@@ -146,6 +163,35 @@ impl ForwarderStats {
         } else {
             (self.a_to_b.cpu_seconds + self.b_to_a.cpu_seconds) / self.elapsed_seconds
         }
+    }
+
+    /// The busiest direction's CPU use, as a fraction of one core (each direction is
+    /// one thread, so 1.0 is its ceiling).
+    pub fn busiest_thread_cpu(&self) -> f64 {
+        if self.elapsed_seconds <= 0.0 {
+            0.0
+        } else {
+            self.a_to_b.cpu_seconds.max(self.b_to_a.cpu_seconds) / self.elapsed_seconds
+        }
+    }
+
+    /// Why a measurement over this interval was limited by the forwarder rather than
+    /// the tool under test, if it was: a thread above [`LIMIT_CPU_FRACTION`] of a core,
+    /// or a 99th-percentile release lateness above [`LIMIT_LATE_P99_US`].
+    pub fn limited(&self) -> Option<String> {
+        if self.emulator != crate::Emulator::Forwarder {
+            return None;
+        }
+        let mut why = Vec::new();
+        let cpu = self.busiest_thread_cpu();
+        if cpu > LIMIT_CPU_FRACTION {
+            why.push(format!("cpu {:.0}% of a core", cpu * 100.0));
+        }
+        let late = self.a_to_b.late_p99_us.max(self.b_to_a.late_p99_us);
+        if late > LIMIT_LATE_P99_US {
+            why.push(format!("late p99 {late:.0} us"));
+        }
+        (!why.is_empty()).then(|| why.join(", "))
     }
 
     /// The change from `earlier` to `self`, for measuring one interval (counters and
@@ -172,6 +218,7 @@ impl ForwarderStats {
             a_to_b: d(&self.a_to_b, &earlier.a_to_b),
             b_to_a: d(&self.b_to_a, &earlier.b_to_a),
             emulator: self.emulator,
+            uso: self.uso,
         }
     }
 }
@@ -181,13 +228,16 @@ pub(crate) struct Forwarder {
     threads: Vec<(JoinHandle<()>, Arc<Counters>)>,
     stop: OwnedFd,
     started: Instant,
+    uso: bool,
 }
 
 impl Forwarder {
-    /// Starts forwarding `a` → `b` and `b` → `a` (TUN files opened by [`crate::tun::open`]).
+    /// Starts forwarding `a` → `b` and `b` → `a` (TUN files opened by [`crate::tun::open`];
+    /// `uso`: whether they have UDP segmentation offload, for the reports).
     pub fn start(
         a: File,
         b: File,
+        uso: bool,
         a_to_b: DirectionConfig,
         b_to_a: DirectionConfig,
     ) -> Result<Forwarder, NetlabError> {
@@ -204,6 +254,7 @@ impl Forwarder {
             threads: Vec::new(),
             stop,
             started,
+            uso,
         };
         for (input, output, cfg) in [(a, b2, a_to_b), (b, a2, b_to_a)] {
             let counters = Arc::new(Counters::default());
@@ -237,6 +288,7 @@ impl Forwarder {
             a_to_b: dirs.next().unwrap_or_default(),
             b_to_a: dirs.next().unwrap_or_default(),
             emulator: crate::Emulator::Forwarder,
+            uso: self.uso,
         }
     }
 
@@ -289,10 +341,11 @@ fn thread_cpu(h: &JoinHandle<()>) -> Duration {
 fn snapshot(c: &Counters) -> DirectionStats {
     let hist: Vec<u64> = c.late_hist.iter().map(|b| b.load(Relaxed)).collect();
     let count: u64 = hist.iter().sum();
-    let p99 = if count == 0 {
-        0.0
-    } else {
-        let want = (count as f64 * 0.99).ceil() as u64;
+    let quantile = |q: f64| {
+        if count == 0 {
+            return 0.0;
+        }
+        let want = (count as f64 * q).ceil() as u64;
         let mut acc = 0;
         let mut bucket = 0;
         for (i, n) in hist.iter().enumerate() {
@@ -322,7 +375,8 @@ fn snapshot(c: &Counters) -> DirectionStats {
         } else {
             c.late_sum_ns.load(Relaxed) as f64 / count as f64 / 1e3
         },
-        late_p99_us: p99,
+        late_p50_us: quantile(0.5),
+        late_p99_us: quantile(0.99),
         late_max_us: c.late_max_ns.load(Relaxed) as f64 / 1e3,
         failed: c.failed.load(Relaxed),
     }

@@ -25,9 +25,16 @@
 //!   default) followed by half the RTT of delay, and holds them in a pre-allocated
 //!   byte ring until their release time (release times are monotone, so the ring is
 //!   the whole time-ordered queue).
-//! - Loss is drawn per MSS segment: a super-packet with a lost segment is cut, and
-//!   only that segment goes (dropping whole super-packets would be ~45× the asked
-//!   loss per event and cripple TCP).
+//! - UDP segmentation offload too (`TUN_F_USO4 | TUN_F_USO6`, Linux 6.2+; the lab
+//!   goes without on older kernels and says so in [`ForwarderStats::uso`]): a burst of
+//!   datagrams a sender hands over in one `sendmsg` with `UDP_SEGMENT` (as QUIC stacks
+//!   do) crosses as one super-packet (`VIRTIO_NET_HDR_GSO_UDP_L4`) instead of one read
+//!   per ~1.3 KB datagram, so a QUIC transport is measured on the same footing as TCP.
+//! - Loss is drawn per MSS segment (per datagram for UDP): a super-packet with a lost
+//!   segment is cut, and only that segment goes (dropping whole super-packets would be
+//!   ~45× the asked loss per event and cripple TCP); the rate counts the wire bytes of
+//!   every segment, headers included.
+//! - [`LinkSpec::mtu`] sets both devices' MTU, for path-MTU tests.
 //! - Each namespace's `tcp_rmem`/`tcp_wmem` maxima are raised to fit the link
 //!   (4 × bandwidth-delay product) and its default congestion control set if asked.
 //!   Its `tcp_fastopen` is 3 ([`FAST_OPEN`]): connections that ask for TCP Fast Open
@@ -36,7 +43,8 @@
 //!   `net.core.rmem_max`/`wmem_max` are global and only cap explicit `SO_RCVBUF`/
 //!   `SO_SNDBUF`; the lab leaves them alone.
 //! - The forwarder reports its CPU time and how late it released packets
-//!   ([`Lab::stats`]): when those grow, the emulator, not the tool, is the limit.
+//!   ([`Lab::stats`]): when those grow, the emulator, not the tool, is the limit
+//!   ([`ForwarderStats::limited`] says when a measurement should not be trusted).
 //!
 //! # Cleanup
 //!
@@ -156,6 +164,20 @@ pub struct LinkSpec {
     /// What makes the link [default: auto].
     #[serde(default)]
     pub emulator: Emulator,
+    /// MTU of the link's devices (both ends), 576 to 65 535 bytes, for path-MTU
+    /// tests [default: the device default, 1500].
+    #[serde(default)]
+    pub mtu: Option<u32>,
+    /// Ask the TUN devices for UDP segmentation offload, so bursts of datagrams sent
+    /// with `UDP_SEGMENT` (QUIC stacks do) cross the forwarder as one super-packet
+    /// instead of one read per datagram; off only to measure what it saves
+    /// [default: true; forwarder only; kernels before 6.2 go without].
+    #[serde(default = "yes")]
+    pub uso: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Default for LinkSpec {
@@ -171,6 +193,8 @@ impl Default for LinkSpec {
             realtime: true,
             seed: 1,
             emulator: Emulator::Auto,
+            mtu: None,
+            uso: true,
         }
     }
 }
@@ -226,6 +250,13 @@ impl LinkSpec {
             if !(65536..=(i32::MAX as u64)).contains(&b) {
                 return Err(NetlabError::Invalid(format!(
                     "TCP buffer maximum of {b} bytes is out of range (64 KiB to 2 GiB)"
+                )));
+            }
+        }
+        if let Some(m) = self.mtu {
+            if !(576..=65_535).contains(&m) {
+                return Err(NetlabError::Invalid(format!(
+                    "MTU {m} is out of range (576 to 65535 bytes)"
                 )));
             }
         }
@@ -425,8 +456,8 @@ impl Lab {
                 None
             }
             _ => {
-                let a = ns::in_netns(&self.a.netns, || tun::open(DEVICE))??;
-                let b = ns::in_netns(&self.b.netns, || tun::open(DEVICE))??;
+                let a = ns::in_netns(&self.a.netns, || tun::open(DEVICE, spec.uso))??;
+                let b = ns::in_netns(&self.b.netns, || tun::open(DEVICE, spec.uso))??;
                 Some((a, b))
             }
         };
@@ -434,9 +465,13 @@ impl Lab {
             let ns = host.netns.as_str();
             let cidr = format!("{}/24", host.addr);
             ns::ip(&["-n", ns, "addr", "add", &cidr, "dev", DEVICE])?;
+            if let Some(mtu) = spec.mtu {
+                ns::ip(&["-n", ns, "link", "set", DEVICE, "mtu", &mtu.to_string()])?;
+            }
             ns::ip(&["-n", ns, "link", "set", DEVICE, "txqueuelen", "10000", "up"])?;
         }
         if let Some((tun_a, tun_b)) = tuns {
+            let uso = tun_a.uso && tun_b.uso;
             let cpus = pin_cpus(spec.pin);
             let dir = |name: &str, cpu: Option<usize>, seed: u64| DirectionConfig {
                 name: name.to_string(),
@@ -450,8 +485,9 @@ impl Lab {
                 seed,
             };
             self.forwarder = Some(Forwarder::start(
-                tun_a,
-                tun_b,
+                tun_a.file,
+                tun_b.file,
+                uso,
                 dir("a->b", cpus.0, spec.seed),
                 dir("b->a", cpus.1, spec.seed ^ 0x9e37_79b9_7f4a_7c15),
             )?);

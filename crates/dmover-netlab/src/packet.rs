@@ -1,12 +1,14 @@
 //! Packets as the TUN device hands them over with `IFF_VNET_HDR`: a `virtio_net_hdr`
-//! followed by an IP packet, which may be a TCP super-packet (GSO) of up to 64 KiB that
-//! stands for many MSS-sized segments.
+//! followed by an IP packet, which may be a TCP super-packet (TSO) or a UDP one (USO,
+//! `VIRTIO_NET_HDR_GSO_UDP_L4`: a burst of datagrams of `gso_size` bytes each, the last
+//! maybe shorter, from a sender using `UDP_SEGMENT`) of up to 64 KiB that stands for
+//! many wire segments.
 //!
 //! Loss is drawn per segment, so a super-packet with a lost segment is cut into runs of
 //! surviving consecutive segments, each written as a packet of its own
-//! ([`write_run`]): IPv4 total length, ID and header checksum, TCP sequence number,
-//! flags and pseudo-header checksum are rewritten the way the kernel's own GSO
-//! segmentation does. No I/O here.
+//! ([`write_run`]): IPv4 total length, ID and header checksum, and the TCP sequence
+//! number, flags and pseudo-header checksum (or the UDP length and pseudo-header
+//! checksum) are rewritten the way the kernel's own GSO segmentation does. No I/O here.
 
 /// Size of `struct virtio_net_hdr` (without `num_buffers`).
 pub const VNET_HDR_LEN: usize = 10;
@@ -17,6 +19,8 @@ pub const F_NEEDS_CSUM: u8 = 1;
 pub const GSO_NONE: u8 = 0;
 /// `VIRTIO_NET_HDR_GSO_TCPV4`.
 pub const GSO_TCPV4: u8 = 1;
+/// `VIRTIO_NET_HDR_GSO_UDP_L4`: UDP segmentation offload (Linux 6.2+).
+pub const GSO_UDP_L4: u8 = 5;
 /// `VIRTIO_NET_HDR_GSO_ECN` flag bit of `gso_type`.
 pub const GSO_ECN: u8 = 0x80;
 
@@ -77,21 +81,23 @@ pub struct Segments {
     /// Bytes on the wire: the IP packet, plus the headers repeated for every segment
     /// after the first.
     pub wire_bytes: u64,
-    /// IPv4 + TCP header length, when the packet is a splittable TCPv4 super-packet.
+    /// How to cut the packet, when it is a splittable TCPv4 or UDPv4 super-packet.
     pub split: Option<SplitInfo>,
 }
 
-/// What [`write_run`] needs to cut a TCPv4 super-packet.
+/// What [`write_run`] needs to cut a TCPv4 or UDPv4 super-packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitInfo {
     /// IPv4 header length.
     pub ip_hlen: usize,
-    /// IPv4 + TCP header length.
+    /// IPv4 + TCP (or UDP) header length.
     pub hdr_len: usize,
-    /// MSS.
+    /// MSS (for UDP: the payload of each datagram but the last).
     pub mss: usize,
-    /// TCP payload length.
+    /// TCP (or UDP) payload length.
     pub payload: usize,
+    /// A UDP super-packet (`GSO_UDP_L4`): every segment is a datagram of its own.
+    pub udp: bool,
 }
 
 /// Classifies a packet (vnet header + IP packet) read from the TUN device.
@@ -111,13 +117,16 @@ pub fn segments(pkt: &[u8]) -> Segments {
     let ip = &pkt[VNET_HDR_LEN..];
     let mss = v.gso_size as usize;
     // The headers, from the packet itself (not trusting hdr_len).
+    let udp = v.gso_type & !GSO_ECN == GSO_UDP_L4;
     let hdr = if v.gso_type & !GSO_ECN == GSO_TCPV4 {
         tcpv4_headers(ip)
+    } else if udp {
+        udpv4_headers(ip)
     } else {
         None
     };
     let Some((ip_hlen, hdr_len)) = hdr else {
-        // Another GSO kind (TCPv6, UDP): count segments, but never split it.
+        // Another GSO kind (TCPv6, UDPv6): count segments, but never split it.
         let h = v.hdr_len as usize;
         let payload = ip.len().saturating_sub(h);
         let count = payload.div_ceil(mss).max(1) as u32;
@@ -137,8 +146,23 @@ pub fn segments(pkt: &[u8]) -> Segments {
             hdr_len,
             mss,
             payload,
+            udp,
         }),
     }
+}
+
+/// `(IPv4 header length, IPv4 + UDP header length)` of a well-formed IPv4/UDP packet
+/// whose total length matches the buffer.
+fn udpv4_headers(ip: &[u8]) -> Option<(usize, usize)> {
+    if ip.len() < 28 || ip[0] >> 4 != 4 || ip[9] != 17 {
+        return None;
+    }
+    let ihl = (ip[0] & 0x0f) as usize * 4;
+    let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+    if ihl < 20 || total != ip.len() || ip.len() < ihl + 8 {
+        return None;
+    }
+    Some((ihl, ihl + 8))
 }
 
 /// `(IPv4 header length, IPv4 + TCP header length)` of a well-formed IPv4/TCP
@@ -190,13 +214,20 @@ pub fn ipv4_header_checksum(hdr: &[u8]) -> u16 {
 /// The partial TCP checksum the kernel stores with `CHECKSUM_PARTIAL`: the folded,
 /// uncomplemented sum of the IPv4 pseudo-header for a TCP segment of `tcp_len`.
 pub fn tcpv4_pseudo_partial(src: [u8; 4], dst: [u8; 4], tcp_len: usize) -> u16 {
+    pseudo_partial(src, dst, 6, tcp_len)
+}
+
+/// [`tcpv4_pseudo_partial`] for any IPv4 protocol (`proto` 17: UDP, `len` the UDP
+/// length).
+pub fn pseudo_partial(src: [u8; 4], dst: [u8; 4], proto: u8, len: usize) -> u16 {
     let acc = sum16(&src, 0);
     let acc = sum16(&dst, acc);
-    fold(acc + 6 + tcp_len as u32)
+    fold(acc + proto as u32 + len as u32)
 }
 
 /// Writes segments `first..end` of super-packet `pkt` as one packet (vnet header
-/// included) into `out`, returning its length. `out` must hold `VNET_HDR_LEN +
+/// included) into `out`, returning its length: a TCP segment or a UDP datagram when
+/// it is one segment, else a smaller super-packet of the same kind. `out` must hold `VNET_HDR_LEN +
 /// hdr_len + (end - first) × mss` bytes.
 pub fn write_run(pkt: &[u8], info: &SplitInfo, first: usize, end: usize, out: &mut [u8]) -> usize {
     let v = VnetHdr::parse(pkt).expect("checked by segments()");
@@ -221,9 +252,32 @@ pub fn write_run(pkt: &[u8], info: &SplitInfo, first: usize, end: usize, out: &m
     let c = ipv4_header_checksum(&o[..info.ip_hlen]);
     o[10..12].copy_from_slice(&c.to_be_bytes());
 
+    let t = info.ip_hlen;
+    let src: [u8; 4] = ip[12..16].try_into().expect("4 bytes");
+    let dst: [u8; 4] = ip[16..20].try_into().expect("4 bytes");
+    let segs = end - first;
+    if info.udp {
+        // UDP: the length (of the whole run, as the kernel's own super-packet has it:
+        // receive-side segmentation fixes it per datagram) and the pseudo-header
+        // partial checksum for that length.
+        let udp_len = total - t;
+        o[t + 4..t + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        let partial = pseudo_partial(src, dst, 17, udp_len);
+        o[t + 6..t + 8].copy_from_slice(&partial.to_be_bytes());
+        let hdr = VnetHdr {
+            flags: F_NEEDS_CSUM,
+            gso_type: if segs > 1 { GSO_UDP_L4 } else { GSO_NONE },
+            hdr_len: info.hdr_len as u16,
+            gso_size: if segs > 1 { info.mss as u16 } else { 0 },
+            csum_start: t as u16,
+            csum_offset: 6,
+        };
+        hdr.write(out);
+        return VNET_HDR_LEN + total;
+    }
+
     // TCP: sequence number, flags (CWR only on the first segment, FIN and PSH only on
     // the last), pseudo-header partial checksum for the new length.
-    let t = info.ip_hlen;
     let seq =
         u32::from_be_bytes([ip[t + 4], ip[t + 5], ip[t + 6], ip[t + 7]]).wrapping_add(from as u32);
     o[t + 4..t + 8].copy_from_slice(&seq.to_be_bytes());
@@ -235,12 +289,9 @@ pub fn write_run(pkt: &[u8], info: &SplitInfo, first: usize, end: usize, out: &m
         flags &= !(TCP_FIN | TCP_PSH);
     }
     o[t + 13] = flags;
-    let src: [u8; 4] = ip[12..16].try_into().expect("4 bytes");
-    let dst: [u8; 4] = ip[16..20].try_into().expect("4 bytes");
     let partial = tcpv4_pseudo_partial(src, dst, total - info.ip_hlen);
     o[t + 16..t + 18].copy_from_slice(&partial.to_be_bytes());
 
-    let segs = end - first;
     let hdr = VnetHdr {
         flags: F_NEEDS_CSUM,
         gso_type: if segs > 1 {
@@ -326,8 +377,8 @@ mod tests {
         assert_eq!(s.wire_bytes, (52 + 10_000 + 6 * 52) as u64);
         let info = s.split.expect("splittable");
         assert_eq!(
-            (info.ip_hlen, info.hdr_len, info.mss, info.payload),
-            (20, 52, 1448, 10_000)
+            (info.ip_hlen, info.hdr_len, info.mss, info.payload, info.udp),
+            (20, 52, 1448, 10_000, false)
         );
         // An ordinary packet is one segment.
         let mut small = superpacket(100, 1448);
@@ -420,6 +471,86 @@ mod tests {
         let vc = VnetHdr::parse(&c[..lc]).unwrap();
         assert_eq!((vc.gso_type, vc.gso_size), (GSO_NONE, 0));
         assert_eq!(lc, VNET_HDR_LEN + 52 + 10_000 - 6 * 1448);
+    }
+
+    /// A UDPv4 super-packet as a `UDP_SEGMENT` sender's kernel hands it over:
+    /// `payload` bytes in datagrams of `size`.
+    fn udp_superpacket(payload: usize, size: u16) -> Vec<u8> {
+        let mut p = vec![0u8; VNET_HDR_LEN + 28 + payload];
+        let ip_total = 28 + payload;
+        {
+            let ip = &mut p[VNET_HDR_LEN..];
+            ip[0] = 0x45;
+            ip[2..4].copy_from_slice(&(ip_total as u16).to_be_bytes());
+            ip[4..6].copy_from_slice(&0x1234u16.to_be_bytes());
+            ip[6] = 0x40;
+            ip[8] = 64;
+            ip[9] = 17;
+            ip[12..16].copy_from_slice(&[10, 200, 0, 1]);
+            ip[16..20].copy_from_slice(&[10, 200, 0, 2]);
+            let c = ipv4_header_checksum(&ip[..20]);
+            ip[10..12].copy_from_slice(&c.to_be_bytes());
+            let u = &mut ip[20..];
+            u[0..2].copy_from_slice(&40000u16.to_be_bytes());
+            u[2..4].copy_from_slice(&4433u16.to_be_bytes());
+            u[4..6].copy_from_slice(&((8 + payload) as u16).to_be_bytes());
+            let partial = pseudo_partial([10, 200, 0, 1], [10, 200, 0, 2], 17, 8 + payload);
+            u[6..8].copy_from_slice(&partial.to_be_bytes());
+            for (i, b) in u[8..].iter_mut().enumerate() {
+                *b = (i % 253) as u8;
+            }
+        }
+        VnetHdr {
+            flags: F_NEEDS_CSUM,
+            gso_type: GSO_UDP_L4,
+            hdr_len: 28,
+            gso_size: size,
+            csum_start: 20,
+            csum_offset: 6,
+        }
+        .write(&mut p);
+        p
+    }
+
+    #[test]
+    fn udp_superpackets_are_cut_into_datagrams() {
+        let p = udp_superpacket(10 * 1200 + 500, 1200);
+        let s = segments(&p);
+        assert_eq!(s.count, 11);
+        assert_eq!(s.wire_bytes, (28 + 12_500 + 10 * 28) as u64);
+        let info = s.split.expect("splittable");
+        assert!(info.udp);
+        assert_eq!((info.ip_hlen, info.hdr_len, info.mss), (20, 28, 1200));
+        // The whole run is the packet itself.
+        let mut out = vec![0u8; p.len()];
+        assert_eq!(write_run(&p, &info, 0, 11, &mut out), p.len());
+        assert_eq!(out, p);
+        // One datagram: the 4th (index 3), an ordinary UDP packet.
+        let n = write_run(&p, &info, 3, 4, &mut out);
+        assert_eq!(n, VNET_HDR_LEN + 28 + 1200);
+        let ip = &out[VNET_HDR_LEN..n];
+        assert_eq!(u16::from_be_bytes([ip[2], ip[3]]), 1228);
+        assert_eq!(u16::from_be_bytes([ip[4], ip[5]]), 0x1237);
+        assert_eq!(fold(sum16(&ip[..20], 0)), 0xffff);
+        assert_eq!(u16::from_be_bytes([ip[24], ip[25]]), 1208, "UDP length");
+        assert_eq!(
+            &ip[28..],
+            &p[VNET_HDR_LEN + 28 + 3600..VNET_HDR_LEN + 28 + 4800]
+        );
+        // Completing the partial checksum gives a datagram that verifies.
+        let mut full = ip.to_vec();
+        let c = !fold(sum16(&full[20..], 0));
+        full[26..28].copy_from_slice(&c.to_be_bytes());
+        let verify = sum16(&full[12..20], 17 + 1208);
+        assert_eq!(fold(sum16(&full[20..], verify)), 0xffff);
+        let v = VnetHdr::parse(&out[..n]).unwrap();
+        assert_eq!((v.gso_type, v.gso_size, v.csum_offset), (GSO_NONE, 0, 6));
+        // A run of the last three: a smaller super-packet ending with the short one.
+        let n = write_run(&p, &info, 8, 11, &mut out);
+        assert_eq!(n, VNET_HDR_LEN + 28 + 2 * 1200 + 500);
+        let v = VnetHdr::parse(&out[..n]).unwrap();
+        assert_eq!((v.gso_type, v.gso_size), (GSO_UDP_L4, 1200));
+        assert_eq!(segments(&out[..n]).count, 3);
     }
 
     #[test]

@@ -427,8 +427,10 @@ impl Topology {
                 }
             }
             TopoLinkKind::Emulated(spec) => {
-                let a: File = ns::in_netns(&ns_a, || tun::open(&dev_a))??;
-                let b: File = ns::in_netns(&ns_b, || tun::open(&dev_b))??;
+                let a = ns::in_netns(&ns_a, || tun::open(&dev_a, spec.uso))??;
+                let b = ns::in_netns(&ns_b, || tun::open(&dev_b, spec.uso))??;
+                let uso = a.uso && b.uso;
+                let (a, b): (File, File) = (a.file, b.file);
                 let cpus = pin_cpus(spec.pin);
                 let dir = |name: String, cpu: Option<usize>, seed: u64| DirectionConfig {
                     name,
@@ -444,6 +446,7 @@ impl Topology {
                 self.forwarders.push(Forwarder::start(
                     a,
                     b,
+                    uso,
                     dir(format!("{}->{}", link.a, link.b), cpus.0, spec.seed),
                     dir(
                         format!("{}->{}", link.b, link.a),
@@ -456,6 +459,9 @@ impl Topology {
         for (ns, dev, end) in [(&ns_a, &dev_a, 0), (&ns_b, &dev_b, 1)] {
             let cidr = format!("{}/24", link_addr(i, end));
             ns::ip(&["-n", ns, "addr", "add", &cidr, "dev", dev])?;
+            if let TopoLinkKind::Emulated(LinkSpec { mtu: Some(mtu), .. }) = &link.kind {
+                ns::ip(&["-n", ns, "link", "set", dev, "mtu", &mtu.to_string()])?;
+            }
             ns::ip(&["-n", ns, "link", "set", dev, "txqueuelen", "10000", "up"])?;
         }
         Ok(())

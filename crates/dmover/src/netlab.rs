@@ -81,6 +81,14 @@ pub struct LinkArgs {
     /// without it), or the userspace forwarder.
     #[arg(long, value_enum, default_value = "auto")]
     pub emulator: EmulatorArg,
+    /// MTU of the link's devices (both ends), 576 to 65535, for path-MTU tests
+    /// [default: 1500].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(576..=65535))]
+    pub mtu: Option<u32>,
+    /// Forwarder without UDP segmentation offload: every datagram of a UDP_SEGMENT
+    /// burst crosses on its own (only to measure what the offload saves).
+    #[arg(long)]
+    pub no_uso: bool,
 }
 
 /// `--emulator`.
@@ -156,6 +164,8 @@ impl LinkArgs {
             realtime: !self.no_realtime,
             seed: self.seed,
             emulator: self.emulator.into(),
+            mtu: self.mtu,
+            uso: !self.no_uso,
         }
     }
 
@@ -190,6 +200,12 @@ impl LinkArgs {
         }
         if self.no_realtime {
             v.push("--no-realtime".into());
+        }
+        if let Some(m) = self.mtu {
+            v.extend(["--mtu".into(), m.to_string()]);
+        }
+        if self.no_uso {
+            v.push("--no-uso".into());
         }
         v
     }
@@ -279,6 +295,9 @@ fn describe(spec: &LinkSpec) -> String {
     }
     if let Some(c) = &spec.congestion {
         s += &format!(", congestion {c}");
+    }
+    if let Some(m) = spec.mtu {
+        s += &format!(", mtu {m}");
     }
     s
 }
@@ -423,9 +442,13 @@ fn summary(s: &ForwarderStats) -> String {
         );
     }
     format!(
-        "forwarder {:.1} s, {:.0} % of a core",
+        "forwarder {:.1} s, {:.0} % of a core (busiest thread {:.0} %), UDP offload {}{}",
         s.elapsed_seconds,
-        s.cpu_cores() * 100.0
+        s.cpu_cores() * 100.0,
+        s.busiest_thread_cpu() * 100.0,
+        if s.uso { "on" } else { "off" },
+        s.limited()
+            .map_or(String::new(), |w| format!("; FORWARDER-LIMITED ({w})"))
     )
 }
 
@@ -468,8 +491,8 @@ fn stats(s: StatsArgs) -> anyhow::Result<ExitCode> {
     for (dir, d) in [("a->b", &st.a_to_b), ("b->a", &st.b_to_a)] {
         println!(
             "  {dir}: {} packets ({} segments), {:.3} GB out, mean {:.3} Gbit/s; drops: {} loss, \
-             {} queue, {} overflow; CPU {:.1} s; release lateness mean {:.0} us, p99 <= {:.0} us, \
-             max {:.0} us{}",
+             {} queue, {} overflow; CPU {:.1} s; release lateness mean {:.0} us, p50 <= {:.0} us, \
+             p99 <= {:.0} us, max {:.0} us{}",
             d.packets_in,
             d.segments_in,
             d.bytes_out as f64 / 1e9,
@@ -479,6 +502,7 @@ fn stats(s: StatsArgs) -> anyhow::Result<ExitCode> {
             d.overflow_drops,
             d.cpu_seconds,
             d.late_mean_us,
+            d.late_p50_us,
             d.late_p99_us,
             d.late_max_us,
             if d.failed { "; FAILED" } else { "" }

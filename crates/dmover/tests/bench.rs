@@ -655,6 +655,14 @@ fn transfer_over_emulated_rtts() {
         }
         assert!(number(r, "fwd_cpu_cores") >= 0.0, "{r:?}");
         assert!(number(r, "fwd_queue_drops") >= 0.0, "{r:?}");
+        assert!(number(r, "fwd_late_p50_us") >= 0.0, "{r:?}");
+        assert!(
+            matches!(
+                r.get("fwd_limited").map(String::as_str),
+                Some("true" | "false")
+            ),
+            "{r:?}"
+        );
     }
     for rtt in ["0", "20"] {
         let n = rows.iter().filter(|r| r["rtt_ms"] == rtt).count();

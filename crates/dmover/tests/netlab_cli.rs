@@ -75,6 +75,9 @@ fn netlab_up_serve_cp_stats_down() {
         // The forwarder's statistics are checked below.
         "--emulator",
         "forwarder",
+        // Reaches the background forwarder's lab: checked on the device below.
+        "--mtu",
+        "1400",
     ]);
     ok(&up);
     let _down = Down(name.clone());
@@ -103,6 +106,17 @@ fn netlab_up_serve_cp_stats_down() {
     let e = netlab(&["exec", "--name", &name, "a", "--", "cat", "/proc/net/dev"]);
     ok(&e);
     assert!(String::from_utf8_lossy(&e.stdout).contains("dmnl0"));
+    let e = netlab(&[
+        "exec",
+        "--name",
+        &name,
+        "b",
+        "--",
+        "cat",
+        "/sys/class/net/dmnl0/mtu",
+    ]);
+    ok(&e);
+    assert_eq!(String::from_utf8_lossy(&e.stdout).trim(), "1400");
 
     // dmover serve in b, dmover cp in a, across the 20 ms link.
     let t = tempfile::tempdir().unwrap();
@@ -180,6 +194,8 @@ fn netlab_up_serve_cp_stats_down() {
     ok(&st);
     let st = json(&st);
     assert!(st["a_to_b"]["bytes_out"].as_u64().unwrap() > 10 << 20);
+    assert!(st["uso"].is_boolean(), "{st}");
+    assert!(st["a_to_b"]["late_p50_us"].is_number(), "{st}");
     assert!(
         st["a_to_b"]["segments_in"].as_u64().unwrap()
             > st["a_to_b"]["packets_in"].as_u64().unwrap()

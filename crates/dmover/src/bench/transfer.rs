@@ -422,7 +422,9 @@ pub fn run(a: TransferBenchArgs, env: &Env) -> anyhow::Result<()> {
              namespaces: half the RTT each way, tail-drop queue of one bandwidth-delay product, \
              tcp_rmem/tcp_wmem maxima 4 x BDP); servers in namespace b, `dmover cp` in a, data \
              on this file system. Forwarder CPU and release lateness are in the fwd_* columns: \
-             when they grow, the emulator and not dmover is the limit",
+             when they grow, the emulator and not dmover is the limit; fwd_limited marks a link \
+             whose busiest forwarder thread used more than 80 % of a core or released packets \
+             more than 1 ms late (p99), over the link's whole sweep",
         );
     }
     report.note(
@@ -824,19 +826,57 @@ fn add_forwarder_columns(
     r: &mut serde_json::Map<String, serde_json::Value>,
     fwd: Option<&dmover_netlab::ForwarderStats>,
 ) {
-    let (cpu, late, qdrops, ldrops) = match fwd {
-        None => (json!(null), json!(null), json!(null), json!(null)),
-        Some(f) => (
-            json!(round_sig(f.cpu_cores(), 3)),
-            json!(f.a_to_b.late_p99_us.max(f.b_to_a.late_p99_us)),
-            json!(f.a_to_b.queue_drops + f.b_to_a.queue_drops),
-            json!(f.a_to_b.loss_drops + f.b_to_a.loss_drops),
-        ),
+    let null = json!(null);
+    let cols: [(&str, serde_json::Value); 10] = match fwd {
+        None => [
+            ("fwd_cpu_cores", null.clone()),
+            ("fwd_cpu_busiest", null.clone()),
+            ("fwd_late_p50_us", null.clone()),
+            ("fwd_late_p99_us", null.clone()),
+            ("fwd_late_max_us", null.clone()),
+            ("fwd_queue_drops", null.clone()),
+            ("fwd_loss_drops", null.clone()),
+            ("fwd_uso", null.clone()),
+            ("fwd_limited", null.clone()),
+            ("fwd_limited_why", null),
+        ],
+        Some(f) => {
+            let limited = f.limited();
+            [
+                ("fwd_cpu_cores", json!(round_sig(f.cpu_cores(), 3))),
+                (
+                    "fwd_cpu_busiest",
+                    json!(round_sig(f.busiest_thread_cpu(), 3)),
+                ),
+                (
+                    "fwd_late_p50_us",
+                    json!(f.a_to_b.late_p50_us.max(f.b_to_a.late_p50_us)),
+                ),
+                (
+                    "fwd_late_p99_us",
+                    json!(f.a_to_b.late_p99_us.max(f.b_to_a.late_p99_us)),
+                ),
+                (
+                    "fwd_late_max_us",
+                    json!(round_sig(f.a_to_b.late_max_us.max(f.b_to_a.late_max_us), 3)),
+                ),
+                (
+                    "fwd_queue_drops",
+                    json!(f.a_to_b.queue_drops + f.b_to_a.queue_drops),
+                ),
+                (
+                    "fwd_loss_drops",
+                    json!(f.a_to_b.loss_drops + f.b_to_a.loss_drops),
+                ),
+                ("fwd_uso", json!(f.uso)),
+                ("fwd_limited", json!(limited.is_some())),
+                ("fwd_limited_why", json!(limited)),
+            ]
+        }
     };
-    r.insert("fwd_cpu_cores".into(), cpu);
-    r.insert("fwd_late_p99_us".into(), late);
-    r.insert("fwd_queue_drops".into(), qdrops);
-    r.insert("fwd_loss_drops".into(), ldrops);
+    for (k, v) in cols {
+        r.insert(k.into(), v);
+    }
 }
 
 /// The grid's points in the order they run: per direction, the fixed points (streams ×
