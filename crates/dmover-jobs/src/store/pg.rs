@@ -246,32 +246,11 @@ impl PgStore {
     /// A new connection, in this cluster's schema, holding the agent's name.
     async fn connect(&self) -> Result<Client, StoreError> {
         let mut config: tokio_postgres::Config = self.opts.url.parse().map_err(db)?;
-        let timed_out = |_| {
-            StoreError::Db(format!(
-                "PostgreSQL did not answer within {} s",
-                CONNECT_TIMEOUT.as_secs()
-            ))
-        };
         let client = match &self.opts.ca {
-            None => {
-                let (client, connection) =
-                    tokio::time::timeout(CONNECT_TIMEOUT, config.connect(NoTls))
-                        .await
-                        .map_err(timed_out)?
-                        .map_err(db)?;
-                tokio::spawn(drive(connection));
-                client
-            }
+            None => connect_with(&config, NoTls).await?,
             Some(ca) => {
                 config.ssl_mode(tokio_postgres::config::SslMode::Require);
-                let tls = tls::MakeTls::new(ca)?;
-                let (client, connection) =
-                    tokio::time::timeout(CONNECT_TIMEOUT, config.connect(tls))
-                        .await
-                        .map_err(timed_out)?
-                        .map_err(db)?;
-                tokio::spawn(drive(connection));
-                client
+                connect_with(&config, tls::MakeTls::new(ca)?).await?
             }
         };
         if let Some(s) = &self.opts.schema {
@@ -379,11 +358,28 @@ impl PgStore {
     }
 }
 
-/// Runs a connection until it ends.
-async fn drive<F: std::future::Future<Output = Result<(), tokio_postgres::Error>>>(connection: F) {
-    if let Err(e) = connection.await {
-        tracing::warn!("jobs: the PostgreSQL connection ended: {e}");
-    }
+/// Connects with `tls` (within [`CONNECT_TIMEOUT`]) and runs the connection on this
+/// runtime until it ends.
+async fn connect_with<T>(config: &tokio_postgres::Config, tls: T) -> Result<Client, StoreError>
+where
+    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>,
+    T::Stream: Send + 'static,
+{
+    let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, config.connect(tls))
+        .await
+        .map_err(|_| {
+            StoreError::Db(format!(
+                "PostgreSQL did not answer within {} s",
+                CONNECT_TIMEOUT.as_secs()
+            ))
+        })?
+        .map_err(db)?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!("jobs: the PostgreSQL connection ended: {e}");
+        }
+    });
+    Ok(client)
 }
 
 /// TLS to PostgreSQL with rustls (the process's provider), trusting a CA file. No
