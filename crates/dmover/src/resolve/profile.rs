@@ -212,6 +212,15 @@ pub fn load(env: &Env) -> anyhow::Result<Option<Profiles>> {
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !named => return Ok(None),
+        // The default place in a home this user cannot enter (`sudo -u`, a service
+        // account with another's HOME): as if there were no file, said once.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied && !named => {
+            eprintln!(
+                "dmover: warning: config {}: {e}; going on without the client configuration",
+                path.display()
+            );
+            return Ok(None);
+        }
         Err(e) => {
             return Err(crate::args::usage(format!(
                 "config {}: {e}",
