@@ -105,7 +105,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "lab")]
         Command::Bench(a) => bench::run(a, &env),
         Command::Credential(a) => credential::run(a),
-        Command::Sum(a) => sum::run(a),
+        Command::Sum(a) => sum::run(a, &env),
         Command::Config(a) => Ok(config::run(a, &env)),
         #[cfg(feature = "lab")]
         Command::Netlab(a) => netlab::run(a),

@@ -1,14 +1,19 @@
-//! `dmover sum`: the checksums file catalogs use (adler32, md5, crc32c) of local files,
-//! answered from the file's cache (the reserved xattr `user.dmover.sum`) while it is
-//! valid, else computed and stored there (docs/checksums.md).
+//! `dmover sum`: the checksums file catalogs use (adler32, md5, crc32c) of local files
+//! and of a server's (`dmover://HOST/PATH`, `HOST:PATH`: the server computes them,
+//! [`dmover_proto::control::Op::Sums`]), answered from the file's cache (the reserved
+//! xattr `user.dmover.sum`) while it is valid, else computed and stored there
+//! (docs/checksums.md).
 
+use std::ffi::OsString;
 use std::fs::File;
-use std::path::PathBuf;
+use std::os::unix::ffi::OsStrExt;
 use std::process::ExitCode;
 
+use dmover_core::transfer::Endpoint;
 use dmover_store::catalog::{CacheUse, ChecksumType, SumReport, sum_file};
 
-use crate::args::usage;
+use crate::args::TransferArgs;
+use crate::env::Env;
 
 /// `dmover sum`.
 #[derive(Debug, clap::Args)]
@@ -31,9 +36,13 @@ pub struct SumArgs {
     /// whether they came from the cache.
     #[arg(long)]
     pub json: bool,
-    /// Regular files (a symlink is followed).
+    /// Regular files: local (a symlink is followed) or on a server,
+    /// `dmover://[USER@]HOST[:PORT]/PATH` or `[USER@]HOST:PATH` (a symlink is not
+    /// followed there).
     #[arg(value_name = "PATH", required = true)]
-    pub paths: Vec<PathBuf>,
+    pub paths: Vec<OsString>,
+    #[command(flatten, next_help_heading = "Connection (a server's files)")]
+    pub transfer: TransferArgs,
 }
 
 fn parse_type(s: &str) -> Result<ChecksumType, String> {
@@ -41,13 +50,13 @@ fn parse_type(s: &str) -> Result<ChecksumType, String> {
 }
 
 /// One file's line of `--json`.
-fn json_of(path: &std::path::Path, r: &SumReport) -> serde_json::Value {
+fn json_of(path: &str, r: &SumReport) -> serde_json::Value {
     let mut sums = serde_json::Map::new();
     for s in &r.sums {
         sums.insert(s.kind().name().into(), s.to_string().into());
     }
     serde_json::json!({
-        "path": path.to_string_lossy(),
+        "path": path,
         "size": r.size,
         "checksums": sums,
         "cached": r.cached,
@@ -55,31 +64,67 @@ fn json_of(path: &std::path::Path, r: &SumReport) -> serde_json::Value {
     })
 }
 
+/// Where one argument is.
+enum Place {
+    Local(std::path::PathBuf),
+    Remote { server: String, path: Vec<u8> },
+}
+
 /// `dmover sum`: exit 0, or 1 when a file could not be summed (the others are).
-pub fn run(a: SumArgs) -> anyhow::Result<ExitCode> {
+pub fn run(a: SumArgs, env: &Env) -> anyhow::Result<ExitCode> {
     let mut types = a.types.clone();
     types.dedup();
-    if let Some(p) = a
-        .paths
-        .iter()
-        .find(|p| p.to_string_lossy().starts_with("dmover://"))
-    {
-        return Err(usage(format!(
-            "{}: checksums of a server's files are not available yet (docs/checksums.md)",
-            p.display()
-        )));
-    }
     let cache = if a.no_cache {
         CacheUse::OFF
     } else {
         CacheUse::ON
     };
+    let mut places = Vec::new();
+    let mut users = Vec::new();
+    let mut routes = Vec::new();
+    for p in &a.paths {
+        let (mut endpoint, user) = Endpoint::parse_with_user(p.as_bytes())
+            .map_err(|e| crate::args::usage(format!("{}: {e}", p.to_string_lossy())))?;
+        if let Endpoint::Remote { .. } = endpoint {
+            routes.extend(crate::resolve::route(
+                p.as_bytes(),
+                &mut endpoint,
+                user.as_deref(),
+                env,
+            )?);
+            users.extend(user);
+        }
+        places.push(match endpoint {
+            Endpoint::Local(l) => Place::Local(std::ffi::OsStr::from_bytes(&l).into()),
+            Endpoint::Remote { server, path } => Place::Remote { server, path },
+        });
+    }
+    let remote = if places.iter().any(|p| matches!(p, Place::Remote { .. })) {
+        let mut setup = crate::resolve::client(&a.transfer, env)?;
+        setup.users(&a.transfer, &users, &routes, env)?;
+        let rt = setup.runtime()?;
+        Some((rt, setup.client()))
+    } else {
+        None
+    };
+    let names: Vec<String> = types.iter().map(|t| t.name().to_string()).collect();
     let mut files = Vec::new();
     let mut failed = false;
-    for p in &a.paths {
-        let r = File::open(p).and_then(|f| sum_file(&f, &types, cache));
+    for (arg, place) in a.paths.iter().zip(places) {
+        let shown = arg.to_string_lossy().into_owned();
+        let r: anyhow::Result<SumReport> = match place {
+            Place::Local(p) => File::open(&p)
+                .and_then(|f| sum_file(&f, &types, cache))
+                .map_err(Into::into),
+            Place::Remote { server, path } => {
+                let (rt, client) = remote.as_ref().expect("a client for remote paths");
+                rt.block_on(client.sums_remote(&server, &path, names.clone(), !a.no_cache))
+                    .map_err(anyhow::Error::from)
+                    .and_then(|r| report_of(&types, r))
+            }
+        };
         match r {
-            Ok(r) if a.json => files.push(json_of(p, &r)),
+            Ok(r) if a.json => files.push(json_of(&shown, &r)),
             Ok(r) => {
                 let values: Vec<String> = if types.len() == 1 {
                     vec![r.sums[0].to_string()]
@@ -89,14 +134,15 @@ pub fn run(a: SumArgs) -> anyhow::Result<ExitCode> {
                 println!(
                     "{}  {}",
                     values.join("  "),
-                    crate::output::printable(&p.to_string_lossy())
+                    crate::output::printable(&shown)
                 );
             }
             Err(e) => {
                 failed = true;
                 eprintln!(
-                    "dmover: error: {}: {e}",
-                    crate::output::printable(&p.to_string_lossy())
+                    "dmover: error: {}: {}",
+                    crate::output::printable(&shown),
+                    crate::output::printable(&format!("{e:#}"))
                 );
             }
         }
@@ -108,5 +154,34 @@ pub fn run(a: SumArgs) -> anyhow::Result<ExitCode> {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    })
+}
+
+/// A server's answer as a local report, checked: one value of each type asked, in
+/// their order, each well formed.
+fn report_of(
+    types: &[ChecksumType],
+    r: dmover_proto::control::SumsReport,
+) -> anyhow::Result<SumReport> {
+    use dmover_store::catalog::Checksum;
+    let bad = || anyhow::anyhow!("the server's answer does not give the types asked");
+    if r.sums.len() != types.len() {
+        return Err(bad());
+    }
+    let sums = types
+        .iter()
+        .zip(&r.sums)
+        .map(|(t, (name, value))| {
+            if name != t.name() {
+                return Err(bad());
+            }
+            Checksum::parse(*t, value).ok_or_else(bad)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(SumReport {
+        sums,
+        size: r.size,
+        cached: r.cached,
+        stored: r.stored,
     })
 }

@@ -1,5 +1,6 @@
 //! `dmover sum` end to end (docs/checksums.md): the values `md5sum` gives, the cache
-//! answering a second request, errors per file, and the cache attribute never
+//! answering a second request, errors per file, a server's files (computed and cached
+//! there, within the export, a symlink not followed), and the cache attribute never
 //! travelling with a copy's extended attributes (`--xattrs`, even `--all-xattrs`).
 
 mod common;
@@ -21,7 +22,7 @@ fn s(p: &Path) -> &str {
 }
 
 fn sum(args: &[&str]) -> std::process::Output {
-    Command::new(bin()).arg("sum").args(args).output().unwrap()
+    command_of(Path::new(bin()), "sum", args, &[])
 }
 
 fn user_xattrs_supported(dir: &Path) -> bool {
@@ -125,4 +126,81 @@ fn the_cache_does_not_travel() {
     ok(&cp(&["--all-xattrs", &srv.url("src"), s(&back)]));
     assert!(has_xattr(&back.join("f"), "user.k"));
     assert!(!has_xattr(&back.join("f"), "user.dmover.sum"));
+}
+
+/// A server's file: computed there, then answered from its cache; a symlink, a directory and a path out of the export refused; a
+/// read-only server computes but stores nothing.
+#[test]
+fn a_servers_files() {
+    let t = tmp();
+    let root = t.path().join("root");
+    std::fs::create_dir_all(root.join("d")).unwrap();
+    let f = root.join("f");
+    write_file(&f, 3, (2 << 20) + 17, 0o644, 1_700_000_000);
+    std::os::unix::fs::symlink("f", root.join("l")).unwrap();
+    std::fs::write(t.path().join("outside"), b"secret").unwrap();
+    let xattrs = user_xattrs_supported(&root);
+    let srv = Server::start(&root, &[]);
+    let o = sum(&["--json", "--type", "md5,adler32", &srv.url("f")]);
+    ok(&o);
+    let j = json(&o);
+    let first = &j["files"][0];
+    assert_eq!(first["cached"], false, "{j}");
+    assert_eq!(first["stored"], xattrs, "{j}");
+    assert_eq!(first["size"], (2 << 20) + 17, "{j}");
+    let md5 = String::from_utf8(Command::new("md5sum").arg(&f).output().unwrap().stdout).unwrap();
+    assert_eq!(
+        first["checksums"]["md5"].as_str().unwrap(),
+        &md5[..32],
+        "{j}"
+    );
+    let local = json(&sum(&["--json", "--no-cache", "--type", "adler32", s(&f)]));
+    assert_eq!(
+        first["checksums"]["adler32"],
+        local["files"][0]["checksums"]["adler32"]
+    );
+    assert_eq!(has_xattr(&f, "user.dmover.sum"), xattrs);
+
+    // Again: from the cache (HOST:PATH parses as cp's, on port 7700 or a profile's).
+    let o = sum(&["--json", "--type", "adler32", &srv.url("f")]);
+    ok(&o);
+    let j = json(&o);
+    assert_eq!(j["files"][0]["cached"], xattrs, "{j}");
+    assert_eq!(
+        j["files"][0]["checksums"]["adler32"],
+        first["checksums"]["adler32"]
+    );
+    // --no-cache reads it there.
+    let j = json(&sum(&["--json", "--no-cache", &srv.url("f")]));
+    assert_eq!(j["files"][0]["cached"], false, "{j}");
+
+    for (path, says) in [
+        ("l", "not a regular file"),
+        ("d", "not a regular file"),
+        ("nope", "no such file"),
+        ("../outside", "outside"),
+    ] {
+        let o = sum(&[&srv.url(path), &srv.url("f")]);
+        assert_eq!(o.status.code(), Some(1), "{path}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{path}: {}", stderr(&o));
+        assert_eq!(
+            String::from_utf8(o.stdout).unwrap().lines().count(),
+            1,
+            "{path}"
+        );
+    }
+    drop(srv);
+
+    // A read-only server stores nothing.
+    let g = root.join("g");
+    std::fs::write(&g, b"hello").unwrap();
+    let ro = Server::start(&root, &["--read-only"]);
+    for _ in 0..2 {
+        let j = json(&sum(&["--json", &ro.url("g")]));
+        let r = &j["files"][0];
+        assert_eq!(r["cached"], false, "{j}");
+        assert_eq!(r["stored"], false, "{j}");
+        assert_eq!(r["checksums"]["adler32"], "062c0215", "{j}");
+    }
+    assert!(!has_xattr(&g, "user.dmover.sum"));
 }
