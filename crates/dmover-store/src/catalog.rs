@@ -6,6 +6,8 @@
 //! - [`Hasher`]: one type computed incrementally; [`adler32_combine`] and
 //!   [`crc32c_combine`] join the values of two adjacent pieces, so [`Pieces`] gathers
 //!   a file's pieces in any order. MD5 does not combine: it needs the bytes in order.
+//! - [`PieceSums`]: a file's values from the pieces a destination writes, in any order
+//!   (md5 through a bounded reorder window, [`InOrder`], else one re-read, reported).
 //! - [`sum_file`]: a file's checksums, from the cache [`SUM_XATTR`] when its key
 //!   ([`CacheKey`]: size, mtime and inode) still matches, else read once for every
 //!   type asked and stored there.
@@ -284,6 +286,149 @@ impl Pieces {
             Some(&(len, v)) if len == size && self.runs.len() == 1 => Some(v),
             _ => None,
         }
+    }
+}
+
+/// MD5 of pieces that arrive out of order: each is fed once the bytes before it have
+/// been, and those ahead wait, up to `limit` bytes held; past it the window gives up
+/// (the caller reads the file once more, [`PieceSums::finish`]).
+#[derive(Debug, Clone)]
+pub struct InOrder {
+    hasher: Hasher,
+    next: u64,
+    held: BTreeMap<u64, Vec<u8>>,
+    held_bytes: usize,
+    limit: usize,
+    overflowed: bool,
+}
+
+impl InOrder {
+    /// A window for `kind` holding at most `limit` bytes ahead of the next offset.
+    pub fn new(kind: ChecksumType, limit: usize) -> Self {
+        Self {
+            hasher: Hasher::new(kind),
+            next: 0,
+            held: BTreeMap::new(),
+            held_bytes: 0,
+            limit,
+            overflowed: false,
+        }
+    }
+
+    /// Adds the piece `data` at `offset` (pieces never overlap).
+    pub fn add(&mut self, offset: u64, data: &[u8]) {
+        if self.overflowed || data.is_empty() {
+            return;
+        }
+        if offset != self.next {
+            if offset < self.next || self.held_bytes + data.len() > self.limit {
+                self.give_up();
+            } else {
+                self.held_bytes += data.len();
+                self.held.insert(offset, data.to_vec());
+            }
+            return;
+        }
+        self.hasher.update(data);
+        self.next += data.len() as u64;
+        while let Some(d) = self.held.remove(&self.next) {
+            self.held_bytes -= d.len();
+            self.hasher.update(&d);
+            self.next += d.len() as u64;
+        }
+    }
+
+    fn give_up(&mut self) {
+        self.overflowed = true;
+        self.held.clear();
+        self.held_bytes = 0;
+    }
+
+    /// Whether the window gave up.
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
+    }
+
+    /// The value, if every byte up to `size` came through the window.
+    pub fn finish(self, size: u64) -> Option<Checksum> {
+        (!self.overflowed && self.next == size).then(|| self.hasher.finish())
+    }
+}
+
+/// The catalog checksums of one file from its pieces as a destination writes them, in
+/// any order: adler32 and crc32c per piece, combined ([`Pieces`]); md5 through a
+/// bounded reorder window ([`InOrder`]). What the pieces do not give (the window gave
+/// up, holes never written) is read from the file once at the end.
+#[derive(Debug, Clone)]
+pub struct PieceSums {
+    size: u64,
+    kinds: Vec<ChecksumType>,
+    combining: Vec<Pieces>,
+    ordered: Vec<InOrder>,
+}
+
+/// What [`PieceSums::finish`] gives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PieceReport {
+    /// The values, in the order of the types asked.
+    pub sums: Vec<Checksum>,
+    /// Whether the file was read once more for some of them.
+    pub reread: bool,
+}
+
+impl PieceSums {
+    /// For a file of `size` bytes, the types `kinds`, md5's window holding at most
+    /// `window` bytes.
+    pub fn new(size: u64, kinds: &[ChecksumType], window: usize) -> Self {
+        let mut kinds = kinds.to_vec();
+        kinds.dedup();
+        Self {
+            size,
+            combining: kinds.iter().filter_map(|&k| Pieces::new(k)).collect(),
+            ordered: kinds
+                .iter()
+                .filter(|k| !k.combines())
+                .map(|&k| InOrder::new(k, window))
+                .collect(),
+            kinds,
+        }
+    }
+
+    /// Adds the piece `data` written at `offset`.
+    pub fn add(&mut self, offset: u64, data: &[u8]) {
+        for p in &mut self.combining {
+            p.add(offset, data.len() as u64, checksum(p.kind, data));
+        }
+        for o in &mut self.ordered {
+            o.add(offset, data);
+        }
+    }
+
+    /// The values; those the pieces did not give are read from `file` (one read for
+    /// all of them).
+    pub fn finish(self, file: &File) -> io::Result<PieceReport> {
+        let mut got: Vec<Checksum> = self
+            .combining
+            .iter()
+            .filter_map(|p| p.whole(self.size))
+            .collect();
+        got.extend(self.ordered.into_iter().filter_map(|o| o.finish(self.size)));
+        let missing: Vec<ChecksumType> = self
+            .kinds
+            .iter()
+            .copied()
+            .filter(|k| !got.iter().any(|c| c.kind() == *k))
+            .collect();
+        let reread = !missing.is_empty();
+        if reread {
+            got.extend(sum_file(file, &missing, CacheUse::OFF)?.sums);
+        }
+        let sums = self
+            .kinds
+            .iter()
+            .filter_map(|k| got.iter().find(|c| c.kind() == *k).copied())
+            .collect();
+        Ok(PieceReport { sums, reread })
     }
 }
 

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 
 use dmover_store::catalog::{
-    CacheUse, Checksum, ChecksumType, Pieces, SUM_XATTR, checksum, read_cache, sum_file,
+    CacheUse, Checksum, ChecksumType, PieceSums, Pieces, SUM_XATTR, checksum, read_cache, sum_file,
 };
 
 fn md5sum(p: &Path) -> String {
@@ -173,4 +173,62 @@ fn the_cache_answers_until_the_file_changes() {
     assert_eq!(r.sums[0].to_string(), "00000001");
     assert!(!r.stored && !has_cache(&e));
     assert_eq!(SUM_XATTR, b"user.dmover.sum");
+}
+
+/// The values of pieces as a destination writes them, out of order: all three from the
+/// pieces alone while md5's window holds what arrives early; past the window (or for a
+/// hole never written) md5 comes from one re-read, reported, and still matches.
+#[test]
+fn pieces_written_out_of_order() {
+    let t = tempfile::tempdir().unwrap();
+    for p in files(t.path()) {
+        let data = std::fs::read(&p).unwrap();
+        let f = File::open(&p).unwrap();
+        let want = sum_file(&f, &ChecksumType::ALL, CacheUse::OFF)
+            .unwrap()
+            .sums;
+        let mut pieces: Vec<(u64, &[u8])> = data
+            .chunks(256 << 10)
+            .enumerate()
+            .map(|(i, d)| ((i as u64) * (256 << 10), d))
+            .collect();
+        // Each pair swapped: one piece ahead at a time.
+        for pair in pieces.chunks_mut(2) {
+            pair.reverse();
+        }
+        for (window, rereads) in [(1 << 20, false), (1000, pieces.len() > 1)] {
+            let mut s = PieceSums::new(data.len() as u64, &ChecksumType::ALL, window);
+            for &(o, d) in &pieces {
+                s.add(o, d);
+            }
+            let r = s.finish(&f).unwrap();
+            assert_eq!(r.sums, want, "{} {window}", p.display());
+            assert_eq!(r.reread, rereads, "{} {window}", p.display());
+        }
+        // Only adler32 and crc32c: never a re-read, whatever the order.
+        let mut s = PieceSums::new(
+            data.len() as u64,
+            &[ChecksumType::Crc32c, ChecksumType::Adler32],
+            0,
+        );
+        for &(o, d) in pieces.iter().rev() {
+            s.add(o, d);
+        }
+        let r = s.finish(&f).unwrap();
+        assert!(!r.reread);
+        assert_eq!(r.sums, vec![want[2], want[0]]);
+    }
+    // A hole never written: re-read.
+    let p = t.path().join("holes");
+    let f = File::create(&p).unwrap();
+    f.write_all_at(b"ab", 10).unwrap();
+    let f = File::open(&p).unwrap();
+    let mut s = PieceSums::new(12, &[ChecksumType::Adler32], 1 << 20);
+    s.add(10, b"ab");
+    let r = s.finish(&f).unwrap();
+    assert!(r.reread);
+    assert_eq!(
+        r.sums[0],
+        checksum(ChecksumType::Adler32, b"\0\0\0\0\0\0\0\0\0\0ab")
+    );
 }
