@@ -74,6 +74,17 @@ impl FromStr for ChecksumType {
     }
 }
 
+/// `kinds` without repeats, in the order of their first mention.
+pub fn unique(kinds: &[ChecksumType]) -> Vec<ChecksumType> {
+    let mut out: Vec<ChecksumType> = Vec::with_capacity(kinds.len());
+    for &k in kinds {
+        if !out.contains(&k) {
+            out.push(k);
+        }
+    }
+    out
+}
+
 /// One checksum value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Checksum {
@@ -380,8 +391,7 @@ impl PieceSums {
     /// For a file of `size` bytes, the types `kinds`, md5's window holding at most
     /// `window` bytes.
     pub fn new(size: u64, kinds: &[ChecksumType], window: usize) -> Self {
-        let mut kinds = kinds.to_vec();
-        kinds.dedup();
+        let kinds = unique(kinds);
         Self {
             size,
             combining: kinds.iter().filter_map(|&k| Pieces::new(k)).collect(),
@@ -592,7 +602,8 @@ pub fn write_cache(file: &File, c: &Cached) -> io::Result<bool> {
 /// Size of one read of [`sum_file`].
 const READ: usize = 1 << 20;
 
-/// The checksums of `file` of the types in `kinds` (one each, in order). With
+/// The checksums of `file` of the types in `kinds` (one each, in the order of their
+/// first mention). With
 /// `cache.read`, those its cache holds under the file's current key are not computed;
 /// the file is read once (from its start, holes as zeros) for the others, and with
 /// `cache.store` they join the cache, unless the file changed while it was read
@@ -614,12 +625,12 @@ pub fn sum_file(file: &File, kinds: &[ChecksumType], cache: CacheUse) -> io::Res
     {
         have.extend(c.sums.iter().filter(|s| kinds.contains(&s.kind())));
     }
+    let kinds = unique(kinds);
     let mut hashers: Vec<Hasher> = kinds
         .iter()
         .filter(|k| !have.iter().any(|s| s.kind() == **k))
         .map(|&k| Hasher::new(k))
         .collect();
-    hashers.dedup_by_key(|h| h.kind());
     let cached = hashers.is_empty();
     let mut stored = false;
     if !cached {
@@ -714,6 +725,11 @@ mod tests {
             assert_eq!(Checksum::parse(ChecksumType::Crc32c, bad), None, "{bad}");
         }
         assert_eq!(Checksum::parse(ChecksumType::Md5, "00"), None);
+        use ChecksumType::*;
+        assert_eq!(
+            unique(&[Md5, Adler32, Md5, Crc32c, Adler32]),
+            vec![Md5, Adler32, Crc32c]
+        );
     }
 
     /// Every split of a buffer into pieces, added in a scrambled order, combines to

@@ -72,8 +72,7 @@ enum Place {
 
 /// `dmover sum`: exit 0, or 1 when a file could not be summed (the others are).
 pub fn run(a: SumArgs, env: &Env) -> anyhow::Result<ExitCode> {
-    let mut types = a.types.clone();
-    types.dedup();
+    let types = dmover_store::catalog::unique(&a.types);
     let cache = if a.no_cache {
         CacheUse::OFF
     } else {

@@ -45,6 +45,7 @@ impl Server {
             .map(|t| t.parse::<ChecksumType>())
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| refused(ErrorCode::Unsupported, e))?;
+        let types = dmover_store::catalog::unique(&types);
         let policy = self.policy.borrow().clone();
         let read_only = self.cfg.read_only;
         let (_, base, rest, _) = policy.resolve(read_only, grant, &req.path, false)?;
