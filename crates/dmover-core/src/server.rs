@@ -70,6 +70,7 @@ mod preauth;
 mod prune;
 mod rename;
 mod run;
+mod sums;
 mod tpc;
 
 /// Largest control frame accepted before the client has authenticated.
@@ -862,6 +863,7 @@ impl Server {
                         Op::PruneKeep(req) => self.prune_keep(&mut ch, &grant, req, &mut log).await,
                         Op::Rename(req) => self.rename(&mut ch, &grant, req, &mut log).await,
                         Op::Digests(req) => self.digests(&mut ch, &grant, req, &mut log).await,
+                        Op::Sums(req) => self.sums(&mut ch, &grant, req, &mut log).await,
                         Op::ThirdParty(tp) => {
                             let tp = tpc::Steered::copy(tp);
                             match self.third_party(&mut ch, &grant, &open, tp, &mut log).await {
@@ -1119,6 +1121,7 @@ impl SessionLog {
                 Op::Prune(_) | Op::PruneKeep(_) => "prune",
                 Op::Rename(_) => "rename",
                 Op::Digests(_) => "digests",
+                Op::Sums(_) => "sums",
             },
             what: String::new(),
             protection: None,

@@ -210,6 +210,9 @@ pub enum Control {
     /// chunks. The part's files start a region of the layout cut into chunks of this
     /// size ([`crate::layout::Layout::extend_with`]).
     PartChunk(u32),
+    /// (32) The answer to [`Op::Sums`] (server to client, no session): the file's
+    /// catalog checksums (see [`SumsReport`]).
+    Sums(SumsReport),
 }
 
 impl Control {
@@ -248,6 +251,7 @@ impl Control {
             Control::Limits(_) => "Limits",
             Control::WantPart(_) => "WantPart",
             Control::PartChunk(_) => "PartChunk",
+            Control::Sums(_) => "Sums",
         }
     }
 
@@ -520,6 +524,38 @@ pub enum Op {
     /// mirror holds as `keep` says it keeps them (see [`PruneKeep`]); the client leaves
     /// them out of its session's manifest.
     PruneKeep(PruneKeep),
+    /// `dmover sum dmover://HOST/PATH` (appended, 12; offered with feature bit
+    /// [`crate::session::features::SUMS`]): after `Options`, the server answers
+    /// [`Control::Sums`] with the catalog checksums of the regular file `path` (see
+    /// [`Sums`]), from its cache or read (and cached) there; no session. It needs read
+    /// rights only.
+    Sums(Sums),
+}
+
+/// What [`Op::Sums`] asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sums {
+    /// A regular file, relative to the server's root (not followed if a symlink).
+    pub path: Vec<u8>,
+    /// The types, by their catalog names (`adler32`, `md5`, `crc32c`), at most 8.
+    pub types: Vec<String>,
+    /// Whether the server may answer from the file's cache and store there what it
+    /// computes (false: it reads the file and leaves the cache as it is).
+    pub cache: bool,
+}
+
+/// The answer to [`Op::Sums`].
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SumsReport {
+    /// The file's size in bytes.
+    pub size: u64,
+    /// `(type, value)` of each type asked, in their order, values as catalogs write
+    /// them (lower-case hex).
+    pub sums: Vec<(String, String)>,
+    /// Every value came from the file's cache (the file was not read).
+    pub cached: bool,
+    /// The values read were stored in the file's cache.
+    pub stored: bool,
 }
 
 /// What [`Op::PruneKeep`] asks for: a prune, and which of the mirror's files stay as

@@ -444,6 +444,11 @@ pub struct Xattr {
 pub const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
 /// A directory's default ACL, as an xattr.
 pub const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
+/// dmover's checksum cache (docs/checksums.md): a file's catalog checksums and what
+/// invalidates them. Reserved: no scope allows it, so a source never sends it and a
+/// receiver refuses it from a peer ([`validate_meta`]); a copy never carries a cache
+/// that the destination's own file would not match.
+pub const SUM_XATTR: &[u8] = b"user.dmover.sum";
 /// Longest xattr name accepted (bytes), as on Linux.
 pub const MAX_XATTR_NAME: usize = 255;
 /// Largest xattr value accepted (bytes), as on Linux.
@@ -475,7 +480,9 @@ impl XattrScope {
 
     /// Whether an attribute of this name is in scope.
     pub fn allows(&self, name: &[u8]) -> bool {
-        if name == ACL_ACCESS || name == ACL_DEFAULT {
+        if name == SUM_XATTR {
+            false
+        } else if name == ACL_ACCESS || name == ACL_DEFAULT {
             self.acls
         } else if name.starts_with(b"user.") {
             self.user || self.all
@@ -594,6 +601,31 @@ mod tests {
             kind,
             mode: 0o644,
             mtime: Mtime::default(),
+        }
+    }
+
+    /// dmover's checksum cache is in no scope, `all` included: never read to be sent,
+    /// refused from a peer.
+    #[test]
+    fn the_checksum_cache_never_travels() {
+        let all = XattrScope {
+            user: true,
+            acls: true,
+            all: true,
+        };
+        for s in [XattrScope::DEFAULT, all] {
+            assert!(!s.allows(SUM_XATTR) && s.allows(b"user.dmover.other"));
+            let m = EntryMeta {
+                entry: 0,
+                uid: 0,
+                gid: 0,
+                xattrs: vec![Xattr {
+                    name: SUM_XATTR.to_vec(),
+                    value: b"x".to_vec(),
+                }],
+            };
+            let e = validate_meta(&m, 1, s).unwrap_err();
+            assert!(e.to_string().contains("user.dmover.sum"), "{e}");
         }
     }
 

@@ -618,6 +618,58 @@ fn control_open_prune() {
 }
 
 #[test]
+fn control_open_sums_and_its_answer() {
+    use dmover_proto::control::{Sums, SumsReport};
+    golden_control(
+        Control::Open(Open {
+            op: Op::Sums(Sums {
+                path: b"f".to_vec(),
+                types: vec!["md5".into()],
+                cache: true,
+            }),
+            streams: 1,
+            chunk_size: 0,
+            checksum: true,
+            direct_io: DirectIo::Auto,
+            protection: DataProtection::Authenticated,
+            features: dmover_proto::session::features::SUMS,
+        }),
+        "
+        00 00 00 12   # frame length: 18
+        04            # Control::Open (variant 4)
+        0c            # op: Op::Sums (variant 12, appended)
+        01 66         #   path: 1 byte, \"f\"
+        01 03 6d 64 35   # types: 1, \"md5\"
+        01            #   cache: true
+        01            # streams: 1
+        00            # chunk_size: 0
+        01            # checksum: true
+        01            # direct_io: DirectIo::Auto (variant 1)
+        01            # protection: DataProtection::Authenticated (variant 1)
+        80 80 01      # features: SUMS (16384, varint)
+        ",
+    );
+    golden_control(
+        Control::Sums(SumsReport {
+            size: 1,
+            sums: vec![("adler32".into(), "00620062".into())],
+            cached: true,
+            stored: false,
+        }),
+        "
+        00 00 00 16   # frame length: 22
+        20            # Control::Sums (variant 32)
+        01            # size: 1
+        01            # sums: 1
+        07 61 64 6c 65 72 33 32   #   \"adler32\"
+        08 30 30 36 32 30 30 36 32   #   \"00620062\"
+        01            # cached: true
+        00            # stored: false
+        ",
+    );
+}
+
+#[test]
 fn control_open_prune_keep() {
     use dmover_proto::control::{Keep, PruneKeep};
     golden_control(
@@ -1829,6 +1881,7 @@ fn feature_bits_are_pinned() {
         (PART_CHUNKS, 2048, "PART_CHUNKS"),
         (SYNC_BETWEEN, 4096, "SYNC_BETWEEN"),
         (KEEP, 8192, "KEEP"),
+        (SUMS, 16384, "SUMS"),
     ];
     for (value, wire, name) in pinned {
         assert_eq!(value, wire, "feature {name} moved");

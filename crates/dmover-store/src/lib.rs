@@ -13,11 +13,14 @@
 //!   [`mem::MemSink`] in-memory ones for tests and benchmarks.
 //! - [`journal`], [`resume`], [`track`]: what an interrupted transfer left, what both
 //!   sides agree to skip, and per-file digests while pieces move.
+//! - [`catalog`]: the checksums file catalogs use (adler32, MD5, CRC32C), combined
+//!   from pieces and cached in a reserved xattr.
 //! - [`verify`]: comparing two trees (tests, the demo, benchmark copies).
 //! - [`Error`]: the storage error, wrapped transparently by `dmover_core::Error`.
 
 #![deny(clippy::too_many_lines)]
 
+pub mod catalog;
 pub mod chunk;
 pub mod error;
 pub mod fault;

@@ -97,6 +97,10 @@ pub enum Command {
     /// Measurement tools.
     #[cfg(feature = "lab")]
     Bench(BenchArgs),
+    /// Print the checksums file catalogs use (adler32, md5, crc32c) of files, from
+    /// each file's cache (a reserved extended attribute) while it is valid, else read
+    /// and cached (docs/checksums.md).
+    Sum(crate::sum::SumArgs),
     /// Make credentials: a token or a key pair, and the line for the server's config.
     Credential(CredentialArgs),
     /// The client's configuration file (~/.config/dmover/config.toml: host profiles,

@@ -38,6 +38,7 @@ mod netlab;
 mod output;
 mod resolve;
 mod serve;
+mod sum;
 mod tune;
 mod watch;
 #[cfg(not(feature = "lab"))]
@@ -104,6 +105,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "lab")]
         Command::Bench(a) => bench::run(a, &env),
         Command::Credential(a) => credential::run(a),
+        Command::Sum(a) => sum::run(a, &env),
         Command::Config(a) => Ok(config::run(a, &env)),
         #[cfg(feature = "lab")]
         Command::Netlab(a) => netlab::run(a),

@@ -119,6 +119,48 @@ impl Client {
         Ok(done.deleted)
     }
 
+    /// The catalog checksums `types` (`adler32`, `md5`, `crc32c`) of the regular file
+    /// `path` on `server` ([`Op::Sums`], feature bit `SUMS`; docs/checksums.md), from
+    /// its cache there or read (and cached, where the user may write) by the server;
+    /// `cache` false reads the file and leaves the cache alone.
+    pub async fn sums_remote(
+        &self,
+        server: &str,
+        path: &[u8],
+        types: Vec<String>,
+        cache: bool,
+    ) -> Result<control::SumsReport> {
+        let conn = self.connect(server).await?;
+        let mut open = self.open_request(
+            Op::Sums(control::Sums {
+                path: path.to_vec(),
+                types,
+                cache,
+            }),
+            0,
+        );
+        open.features |= dmover_proto::session::features::SUMS;
+        conn.sums(server, open, self.opts.session_options(false))
+            .await
+            .map_err(|e| match e {
+                // As for `--size-only` on a push: the code is read, not the words.
+                Error::Remote {
+                    peer,
+                    code: ErrorCode::Protocol,
+                    message,
+                } => Error::Remote {
+                    message: format!(
+                        "{message} (dmover sum of a server's file needs the server to speak \
+                         protocol feature {}, \"catalog checksums\": upgrade {peer})",
+                        dmover_proto::session::features::SUMS
+                    ),
+                    peer,
+                    code: ErrorCode::Protocol,
+                },
+                e => e,
+            })
+    }
+
     /// Renames the entry `from` to `to` on `server` ([`Op::Rename`]): rename(2) there,
     /// both paths in one export and confined beneath it, with the user's write rights;
     /// an existing `to` is replaced atomically (a directory only if it is empty). For

@@ -172,6 +172,21 @@ impl Connection {
         }
     }
 
+    /// [`Op::Sums`] on this connection: the request and the answer (`Sums`).
+    pub(crate) async fn sums(
+        self,
+        server: &str,
+        open: Open,
+        options: SessionOptions,
+    ) -> Result<dmover_proto::control::SumsReport> {
+        let mut ch = self.request(server, open, options).await?;
+        // Reading a large file takes time, and the server sends nothing meanwhile.
+        match ch.recv_timeout(PRUNE_WAIT, "the checksums").await? {
+            Control::Sums(r) => Ok(r),
+            other => Err(session::unexpected(server, other, "Sums")),
+        }
+    }
+
     /// [`Op::Rename`] on this connection: the request and the answer (`Done`).
     pub(crate) async fn rename(
         self,

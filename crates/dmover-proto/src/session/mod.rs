@@ -203,6 +203,10 @@ pub mod features {
     /// cannot decode (it answers `Error{Protocol}`, and changes nothing). Never
     /// negotiated in a session.
     pub const KEEP: u64 = 8192;
+    /// Not a session's: offered in the `Open` of [`crate::control::Op::Sums`]
+    /// (`dmover sum dmover://HOST/PATH`), which a server without it cannot decode (it
+    /// answers `Error{Protocol}`). Never negotiated in a session.
+    pub const SUMS: u64 = 16384;
 
     /// The features every acceptor of protocol version 6 speaks and grants whenever
     /// the dialer offers them. A dialer thus knows, as it sends `Open`, which of them
@@ -274,6 +278,7 @@ pub mod features {
             PART_CHUNKS => "chunks per part",
             SYNC_BETWEEN => "sync between servers",
             KEEP => "size-only and ignore-existing",
+            SUMS => "catalog checksums",
             _ => "unknown",
         }
     }
