@@ -264,6 +264,9 @@ pub fn default_out_dir(cmd: &str) -> PathBuf {
 /// Everything a run produced: context and one row per measurement point.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// The version of this document's shape (docs/json.md): raised when a field
+    /// changes meaning or goes away.
+    pub schema: u32,
     /// The subcommand (`storage`, `net`, `transfer`, `compare`).
     pub command: String,
     /// The full command line.
@@ -294,6 +297,7 @@ impl Report {
     pub fn new(command: &str, argv: &[String], data_dir: &Path) -> Report {
         let (_, started) = timestamps(SystemTime::now());
         Report {
+            schema: 1,
             command: command.into(),
             argv: argv.to_vec(),
             started,

@@ -463,7 +463,12 @@ fn stats(s: StatsArgs) -> anyhow::Result<ExitCode> {
         );
     };
     if s.json {
-        println!("{}", serde_json::to_string_pretty(&st)?);
+        let mut doc = serde_json::to_value(&st)?;
+        if let Some(o) = doc.as_object_mut() {
+            o.insert("schema".into(), crate::output::SCHEMA.into());
+            o.insert("dmover_version".into(), env!("CARGO_PKG_VERSION").into());
+        }
+        println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(ExitCode::SUCCESS);
     }
     println!("lab {}: {}; {}", s.name, describe(&rec.spec), summary(&st));

@@ -69,6 +69,7 @@ fn results(dir: &Path) -> Vec<HashMap<String, String>> {
         assert!(!m[k].as_str().unwrap().is_empty(), "machine.{k} empty: {m}");
     }
     assert!(json["dmover_version"].is_string());
+    assert_eq!(json["schema"], 1, "{json}");
     assert!(json["parameters"].is_object());
     rows
 }

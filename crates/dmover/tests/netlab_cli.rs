@@ -195,6 +195,7 @@ fn netlab_up_serve_cp_stats_down() {
     let st = json(&st);
     assert!(st["a_to_b"]["bytes_out"].as_u64().unwrap() > 10 << 20);
     assert!(st["uso"].is_boolean(), "{st}");
+    assert_eq!(st["schema"], 1, "{st}");
     assert!(st["a_to_b"]["late_p50_us"].is_number(), "{st}");
     assert!(
         st["a_to_b"]["segments_in"].as_u64().unwrap()
