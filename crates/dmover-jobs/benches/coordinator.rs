@@ -74,6 +74,7 @@ impl Run {
 fn options(pg: &pg::PgServer, schema: &str, agent: String) -> PgOptions {
     PgOptions {
         url: pg.url(),
+        password: None,
         schema: Some(schema.into()),
         agent,
         lease: Lease::default(),

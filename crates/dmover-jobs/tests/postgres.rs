@@ -33,6 +33,7 @@ fn quick() -> Lease {
 fn options(pg: &PgServer, schema: &str, agent: &str) -> PgOptions {
     PgOptions {
         url: pg.url(),
+        password: None,
         schema: Some(schema.into()),
         agent: agent.into(),
         lease: quick(),
@@ -395,6 +396,7 @@ fn an_unreachable_database_is_a_clear_error_at_start() {
         .port();
     let o = PgOptions {
         url: format!("host=127.0.0.1 port={port} user=dmover dbname=x connect_timeout=2"),
+        password: None,
         schema: None,
         agent: "dtn1".into(),
         lease: quick(),

@@ -131,6 +131,9 @@ impl Lease {
 pub struct PgOptions {
     /// A libpq-style URL (`postgres://user@host/db`) or key-value string.
     pub url: String,
+    /// The database user's password, if not in the URL (read from a file by the
+    /// caller; never written into the URL, which errors and logs may show).
+    pub password: Option<String>,
     /// The PostgreSQL schema that holds this cluster's tables (several clusters share
     /// one database in schemas of their own); `None`: the user's default.
     pub schema: Option<String>,
@@ -246,6 +249,9 @@ impl PgStore {
     /// A new connection, in this cluster's schema, holding the agent's name.
     async fn connect(&self) -> Result<Client, StoreError> {
         let mut config: tokio_postgres::Config = self.opts.url.parse().map_err(db)?;
+        if let Some(p) = &self.opts.password {
+            config.password(p);
+        }
         let client = match &self.opts.ca {
             None => connect_with(&config, NoTls).await?,
             Some(ca) => {
@@ -542,19 +548,18 @@ async fn migrate(client: &mut Client) -> Result<(), StoreError> {
 /// apart.
 fn row_job(r: &Row) -> Result<(Job, Option<String>, Option<i64>), StoreError> {
     let id: JobId = r.get(0);
-    let (kind, state, spec) = parse_row(
+    let (kind, state, spec, webhook) = parse_row(
         id,
         r.get(2),
         r.get(3),
         r.get(4),
         r.get::<_, Option<&str>>(23),
-    )
-    .map(|(k, s, spec, w)| ((k, w), s, spec))?;
+    )?;
     let u = |i: usize| r.get::<_, i64>(i).max(0) as u64;
     let job = Job {
         id,
         owner: r.get(1),
-        kind: kind.0,
+        kind,
         state,
         spec,
         attempts: u(5) as u32,
@@ -576,7 +581,7 @@ fn row_job(r: &Row) -> Result<(Job, Option<String>, Option<i64>), StoreError> {
         cancel_requested: r.get(20),
         priority: r.get::<_, i32>(21).clamp(0, 255) as u8,
         link: r.get(22),
-        webhook: kind.1,
+        webhook,
         webhook_error: r.get(24),
     };
     Ok((job, r.get(25), r.get(26)))

@@ -185,25 +185,15 @@ fn database(
             named.map_or_else(|| state.join("jobs.sqlite"), PathBuf::from),
         ));
     };
-    let mut url = named;
-    if let Some(f) = &j.database_password_file {
-        let pw = std::fs::read_to_string(f)
-            .with_context(|| format!("reading [jobs] database_password_file {}", f.display()))?;
-        let pw = pw.trim_end_matches(['\n', '\r']);
-        // Appended as a key-value pair would not be: a URL carries it encoded.
-        let enc: String = pw
-            .bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                    (b as char).to_string()
-                }
-                b => format!("%{b:02X}"),
-            })
-            .collect();
-        url.push(if url.contains('?') { '&' } else { '?' });
-        url.push_str("password=");
-        url.push_str(&enc);
-    }
+    let password = match &j.database_password_file {
+        Some(f) => Some(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("reading [jobs] database_password_file {}", f.display()))?
+                .trim_end_matches(['\n', '\r'])
+                .to_string(),
+        ),
+        None => None,
+    };
     let defaults = dmover_jobs::store::pg::Lease::default();
     let lease = dmover_jobs::store::pg::Lease {
         heartbeat: j
@@ -219,7 +209,8 @@ fn database(
             .into_owned(),
     };
     Ok(Database::Postgres(dmover_jobs::store::pg::PgOptions {
-        url,
+        url: named,
+        password,
         schema: j.database_schema.clone(),
         agent,
         lease,
